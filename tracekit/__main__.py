@@ -1,0 +1,3 @@
+from tracekit.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `tracekit` command line: one module per command, each a thin layer over the library."""

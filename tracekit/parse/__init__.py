@@ -1,0 +1,1 @@
+"""Parsers: the only code that reads raw trace files and collective logs."""

@@ -1,0 +1,107 @@
+"""The per-rank collective log `comms.rank{R}.jsonl`, in PyTorch Flight Recorder's entry schema.
+
+Shared by the reference runtime's comm layer and `tracekit record`, read by `parse/comms_log.py`.
+Line 1 is a header `{"type": "header", "version": ..., "rank", "world_size", "pg_config"}`; every
+other line is one entry with Flight Recorder keys (`record_id`, `pg_id`, `process_group`,
+`collective_seq_id`, `p2p_seq_id`, `profiling_name`, `time_created_ns`,
+`time_discovered_started_ns`, `time_discovered_completed_ns`, `input_sizes`, `input_dtypes`,
+`output_sizes`, `output_dtypes`, `state`) plus tracekit extensions (`is_p2p`, `peer`,
+`group_ranks`, `in_split_sizes`, `out_split_sizes`, `caller`, `step`). Times are
+`time.time_ns()` (wall clock, comparable across ranks of one host). A file whose last line is cut
+(rank killed mid-write) stays readable up to that line; `{"type": "footer"}` marks a clean close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+COMMS_LOG_VERSION = "tracekit.comms/1"
+
+
+def comms_log_path(out_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(out_dir) / f"comms.rank{rank}.jsonl"
+
+
+class CommLog:
+    """Append-only JSONL writer; thread-safe, flushed at every `flush()` (e.g. each step)."""
+
+    def __init__(self, path: str | os.PathLike, rank: int, world_size: int | None = None,
+                 pg_config: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self._lock = threading.Lock()
+        self._record_id = 0
+        self._seq: dict[tuple[str, bool], int] = {}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "w", buffering=1 << 16)
+        self._write({"type": "header", "version": COMMS_LOG_VERSION, "rank": rank,
+                     "world_size": world_size, "pg_config": pg_config or {},
+                     "time_ns": time.time_ns()})
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def next_seq(self, pg_name: str, p2p: bool) -> int:
+        """Next collective (or p2p) sequence id in group `pg_name`, starting at 1 like c10d."""
+        with self._lock:
+            key = (pg_name, p2p)
+            self._seq[key] = self._seq.get(key, 0) + 1
+            return self._seq[key]
+
+    def record(self, *, pg_name: str, pg_desc: str, profiling_name: str, time_created_ns: int,
+               time_started_ns: int | None, time_completed_ns: int | None,
+               input_sizes: list[list[int]], input_dtypes: list[str],
+               output_sizes: list[list[int]], output_dtypes: list[str],
+               is_p2p: bool = False, peer: int | None = None, group_ranks: list[int] | None = None,
+               in_split_sizes: list[int] | None = None, out_split_sizes: list[int] | None = None,
+               caller: str | None = None, step: int | None = None, seq: int | None = None,
+               pg_id: int | None = None) -> dict[str, Any]:
+        """Write one entry; `seq` defaults to the next id of the group (collective or p2p counter)."""
+        if seq is None:
+            seq = self.next_seq(pg_name, is_p2p)
+        with self._lock:
+            self._record_id += 1
+            entry = {
+                "record_id": self._record_id,
+                "pg_id": pg_id,
+                "process_group": [pg_name, pg_desc],
+                "collective_seq_id": 0 if is_p2p else seq,
+                "p2p_seq_id": seq if is_p2p else 0,
+                "op_id": self._record_id,
+                "profiling_name": profiling_name,
+                "time_created_ns": int(time_created_ns),
+                "time_discovered_started_ns": int(time_started_ns) if time_started_ns else None,
+                "time_discovered_completed_ns": int(time_completed_ns) if time_completed_ns else None,
+                "input_sizes": input_sizes,
+                "input_dtypes": input_dtypes,
+                "output_sizes": output_sizes,
+                "output_dtypes": output_dtypes,
+                "state": "completed" if time_completed_ns else ("started" if time_started_ns else "scheduled"),
+                "is_p2p": is_p2p,
+                "peer": peer,
+                "group_ranks": group_ranks,
+                "in_split_sizes": in_split_sizes,
+                "out_split_sizes": out_split_sizes,
+                "caller": caller,
+                "step": step,
+                "rank": self.rank,
+            }
+            self._write(entry)
+            return entry
+
+    def flush(self) -> None:
+        with self._lock:
+            self._fh.flush()
+
+    def close(self, status: str = "ok") -> None:
+        with self._lock:
+            if self._fh.closed:
+                return
+            self._write({"type": "footer", "status": status, "entries": self._record_id,
+                         "time_ns": time.time_ns()})
+            self._fh.close()

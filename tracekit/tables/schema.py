@@ -1,0 +1,189 @@
+"""One declaration per table of a run store (DESIGN §2): column types and per-column docs.
+
+Parsers write tables that conform to these schemas, `tracekit query` prints them, tests check
+against them. Times are int64 nanoseconds on the rank's own clock; `rank` is int32 everywhere.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+NS = "int64 nanoseconds on the rank's clock"
+
+
+def _f(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable, metadata={"doc": doc})
+
+
+DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+RANKS = pa.schema([
+    _f("rank", pa.int32(), "global rank of the trace's process", nullable=False),
+    _f("world_size", pa.int32(), "world size stated by the trace or manifest (null if unknown)"),
+    _f("hostname", pa.string(), "host name (distributedInfo, manifest, or null)"),
+    _f("backend", pa.string(), "distributed backend: nccl, gloo, rccl... (null if unknown)"),
+    _f("device_names", pa.list_(pa.string()), "device names from deviceProperties"),
+    _f("source_file", pa.string(), "path of the trace file this rank was read from"),
+    _f("schema_version", pa.string(), "Kineto schemaVersion as text (null if absent)"),
+    _f("rank_source", pa.string(), "where the rank came from: distributedInfo | filename | manifest"),
+    _f("trace_kind", pa.string(), "gpu when device kernels exist, else cpu"),
+    _f("base_time_ns", pa.int64(), "baseTimeNanoseconds when present"),
+    _f("first_ts", pa.int64(), "earliest event start, " + NS),
+    _f("last_ts", pa.int64(), "latest event end, " + NS),
+    _f("num_events", pa.int64(), "complete events parsed"),
+    _f("clock_offset_ns", pa.int64(), "this rank's clock minus rank 0's (null if not estimated)"),
+    _f("parse_warnings", pa.list_(pa.string()), "non-fatal problems found while parsing"),
+])
+
+PROCESS_GROUPS = pa.schema([
+    _f("pg_name", pa.string(), "process group name (pg_config pg_name / Flight Recorder name)", nullable=False),
+    _f("pg_desc", pa.string(), "description (pg_desc, e.g. mesh_tp; uid when pg_desc is absent)"),
+    _f("ranks", pa.list_(pa.int32()), "global ranks of the group"),
+    _f("size", pa.int32(), "group size"),
+    _f("backend", pa.string(), "backend_config of the group"),
+    _f("dim", pa.string(), "inferred parallel dim: dp|fsdp|tp|pp|cp|ep|world|unknown"),
+    _f("seen_by", pa.list_(pa.int32()), "ranks whose trace/log described this group"),
+])
+
+EVENTS = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("name", DICT_STR, "event name"),
+    _f("cat", DICT_STR, "normalised lower-case category (cpu_op, kernel, user_annotation, ...)"),
+    _f("ts", pa.int64(), "start, " + NS, nullable=False),
+    _f("dur", pa.int64(), "duration in ns (negative/missing durations become null)"),
+    _f("pid", pa.int64(), "process id (device id for GPU rows)"),
+    _f("tid", pa.int64(), "thread id, or stream number for GPU rows"),
+    _f("thread_name", DICT_STR, "thread name from metadata (e.g. pt_gloo_runloop), null if none"),
+    _f("stream", pa.int32(), "GPU stream for device rows, null for host rows"),
+    _f("correlation", pa.int64(), "CUDA/HIP correlation id"),
+    _f("external_id", pa.int64(), "External id joining CPU ops and kernels"),
+    _f("step", pa.int32(), "ProfilerStep number enclosing the event start (null outside steps)"),
+    _f("flops", pa.float64(), "FLOP count when the profiler recorded it (with_flops)"),
+])
+
+KERNELS = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("name", DICT_STR, "kernel / memcpy / memset name"),
+    _f("stream", pa.int32(), "device stream"),
+    _f("device", pa.int32(), "device index"),
+    _f("ts", pa.int64(), "start, " + NS, nullable=False),
+    _f("dur", pa.int64(), "duration in ns"),
+    _f("kind", DICT_STR, "compute | comm | memcpy | memset"),
+    _f("correlation", pa.int64(), "correlation id to the runtime call"),
+    _f("external_id", pa.int64(), "External id to the CPU op"),
+    _f("collective_op", DICT_STR, "normalised collective op for comm kernels (null otherwise)"),
+    _f("pg_name", pa.string(), "process group of a comm kernel when known"),
+    _f("step", pa.int32(), "ProfilerStep number of the launching CPU op / kernel start"),
+])
+
+COLLECTIVES = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("source", DICT_STR, "kineto | comms-log | flight-recorder"),
+    _f("pg_name", pa.string(), "process group name (null if unknown)"),
+    _f("pg_desc", pa.string(), "process group description"),
+    _f("seq", pa.int64(), "collective (or p2p) sequence number within the group; null if unknown"),
+    _f("seq_source", pa.string(), "where seq came from: args | log | order (position within group)"),
+    _f("op", DICT_STR, "all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, send, recv, barrier, gather, scatter, unknown"),
+    _f("is_p2p", pa.bool_(), "send/recv"),
+    _f("peer", pa.int32(), "global peer rank for p2p when known"),
+    _f("in_nelems", pa.int64(), "input elements"),
+    _f("out_nelems", pa.int64(), "output elements"),
+    _f("dtype", pa.string(), "element type as written by the source (Float, BFloat16, float32...)"),
+    _f("bytes", pa.int64(), "message size used for bandwidth: max(in, out) nelems x element size"),
+    _f("in_split_sizes", pa.list_(pa.int64()), "all_to_all input split sizes"),
+    _f("out_split_sizes", pa.list_(pa.int64()), "all_to_all output split sizes"),
+    _f("group_size", pa.int32(), "size of the group"),
+    _f("group_ranks", pa.list_(pa.int32()), "global ranks of the group when known"),
+    _f("ts", pa.int64(), "start of the communication itself (device kernel / gloo worker / log start), " + NS),
+    _f("dur", pa.int64(), "duration of the communication itself in ns"),
+    _f("enqueue_ts", pa.int64(), "when the caller issued it (CPU op start / log created), " + NS),
+    _f("enqueue_dur", pa.int64(), "duration of the issuing CPU op in ns"),
+    _f("state", pa.string(), "completed | started | scheduled | unknown"),
+    _f("name", pa.string(), "raw event or profiling name"),
+    _f("caller", pa.string(), "innermost enclosing user annotation (record_function label), if any"),
+    _f("correlation", pa.int64(), "correlation of the comm kernel when on GPU"),
+    _f("external_id", pa.int64(), "External id of the CPU op"),
+    _f("step", pa.int32(), "ProfilerStep number at enqueue"),
+])
+
+STEPS = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("step", pa.int32(), "step number from ProfilerStep#N", nullable=False),
+    _f("ts", pa.int64(), "start, " + NS, nullable=False),
+    _f("dur", pa.int64(), "duration in ns"),
+])
+
+ROUTING = pa.schema([
+    _f("rank", pa.int32(), "global rank that recorded the statistic", nullable=False),
+    _f("step", pa.int32(), "training step", nullable=False),
+    _f("layer", pa.int32(), "MoE layer index", nullable=False),
+    _f("expert", pa.int32(), "global expert index", nullable=False),
+    _f("tokens", pa.int64(), "tokens routed to the expert (before capacity)"),
+    _f("dropped", pa.int64(), "tokens dropped by capacity"),
+    _f("capacity", pa.int64(), "expert capacity in tokens (null if unlimited)"),
+])
+
+PIPELINE = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("step", pa.int32(), "training step"),
+    _f("stage", pa.int32(), "pipeline stage (virtual stage index for interleaved schedules)"),
+    _f("microbatch", pa.int32(), "micro-batch index"),
+    _f("phase", DICT_STR, "fwd | bwd | bwd_input | bwd_weight | send | recv"),
+    _f("ts", pa.int64(), "start, " + NS, nullable=False),
+    _f("dur", pa.int64(), "duration in ns"),
+])
+
+TABLES: dict[str, pa.Schema] = {
+    "ranks": RANKS,
+    "process_groups": PROCESS_GROUPS,
+    "events": EVENTS,
+    "kernels": KERNELS,
+    "collectives": COLLECTIVES,
+    "steps": STEPS,
+    "routing": ROUTING,
+    "pipeline": PIPELINE,
+}
+
+# Tables with one row group per rank; the others are small and written whole.
+PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline")
+
+# One spelling of the profiler step annotation for the whole project.
+STEP_PATTERN = r"^ProfilerStep#(\d+)$"
+
+COLLECTIVE_OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+    "gather", "scatter", "send", "recv", "barrier", "unknown",
+)
+KERNEL_KINDS = ("compute", "comm", "memcpy", "memset")
+PARALLEL_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep", "world", "unknown")
+
+
+def empty(name: str) -> pa.Table:
+    """An empty table of the named schema."""
+    return TABLES[name].empty_table()
+
+
+def conform(name: str, table: pa.Table) -> pa.Table:
+    """Cast/reorder `table` to the declared schema; missing nullable columns become nulls."""
+    schema = TABLES[name]
+    cols = []
+    for field in schema:
+        if field.name in table.column_names:
+            col = table.column(field.name)
+            if col.type != field.type:
+                col = col.cast(field.type)
+            cols.append(col)
+        else:
+            if not field.nullable:
+                raise ValueError(f"table {name!r} lacks required column {field.name!r}")
+            cols.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def describe(name: str) -> str:
+    """Human-readable column listing for `tracekit query --schema`."""
+    lines = [f"{name}:"]
+    for field in TABLES[name]:
+        doc = (field.metadata or {}).get(b"doc", b"").decode()
+        lines.append(f"  {field.name:<16} {str(field.type):<40} {doc}")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""A run store: a folder of Parquet files, one per table, plus `meta.json` (inputs, skipped, manifest).
+
+Writers append one row group per rank so memory does not grow with the number of ranks; readers
+scan with column projection and filters (pyarrow dataset) or SQL (DuckDB views over the files).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from tracekit.tables.schema import TABLES, conform
+
+STORE_SCHEMA = "tracekit.store/1"
+
+
+@dataclass
+class RunStoreWriter:
+    """Writes tables incrementally into STORE/<table>.parquet and STORE/meta.json on close."""
+
+    path: Path
+    meta: dict[str, Any] = field(default_factory=dict)
+    _writers: dict[str, pq.ParquetWriter] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.meta.setdefault("schema", STORE_SCHEMA)
+        self.meta.setdefault("inputs", {"ranks": [], "skipped": []})
+
+    def append(self, name: str, table: pa.Table) -> None:
+        """Append rows (conformed to the declared schema) to table `name`."""
+        table = conform(name, table)
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = pq.ParquetWriter(self.path / f"{name}.parquet", TABLES[name], compression="zstd")
+            self._writers[name] = writer
+        if table.num_rows:
+            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+
+    def skip(self, file: str, reason: str) -> None:
+        """Record an input that was not analysed, with the reason (shown in reports)."""
+        self.meta["inputs"]["skipped"].append({"file": str(file), "reason": reason})
+
+    def close(self) -> "RunStore":
+        for name in TABLES:
+            if name not in self._writers:
+                self.append(name, TABLES[name].empty_table())
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        (self.path / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True, default=str))
+        return RunStore(self.path)
+
+    def __enter__(self) -> "RunStoreWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RunStore:
+    """Read access to a run store directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            from tracekit.errors import StoreError
+
+            raise StoreError(f"{self.path}: not a tracekit run store (no meta.json)")
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+
+    def file(self, name: str) -> Path:
+        return self.path / f"{name}.parquet"
+
+    def has(self, name: str) -> bool:
+        return self.file(name).is_file()
+
+    def dataset(self, name: str) -> ds.Dataset:
+        if not self.has(name):
+            return ds.dataset(TABLES[name].empty_table())
+        return ds.dataset(self.file(name), format="parquet")
+
+    def table(self, name: str, columns: Iterable[str] | None = None, filter: Any = None) -> pa.Table:
+        """Read table `name` with optional column projection and a pyarrow filter expression."""
+        cols = list(columns) if columns is not None else None
+        return self.dataset(name).to_table(columns=cols, filter=filter)
+
+    def rank_table(self, name: str, rank: int, columns: Iterable[str] | None = None) -> pa.Table:
+        """Rows of one rank only (predicate pushdown on the per-rank row groups)."""
+        return self.table(name, columns, ds.field("rank") == rank)
+
+    def ranks(self) -> list[int]:
+        return sorted(self.table("ranks", ["rank"]).column("rank").to_pylist())
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return list(self.meta.get("inputs", {}).get("skipped", []))
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self.meta.get("manifest")
+
+    def duckdb(self):
+        """A DuckDB connection with one view per table."""
+        import duckdb
+
+        con = duckdb.connect()
+        for name in TABLES:
+            if self.has(name):
+                path = str(self.file(name)).replace("'", "''")
+                con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
+        return con
+
+    def sql(self, query: str) -> pa.Table:
+        """Run a DuckDB SQL query over the store's tables and return an Arrow table."""
+        con = self.duckdb()
+        try:
+            return con.execute(query).fetch_arrow_table()
+        finally:
+            con.close()
