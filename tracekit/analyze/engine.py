@@ -1,0 +1,81 @@
+"""Runs the analyzers over a run store and assembles `analysis.json` (schema tracekit.analysis/1).
+
+Each analyzer is one module with one entry function `fn(store, ctx) -> AnalyzerResult`. They run in
+the order of ANALYZERS; later ones may read earlier results from `ctx.results` (e.g. recommendations
+read every finding, pipeline reads the layout). A section is the JSON-ready data the report lays out
+(reports compute nothing): each analyzer module documents the shape of its section in its docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tracekit.analyze.findings import Finding, sort_findings
+from tracekit.tables.store import RunStore
+
+ANALYSIS_SCHEMA = "tracekit.analysis/1"
+
+
+@dataclass(kw_only=True)
+class AnalysisConfig:
+    """User-tunable analysis settings (CLI flags map onto these)."""
+
+    peak_gbps: dict[str, float] = field(default_factory=dict)
+    """Bus-bandwidth peak per group name or dim (e.g. {"tp": 150.0}); empty = best seen in the run."""
+    peak_tflops: float | None = None
+    """Per-device peak for MFU; None = from deviceProperties when known."""
+    tokens_per_step: int | None = None
+    """Tokens processed per step per data-parallel replica (overrides the manifest)."""
+    max_timeline_intervals: int = 20000
+    """Down-sampling budget for the timeline section."""
+
+
+@dataclass(frozen=True)
+class AnalyzerResult:
+    findings: list[Finding] = field(default_factory=list)
+    section: dict[str, Any] | None = None
+
+
+@dataclass
+class AnalysisContext:
+    config: AnalysisConfig
+    results: dict[str, AnalyzerResult] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict[str, Any] | None:
+        res = self.results.get(name)
+        return res.section if res else None
+
+
+# (section name, "module:function"). Order matters: later analyzers may read earlier sections.
+ANALYZERS: list[tuple[str, str]] = [
+]
+
+
+def _load(spec: str) -> Callable[[RunStore, AnalysisContext], AnalyzerResult]:
+    mod, fn = spec.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
+                  command: str | None = None) -> dict[str, Any]:
+    """Run every analyzer and return the analysis.json document."""
+    from tracekit import __version__
+
+    ctx = AnalysisContext(config=config or AnalysisConfig())
+    findings: list[Finding] = []
+    for name, spec in ANALYZERS:
+        result = _load(spec)(store, ctx)
+        ctx.results[name] = result
+        findings.extend(result.findings)
+    breakdown = ctx.section("breakdown") or {}
+    return {
+        "schema": ANALYSIS_SCHEMA,
+        "tracekit_version": __version__,
+        "command": command,
+        "inputs": {"ranks": store.ranks(), "skipped": store.skipped},
+        "ranks": breakdown.get("ranks", []),
+        "findings": [f.to_json() for f in sort_findings(findings)],
+        "sections": {name: res.section for name, res in ctx.results.items() if res.section is not None},
+    }
