@@ -1,0 +1,315 @@
+"""PyTorch Flight Recorder dumps (JSON or pickle) and the entry→row code shared with the comms log.
+
+A dump is `{version, pg_config: {id: {name, desc, ranks}}, pg_status, entries: [...]}` (DESIGN §4);
+every entry becomes one `collectives` row. `comms_log.py` writes the same entry schema (plus a few
+extensions), so `entries_to_collectives` is the one place where entries are read.
+Pickle dumps are only ever read through `safe_pickle` (plain data, no code).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+
+from tracekit.errors import TraceFormatError
+from tracekit.parse.safe_pickle import load_plain_data, looks_like_pickle
+from tracekit.tables.schema import conform
+
+SOURCE_FLIGHT_RECORDER = "flight-recorder"
+
+# Compact (underscore-free, lower-case) name prefix -> normalised op; order matters.
+_OP_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("bcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("isend", "send"),
+    ("irecv", "recv"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+)
+_BACKEND_PREFIX = re.compile(r"^(?:nccl|gloo|ucc|mpi|xccl|rccl|hccl|c10d|fake)\s*:+\s*", re.IGNORECASE)
+_P2P_PEER = re.compile(r"(\d+)\s*(?:->|<-)\s*(\d+)")
+
+# Bytes per element for the dtype spellings of Flight Recorder (c10 names) and torch (`float32`).
+DTYPE_BYTES: dict[str, int] = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "complexfloat": 8, "complex64": 8, "complexdouble": 16, "complex128": 16, "complexhalf": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}
+
+
+def normalize_op(name: str | None) -> str:
+    """Map a profiling / op name ("nccl:all_reduce", "gloo:_allgather_base", "nccl:send 0->1") to COLLECTIVE_OPS."""
+    if not name:
+        return "unknown"
+    base = _BACKEND_PREFIX.sub("", name.strip())
+    base = base.split()[0] if base.split() else ""
+    compact = base.replace("_", "").lower()
+    for prefix, op in _OP_PREFIXES:
+        if compact.startswith(prefix):
+            return op
+    return "unknown"
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Element size of a dtype name, or None when unknown."""
+    if not dtype:
+        return None
+    key = dtype.lower().removeprefix("torch.").replace(" ", "")
+    return DTYPE_BYTES.get(key)
+
+
+def _nelems(sizes: Any) -> list[int] | None:
+    """Per-tensor element counts from a list of shapes (None when sizes are absent)."""
+    if sizes is None:
+        return None
+    out = []
+    for shape in sizes:
+        if shape is None:
+            continue
+        out.append(math.prod(int(d) for d in shape))
+    return out
+
+
+def _message_bytes(in_counts: list[int] | None, in_dtypes: Any, out_counts: list[int] | None,
+                   out_dtypes: Any) -> int | None:
+    """max(input bytes, output bytes), each the sum over tensors of nelems × element size."""
+    totals = []
+    for counts, dtypes in ((in_counts, in_dtypes), (out_counts, out_dtypes)):
+        if not counts:
+            continue
+        dtypes = list(dtypes or [])
+        total = 0
+        for i, n in enumerate(counts):
+            size = dtype_bytes(dtypes[i] if i < len(dtypes) else (dtypes[0] if dtypes else None))
+            if size is None:
+                total = None
+                break
+            total += n * size
+        if total is not None:
+            totals.append(total)
+    return max(totals) if totals else None
+
+
+def _nonzero_int(value: Any) -> int | None:
+    """Flight Recorder writes 0 (JSON) or None (pickle) for times it never observed."""
+    if value is None:
+        return None
+    value = int(value)
+    return value if value != 0 else None
+
+
+def _ranks_list(value: Any) -> list[int] | None:
+    """pg_config ranks come as a list or as its text ("[0, 1]")."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple)):
+        return [int(r) for r in value]
+    return None
+
+
+def pg_config_groups(pg_config: Any) -> list[dict[str, Any]]:
+    """process_groups rows (pg_name, pg_desc, ranks, size, backend) from a Flight Recorder or Kineto pg_config.
+
+    Accepts the dump's `{id: {name, desc, ranks}}` mapping and Kineto's
+    `[{pg_name, pg_desc | uid, ranks, pg_size, backend_config}]` list; unnamed placeholder entries
+    (gloo dumps carry `{"": {"name": "", ...}}`) are dropped.
+    """
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(pg_config, Mapping):
+        items = pg_config.items()
+    elif isinstance(pg_config, (list, tuple)):
+        items = ((None, v) for v in pg_config)
+    else:
+        return []
+    groups = []
+    for key, cfg in items:
+        if not isinstance(cfg, Mapping):
+            continue
+        name = cfg.get("name", cfg.get("pg_name", key))
+        if name is None or str(name) == "":
+            continue
+        ranks = _ranks_list(cfg.get("ranks"))
+        desc = cfg.get("desc", cfg.get("pg_desc"))
+        if desc in (None, ""):
+            desc = cfg.get("uid")
+        size = cfg.get("pg_size", cfg.get("size"))
+        groups.append({
+            "pg_name": str(name),
+            "pg_desc": None if desc in (None, "") else str(desc),
+            "ranks": ranks,
+            "size": int(size) if size is not None else (len(ranks) if ranks else None),
+            "backend": cfg.get("backend_config", cfg.get("backend")),
+            "dim": None,
+        })
+    return groups
+
+
+def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, source: str,
+                           group_ranks: Mapping[str, list[int]] | None = None) -> pa.Table:
+    """Flight Recorder entries (or comms-log entries, same schema) → a `collectives` table.
+
+    seq is `collective_seq_id`, or `p2p_seq_id` for send/recv (then `is_p2p` is true: the two
+    counters are separate namespaces). Times of 0/None mean "not observed" and become null.
+    """
+    group_ranks = group_ranks or {}
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "rank", "source", "pg_name", "pg_desc", "seq", "seq_source", "op", "is_p2p", "peer",
+        "in_nelems", "out_nelems", "dtype", "bytes", "in_split_sizes", "out_split_sizes",
+        "group_size", "group_ranks", "ts", "dur", "enqueue_ts", "state", "name", "caller", "step")}
+    for e in entries:
+        pg = e.get("process_group") or [None, None]
+        pg_name = None if pg[0] in (None, "") else str(pg[0])
+        pg_desc = None if len(pg) < 2 or pg[1] in (None, "") else str(pg[1])
+        profiling_name = e.get("profiling_name")
+        op = normalize_op(profiling_name)
+        is_p2p = e.get("is_p2p")
+        if is_p2p is None:
+            is_p2p = op in ("send", "recv")
+        is_p2p = bool(is_p2p) or op in ("send", "recv")
+        seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
+        ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
+        peer = e.get("peer")
+        if peer is None and is_p2p and profiling_name:
+            m = _P2P_PEER.search(profiling_name)
+            if m:  # "send 0->1" / "recv 1<-0": group-local ranks
+                local = int(m.group(2))
+                if ranks_of_group and local < len(ranks_of_group):
+                    peer = ranks_of_group[local]
+        in_counts = _nelems(e.get("input_sizes"))
+        out_counts = _nelems(e.get("output_sizes"))
+        in_dtypes = e.get("input_dtypes") or []
+        out_dtypes = e.get("output_dtypes") or []
+        created = _nonzero_int(e.get("time_created_ns"))
+        started = _nonzero_int(e.get("time_discovered_started_ns"))
+        completed = _nonzero_int(e.get("time_discovered_completed_ns"))
+        dur = completed - started if started is not None and completed is not None else None
+        if dur is None and started is not None and e.get("duration_ms") not in (None, 0):
+            dur = int(round(float(e["duration_ms"]) * 1e6))
+        cols["rank"].append(rank)
+        cols["source"].append(source)
+        cols["pg_name"].append(pg_name)
+        cols["pg_desc"].append(pg_desc)
+        cols["seq"].append(int(seq) if seq is not None else None)
+        cols["seq_source"].append("log" if seq is not None else None)
+        cols["op"].append(op)
+        cols["is_p2p"].append(is_p2p)
+        cols["peer"].append(int(peer) if peer is not None else None)
+        cols["in_nelems"].append(sum(in_counts) if in_counts is not None else None)
+        cols["out_nelems"].append(sum(out_counts) if out_counts is not None else None)
+        cols["dtype"].append(str((in_dtypes or out_dtypes)[0]) if (in_dtypes or out_dtypes) else None)
+        cols["bytes"].append(_message_bytes(in_counts, in_dtypes, out_counts, out_dtypes))
+        cols["in_split_sizes"].append(_int_list(e.get("in_split_sizes")))
+        cols["out_split_sizes"].append(_int_list(e.get("out_split_sizes")))
+        cols["group_size"].append(len(ranks_of_group) if ranks_of_group else None)
+        cols["group_ranks"].append(ranks_of_group)
+        cols["ts"].append(started)
+        cols["dur"].append(dur)
+        cols["enqueue_ts"].append(created)
+        cols["state"].append(e.get("state") or "unknown")
+        cols["name"].append(profiling_name)
+        cols["caller"].append(e.get("caller"))
+        cols["step"].append(int(e["step"]) if e.get("step") is not None else None)
+    return conform("collectives", pa.table(_typed(cols)))
+
+
+def _int_list(value: Any) -> list[int] | None:
+    return [int(v) for v in value] if value is not None else None
+
+
+def _typed(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
+    types = {
+        "rank": pa.int32(), "source": pa.string(), "pg_name": pa.string(), "pg_desc": pa.string(),
+        "seq": pa.int64(), "seq_source": pa.string(), "op": pa.string(), "is_p2p": pa.bool_(),
+        "peer": pa.int32(), "in_nelems": pa.int64(), "out_nelems": pa.int64(), "dtype": pa.string(),
+        "bytes": pa.int64(), "in_split_sizes": pa.list_(pa.int64()), "out_split_sizes": pa.list_(pa.int64()),
+        "group_size": pa.int32(), "group_ranks": pa.list_(pa.int32()), "ts": pa.int64(), "dur": pa.int64(),
+        "enqueue_ts": pa.int64(), "state": pa.string(), "name": pa.string(), "caller": pa.string(),
+        "step": pa.int32(),
+    }
+    return {k: pa.array(v, type=types[k]) for k, v in cols.items()}
+
+
+@dataclass
+class FlightRecorderParse:
+    """One rank's Flight Recorder dump as tables."""
+
+    source_file: str
+    rank: int | None
+    rank_source: str | None
+    version: str | None
+    process_groups: list[dict[str, Any]]
+    collectives: pa.Table
+    warnings: list[str] = field(default_factory=list)
+
+
+def is_flight_recorder_dump(doc: Any) -> bool:
+    """A decoded document looks like a Flight Recorder dump (entries + pg_config/pg_status/version)."""
+    return (isinstance(doc, Mapping) and "traceEvents" not in doc and "entries" in doc
+            and any(k in doc for k in ("pg_config", "pg_status", "version")))
+
+
+def read_flight_recorder_doc(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
+    """Decode a dump file: pickle (safely) when it starts like one, else JSON."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    if looks_like_pickle(head):
+        doc = load_plain_data(path, max_bytes=max_bytes)
+    else:
+        if max_bytes is not None and path.stat().st_size > max_bytes:
+            from tracekit.errors import InputTooLargeError
+
+            raise InputTooLargeError(str(path), f"dump is over the {max_bytes}-byte budget")
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError as exc:
+            raise TraceFormatError(str(path), f"not valid JSON ({exc})") from None
+    if not is_flight_recorder_dump(doc):
+        raise TraceFormatError(str(path), "not a Flight Recorder dump (no entries/pg_config)")
+    return doc  # type: ignore[return-value]
+
+
+def parse_flight_recorder(path: str | Path, *, rank: int | None = None,
+                          max_bytes: int | None = None) -> FlightRecorderParse:
+    """Parse one dump. The rank comes from `rank=`, else the dump's own `rank` field, else stays None
+    (the run assembler then tries the file name)."""
+    path = Path(path)
+    doc = read_flight_recorder_doc(path, max_bytes=max_bytes)
+    rank_source = "argument" if rank is not None else None
+    if rank is None and doc.get("rank") is not None:
+        rank, rank_source = int(doc["rank"]), "flight-recorder"
+    groups = pg_config_groups(doc.get("pg_config"))
+    group_ranks = {g["pg_name"]: g["ranks"] for g in groups if g["ranks"]}
+    entries = doc.get("entries") or []
+    warnings = []
+    if not isinstance(entries, list):
+        raise TraceFormatError(str(path), "Flight Recorder 'entries' is not a list")
+    table = entries_to_collectives(entries, rank=rank if rank is not None else -1,
+                                   source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
+    return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source,
+                               version=None if doc.get("version") is None else str(doc["version"]),
+                               process_groups=groups, collectives=table, warnings=warnings)
