@@ -1,0 +1,118 @@
+"""comms.rank{R}.jsonl: CommLog round trip, cut last line, missing footer, real gloo job logs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.parse.gloo_run import WORLD, gloo_run_dir
+from tracekit.errors import TraceFormatError
+from tracekit.parse.comms_log import parse_comms_log
+from tracekit.record.commlog import CommLog, comms_log_path
+from tracekit.tables.schema import COLLECTIVES
+
+PG_CONFIG = {"0": {"name": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3]},
+             "5": {"name": "5", "desc": "mesh_tp", "ranks": [2, 3]}}
+
+
+def _write_log(tmp_path: Path, close: bool = True) -> tuple[Path, list[dict]]:
+    log = CommLog(comms_log_path(tmp_path, 2), rank=2, world_size=4, pg_config=PG_CONFIG)
+    written = [
+        log.record(pg_name="0", pg_desc="default_pg", profiling_name="nccl:all_reduce", time_created_ns=1_000,
+                   time_started_ns=1_100, time_completed_ns=1_900, input_sizes=[[4, 8]], input_dtypes=["BFloat16"],
+                   output_sizes=[[4, 8]], output_dtypes=["BFloat16"], caller="dp:grad_sync", step=7),
+        log.record(pg_name="5", pg_desc="mesh_tp", profiling_name="nccl:all_to_all", time_created_ns=2_000,
+                   time_started_ns=None, time_completed_ns=None, input_sizes=[[10, 2]], input_dtypes=["Float"],
+                   output_sizes=[[6, 2]], output_dtypes=["Float"], in_split_sizes=[4, 6],
+                   out_split_sizes=[3, 3], group_ranks=[2, 3], step=7),
+        log.record(pg_name="5", pg_desc="mesh_tp", profiling_name="nccl:send 0->1", time_created_ns=3_000,
+                   time_started_ns=3_010, time_completed_ns=None, input_sizes=[[3]], input_dtypes=["Double"],
+                   output_sizes=[[3]], output_dtypes=["Double"], is_p2p=True, peer=3, group_ranks=[2, 3]),
+        log.record(pg_name="0", pg_desc="default_pg", profiling_name="nccl:all_reduce", time_created_ns=4_000,
+                   time_started_ns=4_000, time_completed_ns=4_500, input_sizes=[[1], [2, 2]],
+                   input_dtypes=["Float", "Float"], output_sizes=[[1], [2, 2]], output_dtypes=["Float", "Float"]),
+    ]
+    if close:
+        log.close()
+    else:
+        log.flush()
+    return comms_log_path(tmp_path, 2), written
+
+
+def test_round_trip_every_field(tmp_path: Path) -> None:
+    path, written = _write_log(tmp_path)
+    parsed = parse_comms_log(path)
+    assert (parsed.rank, parsed.rank_source, parsed.world_size, parsed.partial) == (2, "comms-log", 4, False)
+    assert parsed.warnings == []
+    assert {g["pg_name"]: (g["pg_desc"], g["ranks"]) for g in parsed.process_groups} == \
+        {k: (v["desc"], v["ranks"]) for k, v in PG_CONFIG.items()}
+    assert parsed.collectives.schema == COLLECTIVES
+    rows = parsed.collectives.to_pylist()
+    # Independent reference: the file's own lines through plain json.
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    entries = [obj for obj in lines if obj.get("type") not in ("header", "footer")]
+    assert entries == written
+    elem = {"BFloat16": 2, "Float": 4, "Double": 8}
+    for e, r in zip(entries, rows):
+        assert r["rank"] == 2 and r["source"] == "comms-log"
+        assert (r["pg_name"], r["pg_desc"]) == tuple(e["process_group"])
+        assert r["seq"] == (e["p2p_seq_id"] if e["is_p2p"] else e["collective_seq_id"])
+        assert r["is_p2p"] == e["is_p2p"] and r["peer"] == e["peer"]
+        assert r["in_nelems"] == sum(math.prod(s) for s in e["input_sizes"])
+        assert r["out_nelems"] == sum(math.prod(s) for s in e["output_sizes"])
+        assert r["dtype"] == e["input_dtypes"][0]
+        in_b = sum(math.prod(s) * elem[d] for s, d in zip(e["input_sizes"], e["input_dtypes"]))
+        out_b = sum(math.prod(s) * elem[d] for s, d in zip(e["output_sizes"], e["output_dtypes"]))
+        assert r["bytes"] == max(in_b, out_b)
+        assert r["in_split_sizes"] == e["in_split_sizes"] and r["out_split_sizes"] == e["out_split_sizes"]
+        assert r["enqueue_ts"] == e["time_created_ns"]
+        assert r["ts"] == e["time_discovered_started_ns"]
+        done, start = e["time_discovered_completed_ns"], e["time_discovered_started_ns"]
+        assert r["dur"] == (done - start if done and start else None)
+        assert r["state"] == e["state"] and r["name"] == e["profiling_name"]
+        assert r["caller"] == e["caller"] and r["step"] == e["step"]
+        ranks = e["group_ranks"] or PG_CONFIG[e["process_group"][0]]["ranks"]
+        assert r["group_ranks"] == ranks and r["group_size"] == len(ranks)
+    assert [r["seq"] for r in rows] == [1, 1, 1, 2]  # per group, p2p counted apart
+    assert [r["op"] for r in rows] == ["all_reduce", "all_to_all", "send", "all_reduce"]
+
+
+def test_cut_last_line_keeps_the_rest(tmp_path: Path) -> None:
+    path, written = _write_log(tmp_path, close=False)
+    text = path.read_text()
+    path.write_text(text[: len(text) - 25])  # the rank died half-way through the last entry
+    parsed = parse_comms_log(path)
+    assert parsed.collectives.num_rows == len(written) - 1
+    assert parsed.partial
+    assert any("cut off" in w for w in parsed.warnings)
+    assert any("partial" in w for w in parsed.warnings)
+    assert parsed.collectives.column("enqueue_ts").to_pylist() == [e["time_created_ns"] for e in written[:-1]]
+
+
+def test_missing_footer_is_partial(tmp_path: Path) -> None:
+    path, written = _write_log(tmp_path, close=False)
+    parsed = parse_comms_log(path)
+    assert parsed.partial and parsed.collectives.num_rows == len(written)
+    assert not any("cut off" in w for w in parsed.warnings)
+
+
+def test_not_a_comms_log(tmp_path: Path) -> None:
+    p = tmp_path / "comms.rank0.jsonl"
+    p.write_text('{"record_id": 1}\n')
+    with pytest.raises(TraceFormatError):
+        parse_comms_log(p)
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_real_job_logs_match_what_was_issued(rank: int) -> None:
+    run = gloo_run_dir()
+    parsed = parse_comms_log(run / "trace" / f"comms.rank{rank}.jsonl")
+    issued = json.loads((run / "expected" / f"ops.rank{rank}.json").read_text())
+    rows = parsed.collectives.to_pylist()
+    assert not parsed.partial and parsed.rank == rank
+    assert [(r["op"], r["pg_name"], r["is_p2p"], r["step"]) for r in rows] == \
+        [(o["op"], o["pg_name"], o["is_p2p"], o["step"]) for o in issued]
+    assert [(r["enqueue_ts"], r["ts"] + r["dur"]) for r in rows] == [(o["created"], o["done"]) for o in issued]
