@@ -1,0 +1,391 @@
+"""Pipeline parallelism: per stage/micro-batch phase times, stage imbalance, measured vs theoretical bubble.
+
+Definitions (DESIGN §3). A *pipeline* is one pp process group (one rank per stage; one per data-parallel
+replica). Per pipeline and step, the *schedule window* runs from the first compute phase start to the
+last compute phase end over the pipeline's ranks (clocks aligned with `ranks.clock_offset_ns`):
+    stage bubble  = 1 − busy(rank) / window      busy = union of the rank's fwd/bwd/bwd_input/bwd_weight
+    bubble        = mean stage bubble over the pipeline's ranks
+which is exactly `(p−1)/(m+p−1)` for GPipe/1F1B with equal stage times and free p2p, and
+`(p−1)/(v·m+p−1)` for interleaved schedules with v chunks per rank. Imbalance = slowest stage compute /
+mean stage compute (stage compute = summed phase durations per step). The window excludes the
+optimizer, data loading and gradient sync; `bubble_of_step` reports the same idle time over the step.
+
+With no `pipeline` rows (unlabelled traces) the stages come from the pp groups and the send/recv
+structure: the idle time is the p2p time not covered by anything else on the rank (`source: "p2p"`).
+
+Section `pipeline` (JSON):
+{
+  "source": "labels" | "p2p" | null,     # null: no pipeline parallelism found
+  "schedule": str | null,                # manifest's, else detected: gpipe | 1f1b | interleaved | zb
+  "schedule_detected": str | null,       # from phase order (labels only)
+  "num_stages": p, "chunks_per_rank": v, "num_microbatches": m,
+  "theoretical_bubble": float | null,    # (p−1)/(v·m+p−1)
+  "measured_bubble": float | null,       # mean over pipelines and steps
+  "imbalance": float | null,             # slowest / mean stage compute
+  "stages": [{"stage", "ranks": [..], "compute_ns", "fwd_ns", "bwd_ns", "layers": int | null}],
+  "pipelines": [{"ranks": [..], "steps": [{"step", "window_ns", "bubble",
+                 "ranks": [{"rank", "stage_ids": [..], "busy_ns", "bubble", "bubble_of_step",
+                            "p2p_ns", "p2p_wait_ns"}]}]}],
+  "per_microbatch": [{"stage", "microbatch", "phase", "mean_ns"}],     # mean over steps and replicas
+  "diagram": {"step", "ranks": [..], "window_ns",                       # one step of pipeline 0
+              "intervals": [{"rank", "stage", "microbatch", "phase", "start_ns", "dur_ns"}]}
+}
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze import recommend
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+COMPUTE_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight")
+BWD_PHASES = ("bwd", "bwd_input", "bwd_weight")
+
+IMBALANCE_WARNING = 1.2
+"""Slowest/mean stage compute at which imbalance is a warning (critical at IMBALANCE_CRITICAL)."""
+IMBALANCE_CRITICAL = 1.6
+SAVING_WARNING = 0.10
+"""Estimated saving / step time at which a bubble finding is a warning (critical at SAVING_CRITICAL)."""
+SAVING_CRITICAL = 0.30
+
+
+def theoretical_bubble(p: int, m: int, v: int = 1) -> float:
+    """Bubble fraction of GPipe/1F1B ((p−1)/(m+p−1)) and interleaved with v chunks ((p−1)/(v·m+p−1))."""
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"need p, m, v >= 1, got p={p} m={m} v={v}")
+    return (p - 1) / (v * m + p - 1)
+
+
+def _clock_offsets(store: RunStore) -> dict[int, int]:
+    t = store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()
+    return {r["rank"]: int(r["clock_offset_ns"] or 0) for r in t}
+
+
+def _pp_groups(store: RunStore) -> list[list[int]]:
+    """Rank lists of the pp process groups (dim column, else pg_desc naming pp)."""
+    out = []
+    for g in store.table("process_groups", ["pg_desc", "ranks", "dim"]).to_pylist():
+        desc = (g["pg_desc"] or "").lower()
+        if g["dim"] == "pp" or desc in ("mesh_pp", "pp"):
+            ranks = list(g["ranks"] or [])
+            if len(ranks) > 1 and ranks not in out:
+                out.append(ranks)
+    return out
+
+
+def _manifest_pipeline(store: RunStore) -> dict[str, Any]:
+    """Schedule facts the manifest states (runtime config or `tracekit record` layout), if any."""
+    man = store.manifest or {}
+    cfg = man.get("config") if isinstance(man.get("config"), dict) else {}
+    layout = man.get("layout") if isinstance(man.get("layout"), dict) else {}
+    faults = cfg.get("faults") if isinstance(cfg.get("faults"), dict) else {}
+
+    def pick(*keys: str) -> Any:
+        for src in (man, layout, cfg, faults):
+            for k in keys:
+                if src.get(k) is not None:
+                    return src[k]
+        return None
+
+    return {
+        "schedule": pick("schedule"),
+        "microbatches": pick("microbatches", "num_microbatches"),
+        "virtual_stages": pick("virtual_stages", "chunks_per_rank"),
+        "stage_layers": pick("stage_layers"),
+        "num_layers": pick("num_layers") or ((cfg.get("model") or {}).get("num_layers") if cfg else None),
+        "pp": pick("pp"),
+        "dp": pick("dp"),
+        "global_batch_size": pick("global_batch_size"),
+    }
+
+
+def _detect_schedule(rows: list[dict[str, Any]], v: int) -> str:
+    """gpipe when every rank runs all its forwards before any backward; zb with split backward."""
+    phases = {r["phase"] for r in rows}
+    if "bwd_weight" in phases or "bwd_input" in phases:
+        return "zb"
+    if v > 1:
+        return "interleaved"
+    by_rank_step: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_rank_step[(r["rank"], r["step"])].append(r)
+    for evs in by_rank_step.values():
+        fwd = [e["ts"] for e in evs if e["phase"] == "fwd"]
+        bwd = [e["ts"] for e in evs if e["phase"] in BWD_PHASES]
+        if fwd and bwd and min(bwd) < max(fwd):
+            return "1f1b"
+    return "gpipe"
+
+
+def analyze_pipeline(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Pipeline section and `pipeline_bubble` / `pipeline_imbalance` findings."""
+    rows = store.table("pipeline").to_pylist()
+    rows = [r for r in rows if r["step"] is not None and r["dur"] is not None and r["dur"] >= 0]
+    if rows:
+        return _from_labels(store, ctx, rows)
+    return _from_p2p(store, ctx)
+
+
+def _empty_section() -> dict[str, Any]:
+    return {"source": None, "schedule": None, "schedule_detected": None, "num_stages": 0,
+            "chunks_per_rank": 0, "num_microbatches": 0, "theoretical_bubble": None,
+            "measured_bubble": None, "imbalance": None, "stages": [], "pipelines": [],
+            "per_microbatch": [], "diagram": None}
+
+
+def _step_windows(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, int], tuple[int, int]]:
+    out = {}
+    for s in store.table("steps", ["rank", "step", "ts", "dur"]).to_pylist():
+        if s["dur"] is not None:
+            t0 = s["ts"] - offsets.get(s["rank"], 0)
+            out[(s["rank"], s["step"])] = (t0, t0 + s["dur"])
+    return out
+
+
+def _p2p_intervals(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, int], iv.IntervalSet]:
+    """Union of send/recv intervals per (rank, step)."""
+    t = store.table("collectives", ["rank", "step", "is_p2p", "op", "ts", "dur"])
+    acc: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for c in t.to_pylist():
+        p2p = c["is_p2p"] or c["op"] in ("send", "recv")
+        if not p2p or c["ts"] is None or c["dur"] is None or c["step"] is None:
+            continue
+        t0 = c["ts"] - offsets.get(c["rank"], 0)
+        acc[(c["rank"], c["step"])].append((t0, t0 + c["dur"]))
+    return {k: iv.union([a for a, _ in v], [b for _, b in v]) for k, v in acc.items()}
+
+
+def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any]]) -> AnalyzerResult:
+    offsets = _clock_offsets(store)
+    for r in rows:
+        r["ts"] = r["ts"] - offsets.get(r["rank"], 0)
+    compute = [r for r in rows if r["phase"] in COMPUTE_PHASES]
+    man = _manifest_pipeline(store)
+
+    stage_ranks: dict[int, set[int]] = defaultdict(set)
+    for r in compute:
+        stage_ranks[r["stage"]].add(r["rank"])
+    stages = sorted(stage_ranks)
+    microbatches = sorted({r["microbatch"] for r in compute})
+    pipelines = _pp_groups(store)
+    label_ranks = sorted({r["rank"] for r in compute})
+    pipelines = [g for g in pipelines if set(g) & set(label_ranks)]
+    if not pipelines:
+        # no pp groups known: one pipeline per replica, i-th rank of every stage together
+        per_stage = [sorted(stage_ranks[s]) for s in stages]
+        n_rep = min(len(x) for x in per_stage)
+        pipelines = [sorted({x[i] for x in per_stage}) for i in range(n_rep)]
+    p = len(pipelines[0])
+    v = max(1, len(stages) // p) if p else 1
+    m = int(man["microbatches"] or len(microbatches))
+    detected = _detect_schedule(compute, v)
+    schedule = man["schedule"] or detected
+    theory = theoretical_bubble(p, m, v) if p > 1 else None
+
+    windows = _step_windows(store, offsets)
+    p2p = _p2p_intervals(store, offsets)
+    by_rank_step: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in compute:
+        by_rank_step[(r["rank"], r["step"])].append(r)
+    steps_all = sorted({r["step"] for r in compute})
+
+    pipe_out = []
+    bubbles: list[float] = []
+    step_saving_base: list[tuple[int, float, int]] = []  # (window_ns, bubble, step_ns)
+    for ranks in pipelines:
+        steps_out = []
+        for step in steps_all:
+            evs = [e for rk in ranks for e in by_rank_step.get((rk, step), [])]
+            if not evs or len({e["rank"] for e in evs}) < len(ranks):
+                continue  # a rank of this pipeline has no labels this step: window undefined
+            w0 = min(e["ts"] for e in evs)
+            w1 = max(e["ts"] + e["dur"] for e in evs)
+            window = max(w1 - w0, 1)
+            rk_out = []
+            for rk in ranks:
+                mine = by_rank_step[(rk, step)]
+                busy = iv.union([e["ts"] for e in mine], [e["ts"] + e["dur"] for e in mine])
+                busy_ns = iv.total(busy)
+                sw = windows.get((rk, step))
+                step_ns = sw[1] - sw[0] if sw else None
+                pset = iv.clip(p2p.get((rk, step), iv.empty()), w0, w1)
+                rk_out.append({
+                    "rank": rk,
+                    "stage_ids": sorted({e["stage"] for e in mine}),
+                    "busy_ns": busy_ns,
+                    "bubble": 1.0 - busy_ns / window,
+                    "bubble_of_step": (1.0 - busy_ns / step_ns) if step_ns else None,
+                    "p2p_ns": iv.total(pset),
+                    "p2p_wait_ns": iv.total(iv.subtract(pset, busy)),
+                })
+            b = float(np.mean([x["bubble"] for x in rk_out]))
+            bubbles.append(b)
+            step_ns_list = [windows[(rk, step)][1] - windows[(rk, step)][0] for rk in ranks
+                            if (rk, step) in windows]
+            step_saving_base.append((window, b, max(step_ns_list) if step_ns_list else window))
+            steps_out.append({"step": step, "window_ns": window, "bubble": b, "ranks": rk_out})
+        pipe_out.append({"ranks": ranks, "steps": steps_out})
+
+    # stage compute: summed phase time per step, averaged over steps and replicas
+    per_stage_step: dict[tuple[int, int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    per_mb: dict[tuple[int, int, str], list[int]] = defaultdict(list)
+    for r in compute:
+        per_stage_step[(r["stage"], r["rank"], r["step"])][r["phase"]] += r["dur"]
+        per_mb[(r["stage"], r["microbatch"], r["phase"])].append(r["dur"])
+    layers = man["stage_layers"] if isinstance(man["stage_layers"], list) else None
+    stage_out = []
+    for s in stages:
+        vals = [d for (st, _, _), d in per_stage_step.items() if st == s]
+        fwd = float(np.mean([d.get("fwd", 0) for d in vals]))
+        bwd = float(np.mean([sum(d.get(ph, 0) for ph in BWD_PHASES) for d in vals]))
+        stage_out.append({"stage": s, "ranks": sorted(stage_ranks[s]), "compute_ns": int(round(fwd + bwd)),
+                          "fwd_ns": int(round(fwd)), "bwd_ns": int(round(bwd)),
+                          "layers": int(layers[s]) if layers and s < len(layers) else None})
+    comp = np.array([x["compute_ns"] for x in stage_out], dtype=float)
+    imbalance = float(comp.max() / comp.mean()) if comp.size > 1 and comp.mean() > 0 else None
+    measured = float(np.mean(bubbles)) if bubbles else None
+
+    section = _empty_section()
+    section.update({
+        "source": "labels", "schedule": schedule, "schedule_detected": detected, "num_stages": p,
+        "chunks_per_rank": v, "num_microbatches": m, "theoretical_bubble": theory,
+        "measured_bubble": measured, "imbalance": imbalance, "stages": stage_out, "pipelines": pipe_out,
+        "per_microbatch": [{"stage": s, "microbatch": mb, "phase": ph, "mean_ns": int(round(np.mean(d)))}
+                           for (s, mb, ph), d in sorted(per_mb.items())],
+        "diagram": _diagram(pipelines[0], by_rank_step, pipe_out[0]["steps"], ctx.config.max_timeline_intervals),
+    })
+
+    findings: list[Finding] = []
+    if p > 1 and measured is not None and step_saving_base:
+        findings.extend(_bubble_finding(section, step_saving_base, man, pipelines))
+    if imbalance is not None:
+        findings.extend(_imbalance_finding(section, stage_out, imbalance, p, v, m, schedule,
+                                           step_saving_base, man))
+    return AnalyzerResult(findings=findings, section=section)
+
+
+def _diagram(ranks: list[int], by_rank_step: dict, steps_out: list[dict[str, Any]],
+             budget: int) -> dict[str, Any] | None:
+    """Intervals of the last complete step of one pipeline, relative to the window start."""
+    if not steps_out:
+        return None
+    step = steps_out[-1]["step"]
+    evs = sorted((e for rk in ranks for e in by_rank_step.get((rk, step), [])), key=lambda e: e["ts"])
+    t0 = min(e["ts"] for e in evs)
+    return {"step": step, "ranks": ranks, "window_ns": steps_out[-1]["window_ns"],
+            "intervals": [{"rank": e["rank"], "stage": e["stage"], "microbatch": e["microbatch"],
+                           "phase": e["phase"], "start_ns": e["ts"] - t0, "dur_ns": e["dur"]}
+                          for e in evs[:budget]]}
+
+
+def _severity(saving_ns: float, step_ns: float) -> Severity:
+    frac = saving_ns / step_ns if step_ns > 0 else 0.0
+    if frac >= SAVING_CRITICAL:
+        return Severity.CRITICAL
+    if frac >= SAVING_WARNING:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _bubble_finding(section: dict[str, Any], base: list[tuple[int, float, int]], man: dict[str, Any],
+                    pipelines: list[list[int]]) -> list[Finding]:
+    p, v, m = section["num_stages"], section["chunks_per_rank"], section["num_microbatches"]
+    window = float(np.mean([w for w, _, _ in base]))
+    step_ns = float(np.mean([s for _, _, s in base]))
+    measured = section["measured_bubble"]
+    advice = recommend.advise_bubble(p=p, m=m, v=v, schedule=section["schedule"], measured_bubble=measured,
+                                     window_ns=window, max_microbatches=_max_microbatches(man, m))
+    sev = _severity(advice.saving_ns, step_ns)
+    ranks = tuple(sorted({r for g in pipelines for r in g}))
+    summary = (f"pipeline bubble {measured:.0%} of the schedule window (theory {section['theoretical_bubble']:.0%}"
+               f" for {section['schedule']}, p={p}, m={m}" + (f", v={v}" if v > 1 else "") + ")")
+    evidence = {"measured_bubble": measured, "theoretical_bubble": section["theoretical_bubble"],
+                "num_stages": p, "num_microbatches": m, "chunks_per_rank": v, "schedule": section["schedule"],
+                "window_ns": int(window), "step_ns": int(step_ns), **advice.evidence}
+    return [Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=sev, summary=summary, ranks=ranks, dim="pp",
+                    evidence=evidence, recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]
+
+
+def _max_microbatches(man: dict[str, Any], m: int) -> int | None:
+    """Largest micro-batch count the batch allows (one sequence per micro-batch), when the manifest says."""
+    gbs, dp = man.get("global_batch_size"), man.get("dp") or 1
+    if not gbs:
+        return None
+    return max(int(gbs) // int(dp), m)
+
+
+def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, man) -> list[Finding]:
+    comp = [x["compute_ns"] for x in stage_out]
+    slowest = stage_out[int(np.argmax(comp))]
+    step_ns = float(np.mean([s for _, _, s in base])) if base else float(max(comp))
+    layers = [x["layers"] for x in stage_out]
+    advice = recommend.advise_imbalance(stage_compute_ns=comp, stage_layers=layers if None not in layers else None,
+                                        num_microbatches=m)
+    if imbalance >= IMBALANCE_CRITICAL:
+        sev = Severity.CRITICAL
+    elif imbalance >= IMBALANCE_WARNING:
+        sev = Severity.WARNING
+    else:
+        sev = Severity.INFO
+    summary = (f"pipeline stage {slowest['stage']} computes {imbalance:.2f}x the mean stage "
+               f"({slowest['compute_ns'] / 1e6:.1f} ms vs {np.mean(comp) / 1e6:.1f} ms per step)")
+    evidence = {"imbalance": imbalance, "slowest_stage": slowest["stage"], "stage_compute_ns": comp,
+                "stage_layers": layers, "num_microbatches": m, "step_ns": int(step_ns), **advice.evidence}
+    return [Finding(kind=FindingKind.PIPELINE_IMBALANCE, severity=sev, summary=summary,
+                    ranks=tuple(slowest["ranks"]), dim="pp", evidence=evidence, recommendation=advice.text,
+                    est_saving_ns=int(advice.saving_ns))]
+
+
+def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Unlabelled traces: stage = position in the pp group; idle = p2p time covered by nothing else."""
+    groups = _pp_groups(store)
+    section = _empty_section()
+    if not groups:
+        return AnalyzerResult(findings=[], section=section)
+    offsets = _clock_offsets(store)
+    windows = _step_windows(store, offsets)
+    p2p = _p2p_intervals(store, offsets)
+    man = _manifest_pipeline(store)
+    p = len(groups[0])
+    m = man["microbatches"]
+    v = int(man["virtual_stages"] or 1) if man["schedule"] in ("interleaved", "zb") else 1
+    pipe_out, bubbles, base = [], [], []
+    steps_all = sorted({s for (_, s) in windows})
+    for ranks in groups:
+        steps_out = []
+        for step in steps_all:
+            if not all((rk, step) in windows for rk in ranks):
+                continue
+            rk_out = []
+            for rk in ranks:
+                w0, w1 = windows[(rk, step)]
+                wait = iv.total(iv.clip(p2p.get((rk, step), iv.empty()), w0, w1))
+                step_ns = max(w1 - w0, 1)
+                rk_out.append({"rank": rk, "stage_ids": [ranks.index(rk)], "busy_ns": step_ns - wait,
+                               "bubble": wait / step_ns, "bubble_of_step": wait / step_ns,
+                               "p2p_ns": wait, "p2p_wait_ns": wait})
+            b = float(np.mean([x["bubble"] for x in rk_out]))
+            window = max(windows[(rk, step)][1] - windows[(rk, step)][0] for rk in ranks)
+            bubbles.append(b)
+            base.append((window, b, window))
+            steps_out.append({"step": step, "window_ns": window, "bubble": b, "ranks": rk_out})
+        pipe_out.append({"ranks": ranks, "steps": steps_out})
+    measured = float(np.mean(bubbles)) if bubbles else None
+    section.update({"source": "p2p", "schedule": man["schedule"], "num_stages": p, "chunks_per_rank": v,
+                    "num_microbatches": int(m) if m else 0,
+                    "theoretical_bubble": theoretical_bubble(p, int(m), v) if m and p > 1 else None,
+                    "measured_bubble": measured, "pipelines": pipe_out,
+                    "stages": [{"stage": i, "ranks": sorted({g[i] for g in groups}), "compute_ns": None,
+                                "fwd_ns": None, "bwd_ns": None, "layers": None} for i in range(p)]})
+    findings = []
+    if m and p > 1 and measured is not None and base:
+        findings = _bubble_finding(section, base, man, groups)
+    return AnalyzerResult(findings=findings, section=section)

@@ -1,0 +1,271 @@
+"""The one place for recommendation rules: finding facts in, concrete advice plus an estimated saving out.
+
+Every analyzer calls the `advise_*` helper for its finding kind, so the wording and the saving formulas
+live here. Each saving is an upper bound on step time saved per step (DESIGN §3) and its formula goes into
+the finding's evidence as `saving_formula` (with the numbers used). `analyze_recommendations` runs last
+and lists every finding's advice, sorted by saving; findings that came without advice get it from the
+same rules when their evidence carries the needed numbers.
+
+Section `recommendations` (JSON):
+{"recommendations": [{"kind", "severity", "ranks": [..], "dim", "summary", "recommendation",
+                      "est_saving_ns", "saving_formula"}]}      # sorted by est_saving_ns, descending
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, sort_findings
+from tracekit.tables.store import RunStore
+
+BACKWARD_FACTOR = 3.0
+"""Forward + backward time ≈ 3 × forward time (backward ≈ 2 × forward), for forward-only labels."""
+TARGET_BUBBLE = 0.2
+"""Micro-batch advice aims at a theoretical bubble at or below this fraction."""
+
+
+@dataclass(frozen=True)
+class Advice:
+    text: str
+    saving_ns: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _bubble(p: int, m: int, v: int) -> float:
+    return (p - 1) / (v * m + p - 1)
+
+
+def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubble: float, window_ns: float,
+                  max_microbatches: int | None = None) -> Advice:
+    """More micro-batches (or an interleaved schedule) for a pipeline bubble.
+
+    Saving = window·(1 − (1 − b_measured)/(1 − b_pred)): the stages' busy time stays, the bubble falls
+    to the theoretical value at the new m (upper bound: per-micro-batch overheads are ignored).
+    """
+    need = math.ceil((p - 1) * (1 - TARGET_BUBBLE) / (TARGET_BUBBLE * v)) if p > 1 else m
+    m_new = max(2 * m, need)
+    if max_microbatches is not None:
+        m_new = min(m_new, max_microbatches)
+    v_new, sched_new = v, schedule
+    if m_new <= m:
+        m_new = m
+        if v == 1 and p > 1:
+            v_new, sched_new = 2, "interleaved"
+    if m_new == m and v_new == v:
+        return Advice(text="", saving_ns=0.0, evidence={
+            "saving_formula": "none: micro-batch count is at the batch limit and the schedule interleaved"})
+    b_pred = _bubble(p, m_new, v_new)
+    busy_frac = 1.0 - measured_bubble
+    saving = max(0.0, window_ns * (1.0 - busy_frac / (1.0 - b_pred)))
+    parts = []
+    if m_new != m:
+        parts.append(f"raise the micro-batch count from {m} to {m_new} (same global batch)")
+    if v_new != v:
+        parts.append(f"use an interleaved schedule with {v_new} model chunks per rank")
+    text = (" and ".join(parts) + f": predicted bubble {b_pred:.0%} (now {measured_bubble:.0%} measured); "
+            "if the micro-batches get too small to keep the device busy, raise the global batch instead")
+    text = text[0].upper() + text[1:]
+    return Advice(text=text, saving_ns=saving, evidence={
+        "recommended_microbatches": m_new, "recommended_chunks_per_rank": v_new,
+        "recommended_schedule": sched_new, "predicted_bubble": b_pred,
+        "saving_formula": (f"window·(1−(1−b)/(1−b')) = {window_ns:.0f}·(1−(1−{measured_bubble:.4f})/"
+                           f"(1−{b_pred:.4f})), b'=(p−1)/(v·m'+p−1) with p={p}, m'={m_new}, v={v_new}")})
+
+
+def best_contiguous_split(layer_costs: Sequence[float], parts: int) -> list[int]:
+    """Layers per stage that minimise the slowest stage, keeping layer order (exact, by DP over cuts)."""
+    n = len(layer_costs)
+    if parts < 1 or parts > n:
+        raise ValueError(f"cannot split {n} layers into {parts} stages")
+    pre = [0.0]
+    for c in layer_costs:
+        pre.append(pre[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                val = max(best[k - 1][j], pre[i] - pre[j])
+                if val < best[k][i]:
+                    best[k][i], cut[k][i] = val, j
+    sizes, i = [], n
+    for k in range(parts, 0, -1):
+        j = cut[k][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
+
+
+def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequence[int] | None,
+                     num_microbatches: int) -> Advice:
+    """A layer re-split for unequal stages.
+
+    Step time ≈ (m−1)/m·max_s c_s + Σ_s c_s/m (c_s: a stage's compute per step), so levelling stages
+    saves (m−1)/m·(c_max − c'_max); c'_max = mean stage compute is the upper bound, the best contiguous
+    re-split of the measured per-layer costs (c_s / layers_s on each stage) the concrete prediction.
+    """
+    m = num_microbatches
+    c = [float(x) for x in stage_compute_ns]
+    cmax, cmean = max(c), sum(c) / len(c)
+    bound = (m - 1) / m * (cmax - cmean)
+    ev: dict[str, Any] = {"saving_upper_bound_ns": int(bound)}
+    slow = c.index(cmax)
+    if stage_layers and len(stage_layers) == len(c) and all(n > 0 for n in stage_layers):
+        costs = [c[s] / stage_layers[s] for s in range(len(c)) for _ in range(stage_layers[s])]
+        new = best_contiguous_split(costs, len(c))
+        pre = [0]
+        for n in new:
+            pre.append(pre[-1] + n)
+        new_cost = [sum(costs[pre[s]:pre[s + 1]]) for s in range(len(c))]
+        saving = max(0.0, (m - 1) / m * (cmax - max(new_cost)))
+        ev.update({"recommended_stage_layers": new, "predicted_stage_compute_ns": [int(x) for x in new_cost],
+                   "saving_formula": (f"(m−1)/m·(c_max−c'_max) = ({m}−1)/{m}·({cmax:.0f}−{max(new_cost):.0f});"
+                                      f" upper bound with all stages at the mean: {bound:.0f}")})
+        if list(new) == list(stage_layers):
+            return Advice(text="", saving_ns=0.0, evidence=ev)
+        old_pre = [0]
+        for n in stage_layers:
+            old_pre.append(old_pre[-1] + n)
+        moves = []
+        for s in range(len(c) - 1):  # boundary between stage s and s+1 moves from old_pre[s+1] to pre[s+1]
+            a, b = old_pre[s + 1], pre[s + 1]
+            if b < a:
+                moves.append(f"layer{'s' if a - b > 1 else ''} {_span(b, a)} from stage {s} to stage {s + 1}")
+            elif b > a:
+                moves.append(f"layer{'s' if b - a > 1 else ''} {_span(a, b)} from stage {s + 1} to stage {s}")
+        text = (f"Re-split the layers over the stages: move {', '.join(moves)} "
+                f"(layers per stage {','.join(map(str, stage_layers))} → {','.join(map(str, new))}); "
+                f"predicted slowest stage {max(new_cost) / 1e6:.1f} ms instead of {cmax / 1e6:.1f} ms per step")
+        return Advice(text=text, saving_ns=saving, evidence=ev)
+    ev["saving_formula"] = f"(m−1)/m·(c_max−c_mean) = ({m}−1)/{m}·({cmax:.0f}−{cmean:.0f})"
+    text = (f"Stage {slow} is the slowest: move layers off it to the faster stages so every stage computes "
+            f"about {cmean / 1e6:.1f} ms per step")
+    return Advice(text=text, saving_ns=bound, evidence=ev)
+
+
+def _span(a: int, b: int) -> str:
+    """Layers a..b−1 as text."""
+    return str(a) if b - a == 1 else f"{a}–{b - 1}"
+
+
+def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert_ns: float | None,
+                        mean_rank_expert_ns: float | None, aux_loss_weight: float | None,
+                        capacity_factor: float | None, dropped_fraction: float | None,
+                        forward_only: bool = True) -> Advice:
+    """Load balancing for a hot expert.
+
+    Every rank waits for the hottest expert-parallel rank at the combine all-to-all, so balanced routing
+    saves up to (hot − mean) expert-compute time per step (×3 when only forward time is labelled).
+    """
+    factor = BACKWARD_FACTOR if forward_only else 1.0
+    ev: dict[str, Any] = {}
+    if hot_rank_expert_ns is not None and mean_rank_expert_ns is not None:
+        saving = max(0.0, factor * (hot_rank_expert_ns - mean_rank_expert_ns))
+        ev["saving_formula"] = (f"{factor:g}·(hot − mean expert time per rank) = {factor:g}·"
+                                f"({hot_rank_expert_ns:.0f}−{mean_rank_expert_ns:.0f})")
+    else:
+        saving = 0.0
+        ev["saving_formula"] = "none: no expert compute time (ep:experts labels) to scale"
+    w = f" (now {aux_loss_weight:g})" if aux_loss_weight is not None else ""
+    cf = f" (now {capacity_factor:g})" if capacity_factor is not None else ""
+    new_w = f" to about {aux_loss_weight * 10:g}" if aux_loss_weight else ""
+    text = (f"Expert {expert} of MoE layer {layer} receives {skew:.1f}x the mean tokens: raise the load-balancing "
+            f"aux-loss weight{w}{new_w}, check the router's bias/initialisation, or lower the capacity "
+            f"factor{cf} to cap the hot expert")
+    if dropped_fraction:
+        text += f" (already {dropped_fraction:.0%} of its tokens are dropped)"
+    ev["recommended_aux_loss_weight"] = aux_loss_weight * 10 if aux_loss_weight else None
+    return Advice(text=text, saving_ns=saving, evidence=ev)
+
+
+_COMM_ADVICE = {
+    "dp": ("Overlap the gradient all-reduce with backward: let DDP reduce buckets during backward "
+           "(no post-backward sync), tune bucket_cap_mb (smaller buckets start earlier, larger ones "
+           "cost fewer calls), or accumulate gradients over more micro-steps"),
+    "fsdp": ("Prefetch FSDP all-gathers (forward/backward prefetch, reshard_after_forward=False for the "
+             "last blocks) and keep reduce-scatters asynchronous so they hide behind compute"),
+    "tp": ("Tensor-parallel communication is on the critical path: lower the TP degree, keep each TP "
+           "group inside one host (fast links), or overlap it (async TP / sequence parallel)"),
+    "cp": ("Overlap the ring exchange with the attention of the previous block (double-buffer the K/V "
+           "ring), or lower the context-parallel degree"),
+    "ep": ("Overlap the expert all-to-all with shared-expert/dense compute, keep EP groups inside a host, "
+           "or lower the EP degree"),
+    "pp": "Use non-blocking sends/receives so stage-to-stage transfers hide behind the next micro-batch",
+}
+
+
+def advise_exposed_comm(*, dim: str | None, exposed_ns: float, group: str | None = None) -> Advice:
+    """Overlap / degree / placement advice for communication that overlaps nothing."""
+    text = _COMM_ADVICE.get(dim or "", "Overlap this communication with compute or make it smaller")
+    if group:
+        text = f"[{group}] " + text
+    return Advice(text=text, saving_ns=max(0.0, float(exposed_ns)), evidence={
+        "saving_formula": f"all exposed time of the group hidden = {exposed_ns:.0f}"})
+
+
+def advise_straggler(*, rank: int, host: str | None, late_ns: float) -> Advice:
+    """Which host to inspect for a late rank; saving = the time the others wait for it per step."""
+    where = f"host {host} (rank {rank})" if host else f"rank {rank}'s host"
+    text = (f"Inspect {where}: the other ranks wait for it at every collective — check for CPU contention, "
+            "thermal/power throttling, a slow data loader or uneven input sizes on that rank")
+    return Advice(text=text, saving_ns=max(0.0, float(late_ns)), evidence={
+        "saving_formula": f"time the group waits for the late rank per step = {late_ns:.0f}"})
+
+
+def advise_placement(*, dim: str, group_ranks: Sequence[int], hosts: Sequence[str], exposed_ns: float,
+                     light_dims_inside: Sequence[str]) -> Advice:
+    """Remap ranks so a communication-heavy group stays inside one host."""
+    swap = (f" and let {'/'.join(light_dims_inside)} (light traffic) span the hosts instead"
+            if light_dims_inside else "")
+    text = (f"The {dim.upper()} group {list(group_ranks)} spans hosts {', '.join(hosts)}: order the device mesh "
+            f"so {dim} is the innermost dimension (its ranks consecutive on one host){swap}")
+    return Advice(text=text, saving_ns=max(0.0, float(exposed_ns)), evidence={
+        "saving_formula": f"exposed time of the group's collectives per step = {exposed_ns:.0f} (upper bound)"})
+
+
+def advise_bandwidth(*, group: str, dim: str | None, busbw_gbps: float, reference_gbps: float,
+                     reference: str, lost_ns: float) -> Advice:
+    """Advice for a group whose collectives are slower than the run (or the user's peak) shows possible."""
+    text = (f"Collectives of group {group} ({dim or 'unknown dim'}) reach {busbw_gbps:.2f} GB/s bus bandwidth vs "
+            f"{reference_gbps:.2f} GB/s ({reference}): check that group's links/NIC, its transport "
+            "(NCCL_IB/NCCL_NET settings, GPUDirect), and that it does not cross a slower host boundary")
+    return Advice(text=text, saving_ns=max(0.0, float(lost_ns)), evidence={
+        "saving_formula": f"Σ(time − bus bytes/reference bandwidth) per step = {lost_ns:.0f}"})
+
+
+def _fill(f: Finding) -> tuple[str, int, str]:
+    """Advice for a finding that came without one (kinds whose evidence carries the numbers)."""
+    if f.recommendation:
+        return f.recommendation, int(f.est_saving_ns), str(f.evidence.get("saving_formula", ""))
+    ev = f.evidence
+    adv: Advice | None = None
+    if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
+        exposed = ev.get("exposed_ns", ev.get("exposed_comm_ns"))
+        if exposed is not None:
+            adv = advise_exposed_comm(dim=f.dim, exposed_ns=float(exposed), group=ev.get("pg_name"))
+    elif f.kind in (FindingKind.STRAGGLER, FindingKind.IDLE_HOST_BOUND) and len(f.ranks) == 1:
+        late = ev.get("late_ns", ev.get("skew_ns", ev.get("idle_ns")))
+        if late is not None:
+            adv = advise_straggler(rank=f.ranks[0], host=ev.get("host"), late_ns=float(late))
+    if adv is None:
+        return "", int(f.est_saving_ns), ""
+    saving = int(f.est_saving_ns) or int(adv.saving_ns)
+    return adv.text, saving, adv.evidence["saving_formula"]
+
+
+def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Every finding's advice in one list, largest estimated saving first."""
+    findings = [f for name, res in ctx.results.items() if name != "recommendations" for f in res.findings]
+    rows = []
+    for f in sort_findings(findings):
+        text, saving, formula = _fill(f)
+        rows.append({"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
+                     "summary": f.summary, "recommendation": text, "est_saving_ns": saving,
+                     "saving_formula": formula})
+    rows.sort(key=lambda r: -r["est_saving_ns"])
+    return AnalyzerResult(findings=[], section={"recommendations": rows})
