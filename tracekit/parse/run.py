@@ -1,0 +1,510 @@
+"""Assembles a run store from a directory of traces and logs: `parse_run(trace_dir, store_dir)`.
+
+Steps: discover inputs; read the small ones (manifest, ground truth, comms logs, Flight Recorder
+dumps, side logs) and give each a rank; parse Kineto traces one at a time (or over a process pool),
+settle each file's rank (distributedInfo, else file name, else skipped: never a default), join its
+collectives with that rank's log, derive pipeline rows from `pp:` labels, and append every table
+through RunStoreWriter (one row group per rank, bounded memory). Ranks known only from logs still
+get their collectives and a `ranks` row. Everything not used is listed in meta inputs.skipped.
+
+Collectives keep both sources: Kineto rows (source "kineto", seq filled from the log where
+matched) and log rows (source "comms-log" / "flight-recorder"); analyzers select by `source`.
+Log times are put on the Kineto trace's clock of the same rank (see `_log_shift_ns`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.errors import RankIdentityError, TraceFormatError, TracekitError
+from tracekit.parse import discover as disc
+from tracekit.parse.comms_log import CommsLogParse, parse_comms_log
+from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder
+from tracekit.parse.join import join_collectives
+from tracekit.tables.schema import PIPELINE, ROUTING, conform
+from tracekit.tables.store import RunStore, RunStoreWriter
+
+# `record_function` labels of pipeline phases, e.g. "pp:stage1:mb3:fwd" (stage = virtual stage).
+PIPELINE_LABEL = re.compile(
+    r"^pp[:/]stage[_-]?(\d+)[:/](?:mb|microbatch)[_-]?(\d+)[:/](fwd|bwd|bwd_input|bwd_weight|send|recv|forward|backward)$")
+_PHASE_ALIASES = {"forward": "fwd", "backward": "bwd"}
+_MISSING_RANKS_SHOWN = 32
+
+
+@dataclass
+class ParseRunResult:
+    store: RunStore
+    skipped: list[dict[str, str]]
+
+
+@dataclass
+class _RankLogs:
+    """The per-rank inputs that are read before the Kineto traces."""
+
+    comms: CommsLogParse | None = None
+    fr: FlightRecorderParse | None = None
+    routing: list[pa.Table] = field(default_factory=list)
+    pipeline: list[pa.Table] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def _set_rank(table: pa.Table, rank: int) -> pa.Table:
+    col = pa.array(np.full(table.num_rows, rank, dtype=np.int32))
+    if "rank" in table.column_names:
+        return table.set_column(table.column_names.index("rank"), "rank", col)
+    return table.append_column("rank", col)
+
+
+def _claim(claims: dict[int, str], rank: int, path: str, what: str, skipped: list[dict[str, str]]) -> bool:
+    """Register `path` as rank `rank`'s `what`; on a conflict skip it with both file names."""
+    first = claims.get(rank)
+    if first is None:
+        claims[rank] = path
+        return True
+    err = RankIdentityError(path, f"rank {rank} is claimed by two {what} files: {first} and {path}; kept {first}")
+    skipped.append({"file": path, "reason": err.reason})
+    return False
+
+
+def _identify(parsed_rank: int | None, parsed_source: str | None, name_rank: int | None, path: str,
+              warnings: list[str]) -> tuple[int, str]:
+    """Rank and where it came from: the file's own content, else its name; else RankIdentityError."""
+    if parsed_rank is not None:
+        if name_rank is not None and name_rank != parsed_rank:
+            warnings.append(f"{Path(path).name}: content says rank {parsed_rank}, file name says "
+                            f"{name_rank}; using {parsed_rank}")
+        return parsed_rank, parsed_source or "content"
+    if name_rank is not None:
+        return name_rank, "filename"
+    raise RankIdentityError(path, "no rank in the file (distributedInfo/header/dump) nor in its name "
+                                  "(e.g. rank3.pt.trace.json.gz); not assuming one")
+
+
+# ---- side logs (routing / pipeline) -----------------------------------------------------------------
+
+def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    out = []
+    lines = path.read_bytes().split(b"\n")
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            warnings.append(f"{path.name}: line {i + 1} is not valid JSON ({'cut off' if i == len(lines) - 1 else 'skipped'})")
+            continue
+        if isinstance(obj, dict) and obj.get("type") not in ("header", "footer"):
+            out.append(obj)
+    return out
+
+
+def parse_routing_log(path: Path, rank: int, warnings: list[str]) -> pa.Table:
+    """`routing.rank{R}.jsonl`: one object per (step, layer) with per-expert lists
+    {step, layer, tokens: [..], dropped: [..], capacity}, or one per (step, layer, expert)."""
+    rows = []
+    for obj in _read_jsonl(path, warnings):
+        tokens = obj.get("tokens")
+        if isinstance(tokens, list):
+            dropped = obj.get("dropped") or [None] * len(tokens)
+            first = int(obj.get("expert_offset", 0))
+            for e, t in enumerate(tokens):
+                rows.append({"rank": rank, "step": obj.get("step"), "layer": obj.get("layer"), "expert": first + e,
+                             "tokens": t, "dropped": dropped[e] if e < len(dropped) else None,
+                             "capacity": obj.get("capacity")})
+        else:
+            rows.append({"rank": rank, "step": obj.get("step"), "layer": obj.get("layer"), "expert": obj.get("expert"),
+                         "tokens": tokens, "dropped": obj.get("dropped"), "capacity": obj.get("capacity")})
+    rows = [r for r in rows if None not in (r["step"], r["layer"], r["expert"])]
+    return pa.Table.from_pylist(rows, schema=ROUTING)
+
+
+def parse_pipeline_log(path: Path, rank: int, warnings: list[str]) -> pa.Table:
+    """`pipeline.rank{R}.jsonl`: {step, stage, microbatch, phase, ts_ns, dur_ns} (or start_ns/end_ns), wall clock ns."""
+    rows = []
+    for obj in _read_jsonl(path, warnings):
+        ts = obj.get("ts_ns", obj.get("start_ns", obj.get("ts")))
+        dur = obj.get("dur_ns", obj.get("dur"))
+        if dur is None and obj.get("end_ns") is not None and ts is not None:
+            dur = int(obj["end_ns"]) - int(ts)
+        if ts is None:
+            continue
+        rows.append({"rank": rank, "step": obj.get("step"), "stage": obj.get("stage"),
+                     "microbatch": obj.get("microbatch"), "phase": _PHASE_ALIASES.get(obj.get("phase"), obj.get("phase")),
+                     "ts": int(ts), "dur": None if dur is None else int(dur)})
+    return conform("pipeline", pa.Table.from_pylist(
+        rows, schema=pa.schema([f if f.name != "phase" else pa.field("phase", pa.string()) for f in PIPELINE])))
+
+
+def pipeline_from_events(events: pa.Table) -> pa.Table:
+    """`pipeline` rows from `pp:stage{S}:mb{M}:{phase}` labels in the events table."""
+    if events.num_rows == 0 or "name" not in events.column_names:
+        return PIPELINE.empty_table()
+    masks = []
+    for chunk in events.column("name").chunks:
+        if pa.types.is_dictionary(chunk.type):
+            dmask = pc.match_substring_regex(chunk.dictionary, PIPELINE_LABEL.pattern)
+            masks.append(pc.fill_null(pc.take(dmask, chunk.indices), False))
+        else:
+            masks.append(pc.fill_null(pc.match_substring_regex(chunk, PIPELINE_LABEL.pattern), False))
+    mask = pa.chunked_array(masks, type=pa.bool_())
+    hits = events.filter(mask)
+    if hits.num_rows == 0:
+        return PIPELINE.empty_table()
+    cols = {c: hits.column(c).to_pylist() for c in ("rank", "name", "ts", "dur", "step") if c in hits.column_names}
+    rows = []
+    for i, name in enumerate(cols["name"]):
+        m = PIPELINE_LABEL.match(name)
+        rows.append({"rank": cols["rank"][i], "step": cols.get("step", [None] * len(cols["name"]))[i],
+                     "stage": int(m.group(1)), "microbatch": int(m.group(2)),
+                     "phase": _PHASE_ALIASES.get(m.group(3), m.group(3)), "ts": cols["ts"][i], "dur": cols["dur"][i]})
+    return conform("pipeline", pa.Table.from_pylist(
+        rows, schema=pa.schema([f if f.name != "phase" else pa.field("phase", pa.string()) for f in PIPELINE])))
+
+
+# ---- Kineto ---------------------------------------------------------------------------------------
+
+def _parse_kineto_job(args: tuple[str, int | None]) -> tuple[str, Any, str | None]:
+    """Worker body: (path, KinetoParse or None, error reason or None). Never raises for bad input."""
+    path, max_bytes = args
+    from tracekit.parse.kineto import parse_kineto
+
+    try:
+        return path, parse_kineto(path, max_decompressed_bytes=max_bytes), None
+    except TraceFormatError as exc:
+        return path, None, exc.reason
+    except TracekitError as exc:
+        return path, None, str(exc)
+    except (ValueError, KeyError, TypeError, OSError, MemoryError) as exc:
+        return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
+
+
+def _kineto_results(paths: list[str], workers: int, max_bytes: int | None) -> Iterator[tuple[str, Any, str | None]]:
+    jobs = [(p, max_bytes) for p in paths]
+    if workers <= 1 or len(paths) <= 1:
+        for job in jobs:
+            yield _parse_kineto_job(job)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx) as pool:
+        yield from pool.map(_parse_kineto_job, jobs)
+
+
+def _log_shift_ns(info: dict[str, Any], log: pa.Table | None) -> int:
+    """What to subtract from wall-clock log times to put them on this rank's Kineto clock.
+
+    Kineto writes `ts` relative to `baseTimeNanoseconds` when that field is present; log times are
+    `time.time_ns()`. Shift by the base when that brings the log next to the trace, else by nothing.
+    """
+    base = info.get("base_time_ns")
+    if not base or log is None or log.num_rows == 0:
+        return 0
+    created = pc.min(log.column("enqueue_ts")).as_py()
+    first = info.get("first_ts")
+    if created is None or first is None:
+        return 0
+    return int(base) if abs(created - base - first) < abs(created - first) else 0
+
+
+def _shift_times(table: pa.Table, shift: int) -> pa.Table:
+    if not shift or table.num_rows == 0:
+        return table
+    for col in ("ts", "enqueue_ts"):
+        if col in table.column_names:
+            idx = table.column_names.index(col)
+            table = table.set_column(idx, col, pc.subtract(table.column(col), pa.scalar(shift, pa.int64())))
+    return table
+
+
+# ---- process groups -------------------------------------------------------------------------------
+
+class _GroupMerger:
+    """Merges process-group descriptions from every rank: one row per (pg_name, ranks), with seen_by."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
+
+    def add(self, groups: list[dict[str, Any]], rank: int) -> None:
+        for g in groups:
+            ranks = tuple(g["ranks"]) if g.get("ranks") else None
+            key = (g["pg_name"], ranks)
+            if ranks is None:  # a description without ranks joins a same-name one that has them
+                for (name, r), row in self.rows.items():
+                    if name == g["pg_name"]:
+                        key = (name, r)
+                        break
+            row = self.rows.get(key)
+            if row is None:
+                row = self.rows[key] = {"pg_name": g["pg_name"], "pg_desc": g.get("pg_desc"),
+                                        "ranks": list(ranks) if ranks else None,
+                                        "size": g.get("size") or (len(ranks) if ranks else None),
+                                        "backend": g.get("backend"), "dim": None, "seen_by": []}
+            for col in ("pg_desc", "backend", "size"):
+                if row[col] is None and g.get(col) is not None:
+                    row[col] = g[col]
+            if rank not in row["seen_by"]:
+                row["seen_by"].append(rank)
+
+    def ranks_of(self, pg_name: str) -> list[int] | None:
+        for (name, ranks), _row in self.rows.items():
+            if name == pg_name and ranks:
+                return list(ranks)
+        return None
+
+    def table(self) -> pa.Table:
+        rows = sorted(self.rows.values(), key=lambda r: (len(r["pg_name"]), r["pg_name"], r["ranks"] or []))
+        for r in rows:
+            r["seen_by"] = sorted(r["seen_by"])
+        return conform("process_groups", pa.Table.from_pylist(rows)) if rows else conform(
+            "process_groups", pa.table({"pg_name": pa.array([], pa.string())}))
+
+
+def _fill_group_ranks(table: pa.Table, groups: _GroupMerger) -> pa.Table:
+    """Collectives rows without group_ranks get them from the merged process groups."""
+    if table.num_rows == 0 or table.column("group_ranks").null_count == 0:
+        return table
+    names = table.column("pg_name").to_pylist()
+    ranks = table.column("group_ranks").to_pylist()
+    sizes = table.column("group_size").to_pylist()
+    for i, name in enumerate(names):
+        if ranks[i] is None and name is not None:
+            ranks[i] = groups.ranks_of(name)
+            if ranks[i] is not None and sizes[i] is None:
+                sizes[i] = len(ranks[i])
+    table = table.set_column(table.column_names.index("group_ranks"), "group_ranks",
+                             pa.array(ranks, pa.list_(pa.int32())))
+    return table.set_column(table.column_names.index("group_size"), "group_size", pa.array(sizes, pa.int32()))
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+def _read_json_meta(path: Path, skipped: list[dict[str, str]]) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        skipped.append({"file": str(path), "reason": f"unreadable JSON ({exc})"})
+        return None
+
+
+def _progress(enabled: bool, total: int) -> tuple[Callable[[str], None], Callable[[], None]]:
+    if not enabled:
+        return (lambda _desc: None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("parsing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+    task = prog.add_task("", total=total)
+    prog.start()
+    return (lambda desc: prog.update(task, advance=1, description=desc)), prog.stop
+
+
+def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
+              max_decompressed_bytes: int | None = None) -> ParseRunResult:
+    """Parse every input under `trace_dir` into a run store at `store_dir`."""
+    trace_dir = Path(trace_dir)
+    if not trace_dir.is_dir():
+        raise TraceFormatError(str(trace_dir), "not a directory")
+    found = disc.discover_inputs(trace_dir)
+    skipped: list[dict[str, str]] = list(found.skipped)
+    warnings: list[str] = []
+    meta: dict[str, Any] = {"trace_dir": str(trace_dir)}
+    manifest = ground_truth = None
+    for f in found.of_kind(disc.MANIFEST):
+        if manifest is None:
+            manifest = _read_json_meta(f.path, skipped)
+        else:
+            skipped.append({"file": str(f.path), "reason": f"second manifest.json (kept the first)"})
+    for f in found.of_kind(disc.GROUND_TRUTH):
+        if ground_truth is None:
+            ground_truth = _read_json_meta(f.path, skipped)
+        else:
+            skipped.append({"file": str(f.path), "reason": "second ground_truth.json (kept the first)"})
+
+    advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
+    rank_warnings: dict[int, list[str]] = {}
+    logs: dict[int, _RankLogs] = {}
+    claims: dict[str, dict[int, str]] = {k: {} for k in ("comms_log", "flight_recorder", "kineto", "routing", "pipeline")}
+    world_sizes: dict[int, int] = {}
+    writer = RunStoreWriter(Path(store_dir))
+    try:
+        # 1. small per-rank inputs
+        for f in found.inputs:
+            if f.kind in (disc.MANIFEST, disc.GROUND_TRUTH, disc.KINETO):
+                continue
+            advance(f.path.name)
+            path = str(f.path)
+            local_warnings: list[str] = []
+            try:
+                if f.kind == disc.COMMS_LOG:
+                    parsed = parse_comms_log(f.path)
+                    rank, source = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local_warnings)
+                    if not _claim(claims["comms_log"], rank, path, "comms log", skipped):
+                        continue
+                    parsed.collectives = _set_rank(parsed.collectives, rank)
+                    logs.setdefault(rank, _RankLogs()).comms = parsed
+                    if parsed.world_size:
+                        world_sizes[rank] = parsed.world_size
+                    local_warnings += parsed.warnings
+                elif f.kind == disc.FLIGHT_RECORDER:
+                    parsed = parse_flight_recorder(f.path, max_bytes=max_decompressed_bytes)
+                    rank, source = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local_warnings)
+                    if not _claim(claims["flight_recorder"], rank, path, "Flight Recorder", skipped):
+                        continue
+                    parsed.collectives = _set_rank(parsed.collectives, rank)
+                    logs.setdefault(rank, _RankLogs()).fr = parsed
+                    local_warnings += parsed.warnings
+                elif f.kind in (disc.ROUTING, disc.PIPELINE):
+                    rank, source = _identify(None, None, f.name_rank, path, local_warnings)
+                    if not _claim(claims[f.kind], rank, path, f"{f.kind} log", skipped):
+                        continue
+                    reader = parse_routing_log if f.kind == disc.ROUTING else parse_pipeline_log
+                    getattr(logs.setdefault(rank, _RankLogs()), f.kind).append(reader(f.path, rank, local_warnings))
+                else:
+                    continue
+                logs[rank].files[f.kind] = path
+                rank_warnings.setdefault(rank, []).extend(local_warnings)
+            except TraceFormatError as exc:
+                skipped.append({"file": path, "reason": exc.reason})
+
+        groups = _GroupMerger()
+        for rank, rl in sorted(logs.items()):
+            for p in (rl.comms, rl.fr):
+                if p is not None:
+                    groups.add(p.process_groups, rank)
+
+        # 2. Kineto traces, one rank at a time
+        rank_rows: list[dict[str, Any]] = []
+        kineto_paths = [str(f.path) for f in found.of_kind(disc.KINETO)]
+        name_ranks = {str(f.path): f.name_rank for f in found.of_kind(disc.KINETO)}
+        join_stats: dict[int, dict[str, Any]] = {}
+        for path, kp, error in _kineto_results(kineto_paths, workers, max_decompressed_bytes):
+            advance(Path(path).name)
+            if error is not None:
+                skipped.append({"file": path, "reason": error})
+                continue
+            local_warnings = []
+            try:
+                rank, source = _identify(kp.rank, "distributedInfo", name_ranks[path], path, local_warnings)
+            except RankIdentityError as exc:
+                skipped.append({"file": path, "reason": exc.reason})
+                continue
+            if not _claim(claims["kineto"], rank, path, "Kineto trace", skipped):
+                continue
+            if kp.world_size:
+                world_sizes[rank] = kp.world_size
+            groups.add(kp.process_groups, rank)
+            rl = logs.pop(rank, _RankLogs())
+            rank_rows.append(_write_rank(writer, rank, source, path, kp, rl, groups,
+                                         rank_warnings.get(rank, []) + local_warnings, join_stats))
+            del kp
+
+        # 3. ranks that only have logs
+        for rank, rl in sorted(logs.items()):
+            rank_rows.append(_write_rank(writer, rank, None, None, None, rl, groups,
+                                         rank_warnings.get(rank, []), join_stats))
+    finally:
+        stop()
+
+    # world size and missing ranks
+    manifest_ws = manifest.get("world_size") if isinstance(manifest, dict) else None
+    sizes = set(world_sizes.values()) | ({int(manifest_ws)} if manifest_ws else set())
+    world_size = max(sizes) if sizes else None
+    if len(sizes) > 1:
+        warnings.append(f"inputs disagree on the world size: {sorted(sizes)}; using {world_size}")
+    for row in rank_rows:
+        if row["world_size"] is None:
+            row["world_size"] = world_size
+    parsed_ranks = sorted(r["rank"] for r in rank_rows)
+    if world_size is not None and parsed_ranks:
+        missing = sorted(set(range(world_size)) - set(parsed_ranks))
+        if missing:
+            shown = ", ".join(map(str, missing[:_MISSING_RANKS_SHOWN])) + (" ..." if len(missing) > _MISSING_RANKS_SHOWN else "")
+            warnings.append(f"world size {world_size} but inputs for {len(parsed_ranks)} ranks: "
+                            f"missing ranks [{shown}] ({len(missing)} missing)")
+        beyond = [r for r in parsed_ranks if r >= world_size]
+        if beyond:
+            warnings.append(f"ranks {beyond} are outside world size {world_size}")
+    files = {str(r["rank"]): r.pop("_files") for r in sorted(rank_rows, key=lambda r: r["rank"])}
+    if rank_rows:
+        writer.append("ranks", pa.Table.from_pylist(sorted(rank_rows, key=lambda r: r["rank"])))
+    writer.append("process_groups", groups.table())
+    meta.update({
+        "inputs": {"ranks": parsed_ranks, "skipped": skipped, "files": files},
+        "manifest": manifest, "ground_truth": ground_truth, "world_size": world_size,
+        "warnings": warnings, "join": {str(k): v for k, v in sorted(join_stats.items())},
+        "collective_sources": "collectives keeps rows of every source; select with `source` "
+                              "(kineto | comms-log | flight-recorder)",
+    })
+    writer.meta.update(meta)
+    store = writer.close()
+    return ParseRunResult(store=store, skipped=skipped)
+
+
+def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
+                rl: _RankLogs, groups: _GroupMerger, warnings: list[str],
+                join_stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
+    warnings = list(warnings)
+    log = rl.comms or rl.fr
+    log_table = log.collectives if log is not None else None
+    info: dict[str, Any] = dict(kp.info) if kp is not None else {}
+    shift = _log_shift_ns(info, log_table) if kp is not None else 0
+    if kp is not None:
+        tables = {k: _set_rank(v, rank) for k, v in kp.tables.items()}
+        for name in ("events", "kernels", "steps"):
+            if name in tables:
+                writer.append(name, tables[name])
+        kin_coll = tables.get("collectives")
+        if kin_coll is not None and kin_coll.num_rows:
+            kin_coll = conform("collectives", kin_coll)
+            joined, stats = join_collectives(kin_coll, log_table, log_shift_ns=shift)
+            joined = _fill_group_ranks(joined, groups)
+            writer.append("collectives", joined)
+            join_stats[rank] = stats.to_json()
+            warnings += stats.warnings
+        pipeline = pipeline_from_events(tables["events"]) if "events" in tables else None
+        if pipeline is not None and pipeline.num_rows:
+            writer.append("pipeline", pipeline)
+        del tables
+    for p in (rl.comms, rl.fr):
+        if p is not None and p.collectives.num_rows:
+            writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), groups))
+    for t in rl.routing:
+        writer.append("routing", t)
+    for t in rl.pipeline:
+        writer.append("pipeline", _shift_times(t, shift))
+    if rl.comms is not None and rl.fr is not None:
+        warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
+    if shift:
+        warnings.append(f"log times shifted by -{shift} ns (baseTimeNanoseconds) onto the trace clock")
+    files = dict(rl.files)
+    if kineto_path:
+        files["kineto"] = kineto_path
+    if rank_source is None:
+        rank_source = (rl.comms.rank_source if rl.comms and rl.comms.rank_source else
+                       rl.fr.rank_source if rl.fr and rl.fr.rank_source else "filename")
+    row = {
+        "rank": rank,
+        "world_size": (kp.world_size if kp is not None else None) or (rl.comms.world_size if rl.comms else None),
+        "hostname": info.get("hostname"), "backend": info.get("backend"),
+        "device_names": info.get("device_names"),
+        "source_file": kineto_path or (rl.comms.source_file if rl.comms else rl.fr.source_file if rl.fr else None),
+        "schema_version": None if info.get("schema_version") is None else str(info.get("schema_version")),
+        "rank_source": rank_source, "trace_kind": info.get("trace_kind"),
+        "base_time_ns": info.get("base_time_ns"), "first_ts": info.get("first_ts"), "last_ts": info.get("last_ts"),
+        "num_events": info.get("num_events", 0), "clock_offset_ns": None,
+        "parse_warnings": list(info.get("parse_warnings") or []) + warnings,
+        "_files": files,
+    }
+    return row
