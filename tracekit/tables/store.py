@@ -123,6 +123,9 @@ class RunStore:
         """Run a DuckDB SQL query over the store's tables and return an Arrow table."""
         con = self.duckdb()
         try:
-            return con.execute(query).fetch_arrow_table()
+            result = con.execute(query)
+            # duckdb >= 2.0 names it to_arrow_table; older releases fetch_arrow_table.
+            fetch = getattr(result, "to_arrow_table", None) or result.fetch_arrow_table
+            return fetch()
         finally:
             con.close()
