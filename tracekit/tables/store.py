@@ -123,9 +123,11 @@ class RunStore:
         """Run a DuckDB SQL query over the store's tables and return an Arrow table."""
         con = self.duckdb()
         try:
-            result = con.execute(query)
-            # duckdb >= 2.0 names it to_arrow_table; older releases fetch_arrow_table.
-            fetch = getattr(result, "to_arrow_table", None) or result.fetch_arrow_table
+            rel = con.sql(query)
+            if rel is None:  # a statement without a result (e.g. SET)
+                return pa.table({})
+            # duckdb >= 2.0: to_arrow_table (fetch via execute() warns about an extra copy); older: arrow.
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
             return fetch()
         finally:
             con.close()
