@@ -1,0 +1,243 @@
+"""Mixture-of-experts routing: tokens per expert per layer, skew, dropped tokens, all-to-all cost per rank.
+
+Definitions (DESIGN §3): routing skew = max tokens per expert / mean tokens per expert, per layer and
+step (mean over all the layer's experts, idle ones included). Tokens come from the `routing` table
+(tokens counted on the rank that routed them, summed over ranks, global expert ids). Without routing
+statistics the dispatch all-to-all split sizes stand in: elements sent to each expert-parallel rank,
+the k-th dispatch of a step being MoE call k (`granularity: "ep_rank"`). Expert owners: expert e of E
+lives on rank `ranks[e // (E / n)]` of each ep group of size n.
+
+Section `experts` (JSON):
+{
+  "source": "routing" | "all_to_all_splits" | null,
+  "granularity": "expert" | "ep_rank",
+  "layers": [{"layer", "num_experts", "skew", "skew_max", "hot_expert", "hot_owner_ranks": [..],
+              "tokens_total", "dropped_total", "dropped_fraction"}],    # skew: mean over steps
+  "heatmap": [{"step", "layer", "tokens": [per expert], "dropped": [per expert], "skew"}],
+  "ranks": [{"rank", "a2a_ns", "a2a_calls", "a2a_recv_elems", "a2a_bytes", "tokens_received",
+             "expert_ns"}]                                            # per step, mean over steps
+}
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pyarrow.dataset as ds
+
+from tracekit.analyze import recommend
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+SKEW_INFO = 1.25
+"""Skew (max/mean tokens per expert) from which the worst layer is reported at all."""
+SKEW_WARNING = 1.5
+SKEW_CRITICAL = 2.5
+EXPERT_LABEL = "ep:experts"
+DISPATCH_LABEL = "dispatch"
+
+
+def _find(d: Any, key: str, depth: int = 0) -> Any:
+    """First value of `key` anywhere in a nested manifest (runtime config or record layout)."""
+    if not isinstance(d, dict) or depth > 4:
+        return None
+    if d.get(key) is not None:
+        return d[key]
+    for v in d.values():
+        found = _find(v, key, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _ep_groups(store: RunStore, ctx: AnalysisContext) -> list[list[int]]:
+    layout = ctx.section("layout")
+    if layout and layout.get("groups"):
+        groups = [list(g["ranks"]) for g in layout["groups"] if g.get("dim") == "ep" and g.get("ranks")]
+    else:
+        groups = [list(g["ranks"] or []) for g in store.table("process_groups", ["pg_desc", "ranks", "dim"]).to_pylist()
+                  if g["dim"] == "ep" or (g["pg_desc"] or "").lower() == "mesh_ep"]
+    out: list[list[int]] = []
+    for g in groups:
+        if g and g not in out:
+            out.append(g)
+    return out
+
+
+def owners(expert: int, num_experts: int, ep_groups: list[list[int]]) -> list[int]:
+    """Global ranks holding `expert` (one per ep group), [] when the sharding is not even."""
+    out = []
+    for g in ep_groups:
+        if num_experts % len(g) == 0:
+            out.append(g[expert // (num_experts // len(g))])
+    return sorted(out)
+
+
+def _per_rank_step_sum(store: RunStore, name: str) -> dict[tuple[int, int], int]:
+    t = store.table("events", ["rank", "step", "name", "dur"], filter=ds.field("name") == name)
+    acc: dict[tuple[int, int], int] = defaultdict(int)
+    for r in t.to_pylist():
+        if r["step"] is not None and r["dur"] is not None:
+            acc[(r["rank"], r["step"])] += r["dur"]
+    return acc
+
+
+def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Experts section and `expert_routing_skew` finding for the most skewed layer."""
+    ep_groups = _ep_groups(store, ctx)
+    a2a = store.table("collectives", ["rank", "step", "op", "dur", "out_nelems", "out_split_sizes",
+                                      "in_split_sizes", "bytes", "caller", "group_ranks", "seq"])
+    a2a_rows = [r for r in a2a.to_pylist() if r["op"] == "all_to_all" and r["step"] is not None]
+    routing = [r for r in store.table("routing").to_pylist() if r["tokens"] is not None]
+    expert_ns = _per_rank_step_sum(store, EXPERT_LABEL)
+
+    if routing:
+        counts, dropped, source, gran = _from_routing(routing), _dropped(routing), "routing", "expert"
+    elif a2a_rows:
+        counts, source, gran = _from_splits(a2a_rows), "all_to_all_splits", "ep_rank"
+        dropped = {}
+    else:
+        return AnalyzerResult(findings=[], section={"source": None, "granularity": None, "layers": [],
+                                                    "heatmap": [], "ranks": []})
+
+    layers = sorted({layer for (_, layer) in counts})
+    heat, layer_out = [], []
+    for layer in layers:
+        steps = sorted(s for (s, lay) in counts if lay == layer)
+        E = max(len(counts[(s, layer)]) for s in steps)
+        mats = np.zeros((len(steps), E))
+        skews = []
+        for i, s in enumerate(steps):
+            vec = np.asarray(counts[(s, layer)], dtype=float)
+            mats[i, :vec.size] = vec
+            drop = dropped.get((s, layer), [0] * E)
+            skew = float(vec.max() / vec.mean()) if vec.mean() > 0 else None
+            if skew is not None:
+                skews.append(skew)
+            heat.append({"step": s, "layer": layer, "tokens": [int(x) for x in vec],
+                         "dropped": [int(x) for x in drop], "skew": skew})
+        tot = mats.sum(axis=0)
+        hot = int(np.argmax(tot))
+        drop_tot = sum(sum(dropped.get((s, layer), [])) for s in steps)
+        layer_out.append({
+            "layer": layer, "num_experts": E, "skew": float(np.mean(skews)) if skews else None,
+            "skew_max": float(np.max(skews)) if skews else None, "hot_expert": hot,
+            "hot_owner_ranks": owners(hot, E, ep_groups) if gran == "expert" else
+            sorted({g[hot] for g in ep_groups if hot < len(g)}),
+            "tokens_total": int(tot.sum()), "dropped_total": int(drop_tot),
+            "dropped_fraction": float(drop_tot / tot.sum()) if tot.sum() else 0.0,
+            "hot_dropped_fraction": (float(sum(dropped.get((s, layer), [0] * E)[hot] for s in steps) / tot[hot])
+                                     if tot[hot] and dropped else 0.0),
+        })
+
+    rank_out = _rank_table(store, a2a_rows, routing, ep_groups, expert_ns)
+    section = {"source": source, "granularity": gran, "layers": layer_out, "heatmap": heat, "ranks": rank_out}
+    findings = _skew_finding(store, layer_out, rank_out, gran)
+    return AnalyzerResult(findings=findings, section=section)
+
+
+def _from_routing(routing: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
+    """(step, layer) -> tokens per global expert id, summed over the routing ranks."""
+    acc: dict[tuple[int, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in routing:
+        acc[(r["step"], r["layer"])][r["expert"]] += int(r["tokens"])
+    out = {}
+    for key, d in acc.items():
+        E = max(d) + 1
+        out[key] = [d.get(e, 0) for e in range(E)]
+    return out
+
+
+def _dropped(routing: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
+    acc: dict[tuple[int, int], dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in routing:
+        acc[(r["step"], r["layer"])][r["expert"]] += int(r["dropped"] or 0)
+    return {k: [d.get(e, 0) for e in range(max(d) + 1)] for k, d in acc.items()}
+
+
+def _from_splits(rows: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:
+    """(step, MoE call k) -> elements sent to each ep rank, from the dispatch all-to-alls' input splits."""
+    labelled = [r for r in rows if r["caller"] and DISPATCH_LABEL in r["caller"]]
+    use = labelled or rows
+    per_rank: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in use:
+        if r["in_split_sizes"]:
+            per_rank[(r["rank"], r["step"])].append(r)
+    acc: dict[tuple[int, int], np.ndarray] = {}
+    for (rank, step), lst in per_rank.items():
+        lst.sort(key=lambda r: (r["seq"] is None, r["seq"]))
+        for k, r in enumerate(lst):
+            vec = np.asarray(r["in_split_sizes"], dtype=np.int64)
+            cur = acc.get((step, k))
+            acc[(step, k)] = vec if cur is None or cur.size != vec.size else cur + vec
+    return {k: [int(x) for x in v] for k, v in acc.items()}
+
+
+def _rank_table(store, a2a_rows, routing, ep_groups, expert_ns) -> list[dict[str, Any]]:
+    per: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    by_rank_step: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in a2a_rows:
+        d = by_rank_step[(r["rank"], r["step"])]
+        d["a2a_ns"] += int(r["dur"] or 0)
+        d["a2a_calls"] += 1
+        d["a2a_recv_elems"] += int(sum(r["out_split_sizes"]) if r["out_split_sizes"] else (r["out_nelems"] or 0))
+        d["a2a_bytes"] += int(r["bytes"] or 0)
+    # tokens each rank receives: routed by ranks of its ep group to experts it owns
+    if routing and ep_groups:
+        E_by_layer: dict[int, int] = defaultdict(int)
+        for r in routing:
+            E_by_layer[r["layer"]] = max(E_by_layer[r["layer"]], r["expert"] + 1)
+        group_of = {rk: g for g in ep_groups for rk in g}
+        for r in routing:
+            g = group_of.get(r["rank"])
+            E = E_by_layer[r["layer"]]
+            if g is None or E % len(g):
+                continue
+            dest = g[r["expert"] // (E // len(g))]
+            by_rank_step[(dest, r["step"])]["tokens_received"] += int(r["tokens"]) - int(r["dropped"] or 0)
+    for (rk, st), v in expert_ns.items():
+        by_rank_step[(rk, st)]["expert_ns"] += v
+    for (rk, _), d in by_rank_step.items():
+        for k, v in d.items():
+            per[rk][k].append(v)
+    out = []
+    for rk in sorted(per):
+        d = per[rk]
+        n = max(len(v) for v in d.values())
+        row = {"rank": rk}
+        for k in ("a2a_ns", "a2a_calls", "a2a_recv_elems", "a2a_bytes", "tokens_received", "expert_ns"):
+            row[k] = float(np.sum(d[k]) / n) if d.get(k) else None
+        out.append(row)
+    return out
+
+
+def _skew_finding(store, layer_out, rank_out, gran) -> list[Finding]:
+    cands = [x for x in layer_out if x["skew"] is not None]
+    if not cands:
+        return []
+    worst = max(cands, key=lambda x: x["skew"])
+    if worst["skew"] < SKEW_INFO:
+        return []
+    man = store.manifest or {}
+    ex = [r["expert_ns"] for r in rank_out if r["expert_ns"] is not None]
+    hot_ns = max(ex) if ex else None
+    mean_ns = float(np.mean(ex)) if ex else None
+    advice = recommend.advise_routing_skew(
+        layer=worst["layer"], expert=worst["hot_expert"], skew=worst["skew"], hot_rank_expert_ns=hot_ns,
+        mean_rank_expert_ns=mean_ns, aux_loss_weight=_find(man, "aux_loss_weight"),
+        capacity_factor=_find(man, "capacity_factor"), dropped_fraction=worst["hot_dropped_fraction"] or None)
+    sev = (Severity.CRITICAL if worst["skew"] >= SKEW_CRITICAL else
+           Severity.WARNING if worst["skew"] >= SKEW_WARNING else Severity.INFO)
+    what = "expert" if gran == "expert" else "expert-parallel rank"
+    summary = (f"MoE layer {worst['layer']}: {what} {worst['hot_expert']} gets {worst['skew']:.2f}x the mean "
+               f"tokens ({worst['dropped_fraction']:.0%} of the layer's tokens dropped)")
+    evidence = {"layer": worst["layer"], "expert": worst["hot_expert"], "granularity": gran,
+                "skew": worst["skew"], "skew_max": worst["skew_max"], "num_experts": worst["num_experts"],
+                "dropped_fraction": worst["dropped_fraction"], "hot_dropped_fraction": worst["hot_dropped_fraction"],
+                "hot_rank_expert_ns": hot_ns, "mean_rank_expert_ns": mean_ns, **advice.evidence}
+    return [Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=sev, summary=summary,
+                    ranks=tuple(worst["hot_owner_ranks"]), dim="ep", evidence=evidence,
+                    recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]
