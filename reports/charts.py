@@ -1,0 +1,319 @@
+"""Plotly figures (as plain JSON specs) and the mesh view, built from analysis sections. Layout only:
+values are drawn as the analyzers computed them; shapes the page does not recognise draw nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from reports.escape import h
+from reports.format import is_num, ranks_text
+from reports.html_parts import Figures, plotly_text, typed
+
+COLORS = {"compute": "#2e7d32", "exposed_comm": "#c62828", "comm": "#ef6c00", "other": "#5c6bc0",
+          "idle": "#bdbdbd", "fwd": "#1565c0", "bwd": "#6a1b9a", "bwd_input": "#8e24aa", "bwd_weight": "#ab47bc",
+          "send": "#00838f", "recv": "#00695c"}
+_PALETTE = ["#ef6c00", "#c62828", "#00838f", "#6d4c41", "#ad1457", "#827717", "#4527a0", "#00695c"]
+
+
+def _color(name: str, i: int) -> str:
+    return COLORS.get(name) or _PALETTE[i % len(_PALETTE)]
+
+
+def _first(d: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return None
+
+
+def _records(data: Any, key: str | None = None) -> list[dict[str, Any]]:
+    """Rows from either a list of dicts or a columnar dict of equal-length lists (optionally under `key`)."""
+    if key is not None and isinstance(data, dict):
+        data = data.get(key)
+    if isinstance(data, list):
+        return [r for r in data if isinstance(r, dict)]
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        n = {len(v) for v in data.values()}
+        if len(n) == 1:
+            keys = list(data)
+            return [dict(zip(keys, vals)) for vals in zip(*(data[k] for k in keys))]
+    return []
+
+
+# ---------------------------------------------------------------- layout / mesh
+
+def _dims(layout: dict[str, Any]) -> list[tuple[str, int]]:
+    dims = _first(layout, "mesh_shape", "dims", "sizes")
+    names = _first(layout, "mesh_dim_names", "dim_names", "order")
+    if isinstance(dims, dict):
+        order = [n for n in names if n in dims] if isinstance(names, list) else list(dims)
+        return [(str(k), int(dims[k])) for k in order if is_num(dims[k])]
+    if isinstance(dims, list) and isinstance(names, list) and len(dims) == len(names):
+        return [(str(n), int(s)) for n, s in zip(names, dims) if is_num(s)]
+    return []
+
+
+def layout_text(layout: dict[str, Any]) -> str:
+    dims = _dims(layout)
+    if not dims:
+        text = _first(layout, "summary", "text", "description")
+        return str(text) if text else "see the mesh below"
+    world = _first(layout, "world_size")
+    return " × ".join(f"{n}{s}" for n, s in dims) + (f" (world size {world})" if world else "")
+
+
+def mesh_html(layout: dict[str, Any]) -> str:
+    """The mesh as small tables of ranks placed at the coordinates the layout analyzer reports: the last two
+    dims as rows × columns, one table per index of the outer dims."""
+    dims = _dims(layout)
+    coords = _records(layout, "ranks")
+    placed: dict[tuple[int, ...], list[Any]] = {}
+    names = [n for n, _ in dims]
+    for r in coords:
+        c = r.get("coords")
+        if isinstance(c, dict) and names and all(is_num(c.get(n)) for n in names):
+            placed.setdefault(tuple(int(c[n]) for n in names), []).append(r.get("rank"))
+    if not placed:
+        groups = _records(layout, "groups")
+        if groups:
+            from reports.generic import render_generic
+
+            return '<p class=note>No rank coordinates were inferred; the groups are:</p>' + render_generic(groups)
+        return '<p class=note>No rank mesh was reported.</p>'
+    shape = [max(k[i] for k in placed) + 1 for i in range(len(names))]
+    if len(names) == 1:
+        names, shape, placed = [""] + names, [1] + shape, {(0,) + k: v for k, v in placed.items()}
+    outer = shape[:-2]
+    tables = []
+    for idx in np.ndindex(*outer) if outer else [()]:
+        caption = ", ".join(f"{n}={i}" for n, i in zip(names, idx))
+        head = "".join(f"<th>{h(names[-1])}={j}</th>" for j in range(shape[-1]))
+        rows = "".join(
+            f"<tr><th>{h(names[-2])}={i}</th>" + "".join(
+                f"<td>{h(', '.join(map(str, placed.get(tuple(idx) + (i, j), []))) or '·')}</td>"
+                for j in range(shape[-1])) + "</tr>"
+            for i in range(shape[-2]))
+        cap = f"<caption>{h(caption)}</caption>" if caption else ""
+        tables.append(f"<table class=mesh>{cap}<thead><tr><th></th>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    if len(tables) > 64:
+        tables = tables[:64] + [f'<p class=note>… {len(tables) - 64} more mesh slices.</p>']
+    note = '<p class=note>Each cell is the global rank at those coordinates.</p>'
+    return note + "<div>" + "".join(tables) + "</div>"
+
+
+# ---------------------------------------------------------------- breakdown
+
+def breakdown_bars(figs: Figures, rows: list[dict[str, Any]]) -> str:
+    """Stacked bar per rank: compute ▸ exposed comm ▸ other ▸ idle (values already per step, ns)."""
+    ranks = [r.get("rank") for r in rows]
+    labels = [f"r{r}" for r in ranks]
+    data = []
+    for key, name in (("compute_ns", "compute"), ("exposed_comm_ns", "exposed comm"), ("other_ns", "other"),
+                      ("idle_ns", "idle")):
+        vals = [r.get(key) / 1e6 if is_num(r.get(key)) else 0.0 for r in rows]
+        data.append({"type": "bar", "name": name, "x": labels, "y": typed(vals),
+                     "marker": {"color": COLORS[key[:-3] if key != "exposed_comm_ns" else "exposed_comm"]},
+                     "hovertemplate": "%{x}: %{y:.2f} ms/step<extra>" + name + "</extra>"})
+    layout = {"barmode": "stack", "yaxis": {"title": {"text": "ms per step"}},
+              "xaxis": {"type": "category", "title": {"text": "rank"}, "tickangle": -45 if len(rows) > 32 else 0}}
+    return figs.add(data, layout, height=360)
+
+
+# ---------------------------------------------------------------- timeline
+
+def _timeline_rows(tl: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Intervals as dicts; the breakdown section stores them as [rank, lane, start_ns, end_ns] lists
+    (lane: a name from `lanes`, or its index)."""
+    if isinstance(tl, list):
+        return _records(tl), {}
+    lanes = tl.get("lanes") if isinstance(tl.get("lanes"), list) else []
+    raw = tl.get("intervals")
+    rows: list[dict[str, Any]] = []
+    if isinstance(raw, list):
+        for iv in raw:
+            if isinstance(iv, dict):
+                rows.append(iv)
+            elif isinstance(iv, (list, tuple)) and len(iv) >= 4:
+                lane = iv[1]
+                if is_num(lane) and 0 <= int(lane) < len(lanes):
+                    lane = lanes[int(lane)]
+                rows.append({"rank": iv[0], "lane": lane, "start_ns": iv[2], "end_ns": iv[3]})
+    else:
+        rows = _records(raw)
+    return rows, tl
+
+
+def timeline(figs: Figures, tl: Any) -> str:
+    """Gantt of (rank, lane) rows: one bar trace per lane kind so compute, each comm group and idle get a
+    colour and a legend entry."""
+    rows, meta = _timeline_rows(tl)
+    spans = []
+    for r in rows:
+        start = _first(r, "start_ns", "ts", "start")
+        end = _first(r, "end_ns", "end")
+        if end is None and is_num(start) and is_num(r.get("dur")):
+            end = start + r["dur"]
+        lane = _first(r, "lane", "kind", "name")
+        if is_num(start) and is_num(end) and lane is not None:
+            spans.append((r.get("rank"), str(lane), float(start), float(end)))
+    if not spans:
+        return '<p class=note>The timeline holds no intervals.</p>'
+    t0 = _first(meta, "t0_ns", "origin_ns", "start_ns")
+    if not is_num(t0):
+        t0 = min(s[2] for s in spans)
+    order = [str(x) for x in meta.get("lanes") or []] if isinstance(meta, dict) else []
+    lanes = sorted({s[1] for s in spans}, key=lambda n: (order.index(n) if n in order else len(order), n))
+    ranks = sorted({s[0] for s in spans}, key=lambda r: (not is_num(r), r if is_num(r) else str(r)))
+    # y categories: every (rank, lane) that has intervals, ranks top to bottom
+    present = {(s[0], s[1]) for s in spans}
+    cats = [f"r{r} · {plotly_text(lane)}" for r in ranks for lane in lanes if (r, lane) in present]
+    data = []
+    for i, lane in enumerate(lanes):
+        sel = [s for s in spans if s[1] == lane]
+        y = [f"r{s[0]} · {plotly_text(lane)}" for s in sel]
+        base = [(s[2] - t0) / 1e6 for s in sel]
+        width = [(s[3] - s[2]) / 1e6 for s in sel]
+        data.append({"type": "bar", "orientation": "h", "name": plotly_text(lane), "y": y, "base": typed(base),
+                     "x": typed(width), "marker": {"color": _color(lane, i), "line": {"width": 0}},
+                     "hovertemplate": "%{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>"})
+    height = min(160 + 18 * len(cats), 2400)
+    layout = {"barmode": "overlay", "bargap": 0.15,
+              "xaxis": {"title": {"text": "ms since the window start"}},
+              "yaxis": {"type": "category", "categoryorder": "array", "categoryarray": cats[::-1],
+                        "automargin": True}}
+    notes = []
+    if isinstance(meta, dict):
+        if is_num(meta.get("min_gap_ns")) and meta["min_gap_ns"] > 0:
+            notes.append(f"gaps shorter than {meta['min_gap_ns'] / 1e6:.3f} ms are closed in the drawing (not in the numbers)")
+        if meta.get("truncated_ranks"):
+            notes.append(f"ranks {ranks_text(meta['truncated_ranks'])} left out to stay within "
+                         f"{meta.get('max_intervals', '?')} intervals")
+    note = f'<p class=note>Down-sampled for display: {h("; ".join(notes))}.</p>' if notes else ""
+    return note + figs.add(data, layout, height=height)
+
+
+# ---------------------------------------------------------------- collectives heatmap
+
+def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+    """Rank × (group, op) heatmap of exposed time, from per-(rank, group, op) rows."""
+    rows = _records(sec, "by_rank") or _records(sec, "rows") or _records(sec, "collectives")
+    cells: dict[tuple[Any, str], float] = {}
+    for r in rows:
+        rank = r.get("rank")
+        exposed = _first(r, "exposed_ns", "exposed_comm_ns")
+        group = _first(r, "pg_desc", "dim", "pg_name") or "?"
+        op = r.get("op") or "?"
+        if is_num(rank) and is_num(exposed):
+            cells[(rank, f"{group} / {op}")] = exposed / 1e6
+    if not cells:
+        return ""
+    ranks = sorted({k[0] for k in cells})
+    cols = sorted({k[1] for k in cells})
+    z = [[cells.get((r, c)) for c in cols] for r in ranks]
+    data = [{"type": "heatmap", "x": [plotly_text(c) for c in cols], "y": [f"r{r}" for r in ranks], "z": z,
+             "colorscale": "Reds", "colorbar": {"title": {"text": "exposed ms"}},
+             "hovertemplate": "%{y} %{x}: %{z:.2f} ms exposed<extra></extra>"}]
+    layout = {"xaxis": {"type": "category", "automargin": True}, "yaxis": {"type": "category", "autorange": "reversed"}}
+    return figs.add(data, layout, height=min(200 + 14 * len(ranks), 1600))
+
+
+# ---------------------------------------------------------------- pipeline
+
+def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
+    """Stage × time: one bar per (stage, micro-batch, phase) labelled with the micro-batch; every stage row
+    carries a shaded band over the step window, so time no bar covers (the bubble) shows shaded."""
+    diagram = sec.get("diagram") if isinstance(sec.get("diagram"), dict) else sec
+    rows = _records(diagram, "intervals")
+    spans = []
+    for r in rows:
+        start = _first(r, "start_ns", "ts")
+        end = _first(r, "end_ns")
+        dur = _first(r, "dur_ns", "dur")
+        if end is None and is_num(start) and is_num(dur):
+            end = start + dur
+        if is_num(start) and is_num(end) and is_num(r.get("stage")):
+            spans.append((int(r["stage"]), str(r.get("phase") or "?"), r.get("microbatch"), float(start), float(end),
+                          r.get("step", diagram.get("step"))))
+    if not spans:
+        return ""
+    steps = sorted({s[5] for s in spans if s[5] is not None})
+    if steps:  # one step is enough to read the schedule; draw the first one shown by the analyzer
+        spans = [s for s in spans if s[5] == steps[0]]
+    t0 = min(s[3] for s in spans)
+    t1 = max(s[4] for s in spans)
+    if is_num(diagram.get("window_ns")):
+        t1 = max(t1, t0 + diagram["window_ns"])
+    stages = sorted({s[0] for s in spans})
+    phases = sorted({s[1] for s in spans}, key=lambda p: ["fwd", "bwd", "bwd_input", "bwd_weight"].index(p)
+                    if p in ("fwd", "bwd", "bwd_input", "bwd_weight") else 9)
+    data = [{"type": "bar", "orientation": "h", "name": "idle (bubble)", "y": [f"stage {s}" for s in stages],
+             "base": [0.0] * len(stages), "x": [(t1 - t0) / 1e6] * len(stages),
+             "marker": {"color": "rgba(198,40,40,0.18)", "line": {"width": 0}}, "hoverinfo": "skip", "width": 0.9}]
+    for i, phase in enumerate(phases):
+        sel = [s for s in spans if s[1] == phase]
+        data.append({"type": "bar", "orientation": "h", "name": plotly_text(phase),
+                     "y": [f"stage {s[0]}" for s in sel], "base": [(s[3] - t0) / 1e6 for s in sel],
+                     "x": [(s[4] - s[3]) / 1e6 for s in sel], "text": [plotly_text(s[2]) for s in sel],
+                     "textposition": "inside", "insidetextanchor": "middle", "width": 0.7,
+                     "marker": {"color": _color(phase, i), "line": {"width": 0.5, "color": "#fff"}},
+                     "hovertemplate": "%{y} mb %{text}<br>start %{base:.2f} ms, %{x:.2f} ms<extra>"
+                                      + plotly_text(phase) + "</extra>"})
+    layout = {"barmode": "overlay", "xaxis": {"title": {"text": "ms since the step start"}},
+              "yaxis": {"type": "category", "categoryorder": "array",
+                        "categoryarray": [f"stage {s}" for s in stages][::-1]}}
+    note = f'<p class=note>Step {h(steps[0])} shown; bars are labelled with the micro-batch index.</p>' if steps else ""
+    return note + figs.add(data, layout, height=min(150 + 45 * len(stages), 900))
+
+
+# ---------------------------------------------------------------- experts
+
+def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+    """Layer × expert heatmap of routed tokens, one per step (a dropdown picks the step)."""
+    rows = _records(sec, "load") or _records(sec, "tokens")
+    cells: dict[Any, dict[tuple[int, int], float]] = {}
+    for r in rows:
+        if is_num(r.get("layer")) and is_num(r.get("expert")) and is_num(r.get("tokens")):
+            cells.setdefault(r.get("step"), {})[(int(r["layer"]), int(r["expert"]))] = r["tokens"]
+    if not cells:
+        return ""
+    steps = sorted(cells, key=lambda s: (s is None, s if s is not None else 0))[:32]
+    layers = sorted({k[0] for c in cells.values() for k in c})
+    experts = sorted({k[1] for c in cells.values() for k in c})
+    data = []
+    for i, step in enumerate(steps):
+        z = [[cells[step].get((l, e)) for e in experts] for l in layers]
+        data.append({"type": "heatmap", "x": [f"e{e}" for e in experts], "y": [f"layer {l}" for l in layers],
+                     "z": z, "colorscale": "Viridis", "visible": i == 0, "name": f"step {step}",
+                     "colorbar": {"title": {"text": "tokens"}},
+                     "hovertemplate": "%{y} %{x}: %{z} tokens<extra>step " + h(step) + "</extra>"})
+    layout: dict[str, Any] = {"xaxis": {"type": "category"}, "yaxis": {"type": "category", "autorange": "reversed"}}
+    if len(steps) > 1:
+        layout["updatemenus"] = [{"type": "dropdown", "x": 0, "y": 1.15, "xanchor": "left", "buttons": [
+            {"label": f"step {s}", "method": "restyle", "args": ["visible", [j == i for j in range(len(steps))]]}
+            for i, s in enumerate(steps)]}]
+        layout["margin"] = {"t": 60}
+    return figs.add(data, layout, height=min(180 + 28 * len(layers), 900))
+
+
+# ---------------------------------------------------------------- stragglers
+
+def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
+    """Arrival skew attributed to each rank (the late rank of each collective instance)."""
+    rows = _records(sec, "ranks") or _records(sec, "by_rank")
+    pts = []
+    for r in rows:
+        val = _first(r, "attributed_skew_ns", "late_ns", "skew_ns", "mean_lateness_ns", "lateness_ns")
+        if is_num(r.get("rank")) and is_num(val):
+            pts.append((r["rank"], val / 1e6))
+    if not pts:
+        return ""
+    pts.sort()
+    data = [{"type": "bar", "x": [f"r{p[0]}" for p in pts], "y": typed([p[1] for p in pts]),
+             "marker": {"color": COLORS["exposed_comm"]},
+             "hovertemplate": "%{x}: %{y:.2f} ms<extra>arrival skew attributed</extra>"}]
+    layout = {"xaxis": {"type": "category", "title": {"text": "rank"}},
+              "yaxis": {"title": {"text": "arrival skew attributed (ms)"}}}
+    return figs.add(data, layout, height=320)
+

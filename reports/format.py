@@ -1,0 +1,65 @@
+"""Unit formatting for reports (ns → ms, bytes → MB, ratios → %). Formatting only, no metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def ms(ns: Any, digits: int = 2) -> str:
+    """Nanoseconds as milliseconds text; '–' when unknown."""
+    if not is_num(ns):
+        return "–"
+    return f"{ns / 1e6:,.{digits}f} ms"
+
+
+def pct(ratio: Any, digits: int = 1) -> str:
+    if not is_num(ratio):
+        return "–"
+    return f"{ratio * 100:.{digits}f}%"
+
+
+def num(value: Any, digits: int = 2) -> str:
+    if not is_num(value):
+        return "–" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def nbytes(value: Any) -> str:
+    if not is_num(value):
+        return "–"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{int(value)} B"
+
+
+def signed_ms(ns: Any, digits: int = 2) -> str:
+    if not is_num(ns):
+        return "–"
+    return f"{ns / 1e6:+,.{digits}f} ms"
+
+
+def ranks_text(ranks: Any, limit: int = 12) -> str:
+    """A rank list as compact text: consecutive runs as ranges, long lists truncated."""
+    if not isinstance(ranks, (list, tuple)) or not ranks:
+        return "all" if isinstance(ranks, (list, tuple)) else "–"
+    values = sorted({int(r) for r in ranks if is_num(r)})
+    parts: list[str] = []
+    start = prev = values[0]
+    for r in values[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if r is not None:
+            start = prev = r
+    if len(parts) > limit:
+        return ", ".join(parts[:limit]) + f", … ({len(values)} ranks)"
+    return ", ".join(parts)

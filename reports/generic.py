@@ -1,0 +1,65 @@
+"""Lays out any JSON-ready section as tables, so data an analyzer adds is visible even without a chart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.escape import h
+from reports.format import is_num
+from reports.html_parts import Col, auto_col, kv_table, table, _cell_text
+
+
+def _is_rows(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(r, dict) for r in value)
+
+
+def _row_columns(rows: list[dict[str, Any]], max_cols: int = 24) -> list[Col]:
+    keys: list[str] = []
+    for row in rows[:200]:
+        for k, v in row.items():
+            if k not in keys and not _is_rows(v):
+                keys.append(k)
+    cols = []
+    for k in keys[:max_cols]:
+        col = auto_col(k)
+        if col.fmt is _cell_text and all(is_num(r.get(k)) or r.get(k) is None for r in rows[:200]):
+            col = Col(k, col.title)
+        cols.append(col)
+    return cols
+
+
+def render_generic(data: Any, *, depth: int = 0, skip: frozenset[str] = frozenset()) -> str:
+    """Scalars → key/value table; lists of records → sortable tables; nested dicts → sub-headings.
+    Large numeric arrays (chart data) are summarised by their length."""
+    if _is_rows(data):
+        return table(data, _row_columns(data))
+    if not isinstance(data, dict):
+        return kv_table([("value", _cell_text(data))])
+    scalars: list[tuple[str, Any]] = []
+    blocks: list[str] = []
+    for key, value in data.items():
+        if key in skip:
+            continue
+        if _is_rows(value):
+            blocks.append(f"<h3>{h(key.replace('_', ' '))}</h3>" + table(value, _row_columns(value)))
+        elif isinstance(value, dict) and depth < 2 and value and not _is_columnar(value):
+            blocks.append(f"<h3>{h(key.replace('_', ' '))}</h3>" + render_generic(value, depth=depth + 1))
+        elif isinstance(value, (list, dict)) and (len(value) > 32 or _is_columnar(value)):
+            scalars.append((key, f"({_size_text(value)}, shown in the chart)"))
+        else:
+            col = auto_col(key)
+            scalars.append((col.title, col.fmt(value) if is_num(value) or value is None else _cell_text(value)))
+    out = kv_table(scalars) if scalars else ""
+    return out + "".join(blocks)
+
+
+def _is_columnar(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, list) for v in value.values()) \
+        and len({len(v) for v in value.values()}) == 1 and len(next(iter(value.values()))) > 32
+
+
+def _size_text(value: Any) -> str:
+    if isinstance(value, dict):
+        n = len(next(iter(value.values()))) if _is_columnar(value) else len(value)
+        return f"{n:,} entries"
+    return f"{len(value):,} values"

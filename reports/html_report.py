@@ -1,0 +1,375 @@
+"""`report.html`: one self-contained page laying out analysis.json (verdict, findings, charts, tables).
+
+Reports compute no metrics: every number comes from analysis.json (top-level `ranks`/`findings` and the
+analyzers' `sections`) or the run store's `ranks` table; the page only converts units, sorts and draws.
+A section that is missing or has an unexpected shape is shown as "not available" or as plain tables.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from reports.assets import CSS, PLOT_JS, SORT_JS, plotly_js_gz_b64
+from reports.escape import h
+from reports.format import is_num, ms, pct, ranks_text
+from reports.generic import render_generic
+from reports import charts
+from reports.html_parts import Col, Figures, kv_table, not_available, section, table
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+# (anchor, title) in page order; summary.md links to these anchors.
+SECTIONS: list[tuple[str, str]] = [
+    ("verdict", "Verdict"),
+    ("findings", "Findings"),
+    ("analyzed", "What was analyzed"),
+    ("breakdown", "Per-rank breakdown"),
+    ("timeline", "Step timeline"),
+    ("collectives", "Collectives: exposed time"),
+    ("pipeline", "Pipeline schedule"),
+    ("experts", "Expert load"),
+    ("stragglers", "Stragglers"),
+    ("bandwidth", "Bandwidth"),
+    ("throughput", "Throughput"),
+    ("other-sections", "Other analyzer output"),
+    ("inputs", "Inputs"),
+    ("reproduce", "Reproduce"),
+]
+
+# Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
+_KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
+                   "experts", "bandwidth", "throughput", "placement", "recommend"}
+
+
+def render_html(analysis: dict[str, Any], store: Any = None) -> str:
+    """The full report page for one analysis (store: optional RunStore for per-rank input details)."""
+    ctx = _Page(analysis, store)
+    parts = [
+        _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _collectives(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _other(ctx),
+        _inputs(ctx), _reproduce(ctx),
+    ]
+    return _page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
+
+
+class _Page:
+    def __init__(self, analysis: dict[str, Any], store: Any) -> None:
+        self.a = analysis if isinstance(analysis, dict) else {}
+        self.store = store
+        self.figs = Figures()
+        sections = self.a.get("sections")
+        self.sections: dict[str, Any] = sections if isinstance(sections, dict) else {}
+        self.ranks: list[dict[str, Any]] = [r for r in self.a.get("ranks") or [] if isinstance(r, dict)]
+        self.findings: list[dict[str, Any]] = [f for f in self.a.get("findings") or [] if isinstance(f, dict)]
+
+    def sec(self, name: str) -> dict[str, Any] | None:
+        value = self.sections.get(name)
+        return value if isinstance(value, dict) else None
+
+
+def _page(title: str, header: str, body: str, figs: Figures) -> str:
+    nav = "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in SECTIONS if f'id="{a}"' in body)
+    plotly = ""
+    if figs.count:
+        plotly = f'<script type="text/plain" id="tk-plotlyjs">{plotly_js_gz_b64()}</script>'
+    return (
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+        '<meta name=viewport content="width=device-width,initial-scale=1">'
+        # Nothing in this file may reach the network; the policy makes any attempt fail loudly.
+        "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; script-src 'unsafe-inline'; "
+        "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src data: blob:\">"
+        f"<title>{h(title)}</title><style>{CSS}</style></head><body>"
+        f"{header}<nav class=tk-nav>{nav}</nav><main>{body}</main>"
+        f"{plotly}<script>{SORT_JS}</script><script>{PLOT_JS}</script></body></html>"
+    )
+
+
+def _header(ctx: _Page) -> str:
+    a = ctx.a
+    world = len(a.get("inputs", {}).get("ranks") or []) if isinstance(a.get("inputs"), dict) else 0
+    meta = [f"tracekit {a.get('tracekit_version') or '?'}", f"{world} rank(s) analysed",
+            f"generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
+    return (f'<header class=tk-head><h1>tracekit report</h1>'
+            f'<div class=meta>{" · ".join(h(m) for m in meta)}</div></header>')
+
+
+def _sev(sev: Any) -> str:
+    s = str(sev) if sev in SEVERITY_ORDER else "info"
+    return f'<span class="sev {s}">{h(sev)}</span>'
+
+
+def _verdict_text(ctx: _Page) -> tuple[str, str]:
+    """(css class, sentence): the recommend section's verdict when given, else the ranks' `bound` labels."""
+    rec = ctx.sec("recommend") or {}
+    verdict = rec.get("verdict")
+    if isinstance(verdict, dict):
+        bound = str(verdict.get("bound") or "")
+        text = verdict.get("summary") or verdict.get("text") or (f"This run is {bound}-bound." if bound else "")
+        if text:
+            return bound, str(text)
+    elif isinstance(verdict, str) and verdict:
+        bound = next((b for b in ("communication", "compute", "idle") if b in verdict.lower()), "")
+        return bound, verdict
+    counts: dict[str, int] = {}
+    for r in ctx.ranks:
+        counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
+    if not counts:
+        return "", "No per-rank breakdown is available for this run, so no verdict can be given."
+    top = max(counts, key=lambda k: counts[k])
+    label = {"communication": "communication-bound", "compute": "compute-bound", "idle": "idle-bound (host/input)"}
+    rest = ", ".join(f"{n} {label.get(k, k)}" for k, n in sorted(counts.items()) if k != top)
+    text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.ranks)} ranks"
+    return top, text + (f" ({rest})." if rest else ".")
+
+
+def _top_fixes(ctx: _Page) -> list[dict[str, Any]]:
+    rec = ctx.sec("recommend") or {}
+    for key in ("top", "fixes", "recommendations"):
+        items = rec.get(key)
+        if isinstance(items, list) and items and all(isinstance(i, dict) for i in items):
+            return items[:3]
+    return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
+
+
+def _verdict(ctx: _Page) -> str:
+    bound, text = _verdict_text(ctx)
+    fixes = _top_fixes(ctx)
+    body = f'<div class="verdict {h(bound)}">{h(text)}</div>'
+    if fixes:
+        items = []
+        for f in fixes:
+            saving = f.get("est_saving_ns")
+            rec = f.get("recommendation") or ""
+            items.append(
+                f"<li>{_sev(f.get('severity', 'info'))} <b>{h(f.get('summary') or f.get('title') or f.get('kind'))}</b>"
+                + (f" — {h(rec)}" if rec else "")
+                + (f' <span class=saving>saves up to {h(ms(saving))} per step</span>' if is_num(saving) else "")
+                + "</li>")
+        body += "<h3>The fixes worth most</h3><ol class=fixes>" + "".join(items) + "</ol>"
+    else:
+        body += '<p class=note>No finding with an estimated saving.</p>'
+    return section("verdict", "Verdict", body)
+
+
+def _findings(ctx: _Page) -> str:
+    if not ctx.findings:
+        return section("findings", "Findings", '<p class=note>No findings: nothing above the analyzers\' thresholds.</p>')
+    rows = []
+    for i, f in enumerate(ctx.findings, 1):
+        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+        rows.append(
+            f'<tr id="finding-{i}"><td class=n data-v="{i}">{i}</td>'
+            f'<td data-v="{SEVERITY_ORDER.get(str(f.get("severity")), 3)}">{_sev(f.get("severity"))}</td>'
+            f"<td>{h(f.get('kind'))}</td><td>{h(f.get('dim') or '–')}</td>"
+            f"<td>{h(ranks_text(f.get('ranks')))}</td>"
+            f"<td>{h(f.get('summary'))}<details><summary>evidence</summary>{render_generic(ev)}</details></td>"
+            f"<td>{h(f.get('recommendation') or '')}</td>"
+            f'<td class=n data-v="{f.get("est_saving_ns") if is_num(f.get("est_saving_ns")) else ""}">'
+            f"{h(ms(f.get('est_saving_ns')))}</td></tr>")
+    head = "".join(f"<th scope=col>{t}</th>" for t in
+                   ("#", "severity", "kind", "dim", "ranks", "summary", "recommendation", "est. saving / step"))
+    return section("findings", "Findings",
+                   '<p class=note>Sorted by estimated saving (an upper bound on step time saved per step).</p>'
+                   f'<div class=tbl-wrap><table class="tk sortable"><thead><tr>{head}</tr></thead>'
+                   f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _steps_text(ctx: _Page) -> str:
+    steps = sorted({r.get("steps") for r in ctx.ranks if is_num(r.get("steps"))})
+    if not steps:
+        return "–"
+    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
+
+
+def _window_text(ctx: _Page) -> str:
+    bd = ctx.sec("breakdown") or {}
+    win = bd.get("window")
+    if isinstance(win, dict) and is_num(win.get("start_ns")) and is_num(win.get("end_ns")):
+        return f"{ms(win['end_ns'] - win['start_ns'])} (from {win['start_ns']} ns to {win['end_ns']} ns, rank clocks)"
+    rows = _store_ranks(ctx)
+    starts = [r["first_ts"] for r in rows if is_num(r.get("first_ts"))]
+    ends = [r["last_ts"] for r in rows if is_num(r.get("last_ts"))]
+    if starts and ends:
+        return f"{min(starts)} ns to {max(ends)} ns on the ranks' clocks (traced span, per rank in Inputs)"
+    return "not recorded"
+
+
+def _analyzed(ctx: _Page) -> str:
+    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
+    ranks = inputs.get("ranks") or []
+    skipped = inputs.get("skipped") or []
+    layout = ctx.sec("layout")
+    pairs = [
+        ("ranks", f"{len(ranks)} ({ranks_text(ranks)})"),
+        ("steps per rank", _steps_text(ctx)),
+        ("time window", _window_text(ctx)),
+        ("parallel layout", charts.layout_text(layout) if layout else "not inferred"),
+        ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
+        ("tracekit version", ctx.a.get("tracekit_version") or "?"),
+        ("command", ctx.a.get("command") or "not recorded"),
+    ]
+    body = kv_table(pairs)
+    if layout:
+        body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(layout)
+    return section("analyzed", "What was analyzed", body)
+
+
+def _ms_cell(v: Any) -> str:
+    return ms(v).replace(" ms", "")
+
+
+_BREAKDOWN_COLS = [
+    Col("rank", "rank"), Col("steps", "steps"), Col("step_ns", "step (ms/step)", _ms_cell),
+    Col("compute_ns", "compute (ms/step)", _ms_cell), Col("comm_ns", "comm (ms/step)", _ms_cell),
+    Col("exposed_comm_ns", "exposed comm (ms/step)", _ms_cell), Col("other_ns", "other (ms/step)", _ms_cell),
+    Col("idle_ns", "idle (ms/step)", _ms_cell), Col("overlap_ratio", "overlap", pct),
+    Col("bound", "bound", str, numeric=False),
+]
+
+
+def _per_step_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-rank totals shown per step (total / steps): a unit change for display."""
+    out = []
+    for r in ranks:
+        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
+        row = dict(r)
+        for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns"):
+            if is_num(r.get(k)):
+                row[k] = r[k] / steps
+        out.append(row)
+    return out
+
+
+def _breakdown(ctx: _Page) -> str:
+    if not ctx.ranks:
+        return section("breakdown", "Per-rank breakdown", not_available("Per-rank breakdown"))
+    rows = _per_step_rows(ctx.ranks)
+    fig = charts.breakdown_bars(ctx.figs, rows)
+    note = ('<p class=note>Exclusive by priority, so the bars sum to the step: compute ▸ communication that '
+            'overlaps nothing ▸ other device work ▸ idle. "comm" is all communication, overlapped or not.</p>')
+    return section("breakdown", "Per-rank breakdown", note + fig + table(rows, _BREAKDOWN_COLS, table_id="ranks-table"))
+
+
+def _timeline(ctx: _Page) -> str:
+    bd = ctx.sec("breakdown") or {}
+    tl = bd.get("timeline")
+    if not isinstance(tl, (dict, list)) or not tl:
+        return section("timeline", "Step timeline", not_available("Step timeline"))
+    return section("timeline", "Step timeline", charts.timeline(ctx.figs, tl))
+
+
+def _collectives(ctx: _Page) -> str:
+    sec = ctx.sec("unoverlapped")
+    if not sec:
+        return section("collectives", "Collectives: exposed time", not_available("Collective exposure"))
+    return section("collectives", "Collectives: exposed time", charts.collective_heatmap(ctx.figs, sec)
+                   + render_generic(sec))
+
+
+def _pipeline(ctx: _Page) -> str:
+    sec = ctx.sec("pipeline")
+    if not sec:
+        return section("pipeline", "Pipeline schedule", not_available("Pipeline schedule", "no pipeline stages in this run"))
+    return section("pipeline", "Pipeline schedule", charts.pipeline_diagram(ctx.figs, sec)
+                   + render_generic(sec, skip=frozenset({"diagram"})))
+
+
+def _experts(ctx: _Page) -> str:
+    sec = ctx.sec("experts")
+    if not sec:
+        return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
+    return section("experts", "Expert load", charts.expert_heatmap(ctx.figs, sec) + render_generic(sec))
+
+
+def _stragglers(ctx: _Page) -> str:
+    sec = ctx.sec("stragglers")
+    if not sec:
+        return section("stragglers", "Stragglers", not_available("Straggler view"))
+    body = charts.straggler_bars(ctx.figs, sec) + render_generic(sec)
+    clocks = ctx.sec("clocks")
+    if clocks:
+        body += "<h3>Clock alignment</h3>" + render_generic(clocks)
+    return section("stragglers", "Stragglers", body)
+
+
+def _bandwidth(ctx: _Page) -> str:
+    sec = ctx.sec("bandwidth")
+    if not sec:
+        return section("bandwidth", "Bandwidth", not_available("Bandwidth table"))
+    return section("bandwidth", "Bandwidth", render_generic(sec))
+
+
+def _throughput(ctx: _Page) -> str:
+    parts = []
+    for name in ("throughput", "placement"):
+        sec = ctx.sec(name)
+        if sec:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+    if not parts:
+        return section("throughput", "Throughput", not_available("Throughput and placement"))
+    return section("throughput", "Throughput", "".join(parts))
+
+
+def _other(ctx: _Page) -> str:
+    parts = []
+    for name in ("matching", "recommend"):
+        sec = ctx.sec(name)
+        if sec:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+    for name, sec in ctx.sections.items():
+        if name not in _KNOWN_SECTIONS and sec:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+    if not parts:
+        return ""
+    return section("other-sections", "Other analyzer output", "".join(parts))
+
+
+def _store_ranks(ctx: _Page) -> list[dict[str, Any]]:
+    if ctx.store is None:
+        return []
+    try:
+        tbl = ctx.store.table("ranks")
+    except Exception as exc:  # a damaged store must not stop the report; say so instead
+        return [{"rank": None, "parse_warnings": [f"could not read the store's ranks table: {exc}"]}]
+    return tbl.to_pylist()
+
+
+def _inputs(ctx: _Page) -> str:
+    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
+    skipped = [s for s in inputs.get("skipped") or [] if isinstance(s, dict)]
+    body = "<h3>Skipped inputs</h3>"
+    if skipped:
+        body += table(skipped, [Col("file", "file", str, numeric=False), Col("reason", "reason", str, numeric=False)],
+                      table_id="skipped-table")
+    else:
+        body += "<p class=note>No input was skipped.</p>"
+    rows = _store_ranks(ctx)
+    if rows:
+        cols = [Col("rank", "rank"), Col("hostname", "host", _txt, False), Col("backend", "backend", _txt, False),
+                Col("trace_kind", "kind", _txt, False), Col("source_file", "file", _txt, False),
+                Col("num_events", "events"), Col("first_ts", "first ts (ns)"), Col("last_ts", "last ts (ns)"),
+                Col("clock_offset_ns", "clock offset (ms)", ms),
+                Col("parse_warnings", "parse warnings", lambda v: "; ".join(map(str, v or [])) or "–", False)]
+        body += "<h3>Analysed traces</h3>" + table(rows, cols, table_id="inputs-table")
+    return section("inputs", "Inputs", body)
+
+
+def _txt(v: Any) -> str:
+    return "–" if v is None else str(v)
+
+
+def _reproduce(ctx: _Page) -> str:
+    cmd = ctx.a.get("command")
+    body = (f"<p>tracekit {h(ctx.a.get('tracekit_version') or '?')}, analysis schema "
+            f"<code>{h(ctx.a.get('schema') or '?')}</code>.</p>")
+    body += f"<pre class=cmd>{h(cmd)}</pre>" if cmd else "<p class=note>The command was not recorded.</p>"
+    if ctx.store is not None and isinstance(getattr(ctx.store, "manifest", None), dict):
+        run_cmd = ctx.store.manifest.get("command")
+        if run_cmd:
+            text = " ".join(map(str, run_cmd)) if isinstance(run_cmd, list) else str(run_cmd)
+            body += f"<p>Recorded training command:</p><pre class=cmd>{h(text)}</pre>"
+    return section("reproduce", "Reproduce", body)
+
+
+__all__ = ["render_html", "SECTIONS"]

@@ -1,0 +1,87 @@
+"""`summary.md`: a short Markdown summary for a pull-request comment, linking into report.html."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reports.escape import md
+from reports.format import is_num, ms, ranks_text
+from reports.html_report import SECTIONS, _Page, _steps_text, _top_fixes, _verdict_text
+from reports.charts import layout_text
+
+SEVERITY_MARK = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info"}
+MAX_FINDINGS = 5
+
+
+def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") -> str:
+    """Verdict, top findings with estimated savings, what was analyzed, and links to the report's sections."""
+    ctx = _Page(analysis, None)
+    href = report_href.replace(" ", "%20").replace(")", "%29").replace("(", "%28")
+    _, verdict = _verdict_text(ctx)
+    lines = ["## tracekit summary", "", f"**Verdict:** {md(verdict)} ([report]({href}#verdict))", ""]
+
+    fixes = _top_fixes(ctx)
+    if fixes:
+        lines.append("**Fixes worth most:**")
+        for i, f in enumerate(fixes, 1):
+            saving = f" — saves up to **{ms(f['est_saving_ns'])}**/step" if is_num(f.get("est_saving_ns")) else ""
+            rec = f": {md(f['recommendation'])}" if f.get("recommendation") else ""
+            lines.append(f"{i}. {md(f.get('summary') or f.get('kind'))}{rec}{saving}")
+        lines.append("")
+
+    if ctx.findings:
+        shown = ctx.findings[:MAX_FINDINGS]
+        lines += [f"### Findings ({len(ctx.findings)})", "",
+                  "| # | severity | kind | ranks | finding | est. saving / step |", "|---:|---|---|---|---|---:|"]
+        for i, f in enumerate(shown, 1):
+            sev = SEVERITY_MARK.get(str(f.get("severity")), md(f.get("severity")))
+            lines.append(
+                f"| [{i}]({href}#finding-{i}) | {sev} | {md(f.get('kind'))}{' (' + md(f['dim']) + ')' if f.get('dim') else ''}"
+                f" | {md(ranks_text(f.get('ranks')))} | {md(f.get('summary'))} | {ms(f.get('est_saving_ns'))} |")
+        if len(ctx.findings) > len(shown):
+            lines.append(f"\n…and {len(ctx.findings) - len(shown)} more in the [report]({href}#findings).")
+        lines.append("")
+    else:
+        lines += ["No findings above the analyzers' thresholds.", ""]
+
+    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
+    ranks = inputs.get("ranks") or []
+    skipped = inputs.get("skipped") or []
+    step_ms = [r["step_ns"] / r["steps"] for r in ctx.ranks
+               if is_num(r.get("step_ns")) and is_num(r.get("steps")) and r["steps"]]
+    analyzed = [f"{len(ranks)} ranks ({md(ranks_text(ranks))})", f"{md(_steps_text(ctx))} steps per rank"]
+    layout = ctx.sec("layout")
+    if layout:
+        analyzed.append(f"layout {md(layout_text(layout))}")
+    if step_ms:
+        lo, hi = min(step_ms), max(step_ms)
+        analyzed.append(f"step time {ms(lo)}" + (f" to {ms(hi)} across ranks" if hi != lo else ""))
+    analyzed.append(f"[{len(skipped)} input(s) skipped]({href}#inputs)" if skipped else "no input skipped")
+    lines += ["**Analyzed:** " + "; ".join(analyzed) + ".", ""]
+
+    links = [f"[{title}]({href}#{anchor})" for anchor, title in SECTIONS
+             if anchor not in ("verdict", "other-sections") and _has_section(ctx, anchor)]
+    lines += ["**Report:** " + " · ".join(links), ""]
+    cmd = ctx.a.get("command")
+    footer = f"tracekit {md(ctx.a.get('tracekit_version') or '?')}"
+    if cmd:
+        footer += f" · {md(cmd)}"
+    lines.append(f"<sub>{footer}</sub>")
+    return "\n".join(lines) + "\n"
+
+
+_ANCHOR_SOURCES = {"timeline": "breakdown", "collectives": "unoverlapped", "pipeline": "pipeline",
+                   "experts": "experts", "stragglers": "stragglers", "bandwidth": "bandwidth",
+                   "throughput": "throughput"}
+
+
+def _has_section(ctx: _Page, anchor: str) -> bool:
+    """Link only to report sections that hold data for this run."""
+    src = _ANCHOR_SOURCES.get(anchor)
+    if anchor == "timeline":
+        return bool((ctx.sec("breakdown") or {}).get("timeline"))
+    if anchor == "breakdown":
+        return bool(ctx.ranks)
+    if src:
+        return ctx.sec(src) is not None
+    return True

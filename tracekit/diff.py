@@ -1,0 +1,202 @@
+"""Compares two analyses (before/after): step time, breakdown, findings appeared/resolved/changed, and
+per-collective exposed time. Returns a JSON-ready `tracekit.diff/1` document that reports lay out.
+
+Step and breakdown numbers are per rank per step: Σ over ranks of the totals / Σ steps (the mean rank),
+plus the slowest rank's per-step time. Findings are matched by identity (kind, dim, the group/op/layer
+their evidence names, ranks); a finding matched on everything but its ranks counts as changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DIFF_SCHEMA = "tracekit.diff/1"
+BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")
+_SCOPE_KEYS = ("pg_name", "pg_desc", "group", "op", "layer", "stage", "expert")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DiffConfig:
+    """When a finding present in both runs counts as changed rather than unchanged."""
+
+    min_saving_change_ratio: float = 0.25
+    """Relative change of est_saving_ns (vs the larger of the two) that makes a finding 'changed'."""
+    min_saving_change_ns: int = 1_000_000
+    """…and the absolute change it must also exceed (noise floor)."""
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ranks(analysis: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in analysis.get("ranks") or [] if isinstance(r, dict) and _num(r.get("steps")) and r["steps"] > 0]
+
+
+def per_step_means(analysis: dict[str, Any]) -> dict[str, float | None]:
+    """Mean per-rank, per-step time of each breakdown part and the step; `max_step_ns` is the slowest rank's."""
+    ranks = _ranks(analysis)
+    steps = sum(r["steps"] for r in ranks)
+    out: dict[str, float | None] = {}
+    for key in ("step_ns",) + BREAKDOWN_PARTS:
+        vals = [r[key] for r in ranks if _num(r.get(key))]
+        out[key] = (sum(vals) / steps) if ranks and len(vals) == len(ranks) else None
+    per_rank = [r["step_ns"] / r["steps"] for r in ranks if _num(r.get("step_ns"))]
+    out["max_step_ns"] = max(per_rank) if per_rank else None
+    return out
+
+
+def _delta(base: float | None, new: float | None) -> dict[str, float | None]:
+    d = new - base if base is not None and new is not None else None
+    ratio = (d / base) if d is not None and base else None
+    return {"base_ns": base, "new_ns": new, "delta_ns": d, "delta_ratio": ratio}
+
+
+def finding_scope(f: dict[str, Any]) -> tuple[str, ...]:
+    """What a finding is about, beyond its kind and dim: the group / op / layer / stage its evidence names."""
+    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    return tuple(f"{k}={ev[k]}" for k in _SCOPE_KEYS if k in ev and isinstance(ev[k], (str, int)))
+
+
+def _identity(f: dict[str, Any], with_ranks: bool) -> tuple:
+    key = (str(f.get("kind")), str(f.get("dim")), finding_scope(f))
+    return key + (tuple(sorted(f.get("ranks") or ())),) if with_ranks else key
+
+
+def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None, dict | None]]:
+    """Match findings: first on full identity incl. ranks, then leftovers on identity without ranks."""
+    pairs: list[tuple[dict | None, dict | None]] = []
+    left_new = list(new)
+    left_base: list[dict] = []
+    for with_ranks in (True, False):
+        pool = list(base) if with_ranks else left_base
+        left_base = []
+        for b in pool:
+            key = _identity(b, with_ranks)
+            match = next((n for n in left_new if _identity(n, with_ranks) == key), None)
+            if match is None:
+                left_base.append(b)
+            else:
+                left_new.remove(match)
+                pairs.append((b, match))
+    pairs += [(b, None) for b in left_base]
+    pairs += [(None, n) for n in left_new]
+    return pairs
+
+
+def _finding_status(b: dict | None, n: dict | None, cfg: DiffConfig) -> str:
+    if b is None:
+        return "appeared"
+    if n is None:
+        return "resolved"
+    if b.get("severity") != n.get("severity") or sorted(b.get("ranks") or ()) != sorted(n.get("ranks") or ()):
+        return "changed"
+    sb, sn = b.get("est_saving_ns") or 0, n.get("est_saving_ns") or 0
+    change = abs(sn - sb)
+    if change > cfg.min_saving_change_ns and change > cfg.min_saving_change_ratio * max(sb, sn):
+        return "changed"
+    return "unchanged"
+
+
+_STATUS_ORDER = {"appeared": 0, "changed": 1, "resolved": 2, "unchanged": 3}
+
+
+def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) -> list[dict[str, Any]]:
+    out = []
+    for b, n in _pair_findings(base.get("findings") or [], new.get("findings") or []):
+        ref = n or b
+        assert ref is not None
+        out.append({
+            "status": _finding_status(b, n, cfg),
+            "kind": ref.get("kind"), "dim": ref.get("dim"), "scope": list(finding_scope(ref)),
+            "base_ranks": None if b is None else list(b.get("ranks") or []),
+            "new_ranks": None if n is None else list(n.get("ranks") or []),
+            "base_severity": None if b is None else b.get("severity"),
+            "new_severity": None if n is None else n.get("severity"),
+            "base_saving_ns": None if b is None else b.get("est_saving_ns"),
+            "new_saving_ns": None if n is None else n.get("est_saving_ns"),
+            "summary": ref.get("summary"),
+            "base_summary": None if b is None else b.get("summary"),
+        })
+    out.sort(key=lambda d: (_STATUS_ORDER[d["status"]], -max(d["base_saving_ns"] or 0, d["new_saving_ns"] or 0)))
+    return out
+
+
+def collective_totals(analysis: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (group, op): count, communication and exposed time summed over ranks, from the `unoverlapped`
+    section's per-rank rows (empty when the section is missing)."""
+    sec = (analysis.get("sections") or {}).get("unoverlapped")
+    rows: list[Any] = []
+    if isinstance(sec, dict):
+        for key in ("by_rank", "rows", "collectives", "by_group"):
+            if isinstance(sec.get(key), list):
+                rows = sec[key]
+                break
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for r in rows:
+        if not isinstance(r, dict):
+            continue
+        group = str(r.get("pg_desc") or r.get("dim") or r.get("pg_name") or "?")
+        op = str(r.get("op") or "?")
+        acc = out.setdefault((group, op), {"count": 0, "comm_ns": 0, "exposed_ns": 0})
+        for k, src in (("count", ("count",)), ("comm_ns", ("comm_ns", "total_ns", "dur_ns")),
+                       ("exposed_ns", ("exposed_ns", "exposed_comm_ns"))):
+            v = next((r[s] for s in src if _num(r.get(s))), None)
+            if v is not None:
+                acc[k] += v
+    return out
+
+
+def diff_collectives(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    b, n = collective_totals(base), collective_totals(new)
+    rows = []
+    for key in sorted(set(b) | set(n)):
+        bb, nn = b.get(key), n.get(key)
+        row: dict[str, Any] = {"group": key[0], "op": key[1]}
+        for k in ("count", "comm_ns", "exposed_ns"):
+            bv = bb.get(k) if bb else None
+            nv = nn.get(k) if nn else None
+            row[f"base_{k}"] = bv
+            row[f"new_{k}"] = nv
+            row[f"delta_{k}"] = (nv or 0) - (bv or 0) if (bv is not None or nv is not None) else None
+        rows.append(row)
+    rows.sort(key=lambda r: -abs(r["delta_exposed_ns"] or 0))
+    return rows
+
+
+def _describe(analysis: dict[str, Any], label: str) -> dict[str, Any]:
+    inputs = analysis.get("inputs") if isinstance(analysis.get("inputs"), dict) else {}
+    return {"label": label, "tracekit_version": analysis.get("tracekit_version"),
+            "command": analysis.get("command"), "ranks": len(inputs.get("ranks") or []),
+            "skipped": len(inputs.get("skipped") or []), "findings": len(analysis.get("findings") or [])}
+
+
+def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str = "base",
+                  new_label: str = "new", config: DiffConfig | None = None) -> dict[str, Any]:
+    """The before/after document (`tracekit.diff/1`)."""
+    cfg = config or DiffConfig()
+    mb, mn = per_step_means(base), per_step_means(new)
+    base_by_rank = {r["rank"]: r for r in _ranks(base)}
+    new_by_rank = {r["rank"]: r for r in _ranks(new)}
+    ranks = []
+    for rank in sorted(set(base_by_rank) | set(new_by_rank)):
+        b, n = base_by_rank.get(rank), new_by_rank.get(rank)
+        bs = b["step_ns"] / b["steps"] if b and _num(b.get("step_ns")) else None
+        ns = n["step_ns"] / n["steps"] if n and _num(n.get("step_ns")) else None
+        ranks.append({"rank": rank, **_delta(bs, ns),
+                      "base_bound": b.get("bound") if b else None, "new_bound": n.get("bound") if n else None})
+    findings = diff_findings(base, new, cfg)
+    counts = {s: sum(1 for f in findings if f["status"] == s) for s in _STATUS_ORDER}
+    return {
+        "schema": DIFF_SCHEMA,
+        "base": _describe(base, base_label),
+        "new": _describe(new, new_label),
+        "step": _delta(mb["step_ns"], mn["step_ns"]),
+        "max_step": _delta(mb["max_step_ns"], mn["max_step_ns"]),
+        "breakdown": [{"part": k[:-3], **_delta(mb[k], mn[k])} for k in BREAKDOWN_PARTS],
+        "ranks": ranks,
+        "findings": findings,
+        "finding_counts": counts,
+        "collectives": diff_collectives(base, new),
+    }
