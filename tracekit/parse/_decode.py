@@ -1,0 +1,207 @@
+"""msgspec decoding of Kineto JSON into light structs, and exact µs-text → int64 ns conversion.
+
+Fast path (DESIGN §9): a tagged union on `ph`, one Struct per phase, so flow/instant events cost
+almost nothing and `X` events keep only the fields the tables need. Timestamps stay `msgspec.Raw`
+(the number's text) so they convert to nanoseconds exactly. An unknown `ph` or an unexpected field
+type makes the typed decode fail; `decode_lenient` then accepts anything and the caller coerces.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Raw = msgspec.Raw
+_f = msgspec.field
+NO_RAW = Raw()  # default for absent Raw fields: an empty text (len 0), treated as missing
+
+
+class XArgs(msgspec.Struct, gc=False):
+    """The `args` keys of complete events that the tables use."""
+
+    external_id: Union[int, str, None] = _f(default=None, name="External id")
+    external_id_old: Union[int, str, None] = _f(default=None, name="external id")
+    correlation: Union[int, str, None] = None
+    stream: Union[int, str, None] = None
+    device: Union[int, str, None] = None
+    flops: Union[int, float, None] = None
+    coll_name: Union[str, None] = _f(default=None, name="Collective name")
+    in_nelems: Union[int, str, None] = _f(default=None, name="In msg nelems")
+    out_nelems: Union[int, str, None] = _f(default=None, name="Out msg nelems")
+    group_size: Union[int, str, None] = _f(default=None, name="Group size")
+    dtype: Union[str, None] = None
+    in_split: Any = _f(default=None, name="In split size")
+    out_split: Any = _f(default=None, name="Out split size")
+    pg_name: Any = _f(default=None, name="Process Group Name")
+    pg_desc: Any = _f(default=None, name="Process Group Description")
+    pg_ranks: Any = _f(default=None, name="Process Group Ranks")
+    seq: Any = _f(default=None, name="Seq")
+    seq_num: Any = None
+    comm_rank: Any = _f(default=None, name="Rank")
+    src_rank: Any = _f(default=None, name="Src Rank")
+    dst_rank: Any = _f(default=None, name="Dst Rank")
+    input_dims: Raw = _f(default=NO_RAW, name="Input Dims")
+    input_type: Raw = _f(default=NO_RAW, name="Input type")
+    concrete_inputs: Raw = _f(default=NO_RAW, name="Concrete Inputs")
+
+
+class MArgs(msgspec.Struct, gc=False):
+    name: Any = None
+    labels: Any = None
+
+
+class X(msgspec.Struct, tag="X", tag_field="ph", gc=False):
+    name: str = ""
+    cat: Union[str, None] = None
+    ts: Raw = NO_RAW
+    dur: Raw = NO_RAW
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    args: Union[XArgs, None] = None
+
+
+class M(msgspec.Struct, tag="M", tag_field="ph", gc=False):
+    name: str = ""
+    pid: Union[int, str, None] = None
+    tid: Union[int, str, None] = None
+    args: Union[MArgs, None] = None
+
+
+def _phase(ph: str) -> type:
+    return msgspec.defstruct(f"Ph_{ord(ph)}", [], tag=ph, tag_field="ph", gc=False)
+
+
+# Phases that no table needs yet: decoded to empty structs (cheap), counted.
+OTHER_PHASES = ("i", "I", "s", "t", "f", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R", "(", ")", "S", "T", "p", "F", "c", "G")
+_OTHER = tuple(_phase(p) for p in OTHER_PHASES)
+Event = Union[(X, M) + _OTHER]
+
+
+class TypedTrace(msgspec.Struct, gc=False):
+    traceEvents: Union[list[Event], None] = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    schemaVersion: Any = None
+    baseTimeNanoseconds: Any = None
+    host_name: Any = None
+    hostname: Any = None
+
+
+# Lenient variant: every field typed Any except the timestamps, which must stay text.
+class LXArgs(msgspec.Struct, gc=False):
+    external_id: Any = _f(default=None, name="External id")
+    external_id_old: Any = _f(default=None, name="external id")
+    correlation: Any = None
+    stream: Any = None
+    device: Any = None
+    flops: Any = None
+    coll_name: Any = _f(default=None, name="Collective name")
+    in_nelems: Any = _f(default=None, name="In msg nelems")
+    out_nelems: Any = _f(default=None, name="Out msg nelems")
+    group_size: Any = _f(default=None, name="Group size")
+    dtype: Any = None
+    in_split: Any = _f(default=None, name="In split size")
+    out_split: Any = _f(default=None, name="Out split size")
+    pg_name: Any = _f(default=None, name="Process Group Name")
+    pg_desc: Any = _f(default=None, name="Process Group Description")
+    pg_ranks: Any = _f(default=None, name="Process Group Ranks")
+    seq: Any = _f(default=None, name="Seq")
+    seq_num: Any = None
+    comm_rank: Any = _f(default=None, name="Rank")
+    src_rank: Any = _f(default=None, name="Src Rank")
+    dst_rank: Any = _f(default=None, name="Dst Rank")
+    input_dims: Raw = _f(default=NO_RAW, name="Input Dims")
+    input_type: Raw = _f(default=NO_RAW, name="Input type")
+    concrete_inputs: Raw = _f(default=NO_RAW, name="Concrete Inputs")
+    name: Any = None  # metadata (M) events: thread/process name
+    labels: Any = None
+
+
+class LEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    name: Any = ""
+    cat: Any = None
+    ts: Raw = NO_RAW
+    dur: Raw = NO_RAW
+    pid: Any = None
+    tid: Any = None
+    args: Union[LXArgs, None] = None
+
+
+class LenientTrace(msgspec.Struct, gc=False):
+    traceEvents: Union[list[LEvent], None] = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    schemaVersion: Any = None
+    baseTimeNanoseconds: Any = None
+    host_name: Any = None
+    hostname: Any = None
+
+
+TYPED_DECODER = msgspec.json.Decoder(TypedTrace)
+LENIENT_DECODER = msgspec.json.Decoder(LenientTrace)
+_POW = np.array([1000, 100, 10, 1], dtype=np.int64)
+
+
+def decimal_text_to_ns(text: str | bytes) -> int | None:
+    """Exact µs text → int ns, rounding sub-ns digits half away from zero; None if not a number."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("ascii", "replace")
+    text = text.strip().strip('"').strip()
+    try:
+        d = Decimal(text)
+    except (InvalidOperation, ValueError):
+        return None
+    if not d.is_finite():
+        return None
+    return int((d * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def raws_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
+    """Convert JSON number texts (msgspec.Raw or None) to exact int64 ns.
+
+    Returns (values, valid): invalid/missing entries have valid False and value 0. Vectorised with
+    pyarrow: drop the '.', parse as an integer, scale by 10**(3 - fraction digits). Entries with
+    more than 3 fraction digits, exponents or quotes take the exact Decimal path.
+    """
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    if None in raws:  # lenient decoding can leave None
+        raws = [b"" if r is None else r for r in raws]
+    lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+    blob = b"".join(raws)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    arr = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(blob))
+    dot = pc.find_substring(arr, ".").to_numpy(zero_copy_only=False).astype(np.int64)
+    frac = np.where(dot >= 0, lens - dot - 1, 0)
+    digits_len = lens - (dot >= 0)
+    slow = (frac > 3) | (digits_len > 18) | (lens == 0)
+    digits = pc.replace_substring(arr, ".", "", max_replacements=1)
+    if slow.any():
+        digits = pc.if_else(pa.array(slow), "0", digits)
+    try:
+        vals = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = pc.match_substring_regex(digits, r"^[-+]?[0-9]+$").to_numpy(zero_copy_only=False)
+        slow |= ~ok
+        digits = pc.if_else(pa.array(slow), "0", digits)
+        vals = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+    vals = vals * _POW[np.minimum(frac, 3)]
+    valid = np.ones(n, dtype=bool)
+    if slow.any():
+        vals = vals.copy()
+        for i in np.flatnonzero(slow):
+            v = decimal_text_to_ns(bytes(raws[i])) if lens[i] else None
+            if v is None or not (-(2**63) <= v < 2**63):
+                valid[i] = False
+                vals[i] = 0
+            else:
+                vals[i] = v
+    return vals, valid

@@ -1,0 +1,130 @@
+"""One place that knows how collectives, comm kernels and dtypes are spelled in traces."""
+
+from __future__ import annotations
+
+import re
+
+# Ops as the collectives table spells them (tracekit.tables.schema.COLLECTIVE_OPS).
+_OP_KEYS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "allgatherv": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "reducescatterv": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoallv": "all_to_all",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "send": "send",
+    "isend": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "recvanysource": "recv",
+    "barrier": "barrier",
+    "monitoredbarrier": "barrier",
+}
+# Names that look like collectives but are not collective calls.
+NOT_COLLECTIVES = frozenset({"wait", "coalesced", "startcoalescing", "endcoalescing", "sendrecv", "generic"})
+_PREFIX = re.compile(r"^(?:nccl:|gloo:|rccl:|mpi:|ucc:|c10d::|_c10d_functional::|c10d_functional::)", re.I)
+_SUFFIXES = ("coalesced", "base", "intotensor", "tensor", "single", "async")
+
+
+def normalize_op(raw: str | None) -> str | None:
+    """allreduce / AllReduce / c10d::allreduce_ / _allgather_base → all_reduce / all_gather ...
+
+    Returns None for names that are not collective calls (wait, coalesced, SendRecv...).
+    Unrecognised names give "unknown".
+    """
+    if not raw:
+        return None
+    key = re.sub(r"[^a-z]", "", _PREFIX.sub("", raw.strip()).lower())
+    if key in NOT_COLLECTIVES:
+        return None
+    changed = True
+    while changed and key not in _OP_KEYS:
+        changed = False
+        for suffix in _SUFFIXES:
+            if key.endswith(suffix) and len(key) > len(suffix):
+                key = key[: -len(suffix)]
+                changed = True
+    if key in NOT_COLLECTIVES:
+        return None
+    return _OP_KEYS.get(key, "unknown")
+
+
+_COMM_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_?([A-Za-z]*)", re.I)
+
+
+def is_comm_kernel_name(name: str) -> bool:
+    """NCCL/RCCL device kernels: ncclKernel_*, ncclDevKernel_*, ncclDevKernel_Generic, rccl..."""
+    return bool(_COMM_KERNEL.match(name))
+
+
+def kernel_op(name: str) -> str | None:
+    """Op encoded in a comm kernel name (ncclKernel_AllReduce_RING_LL_Sum_float → all_reduce).
+
+    SendRecv and RCCL's Generic kernel serve several ops, so they give None.
+    """
+    m = _COMM_KERNEL.match(name)
+    if not m or not m.group(1):
+        return None
+    return normalize_op(m.group(1))
+
+
+# c10d op name (after "c10d::") → roles of its leading tensor arguments in `Input Dims`.
+# "inout": the tensor is both input and output; "in" / "out": one side only.
+C10D_ARG_ROLES: dict[str, tuple[str, ...]] = {
+    "allreduce_": ("inout",),
+    "allreduce_coalesced_": ("inout",),
+    "broadcast_": ("inout",),
+    "reduce_": ("inout",),
+    "send": ("inout",),
+    "recv_": ("inout",),
+    "recv_any_source_": ("inout",),
+    "_allgather_base_": ("out", "in"),
+    "allgather_": ("out", "in"),
+    "allgather_coalesced_": ("out", "in"),
+    "allgather_into_tensor_coalesced_": ("out", "in"),
+    "_reduce_scatter_base_": ("out", "in"),
+    "reduce_scatter_": ("out", "in"),
+    "reduce_scatter_tensor_coalesced_": ("out", "in"),
+    "alltoall_base_": ("out", "in"),
+    "alltoall_": ("out", "in"),
+    "gather_": ("out", "in"),
+    "scatter_": ("out", "in"),
+    "barrier": (),
+}
+# Position of (output_split_sizes, input_split_sizes) in `Concrete Inputs` of c10d::alltoall_base_.
+ALLTOALL_SPLIT_POSITIONS = (3, 4)
+
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "c10::float": 4,
+    "double": 8, "float64": 8,
+    "half": 2, "float16": 2, "c10::half": 2,
+    "bfloat16": 2, "c10::bfloat16": 2,
+    "long": 8, "int64": 8, "longint": 8, "int64_t": 8,
+    "int": 4, "int32": 4, "int32_t": 4,
+    "short": 2, "int16": 2,
+    "char": 1, "int8": 1, "signedchar": 1,
+    "byte": 1, "uint8": 1, "unsignedchar": 1,
+    "bool": 1,
+    "complexfloat": 8, "complex64": 8, "c10::complex<float>": 8,
+    "complexdouble": 16, "complex128": 16, "c10::complex<double>": 16,
+    "complexhalf": 4,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+}
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Element size of a dtype as written by torch/NCCL args (Float, BFloat16, float, c10::Half...)."""
+    if not dtype:
+        return None
+    key = dtype.strip().lower().replace(" ", "")
+    if key.startswith("torch."):
+        key = key[6:]
+    if key.startswith("float8") or key.startswith("fp8"):
+        return 1
+    return _DTYPE_BYTES.get(key)

@@ -1,0 +1,121 @@
+"""Read a trace file's bytes, plain or gzip, with a bound on the decompressed size.
+
+gzip goes through isal (about 1.5x stdlib zlib). The output buffer is sized from the gzip trailer
+(ISIZE, the size mod 2**32) so decompression does not hold two full copies at once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from isal import isal_zlib
+
+from tracekit.errors import InputTooLargeError, TraceFormatError
+
+GZIP_MAGIC = b"\x1f\x8b"
+_READ_CHUNK = 4 << 20
+
+
+def is_gzip(path: str | Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def gzip_size_hint(path: str | Path) -> int:
+    """Uncompressed size from the gzip trailer (exact below 4 GiB for single-member files)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size < 18:
+            return 0
+        f.seek(size - 4)
+        return struct.unpack("<I", f.read(4))[0]
+
+
+def read_trace_bytes(path: str | Path, max_decompressed_bytes: int | None = None) -> bytes | bytearray:
+    """Whole (decompressed) contents of `path`; raises TraceFormatError for unreadable input."""
+    path = str(path)
+    try:
+        gz = is_gzip(path)
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot open: {exc.strerror or exc}") from None
+    if not gz:
+        size = os.path.getsize(path)
+        if max_decompressed_bytes is not None and size > max_decompressed_bytes:
+            raise InputTooLargeError(path, f"file is {size} bytes, over the {max_decompressed_bytes}-byte budget")
+        with open(path, "rb") as f:
+            return f.read()
+    return _gunzip(path, max_decompressed_bytes)
+
+
+def _gunzip(path: str, limit: int | None) -> bytearray:
+    """Stream-decompress every gzip member into one preallocated buffer."""
+    hint = gzip_size_hint(path)
+    compressed_size = os.path.getsize(path)
+    # ISIZE is mod 2**32: never trust a hint smaller than the compressed size.
+    if hint < compressed_size:
+        hint = compressed_size * 4
+    if limit is not None:
+        hint = min(hint, limit + 1)
+    out = bytearray(hint)
+    view = memoryview(out)
+    n = 0
+    dec = isal_zlib.decompressobj(31)
+    in_member = False
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                while chunk:
+                    in_member = True
+                    piece = dec.decompress(chunk, _READ_CHUNK)
+                    if piece:
+                        end = n + len(piece)
+                        if limit is not None and end > limit:
+                            raise InputTooLargeError(
+                                path, f"decompresses to more than the {limit}-byte budget")
+                        if end > len(out):
+                            view.release()
+                            out.extend(bytes(max(end - len(out), len(out) // 2)))
+                            view = memoryview(out)
+                        view[n:end] = piece
+                        n = end
+                    if dec.eof:
+                        in_member = False
+                        rest = dec.unused_data
+                        dec = isal_zlib.decompressobj(31)
+                        chunk = rest.lstrip(b"\x00") if rest else b""
+                        if chunk and not chunk.startswith(GZIP_MAGIC):
+                            raise TraceFormatError(path, "trailing garbage after gzip stream")
+                        continue
+                    chunk = dec.unconsumed_tail
+            # Drain what the decompressor still holds back.
+            while in_member and not dec.eof:
+                piece = dec.decompress(b"", _READ_CHUNK)
+                if not piece:
+                    break
+                end = n + len(piece)
+                if limit is not None and end > limit:
+                    raise InputTooLargeError(path, f"decompresses to more than the {limit}-byte budget")
+                if end > len(out):
+                    view.release()
+                    out.extend(bytes(end - len(out)))
+                    view = memoryview(out)
+                view[n:end] = piece
+                n = end
+            if dec.eof:
+                in_member = False
+    except isal_zlib.error as exc:
+        raise TraceFormatError(path, f"corrupt gzip data: {exc}") from None
+    if in_member:
+        raise TraceFormatError(path, "truncated gzip stream (file ends before the gzip trailer)")
+    if n == 0:
+        raise TraceFormatError(path, "empty or truncated gzip stream")
+    view.release()
+    del out[n:]
+    return out
+

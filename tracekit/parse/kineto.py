@@ -1,0 +1,650 @@
+"""Kineto JSON trace (plain or .gz) → the per-rank tables of DESIGN §2.
+
+One pass of msgspec decoding (see `_decode`), then columns are built once and normalised once:
+categories lower-cased and unified across schema versions, pid/tid made integers, times exact
+int64 ns. Collective calls are assembled in `kineto_collectives`.
+
+Rank placeholder: when the trace states no rank and the caller passes none, the `rank` column of
+every table holds -1 (`RANK_UNKNOWN`) and `KinetoParse.table_rank` is -1; the run assembler
+overwrites it once it knows the rank (file name, manifest). Rank is never defaulted to 0.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.errors import TraceFormatError
+from tracekit.parse import _decode as D
+from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
+from tracekit.parse.gz import GZIP_MAGIC, read_trace_bytes
+from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives
+from tracekit.tables.schema import STEP_PATTERN, conform
+
+RANK_UNKNOWN = -1
+
+# Old (2021-2023) category spellings → the modern lower-case ones.
+_CAT_ALIASES = {
+    "kernel": "kernel",
+    "operator": "cpu_op",
+    "runtime": "cuda_runtime",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "python_function": "python_function",
+}
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event", "cuda_sync"})
+KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_STREAM_TID = re.compile(r"^\s*stream\s*(\d+)\s*$", re.I)
+_INT_TEXT = re.compile(r"^\s*-?\d+\s*$")
+_STEP_RE = re.compile(STEP_PATTERN)
+
+
+@dataclass
+class KinetoParse:
+    """Everything one Kineto file says, as table rows."""
+
+    source_file: str
+    rank: int | None
+    world_size: int | None
+    info: dict
+    process_groups: list[dict]
+    tables: dict[str, pa.Table]
+    table_rank: int = RANK_UNKNOWN
+    """Rank written into the tables' rank column (-1 when unknown; the run assembler fills it)."""
+    phase_counts: dict[str, int] = field(default_factory=dict)
+    """Number of events per `ph` (X rows are the events table; the others are not tabled)."""
+
+
+def is_kineto_trace(path: str | Path, sniff_bytes: int = 4 << 20) -> bool:
+    """Cheap check: a JSON object with a `traceEvents` key within the first bytes of the file."""
+    try:
+        head = _read_head(str(path), sniff_bytes)
+    except (OSError, TraceFormatError, ValueError):
+        return False
+    stripped = head.lstrip()
+    if not stripped.startswith(b"{"):
+        return False
+    return b'"traceEvents"' in head
+
+
+def _read_head(path: str, n: int) -> bytes:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+        f.seek(0)
+        if magic != GZIP_MAGIC:
+            return f.read(n)
+        from isal import isal_zlib
+
+        dec = isal_zlib.decompressobj(31)
+        out = bytearray()
+        while len(out) < n:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                break
+            try:
+                out += dec.decompress(chunk, n - len(out))
+            except isal_zlib.error:
+                break
+            if dec.eof:
+                break
+        return bytes(out)
+
+
+@contextmanager
+def _gc_paused():
+    """The collector halves the speed of building millions of objects; pause it meanwhile."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def parse_kineto(
+    path: str | Path, *, rank: int | None = None, max_decompressed_bytes: int | None = None
+) -> KinetoParse:
+    """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input."""
+    path = str(path)
+    buf = read_trace_bytes(path, max_decompressed_bytes)
+    with _gc_paused():
+        trace, lenient = _decode_trace(path, buf)
+        try:
+            return _build(path, trace, lenient, rank)
+        except TraceFormatError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError, pa.ArrowException) as exc:
+            raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_trace(path: str, buf) -> tuple[Any, bool]:
+    stripped = bytes(memoryview(buf)[:64]).lstrip()
+    if not stripped:
+        raise TraceFormatError(path, "empty file")
+    if not stripped.startswith(b"{"):
+        kind = "array" if stripped.startswith(b"[") else "non-object value"
+        raise TraceFormatError(path, f"not a Kineto trace: top level is a JSON {kind}, expected an object")
+    try:
+        trace = D.TYPED_DECODER.decode(buf)
+        lenient = False
+    except msgspec.DecodeError as exc:
+        if not isinstance(exc, msgspec.ValidationError):
+            raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+        try:
+            trace = D.LENIENT_DECODER.decode(buf)
+            lenient = True
+        except msgspec.ValidationError as exc2:
+            raise TraceFormatError(path, f"not a Kineto trace: {exc2}") from None
+        except msgspec.DecodeError as exc2:
+            raise TraceFormatError(path, f"invalid JSON: {exc2}") from None
+    if trace.traceEvents is None:
+        raise TraceFormatError(path, "not a Kineto trace: no traceEvents (e.g. an execution trace)")
+    return trace, lenient
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _to_int(v: Any) -> int | None:
+    if v is None or v.__class__ is int:
+        return v
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float):
+        return int(v) if v == v and abs(v) < 2**63 else None
+    if isinstance(v, str):
+        if _INT_TEXT.match(v):
+            return int(v)
+        try:
+            return int(v.strip(), 0)  # hex such as "0x0"
+        except ValueError:
+            return None
+    return None
+
+
+def _to_float(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def _stable_id(text: str) -> int:
+    """Deterministic negative id for a non-numeric pid/tid string ("Spans", "PyTorch Profiler")."""
+    return -(zlib.crc32(text.encode("utf-8", "replace")) + 1)
+
+
+class _Ids:
+    """Normalise pid/tid values that may be ints, numeric strings, "stream N" or free text."""
+
+    def __init__(self) -> None:
+        self.text_of: dict[int, str] = {}  # id → original free text (kept as thread name)
+        self.stream_ids: set[int] = set()  # ids that came from "stream N"
+
+    def convert(self, values: list) -> np.ndarray:
+        odd = {v for v in values if v.__class__ is not int}
+        if not odd:
+            return np.array(values, dtype=np.int64) if values else np.zeros(0, np.int64)
+        mapping: dict[Any, int | None] = {}
+        for v in odd:
+            mapping[v] = self.one(v)
+        vals = [v if v.__class__ is int else mapping[v] for v in values]
+        arr = pa.array(vals, pa.int64())
+        return arr.fill_null(0).to_numpy(zero_copy_only=False) if arr.null_count else arr.to_numpy()
+
+    def one(self, v: Any) -> int | None:
+        if v is None:
+            return None
+        if v.__class__ is int:
+            return v
+        if isinstance(v, float):
+            return int(v)
+        if isinstance(v, str):
+            if _INT_TEXT.match(v):
+                return int(v)
+            m = _STREAM_TID.match(v)
+            if m:
+                sid = int(m.group(1))
+                self.stream_ids.add(sid)
+                return sid
+            sid = _stable_id(v)
+            self.text_of[sid] = v
+            return sid
+        return _stable_id(repr(v))
+
+
+def _norm_cat(cat: Any) -> str | None:
+    if cat is None:
+        return None
+    c = str(cat).strip().lower()
+    return _CAT_ALIASES.get(c, c)
+
+
+def _dict_column(values: list, n: int) -> pa.DictionaryArray:
+    arr = pa.array(values, pa.string()) if values else pa.nulls(n, pa.string())
+    return arr.dictionary_encode()
+
+
+# ----------------------------------------------------------------------------------------------
+# build
+
+
+def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
+    warnings: list[str] = []
+    events = trace.traceEvents
+    if not isinstance(events, list):
+        raise TraceFormatError(path, "traceEvents is not a list")
+
+    if lenient:
+        xs = [e for e in events if e.ph == "X"]
+        ms = [e for e in events if e.ph == "M"]
+        phase_counts: dict[str, int] = {}
+        for e in events:
+            key = str(e.ph)
+            phase_counts[key] = phase_counts.get(key, 0) + 1
+        warnings.append("typed decode failed (unknown ph or unexpected field types); used the lenient decoder")
+    else:
+        X, M = D.X, D.M
+        xs = [e for e in events if e.__class__ is X]
+        ms = [e for e in events if e.__class__ is M]
+        phase_counts = {"X": len(xs), "M": len(ms)}
+        rest = len(events) - len(xs) - len(ms)
+        if rest:
+            counts: dict[str, int] = {}
+            for e in events:
+                cls = e.__class__
+                if cls is not X and cls is not M:
+                    tag = cls.__struct_config__.tag
+                    counts[tag] = counts.get(tag, 0) + 1
+            phase_counts.update(counts)
+    del events
+    trace.traceEvents = None
+
+    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
+    if trace.distributedInfo is not None and di is None:
+        warnings.append("distributedInfo is not an object; ignored")
+    trace_rank = _to_int(di.get("rank")) if di else None
+    world_size = _to_int(di.get("world_size")) if di else None
+    if rank_arg is not None and trace_rank is not None and rank_arg != trace_rank:
+        warnings.append(f"rank {rank_arg} given by caller differs from distributedInfo.rank {trace_rank}")
+    table_rank = rank_arg if rank_arg is not None else (trace_rank if trace_rank is not None else RANK_UNKNOWN)
+
+    # --- timestamps (exact ns), dropping events without a usable ts
+    ts, ts_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)))
+    if not ts_ok.all():
+        bad = int((~ts_ok).sum())
+        warnings.append(f"{bad} complete events without a numeric ts were dropped")
+        xs = [x for x, ok in zip(xs, ts_ok) if ok]
+        ts = ts[ts_ok]
+    n = len(xs)
+    dur, dur_ok = D.raws_to_ns(list(map(attrgetter("dur"), xs)))
+    missing_dur = int(n - dur_ok.sum())
+    negative = dur_ok & (dur < 0)
+    num_negative = int(negative.sum())
+    dur_ok &= ~negative
+    if missing_dur:
+        warnings.append(f"{missing_dur} complete events without dur (null duration)")
+    if num_negative:
+        warnings.append(f"{num_negative} complete events with negative dur (null duration)")
+    dur_filled = np.where(dur_ok, dur, 0)
+    end = ts + dur_filled
+
+    # --- names and categories
+    names = list(map(attrgetter("name"), xs))
+    cats = list(map(attrgetter("cat"), xs))
+    if lenient:
+        names = [v if isinstance(v, str) else ("" if v is None else str(v)) for v in names]
+        cats = [v if (v is None or isinstance(v, str)) else str(v) for v in cats]
+    name_col = _dict_column(names, n)
+    del names
+    cat_raw = _dict_column(cats, n)
+    del cats
+    cat_dict = [_norm_cat(c) for c in cat_raw.dictionary.to_pylist()]
+    cat_norm_dict = pa.array(sorted({c for c in cat_dict if c is not None}), pa.string())
+    remap = np.array([cat_norm_dict.index(c).as_py() if c is not None else -1 for c in cat_dict] or [0], np.int32)
+    cat_idx_raw = cat_raw.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
+    if cat_raw.indices.null_count:
+        valid_cat = cat_raw.indices.is_valid().to_numpy(zero_copy_only=False)
+        cat_codes = np.where(valid_cat, remap[np.where(valid_cat, cat_idx_raw, 0)], -1)
+    else:
+        cat_codes = remap[cat_idx_raw] if n else np.zeros(0, np.int32)
+    cat_codes = cat_codes.astype(np.int32)
+    cat_values = cat_norm_dict.to_pylist()
+    cat_col = pa.DictionaryArray.from_arrays(pa.array(cat_codes, pa.int32(), mask=cat_codes < 0), cat_norm_dict)
+
+    def cat_mask(*wanted: str) -> np.ndarray:
+        codes = [cat_values.index(w) for w in wanted if w in cat_values]
+        return np.isin(cat_codes, codes) if codes else np.zeros(n, bool)
+
+    # --- pid / tid
+    ids = _Ids()
+    pid = ids.convert(list(map(attrgetter("pid"), xs)))
+    tid_ids = _Ids()
+    tid = tid_ids.convert(list(map(attrgetter("tid"), xs)))
+
+    # --- args
+    empty = D.LXArgs() if lenient else D.XArgs()
+    args = [a if a is not None else empty for a in map(attrgetter("args"), xs)]
+    if lenient:
+        args = [a if isinstance(a, D.LXArgs) else empty for a in args]
+
+    def int_col(attr: str) -> pa.Array:
+        vals = list(map(attrgetter(attr), args))
+        if not lenient:
+            try:
+                return pa.array(vals, pa.int64())
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                pass  # some values are text ("0x0", "7"): coerce one by one
+        return pa.array([_to_int(v) for v in vals], pa.int64())
+
+    ext_col = pc.coalesce(int_col("external_id"), int_col("external_id_old"))
+    corr_col = int_col("correlation")
+    stream_arg = int_col("stream")
+    device_arg = int_col("device")
+    flops_vals = list(map(attrgetter("flops"), args))
+    flops_col = pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64())
+    del flops_vals
+    coll_names = list(map(attrgetter("coll_name"), args))
+
+    gpu_row = cat_mask(*GPU_CATS)
+    # stream: args.stream, else the tid of device rows ("stream 7" → 7)
+    stream_np = stream_arg.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
+    has_stream_arg = stream_np >= 0
+    stream_final = np.where(has_stream_arg, stream_np, np.where(gpu_row, tid, -1))
+    stream_col = pa.array(stream_final.astype(np.int32), pa.int32(), mask=stream_final < 0)
+
+    # --- thread names from metadata
+    thread_names: dict[tuple[int, int], str] = {}
+    process_labels: dict[int, str] = {}
+    m_pid = _Ids()
+    m_tid = _Ids()
+    for m in ms:
+        a = m.args
+        if a is None:
+            continue
+        if m.name == "thread_name" and isinstance(a.name, str):
+            key = (m_pid.one(m.pid), m_tid.one(m.tid))
+            thread_names.setdefault(key, a.name.strip())
+        elif m.name == "process_labels" and isinstance(a.labels, str):
+            process_labels.setdefault(m_pid.one(m.pid), a.labels)
+    thread_col = _thread_name_column(pid, tid, thread_names, tid_ids.text_of, n)
+
+    # --- steps
+    name_dict = name_col.dictionary.to_pylist()
+    name_codes = name_col.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
+    step_of_code = {}
+    for code, nm in enumerate(name_dict):
+        m = _STEP_RE.match(nm) if nm else None
+        if m:
+            step_of_code[code] = int(m.group(1))
+    steps_rows = np.flatnonzero(np.isin(name_codes, list(step_of_code)) & ~gpu_row) if step_of_code else np.zeros(0, np.int64)
+    step_nums = np.array([step_of_code[int(name_codes[i])] for i in steps_rows], dtype=np.int64)
+    step_ts = ts[steps_rows]
+    step_dur = np.where(dur_ok[steps_rows], dur[steps_rows], 0)
+    order = np.argsort(step_ts, kind="stable")
+    step_ts, step_dur, step_nums, steps_rows = step_ts[order], step_dur[order], step_nums[order], steps_rows[order]
+    step_end = step_ts + step_dur
+
+    def step_at(t: np.ndarray) -> np.ndarray:
+        """ProfilerStep enclosing each time (-1 outside every step)."""
+        if len(step_ts) == 0:
+            return np.full(len(t), -1, np.int64)
+        i = np.searchsorted(step_ts, t, side="right") - 1
+        ok = i >= 0
+        ic = np.where(ok, i, 0)
+        inside = ok & (t < step_end[ic])
+        # zero-length steps contain only their own start
+        inside |= ok & (t == step_ts[ic])
+        return np.where(inside, step_nums[ic], -1)
+
+    event_step = step_at(ts)
+
+    # --- launch points (runtime calls) by correlation, for kernels' steps and comm linking
+    corr_np = corr_col.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
+    host_with_corr = np.flatnonzero((corr_np >= 0) & ~gpu_row & ~cat_mask(*KERNEL_CATS))
+    rt_order = host_with_corr[np.argsort(corr_np[host_with_corr], kind="stable")]
+    rt_corr = corr_np[rt_order]
+
+    def launch_row(corrs: np.ndarray) -> np.ndarray:
+        """Row of the host runtime call with each correlation id (-1 when absent)."""
+        if len(rt_corr) == 0:
+            return np.full(len(corrs), -1, np.int64)
+        j = np.searchsorted(rt_corr, corrs)
+        jc = np.minimum(j, len(rt_corr) - 1)
+        found = (j < len(rt_corr)) & (rt_corr[jc] == corrs) & (corrs >= 0)
+        return np.where(found, rt_order[jc], -1)
+
+    # --- kernels
+    k_rows = np.flatnonzero(cat_mask(*KERNEL_CATS))
+    k_launch = launch_row(corr_np[k_rows])
+    k_time = np.where(k_launch >= 0, ts[np.maximum(k_launch, 0)], ts[k_rows])
+    k_step = step_at(k_time)
+    k_is_comm_name = np.array([bool(nm) and is_comm_kernel_name(nm) for nm in name_dict], bool)
+    k_coll_args = np.array([coll_names[i] is not None for i in k_rows], bool)
+    k_comm = k_coll_args | (k_is_comm_name[name_codes[k_rows]] if len(k_rows) else np.zeros(0, bool))
+    k_cat = cat_codes[k_rows]
+    kind = np.where(
+        k_comm, "comm",
+        np.where(k_cat == _code(cat_values, "gpu_memcpy"), "memcpy",
+                 np.where(k_cat == _code(cat_values, "gpu_memset"), "memset", "compute")))
+
+    # --- collectives
+    comm_inputs = CollectiveInputs(
+        path=path, name_dict=name_dict, name_codes=name_codes, cat_codes=cat_codes, cat_values=cat_values,
+        ts=ts, end=end, dur=dur, dur_ok=dur_ok, pid=pid, tid=tid, ext=ext_col, corr=corr_np, args=args,
+        gpu_row=gpu_row, kernel_rows=k_rows[k_comm], kernel_launch=k_launch[k_comm], step_at=step_at,
+        lenient=lenient, world_size=world_size,
+    )
+    coll = build_collectives(comm_inputs)
+    warnings.extend(coll.warnings)
+
+    k_op: list[str | None] = []
+    k_pg: list[str | None] = []
+    link = coll.kernel_row_to_call
+    for r, is_comm in zip(k_rows, k_comm):
+        if not is_comm:
+            k_op.append(None)
+            k_pg.append(None)
+            continue
+        call = link.get(int(r))
+        op = normalize_op(coll_names[r]) if coll_names[r] else None
+        if op is None and call is not None:
+            op = call["op"]
+        if op is None:
+            op = kernel_op(name_dict[name_codes[r]]) or "unknown"
+        pg = args[r].pg_name
+        pg = str(pg) if pg is not None else (call.get("pg_name") if call is not None else None)
+        k_op.append(op)
+        k_pg.append(pg)
+
+    rank_k = np.full(len(k_rows), table_rank, np.int32)
+    dev = device_arg.take(pa.array(k_rows)) if len(k_rows) else pa.array([], pa.int64())
+    dev = pc.coalesce(dev, pa.array(pid[k_rows]))
+    kernels = pa.table({
+        "rank": rank_k,
+        "name": name_col.take(pa.array(k_rows, pa.int64())),
+        "stream": stream_col.take(pa.array(k_rows, pa.int64())),
+        "device": dev,
+        "ts": ts[k_rows],
+        "dur": pa.array(dur[k_rows], pa.int64(), mask=~dur_ok[k_rows]),
+        "kind": pa.array(kind.tolist(), pa.string()).dictionary_encode() if len(k_rows) else pa.array([], pa.string()),
+        "correlation": corr_col.take(pa.array(k_rows, pa.int64())),
+        "external_id": ext_col.take(pa.array(k_rows, pa.int64())),
+        "collective_op": pa.array(k_op, pa.string()),
+        "pg_name": pa.array(k_pg, pa.string()),
+        "step": pa.array(k_step, pa.int32(), mask=k_step < 0),
+    })
+
+    events_tbl = pa.table({
+        "rank": np.full(n, table_rank, np.int32),
+        "name": name_col,
+        "cat": cat_col,
+        "ts": ts,
+        "dur": pa.array(dur, pa.int64(), mask=~dur_ok),
+        "pid": pid,
+        "tid": tid,
+        "thread_name": thread_col,
+        "stream": stream_col,
+        "correlation": corr_col,
+        "external_id": ext_col,
+        "step": pa.array(event_step, pa.int32(), mask=event_step < 0),
+        "flops": flops_col,
+    })
+    steps_tbl = pa.table({
+        "rank": np.full(len(step_nums), table_rank, np.int32),
+        "step": step_nums.astype(np.int32),
+        "ts": step_ts,
+        "dur": step_dur,
+    })
+    coll_tbl = coll.table
+    coll_tbl = coll_tbl.set_column(
+        coll_tbl.column_names.index("rank"), "rank", pa.array(np.full(coll_tbl.num_rows, table_rank, np.int32)))
+
+    tables = {
+        "events": conform("events", events_tbl),
+        "kernels": conform("kernels", kernels),
+        "collectives": conform("collectives", coll_tbl),
+        "steps": conform("steps", steps_tbl),
+    }
+
+    info = _info(trace, di, path, ts, end, n, len(k_rows), warnings, process_labels)
+    pgs = _process_groups(di, trace_rank, warnings)
+    return KinetoParse(
+        source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=pgs,
+        tables=tables, table_rank=table_rank, phase_counts=phase_counts,
+    )
+
+
+def _code(values: list, name: str) -> int:
+    return values.index(name) if name in values else -2
+
+
+def _thread_name_column(pid: np.ndarray, tid: np.ndarray, names: dict[tuple[int, int], str],
+                        tid_text: dict[int, str], n: int) -> pa.DictionaryArray:
+    """Thread name of each row from `thread_name` metadata (or the tid's own text)."""
+    if n == 0:
+        return pa.array([], pa.string()).dictionary_encode()
+    by_tid: dict[int, set[str]] = {}
+    for (p, t), nm in names.items():
+        by_tid.setdefault(t, set()).add(nm)
+    for t, text in tid_text.items():
+        by_tid.setdefault(t, set()).add(text) if not any(k[1] == t for k in names) else None
+    if not by_tid:
+        return pa.nulls(n, pa.string()).dictionary_encode()
+    label_list: list[str] = []
+    label_index: dict[str, int] = {}
+    codes = np.full(n, -1, np.int32)
+
+    def code_of(nm: str) -> int:
+        if nm not in label_index:
+            label_index[nm] = len(label_list)
+            label_list.append(nm)
+        return label_index[nm]
+
+    tid_enc = pc.dictionary_encode(pa.array(tid))
+    utids = tid_enc.dictionary.to_numpy(zero_copy_only=False)
+    tcodes = tid_enc.indices.to_numpy(zero_copy_only=False)
+    per_code = np.full(len(utids), -1, np.int32)
+    ambiguous = []
+    for j, t in enumerate(utids):
+        cands = by_tid.get(int(t))
+        if not cands:
+            continue
+        if len(cands) == 1:
+            per_code[j] = code_of(next(iter(cands)))
+        else:
+            ambiguous.append((j, int(t)))
+    codes = per_code[tcodes]
+    for j, t in ambiguous:
+        rows = np.flatnonzero(tcodes == j)
+        for r_pid in np.unique(pid[rows]):
+            nm = names.get((int(r_pid), t))
+            if nm is not None:
+                sel = rows[pid[rows] == r_pid]
+                codes[sel] = code_of(nm)
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(label_list, pa.string()))
+
+
+def _info(trace: Any, di: dict | None, path: str, ts: np.ndarray, end: np.ndarray, n: int,
+          num_kernels: int, warnings: list[str], process_labels: dict) -> dict:
+    devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+    device_names = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None]
+    base = _to_int(trace.baseTimeNanoseconds)
+    host = trace.host_name or trace.hostname or (di.get("hostname") or di.get("host_name") if di else None)
+    sv = trace.schemaVersion
+    return {
+        "world_size": _to_int(di.get("world_size")) if di else None,
+        "hostname": str(host) if host is not None else None,
+        "backend": str(di["backend"]) if di and di.get("backend") is not None else None,
+        "device_names": device_names,
+        "source_file": path,
+        "schema_version": str(sv) if sv is not None else None,
+        "trace_kind": "gpu" if num_kernels else "cpu",
+        "base_time_ns": base,
+        "first_ts": int(ts.min()) if n else None,
+        "last_ts": int(end.max()) if n else None,
+        "num_events": int(n),
+        "clock_offset_ns": None,
+        "parse_warnings": list(warnings),
+    }
+
+
+def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]) -> list[dict]:
+    if not di:
+        return []
+    cfg = di.get("pg_config")
+    if cfg is None:
+        return []
+    if isinstance(cfg, dict):  # some writers key groups by name
+        cfg = [dict(v, pg_name=v.get("pg_name", k)) if isinstance(v, dict) else v for k, v in cfg.items()]
+    if not isinstance(cfg, list):
+        warnings.append("distributedInfo.pg_config is neither a list nor an object; ignored")
+        return []
+    count = _to_int(di.get("pg_count"))
+    if count is not None and count != len(cfg):
+        warnings.append(f"distributedInfo.pg_count {count} disagrees with {len(cfg)} pg_config entries")
+    out = []
+    for g in cfg:
+        if not isinstance(g, dict) or g.get("pg_name") is None:
+            warnings.append("pg_config entry without pg_name skipped")
+            continue
+        ranks = g.get("ranks")
+        if isinstance(ranks, str):
+            ranks = _parse_int_list(ranks)
+        ranks = [int(r) for r in ranks] if isinstance(ranks, list) and all(_to_int(r) is not None for r in ranks) else None
+        size = _to_int(g.get("pg_size"))
+        if size is None and ranks is not None:
+            size = len(ranks)
+        desc = g.get("pg_desc")
+        if desc is None:
+            desc = g.get("uid")
+        out.append({
+            "pg_name": str(g["pg_name"]),
+            "pg_desc": str(desc) if desc is not None else None,
+            "ranks": ranks,
+            "size": size,
+            "backend": str(g["backend_config"]) if g.get("backend_config") is not None else None,
+            "dim": None,
+            "seen_by": [trace_rank] if trace_rank is not None else None,
+        })
+    return out
+
+
+def _parse_int_list(text: str) -> list[int] | None:
+    try:
+        v = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    return v if isinstance(v, list) else None

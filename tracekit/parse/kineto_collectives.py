@@ -1,0 +1,521 @@
+"""Collective calls from the events of one Kineto trace → rows of the `collectives` table.
+
+Four shapes exist in the wild, tried in this order (the first that has calls wins):
+- "args": modern NCCL/RCCL: `record_param_comms` CPU ops carry `Collective name`, sizes, group and
+  sometimes `Seq`; the comm kernel launched inside the op gives device ts/dur.
+- "gloo": CPU traces: `c10d::<op>` on the caller thread and `gloo:<op>` on `pt_gloo_runloop` threads.
+  Nothing links them, so each c10d call takes the earliest unused gloo event of a compatible op and
+  size that starts after it (gloo runs reduce_scatter as all_reduce); gloo events left over become
+  rows of their own.
+- "nccl": old NCCL schema without args: one call per host `nccl:<op>` annotation, sizes from the
+  enclosing `c10d::` op's `Input Dims`.
+- "c10d": outermost `c10d::<op>` ops alone.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from tracekit.parse.collective_names import (
+    ALLTOALL_SPLIT_POSITIONS,
+    C10D_ARG_ROLES,
+    dtype_bytes,
+    normalize_op,
+)
+from tracekit.tables.schema import COLLECTIVES, STEP_PATTERN
+
+import re
+
+_STEP_RE = re.compile(STEP_PATTERN)
+_P2P = ("send", "recv")
+# gloo implements some ops with others: ops a c10d call may appear as on the gloo thread.
+_GLOO_ALIASES = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
+_NOT_DTYPES = {"", "tensorlist", "scalarlist", "scalar", "genericlist", "int", "bool", "device", "string"}
+
+
+@dataclass
+class CollectiveInputs:
+    """Columns of one trace's complete events that collective assembly needs."""
+
+    path: str
+    name_dict: list
+    name_codes: np.ndarray
+    cat_codes: np.ndarray
+    cat_values: list
+    ts: np.ndarray
+    end: np.ndarray
+    dur: np.ndarray
+    dur_ok: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    ext: pa.Array
+    corr: np.ndarray
+    args: list
+    gpu_row: np.ndarray
+    kernel_rows: np.ndarray
+    kernel_launch: np.ndarray
+    step_at: Callable[[np.ndarray], np.ndarray]
+    lenient: bool
+    world_size: int | None
+
+
+@dataclass
+class CollectiveResult:
+    table: pa.Table
+    kernel_row_to_call: dict[int, dict]
+    mode: str | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
+    host = ~inp.gpu_row
+    codes = _classify_names(inp.name_dict)
+    rows = {kind: np.flatnonzero(np.isin(inp.name_codes, c) & host) if c else np.zeros(0, np.int64)
+            for kind, c in codes.items()}
+    ext = inp.ext.to_pylist() if len(rows["rpc"]) or len(rows["c10d"]) or len(rows["nccl"]) else None
+    warnings: list[str] = []
+
+    modern = [int(r) for r in rows["rpc"] if normalize_op(_str(inp.args[r].coll_name)) is not None]
+    calls: list[dict]
+    if modern:
+        mode = "args"
+        calls = [_modern_call(inp, r) for r in modern]
+    elif len(rows["gloo"]):
+        mode = "gloo"
+        calls = _gloo_calls(inp, _outermost(inp, rows["c10d"]), rows["gloo"])
+    elif len(rows["nccl"]):
+        mode = "nccl"
+        calls = _nccl_calls(inp, rows["nccl"], rows["c10d"])
+    elif len(rows["c10d"]):
+        mode = "c10d"
+        calls = [_c10d_call(inp, int(r)) for r in _outermost(inp, rows["c10d"])]
+        calls = [c for c in calls if c is not None]
+    else:
+        mode = None
+        calls = []
+
+    if ext is not None:
+        for c in calls:
+            r = c.get("_row")
+            if r is not None and c.get("external_id") is None:
+                c["external_id"] = ext[r]
+
+    link = _link_kernels(inp, calls, ext) if mode in ("args", "nccl", "c10d") and len(inp.kernel_rows) else {}
+    _assign_callers(inp, calls, rows["ann"])
+    times = np.array([c["enqueue_ts"] if c.get("enqueue_ts") is not None else (c["ts"] if c["ts"] is not None else 0)
+                      for c in calls], np.int64)
+    steps = inp.step_at(times) if len(calls) else np.zeros(0, np.int64)
+    for c, s in zip(calls, steps):
+        c["step"] = int(s) if s >= 0 else None
+        if c.get("state") is None:
+            c["state"] = "completed" if c.get("ts") is not None else "unknown"
+        if c.get("bytes") is None:
+            size = dtype_bytes(c.get("dtype"))
+            nel = [v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None]
+            c["bytes"] = max(nel) * size if nel and size else None
+        c["is_p2p"] = c["op"] in _P2P
+    calls.sort(key=lambda c: (c["enqueue_ts"] if c.get("enqueue_ts") is not None else c["ts"]))
+    cols = {f.name: [c.get(f.name) for c in calls] for f in COLLECTIVES}
+    cols["rank"] = [-1] * len(calls)
+    cols["source"] = ["kineto"] * len(calls)
+    table = pa.Table.from_pydict(cols, schema=COLLECTIVES)
+    return CollectiveResult(table=table, kernel_row_to_call=link, mode=mode, warnings=warnings)
+
+
+def _classify_names(name_dict: list) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {"rpc": [], "nccl": [], "gloo": [], "c10d": [], "ann": []}
+    for code, nm in enumerate(name_dict):
+        if not nm:
+            continue
+        low = nm.lower()
+        if nm == "record_param_comms":
+            out["rpc"].append(code)
+        elif low.startswith("nccl:") or low.startswith("rccl:"):
+            if normalize_op(nm) is not None:
+                out["nccl"].append(code)
+        elif low.startswith("gloo:"):
+            if normalize_op(nm) is not None:
+                out["gloo"].append(code)
+        elif nm.startswith("c10d::"):
+            if nm[6:] in C10D_ARG_ROLES or normalize_op(nm) not in (None, "unknown"):
+                out["c10d"].append(code)
+        elif not _STEP_RE.match(nm):
+            out["ann"].append(code)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# value helpers
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    return v if isinstance(v, str) else str(v)
+
+
+def _int(v: Any) -> int | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v == v:
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _int_list(v: Any) -> list[int] | None:
+    """"[0, 1]" or [0, 1] → [0, 1]; empty or unparsable → None."""
+    if v is None:
+        return None
+    if isinstance(v, (bytes, bytearray, memoryview, msgspec.Raw)):
+        v = bytes(v)
+    if isinstance(v, (str, bytes)):
+        try:
+            v = msgspec.json.decode(v)
+        except msgspec.DecodeError:
+            return None
+        if isinstance(v, str):  # a JSON string holding a list
+            return _int_list(v)
+    if not isinstance(v, list) or not v:
+        return None
+    out = [_int(x) for x in v]
+    return None if any(x is None for x in out) else out
+
+
+def _raw_json(v: Any) -> Any:
+    if v is None or len(v) == 0:
+        return None
+    try:
+        return msgspec.json.decode(bytes(v))
+    except (msgspec.DecodeError, TypeError):
+        return None
+
+
+def _numel(dims: Any) -> int | None:
+    """[] or [a, b] → product; [[a], [b]] (tensor list) → sum of products."""
+    if not isinstance(dims, list):
+        return None
+    if all(isinstance(d, int) for d in dims):
+        p = 1
+        for d in dims:
+            p *= d
+        return p
+    total = 0
+    for d in dims:
+        n = _numel(d)
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def _first_dtype(types: Any) -> str | None:
+    if not isinstance(types, list):
+        return None
+    for t in types:
+        if isinstance(t, str) and t.strip().lower() not in _NOT_DTYPES:
+            return t
+    return None
+
+
+def _interval(inp: CollectiveInputs, r: int) -> tuple[int, int | None]:
+    return int(inp.ts[r]), (int(inp.dur[r]) if inp.dur_ok[r] else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# call shapes
+
+
+def _base(inp: CollectiveInputs, r: int, op: str, enqueue: bool) -> dict:
+    t, d = _interval(inp, r)
+    c = {
+        "_row": r, "_pid": int(inp.pid[r]), "_tid": int(inp.tid[r]),
+        "op": op, "name": inp.name_dict[inp.name_codes[r]],
+        "ts": None, "dur": None, "enqueue_ts": None, "enqueue_dur": None,
+    }
+    if enqueue:
+        c["enqueue_ts"], c["enqueue_dur"] = t, d
+    else:
+        c["ts"], c["dur"] = t, d
+    return c
+
+
+def _modern_call(inp: CollectiveInputs, r: int) -> dict:
+    a = inp.args[r]
+    op = normalize_op(_str(a.coll_name))
+    c = _base(inp, r, op, enqueue=True)
+    seq = _int(a.seq)
+    if seq is None:
+        seq = _int(a.seq_num)
+    peer = _int(a.dst_rank) if op == "send" else (_int(a.src_rank) if op == "recv" else None)
+    c.update(
+        pg_name=_str(a.pg_name), pg_desc=_str(a.pg_desc), seq=seq, seq_source="args" if seq is not None else None,
+        in_nelems=_int(a.in_nelems), out_nelems=_int(a.out_nelems), dtype=_str(a.dtype),
+        group_size=_int(a.group_size), group_ranks=_int_list(a.pg_ranks),
+        in_split_sizes=_int_list(a.in_split), out_split_sizes=_int_list(a.out_split), peer=peer,
+    )
+    return c
+
+
+def _c10d_sizes(inp: CollectiveInputs, r: int) -> dict:
+    """Sizes, dtype and all_to_all splits of a `c10d::<op>` from its recorded shapes."""
+    a = inp.args[r]
+    nm = inp.name_dict[inp.name_codes[r]]
+    roles = C10D_ARG_ROLES.get(nm[6:] if nm.startswith("c10d::") else nm, ())
+    dims = _raw_json(a.input_dims)
+    out: dict = {"dtype": _first_dtype(_raw_json(a.input_type))}
+    if isinstance(dims, list):
+        for role, d in zip(roles, dims):
+            n = _numel(d)
+            if role in ("in", "inout"):
+                out["in_nelems"] = n
+            if role in ("out", "inout"):
+                out["out_nelems"] = n
+    if nm == "c10d::alltoall_base_" and len(a.concrete_inputs):
+        ci = _raw_json(a.concrete_inputs)
+        if isinstance(ci, list) and len(ci) > max(ALLTOALL_SPLIT_POSITIONS):
+            out["out_split_sizes"] = _int_list(ci[ALLTOALL_SPLIT_POSITIONS[0]])
+            out["in_split_sizes"] = _int_list(ci[ALLTOALL_SPLIT_POSITIONS[1]])
+    return out
+
+
+def _c10d_call(inp: CollectiveInputs, r: int) -> dict | None:
+    op = normalize_op(inp.name_dict[inp.name_codes[r]])
+    if op is None:
+        return None
+    c = _base(inp, r, op, enqueue=True)
+    c.update(_c10d_sizes(inp, r))
+    return c
+
+
+def _annotation_sizes(inp: CollectiveInputs, r: int, op: str) -> dict:
+    """Sizes from a gloo:/nccl: annotation's own `Input Dims` (its input tensor)."""
+    a = inp.args[r]
+    dims = _raw_json(a.input_dims)
+    n = _numel(dims[0]) if isinstance(dims, list) and dims else None
+    out = {"dtype": _first_dtype(_raw_json(a.input_type)), "in_nelems": n}
+    if op in ("all_reduce", "broadcast", "send", "recv", "reduce"):
+        out["out_nelems"] = n
+    return out
+
+
+def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndarray) -> list[dict]:
+    pending: dict[str, list[int]] = {}
+    for r in sorted((int(r) for r in gloo_rows), key=lambda r: inp.ts[r]):
+        pending.setdefault(normalize_op(inp.name_dict[inp.name_codes[r]]), []).append(r)
+    sizes_of = {}
+    calls = []
+    for r in sorted((int(r) for r in c10d_rows), key=lambda r: inp.ts[r]):
+        c = _c10d_call(inp, r)
+        if c is None:
+            continue
+        t0 = inp.ts[r]
+        wanted = {v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None}
+        best = None
+        for op in _GLOO_ALIASES.get(c["op"], (c["op"],)):
+            for g in pending.get(op, ()):
+                if inp.ts[g] < t0:
+                    continue
+                if g not in sizes_of:
+                    sizes_of[g] = _annotation_sizes(inp, g, op)
+                n = sizes_of[g].get("in_nelems")
+                if wanted and n is not None and n not in wanted:
+                    continue
+                if best is None or inp.ts[g] < inp.ts[best[0]]:
+                    best = (g, op)
+                break
+        if best is not None:
+            g, op = best
+            pending[op].remove(g)
+            c["ts"], c["dur"] = _interval(inp, g)
+            c["_worker_row"] = g
+            if c.get("dtype") is None:
+                c["dtype"] = sizes_of[g].get("dtype")
+        calls.append(c)
+    for op, rest in pending.items():
+        for g in rest:
+            c = _base(inp, g, op, enqueue=False)
+            c.update(sizes_of.get(g) or _annotation_sizes(inp, g, op))
+            calls.append(c)
+    return calls
+
+
+def _nccl_calls(inp: CollectiveInputs, nccl_rows: np.ndarray, c10d_rows: np.ndarray) -> list[dict]:
+    enclosing = _innermost_by_thread(inp, c10d_rows, nccl_rows, use_end=False)
+    calls = []
+    for r, outer in zip(nccl_rows, enclosing):
+        r = int(r)
+        op = normalize_op(inp.name_dict[inp.name_codes[r]])
+        if op is None:
+            continue
+        c = _base(inp, r, op, enqueue=True)
+        c["_link_row"] = r
+        sizes = _annotation_sizes(inp, r, op)
+        if outer >= 0:
+            c["enqueue_ts"], c["enqueue_dur"] = _interval(inp, int(outer))
+            c["_row"] = int(outer)
+            from_c10d = _c10d_sizes(inp, int(outer))
+            sizes.update({k: v for k, v in from_c10d.items() if v is not None})
+        c.update(sizes)
+        calls.append(c)
+    return calls
+
+
+# ----------------------------------------------------------------------------------------------
+# intervals
+
+
+def _outermost(inp: CollectiveInputs, rows: np.ndarray) -> np.ndarray:
+    """Rows not nested inside another row of the same set on the same thread."""
+    if len(rows) == 0:
+        return rows
+    parent = _innermost_by_thread(inp, rows, rows, use_end=False, exclude_self=True)
+    return rows[parent < 0]
+
+
+def _innermost(starts: list[int], ends: list[int], queries: list[tuple[int, int]]) -> dict[int, int]:
+    """For (time, key) queries, the index of the innermost interval containing time (sweep + stack)."""
+    order = sorted(range(len(starts)), key=lambda i: (starts[i], -ends[i]))
+    out: dict[int, int] = {}
+    stack: list[int] = []
+    j = 0
+    for t, key in sorted(queries):
+        while j < len(order) and starts[order[j]] <= t:
+            i = order[j]
+            while stack and ends[stack[-1]] < starts[i]:
+                stack.pop()
+            stack.append(i)
+            j += 1
+        k = len(stack) - 1
+        while k >= 0 and ends[stack[k]] < t:
+            k -= 1
+        del stack[k + 1:]
+        out[key] = stack[-1] if stack else -1
+    return out
+
+
+def _innermost_by_thread(inp: CollectiveInputs, cand_rows: np.ndarray, query_rows: np.ndarray,
+                         use_end: bool, exclude_self: bool = False) -> np.ndarray:
+    """For each query row, the innermost candidate row on the same (pid, tid) containing its start."""
+    result = np.full(len(query_rows), -1, np.int64)
+    if len(cand_rows) == 0 or len(query_rows) == 0:
+        return result
+    by_thread: dict[tuple[int, int], list[int]] = {}
+    for r in cand_rows:
+        by_thread.setdefault((int(inp.pid[r]), int(inp.tid[r])), []).append(int(r))
+    queries: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for qi, r in enumerate(query_rows):
+        queries.setdefault((int(inp.pid[r]), int(inp.tid[r])), []).append((int(inp.ts[r]), qi))
+    for key, qs in queries.items():
+        cands = by_thread.get(key)
+        if not cands:
+            continue
+        if exclude_self:
+            # a candidate never contains itself: shift starts by one so equal-start parents win
+            starts = [int(inp.ts[c]) for c in cands]
+            ends = [int(inp.end[c]) for c in cands]
+            qrow = {qi: int(query_rows[qi]) for _, qi in qs}
+            for _, qi in qs:
+                r = qrow[qi]
+                best = -1
+                for ci, c in enumerate(cands):
+                    if c != r and starts[ci] <= inp.ts[r] and ends[ci] >= inp.end[r] and (
+                            best < 0 or starts[ci] >= inp.ts[best]):
+                        best = c
+                result[qi] = best
+            continue
+        starts = [int(inp.ts[c]) for c in cands]
+        ends = [int(inp.end[c]) for c in cands]
+        found = _innermost(starts, ends, qs)
+        for _, qi in qs:
+            i = found.get(qi, -1)
+            result[qi] = cands[i] if i >= 0 else -1
+    return result
+
+
+def _link_kernels(inp: CollectiveInputs, calls: list[dict], ext: list | None) -> dict[int, dict]:
+    """Comm kernel → call: the call whose CPU interval on the launching thread contains the launch;
+    kernels without a launch record fall back to equal External id. Sets the call's device ts/dur."""
+    link: dict[int, dict] = {}
+    if not calls:
+        return link
+    by_thread: dict[tuple[int, int], list[tuple[int, int, dict]]] = {}
+    for c in calls:
+        r = c.get("_link_row", c["_row"])
+        by_thread.setdefault((int(inp.pid[r]), int(inp.tid[r])), []).append((int(inp.ts[r]), int(inp.end[r]), c))
+        if c.get("_row") is not None and c["_row"] != r:
+            o = c["_row"]
+            by_thread.setdefault((int(inp.pid[o]), int(inp.tid[o])), []).append((int(inp.ts[o]), int(inp.end[o]), c))
+    for lst in by_thread.values():
+        lst.sort(key=lambda x: x[0])
+    starts_of = {k: [x[0] for x in v] for k, v in by_thread.items()}
+    by_ext: dict[int, dict] = {}
+    if ext is not None:
+        for c in calls:
+            if c.get("external_id") is not None:
+                by_ext.setdefault(c["external_id"], c)
+    for k, launch in zip(inp.kernel_rows, inp.kernel_launch):
+        k = int(k)
+        call = None
+        if launch >= 0:
+            key = (int(inp.pid[launch]), int(inp.tid[launch]))
+            lst = by_thread.get(key)
+            if lst:
+                t = int(inp.ts[launch])
+                i = bisect_left(starts_of[key], t + 1) - 1
+                steps = 0
+                while i >= 0 and steps < 16:
+                    s, e, c = lst[i]
+                    if s <= t <= e:
+                        call = c
+                        break
+                    i -= 1
+                    steps += 1
+        if call is None and ext is not None and ext[k] is not None and launch < 0:
+            call = by_ext.get(ext[k])
+        if call is None:
+            continue
+        link[k] = call
+        kt, kd = _interval(inp, k)
+        ke = kt + (kd or 0)
+        if call["ts"] is None:
+            call["ts"], call["_kend"] = kt, ke
+            call["correlation"] = int(inp.corr[k]) if inp.corr[k] >= 0 else None
+        else:
+            call["_kend"] = max(call.get("_kend", call["ts"]), ke)
+            call["ts"] = min(call["ts"], kt)
+        call["dur"] = call["_kend"] - call["ts"]
+    return link
+
+
+def _assign_callers(inp: CollectiveInputs, calls: list[dict], ann_rows: np.ndarray) -> None:
+    """caller = innermost user_annotation on the calling thread around the call's enqueue."""
+    cats = inp.cat_values
+    if "user_annotation" not in cats or not calls:
+        return
+    ua = cats.index("user_annotation")
+    ann = ann_rows[inp.cat_codes[ann_rows] == ua] if len(ann_rows) else ann_rows
+    if len(ann) == 0:
+        return
+    qrows = [c["_row"] for c in calls if c.get("enqueue_ts") is not None]
+    if not qrows:
+        return
+    found = _innermost_by_thread(inp, ann, np.array(qrows, np.int64), use_end=False)
+    it = iter(found)
+    for c in calls:
+        if c.get("enqueue_ts") is not None:
+            f = next(it)
+            if f >= 0:
+                c["caller"] = inp.name_dict[inp.name_codes[f]]
