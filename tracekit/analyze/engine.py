@@ -42,6 +42,8 @@ class AnalyzerResult:
 class AnalysisContext:
     config: AnalysisConfig
     results: dict[str, AnalyzerResult] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)
+    """Intermediate, non-JSON data one analyzer leaves for later ones (e.g. per-rank busy intervals)."""
 
     def section(self, name: str) -> dict[str, Any] | None:
         res = self.results.get(name)
@@ -50,6 +52,12 @@ class AnalysisContext:
 
 # (section name, "module:function"). Order matters: later analyzers may read earlier sections.
 ANALYZERS: list[tuple[str, str]] = [
+    ("layout", "tracekit.analyze.layout:analyze_layout"),
+    ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
+    ("matching", "tracekit.analyze.matching:analyze_matching"),
+    ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
+    ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
+    ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
 ]
 
 

@@ -1,0 +1,330 @@
+"""Breakdown of each rank's step time into compute, exposed communication, other device work and idle.
+
+Definitions (DESIGN §3), exclusive by priority so the four parts sum to the step window:
+compute ▸ communication overlapping no compute ("exposed") ▸ other device work ▸ idle.
+Overlap ratio = |comm ∩ compute| / |comm| (HTA's definition; null when a rank has no comm).
+
+Where "busy" comes from:
+- GPU ranks (rows in `kernels`): kernels.kind compute / comm / memcpy+memset (other), all streams.
+- CPU ranks: compute = `cpu_op` events on training threads (every thread that is not a gloo/NCCL
+  worker thread) except the ops that only issue communication (`c10d::*`, `record_param_comms`,
+  ...), which count as other; comm = the rank's `collectives` rows from the Kineto source
+  (ts/dur = gloo worker thread time), or, failing that, events on `pt_gloo_runloop` threads.
+  Comms-log/flight-recorder times are wall-clock, not the trace's clock, so they never enter here.
+Windows: each `steps` row (ProfilerStep#N, the CPU-side annotation, every step including the last);
+a rank without steps is one window from its first to its last event. Device work outside the
+windows is not counted (unlike HTA, which spans first to last kernel — see tests/analyze/test_hta_crosscheck.py).
+
+Section `breakdown`:
+    {"ranks": [{"rank", "steps", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns",
+                "idle_ns", "overlap_ratio", "bound"}],          # exactly analysis.json "ranks" (§7)
+     "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "steps|trace",
+                       "shares": {"compute", "exposed_comm", "other", "idle"}, "verdict_evidence": str}],
+     "steps": [{"rank", "step" (null for a whole-trace window), "ts", "step_ns", "compute_ns",
+                "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns", "overlap_ratio", "bound"}],
+     "unanalyzed_ranks": [{"rank", "reason"}],
+     "timeline": {"lanes": ["compute", "comm:<dim or pg_name>", ..., "other", "idle"],
+                  "intervals": [[rank, lane, start_ns, end_ns], ...],   # lane = a name from "lanes"
+                  "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int]}}
+The timeline is down-sampled to at most `config.max_timeline_intervals` intervals by closing gaps
+shorter than `min_gap_ns` (so short idle gaps disappear from the drawing, never from the numbers);
+if even one interval per lane per window is too many, whole ranks are left out (`truncated_ranks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.layout import group_dims
+from tracekit.tables.store import RunStore
+
+COMM_ISSUE_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "record_param_comms",
+                       "nccl:", "gloo:", "ProcessGroup", "torch.distributed")
+COMM_THREAD_PATTERN = "pt_gloo_runloop|pt_nccl|gloo"
+ACTIVITY_CACHE_MAX_RANKS = 256
+
+
+@dataclass
+class RankActivity:
+    """A rank's busy intervals (disjoint sets, ns on its clock) and analysis windows."""
+
+    rank: int
+    trace_kind: str
+    windows: list[tuple[int | None, int, int]]
+    window_source: str
+    compute: iv.IntervalSet
+    comm: iv.IntervalSet
+    other: iv.IntervalSet
+    comm_by_group: dict[str, iv.IntervalSet] = field(default_factory=dict)
+    comm_source: str = "none"
+
+
+def _np(table: pa.Table, col: str) -> np.ndarray:
+    return table.column(col).to_numpy(zero_copy_only=False)
+
+
+def _starts_ends(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    table = table.filter(pc.is_valid(table["dur"]))
+    ts = _np(table, "ts").astype(np.int64)
+    return ts, ts + _np(table, "dur").astype(np.int64)
+
+
+def _name_prefix_mask(names: pa.ChunkedArray, prefixes: tuple[str, ...]) -> pa.ChunkedArray:
+    names = names.cast(pa.string()) if pa.types.is_dictionary(names.type) else names
+    mask = None
+    for p in prefixes:
+        m = pc.starts_with(names, p)
+        mask = m if mask is None else pc.or_(mask, m)
+    return pc.fill_null(mask, False)
+
+
+def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
+             busy_bounds: tuple[int, int] | None) -> tuple[list[tuple[int | None, int, int]], str]:
+    steps = store.rank_table("steps", rank, ["step", "ts", "dur"]).to_pylist()
+    wins = [(s["step"], s["ts"], s["ts"] + s["dur"]) for s in steps if s["dur"] and s["dur"] > 0]
+    if wins:
+        return sorted(wins, key=lambda w: w[1]), "steps"
+    lo, hi = rank_row.get("first_ts"), rank_row.get("last_ts")
+    if lo is None or hi is None:
+        if busy_bounds is None:
+            return [], "none"
+        lo, hi = busy_bounds
+    return ([(None, int(lo), int(hi))] if hi > lo else []), "trace"
+
+
+def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
+                       dims: dict[str, str] | None = None) -> RankActivity:
+    """Read one rank's tables and build its compute / comm / other interval sets."""
+    dims = dims or {}
+    kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"])
+    comm_by_group: dict[str, iv.IntervalSet] = {}
+    if kernels.num_rows:
+        kind = kernels.column("kind").cast(pa.string())
+        sel = lambda m: kernels.filter(pc.fill_null(m, False))  # noqa: E731
+        compute = iv.union(*_starts_ends(sel(pc.equal(kind, "compute"))))
+        comm_rows = sel(pc.equal(kind, "comm"))
+        comm = iv.union(*_starts_ends(comm_rows))
+        other = iv.union(*_starts_ends(sel(pc.is_in(kind, pa.array(["memcpy", "memset"])))))
+        groups = comm_rows.column("pg_name").to_pylist()
+        trace_kind, comm_source = "gpu", "kernels"
+        if comm_rows.num_rows:
+            s, e = _starts_ends(comm_rows)
+            valid = pc.is_valid(comm_rows["dur"]).to_numpy(zero_copy_only=False)
+            keys = np.array([_lane_key(g, dims) for g, v in zip(groups, valid) if v], dtype=object)
+            for key in sorted(set(keys.tolist())):
+                m = keys == key
+                comm_by_group[key] = iv.union(s[m], e[m])
+    else:
+        trace_kind = "cpu"
+        ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "thread_name", "stream"])
+        ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
+        tname = ev.column("thread_name").cast(pa.string())
+        on_comm_thread = pc.fill_null(pc.match_substring_regex(tname, COMM_THREAD_PATTERN), False)
+        issue = _name_prefix_mask(ev.column("name"), COMM_ISSUE_PREFIXES)
+        cat = ev.column("cat").cast(pa.string())
+        is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
+        train = pc.invert(on_comm_thread)
+        compute = iv.union(*_starts_ends(ev.filter(pc.and_(pc.and_(is_op, train), pc.invert(issue)))))
+        other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
+        coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
+        coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
+                                   pc.is_valid(coll["dur"])))
+        if coll.num_rows:
+            s, e = _starts_ends(coll)
+            comm = iv.union(s, e)
+            keys = np.array([_lane_key(g, dims) for g in coll.column("pg_name").to_pylist()], dtype=object)
+            for key in sorted(set(keys.tolist())):
+                m = keys == key
+                comm_by_group[key] = iv.union(s[m], e[m])
+            comm_source = "collectives(kineto)"
+        else:
+            s, e = _starts_ends(ev.filter(on_comm_thread))
+            comm = iv.union(s, e)
+            if s.size:
+                comm_by_group["comm"] = comm
+            comm_source = "comm-thread events" if s.size else "none"
+        other = other_all
+    bounds = None
+    allb = iv.merge(compute, comm, other)
+    if allb[0].size:
+        bounds = (int(allb[0][0]), int(allb[1][-1]))
+    windows, wsrc = _windows(store, rank, rank_row, bounds)
+    return RankActivity(rank=rank, trace_kind=trace_kind, windows=windows, window_source=wsrc,
+                        compute=compute, comm=comm, other=other, comm_by_group=comm_by_group,
+                        comm_source=comm_source)
+
+
+def _lane_key(pg_name: str | None, dims: dict[str, str]) -> str:
+    if pg_name is None:
+        return "comm"
+    dim = dims.get(pg_name)
+    if dim and dim != "unknown":
+        return f"comm:{dim}"
+    return f"comm:{pg_name}"
+
+
+def rank_rows(store: RunStore) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in store.table("ranks").to_pylist()}
+
+
+def rank_activity(store: RunStore, ctx: AnalysisContext, rank: int) -> RankActivity:
+    """A rank's activity, cached in ctx for runs small enough to keep every rank in memory."""
+    cache = ctx.cache.setdefault("activity", {})
+    if rank in cache:
+        return cache[rank]
+    rows = ctx.cache.get("rank_rows")
+    if rows is None:
+        rows = ctx.cache["rank_rows"] = rank_rows(store)
+    act = load_rank_activity(store, rank, rows.get(rank, {}), group_dims(ctx.section("layout")))
+    if len(cache) < ACTIVITY_CACHE_MAX_RANKS:
+        cache[rank] = act
+    return act
+
+
+@dataclass
+class WindowBreakdown:
+    compute_ns: int
+    comm_ns: int
+    overlapped_ns: int
+    exposed_comm_ns: int
+    other_ns: int
+    idle_ns: int
+    span_ns: int
+
+
+def window_breakdown(act: RankActivity, lo: int, hi: int) -> WindowBreakdown:
+    """The exclusive breakdown of one window [lo, hi)."""
+    c = iv.clip(act.compute, lo, hi)
+    m = iv.clip(act.comm, lo, hi)
+    o = iv.clip(act.other, lo, hi)
+    compute_ns = iv.total(c)
+    comm_ns = iv.total(m)
+    overlapped = iv.total(iv.intersect(m, c))
+    exposed = comm_ns - overlapped
+    other_ns = iv.total(iv.subtract(o, iv.merge(c, m)))
+    span = hi - lo
+    idle = span - compute_ns - exposed - other_ns
+    return WindowBreakdown(compute_ns, comm_ns, overlapped, exposed, other_ns, max(idle, 0), span)
+
+
+def verdict(compute_ns: int, exposed_ns: int, other_ns: int, idle_ns: int) -> tuple[str, str]:
+    """compute- / communication- / idle-bound: the largest of compute(+other device work), exposed comm, idle."""
+    busy = compute_ns + other_ns
+    parts = {"compute": busy, "communication": exposed_ns, "idle": idle_ns}
+    bound = max(parts, key=lambda k: (parts[k], k == "compute"))
+    total = max(busy + exposed_ns + idle_ns, 1)
+    ev = ", ".join(f"{k} {100.0 * v / total:.1f}%" for k, v in parts.items())
+    return bound, f"largest share is {bound} ({ev} of step time)"
+
+
+def _row(rank: int, nsteps: int, w: WindowBreakdown) -> dict[str, Any]:
+    bound, _ = verdict(w.compute_ns, w.exposed_comm_ns, w.other_ns, w.idle_ns)
+    return {
+        "rank": rank, "steps": nsteps, "step_ns": int(w.span_ns), "compute_ns": int(w.compute_ns),
+        "comm_ns": int(w.comm_ns), "exposed_comm_ns": int(w.exposed_comm_ns), "other_ns": int(w.other_ns),
+        "idle_ns": int(w.idle_ns),
+        "overlap_ratio": (round(w.overlapped_ns / w.comm_ns, 6) if w.comm_ns else None),
+        "bound": bound,
+    }
+
+
+def _close_gaps(a: iv.IntervalSet, gap_ns: int) -> iv.IntervalSet:
+    s, e = a
+    if s.size < 2:
+        return a
+    keep = (s[1:] - e[:-1]) >= gap_ns
+    starts = np.concatenate(([s[0]], s[1:][keep]))
+    ends = np.concatenate((e[:-1][keep], [e[-1]]))
+    return starts, ends
+
+
+def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) -> dict[str, Any]:
+    gap = 0
+    count = lambda: sum(a[0].size for lanes in lanes_by_rank.values() for a in lanes.values())  # noqa: E731
+    span = 1
+    for lanes in lanes_by_rank.values():
+        for a in lanes.values():
+            if a[0].size:
+                span = max(span, int(a[1][-1] - a[0][0]))
+    while count() > budget and gap <= span:
+        gap = 1000 if gap == 0 else gap * 4
+        lanes_by_rank = {r: {k: _close_gaps(a, gap) for k, a in lanes.items()}
+                         for r, lanes in lanes_by_rank.items()}
+    truncated: list[int] = []
+    kept: dict[int, dict[str, iv.IntervalSet]] = {}
+    used = 0
+    for r in sorted(lanes_by_rank):
+        n = sum(a[0].size for a in lanes_by_rank[r].values())
+        if used + n > budget:
+            truncated.append(r)
+            continue
+        kept[r] = lanes_by_rank[r]
+        used += n
+    lane_names = sorted({k for lanes in kept.values() for k in lanes},
+                        key=lambda k: (k != "compute", k == "idle", k == "other", k))
+    out = []
+    for r, lanes in kept.items():
+        for k, (s, e) in lanes.items():
+            out.extend([r, k, int(a), int(b)] for a, b in zip(s.tolist(), e.tolist()))
+    out.sort(key=lambda x: (x[0], x[2]))
+    return {"lanes": lane_names, "intervals": out, "max_intervals": budget, "min_gap_ns": gap,
+            "truncated_ranks": truncated}
+
+
+def analyze_breakdown(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    ranks_out, details, step_rows, unanalyzed = [], [], [], []
+    lanes_by_rank: dict[int, dict[str, iv.IntervalSet]] = {}
+    for rank in store.ranks():
+        act = rank_activity(store, ctx, rank)
+        if not act.windows:
+            unanalyzed.append({"rank": rank, "reason": "no events with durations in the trace"})
+            continue
+        tot = WindowBreakdown(0, 0, 0, 0, 0, 0, 0)
+        for step, lo, hi in act.windows:
+            w = window_breakdown(act, lo, hi)
+            row = _row(rank, 1, w)
+            del row["steps"]
+            step_rows.append({"rank": rank, "step": step, "ts": int(lo), **{k: v for k, v in row.items() if k != "rank"}})
+            tot = WindowBreakdown(*(a + b for a, b in zip(vars(tot).values(), vars(w).values())))
+        ranks_out.append(_row(rank, len(act.windows), tot))
+        span = max(tot.span_ns, 1)
+        bound, why = verdict(tot.compute_ns, tot.exposed_comm_ns, tot.other_ns, tot.idle_ns)
+        details.append({
+            "rank": rank, "trace_kind": act.trace_kind, "comm_source": act.comm_source,
+            "windows": act.window_source,
+            "shares": {"compute": tot.compute_ns / span, "exposed_comm": tot.exposed_comm_ns / span,
+                       "other": tot.other_ns / span, "idle": tot.idle_ns / span},
+            "verdict_evidence": why,
+        })
+        lanes_by_rank[rank] = _rank_lanes(act)
+    section = {
+        "ranks": ranks_out,
+        "rank_details": details,
+        "steps": step_rows,
+        "unanalyzed_ranks": unanalyzed,
+        "timeline": _timeline(lanes_by_rank, ctx.config.max_timeline_intervals),
+    }
+    return AnalyzerResult(findings=[], section=section)
+
+
+def _rank_lanes(act: RankActivity) -> dict[str, iv.IntervalSet]:
+    win = iv.union([w[1] for w in act.windows], [w[2] for w in act.windows])
+    compute = iv.intersect(act.compute, win)
+    lanes = {"compute": compute}
+    busy = [compute]
+    for key, a in act.comm_by_group.items():
+        a = iv.intersect(a, win)
+        lanes[key] = a
+        busy.append(a)
+    other = iv.subtract(iv.intersect(act.other, win), iv.merge(*busy))
+    lanes["other"] = other
+    busy.append(other)
+    lanes["idle"] = iv.subtract(win, iv.merge(*busy))
+    return {k: v for k, v in lanes.items() if v[0].size}

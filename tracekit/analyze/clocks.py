@@ -1,0 +1,136 @@
+"""Clock offsets between ranks, and between a rank's collective log and its trace.
+
+Two problems, one module:
+1. Ranks on different hosts have different clocks. With anchors (`ranks.clock_offset_ns`, filled by
+   the parser from the manifest) we use them; otherwise we estimate each rank's offset from the
+   collectives themselves: the ends of a blocking collective (all_reduce, all_gather, barrier...)
+   are nearly simultaneous on every member, so offset_r = median over instances of
+   (end_r − median end of the instance). An offset is applied only when it is large
+   (≥ `min_offset_ns`) and consistent (its median absolute deviation ≤ `max_mad_fraction` of it);
+   a large but inconsistent offset is "uncorrectable" and yields a `clock_skew` warning.
+2. The comms log (`time.time_ns`, wall clock) and the Kineto trace (its own clock, epoch =
+   `baseTimeNanoseconds` + ts) differ per rank; `log_to_trace_shift` finds the shift that puts
+   log times on the trace clock (0 when they already share one).
+
+Section `clocks`:
+    {"method": "anchors|estimated|none", "reference_rank": int | null,
+     "ranks": [{"rank", "offset_ns", "mad_ns", "instances", "applied": bool,
+                "status": "anchor|negligible|corrected|uncorrectable|unmatched"}],
+     "log_to_trace": [{"rank", "shift_ns", "method": "same-clock|base_time|unaligned"}],
+     "thresholds": {"min_offset_ns", "max_mad_fraction"}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+SYNC_ENDING_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClockConfig:
+    min_offset_ns: int = 1_000_000
+    """Offsets smaller than this are indistinguishable from collective end jitter: not applied."""
+    max_mad_fraction: float = 0.25
+    """An offset is trusted when the spread of its per-instance estimates is at most this fraction of it."""
+    min_instances: int = 3
+    """Fewest matched instances to estimate an offset from."""
+
+
+def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config: ClockConfig
+                     ) -> tuple[dict[str, Any], dict[int, int]]:
+    """Offsets from anchors or from ends of matched sync collectives.
+
+    `inst` has one row per (instance key, rank) with columns key, rank, op, end (trace-clock ns).
+    Returns the section and {rank: offset to subtract from that rank's times}.
+    """
+    ranks = sorted(set(inst["rank"].tolist())) if len(inst) else sorted(anchors)
+    if anchors and ranks and all(anchors.get(r) is not None for r in ranks):
+        rows = [{"rank": r, "offset_ns": int(anchors[r]), "mad_ns": 0, "instances": 0, "applied": True,
+                 "status": "anchor"} for r in ranks]
+        return ({"method": "anchors", "reference_rank": None, "ranks": rows},
+                {r: int(anchors[r]) for r in ranks})
+    ref = ranks[0] if ranks else None
+    sync = inst[inst["op"].isin(SYNC_ENDING_OPS) & inst["end"].notna()] if len(inst) else inst
+    rows, applied = [], {}
+    if len(sync):
+        sizes = sync.groupby("key")["rank"].transform("size")
+        sync = sync[sizes >= 2].copy()
+        sync["d"] = sync["end"] - sync.groupby("key")["end"].transform("median")
+    for r in ranks:
+        d = sync.loc[sync["rank"] == r, "d"].to_numpy(dtype=float) if len(sync) else np.zeros(0)
+        if d.size < config.min_instances:
+            rows.append({"rank": r, "offset_ns": None, "mad_ns": None, "instances": int(d.size),
+                         "applied": False, "status": "unmatched"})
+            continue
+        off = float(np.median(d))
+        mad = float(np.median(np.abs(d - off)))
+        rows.append({"rank": r, "offset_ns": int(round(off)), "mad_ns": int(round(mad)),
+                     "instances": int(d.size), "applied": False, "status": "negligible"})
+    # offsets relative to the reference rank so rank `ref` stays put
+    base = next((row["offset_ns"] for row in rows if row["rank"] == ref and row["offset_ns"] is not None), 0)
+    for row in rows:
+        if row["offset_ns"] is None:
+            continue
+        row["offset_ns"] -= base
+        if abs(row["offset_ns"]) < config.min_offset_ns:
+            continue
+        if row["mad_ns"] <= config.max_mad_fraction * abs(row["offset_ns"]):
+            row["status"], row["applied"] = "corrected", True
+            applied[row["rank"]] = row["offset_ns"]
+        else:
+            row["status"] = "uncorrectable"
+    method = "estimated" if rows and any(r["offset_ns"] is not None for r in rows) else "none"
+    return {"method": method, "reference_rank": ref, "ranks": rows}, applied
+
+
+def log_to_trace_shift(log_times: np.ndarray, trace_lo: int | None, trace_hi: int | None,
+                       base_time_ns: int | None) -> tuple[int, str]:
+    """Shift to add to comms-log times to land them on the trace clock, and how it was found."""
+    if log_times.size == 0 or trace_lo is None or trace_hi is None:
+        return 0, "unaligned"
+    lo, hi = float(np.min(log_times)), float(np.max(log_times))
+    slack = max(trace_hi - trace_lo, 1) + 60_000_000_000  # a minute around the trace
+
+    def overlaps(shift: float) -> bool:
+        return lo + shift <= trace_hi + slack and hi + shift >= trace_lo - slack
+
+    if overlaps(0):
+        return 0, "same-clock"
+    if base_time_ns and overlaps(-base_time_ns):
+        return -int(base_time_ns), "base_time"
+    return 0, "unaligned"
+
+
+def analyze_clocks(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Publish what matching estimated, and warn when large offsets could not be corrected."""
+    est = ctx.cache.get("clocks")
+    if est is None:
+        return AnalyzerResult(section={"method": "none", "reference_rank": None, "ranks": [],
+                                       "log_to_trace": []})
+    section = dict(est)
+    findings = []
+    bad = [r for r in section["ranks"] if r["status"] == "uncorrectable"]
+    if bad:
+        worst = max(bad, key=lambda r: abs(r["offset_ns"]))
+        findings.append(Finding(
+            kind=FindingKind.CLOCK_SKEW, severity=Severity.WARNING,
+            summary=(f"clocks of {len(bad)} rank(s) disagree by up to {abs(worst['offset_ns']) / 1e6:.2f} ms "
+                     "and the offsets could not be estimated consistently; cross-rank skew numbers are unreliable"),
+            ranks=tuple(r["rank"] for r in bad), dim=None,
+            evidence={"offsets": [{k: r[k] for k in ("rank", "offset_ns", "mad_ns", "instances")} for r in bad]},
+            recommendation="Record clock anchors (tracekit record writes them to manifest.json) or sync host clocks (chrony/PTP).",
+            est_saving_ns=0))
+    unaligned = [x["rank"] for x in section.get("log_to_trace", []) if x["method"] == "unaligned"]
+    if unaligned:
+        section["note"] = (f"comms-log times of ranks {unaligned} could not be put on the trace clock; "
+                           "straggler causes there are not attributed")
+    return AnalyzerResult(findings=findings, section=section)

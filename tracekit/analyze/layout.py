@@ -1,0 +1,208 @@
+"""Layout: which parallel dimension each process group is, and each rank's coordinates in the mesh.
+
+Evidence, strongest first: the group's `pg_desc` (DeviceMesh names its groups `mesh_<axis>`), the
+run manifest's mesh (when present), the dim the parser already inferred, and last the structure of
+the rank sets alone (contiguous stride-1 groups look like tp, strided ones like dp) — the last is
+labelled `inferred_from: "structure"`, `confidence: "low"`. A group nothing identifies stays
+`"unknown"`; nothing is guessed silently.
+
+Section `layout`:
+    {"world_size": int | null,
+     "groups": [{"pg_name", "pg_desc", "dim", "ranks": [int], "size", "inferred_from":
+                 "pg_desc|manifest|parser|structure|none", "confidence": "high|medium|low"}],
+     "ranks": [{"rank": int, "coords": {dim: index within its group of that dim}}],
+     "mesh_shape": {dim: group size},          # dims other than world/unknown
+     "dims_inferred_from": {dim: source}}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.tables.store import RunStore
+
+# DeviceMesh / torchtitan axis names -> our dims. Longer names first so dp_shard wins over dp.
+_AXIS_DIMS = (
+    ("dp_shard_cp", "fsdp"), ("dp_replicate", "dp"), ("dp_shard", "fsdp"), ("fsdp", "fsdp"),
+    ("hsdp", "dp"), ("dp", "dp"), ("ddp", "dp"), ("tp", "tp"), ("sp", "tp"), ("pp", "pp"),
+    ("cp", "cp"), ("ep", "ep"), ("moe", "ep"),
+)
+_KNOWN_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
+_CONFIDENCE = {"pg_desc": "high", "manifest": "high", "parser": "medium", "structure": "low",
+               "none": "low"}
+
+
+def dim_from_desc(desc: str | None) -> str | None:
+    """`mesh_tp` -> tp, `mesh_dp_shard` -> fsdp, `default_pg` -> world; None when it names no dim."""
+    if not desc:
+        return None
+    d = desc.strip().lower()
+    if d in ("default_pg", "world", "global"):
+        return "world"
+    m = re.match(r"^(?:mesh_|group_|pg_)?([a-z_]+?)(?:_group|_pg)?(?:_\d+)?$", d)
+    token = m.group(1) if m else d
+    for name, dim in _AXIS_DIMS:
+        if token == name:
+            return dim
+    return None
+
+
+def _manifest_mesh(manifest: dict[str, Any] | None) -> list[tuple[str, int]] | None:
+    """Mesh axes (outermost first) with sizes from the manifest, if it states them."""
+    if not manifest:
+        return None
+    for key in ("mesh", "layout", "parallel", "parallel_dims", "parallelism"):
+        val = manifest.get(key)
+        if isinstance(val, dict):
+            names = val.get("mesh_dim_names") or val.get("dim_names") or val.get("names")
+            shape = val.get("mesh_shape") or val.get("shape") or val.get("sizes")
+            if isinstance(names, list) and isinstance(shape, list) and len(names) == len(shape):
+                return [(str(n), int(s)) for n, s in zip(names, shape)]
+            axes = [(k, v) for k, v in val.items() if dim_from_desc(str(k)) in _KNOWN_DIMS
+                    and isinstance(v, int)]
+            if axes:
+                # torchtitan order: pp, dp(_replicate/_shard), cp, tp (innermost)
+                order = {"pp": 0, "dp": 1, "fsdp": 2, "ep": 3, "cp": 4, "tp": 5}
+                return sorted(((str(k), int(v)) for k, v in axes),
+                              key=lambda kv: order.get(dim_from_desc(kv[0]) or "", 9))
+    return None
+
+
+def _mesh_groups(axes: list[tuple[str, int]]) -> dict[tuple[int, ...], str]:
+    """Every rank set that varies along exactly one mesh axis -> that axis's dim."""
+    sizes = [s for _, s in axes]
+    out: dict[tuple[int, ...], str] = {}
+    n = 1
+    for s in sizes:
+        n *= s
+    strides = []
+    acc = 1
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc *= s
+    strides.reverse()
+    for ai, (name, size) in enumerate(axes):
+        dim = dim_from_desc(name)
+        if dim is None or size <= 1:
+            continue
+        for r in range(n):
+            if (r // strides[ai]) % size != 0:
+                continue
+            out[tuple(r + k * strides[ai] for k in range(size))] = dim
+    return out
+
+
+def _structure_dim(ranks: list[int], world_size: int | None) -> str | None:
+    if len(ranks) < 2:
+        return None
+    if world_size is not None and len(ranks) == world_size:
+        return "world"
+    diffs = {b - a for a, b in zip(ranks, ranks[1:])}
+    if diffs == {1}:
+        return "tp"
+    if len(diffs) == 1:
+        return "dp"
+    return None
+
+
+def _groups(store: RunStore) -> list[dict[str, Any]]:
+    """Process groups from the table, plus groups only the collectives mention."""
+    groups: dict[str, dict[str, Any]] = {}
+    for row in store.table("process_groups").to_pylist():
+        groups[row["pg_name"]] = {"pg_name": row["pg_name"], "pg_desc": row.get("pg_desc"),
+                                  "ranks": sorted(row.get("ranks") or []),
+                                  "parser_dim": row.get("dim")}
+    coll = store.table("collectives", ["pg_name", "pg_desc", "group_ranks"])
+    if coll.num_rows:
+        seen = coll.group_by(["pg_name", "pg_desc"]).aggregate([]).to_pylist()
+        for row in seen:
+            name = row["pg_name"]
+            if name is None or name in groups:
+                continue
+            groups[name] = {"pg_name": name, "pg_desc": row["pg_desc"], "ranks": [], "parser_dim": None}
+        missing = [n for n, g in groups.items() if not g["ranks"]]
+        if missing:
+            sub = coll.filter(pc.is_in(coll["pg_name"], value_set=pa.array(missing)))
+            for row in sub.to_pylist():
+                g = groups[row["pg_name"]]
+                if not g["ranks"] and row["group_ranks"]:
+                    g["ranks"] = sorted(row["group_ranks"])
+    return list(groups.values())
+
+
+def world_size_of(store: RunStore) -> int | None:
+    ws = [w for w in store.table("ranks", ["world_size"]).column("world_size").to_pylist() if w]
+    if ws:
+        return max(ws)
+    man = store.manifest or {}
+    if isinstance(man.get("world_size"), int):
+        return man["world_size"]
+    return None
+
+
+def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    world_size = world_size_of(store)
+    mesh_axes = _manifest_mesh(store.manifest)
+    mesh_sets = _mesh_groups(mesh_axes) if mesh_axes else {}
+    out_groups = []
+    for g in _groups(store):
+        ranks = [int(r) for r in g["ranks"]]
+        dim, source = None, "none"
+        d = dim_from_desc(g["pg_desc"])
+        if d is not None:
+            dim, source = d, "pg_desc"
+        elif tuple(ranks) in mesh_sets:
+            dim, source = mesh_sets[tuple(ranks)], "manifest"
+        elif world_size is not None and len(ranks) == world_size and ranks:
+            dim, source = "world", "structure"
+        elif g["parser_dim"] and g["parser_dim"] != "unknown":
+            dim, source = g["parser_dim"], "parser"
+        else:
+            d = _structure_dim(ranks, world_size)
+            if d is not None:
+                dim, source = d, "structure"
+        confidence = _CONFIDENCE[source]
+        if dim == "world":
+            confidence = "high" if source in ("pg_desc", "structure") else confidence
+        out_groups.append({
+            "pg_name": g["pg_name"], "pg_desc": g["pg_desc"], "dim": dim or "unknown",
+            "ranks": ranks, "size": len(ranks), "inferred_from": source, "confidence": confidence,
+        })
+    out_groups.sort(key=lambda g: (str(g["dim"]), str(g["pg_name"])))
+
+    all_ranks = store.ranks()
+    coords: dict[int, dict[str, int]] = {r: {} for r in all_ranks}
+    mesh_shape: dict[str, int] = {}
+    dims_from: dict[str, str] = {}
+    for g in out_groups:
+        dim = g["dim"]
+        if dim in ("world", "unknown") or g["size"] < 2:
+            continue
+        mesh_shape.setdefault(dim, g["size"])
+        if mesh_shape[dim] != g["size"]:
+            mesh_shape[dim] = max(mesh_shape[dim], g["size"])
+        prev = dims_from.get(dim)
+        if prev is None or _CONFIDENCE[g["inferred_from"]] == "high":
+            dims_from[dim] = g["inferred_from"]
+        for i, r in enumerate(g["ranks"]):
+            coords.setdefault(r, {}).setdefault(dim, i)
+    section = {
+        "world_size": world_size,
+        "groups": out_groups,
+        "ranks": [{"rank": r, "coords": coords[r]} for r in sorted(coords)],
+        "mesh_shape": mesh_shape,
+        "dims_inferred_from": dims_from,
+    }
+    return AnalyzerResult(findings=[], section=section)
+
+
+def group_dims(layout: dict[str, Any] | None) -> dict[str, str]:
+    """pg_name -> dim from a layout section ({} when there is none)."""
+    if not layout:
+        return {}
+    return {g["pg_name"]: g["dim"] for g in layout.get("groups", [])}

@@ -1,0 +1,240 @@
+"""Cross-rank matching of collective instances: arrival skew vs transfer time (DESIGN §3).
+
+An instance is one collective call seen by every member of its group, keyed by `pg_name` + `seq`
+(when a source has no seq, by position within the group on each rank, `seq_basis: "order"`, and
+only when the ops at each position agree). P2P ops are not matched (their seq counters are per
+pair of ranks, not per group). Arrival = `enqueue_ts` (the caller issued it) or `ts`; end = ts + dur.
+Skew = last arrival − first arrival; transfer = last end − last arrival; a rank's wait = last
+arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival.
+
+One source per rank, consistently: the comms log when every rank has one (it carries seq), else
+flight-recorder dumps, else Kineto; a rank lacking the chosen source falls back to the best it has
+(`source.method: "mixed"`). Times stay on that source's clock for matching; per-rank clock offsets
+are estimated here (see clocks.py) and subtracted before skew is computed.
+
+Section `matching`:
+    {"source": {"method": "uniform|mixed|none", "per_rank": {rank: source}},
+     "seq_basis": {"args|log|order": count of instances},
+     "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
+     "op_mismatches": int, "p2p_skipped": int,
+     "by_group": [{"pg_name", "dim", "op", "instances", "skew_ns": {"mean", "p50", "p95", "max"},
+                   "transfer_ns": {"mean", "p50", "p95", "max"}}],
+     "per_rank": [{"rank", "instances", "last_count", "delay_ns", "wait_ns"}],
+     "top_skew": [{"pg_name", "dim", "seq", "op", "step", "skew_ns", "transfer_ns", "first_rank",
+                   "last_rank", "delay_ns"}]}          # the 20 largest skews
+Cached for later analyzers: ctx.cache["matching"] = MatchedCollectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.clocks import ClockConfig, estimate_offsets, log_to_trace_shift
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.layout import group_dims
+from tracekit.tables.store import RunStore
+
+SOURCE_PRIORITY = ("comms-log", "flight-recorder", "kineto")
+LOG_SOURCES = ("comms-log", "flight-recorder")
+COLUMNS = ["rank", "source", "pg_name", "seq", "seq_source", "op", "is_p2p", "bytes", "ts", "dur",
+           "enqueue_ts", "caller", "step", "group_size"]
+
+
+@dataclass
+class MatchedCollectives:
+    """Per (instance, rank) rows with corrected times, plus per-instance aggregates."""
+
+    rows: pd.DataFrame
+    """key, pg_name, seq, op, rank, arrival (offset-corrected), arrival_raw, end, wait, is_last, source,
+    step, caller, bytes."""
+    instances: pd.DataFrame
+    """key, pg_name, dim, seq, op, step, n, first, last, second_last, last_end, skew, transfer,
+    first_rank, last_rank, delay."""
+    trace_shift: dict[int, int | None]
+    """Per rank: add to this rank's raw matching times to put them on its trace clock (None: unknown)."""
+    wait_intervals: dict[int, "iv.IntervalSet"]
+    """Per rank, trace clock: waiting for the group's last arrival (ranks with a known shift only)."""
+
+
+def load_collectives(store: RunStore) -> pd.DataFrame:
+    t = store.table("collectives", COLUMNS)
+    cols = {}
+    for name in t.column_names:
+        col = t.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(pa.string())
+        cols[name] = col
+    df = pa.table(cols).to_pandas()
+    for c in ("ts", "dur", "enqueue_ts", "seq", "bytes", "step"):
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def choose_sources(df: pd.DataFrame) -> tuple[dict[int, str], str]:
+    """One collective source per rank (see module doc)."""
+    usable = df[df["enqueue_ts"].notna() | df["ts"].notna()]
+    have: dict[str, set[int]] = {s: set(g["rank"].tolist()) for s, g in usable.groupby("source")}
+    ranks = set(usable["rank"].tolist())
+    if not ranks:
+        return {}, "none"
+    for src in SOURCE_PRIORITY:
+        if have.get(src, set()) == ranks:
+            return {r: src for r in sorted(ranks)}, "uniform"
+    per_rank = {}
+    for r in sorted(ranks):
+        per_rank[r] = next(s for s in SOURCE_PRIORITY + tuple(sorted(have)) if r in have.get(s, set()))
+    return per_rank, "mixed"
+
+
+def _stats(x: pd.Series) -> dict[str, int]:
+    a = x.dropna().to_numpy(dtype=float)
+    if a.size == 0:
+        return {"mean": 0, "p50": 0, "p95": 0, "max": 0}
+    return {"mean": int(a.mean()), "p50": int(np.percentile(a, 50)), "p95": int(np.percentile(a, 95)),
+            "max": int(a.max())}
+
+
+def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, int | None], list[dict[str, Any]]]:
+    """Shift per rank from its matching source's clock to its trace clock."""
+    rows = {r["rank"]: r for r in store.table("ranks", ["rank", "first_ts", "last_ts", "base_time_ns"]).to_pylist()}
+    shifts: dict[int, int | None] = {}
+    report = []
+    for r, src in per_rank.items():
+        if src not in LOG_SOURCES:
+            shifts[r] = 0
+            continue
+        t = store.rank_table("collectives", r, ["source", "enqueue_ts", "ts"]).to_pandas()
+        t = t[t["source"].astype(str) == src]
+        times = pd.concat([t["enqueue_ts"], t["ts"]]).dropna().to_numpy(dtype=np.int64)
+        row = rows.get(r, {})
+        shift, how = log_to_trace_shift(times, row.get("first_ts"), row.get("last_ts"), row.get("base_time_ns"))
+        shifts[r] = shift if how != "unaligned" else None
+        report.append({"rank": r, "shift_ns": shift, "method": how})
+    return shifts, report
+
+
+def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCollectives | None, dict[str, Any]]:
+    df = load_collectives(store)
+    dims = group_dims(ctx.section("layout"))
+    per_rank, method = choose_sources(df)
+    section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
+    if not per_rank:
+        ctx.cache["clocks"] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
+        section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
+                        "p2p_skipped": 0, "by_group": [], "per_rank": [], "top_skew": []})
+        return None, section
+    df = df[df["source"] == df["rank"].map(per_rank)]
+    p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
+    section["p2p_skipped"] = int(p2p.sum())
+    df = df[~p2p].copy()
+    df["pg_name"] = df["pg_name"].fillna("?")
+    df["arrival"] = df["enqueue_ts"].fillna(df["ts"])
+    df = df[df["arrival"].notna()].copy()
+    df["end"] = (df["ts"] + df["dur"]).astype("Int64")
+    # seq: from the source, else by order within (rank, group)
+    df = df.sort_values(["rank", "pg_name", "arrival"], kind="stable")
+    order = df.groupby(["rank", "pg_name"]).cumcount() + 1
+    df["seq_basis"] = np.where(df["seq"].notna(), df["seq_source"].fillna("args"), "order")
+    df["seq"] = df["seq"].fillna(pd.Series(order, index=df.index)).astype("int64")
+    df["key"] = df["pg_name"].astype(str) + "#" + df["seq"].astype(str)
+
+    # ops must agree within an instance; drop instances where they do not
+    nops = df.groupby("key")["op"].transform("nunique")
+    section["op_mismatches"] = int(df.loc[nops > 1, "key"].nunique())
+    df = df[nops <= 1].copy()
+    n = df.groupby("key")["rank"].transform("size")
+    df = df[n >= 2].copy()
+
+    # clock offsets, estimated on the matching clock
+    anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
+    clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"],
+                           "end": df["end"].astype("float64")})
+    clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig())
+    shifts, log_report = _trace_shifts(store, per_rank)
+    clocks["log_to_trace"] = log_report
+    clocks["thresholds"] = {"min_offset_ns": ClockConfig().min_offset_ns,
+                            "max_mad_fraction": ClockConfig().max_mad_fraction}
+    ctx.cache["clocks"] = clocks
+    off = df["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
+    df["arrival_raw"] = df["arrival"].astype("int64")
+    df["arrival"] = (df["arrival"] - off).astype("int64")
+    df["end"] = (df["end"] - off).astype("Int64")
+
+    g = df.groupby("key")
+    df["last"] = g["arrival"].transform("max")
+    df["wait"] = df["last"] - df["arrival"]
+    inst = g.agg(pg_name=("pg_name", "first"), seq=("seq", "first"), op=("op", "first"),
+                 step=("step", "min"), n=("rank", "size"), first=("arrival", "min"),
+                 last=("arrival", "max"), last_end=("end", "max"),
+                 group_size=("group_size", "max"), seq_basis=("seq_basis", "first")).reset_index()
+    # who arrived first / last, and by how much the last one trailed the second-to-last
+    srt = df.sort_values(["key", "arrival", "rank"], kind="stable")
+    last_rows = srt.groupby("key").tail(1).set_index("key")
+    first_rows = srt.groupby("key").head(1).set_index("key")
+    second_last = srt.groupby("key")["arrival"].apply(lambda a: a.iloc[-2] if len(a) >= 2 else a.iloc[-1])
+    inst["last_rank"] = inst["key"].map(last_rows["rank"]).astype("int64")
+    inst["first_rank"] = inst["key"].map(first_rows["rank"]).astype("int64")
+    inst["second_last"] = inst["key"].map(second_last).astype("int64")
+    inst["skew"] = inst["last"] - inst["first"]
+    # the late rank's delay: how long the group waited for it beyond everyone else, counting only
+    # from when the group's previous collective ended (async calls queue behind it anyway)
+    inst = inst.sort_values(["pg_name", "seq"], kind="stable").reset_index(drop=True)
+    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("float64")
+    ready = np.fmax(inst["second_last"].to_numpy(dtype=float), prev_end.to_numpy(dtype=float))
+    inst["delay"] = np.clip(inst["last"].to_numpy(dtype=float) - ready, 0, None).astype("int64")
+    inst["transfer"] = (inst["last_end"].astype("float64") - inst["last"]).clip(lower=0)
+    inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
+    df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
+    df["source"] = df["rank"].map(per_rank)
+    complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
+
+    section.update({
+        "seq_basis": {str(k): int(v) for k, v in inst["seq_basis"].value_counts().items()},
+        "instances": int(len(inst)), "matched": int(len(inst)), "complete": int(complete.sum()),
+    })
+    by_group = []
+    for (pg, op), grp in inst.groupby(["pg_name", "op"]):
+        by_group.append({"pg_name": pg, "dim": dims.get(pg, "unknown"), "op": op, "instances": int(len(grp)),
+                         "skew_ns": _stats(grp["skew"]), "transfer_ns": _stats(grp["transfer"])})
+    section["by_group"] = by_group
+    per = []
+    for r, grp in df.groupby("rank"):
+        lasts = inst[inst["last_rank"] == r]
+        per.append({"rank": int(r), "instances": int(len(grp)), "last_count": int(len(lasts)),
+                    "delay_ns": int(lasts["delay"].sum()), "wait_ns": int(grp["wait"].sum())})
+    section["per_rank"] = per
+    top = inst.sort_values("skew", ascending=False).head(20)
+    section["top_skew"] = [{
+        "pg_name": row.pg_name, "dim": row.dim, "seq": int(row.seq), "op": row.op,
+        "step": None if pd.isna(row.step) else int(row.step), "skew_ns": int(row.skew),
+        "transfer_ns": int(row.transfer) if not pd.isna(row.transfer) else None,
+        "first_rank": int(row.first_rank), "last_rank": int(row.last_rank), "delay_ns": int(row.delay),
+    } for row in top.itertuples()]
+    rows = df[["key", "pg_name", "seq", "op", "rank", "arrival", "arrival_raw", "end", "wait", "is_last",
+               "source", "step", "caller", "bytes"]].reset_index(drop=True)
+    return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
+                              wait_intervals=_wait_intervals(rows, shifts)), section
+
+
+def _wait_intervals(rows: pd.DataFrame, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
+    """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
+    out = {}
+    for r, grp in rows.groupby("rank"):
+        shift = shifts.get(r)
+        if shift is None:
+            continue
+        s = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
+        out[int(r)] = iv.union(s, s + grp["wait"].to_numpy(dtype=np.int64))
+    return out
+
+
+def analyze_matching(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    matched, section = match_collectives(store, ctx)
+    ctx.cache["matching"] = matched
+    return AnalyzerResult(findings=[], section=section)

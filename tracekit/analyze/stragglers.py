@@ -1,0 +1,203 @@
+"""Straggler ranks: who arrives last at collectives, how often, by how much, and why (when visible).
+
+Reads the matched instances (matching.py). A rank's delay is the sum, over instances it arrived
+last at, of how long the group waited for it beyond the second-to-last member (counted from the end
+of the group's previous collective), per step. A `straggler` finding needs the delay to be a real
+share of the step (`min_delay_fraction`) and to dominate the other ranks' (`min_dominance`) —
+on a noisy shared box every rank is sometimes last; a straggler is last far more than the rest.
+
+Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
+collective ended), compare the straggler with the other members of the instance: longer compute →
+"compute", a longer `data:load` annotation → "data_load", more host time with no activity →
+"host_idle"; otherwise "unknown". The excess must explain at least half of the delay.
+
+Section `stragglers`:
+    {"steps_counted": int, "mean_step_ns": int,
+     "ranks": [{"rank", "instances", "last_count", "last_share", "delay_ns_per_step",
+                "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
+     "stragglers": [{"rank", "cause", "cause_evidence": {"compute_excess_ns", "data_load_excess_ns",
+                     "host_idle_excess_ns", "delay_ns", "instances_examined"}}],
+     "thresholds": {...}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.compute as pc
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.breakdown import rank_activity
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.matching import MatchedCollectives
+from tracekit.tables.store import RunStore
+
+DATA_LOAD_LABEL = "data:load"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    min_delay_fraction: float = 0.05
+    """Delay per step, as a fraction of the step, for a warning."""
+    critical_delay_fraction: float = 0.20
+    """... and for a critical finding."""
+    min_dominance: float = 2.0
+    """The straggler's delay must be at least this many times the next rank's."""
+    min_instances: int = 3
+    """Fewest instances a rank must have been last at."""
+    max_cause_instances: int = 200
+    """Late instances examined for the cause (the largest delays first)."""
+    cause_min_explained: float = 0.5
+    """A cause must explain at least this fraction of the examined delay."""
+
+
+def _steps_and_step_ns(ctx: AnalysisContext, matched: MatchedCollectives) -> tuple[int, int]:
+    br = ctx.section("breakdown") or {}
+    ranks = br.get("ranks", [])
+    tot_ns = sum(r["step_ns"] for r in ranks)
+    tot_steps = sum(r["steps"] for r in ranks)
+    mean_step = int(tot_ns / tot_steps) if tot_steps else 0
+    steps = matched.instances["step"].dropna().nunique()
+    if steps == 0:
+        steps = max((r["steps"] for r in ranks), default=1) or 1
+    if mean_step == 0 and steps:
+        span = matched.instances["last_end"].max() - matched.instances["first"].min()
+        mean_step = int(span / steps) if pd.notna(span) else 0
+    return int(steps), mean_step
+
+
+def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
+    ev = store.rank_table("events", rank, ["name", "ts", "dur", "stream"])
+    ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
+    return ev.select(["name", "ts", "dur"]).to_pandas()
+
+
+def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedCollectives, rank: int,
+                     cfg: StragglerConfig) -> tuple[str, dict[str, Any]]:
+    inst = matched.instances
+    late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
+    rows = matched.rows
+    members = rows[rows["key"].isin(late["key"])]
+    ranks = sorted(set(members["rank"].tolist()))
+    if any(matched.trace_shift.get(r) is None for r in ranks):
+        return "unknown", {"reason": "collective times are not on the trace clock for every member"}
+    # previous end of each rank's collectives, raw clock: interval before arrival
+    allrows = rows[rows["rank"].isin(ranks)].sort_values(["rank", "arrival_raw"])
+    excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
+    examined = 0
+    per_rank_cache: dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]] = {}
+    prev_end_map: dict[tuple[int, str], int | None] = {}
+    for r, grp in allrows.groupby("rank"):
+        off = grp["arrival_raw"] - grp["arrival"]  # offset applied by matching
+        ends_raw = (grp["end"].astype("float64") + off).to_numpy()
+        arr = grp["arrival_raw"].to_numpy()
+        prev = np.concatenate(([np.nan], np.fmax.accumulate(np.nan_to_num(ends_raw, nan=-np.inf))[:-1]))
+        for k, a, p in zip(grp["key"].tolist(), arr, prev):
+            prev_end_map[(r, k)] = int(p) if np.isfinite(p) and p < a else None
+    for r in ranks:
+        act = rank_activity(store, ctx, r)
+        ev = _host_events(store, r)
+        dl = ev[ev["name"].astype(str) == DATA_LOAD_LABEL]
+        dl_set = iv.union(dl["ts"].to_numpy(np.int64), (dl["ts"] + dl["dur"]).to_numpy(np.int64))
+        per_rank_cache[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
+    delay_examined = 0
+    for key, grp in members.groupby("key"):
+        vals = {}
+        for row in grp.itertuples():
+            p = prev_end_map.get((row.rank, key))
+            if p is None:
+                continue
+            shift = matched.trace_shift[row.rank]
+            lo, hi = p + shift, int(row.arrival_raw) + shift
+            act, dl_set, busy = per_rank_cache[row.rank]
+            comp = int(iv.covered(act.compute, [lo], [hi])[0])
+            idle = (hi - lo) - int(iv.covered(busy, [lo], [hi])[0])
+            dl = int(iv.covered(dl_set, [lo], [hi])[0])
+            vals[row.rank] = (comp, dl, idle)
+        if rank not in vals or len(vals) < 2:
+            continue
+        others = [v for r, v in vals.items() if r != rank]
+        med = [float(np.median([o[i] for o in others])) for i in range(3)]
+        mine = vals[rank]
+        excess["compute"] += mine[0] - med[0]
+        excess["data_load"] += mine[1] - med[1]
+        excess["host_idle"] += mine[2] - med[2]
+        delay_examined += int(late.loc[late["key"] == key, "delay"].iloc[0])
+        examined += 1
+    evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
+                "host_idle_excess_ns": int(excess["host_idle"]), "delay_ns": int(delay_examined),
+                "instances_examined": examined}
+    if examined == 0 or delay_examined <= 0:
+        return "unknown", evidence
+    need = cfg.cause_min_explained * delay_examined
+    if excess["data_load"] >= need:
+        return "data_load", evidence
+    best = max(("compute", "host_idle"), key=lambda k: excess[k])
+    if excess[best] >= need:
+        return best, evidence
+    return "unknown", evidence
+
+
+_RECOMMEND = {
+    "compute": "Rank {r} computes longer than its peers before collectives: check for a slower device/core, "
+               "thermal throttling, CPU contention, or uneven work (sequence lengths, expert load) on it.",
+    "data_load": "Rank {r} spends longer in data:load: add DataLoader workers/prefetching or fix its input shard.",
+    "host_idle": "Rank {r} sits idle on the host before collectives: look for sleeps, GC pauses, logging or "
+                 "synchronisation on that rank only.",
+    "unknown": "Rank {r} arrives late at collectives; compare its timeline with a peer's in the report.",
+}
+
+
+def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerConfig | None = None
+                       ) -> AnalyzerResult:
+    cfg = config or StragglerConfig()
+    matched: MatchedCollectives | None = ctx.cache.get("matching")
+    if matched is None or matched.instances.empty:
+        return AnalyzerResult(section={"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": [],
+                                       "thresholds": asdict(cfg)})
+    steps, step_ns = _steps_and_step_ns(ctx, matched)
+    inst = matched.instances
+    counts = matched.rows.groupby("rank").size()
+    rows = []
+    for r, n in counts.items():
+        lasts = inst[inst["last_rank"] == r]
+        by_dim = {str(d): int(g["delay"].sum() / steps) for d, g in lasts.groupby("dim")}
+        delay = int(lasts["delay"].sum() / steps)
+        rows.append({"rank": int(r), "instances": int(n), "last_count": int(len(lasts)),
+                     "last_share": round(len(lasts) / n, 4) if n else 0.0,
+                     "delay_ns_per_step": delay,
+                     "delay_fraction": round(delay / step_ns, 4) if step_ns else None,
+                     "by_dim": by_dim})
+    rows.sort(key=lambda x: -x["delay_ns_per_step"])
+    for i, row in enumerate(rows):
+        nxt = max((o["delay_ns_per_step"] for j, o in enumerate(rows) if j != i), default=0)
+        row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
+    findings, stragglers = [], []
+    for row in rows:
+        frac = row["delay_fraction"] or 0.0
+        dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
+        if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] >= cfg.min_instances):
+            continue
+        r = row["rank"]
+        cause, ev = _attribute_cause(store, ctx, matched, r, cfg)
+        stragglers.append({"rank": r, "cause": cause, "cause_evidence": ev})
+        sev = Severity.CRITICAL if frac >= cfg.critical_delay_fraction else Severity.WARNING
+        dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
+        findings.append(Finding(
+            kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
+            summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
+                     f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
+                     f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
+            evidence={"last_count": row["last_count"], "instances": row["instances"],
+                      "last_share": row["last_share"], "delay_ns_per_step": row["delay_ns_per_step"],
+                      "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
+                      "cause": cause, **{k: v for k, v in ev.items()}},
+            recommendation=_RECOMMEND[cause].format(r=r),
+            est_saving_ns=max(int(row["delay_ns_per_step"]), 0)))
+    section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
+               "thresholds": asdict(cfg)}
+    return AnalyzerResult(findings=findings, section=section)
