@@ -1,0 +1,101 @@
+"""Bandwidth analyzer: NCCL-tests factors, run-relative and user-peak low-bandwidth findings."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tracekit.analyze.bandwidth import analyze_bandwidth, bus_factor
+from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.findings import FindingKind, Severity
+from tracekit.tables.store import RunStoreWriter
+
+MS = 1_000_000
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bus_factor("all_to_all", 16) == pytest.approx(15 / 16)
+    assert bus_factor("broadcast", 8) == 1.0 and bus_factor("reduce", 8) == 1.0
+    assert bus_factor("barrier", 8) is None
+
+
+def _store(path, calls, steps=2, step_ns=100 * MS):
+    """calls: (pg_name, dim, ranks, op, bytes, dur_ns, count_per_step) on every rank of the group."""
+    w = RunStoreWriter(path)
+    ranks = sorted({r for c in calls for r in c[2]})
+    w.append("ranks", pa.table({"rank": pa.array(ranks, pa.int32())}))
+    groups = {c[0]: (c[1], c[2]) for c in calls}
+    w.append("process_groups", pa.table({"pg_name": list(groups), "dim": [g[0] for g in groups.values()],
+                                         "ranks": pa.array([g[1] for g in groups.values()], pa.list_(pa.int32())),
+                                         "size": pa.array([len(g[1]) for g in groups.values()], pa.int32())}))
+    for r in ranks:
+        cols = {k: [] for k in ("rank", "source", "pg_name", "seq", "op", "bytes", "group_size", "ts", "dur",
+                                "step", "is_p2p")}
+        for pg, dim, members, op, nbytes, dur, count in calls:
+            if r not in members:
+                continue
+            for step in range(steps):
+                for k in range(count):
+                    for c, v in (("rank", r), ("source", "comms-log"), ("pg_name", pg), ("seq", step * count + k),
+                                 ("op", op), ("bytes", nbytes), ("group_size", len(members)),
+                                 ("ts", step * step_ns + k * dur), ("dur", dur), ("step", step), ("is_p2p", False)):
+                        cols[c].append(v)
+        w.append("collectives", pa.table(cols))
+        w.append("steps", pa.table({"rank": pa.array([r] * steps, pa.int32()), "step": pa.array(range(steps), pa.int32()),
+                                    "ts": [s * step_ns for s in range(steps)], "dur": [step_ns] * steps}))
+    return w.close()
+
+
+def run(store, **cfg):
+    return analyze_bandwidth(store, AnalysisContext(config=AnalysisConfig(**cfg)))
+
+
+def test_slow_group_flagged_against_best_of_run(tmp_path):
+    store = _store(tmp_path / "s", [
+        ("tp0", "tp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
+        ("tp1", "tp", [2, 3], "all_reduce", 32768, 5 * MS, 4),
+        ("dp0", "dp", [0, 2], "all_reduce", 1 << 20, 1 * MS, 1),
+        ("dp1", "dp", [1, 3], "all_reduce", 1 << 20, 1 * MS, 1),
+    ])
+    res = run(store)
+    rows = {(r["pg_name"], r["op"]): r for r in res.section["rows"]}
+    tp = rows[("tp0", "all_reduce")]
+    assert tp["bucket_bytes"] == 32768 and tp["count"] == 8
+    # busbw = bytes/time × 2(n−1)/n with n = 2
+    assert tp["busbw_gbps_p50"] == pytest.approx(32768 / (5 * MS) * 1.0)
+    # reference: the dp all-reduce moves more bus bytes in 1 ms → 32768 B / 1 ms
+    assert tp["reference_gbps"] == pytest.approx(32768 / MS)
+    assert tp["low"] and not rows[("dp0", "all_reduce")]["low"]
+    (f,) = res.findings
+    assert f.kind is FindingKind.LOW_BUS_BANDWIDTH and f.dim == "tp" and f.ranks == (0, 1, 2, 3)
+    # 4 calls per step, each 4 ms slower than the reference would take
+    assert f.est_saving_ns == pytest.approx(4 * 4 * MS)
+    assert f.severity is Severity.WARNING  # 16 ms of a 100 ms step
+
+
+def test_clean_run_has_no_finding(tmp_path):
+    store = _store(tmp_path / "s", [
+        ("tp0", "tp", [0, 1], "all_reduce", 32768, MS // 5, 4),
+        ("dp0", "dp", [0, 1], "all_reduce", 1 << 20, 1 * MS, 1),
+        ("dp0", "dp", [0, 1], "barrier", 8, 10 * MS, 1),
+    ])
+    res = run(store)
+    assert res.findings == []
+
+
+def test_user_peak(tmp_path):
+    nbytes = 4 << 20
+    store = _store(tmp_path / "s", [("dp0", "dp", [0, 1, 2, 3], "all_gather", nbytes, 2 * MS, 1),
+                                    ("tp0", "tp", [0, 1], "all_reduce", 4096, 1 * MS, 1)])
+    res = run(store, peak_gbps={"dp": 10.0})
+    row = [r for r in res.section["rows"] if r["pg_name"] == "dp0"][0]
+    busbw = nbytes / (2 * MS) * 3 / 4
+    assert row["busbw_gbps_p50"] == pytest.approx(busbw) and row["low"]
+    (f,) = [f for f in res.findings if f.dim == "dp"]
+    assert f.est_saving_ns == pytest.approx(2 * MS - nbytes * 0.75 / 10.0)
+    # above half the peak: not low
+    res = run(store, peak_gbps={"dp0": 2 * busbw * 0.9})
+    assert not [r for r in res.section["rows"] if r["pg_name"] == "dp0"][0]["low"]

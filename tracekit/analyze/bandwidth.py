@@ -1,0 +1,232 @@
+"""Collective bandwidth: algbw/busbw per collective instance, per group, op and size bucket.
+
+NCCL-tests convention (DESIGN §3): algbw = bytes / time; busbw = algbw × factor with factor
+all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send/recv 1.
+`bytes` is the table's max(in, out) message size. Time is the instance's *transfer* time (last end −
+last arrival, from the `matching` analyzer's instances), so waiting for a late rank is not mistaken
+for a slow link; without matching, an instance's shortest member duration (the last to arrive waits
+least) stands in (`time_basis: "min_duration"`).
+P2P and barriers are tabulated but never flagged (their durations include the peer's schedule).
+
+`low_bus_bandwidth`: a (group, op, size bucket) is low when its median busbw is below
+ - LOW_FRACTION_OF_PEAK × the peak the user gave for that group name or dim (`config.peak_gbps`),
+   judged only for buckets ≥ PEAK_MIN_BYTES (small messages are latency-bound), or else
+ - 1 / LOW_RATIO_OF_BEST of the best the same run reached: the fastest median time any (group, op,
+   bucket) of the run took to move at least as many bus bytes (bus bytes = bytes × factor).
+The saving is the time above what the reference bandwidth would take, per step.
+
+Section `bandwidth` (JSON):
+{"time_basis": "transfer" | "min_duration",
+ "rows": [{"pg_name", "dim", "op", "group_size", "bucket_bytes", "count", "bytes_p50", "time_ns_p50",
+           "algbw_gbps_p50", "busbw_gbps_p50", "busbw_gbps_max", "time_ns_per_step",
+           "reference_gbps": float | null, "reference": str | null, "low": bool}]}
+   # bucket_bytes: the power of two at or below the message size; GB/s = 1e9 bytes/s
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from tracekit.analyze import recommend
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+LOW_FRACTION_OF_PEAK = 0.5
+LOW_RATIO_OF_BEST = 3.0
+PEAK_MIN_BYTES = 1 << 20
+SAVING_INFO = 0.01
+"""Lost time / step time below which a low-bandwidth group is not reported."""
+SAVING_WARNING = 0.05
+SAVING_CRITICAL = 0.20
+NOT_FLAGGED_OPS = ("send", "recv", "barrier", "unknown")
+
+
+def bus_factor(op: str, n: int) -> float | None:
+    """NCCL-tests bus-bandwidth factor for `op` over `n` ranks (None for ops without one)."""
+    if n < 1:
+        return None
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce", "send", "recv", "gather", "scatter"):
+        return 1.0
+    return None
+
+
+def _bucket(nbytes: int) -> int:
+    return 1 << int(math.floor(math.log2(nbytes))) if nbytes > 0 else 0
+
+
+def _group_dims(store: RunStore, ctx: AnalysisContext) -> dict[str, str]:
+    layout = ctx.section("layout")
+    if layout and layout.get("groups"):
+        return {g["pg_name"]: g["dim"] for g in layout["groups"]}
+    return {g["pg_name"]: (g["dim"] or "unknown")
+            for g in store.table("process_groups", ["pg_name", "dim"]).to_pylist()}
+
+
+def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, Any]], str]:
+    """One record per collective instance: pg_name, op, n, bytes, time_ns, step."""
+    matched = ctx.cache.get("matching")
+    dims = _group_dims(store, ctx)
+    t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
+                                    "group_size", "dur", "step"])
+    rows = [r for r in t.to_pylist() if r["bytes"] and r["dur"] is not None and r["dur"] > 0]
+    out: list[dict[str, Any]] = []
+    if matched is not None and len(matched.instances):
+        inst = matched.instances
+        nbytes = matched.rows.groupby("key")["bytes"].max()
+        for r in inst.itertuples():
+            b = nbytes.get(r.key)
+            if b is None or (isinstance(b, float) and math.isnan(b)) or not b or not (r.transfer > 0):
+                continue
+            n = int(r.group_size) if r.group_size == r.group_size and r.group_size else int(r.n)
+            out.append({"pg_name": r.pg_name, "dim": r.dim or dims.get(r.pg_name, "unknown"), "op": r.op, "n": n,
+                        "bytes": int(b), "time_ns": float(r.transfer),
+                        "step": None if r.step != r.step or r.step is None else int(r.step)})
+        basis = "transfer"
+        # p2p is not matched: tabulate it from row durations
+        rows = [r for r in rows if r["is_p2p"] or r["op"] in ("send", "recv")]
+    else:
+        basis = "duration"
+    # without matching: one source per rank (comms log preferred); an instance (pg_name, seq) takes the
+    # shortest duration among its members (the last to arrive waits least: ≈ transfer time, no clocks)
+    src_pref = ("comms-log", "flight-recorder", "kineto")
+    have: dict[int, set[str]] = defaultdict(set)
+    for r in rows:
+        have[r["rank"]].add(r["source"])
+    chosen = {rk: next((s for s in src_pref if s in ss), sorted(ss)[0]) for rk, ss in have.items()}
+    by_inst: dict[Any, dict[str, Any]] = {}
+    for i, r in enumerate(rows):
+        if r["source"] != chosen[r["rank"]]:
+            continue
+        p2p = bool(r["is_p2p"]) or r["op"] in ("send", "recv")
+        key = (r["pg_name"], r["seq"]) if r["seq"] is not None and r["pg_name"] and not p2p else ("row", i)
+        x = {"pg_name": r["pg_name"] or "?", "dim": dims.get(r["pg_name"], "unknown"), "op": r["op"],
+             "n": int(r["group_size"] or 2), "bytes": int(r["bytes"]), "time_ns": float(r["dur"]),
+             "step": r["step"]}
+        cur = by_inst.get(key)
+        if cur is None:
+            by_inst[key] = x
+        else:
+            cur["time_ns"] = min(cur["time_ns"], x["time_ns"])
+            cur["bytes"] = max(cur["bytes"], x["bytes"])
+    out.extend(by_inst.values())
+    if basis == "duration":
+        basis = "min_duration"
+    return out, basis
+
+
+def _step_ns(store: RunStore) -> tuple[float, int]:
+    """Mean step time (slowest rank per step) and the number of steps."""
+    per: dict[int, int] = defaultdict(int)
+    for s in store.table("steps", ["step", "dur"]).to_pylist():
+        if s["dur"] is not None:
+            per[s["step"]] = max(per[s["step"]], s["dur"])
+    if not per:
+        return 0.0, 1
+    return float(np.mean(list(per.values()))), len(per)
+
+
+def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Bandwidth table and `low_bus_bandwidth` findings (one per dim)."""
+    inst, basis = _instances(store, ctx)
+    step_ns, nsteps = _step_ns(store)
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for x in inst:
+        f = bus_factor(x["op"], x["n"])
+        x["factor"] = f
+        x["algbw"] = x["bytes"] / x["time_ns"]
+        x["busbw"] = x["algbw"] * f if f is not None else None
+        groups[(x["pg_name"], x["op"], _bucket(x["bytes"]))].append(x)
+
+    table = []
+    for (pg, op, bucket), xs in sorted(groups.items()):
+        t = np.array([x["time_ns"] for x in xs])
+        b = np.array([x["bytes"] for x in xs], dtype=float)
+        f = xs[0]["factor"]
+        busbw = [x["busbw"] for x in xs if x["busbw"] is not None]
+        table.append({
+            "pg_name": pg, "dim": xs[0]["dim"], "op": op, "group_size": xs[0]["n"], "bucket_bytes": bucket,
+            "count": len(xs), "bytes_p50": int(np.median(b)), "time_ns_p50": int(np.median(t)),
+            "algbw_gbps_p50": float(np.median(b / t)),
+            "busbw_gbps_p50": float(np.median(busbw)) if busbw else None,
+            "busbw_gbps_max": float(np.max(busbw)) if busbw else None,
+            "time_ns_per_step": float(t.sum() / nsteps),
+            "bus_bytes_p50": float(np.median(b) * f) if f is not None else None,
+            "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
+        })
+    _judge(table, groups, ctx.config.peak_gbps, nsteps)
+    findings = _findings(table, step_ns, store)
+    for row in table:
+        row.pop("bus_bytes_p50", None)
+    return AnalyzerResult(findings=findings, section={"time_basis": basis, "rows": table})
+
+
+def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int) -> None:
+    """Fill reference bandwidth, `low` and the time lost against the reference per row."""
+    judged = [r for r in table if r["op"] not in NOT_FLAGGED_OPS and r["busbw_gbps_p50"] is not None]
+    for row in judged:
+        peak = peaks.get(row["pg_name"], peaks.get(row["dim"]))
+        if peak is not None:
+            if row["bucket_bytes"] < PEAK_MIN_BYTES:
+                continue
+            ref, why, low_at = float(peak), f"peak given for {row['pg_name'] if row['pg_name'] in peaks else row['dim']}", \
+                LOW_FRACTION_OF_PEAK
+        else:
+            better = [r for r in judged if r["bus_bytes_p50"] >= row["bus_bytes_p50"] and r is not row]
+            if not better:
+                continue
+            best = min(better, key=lambda r: r["time_ns_p50"])
+            ref = row["bus_bytes_p50"] / best["time_ns_p50"]
+            why = (f"best of the run: {best['pg_name']} {best['op']} moved ≥ as many bus bytes "
+                   f"({best['bytes_p50']} B) in {best['time_ns_p50'] / 1e3:.0f} µs")
+            low_at = 1.0 / LOW_RATIO_OF_BEST
+        row["reference_gbps"], row["reference"] = ref, why
+        if row["busbw_gbps_p50"] < low_at * ref:
+            row["low"] = True
+            xs = groups[(row["pg_name"], row["op"], row["bucket_bytes"])]
+            lost = sum(max(0.0, x["time_ns"] - x["bytes"] * x["factor"] / ref) for x in xs)
+            row["lost_ns_per_step"] = lost / nsteps
+
+
+def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore) -> list[Finding]:
+    by_dim: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in table:
+        if r["low"]:
+            by_dim[r["dim"] or "unknown"].append(r)
+    pg_ranks = {g["pg_name"]: g["ranks"] or [] for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
+    out = []
+    for dim, rows in by_dim.items():
+        per_group: dict[str, float] = defaultdict(float)
+        for r in rows:
+            per_group[r["pg_name"]] += r["lost_ns_per_step"]
+        worst_pg = max(per_group, key=per_group.get)
+        lost = per_group[worst_pg]  # groups of one dim run side by side: the worst bounds the step
+        frac = lost / step_ns if step_ns else 0.0
+        if step_ns and frac < SAVING_INFO:
+            continue
+        sev = Severity.CRITICAL if frac >= SAVING_CRITICAL else Severity.WARNING if frac >= SAVING_WARNING \
+            else Severity.INFO
+        worst = max((r for r in rows if r["pg_name"] == worst_pg), key=lambda r: r["lost_ns_per_step"])
+        advice = recommend.advise_bandwidth(group=worst_pg, dim=dim, busbw_gbps=worst["busbw_gbps_p50"],
+                                            reference_gbps=worst["reference_gbps"], reference=worst["reference"],
+                                            lost_ns=lost)
+        ranks = sorted({rk for pg in per_group for rk in pg_ranks.get(pg, [])})
+        summary = (f"{dim} collectives reach {worst['busbw_gbps_p50']:.3f} GB/s bus bandwidth "
+                   f"({worst['op']}, ~{worst['bytes_p50']} B) vs {worst['reference_gbps']:.3f} GB/s reference; "
+                   f"{lost / 1e6:.1f} ms lost per step")
+        evidence = {"groups": sorted(per_group), "lost_ns_per_step": {k: int(v) for k, v in per_group.items()},
+                    "op": worst["op"], "bucket_bytes": worst["bucket_bytes"],
+                    "busbw_gbps": worst["busbw_gbps_p50"], "reference_gbps": worst["reference_gbps"],
+                    "reference": worst["reference"], "step_ns": int(step_ns), **advice.evidence}
+        out.append(Finding(kind=FindingKind.LOW_BUS_BANDWIDTH, severity=sev, summary=summary, ranks=tuple(ranks),
+                           dim=dim, evidence=evidence, recommendation=advice.text,
+                           est_saving_ns=int(advice.saving_ns)))
+    return out
