@@ -47,7 +47,7 @@ def _issue(rank: int, log, expected: list, name: str, pg, fn, *, in_sizes, out_s
 def _worker(rank: int, out: str, port: int) -> None:
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     from tracekit.record.commlog import CommLog, comms_log_path
 
@@ -92,14 +92,16 @@ def _worker(rank: int, out: str, port: int) -> None:
                out_sizes=[[5]], step=step, caller=caller, is_p2p=True, peer=peer)
 
     one_round(None, None)  # before the profiled window: in the logs, not in the traces
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    trace_file = str(trace / f"rank{rank}.pt.trace.json.gz")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=0, active=PROFILED_STEPS, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(trace_file)) as prof:
         for step in range(PROFILED_STEPS):
             label = f"pp:stage{rank}:mb{step}:fwd"
             with record_function(label):
                 one_round(step, label)
             prof.step()
     log.close()
-    prof.export_chrome_trace(str(trace / f"rank{rank}.pt.trace.json.gz"))
     (Path(out) / "fr_json").mkdir(exist_ok=True)
     (Path(out) / "fr_pickle").mkdir(exist_ok=True)
     (Path(out) / "expected").mkdir(exist_ok=True)

@@ -1,10 +1,80 @@
-"""`tracekit parse` (placeholder until its issue lands)."""
+"""`tracekit parse TRACE_DIR --out STORE`: traces and logs → a run store (Parquet tables + meta.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+HELP = """Parse a directory of traces into a run store (one Parquet file per table).
+
+Reads, recursively: Kineto traces (*.json, *.json.gz, *.pt.trace.json.gz), collective logs
+(comms.rank*.jsonl), PyTorch Flight Recorder dumps (JSON or pickle; pickles are only read as
+plain data), manifest.json and ground_truth.json. Each file's rank comes from its content
+(distributedInfo.rank) or its name (rank3, rank-3, rank_3); a file with neither is skipped,
+never assumed to be rank 0. Skipped files are listed with their reasons.
+
+Examples:
+
+  tracekit parse traces --out store
+
+  tracekit parse traces --out store --workers 2 --quiet
+
+  tracekit query store "SELECT rank, count(*) FROM events GROUP BY rank"
+
+Exit status: 0 when at least one rank was parsed, 1 when nothing could be parsed.
+"""
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("parse", help="(not implemented yet)")
-    def _cmd() -> None:
-        typer.echo("tracekit parse: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("parse", help=HELP, no_args_is_help=True)
+    def parse_cmd(
+        trace_dir: Path = typer.Argument(..., help="Directory holding the run's traces and logs.",
+                                         exists=True, file_okay=False, dir_okay=True, readable=True),
+        out: Path = typer.Option(..., "--out", "-o", help="Run store directory to write (created if needed)."),
+        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
+        max_decompressed_mb: Optional[int] = typer.Option(
+            None, "--max-decompressed-mb", min=1,
+            help="Skip any trace that decompresses to more than this many MiB (default: no limit)."),
+    ) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        from tracekit.errors import TracekitError
+        from tracekit.parse.run import parse_run
+
+        err = Console(stderr=True)
+        limit = max_decompressed_mb * (1 << 20) if max_decompressed_mb else None
+        try:
+            result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit)
+        except TracekitError as exc:
+            err.print(f"[red]tracekit parse:[/red] {exc}")
+            raise typer.Exit(1) from None
+        store = result.store
+        ranks = store.ranks()
+        if not quiet:
+            counts = store.sql(
+                "SELECT r.rank, "
+                "(SELECT count(*) FROM events e WHERE e.rank = r.rank) AS events, "
+                "(SELECT count(*) FROM kernels k WHERE k.rank = r.rank) AS kernels, "
+                "(SELECT count(*) FROM collectives c WHERE c.rank = r.rank) AS collectives, "
+                "r.rank_source, r.source_file FROM ranks r ORDER BY r.rank").to_pylist()
+            table = Table(title=f"run store {store.path}", title_justify="left")
+            for col in ("rank", "events", "kernels", "collectives", "rank from", "file"):
+                table.add_column(col, justify="right" if col in ("rank", "events", "kernels", "collectives") else "left")
+            for c in counts:
+                table.add_row(str(c["rank"]), f"{c['events']:,}", f"{c['kernels']:,}", f"{c['collectives']:,}",
+                              str(c["rank_source"]), Path(str(c["source_file"])).name)
+            out_console = Console()
+            out_console.print(table)
+            for w in store.meta.get("warnings", []):
+                err.print(f"[yellow]warning:[/yellow] {w}")
+        for s in result.skipped:
+            err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
+        if not ranks:
+            err.print(f"[red]tracekit parse:[/red] nothing under {trace_dir} could be parsed")
+            raise typer.Exit(1)
+        if not quiet:
+            err.print(f"parsed {len(ranks)} rank(s) into {store.path}")

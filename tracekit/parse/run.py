@@ -471,7 +471,7 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
             joined, stats = join_collectives(kin_coll, log_table, log_shift_ns=shift)
             joined = _fill_group_ranks(joined, groups)
             writer.append("collectives", joined)
-            join_stats[rank] = stats.to_json()
+            join_stats[rank] = dict(stats.to_json(), log_shift_ns=shift)
             warnings += stats.warnings
         pipeline = pipeline_from_events(tables["events"]) if "events" in tables else None
         if pipeline is not None and pipeline.num_rows:
@@ -486,8 +486,6 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         writer.append("pipeline", _shift_times(t, shift))
     if rl.comms is not None and rl.fr is not None:
         warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
-    if shift:
-        warnings.append(f"log times shifted by -{shift} ns (baseTimeNanoseconds) onto the trace clock")
     files = dict(rl.files)
     if kineto_path:
         files["kineto"] = kineto_path

@@ -1,0 +1,249 @@
+"""parse_run: discovery, rank identity rules, log/trace join, pipeline labels, shared real traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.parse.gloo_run import WORLD, gloo_run_dir
+from tracekit.parse.discover import rank_from_filename
+from tracekit.parse.run import parse_run
+from tracekit.tables.store import RunStore
+
+
+def _x_events(path: Path) -> int:
+    with gzip.open(path, "rt") as fh:
+        return sum(1 for e in json.load(fh)["traceEvents"] if e.get("ph") == "X")
+
+
+def _link(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.symlink_to(src)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def gloo_store(tmp_path_factory) -> tuple[Path, RunStore]:
+    run = gloo_run_dir()
+    result = parse_run(run / "trace", tmp_path_factory.mktemp("gloo") / "store", progress=False)
+    return run, result.store
+
+
+# ---- the real gloo job: trace + comms log ------------------------------------------------------
+
+def test_gloo_run_ranks_and_sources(gloo_store) -> None:
+    run, store = gloo_store
+    assert store.ranks() == list(range(WORLD))
+    assert store.skipped == []
+    ranks = {r["rank"]: r for r in store.table("ranks").to_pylist()}
+    for rank in range(WORLD):
+        assert ranks[rank]["rank_source"] == "distributedInfo"
+        assert ranks[rank]["world_size"] == WORLD
+        assert ranks[rank]["num_events"] == _x_events(run / "trace" / f"rank{rank}.pt.trace.json.gz")
+    assert store.meta["manifest"]["world_size"] == WORLD
+    assert store.meta["inputs"]["files"]["0"]["comms_log"].endswith("comms.rank0.jsonl")
+    groups = {g["pg_name"]: g for g in store.table("process_groups").to_pylist()}
+    assert groups["0"]["pg_desc"] == "default_pg" and groups["1"]["pg_desc"] == "pair"
+    assert groups["0"]["ranks"] == [0, 1] and groups["0"]["seen_by"] == [0, 1]
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_gloo_kineto_collectives_get_log_sequence(gloo_store, rank: int) -> None:
+    """Every profiled collective is matched to the op the job issued: group, seq, step, caller."""
+    run, store = gloo_store
+    issued = json.loads((run / "expected" / f"ops.rank{rank}.json").read_text())
+    # Independent sequence numbers: count per (group, p2p) in issue order, from 1.
+    counter: dict[tuple[str, bool], int] = defaultdict(int)
+    for op in issued:
+        counter[(op["pg_name"], op["is_p2p"])] += 1
+        op["seq"] = counter[(op["pg_name"], op["is_p2p"])]
+    profiled = [o for o in issued if o["step"] is not None]
+    kin = store.sql(f"SELECT * FROM collectives WHERE source = 'kineto' AND rank = {rank} "
+                    "ORDER BY enqueue_ts").to_pylist()
+    assert len(kin) == len(profiled)
+    assert [(k["op"], k["pg_name"], k["seq"], k["is_p2p"], k["step"], k["caller"]) for k in kin] == \
+        [(o["op"], o["pg_name"], o["seq"], o["is_p2p"], o["step"], f"pp:stage{rank}:mb{o['step']}:fwd")
+         for o in profiled]
+    assert {k["seq_source"] for k in kin} == {"log"}
+    join = store.meta["join"][str(rank)]
+    assert join["matched_by_order"] == len(profiled) and join["numbered_by_order"] == 0
+
+    # Log rows are all kept, on the trace's clock (base time subtracted).
+    base = store.table("ranks").to_pylist()[rank]["base_time_ns"]
+    log = store.sql(f"SELECT * FROM collectives WHERE source = 'comms-log' AND rank = {rank} "
+                    "ORDER BY enqueue_ts").to_pylist()
+    assert [(r["op"], r["pg_name"], r["seq"]) for r in log] == [(o["op"], o["pg_name"], o["seq"]) for o in issued]
+    assert [r["enqueue_ts"] + base for r in log] == [o["created"] for o in issued]
+    # Each matched Kineto op lies inside its log entry's [created, done] window, on one clock.
+    by_key = {(r["pg_name"], r["is_p2p"], r["seq"]): r for r in log}
+    for k in kin:
+        lr = by_key[(k["pg_name"], k["is_p2p"], k["seq"])]
+        assert lr["enqueue_ts"] <= k["enqueue_ts"] <= lr["ts"] + lr["dur"]
+
+
+def test_gloo_pipeline_rows_from_labels(gloo_store) -> None:
+    run, store = gloo_store
+    rows = store.sql("SELECT rank, step, stage, microbatch, CAST(phase AS VARCHAR) AS phase, ts, dur "
+                     "FROM pipeline ORDER BY rank, ts").to_pylist()
+    labels = store.sql("SELECT rank, CAST(name AS VARCHAR) AS name, ts, dur FROM events "
+                       "WHERE CAST(name AS VARCHAR) LIKE 'pp:stage%' ORDER BY rank, ts").to_pylist()
+    assert len(rows) == len(labels) == WORLD * 2
+    for row, ev in zip(rows, labels):
+        assert ev["name"] == f"pp:stage{row['stage']}:mb{row['microbatch']}:{row['phase']}"
+        assert (row["rank"], row["ts"], row["dur"]) == (ev["rank"], ev["ts"], ev["dur"])
+        assert row["stage"] == row["rank"] and row["microbatch"] == row["step"] and row["phase"] == "fwd"
+
+
+def test_comms_log_only_and_flight_recorder_only(tmp_path: Path) -> None:
+    run = gloo_run_dir()
+    for rank in range(WORLD):
+        _link(run / "trace" / f"comms.rank{rank}.jsonl", tmp_path / "logs" / f"comms.rank{rank}.jsonl")
+        _link(run / "fr_pickle" / f"fr_trace_rank_{rank}", tmp_path / "fr" / f"fr_trace_rank_{rank}")
+    logs = parse_run(tmp_path / "logs", tmp_path / "s1", progress=False).store
+    fr = parse_run(tmp_path / "fr", tmp_path / "s2", progress=False).store
+    assert logs.ranks() == fr.ranks() == list(range(WORLD))
+    assert {r["rank_source"] for r in logs.table("ranks").to_pylist()} == {"comms-log"}
+    assert {r["rank_source"] for r in fr.table("ranks").to_pylist()} == {"filename"}
+    for rank in range(WORLD):
+        issued = json.loads((run / "expected" / f"ops.rank{rank}.json").read_text())
+        assert logs.rank_table("collectives", rank).num_rows == len(issued)
+        assert fr.rank_table("collectives", rank).num_rows == sum(not o["is_p2p"] for o in issued)
+    # Flight Recorder rows learn group ranks from nothing here (gloo's pg_config is empty): null, not invented.
+    assert set(fr.table("collectives").column("group_ranks").to_pylist()) == {None}
+
+
+def test_truncated_comms_log_in_a_run(tmp_path: Path) -> None:
+    run = gloo_run_dir()
+    text = (run / "trace" / "comms.rank1.jsonl").read_text()
+    lines = text.splitlines(keepends=True)
+    cut = "".join(lines[:-2]) + lines[-2][:30]  # drop footer, cut the last entry
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "comms.rank1.jsonl").write_text(cut)
+    store = parse_run(tmp_path / "in", tmp_path / "s", progress=False).store
+    assert store.ranks() == [1]
+    assert store.table("collectives").num_rows == len(lines) - 3  # minus header, footer, cut entry
+    warnings = store.table("ranks").to_pylist()[0]["parse_warnings"]
+    assert any("cut off" in w for w in warnings) and any("partial" in w for w in warnings)
+
+
+# ---- rank identity ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,rank", [
+    ("rank-3.json.gz", 3), ("rank3.pt.trace.json.gz", 3), ("trace_rank_12.json", 12), ("RANK7.json", 7),
+    ("sampled_rank-0.json.gz", 0), ("rank.5.json", 5), ("comms.rank11.jsonl", 11),
+    ("worker0.1623143089861.pt.trace.json.gz", None), ("franky3.json", None), ("trace.json", None),
+])
+def test_rank_from_filename(name: str, rank: int | None) -> None:
+    assert rank_from_filename(name) == rank
+
+
+def test_rank_identity_rules(tmp_path: Path, shared_traces: Path) -> None:
+    no_info = shared_traces / "hta_no_distributed_info" / "distributed_info_not_found.json.gz"
+    no_rank = shared_traces / "hta_rank_not_found" / "rank_not_found.json.gz"  # distributedInfo without rank
+    r0 = shared_traces / "hta_sampled_2rank" / "sampled_rank-0.json.gz"
+    src = tmp_path / "in"
+    _link(no_info, src / "a" / "rank5.json.gz")           # rank from the file name
+    _link(no_rank, src / "b" / "trace_rank_7.json.gz")    # distributedInfo lacks rank: name
+    _link(no_info, src / "c" / "anonymous.json.gz")      # neither: skipped
+    _link(r0, src / "d" / "first.json.gz")               # distributedInfo rank 0
+    _link(r0, src / "e" / "rank9_copy.json.gz")          # also rank 0 (content wins over name): conflict
+    store = parse_run(src, tmp_path / "store", progress=False).store
+    ranks = {r["rank"]: r for r in store.table("ranks").to_pylist()}
+    assert sorted(ranks) == [0, 5, 7]
+    assert (ranks[5]["rank_source"], ranks[7]["rank_source"], ranks[0]["rank_source"]) == \
+        ("filename", "filename", "distributedInfo")
+    assert ranks[0]["source_file"].endswith("first.json.gz")
+    skipped = {Path(s["file"]).name: s["reason"] for s in store.skipped}
+    assert set(skipped) == {"anonymous.json.gz", "rank9_copy.json.gz"}
+    assert "no rank" in skipped["anonymous.json.gz"]
+    assert str(src / "d" / "first.json.gz") in skipped["rank9_copy.json.gz"]
+    assert str(src / "e" / "rank9_copy.json.gz") in skipped["rank9_copy.json.gz"]
+    # events of each rank carry that rank, never a placeholder
+    assert sorted(set(store.table("events", ["rank"]).column("rank").to_pylist())) == [0, 5, 7]
+    assert store.rank_table("events", 5).num_rows == _x_events(no_info)
+
+
+def test_content_rank_wins_over_name_with_warning(tmp_path: Path, shared_traces: Path) -> None:
+    _link(shared_traces / "hta_sampled_2rank" / "sampled_rank-1.json.gz", tmp_path / "in" / "rank4.json.gz")
+    store = parse_run(tmp_path / "in", tmp_path / "s", progress=False).store
+    row = store.table("ranks").to_pylist()[0]
+    assert row["rank"] == 1 and row["rank_source"] == "distributedInfo"
+    assert any("file name says 4" in w for w in row["parse_warnings"])
+
+
+def test_duplicate_comms_logs_name_both_files(tmp_path: Path) -> None:
+    run = gloo_run_dir()
+    a = _link(run / "trace" / "comms.rank0.jsonl", tmp_path / "in" / "a" / "comms.rank0.jsonl")
+    b = _link(run / "trace" / "comms.rank0.jsonl", tmp_path / "in" / "b" / "comms.rank0.jsonl")
+    result = parse_run(tmp_path / "in", tmp_path / "s", progress=False)
+    assert result.store.ranks() == [0]
+    assert len(result.skipped) == 1 and result.skipped[0]["file"] == str(b)
+    assert str(a) in result.skipped[0]["reason"] and str(b) in result.skipped[0]["reason"]
+
+
+def test_nothing_parseable(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "notes.json").write_text('{"hello": 1}')
+    result = parse_run(tmp_path / "in", tmp_path / "s", progress=False)
+    assert result.store.ranks() == []
+    assert [Path(s["file"]).name for s in result.skipped] == ["notes.json"]
+
+
+# ---- shared real traces -------------------------------------------------------------------------
+
+def test_sampled_2rank(tmp_path: Path, shared_traces: Path) -> None:
+    d = shared_traces / "hta_sampled_2rank"
+    store = parse_run(d, tmp_path / "s", progress=False).store
+    assert store.ranks() == [0, 1] and store.skipped == []
+    counts = {r["rank"]: r["n"] for r in store.sql("SELECT rank, count(*) AS n FROM events GROUP BY rank").to_pylist()}
+    assert counts == {0: _x_events(d / "sampled_rank-0.json.gz"), 1: _x_events(d / "sampled_rank-1.json.gz")}
+    # world size 128 with two files: a warning naming the missing ranks, none invented
+    assert store.meta["world_size"] == 128
+    assert any("missing ranks [2, 3, 4" in w and "126 missing" in w for w in store.meta["warnings"])
+    # no log: Kineto collectives are numbered by order within their group
+    kin = store.sql("SELECT rank, pg_name, seq, seq_source, enqueue_ts, ts FROM collectives "
+                    "WHERE source = 'kineto'").to_pylist()
+    for rank in (0, 1):
+        rows = [r for r in kin if r["rank"] == rank]
+        assert rows, "the sampled traces hold NCCL collectives"
+        by_group: dict = defaultdict(list)
+        for r in rows:
+            if r["seq_source"] == "order":
+                by_group[r["pg_name"]].append(r)
+        for group_rows in by_group.values():
+            group_rows.sort(key=lambda r: r["enqueue_ts"] if r["enqueue_ts"] is not None else r["ts"])
+            assert [r["seq"] for r in group_rows] == list(range(1, len(group_rows) + 1))
+
+
+def test_mixed_execution_trace_and_kineto(tmp_path: Path, shared_traces: Path) -> None:
+    store = parse_run(shared_traces / "hta_mixed_et_and_kineto", tmp_path / "s", progress=False).store
+    assert store.ranks() == [0]
+    assert [Path(s["file"]).name for s in store.skipped] == ["benchmark_simple_add_et.json.gz"]
+    assert "execution trace" in store.skipped[0]["reason"]
+
+
+def test_gloo_rank34_groups_and_pg_count_warning(tmp_path: Path, shared_traces: Path) -> None:
+    d = shared_traces / "hta_gloo_cpu_rank34of300"
+    store = parse_run(d, tmp_path / "s", progress=False).store
+    assert store.ranks() == [34]
+    with gzip.open(next(d.glob("*.gz")), "rt") as fh:
+        info = json.load(fh)["distributedInfo"]
+    groups = store.table("process_groups").to_pylist()
+    assert sorted((g["pg_name"], tuple(g["ranks"])) for g in groups) == \
+        sorted((c["pg_name"], tuple(c["ranks"])) for c in info["pg_config"])
+    assert all(g["seen_by"] == [34] and g["dim"] is None for g in groups)
+    warnings = store.table("ranks").to_pylist()[0]["parse_warnings"]
+    assert any("pg_count" in w for w in warnings)  # pg_count 10 vs 11 pg_config entries
+
+
+def test_workers_give_the_same_store(tmp_path: Path, shared_traces: Path) -> None:
+    d = shared_traces / "hta_sampled_2rank"
+    one = parse_run(d, tmp_path / "one", progress=False).store
+    two = parse_run(d, tmp_path / "two", workers=2, progress=False).store
+    for name in ("ranks", "events", "kernels", "collectives", "steps", "process_groups"):
+        assert one.table(name).equals(two.table(name)), name
