@@ -15,10 +15,12 @@ Logging policy (what an entry's times mean):
 - `profiling_name` follows Flight Recorder: `<backend>:<op>` with op in all_reduce, all_gather,
   reduce_scatter, all_to_all, broadcast, barrier, send, recv.
 
-Profiler labels: each op runs inside `comm:<op>:<pg_desc>` (a `_RecordFunctionFast` region, so it is
-cheap and, with `record_shapes=True`, carries args `pg_name`, `seq`, `caller`). It encloses c10d's own
-`c10d::*` event and the slow-link delay; parsers should treat the `comm:` prefix as communication and
-match it to the log by (`pg_name`, `seq`).
+Profiler labels: each op runs inside `comm:<op>:<pg_desc>` (P2P batches: `comm:p2p:<pg_descs>`), a
+`_RecordFunctionFast` region: cheap, category `cpu_op` (so it never becomes the innermost
+`user_annotation` "caller" of the collective), and with `record_shapes=True` it carries args
+`Process Group Name`, `Process Group Description`, `seq_num` (first seq; `seq_nums` lists a P2P batch's),
+`is_p2p`, `caller`. It encloses c10d's own `c10d::*` event and the slow-link delay; parsers should treat
+the `comm:` prefix as communication, not compute, and can join it to the log on (pg_name, is_p2p, seq).
 
 Autograd helpers (`copy_to_tp`, `reduce_from_tp`, `gather_from_sp`, `reduce_scatter_to_sp`,
 `scatter_to_sp`, `gather_from_tp`, `all_to_all_autograd`) are Megatron's conjugate f/g operators; each
@@ -198,7 +200,7 @@ class Comm:
     def _region(self, op: str, info: GroupInfo, pending: _Pending) -> Any:
         f = pending.fields
         return _RecordFunctionFast(f"comm:{op}:{info.pg_desc}", [],
-                                   {"pg_name": info.pg_name, "seq": f["seq"], "caller": f["caller"] or ""})
+                                   _region_args(info, [f["seq"]], False, f["caller"]))
 
     def _delay(self, info: GroupInfo) -> None:
         delay_s = self.slow_groups.get(info.pg_desc)
@@ -295,8 +297,7 @@ class Comm:
         first = next(iter(infos.values()))
         name = "comm:p2p:" + "+".join(sorted({i.pg_desc for i in infos.values()}))
         seqs = [p.fields["seq"] for p in pendings]
-        with _RecordFunctionFast(name, [], {"pg_name": first.pg_name, "seq": seqs[0],
-                                            "caller": pendings[0].fields["caller"] or ""}):
+        with _RecordFunctionFast(name, [], _region_args(first, seqs, True, pendings[0].fields["caller"])):
             for info in infos.values():
                 self._delay(info)
             works = dist.batch_isend_irecv(p2p_ops)
@@ -320,6 +321,12 @@ class Comm:
             pending = list(self._pending)
         for p in sorted(pending, key=lambda p: p.fields["time_created_ns"]):
             p.complete(None)
+
+
+def _region_args(info: GroupInfo, seqs: list[int], p2p: bool, caller: str | None) -> dict[str, Any]:
+    """Args of a `comm:` profiler region, keyed like Kineto's `record_param_comms` where one exists."""
+    return {"Process Group Name": info.pg_name, "Process Group Description": info.pg_desc,
+            "seq_num": seqs[0], "seq_nums": ",".join(map(str, seqs)), "is_p2p": int(p2p), "caller": caller or ""}
 
 
 # ---- the active Comm --------------------------------------------------------------------------------

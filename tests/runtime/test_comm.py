@@ -87,13 +87,15 @@ def _exercise(rank: int, ws: int, out_dir: str) -> dict:
     res["all_reduce_max"] = t
     comm.barrier(world)
     recv = torch.empty(3, 4, dtype=torch.float64)
-    works = comm.batch_isend_irecv([("send", x, (rank + 1) % ws, world), ("recv", recv, (rank - 1) % ws, world)],
-                                   label="test:ring")
-    for w in works:
-        w.wait()
+    with torch.profiler.profile(record_shapes=True) as prof:
+        works = comm.batch_isend_irecv([("send", x, (rank + 1) % ws, world),
+                                        ("recv", recv, (rank - 1) % ws, world)], label="test:ring")
+        for w in works:
+            w.wait()
+        t = x.clone()
+        comm.all_reduce(t, tp, label="test:slow")
+    prof.export_chrome_trace(str(Path(out_dir) / f"trace.rank{rank}.json"))
     res["p2p"] = recv
-    t = x.clone()
-    comm.all_reduce(t, tp, label="test:slow")
     res["tp_all_reduce"] = t
 
     comm.step = 8
@@ -255,3 +257,25 @@ def test_slow_group_delay_lands_in_entry_duration(exercised):
         assert sorted(e["collective_seq_id"] for e in tp) == list(range(1, len(tp) + 1))
         assert {e["caller"] for e in tp} >= {"test:slow", "tp:copy_to_tp:bwd", "tp:sp_all_gather:bwd",
                                              "tp:sp_reduce_scatter:bwd"}
+
+
+def test_profiler_regions_carry_group_and_seq(exercised):
+    ws, res, out_dir = exercised
+    for r in range(ws):
+        events = json.loads((out_dir / f"trace.rank{r}.json").read_text())["traceEvents"]
+        _, entries, _ = _read_log(out_dir, r)
+        slow = next(e for e in entries if e["caller"] == "test:slow")
+        send = next(e for e in entries if e["caller"] == "test:ring" and e["profiling_name"] == "gloo:send")
+        ar = [e for e in events if e.get("name") == "comm:all_reduce:mesh_tp"]
+        p2p = [e for e in events if e.get("name") == "comm:p2p:default_pg"]
+        assert len(ar) == 1 and len(p2p) == 1
+        assert ar[0]["cat"] == "cpu_op"  # not a user_annotation: the caller label stays innermost
+        args = ar[0]["args"]
+        assert (args["Process Group Name"], args["Process Group Description"], args["seq_num"], args["is_p2p"],
+                args["caller"]) == (slow["process_group"][0], "mesh_tp", slow["collective_seq_id"], 0, "test:slow")
+        assert p2p[0]["args"]["seq_num"] == send["p2p_seq_id"] and p2p[0]["args"]["is_p2p"] == 1
+        assert p2p[0]["args"]["seq_nums"] == f"{send['p2p_seq_id']},{send['p2p_seq_id'] + 1}"
+        # the region encloses c10d's op and the injected delay
+        c10d = [e for e in events if e.get("name") == "c10d::allreduce_"
+                and ar[0]["ts"] <= e["ts"] <= ar[0]["ts"] + ar[0]["dur"]]
+        assert len(c10d) == 1 and ar[0]["dur"] >= SLOW_S * 1e6
