@@ -13,8 +13,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sa
 header.tk-head{padding:18px 28px 10px;border-bottom:1px solid var(--line);background:var(--soft)}
 header.tk-head h1{margin:0 0 4px;font-size:22px}
 header.tk-head .meta{color:var(--muted);font-size:13px}
-nav.tk-nav{position:sticky;top:0;z-index:5;background:#fff;border-bottom:1px solid var(--line);padding:6px 28px;font-size:13px}
-nav.tk-nav a{margin-right:14px;color:var(--info);text-decoration:none;white-space:nowrap}
+nav.tk-nav{position:sticky;top:0;z-index:5;background:#fff;border-bottom:1px solid var(--line);padding:6px 28px;font-size:13px;display:flex;flex-wrap:wrap;gap:2px 14px}
+nav.tk-nav a{color:var(--info);text-decoration:none;white-space:nowrap}
 main{padding:8px 28px 40px;max-width:1400px}
 section{margin:22px 0 30px}
 section h2{font-size:18px;border-bottom:1px solid var(--line);padding-bottom:4px;margin-bottom:10px}

@@ -9,6 +9,10 @@ from reports.format import is_num
 from reports.html_parts import Col, auto_col, kv_table, table, _cell_text
 
 
+MAX_ROWS = 1000
+"""Rows shown per generic table (the charts hold the rest)."""
+
+
 def _is_rows(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(r, dict) for r in value)
 
@@ -32,7 +36,7 @@ def render_generic(data: Any, *, depth: int = 0, skip: frozenset[str] = frozense
     """Scalars → key/value table; lists of records → sortable tables; nested dicts → sub-headings.
     Large numeric arrays (chart data) are summarised by their length."""
     if _is_rows(data):
-        return table(data, _row_columns(data))
+        return table(data, _row_columns(data), max_rows=MAX_ROWS)
     if not isinstance(data, dict):
         return kv_table([("value", _cell_text(data))])
     scalars: list[tuple[str, Any]] = []
@@ -41,7 +45,7 @@ def render_generic(data: Any, *, depth: int = 0, skip: frozenset[str] = frozense
         if key in skip:
             continue
         if _is_rows(value):
-            blocks.append(f"<h3>{h(key.replace('_', ' '))}</h3>" + table(value, _row_columns(value)))
+            blocks.append(f"<h3>{h(key.replace('_', ' '))}</h3>" + table(value, _row_columns(value), max_rows=MAX_ROWS))
         elif isinstance(value, dict) and depth < 2 and value and not _is_columnar(value):
             blocks.append(f"<h3>{h(key.replace('_', ' '))}</h3>" + render_generic(value, depth=depth + 1))
         elif isinstance(value, (list, dict)) and (len(value) > 32 or _is_columnar(value)):

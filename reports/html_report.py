@@ -68,8 +68,10 @@ class _Page:
         return value if isinstance(value, dict) else None
 
 
-def _page(title: str, header: str, body: str, figs: Figures) -> str:
-    nav = "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in SECTIONS if f'id="{a}"' in body)
+def _page(title: str, header: str, body: str, figs: Figures,
+          nav_items: list[tuple[str, str]] | None = None) -> str:
+    """The HTML document: one style block, sortable-table JS, and plotly.js once when there are charts."""
+    nav = "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in (nav_items or SECTIONS) if f'id="{a}"' in body)
     plotly = ""
     if figs.count:
         plotly = f'<script type="text/plain" id="tk-plotlyjs">{plotly_js_gz_b64()}</script>'

@@ -14,6 +14,8 @@ import pytest
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 """A trace event / group name that must always show as text, never as markup."""
+BREAKOUT = "</script><script>window.__xss=true</script>"
+"""A name that would end the inline JSON <script> block if it were embedded unescaped."""
 
 
 def _rank_row(rank: int, steps: int, compute: int, exposed: int, other: int, idle: int, comm: int) -> dict[str, Any]:
@@ -38,7 +40,7 @@ def build_analysis(num_ranks: int = 4, *, steps: int = 2, slow_rank: int | None 
         exposed = 25_000_000 + rng.randrange(0, 3_000_000) + (0 if r != slow_rank else -20_000_000)
         ranks.append(_rank_row(r, steps, compute, exposed, 3_000_000, 7_000_000 + rng.randrange(0, 999_999),
                                exposed + 10_000_000))
-    lanes = ["compute", f"comm:{grp}", "comm:dp", "other", "idle"]
+    lanes = ["compute", f"comm:{grp}", f"comm:{BREAKOUT}" if hostile else "comm:dp", "other", "idle"]
     intervals = []
     for r in range(num_ranks):
         t = 1_700_000_000_000_000_000
