@@ -18,60 +18,23 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
+from tracekit.parse.collective_names import dtype_bytes
+from tracekit.parse.collective_names import normalize_op as _normalize_name
 from tracekit.parse.safe_pickle import load_plain_data, looks_like_pickle
 from tracekit.tables.schema import conform
 
 SOURCE_FLIGHT_RECORDER = "flight-recorder"
-
-# Compact (underscore-free, lower-case) name prefix -> normalised op; order matters.
-_OP_PREFIXES: tuple[tuple[str, str], ...] = (
-    ("allreduce", "all_reduce"),
-    ("allgather", "all_gather"),
-    ("reducescatter", "reduce_scatter"),
-    ("alltoall", "all_to_all"),
-    ("broadcast", "broadcast"),
-    ("bcast", "broadcast"),
-    ("barrier", "barrier"),
-    ("isend", "send"),
-    ("irecv", "recv"),
-    ("send", "send"),
-    ("recv", "recv"),
-    ("reduce", "reduce"),
-    ("gather", "gather"),
-    ("scatter", "scatter"),
-)
-_BACKEND_PREFIX = re.compile(r"^(?:nccl|gloo|ucc|mpi|xccl|rccl|hccl|c10d|fake)\s*:+\s*", re.IGNORECASE)
+# "send 0->1" / "recv 1<-0" in P2P profiling names: this rank and the peer, as group-local ranks.
 _P2P_PEER = re.compile(r"(\d+)\s*(?:->|<-)\s*(\d+)")
-
-# Bytes per element for the dtype spellings of Flight Recorder (c10 names) and torch (`float32`).
-DTYPE_BYTES: dict[str, int] = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-    "byte": 1, "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "complexfloat": 8, "complex64": 8, "complexdouble": 16, "complex128": 16, "complexhalf": 4,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-}
 
 
 def normalize_op(name: str | None) -> str:
-    """Map a profiling / op name ("nccl:all_reduce", "gloo:_allgather_base", "nccl:send 0->1") to COLLECTIVE_OPS."""
-    if not name:
-        return "unknown"
-    base = _BACKEND_PREFIX.sub("", name.strip())
-    base = base.split()[0] if base.split() else ""
-    compact = base.replace("_", "").lower()
-    for prefix, op in _OP_PREFIXES:
-        if compact.startswith(prefix):
-            return op
-    return "unknown"
+    """Map a profiling name ("nccl:all_reduce", "gloo:_allgather_base", "nccl:send 0->1") to COLLECTIVE_OPS.
 
-
-def dtype_bytes(dtype: str | None) -> int | None:
-    """Element size of a dtype name, or None when unknown."""
-    if not dtype:
-        return None
-    key = dtype.lower().removeprefix("torch.").replace(" ", "")
-    return DTYPE_BYTES.get(key)
+    The spelling rules live in `collective_names` (shared with the Kineto parser); names that are not
+    collective calls (e.g. "nccl:coalesced") become "unknown" here, since a log entry is always a call.
+    """
+    return _normalize_name(name) or "unknown"
 
 
 def _nelems(sizes: Any) -> list[int] | None:
