@@ -13,6 +13,8 @@ Section `unoverlapped`:
      "by_dim_op": [{"dim", "op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
                     "overlap_ratio", "exposed_ns_per_step", "transfer_exposed_ns_per_step",
                     "share_of_step", "worst_rank"}],          # per-step numbers: the worst rank's
+     "by_rank_dim_op": [{"rank", "dim", "op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
+                         "steps", "step_ns"}],      # per rank (union per dim/op), for the report's heatmap
      "by_dim" / "by_op" / "by_size" / "by_caller": [{"key", "instances", "exposed_ns",
                     "transfer_exposed_ns"}],                   # per-instance sums over all ranks
      "top_offenders": [{"rank", "pg_name", "dim", "op", "bytes", "caller", "step", "ts", "dur_ns",
@@ -174,6 +176,7 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
         "exposed_ns": int(inst["exposed_ns"].sum()) if len(inst) else 0,
         "transfer_exposed_ns": int(inst["transfer_exposed_ns"].sum()) if len(inst) else 0,
         "by_dim_op": by_dim_op,
+        "by_rank_dim_op": per_rank_dim_op,
         "by_dim": _agg(inst, "dim"), "by_op": _agg(inst, "op"), "by_size": _agg(inst, "size"),
         "by_caller": _agg(inst, "caller"),
         "top_offenders": [{
