@@ -58,6 +58,13 @@ ANALYZERS: list[tuple[str, str]] = [
     ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
+    ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
+    ("experts", "tracekit.analyze.experts:analyze_experts"),
+    ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
+    ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
+    ("placement", "tracekit.analyze.placement:analyze_placement"),
+    # keep last: lists every finding's advice
+    ("recommendations", "tracekit.analyze.recommend:analyze_recommendations"),
 ]
 
 
