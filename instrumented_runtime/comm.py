@@ -44,6 +44,10 @@ from tracekit.record.commlog import CommLog
 
 ReduceOp = dist.ReduceOp
 
+# torch 2.13 renamed the tensor-in/tensor-out collectives (same c10d ops); the old names warn.
+_ALL_GATHER_TENSOR = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_REDUCE_SCATTER_TENSOR = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
 # c10 ScalarType names, as Flight Recorder writes `input_dtypes`.
 _DTYPE_NAMES = {
     torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
@@ -235,7 +239,7 @@ class Comm:
                                label: str | None = None, async_op: bool = False) -> LoggedWork | None:
         """`out` (group size × t along dim 0) ← every rank's `t`, in group rank order."""
         return self._run("all_gather", group, t,
-                         lambda a: dist.all_gather_into_tensor(out, t, group=group, async_op=a),
+                         lambda a: _ALL_GATHER_TENSOR(out, t, group=group, async_op=a),
                          inputs=[t], outputs=[out], label=label, async_op=async_op)
 
     def reduce_scatter_tensor(self, out: torch.Tensor, t: torch.Tensor, group: dist.ProcessGroup | None,
@@ -243,7 +247,7 @@ class Comm:
                               async_op: bool = False) -> LoggedWork | None:
         """`out` ← this rank's dim-0 chunk of the sum of every rank's `t`."""
         return self._run("reduce_scatter", group, t,
-                         lambda a: dist.reduce_scatter_tensor(out, t, op=op, group=group, async_op=a),
+                         lambda a: _REDUCE_SCATTER_TENSOR(out, t, op=op, group=group, async_op=a),
                          inputs=[t], outputs=[out], label=label, async_op=async_op)
 
     def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, out_splits: list[int] | None,
