@@ -1,0 +1,231 @@
+"""Typed configuration of one reference-runtime run: parallel layout, training, profiling and faults.
+
+`parse_args` turns the command line of `python -m instrumented_runtime` (DESIGN §7) into a `RunConfig`;
+every rank and the launcher read the same `RunConfig`, and `ground_truth.json` serialises it verbatim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+DP_MODES = ("ddp", "fsdp")
+SLOW_LINK_DIMS = ("dp", "tp", "cp", "ep", "pp", "edp")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """Shape of the tiny decoder-only MoE transformer (see model.py)."""
+
+    vocab_size: int = 256
+    """Number of token ids."""
+    d_model: int = 64
+    """Residual stream width."""
+    num_heads: int = 4
+    """Attention heads; must be divisible by tp."""
+    num_layers: int = 4
+    """Transformer blocks (split over pipeline stages)."""
+    d_ff: int = 128
+    """Hidden width of the dense MLP and of each expert."""
+    max_seq_len: int = 256
+    """Learned positional embedding length (>= the longest sequence, including --uneven-seq-rank)."""
+    moe_every: int = 2
+    """Block i uses an MoE feed-forward when (i + 1) % moe_every == 0; 0 means no MoE at all."""
+    num_experts: int = 4
+    """Experts per MoE layer; must be divisible by ep."""
+    top_k: int = 2
+    """Experts each token is routed to."""
+    capacity_factor: float = 1.25
+    """Per-expert capacity = ceil(capacity_factor * tokens * top_k / num_experts) on the routing rank."""
+    aux_loss_weight: float = 0.01
+    """Weight of the load-balancing auxiliary loss."""
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
+        if self.moe_every < 0 or self.num_layers < 1:
+            raise ValueError("num_layers must be >= 1 and moe_every >= 0")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        return self.moe_every > 0 and (layer_id + 1) % self.moe_every == 0
+
+
+@dataclass(kw_only=True, slots=True)
+class FaultConfig:
+    """Injected performance faults; each one that is active is listed in ground_truth.json."""
+
+    slow_rank: int | None = None
+    """Global rank whose compute is slowed (busy-work proportional to its own op times)."""
+    slow_factor: float = 1.0
+    """Target compute multiplier on slow_rank (>= 1)."""
+    stage_layers: list[int] | None = None
+    """Layers per pipeline (virtual) stage, e.g. [3, 1]; None splits evenly."""
+    router_bias: dict[int, float] = field(default_factory=dict)
+    """Expert id -> logit bias added by every router (routing skew)."""
+    no_overlap: bool = False
+    """Data-parallel gradient communication forced after backward and synchronous."""
+    slow_links: dict[str, float] = field(default_factory=dict)
+    """Group dim (tp, cp, ep, dp, pp, edp) -> extra seconds per collective in that dim's groups."""
+    host_stall_rank: int | None = None
+    """Global rank whose data loader sleeps inside `data:load`."""
+    host_stall_ms: float = 0.0
+    """Milliseconds slept per step on host_stall_rank."""
+    uneven_seq_rank: int | None = None
+    """Global rank whose data-parallel replica gets sequences uneven_seq_factor times longer."""
+    uneven_seq_factor: int = 2
+    """Sequence-length multiplier of the uneven replica."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything one run needs; identical on every rank."""
+
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+    """Expert-parallel degree; its groups are drawn from the dp x cp ranks (torchtitan style)."""
+    dp_mode: str = "ddp"
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    virtual_stages: int = 2
+    """Model chunks per pipeline rank for the interleaved / zb schedules."""
+    steps: int = 4
+    profile_steps: int = 2
+    """Active profiler steps; they are the last steps of the run, after one warm-up step."""
+    global_batch_size: int | None = None
+    """Sequences per step over all dp replicas; default dp * microbatches * 2."""
+    seq_len: int = 64
+    """Tokens per sequence (before context-parallel sharding)."""
+    seed: int = 0
+    lr: float = 3e-3
+    dtype: str = "float32"
+    ranks_per_host: int | None = None
+    """Virtual host size for topology studies: rank r is on host `host{r // N}`."""
+    out: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "dp", "cp", "tp", "ep", "microbatches", "steps", "virtual_stages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.dp_mode not in DP_MODES:
+            raise ValueError(f"--dp-mode must be one of {DP_MODES}, got {self.dp_mode!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+        if self.global_batch_size is None:
+            self.global_batch_size = self.dp * self.microbatches * 2
+        if self.global_batch_size % (self.dp * self.microbatches):
+            raise ValueError(f"global batch {self.global_batch_size} is not divisible by dp*microbatches"
+                             f" = {self.dp * self.microbatches}")
+        if self.profile_steps < 1 or self.profile_steps + 1 > self.steps:
+            raise ValueError(f"need steps >= profile_steps + 1 (one warm-up step); got steps={self.steps}, "
+                             f"profile_steps={self.profile_steps}")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages in total (virtual stages for the multi-chunk schedules)."""
+        return self.pp * self.stages_per_rank
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.virtual_stages if (self.pp > 1 and self.schedule in ("interleaved", "zb")) else 1
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step over the whole job (counting the uneven replica's longer sequences)."""
+        per_replica = self.global_batch_size // self.dp * self.seq_len
+        total = per_replica * self.dp
+        if self.faults.uneven_seq_rank is not None:
+            total += per_replica * (self.faults.uneven_seq_factor - 1)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        d = dict(d)
+        model = ModelConfig(**d.pop("model", {}))
+        faults_d = dict(d.pop("faults", {}))
+        faults_d["router_bias"] = {int(k): float(v) for k, v in faults_d.get("router_bias", {}).items()}
+        return cls(model=model, faults=FaultConfig(**faults_d), **d)
+
+
+def _parse_kv(text: str, what: str, key_type: type, allowed: tuple[str, ...] | None = None) -> dict:
+    out: dict = {}
+    for item in filter(None, text.split(",")):
+        if "=" not in item:
+            raise argparse.ArgumentTypeError(f"{what}: expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if allowed is not None and k not in allowed:
+            raise argparse.ArgumentTypeError(f"{what}: {k!r} is not one of {allowed}")
+        out[key_type(k)] = float(v)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m instrumented_runtime",
+                                description="Instrumented reference training runtime (tiny MoE transformer, "
+                                            "pp x dp x cp x tp with ep over dp x cp)")
+    for dim in ("dp", "tp", "pp", "cp", "ep"):
+        p.add_argument(f"--{dim}", type=int, default=1)
+    p.add_argument("--dp-mode", choices=DP_MODES, default="ddp")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
+    p.add_argument("--microbatches", type=int, default=None, help="default: pp (or 1 without pp)")
+    p.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank for interleaved/zb")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--profile-steps", type=int, default=2)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--ranks-per-host", type=int, default=None)
+    p.add_argument("--out", required=True)
+    m = p.add_argument_group("model")
+    defaults = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        m.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
+                       default=getattr(defaults, f.name), dest="model_" + f.name)
+    f_ = p.add_argument_group("fault knobs (each recorded in ground_truth.json)")
+    f_.add_argument("--slow-rank", type=int, default=None)
+    f_.add_argument("--slow-factor", type=float, default=2.0)
+    f_.add_argument("--stage-layers", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    f_.add_argument("--router-bias", type=lambda s: _parse_kv(s, "--router-bias", int), default={})
+    f_.add_argument("--no-overlap", action="store_true")
+    f_.add_argument("--slow-link", type=lambda s: _parse_kv(s, "--slow-link", str, SLOW_LINK_DIMS), default={})
+    f_.add_argument("--host-stall-rank", type=int, default=None)
+    f_.add_argument("--host-stall-ms", type=float, default=50.0)
+    f_.add_argument("--uneven-seq-rank", type=int, default=None)
+    f_.add_argument("--uneven-seq-factor", type=int, default=2)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    a = build_parser().parse_args(argv)
+    model = ModelConfig(**{f.name: getattr(a, "model_" + f.name) for f in dataclasses.fields(ModelConfig)})
+    faults = FaultConfig(
+        slow_rank=a.slow_rank, slow_factor=a.slow_factor if a.slow_rank is not None else 1.0,
+        stage_layers=a.stage_layers, router_bias=a.router_bias, no_overlap=a.no_overlap,
+        slow_links=a.slow_link, host_stall_rank=a.host_stall_rank,
+        host_stall_ms=a.host_stall_ms if a.host_stall_rank is not None else 0.0,
+        uneven_seq_rank=a.uneven_seq_rank, uneven_seq_factor=a.uneven_seq_factor)
+    microbatches = a.microbatches if a.microbatches is not None else max(a.pp, 1)
+    return RunConfig(pp=a.pp, dp=a.dp, cp=a.cp, tp=a.tp, ep=a.ep, dp_mode=a.dp_mode, schedule=a.schedule,
+                     microbatches=microbatches, virtual_stages=a.virtual_stages, steps=a.steps,
+                     profile_steps=a.profile_steps, global_batch_size=a.global_batch_size, seq_len=a.seq_len,
+                     seed=a.seed, lr=a.lr, dtype=a.dtype, ranks_per_host=a.ranks_per_host, out=a.out,
+                     model=model, faults=faults)

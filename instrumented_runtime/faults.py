@@ -1,0 +1,121 @@
+"""Injected performance faults that need code on the ranks (the others are plain settings: stage
+layers, router bias, slow link delays in Comm, micro-batch count, DP bucketing) and their ground truth.
+
+`ComputeSlowdown` is the slow-rank fault: a TorchDispatchMode that times every compute op this rank runs
+(forward, backward and optimizer; collectives excluded) and pays (factor - 1) x that time back as real
+matrix-multiply work, so the rank's compute becomes about `factor` times its peers' and shows up in the
+trace as ordinary `aten::mm` ops, not as idle time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .config import RunConfig
+from .parallel_dims import ParallelDims
+
+_COMM_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "profiler"})
+
+
+class ComputeSlowdown(TorchDispatchMode):
+    """Add (factor - 1) x each compute op's own time as busy matmuls, paid once 0.5 ms of debt accrues."""
+
+    def __init__(self, factor: float, *, min_payment_s: float = 5e-4, chunk: int = 96) -> None:
+        super().__init__()
+        if factor < 1.0:
+            raise ValueError(f"slow factor must be >= 1, got {factor}")
+        self.extra = factor - 1.0
+        self.min_payment_s = min_payment_s
+        self.debt_s = 0.0
+        self.paid_s = 0.0
+        self._a = torch.randn(chunk, chunk)
+        self._b = torch.randn(chunk, chunk)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func.namespace in _COMM_NAMESPACES:
+            return func(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.debt_s += self.extra * (time.perf_counter() - t0)
+        if self.debt_s >= self.min_payment_s:
+            self._pay()
+        return out
+
+    def _pay(self) -> None:
+        t0 = time.perf_counter()
+        deadline = t0 + self.debt_s
+        while time.perf_counter() < deadline:
+            torch.mm(self._a, self._b)
+        spent = time.perf_counter() - t0
+        self.debt_s -= spent          # overshoot carries over as negative debt
+        self.paid_s += spent
+
+
+def ground_truth_faults(cfg: RunConfig, pd: ParallelDims) -> list[dict[str, Any]]:
+    """Every active fault with its parameters and the ranks / groups / stages / experts it affects."""
+    f = cfg.faults
+    groups = pd.group_ranks()
+    coords = pd.coords
+    out: list[dict[str, Any]] = []
+    if f.slow_rank is not None and f.slow_factor > 1.0:
+        c = coords(f.slow_rank)
+        out.append({"kind": "slow_rank", "ranks": [f.slow_rank], "factor": f.slow_factor,
+                    "coords": c, "expected_findings": ["straggler"],
+                    "description": f"rank {f.slow_rank} does ~{f.slow_factor}x the compute of its peers"})
+    if f.stage_layers is not None and cfg.pp > 1 and len(set(f.stage_layers)) > 1:
+        heavy = max(range(len(f.stage_layers)), key=lambda s: f.stage_layers[s])
+        out.append({"kind": "stage_imbalance", "stage_layers": list(f.stage_layers), "stages": [heavy],
+                    "ranks": [r for r in range(pd.world_size) if coords(r)["pp"] == heavy % cfg.pp],
+                    "expected_findings": ["pipeline_imbalance"],
+                    "description": f"stage {heavy} holds {f.stage_layers[heavy]} of {sum(f.stage_layers)} layers"})
+    if f.router_bias:
+        moe_layers = [i for i in range(cfg.model.num_layers) if cfg.model.is_moe_layer(i)]
+        out.append({"kind": "router_skew", "experts": sorted(f.router_bias),
+                    "router_bias": {str(k): v for k, v in sorted(f.router_bias.items())}, "layers": moe_layers,
+                    "ranks": list(range(pd.world_size)), "expected_findings": ["expert_routing_skew"],
+                    "description": "router logits biased toward experts " + ",".join(map(str, sorted(f.router_bias)))})
+    if f.no_overlap and (cfg.dp * cfg.cp > 1):
+        out.append({"kind": "no_overlap", "dim": "dp", "dp_mode": cfg.dp_mode, "groups": groups["dp_cp"],
+                    "ranks": list(range(pd.world_size)),
+                    "expected_findings": ["unoverlapped_collective", "communication_bound"],
+                    "description": ("DDP: one bucket, all-reduce after backward, synchronous" if cfg.dp_mode == "ddp"
+                                    else "FSDP2: no explicit prefetch")})
+    if cfg.pp > 1 and cfg.microbatches < cfg.pp:
+        out.append({"kind": "too_few_microbatches", "microbatches": cfg.microbatches, "stages": cfg.pp,
+                    "ranks": list(range(pd.world_size)), "expected_findings": ["pipeline_bubble"],
+                    "theoretical_bubble": (cfg.pp - 1) / (cfg.microbatches + cfg.pp - 1),
+                    "description": f"{cfg.microbatches} micro-batches for {cfg.pp} stages"})
+    for dim, delay_s in sorted(f.slow_links.items()):
+        gdim = "dp_cp" if dim == "dp" else dim
+        gs = [g for g in groups.get(gdim, []) if len(g) > 1]
+        out.append({"kind": "slow_link", "dim": dim, "pg_desc": f"mesh_{gdim}", "delay_s": delay_s,
+                    "groups": gs, "ranks": sorted({r for g in gs for r in g}),
+                    "expected_findings": ["low_bus_bandwidth", "communication_bound"],
+                    "description": f"every collective in the {dim} groups is delayed {delay_s * 1e3:.1f} ms"})
+    if f.host_stall_rank is not None and f.host_stall_ms > 0:
+        out.append({"kind": "host_stall", "ranks": [f.host_stall_rank], "stall_ms": f.host_stall_ms,
+                    "label": "data:load", "expected_findings": ["idle_host_bound", "straggler"],
+                    "description": f"rank {f.host_stall_rank} sleeps {f.host_stall_ms} ms in data:load every step"})
+    if f.uneven_seq_rank is not None and f.uneven_seq_factor > 1:
+        dp_i = coords(f.uneven_seq_rank)["dp"]
+        ranks = [r for r in range(pd.world_size) if coords(r)["dp"] == dp_i]
+        out.append({"kind": "uneven_sequence_length", "dp_replica": dp_i, "ranks": ranks,
+                    "seq_factor": f.uneven_seq_factor, "seq_len": cfg.seq_len * f.uneven_seq_factor,
+                    "expected_findings": ["straggler"],
+                    "description": f"dp replica {dp_i} trains on sequences {f.uneven_seq_factor}x longer"})
+    if cfg.ranks_per_host:
+        hosts = {r: r // cfg.ranks_per_host for r in range(pd.world_size)}
+        spanning = {dim: [g for g in gs if len({hosts[r] for r in g}) > 1]
+                    for dim, gs in groups.items() if dim in ("tp", "cp", "ep", "pp", "dp")}
+        spanning = {d: g for d, g in spanning.items() if g}
+        if spanning:
+            out.append({"kind": "groups_span_hosts", "ranks_per_host": cfg.ranks_per_host, "groups": spanning,
+                        "ranks": sorted({r for gs in spanning.values() for g in gs for r in g}),
+                        "expected_findings": [],
+                        "description": "groups crossing virtual hosts: " + ", ".join(sorted(spanning))})
+    return out
