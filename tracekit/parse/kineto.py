@@ -314,7 +314,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     cat_dict = [_norm_cat(c) for c in cat_raw.dictionary.to_pylist()]
     cat_norm_dict = pa.array(sorted({c for c in cat_dict if c is not None}), pa.string())
     remap = np.array([cat_norm_dict.index(c).as_py() if c is not None else -1 for c in cat_dict] or [0], np.int32)
-    cat_idx_raw = cat_raw.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
+    cat_idx_raw = cat_raw.indices.fill_null(0).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
     if cat_raw.indices.null_count:
         valid_cat = cat_raw.indices.is_valid().to_numpy(zero_copy_only=False)
         cat_codes = np.where(valid_cat, remap[np.where(valid_cat, cat_idx_raw, 0)], -1)
@@ -519,8 +519,8 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
         "steps": conform("steps", steps_tbl),
     }
 
-    info = _info(trace, di, path, ts, end, n, len(k_rows), warnings, process_labels)
     pgs = _process_groups(di, trace_rank, warnings)
+    info = _info(trace, di, path, ts, end, n, len(k_rows), warnings, process_labels)
     return KinetoParse(
         source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=pgs,
         tables=tables, table_rank=table_rank, phase_counts=phase_counts,
