@@ -247,3 +247,17 @@ def test_workers_give_the_same_store(tmp_path: Path, shared_traces: Path) -> Non
     two = parse_run(d, tmp_path / "two", workers=2, progress=False).store
     for name in ("ranks", "events", "kernels", "collectives", "steps", "process_groups"):
         assert one.table(name).equals(two.table(name)), name
+
+
+def test_process_group_merge() -> None:
+    from tracekit.parse.run import _GroupMerger
+
+    m = _GroupMerger()
+    m.add([{"pg_name": "3", "pg_desc": None, "ranks": None, "size": None, "backend": None}], rank=1)
+    m.add([{"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [0, 1], "size": 2, "backend": "gloo"}], rank=0)
+    m.add([{"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [2, 3], "size": 2, "backend": "gloo"}], rank=2)
+    m.add([{"pg_name": "3", "pg_desc": "mesh_tp", "ranks": [0, 1], "size": 2, "backend": "gloo"}], rank=1)
+    rows = m.table().to_pylist()
+    assert [(r["pg_name"], r["ranks"], r["seen_by"], r["pg_desc"]) for r in rows] == \
+        [("3", [0, 1], [0, 1], "mesh_tp"), ("3", [2, 3], [2], "mesh_tp")]
+    assert m.ranks_of("3", 3) == [2, 3] and m.ranks_of("3", 0) == [0, 1] and m.ranks_of("9", 0) is None

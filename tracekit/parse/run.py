@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,8 @@ import pyarrow.compute as pc
 
 from tracekit.errors import RankIdentityError, TraceFormatError, TracekitError
 from tracekit.parse import discover as disc
-from tracekit.parse.comms_log import CommsLogParse, parse_comms_log
-from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder
+from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
+from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.store import RunStore, RunStoreWriter
@@ -48,8 +49,10 @@ class ParseRunResult:
 
 @dataclass
 class _RankLogs:
-    """The per-rank inputs that are read before the Kineto traces."""
+    """The per-rank inputs found before the Kineto traces (comms logs are read in full only when written)."""
 
+    comms_path: str | None = None
+    comms_rank_source: str | None = None
     comms: CommsLogParse | None = None
     fr: FlightRecorderParse | None = None
     routing: list[pa.Table] = field(default_factory=list)
@@ -196,8 +199,21 @@ def _kineto_results(paths: list[str], workers: int, max_bytes: int | None) -> It
     import multiprocessing as mp
 
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=ctx) as pool:
-        yield from pool.map(_parse_kineto_job, jobs)
+    workers = min(workers, len(paths))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        # At most 2 results per worker in flight, so parsed ranks never pile up in memory.
+        pending: deque = deque()
+        todo = iter(jobs)
+        for job in todo:
+            pending.append(pool.submit(_parse_kineto_job, job))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(_parse_kineto_job, nxt))
+            yield result
 
 
 def _log_shift_ns(info: dict[str, Any], log: pa.Table | None) -> int:
@@ -233,16 +249,16 @@ class _GroupMerger:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
+        self._ranks_by_name: dict[str, list[tuple[int, ...]]] = {}
 
     def add(self, groups: list[dict[str, Any]], rank: int) -> None:
         for g in groups:
             ranks = tuple(g["ranks"]) if g.get("ranks") else None
-            key = (g["pg_name"], ranks)
             if ranks is None:  # a description without ranks joins a same-name one that has them
-                for (name, r), row in self.rows.items():
-                    if name == g["pg_name"]:
-                        key = (name, r)
-                        break
+                ranks = self._pick(g["pg_name"], rank)
+            elif ranks not in self._ranks_by_name.setdefault(g["pg_name"], []):
+                self._ranks_by_name[g["pg_name"]].append(ranks)
+            key = (g["pg_name"], ranks)
             row = self.rows.get(key)
             if row is None:
                 row = self.rows[key] = {"pg_name": g["pg_name"], "pg_desc": g.get("pg_desc"),
@@ -255,13 +271,28 @@ class _GroupMerger:
             if rank not in row["seen_by"]:
                 row["seen_by"].append(rank)
 
-    def ranks_of(self, pg_name: str) -> list[int] | None:
-        for (name, ranks), _row in self.rows.items():
-            if name == pg_name and ranks:
-                return list(ranks)
-        return None
+    def _pick(self, pg_name: str, rank: int) -> tuple[int, ...] | None:
+        """Ranks of the group named `pg_name` that `rank` belongs to (names may repeat across subgroups)."""
+        options = self._ranks_by_name.get(pg_name) or []
+        for ranks in options:
+            if rank in ranks:
+                return ranks
+        return options[0] if len(options) == 1 else None
+
+    def ranks_of(self, pg_name: str, rank: int) -> list[int] | None:
+        ranks = self._pick(pg_name, rank)
+        return list(ranks) if ranks else None
 
     def table(self) -> pa.Table:
+        # A group first described without ranks, later with them: fold the rank-less row in.
+        for (name, ranks), row in list(self.rows.items()):
+            if ranks is None:
+                target = next((r for (n, rk), r in self.rows.items() if n == name and rk is not None), None)
+                if target is not None:
+                    target["seen_by"] = sorted(set(target["seen_by"]) | set(row["seen_by"]))
+                    for col in ("pg_desc", "backend"):
+                        target[col] = target[col] if target[col] is not None else row[col]
+                    del self.rows[(name, ranks)]
         rows = sorted(self.rows.values(), key=lambda r: (len(r["pg_name"]), r["pg_name"], r["ranks"] or []))
         for r in rows:
             r["seen_by"] = sorted(r["seen_by"])
@@ -274,11 +305,12 @@ def _fill_group_ranks(table: pa.Table, groups: _GroupMerger) -> pa.Table:
     if table.num_rows == 0 or table.column("group_ranks").null_count == 0:
         return table
     names = table.column("pg_name").to_pylist()
+    owner = table.column("rank").to_pylist()
     ranks = table.column("group_ranks").to_pylist()
     sizes = table.column("group_size").to_pylist()
     for i, name in enumerate(names):
         if ranks[i] is None and name is not None:
-            ranks[i] = groups.ranks_of(name)
+            ranks[i] = groups.ranks_of(name, owner[i])
             if ranks[i] is not None and sizes[i] is None:
                 sizes[i] = len(ranks[i])
     table = table.set_column(table.column_names.index("group_ranks"), "group_ranks",
@@ -336,6 +368,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     logs: dict[int, _RankLogs] = {}
     claims: dict[str, dict[int, str]] = {k: {} for k in ("comms_log", "flight_recorder", "kineto", "routing", "pipeline")}
     world_sizes: dict[int, int] = {}
+    groups = _GroupMerger()
     writer = RunStoreWriter(Path(store_dir))
     try:
         # 1. small per-rank inputs
@@ -347,15 +380,19 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             local_warnings: list[str] = []
             try:
                 if f.kind == disc.COMMS_LOG:
-                    parsed = parse_comms_log(f.path)
-                    rank, source = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local_warnings)
+                    header = read_comms_log_header(f.path)
+                    if header is None:
+                        raise TraceFormatError(path, "not a tracekit comms log (no header line)")
+                    head_rank = header.get("rank")
+                    rank, source = _identify(None if head_rank is None else int(head_rank), "comms-log",
+                                             f.name_rank, path, local_warnings)
                     if not _claim(claims["comms_log"], rank, path, "comms log", skipped):
                         continue
-                    parsed.collectives = _set_rank(parsed.collectives, rank)
-                    logs.setdefault(rank, _RankLogs()).comms = parsed
-                    if parsed.world_size:
-                        world_sizes[rank] = parsed.world_size
-                    local_warnings += parsed.warnings
+                    rl = logs.setdefault(rank, _RankLogs())
+                    rl.comms_path, rl.comms_rank_source = path, source
+                    if header.get("world_size"):
+                        world_sizes[rank] = int(header["world_size"])
+                    groups.add(pg_config_groups(header.get("pg_config")), rank)
                 elif f.kind == disc.FLIGHT_RECORDER:
                     parsed = parse_flight_recorder(f.path, max_bytes=max_decompressed_bytes)
                     rank, source = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local_warnings)
@@ -363,6 +400,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
                         continue
                     parsed.collectives = _set_rank(parsed.collectives, rank)
                     logs.setdefault(rank, _RankLogs()).fr = parsed
+                    groups.add(parsed.process_groups, rank)
                     local_warnings += parsed.warnings
                 elif f.kind in (disc.ROUTING, disc.PIPELINE):
                     rank, source = _identify(None, None, f.name_rank, path, local_warnings)
@@ -376,12 +414,6 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
                 rank_warnings.setdefault(rank, []).extend(local_warnings)
             except TraceFormatError as exc:
                 skipped.append({"file": path, "reason": exc.reason})
-
-        groups = _GroupMerger()
-        for rank, rl in sorted(logs.items()):
-            for p in (rl.comms, rl.fr):
-                if p is not None:
-                    groups.add(p.process_groups, rank)
 
         # 2. Kineto traces, one rank at a time
         rank_rows: list[dict[str, Any]] = []
@@ -456,6 +488,10 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
                 join_stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
     warnings = list(warnings)
+    if rl.comms_path is not None and rl.comms is None:
+        rl.comms = parse_comms_log(rl.comms_path, rank=rank)
+        rl.comms.rank_source = rl.comms_rank_source
+        warnings += rl.comms.warnings
     log = rl.comms or rl.fr
     log_table = log.collectives if log is not None else None
     info: dict[str, Any] = dict(kp.info) if kp is not None else {}
