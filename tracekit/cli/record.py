@@ -1,10 +1,128 @@
-"""`tracekit record` (placeholder until its issue lands)."""
+"""`tracekit record [options] -- COMMAND ...`: profile an unmodified training command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
+HELP = """\
+Run COMMAND unmodified with the profiler injected into every rank process, and leave in --out:
+rank{R}.pt.trace.json.gz per profiled rank, comms.rank{R}.jsonl (every rank's collectives inside the
+profiled window, Flight Recorder entry schema), flight_recorder.rank{R}.json, record.rank{R}.json
+(per-rank status and clock anchors) and manifest.json.
+
+Steps are counted at each optimizer.step() (the first optimizer that steps), or at tracekit.step()
+calls if the program makes them. Step 0 is start-up plus the first iteration, so --wait + --skip-first
+must be at least 1. With the defaults the trace holds steps 2, 3 and 4 (ProfilerStep#2..#4).
+
+Examples:
+
+  tracekit record --out traces -- torchrun --nproc-per-node 8 train.py --lr 3e-4
+
+  tracekit record --out traces --wait 10 --warmup 2 --active 3 --ranks 0,8,16 -- torchrun ... train.py
+
+  tracekit record --out traces -- python train.py
+
+The exit code is COMMAND's. Then run:  tracekit analyze traces --out tracekit-out
+"""
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("record", help="(not implemented yet)")
-    def _cmd() -> None:
-        typer.echo("tracekit record: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command(
+        "record",
+        help=HELP,
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+    )
+    def record_cmd(
+        command: Optional[list[str]] = typer.Argument(
+            None, metavar="-- COMMAND [ARGS]...", help="The training command, after `--`.", show_default=False),
+        out: Path = typer.Option(Path("traces"), "--out", "-o", help="Output directory (created if missing)."),
+        wait: int = typer.Option(1, help="Steps to skip before each profiled cycle (e.g. --wait 10)."),
+        warmup: int = typer.Option(1, help="Steps traced then discarded before the kept ones (e.g. --warmup 2)."),
+        active: int = typer.Option(3, help="Steps kept in the trace per cycle (e.g. --active 3)."),
+        repeat: int = typer.Option(1, help="Number of cycles; 0 repeats until the program ends (e.g. --repeat 2)."),
+        skip_first: int = typer.Option(0, help="Steps skipped once before the first cycle (e.g. --skip-first 20)."),
+        ranks: Optional[str] = typer.Option(
+            None, help="Profile only these global ranks, e.g. --ranks 0,8,16 or --ranks 0-3. The others still "
+                       "log their collectives, so nobody waits on them."),
+        ranks_per_group: Optional[int] = typer.Option(
+            None, help="Profile only the first N local ranks of each launcher group (one torchrun agent = one "
+                       "node), e.g. --ranks-per-group 1."),
+        step_on: str = typer.Option(
+            "auto", help="What marks a step: 'optimizer' (optimizer.step()), 'manual' (tracekit.step()), or "
+                         "'auto' (optimizer steps until the program calls tracekit.step()). E.g. --step-on manual."),
+        log_collectives: bool = typer.Option(
+            True, "--log-collectives/--no-log-collectives",
+            help="Log each collective inside the profiled window (costs about 2x step time there)."),
+        clock_barrier: bool = typer.Option(
+            True, "--clock-barrier/--no-clock-barrier",
+            help="Take 3 barrier-synchronised clock samples at the first profiled cycle to align hosts."),
+        record_shapes: bool = typer.Option(True, "--record-shapes/--no-record-shapes",
+                                           help="torch.profiler record_shapes (collective sizes need it)."),
+        with_flops: bool = typer.Option(True, "--with-flops/--no-with-flops", help="torch.profiler with_flops."),
+        with_stack: bool = typer.Option(False, "--with-stack/--no-with-stack",
+                                        help="torch.profiler with_stack (Python stacks; slower, bigger)."),
+        flight_recorder: bool = typer.Option(
+            True, "--flight-recorder/--no-flight-recorder",
+            help="Enable NCCL's Flight Recorder dump-on-timeout into --out and dump its buffer per rank at exit."),
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous recording in --out."),
+    ) -> None:
+        from rich.console import Console
+
+        from tracekit.record.config import ProfileSchedule, RecordConfig, parse_rank_list
+        from tracekit.record.launch import RecordError, run_record
+
+        err = Console(stderr=True)
+        try:
+            schedule = ProfileSchedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
+                                       skip_first=skip_first)
+            if schedule.wait + schedule.skip_first < 1:
+                raise ValueError("--wait + --skip-first must be >= 1: step 0 (start-up and the first "
+                                 "iteration) ends before the recorder starts")
+            config = RecordConfig(
+                out_dir=str(out.resolve()), schedule=schedule,
+                ranks=parse_rank_list(ranks) if ranks is not None else None,
+                ranks_per_group=ranks_per_group, step_on=step_on, log_collectives=log_collectives,
+                clock_barrier=clock_barrier, record_shapes=record_shapes, with_flops=with_flops,
+                with_stack=with_stack, flight_recorder=flight_recorder)
+            result = run_record(config, list(command or []), overwrite=overwrite)
+        except (ValueError, RecordError) as exc:
+            err.print(f"[red]tracekit record:[/red] {exc}")
+            raise typer.Exit(2) from None
+        print_summary(err, result.manifest, out, result.exit_code)
+        raise typer.Exit(result.exit_code)
+
+
+def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: int) -> None:
+    """What was collected, what is missing, and the next command."""
+    ranks = manifest["ranks"]
+    console.soft_wrap = True
+    console.print(f"\n[bold]tracekit record[/bold]: command exited with {exit_code}; recording "
+                  f"{manifest['status']} in {out}")
+    if not ranks:
+        console.print("  no rank recorded anything: did the program step an optimizer or call tracekit.step()?")
+        return
+    ws = manifest.get("world_size")
+    console.print(f"  ranks recorded: {len(ranks)}" + (f" of {ws}" if ws else "")
+                  + f" on {len(manifest.get('hosts') or [])} host(s); torch {manifest.get('torch_version')}")
+    for r in ranks:
+        files = r.get("files") or {}
+        steps = r.get("trace_steps") if r.get("trace_steps") is not None else r.get("profiled_steps")
+        bits = [f"rank {r['rank']}: {r.get('status')}"]
+        if r.get("profiled"):
+            bits.append(f"steps {steps}" + (" (partial)" if r.get("trace_partial") else ""))
+        else:
+            bits.append("not profiled")
+        bits.append(f"{r.get('collectives_logged', 0)} collectives logged")
+        bits.append(", ".join(sorted(files.values())))
+        if r.get("reason"):
+            bits.append(f"reason: {r['reason']}")
+        console.print("  " + "; ".join(bits))
+    if manifest.get("missing_ranks"):
+        console.print(f"  [yellow]missing ranks[/yellow] (no record at all): {manifest['missing_ranks']}")
+    if manifest.get("parallel_layout"):
+        console.print(f"  parallel layout: {manifest['parallel_layout']}")
+    console.print(f"  manifest: {out / 'manifest.json'}")
+    console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")

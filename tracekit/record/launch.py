@@ -1,0 +1,114 @@
+"""The parent side of `tracekit record`: run COMMAND with the recorder injected, then write the manifest.
+
+COMMAND's exit status is returned unchanged (a signal death becomes 128 + signal number, as a
+shell reports it). SIGTERM and SIGHUP sent to `tracekit record` are forwarded to COMMAND; SIGINT
+is left to COMMAND (the terminal delivers Ctrl-C to the whole foreground process group).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import TracekitError
+from tracekit.record.bootstrap import PKG_ROOT_ENV, SiteDir, package_root
+from tracekit.record.config import CONFIG_ENV, RecordConfig
+from tracekit.record.manifest import write_manifest
+from tracekit.record.trace_files import MANIFEST, PARTS_DIR, nccl_dump_prefix
+
+_OUR_PATTERNS = ("rank*.pt.trace.json.gz", "comms.rank*.jsonl", "record.rank*.json",
+                 "flight_recorder.*", MANIFEST)
+
+
+class RecordError(TracekitError):
+    """`tracekit record` could not start (bad options, unusable output directory, no command)."""
+
+
+@dataclass
+class RecordResult:
+    exit_code: int
+    manifest: dict[str, Any]
+    out_dir: Path
+
+
+def existing_recording(out_dir: Path) -> list[Path]:
+    found: list[Path] = []
+    for pat in _OUR_PATTERNS:
+        found.extend(out_dir.glob(pat))
+    if (out_dir / PARTS_DIR).exists():
+        found.append(out_dir / PARTS_DIR)
+    return sorted(found)
+
+
+def clear_recording(out_dir: Path) -> None:
+    import shutil
+
+    for p in existing_recording(out_dir):
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def child_environment(config: RecordConfig, site: SiteDir, base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env["PYTHONPATH"] = site.pythonpath(base.get("PYTHONPATH"))
+    env[CONFIG_ENV] = config.to_json()
+    env[PKG_ROOT_ENV] = package_root()
+    if config.flight_recorder:
+        # NCCL's Flight Recorder (harmless for gloo): keep a buffer, dump it into DIR on a timeout.
+        # (torch >= 2.7 names; the older TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+        # still work there but warn, so they are only set when the user already uses them.)
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+            env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env:
+            env.setdefault("TORCH_FR_DUMP_TEMP_FILE", nccl_dump_prefix(config.out_dir))
+    return env
+
+
+def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = False) -> RecordResult:
+    """Run `command` under the recorder and return its exit code and the manifest."""
+    if not command:
+        raise RecordError("no COMMAND given: put it after `--`, e.g. `tracekit record -- python train.py`")
+    out_dir = config.out_path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    old = existing_recording(out_dir)
+    if old:
+        if not overwrite:
+            raise RecordError(f"{out_dir} already holds a recording ({old[0].name}, ...): "
+                              "pass --overwrite or choose another --out")
+        clear_recording(out_dir)
+    site = SiteDir()
+    started_ns = time.time_ns()
+    forwarded: dict[int, Any] = {}
+    try:
+        env = child_environment(config, site, dict(os.environ))
+        try:
+            proc = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            raise RecordError(f"cannot start {command[0]!r}: {exc}") from None
+
+        def _forward(signum, _frame):
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            forwarded[sig] = signal.signal(sig, _forward)
+        forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        rc = proc.wait()
+    finally:
+        for sig, prev in forwarded.items():
+            signal.signal(sig, prev)
+        site.cleanup()
+    exit_code = 128 - rc if rc < 0 else rc
+    manifest = write_manifest(out_dir, command=command, config=config, exit_code=exit_code,
+                              started_ns=started_ns, salvage=True)
+    return RecordResult(exit_code=exit_code, manifest=manifest, out_dir=out_dir)

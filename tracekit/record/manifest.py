@@ -1,0 +1,162 @@
+"""manifest.json: what a recording directory holds, merged from the per-rank `record.rank{R}.json`.
+
+Written by the parent `tracekit record` after the command exits (and by each `Recorder` on exit).
+A rank whose record still says "running" stopped without finalizing (killed): its leftover trace
+parts are merged into a trace marked partial, and its status becomes "killed".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tracekit.record.commlog import comms_log_path
+from tracekit.record.config import RecordConfig
+from tracekit.record.trace_files import (
+    MANIFEST,
+    list_parts,
+    merge_trace_parts,
+    read_trace_meta,
+    rank_record_path,
+    trace_path,
+    write_json_atomic,
+)
+
+MANIFEST_SCHEMA = "tracekit.record/1"
+_RECORD_RE = re.compile(r"^record\.rank(\d+)\.json$")
+_MESH_RE = re.compile(r"^mesh_(\w+)$")
+
+
+def load_rank_records(out_dir: Path) -> dict[int, dict[str, Any]]:
+    """rank -> record dict, for every readable `record.rank{R}.json` in `out_dir`."""
+    out: dict[int, dict[str, Any]] = {}
+    for p in sorted(out_dir.glob("record.rank*.json")):
+        m = _RECORD_RE.match(p.name)
+        if not m:
+            continue
+        try:
+            out[int(m.group(1))] = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            out[int(m.group(1))] = {"rank": int(m.group(1)), "status": "unreadable", "reason": str(exc)}
+    return out
+
+
+def comms_log_complete(path: Path) -> bool:
+    """True when the comm log ends with its footer line (closed cleanly)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4096))
+            tail = fh.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        return json.loads(tail).get("type") == "footer"
+    except (OSError, ValueError):
+        return False
+
+
+def _salvage_killed_rank(out_dir: Path, rank: int, rec: dict[str, Any]) -> None:
+    """A rank that never finalized: merge its exported parts (if any) into a partial trace."""
+    rec["status"] = "killed"
+    rec.setdefault("notes", []).append("rank stopped without finalizing (killed or os._exit)")
+    parts = list_parts(out_dir, rank)
+    if parts:
+        meta = {"rank": rank, "partial": True, "status": "killed", "cycles": len(parts),
+                "steps": rec.get("profiled_steps", []), "written_by": "tracekit record (parent salvage)"}
+        merge_trace_parts(parts, trace_path(out_dir, rank), meta)
+        for p in parts:
+            p.unlink(missing_ok=True)
+    rec["trace_partial"] = trace_path(out_dir, rank).exists() and rec.get("profiled", False)
+
+
+def parallel_layout(groups: list[dict[str, Any]]) -> dict[str, int] | None:
+    """{axis: size} from DeviceMesh-named groups (`mesh_<axis>`), None when none are named so."""
+    layout: dict[str, int] = {}
+    for g in groups:
+        m = _MESH_RE.match(g.get("desc") or "")
+        if m:
+            layout[m.group(1)] = len(g.get("ranks") or [])
+    return layout or None
+
+
+def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | None,
+                   exit_code: int | None, started_ns: int | None = None,
+                   salvage: bool = False) -> dict[str, Any]:
+    """Merge per-rank records into `out_dir/manifest.json` and return it.
+
+    `salvage`: the program has exited, so ranks still "running" were killed (parent only).
+    """
+    out_dir = Path(out_dir)
+    records = load_rank_records(out_dir)
+    import tracekit
+
+    for rank, rec in records.items():
+        if salvage and rec.get("status") == "running":
+            _salvage_killed_rank(out_dir, rank, rec)
+            write_json_atomic(rank_record_path(out_dir, rank), rec)
+        tp = trace_path(out_dir, rank)
+        if tp.exists():
+            try:
+                meta = read_trace_meta(tp) or {}
+                rec["trace_partial"] = bool(meta.get("partial"))
+                rec["trace_steps"] = meta.get("steps")
+                rec.setdefault("files", {})["trace"] = tp.name
+            except Exception as exc:  # an unreadable trace is reported, never hidden
+                rec["trace_partial"] = True
+                rec.setdefault("notes", []).append(f"trace unreadable: {exc}")
+        cp = comms_log_path(out_dir, rank)
+        if cp.exists():
+            rec.setdefault("files", {})["comms"] = cp.name
+            rec["comms_complete"] = comms_log_complete(cp)
+
+    world_sizes = {r.get("world_size") for r in records.values() if r.get("world_size")}
+    world_size = max(world_sizes) if world_sizes else None
+    missing = sorted(set(range(world_size)) - set(records)) if world_size else []
+    groups: dict[str, dict[str, Any]] = {}
+    for rec in records.values():
+        for name, g in (rec.get("process_groups") or {}).items():
+            known = groups.setdefault(name, dict(g))
+            if len(g.get("ranks") or []) > len(known.get("ranks") or []):
+                groups[name] = dict(g)
+    statuses = [r.get("status") for r in records.values()]
+    if not records:
+        overall = "nothing_recorded"
+    elif missing or any(s != "ok" for s in statuses) or (exit_code not in (None, 0)):
+        overall = "incomplete"
+    else:
+        overall = "ok"
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "tracekit_version": tracekit.__version__,
+        "command": list(command),
+        "cwd": os.getcwd(),
+        "exit_code": exit_code,
+        "status": overall,
+        "started_ns": started_ns,
+        "ended_ns": time.time_ns(),
+        "world_size": world_size,
+        "hosts": sorted({r["host"] for r in records.values() if r.get("host")}),
+        "torch_version": next((r["torch_version"] for r in records.values() if r.get("torch_version")), None),
+        "backend": next((r["backend"] for r in records.values() if r.get("backend")), None),
+        "config": asdict(config) if config is not None else None,
+        "requested_steps": config.schedule.active_steps() if config is not None and config.schedule.repeat else None,
+        "ranks": [_rank_summary(records[r]) for r in sorted(records)],
+        "missing_ranks": missing,
+        "process_groups": sorted(groups.values(), key=lambda g: g.get("name", "")),
+        "parallel_layout": parallel_layout(list(groups.values())),
+        "clock_anchors": {str(r): records[r].get("clock") for r in sorted(records)},
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return manifest
+
+
+def _rank_summary(rec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("rank", "world_size", "rank_source", "local_rank", "group_rank", "host", "pid", "status",
+            "reason", "profiled", "profiled_steps", "trace_steps", "logged_steps", "trace_partial",
+            "comms_complete", "collectives_logged", "dispatch_errors", "last_dispatch_error", "files",
+            "notes", "backend", "first_step", "last_step")
+    return {k: rec.get(k) for k in keys}
