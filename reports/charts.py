@@ -57,10 +57,9 @@ def _dims(layout: dict[str, Any]) -> list[tuple[str, int]]:
 
 def layout_text(layout: dict[str, Any]) -> str:
     dims = _dims(layout)
-    if not dims:
-        text = _first(layout, "summary", "text", "description")
-        return str(text) if text else "see the mesh below"
     world = _first(layout, "world_size")
+    if not dims:
+        return "not inferred" + (f" (world size {world})" if world else "")
     return " × ".join(f"{n}{s}" for n, s in dims) + (f" (world size {world})" if world else "")
 
 
@@ -197,26 +196,29 @@ def timeline(figs: Figures, tl: Any) -> str:
 # ---------------------------------------------------------------- collectives heatmap
 
 def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
-    """Rank × (group, op) heatmap of exposed time, from per-(rank, group, op) rows."""
-    rows = _records(sec, "by_rank") or _records(sec, "rows") or _records(sec, "collectives")
+    """Rank × (dim / op) heatmap of exposed time per step, from the per-rank rows (`by_rank_dim_op`)."""
+    rows = _records(sec, "by_rank_dim_op")
     cells: dict[tuple[Any, str], float] = {}
     for r in rows:
         rank = r.get("rank")
         exposed = _first(r, "exposed_ns", "exposed_comm_ns")
-        group = _first(r, "pg_desc", "dim", "pg_name") or "?"
-        op = r.get("op") or "?"
+        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
+        label = f"{_first(r, 'dim', 'pg_desc', 'pg_name') or '?'} / {r.get('op') or '?'}"
         if is_num(rank) and is_num(exposed):
-            cells[(rank, f"{group} / {op}")] = exposed / 1e6
+            cells[(rank, label)] = exposed / steps / 1e6
     if not cells:
         return ""
     ranks = sorted({k[0] for k in cells})
     cols = sorted({k[1] for k in cells})
     z = [[cells.get((r, c)) for c in cols] for r in ranks]
     data = [{"type": "heatmap", "x": [plotly_text(c) for c in cols], "y": [f"r{r}" for r in ranks], "z": z,
-             "colorscale": "Reds", "colorbar": {"title": {"text": "exposed ms"}},
-             "hovertemplate": "%{y} %{x}: %{z:.2f} ms exposed<extra></extra>"}]
-    layout = {"xaxis": {"type": "category", "automargin": True}, "yaxis": {"type": "category", "autorange": "reversed"}}
-    return figs.add(data, layout, height=min(200 + 14 * len(ranks), 1600))
+             "colorscale": [[0, "#fff5f0"], [0.5, "#fb6a4a"], [1, "#67000d"]],
+             "colorbar": {"title": {"text": "ms/step"}}, "xgap": 1, "ygap": 1 if len(ranks) <= 64 else 0,
+             "hovertemplate": "%{y} %{x}: %{z:.2f} ms exposed per step<extra></extra>"}]
+    layout = {"xaxis": {"type": "category", "automargin": True, "side": "top"},
+              "yaxis": {"type": "category", "autorange": "reversed", "title": {"text": "rank"}},
+              "margin": {"t": 80}}
+    return figs.add(data, layout, height=min(200 + 16 * len(ranks), 1600))
 
 
 # ---------------------------------------------------------------- pipeline
@@ -270,41 +272,45 @@ def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- experts
 
 def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
-    """Layer × expert heatmap of routed tokens, one per step (a dropdown picks the step)."""
-    rows = _records(sec, "load") or _records(sec, "tokens")
-    cells: dict[Any, dict[tuple[int, int], float]] = {}
+    """Layer × expert heatmap of routed tokens, one per step (a dropdown picks the step), from the experts
+    section's `heatmap` rows ({step, layer, tokens: [per expert]})."""
+    rows = _records(sec, "heatmap")
+    cells: dict[Any, dict[int, list[Any]]] = {}
     for r in rows:
-        if is_num(r.get("layer")) and is_num(r.get("expert")) and is_num(r.get("tokens")):
-            cells.setdefault(r.get("step"), {})[(int(r["layer"]), int(r["expert"]))] = r["tokens"]
+        if is_num(r.get("layer")) and isinstance(r.get("tokens"), list):
+            cells.setdefault(r.get("step"), {})[int(r["layer"])] = r["tokens"]
     if not cells:
         return ""
     steps = sorted(cells, key=lambda s: (s is None, s if s is not None else 0))[:32]
-    layers = sorted({k[0] for c in cells.values() for k in c})
-    experts = sorted({k[1] for c in cells.values() for k in c})
+    layers = sorted({layer for c in cells.values() for layer in c})
+    width = max(len(t) for c in cells.values() for t in c.values())
+    unit = "ep rank" if sec.get("granularity") == "ep_rank" else "expert"
+    xs = [f"{'r' if unit == 'ep rank' else 'e'}{e}" for e in range(width)]
     data = []
     for i, step in enumerate(steps):
-        z = [[cells[step].get((l, e)) for e in experts] for l in layers]
-        data.append({"type": "heatmap", "x": [f"e{e}" for e in experts], "y": [f"layer {l}" for l in layers],
-                     "z": z, "colorscale": "Viridis", "visible": i == 0, "name": f"step {step}",
+        z = [list(cells[step].get(layer, [])) + [None] * (width - len(cells[step].get(layer, []))) for layer in layers]
+        data.append({"type": "heatmap", "x": xs, "y": [f"layer {layer}" for layer in layers], "z": z,
+                     "colorscale": "Viridis", "visible": i == 0, "name": f"step {step}", "xgap": 1, "ygap": 1,
                      "colorbar": {"title": {"text": "tokens"}},
                      "hovertemplate": "%{y} %{x}: %{z} tokens<extra>step " + h(step) + "</extra>"})
-    layout: dict[str, Any] = {"xaxis": {"type": "category"}, "yaxis": {"type": "category", "autorange": "reversed"}}
+    layout: dict[str, Any] = {"xaxis": {"type": "category", "title": {"text": unit}},
+                              "yaxis": {"type": "category", "autorange": "reversed"}}
     if len(steps) > 1:
-        layout["updatemenus"] = [{"type": "dropdown", "x": 0, "y": 1.15, "xanchor": "left", "buttons": [
+        layout["updatemenus"] = [{"type": "dropdown", "x": 0, "y": 1.18, "xanchor": "left", "buttons": [
             {"label": f"step {s}", "method": "restyle", "args": ["visible", [j == i for j in range(len(steps))]]}
             for i, s in enumerate(steps)]}]
         layout["margin"] = {"t": 60}
-    return figs.add(data, layout, height=min(180 + 28 * len(layers), 900))
+    return figs.add(data, layout, height=min(200 + 30 * len(layers), 900))
 
 
 # ---------------------------------------------------------------- stragglers
 
 def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
-    """Arrival skew attributed to each rank (the late rank of each collective instance)."""
-    rows = _records(sec, "ranks") or _records(sec, "by_rank")
+    """Arrival skew attributed to each rank: how long its groups waited for it, per step (stragglers section)."""
+    rows = _records(sec, "ranks")
     pts = []
     for r in rows:
-        val = _first(r, "attributed_skew_ns", "late_ns", "skew_ns", "mean_lateness_ns", "lateness_ns")
+        val = r.get("delay_ns_per_step")
         if is_num(r.get("rank")) and is_num(val):
             pts.append((r["rank"], val / 1e6))
     if not pts:
@@ -312,8 +318,8 @@ def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
     pts.sort()
     data = [{"type": "bar", "x": [f"r{p[0]}" for p in pts], "y": typed([p[1] for p in pts]),
              "marker": {"color": COLORS["exposed_comm"]},
-             "hovertemplate": "%{x}: %{y:.2f} ms<extra>arrival skew attributed</extra>"}]
+             "hovertemplate": "%{x}: %{y:.2f} ms per step<extra>groups waited for this rank</extra>"}]
     layout = {"xaxis": {"type": "category", "title": {"text": "rank"}},
-              "yaxis": {"title": {"text": "arrival skew attributed (ms)"}}}
+              "yaxis": {"title": {"text": "delay caused (ms per step)"}}}
     return figs.add(data, layout, height=320)
 

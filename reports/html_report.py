@@ -12,7 +12,7 @@ from typing import Any
 
 from reports.assets import CSS, PLOT_JS, SORT_JS, plotly_js_gz_b64
 from reports.escape import h
-from reports.format import is_num, ms, pct, ranks_text
+from reports.format import is_num, ms, nbytes, num, pct, ranks_text
 from reports.generic import render_generic
 from reports import charts
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
@@ -39,7 +39,7 @@ SECTIONS: list[tuple[str, str]] = [
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
-                   "experts", "bandwidth", "throughput", "placement", "recommend"}
+                   "experts", "bandwidth", "throughput", "placement", "recommendations"}
 
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
@@ -102,17 +102,7 @@ def _sev(sev: Any) -> str:
 
 
 def _verdict_text(ctx: _Page) -> tuple[str, str]:
-    """(css class, sentence): the recommend section's verdict when given, else the ranks' `bound` labels."""
-    rec = ctx.sec("recommend") or {}
-    verdict = rec.get("verdict")
-    if isinstance(verdict, dict):
-        bound = str(verdict.get("bound") or "")
-        text = verdict.get("summary") or verdict.get("text") or (f"This run is {bound}-bound." if bound else "")
-        if text:
-            return bound, str(text)
-    elif isinstance(verdict, str) and verdict:
-        bound = next((b for b in ("communication", "compute", "idle") if b in verdict.lower()), "")
-        return bound, verdict
+    """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer)."""
     counts: dict[str, int] = {}
     for r in ctx.ranks:
         counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
@@ -126,11 +116,7 @@ def _verdict_text(ctx: _Page) -> tuple[str, str]:
 
 
 def _top_fixes(ctx: _Page) -> list[dict[str, Any]]:
-    rec = ctx.sec("recommend") or {}
-    for key in ("top", "fixes", "recommendations"):
-        items = rec.get(key)
-        if isinstance(items, list) and items and all(isinstance(i, dict) for i in items):
-            return items[:3]
+    """The three findings worth most (findings arrive sorted by estimated saving)."""
     return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
 
 
@@ -256,71 +242,218 @@ def _breakdown(ctx: _Page) -> str:
 def _timeline(ctx: _Page) -> str:
     bd = ctx.sec("breakdown") or {}
     tl = bd.get("timeline")
-    if not isinstance(tl, (dict, list)) or not tl:
+    if not has_data(ctx, "timeline"):
         return section("timeline", "Step timeline", not_available("Step timeline"))
     return section("timeline", "Step timeline", charts.timeline(ctx.figs, tl))
 
 
+def has_data(ctx: _Page, anchor: str) -> bool:
+    """Whether the page section `anchor` has anything to show for this run (summary.md links only those)."""
+    sec = ctx.sec(_SOURCE.get(anchor, anchor)) or {}
+    if anchor == "breakdown":
+        return bool(ctx.ranks)
+    if anchor == "timeline":
+        tl = sec.get("timeline")
+        return isinstance(tl, dict) and bool(tl.get("intervals")) or isinstance(tl, list) and bool(tl)
+    if anchor == "collectives":
+        return bool(_rows(sec, "by_dim_op") or _rows(sec, "by_rank_dim_op") or _rows(sec, "top_offenders"))
+    if anchor == "pipeline":
+        return sec.get("source") is not None or bool(sec.get("diagram")) or bool(_rows(sec, "stages"))
+    if anchor == "experts":
+        return bool(_rows(sec, "heatmap") or _rows(sec, "layers") or _rows(sec, "ranks"))
+    if anchor == "stragglers":
+        return bool(_rows(sec, "ranks"))
+    if anchor == "bandwidth":
+        return bool(_rows(sec, "rows"))
+    if anchor == "throughput":
+        return bool(ctx.sec("throughput") or ctx.sec("placement"))
+    return True
+
+
+_SOURCE = {"breakdown": "breakdown", "timeline": "breakdown", "collectives": "unoverlapped"}
+
+
+def _ms_cell_opt(v: Any) -> str:
+    return ms(v).replace(" ms", "")
+
+
+def _all_numbers(sec: dict[str, Any], skip: frozenset[str] = frozenset()) -> str:
+    """Everything else the analyzer reported, folded away under the curated view."""
+    body = render_generic(sec, skip=skip)
+    return f"<details class=all><summary>All numbers of this section</summary>{body}</details>" if body else ""
+
+
+def _rows(sec: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = sec.get(key)
+    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+
+
 def _collectives(ctx: _Page) -> str:
+    title = "Collectives: exposed time"
     sec = ctx.sec("unoverlapped")
-    if not sec:
-        return section("collectives", "Collectives: exposed time", not_available("Collective exposure"))
-    return section("collectives", "Collectives: exposed time", charts.collective_heatmap(ctx.figs, sec)
-                   + render_generic(sec))
+    if not sec or not has_data(ctx, "collectives"):
+        return section("collectives", title, not_available("Collective exposure", "no collectives in this run"))
+    body = ('<p class=note>Exposed = the part of a collective covered by no compute on that rank; "transfer '
+            'exposed" leaves out time spent waiting for a late peer (that belongs to the straggler).</p>')
+    body += charts.collective_heatmap(ctx.figs, sec)
+    by_dim_op = _rows(sec, "by_dim_op")
+    if by_dim_op:
+        body += "<h3>By dimension and op</h3>" + table(by_dim_op, [
+            Col("dim", "dim", _txt, False), Col("op", "op", _txt, False), Col("instances", "instances"),
+            Col("comm_ns", "comm (ms)", _ms_cell_opt), Col("exposed_ns", "exposed (ms)", _ms_cell_opt),
+            Col("transfer_exposed_ns", "transfer exposed (ms)", _ms_cell_opt), Col("overlap_ratio", "overlap", pct),
+            Col("transfer_exposed_ns_per_step", "exposed transfer / step, worst rank (ms)", _ms_cell_opt),
+            Col("share_of_step", "share of step", pct), Col("worst_rank", "worst rank")])
+    top = _rows(sec, "top_offenders")
+    if top:
+        body += "<h3>Largest exposed instances</h3>" + table(top, [
+            Col("rank", "rank"), Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
+            Col("op", "op", _txt, False), Col("bytes", "bytes", nbytes), Col("caller", "caller", _txt, False),
+            Col("step", "step"), Col("dur_ns", "duration (ms)", _ms_cell_opt),
+            Col("exposed_ns", "exposed (ms)", _ms_cell_opt), Col("share_of_step", "share of step", pct)])
+    return section("collectives", title, body + _all_numbers(
+        sec, frozenset({"by_dim_op", "by_rank_dim_op", "top_offenders"})))
 
 
 def _pipeline(ctx: _Page) -> str:
     sec = ctx.sec("pipeline")
-    if not sec:
+    if not sec or not has_data(ctx, "pipeline"):
         return section("pipeline", "Pipeline schedule", not_available("Pipeline schedule", "no pipeline stages in this run"))
-    return section("pipeline", "Pipeline schedule", charts.pipeline_diagram(ctx.figs, sec)
-                   + render_generic(sec, skip=frozenset({"diagram"})))
+    pairs = [("schedule", f"{sec.get('schedule') or 'unknown'}"
+                          + (f" (detected {sec['schedule_detected']})" if sec.get("schedule_detected") else "")),
+             ("stages × chunks per rank", f"{num(sec.get('num_stages'))} × {num(sec.get('chunks_per_rank'))}"),
+             ("micro-batches", num(sec.get("num_microbatches"))),
+             ("bubble: measured / theoretical", f"{pct(sec.get('measured_bubble'))} / {pct(sec.get('theoretical_bubble'))}"),
+             ("imbalance (slowest / mean stage compute)", num(sec.get("imbalance"))),
+             ("source", sec.get("source") or "–")]
+    body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, sec)
+    stages = _rows(sec, "stages")
+    if stages:
+        body += "<h3>Stages</h3>" + table(stages, [
+            Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False), Col("compute_ns", "compute (ms)", _ms_cell_opt),
+            Col("fwd_ns", "fwd (ms)", _ms_cell_opt), Col("bwd_ns", "bwd (ms)", _ms_cell_opt), Col("layers", "layers")])
+    return section("pipeline", "Pipeline schedule", body + _all_numbers(sec, frozenset({"diagram", "stages"})))
 
 
 def _experts(ctx: _Page) -> str:
     sec = ctx.sec("experts")
-    if not sec:
+    if not sec or not has_data(ctx, "experts"):
         return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
-    return section("experts", "Expert load", charts.expert_heatmap(ctx.figs, sec) + render_generic(sec))
+    body = f"<p class=note>Source: {h(sec.get('source') or '–')}, granularity {h(sec.get('granularity') or '–')}.</p>"
+    body += charts.expert_heatmap(ctx.figs, sec)
+    layers = _rows(sec, "layers")
+    if layers:
+        body += "<h3>Layers</h3>" + table(layers, [
+            Col("layer", "layer"), Col("num_experts", "experts"), Col("skew", "skew (max/mean)"),
+            Col("skew_max", "worst step skew"), Col("hot_expert", "hot expert"),
+            Col("hot_owner_ranks", "owner ranks", ranks_text, False), Col("tokens_total", "tokens"),
+            Col("dropped_total", "dropped"), Col("dropped_fraction", "dropped", pct)])
+    ranks = _rows(sec, "ranks")
+    if ranks:
+        body += "<h3>All-to-all per rank (per step)</h3>" + table(ranks, [
+            Col("rank", "rank"), Col("a2a_ns", "all-to-all (ms)", _ms_cell_opt), Col("a2a_calls", "calls"),
+            Col("a2a_bytes", "bytes", nbytes), Col("a2a_recv_elems", "received elements"),
+            Col("tokens_received", "tokens received"), Col("expert_ns", "expert compute (ms)", _ms_cell_opt)])
+    return section("experts", "Expert load", body + _all_numbers(sec, frozenset({"heatmap", "layers", "ranks"})))
 
 
 def _stragglers(ctx: _Page) -> str:
     sec = ctx.sec("stragglers")
-    if not sec:
-        return section("stragglers", "Stragglers", not_available("Straggler view"))
-    body = charts.straggler_bars(ctx.figs, sec) + render_generic(sec)
+    if not sec or not has_data(ctx, "stragglers"):
+        return section("stragglers", "Stragglers", not_available("Straggler view", "no collectives matched across ranks"))
+    body = ("<p class=note>Per rank: how long its groups waited for it beyond the second-to-last member, per step "
+            "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, sec))
+    flagged = _rows(sec, "stragglers")
+    if flagged:
+        body += "<h3>Stragglers and likely cause</h3>" + table(flagged, [
+            Col("rank", "rank"), Col("cause", "cause", _txt, False),
+            Col("cause_evidence", "evidence", lambda v: "; ".join(
+                f"{k}={ms(x) if k.endswith('_ns') else x}" for k, x in (v or {}).items()) or "–", False)])
+    body += "<h3>Per rank</h3>" + table(_rows(sec, "ranks"), [
+        Col("rank", "rank"), Col("instances", "instances"), Col("last_count", "arrived last"),
+        Col("last_share", "last share", pct), Col("delay_ns_per_step", "delay caused (ms/step)", _ms_cell_opt),
+        Col("delay_fraction", "of step", pct), Col("dominance", "dominance")], table_id="stragglers-table")
     clocks = ctx.sec("clocks")
     if clocks:
-        body += "<h3>Clock alignment</h3>" + render_generic(clocks)
-    return section("stragglers", "Stragglers", body)
+        body += "<h3>Clock alignment</h3>" + kv_table([("method", clocks.get("method") or "–"),
+                                                      ("reference rank", _txt(clocks.get("reference_rank")))])
+        if _rows(clocks, "ranks"):
+            body += table(_rows(clocks, "ranks"), [
+                Col("rank", "rank"), Col("offset_ns", "offset (ms)", _ms_cell_opt), Col("mad_ns", "MAD (ms)", _ms_cell_opt),
+                Col("instances", "instances"), Col("applied", "applied", _txt, False), Col("status", "status", _txt, False)])
+    return section("stragglers", "Stragglers", body + _all_numbers(sec, frozenset({"ranks", "stragglers"})))
 
 
 def _bandwidth(ctx: _Page) -> str:
     sec = ctx.sec("bandwidth")
-    if not sec:
-        return section("bandwidth", "Bandwidth", not_available("Bandwidth table"))
-    return section("bandwidth", "Bandwidth", render_generic(sec))
+    rows = _rows(sec, "rows") if sec else []
+    if not rows:
+        return section("bandwidth", "Bandwidth", not_available("Bandwidth table", "no collectives with sizes in this run"))
+    body = (f"<p class=note>NCCL-tests convention; time basis: {h(sec.get('time_basis') or '–')}. "
+            "GB/s = 10⁹ bytes/s; medians over the instances of each size bucket.</p>")
+    body += table(rows, [
+        Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
+        Col("group_size", "size"), Col("bucket_bytes", "bucket", nbytes), Col("count", "count"),
+        Col("bytes_p50", "bytes p50", nbytes), Col("time_ns_p50", "time p50 (ms)", lambda v: ms(v, 3).replace(" ms", "")),
+        Col("algbw_gbps_p50", "algbw p50 (GB/s)"), Col("busbw_gbps_p50", "busbw p50 (GB/s)"),
+        Col("busbw_gbps_max", "busbw max (GB/s)"), Col("reference_gbps", "reference (GB/s)"),
+        Col("reference", "reference basis", _txt, False), Col("low", "low", lambda v: "LOW" if v else "", False)],
+        table_id="bandwidth-table")
+    return section("bandwidth", "Bandwidth", body + _all_numbers(sec, frozenset({"rows"})))
 
 
 def _throughput(ctx: _Page) -> str:
     parts = []
-    for name in ("throughput", "placement"):
-        sec = ctx.sec(name)
-        if sec:
-            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+    tp = ctx.sec("throughput")
+    if tp:
+        parts.append(kv_table([
+            ("tokens per step", f"{num(tp.get('tokens_per_step'))} (from {tp.get('tokens_source') or 'nowhere'})"),
+            ("step time (slowest rank, mean)", ms(tp.get("step_ns_mean"))),
+            ("tokens/s (job)", num(tp.get("tokens_per_s"))),
+            ("tokens/s per device", num(tp.get("tokens_per_s_per_device"))),
+            ("data-parallel degree", num(tp.get("dp_degree"))), ("world size", num(tp.get("world_size")))]))
+        if _rows(tp, "ranks"):
+            parts.append(table(_rows(tp, "ranks"), [
+                Col("rank", "rank"), Col("device", "device", _txt, False), Col("steps", "steps"),
+                Col("step_ns_mean", "step (ms)", _ms_cell_opt), Col("tokens_per_s", "tokens/s"),
+                Col("flops_per_step", "FLOP/step"), Col("achieved_tflops", "achieved TFLOP/s"),
+                Col("peak_tflops", "peak TFLOP/s"), Col("mfu", "MFU", pct)]))
+    pl = ctx.sec("placement")
+    if pl:
+        groups = _rows(pl, "groups")
+        parts.append(f"<h3>Placement</h3><p class=note>{h(pl.get('num_hosts') or 0)} host(s), from "
+                     f"{h(pl.get('host_source') or 'nowhere')}.</p>")
+        if groups:
+            parts.append(table(groups, [
+                Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
+                Col("ranks", "ranks", ranks_text, False), Col("hosts", "hosts", lambda v: ", ".join(map(str, v or [])), False),
+                Col("crosses_hosts", "crosses hosts", _txt, False), Col("heavy", "heavy traffic", _txt, False),
+                Col("exposed_ns_per_step", "exposed (ms/step)", _ms_cell_opt)]))
     if not parts:
         return section("throughput", "Throughput", not_available("Throughput and placement"))
-    return section("throughput", "Throughput", "".join(parts))
+    return section("throughput", "Throughput and placement", "".join(parts))
 
 
 def _other(ctx: _Page) -> str:
     parts = []
-    for name in ("matching", "recommend"):
-        sec = ctx.sec(name)
-        if sec:
-            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+    m = ctx.sec("matching")
+    if m:
+        by_group = _rows(m, "by_group")
+        flat = [{**r, **{f"skew_{k}_ns": v for k, v in (r.get("skew_ns") or {}).items()},
+                 **{f"transfer_{k}_ns": v for k, v in (r.get("transfer_ns") or {}).items()}} for r in by_group]
+        parts.append("<h3>Collective matching</h3>" + kv_table([
+            ("source", (m.get("source") or {}).get("method") if isinstance(m.get("source"), dict) else m.get("source")),
+            ("instances / matched / complete", f"{num(m.get('instances'))} / {num(m.get('matched'))} / {num(m.get('complete'))}"),
+            ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped")))]))
+        if flat:
+            parts.append(table(flat, [
+                Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
+                Col("instances", "instances"), Col("skew_p50_ns", "skew p50 (ms)", _ms_cell_opt),
+                Col("skew_max_ns", "skew max (ms)", _ms_cell_opt), Col("transfer_p50_ns", "transfer p50 (ms)", _ms_cell_opt),
+                Col("transfer_max_ns", "transfer max (ms)", _ms_cell_opt)]))
+        parts.append(_all_numbers(m, frozenset({"by_group"})))
     for name, sec in ctx.sections.items():
-        if name not in _KNOWN_SECTIONS and sec:
+        if name not in _KNOWN_SECTIONS and isinstance(sec, dict) and sec:
             parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
     if not parts:
         return ""

@@ -6,7 +6,7 @@ from typing import Any
 
 from reports.escape import md
 from reports.format import is_num, ms, ranks_text
-from reports.html_report import SECTIONS, _Page, _steps_text, _top_fixes, _verdict_text
+from reports.html_report import SECTIONS, _Page, _steps_text, _top_fixes, _verdict_text, has_data
 from reports.charts import layout_text
 
 SEVERITY_MARK = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info"}
@@ -60,7 +60,7 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
     lines += ["**Analyzed:** " + "; ".join(analyzed) + ".", ""]
 
     links = [f"[{title}]({href}#{anchor})" for anchor, title in SECTIONS
-             if anchor not in ("verdict", "other-sections") and _has_section(ctx, anchor)]
+             if anchor not in ("verdict", "other-sections") and has_data(ctx, anchor)]
     lines += ["**Report:** " + " · ".join(links), ""]
     cmd = ctx.a.get("command")
     footer = f"tracekit {md(ctx.a.get('tracekit_version') or '?')}"
@@ -68,20 +68,3 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
         footer += f" · {md(cmd)}"
     lines.append(f"<sub>{footer}</sub>")
     return "\n".join(lines) + "\n"
-
-
-_ANCHOR_SOURCES = {"timeline": "breakdown", "collectives": "unoverlapped", "pipeline": "pipeline",
-                   "experts": "experts", "stragglers": "stragglers", "bandwidth": "bandwidth",
-                   "throughput": "throughput"}
-
-
-def _has_section(ctx: _Page, anchor: str) -> bool:
-    """Link only to report sections that hold data for this run."""
-    src = _ANCHOR_SOURCES.get(anchor)
-    if anchor == "timeline":
-        return bool((ctx.sec("breakdown") or {}).get("timeline"))
-    if anchor == "breakdown":
-        return bool(ctx.ranks)
-    if src:
-        return ctx.sec(src) is not None
-    return True

@@ -9,7 +9,11 @@ their evidence names, ranks); a finding matched on everything but its ranks coun
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracekit.tables.store import RunStore
 
 DIFF_SCHEMA = "tracekit.diff/1"
 BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")
@@ -200,3 +204,60 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
         "finding_counts": counts,
         "collectives": diff_collectives(base, new),
     }
+
+
+def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, progress: bool = False
+                  ) -> tuple[dict[str, Any], RunStore | None]:
+    """The analysis of PATH: an analysis.json file, an analyze output dir holding one, a run store
+    (dir with meta.json: analysed now), or a trace dir (parsed into `store_dir`, or a temporary dir
+    that is removed afterwards, then analysed). Raises NothingToAnalyzeError when no rank is readable."""
+    import shlex
+    import tempfile
+
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.errors import NothingToAnalyzeError
+    from tracekit.tables.store import RunStore
+
+    path = Path(path)
+    if path.is_file():
+        return _read_analysis(path), None
+    if (path / "analysis.json").is_file():
+        store = RunStore(path / "tables") if (path / "tables" / "meta.json").is_file() else None
+        return _read_analysis(path / "analysis.json"), store
+    if not path.is_dir():
+        raise NothingToAnalyzeError(f"{path}: no such file or directory")
+    if (path / "meta.json").is_file():
+        store = RunStore(path)
+    else:
+        from tracekit.parse.run import parse_run
+
+        if store_dir is None:
+            tmp = tempfile.TemporaryDirectory(prefix="tracekit-")
+            _TEMP_DIRS.append(tmp)
+            store_dir = Path(tmp.name) / "tables"
+        store = parse_run(path, store_dir, progress=progress).store
+    if not store.ranks():
+        raise NothingToAnalyzeError(f"{path}: no trace could be analysed"
+                                    + "".join(f"; skipped {s['file']}: {s['reason']}" for s in store.skipped[:5]))
+    analysis = analyze_store(store, command=shlex.join(["tracekit", "analyze", str(path)]))
+    if not analysis.get("ranks"):
+        raise NothingToAnalyzeError(f"{path}: no rank had events to analyse")
+    return analysis, store
+
+
+_TEMP_DIRS: list[Any] = []
+"""Temporary stores live until the process ends (the caller may still read the returned RunStore)."""
+
+
+def _read_analysis(path: Path) -> dict[str, Any]:
+    import json
+
+    from tracekit.errors import NothingToAnalyzeError
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NothingToAnalyzeError(f"{path}: not a readable analysis.json ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "tracekit.analysis/1":
+        raise NothingToAnalyzeError(f"{path}: not a tracekit analysis (schema {doc.get('schema') if isinstance(doc, dict) else None!r})")
+    return doc

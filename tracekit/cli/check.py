@@ -1,10 +1,75 @@
-"""`tracekit check` (placeholder until its issue lands)."""
+"""`tracekit check TRACE_DIR --max-...`: a CI gate; exit 1 when a threshold is breached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+HELP = """Check a run against limits, for CI: prints each check, exits 1 when any limit is breached.
+
+TRACE_DIR is a trace directory, a run store, an analyze output directory or an analysis.json file.
+Fractions are of the step time (0.2 = 20%). A limit the run has no number for (e.g. --max-bubble
+without pipeline parallelism) is printed as "not measured" and does not fail.
+
+Example:  tracekit check traces --max-exposed-comm 0.2 --max-bubble 0.3 --fail-on critical
+
+Exit status: 0 all limits met; 1 a limit breached; 2 usage error, no limit given, or nothing analysable.
+"""
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("check", help="(not implemented yet)")
-    def _cmd() -> None:
-        typer.echo("tracekit check: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("check", help=HELP, no_args_is_help=True)
+    def check_cmd(
+        trace_dir: Path = typer.Argument(..., help="Trace dir, run store, analyze output dir or analysis.json.",
+                                         exists=True, readable=True),
+        max_exposed_comm: Optional[float] = typer.Option(None, min=0, help="Exposed communication / step, worst rank."),
+        max_bubble: Optional[float] = typer.Option(None, min=0, help="Measured pipeline bubble (fraction)."),
+        max_idle: Optional[float] = typer.Option(None, min=0, help="Idle / step, worst rank."),
+        max_step_ms: Optional[float] = typer.Option(None, min=0, help="Step time in ms, slowest rank."),
+        max_skew: Optional[float] = typer.Option(None, min=0, help="Straggler delay / step (how long groups wait for a rank), worst rank."),
+        max_routing_skew: Optional[float] = typer.Option(None, min=0, help="MoE routing skew (max/mean tokens per expert), worst layer."),
+        fail_on: Optional[str] = typer.Option(None, help="Fail on any finding of this severity or worse: warning | critical."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the check results as JSON here."),
+    ) -> None:
+        from rich.console import Console
+
+        from tracekit.analyze.findings import Severity
+        from tracekit.check import Thresholds, evaluate
+        from tracekit.diff import load_analysis
+        from tracekit.errors import TracekitError
+
+        err = Console(stderr=True)
+        if fail_on is not None and fail_on not in ("info", "warning", "critical"):
+            raise typer.BadParameter(f"expected warning or critical, got {fail_on!r}", param_hint="--fail-on")
+        thresholds = Thresholds(max_exposed_comm=max_exposed_comm, max_bubble=max_bubble, max_idle=max_idle,
+                                max_step_ms=max_step_ms, max_skew=max_skew, max_routing_skew=max_routing_skew,
+                                fail_on=Severity(fail_on) if fail_on else None)
+        if not thresholds.any():
+            err.print("[red]tracekit check:[/red] give at least one limit (e.g. --max-exposed-comm 0.2); see --help")
+            raise typer.Exit(2)
+        try:
+            analysis, _ = load_analysis(trace_dir)
+        except TracekitError as exc:
+            err.print(f"[red]tracekit check:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        results = evaluate(analysis, thresholds)
+        for r in results:
+            opt = "--" + r.name.replace("_", "-")
+            if r.name == "fail_on":
+                line = (f"FAIL {opt} {r.limit}: {int(r.value or 0)} finding(s): {r.detail}" if r.breached
+                        else f"ok   {opt} {r.limit}: no such finding")
+            elif not r.measured:
+                line = f"n/a  {opt} {r.limit}: not measured ({r.detail})"
+            else:
+                op = ">" if r.breached else "<="
+                line = f"{'FAIL' if r.breached else 'ok  '} {opt} {r.limit}: {r.value:.4g} {op} {r.limit} ({r.detail})"
+            typer.echo(line)
+        if json_out is not None:
+            json_out.write_text(json.dumps([r.to_json() for r in results], indent=1), encoding="utf-8")
+        breached = [r for r in results if r.breached]
+        if breached:
+            err.print(f"tracekit check: {len(breached)} limit(s) breached", highlight=False)
+            raise typer.Exit(1)

@@ -1,10 +1,58 @@
-"""`tracekit diff` (placeholder until its issue lands)."""
+"""`tracekit diff BASE NEW [--out DIR]`: a before/after report (HTML + Markdown + JSON) of two runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import typer
 
+HELP = """Compare two runs: step time, breakdown, each finding appeared/resolved/changed, and per-collective
+exposed time.
+
+BASE and NEW are each a trace directory, a run store (directory with meta.json), an analyze output
+directory (with analysis.json) or an analysis.json file.
+
+Writes DIR/diff.html, DIR/diff.md and DIR/diff.json (trace dirs are parsed into DIR/base/tables and
+DIR/new/tables), and prints the Markdown summary.
+
+Example:  tracekit diff runs/before runs/after --out diff-out
+
+Exit status: 0 when both runs could be analysed (whatever changed); 2 when one could not.
+"""
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("diff", help="(not implemented yet)")
-    def _cmd() -> None:
-        typer.echo("tracekit diff: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("diff", help=HELP, no_args_is_help=True)
+    def diff_cmd(
+        base: Path = typer.Argument(..., help="The run before (trace dir, run store, analyze output, analysis.json).",
+                                    exists=True, readable=True),
+        new: Path = typer.Argument(..., help="The run after.", exists=True, readable=True),
+        out: Path = typer.Option(Path("tracekit-diff"), "--out", "-o", help="Output directory (created if needed)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print the Markdown summary."),
+    ) -> None:
+        from rich.console import Console
+
+        from tracekit.diff import diff_analyses, load_analysis
+        from tracekit.errors import TracekitError
+
+        err = Console(stderr=True)
+        out.mkdir(parents=True, exist_ok=True)
+        docs = []
+        for label, path in (("base", base), ("new", new)):
+            try:
+                analysis, _ = load_analysis(path, out / label / "tables", progress=not quiet)
+            except TracekitError as exc:
+                err.print(f"[red]tracekit diff:[/red] {label} {path}: {exc}", highlight=False)
+                raise typer.Exit(2) from None
+            docs.append(analysis)
+        doc = diff_analyses(docs[0], docs[1], base_label=str(base), new_label=str(new))
+        from reports import render_diff_html, render_diff_markdown
+
+        (out / "diff.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+        (out / "diff.html").write_text(render_diff_html(doc), encoding="utf-8")
+        summary = render_diff_markdown(doc, "diff.html")
+        (out / "diff.md").write_text(summary, encoding="utf-8")
+        if not quiet:
+            typer.echo(summary)
+            err.print(f"diff: {out / 'diff.html'}", highlight=False)
