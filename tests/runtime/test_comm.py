@@ -98,6 +98,16 @@ def _exercise(rank: int, ws: int, out_dir: str) -> dict:
     res["p2p"] = recv
     res["tp_all_reduce"] = t
 
+    # P2P inside the slow tp group: send to / receive from the other member; the send is never waited on
+    other = members[1 - members.index(rank)]
+    got = torch.empty(2, dtype=torch.float64)
+    unwaited = comm.send(torch.full((2,), float(rank), dtype=torch.float64), other, tp, label="test:tp_send")
+    comm.recv(got, other, tp, label="test:tp_recv").wait()
+    res["tp_p2p"] = got
+    dist.barrier()  # the peer has received, so the unwaited send is done on the wire
+    comm.drain()
+    unwaited.wait()  # already logged by drain: must not log twice
+
     comm.step = 8
     for name, shared_in, shared_w in HELPERS:
         xin, salt = _helper_input(name, shared_in, shared_w, members.index(rank), gi)
@@ -145,6 +155,8 @@ def test_collectives_match_single_process_math(exercised):
         torch.testing.assert_close(res[r]["p2p"], xs[(r - 1) % ws])
         members = res[r]["tp_members"]
         torch.testing.assert_close(res[r]["tp_all_reduce"], sum(xs[m] for m in members))
+        other = members[1 - members.index(r)]
+        torch.testing.assert_close(res[r]["tp_p2p"], torch.full((2,), float(other), dtype=torch.float64))
         # rank r receives, from each source s in order, the block s sends to r
         blocks = []
         for s in range(ws):
@@ -242,9 +254,17 @@ def test_slow_group_delay_lands_in_entry_duration(exercised):
     expected_ops = {"gloo:all_reduce": 3, "gloo:all_gather": 4, "gloo:reduce_scatter": 2}
     for r in range(ws):
         _, entries, _ = _read_log(out_dir, r)
-        tp = [e for e in entries if e["process_group"][1] == "mesh_tp"]
-        assert tp, "no mesh_tp entries"
         members = res[r]["tp_members"]
+        other = members[1 - members.index(r)]
+        tp_p2p = sorted((e for e in entries if e["process_group"][1] == "mesh_tp" and e["is_p2p"]),
+                        key=lambda e: e["p2p_seq_id"])
+        assert [(e["profiling_name"], e["peer"], e["p2p_seq_id"], e["caller"], e["state"]) for e in tp_p2p] == [
+            ("gloo:send", other, 1, "test:tp_send", "started"),  # never waited on: written by drain()
+            ("gloo:recv", other, 2, "test:tp_recv", "completed")]
+        assert tp_p2p[0]["time_discovered_completed_ns"] is None
+        assert tp_p2p[1]["time_discovered_completed_ns"] - tp_p2p[1]["time_discovered_started_ns"] >= SLOW_S * 1e9
+        tp = [e for e in entries if e["process_group"][1] == "mesh_tp" and not e["is_p2p"]]
+        assert tp, "no mesh_tp entries"
         # all_reduce: test + copy_to_tp bwd + reduce_from_tp fwd; all_gather: gather_from_sp fwd,
         # reduce_scatter_to_sp bwd, scatter_to_sp bwd, gather_from_tp fwd; reduce_scatter: the two SP conjugates
         counts: dict[str, int] = {}
