@@ -106,7 +106,8 @@ class RoutingRecorder:
     def rows(self) -> list[dict[str, Any]]:
         """Rows not yet flushed, ordered by (step, layer, expert)."""
         with self._lock:
-            return [dict(r) for _, r in sorted(self._rows.items(), key=lambda kv: (kv[0][0] or -1, *kv[0][1:]))]
+            keys = sorted(self._rows, key=lambda key: (-1 if key[0] is None else key[0], key[1], key[2]))
+            return [dict(self._rows[key]) for key in keys]
 
     def flush(self, path: str | os.PathLike) -> int:
         """Append the accumulated rows to `path` (one JSON line each), clear them; returns rows written."""
@@ -145,7 +146,7 @@ class Routing:
 
 
 class MoE(nn.Module):
-    """Top-k MoE FFN; experts are GELU MLPs stored stacked as `w1` (E_local, d_model, d_ff), `w2` (E_local, d_ff, d_model)."""
+    """Top-k MoE FFN; experts are GELU MLPs stacked as `w1` (E_local, d_model, d_ff), `w2` (E_local, d_ff, d_model)."""
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, layer_id: int, ep_group: Any | None) -> None:
         super().__init__()
