@@ -86,6 +86,8 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
             par.apply_ep(m, pd)
         par.mark_expert_params(m)
         par.set_aux_loss_scale(m, pd, cfg.microbatches)
+    tags = [{n: {t for t in (par.TP_SHARDED, par.EXPERT) if getattr(p, t, False)} for n, p in m.named_parameters()}
+            for m in raw]
     modules: list[nn.Module] = list(raw)
     if pd.dp_cp > 1:
         assert comm is not None
@@ -94,6 +96,11 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
         else:
             modules = [par.apply_fsdp(m, pd, comm, no_overlap=cfg.faults.no_overlap,
                                       reshard_after_forward=not pd.pp_enabled) for m in raw]
+    for m, tag in zip(modules, tags):
+        # fully_shard replaces parameters (DTensors): carry the tp-sharded / expert tags over by name.
+        for n, p in m.named_parameters():
+            for t in tag[n.removeprefix("module.")]:
+                setattr(p, t, True)
     parts = Parts(modules=modules, raw=raw, stage_ids=stage_ids)
     parts.params = [p for m in modules for p in m.parameters()]
     if pd.pp_enabled:
