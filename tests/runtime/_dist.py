@@ -64,6 +64,7 @@ def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any,
         p.start()
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
+    finished = False
     try:
         while len(results) + len(errors) < world_size:
             try:
@@ -76,9 +77,10 @@ def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any,
             else:
                 errors[rank] = payload
                 break  # the others may hang in a collective waiting for this rank
+        finished = not errors
     finally:
         for p in procs:
-            if errors:
+            if not finished:  # a rank failed, timed out, or we were interrupted: stop the rest now
                 p.terminate()
             p.join(timeout=30)
             if p.is_alive():

@@ -299,3 +299,19 @@ def test_profiler_regions_carry_group_and_seq(exercised):
         c10d = [e for e in events if e.get("name") == "c10d::allreduce_"
                 and ar[0]["ts"] <= e["ts"] <= ar[0]["ts"] + ar[0]["dur"]]
         assert len(c10d) == 1 and ar[0]["dur"] >= SLOW_S * 1e6
+
+
+def _fail_on_rank1(rank: int, ws: int) -> int:
+    if rank == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # would wait for rank 1 until the PG timeout: the helper must stop it instead
+    return rank
+
+
+def test_run_distributed_reraises_a_rank_failure_promptly():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed.*ValueError: boom on purpose"):
+        run_distributed(2, _fail_on_rank1)
+    assert time.monotonic() - t0 < 30

@@ -105,6 +105,33 @@ def test_router_labels_and_recomputation_not_counted():
     assert all(r["forwards"] == 1 for r in rows)
 
 
+def test_recorder_sums_micro_batches_and_flushes(tmp_path):
+    moe = _layer(1)
+    rec = get_routing_recorder()
+    rec.clear()
+    rec.step, rec.profiled = 4, True
+    xs = [_tensor(X_SHAPE, 40 + i) for i in range(3)]
+    with torch.no_grad():
+        for x in xs:  # three micro-batches in one step
+            moe(x)
+        refs = [_loop_reference(moe, x) for x in xs]
+    path = tmp_path / "routing.jsonl"
+    assert rec.flush(path) == NUM_EXPERTS and rec.rows() == []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for e, row in enumerate(rows):
+        assert (row["step"], row["layer"], row["expert"], row["forwards"], row["profiled"]) == (4, LAYER, e, 3, True)
+        assert row["tokens"] == sum(ref[1][e] for ref in refs)
+        assert row["dropped"] == sum(ref[1][e] - ref[2][e] for ref in refs)
+        assert row["capacity"] == sum(ref[3] for ref in refs)
+    rec.step = 5
+    with torch.no_grad():
+        moe(xs[0])
+    rec.flush(path)  # appends
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [4] * 4 + [5] * 4
+    rec.clear()
+    rec.profiled = False
+
+
 def _ep_rank(rank: int, ws: int, out_dir: str) -> dict:
     import torch.distributed as dist
 
