@@ -3,7 +3,8 @@
 Kinds: kineto (has `traceEvents`), comms_log (`comms.rank{R}.jsonl`), flight_recorder (JSON with
 `entries` + `pg_config`, or a pickle), manifest, ground_truth, routing/pipeline side logs. JSON that is
 none of these (e.g. an execution trace, which has `nodes`) is reported as skipped with the reason.
-Files of other types (Parquet, HTML, ...) and tracekit's own outputs are ignored without comment.
+Files of other types (Parquet, HTML, other JSON lines, ...), tracekit's own outputs and the
+reference runtime's metrics files are ignored without comment.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ _SCAN_CHUNK = 4 << 20
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)", re.IGNORECASE)
 _SIDE_LOG = re.compile(r"^(routing|pipeline)\.rank(\d+)\.jsonl$")
 _COMMS_LOG = re.compile(r"^comms\.rank(\d+)\.jsonl$")
+# What the reference runtime writes beside its traces that is not an input (per-step metrics).
+_RUNTIME_SIDE_FILES = re.compile(r"^(?:train_log\.json|metrics\.rank\d+\.jsonl)$")
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ def classify(path: Path) -> tuple[str | None, str | None]:
         return MANIFEST, None
     if name == "ground_truth.json":
         return GROUND_TRUTH, None
+    if _RUNTIME_SIDE_FILES.match(name):
+        return None, None
     if _COMMS_LOG.match(name):
         return COMMS_LOG, None
     side = _SIDE_LOG.match(name)
@@ -147,10 +152,10 @@ def classify(path: Path) -> tuple[str | None, str | None]:
         try:
             obj = json.loads(head)
         except ValueError:
-            return None, "JSON-lines file that is not a tracekit log"
+            return None, None
         if isinstance(obj, dict) and obj.get("type") == "header" and str(obj.get("version", "")).startswith("tracekit.comms"):
             return COMMS_LOG, None
-        return None, "JSON-lines file that is not a tracekit log"
+        return None, None  # no trace format is JSON lines: not an input
     if lower.endswith((".pkl", ".pickle")) or "." not in name:
         try:
             with open(path, "rb") as fh:

@@ -2,10 +2,12 @@
 
 Kineto rows that carry a group and sequence number (NCCL `record_param_comms` args, the runtime's
 `comm:` labels) join the log on (pg_name, is_p2p, seq). On gloo the profiler records neither, so
-the rest are aligned by issue order: each Kineto collective takes the latest not-yet-used log entry
-of the same op (and group, when known) created before the Kineto op ended. Matched Kineto rows get
-the log's group, sequence number (seq_source "log") and any metadata they lack; unmatched ones are
-numbered by order within (pg_name) with seq_source "order". Both sources' rows stay in the store.
+the rest are aligned by issue order and time (`_align_by_time`): a Kineto collective takes the
+latest unused log entry of the same op, compatible group and message size, created before the op
+started (allowing for the measured clock skew). Matched Kineto rows get the log's group, sequence
+number (seq_source "log") and any metadata they lack; unmatched ones (ops the log never saw, e.g.
+DDP's own broadcasts) are numbered by order within (pg_name, p2p) with seq_source "order".
+Both sources' rows stay in the store.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from tracekit.tables.schema import conform
 _FILL_FROM_LOG = ("pg_name", "pg_desc", "peer", "in_nelems", "out_nelems", "dtype", "bytes",
                   "in_split_sizes", "out_split_sizes", "group_size", "group_ranks", "caller", "step")
 # A log entry may be created this long before its Kineto op starts (Python between the log call
-# and the c10d op, injected delays) and this little after it ends (clock rounding).
+# and the c10d op, injected delays) ...
 MAX_LEAD_NS = 5_000_000_000
+# ... and, in the first (nearest-entry) pass, this long after the op ends (clock offsets).
 LAG_TOLERANCE_NS = 2_000_000
+# Margin added to the estimated clock offset between the trace and the log.
+SKEW_MARGIN_NS = 20_000
 
 
 @dataclass
@@ -57,6 +62,80 @@ def _p2p(row: dict[str, Any]) -> bool:
     return bool(row["is_p2p"]) or row["op"] in ("send", "recv")
 
 
+def _message_nelems(row: dict[str, Any]) -> int:
+    return max(row["in_nelems"] or 0, row["out_nelems"] or 0)
+
+
+def _compatible(k: dict[str, Any], lr: dict[str, Any]) -> bool:
+    """Could log entry `lr` be the call that Kineto row `k` recorded? (op, group, message size)"""
+    if k["pg_name"] is not None and lr["pg_name"] != k["pg_name"]:
+        return False
+    a, b = _message_nelems(k), _message_nelems(lr)
+    return a == 0 or b == 0 or a == b
+
+
+def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]], used: list[bool],
+                   shift: int) -> list[tuple[dict[str, Any], int]]:
+    """Match Kineto rows without seq to log entries: same op, compatible group and size, issue order.
+
+    The comm layer logs an entry just before it issues the c10d op, so the entry of a call is the
+    latest compatible one created before the op started. The two clocks (Kineto's, the log's
+    `time.time_ns()`) may differ a little: pass 1 pairs each op with its nearest compatible entry and
+    takes the 10th percentile of (op start - entry created) as the evidence of how far the trace clock
+    runs behind; pass 2 then walks the ops in order taking the latest unused compatible entry created
+    before start + that skew, never going back in time within an op.
+    """
+    per_op: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for i, lr in enumerate(log_rows):
+        if not used[i] and lr["enqueue_ts"] is not None:
+            per_op[lr["op"]].append((lr["enqueue_ts"] - shift, i))
+    for lst in per_op.values():
+        lst.sort()
+    ordered = sorted((r for r in pending if _start(r) is not None), key=_start)
+
+    leads = []
+    for row in ordered:
+        cands = per_op.get(row["op"])
+        if not cands:
+            continue
+        start = _start(row)
+        pos = bisect.bisect_left(cands, (start, -1))
+        best = None
+        for j in list(range(pos - 1, max(pos - 64, -1), -1)) + list(range(pos, min(pos + 64, len(cands)))):
+            created, i = cands[j]
+            if created > _end(row) + LAG_TOLERANCE_NS or created < start - MAX_LEAD_NS:
+                continue
+            if _compatible(row, log_rows[i]) and (best is None or abs(start - created) < abs(best)):
+                best = start - created
+        if best is not None:
+            leads.append(best)
+    if not leads:
+        return []
+    leads.sort()
+    skew = max(0, -leads[len(leads) // 10]) + SKEW_MARGIN_NS
+
+    out = []
+    last_taken: dict[str, int] = {}
+    for row in ordered:
+        cands = per_op.get(row["op"])
+        if not cands:
+            continue
+        start = _start(row)
+        hi = bisect.bisect_right(cands, (start + skew, len(log_rows)))
+        previous = last_taken.get(row["op"])
+        for j in range(hi - 1, -1, -1):
+            created, i = cands[j]
+            if created < start - MAX_LEAD_NS or (previous is not None and created <= previous):
+                break
+            if used[i] or not _compatible(row, log_rows[i]):
+                continue
+            used[i] = True
+            last_taken[row["op"]] = created
+            out.append((row, i))
+            break
+    return out
+
+
 def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: int = 0) -> tuple[pa.Table, JoinStats]:
     """Return the Kineto collectives with seq (and missing metadata) filled from `log`.
 
@@ -74,7 +153,7 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
             by_key.setdefault((lr["pg_name"], _p2p(lr), lr["seq"]), i)
 
     def take(row: dict[str, Any], i: int, seq_source: str | None) -> None:
-        used[i] = True
+        used[i] = True  # (already set by _align_by_time for order matches)
         lr = log_rows[i]
         for col in _FILL_FROM_LOG:
             if row.get(col) is None and lr.get(col) is not None:
@@ -93,35 +172,12 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
                 take(row, i, row["seq_source"])
                 stats.matched_by_seq += 1
 
-    # 2. issue order + time: latest unused entry of the same op/group created before the op ended.
+    # 2. issue order + time (gloo): see `_align_by_time`.
     pending = [r for r in rows if r["seq"] is None]
     if pending and log_rows:
-        per_op: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for i, lr in enumerate(log_rows):
-            if not used[i] and lr["enqueue_ts"] is not None:
-                per_op[lr["op"]].append((lr["enqueue_ts"] - log_shift_ns, i))
-        for lst in per_op.values():
-            lst.sort()
-        last_taken: dict[str, int] = {}
-        for row in sorted(pending, key=lambda r: (_start(r) is None, _start(r) or 0)):
-            start, end = _start(row), _end(row)
-            cands = per_op.get(row["op"])
-            if start is None or not cands:
-                continue
-            hi = bisect.bisect_right(cands, (end + LAG_TOLERANCE_NS, len(log_rows)))
-            floor = max(start - MAX_LEAD_NS, last_taken.get(row["op"], -(1 << 62)))
-            for j in range(hi - 1, -1, -1):
-                created, i = cands[j]
-                if created < floor:
-                    break
-                if used[i]:
-                    continue
-                if row["pg_name"] is not None and log_rows[i]["pg_name"] != row["pg_name"]:
-                    continue
-                take(row, i, "log")
-                last_taken[row["op"]] = created
-                stats.matched_by_order += 1
-                break
+        for row, i in _align_by_time(pending, log_rows, used, log_shift_ns):
+            take(row, i, "log")
+            stats.matched_by_order += 1
 
     # 3. no log entry: number by order within (pg_name), 1-based like c10d.
     counters: dict[Any, int] = defaultdict(int)
