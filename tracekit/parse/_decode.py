@@ -21,7 +21,7 @@ _f = msgspec.field
 NO_RAW = Raw()  # default for absent Raw fields: an empty text (len 0), treated as missing
 
 
-class XArgs(msgspec.Struct, gc=False):
+class XArgs(msgspec.Struct, gc=False, frozen=True):
     """The `args` keys of complete events that the tables use."""
 
     external_id: Union[int, str, None] = _f(default=None, name="External id")
@@ -50,6 +50,9 @@ class XArgs(msgspec.Struct, gc=False):
     concrete_inputs: Raw = _f(default=NO_RAW, name="Concrete Inputs")
 
 
+EMPTY_ARGS = XArgs()
+
+
 class MArgs(msgspec.Struct, gc=False):
     name: Any = None
     labels: Any = None
@@ -62,7 +65,7 @@ class X(msgspec.Struct, tag="X", tag_field="ph", gc=False):
     dur: Raw = NO_RAW
     pid: Union[int, str, None] = None
     tid: Union[int, str, None] = None
-    args: Union[XArgs, None] = None
+    args: XArgs = EMPTY_ARGS  # shared frozen instance: no per-event allocation when absent
 
 
 class M(msgspec.Struct, tag="M", tag_field="ph", gc=False):
@@ -93,7 +96,7 @@ class TypedTrace(msgspec.Struct, gc=False):
 
 
 # Lenient variant: every field typed Any except the timestamps, which must stay text.
-class LXArgs(msgspec.Struct, gc=False):
+class LXArgs(msgspec.Struct, gc=False, frozen=True):
     external_id: Any = _f(default=None, name="External id")
     external_id_old: Any = _f(default=None, name="external id")
     correlation: Any = None
@@ -122,6 +125,9 @@ class LXArgs(msgspec.Struct, gc=False):
     labels: Any = None
 
 
+EMPTY_LARGS = LXArgs()
+
+
 class LEvent(msgspec.Struct, gc=False):
     ph: Any = None
     name: Any = ""
@@ -130,7 +136,7 @@ class LEvent(msgspec.Struct, gc=False):
     dur: Raw = NO_RAW
     pid: Any = None
     tid: Any = None
-    args: Union[LXArgs, None] = None
+    args: Union[LXArgs, None] = EMPTY_LARGS
 
 
 class LenientTrace(msgspec.Struct, gc=False):

@@ -194,13 +194,18 @@ class _Ids:
         self.stream_ids: set[int] = set()  # ids that came from "stream N"
 
     def convert(self, values: list) -> np.ndarray:
-        odd = {v for v in values if v.__class__ is not int}
-        if not odd:
-            return np.array(values, dtype=np.int64) if values else np.zeros(0, np.int64)
+        try:
+            return np.fromiter(values, dtype=np.int64, count=len(values))
+        except (TypeError, ValueError, OverflowError):
+            pass  # some ids are text or missing
         mapping: dict[Any, int | None] = {}
-        for v in odd:
-            mapping[v] = self.one(v)
-        vals = [v if v.__class__ is int else mapping[v] for v in values]
+
+        def conv(v: Any) -> int | None:
+            if v not in mapping:
+                mapping[v] = self.one(v)
+            return mapping[v]
+
+        vals = [v if v.__class__ is int else conv(v) for v in values]
         arr = pa.array(vals, pa.int64())
         return arr.fill_null(0).to_numpy(zero_copy_only=False) if arr.null_count else arr.to_numpy()
 
@@ -282,14 +287,16 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     table_rank = rank_arg if rank_arg is not None else (trace_rank if trace_rank is not None else RANK_UNKNOWN)
 
     # --- timestamps (exact ns), dropping events without a usable ts
-    ts, ts_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)))
+    n = len(xs)
+    both, both_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)) + list(map(attrgetter("dur"), xs)))
+    ts, ts_ok, dur, dur_ok = both[:n], both_ok[:n], both[n:], both_ok[n:]
+    del both, both_ok
     if not ts_ok.all():
         bad = int((~ts_ok).sum())
         warnings.append(f"{bad} complete events without a numeric ts were dropped")
         xs = [x for x, ok in zip(xs, ts_ok) if ok]
-        ts = ts[ts_ok]
-    n = len(xs)
-    dur, dur_ok = D.raws_to_ns(list(map(attrgetter("dur"), xs)))
+        ts, dur, dur_ok = ts[ts_ok], dur[ts_ok], dur_ok[ts_ok]
+        n = len(xs)
     missing_dur = int(n - dur_ok.sum())
     negative = dur_ok & (dur < 0)
     num_negative = int(negative.sum())
@@ -335,10 +342,9 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     tid = tid_ids.convert(list(map(attrgetter("tid"), xs)))
 
     # --- args
-    empty = D.LXArgs() if lenient else D.XArgs()
-    args = [a if a is not None else empty for a in map(attrgetter("args"), xs)]
+    args = list(map(attrgetter("args"), xs))
     if lenient:
-        args = [a if isinstance(a, D.LXArgs) else empty for a in args]
+        args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
 
     def int_col(attr: str) -> pa.Array:
         vals = list(map(attrgetter(attr), args))

@@ -1,0 +1,234 @@
+"""Kineto JSON → tables: throughput and peak memory of tracekit vs HTA's TraceAnalysis, same run.
+
+    python benchmarks/parse_bench.py [FILES...] [--sizes 100MB,1GB] [--gz] [--skip-hta-above 300MB]
+                                     [--data-dir DIR] [--repeat N]
+
+With no FILES it measures the larger traces in shared/traces plus synthetic traces of the given
+sizes, BUILT by replicating a real modern-schema trace (nccl_data, fractional-µs timestamps) with
+timestamps shifted by whole trace spans (cached in --data-dir). Each measurement runs in a fresh
+subprocess; memory is that process's peak RSS (ru_maxrss, plus any children) minus its RSS after
+imports, divided by the decompressed JSON size. MB/s is decompressed JSON bytes per wall second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or REPO.parent / "shared" / "traces")
+SEED = "hta_nccl_a100_rank0of2/nccl_data.json.gz"
+MB = 1_000_000
+
+
+def _size(text: str) -> int:
+    text = text.strip().upper()
+    for unit, mult in (("GB", 1000 * MB), ("MB", MB), ("KB", 1000)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * mult)
+    return int(text)
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _json_size(path: Path) -> int:
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        with gzip.open(path, "rb") as f:
+            n = 0
+            while chunk := f.read(16 << 20):
+                n += len(chunk)
+            return n
+    return path.stat().st_size
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic traces
+
+
+def build_trace(target_bytes: int, out: Path, gz: bool = False, seed: Path | None = None) -> Path:
+    """Replicate a real trace's events, shifting times by whole spans, until ~target_bytes of JSON."""
+    import msgspec
+
+    if out.exists():
+        return out
+    seed = seed or SHARED / SEED
+    doc = msgspec.json.Decoder(float_hook=Decimal).decode(gzip.decompress(seed.read_bytes()))
+    events = doc.pop("traceEvents")
+    timed = [e for e in events if "ts" in e and e.get("ph") != "M"]
+    t0 = min(Decimal(e["ts"]) for e in timed)
+    t1 = max(Decimal(e["ts"]) + Decimal(e.get("dur") or 0) for e in timed)
+    span = (t1 - t0) + 1000
+    meta = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    enc = msgspec.json.Encoder(decimal_format="number")
+    head = enc.encode(doc)[:-1] + b', "traceEvents": ['
+    tmp = out.with_suffix(out.suffix + ".part")
+    opener = (lambda p: gzip.open(p, "wb", compresslevel=1)) if gz else (lambda p: open(p, "wb"))
+    written = 0
+    with opener(tmp) as f:
+        f.write(head)
+        chunk = enc.encode(meta)[1:-1]
+        f.write(chunk)
+        written += len(head) + len(chunk)
+        k = 0
+        while written < target_bytes:
+            shift = span * k
+            rep = []
+            for e in body:
+                e2 = dict(e)
+                e2["ts"] = Decimal(e["ts"]) + shift
+                if "id" in e2 and isinstance(e2["id"], int):
+                    e2["id"] = e2["id"] + 10_000_000 * k
+                args = e2.get("args")
+                if args and ("correlation" in args or "External id" in args):
+                    args = dict(args)
+                    for key in ("correlation", "External id"):
+                        if isinstance(args.get(key), int):
+                            args[key] += 10_000_000 * k
+                    e2["args"] = args
+                rep.append(e2)
+            chunk = b"," + enc.encode(rep)[1:-1]
+            f.write(chunk)
+            written += len(chunk)
+            k += 1
+        f.write(b"]}")
+    tmp.rename(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# workers (run in a fresh subprocess each)
+
+
+def _cpu() -> float:
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def _worker(tool: str, path: str) -> None:
+    import gc
+
+    if tool == "tracekit":
+        from tracekit.parse.kineto import parse_kineto
+
+        base = _rss_now()
+        c = _cpu()
+        t = time.perf_counter()
+        p = parse_kineto(path)
+        secs = time.perf_counter() - t
+        cpu = _cpu() - c
+        rows = p.tables["events"].num_rows
+    else:
+        import logging
+
+        logging.disable(logging.WARNING)
+        from hta.trace_analysis import TraceAnalysis
+
+        d = tempfile.mkdtemp(prefix="hta_bench_")
+        os.symlink(os.path.abspath(path), os.path.join(d, os.path.basename(path)))
+        gc.collect()
+        base = _rss_now()
+        c = _cpu()
+        t = time.perf_counter()
+        ta = TraceAnalysis(trace_dir=d)
+        secs = time.perf_counter() - t
+        cpu = _cpu() - c
+        df = next(iter(ta.t.traces.values()))
+        rows = len(df)
+        shutil.rmtree(d, ignore_errors=True)
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+    print(json.dumps({"seconds": secs, "cpu": cpu, "peak": peak, "base": base, "rows": rows}))
+
+
+def measure(tool: str, path: Path, timeout: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", tool, str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("--sizes", default="100MB,1GB", help="synthetic trace sizes to build (empty: none)")
+    ap.add_argument("--gz", action="store_true", help="build the synthetic traces gzipped")
+    ap.add_argument("--skip-hta-above", default="300MB", help="do not run HTA on larger JSON (it needs ~6x RAM)")
+    ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "tracekit_bench")
+    ap.add_argument("--repeat", type=int, default=1, help="tracekit runs per file (best is reported)")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        _worker(*args.worker)
+        return 0
+
+    files = list(args.files)
+    if not files:
+        shared = sorted(SHARED.glob("*/*.json*"), key=lambda p: p.stat().st_size, reverse=True)
+        files = [p for p in shared if p.stat().st_size > 1 * MB]
+        args.data_dir.mkdir(parents=True, exist_ok=True)
+        for s in filter(None, args.sizes.split(",")):
+            name = f"synthetic_{s.strip().lower()}.json" + (".gz" if args.gz else "")
+            print(f"building {name} in {args.data_dir} ...", file=sys.stderr, flush=True)
+            files.append(build_trace(_size(s), args.data_dir / name, gz=args.gz))
+    hta_limit = _size(args.skip_hta_above)
+
+    print(f"{'file':44s} {'JSON MB':>8s} | {'tracekit MB/s wall/cpu':>22s} {'mem x':>6s} | {'HTA MB/s wall/cpu':>17s} {'mem x':>6s} | {'speed ratio (cpu)':>17s} {'mem ratio':>9s}")
+    for path in files:
+        size = _json_size(path)
+        best = None
+        for _ in range(max(1, args.repeat)):
+            r = measure("tracekit", path, args.timeout)
+            if "error" in r:
+                best = r
+                break
+            if best is None or r["cpu"] < best["cpu"]:
+                best = r
+        tk = best
+        ht = measure("hta", path, args.timeout) if size <= hta_limit else {"skipped": True}
+        label = f"{path.parent.name}/{path.name}"[-44:]
+
+        def fmt(r):
+            if "error" in r:
+                return f"{'error':>17s} {'':>6s}", None, None
+            if "skipped" in r:
+                return f"{'skipped':>17s} {'':>6s}", None, None
+            mbs = size / MB / r["seconds"]
+            cpu_mbs = size / MB / max(r["cpu"], 1e-9)
+            mem = (r["peak"] - r["base"]) / size
+            return f"{mbs:8.1f} /{cpu_mbs:7.1f} {mem:6.2f}", cpu_mbs, mem
+
+        tks, tk_mbs, tk_mem = fmt(tk)
+        hts, ht_mbs, ht_mem = fmt(ht)
+        ratio = f"{tk_mbs / ht_mbs:16.1f}x" if tk_mbs and ht_mbs else f"{'-':>17s}"
+        mratio = f"{ht_mem / tk_mem:8.1f}x" if tk_mem and ht_mem else f"{'-':>9s}"
+        print(f"{label:44s} {size / MB:8.1f} | {tks:>29s} | {hts:>24s} | {ratio} {mratio}", flush=True)
+        for r, tool in ((tk, "tracekit"), (ht, "hta")):
+            if "error" in r:
+                print(f"    {tool} failed: {r['error']}", flush=True)
+    print("MB/s: decompressed JSON per wall second / per CPU second of the parsing process (the per-core figure,\n"
+          "robust to a loaded machine); mem x = (peak RSS - RSS after imports) / JSON size; ratios: tracekit over HTA",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
