@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
             help="Skip any trace that decompresses to more than this many MiB (default: no limit)."),
     ) -> None:
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         from tracekit.errors import TracekitError
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit)
         except TracekitError as exc:
-            err.print(f"[red]tracekit parse:[/red] {exc}")
+            err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         store = result.store
         ranks = store.ranks()
@@ -66,15 +67,15 @@ def register(app: typer.Typer) -> None:
                 table.add_column(col, justify="right" if col in ("rank", "events", "kernels", "collectives") else "left")
             for c in counts:
                 table.add_row(str(c["rank"]), f"{c['events']:,}", f"{c['kernels']:,}", f"{c['collectives']:,}",
-                              str(c["rank_source"]), Path(str(c["source_file"])).name)
+                              escape(str(c["rank_source"])), escape(Path(str(c["source_file"])).name))
             out_console = Console()
             out_console.print(table)
             for w in store.meta.get("warnings", []):
-                err.print(f"[yellow]warning:[/yellow] {w}")
+                err.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
         for s in result.skipped:
-            err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
+            err.print(f"[yellow]skipped[/yellow] {escape(s['file'])}: {escape(s['reason'])}", soft_wrap=True)
         if not ranks:
-            err.print(f"[red]tracekit parse:[/red] nothing under {trace_dir} could be parsed")
+            err.print(f"[red]tracekit parse:[/red] nothing under {escape(str(trace_dir))} could be parsed")
             raise typer.Exit(1)
         if not quiet:
             err.print(f"parsed {len(ranks)} rank(s) into {store.path}")

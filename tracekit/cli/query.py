@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
                                   help="Rows shown in table format (0 = all); csv and json print all rows."),
     ) -> None:
         from rich.console import Console
+        from rich.markup import escape
 
         from tracekit.errors import TracekitError
         from tracekit.tables.schema import TABLES, describe
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
         try:
             store = RunStore(store_dir)
         except TracekitError as exc:
-            err.print(f"[red]tracekit query:[/red] {exc}")
+            err.print(f"[red]tracekit query:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         if schema:
             typer.echo("\n\n".join(describe(name) for name in TABLES))
@@ -75,7 +76,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = store.sql(sql)
         except duckdb.Error as exc:
-            err.print(f"[red]tracekit query:[/red] {exc}")
+            err.print(f"[red]tracekit query:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         rows = result.to_pylist()
         names = result.column_names
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
                 table.add_column(n)
             shown = rows if limit == 0 else rows[:limit]
             for r in shown:
-                table.add_row(*[_cell(r[n]) for n in names])
+                table.add_row(*[escape(_cell(r[n])) for n in names])
             Console(width=max(120, Console().width)).print(table)
             if len(shown) < len(rows):
                 err.print(f"({len(rows)} rows, {len(shown)} shown; --max-rows 0 or --format csv for all)")
