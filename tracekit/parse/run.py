@@ -186,7 +186,7 @@ def _parse_kineto_job(args: tuple[str, int | None]) -> tuple[str, Any, str | Non
         return path, None, exc.reason
     except TracekitError as exc:
         return path, None, str(exc)
-    except (ValueError, KeyError, TypeError, OSError, MemoryError) as exc:
+    except Exception as exc:  # a parser bug on one file must not lose the whole run; it is reported
         return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
 
 
