@@ -101,6 +101,15 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
     console.soft_wrap = True
     console.print(f"\n[bold]tracekit record[/bold]: command exited with {exit_code}; recording "
                   f"{manifest['status']} in {out}")
+    if not ranks and manifest.get("recorded_by") not in (None, "tracekit record"):
+        console.print(f"  the program recorded itself ({manifest['recorded_by']}); world size "
+                      f"{manifest.get('world_size')}; files per rank:")
+        for rank, names in (manifest.get("files_by_rank") or {}).items():
+            console.print(f"  rank {rank}: {', '.join(names)}")
+        if manifest.get("missing_ranks"):
+            console.print(f"  [yellow]missing ranks[/yellow]: {manifest['missing_ranks']}")
+        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")
+        return
     if not ranks:
         console.print("  no rank recorded anything: did the program step an optimizer or call tracekit.step()?")
         return

@@ -291,6 +291,7 @@ class CollectiveLoggingMode(TorchDispatchMode):
         def _done(_f, entry=entry):
             entry["time_completed_ns"] = time.time_ns()
 
+        entry["_future"] = fut
         fut.add_done_callback(_done)
 
     def _mark_waited(self, tensor: Any) -> None:
@@ -298,12 +299,26 @@ class CollectiveLoggingMode(TorchDispatchMode):
         if entry is not None and entry["time_completed_ns"] is None:
             entry["time_completed_ns"] = time.time_ns()
 
-    def flush(self) -> int:
-        """Write buffered entries (in issue order) to the log; returns how many were written."""
+    def flush(self, final: bool = False, grace_s: float = 1.0) -> int:
+        """Write buffered entries (in issue order) to the log; returns how many were written.
+
+        Not `final`: stops at the first collective whose completion is still due (it is written at
+        a later flush, so a completion callback racing the step boundary is not lost). `final`:
+        waits up to `grace_s` for pending completions, then writes everything.
+        """
         with self._lock:
-            pending, self._pending = self._pending, []
-        self._by_output.clear()
-        for e in pending:
+            pending = self._pending
+            if final:
+                deadline = time.monotonic() + grace_s
+                while any(_due(e) for e in pending) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                cut = len(pending)
+            else:
+                cut = next((i for i, e in enumerate(pending) if _due(e)), len(pending))
+            ready, self._pending = pending[:cut], pending[cut:]
+        if final:
+            self._by_output.clear()
+        for e in ready:
             self.comm_log.record(
                 pg_name=e["pg_name"], pg_desc=e["pg_desc"], profiling_name=e["profiling_name"],
                 time_created_ns=e["time_created_ns"], time_started_ns=e["time_started_ns"],
@@ -312,9 +327,14 @@ class CollectiveLoggingMode(TorchDispatchMode):
                 output_dtypes=e["output_dtypes"], is_p2p=e["is_p2p"], peer=e["peer"],
                 group_ranks=e["group_ranks"], in_split_sizes=e["in_split_sizes"],
                 out_split_sizes=e["out_split_sizes"], step=e["step"], seq=e["seq"])
-        self.logged += len(pending)
+        self.logged += len(ready)
         self.comm_log.flush()
-        return len(pending)
+        return len(ready)
+
+
+def _due(entry: dict[str, Any]) -> bool:
+    """A collective whose completion callback has not fired yet."""
+    return entry["time_completed_ns"] is None and "_future" in entry
 
 
 def _int_list(value: Any) -> list[int] | None:

@@ -140,10 +140,20 @@ def _create_recorder(first_step: int):
     return rec
 
 
+SELF_RECORDING_MODULES = ("instrumented_runtime",)
+"""Programs that run their own profiler and comm log into the same layout: the injected recorder
+stays out of their processes (two profilers cannot run at once)."""
+
+
 def _optimizer_post_hook(optimizer, args, kwargs) -> None:
     config = _state.config
     if config is None or _state.opted_out or config.step_on == "manual" or _state.manual:
         return
+    if _state.recorder is None:
+        for mod in SELF_RECORDING_MODULES:
+            if mod in sys.modules:
+                opt_out(f"{mod} records itself")
+                return
     rec = _recorder_for_this_process(1)
     if _state.driving_optimizer is None:
         _state.driving_optimizer = id(optimizer)

@@ -72,11 +72,42 @@ def child_environment(config: RecordConfig, site: SiteDir, base: dict[str, str])
     return env
 
 
+def self_recording_program(command: list[str]) -> str | None:
+    """The module name when COMMAND runs a program that records itself (`python -m instrumented_runtime`)."""
+    for i, arg in enumerate(command[:-1]):
+        if arg == "-m" and command[i + 1] == "instrumented_runtime":
+            return "instrumented_runtime"
+    return None
+
+
+def route_program_output(command: list[str], out_dir: Path) -> list[str]:
+    """For a self-recording program, make its own `--out` the recording directory.
+
+    Appends `--out DIR` when COMMAND has none; a different `--out` is an error (the files would
+    land somewhere `tracekit record` does not report on).
+    """
+    if self_recording_program(command) is None:
+        return command
+    for i, arg in enumerate(command):
+        value = None
+        if arg == "--out" and i + 1 < len(command):
+            value = command[i + 1]
+        elif arg.startswith("--out="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            if Path(value).resolve() != out_dir.resolve():
+                raise RecordError(f"COMMAND writes to --out {value} but tracekit record to {out_dir}: "
+                                  "drop one of them or make them the same")
+            return command
+    return [*command, "--out", str(out_dir)]
+
+
 def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = False) -> RecordResult:
     """Run `command` under the recorder and return its exit code and the manifest."""
     if not command:
         raise RecordError("no COMMAND given: put it after `--`, e.g. `tracekit record -- python train.py`")
     out_dir = config.out_path
+    command = route_program_output(command, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     old = existing_recording(out_dir)
     if old:

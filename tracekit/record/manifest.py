@@ -150,8 +150,51 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
         "parallel_layout": parallel_layout(list(groups.values())),
         "clock_anchors": {str(r): records[r].get("clock") for r in sorted(records)},
     }
+    manifest["files_by_rank"] = files_by_rank(out_dir)
+    program = _program_manifest(out_dir)
+    if program is not None:
+        # The program recorded itself (e.g. instrumented_runtime): keep its manifest, add ours inside.
+        manifest["recorded_by"] = program.get("producer") or "program"
+        manifest["world_size"] = manifest["world_size"] or program.get("world_size")
+        manifest["hosts"] = manifest["hosts"] or program.get("hosts") or []
+        manifest["torch_version"] = manifest["torch_version"] or program.get("torch_version")
+        manifest["missing_ranks"] = (sorted(set(range(manifest["world_size"])) - set(manifest["files_by_rank"]))
+                                     if manifest["world_size"] else [])
+        if not records:
+            manifest["status"] = "ok" if exit_code in (None, 0) and not manifest["missing_ranks"] else "incomplete"
+        program["tracekit_record"] = manifest
+        write_json_atomic(out_dir / MANIFEST, program)
+        return manifest
+    manifest["recorded_by"] = "tracekit record"
     write_json_atomic(out_dir / MANIFEST, manifest)
     return manifest
+
+
+_RANK_FILE_RE = re.compile(r"^(?:rank(\d+)\.pt\.trace\.json\.gz|(?:comms|routing|flight_recorder|record)\.rank(\d+)\.jsonl?)$")
+
+
+def files_by_rank(out_dir: Path) -> dict[int, list[str]]:
+    """rank -> names of the per-rank files in `out_dir` (traces, comm/routing logs, FR dumps, records)."""
+    out: dict[int, list[str]] = {}
+    for p in sorted(out_dir.iterdir()):
+        m = _RANK_FILE_RE.match(p.name)
+        if m:
+            out.setdefault(int(m.group(1) or m.group(2)), []).append(p.name)
+    return dict(sorted(out.items()))
+
+
+def _program_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """A manifest.json the program wrote itself (any schema but ours), else None."""
+    path = out_dir / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") == MANIFEST_SCHEMA:
+        return None
+    return data
 
 
 def _rank_summary(rec: dict[str, Any]) -> dict[str, Any]:

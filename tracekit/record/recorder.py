@@ -25,6 +25,7 @@ from tracekit.record.commlog import CommLog, comms_log_path
 from tracekit.record.config import RecordConfig
 from tracekit.record.trace_files import (
     PARTS_DIR,
+    RANK_RECORD_SCHEMA,
     flight_recorder_path,
     list_parts,
     merge_trace_parts,
@@ -223,7 +224,7 @@ class RankRecorder:
         if self.log_mode is None:
             return
         mode, self.log_mode = self.log_mode, None
-        mode.flush()
+        mode.flush(final=True)
         try:
             mode.__exit__(None, None, None)
         except Exception as exc:  # a mode pushed above ours by the program: say so, keep going
@@ -341,6 +342,7 @@ class RankRecorder:
         for name, g in _known_groups().items():
             groups.setdefault(name, g)
         return {
+            "schema": RANK_RECORD_SCHEMA,
             "rank": rank, "world_size": self.identity.world_size, "rank_source": self.identity.source,
             "local_rank": self.local_rank, "group_rank": self.group_rank,
             "host": socket.gethostname(), "pid": self.pid, "mode": self.mode,

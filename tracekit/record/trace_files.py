@@ -51,9 +51,14 @@ def list_parts(out_dir: str | os.PathLike, rank: int) -> list[Path]:
     return found
 
 
+RANK_RECORD_SCHEMA = "tracekit.record.rank/1"
+"""`schema` of record.rank{R}.json: first key, so `tracekit parse` recognises (and ignores) the file."""
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file + rename; keys keep their order (put "schema" first)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(obj, indent=1))
     os.replace(tmp, path)
 
 
