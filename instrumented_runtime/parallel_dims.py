@@ -49,6 +49,7 @@ class ParallelDims:
     world_size: int
     _mesh: "DeviceMesh | None" = field(default=None, repr=False)
     _groups: dict[str, "ProcessGroup"] = field(default_factory=dict, repr=False)
+    _dp_cp_mesh: "DeviceMesh | None" = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._validate()
@@ -143,10 +144,15 @@ class ParallelDims:
         if self.world_size == 1:
             return None
         names = tuple(a.value for a in MESH_AXES)
-        self._mesh = init_device_mesh(device_type, tuple(getattr(self, n) for n in names), mesh_dim_names=names)
-        self._mesh["dp", "cp"]._flatten("dp_cp")
-        for name in names + ("dp_cp",):
+        # An explicit backend makes DeviceMesh create a `mesh_<axis>` group even for an axis spanning the
+        # whole world (otherwise it reuses the default group, whose desc "default_pg" names no dimension).
+        backend = dist.get_backend()
+        self._mesh = init_device_mesh(device_type, tuple(getattr(self, n) for n in names), mesh_dim_names=names,
+                                      backend_override={n: backend for n in names})
+        self._dp_cp_mesh = self._mesh["dp", "cp"]._flatten("dp_cp", backend_override=backend)
+        for name in names:
             self._groups[name] = self._mesh[name].get_group()
+        self._groups["dp_cp"] = self._dp_cp_mesh.get_group()
         me = dist.get_rank()
         for dim in ("ep", "edp"):
             for ranks in self.group_ranks()[dim]:
@@ -163,6 +169,8 @@ class ParallelDims:
         """Sub-mesh of one axis (pp, dp, cp, tp or the flattened dp_cp)."""
         if self._mesh is None:
             raise RuntimeError("build_mesh() has not run (or world size is 1)")
+        if str(name) == "dp_cp":
+            return self._dp_cp_mesh
         return self._mesh[str(name)]
 
     def get_group(self, name: str | MeshAxisName) -> "ProcessGroup | None":

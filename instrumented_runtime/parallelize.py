@@ -113,7 +113,7 @@ def apply_ddp(module: nn.Module, pd: ParallelDims, comm: Comm, *, no_overlap: bo
     ignore = [n for n, p in module.named_parameters() if getattr(p, EXPERT, False)]
     DDP._set_params_and_buffers_to_ignore_for_model(module, ignore)
     group = pd.get_group("dp_cp")
-    ddp = DDP(module, process_group=group, broadcast_buffers=False,
+    ddp = DDP(module, process_group=group,
               bucket_cap_mb=10_000 if no_overlap else 0.25)
     ddp.register_comm_hook((comm, group, pd.dp_cp, no_overlap), _ddp_hook)
     return ddp
