@@ -104,7 +104,9 @@ def test_comms_log_only_and_flight_recorder_only(tmp_path: Path) -> None:
     for rank in range(WORLD):
         _link(run / "trace" / f"comms.rank{rank}.jsonl", tmp_path / "logs" / f"comms.rank{rank}.jsonl")
         _link(run / "fr_pickle" / f"fr_trace_rank_{rank}", tmp_path / "fr" / f"fr_trace_rank_{rank}")
+    (tmp_path / "logs" / "manifest.json").write_text(json.dumps({"world_size": WORLD, "hosts": {"0": "hA", "1": "hB"}}))
     logs = parse_run(tmp_path / "logs", tmp_path / "s1", progress=False).store
+    assert [r["hostname"] for r in logs.table("ranks").to_pylist()] == ["hA", "hB"]  # from the manifest
     fr = parse_run(tmp_path / "fr", tmp_path / "s2", progress=False).store
     assert logs.ranks() == fr.ranks() == list(range(WORLD))
     assert {r["rank_source"] for r in logs.table("ranks").to_pylist()} == {"comms-log"}

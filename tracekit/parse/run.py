@@ -454,9 +454,12 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     world_size = max(sizes) if sizes else None
     if len(sizes) > 1:
         warnings.append(f"inputs disagree on the world size: {sorted(sizes)}; using {world_size}")
+    hosts = manifest.get("hosts") if isinstance(manifest, dict) else None
     for row in rank_rows:
         if row["world_size"] is None:
             row["world_size"] = world_size
+        if row["hostname"] is None and isinstance(hosts, dict) and hosts.get(str(row["rank"])) is not None:
+            row["hostname"] = str(hosts[str(row["rank"])])
     parsed_ranks = sorted(r["rank"] for r in rank_rows)
     if world_size is not None and parsed_ranks:
         missing = sorted(set(range(world_size)) - set(parsed_ranks))
