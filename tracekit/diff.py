@@ -3,7 +3,8 @@ per-collective exposed time. Returns a JSON-ready `tracekit.diff/1` document tha
 
 Step and breakdown numbers are per rank per step: Σ over ranks of the totals / Σ steps (the mean rank),
 plus the slowest rank's per-step time. Findings are matched by identity (kind, dim, the group/op/layer
-their evidence names, ranks); a finding matched on everything but its ranks counts as changed.
+their evidence names, ranks); a finding matched on everything but its ranks counts as changed, except
+for findings about a rank (straggler): another rank is another finding.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
 DIFF_SCHEMA = "tracekit.diff/1"
 BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")
 _SCOPE_KEYS = ("pg_name", "pg_desc", "group", "op", "layer", "stage", "expert")
+RANK_SUBJECT_KINDS = frozenset({"straggler", "clock_skew"})
+"""Kinds whose ranks are what the finding is about: a straggler on another rank is another finding."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -69,7 +72,8 @@ def _identity(f: dict[str, Any], with_ranks: bool) -> tuple:
 
 
 def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None, dict | None]]:
-    """Match findings: first on full identity incl. ranks, then leftovers on identity without ranks."""
+    """Match findings: first on full identity incl. ranks, then leftovers on identity without ranks
+    (except RANK_SUBJECT_KINDS, where other ranks make another finding)."""
     pairs: list[tuple[dict | None, dict | None]] = []
     left_new = list(new)
     left_base: list[dict] = []
@@ -77,6 +81,9 @@ def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None,
         pool = list(base) if with_ranks else left_base
         left_base = []
         for b in pool:
+            if not with_ranks and b.get("kind") in RANK_SUBJECT_KINDS:
+                left_base.append(b)
+                continue
             key = _identity(b, with_ranks)
             match = next((n for n in left_new if _identity(n, with_ranks) == key), None)
             if match is None:
@@ -128,27 +135,22 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
 
 
 def collective_totals(analysis: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
-    """Per (group, op): count, communication and exposed time summed over ranks, from the `unoverlapped`
-    section's per-rank rows (empty when the section is missing)."""
+    """Per (dim, op): instances, communication and exposed time summed over ranks and steps, from the
+    `unoverlapped` section's per-rank rows (empty when the section is missing)."""
     sec = (analysis.get("sections") or {}).get("unoverlapped")
     rows: list[Any] = []
-    if isinstance(sec, dict):
-        for key in ("by_rank", "rows", "collectives", "by_group"):
-            if isinstance(sec.get(key), list):
-                rows = sec[key]
-                break
+    if isinstance(sec, dict) and isinstance(sec.get("by_rank_dim_op"), list):
+        rows = sec["by_rank_dim_op"]
     out: dict[tuple[str, str], dict[str, float]] = {}
     for r in rows:
         if not isinstance(r, dict):
             continue
-        group = str(r.get("pg_desc") or r.get("dim") or r.get("pg_name") or "?")
+        group = str(r.get("dim") or "?")
         op = str(r.get("op") or "?")
         acc = out.setdefault((group, op), {"count": 0, "comm_ns": 0, "exposed_ns": 0})
-        for k, src in (("count", ("count",)), ("comm_ns", ("comm_ns", "total_ns", "dur_ns")),
-                       ("exposed_ns", ("exposed_ns", "exposed_comm_ns"))):
-            v = next((r[s] for s in src if _num(r.get(s))), None)
-            if v is not None:
-                acc[k] += v
+        for k, src in (("count", "instances"), ("comm_ns", "comm_ns"), ("exposed_ns", "exposed_ns")):
+            if _num(r.get(src)):
+                acc[k] += r[src]
     return out
 
 
