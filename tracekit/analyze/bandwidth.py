@@ -2,23 +2,27 @@
 
 NCCL-tests convention (DESIGN §3): algbw = bytes / time; busbw = algbw × factor with factor
 all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send/recv 1.
-`bytes` is the table's max(in, out) message size. Time is the instance's *transfer* time (last end −
-last arrival, from the `matching` analyzer's instances), so waiting for a late rank is not mistaken
-for a slow link; without matching, an instance's shortest member duration (the last to arrive waits
+`bytes` is the table's max(in, out) message size. Time is the instance's *transfer* time: first end
+− last arrival over its members (the `matching` analyzer's offset-corrected rows). Nobody can finish
+before the last member arrives, and the first to finish is the one least delayed by its own CPU
+scheduling, so neither a late rank nor a descheduled waiter is mistaken for a slow link; without matching, an instance's shortest member duration (the last to arrive waits
 least) stands in (`time_basis: "min_duration"`).
 P2P and barriers are tabulated but never flagged (their durations include the peer's schedule).
 
-`low_bus_bandwidth`: a (group, op, size bucket) is low when its median busbw is below
+`low_bus_bandwidth`: a (group, op, size bucket) is low when even its fast quartile (75th percentile busbw)
+is below — a slow link slows every call, CPU contention only some —
  - LOW_FRACTION_OF_PEAK × the peak the user gave for that group name or dim (`config.peak_gbps`),
    judged only for buckets ≥ PEAK_MIN_BYTES (small messages are latency-bound), or else
  - 1 / LOW_RATIO_OF_BEST of the best the same run reached: the fastest median time any (group, op,
-   bucket) of the run took to move at least as many bus bytes (bus bytes = bytes × factor).
+   bucket) of the run took to move at least as many bus bytes (bus bytes = bytes × factor, which puts
+   the ops on one scale).
+Messages under MIN_JUDGED_BYTES are latency-bound and never judged.
 The saving is the time above what the reference bandwidth would take, per step.
 
 Section `bandwidth` (JSON):
 {"time_basis": "transfer" | "min_duration",
  "rows": [{"pg_name", "dim", "op", "group_size", "bucket_bytes", "count", "bytes_p50", "time_ns_p50",
-           "algbw_gbps_p50", "busbw_gbps_p50", "busbw_gbps_max", "time_ns_per_step",
+           "algbw_gbps_p50", "busbw_gbps_p50", "busbw_gbps_p75", "busbw_gbps_max", "time_ns_per_step",
            "reference_gbps": float | null, "reference": str | null, "low": bool}]}
    # bucket_bytes: the power of two at or below the message size; GB/s = 1e9 bytes/s
 """
@@ -39,6 +43,8 @@ from tracekit.tables.store import RunStore
 LOW_FRACTION_OF_PEAK = 0.5
 LOW_RATIO_OF_BEST = 3.0
 PEAK_MIN_BYTES = 1 << 20
+MIN_JUDGED_BYTES = 4096
+"""Smaller messages are pure latency: tabulated, never judged."""
 SAVING_INFO = 0.01
 """Lost time / step time below which a low-bandwidth group is not reported."""
 SAVING_WARNING = 0.05
@@ -80,16 +86,20 @@ def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, An
     rows = [r for r in t.to_pylist() if r["bytes"] and r["dur"] is not None and r["dur"] > 0]
     out: list[dict[str, Any]] = []
     if matched is not None and len(matched.instances):
-        inst = matched.instances
-        nbytes = matched.rows.groupby("key")["bytes"].max()
-        for r in inst.itertuples():
-            b = nbytes.get(r.key)
-            if b is None or (isinstance(b, float) and math.isnan(b)) or not b or not (r.transfer > 0):
+        inst = matched.instances.set_index("key")
+        rows_m = matched.rows.dropna(subset=["end"])
+        agg = rows_m.groupby("key").agg(bytes=("bytes", "max"), first_end=("end", "min"), last=("arrival", "max"))
+        for key, a in agg.iterrows():
+            b = a["bytes"]
+            t = float(a["first_end"]) - float(a["last"])
+            if key not in inst.index or b is None or b != b or not b or not t > 0:
                 continue
-            n = int(r.group_size) if r.group_size == r.group_size and r.group_size else int(r.n)
-            out.append({"pg_name": r.pg_name, "dim": r.dim or dims.get(r.pg_name, "unknown"), "op": r.op, "n": n,
-                        "bytes": int(b), "time_ns": float(r.transfer),
-                        "step": None if r.step != r.step or r.step is None else int(r.step)})
+            r = inst.loc[key]
+            gs = r["group_size"]
+            n = int(gs) if gs == gs and gs else int(r["n"])
+            step = r["step"]
+            out.append({"pg_name": r["pg_name"], "dim": r["dim"] or dims.get(r["pg_name"], "unknown"), "op": r["op"],
+                        "n": n, "bytes": int(b), "time_ns": t, "step": None if step != step or step is None else int(step)})
         basis = "transfer"
         # p2p is not matched: tabulate it from row durations
         rows = [r for r in rows if r["is_p2p"] or r["op"] in ("send", "recv")]
@@ -157,6 +167,7 @@ def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             "count": len(xs), "bytes_p50": int(np.median(b)), "time_ns_p50": int(np.median(t)),
             "algbw_gbps_p50": float(np.median(b / t)),
             "busbw_gbps_p50": float(np.median(busbw)) if busbw else None,
+            "busbw_gbps_p75": float(np.percentile(busbw, 75)) if busbw else None,
             "busbw_gbps_max": float(np.max(busbw)) if busbw else None,
             "time_ns_per_step": float(t.sum() / nsteps),
             "bus_bytes_p50": float(np.median(b) * f) if f is not None else None,
@@ -171,7 +182,8 @@ def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int) -> None:
     """Fill reference bandwidth, `low` and the time lost against the reference per row."""
-    judged = [r for r in table if r["op"] not in NOT_FLAGGED_OPS and r["busbw_gbps_p50"] is not None]
+    judged = [r for r in table if r["op"] not in NOT_FLAGGED_OPS and r["busbw_gbps_p50"] is not None
+              and r["bytes_p50"] >= MIN_JUDGED_BYTES]
     for row in judged:
         peak = peaks.get(row["pg_name"], peaks.get(row["dim"]))
         if peak is not None:
@@ -189,7 +201,7 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
                    f"({best['bytes_p50']} B) in {best['time_ns_p50'] / 1e3:.0f} µs")
             low_at = 1.0 / LOW_RATIO_OF_BEST
         row["reference_gbps"], row["reference"] = ref, why
-        if row["busbw_gbps_p50"] < low_at * ref:
+        if row["busbw_gbps_p75"] < low_at * ref:
             row["low"] = True
             xs = groups[(row["pg_name"], row["op"], row["bucket_bytes"])]
             lost = sum(max(0.0, x["time_ns"] - x["bytes"] * x["factor"] / ref) for x in xs)

@@ -104,6 +104,9 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
                                                     "heatmap": [], "ranks": []})
 
     layers = sorted({layer for (_, layer) in counts})
+    layer_ranks: dict[int, set[int]] = defaultdict(set)
+    for r in routing:
+        layer_ranks[r["layer"]].add(r["rank"])
     heat, layer_out = [], []
     for layer in layers:
         steps = sorted(s for (s, lay) in counts if lay == layer)
@@ -125,8 +128,7 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         layer_out.append({
             "layer": layer, "num_experts": E, "skew": float(np.mean(skews)) if skews else None,
             "skew_max": float(np.max(skews)) if skews else None, "hot_expert": hot,
-            "hot_owner_ranks": owners(hot, E, ep_groups) if gran == "expert" else
-            sorted({g[hot] for g in ep_groups if hot < len(g)}),
+            "hot_owner_ranks": _hot_owners(hot, E, ep_groups, gran, layer_ranks.get(layer, set())),
             "tokens_total": int(tot.sum()), "dropped_total": int(drop_tot),
             "dropped_fraction": float(drop_tot / tot.sum()) if tot.sum() else 0.0,
             "hot_dropped_fraction": (float(sum(dropped.get((s, layer), [0] * E)[hot] for s in steps) / tot[hot])
@@ -137,6 +139,14 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     section = {"source": source, "granularity": gran, "layers": layer_out, "heatmap": heat, "ranks": rank_out}
     findings = _skew_finding(store, layer_out, rank_out, gran)
     return AnalyzerResult(findings=findings, section=section)
+
+
+def _hot_owners(hot: int, E: int, ep_groups: list[list[int]], gran: str, layer_ranks: set[int]) -> list[int]:
+    """Ranks holding the hot expert; limited to the ranks that run the layer (pipeline stages) when known."""
+    own = set(owners(hot, E, ep_groups)) if gran == "expert" else {g[hot] for g in ep_groups if hot < len(g)}
+    if layer_ranks:
+        own = (own & layer_ranks) or layer_ranks
+    return sorted(own)
 
 
 def _from_routing(routing: list[dict[str, Any]]) -> dict[tuple[int, int], list[int]]:

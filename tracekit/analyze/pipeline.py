@@ -70,8 +70,13 @@ def _clock_offsets(store: RunStore) -> dict[int, int]:
 
 
 def _pp_groups(store: RunStore) -> list[list[int]]:
-    """Rank lists of the pp process groups (dim column, else pg_desc naming pp)."""
+    """Rank lists of the pp process groups (dim column, else pg_desc naming pp, else the manifest's layout)."""
     out = []
+    layout = (store.manifest or {}).get("layout")
+    if isinstance(layout, dict) and isinstance(layout.get("groups"), dict):
+        for ranks in layout["groups"].get("pp") or []:
+            if len(ranks) > 1 and list(ranks) not in out:
+                out.append([int(r) for r in ranks])
     for g in store.table("process_groups", ["pg_desc", "ranks", "dim"]).to_pylist():
         desc = (g["pg_desc"] or "").lower()
         if g["dim"] == "pp" or desc in ("mesh_pp", "pp"):
@@ -301,8 +306,11 @@ def _bubble_finding(section: dict[str, Any], base: list[tuple[int, float, int]],
     window = float(np.mean([w for w, _, _ in base]))
     step_ns = float(np.mean([s for _, _, s in base]))
     measured = section["measured_bubble"]
+    comp = [x["compute_ns"] for x in section["stages"]]
+    comp = comp if comp and None not in comp else None
     advice = recommend.advise_bubble(p=p, m=m, v=v, schedule=section["schedule"], measured_bubble=measured,
-                                     window_ns=window, max_microbatches=_max_microbatches(man, m))
+                                     window_ns=window, stage_compute_ns=comp,
+                                     max_microbatches=_max_microbatches(man, m))
     sev = _severity(advice.saving_ns, step_ns)
     ranks = tuple(sorted({r for g in pipelines for r in g}))
     summary = (f"pipeline bubble {measured:.0%} of the schedule window (theory {section['theoretical_bubble']:.0%}"
@@ -310,6 +318,10 @@ def _bubble_finding(section: dict[str, Any], base: list[tuple[int, float, int]],
     evidence = {"measured_bubble": measured, "theoretical_bubble": section["theoretical_bubble"],
                 "num_stages": p, "num_microbatches": m, "chunks_per_rank": v, "schedule": section["schedule"],
                 "window_ns": int(window), "step_ns": int(step_ns), **advice.evidence}
+    if comp and v == 1 and len(comp) == p:
+        model = ((m - 1) * max(comp) + sum(comp)) / m
+        evidence["model_window_ns"] = int(model)  # equal-share pipeline model with the measured stage times
+        evidence["unexplained_idle_ns"] = int(max(0.0, window - model))
     return [Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=sev, summary=summary, ranks=ranks, dim="pp",
                     evidence=evidence, recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]
 

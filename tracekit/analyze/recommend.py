@@ -39,40 +39,51 @@ def _bubble(p: int, m: int, v: int) -> float:
 
 
 def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubble: float, window_ns: float,
-                  max_microbatches: int | None = None) -> Advice:
-    """More micro-batches (or an interleaved schedule) for a pipeline bubble.
+                  stage_compute_ns: Sequence[float] | None = None, max_microbatches: int | None = None) -> Advice:
+    """More micro-batches (or an interleaved schedule) when the theoretical bubble exceeds TARGET_BUBBLE.
 
-    Saving = window·(1 − (1 − b_measured)/(1 − b_pred)): the stages' busy time stays, the bubble falls
-    to the theoretical value at the new m (upper bound: per-micro-batch overheads are ignored).
+    m' = the smallest micro-batch count whose theoretical bubble is ≤ TARGET_BUBBLE (capped by the batch;
+    at the cap, interleave 2 chunks per rank). Saving, non-interleaved with per-stage compute c_s per
+    step: the pipeline model window(m) = ((m−1)·c_max + Σc)/m gives window(m) − window(m') =
+    (Σc − c_max)·(1/m − 1/m') — total compute stays, only fill and drain shrink; idle time the model
+    does not explain (p2p latency, contention) is not claimed. Otherwise window·(1 − (1−b)/(1−b')).
+    Upper bound either way: per-micro-batch overheads of smaller micro-batches are ignored.
     """
-    need = math.ceil((p - 1) * (1 - TARGET_BUBBLE) / (TARGET_BUBBLE * v)) if p > 1 else m
-    m_new = max(2 * m, need)
-    if max_microbatches is not None:
-        m_new = min(m_new, max_microbatches)
+    b_now = _bubble(p, m, v) if p > 1 else 0.0
+    if p < 2 or b_now <= TARGET_BUBBLE:
+        return Advice(text="", saving_ns=0.0, evidence={
+            "saving_formula": f"none: theoretical bubble {b_now:.0%} is within the {TARGET_BUBBLE:.0%} target"})
+    need = math.ceil((p - 1) * (1 - TARGET_BUBBLE) / (TARGET_BUBBLE * v))
+    m_new = need if max_microbatches is None else min(need, max_microbatches)
     v_new, sched_new = v, schedule
     if m_new <= m:
         m_new = m
-        if v == 1 and p > 1:
-            v_new, sched_new = 2, "interleaved"
-    if m_new == m and v_new == v:
-        return Advice(text="", saving_ns=0.0, evidence={
-            "saving_formula": "none: micro-batch count is at the batch limit and the schedule interleaved"})
+        if v > 1:
+            return Advice(text="", saving_ns=0.0, evidence={
+                "saving_formula": "none: micro-batch count is at the batch limit and the schedule interleaved"})
+        v_new, sched_new = 2, "interleaved"
     b_pred = _bubble(p, m_new, v_new)
-    busy_frac = 1.0 - measured_bubble
-    saving = max(0.0, window_ns * (1.0 - busy_frac / (1.0 - b_pred)))
+    if stage_compute_ns and len(stage_compute_ns) == p and v == v_new == 1:
+        c = [float(x) for x in stage_compute_ns]
+        saving = max(0.0, (sum(c) - max(c)) * (1 / m - 1 / m_new))
+        formula = (f"(Σc−c_max)·(1/m−1/m') = ({sum(c):.0f}−{max(c):.0f})·(1/{m}−1/{m_new}); "
+                   "c = stage compute per step")
+    else:
+        saving = max(0.0, window_ns * (1.0 - (1.0 - measured_bubble) / (1.0 - b_pred)))
+        formula = (f"window·(1−(1−b)/(1−b')) = {window_ns:.0f}·(1−(1−{measured_bubble:.4f})/(1−{b_pred:.4f}))"
+                   f", b'=(p−1)/(v·m'+p−1) with p={p}, m'={m_new}, v={v_new}")
     parts = []
     if m_new != m:
         parts.append(f"raise the micro-batch count from {m} to {m_new} (same global batch)")
     if v_new != v:
         parts.append(f"use an interleaved schedule with {v_new} model chunks per rank")
-    text = (" and ".join(parts) + f": predicted bubble {b_pred:.0%} (now {measured_bubble:.0%} measured); "
-            "if the micro-batches get too small to keep the device busy, raise the global batch instead")
+    text = (" and ".join(parts) + f": theoretical bubble {b_now:.0%} → {b_pred:.0%} (measured now "
+            f"{measured_bubble:.0%}); if micro-batches get too small to keep the device busy, raise the "
+            "global batch instead")
     text = text[0].upper() + text[1:]
     return Advice(text=text, saving_ns=saving, evidence={
         "recommended_microbatches": m_new, "recommended_chunks_per_rank": v_new,
-        "recommended_schedule": sched_new, "predicted_bubble": b_pred,
-        "saving_formula": (f"window·(1−(1−b)/(1−b')) = {window_ns:.0f}·(1−(1−{measured_bubble:.4f})/"
-                           f"(1−{b_pred:.4f})), b'=(p−1)/(v·m'+p−1) with p={p}, m'={m_new}, v={v_new}")})
+        "recommended_schedule": sched_new, "predicted_bubble": b_pred, "saving_formula": formula})
 
 
 def best_contiguous_split(layer_costs: Sequence[float], parts: int) -> list[int]:
@@ -101,13 +112,26 @@ def best_contiguous_split(layer_costs: Sequence[float], parts: int) -> list[int]
     return sizes[::-1]
 
 
+def fit_layer_cost(stage_compute_ns: Sequence[float], stage_layers: Sequence[int]) -> tuple[float, float] | None:
+    """Least-squares c_s = fixed + per_layer·n_s over the stages; None when layer counts do not vary."""
+    n = [float(x) for x in stage_layers]
+    c = [float(x) for x in stage_compute_ns]
+    nm, cm = sum(n) / len(n), sum(c) / len(c)
+    var = sum((x - nm) ** 2 for x in n)
+    if var == 0:
+        return None
+    per_layer = sum((x - nm) * (y - cm) for x, y in zip(n, c)) / var
+    return cm - per_layer * nm, per_layer
+
+
 def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequence[int] | None,
                      num_microbatches: int) -> Advice:
     """A layer re-split for unequal stages.
 
     Step time ≈ (m−1)/m·max_s c_s + Σ_s c_s/m (c_s: a stage's compute per step), so levelling stages
-    saves (m−1)/m·(c_max − c'_max); c'_max = mean stage compute is the upper bound, the best contiguous
-    re-split of the measured per-layer costs (c_s / layers_s on each stage) the concrete prediction.
+    saves (m−1)/m·(c_max − c'_max). Stage cost model c_s = fixed + per_layer·layers_s, fitted over the
+    stages (fixed = embedding/head/schedule work per stage); c'_max comes from the most even re-split
+    under that model. Upper bound: all stages at the mean (c'_max = mean c).
     """
     m = num_microbatches
     c = [float(x) for x in stage_compute_ns]
@@ -115,22 +139,23 @@ def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequenc
     bound = (m - 1) / m * (cmax - cmean)
     ev: dict[str, Any] = {"saving_upper_bound_ns": int(bound)}
     slow = c.index(cmax)
-    if stage_layers and len(stage_layers) == len(c) and all(n > 0 for n in stage_layers):
-        costs = [c[s] / stage_layers[s] for s in range(len(c)) for _ in range(stage_layers[s])]
-        new = best_contiguous_split(costs, len(c))
-        pre = [0]
-        for n in new:
-            pre.append(pre[-1] + n)
-        new_cost = [sum(costs[pre[s]:pre[s + 1]]) for s in range(len(c))]
-        saving = max(0.0, (m - 1) / m * (cmax - max(new_cost)))
+    fit = fit_layer_cost(c, stage_layers) if stage_layers and len(stage_layers) == len(c) else None
+    if fit is not None and fit[1] > 0:
+        fixed, per_layer = fit
+        new = best_contiguous_split([per_layer] * int(sum(stage_layers)), len(c))
+        new_cost = [fixed + per_layer * n for n in new]
+        saving = max(0.0, min(bound, (m - 1) / m * (cmax - max(new_cost))))
         ev.update({"recommended_stage_layers": new, "predicted_stage_compute_ns": [int(x) for x in new_cost],
-                   "saving_formula": (f"(m−1)/m·(c_max−c'_max) = ({m}−1)/{m}·({cmax:.0f}−{max(new_cost):.0f});"
-                                      f" upper bound with all stages at the mean: {bound:.0f}")})
-        if list(new) == list(stage_layers):
+                   "fixed_ns_per_stage": int(fixed), "per_layer_ns": int(per_layer),
+                   "saving_formula": (f"(m−1)/m·(c_max−c'_max) = ({m}−1)/{m}·({cmax:.0f}−{max(new_cost):.0f}), "
+                                      f"c' = {fixed:.0f} + {per_layer:.0f}·layers; upper bound (all stages at "
+                                      f"the mean) {bound:.0f}")})
+        if list(new) == list(stage_layers) or max(new_cost) >= cmax:
             return Advice(text="", saving_ns=0.0, evidence=ev)
-        old_pre = [0]
-        for n in stage_layers:
-            old_pre.append(old_pre[-1] + n)
+        old_pre, pre = [0], [0]
+        for a, b in zip(stage_layers, new):
+            old_pre.append(old_pre[-1] + a)
+            pre.append(pre[-1] + b)
         moves = []
         for s in range(len(c) - 1):  # boundary between stage s and s+1 moves from old_pre[s+1] to pre[s+1]
             a, b = old_pre[s + 1], pre[s + 1]
@@ -143,7 +168,7 @@ def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequenc
                 f"predicted slowest stage {max(new_cost) / 1e6:.1f} ms instead of {cmax / 1e6:.1f} ms per step")
         return Advice(text=text, saving_ns=saving, evidence=ev)
     ev["saving_formula"] = f"(m−1)/m·(c_max−c_mean) = ({m}−1)/{m}·({cmax:.0f}−{cmean:.0f})"
-    text = (f"Stage {slow} is the slowest: move layers off it to the faster stages so every stage computes "
+    text = (f"Stage {slow} is the slowest: move work off it to the faster stages so every stage computes "
             f"about {cmean / 1e6:.1f} ms per step")
     return Advice(text=text, saving_ns=bound, evidence=ev)
 

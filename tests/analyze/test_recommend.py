@@ -1,0 +1,77 @@
+"""Recommendation rules: advice text names the change, savings follow their stated formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracekit.analyze import recommend
+from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+
+MS = 1_000_000
+
+
+def test_bubble_advice_targets_small_bubble():
+    a = recommend.advise_bubble(p=2, m=1, v=1, schedule="1f1b", measured_bubble=0.5, window_ns=100 * MS)
+    # smallest m' with (p−1)/(m'+p−1) ≤ 0.2 is 4
+    assert a.evidence["recommended_microbatches"] == 4
+    assert a.evidence["predicted_bubble"] == pytest.approx(1 / 5)
+    # busy 50 ms stays; window becomes 50 / (1 − 0.2) = 62.5 ms
+    assert a.saving_ns == pytest.approx(100 * MS - 62.5 * MS)
+    assert "from 1 to 4" in a.text
+
+
+def test_bubble_advice_at_batch_limit_suggests_interleaving():
+    a = recommend.advise_bubble(p=4, m=4, v=1, schedule="1f1b", measured_bubble=3 / 7, window_ns=70 * MS,
+                                max_microbatches=4)
+    assert a.evidence["recommended_chunks_per_rank"] == 2 and a.evidence["recommended_microbatches"] == 4
+    assert a.evidence["predicted_bubble"] == pytest.approx(3 / 11)
+    assert "interleaved" in a.text
+    assert a.saving_ns == pytest.approx(70 * MS * (1 - (4 / 7) / (8 / 11)))
+
+
+def test_imbalance_without_layers_uses_mean_bound():
+    a = recommend.advise_imbalance(stage_compute_ns=[30 * MS, 10 * MS, 20 * MS], stage_layers=None, num_microbatches=5)
+    assert a.saving_ns == pytest.approx(4 / 5 * (30 - 20) * MS)
+    assert "Stage 0" in a.text
+
+
+def test_imbalance_fits_fixed_plus_per_layer_cost():
+    # c = fixed + per_layer·layers: 3 layers 50 ms, 1 layer 30 ms → 10 ms per layer, 20 ms fixed
+    a = recommend.advise_imbalance(stage_compute_ns=[50 * MS, 30 * MS], stage_layers=[3, 1], num_microbatches=4)
+    assert a.evidence["per_layer_ns"] == 10 * MS and a.evidence["fixed_ns_per_stage"] == 20 * MS
+    assert a.evidence["recommended_stage_layers"] == [2, 2]
+    assert a.saving_ns == pytest.approx(3 / 4 * (50 - 40) * MS)
+    assert "move layer 2 from stage 0 to stage 1" in a.text
+
+
+def test_imbalance_no_better_split_gives_no_advice():
+    # 2 vs 3 layers at 10 ms each: no split of 5 layers does better than 30 ms
+    a = recommend.advise_imbalance(stage_compute_ns=[20 * MS, 30 * MS], stage_layers=[2, 3], num_microbatches=4)
+    assert a.text == "" and a.saving_ns == 0
+
+
+def test_routing_skew_saving_and_text():
+    a = recommend.advise_routing_skew(layer=3, expert=2, skew=2.4, hot_rank_expert_ns=9 * MS,
+                                      mean_rank_expert_ns=5 * MS, aux_loss_weight=0.01, capacity_factor=1.25,
+                                      dropped_fraction=0.3)
+    assert a.saving_ns == pytest.approx(3 * 4 * MS)
+    assert "Expert 2 of MoE layer 3" in a.text and "0.1" in a.text and "30%" in a.text
+
+
+def test_recommendations_section_fills_and_sorts():
+    ctx = AnalysisContext(config=AnalysisConfig())
+    f_dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp exposed",
+                   ranks=(0, 1), dim="dp", evidence={"exposed_ns": 7 * MS}, est_saving_ns=0)
+    f_str = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late", ranks=(3,),
+                    dim="world", evidence={"late_ns": 2 * MS, "host": "node7"}, est_saving_ns=2 * MS)
+    f_own = Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=Severity.WARNING, summary="bubble",
+                    recommendation="more micro-batches", est_saving_ns=5 * MS,
+                    evidence={"saving_formula": "x"})
+    ctx.results["a"] = AnalyzerResult(findings=[f_dp, f_str])
+    ctx.results["b"] = AnalyzerResult(findings=[f_own])
+    rows = recommend.analyze_recommendations(None, ctx).section["recommendations"]
+    assert [r["kind"] for r in rows] == ["unoverlapped_collective", "pipeline_bubble", "straggler"]
+    assert rows[0]["est_saving_ns"] == 7 * MS and "bucket" in rows[0]["recommendation"]
+    assert "node7" in rows[2]["recommendation"]
+    assert rows[1]["recommendation"] == "more micro-batches"
