@@ -8,7 +8,9 @@ Where "busy" comes from:
 - GPU ranks (rows in `kernels`): kernels.kind compute / comm / memcpy+memset (other), all streams.
 - CPU ranks: compute = `cpu_op` events on training threads (every thread that is not a gloo/NCCL
   worker thread) except the ops that only issue communication (`c10d::*`, `record_param_comms`,
-  ...), which count as other; comm = the rank's `collectives` rows from the Kineto source
+  the runtime's `comm:*`, ...), which count as other; inside such an op only leaf ops count (the
+  ops enclosing it, e.g. an autograd node running a synchronous comm hook, span a blocked wait,
+  which is exposed communication, not compute); comm = the rank's `collectives` rows from the Kineto source
   (ts/dur = gloo worker thread time), or, failing that, events on `pt_gloo_runloop` threads.
   Comms-log/flight-recorder times are wall-clock, not the trace's clock, so they never enter here.
 Windows: each `steps` row (ProfilerStep#N, the CPU-side annotation, every step including the last);
@@ -46,7 +48,7 @@ from tracekit.analyze.layout import group_dims
 from tracekit.tables.store import RunStore
 
 COMM_ISSUE_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "record_param_comms",
-                       "nccl:", "gloo:", "ProcessGroup", "torch.distributed")
+                       "nccl:", "gloo:", "ProcessGroup", "torch.distributed", "comm:")
 COMM_THREAD_PATTERN = "pt_gloo_runloop|pt_nccl|gloo"
 ACTIVITY_CACHE_MAX_RANKS = 256
 
@@ -76,6 +78,23 @@ def _starts_ends(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return ts, ts + _np(table, "dur").astype(np.int64)
 
 
+def _leaf_mask(ops: pa.Table) -> np.ndarray:
+    """Ops with no other op starting inside them on the same thread (host ops nest properly per thread)."""
+    n = ops.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    tid = np.nan_to_num(ops.column("tid").to_numpy(zero_copy_only=False).astype(float), nan=-1.0)
+    ts = ops.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
+    end = ts + ops.column("dur").to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((-end, ts, tid))  # by thread, start, longest first (parent before child)
+    t_s, s_s, e_s = tid[order], ts[order], end[order]
+    leaf_sorted = np.ones(n, dtype=bool)
+    leaf_sorted[:-1] = (t_s[1:] != t_s[:-1]) | (s_s[1:] >= e_s[:-1])
+    leaf = np.empty(n, dtype=bool)
+    leaf[order] = leaf_sorted
+    return leaf
+
+
 def _name_prefix_mask(names: pa.ChunkedArray, prefixes: tuple[str, ...]) -> pa.ChunkedArray:
     names = names.cast(pa.string()) if pa.types.is_dictionary(names.type) else names
     mask = None
@@ -99,6 +118,27 @@ def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
     return ([(None, int(lo), int(hi))] if hi > lo else []), "trace"
 
 
+def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
+                 ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet]]:
+    """compute / comm / other (memcpy+memset) sets and comm per lane from kernel rows (ts, dur, kind, pg_name)."""
+    dims = dims or {}
+    kind = kernels.column("kind").cast(pa.string())
+    sel = lambda m: kernels.filter(pc.fill_null(m, False))  # noqa: E731
+    compute = iv.union(*_starts_ends(sel(pc.equal(kind, "compute"))))
+    comm_rows = sel(pc.equal(kind, "comm"))
+    comm_rows = comm_rows.filter(pc.is_valid(comm_rows["dur"]))
+    comm = iv.union(*_starts_ends(comm_rows))
+    other = iv.union(*_starts_ends(sel(pc.is_in(kind, pa.array(["memcpy", "memset"])))))
+    comm_by_group: dict[str, iv.IntervalSet] = {}
+    if comm_rows.num_rows:
+        s, e = _starts_ends(comm_rows)
+        keys = np.array([_lane_key(g, dims) for g in comm_rows.column("pg_name").to_pylist()], dtype=object)
+        for key in sorted(set(keys.tolist())):
+            m = keys == key
+            comm_by_group[key] = iv.union(s[m], e[m])
+    return compute, comm, other, comm_by_group
+
+
 def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
                        dims: dict[str, str] | None = None) -> RankActivity:
     """Read one rank's tables and build its compute / comm / other interval sets."""
@@ -106,24 +146,11 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
     kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"])
     comm_by_group: dict[str, iv.IntervalSet] = {}
     if kernels.num_rows:
-        kind = kernels.column("kind").cast(pa.string())
-        sel = lambda m: kernels.filter(pc.fill_null(m, False))  # noqa: E731
-        compute = iv.union(*_starts_ends(sel(pc.equal(kind, "compute"))))
-        comm_rows = sel(pc.equal(kind, "comm"))
-        comm = iv.union(*_starts_ends(comm_rows))
-        other = iv.union(*_starts_ends(sel(pc.is_in(kind, pa.array(["memcpy", "memset"])))))
-        groups = comm_rows.column("pg_name").to_pylist()
+        compute, comm, other, comm_by_group = gpu_activity(kernels, dims)
         trace_kind, comm_source = "gpu", "kernels"
-        if comm_rows.num_rows:
-            s, e = _starts_ends(comm_rows)
-            valid = pc.is_valid(comm_rows["dur"]).to_numpy(zero_copy_only=False)
-            keys = np.array([_lane_key(g, dims) for g, v in zip(groups, valid) if v], dtype=object)
-            for key in sorted(set(keys.tolist())):
-                m = keys == key
-                comm_by_group[key] = iv.union(s[m], e[m])
     else:
         trace_kind = "cpu"
-        ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "thread_name", "stream"])
+        ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "thread_name", "stream"])
         ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
         tname = ev.column("thread_name").cast(pa.string())
         on_comm_thread = pc.fill_null(pc.match_substring_regex(tname, COMM_THREAD_PATTERN), False)
@@ -131,7 +158,12 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
         cat = ev.column("cat").cast(pa.string())
         is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
         train = pc.invert(on_comm_thread)
-        compute = iv.union(*_starts_ends(ev.filter(pc.and_(pc.and_(is_op, train), pc.invert(issue)))))
+        ops = ev.filter(pc.and_(is_op, train))
+        leaf = _leaf_mask(ops)
+        not_issue = pc.invert(_name_prefix_mask(ops.column("name"), COMM_ISSUE_PREFIXES)).to_numpy(zero_copy_only=False)
+        s_ops, e_ops = _starts_ends(ops)
+        compute_all = iv.union(s_ops[not_issue], e_ops[not_issue])
+        compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])
         other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
         coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
         coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
@@ -151,6 +183,9 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
                 comm_by_group["comm"] = comm
             comm_source = "comm-thread events" if s.size else "none"
         other = other_all
+        # inside an op that issues/waits for communication only leaf ops count as compute: the ops
+        # enclosing it (e.g. an autograd node running a synchronous comm hook) span a blocked wait
+        compute = iv.merge(iv.subtract(compute_all, other_all), iv.intersect(compute_leaf, other_all))
     bounds = None
     allb = iv.merge(compute, comm, other)
     if allb[0].size:

@@ -1,7 +1,8 @@
 """Clock offsets between ranks, and between a rank's collective log and its trace.
 
 Two problems, one module:
-1. Ranks on different hosts have different clocks. With anchors (`ranks.clock_offset_ns`, filled by
+1. Ranks on different hosts have different clocks (ranks of one host share one: nothing to correct,
+   the estimate is only reported — end jitter of gloo collectives on a busy box is milliseconds). With anchors (`ranks.clock_offset_ns`, filled by
    the parser from the manifest) we use them; otherwise we estimate each rank's offset from the
    collectives themselves: the ends of a blocking collective (all_reduce, all_gather, barrier...)
    are nearly simultaneous on every member, so offset_r = median over instances of
@@ -13,9 +14,9 @@ Two problems, one module:
    log times on the trace clock (0 when they already share one).
 
 Section `clocks`:
-    {"method": "anchors|estimated|none", "reference_rank": int | null,
+    {"method": "anchors|same-host|estimated|none", "reference_rank": int | null, "hosts": int | null,
      "ranks": [{"rank", "offset_ns", "mad_ns", "instances", "applied": bool,
-                "status": "anchor|negligible|corrected|uncorrectable|unmatched"}],
+                "status": "anchor|same-host|negligible|corrected|uncorrectable|unmatched"}],
      "log_to_trace": [{"rank", "shift_ns", "method": "same-clock|base_time|unaligned"}],
      "thresholds": {"min_offset_ns", "max_mad_fraction"}}
 """
@@ -43,13 +44,16 @@ class ClockConfig:
     """An offset is trusted when the spread of its per-instance estimates is at most this fraction of it."""
     min_instances: int = 3
     """Fewest matched instances to estimate an offset from."""
+    warn_offset_ns: int = 5_000_000
+    """An uncorrectable offset at least this large yields a `clock_skew` warning."""
 
 
-def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config: ClockConfig
-                     ) -> tuple[dict[str, Any], dict[int, int]]:
+def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config: ClockConfig,
+                     same_host: bool = False) -> tuple[dict[str, Any], dict[int, int]]:
     """Offsets from anchors or from ends of matched sync collectives.
 
     `inst` has one row per (instance key, rank) with columns key, rank, op, end (trace-clock ns).
+    `same_host`: every rank ran on one host, so they share a clock: estimates are reported, not applied.
     Returns the section and {rank: offset to subtract from that rank's times}.
     """
     ranks = sorted(set(inst["rank"].tolist())) if len(inst) else sorted(anchors)
@@ -81,6 +85,9 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
         if row["offset_ns"] is None:
             continue
         row["offset_ns"] -= base
+        if same_host:
+            row["status"] = "same-host"
+            continue
         if abs(row["offset_ns"]) < config.min_offset_ns:
             continue
         if row["mad_ns"] <= config.max_mad_fraction * abs(row["offset_ns"]):
@@ -89,6 +96,8 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
         else:
             row["status"] = "uncorrectable"
     method = "estimated" if rows and any(r["offset_ns"] is not None for r in rows) else "none"
+    if same_host:
+        method = "same-host"
     return {"method": method, "reference_rank": ref, "ranks": rows}, applied
 
 
@@ -118,7 +127,8 @@ def analyze_clocks(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
                                        "log_to_trace": []})
     section = dict(est)
     findings = []
-    bad = [r for r in section["ranks"] if r["status"] == "uncorrectable"]
+    warn_ns = ClockConfig().warn_offset_ns
+    bad = [r for r in section["ranks"] if r["status"] == "uncorrectable" and abs(r["offset_ns"]) >= warn_ns]
     if bad:
         worst = max(bad, key=lambda r: abs(r["offset_ns"]))
         findings.append(Finding(

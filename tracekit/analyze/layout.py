@@ -1,7 +1,9 @@
 """Layout: which parallel dimension each process group is, and each rank's coordinates in the mesh.
 
 Evidence, strongest first: the group's `pg_desc` (DeviceMesh names its groups `mesh_<axis>`), the
-run manifest's mesh (when present), the dim the parser already inferred, and last the structure of
+run manifest's layout (`layout.groups` rank sets, or mesh names + shape; it also names the default
+group when its ranks are exactly one dim's group, e.g. DDP over the whole world is "dp"), the dim
+the parser already inferred, and last the structure of
 the rank sets alone (contiguous stride-1 groups look like tp, strided ones like dp) — the last is
 labelled `inferred_from: "structure"`, `confidence: "low"`. A group nothing identifies stays
 `"unknown"`; nothing is guessed silently.
@@ -29,9 +31,11 @@ from tracekit.tables.store import RunStore
 # DeviceMesh / torchtitan axis names -> our dims. Longer names first so dp_shard wins over dp.
 _AXIS_DIMS = (
     ("dp_shard_cp", "fsdp"), ("dp_replicate", "dp"), ("dp_shard", "fsdp"), ("fsdp", "fsdp"),
-    ("hsdp", "dp"), ("dp", "dp"), ("ddp", "dp"), ("tp", "tp"), ("sp", "tp"), ("pp", "pp"),
-    ("cp", "cp"), ("ep", "ep"), ("moe", "ep"),
+    ("hsdp", "dp"), ("dp_cp", "dp"), ("edp", "dp"), ("dp", "dp"), ("ddp", "dp"), ("tp", "tp"),
+    ("sp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("moe", "ep"),
 )
+# When one rank set is several dims' group in the manifest (e.g. dp and edp), the first of these wins.
+_MANIFEST_PREFERENCE = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 _KNOWN_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
 _CONFIDENCE = {"pg_desc": "high", "manifest": "high", "parser": "medium", "structure": "low",
                "none": "low"}
@@ -50,6 +54,25 @@ def dim_from_desc(desc: str | None) -> str | None:
         if token == name:
             return dim
     return None
+
+
+def _manifest_group_sets(manifest: dict[str, Any] | None) -> dict[tuple[int, ...], str]:
+    """Rank set -> dim from the manifest's explicit `layout.groups` ({axis: [[ranks], ...]})."""
+    layout = (manifest or {}).get("layout")
+    if not isinstance(layout, dict) or not isinstance(layout.get("groups"), dict):
+        return {}
+    fsdp = str(layout.get("dp_mode") or (manifest or {}).get("dp_mode") or "").lower() == "fsdp"
+    found: dict[tuple[int, ...], set[str]] = {}
+    for axis, sets in layout["groups"].items():
+        dim = dim_from_desc(str(axis))
+        if dim is None or dim == "world" or not isinstance(sets, list):
+            continue
+        if dim == "dp" and fsdp and str(axis) in ("dp", "dp_cp"):
+            dim = "fsdp"
+        for ranks in sets:
+            if isinstance(ranks, list) and len(ranks) >= 2:
+                found.setdefault(tuple(sorted(int(r) for r in ranks)), set()).add(dim)
+    return {k: next(d for d in _MANIFEST_PREFERENCE if d in v) for k, v in found.items()}
 
 
 def _manifest_mesh(manifest: dict[str, Any] | None) -> list[tuple[str, int]] | None:
@@ -147,14 +170,19 @@ def world_size_of(store: RunStore) -> int | None:
 
 def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     world_size = world_size_of(store)
-    mesh_axes = _manifest_mesh(store.manifest)
-    mesh_sets = _mesh_groups(mesh_axes) if mesh_axes else {}
+    mesh_sets = _manifest_group_sets(store.manifest)
+    if not mesh_sets:
+        mesh_axes = _manifest_mesh(store.manifest)
+        mesh_sets = _mesh_groups(mesh_axes) if mesh_axes else {}
     out_groups = []
     for g in _groups(store):
         ranks = [int(r) for r in g["ranks"]]
         dim, source = None, "none"
         d = dim_from_desc(g["pg_desc"])
-        if d is not None:
+        if d == "world" and tuple(ranks) in mesh_sets:
+            # the default group doing a dim's job (e.g. DDP over the whole world): the manifest says which
+            dim, source = mesh_sets[tuple(ranks)], "manifest"
+        elif d is not None:
             dim, source = d, "pg_desc"
         elif tuple(ranks) in mesh_sets:
             dim, source = mesh_sets[tuple(ranks)], "manifest"
@@ -181,7 +209,7 @@ def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     dims_from: dict[str, str] = {}
     for g in out_groups:
         dim = g["dim"]
-        if dim in ("world", "unknown") or g["size"] < 2:
+        if dim in ("world", "unknown") or g["size"] < 1:
             continue
         mesh_shape.setdefault(dim, g["size"])
         if mesh_shape[dim] != g["size"]:

@@ -48,7 +48,9 @@ COLUMNS = ["rank", "source", "pg_name", "seq", "seq_source", "op", "is_p2p", "by
 
 @dataclass
 class MatchedCollectives:
-    """Per (instance, rank) rows with corrected times, plus per-instance aggregates."""
+    """Per (instance, rank) rows with corrected times, plus per-instance aggregates.
+
+    Times are int64 ns on the matching clock; nullable numbers (end, step, bytes, ...) are float64 NaN."""
 
     rows: pd.DataFrame
     """key, pg_name, seq, op, rank, arrival (offset-corrected), arrival_raw, end, wait, is_last, source,
@@ -98,6 +100,17 @@ def _stats(x: pd.Series) -> dict[str, int]:
         return {"mean": 0, "p50": 0, "p95": 0, "max": 0}
     return {"mean": int(a.mean()), "p50": int(np.percentile(a, 50)), "p95": int(np.percentile(a, 95)),
             "max": int(a.max())}
+
+
+def _host_count(store: RunStore) -> int | None:
+    """Distinct hosts of the run's ranks (ranks table, else manifest), None when unknown."""
+    names = store.table("ranks", ["hostname"]).column("hostname").to_pylist()
+    if names and all(names):
+        return len(set(names))
+    hosts = (store.manifest or {}).get("hosts")
+    if isinstance(hosts, dict) and hosts:
+        return len(set(hosts.values()))
+    return None
 
 
 def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, int | None], list[dict[str, Any]]]:
@@ -155,7 +168,9 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
     clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"],
                            "end": df["end"].astype("float64")})
-    clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig())
+    hosts = _host_count(store)
+    clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig(), same_host=hosts == 1)
+    clocks["hosts"] = hosts
     shifts, log_report = _trace_shifts(store, per_rank)
     clocks["log_to_trace"] = log_report
     clocks["thresholds"] = {"min_offset_ns": ClockConfig().min_offset_ns,
@@ -218,6 +233,10 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     } for row in top.itertuples()]
     rows = df[["key", "pg_name", "seq", "op", "rank", "arrival", "arrival_raw", "end", "wait", "is_last",
                "source", "step", "caller", "bytes"]].reset_index(drop=True)
+    # nullable numbers leave as float64 with NaN (plain pandas, no pd.NA surprises for readers)
+    for frame, cols in ((rows, ("end", "step", "bytes")), (inst, ("step", "last_end", "group_size"))):
+        for c in cols:
+            frame[c] = frame[c].astype("float64")
     return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
                               wait_intervals=_wait_intervals(rows, shifts)), section
 

@@ -12,7 +12,7 @@ collective ended), compare the straggler with the other members of the instance:
 "host_idle"; otherwise "unknown". The excess must explain at least half of the delay.
 
 Section `stragglers`:
-    {"steps_counted": int, "mean_step_ns": int,
+    {"steps_counted": int, "mean_step_ns": int, "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
      "ranks": [{"rank", "instances", "last_count", "last_share", "delay_ns_per_step",
                 "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
      "stragglers": [{"rank", "cause", "cause_evidence": {"compute_excess_ns", "data_load_excess_ns",
@@ -68,6 +68,35 @@ def _steps_and_step_ns(ctx: AnalysisContext, matched: MatchedCollectives) -> tup
         span = matched.instances["last_end"].max() - matched.instances["first"].min()
         mean_step = int(span / steps) if pd.notna(span) else 0
     return int(steps), mean_step
+
+
+def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
+                       ) -> tuple[MatchedCollectives, dict[str, int]]:
+    """Keep instances inside the analyzed steps. When the source numbers steps: those of the profiled
+    steps (the `steps` table) if any match — the window the user chose, past warm-up, where the
+    trace can explain a delay — else every numbered step but the first (warm-up: lazy init,
+    first-call costs) when there are at least three. Set-up and tear-down calls (no step) never count."""
+    inst = matched.instances
+    steps = inst["step"].dropna()
+    if steps.empty:
+        return matched, {"outside_steps": 0, "warmup_step": 0, "outside_profiled_steps": 0}
+    keep = inst["step"].notna()
+    outside = int((~keep).sum())
+    warm = unprofiled = 0
+    distinct = sorted(steps.unique())
+    in_profiled = inst["step"].isin(sorted(profiled))
+    if profiled and in_profiled.any():
+        unprofiled = int((keep & ~in_profiled).sum())
+        keep &= in_profiled
+    elif len(distinct) >= 3:
+        first = inst["step"] == distinct[0]
+        warm = int(first.sum())
+        keep &= ~first
+    kept = inst[keep]
+    rows = matched.rows[matched.rows["key"].isin(kept["key"])]
+    return (MatchedCollectives(rows=rows, instances=kept, trace_shift=matched.trace_shift,
+                               wait_intervals=matched.wait_intervals),
+            {"outside_steps": outside, "warmup_step": warm, "outside_profiled_steps": unprofiled})
 
 
 def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
@@ -159,6 +188,11 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
     if matched is None or matched.instances.empty:
         return AnalyzerResult(section={"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": [],
                                        "thresholds": asdict(cfg)})
+    profiled = {int(x) for x in store.table("steps", ["step"]).column("step").to_pylist()}
+    matched, excluded = _in_step_instances(matched, profiled)
+    if matched.instances.empty:
+        return AnalyzerResult(section={"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": [],
+                                       "excluded": excluded, "thresholds": asdict(cfg)})
     steps, step_ns = _steps_and_step_ns(ctx, matched)
     inst = matched.instances
     counts = matched.rows.groupby("rank").size()
@@ -199,5 +233,5 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
             recommendation=_RECOMMEND[cause].format(r=r),
             est_saving_ns=max(int(row["delay_ns_per_step"]), 0)))
     section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
-               "thresholds": asdict(cfg)}
+               "excluded": excluded, "thresholds": asdict(cfg)}
     return AnalyzerResult(findings=findings, section=section)

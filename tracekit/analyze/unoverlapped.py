@@ -161,7 +161,7 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
             transfer = exposed - iv.total(iv.intersect(exp, wait))
             per_rank_dim_op.append({"rank": rank, "dim": dim, "op": op, "instances": len(g),
                                     "comm_ns": iv.total(u), "exposed_ns": exposed, "transfer_exposed_ns": transfer,
-                                    "steps": steps, "step_ns": step_ns})
+                                    "steps": steps, "step_ns": int(step_ns)})
         allc = iv.intersect(act.comm, win)
         exp_all = iv.subtract(allc, comp)
         per_rank_total[rank] = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))

@@ -1,10 +1,137 @@
-"""`tracekit analyze` (placeholder until its issue lands)."""
+"""`tracekit analyze TRACE_DIR [--out DIR]`: parse, run the analyzers, write analysis.json and the reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+HELP = """Analyze a distributed training run: where each rank's step time goes, exposed communication,
+stragglers, and more, with findings sorted by estimated saving.
+
+TRACE_DIR is a directory of traces and logs (as `tracekit record` or the reference runtime leave
+them), or an existing run store (a directory with meta.json, from `tracekit parse`).
+
+Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md.
+
+Examples:
+
+  tracekit analyze traces --out tracekit-out
+
+  tracekit analyze traces --out out --workers 2 --peak-gbps tp=150 --peak-gbps dp=25
+
+  tracekit analyze out/tables --out out2      (re-analyze a parsed store)
+
+Exit status: 0 when analysis ran (findings or not); 1 when nothing could be analyzed.
+"""
+
+
+def _peaks(values: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for v in values:
+        key, sep, num = v.partition("=")
+        try:
+            if not sep or not key:
+                raise ValueError
+            out[key.strip()] = float(num)
+        except ValueError:
+            raise typer.BadParameter(f"--peak-gbps expects GROUP=GBPS (e.g. tp=150), got {v!r}") from None
+    return out
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("analyze", help="(not implemented yet)")
-    def _cmd() -> None:
-        typer.echo("tracekit analyze: not implemented yet", err=True)
-        raise typer.Exit(2)
+    @app.command("analyze", help=HELP, no_args_is_help=True)
+    def analyze_cmd(
+        trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, or a run store.",
+                                         exists=True, file_okay=False, dir_okay=True, readable=True),
+        out: Path = typer.Option(Path("tracekit-out"), "--out", "-o", help="Output directory (created if needed)."),
+        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
+        peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+    ) -> None:
+        from rich.console import Console
+
+        from tracekit.analyze.engine import AnalysisConfig, analyze_store
+        from tracekit.errors import TracekitError
+        from tracekit.tables.store import RunStore
+
+        err = Console(stderr=True)
+        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps))
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            if (trace_dir / "meta.json").is_file():
+                store = RunStore(trace_dir)
+            else:
+                from tracekit.parse.run import parse_run
+
+                store = parse_run(trace_dir, out / "tables", workers=workers, progress=not quiet).store
+        except TracekitError as exc:
+            err.print(f"[red]tracekit analyze:[/red] {exc}")
+            raise typer.Exit(1) from None
+        for s in store.skipped:
+            err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
+        if not store.ranks():
+            err.print(f"[red]tracekit analyze:[/red] nothing under {trace_dir} could be analyzed")
+            raise typer.Exit(1)
+        import shlex
+        import sys
+
+        command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
+        analysis = analyze_store(store, config, command=command)
+        if not analysis["ranks"]:
+            err.print(f"[red]tracekit analyze:[/red] no rank of {trace_dir} had events to analyze")
+            (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+            raise typer.Exit(1)
+        (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+        report = _write_reports(analysis, store, out, err)
+        if not quiet:
+            _print_summary(analysis, Console())
+            err.print(f"analysis: {out / 'analysis.json'}" + (f"   report: {report}" if report else ""))
+
+
+def _write_reports(analysis: dict, store, out: Path, err) -> Path | None:
+    """report.html and summary.md via reports/ (engineer F); a missing/broken renderer is reported, not fatal."""
+    try:
+        import reports
+    except ImportError as exc:
+        err.print(f"[yellow]reports not available ({exc}); wrote analysis.json only[/yellow]")
+        return None
+    path = None
+    try:
+        (out / "report.html").write_text(reports.render_html(analysis, store), encoding="utf-8")
+        path = out / "report.html"
+    except Exception as exc:  # a renderer bug must not lose the analysis
+        err.print(f"[yellow]report.html failed: {type(exc).__name__}: {exc}[/yellow]")
+    try:
+        (out / "summary.md").write_text(reports.render_markdown(analysis), encoding="utf-8")
+    except Exception as exc:
+        err.print(f"[yellow]summary.md failed: {type(exc).__name__}: {exc}[/yellow]")
+    return path
+
+
+def _print_summary(analysis: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title="per-rank breakdown (totals over analyzed steps)", title_justify="left")
+    for c in ("rank", "steps", "step ms", "compute", "exposed comm", "other", "idle", "overlap", "bound"):
+        t.add_column(c, justify="left" if c == "bound" else "right")
+    rows = analysis["ranks"]
+    shown = rows if len(rows) <= 32 else rows[:16] + rows[-16:]
+    for r in shown:
+        span = max(r["step_ns"], 1)
+        pct = lambda k: f"{100 * r[k] / span:.1f}%"  # noqa: E731
+        ov = "-" if r["overlap_ratio"] is None else f"{100 * r['overlap_ratio']:.0f}%"
+        t.add_row(str(r["rank"]), str(r["steps"]), f"{r['step_ns'] / max(r['steps'], 1) / 1e6:.2f}",
+                  pct("compute_ns"), pct("exposed_comm_ns"), pct("other_ns"), pct("idle_ns"), ov, r["bound"])
+    console.print(t)
+    findings = analysis["findings"]
+    if not findings:
+        console.print("no findings")
+        return
+    console.print(f"top findings ({len(findings)} in all):")
+    colour = {"critical": "red", "warning": "yellow", "info": "cyan"}
+    for f in findings[:5]:
+        sev = f["severity"]
+        console.print(f"  [{colour[sev]}]{sev:<8}[/{colour[sev]}] {f['kind']}: {f['summary']}", highlight=False)
