@@ -29,7 +29,7 @@ from tracekit.errors import TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
 from tracekit.parse.gz import GZIP_MAGIC, read_trace_bytes
-from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives
+from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.tables.schema import STEP_PATTERN, conform
 
 RANK_UNKNOWN = -1
@@ -121,6 +121,7 @@ def parse_kineto(
     buf = read_trace_bytes(path, max_decompressed_bytes)
     with _gc_paused():
         trace, lenient = _decode_trace(path, buf)
+        del buf  # the decoded Raw texts keep it alive only until their events are dropped
         try:
             return _build(path, trace, lenient, rank)
         except TraceFormatError:
@@ -345,6 +346,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     args = list(map(attrgetter("args"), xs))
     if lenient:
         args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
+    del xs  # every per-event value is in a list now: free the event structs
 
     def int_col(attr: str) -> pa.Array:
         vals = list(map(attrgetter(attr), args))
@@ -446,10 +448,15 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
         np.where(k_cat == _code(cat_values, "gpu_memcpy"), "memcpy",
                  np.where(k_cat == _code(cat_values, "gpu_memset"), "memset", "compute")))
 
+    # --- keep full args only where collectives need them; free the rest (and with it the JSON buffer)
+    keep = np.flatnonzero(np.isin(name_codes, candidate_codes(name_dict)) & ~gpu_row)
+    args_keep = {int(r): _detach(args[r]) for r in np.concatenate([keep, k_rows[k_comm]])}
+    del args
+
     # --- collectives
     comm_inputs = CollectiveInputs(
         path=path, name_dict=name_dict, name_codes=name_codes, cat_codes=cat_codes, cat_values=cat_values,
-        ts=ts, end=end, dur=dur, dur_ok=dur_ok, pid=pid, tid=tid, ext=ext_col, corr=corr_np, args=args,
+        ts=ts, end=end, dur=dur, dur_ok=dur_ok, pid=pid, tid=tid, ext=ext_col, corr=corr_np, args=args_keep,
         gpu_row=gpu_row, kernel_rows=k_rows[k_comm], kernel_launch=k_launch[k_comm], step_at=step_at,
         lenient=lenient, world_size=world_size,
     )
@@ -470,7 +477,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
             op = call["op"]
         if op is None:
             op = kernel_op(name_dict[name_codes[r]]) or "unknown"
-        pg = args[r].pg_name
+        pg = args_keep[int(r)].pg_name
         pg = str(pg) if pg is not None else (call.get("pg_name") if call is not None else None)
         k_op.append(op)
         k_pg.append(pg)
@@ -531,6 +538,13 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
         source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=pgs,
         tables=tables, table_rank=table_rank, phase_counts=phase_counts,
     )
+
+
+def _detach(a: Any) -> Any:
+    """A copy of an args struct whose Raw texts no longer point into the JSON buffer."""
+    raws = {f: getattr(a, f).copy() for f in ("input_dims", "input_type", "concrete_inputs")
+            if isinstance(getattr(a, f, None), msgspec.Raw) and len(getattr(a, f))}
+    return msgspec.structs.replace(a, **raws) if raws else a
 
 
 def _code(values: list, name: str) -> int:

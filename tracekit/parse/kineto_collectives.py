@@ -56,7 +56,7 @@ class CollectiveInputs:
     tid: np.ndarray
     ext: pa.Array
     corr: np.ndarray
-    args: list
+    args: dict  # row → args struct, for the candidate rows only
     gpu_row: np.ndarray
     kernel_rows: np.ndarray
     kernel_launch: np.ndarray
@@ -126,6 +126,12 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
     cols["source"] = ["kineto"] * len(calls)
     table = pa.Table.from_pydict(cols, schema=COLLECTIVES)
     return CollectiveResult(table=table, kernel_row_to_call=link, mode=mode, warnings=warnings)
+
+
+def candidate_codes(name_dict: list) -> list[int]:
+    """Name codes of the events whose args collective assembly reads."""
+    c = _classify_names(name_dict)
+    return c["rpc"] + c["nccl"] + c["gloo"] + c["c10d"]
 
 
 def _classify_names(name_dict: list) -> dict[str, list[int]]:
