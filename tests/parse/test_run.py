@@ -45,6 +45,9 @@ def test_gloo_run_ranks_and_sources(gloo_store) -> None:
         assert ranks[rank]["rank_source"] == "distributedInfo"
         assert ranks[rank]["world_size"] == WORLD
         assert ranks[rank]["num_events"] == _x_events(run / "trace" / f"rank{rank}.pt.trace.json.gz")
+        assert ranks[rank]["hostname"] == ranks[0]["hostname"] is not None
+        # one host, one clock: offsets are the difference of the traces' base times only
+        assert ranks[rank]["clock_offset_ns"] == ranks[0]["base_time_ns"] - ranks[rank]["base_time_ns"]
     assert store.meta["manifest"]["world_size"] == WORLD
     assert store.meta["inputs"]["files"]["0"]["comms_log"].endswith("comms.rank0.jsonl")
     groups = {g["pg_name"]: g for g in store.table("process_groups").to_pylist()}
@@ -263,3 +266,31 @@ def test_process_group_merge() -> None:
     assert [(r["pg_name"], r["ranks"], r["seen_by"], r["pg_desc"]) for r in rows] == \
         [("3", [0, 1], [0, 1], "mesh_tp"), ("3", [2, 3], [2], "mesh_tp")]
     assert m.ranks_of("3", 3) == [2, 3] and m.ranks_of("3", 0) == [0, 1] and m.ranks_of("9", 0) is None
+
+
+def test_clock_offsets_from_hosts_and_manifest_anchors() -> None:
+    from tracekit.parse.run import _clock_offsets
+
+    def row(rank, host, epoch=0):
+        return {"rank": rank, "hostname": host, "clock_offset_ns": None, "_epoch": epoch}
+
+    base = 1_790_000_000_000_000_000
+    # Same host: one clock; only the Kineto epochs differ (rank 2 is a log-only rank on wall clock).
+    rows = [row(0, "a", base), row(1, "a", base + 5_000), row(2, "a", 0)]
+    warnings: list[str] = []
+    _clock_offsets(rows, None, warnings)
+    assert [r["clock_offset_ns"] for r in rows] == [0, -5_000, base] and warnings == []
+
+    # Other host, `tracekit record` anchors: median over barrier samples of (wall_r - wall_ref).
+    samples = {"0": {"barrier_samples": [{"wall_ns": 100}, {"wall_ns": 200}, {"wall_ns": 300}]},
+               "1": {"barrier_samples": [{"wall_ns": 1_100}, {"wall_ns": 1_150}, {"wall_ns": 1_400}]}}
+    rows = [row(0, "a"), row(1, "b"), row(2, None)]
+    warnings = []
+    _clock_offsets(rows, {"clock_anchors": samples}, warnings)
+    assert [r["clock_offset_ns"] for r in rows] == [0, 1_000, None]
+    assert warnings and "unknown" in warnings[0]
+
+    # Other host, runtime manifest offsets; the reference is the lowest rank when rank 0 is absent.
+    rows = [row(1, "a"), row(3, "b", 7)]
+    _clock_offsets(rows, {"clock_offset_ns": {"1": 50, "3": 2_050}}, [])
+    assert [r["clock_offset_ns"] for r in rows] == [0, 2_000 - 7]

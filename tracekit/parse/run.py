@@ -9,7 +9,8 @@ get their collectives and a `ranks` row. Everything not used is listed in meta i
 
 Collectives keep both sources: Kineto rows (source "kineto", seq filled from the log where
 matched) and log rows (source "comms-log" / "flight-recorder"); analyzers select by `source`.
-Log times are put on the Kineto trace's clock of the same rank (see `_log_shift_ns`).
+Log times are put on the Kineto trace's clock of the same rank (see `_trace_epoch_ns`), and
+`ranks.clock_offset_ns` is filled where host and manifest allow (see `_clock_offsets`).
 """
 
 from __future__ import annotations
@@ -216,20 +217,61 @@ def _kineto_results(paths: list[str], workers: int, max_bytes: int | None) -> It
             yield result
 
 
-def _log_shift_ns(info: dict[str, Any], log: pa.Table | None) -> int:
-    """What to subtract from wall-clock log times to put them on this rank's Kineto clock.
+def _trace_epoch_ns(info: dict[str, Any]) -> int:
+    """What to subtract from wall-clock ns to land on this rank's Kineto clock (0: the trace is wall clock).
 
-    Kineto writes `ts` relative to `baseTimeNanoseconds` when that field is present; log times are
-    `time.time_ns()`. Shift by the base when that brings the log next to the trace, else by nothing.
+    Kineto writes `ts` relative to `baseTimeNanoseconds` when that field is present (base + ts is the
+    wall clock); older traces carry absolute epoch times. Relative times are far below the base.
     """
     base = info.get("base_time_ns")
-    if not base or log is None or log.num_rows == 0:
-        return 0
-    created = pc.min(log.column("enqueue_ts")).as_py()
     first = info.get("first_ts")
-    if created is None or first is None:
+    if not base or first is None:
         return 0
-    return int(base) if abs(created - base - first) < abs(created - first) else 0
+    return int(base) if 0 <= first < int(base) // 2 else 0
+
+
+def _clock_offsets(rows: list[dict[str, Any]], manifest: Any, warnings: list[str]) -> None:
+    """Fill `clock_offset_ns` (this rank's stored times minus the reference rank's, for one instant).
+
+    The reference is rank 0 (else the lowest rank). offset = host clock difference + difference of the
+    ranks' time epochs (Kineto base times). Ranks on the reference's host share its clock (host part 0);
+    ranks on other hosts use the manifest's barrier anchors (`tracekit record`: clock_anchors[r].barrier_samples,
+    the runtime: clock_offset_ns); otherwise the offset stays null and analyzers estimate it.
+    """
+    if not rows:
+        return
+    by_rank = {r["rank"]: r for r in rows}
+    ref = 0 if 0 in by_rank else min(by_rank)
+    man = manifest if isinstance(manifest, dict) else {}
+    anchors = man.get("clock_anchors") if isinstance(man.get("clock_anchors"), dict) else {}
+    runtime_offsets = man.get("clock_offset_ns") if isinstance(man.get("clock_offset_ns"), dict) else {}
+
+    def barrier_diff(r: int) -> int | None:
+        a, b = anchors.get(str(r)) or {}, anchors.get(str(ref)) or {}
+        sa, sb = a.get("barrier_samples") or [], b.get("barrier_samples") or []
+        diffs = sorted(int(x["wall_ns"]) - int(y["wall_ns"]) for x, y in zip(sa, sb)
+                       if isinstance(x, dict) and isinstance(y, dict) and "wall_ns" in x and "wall_ns" in y)
+        if diffs:
+            return diffs[len(diffs) // 2]
+        if str(r) in runtime_offsets and str(ref) in runtime_offsets:
+            return int(runtime_offsets[str(r)]) - int(runtime_offsets[str(ref)])
+        return None
+
+    ref_host = by_rank[ref]["hostname"]
+    for r, row in by_rank.items():
+        if r == ref:
+            host_diff = 0
+        elif row["hostname"] is not None and row["hostname"] == ref_host:
+            host_diff = 0
+        elif row["hostname"] is not None and ref_host is not None:
+            host_diff = barrier_diff(r)
+        else:
+            host_diff = None
+        if host_diff is not None:
+            row["clock_offset_ns"] = host_diff + by_rank[ref]["_epoch"] - row["_epoch"]
+    if any(row["clock_offset_ns"] is None for row in rows) and len(rows) > 1:
+        warnings.append("clock offsets between ranks unknown for some ranks (different or unknown hosts "
+                        "without manifest anchors); analyzers estimate them from collectives")
 
 
 def _shift_times(table: pa.Table, shift: int) -> pa.Table:
@@ -470,6 +512,9 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         beyond = [r for r in parsed_ranks if r >= world_size]
         if beyond:
             warnings.append(f"ranks {beyond} are outside world size {world_size}")
+    _clock_offsets(rank_rows, manifest, warnings)
+    for r in rank_rows:
+        r.pop("_epoch")
     files = {str(r["rank"]): r.pop("_files") for r in sorted(rank_rows, key=lambda r: r["rank"])}
     if rank_rows:
         writer.append("ranks", pa.Table.from_pylist(sorted(rank_rows, key=lambda r: r["rank"])))
@@ -498,7 +543,12 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
     log = rl.comms or rl.fr
     log_table = log.collectives if log is not None else None
     info: dict[str, Any] = dict(kp.info) if kp is not None else {}
-    shift = _log_shift_ns(info, log_table) if kp is not None else 0
+    shift = _trace_epoch_ns(info) if kp is not None else 0
+    if shift and log_table is not None and log_table.num_rows and info.get("first_ts") is not None:
+        created = pc.min(log_table.column("enqueue_ts")).as_py()
+        hour = 3_600_000_000_000
+        if created is not None and not (info["first_ts"] - 48 * hour < created - shift < info["last_ts"] + 48 * hour):
+            warnings.append("the collective log's times are days away from the trace's: clocks look unrelated")
     if kp is not None:
         tables = {k: _set_rank(v, rank) for k, v in kp.tables.items()}
         for name in ("events", "kernels", "steps"):
@@ -543,5 +593,6 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         "num_events": info.get("num_events", 0), "clock_offset_ns": None,
         "parse_warnings": list(info.get("parse_warnings") or []) + warnings,
         "_files": files,
+        "_epoch": shift,
     }
     return row
