@@ -75,3 +75,26 @@ def test_recommendations_section_fills_and_sorts():
     assert rows[0]["est_saving_ns"] == 7 * MS and "bucket" in rows[0]["recommendation"]
     assert "node7" in rows[2]["recommendation"]
     assert rows[1]["recommendation"] == "more micro-batches"
+
+
+def test_reconcile_marks_symptoms_of_pipeline_and_skew():
+    ctx = AnalysisContext(config=AnalysisConfig())
+    ctx.results["pipeline"] = AnalyzerResult(section={"source": "labels"})
+    p2p = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="recv on pp",
+                  ranks=(1,), dim="pp", evidence={}, recommendation="x", est_saving_ns=24 * MS)
+    tp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="tp",
+                 ranks=(0,), dim="tp", evidence={}, recommendation="y", est_saving_ns=3 * MS)
+    skew = Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=Severity.CRITICAL, summary="skew",
+                   ranks=(2,), dim="ep", recommendation="z", est_saving_ns=5 * MS)
+    late = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late", ranks=(2,), dim="ep",
+                   recommendation="w", est_saving_ns=9 * MS)
+    other = Finding(kind=FindingKind.STRAGGLER, severity=Severity.WARNING, summary="late", ranks=(3,), dim="ep",
+                    recommendation="w", est_saving_ns=1 * MS)
+    out = recommend.reconcile([p2p, tp, skew, late, other], ctx)
+    assert [f.summary for f in out][:3] == ["skew", "tp", "late"]
+    by = {(f.summary, f.ranks): f for f in out}
+    assert by[("recv on pp", (1,))].severity is Severity.INFO and by[("recv on pp", (1,))].est_saving_ns == 0
+    assert by[("recv on pp", (1,))].evidence["original_est_saving_ns"] == 24 * MS
+    assert by[("late", (2,))].evidence["explained_by"].startswith("expert_routing_skew")
+    assert by[("late", (3,))].severity is Severity.WARNING  # not the hot expert's owner
+    assert by[("tp", (0,))].est_saving_ns == 3 * MS

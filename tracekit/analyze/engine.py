@@ -84,6 +84,9 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
         result = _load(spec)(store, ctx)
         ctx.results[name] = result
         findings.extend(result.findings)
+    if ctx.cache.get("final_findings") is not None:
+        # the recommendations pass (recommend.py) reconciles symptoms with causes and fills in advice
+        findings = ctx.cache["final_findings"]
     breakdown = ctx.section("breakdown") or {}
     return {
         "schema": ANALYSIS_SCHEMA,

@@ -3,22 +3,24 @@
 Every analyzer calls the `advise_*` helper for its finding kind, so the wording and the saving formulas
 live here. Each saving is an upper bound on step time saved per step (DESIGN §3) and its formula goes into
 the finding's evidence as `saving_formula` (with the numbers used). `analyze_recommendations` runs last
-and lists every finding's advice, sorted by saving; findings that came without advice get it from the
-same rules when their evidence carries the needed numbers.
+and is the final word on the findings (the engine takes `ctx.cache["final_findings"]`): findings that
+came without advice get it from the same rules when their evidence carries the numbers, and symptoms
+whose cause another finding names are marked `explained_by` (see `reconcile`).
 
 Section `recommendations` (JSON):
 {"recommendations": [{"kind", "severity", "ranks": [..], "dim", "summary", "recommendation",
-                      "est_saving_ns", "saving_formula"}]}      # sorted by est_saving_ns, descending
+                      "est_saving_ns", "saving_formula", "explained_by": str | null}]}
+                      # sorted by est_saving_ns, descending
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
-from tracekit.analyze.findings import Finding, FindingKind, sort_findings
+from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.tables.store import RunStore
 
 BACKWARD_FACTOR = 3.0
@@ -283,14 +285,47 @@ def _fill(f: Finding) -> tuple[str, int, str]:
     return adv.text, saving, adv.evidence["saving_formula"]
 
 
-def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    """Every finding's advice in one list, largest estimated saving first."""
-    findings = [f for name, res in ctx.results.items() if name != "recommendations" for f in res.findings]
-    rows = []
-    for f in sort_findings(findings):
+def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
+    """Symptoms explained by a cause another analyzer found: info severity, no saving of their own.
+
+    - exposed send/recv of a labelled pipeline (dim pp) is the pipeline's idle time, which
+      `pipeline_bubble` / `pipeline_imbalance` already count (hiding it needs a schedule change);
+    - a straggler that owns the hot expert of a routing skew (≥ warning) is late because of the skew.
+    The original severity and saving stay in the evidence.
+    """
+    pipe = ctx.section("pipeline") or {}
+    hot_owners: set[int] = set()
+    for f in findings:
+        if f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity.order >= Severity.WARNING.order:
+            hot_owners |= set(f.ranks)
+    out = []
+    for f in findings:
+        cause = None
+        if (f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim == "pp" and pipe.get("source") == "labels"):
+            cause = "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
+        elif f.kind is FindingKind.STRAGGLER and hot_owners and f.ranks and set(f.ranks) <= hot_owners:
+            cause = "expert_routing_skew (the rank holds the hot expert)"
+        if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
+            f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
+                **f.evidence, "explained_by": cause, "original_severity": f.severity.value,
+                "original_est_saving_ns": int(f.est_saving_ns)})
         text, saving, formula = _fill(f)
-        rows.append({"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
-                     "summary": f.summary, "recommendation": text, "est_saving_ns": saving,
-                     "saving_formula": formula})
-    rows.sort(key=lambda r: -r["est_saving_ns"])
+        if text != f.recommendation or saving != int(f.est_saving_ns):
+            ev = dict(f.evidence)
+            if formula and "saving_formula" not in ev:
+                ev["saving_formula"] = formula
+            f = replace(f, recommendation=text, est_saving_ns=saving, evidence=ev)
+        out.append(f)
+    return sort_findings(out)
+
+
+def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Every finding's advice in one list, largest estimated saving first (also the engine's final list)."""
+    findings = [f for name, res in ctx.results.items() if name != "recommendations" for f in res.findings]
+    final = reconcile(findings, ctx)
+    ctx.cache["final_findings"] = final
+    rows = [{"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
+             "summary": f.summary, "recommendation": f.recommendation, "est_saving_ns": int(f.est_saving_ns),
+             "saving_formula": str(f.evidence.get("saving_formula", "")),
+             "explained_by": f.evidence.get("explained_by")} for f in final]
     return AnalyzerResult(findings=[], section={"recommendations": rows})
