@@ -199,7 +199,12 @@ def _kineto_results(paths: list[str], workers: int, max_bytes: int | None) -> It
         return
     import multiprocessing as mp
 
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if "forkserver" in mp.get_all_start_methods():
+        # fork from a clean server that imported the parser once (this process may hold threads)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["tracekit.parse.kineto"])
+    else:
+        ctx = mp.get_context("spawn")
     workers = min(workers, len(paths))
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         # At most 2 results per worker in flight, so parsed ranks never pile up in memory.
