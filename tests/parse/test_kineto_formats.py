@@ -293,3 +293,18 @@ def test_modern_p2p_and_seq_from_args(tmp_path):
     assert send["bytes"] == 16 and send["group_ranks"] == [0, 4] and send["pg_desc"] == "mesh_pp"
     assert a2a["in_split_sizes"] == [3, 5] and a2a["out_split_sizes"] == [4, 4] and a2a["seq"] is None
     assert all(r["ts"] is None and r["state"] == "unknown" for r in rows)  # no kernels in this trace
+
+
+def test_kernel_step_is_the_step_of_its_launch(tmp_path):
+    events = [
+        _x("ProfilerStep#3", 0, 100, cat="user_annotation"),
+        _x("ProfilerStep#4", 100, 100, cat="user_annotation"),
+        _x("cudaLaunchKernel", 90, 5, cat="cuda_runtime", correlation=11),
+        _x("gemm", 150, 30, cat="kernel", pid=0, tid=7, correlation=11, stream=7, device=0),  # runs in step 4
+        _x("orphan", 120, 10, cat="kernel", pid=0, tid=7, correlation=99, stream=7, device=0),
+    ]
+    p = parse_kineto(_write(tmp_path, {"traceEvents": events}))
+    k = {r["name"]: r["step"] for r in p.tables["kernels"].to_pylist()}
+    assert k == {"gemm": 3, "orphan": 4}
+    ev = {r["name"]: r["step"] for r in p.tables["events"].to_pylist()}
+    assert ev["gemm"] == 3 and ev["orphan"] == 4 and ev["cudaLaunchKernel"] == 3

@@ -482,6 +482,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
         k_op.append(op)
         k_pg.append(pg)
 
+    event_step[k_rows] = k_step  # device rows belong to the step of their launch
     rank_k = np.full(len(k_rows), table_rank, np.int32)
     dev = device_arg.take(pa.array(k_rows)) if len(k_rows) else pa.array([], pa.int64())
     dev = pc.coalesce(dev, pa.array(pid[k_rows]))
