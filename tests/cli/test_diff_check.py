@@ -187,57 +187,55 @@ def test_diff_cli_writes_reports(analysis_files: tuple[Path, Path], tmp_path: Pa
 
 # ------------------------------------------------------------------ recorded runs of the reference runtime
 
-def _record(out: Path, *extra: str) -> Path:
-    cmd = [sys.executable, "-m", "instrumented_runtime", "--dp", "2", "--steps", "4", "--out", str(out), *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-@pytest.fixture(scope="module")
-def runtime_runs(tmp_path_factory) -> dict[str, Any]:
-    """A clean dp=2 run and one with rank 0 slowed 3x (rank 0, because a clean run's rank 1 is often last
-    anyway on this shared box), analysed through `tracekit analyze`."""
-    d = tmp_path_factory.mktemp("rt")
-    runs: dict[str, Any] = {}
-    for name, extra in (("clean", ()), ("slow", ("--slow-rank", "0", "--slow-factor", "3"))):
-        traces = _record(d / name, *extra)
-        res = runner.invoke(app, ["analyze", str(traces), "--out", str(d / f"{name}-out"), "--quiet"])
-        assert res.exit_code == 0, res.output
-        runs[name] = d / f"{name}-out"
-    runs["truth"] = json.loads((d / "slow" / "ground_truth.json").read_text())
-    runs["dir"] = d
-    return runs
+FIXTURES = REPO / "tests" / "reports" / "fixtures"
 
 
 def _slow_rank(truth: dict[str, Any]) -> int:
-    """The rank the runtime slowed, from its ground truth (not from the command line we gave it)."""
+    """The rank the runtime slowed, from its ground truth (not from the command line it was given)."""
     (fault,) = [f for f in truth["faults"] if f["kind"] == "slow_rank"]
     assert "straggler" in fault["expected_findings"]
     (rank,) = fault["ranks"]
     return rank
 
 
-@pytest.mark.slow
-def test_summary_names_the_injected_straggler(runtime_runs: dict[str, Any]) -> None:
-    slow = _slow_rank(runtime_runs["truth"])
-    md_slow = (runtime_runs["slow"] / "summary.md").read_text()
-    md_clean = (runtime_runs["clean"] / "summary.md").read_text()
-    a_slow = json.loads((runtime_runs["slow"] / "analysis.json").read_text())
-    fault = [f for f in a_slow["findings"] if f["kind"] == "straggler" and f["ranks"] == [slow]]
-    assert fault, [(f["kind"], f["ranks"]) for f in a_slow["findings"]]
-    i = a_slow["findings"].index(fault[0]) + 1
-    assert f"rank {slow} arrives last" in md_slow
-    assert f"(report.html#finding-{i})" in md_slow
-    assert f"rank {slow} arrives last" not in md_clean
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict[str, Any]:
+    """The recorded clean and slow-rank runs, analysed through `tracekit analyze`."""
+    d = tmp_path_factory.mktemp("recorded")
+    runs: dict[str, Any] = {"dir": d}
+    for name, src in (("clean", "runtime_dp2_clean"), ("slow", "runtime_dp2_slow_rank0")):
+        res = runner.invoke(app, ["analyze", str(FIXTURES / src), "--out", str(d / name), "--quiet"])
+        assert res.exit_code == 0, res.output
+        runs[name] = d / name
+    assert [f for f in json.loads((FIXTURES / "runtime_dp2_clean" / "ground_truth.json").read_text())["faults"]] == []
+    runs["slow_rank"] = _slow_rank(json.loads((FIXTURES / "runtime_dp2_slow_rank0" / "ground_truth.json").read_text()))
+    return runs
 
 
-@pytest.mark.slow
-def test_diff_shows_the_fault_appear_and_resolve(runtime_runs: dict[str, Any]) -> None:
-    slow = _slow_rank(runtime_runs["truth"])
-    out = runtime_runs["dir"]
+def _straggler_anchor(out: Path, rank: int) -> int | None:
+    findings = json.loads((out / "analysis.json").read_text())["findings"]
+    hits = [i for i, f in enumerate(findings, 1) if f["kind"] == "straggler" and f["ranks"] == [rank]]
+    return hits[0] if hits else None
+
+
+def test_summary_names_the_injected_straggler(recorded: dict[str, Any]) -> None:
+    slow = recorded["slow_rank"]
+    i = _straggler_anchor(recorded["slow"], slow)
+    assert i is not None
+    md_slow = (recorded["slow"] / "summary.md").read_text()
+    row = next(line for line in md_slow.splitlines() if line.startswith(f"| [{i}](report.html#finding-{i}) |"))
+    assert f"rank {slow} arrives last" in row and "| straggler" in row
+    assert _straggler_anchor(recorded["clean"], slow) is None
+    assert f"rank {slow} arrives last" not in (recorded["clean"] / "summary.md").read_text()
+    html = (recorded["slow"] / "report.html").read_text()
+    assert f'<tr id="finding-{i}">' in html
+
+
+def test_diff_shows_the_fault_appear_and_resolve(recorded: dict[str, Any]) -> None:
+    slow = recorded["slow_rank"]
+    out = recorded["dir"]
     for base, new, status in (("clean", "slow", "appeared"), ("slow", "clean", "resolved")):
-        res = runner.invoke(app, ["diff", str(runtime_runs[base]), str(runtime_runs[new]),
+        res = runner.invoke(app, ["diff", str(recorded[base]), str(recorded[new]),
                                   "--out", str(out / f"diff-{base}-{new}"), "--quiet"])
         assert res.exit_code == 0, res.output
         doc = json.loads((out / f"diff-{base}-{new}" / "diff.json").read_text())
@@ -247,5 +245,36 @@ def test_diff_shows_the_fault_appear_and_resolve(runtime_runs: dict[str, Any]) -
         md = (out / f"diff-{base}-{new}" / "diff.md").read_text()
         assert f"{status}: rank {slow} arrives last" in md
         # the slowed run's mean step is longer, whichever side it is on
-        sign = 1 if new == "slow" else -1
-        assert sign * doc["step"]["delta_ns"] > 0
+        a_base = json.loads((recorded[base] / "analysis.json").read_text())
+        a_new = json.loads((recorded[new] / "analysis.json").read_text())
+        mean = lambda a: sum(r["step_ns"] for r in a["ranks"]) / sum(r["steps"] for r in a["ranks"])  # noqa: E731
+        assert doc["step"]["delta_ns"] == pytest.approx(mean(a_new) - mean(a_base))
+        assert (doc["step"]["delta_ns"] > 0) == (new == "slow")
+
+
+def test_check_gates_the_slow_run(recorded: dict[str, Any]) -> None:
+    """The straggler's delay share (stragglers section) breaches --max-skew in the slowed run only."""
+    slow = json.loads((recorded["slow"] / "analysis.json").read_text())
+    worst = max(r["delay_fraction"] for r in slow["sections"]["stragglers"]["ranks"])
+    clean = json.loads((recorded["clean"] / "analysis.json").read_text())
+    clean_worst = max(r["delay_fraction"] for r in clean["sections"]["stragglers"]["ranks"])
+    limit = (worst + clean_worst) / 2
+    assert runner.invoke(app, ["check", str(recorded["slow"]), "--max-skew", f"{limit}"]).exit_code == 1
+    assert runner.invoke(app, ["check", str(recorded["clean"]), "--max-skew", f"{limit}"]).exit_code == 0
+
+
+@pytest.mark.slow
+def test_fresh_slow_rank_run_against_recorded_clean(recorded: dict[str, Any], tmp_path: Path) -> None:
+    """Records a new run with a slowed rank now and diffs it (trace dir straight in) against the recorded clean one."""
+    traces = tmp_path / "slow"
+    proc = subprocess.run([sys.executable, "-m", "instrumented_runtime", "--dp", "2", "--steps", "4", "--slow-rank", "1",
+                           "--slow-factor", "3", "--out", str(traces)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    slow = _slow_rank(json.loads((traces / "ground_truth.json").read_text()))
+    res = runner.invoke(app, ["diff", str(recorded["clean"]), str(traces), "--out", str(tmp_path / "d"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert any(f["kind"] == "straggler" and f["new_ranks"] == [slow] and f["status"] in ("appeared", "changed")
+               for f in doc["findings"]), [(f["status"], f["kind"], f["new_ranks"]) for f in doc["findings"]]
+    assert (tmp_path / "d" / "new" / "tables" / "meta.json").is_file()  # the trace dir was parsed beside the diff
