@@ -20,11 +20,13 @@ Profiler labels: each op runs inside `comm:<op>:<pg_desc>` (P2P batches: `comm:p
 `user_annotation` "caller" of the collective), and with `record_shapes=True` it carries args
 `Process Group Name`, `Process Group Description`, `seq_num` (first seq; `seq_nums` lists a P2P batch's),
 `is_p2p`, `caller`. It encloses c10d's own `c10d::*` event and the slow-link delay; parsers should treat
-the `comm:` prefix as communication, not compute, and can join it to the log on (pg_name, is_p2p, seq).
+the `comm:` prefix as issuing communication, never compute, and can join it to the log on
+(pg_name, is_p2p, seq).
 
 Autograd helpers (`copy_to_tp`, `reduce_from_tp`, `gather_from_sp`, `reduce_scatter_to_sp`,
 `scatter_to_sp`, `gather_from_tp`, `all_to_all_autograd`) are Megatron's conjugate f/g operators; each
-takes `(x, group, ..., *, comm=None, label=None)` and uses `get_comm()` when `comm` is None.
+takes `(x, group, ..., *, comm=None, label=<its caller label>)` and uses `get_comm()` when `comm` is None;
+ops issued in backward get the caller `<label>:bwd` (copy_to_tp's default label already says `:bwd`).
 """
 
 from __future__ import annotations
