@@ -294,6 +294,7 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     The original severity and saving stay in the evidence.
     """
     pipe = ctx.section("pipeline") or {}
+    analyzed = {r["rank"] for r in (ctx.section("breakdown") or {}).get("ranks", [])}
     hot_owners: set[int] = set()
     for f in findings:
         if f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity.order >= Severity.WARNING.order:
@@ -303,7 +304,8 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
         cause = None
         if (f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim == "pp" and pipe.get("source") == "labels"):
             cause = "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
-        elif f.kind is FindingKind.STRAGGLER and hot_owners and f.ranks and set(f.ranks) <= hot_owners:
+        elif (f.kind is FindingKind.STRAGGLER and hot_owners and f.ranks and set(f.ranks) <= hot_owners
+              and (not analyzed or hot_owners < analyzed)):  # all ranks holding it (ep=1) explains nothing
             cause = "expert_routing_skew (the rank holds the hot expert)"
         if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
             f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
