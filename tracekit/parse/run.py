@@ -461,6 +461,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
                 rank_warnings.setdefault(rank, []).extend(local_warnings)
             except TraceFormatError as exc:
                 skipped.append({"file": path, "reason": exc.reason})
+            except Exception as exc:  # malformed content in an unexpected place: report, keep going
+                skipped.append({"file": path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
 
         # 2. Kineto traces, one rank at a time
         rank_rows: list[dict[str, Any]] = []
@@ -485,13 +487,15 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             groups.add(kp.process_groups, rank)
             rl = logs.pop(rank, _RankLogs())
             rank_rows.append(_write_rank(writer, rank, source, path, kp, rl, groups,
-                                         rank_warnings.get(rank, []) + local_warnings, join_stats))
+                                         rank_warnings.get(rank, []) + local_warnings, join_stats, skipped))
             del kp
 
         # 3. ranks that only have logs
         for rank, rl in sorted(logs.items()):
+            if rl.comms_path is None and rl.fr is None and not rl.routing and not rl.pipeline:
+                continue
             rank_rows.append(_write_rank(writer, rank, None, None, None, rl, groups,
-                                         rank_warnings.get(rank, []), join_stats))
+                                         rank_warnings.get(rank, []), join_stats, skipped))
     finally:
         stop()
 
@@ -538,13 +542,18 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
 
 def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
                 rl: _RankLogs, groups: _GroupMerger, warnings: list[str],
-                join_stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
+                join_stats: dict[int, dict[str, Any]], skipped: list[dict[str, str]]) -> dict[str, Any]:
     """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
     warnings = list(warnings)
     if rl.comms_path is not None and rl.comms is None:
-        rl.comms = parse_comms_log(rl.comms_path, rank=rank)
-        rl.comms.rank_source = rl.comms_rank_source
-        warnings += rl.comms.warnings
+        try:
+            rl.comms = parse_comms_log(rl.comms_path, rank=rank)
+        except Exception as exc:
+            skipped.append({"file": rl.comms_path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
+            rl.files.pop("comms_log", None)
+        else:
+            rl.comms.rank_source = rl.comms_rank_source
+            warnings += rl.comms.warnings
     log = rl.comms or rl.fr
     log_table = log.collectives if log is not None else None
     info: dict[str, Any] = dict(kp.info) if kp is not None else {}
@@ -591,7 +600,8 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         "world_size": (kp.world_size if kp is not None else None) or (rl.comms.world_size if rl.comms else None),
         "hostname": info.get("hostname"), "backend": info.get("backend"),
         "device_names": info.get("device_names"),
-        "source_file": kineto_path or (rl.comms.source_file if rl.comms else rl.fr.source_file if rl.fr else None),
+        "source_file": kineto_path or (rl.comms.source_file if rl.comms else rl.fr.source_file if rl.fr
+                                       else next(iter(files.values()), None)),
         "schema_version": None if info.get("schema_version") is None else str(info.get("schema_version")),
         "rank_source": rank_source, "trace_kind": info.get("trace_kind"),
         "base_time_ns": info.get("base_time_ns"), "first_ts": info.get("first_ts"), "last_ts": info.get("last_ts"),
