@@ -96,7 +96,7 @@ class RunConfig:
     """Model chunks per pipeline rank for the interleaved / zb schedules."""
     steps: int = 4
     profile_steps: int = 2
-    """Active profiler steps; they are the last steps of the run, after one warm-up step."""
+    """Active profiler steps; they are the last steps of the run, after one warm-up step (0: no profiler)."""
     global_batch_size: int | None = None
     """Sequences per step over all dp replicas; default dp * microbatches * 2."""
     seq_len: int = 64
@@ -125,7 +125,7 @@ class RunConfig:
         if self.global_batch_size % (self.dp * self.microbatches):
             raise ValueError(f"global batch {self.global_batch_size} is not divisible by dp*microbatches"
                              f" = {self.dp * self.microbatches}")
-        if self.profile_steps < 1 or self.profile_steps + 1 > self.steps:
+        if self.profile_steps < 0 or (self.profile_steps and self.profile_steps + 1 > self.steps):
             raise ValueError(f"need steps >= profile_steps + 1 (one warm-up step); got steps={self.steps}, "
                              f"profile_steps={self.profile_steps}")
 

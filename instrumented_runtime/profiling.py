@@ -23,7 +23,10 @@ def profiled_steps(cfg: RunConfig) -> list[int]:
     return list(range(cfg.steps - cfg.profile_steps, cfg.steps))
 
 
-def make_profiler(cfg: RunConfig, out_dir: str | Path, rank: int) -> profile:
+def make_profiler(cfg: RunConfig, out_dir: str | Path, rank: int) -> profile | None:
+    """The rank's profiler, or None when `profile_steps` is 0 (numerics-only runs)."""
+    if cfg.profile_steps == 0:
+        return None
     wait = cfg.steps - cfg.profile_steps - 1
     path = trace_path(out_dir, rank)
     activities = [ProfilerActivity.CPU]

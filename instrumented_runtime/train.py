@@ -219,7 +219,8 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     prof = make_profiler(cfg, out, rank)
     window = set(profiled_steps(cfg))
     metrics = open(metrics_path(out, rank), "w")
-    prof.start()
+    if prof is not None:
+        prof.start()
     for step in range(cfg.steps):
         comm.step = step
         routing.set_step(step, step in window)
@@ -243,8 +244,10 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
         metrics.flush()
         routing.flush()
         log.flush()
-        prof.step()
-    prof.stop()
+        if prof is not None:
+            prof.step()
+    if prof is not None:
+        prof.stop()
     metrics.close()
     comm.step = None
     comm.drain()

@@ -1,0 +1,96 @@
+"""ParallelDims arithmetic, config validation, stage splitting and the fault ground truth (no processes)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from instrumented_runtime.config import FaultConfig, RunConfig, parse_args
+from instrumented_runtime.faults import ground_truth_faults
+from instrumented_runtime.parallel_dims import ParallelDims
+from instrumented_runtime.pipeline import split_layers, stage_indices
+
+
+@pytest.mark.parametrize("pp,dp,cp,tp,ep", [(2, 2, 2, 2, 4), (1, 4, 1, 2, 2), (2, 1, 2, 2, 2), (1, 2, 3, 1, 3)])
+def test_groups_partition_the_world(pp, dp, cp, tp, ep):
+    pd = ParallelDims(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, world_size=pp * dp * cp * tp)
+    groups = pd.group_ranks()
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "dp_cp": dp * cp, "ep": ep, "edp": dp * cp // ep}
+    for dim, gs in groups.items():
+        flat = sorted(r for g in gs for r in g)
+        assert flat == list(range(pd.world_size)), dim          # every rank in exactly one group
+        assert {len(g) for g in gs} == {sizes[dim]}, dim
+    for r in range(pd.world_size):
+        c = pd.coords(r)
+        assert pd.rank_of(c["pp"], c["dp"], c["cp"], c["tp"]) == r
+        # a group of dim X is exactly the ranks differing from r only in coordinate X
+        for dim in ("pp", "dp", "cp", "tp"):
+            (g,) = [g for g in groups[dim] if r in g]
+            others = {k: v for k, v in c.items() if k in ("pp", "dp", "cp", "tp") and k != dim}
+            expect = [q for q in range(pd.world_size)
+                      if all(pd.coords(q)[k] == v for k, v in others.items())]
+            assert sorted(g) == expect
+    # ep groups live inside one dp_cp group (same pp, tp) and the edp groups hold the same expert shard
+    for g in groups["ep"]:
+        assert len({(pd.coords(r)["pp"], pd.coords(r)["tp"]) for r in g}) == 1
+        assert sorted(pd.coords(r)["ep"] for r in g) == list(range(ep))
+    for g in groups["edp"]:
+        assert len({pd.coords(r)["ep"] for r in g}) == 1
+
+
+def test_validation_errors():
+    with pytest.raises(ValueError, match="world size"):
+        ParallelDims(pp=2, dp=2, cp=1, tp=1, ep=1, world_size=8)
+    with pytest.raises(ValueError, match="ep 3"):
+        ParallelDims(pp=1, dp=2, cp=2, tp=1, ep=3, world_size=4)
+    with pytest.raises(ValueError, match="divisible by dp\\*microbatches"):
+        RunConfig(dp=2, microbatches=3, global_batch_size=8)
+    with pytest.raises(ValueError, match="warm-up"):
+        RunConfig(steps=2, profile_steps=2)
+
+
+def test_split_layers_even_and_explicit():
+    assert [list(r) for r in split_layers(5, 2, None)] == [[0, 1, 2], [3, 4]]
+    assert [list(r) for r in split_layers(4, 2, [3, 1])] == [[0, 1, 2], [3]]
+    with pytest.raises(ValueError):
+        split_layers(4, 2, [2, 1])
+    assert stage_indices(1, 2, 2) == [1, 3]
+
+
+def test_cli_parses_every_fault_knob():
+    cfg = parse_args(["--pp", "2", "--dp", "2", "--cp", "2", "--tp", "2", "--ep", "4", "--schedule", "1f1b",
+                      "--microbatches", "1", "--steps", "4", "--slow-rank", "5", "--slow-factor", "2.5",
+                      "--stage-layers", "3,1", "--router-bias", "1=2.0,3=0.5", "--no-overlap",
+                      "--slow-link", "tp=0.005,ep=0.002", "--host-stall-rank", "2", "--host-stall-ms", "30",
+                      "--uneven-seq-rank", "3", "--ranks-per-host", "4", "--out", "x"])
+    f = cfg.faults
+    assert (f.slow_rank, f.slow_factor, f.stage_layers) == (5, 2.5, [3, 1])
+    assert f.router_bias == {1: 2.0, 3: 0.5} and f.slow_links == {"tp": 0.005, "ep": 0.002}
+    assert (f.host_stall_rank, f.host_stall_ms, f.uneven_seq_rank, f.no_overlap) == (2, 30.0, 3, True)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg   # survives the trip to the forked ranks
+    with pytest.raises(SystemExit):
+        parse_args(["--slow-link", "xx=1", "--out", "x"])
+
+
+def test_ground_truth_lists_each_fault_with_its_targets():
+    cfg = RunConfig(pp=2, dp=2, cp=2, tp=2, ep=4, microbatches=1, steps=3, profile_steps=1, ranks_per_host=4,
+                    faults=FaultConfig(slow_rank=5, slow_factor=2.0, stage_layers=[3, 1], router_bias={2: 3.0},
+                                       no_overlap=True, slow_links={"tp": 0.005}, host_stall_rank=6,
+                                       host_stall_ms=40.0, uneven_seq_rank=9))
+    pd = ParallelDims.from_config(cfg, 16)
+    by_kind = {f["kind"]: f for f in ground_truth_faults(cfg, pd)}
+    assert set(by_kind) == {"slow_rank", "stage_imbalance", "router_skew", "no_overlap", "too_few_microbatches",
+                            "slow_link", "host_stall", "uneven_sequence_length", "groups_span_hosts"}
+    assert by_kind["slow_rank"]["ranks"] == [5] and by_kind["slow_rank"]["factor"] == 2.0
+    assert by_kind["stage_imbalance"]["stages"] == [0] and by_kind["stage_imbalance"]["ranks"] == list(range(8))
+    assert by_kind["router_skew"]["experts"] == [2]
+    assert by_kind["too_few_microbatches"]["theoretical_bubble"] == pytest.approx(0.5)
+    assert by_kind["slow_link"]["groups"] == pd.group_ranks()["tp"] and by_kind["slow_link"]["pg_desc"] == "mesh_tp"
+    # rank 9 = pp1, dp0 -> the whole dp replica 0 (both stages, all cp/tp) has the long sequences
+    assert by_kind["uneven_sequence_length"]["ranks"] == [r for r in range(16) if pd.coords(r)["dp"] == 0]
+    # 4 ranks per host: tp (adjacent) stays on a host, dp (stride 4) crosses hosts
+    spans = by_kind["groups_span_hosts"]["groups"]
+    assert "tp" not in spans and "cp" not in spans and "dp" in spans and "pp" in spans
+    for g in itertools.chain.from_iterable(spans.values()):
+        assert len({r // 4 for r in g}) > 1
