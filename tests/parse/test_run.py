@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import json
 import shutil
 from collections import defaultdict
@@ -294,3 +295,45 @@ def test_clock_offsets_from_hosts_and_manifest_anchors() -> None:
     rows = [row(1, "a"), row(3, "b", 7)]
     _clock_offsets(rows, {"clock_offset_ns": {"1": 50, "3": 2_050}}, [])
     assert [r["clock_offset_ns"] for r in rows] == [0, 2_000 - 7]
+
+
+@pytest.mark.slow
+def test_reference_runtime_run_joins_every_profiled_log_entry(tmp_path: Path) -> None:
+    """The reference runtime (DDP x 1F1B pipeline, async all_reduce, batched P2P, MoE routing log):
+    every logged op issued inside the profiled steps is matched by exactly one profiler collective."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "instrumented_runtime", "--dp", "2", "--pp", "2", "--steps", "3",
+                           "--microbatches", "4", "--schedule", "1f1b", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    profiled = set(manifest["profiled_steps"])
+    store = parse_run(out, tmp_path / "store", progress=False).store
+    world = manifest["world_size"]
+    assert store.ranks() == list(range(world)) and store.skipped == [] and store.meta["warnings"] == []
+    assert store.meta["ground_truth"] is not None and store.meta["manifest"]["world_size"] == world
+    coll = store.table("collectives").to_pylist()
+    for rank in range(world):
+        lines = [json.loads(x) for x in (out / f"comms.rank{rank}.jsonl").read_text().splitlines()]
+        entries = [e for e in lines if e.get("type") not in ("header", "footer")]
+        key = lambda e: (e["process_group"][0], e["is_p2p"], e["p2p_seq_id"] if e["is_p2p"] else e["collective_seq_id"])  # noqa: E731
+        by_key = {key(e): e for e in entries}
+        in_window = {key(e) for e in entries if e["step"] in profiled}
+        kin = [c for c in coll if c["rank"] == rank and c["source"] == "kineto"]
+        matched = [c for c in kin if c["seq_source"] == "log"]
+        assert sorted((c["pg_name"], c["is_p2p"], c["seq"]) for c in matched) == sorted(in_window)
+        for c in matched:
+            e = by_key[(c["pg_name"], c["is_p2p"], c["seq"])]
+            assert c["op"] == e["profiling_name"].split(":")[1]
+            logged = max(sum(math.prod(s) for s in e["input_sizes"]), sum(math.prod(s) for s in e["output_sizes"]))
+            assert max(c["in_nelems"] or 0, c["out_nelems"] or 0) in (logged, 0) or logged == 0
+        assert sum(c["source"] == "comms-log" and c["rank"] == rank for c in coll) == len(entries)
+        routing_lines = (out / f"routing.rank{rank}.jsonl").read_text().splitlines()
+        assert store.rank_table("routing", rank).num_rows == len(routing_lines)
+    labels = store.sql("SELECT count(*) AS n FROM events WHERE regexp_matches(CAST(name AS VARCHAR), "
+                       "'^pp:stage[0-9]+:mb[0-9]+:(fwd|bwd|bwd_input|bwd_weight)$')").to_pylist()[0]["n"]
+    assert store.table("pipeline").num_rows == labels > 0
+    assert {r["clock_offset_ns"] for r in store.table("ranks").to_pylist()} == {0}  # one host, equal bases
