@@ -159,6 +159,8 @@ def _optimizer_post_hook(optimizer, args, kwargs) -> None:
         _state.driving_optimizer = id(optimizer)
     elif _state.driving_optimizer != id(optimizer):
         return
+    if rec is not None and rec.quiet_boundary():
+        return  # outside the window: nothing else to do
     _defer_until_step_returns(rec)
 
 

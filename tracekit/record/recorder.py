@@ -134,6 +134,17 @@ class RankRecorder:
             finally:
                 self.in_step = False
 
+    def quiet_boundary(self) -> bool:
+        """Advance the step count alone when both sides of the boundary are outside the window
+        (no profiler object, no logging): the whole cost of recording outside the window."""
+        step = self.step_num
+        if self.prof is None and self.log_mode is None and not self.finalized and self.pid == os.getpid():
+            phase = self.config.schedule.phase
+            if phase(step + 1) == "none" and phase(step) == "none":
+                self.step_num = step + 1
+                return True
+        return False
+
     def _advance(self) -> None:
         if True:
             if self.log_mode is not None:
@@ -141,7 +152,14 @@ class RankRecorder:
             if self.prof is not None:
                 self.prof.step()  # may export a cycle (calls _on_trace_ready)
             self.step_num += 1
+            if self.prof is not None and self._schedule_done(self.step_num):
+                self.prof.stop()  # no cycle left: drop the profiler so later steps cost nothing
+                self.prof = None
             self._enter_step(self.step_num)
+
+    def _schedule_done(self, step: int) -> bool:
+        s = self.config.schedule
+        return bool(s.repeat) and step >= s.skip_first + s.repeat * s.cycle_steps
 
     def _enter_step(self, step: int) -> None:
         phase = self.config.schedule.phase(step)
