@@ -143,6 +143,11 @@ def test_nccl_style_entries_with_times_and_p2p(tmp_path: Path) -> None:
              "time_discovered_started_ns": 0, "time_discovered_completed_ns": 0,
              "input_sizes": [[16]], "input_dtypes": ["Float"], "output_sizes": [[8]],
              "output_dtypes": ["Float"], "state": "scheduled"},
+            {"record_id": 2, "pg_id": 7, "process_group": ["7", "mesh_pp"], "collective_seq_id": 10,
+             "p2p_seq_id": 0, "profiling_name": "nccl:all_reduce", "time_created_ns": 600,
+             "time_discovered_started_ns": 700, "time_discovered_completed_ns": 90_000, "duration_ms": 0.0125,
+             "input_sizes": [[4]], "input_dtypes": ["Half"], "output_sizes": [[4]],
+             "output_dtypes": ["Half"], "state": "completed"},
         ],
     }
     p = tmp_path / "dump.json"
@@ -150,7 +155,8 @@ def test_nccl_style_entries_with_times_and_p2p(tmp_path: Path) -> None:
     parsed = parse_flight_recorder(p)
     assert parsed.rank == 3 and parsed.rank_source == "flight-recorder"
     assert parsed.process_groups[0]["ranks"] == [1, 3]
-    send, rs = parsed.collectives.to_pylist()
+    send, rs, ar = parsed.collectives.to_pylist()
+    assert (ar["ts"], ar["dur"], ar["bytes"], ar["state"]) == (700, 12_500, 8, "completed")  # CUDA-event duration wins
     assert (send["op"], send["is_p2p"], send["seq"], send["peer"]) == ("send", True, 4, 1)
     assert (send["ts"], send["dur"], send["enqueue_ts"], send["bytes"]) == (150, 250, 100, 32)
     assert send["group_ranks"] == [1, 3] and send["group_size"] == 2

@@ -169,9 +169,15 @@ def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, s
         created = _nonzero_int(e.get("time_created_ns"))
         started = _nonzero_int(e.get("time_discovered_started_ns"))
         completed = _nonzero_int(e.get("time_discovered_completed_ns"))
-        dur = completed - started if started is not None and completed is not None else None
-        if dur is None and started is not None and e.get("duration_ms") not in (None, 0):
-            dur = int(round(float(e["duration_ms"]) * 1e6))
+        # NCCL measures the kernel with CUDA events (`duration_ms`, older dumps `duration`); the
+        # watchdog's discovered start/complete times only bound it, so prefer the measured one.
+        measured_ms = e.get("duration_ms", e.get("duration"))
+        if started is not None and isinstance(measured_ms, (int, float)) and measured_ms > 0:
+            dur = int(round(float(measured_ms) * 1e6))
+        elif started is not None and completed is not None:
+            dur = completed - started
+        else:
+            dur = None
         cols["rank"].append(rank)
         cols["source"].append(source)
         cols["pg_name"].append(pg_name)
