@@ -67,7 +67,7 @@ def test_routing_skew_names_layer_expert_and_owner(tmp_path):
     h = [x for x in sec["heatmap"] if x["step"] == 4 and x["layer"] == 3][0]
     assert h["tokens"] == truth[(4, 3)].tolist()
     (f,) = res.findings
-    assert f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity is Severity.CRITICAL
+    assert f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity is Severity.CRITICAL  # skew ≈ 5.6
     assert f.evidence["layer"] == 3 and f.evidence["expert"] == 5 and f.ranks == (2,) and f.dim == "ep"
     # saving: 3 × (hot − mean) forward expert time = 3 × (12 − 6) ms
     assert f.est_saving_ns == pytest.approx(3 * (12 - 6) * MS)

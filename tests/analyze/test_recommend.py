@@ -98,3 +98,26 @@ def test_reconcile_marks_symptoms_of_pipeline_and_skew():
     assert by[("late", (2,))].evidence["explained_by"].startswith("expert_routing_skew")
     assert by[("late", (3,))].severity is Severity.WARNING  # not the hot expert's owner
     assert by[("tp", (0,))].est_saving_ns == 3 * MS
+
+
+def test_reconcile_pipeline_waits_and_slow_stage_straggler():
+    ctx = AnalysisContext(config=AnalysisConfig())
+    ctx.results["pipeline"] = AnalyzerResult(section={"source": "labels"})
+    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+        {"rank": 1, "dim": "pp", "op": "recv", "transfer_exposed_ns": 80 * MS},
+        {"rank": 1, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 20 * MS},
+        {"rank": 2, "dim": "pp", "op": "recv", "transfer_exposed_ns": 10 * MS},
+        {"rank": 2, "dim": "tp", "op": "all_reduce", "transfer_exposed_ns": 30 * MS}]})
+    imb = Finding(kind=FindingKind.PIPELINE_IMBALANCE, severity=Severity.WARNING, summary="imb", ranks=(0,),
+                  dim="pp", recommendation="r", est_saving_ns=7 * MS)
+    bound1 = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="b1", ranks=(1,),
+                     recommendation="r", est_saving_ns=80 * MS)
+    bound2 = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="b2", ranks=(2,),
+                     recommendation="r", est_saving_ns=40 * MS)
+    late = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late0", ranks=(0,), dim="dp",
+                   recommendation="r", est_saving_ns=50 * MS)
+    out = {f.summary: f for f in recommend.reconcile([imb, bound1, bound2, late], ctx)}
+    assert out["b1"].est_saving_ns == 0 and "stage-to-stage" in out["b1"].evidence["explained_by"]  # 80% pp
+    assert out["b2"].est_saving_ns == 40 * MS  # only 25% of its exposed time is pipeline waiting
+    assert out["late0"].evidence["explained_by"].startswith("pipeline_imbalance")
+    assert recommend.reconcile([imb, bound1, bound2, late], ctx)[0].summary == "b2"

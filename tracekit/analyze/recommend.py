@@ -294,19 +294,32 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     The original severity and saving stay in the evidence.
     """
     pipe = ctx.section("pipeline") or {}
+    labelled = pipe.get("source") == "labels"
     analyzed = {r["rank"] for r in (ctx.section("breakdown") or {}).get("ranks", [])}
     hot_owners: set[int] = set()
+    slow_stage: set[int] = set()
     for f in findings:
         if f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity.order >= Severity.WARNING.order:
             hot_owners |= set(f.ranks)
+        if f.kind is FindingKind.PIPELINE_IMBALANCE and f.severity.order >= Severity.WARNING.order:
+            slow_stage |= set(f.ranks)
+    pp_share = _pp_exposed_share(ctx) if labelled else {}
     out = []
     for f in findings:
         cause = None
-        if (f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim == "pp" and pipe.get("source") == "labels"):
+        ranks = set(f.ranks)
+        if f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim == "pp" and labelled:
             cause = "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
-        elif (f.kind is FindingKind.STRAGGLER and hot_owners and f.ranks and set(f.ranks) <= hot_owners
+        elif (f.kind is FindingKind.COMMUNICATION_BOUND and labelled and ranks
+              and all(pp_share.get(r, 0.0) >= 0.5 for r in ranks)):
+            cause = "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
+        elif f.kind is FindingKind.STRAGGLER and ranks and slow_stage and ranks <= slow_stage:
+            cause = "pipeline_imbalance (the rank runs the slowest stage)"
+        elif (f.kind is FindingKind.STRAGGLER and hot_owners and ranks and ranks <= hot_owners
               and (not analyzed or hot_owners < analyzed)):  # all ranks holding it (ep=1) explains nothing
             cause = "expert_routing_skew (the rank holds the hot expert)"
+        elif f.kind is FindingKind.STRAGGLER and labelled and f.dim == "pp":
+            cause = "pipeline schedule (stages reach stage-to-stage transfers at different times)"
         if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
             f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
                 **f.evidence, "explained_by": cause, "original_severity": f.severity.value,
@@ -319,6 +332,19 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
             f = replace(f, recommendation=text, est_saving_ns=saving, evidence=ev)
         out.append(f)
     return sort_findings(out)
+
+
+def _pp_exposed_share(ctx: AnalysisContext) -> dict[int, float]:
+    """Per rank: share of its exposed transfer time that is pipeline send/recv (unoverlapped section)."""
+    sec = ctx.section("unoverlapped") or {}
+    tot: dict[int, float] = {}
+    pp: dict[int, float] = {}
+    for row in sec.get("by_rank_dim_op", []):
+        v = float(row.get("transfer_exposed_ns") or 0)
+        tot[row["rank"]] = tot.get(row["rank"], 0.0) + v
+        if row.get("dim") == "pp":
+            pp[row["rank"]] = pp.get(row["rank"], 0.0) + v
+    return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
 
 
 def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
