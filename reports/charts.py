@@ -63,13 +63,39 @@ def layout_text(layout: dict[str, Any]) -> str:
     return " × ".join(f"{n}{s}" for n, s in dims) + (f" (world size {world})" if world else "")
 
 
+_DIM_ORDER = ("pp", "dp", "fsdp", "cp", "ep", "tp")
+_DERIVED_PENALTY = {"ep": 2, "fsdp": 1}
+
+
+def _grid_dims(dims: list[tuple[str, int]], coords: list[dict[str, Any]]) -> list[str]:
+    """Which dims to draw the mesh over: the largest set whose coordinates place every rank in its own cell
+    of a full grid (ep is often a product of dp and cp, so it is left out when the others suffice)."""
+    from itertools import combinations
+
+    sizes = {n: s for n, s in dims if s > 1}
+    names = sorted(sizes, key=lambda n: _DIM_ORDER.index(n) if n in _DIM_ORDER else len(_DIM_ORDER))
+    placed = [c for c in coords if isinstance(c.get("coords"), dict)]
+    best: tuple[int, int, tuple[str, ...]] | None = None
+    for k in range(len(names), 0, -1):
+        for combo in combinations(names, k):
+            if int(np.prod([sizes[n] for n in combo])) != len(placed):
+                continue
+            keys = {tuple(c["coords"].get(n) for n in combo) for c in placed}
+            if len(keys) == len(placed) and all(is_num(v) for key in keys for v in key):
+                score = (k, -sum(_DERIVED_PENALTY.get(n, 0) for n in combo), combo)
+                best = score if best is None or score[:2] > best[:2] else best
+        if best is not None:
+            break
+    return list(best[2]) if best else names
+
+
 def mesh_html(layout: dict[str, Any]) -> str:
     """The mesh as small tables of ranks placed at the coordinates the layout analyzer reports: the last two
     dims as rows × columns, one table per index of the outer dims."""
     dims = _dims(layout)
     coords = _records(layout, "ranks")
+    names = _grid_dims(dims, coords)
     placed: dict[tuple[int, ...], list[Any]] = {}
-    names = [n for n, _ in dims]
     for r in coords:
         c = r.get("coords")
         if isinstance(c, dict) and names and all(is_num(c.get(n)) for n in names):
@@ -90,7 +116,7 @@ def mesh_html(layout: dict[str, Any]) -> str:
         caption = ", ".join(f"{n}={i}" for n, i in zip(names, idx))
         head = "".join(f"<th>{h(names[-1])}={j}</th>" for j in range(shape[-1]))
         rows = "".join(
-            f"<tr><th>{h(names[-2])}={i}</th>" + "".join(
+            f"<tr><th>{h(names[-2]) + '=' + str(i) if names[-2] else ''}</th>" + "".join(
                 f"<td>{h(', '.join(map(str, placed.get(tuple(idx) + (i, j), []))) or '·')}</td>"
                 for j in range(shape[-1])) + "</tr>"
             for i in range(shape[-2]))
@@ -98,7 +124,10 @@ def mesh_html(layout: dict[str, Any]) -> str:
         tables.append(f"<table class=mesh>{cap}<thead><tr><th></th>{head}</tr></thead><tbody>{rows}</tbody></table>")
     if len(tables) > 64:
         tables = tables[:64] + [f'<p class=note>… {len(tables) - 64} more mesh slices.</p>']
-    note = '<p class=note>Each cell is the global rank at those coordinates.</p>'
+    left_out = [n for n, s in dims if s > 1 and n not in names]
+    note = '<p class=note>Each cell is the global rank at those coordinates'
+    note += (f"; {h(', '.join(left_out))} groups are spans of these axes (see the groups below).</p>"
+             if left_out else ".</p>")
     return note + "<div>" + "".join(tables) + "</div>"
 
 
@@ -174,8 +203,8 @@ def timeline(figs: Figures, tl: Any) -> str:
         y = [f"r{s[0]} · {plotly_text(lane)}" for s in sel]
         base = [(s[2] - t0) / 1e6 for s in sel]
         width = [(s[3] - s[2]) / 1e6 for s in sel]
-        data.append({"type": "bar", "orientation": "h", "name": plotly_text(lane), "y": y, "base": typed(base),
-                     "x": typed(width), "marker": {"color": _color(lane, i), "line": {"width": 0}},
+        data.append({"type": "bar", "orientation": "h", "name": plotly_text(lane), "y": y, "base": typed(base, "f4"),
+                     "x": typed(width, "f4"), "marker": {"color": _color(lane, i), "line": {"width": 0}},
                      "hovertemplate": "%{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>"})
     height = min(160 + 18 * len(cats), 2400)
     layout = {"barmode": "overlay", "bargap": 0.15,
@@ -296,11 +325,11 @@ def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
     layout: dict[str, Any] = {"xaxis": {"type": "category", "title": {"text": unit}},
                               "yaxis": {"type": "category", "autorange": "reversed"}}
     if len(steps) > 1:
-        layout["updatemenus"] = [{"type": "dropdown", "x": 0, "y": 1.18, "xanchor": "left", "buttons": [
+        layout["updatemenus"] = [{"type": "dropdown", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom", "buttons": [
             {"label": f"step {s}", "method": "restyle", "args": ["visible", [j == i for j in range(len(steps))]]}
             for i, s in enumerate(steps)]}]
-        layout["margin"] = {"t": 60}
-    return figs.add(data, layout, height=min(200 + 30 * len(layers), 900))
+        layout["margin"] = {"l": 70, "r": 20, "t": 50, "b": 45}
+    return figs.add(data, layout, height=min(220 + 30 * len(layers), 900))
 
 
 # ---------------------------------------------------------------- stragglers

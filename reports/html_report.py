@@ -171,16 +171,21 @@ def _steps_text(ctx: _Page) -> str:
 
 
 def _window_text(ctx: _Page) -> str:
+    """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
     bd = ctx.sec("breakdown") or {}
-    win = bd.get("window")
-    if isinstance(win, dict) and is_num(win.get("start_ns")) and is_num(win.get("end_ns")):
-        return f"{ms(win['end_ns'] - win['start_ns'])} (from {win['start_ns']} ns to {win['end_ns']} ns, rank clocks)"
-    rows = _store_ranks(ctx)
-    starts = [r["first_ts"] for r in rows if is_num(r.get("first_ts"))]
-    ends = [r["last_ts"] for r in rows if is_num(r.get("last_ts"))]
-    if starts and ends:
-        return f"{min(starts)} ns to {max(ends)} ns on the ranks' clocks (traced span, per rank in Inputs)"
-    return "not recorded"
+    steps = [r for r in bd.get("steps") or [] if isinstance(r, dict)]
+    numbers = sorted({r["step"] for r in steps if is_num(r.get("step"))})
+    parts = []
+    if numbers:
+        parts.append(f"ProfilerStep {numbers[0]}" + (f"–{numbers[-1]}" if numbers[-1] != numbers[0] else ""))
+    elif steps:
+        parts.append("the whole trace (no ProfilerStep annotations)")
+    rows = [r for r in _store_ranks(ctx) if is_num(r.get("first_ts")) and is_num(r.get("last_ts"))]
+    if rows:
+        r0 = min(rows, key=lambda r: r["rank"] if is_num(r.get("rank")) else 1 << 62)
+        parts.append(f"traced span {ms(r0['last_ts'] - r0['first_ts'])} on rank {r0['rank']} "
+                     f"(from {r0['first_ts']} ns on its clock; every rank in Inputs)")
+    return "; ".join(parts) or "not recorded"
 
 
 def _analyzed(ctx: _Page) -> str:
@@ -200,6 +205,13 @@ def _analyzed(ctx: _Page) -> str:
     body = kv_table(pairs)
     if layout:
         body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(layout)
+        groups = _rows(layout, "groups")
+        if groups:
+            body += ("<details><summary>Process groups</summary>" + table(groups, [
+                Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
+                Col("pg_desc", "description", _txt, False), Col("size", "size"),
+                Col("ranks", "ranks", ranks_text, False), Col("inferred_from", "inferred from", _txt, False),
+                Col("confidence", "confidence", _txt, False)], max_rows=2000) + "</details>")
     return section("analyzed", "What was analyzed", body)
 
 

@@ -15,6 +15,8 @@ from reports import render_diff_html, render_html
 from reports.html_report import SECTIONS
 from tracekit.diff import diff_analyses
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
 pytestmark = pytest.mark.chromium
 
 READY = "document.body && document.body.getAttribute('data-plots-ready') !== null"
@@ -126,3 +128,28 @@ def test_diff_page_opens_cleanly(chromium: str, tmp_path: Path) -> None:
         run = browser.run
     assert run.console_errors == [] and run.exceptions == [] and run.dialogs == []
     assert all(u == page.resolve().as_uri() or u.startswith(("data:", "blob:")) for u in run.requests)
+
+
+def test_real_run_report_opens_cleanly(chromium: str, tmp_path: Path) -> None:
+    """The report `tracekit analyze` writes for a recorded runtime run (real analyzers, real sections)."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    res = CliRunner().invoke(app, ["analyze", str(FIXTURES / "runtime_dp2_slow_rank0"), "--out", str(tmp_path), "-q"])
+    assert res.exit_code == 0, res.output
+    page = tmp_path / "report.html"
+    assert page.stat().st_size < 3_000_000
+    with Chromium(chromium) as browser:
+        browser.open(page, READY)
+        browser.drain(1.0)
+        plots = browser.eval("document.querySelectorAll('div.tk-plot').length")
+        assert plots >= 3  # breakdown, timeline, heatmap at least
+        assert browser.eval("document.body.getAttribute('data-plots-ready')") == str(plots)
+        assert browser.eval("document.querySelectorAll('div.tk-plot svg.main-svg').length") >= plots
+        text = browser.eval("document.body.innerText")
+        browser.screenshot(tmp_path / "report.png")
+        run = browser.run
+    assert run.console_errors == [] and run.exceptions == [] and run.dialogs == []
+    assert all(u == page.resolve().as_uri() or u.startswith(("data:", "blob:")) for u in run.requests)
+    assert "rank 0 arrives last" in text
