@@ -50,6 +50,7 @@ def test_gloo_run_ranks_and_sources(gloo_store) -> None:
         # one host, one clock: offsets are the difference of the traces' base times only
         assert ranks[rank]["clock_offset_ns"] == ranks[0]["base_time_ns"] - ranks[rank]["base_time_ns"]
     assert store.meta["manifest"]["world_size"] == WORLD
+    assert store.meta["inputs"]["partial_logs"] == []  # both ranks closed their logs
     assert store.meta["inputs"]["files"]["0"]["comms_log"].endswith("comms.rank0.jsonl")
     groups = {g["pg_name"]: g for g in store.table("process_groups").to_pylist()}
     assert groups["0"]["pg_desc"] == "default_pg" and groups["1"]["pg_desc"] == "pair"
@@ -135,6 +136,7 @@ def test_truncated_comms_log_in_a_run(tmp_path: Path) -> None:
     assert store.table("collectives").num_rows == len(lines) - 3  # minus header, footer, cut entry
     warnings = store.table("ranks").to_pylist()[0]["parse_warnings"]
     assert any("cut off" in w for w in warnings) and any("partial" in w for w in warnings)
+    assert store.meta["inputs"]["partial_logs"] == [str(tmp_path / "in" / "comms.rank1.jsonl")]
 
 
 # ---- rank identity ------------------------------------------------------------------------------

@@ -469,6 +469,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         kineto_paths = [str(f.path) for f in found.of_kind(disc.KINETO)]
         name_ranks = {str(f.path): f.name_rank for f in found.of_kind(disc.KINETO)}
         join_stats: dict[int, dict[str, Any]] = {}
+        partial_logs: list[str] = []
         for path, kp, error in _kineto_results(kineto_paths, workers, max_decompressed_bytes):
             advance(Path(path).name)
             if error is not None:
@@ -487,7 +488,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             groups.add(kp.process_groups, rank)
             rl = logs.pop(rank, _RankLogs())
             rank_rows.append(_write_rank(writer, rank, source, path, kp, rl, groups,
-                                         rank_warnings.get(rank, []) + local_warnings, join_stats, skipped))
+                                         rank_warnings.get(rank, []) + local_warnings, join_stats, skipped, partial_logs))
             del kp
 
         # 3. ranks that only have logs
@@ -495,7 +496,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             if rl.comms_path is None and rl.fr is None and not rl.routing and not rl.pipeline:
                 continue
             rank_rows.append(_write_rank(writer, rank, None, None, None, rl, groups,
-                                         rank_warnings.get(rank, []), join_stats, skipped))
+                                         rank_warnings.get(rank, []), join_stats, skipped, partial_logs))
     finally:
         stop()
 
@@ -529,7 +530,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         writer.append("ranks", pa.Table.from_pylist(sorted(rank_rows, key=lambda r: r["rank"])))
     writer.append("process_groups", groups.table())
     meta.update({
-        "inputs": {"ranks": parsed_ranks, "skipped": skipped, "files": files},
+        "inputs": {"ranks": parsed_ranks, "skipped": skipped, "files": files,
+                   "partial_logs": sorted(partial_logs)},
         "manifest": manifest, "ground_truth": ground_truth, "world_size": world_size,
         "warnings": warnings, "join": {str(k): v for k, v in sorted(join_stats.items())},
         "collective_sources": "collectives keeps rows of every source; select with `source` "
@@ -542,7 +544,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
 
 def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
                 rl: _RankLogs, groups: _GroupMerger, warnings: list[str],
-                join_stats: dict[int, dict[str, Any]], skipped: list[dict[str, str]]) -> dict[str, Any]:
+                join_stats: dict[int, dict[str, Any]], skipped: list[dict[str, str]],
+                partial_logs: list[str]) -> dict[str, Any]:
     """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
     warnings = list(warnings)
     if rl.comms_path is not None and rl.comms is None:
@@ -554,6 +557,8 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         else:
             rl.comms.rank_source = rl.comms_rank_source
             warnings += rl.comms.warnings
+            if rl.comms.partial:
+                partial_logs.append(rl.comms_path)
     log = rl.comms or rl.fr
     log_table = log.collectives if log is not None else None
     info: dict[str, Any] = dict(kp.info) if kp is not None else {}
