@@ -21,6 +21,12 @@ def _color(name: str, i: int) -> str:
     return COLORS.get(name) or _PALETTE[i % len(_PALETTE)]
 
 
+def _exact(t: Any) -> int | float:
+    """Epoch-scale ns timestamps lose precision as float64 (256 ns at 1.7e18): keep ints exact until the
+    origin is subtracted."""
+    return int(t) if isinstance(t, int) or float(t).is_integer() else float(t)
+
+
 def _first(d: dict[str, Any], *keys: str) -> Any:
     for k in keys:
         if k in d and d[k] is not None:
@@ -185,7 +191,7 @@ def timeline(figs: Figures, tl: Any) -> str:
             end = start + r["dur"]
         lane = _first(r, "lane", "kind", "name")
         if is_num(start) and is_num(end) and lane is not None:
-            spans.append((r.get("rank"), str(lane), float(start), float(end)))
+            spans.append((r.get("rank"), str(lane), _exact(start), _exact(end)))
     if not spans:
         return '<p class=note>The timeline holds no intervals.</p>'
     t0 = _first(meta, "t0_ns", "origin_ns", "start_ns")
@@ -265,7 +271,7 @@ def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
         if end is None and is_num(start) and is_num(dur):
             end = start + dur
         if is_num(start) and is_num(end) and is_num(r.get("stage")):
-            spans.append((int(r["stage"]), str(r.get("phase") or "?"), r.get("microbatch"), float(start), float(end),
+            spans.append((int(r["stage"]), str(r.get("phase") or "?"), r.get("microbatch"), _exact(start), _exact(end),
                           r.get("step", diagram.get("step"))))
     if not spans:
         return ""

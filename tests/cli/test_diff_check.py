@@ -259,7 +259,9 @@ def test_check_gates_the_slow_run(recorded: dict[str, Any]) -> None:
     clean = json.loads((recorded["clean"] / "analysis.json").read_text())
     clean_worst = max(r["delay_fraction"] for r in clean["sections"]["stragglers"]["ranks"])
     limit = (worst + clean_worst) / 2
-    assert runner.invoke(app, ["check", str(recorded["slow"]), "--max-skew", f"{limit}"]).exit_code == 1
+    res = runner.invoke(app, ["check", str(FIXTURES / "runtime_dp2_slow_rank0"), "--max-skew", f"{limit}"])
+    assert res.exit_code == 1, res.output  # a trace dir straight in: parsed and analysed on the fly
+    assert f"FAIL --max-skew {limit}: {worst:.4g} > {limit} (rank {recorded['slow_rank']})" in res.stdout
     assert runner.invoke(app, ["check", str(recorded["clean"]), "--max-skew", f"{limit}"]).exit_code == 0
 
 

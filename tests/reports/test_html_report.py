@@ -195,3 +195,46 @@ def test_report_size_for_many_ranks() -> None:
         assert size < 10_000_000, (ranks, size)
         assert elapsed < 30, (ranks, elapsed)
         assert html.count('id="finding-') == len(analysis["findings"])
+
+
+def _decode(arr: Any) -> list[float]:
+    import numpy as np
+
+    if isinstance(arr, dict):
+        return np.frombuffer(base64.b64decode(arr["bdata"]), dtype={"f4": np.float32, "f8": np.float64}[arr["dtype"]]).tolist()
+    return list(arr)
+
+
+def test_timeline_draws_every_interval_where_the_section_puts_it(page: tuple[dict[str, Any], str, _Tags]) -> None:
+    import json
+
+    analysis, _, tags = page
+    tl = analysis["sections"]["breakdown"]["timeline"]
+    figs = [json.loads(b) for a, b in tags.scripts if a.get("type") == "application/json"]
+    gantt = next(f for f in figs if f["data"][0].get("orientation") == "h" and "lane" not in f["data"][0]["name"]
+                 and len(f["data"]) == len(tl["lanes"]))
+    t0 = min(iv[2] for iv in tl["intervals"])
+    for lane, trace in zip(tl["lanes"], gantt["data"]):
+        ivs = [iv for iv in tl["intervals"] if iv[1] == lane]
+        base, width = _decode(trace["base"]), _decode(trace["x"])
+        assert trace["y"] == [f"r{iv[0]} · {__import__('html').escape(lane)}" for iv in ivs]
+        assert base == pytest.approx([(iv[2] - t0) / 1e6 for iv in ivs], rel=1e-6, abs=1e-4)
+        assert width == pytest.approx([(iv[3] - iv[2]) / 1e6 for iv in ivs], rel=1e-6)
+
+
+def test_inputs_table_from_the_store(tmp_path) -> None:
+    import pyarrow as pa
+
+    from tracekit.tables.store import RunStoreWriter
+
+    w = RunStoreWriter(tmp_path / "store")
+    w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32()), "hostname": [HOSTILE, "h1"],
+                                "source_file": ["rank0.json", "rank1.json"], "first_ts": [1_000, 2_000],
+                                "last_ts": [5_001_000, 9_002_000], "num_events": [10, 20]}))
+    w.skip("rank2.json", "truncated")
+    store = w.close()
+    analysis = build_analysis(num_ranks=2)
+    html = render_html(analysis, store)
+    inputs = re.search(r'<table class="tk sortable" id="inputs-table">(.*?)</table>', html, re.S).group(1)
+    assert inputs.count("<tr>") == 3 and "&lt;img src=x" in inputs and "<img" not in inputs
+    assert "traced span 5.00 ms on rank 0" in html
