@@ -76,3 +76,24 @@ def test_no_log_numbers_by_order_per_group() -> None:
     assert [(r["pg_name"], r["seq"], r["seq_source"]) for r in table.to_pylist()] == \
         [("a", 2, "order"), ("b", 1, "order"), ("a", 1, "order")]
     assert stats.numbered_by_order == 3 and stats.warnings == []
+
+
+def test_ops_closer_together_than_the_skew_margin() -> None:
+    # Fast back-to-back launches 10 µs apart, each logged 1 µs before its op: spacing below the
+    # 20 µs margin, so only the typical-lead rule keeps every op on its own entry.
+    log = [_l("all_reduce", 3_000 * US + i * 10 * US - 1_000, i + 1, "0", 12) for i in range(20)]
+    kin = [_k("all_reduce", 3_000 * US + i * 10 * US, 5 * US, 12) for i in range(20)]
+    rows, stats = _joined(kin, log)
+    assert [r[2] for r in rows] == list(range(1, 21)) and stats.numbered_by_order == 0
+
+
+def test_long_tail_lead_of_batched_recv() -> None:
+    # A recv posted in a batch: its entry is created 5 ms before the c10d op; the next recv entry
+    # comes 2 ms after the op started. The earlier entry is the right one.
+    log = [_l("send", 0, 1, "1", 8, True), _l("recv", 10 * US, 1, "1", 8, True),
+           _l("send", 6_000 * US, 2, "1", 8, True), _l("recv", 6_010 * US, 2, "1", 8, True),
+           _l("send", 7_000 * US, 3, "1", 8, True)]
+    kin = [_k("send", 80 * US, nelems=8), _k("recv", 5_010 * US, nelems=8),
+           _k("send", 6_090 * US, nelems=8), _k("recv", 6_100 * US, nelems=8), _k("send", 7_085 * US, nelems=8)]
+    rows, _ = _joined(kin, log)
+    assert [(r[0], r[2]) for r in rows] == [("send", 1), ("recv", 1), ("send", 2), ("recv", 2), ("send", 3)]

@@ -3,8 +3,8 @@
 Kineto rows that carry a group and sequence number (NCCL `record_param_comms` args, the runtime's
 `comm:` labels) join the log on (pg_name, is_p2p, seq). On gloo the profiler records neither, so
 the rest are aligned by issue order and time (`_align_by_time`): a Kineto collective takes the
-latest unused log entry of the same op, compatible group and message size, created before the op
-started (allowing for the measured clock skew). Matched Kineto rows get the log's group, sequence
+unused log entry of the same op, compatible group and message size, created before the op started
+(allowing for the measured clock skew) whose lead is closest to the typical one. Matched Kineto rows get the log's group, sequence
 number (seq_source "log") and any metadata they lack; unmatched ones (ops the log never saw, e.g.
 DDP's own broadcasts) are numbered by order within (pg_name, p2p) with seq_source "order".
 Both sources' rows stay in the store.
@@ -78,12 +78,13 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
                    shift: int) -> list[tuple[dict[str, Any], int]]:
     """Match Kineto rows without seq to log entries: same op, compatible group and size, issue order.
 
-    The comm layer logs an entry just before it issues the c10d op, so the entry of a call is the
-    latest compatible one created before the op started. The two clocks (Kineto's, the log's
-    `time.time_ns()`) may differ a little: pass 1 pairs each op with its nearest compatible entry and
-    takes the 10th percentile of (op start - entry created) as the evidence of how far the trace clock
-    runs behind; pass 2 then walks the ops in order taking the latest unused compatible entry created
-    before start + that skew, never going back in time within an op.
+    The comm layer logs an entry just before it issues the c10d op, so a call's entry was created a
+    short, fairly steady time before the op starts (Python in between; longer for batched P2P). The two
+    clocks (Kineto's, the log's `time.time_ns()`) may also differ a little. Pass 1 pairs each op with its
+    nearest compatible entry: the median of (op start − entry created) is the typical lead; when it is
+    negative the trace clock runs behind by at least that much (the skew). Pass 2 walks the ops in order and
+    takes, among unused compatible entries created after the previous match of the op and before
+    start + that skew, the one whose lead is closest to the typical lead.
     """
     per_op: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for i, lr in enumerate(log_rows):
@@ -112,7 +113,8 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
     if not leads:
         return []
     leads.sort()
-    skew = max(0, -leads[len(leads) // 10]) + SKEW_MARGIN_NS
+    typical = leads[len(leads) // 2]
+    skew = max(0, -typical) + SKEW_MARGIN_NS
 
     out = []
     last_taken: dict[str, int] = {}
@@ -123,16 +125,22 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
         start = _start(row)
         hi = bisect.bisect_right(cands, (start + skew, len(log_rows)))
         previous = last_taken.get(row["op"])
+        best: tuple[int, int, int] | None = None  # (distance from the typical lead, created, index)
         for j in range(hi - 1, -1, -1):
             created, i = cands[j]
             if created < start - MAX_LEAD_NS or (previous is not None and created <= previous):
                 break
+            distance = abs(start - created - typical)
+            if best is not None and start - created - typical > best[0]:
+                break  # walking back, leads only grow: nothing closer remains
             if used[i] or not _compatible(row, log_rows[i]):
                 continue
-            used[i] = True
-            last_taken[row["op"]] = created
-            out.append((row, i))
-            break
+            if best is None or distance < best[0]:
+                best = (distance, created, i)
+        if best is not None:
+            used[best[2]] = True
+            last_taken[row["op"]] = best[1]
+            out.append((row, best[2]))
     return out
 
 
