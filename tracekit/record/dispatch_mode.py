@@ -9,8 +9,9 @@ collective into a `CommLog`. It roughly doubles the cost of every other op while
 Measured on torch 2.13 / gloo: all c10d ops arrive on the caller's thread (DDP's bucket
 allreduce too: CPU autograd runs hooks on the calling thread); the process group arrives as a
 `ScriptObject` (`ProcessGroup.unbox`); c10d ops return a `Work` whose future completes when the
-collective finishes — except gloo send/recv (`getFuture` not implemented: no completion time).
-Functional collectives complete at their `wait_tensor`.
+collective finishes — except gloo send/recv and reduce_scatter (`getFuture` not implemented: no
+completion time, state "scheduled"). Functional collectives complete when their result is first
+used (the `AsyncCollectiveTensor` wait) or at an explicit `wait_tensor`.
 
 Sequence numbers are this log's own per-group counters (collectives and P2P counted apart, like
 Flight Recorder): they match across the ranks of a group when every rank logs the same window,
@@ -161,7 +162,14 @@ class CollectiveLoggingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         ns = func.namespace
         if ns not in _NAMESPACES:
-            return func(*args, **kwargs)
+            if not self._by_output:
+                return func(*args, **kwargs)
+            waited = self._async_outputs(args)
+            out = func(*args, **kwargs)
+            for entry in waited:  # an AsyncCollectiveTensor was used: its wait ran inside func
+                if entry["time_completed_ns"] is None:
+                    entry["time_completed_ns"] = time.time_ns()
+            return out
         name = func._schema.name.split("::", 1)[1]
         if ns == "_c10d_functional" and name == "wait_tensor":
             out = func(*args, **kwargs)
@@ -293,6 +301,18 @@ class CollectiveLoggingMode(TorchDispatchMode):
 
         entry["_future"] = fut
         fut.add_done_callback(_done)
+
+    def _async_outputs(self, args: Any) -> list[dict[str, Any]]:
+        """Entries of functional collectives whose (still unwaited) outputs appear in `args`."""
+        found = []
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                elem = getattr(t, "elem", None) if type(t).__name__ == "AsyncCollectiveTensor" else None
+                if elem is not None:
+                    entry = self._by_output.pop(id(elem), None)
+                    if entry is not None:
+                        found.append(entry)
+        return found
 
     def _mark_waited(self, tensor: Any) -> None:
         entry = self._by_output.pop(id(tensor), None)
