@@ -15,6 +15,9 @@ plain data), manifest.json and ground_truth.json. Each file's rank comes from it
 (distributedInfo.rank) or its name (rank3, rank-3, rank_3); a file with neither is skipped,
 never assumed to be rank 0. Skipped files are listed with their reasons.
 
+The collectives table keeps the rows of every source (kineto, comms-log, flight-recorder):
+filter on `source`. Profiler collectives get their group and sequence number from the log.
+
 Examples:
 
   tracekit parse traces --out store
