@@ -1,0 +1,118 @@
+"""Stragglers, matching and unoverlapped exposure on a hand-built 3-rank CPU run with known delays.
+
+Every step is 10 ms. Ranks 0 and 1 compute 4 ms then issue an all-reduce; rank 2 computes 7 ms
+(the straggler); the all-reduce ends for everyone 1 ms after the last arrival. So each instance has
+skew 3 ms, transfer 1 ms, the late rank delays the group 3 ms per step (30% of the step), ranks 0
+and 1 wait 3 ms and are exposed 4 ms of which 1 ms is transfer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from tracekit.analyze.engine import analyze_store
+
+from analyze_builders import build_store
+
+MS = 1_000_000
+STEP = 10 * MS
+
+
+def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2):
+    ranks, steps, events, coll = [], [], [], []
+    main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
+    for r in range(3):
+        ranks.append({"rank": r, "world_size": 3, "hostname": hosts[r], "trace_kind": "cpu",
+                      "first_ts": 0, "last_ts": 4 * STEP})
+        for s in range(4):
+            base = s * STEP
+            steps.append({"rank": r, "step": s, "ts": base, "dur": STEP})
+            busy = 7 * MS if r == late_rank else 4 * MS
+            n_ops = slow_ops if r == late_rank else 1
+            for k in range(n_ops):
+                events.append({"rank": r, "name": "aten::mm", "cat": "cpu_op", "tid": 1, "thread_name": main,
+                               "ts": base + k * busy // n_ops, "dur": busy // n_ops, "step": s})
+            arrival, end = base + busy, base + 8 * MS
+            events.append({"rank": r, "name": "gloo:all_reduce", "cat": "user_annotation", "tid": 2,
+                           "thread_name": gloo, "ts": arrival, "dur": end - arrival, "step": s})
+            common = {"rank": r, "pg_name": "g", "pg_desc": "mesh_dp", "op": "all_reduce", "group_ranks": [0, 1, 2],
+                      "group_size": 3, "bytes": 4096, "step": s, "ts": arrival, "dur": end - arrival,
+                      "enqueue_ts": arrival, "caller": "dp:grad_all_reduce"}
+            coll.append({**common, "source": "comms-log", "seq": s + 1, "seq_source": "log"})
+            coll.append({**common, "source": "kineto", "seq": None})
+        # a p2p op is never matched; a set-up barrier outside any step is not a straggler signal
+        coll.append({"rank": r, "source": "comms-log", "pg_name": "g", "op": "send", "is_p2p": True, "seq": 1,
+                     "ts": 50 * MS, "dur": MS, "enqueue_ts": 50 * MS})
+        coll.append({"rank": r, "source": "comms-log", "pg_name": "g", "op": "barrier", "seq": 5,
+                     "ts": 60 * MS + (30 * MS if r == 0 else 0), "dur": MS, "enqueue_ts": 60 * MS + (30 * MS if r == 0 else 0)})
+    return build_store(tmp_path, {"ranks": ranks, "steps": steps, "events": events, "collectives": coll,
+                                  "process_groups": [{"pg_name": "g", "pg_desc": "mesh_dp", "ranks": [0, 1, 2]}]})
+
+
+def _find(a, kind):
+    return [f for f in a["findings"] if f["kind"] == kind]
+
+
+def test_matching_prefers_the_comms_log_and_measures_skew_and_transfer(tmp_path):
+    a = analyze_store(scenario(tmp_path))
+    m = a["sections"]["matching"]
+    assert m["source"] == {"method": "uniform", "per_rank": {"0": "comms-log", "1": "comms-log", "2": "comms-log"}}
+    assert m["p2p_skipped"] == 3 and m["instances"] == 5 and m["complete"] == 5
+    (ar,) = [g for g in m["by_group"] if g["op"] == "all_reduce"]
+    assert ar["dim"] == "dp" and ar["instances"] == 4
+    assert ar["skew_ns"] == {"mean": 3 * MS, "p50": 3 * MS, "p95": 3 * MS, "max": 3 * MS}
+    assert ar["transfer_ns"]["max"] == MS
+    per = {p["rank"]: p for p in m["per_rank"]}
+    assert per[2]["last_count"] == 4 and per[0]["wait_ns"] == 4 * 3 * MS
+
+
+def test_straggler_is_named_with_its_delay_and_cause(tmp_path):
+    a = analyze_store(scenario(tmp_path))
+    top = a["findings"][0]
+    assert top["kind"] == "straggler" and top["ranks"] == [2]
+    assert top["est_saving_ns"] == 3 * MS          # 3 ms per step
+    assert top["severity"] == "warning"            # 30%: above 25%, below 50%
+    assert top["evidence"]["cause"] == "compute" and top["evidence"]["op_count_ratio"] == 3.0
+    # the out-of-step barrier (rank 0 30 ms late) was left out
+    assert a["sections"]["stragglers"]["excluded"]["outside_steps"] == 1
+    assert not [f for f in _find(a, "straggler") if 0 in f["ranks"]]
+
+
+def test_exposed_transfer_excludes_waiting_for_the_straggler(tmp_path):
+    a = analyze_store(scenario(tmp_path))
+    rows = {r["rank"]: r for r in a["ranks"]}
+    assert rows[0]["exposed_comm_ns"] == 4 * 4 * MS and rows[2]["exposed_comm_ns"] == 4 * MS
+    (dp,) = a["sections"]["unoverlapped"]["by_dim_op"]
+    assert dp["dim"] == "dp" and dp["op"] == "all_reduce" and dp["overlap_ratio"] == 0.0
+    assert dp["exposed_ns_per_step"] == 4 * MS and dp["transfer_exposed_ns_per_step"] == MS
+    (f,) = _find(a, "unoverlapped_collective")
+    assert f["dim"] == "dp" and f["est_saving_ns"] == MS and f["severity"] == "warning"  # 10%, never overlapped
+    sizes = a["sections"]["unoverlapped"]["by_size"]
+    assert sizes[0]["key"] == "1KiB-64KiB" and sizes[0]["instances"] == 12
+    (caller,) = a["sections"]["unoverlapped"]["by_caller"]
+    assert caller["key"] == "dp:grad_all_reduce" and caller["exposed_ns"] == 4 * (4 + 4 + 1) * MS
+
+
+def test_same_ops_slower_on_one_host_is_contention_and_stays_info(tmp_path):
+    a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm")))
+    (f,) = _find(a, "straggler")
+    assert f["ranks"] == [2] and f["evidence"]["cause"] == "contention" and f["severity"] == "info"
+    assert f["evidence"]["severity_capped"].startswith("warning")
+    assert a["sections"]["clocks"]["method"] == "same-host"
+    # on separate hosts the same delay keeps its severity
+    b = analyze_store(scenario(tmp_path / "b", slow_ops=1))
+    (g,) = _find(b, "straggler")
+    assert g["evidence"]["cause"] == "contention" and g["severity"] == "warning"
+
+
+def test_analysis_json_validates_against_the_schema(tmp_path):
+    from importlib import resources
+
+    schema = json.loads(resources.files("tracekit").joinpath("schemas/analysis.schema.json").read_text())
+    a = json.loads(json.dumps(analyze_store(scenario(tmp_path))))
+    jsonschema.validate(a, schema)
+    assert {f["severity"] for f in a["findings"]} <= {"info", "warning", "critical"}
+    savings = [f["est_saving_ns"] for f in a["findings"]]
+    assert savings == sorted(savings, reverse=True)
