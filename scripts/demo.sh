@@ -11,6 +11,7 @@ echo "[demo] running the reference runtime: pp2 x dp2 x cp2 x tp2 (16 gloo ranks
   --steps 4 --slow-rank 5 --slow-factor 2.0 --out "$OUT/traces"
 echo "[demo] analysing" >&2
 .venv/bin/python -m tracekit analyze "$OUT/traces" --out "$OUT/report"
+ABS=$(cd "$OUT/report" && pwd)
 echo
-echo "Report: $(pwd)/$OUT/report/report.html"
-echo "Summary: $(pwd)/$OUT/report/summary.md"
+echo "Report:  $ABS/report.html"
+echo "Summary: $ABS/summary.md"
