@@ -121,3 +121,11 @@ def test_reconcile_pipeline_waits_and_slow_stage_straggler():
     assert out["b2"].est_saving_ns == 40 * MS  # only 25% of its exposed time is pipeline waiting
     assert out["late0"].evidence["explained_by"].startswith("pipeline_imbalance")
     assert recommend.reconcile([imb, bound1, bound2, late], ctx)[0].summary == "b2"
+
+
+def test_routing_skew_adds_all_to_all_of_busiest_rank():
+    a = recommend.advise_routing_skew(layer=0, expert=3, skew=4.0, hot_rank_expert_ns=6 * MS,
+                                      mean_rank_expert_ns=5 * MS, aux_loss_weight=None, capacity_factor=None,
+                                      dropped_fraction=None, hot_rank_a2a_ns=40 * MS, recv_mean_over_max=0.75)
+    assert a.saving_ns == pytest.approx(3 * 1 * MS + 40 * MS * 0.25)
+    assert "a2a_hot" in a.evidence["saving_formula"]

@@ -237,10 +237,18 @@ def _skew_finding(store, layer_out, rank_out, gran) -> list[Finding]:
     ex = [r["expert_ns"] for r in rank_out if r["expert_ns"] is not None]
     hot_ns = max(ex) if ex else None
     mean_ns = float(np.mean(ex)) if ex else None
+    recv = [r for r in rank_out if r["tokens_received"] is not None and r["a2a_ns"] is not None]
+    if len(recv) > 1 and max(r["tokens_received"] for r in recv) > 0:
+        busiest = max(recv, key=lambda r: r["tokens_received"])
+        a2a_hot = busiest["a2a_ns"]
+        ratio = float(np.mean([r["tokens_received"] for r in recv])) / busiest["tokens_received"]
+    else:
+        a2a_hot, ratio = None, None
     advice = recommend.advise_routing_skew(
         layer=worst["layer"], expert=worst["hot_expert"], skew=worst["skew"], hot_rank_expert_ns=hot_ns,
         mean_rank_expert_ns=mean_ns, aux_loss_weight=_find(man, "aux_loss_weight"),
-        capacity_factor=_find(man, "capacity_factor"), dropped_fraction=worst["hot_dropped_fraction"] or None)
+        capacity_factor=_find(man, "capacity_factor"), dropped_fraction=worst["hot_dropped_fraction"] or None,
+        hot_rank_a2a_ns=a2a_hot, recv_mean_over_max=ratio)
     sev = (Severity.CRITICAL if worst["skew"] >= SKEW_CRITICAL else
            Severity.WARNING if worst["skew"] >= SKEW_WARNING else Severity.INFO)
     what = "expert" if gran == "expert" else "expert-parallel rank"

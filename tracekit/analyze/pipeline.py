@@ -50,7 +50,8 @@ COMPUTE_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight")
 BWD_PHASES = ("bwd", "bwd_input", "bwd_weight")
 
 IMBALANCE_WARNING = 1.2
-"""Slowest/mean stage compute at which imbalance is a warning (critical at IMBALANCE_CRITICAL)."""
+"""Slowest/mean stage compute at which imbalance is a warning (critical at IMBALANCE_CRITICAL), provided
+the re-split would save at least SAVING_WARNING of the step."""
 IMBALANCE_CRITICAL = 1.6
 SAVING_WARNING = 0.10
 """Estimated saving / step time at which a bubble finding is a warning (critical at SAVING_CRITICAL)."""
@@ -347,6 +348,8 @@ def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, m
         sev = Severity.WARNING
     else:
         sev = Severity.INFO
+    if advice.saving_ns < SAVING_WARNING * step_ns:
+        sev = Severity.INFO  # nothing worth re-splitting for (e.g. one micro-batch: stages run one after another)
     summary = (f"pipeline stage {slowest['stage']} computes {imbalance:.2f}x the mean stage "
                f"({slowest['compute_ns'] / 1e6:.1f} ms vs {np.mean(comp) / 1e6:.1f} ms per step)")
     evidence = {"imbalance": imbalance, "slowest_stage": slowest["stage"], "stage_compute_ns": comp,

@@ -183,21 +183,29 @@ def _span(a: int, b: int) -> str:
 def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert_ns: float | None,
                         mean_rank_expert_ns: float | None, aux_loss_weight: float | None,
                         capacity_factor: float | None, dropped_fraction: float | None,
-                        forward_only: bool = True) -> Advice:
+                        forward_only: bool = True, hot_rank_a2a_ns: float | None = None,
+                        recv_mean_over_max: float | None = None) -> Advice:
     """Load balancing for a hot expert.
 
     Every rank waits for the hottest expert-parallel rank at the combine all-to-all, so balanced routing
-    saves up to (hot − mean) expert-compute time per step (×3 when only forward time is labelled).
+    saves up to (hot − mean) expert-compute time per step (×3 when only forward time is labelled), plus
+    the all-to-all time of the rank receiving the most tokens scaled down to the mean load:
+    a2a_hot·(1 − mean/max tokens received).
     """
     factor = BACKWARD_FACTOR if forward_only else 1.0
     ev: dict[str, Any] = {}
     if hot_rank_expert_ns is not None and mean_rank_expert_ns is not None:
-        saving = max(0.0, factor * (hot_rank_expert_ns - mean_rank_expert_ns))
-        ev["saving_formula"] = (f"{factor:g}·(hot − mean expert time per rank) = {factor:g}·"
-                                f"({hot_rank_expert_ns:.0f}−{mean_rank_expert_ns:.0f})")
+        compute = max(0.0, factor * (hot_rank_expert_ns - mean_rank_expert_ns))
+        formula = (f"{factor:g}·(hot − mean expert time per rank) = {factor:g}·"
+                   f"({hot_rank_expert_ns:.0f}−{mean_rank_expert_ns:.0f})")
     else:
-        saving = 0.0
-        ev["saving_formula"] = "none: no expert compute time (ep:experts labels) to scale"
+        compute, formula = 0.0, "no expert compute time (ep:experts labels)"
+    a2a = 0.0
+    if hot_rank_a2a_ns is not None and recv_mean_over_max is not None:
+        a2a = max(0.0, hot_rank_a2a_ns * (1.0 - recv_mean_over_max))
+        formula += (f" + a2a_hot·(1 − mean/max received) = {hot_rank_a2a_ns:.0f}·(1−{recv_mean_over_max:.3f})")
+    saving = compute + a2a
+    ev["saving_formula"] = formula
     w = f" (now {aux_loss_weight:g})" if aux_loss_weight is not None else ""
     cf = f" (now {capacity_factor:g})" if capacity_factor is not None else ""
     new_w = f" to about {aux_loss_weight * 10:g}" if aux_loss_weight else ""
