@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -176,50 +174,8 @@ def pipeline_from_events(events: pa.Table) -> pa.Table:
 
 # ---- Kineto ---------------------------------------------------------------------------------------
 
-def _parse_kineto_job(args: tuple[str, int | None]) -> tuple[str, Any, str | None]:
-    """Worker body: (path, KinetoParse or None, error reason or None). Never raises for bad input."""
-    path, max_bytes = args
-    from tracekit.parse.kineto import parse_kineto
-
-    try:
-        return path, parse_kineto(path, max_decompressed_bytes=max_bytes), None
-    except TraceFormatError as exc:
-        return path, None, exc.reason
-    except TracekitError as exc:
-        return path, None, str(exc)
-    except Exception as exc:  # a parser bug on one file must not lose the whole run; it is reported
-        return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
-
-
-def _kineto_results(paths: list[str], workers: int, max_bytes: int | None) -> Iterator[tuple[str, Any, str | None]]:
-    jobs = [(p, max_bytes) for p in paths]
-    if workers <= 1 or len(paths) <= 1:
-        for job in jobs:
-            yield _parse_kineto_job(job)
-        return
-    import multiprocessing as mp
-
-    if "forkserver" in mp.get_all_start_methods():
-        # fork from a clean server that imported the parser once (this process may hold threads)
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["tracekit.parse.kineto"])
-    else:
-        ctx = mp.get_context("spawn")
-    workers = min(workers, len(paths))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        # At most 2 results per worker in flight, so parsed ranks never pile up in memory.
-        pending: deque = deque()
-        todo = iter(jobs)
-        for job in todo:
-            pending.append(pool.submit(_parse_kineto_job, job))
-            if len(pending) >= 2 * workers:
-                break
-        while pending:
-            result = pending.popleft().result()
-            nxt = next(todo, None)
-            if nxt is not None:
-                pending.append(pool.submit(_parse_kineto_job, nxt))
-            yield result
+# Parsing the Kineto files themselves (process pool / Ray, chunked when over budget) lives in
+# tracekit/parse/pool.py and tracekit/engines/.
 
 
 def _trace_epoch_ns(info: dict[str, Any]) -> int:
@@ -389,8 +345,13 @@ def _progress(enabled: bool, total: int) -> tuple[Callable[[str], None], Callabl
 
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
-              max_decompressed_bytes: int | None = None) -> ParseRunResult:
-    """Parse every input under `trace_dir` into a run store at `store_dir`."""
+              max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
+              engine: Any = None) -> ParseRunResult:
+    """Parse every input under `trace_dir` into a run store at `store_dir`.
+
+    Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
+    a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
+    """
     trace_dir = Path(trace_dir)
     if not trace_dir.is_dir():
         raise TraceFormatError(str(trace_dir), "not a directory")
@@ -470,7 +431,13 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         name_ranks = {str(f.path): f.name_rank for f in found.of_kind(disc.KINETO)}
         join_stats: dict[int, dict[str, Any]] = {}
         partial_logs: list[str] = []
-        for path, kp, error in _kineto_results(kineto_paths, workers, max_decompressed_bytes):
+        if engine is None:
+            from tracekit.engines.local import LocalEngine
+
+            engine = LocalEngine(workers=workers)
+        results = engine.parse_kineto_files(kineto_paths, max_decompressed_bytes=max_decompressed_bytes,
+                                            max_memory_bytes=max_memory_bytes)
+        for path, kp, error in results:
             advance(Path(path).name)
             if error is not None:
                 skipped.append({"file": path, "reason": error})

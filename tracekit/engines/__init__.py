@@ -1,0 +1,40 @@
+"""Where per-rank work runs: `local` (a process pool, the default) or `ray` (a Ray cluster).
+
+An engine parses Kineto files (`parse_kineto_files`, yielding results in submission order with at
+most a few files in flight) and maps per-rank analysis tasks (`map_ranks`); the cross-rank steps
+always run in the calling process. Both engines run the same task functions, so they produce the
+same tables and the same analysis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Protocol
+
+
+class Engine(Protocol):
+    workers: int
+
+    def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
+                           max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]: ...
+
+    def map_ranks(self, fn: Callable[..., Any], args: list[tuple]) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+ENGINES = ("local", "ray")
+
+
+def make_engine(name: str, *, workers: int = 1, address: str | None = None) -> Engine:
+    """`local` or `ray` (address None: start a local Ray instance with `workers` CPUs)."""
+    if name == "local":
+        if address:
+            raise ValueError("--address only applies to --engine ray")
+        from tracekit.engines.local import LocalEngine
+
+        return LocalEngine(workers=workers)
+    if name == "ray":
+        from tracekit.engines.ray_engine import RayEngine
+
+        return RayEngine(address=address, num_cpus=workers)
+    raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}")

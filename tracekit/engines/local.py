@@ -1,0 +1,48 @@
+"""The embedded engine: per-rank parse and analysis tasks over a local process pool."""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from tracekit.parse.pool import _pool_context, parse_kineto_files
+
+
+@dataclass
+class LocalEngine:
+    workers: int = 1
+    """Processes; 1 runs everything in this process."""
+    _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
+                           max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
+        return parse_kineto_files(paths, workers=self.workers, max_decompressed_bytes=max_decompressed_bytes,
+                                  max_memory_bytes=max_memory_bytes)
+
+    def map_ranks(self, fn: Callable[..., Any], args: list[tuple]) -> Iterator[Any]:
+        """fn(*a) for each a, results in order, at most 2 tasks per worker in flight."""
+        if self.workers <= 1 or len(args) <= 1:
+            for a in args:
+                yield fn(*a)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context())
+        pending: deque = deque()
+        todo = iter(args)
+        for a in todo:
+            pending.append(self._pool.submit(fn, *a))
+            if len(pending) >= 2 * self.workers:
+                break
+        while pending:
+            result = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(self._pool.submit(fn, *nxt))
+            yield result
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
