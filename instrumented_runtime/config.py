@@ -101,6 +101,8 @@ class RunConfig:
     """Sequences per step over all dp replicas; default dp * microbatches * 2."""
     seq_len: int = 64
     """Tokens per sequence (before context-parallel sharding)."""
+    ddp_bucket_mb: float = 0.1
+    """DDP gradient bucket size (MB); small so a tiny model still gets several buckets to overlap."""
     seed: int = 0
     lr: float = 3e-3
     dtype: str = "float32"
@@ -125,6 +127,9 @@ class RunConfig:
         if self.global_batch_size % (self.dp * self.microbatches):
             raise ValueError(f"global batch {self.global_batch_size} is not divisible by dp*microbatches"
                              f" = {self.dp * self.microbatches}")
+        longest = self.seq_len * (self.faults.uneven_seq_factor if self.faults.uneven_seq_rank is not None else 1)
+        if longest > self.model.max_seq_len:
+            raise ValueError(f"sequences of {longest} tokens exceed --max-seq-len {self.model.max_seq_len}")
         if self.profile_steps < 0 or (self.profile_steps and self.profile_steps + 1 > self.steps):
             raise ValueError(f"need steps >= profile_steps + 1 (one warm-up step); got steps={self.steps}, "
                              f"profile_steps={self.profile_steps}")
@@ -190,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=2)
     p.add_argument("--global-batch-size", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--ddp-bucket-mb", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -227,5 +233,6 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     return RunConfig(pp=a.pp, dp=a.dp, cp=a.cp, tp=a.tp, ep=a.ep, dp_mode=a.dp_mode, schedule=a.schedule,
                      microbatches=microbatches, virtual_stages=a.virtual_stages, steps=a.steps,
                      profile_steps=a.profile_steps, global_batch_size=a.global_batch_size, seq_len=a.seq_len,
+                     ddp_bucket_mb=a.ddp_bucket_mb,
                      seed=a.seed, lr=a.lr, dtype=a.dtype, ranks_per_host=a.ranks_per_host, out=a.out,
                      model=model, faults=faults)

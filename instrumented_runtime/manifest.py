@@ -15,7 +15,7 @@ from typing import Any
 from .config import RunConfig
 from .faults import ground_truth_faults
 from .parallel_dims import ParallelDims
-from .pipeline import split_layers, stage_indices
+from .pipeline import effective_schedule, split_layers, stage_indices
 from .profiling import profiled_steps
 
 MANIFEST_SCHEMA = "tracekit.manifest/1"
@@ -42,6 +42,7 @@ def layout_of(cfg: RunConfig, pd: ParallelDims) -> dict[str, Any]:
     lay.update({
         "dp_mode": cfg.dp_mode,
         "schedule": cfg.schedule if cfg.pp > 1 else None,
+        "schedule_effective": effective_schedule(cfg.schedule, cfg.microbatches, cfg.pp) if cfg.pp > 1 else None,
         "microbatches": cfg.microbatches,
         "virtual_stages": cfg.stages_per_rank,
         "num_stages": num_stages,

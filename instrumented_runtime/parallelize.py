@@ -106,7 +106,7 @@ def _ddp_hook(state, bucket):  # no annotations: DDP insists that `bucket` be an
     return work.get_future().then(lambda f: f.value()[0])
 
 
-def apply_ddp(module: nn.Module, pd: ParallelDims, comm: Comm, *, no_overlap: bool) -> nn.Module:
+def apply_ddp(module: nn.Module, pd: ParallelDims, comm: Comm, *, no_overlap: bool, bucket_mb: float) -> nn.Module:
     """DDP over dp x cp; experts are left out (synced over edp). no_overlap: one bucket, synchronous."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -114,7 +114,7 @@ def apply_ddp(module: nn.Module, pd: ParallelDims, comm: Comm, *, no_overlap: bo
     DDP._set_params_and_buffers_to_ignore_for_model(module, ignore)
     group = pd.get_group("dp_cp")
     ddp = DDP(module, process_group=group,
-              bucket_cap_mb=10_000 if no_overlap else 0.25)
+              bucket_cap_mb=10_000 if no_overlap else bucket_mb)
     ddp.register_comm_hook((comm, group, pd.dp_cp, no_overlap), _ddp_hook)
     return ddp
 

@@ -103,8 +103,17 @@ def route_pipeline_p2p_through(comm: Comm) -> None:
     _schedules._batch_p2p = _batch_p2p
 
 
+def effective_schedule(name: str, microbatches: int, pp: int) -> str:
+    """torch's 1F1B refuses m < p; with so few micro-batches it has no steady state and runs exactly GPipe's
+    order (all forwards, then all backwards), so that is what runs (and what the manifest says)."""
+    if name == "1f1b" and microbatches < pp:
+        return "gpipe"
+    return name
+
+
 def build_schedule(name: str, stages: list[PipelineStage], microbatches: int,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], pp: int) -> Any:
+    name = effective_schedule(name, microbatches, pp)
     cls = getattr(_schedules, SCHEDULE_CLASSES[name])
     stage_arg: Any = stages if name in ("interleaved", "zb") else stages[0]
     # The loss is already a scaled sum (see train.py), so the schedule must not divide by microbatches.

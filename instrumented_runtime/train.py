@@ -92,7 +92,8 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
     if pd.dp_cp > 1:
         assert comm is not None
         if cfg.dp_mode == "ddp":
-            modules = [par.apply_ddp(m, pd, comm, no_overlap=cfg.faults.no_overlap) for m in raw]
+            modules = [par.apply_ddp(m, pd, comm, no_overlap=cfg.faults.no_overlap,
+                                     bucket_mb=cfg.ddp_bucket_mb) for m in raw]
         else:
             modules = [par.apply_fsdp(m, pd, comm, no_overlap=cfg.faults.no_overlap,
                                       reshard_after_forward=not pd.pp_enabled) for m in raw]
@@ -118,7 +119,7 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
                                         input_args=tokens if s == 0 else hidden,
                                         output_args=logits if s == cfg.num_stages - 1 else hidden)
                   for m, s in zip(modules, stage_ids)]
-        parts.schedule = build_schedule(cfg.schedule, stages, cfg.microbatches, loss_fn)
+        parts.schedule = build_schedule(cfg.schedule, stages, cfg.microbatches, loss_fn, cfg.pp)
     return parts
 
 

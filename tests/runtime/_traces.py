@@ -122,3 +122,13 @@ class RankTrace:
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+def robust_op_ns(t: "RankTrace", name: str) -> int:
+    """Time in ops `name` on the main thread, preemption-robust: per distinct input shape, the median
+    duration times the count (a 2-core box shared by many processes stretches a few ops arbitrarily)."""
+    by_shape: dict[str, list[int]] = {}
+    for e in t.named(name):
+        if e["name"] == name:
+            by_shape.setdefault(json.dumps(e.get("args", {}).get("Input Dims"), default=str), []).append(ns(e["dur"]))
+    return int(sum(sorted(d)[len(d) // 2] * len(d) for d in by_shape.values()))
