@@ -129,3 +129,21 @@ def test_routing_skew_adds_all_to_all_of_busiest_rank():
                                       dropped_fraction=None, hot_rank_a2a_ns=40 * MS, recv_mean_over_max=0.75)
     assert a.saving_ns == pytest.approx(3 * 1 * MS + 40 * MS * 0.25)
     assert "a2a_hot" in a.evidence["saving_formula"]
+
+
+def test_reconcile_attributes_exposed_comm_of_misplaced_groups():
+    ctx = AnalysisContext(config=AnalysisConfig())
+    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+        {"rank": 0, "dim": "tp", "op": "all_reduce", "transfer_exposed_ns": 30 * MS},
+        {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 10 * MS}]})
+    place = Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=Severity.WARNING, summary="place", ranks=(0, 1),
+                    dim="tp", recommendation="r", est_saving_ns=30 * MS)
+    bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(0,),
+                    recommendation="r", est_saving_ns=40 * MS)
+    tp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="tp", ranks=(0,),
+                 dim="tp", recommendation="r", est_saving_ns=30 * MS)
+    dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp", ranks=(0,),
+                 dim="dp", recommendation="r", est_saving_ns=10 * MS)
+    out = recommend.reconcile([place, bound, tp, dp], ctx)
+    assert [f.summary for f in out][:2] == ["place", "dp"]
+    assert {f.summary for f in out if "explained_by" in f.evidence} == {"bound", "tp"}

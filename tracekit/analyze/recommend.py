@@ -312,6 +312,9 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
         if f.kind is FindingKind.PIPELINE_IMBALANCE and f.severity.order >= Severity.WARNING.order:
             slow_stage |= set(f.ranks)
     pp_share = _pp_exposed_share(ctx) if labelled else {}
+    misplaced = {f.dim for f in findings if f.kind is FindingKind.PLACEMENT_MISMATCH
+                 and f.severity.order >= Severity.WARNING.order}
+    dim_share = _exposed_share_by_dim(ctx) if misplaced else {}
     out = []
     for f in findings:
         cause = None
@@ -321,6 +324,11 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
         elif (f.kind is FindingKind.COMMUNICATION_BOUND and labelled and ranks
               and all(pp_share.get(r, 0.0) >= 0.5 for r in ranks)):
             cause = "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
+        elif f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim in misplaced:
+            cause = f"placement_mismatch (the {f.dim} group spans hosts)"
+        elif (f.kind is FindingKind.COMMUNICATION_BOUND and misplaced and ranks
+              and all(sum(dim_share.get(r, {}).get(d, 0.0) for d in misplaced) >= 0.5 for r in ranks)):
+            cause = "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
         elif f.kind is FindingKind.STRAGGLER and ranks and slow_stage and ranks <= slow_stage:
             cause = "pipeline_imbalance (the rank runs the slowest stage)"
         elif (f.kind is FindingKind.STRAGGLER and hot_owners and ranks and ranks <= hot_owners
@@ -342,17 +350,24 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     return sort_findings(out)
 
 
-def _pp_exposed_share(ctx: AnalysisContext) -> dict[int, float]:
-    """Per rank: share of its exposed transfer time that is pipeline send/recv (unoverlapped section)."""
+def _exposed_share_by_dim(ctx: AnalysisContext) -> dict[int, dict[str, float]]:
+    """Per rank and dim: share of the rank's exposed transfer time (unoverlapped section)."""
     sec = ctx.section("unoverlapped") or {}
-    tot: dict[int, float] = {}
-    pp: dict[int, float] = {}
+    per: dict[int, dict[str, float]] = {}
     for row in sec.get("by_rank_dim_op", []):
-        v = float(row.get("transfer_exposed_ns") or 0)
-        tot[row["rank"]] = tot.get(row["rank"], 0.0) + v
-        if row.get("dim") == "pp":
-            pp[row["rank"]] = pp.get(row["rank"], 0.0) + v
-    return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
+        d = per.setdefault(row["rank"], {})
+        d[row.get("dim") or "unknown"] = d.get(row.get("dim") or "unknown", 0.0) + float(row.get("transfer_exposed_ns") or 0)
+    out = {}
+    for r, d in per.items():
+        tot = sum(d.values())
+        if tot > 0:
+            out[r] = {k: v / tot for k, v in d.items()}
+    return out
+
+
+def _pp_exposed_share(ctx: AnalysisContext) -> dict[int, float]:
+    """Per rank: share of its exposed transfer time that is pipeline send/recv."""
+    return {r: d.get("pp", 0.0) for r, d in _exposed_share_by_dim(ctx).items()}
 
 
 def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
