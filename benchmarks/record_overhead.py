@@ -5,7 +5,14 @@ Three modes run the same script, interleaved `--repeats` times so machine noise 
   torch     the script wraps its loop in torch.profiler with the same schedule (what users do today)
   record    `tracekit record` with the same schedule, script unmodified
 
-Reported (medians over ranks and repeats of per-run median step times):
+Plus an in-process A/B run (the headline outside-window figure, since separate launches on a shared
+machine differ by tens of percent): in each rank, tracekit's optimizer hook with a live recorder
+outside its window — all that `tracekit record` runs there — is attached and detached every 10
+steps; ratio = median hooked step / median plain step.
+
+Reported: per repeat, the median step time of each mode (over both ranks' steps), and the ratios
+of modes within the same repeat (paired, so slow phases of a shared machine cancel); the headline
+numbers are the medians of those paired ratios over repeats, with their range.
   outside-window ratio  record / plain   over steps outside warmup+active (target <= 1.02)
   inside-window ratio   record / torch   over the active steps (collective logging costs extra here)
 
@@ -40,6 +47,15 @@ SCRIPT = textwrap.dedent("""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 256)
     prof = None
+    if mode == "ab":
+        # Outside-window cost, paired in one process: tracekit's optimizer hook (the only thing
+        # `tracekit record` runs outside the window) attached and detached in alternating blocks.
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from tracekit.record import inject
+        from tracekit.record.config import ProfileSchedule, RecordConfig
+        inject._state.config = RecordConfig(out_dir=os.path.join(out, "ab_record"),
+                                            schedule=ProfileSchedule(wait=10**9), clock_barrier=False)
+        block, handle, by_state = 10, None, {"hooked": [], "plain": []}
     if mode == "torch":
         from torch.profiler import profile, schedule, ProfilerActivity
         prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True,
@@ -48,6 +64,12 @@ SCRIPT = textwrap.dedent("""
         prof.start()
     times = []
     for step in range(steps):
+        if mode == "ab" and step % block == 0:
+            hooked = (step // block) % 2 == 1
+            if hooked and handle is None:
+                handle = register_optimizer_step_post_hook(inject._optimizer_post_hook)
+            elif not hooked and handle is not None:
+                handle.remove(); handle = None
         t0 = time.perf_counter_ns()
         opt.zero_grad()
         model(x).square().mean().backward()
@@ -55,6 +77,10 @@ SCRIPT = textwrap.dedent("""
         if prof is not None:
             prof.step()
         times.append(time.perf_counter_ns() - t0)
+        if mode == "ab" and step >= 2 * block:
+            by_state["hooked" if handle is not None else "plain"].append(times[-1])
+    if mode == "ab":
+        times = by_state
     if prof is not None:
         prof.stop()
     with open(os.path.join(out, f"times.{mode}.rank{rank}.json"), "w") as fh:
@@ -93,34 +119,54 @@ def run_mode(mode: str, work: Path, steps: int, wait: int) -> list[list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=WAIT + WARMUP + ACTIVE + 20)
+    ap.add_argument("--ab-steps", type=int, default=820, help="steps of the in-process A/B run")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = ap.parse_args()
     first_active = WAIT + WARMUP
     active = list(range(first_active, first_active + ACTIVE))
     # Outside: skip start-up (first 5 steps) and the steps around the window (warm-up, export, tear-down).
     outside = [s for s in range(5, args.steps) if s < WAIT - 1 or s > first_active + ACTIVE + 2]
-    medians: dict[str, dict[str, list[float]]] = {m: {"outside": [], "active": []} for m in ("plain", "torch", "record")}
+    per_repeat: list[dict[str, dict[str, float]]] = []
     with tempfile.TemporaryDirectory(prefix="tracekit-bench-") as tmp:
         work = Path(tmp)
         (work / "train.py").write_text(SCRIPT)
+        modes = ["plain", "record", "torch"]
         for rep in range(args.repeats):
-            for mode in ("plain", "record", "torch"):
+            rep_medians: dict[str, dict[str, float]] = {}
+            for mode in modes[rep % 3:] + modes[:rep % 3]:  # rotate the order between repeats
                 per_rank = run_mode(mode, work, args.steps, WAIT)
-                for times in per_rank:
-                    medians[mode]["outside"].append(statistics.median(times[s] for s in outside))
-                    medians[mode]["active"].append(statistics.median(times[s] for s in active))
-                print(f"repeat {rep + 1}/{args.repeats} {mode:6s}: outside {medians[mode]['outside'][-1] / 1e6:.2f} ms"
-                      f", active {medians[mode]['active'][-1] / 1e6:.2f} ms", file=sys.stderr)
-    med = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in medians.items()}
+                rep_medians[mode] = {
+                    "outside": statistics.median(t[s] for t in per_rank for s in outside),
+                    "active": statistics.median(t[s] for t in per_rank for s in active),
+                }
+                print(f"repeat {rep + 1}/{args.repeats} {mode:6s}: outside {rep_medians[mode]['outside'] / 1e6:.2f} ms"
+                      f", active {rep_medians[mode]['active'] / 1e6:.2f} ms", file=sys.stderr)
+            per_repeat.append(rep_medians)
+
+        ab = run_mode("ab", work, args.ab_steps, WAIT)
+    ab_hooked = statistics.median(t for r in ab for t in r["hooked"])
+    ab_plain = statistics.median(t for r in ab for t in r["plain"])
+    print(f"in-process A/B: hooked {ab_hooked / 1e6:.3f} ms, plain {ab_plain / 1e6:.3f} ms", file=sys.stderr)
+
+    def ratios(a: str, b: str, where: str) -> dict[str, float]:
+        vals = [r[a][where] / r[b][where] for r in per_repeat]
+        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
     result = {
         "steps": args.steps, "repeats": args.repeats, "window": {"wait": WAIT, "warmup": WARMUP, "active": ACTIVE},
-        "median_step_ms": {m: {k: v / 1e6 for k, v in d.items()} for m, d in med.items()},
-        "outside_window_ratio_record_vs_plain": med["record"]["outside"] / med["plain"]["outside"],
-        "outside_window_ratio_torch_vs_plain": med["torch"]["outside"] / med["plain"]["outside"],
-        "inside_window_ratio_record_vs_torch_profiler": med["record"]["active"] / med["torch"]["active"],
-        "inside_window_ratio_torch_profiler_vs_plain": med["torch"]["active"] / med["plain"]["active"],
+        "median_step_ms_per_repeat": [{m: {k: v / 1e6 for k, v in d.items()} for m, d in r.items()}
+                                      for r in per_repeat],
+        "outside_window_inprocess_ab": {
+            "steps_per_state_per_rank": len(ab[0]["hooked"]),
+            "median_step_ms_hooked": ab_hooked / 1e6, "median_step_ms_plain": ab_plain / 1e6,
+            "ratio_hooked_vs_plain": ab_hooked / ab_plain,
+        },
+        "outside_window_ratio_record_vs_plain": ratios("record", "plain", "outside"),
+        "outside_window_ratio_torch_vs_plain": ratios("torch", "plain", "outside"),
+        "inside_window_ratio_record_vs_torch_profiler": ratios("record", "torch", "active"),
+        "inside_window_ratio_torch_profiler_vs_plain": ratios("torch", "plain", "active"),
     }
     print(json.dumps(result, indent=1))
     if args.json:

@@ -190,8 +190,8 @@ def _defer_until_step_returns(rec) -> None:
 
 def manual_step() -> None:
     """`tracekit.step()` under `tracekit record`: from now on only explicit calls advance steps."""
-    if _state.config is None or _state.opted_out:
-        return
+    if _state.config is None or _state.opted_out or _state.config.step_on == "optimizer":
+        return  # --step-on optimizer: explicit calls are ignored
     _state.manual = True
     rec = _recorder_for_this_process(1)
     _boundary(rec)

@@ -113,6 +113,10 @@ class RankRecorder:
         self._lock = threading.RLock()
         self.clock: dict[str, Any] = {"start": clock.sample(), "barrier_samples": [], "trace_anchors": []}
         self._barrier_done = False
+        self._dispatch_errors = 0
+        self._last_dispatch_error: str | None = None
+        self._collectives_logged = 0
+        self._groups_seen: dict[str, dict[str, Any]] = {}
         self.started_ns = time.time_ns()
         local = os.environ.get("LOCAL_RANK")
         group = os.environ.get("GROUP_RANK")
@@ -247,18 +251,15 @@ class RankRecorder:
             mode.__exit__(None, None, None)
         except Exception as exc:  # a mode pushed above ours by the program: say so, keep going
             self.notes.append(f"could not leave the collective logging mode cleanly: {exc}")
-        self._mode_stats = (mode.errors, mode.last_error, mode.logged, mode.groups)
         self._accumulate_mode(mode)
 
     def _accumulate_mode(self, mode) -> None:
-        self._dispatch_errors = getattr(self, "_dispatch_errors", 0) + mode.errors
+        self._dispatch_errors += mode.errors
         if mode.last_error:
             self._last_dispatch_error = mode.last_error
-        self._collectives_logged = getattr(self, "_collectives_logged", 0) + mode.logged
-        groups = getattr(self, "_groups_seen", {})
-        groups.update({k: {"name": g.name, "desc": g.desc, "ranks": g.ranks, "backend": g.backend}
-                       for k, g in mode.groups.items()})
-        self._groups_seen = groups
+        self._collectives_logged += mode.logged
+        self._groups_seen.update({k: {"name": g.name, "desc": g.desc, "ranks": g.ranks, "backend": g.backend}
+                                  for k, g in mode.groups.items()})
 
     # -- traces -----------------------------------------------------------------------------
     def _on_trace_ready(self, prof) -> None:
@@ -356,7 +357,7 @@ class RankRecorder:
                               ("flight_recorder", flight_recorder_path(self.out_dir, rank))):
                 if path.exists():
                     files[key] = path.name
-        groups = dict(getattr(self, "_groups_seen", {}))
+        groups = dict(self._groups_seen)
         for name, g in _known_groups().items():
             groups.setdefault(name, g)
         return {
@@ -371,9 +372,9 @@ class RankRecorder:
             "profiled_steps": [s for c in self.cycle_steps for s in c],
             "logged_steps": list(self.logged_steps),
             "trace_partial": self.trace_partial, "files": files,
-            "collectives_logged": getattr(self, "_collectives_logged", 0),
-            "dispatch_errors": getattr(self, "_dispatch_errors", 0),
-            "last_dispatch_error": getattr(self, "_last_dispatch_error", None),
+            "collectives_logged": self._collectives_logged,
+            "dispatch_errors": self._dispatch_errors,
+            "last_dispatch_error": self._last_dispatch_error,
             "process_groups": groups, "clock": self.clock, "notes": self.notes,
             "started_ns": self.started_ns, "updated_ns": time.time_ns(),
         }
