@@ -74,13 +74,20 @@ def _load(spec: str) -> Callable[[RunStore, AnalysisContext], AnalyzerResult]:
 
 
 def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
-                  command: str | None = None) -> dict[str, Any]:
-    """Run every analyzer and return the analysis.json document."""
+                  command: str | None = None,
+                  prefetch: Callable[[RunStore, AnalysisContext], None] | None = None) -> dict[str, Any]:
+    """Run every analyzer and return the analysis.json document.
+
+    `prefetch` (tracekit.engines.rank_tasks) runs after `layout`: it computes per-rank results on an
+    engine (process pool / Ray) into ctx.cache, where the analyzers find them instead of recomputing.
+    """
     from tracekit import __version__
 
     ctx = AnalysisContext(config=config or AnalysisConfig())
     findings: list[Finding] = []
     for name, spec in ANALYZERS:
+        if prefetch is not None and name == "breakdown":
+            prefetch(store, ctx)
         result = _load(spec)(store, ctx)
         ctx.results[name] = result
         findings.extend(result.findings)

@@ -47,48 +47,74 @@ def register(app: typer.Typer) -> None:
         trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, or a run store.",
                                          exists=True, file_okay=False, dir_okay=True, readable=True),
         out: Path = typer.Option(Path("tracekit-out"), "--out", "-o", help="Output directory (created if needed)."),
-        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
+        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes (or local Ray CPUs) for per-rank parsing and analysis."),
+        engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
     ) -> None:
         from rich.console import Console
 
-        from tracekit.analyze.engine import AnalysisConfig, analyze_store
+        from tracekit.analyze.engine import AnalysisConfig
+        from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
-        from tracekit.tables.store import RunStore
 
         err = Console(stderr=True)
         config = AnalysisConfig(peak_gbps=_peaks(peak_gbps))
         out.mkdir(parents=True, exist_ok=True)
         try:
-            if (trace_dir / "meta.json").is_file():
-                store = RunStore(trace_dir)
-            else:
-                from tracekit.parse.run import parse_run
-
-                store = parse_run(trace_dir, out / "tables", workers=workers, progress=not quiet).store
+            engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
             err.print(f"[red]tracekit analyze:[/red] {exc}")
             raise typer.Exit(1) from None
-        for s in store.skipped:
-            err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
-        if not store.ranks():
-            err.print(f"[red]tracekit analyze:[/red] nothing under {trace_dir} could be analyzed")
-            raise typer.Exit(1)
-        import shlex
-        import sys
+        try:
+            _analyze(trace_dir, out, engine, budget, config, quiet, err)
+        finally:
+            engine.close()
 
-        command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
-        analysis = analyze_store(store, config, command=command)
-        if not analysis["ranks"]:
-            err.print(f"[red]tracekit analyze:[/red] no rank of {trace_dir} had events to analyze")
-            (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
-            raise typer.Exit(1)
+
+def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err) -> None:
+    """Parse (unless given a store), analyze on `engine`, write analysis.json and the reports."""
+    from rich.console import Console
+
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.engines.rank_tasks import prefetch_rank_activity
+    from tracekit.errors import TracekitError
+    from tracekit.tables.store import RunStore
+
+    try:
+        if (trace_dir / "meta.json").is_file():
+            store = RunStore(trace_dir)
+        else:
+            from tracekit.parse.run import parse_run
+
+            store = parse_run(trace_dir, out / "tables", workers=engine.workers, progress=not quiet,
+                              max_memory_bytes=budget, engine=engine).store
+    except TracekitError as exc:
+        err.print(f"[red]tracekit analyze:[/red] {exc}")
+        raise typer.Exit(1) from None
+    for s in store.skipped:
+        err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
+    if not store.ranks():
+        err.print(f"[red]tracekit analyze:[/red] nothing under {trace_dir} could be analyzed")
+        raise typer.Exit(1)
+    import shlex
+    import sys
+
+    command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
+    analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
+    if not analysis["ranks"]:
+        err.print(f"[red]tracekit analyze:[/red] no rank of {trace_dir} had events to analyze")
         (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
-        report = _write_reports(analysis, store, out, err)
-        if not quiet:
-            _print_summary(analysis, Console())
-            err.print(f"analysis: {out / 'analysis.json'}" + (f"   report: {report}" if report else ""))
+        raise typer.Exit(1)
+    (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+    report = _write_reports(analysis, store, out, err)
+    if not quiet:
+        _print_summary(analysis, Console())
+        err.print(f"analysis: {out / 'analysis.json'}" + (f"   report: {report}" if report else ""))
 
 
 def _write_reports(analysis: dict, store, out: Path, err) -> Path | None:

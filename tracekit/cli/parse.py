@@ -37,6 +37,9 @@ def register(app: typer.Typer) -> None:
                                          exists=True, file_okay=False, dir_okay=True, readable=True),
         out: Path = typer.Option(..., "--out", "-o", help="Run store directory to write (created if needed)."),
         workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
+        engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
         max_decompressed_mb: Optional[int] = typer.Option(
             None, "--max-decompressed-mb", min=1,
@@ -51,11 +54,23 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         limit = max_decompressed_mb * (1 << 20) if max_decompressed_mb else None
+        from tracekit.engines.options import engine_from_options
+
         try:
-            result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit)
+            engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
             err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
+        try:
+            result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit,
+                               max_memory_bytes=budget, engine=engine)
+        except TracekitError as exc:
+            err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        finally:
+            engine.close()
         store = result.store
         ranks = store.ranks()
         if not quiet:

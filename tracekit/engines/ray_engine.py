@@ -52,8 +52,7 @@ class RayEngine:
                 if self.address:
                     ray.init(address=self.address, log_to_driver=False)
                 else:
-                    temp = tempfile.mkdtemp(prefix="tkray-", dir="/tmp")  # unix socket paths must stay short
-                    ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+                    self._start_local(ray)
             except ConnectionError as exc:
                 raise RayEngineError(
                     f"cannot connect to the Ray cluster at {self.address}: {exc}. Ray 2.60 uses token auth by "
@@ -63,6 +62,19 @@ class RayEngine:
         self.workers = max(int(ray.cluster_resources().get("CPU", 1)), 1)
         self._remote["parse"] = ray.remote(num_cpus=1, max_retries=1)(run_job)
         self._remote["call"] = ray.remote(num_cpus=1, max_retries=1)(_call)
+
+    def _start_local(self, ray: Any, attempts: int = 3) -> None:
+        """A local instance. On a loaded machine Ray's agent can miss the raylet's fixed 15 s start-up
+        wait (ray-project/ray#65983) and the start fails; that is retried, other errors are not."""
+        for attempt in range(attempts):
+            temp = tempfile.mkdtemp(prefix="tkray-", dir="/tmp")  # unix socket paths must stay short
+            try:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp, log_to_driver=False)
+                return
+            except Exception as exc:  # ray raises a bare Exception for a start-up timeout
+                ray.shutdown()
+                if "timed out during startup" not in str(exc) or attempt == attempts - 1:
+                    raise RayEngineError(f"could not start a local Ray instance: {exc}") from None
 
     def _ordered(self, submit: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
         """Results in submission order with at most 2 tasks per CPU in flight (bounded driver memory)."""
