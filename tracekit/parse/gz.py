@@ -16,6 +16,23 @@ from tracekit.errors import InputTooLargeError, TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
 _READ_CHUNK = 4 << 20
+MAX_COMPRESSION_RATIO = 200
+"""Without an explicit budget, gzip input may expand at most this much (real Kineto traces: 7-30x;
+a decompression bomb of repeated bytes: ~1000x)."""
+MIN_RATIO_CHECKED_BYTES = 256 << 20
+"""Files that decompress to less than this are never refused by the ratio rule."""
+
+
+def decompressed_budget(compressed_size: int, max_decompressed_bytes: int | None) -> tuple[int, str]:
+    """Bytes a gzip file may decompress to, and the rule's wording for errors.
+
+    An explicit budget wins; otherwise max(MIN_RATIO_CHECKED_BYTES, MAX_COMPRESSION_RATIO x compressed size).
+    """
+    if max_decompressed_bytes is not None:
+        return max_decompressed_bytes, f"the {max_decompressed_bytes}-byte budget"
+    limit = max(MIN_RATIO_CHECKED_BYTES, MAX_COMPRESSION_RATIO * compressed_size)
+    return limit, (f"{limit} bytes ({MAX_COMPRESSION_RATIO}x its {compressed_size} compressed bytes): "
+                   "a likely decompression bomb; set an explicit budget to read it")
 
 
 def is_gzip(path: str | Path) -> bool:
@@ -50,15 +67,15 @@ def read_trace_bytes(path: str | Path, max_decompressed_bytes: int | None = None
     return _gunzip(path, max_decompressed_bytes)
 
 
-def _gunzip(path: str, limit: int | None) -> bytearray:
-    """Stream-decompress every gzip member into one preallocated buffer."""
+def _gunzip(path: str, max_decompressed_bytes: int | None) -> bytearray:
+    """Stream-decompress every gzip member into one preallocated buffer (within `decompressed_budget`)."""
     hint = gzip_size_hint(path)
     compressed_size = os.path.getsize(path)
-    # ISIZE is mod 2**32: never trust a hint smaller than the compressed size.
-    if hint < compressed_size:
+    limit, budget_text = decompressed_budget(compressed_size, max_decompressed_bytes)
+    # ISIZE is mod 2**32 (and forgeable): never trust a hint smaller than the compressed size.
+    if hint < compressed_size or hint > 64 * compressed_size:  # real traces expand 7-30x
         hint = compressed_size * 4
-    if limit is not None:
-        hint = min(hint, limit + 1)
+    hint = min(hint, limit + 1)
     out = bytearray(hint)
     view = memoryview(out)
     n = 0
@@ -75,9 +92,9 @@ def _gunzip(path: str, limit: int | None) -> bytearray:
                     piece = dec.decompress(chunk, _READ_CHUNK)
                     if piece:
                         end = n + len(piece)
-                        if limit is not None and end > limit:
+                        if end > limit:
                             raise InputTooLargeError(
-                                path, f"decompresses to more than the {limit}-byte budget")
+                                path, f"decompresses to more than {budget_text}")
                         if end > len(out):
                             view.release()
                             out.extend(bytes(max(end - len(out), len(out) // 2)))
@@ -99,8 +116,8 @@ def _gunzip(path: str, limit: int | None) -> bytearray:
                 if not piece:
                     break
                 end = n + len(piece)
-                if limit is not None and end > limit:
-                    raise InputTooLargeError(path, f"decompresses to more than the {limit}-byte budget")
+                if end > limit:
+                    raise InputTooLargeError(path, f"decompresses to more than {budget_text}")
                 if end > len(out):
                     view.release()
                     out.extend(bytes(end - len(out)))
