@@ -17,7 +17,7 @@ from pathlib import Path
 
 from isal import isal_zlib
 
-from tracekit.parse.gz import GZIP_MAGIC
+from tracekit.parse.gz import GZIP_MAGIC, decompressed_budget
 from tracekit.parse.safe_pickle import looks_like_pickle
 
 KINETO = "kineto"
@@ -80,21 +80,38 @@ def _head(path: Path, n: int = _SNIFF_BYTES) -> bytes:
 
 
 def _contains(path: Path, needle: bytes) -> bool:
-    """Stream the whole (decompressed) file looking for `needle`: the slow fallback of sniffing."""
+    """Stream the whole (decompressed) file looking for `needle`: the slow fallback of sniffing.
+
+    Decompresses at most _SCAN_CHUNK bytes at a time. A gzip file that expands past the default
+    decompression budget (a likely bomb) is not scanned to its end: it is reported as containing
+    `needle`, so the parser refuses it with the budget's error.
+    """
     tail = b""
+    scanned = 0
+    pending = b""
     with open(path, "rb") as fh:
         dec = isal_zlib.decompressobj(31) if fh.read(2) == GZIP_MAGIC else None
         fh.seek(0)
+        budget = decompressed_budget(path.stat().st_size, None)[0]
         while True:
-            chunk = fh.read(_SCAN_CHUNK)
-            if not chunk:
-                return False
-            if dec is not None:
+            if dec is None:
+                piece = fh.read(_SCAN_CHUNK)
+                if not piece:
+                    return False
+            else:
+                if not pending:
+                    pending = fh.read(_SCAN_CHUNK)
+                    if not pending:
+                        return False
                 try:
-                    chunk = dec.decompress(chunk)
+                    piece = dec.decompress(pending, _SCAN_CHUNK)
                 except isal_zlib.error:
                     return False
-            buf = tail + chunk
+                pending = dec.unconsumed_tail
+                scanned += len(piece)
+                if scanned > budget:
+                    return True
+            buf = tail + piece
             if needle in buf:
                 return True
             tail = buf[-len(needle):]
@@ -103,6 +120,13 @@ def _contains(path: Path, needle: bytes) -> bool:
 def classify_json(path: Path) -> tuple[str | None, str | None]:
     """(kind, None) for a recognised JSON document, (None, reason) for one to skip, (None, None) to ignore."""
     head = _head(path).lstrip()
+    if not head:
+        if path.stat().st_size == 0:
+            return None, "empty file"
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == GZIP_MAGIC
+        return None, ("gzip data decompresses to nothing (corrupt, truncated or empty)" if gz
+                      else "file holds only whitespace")
     if not head[:1] in (b"{", b"["):
         return None, "not a JSON object"
     if b'"traceEvents"' in head:
