@@ -1,0 +1,524 @@
+"""Bounded-memory parse of one Kineto trace too large for the one-shot parser: same tables, in chunks.
+
+The file is streamed (gunzip on the fly) and cut into runs of whole events at event boundaries
+(`EventChunks`); each run is wrapped back into a small trace (the file's own top-level fields around
+a shorter `traceEvents`) and parsed by the normal parser (`kineto._build`), so every column is
+computed by the same code. What one chunk cannot know is supplied from two small global sets:
+
+- Pass 1 collects the *context*: metadata (`M`) events, ProfilerStep events, every event collective
+  assembly reads (record_param_comms / c10d / gloo / nccl ops, user annotations, comm kernels and
+  their launches), and a compact map correlation → launch time of every host runtime call.
+- Pass 2 parses each chunk with the metadata events in front (thread names) and the step events
+  behind (each row's step; those rows are dropped again), fixes the step of device rows from the
+  launch map (their launch may sit in another chunk) and spills the chunk's events to Arrow IPC.
+- The context alone is then parsed once: it gives the collectives, steps, process groups and the
+  op/group of comm kernels exactly as the whole file would.
+
+Peak memory is about one chunk's parse plus the context (see `chunk_bytes_for`), not the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.errors import InputTooLargeError, TraceFormatError
+from tracekit.parse import _decode as D
+from tracekit.parse import kineto as K
+from tracekit.parse.collective_names import is_comm_kernel_name
+from tracekit.parse.gz import GZIP_MAGIC
+from tracekit.parse.kineto_collectives import _classify_names
+
+_READ = 4 << 20
+_MIN_CHUNK = 1 << 20
+CHUNK_SHARE_OF_BUDGET = 6
+"""A chunk's sub-trace peaks at ~2.5x its size in the parser; the context and spill buffers take the rest."""
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_TYPED_LIST = msgspec.json.Decoder(list[D.Event])
+_LENIENT_LIST = msgspec.json.Decoder(list[D.LEvent])
+# Per-event warnings of the parser (counts summed over chunks), in the parser's order.
+_COUNT_WARNING = re.compile(r"^(\d+) (complete events .*|event \S+ longer than .*)$")
+_COUNT_ORDER = ("complete events without a numeric ts", "complete events without dur",
+                "complete events with negative dur", "event names", "event categories")
+_LENIENT_WARNING = "typed decode failed"
+_KERNEL_CATS = frozenset(K.KERNEL_CATS)
+
+
+def chunk_bytes_for(max_memory_bytes: int) -> int:
+    return max(max_memory_bytes // CHUNK_SHARE_OF_BUDGET, _MIN_CHUNK)
+
+
+# ---- streaming the file and cutting it at event boundaries ---------------------------------------
+
+def _blocks(path: str, max_decompressed_bytes: int | None) -> Iterator[bytes]:
+    """Decompressed bytes of the file, block by block (gzip members concatenated)."""
+    total = 0
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == GZIP_MAGIC
+            f.seek(0)
+            if not gz:
+                while block := f.read(_READ):
+                    total += len(block)
+                    if max_decompressed_bytes is not None and total > max_decompressed_bytes:
+                        raise InputTooLargeError(path, f"file is over the {max_decompressed_bytes}-byte budget")
+                    yield block
+                return
+            from isal import isal_zlib
+
+            dec = isal_zlib.decompressobj(31)
+            while comp := f.read(_READ):
+                while comp:
+                    out = dec.decompress(comp, _READ)
+                    total += len(out)
+                    if max_decompressed_bytes is not None and total > max_decompressed_bytes:
+                        raise InputTooLargeError(path, f"decompresses to more than the {max_decompressed_bytes}-byte budget")
+                    if out:
+                        yield out
+                    if dec.eof:
+                        comp = dec.unused_data.lstrip(b"\x00")
+                        dec = isal_zlib.decompressobj(31)
+                        continue
+                    comp = dec.unconsumed_tail
+            while not dec.eof and (out := dec.decompress(b"", _READ)):
+                yield out
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    except Exception as exc:
+        if type(exc).__name__ == "error":  # isal_zlib.error
+            raise TraceFormatError(path, f"corrupt gzip data: {exc}") from None
+        raise
+
+
+class EventChunks:
+    """Iterates a Kineto file's `traceEvents` as byte runs of whole events, about `chunk_bytes` each.
+
+    After iteration `head` is everything before the `"traceEvents"` key and `tail` everything after
+    the array, so `head + b'"traceEvents":[' + events + b']' + tail` is a valid trace again.
+    """
+
+    def __init__(self, path: str, chunk_bytes: int, max_decompressed_bytes: int | None = None) -> None:
+        self.path, self.chunk_bytes, self.max_bytes = path, chunk_bytes, max_decompressed_bytes
+        self.head: bytes | None = None
+        self.tail: bytes | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        blocks = _blocks(self.path, self.max_bytes)
+        buf = bytearray()
+        eof = False
+
+        def more() -> bool:
+            nonlocal eof
+            b = next(blocks, None)
+            if b is None:
+                eof = True
+                return False
+            buf.extend(b)
+            return True
+
+        # the top-level key; a file without it is left to the one-shot parser's error
+        while True:
+            key = buf.find(b'"traceEvents"')
+            if key >= 0:
+                m = re.compile(rb"\s*:\s*\[").match(buf, key + len(b'"traceEvents"'))
+                if m:
+                    break
+                if len(buf) - key > 4096 or not more():
+                    raise TraceFormatError(self.path, "traceEvents is not a list")
+                continue
+            if not more():
+                raise TraceFormatError(self.path, "not a Kineto trace: no traceEvents (e.g. an execution trace)")
+        self.head = bytes(buf[:key])
+        pos = m.end()
+        window = self.chunk_bytes
+        while True:
+            while len(buf) - pos < window + 64 and not eof:
+                more()
+            while pos < len(buf) and buf[pos] in b" \t\r\n,":
+                pos += 1
+            if pos >= len(buf):
+                if eof:
+                    raise TraceFormatError(self.path, "invalid JSON: the traceEvents array is not closed")
+                continue
+            if buf[pos] == ord("]"):
+                rest = bytearray(buf[pos + 1:])
+                for b in blocks:
+                    rest.extend(b)
+                self.tail = bytes(rest)
+                return
+            cut = self._cut(buf, pos, min(len(buf), pos + window), eof)
+            if cut is None:
+                if eof and pos + window >= len(buf):
+                    raise TraceFormatError(self.path, "invalid JSON inside traceEvents")
+                window *= 2  # one event larger than the window: widen it
+                continue
+            window = self.chunk_bytes
+            yield bytes(buf[pos:cut + 1])
+            del buf[:cut + 1]
+            pos = 0
+
+    @staticmethod
+    def _cut(buf: bytearray, pos: int, end: int, eof: bool) -> int | None:
+        """Index of the `}` closing the last whole event in buf[pos:end] (checked by decoding)."""
+        c = buf.rfind(b"}", pos, end)
+        while c >= pos:
+            j = c + 1
+            while j < len(buf) and buf[j] in b" \t\r\n":
+                j += 1
+            if j < len(buf) and buf[j] in b",]":
+                try:
+                    _RAW_LIST.decode(b"[" + bytes(buf[pos:c + 1]) + b"]")
+                    return c
+                except msgspec.DecodeError:
+                    pass
+            c = buf.rfind(b"}", pos, c)
+        return None
+
+
+def _wrap(head: bytes, tail: bytes, parts: list[bytes]) -> bytes:
+    return head + b'"traceEvents":[' + b",".join(p for p in parts if p) + b"]" + tail
+
+
+# ---- pass 1: the context ----------------------------------------------------------------------------
+
+@dataclass
+class _Context:
+    lenient: bool = False
+    meta: list[tuple[int, bytes]] = field(default_factory=list)  # M events
+    steps: list[tuple[int, bytes]] = field(default_factory=list)  # host ProfilerStep events
+    coll: list[tuple[int, bytes]] = field(default_factory=list)  # what collective assembly reads
+    launch_corr: list[np.ndarray] = field(default_factory=list)
+    launch_ts: list[np.ndarray] = field(default_factory=list)
+    launch_idx: list[np.ndarray] = field(default_factory=list)
+    comm_corr: set[int] = field(default_factory=set)
+    phase_counts: dict[str, int] = field(default_factory=dict)
+    step_missing_dur: int = 0
+    step_negative_dur: int = 0
+    num_events: int = 0
+
+
+def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
+    if nm not in cache:
+        cls = next((k for k, v in _classify_names([nm]).items() if v), None)
+        cache[nm] = cls if cls in ("rpc", "nccl", "gloo", "c10d") else None
+    return cache[nm]
+
+
+def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dict) -> None:
+    """Add one chunk's share of the context (events numbered from `base` in file order)."""
+    raws = _RAW_LIST.decode(b"[" + chunk + b"]")
+    if ctx.lenient:
+        events = _LENIENT_LIST.decode(b"[" + chunk + b"]")
+        is_x = [e.ph == "X" for e in events]
+        is_m = [e.ph == "M" for e in events]
+        for e in events:
+            key = str(e.ph)
+            ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
+    else:
+        events = _TYPED_LIST.decode(b"[" + chunk + b"]")
+        X, M = D.X, D.M
+        is_x = [e.__class__ is X for e in events]
+        is_m = [e.__class__ is M for e in events]
+        for e in events:
+            cls = e.__class__
+            key = "X" if cls is X else "M" if cls is M else cls.__struct_config__.tag
+            ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
+    ctx.num_events += len(events)
+    for i, m in enumerate(is_m):
+        if m:
+            ctx.meta.append((base + i, bytes(raws[i])))
+    xi = [i for i, x in enumerate(is_x) if x]
+    if not xi:
+        return
+    xs = [events[i] for i in xi]
+    ts, ts_ok = D.raws_to_ns([e.ts for e in xs])
+    dur, dur_ok = D.raws_to_ns([e.dur for e in xs])
+    empty = D.EMPTY_LARGS if ctx.lenient else D.EMPTY_ARGS
+    l_corr: list[int] = []
+    l_ts: list[int] = []
+    l_idx: list[int] = []
+    for j, e in enumerate(xs):
+        if not ts_ok[j]:
+            continue  # the parser drops it too
+        nm = e.name if isinstance(e.name, str) else ("" if e.name is None else str(e.name))
+        cat_raw = e.cat if (e.cat is None or isinstance(e.cat, str)) else str(e.cat)
+        if cat_raw not in cats:
+            cats[cat_raw] = K._norm_cat(cat_raw)
+        cat = cats[cat_raw]
+        a = e.args if (not ctx.lenient or isinstance(e.args, D.LXArgs)) else empty
+        gpu = cat in K.GPU_CATS
+        gi = base + xi[j]
+        raw = raws[xi[j]]
+        if not gpu and K._STEP_RE.match(nm):
+            ctx.steps.append((gi, bytes(raw)))
+            if not dur_ok[j]:
+                ctx.step_missing_dur += 1
+            elif dur[j] < 0:
+                ctx.step_negative_dur += 1
+        corr = K._to_int(a.correlation)
+        if cat in _KERNEL_CATS:
+            if a.coll_name is not None or (nm and is_comm_kernel_name(nm)):
+                ctx.coll.append((gi, bytes(raw)))
+                if corr is not None and corr >= 0:
+                    ctx.comm_corr.add(corr)
+            continue
+        if not gpu and corr is not None and corr >= 0:
+            l_corr.append(corr)
+            l_ts.append(int(ts[j]))
+            l_idx.append(gi)
+        if cat == "user_annotation" or (not gpu and _name_class(classes, nm) is not None):
+            ctx.coll.append((gi, bytes(raw)))
+    if l_corr:
+        ctx.launch_corr.append(np.array(l_corr, np.int64))
+        ctx.launch_ts.append(np.array(l_ts, np.int64))
+        ctx.launch_idx.append(np.array(l_idx, np.int64))
+
+
+# ---- the parse ------------------------------------------------------------------------------------
+
+@dataclass
+class _LaunchMap:
+    """correlation → time of the first host call with it (what the parser calls a kernel's launch)."""
+
+    corr: np.ndarray
+    ts: np.ndarray
+    idx: np.ndarray
+
+    @classmethod
+    def build(cls, ctx: _Context) -> "_LaunchMap":
+        corr = np.concatenate(ctx.launch_corr) if ctx.launch_corr else np.zeros(0, np.int64)
+        ts = np.concatenate(ctx.launch_ts) if ctx.launch_ts else np.zeros(0, np.int64)
+        idx = np.concatenate(ctx.launch_idx) if ctx.launch_idx else np.zeros(0, np.int64)
+        ctx.launch_corr, ctx.launch_ts, ctx.launch_idx = [], [], []
+        uniq, first = np.unique(corr, return_index=True)  # first occurrence in file order
+        return cls(uniq, ts[first], idx[first])
+
+    def times(self, corrs: np.ndarray, own: np.ndarray) -> np.ndarray:
+        if len(self.corr) == 0 or len(corrs) == 0:
+            return own
+        j = np.minimum(np.searchsorted(self.corr, corrs), len(self.corr) - 1)
+        found = (self.corr[j] == corrs) & (corrs >= 0)
+        return np.where(found, self.ts[j], own)
+
+
+def _step_at(steps: pa.Table):
+    step_ts = steps.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
+    step_end = step_ts + steps.column("dur").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    nums = steps.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def at(t: np.ndarray) -> np.ndarray:  # the parser's rule (kineto._build step_at)
+        if len(step_ts) == 0:
+            return np.full(len(t), -1, np.int64)
+        i = np.searchsorted(step_ts, t, side="right") - 1
+        ok = i >= 0
+        ic = np.where(ok, i, 0)
+        inside = (ok & (t < step_end[ic])) | (ok & (t == step_ts[ic]))
+        return np.where(inside, nums[ic], -1)
+
+    return at
+
+
+def _device_steps(table: pa.Table, cat_col: str | None, launches: _LaunchMap, step_at) -> pa.Table:
+    """Device rows take the step of their launch (which may be in another chunk)."""
+    if table.num_rows == 0:
+        return table
+    if cat_col is not None:
+        cats = table.column(cat_col).cast(pa.string())
+        mask = pc.fill_null(pc.is_in(cats, pa.array(sorted(_KERNEL_CATS))), False).to_numpy(zero_copy_only=False)
+    else:
+        mask = np.ones(table.num_rows, bool)
+    if not mask.any():
+        return table
+    rows = np.flatnonzero(mask)
+    corr = table.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False)[rows]
+    own = table.column("ts").to_numpy(zero_copy_only=False)[rows]
+    steps = step_at(launches.times(corr, own))
+    col = table.column("step").to_numpy(zero_copy_only=False).astype(np.float64)
+    valid = table.column("step").is_valid().to_numpy(zero_copy_only=False)
+    new = np.where(valid, col, -1).astype(np.int64)
+    new[rows] = steps
+    return table.set_column(table.column_names.index("step"), "step",
+                            pa.array(new.astype(np.int32), pa.int32(), mask=new < 0))
+
+
+def _decoder(lenient: bool):
+    return D.LENIENT_DECODER if lenient else D.TYPED_DECODER
+
+
+def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
+    try:
+        trace = _decoder(lenient).decode(data)
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+    return K._build(path, trace, lenient, None)
+
+
+def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompressed_bytes: int | None = None,
+                         chunk_bytes: int | None = None, spill_dir: str | None = None) -> Any:
+    """Same KinetoParse as `kineto.parse_kineto(path)`, holding one chunk at a time.
+
+    The events table comes back memory-mapped from Arrow IPC files (deleted once mapped)."""
+    path = str(path)
+    chunks = EventChunks(path, chunk_bytes or chunk_bytes_for(max_memory_bytes), max_decompressed_bytes)
+    with K._gc_paused():
+        ctx = _Context(phase_counts={"X": 0, "M": 0})
+        try:
+            _pass1(ctx, chunks)
+        except msgspec.ValidationError:
+            ctx = _Context(lenient=True)  # like the one-shot parser: the whole file decodes leniently
+            _pass1(ctx, chunks)
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+        launches = _LaunchMap.build(ctx)
+        need = set(launches.idx[np.isin(launches.corr, np.fromiter(ctx.comm_corr, np.int64, len(ctx.comm_corr)))].tolist())
+        head, tail = chunks.head or b"{", chunks.tail or b"}"
+        meta_part = b",".join(r for _, r in ctx.meta)
+        step_part = b",".join(r for _, r in ctx.steps)
+        try:
+            # the context alone: collectives, steps, groups, comm-kernel ops as the whole file gives them
+            picked: list[tuple[int, bytes]] = []
+            workdir = tempfile.mkdtemp(prefix="tracekit-chunks-", dir=spill_dir)
+            try:
+                steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
+                ev_files, kernel_parts, counts, total_rows, first, last = _pass2(
+                    path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches,
+                    _step_at(steps_only), workdir)
+                context_events = sorted(ctx.meta + ctx.coll + ctx.steps + picked)
+                full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient)
+                events = _load(ev_files, full.tables["events"].schema)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError, pa.ArrowException) as exc:
+            raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
+    kernels = _fix_comm_kernels(kernel_parts, full.tables["kernels"])
+    warnings = _merge_warnings(counts, full.info["parse_warnings"], ctx.lenient)
+    info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
+                trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
+    tables = dict(full.tables, events=events, kernels=kernels)
+    return replace(full, info=info, tables=tables, phase_counts=ctx.phase_counts)
+
+
+def _pass1(ctx: _Context, chunks: EventChunks) -> None:
+    classes: dict = {}
+    cats: dict = {}
+    base = 0
+    for chunk in chunks:
+        before = ctx.num_events
+        _scan_chunk(ctx, chunk, base, classes, cats)
+        base += ctx.num_events - before
+
+
+def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
+    out, last = [], None
+    for i, raw in items:
+        if i != last:
+            out.append(raw)
+            last = i
+    return out
+
+
+def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, step_at, workdir):
+    """Parse every chunk with the metadata in front and the steps behind; spill its events."""
+    counts: dict[str, int] = {}
+    order: list[str] = []
+    ev_files: list[str] = []
+    kernel_parts: list[pa.Table] = []
+    total_rows = 0
+    first = last = None
+    n_steps = len(ctx.steps)
+    base = 0
+    for k, chunk in enumerate(chunks):
+        if need:
+            raws = _RAW_LIST.decode(b"[" + chunk + b"]")
+            for i in range(len(raws)):
+                if base + i in need:
+                    picked.append((base + i, bytes(raws[i])))
+            base += len(raws)
+            del raws
+        kp = _build_bytes(path, _wrap(head, tail, [meta_part, chunk, step_part]), ctx.lenient)
+        for w in kp.info["parse_warnings"]:
+            m = _COUNT_WARNING.match(w)
+            if m:
+                if m.group(2) not in counts:
+                    order.append(m.group(2))
+                    counts[m.group(2)] = 0
+                counts[m.group(2)] += int(m.group(1))
+        ev = kp.tables["events"]
+        ev = ev.slice(0, ev.num_rows - n_steps)
+        ev = _device_steps(ev, "cat", launches, step_at)
+        kt = _device_steps(kp.tables["kernels"], None, launches, step_at)
+        del kp
+        if ev.num_rows:
+            ts = ev.column("ts")
+            end = pc.add(ts, pc.fill_null(ev.column("dur"), 0))
+            lo, hi = pc.min(ts).as_py(), pc.max(end).as_py()
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+        total_rows += ev.num_rows
+        p = os.path.join(workdir, f"events.{k}.arrows")
+        with pa.OSFile(p, "wb") as sink, pa.ipc.new_stream(sink, ev.schema) as w:
+            w.write_table(ev)
+        ev_files.append(p)
+        kernel_parts.append(kt)
+        del ev
+    # the appended step rows were counted once per chunk
+    for key, n in (("complete events without dur (null duration)", ctx.step_missing_dur),
+                   ("complete events with negative dur (null duration)", ctx.step_negative_dur)):
+        if key in counts:
+            counts[key] -= n * len(ev_files)
+    rank = lambda k: next((i for i, p in enumerate(_COUNT_ORDER) if k.startswith(p)), len(_COUNT_ORDER))  # noqa: E731
+    counts = {k: counts[k] for k in sorted(order, key=rank) if counts[k] > 0}
+    return ev_files, kernel_parts, counts, total_rows, first, last
+
+
+def _load(files: list[str], schema: pa.Schema) -> pa.Table:
+    """Memory-map the spilled chunk tables and unlink the files (the mappings stay valid)."""
+    parts = []
+    for p in files:
+        with pa.memory_map(p) as src:
+            parts.append(pa.ipc.open_stream(src).read_all())
+        os.unlink(p)
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _fix_comm_kernels(parts: list[pa.Table], context_kernels: pa.Table) -> pa.Table:
+    """Comm kernels' op, group and step as the whole file links them (the context parse has them all, in order)."""
+    kernels = pa.concat_tables(parts) if parts else context_kernels.schema.empty_table()
+    if kernels.num_rows == 0:
+        return kernels
+    kind = kernels.column("kind").cast(pa.string())
+    comm = pc.fill_null(pc.equal(kind, "comm"), False).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(comm)
+    ck = context_kernels.filter(pc.fill_null(pc.equal(context_kernels.column("kind").cast(pa.string()), "comm"), False))
+    if len(rows) != ck.num_rows:
+        raise ValueError(f"chunked parse found {len(rows)} comm kernels but the context has {ck.num_rows}")
+    if len(rows) == 0:
+        return kernels
+    for col in ("collective_op", "pg_name", "step"):
+        values = kernels.column(col).combine_chunks()
+        vals = values.to_pylist() if not pa.types.is_dictionary(values.type) else values.cast(pa.string()).to_pylist()
+        ctx_vals = ck.column(col).to_pylist()
+        for r, v in zip(rows.tolist(), ctx_vals):
+            vals[r] = v
+        typ = kernels.schema.field(col).type
+        arr = pa.array(vals, pa.string()).dictionary_encode().cast(typ) if pa.types.is_dictionary(typ) else pa.array(vals, typ)
+        kernels = kernels.set_column(kernels.column_names.index(col), col, arr)
+    return kernels
+
+
+def _merge_warnings(counts: dict[str, int], context_warnings: list[str], lenient: bool) -> list[str]:
+    """The parser's order: lenient note, per-event counts (summed over chunks), then the rest."""
+    out = [w for w in context_warnings if w.startswith(_LENIENT_WARNING)] if lenient else []
+    out += [f"{n} {text}" for text, n in counts.items()]
+    out += [w for w in context_warnings if not _COUNT_WARNING.match(w) and not w.startswith(_LENIENT_WARNING)]
+    return out
