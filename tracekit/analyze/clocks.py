@@ -69,8 +69,16 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
         sizes = sync.groupby("key")["rank"].transform("size")
         sync = sync[sizes >= 2].copy()
         sync["d"] = sync["end"] - sync.groupby("key")["end"].transform("median")
+    by_rank: dict[int, np.ndarray] = {}
+    if len(sync):
+        rk = sync["rank"].to_numpy(dtype=np.int64)
+        dv = sync["d"].to_numpy(dtype=float)
+        order = np.argsort(rk, kind="stable")
+        for idx in np.split(order, np.flatnonzero(np.diff(rk[order])) + 1):
+            if idx.size:
+                by_rank[int(rk[idx[0]])] = dv[idx]
     for r in ranks:
-        d = sync.loc[sync["rank"] == r, "d"].to_numpy(dtype=float) if len(sync) else np.zeros(0)
+        d = by_rank.get(r, np.zeros(0))
         if d.size < config.min_instances:
             rows.append({"rank": r, "offset_ns": None, "mad_ns": None, "instances": int(d.size),
                          "applied": False, "status": "unmatched"})

@@ -243,13 +243,21 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
 
 def _wait_intervals(rows: pd.DataFrame, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
     """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
-    out = {}
-    for r, grp in rows.groupby("rank"):
+    out: dict[int, iv.IntervalSet] = {}
+    rank = rows["rank"].to_numpy(dtype=np.int64)
+    start = rows["arrival_raw"].to_numpy(dtype=np.int64)
+    wait = rows["wait"].to_numpy(dtype=np.int64)
+    order = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.diff(rank[order])) + 1
+    for idx in np.split(order, bounds):
+        if idx.size == 0:
+            continue
+        r = int(rank[idx[0]])
         shift = shifts.get(r)
         if shift is None:
             continue
-        s = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
-        out[int(r)] = iv.union(s, s + grp["wait"].to_numpy(dtype=np.int64))
+        s = start[idx] + shift
+        out[r] = iv.union(s, s + wait[idx])
     return out
 
 
