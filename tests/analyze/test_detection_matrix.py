@@ -12,6 +12,7 @@ that starts each run the first time a test asks for it. Timing figures go to std
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ MOE_MODEL = ["--dp", "2", "--ep", "2", "--num-experts", "8", "--capacity-factor"
              "--moe-every", "1"]
 
 RUNS: dict[str, list[str]] = {
-    "clean": ["--dp", "2", "--ep", "2"],
+    "clean": ["--dp", "2"],
     "stage_imbalance": PP_MODEL + ["--microbatches", "4", "--stage-layers", "3,1"],
     "router_skew": MOE_MODEL + ["--router-bias", "3=2.0"],
     "router_balanced": MOE_MODEL,
@@ -118,20 +119,19 @@ def _top(run: Run) -> dict[str, Any]:
 # Rows whose expected finding comes from Analyzers I (stragglers/unoverlapped, engineer D) and that an
 # Analyzers I finding currently outranks; they report what they see and must pass once that is fixed.
 _ANALYZERS_I_OPEN = pytest.mark.xfail(reason=(
-    "Analyzers I: waiting for a late peer counted as communication_bound / DDP's per-step buffer broadcast "
-    "on an unidentified group outranks the straggler and no-overlap findings"), strict=False)
+    "Analyzers I: the straggler of a replica with 2x longer sequences comes out at info severity "
+    "(cause 'contention') or below another finding"), strict=False)
 
 MATRIX = [
     ("stage_imbalance", "stage_imbalance", {"pipeline_imbalance"}),
     ("router_skew", "router_skew", {"expert_routing_skew"}),
     ("too_few_microbatches", "too_few_microbatches", {"pipeline_bubble"}),
     ("slow_link", "slow_link", {"low_bus_bandwidth", "communication_bound"}),
-    pytest.param("host_stall", "host_stall", {"idle_host_bound", "straggler"}, marks=_ANALYZERS_I_OPEN),
+    ("host_stall", "host_stall", {"idle_host_bound", "straggler"}),
     pytest.param("uneven_sequence_length", "uneven_sequence_length", {"straggler"}, marks=_ANALYZERS_I_OPEN),
     ("tp_across_hosts", "groups_span_hosts", {"placement_mismatch"}),
     ("slow_rank", "slow_rank", {"straggler"}),
-    pytest.param("no_overlap", "no_overlap", {"unoverlapped_collective", "communication_bound"},
-                 marks=_ANALYZERS_I_OPEN),
+    ("no_overlap", "no_overlap", {"unoverlapped_collective", "communication_bound"}),
 ]
 
 
@@ -193,10 +193,12 @@ def test_bubble_tracks_theory_and_falls_with_microbatches(runtime_runs):
     assert measured[2] > measured[8]
 
 
-RERUN_RATIO = (0.25, 1.5)
-"""Measured step-time saving / predicted saving after applying the advice. The prediction is an upper
-bound that ignores per-micro-batch (resp. per-token) overheads; the measurement takes the least-disturbed
-step of two interleaved runs per configuration (before, after, before, after) on a shared 2-core box."""
+RERUN_UPPER = 1.25
+"""The prediction is an upper bound (it ignores the per-micro-batch, resp. per-token, overheads that
+the change adds): the measured saving must be positive and at most RERUN_UPPER × predicted. Measured on
+the least-disturbed step of two interleaved runs per configuration (before, after, before, after)."""
+MAX_LOAD_PER_CORE = 1.5
+"""Step-time comparisons between runs mean nothing on a box other jobs saturate: skip above this load."""
 
 
 def _best_step_ns(*runs: Run) -> float:
@@ -204,6 +206,9 @@ def _best_step_ns(*runs: Run) -> float:
 
 
 def _rerun(runs: Runs, before: str, after: str) -> tuple[Run, float, float]:
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > MAX_LOAD_PER_CORE:
+        pytest.skip(f"load average {load:.1f} per core: other jobs would dominate a step-time comparison")
     order = [runs.get(before), runs.get(after), runs.get(before + "#2"), runs.get(after + "#2")]
     return order[0], _best_step_ns(order[0], order[2]), _best_step_ns(order[1], order[3])
 
@@ -212,8 +217,7 @@ def _check(label: str, t_before: float, t_after: float, predicted: float) -> Non
     measured = t_before - t_after
     print(f"\n{label}: best step {t_before / 1e6:.1f} ms → {t_after / 1e6:.1f} ms, measured saving "
           f"{measured / 1e6:.1f} ms, predicted {predicted / 1e6:.1f} ms (ratio {measured / predicted:.2f})")
-    lo, hi = RERUN_RATIO
-    assert lo * predicted <= measured <= hi * predicted
+    assert 0 < measured <= RERUN_UPPER * predicted
 
 
 def test_bubble_advice_matches_rerun(runtime_runs):

@@ -147,3 +147,18 @@ def test_reconcile_attributes_exposed_comm_of_misplaced_groups():
     out = recommend.reconcile([place, bound, tp, dp], ctx)
     assert [f.summary for f in out][:2] == ["place", "dp"]
     assert {f.summary for f in out if "explained_by" in f.evidence} == {"bound", "tp"}
+
+
+def test_reconcile_all_to_all_waiting_behind_routing_skew():
+    ctx = AnalysisContext(config=AnalysisConfig())
+    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+        {"rank": 0, "dim": "ep", "op": "all_to_all", "transfer_exposed_ns": 60 * MS},
+        {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 20 * MS}]})
+    skew = Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=Severity.CRITICAL, summary="skew", ranks=(1,),
+                   dim="ep", recommendation="r", est_saving_ns=30 * MS)
+    bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(0,),
+                    recommendation="r", est_saving_ns=80 * MS)
+    out = recommend.reconcile([skew, bound], ctx)
+    assert out[0].summary == "skew" and out[1].evidence["explained_by"].startswith("expert_routing_skew")
+    # without a skew finding the same communication_bound stands
+    assert recommend.reconcile([bound], ctx)[0].est_saving_ns == 80 * MS

@@ -95,14 +95,14 @@ def _manifest_pipeline(store: RunStore) -> dict[str, Any]:
     faults = cfg.get("faults") if isinstance(cfg.get("faults"), dict) else {}
 
     def pick(*keys: str) -> Any:
-        for src in (man, layout, cfg, faults):
-            for k in keys:
+        for k in keys:  # earlier keys win over later ones, then manifest top level over layout over config
+            for src in (man, layout, cfg, faults):
                 if src.get(k) is not None:
                     return src[k]
         return None
 
     return {
-        "schedule": pick("schedule"),
+        "schedule": pick("schedule_effective", "schedule"),
         "microbatches": pick("microbatches", "num_microbatches"),
         "virtual_stages": pick("virtual_stages", "chunks_per_rank"),
         "stage_layers": pick("stage_layers"),

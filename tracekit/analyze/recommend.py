@@ -314,7 +314,7 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     pp_share = _pp_exposed_share(ctx) if labelled else {}
     misplaced = {f.dim for f in findings if f.kind is FindingKind.PLACEMENT_MISMATCH
                  and f.severity.order >= Severity.WARNING.order}
-    dim_share = _exposed_share_by_dim(ctx) if misplaced else {}
+    dim_share = _exposed_share_by_dim(ctx) if (misplaced or hot_owners) else {}
     out = []
     for f in findings:
         cause = None
@@ -329,6 +329,9 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
         elif (f.kind is FindingKind.COMMUNICATION_BOUND and misplaced and ranks
               and all(sum(dim_share.get(r, {}).get(d, 0.0) for d in misplaced) >= 0.5 for r in ranks)):
             cause = "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
+        elif (f.kind is FindingKind.COMMUNICATION_BOUND and hot_owners and ranks
+              and all(dim_share.get(r, {}).get("ep", 0.0) >= 0.5 for r in ranks)):
+            cause = "expert_routing_skew: the exposed communication is mostly all-to-all waiting on the hot expert"
         elif f.kind is FindingKind.STRAGGLER and ranks and slow_stage and ranks <= slow_stage:
             cause = "pipeline_imbalance (the rank runs the slowest stage)"
         elif (f.kind is FindingKind.STRAGGLER and hot_owners and ranks and ranks <= hot_owners
