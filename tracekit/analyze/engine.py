@@ -52,6 +52,7 @@ class AnalysisContext:
 
 # (section name, "module:function"). Order matters: later analyzers may read earlier sections.
 ANALYZERS: list[tuple[str, str]] = [
+    ("inputs", "tracekit.analyze.inputs:analyze_inputs"),
     ("layout", "tracekit.analyze.layout:analyze_layout"),
     ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
     ("matching", "tracekit.analyze.matching:analyze_matching"),
@@ -99,7 +100,8 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
         "schema": ANALYSIS_SCHEMA,
         "tracekit_version": __version__,
         "command": command,
-        "inputs": {"ranks": store.ranks(), "skipped": store.skipped},
+        "inputs": {"ranks": store.ranks(), "skipped": store.skipped,
+                   "warnings": (ctx.section("inputs") or {}).get("warnings", [])},
         "ranks": breakdown.get("ranks", []),
         "findings": [f.to_json() for f in sort_findings(findings)],
         "sections": {name: res.section for name, res in ctx.results.items() if res.section is not None},

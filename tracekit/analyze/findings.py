@@ -29,6 +29,9 @@ class FindingKind(str, Enum):
     PLACEMENT_MISMATCH = "placement_mismatch"
     CLOCK_SKEW = "clock_skew"
     INPUT_SKIPPED = "input_skipped"
+    MISSING_RANKS = "missing_ranks"
+    MIXED_RUNS = "mixed_runs"
+    TIME_UNIT_MISMATCH = "time_unit_mismatch"
 
 
 @dataclass(frozen=True)
