@@ -491,6 +491,9 @@ def _inputs(ctx: _Page) -> str:
                       table_id="skipped-table")
     else:
         body += "<p class=note>No input was skipped.</p>"
+    warnings = [w for w in inputs.get("warnings") or [] if w]
+    if warnings:  # missing ranks, mixed runs, time units... (tracekit/analyze/inputs.py)
+        body += "<h3>Input warnings</h3><ul id=input-warnings>" + "".join(f"<li>{h(w)}</li>" for w in warnings) + "</ul>"
     rows = _store_ranks(ctx)
     if rows:
         cols = [Col("rank", "rank"), Col("hostname", "host", _txt, False), Col("backend", "backend", _txt, False),

@@ -58,6 +58,9 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
         analyzed.append(f"step time {ms(lo)}" + (f" to {ms(hi)} across ranks" if hi != lo else ""))
     analyzed.append(f"[{len(skipped)} input(s) skipped]({href}#inputs)" if skipped else "no input skipped")
     lines += ["**Analyzed:** " + "; ".join(analyzed) + ".", ""]
+    warnings = [w for w in inputs.get("warnings") or [] if w]
+    if warnings:
+        lines += ["**Input warnings:**"] + [f"- {md(w)}" for w in warnings] + [""]
 
     links = [f"[{title}]({href}#{anchor})" for anchor, title in SECTIONS
              if anchor not in ("verdict", "other-sections") and has_data(ctx, anchor)]
