@@ -1,0 +1,71 @@
+"""The chunked (bounded-memory) parse gives the one-shot parser's tables, on real and generated traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from tests.scale.conftest import assert_stores_equal, plain_table
+from tracekit.parse.chunked import EventChunks, parse_kineto_chunked
+from tracekit.parse.kineto import parse_kineto
+from tracekit.parse.run import parse_run
+
+REAL = [  # (file, chunk bytes): chunks small enough to cut every file several times
+    ("hta_nccl_a100_rank0of2/nccl_data.json.gz", 400_000),  # modern NCCL args, fractional µs
+    ("hta_alltoall_a100_rank0of16/rank0.json.gz", 4_000_000),  # all_to_all, integer µs
+    ("hta_gloo_cpu_rank34of300/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 2_000),  # gloo CPU
+    ("kineto_resnet50_2021_workers0/worker0.1623143089861.pt.trace.json.gz", 1_000_000),  # 2021 schema
+    ("hta_triton/triton_example.json.gz", 2_000),
+]
+
+
+def _assert_same(path, chunk_bytes: int) -> None:
+    a = parse_kineto(path)
+    b = parse_kineto_chunked(path, max_memory_bytes=chunk_bytes * 6, chunk_bytes=chunk_bytes)
+    for name in a.tables:
+        x, y = plain_table(a.tables[name]), plain_table(b.tables[name])
+        assert x.num_rows == y.num_rows, name
+        assert [c for c in x.column_names if not x.column(c).equals(y.column(c))] == [], name
+    assert a.info == b.info
+    assert a.phase_counts == b.phase_counts
+    assert (a.rank, a.world_size, a.process_groups) == (b.rank, b.world_size, b.process_groups)
+
+
+@pytest.mark.parametrize("rel,chunk_bytes", REAL, ids=[r.split("/")[0] for r, _ in REAL])
+def test_chunked_equals_one_shot_on_real_traces(shared_traces, rel, chunk_bytes):
+    path = shared_traces / rel
+    assert sum(1 for _ in EventChunks(str(path), chunk_bytes)) > 2
+    _assert_same(path, chunk_bytes)
+
+
+def test_chunked_equals_one_shot_on_generated_trace(synth_run_16):
+    run, truth = synth_run_16
+    path = run / "rank5.pt.trace.json.gz"
+    assert sum(1 for _ in EventChunks(str(path), 50_000)) > 5
+    _assert_same(path, 50_000)
+
+
+def test_cut_points_inside_strings_and_nested_objects(tmp_path):
+    """Names holding '},{' and args with nested objects must not be cut there."""
+    events = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]
+    for i in range(400):
+        events.append({"ph": "X", "cat": "cpu_op", "name": 'odd "},{"x": 1} name' if i % 3 == 0 else "aten::mm",
+                       "pid": 1, "tid": 1, "ts": 1000 + 10 * i, "dur": 5,
+                       "args": {"nested": [{"a": i}, {"b": "},"}], "External id": i}})
+    events.insert(0, {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+                      "ts": 999, "dur": 5000})
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}).encode()))
+    chunks = list(EventChunks(str(path), 2_000))
+    assert len(chunks) > 10
+    assert sum(len(json.loads(b"[" + c + b"]")) for c in chunks) == len(events)
+    _assert_same(path, 2_000)
+
+
+def test_parse_run_takes_the_chunked_path_over_budget(synth_run_16, tmp_path):
+    run, _ = synth_run_16
+    one_shot = parse_run(run, tmp_path / "a", progress=False).store
+    chunked = parse_run(run, tmp_path / "b", progress=False, max_memory_bytes=600_000).store
+    assert_stores_equal(one_shot, chunked)
