@@ -9,7 +9,8 @@ Instances of one group can run concurrently, so per-instance numbers may sum to 
 union; dim/op totals and findings use the union.
 
 Section `unoverlapped`:
-    {"instances": int, "exposed_ns": int, "transfer_exposed_ns": int,
+    {"exposure_source": {"ranks_by_source": {"kineto collectives" | "comm kernels": n}, "times": str},
+     "instances": int, "exposed_ns": int, "transfer_exposed_ns": int,
      "by_dim_op": [{"dim", "op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
                     "overlap_ratio", "exposed_ns_per_step", "transfer_exposed_ns_per_step",
                     "share_of_step", "worst_rank"}],          # per-step numbers: the worst rank's
@@ -116,6 +117,7 @@ def _instances(store: RunStore, rank: int) -> pd.DataFrame:
             "step": t.column("step").to_pylist(), "ts": t.column("ts").to_pylist(),
             "dur": t.column("dur").to_pylist()})
     df["op"] = df["op"].fillna("unknown")
+    df.attrs["source"] = "kineto collectives" if t.num_rows else "comm kernels"
     return df
 
 
@@ -141,6 +143,7 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
     frames = []
     per_rank_dim_op: list[dict[str, Any]] = []
     per_rank_total: dict[int, tuple[int, int]] = {}
+    sources: dict[str, int] = {}
     for rank in store.ranks():
         if rank not in br_ranks:
             continue
@@ -153,6 +156,7 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
         df = _instances(store, rank)
         if df.empty:
             continue
+        sources[df.attrs["source"]] = sources.get(df.attrs["source"], 0) + 1
         s = df["ts"].to_numpy(np.int64)
         e = s + df["dur"].to_numpy(np.int64)
         in_win = iv.covered(win, s, e)
@@ -184,6 +188,8 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
                                                                         per_rank_dim_op, cfg)
     top = inst.sort_values("exposed_ns", ascending=False).head(cfg.top_offenders)
     section = {
+        "exposure_source": {"ranks_by_source": sources,
+                            "times": "device kernel / gloo worker time on each rank's trace clock"},
         "instances": int(len(inst)),
         "exposed_ns": int(inst["exposed_ns"].sum()) if len(inst) else 0,
         "transfer_exposed_ns": int(inst["transfer_exposed_ns"].sum()) if len(inst) else 0,
