@@ -99,3 +99,38 @@ def test_user_peak(tmp_path):
     # above half the peak: not low
     res = run(store, peak_gbps={"dp0": 2 * busbw * 0.9})
     assert not [r for r in res.section["rows"] if r["pg_name"] == "dp0"][0]["low"]
+
+
+def test_real_nccl_trace_matches_independent_reading(shared_traces, tmp_path):
+    """busbw per (op, size bucket) on a real A100 NCCL trace vs the kernels read with json + Decimal."""
+    import gzip
+    import json
+    from decimal import Decimal
+    from statistics import median
+
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+
+    path = shared_traces / "hta_nccl_a100_rank0of2"
+    doc = json.loads(gzip.open(path / "nccl_data.json.gz").read(), parse_float=Decimal)
+    ops = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    size = {"Float": 4, "Long": 8}
+    expected: dict[tuple[str, int], list[float]] = {}
+    for e in doc["traceEvents"]:
+        a = e.get("args") or {}
+        if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel" or "Collective name" not in a:
+            continue
+        op, n = ops[a["Collective name"]], int(a["Group size"])
+        nbytes = max(int(a["In msg nelems"]), int(a["Out msg nelems"])) * size[a["dtype"]]
+        dur_ns = Decimal(e["dur"]) * 1000
+        factor = 2 * (n - 1) / n if op == "all_reduce" else 1.0
+        bucket = 1 << (nbytes.bit_length() - 1)
+        expected.setdefault((op, bucket), []).append(float(Decimal(nbytes) / dur_ns) * factor)
+    assert expected
+    store = parse_run(path, tmp_path / "store", progress=False).store
+    rows = analyze_store(store)["sections"]["bandwidth"]["rows"]
+    got = {(r["op"], r["bucket_bytes"]): r for r in rows}
+    assert set(got) == set(expected)
+    for key, vals in expected.items():
+        assert got[key]["count"] == len(vals)
+        assert got[key]["busbw_gbps_p50"] == pytest.approx(median(vals), rel=1e-6), key

@@ -98,7 +98,7 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
 
     if routing:
         counts, dropped, source, gran = _from_routing(routing), _dropped(routing), "routing", "expert"
-    elif a2a_rows:
+    elif a2a_rows and _from_splits(a2a_rows):
         counts, source, gran = _from_splits(a2a_rows), "all_to_all_splits", "ep_rank"
         dropped = {}
     else:
