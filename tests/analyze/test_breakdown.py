@@ -73,14 +73,13 @@ def test_cpu_breakdown_uses_training_threads_and_gloo_worker_time(tmp_path):
     row = analyze_store(store)["ranks"][0]
     # compute: [0,150) + [400,600) + [700,720) + [725,730) (leaves inside the comm op) + [890,900)
     compute = 150 + 200 + 20 + 5 + 10
-    # comm: [155,400) + [730,880) = 395, none of it under compute
-    assert row["compute_ns"] == compute and row["comm_ns"] == 395 and row["exposed_comm_ns"] == 395
-    assert row["overlap_ratio"] == 0.0
-    # other: issue ops minus compute/comm: [150,155) + [720,725) + [880,890) = 20
-    assert row["other_ns"] == 20
-    assert row["idle_ns"] == 1000 - compute - 395 - 20
-    # verdict: compute + other device work (405) vs exposed comm (395) vs idle (200)
-    assert row["bound"] == "compute"
+    # comm: gloo worker [155,400) + [730,880) = 395, plus the training thread inside comm calls
+    # [150,155) + [720,730) + [880,890) = 25 -> 420; the aten::div_ leaf [725,730) inside the call
+    # overlaps it, so 5 ns are overlapped and 415 exposed
+    assert row["compute_ns"] == compute and row["comm_ns"] == 420 and row["exposed_comm_ns"] == 415
+    assert row["overlap_ratio"] == round(5 / 420, 6) and row["other_ns"] == 0
+    assert row["idle_ns"] == 1000 - compute - 415
+    assert row["bound"] == "communication"   # 415 > 385 compute > 200 idle
 
 
 def test_trace_without_steps_is_one_window_first_to_last_event(tmp_path):

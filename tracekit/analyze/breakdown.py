@@ -8,10 +8,10 @@ Where "busy" comes from:
 - GPU ranks (rows in `kernels`): kernels.kind compute / comm / memcpy+memset (other), all streams.
 - CPU ranks: compute = `cpu_op` events on training threads (every thread that is not a gloo/NCCL
   worker thread) except the ops that only issue communication (`c10d::*`, `record_param_comms`,
-  the runtime's `comm:*`, ...), which count as other; inside such an op only leaf ops count (the
-  ops enclosing it, e.g. an autograd node running a synchronous comm hook, span a blocked wait,
-  which is exposed communication, not compute); comm = the rank's `collectives` rows from the Kineto source
-  (ts/dur = gloo worker thread time), or, failing that, events on `pt_gloo_runloop` threads.
+  the runtime's `comm:*`, ...); inside such an op only leaf ops count (the ops enclosing it, e.g.
+  an autograd node running a synchronous comm hook, span a blocked wait, not compute); comm = the rank's `collectives` rows from the Kineto source
+  (ts/dur = gloo worker thread time), or, failing that, events on `pt_gloo_runloop` threads, plus
+  the time training threads spend inside those communication calls (lane `comm:calls`); other = 0.
   Comms-log/flight-recorder times are wall-clock, not the trace's clock, so they never enter here.
 Windows: each `steps` row (ProfilerStep#N, the CPU-side annotation, every step including the last);
 a rank without steps is one window from its first to its last event. Device work outside the
@@ -182,7 +182,14 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
             if s.size:
                 comm_by_group["comm"] = comm
             comm_source = "comm-thread events" if s.size else "none"
-        other = other_all
+        # the training thread inside a communication call (issuing it, or blocked in a synchronous
+        # one before/while the worker runs it) is communicating too; CPU traces have no "other" work
+        calls = iv.subtract(other_all, comm)
+        if calls[0].size:
+            comm_by_group["comm:calls"] = calls
+            comm_source += " + comm calls on training threads"
+        comm = iv.merge(comm, other_all)
+        other = iv.empty()
         # inside an op that issues/waits for communication only leaf ops count as compute: the ops
         # enclosing it (e.g. an autograd node running a synchronous comm hook) span a blocked wait
         compute = iv.merge(iv.subtract(compute_all, other_all), iv.intersect(compute_leaf, other_all))
