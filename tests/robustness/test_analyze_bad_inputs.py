@@ -1,0 +1,329 @@
+"""`tracekit analyze` on folders with one bad input beside good ones.
+
+For each bad input: the exit status, the message naming the file and the reason, analysis.json listing
+the skipped input (and a finding saying so), and the good ranks' numbers equal to those of a clean
+run without the bad file. Missing ranks, mixed runs, time-unit mix-ups and clock skew appear as
+warnings in analysis.json, report.html and summary.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import corpus as C
+from conftest import run_analyze
+
+SCHEMA = json.loads((C.REPO / "tracekit" / "schemas" / "analysis.schema.json").read_text())
+INPUT_KINDS = {"input_skipped", "missing_ranks", "mixed_runs", "time_unit_mismatch", "clock_skew"}
+
+
+def _rank_row(analysis, rank):
+    rows = [r for r in analysis["ranks"] if r["rank"] == rank]
+    assert len(rows) == 1, analysis["ranks"]
+    return rows[0]
+
+
+def _analysis_findings(analysis):
+    """Findings about the training (not about the inputs), comparable across runs."""
+    return sorted((f["kind"], f["summary"]) for f in analysis["findings"] if f["kind"] not in INPUT_KINDS)
+
+
+def skipped_reason(analysis) -> str:
+    return analysis["inputs"]["skipped"][0]["reason"] if analysis["inputs"]["skipped"] else "<none>"
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _kinds(analysis):
+    return [f["kind"] for f in analysis["findings"]]
+
+
+def _bad_rank1(case: str, path_dir: Path, docs) -> Path:
+    """Write the bad stand-in for rank 1's trace; returns its path."""
+    gz = C.clean_gz_bytes(1)
+    raw = C.dump(docs[1])
+    if case == "truncated_gz":
+        return C.write(path_dir / "rank1.pt.trace.json.gz", gz[: len(gz) * 2 // 3], gz=False)
+    if case == "corrupt_gz":
+        bad = gz[:5000] + bytes(b ^ 0x5A for b in gz[5000:6000]) + gz[6000:]
+        return C.write(path_dir / "rank1.pt.trace.json.gz", bad, gz=False)
+    if case == "truncated_json":  # a rank killed mid-write
+        return C.write(path_dir / "rank1.pt.trace.json", raw[: len(raw) // 2])
+    if case == "empty":
+        return C.write(path_dir / "rank1.pt.trace.json", b"")
+    if case == "gzip_of_nothing":
+        return C.write(path_dir / "rank1.pt.trace.json.gz", b"")
+    if case == "top_level_array":
+        return C.write(path_dir / "rank1.pt.trace.json", C.dump(docs[1]["traceEvents"]))
+    if case == "trace_events_string":
+        return C.write(path_dir / "rank1.pt.trace.json", C.dump(dict(docs[1], traceEvents="oops")))
+    if case == "event_not_an_object":
+        ev = docs[1]["traceEvents"]
+        return C.write(path_dir / "rank1.pt.trace.json.gz", C.dump(dict(docs[1], traceEvents=ev[:50] + [7] + ev[50:])))
+    if case == "execution_trace":
+        return C.write(path_dir / "rank1.pt.trace.json", C.dump(C.execution_trace()))
+    if case == "bomb":
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        block = b" " * (1 << 20)
+        data = c.compress(b'{"traceEvents": [') + b"".join(c.compress(block) for _ in range(40)) + c.compress(b"]}") + c.flush()
+        return C.write(path_dir / "rank1.pt.trace.json.gz", data, gz=False)
+    raise AssertionError(case)
+
+
+BAD_FILES = {
+    "truncated_gz": "truncated gzip stream",
+    "corrupt_gz": "corrupt gzip data",
+    "truncated_json": "invalid JSON: Input data was truncated",
+    "empty": "empty file",
+    "gzip_of_nothing": "gzip data decompresses to nothing",
+    "top_level_array": "JSON without 'traceEvents'",
+    "trace_events_string": "not a Kineto trace",
+    "event_not_an_object": "not a Kineto trace",
+    "execution_trace": "execution trace",
+    "bomb": "likely decompression bomb",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_rank_file_is_skipped_and_others_intact(tmp_path, monkeypatch, clean_docs, clean_rank0_analysis, case):
+    monkeypatch.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 16 << 20)  # a 40 MiB bomb is enough
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    bad = _bad_rank1(case, d, clean_docs)
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    line = _squash(err)  # stderr wraps lines: compare without whitespace
+    assert _squash(f"skipped {bad}: {skipped_reason(analysis)}") in line
+    assert _squash(BAD_FILES[case]) in line
+    jsonschema.validate(analysis, SCHEMA)
+    assert analysis["inputs"]["ranks"] == [0]
+    skipped = analysis["inputs"]["skipped"]
+    assert [s["file"] for s in skipped] == [str(bad)]
+    assert BAD_FILES[case] in skipped[0]["reason"]
+    # rank 0 analysed exactly as without the bad file
+    assert _rank_row(analysis, 0) == _rank_row(clean_rank0_analysis, 0)
+    assert _analysis_findings(analysis) == _analysis_findings(clean_rank0_analysis)
+    # the skip and the missing rank are findings, with the file named
+    skip = [f for f in analysis["findings"] if f["kind"] == "input_skipped"]
+    assert len(skip) == 1 and str(bad) in skip[0]["summary"] and skip[0]["severity"] == "warning"
+    missing = [f for f in analysis["findings"] if f["kind"] == "missing_ranks"]
+    assert len(missing) == 1 and missing[0]["ranks"] == [1] and missing[0]["evidence"]["world_size"] == 2
+
+
+@pytest.mark.parametrize("case", ["unknown_phases", "bad_durations", "non_utf8"])
+def test_damaged_but_readable_rank_is_kept(tmp_path, clean_docs, clean_pair_analysis, case):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    if case == "unknown_phases":
+        data = C.dump(C.with_unknown_phases(clean_docs[1]))
+    elif case == "bad_durations":
+        data = C.dump(C.with_bad_durations(clean_docs[1])[0])
+    else:
+        data = C.dump(clean_docs[1]).replace(b'"aten::mul"', b'"aten::\xe9mul"', 2)
+    C.write(d / "rank1.pt.trace.json.gz", data)
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    jsonschema.validate(analysis, SCHEMA)
+    assert analysis["inputs"]["ranks"] == [0, 1] and analysis["inputs"]["skipped"] == []
+    assert _rank_row(analysis, 0) == _rank_row(clean_pair_analysis, 0)
+    if case != "bad_durations":  # the other two change no time at all
+        assert _rank_row(analysis, 1) == _rank_row(clean_pair_analysis, 1)
+    else:  # durations now null: the rank is analysed, within its step time
+        r1 = _rank_row(analysis, 1)
+        assert r1["steps"] == 2 and r1["step_ns"] == _rank_row(clean_pair_analysis, 1)["step_ns"]
+    from tracekit.tables.store import RunStore
+
+    warns = RunStore(tmp_path / "out" / "tables").table("ranks").to_pylist()[1]["parse_warnings"]
+    expect = {"unknown_phases": "lenient decoder", "bad_durations": "negative dur",
+              "non_utf8": "2 invalid UTF-8 byte sequence(s) replaced"}[case]
+    assert any(expect in w for w in warns), warns
+
+
+def test_duplicate_rank_keeps_one_and_names_both(tmp_path, clean_pair_analysis):
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    (d / "rank1_copy.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(1))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    skipped = analysis["inputs"]["skipped"]
+    assert len(skipped) == 1
+    reason = skipped[0]["reason"]
+    assert "rank 1 is claimed by two Kineto trace files" in reason
+    assert str(d / "rank1.pt.trace.json.gz") in reason and str(d / "rank1_copy.pt.trace.json.gz") in reason
+    assert [(r["rank"], r["step_ns"], r["compute_ns"]) for r in analysis["ranks"]] == \
+        [(r["rank"], r["step_ns"], r["compute_ns"]) for r in clean_pair_analysis["ranks"]]
+
+
+def test_missing_ranks_warned_in_json_html_and_markdown(tmp_path, clean_docs, clean_pair_analysis):
+    """World size 8, files for 6: a warning naming ranks 6 and 7; the 6 ranks analysed as in the clean run."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in range(6):
+        C.write(d / f"rank{r}.pt.trace.json.gz", C.dump(C.renumbered(clean_docs[r % 2], r, 8)))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    jsonschema.validate(analysis, SCHEMA)
+    assert analysis["inputs"]["ranks"] == list(range(6))
+    missing = [f for f in analysis["findings"] if f["kind"] == "missing_ranks"]
+    assert len(missing) == 1 and missing[0]["ranks"] == [6, 7]
+    assert missing[0]["evidence"] == {"world_size": 8, "missing_ranks": [6, 7], "num_present": 6}
+    assert any("missing ranks [6, 7]" in w for w in analysis["inputs"]["warnings"])
+    assert "mixed_runs" not in _kinds(analysis)
+    clean = {r["rank"]: r for r in clean_pair_analysis["ranks"]}
+    for row in analysis["ranks"]:
+        assert {k: v for k, v in row.items() if k != "rank"} == {k: v for k, v in clean[row["rank"] % 2].items() if k != "rank"}
+    report = (tmp_path / "out" / "report.html").read_text()
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert html.escape(missing[0]["summary"]) in report
+    assert "missing ranks \\[6, 7\\]" in summary  # Markdown-escaped brackets
+
+
+@pytest.mark.parametrize("how", ["days_apart", "world_sizes"])
+def test_ranks_of_two_runs_are_warned(tmp_path, clean_docs, how):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    other = C.shifted(clean_docs[1], 3 * 86400 * C.US_PER_S) if how == "days_apart" else C.renumbered(clean_docs[1], 1, 4)
+    C.write(d / "rank1.pt.trace.json.gz", C.dump(other))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    jsonschema.validate(analysis, SCHEMA)
+    mixed = [f for f in analysis["findings"] if f["kind"] == "mixed_runs"]
+    assert len(mixed) == 1 and mixed[0]["severity"] == "warning"
+    ev = mixed[0]["evidence"]
+    if how == "days_apart":
+        assert [r["ranks"] for r in ev["runs"]] == [[0], [1]]
+        gap_ns = ev["runs"][1]["start_ns"] - ev["runs"][0]["start_ns"]
+        # independent: the two traces' first X timestamps, µs → ns, plus the 3-day shift
+        first = [min(e["ts"] for e in clean_docs[r]["traceEvents"] if e.get("ph") == "X") for r in (0, 1)]
+        assert abs(gap_ns - ((first[1] - first[0]) * 1000 + 3 * 86400 * 10**9)) < 1000
+        assert "+3.0 days" in mixed[0]["summary"]
+    else:
+        assert ev["world_sizes"] == {"2": [0], "4": [1]}
+    assert mixed[0]["summary"] in analysis["inputs"]["warnings"]
+    assert html.escape(mixed[0]["summary"]) in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_rank_in_nanoseconds_is_flagged(tmp_path, clean_docs):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    C.write(d / "rank1.pt.trace.json.gz", C.dump(C.in_ns(clean_docs[1])))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    units = [f for f in analysis["findings"] if f["kind"] == "time_unit_mismatch"]
+    assert len(units) == 1 and units[0]["ranks"] == [1]
+    import statistics
+
+    med = [statistics.median(e["dur"] for e in clean_docs[r]["traceEvents"]
+                             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")) for r in (0, 1)]
+    assert units[0]["evidence"]["measure"] == "step"
+    assert units[0]["evidence"]["ratio"] == pytest.approx(1000 * med[1] / med[0], abs=0.1)
+    assert "mixed_runs" not in _kinds(analysis)  # the unit mix-up is not mistaken for another run
+    assert units[0]["summary"] in analysis["inputs"]["warnings"]
+
+
+def test_clock_skew_between_hosts_is_aligned(tmp_path, clean_docs, clean_pair_analysis):
+    """Rank 1 on another host whose clock is 2 s ahead: the offset is estimated and removed."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    C.write(d / "rank1.pt.trace.json.gz", C.dump(dict(C.shifted(clean_docs[1], 2 * C.US_PER_S), host_name="hostB")))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    clocks = {r["rank"]: r for r in analysis["sections"]["clocks"]["ranks"]}
+    assert clocks[1]["status"] == "corrected" and clocks[1]["applied"]
+    assert abs(clocks[1]["offset_ns"] - 2_000_000_000) < 1_000_000
+    assert "clock_skew" not in _kinds(analysis) and "mixed_runs" not in _kinds(analysis)
+    clean_s = {r["rank"]: r for r in clean_pair_analysis["sections"]["stragglers"]["ranks"]}
+    for r in analysis["sections"]["stragglers"]["ranks"]:
+        assert r["last_count"] == clean_s[r["rank"]]["last_count"]
+        assert abs(r["delay_ns_per_step"] - clean_s[r["rank"]]["delay_ns_per_step"]) < 100_000
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]
+
+
+def test_inconsistent_clock_skew_is_warned(tmp_path, clean_docs):
+    """Rank 1's clock jumps from +5 ms to +60 ms mid-trace: no single offset fits, so `clock_skew` warns."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    xs = [e["ts"] for e in clean_docs[1]["traceEvents"] if e.get("ph") == "X"]
+    mid = (min(xs) + max(xs)) / 2
+
+    def jump(e):
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += 5_000 if e["ts"] < mid else 60_000
+        return e
+
+    C.write(d / "rank1.pt.trace.json.gz", C.dump(dict(C.map_events(clean_docs[1], jump), host_name="hostB")))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    skew = [f for f in analysis["findings"] if f["kind"] == "clock_skew"]
+    assert len(skew) == 1 and skew[0]["ranks"] == [1]
+    assert html.escape(skew[0]["summary"]) in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_malicious_pickle_beside_traces_is_refused_not_run(tmp_path, clean_pair_analysis):
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    sentinel = tmp_path / "PWNED"
+    evil = d / "fr_rank1.pkl"
+    evil.write_bytes(C.malicious_pickle(sentinel))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    assert not sentinel.exists()
+    assert [s["file"] for s in analysis["inputs"]["skipped"]] == [str(evil)]
+    assert "would import or call code; refused" in analysis["inputs"]["skipped"][0]["reason"]
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]
+
+
+def test_nothing_analyzable_exits_1_naming_each_file(tmp_path, clean_docs):
+    """Real process: exit status 1, each bad file named with its reason on stderr."""
+    d = tmp_path / "run"
+    d.mkdir()
+    a = _bad_rank1("truncated_json", d, clean_docs)
+    b = C.write(d / "rank0.pt.trace.json.gz", C.clean_gz_bytes(0)[:1000], gz=False)
+    env = dict(os.environ, COLUMNS="400")
+    res = subprocess.run([sys.executable, "-m", "tracekit", "analyze", str(d), "--out", str(tmp_path / "out"), "-q"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=C.REPO)
+    assert res.returncode == 1, res.stderr
+    err = _squash(res.stderr)
+    assert _squash(f"skipped {a}: invalid JSON: Input data was truncated") in err
+    assert _squash(f"skipped {b}: truncated gzip stream") in err
+    assert _squash(f"nothing under {d} could be analyzed") in err
