@@ -8,6 +8,7 @@ type makes the typed decode fail; `decode_lenient` then accepts anything and the
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Union
 
@@ -211,3 +212,116 @@ def raws_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
             else:
                 vals[i] = v
     return vals, valid
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunked decoding: the `traceEvents` array is cut at event boundaries and each piece decoded on
+# its own, so only one piece's structs are alive at a time (memory) and they stay in cache (speed).
+# Every cut is checked by the decode itself: a cut that is not between two top-level events leaves
+# an unterminated string or object in its piece, which fails to decode; the caller then falls back
+# to decoding the whole document at once.
+
+_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_CUT = re.compile(rb"\}\s*,\s*\{")
+_WS = b" \t\r\n"
+_MAX_END_TRIES = 64
+_MAX_CUT_TRIES = 8
+_MAX_TAIL_BYTES = 16 << 20  # text after the events array (Kineto: a few hundred bytes)
+
+
+class TopLevel(msgspec.Struct, gc=False):
+    """The document without its events (the array replaced by `[]` before decoding)."""
+
+    traceEvents: Union[list[Any], None] = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    schemaVersion: Any = None
+    baseTimeNanoseconds: Any = None
+    host_name: Any = None
+    hostname: Any = None
+
+
+TOP_DECODER = msgspec.json.Decoder(TopLevel)
+EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+
+
+def _closing_candidates(buf, start: int, prefix: bytes):
+    """Possible positions of the `]` that closes the events array, from the end of the document,
+    each with the top-level fields decoded from the document with the array emptied."""
+    close = len(buf)
+    tries = 0
+    while tries < _MAX_END_TRIES:
+        close = buf.rfind(b"]", start, close)
+        if close < 0 or len(buf) - close > _MAX_TAIL_BYTES:
+            return
+        j = close - 1
+        while j >= start and buf[j] in _WS:
+            j -= 1
+        if j >= start and buf[j] != 0x7D:  # the last event ends with '}' (or the array is empty)
+            continue
+        tries += 1
+        doc = b"".join((prefix, b'"traceEvents":[]', memoryview(buf)[close + 1:]))
+        try:
+            top = TOP_DECODER.decode(doc)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            continue
+        if top.traceEvents != []:  # our array is not the top-level one
+            return
+        yield top, close
+
+
+def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
+    """Decode the top-level `traceEvents` array about chunk_bytes of JSON at a time, handing each
+    decoded list of events to `sink`; returns the other top-level fields, or None when the layout
+    is unusual (the caller then decodes the whole document). Decode errors propagate."""
+    m = _TRACE_EVENTS_KEY.search(buf)
+    if m is None:
+        return None
+    start = m.end()
+    closes = _closing_candidates(buf, start, bytes(memoryview(buf)[: m.start()]))
+    found = next(closes, None)
+    if found is None:
+        return None
+    top, close = found
+    view = memoryview(buf)
+    decode = EVENTS_DECODER.decode
+    pos = start
+    while pos < close and buf[pos] in _WS:
+        pos += 1
+    while True:
+        stop = close
+        while stop > pos and buf[stop - 1] in _WS:
+            stop -= 1
+        if pos >= stop:
+            return top
+        cut = _EVENT_CUT.search(buf, pos + chunk_bytes, stop) if stop - pos > chunk_bytes + chunk_bytes // 2 else None
+        if cut is not None:
+            for _ in range(_MAX_CUT_TRIES):
+                try:
+                    events = decode(b"".join((b"[", view[pos:cut.start() + 1], b"]")))
+                    break
+                except msgspec.ValidationError:
+                    raise
+                except msgspec.DecodeError:  # the cut fell inside a string or args: try the next one
+                    cut = _EVENT_CUT.search(buf, cut.start() + 1, stop)
+                    if cut is None:
+                        raise
+            else:
+                raise msgspec.DecodeError("no event boundary found")
+            sink(events)
+            del events
+            pos = cut.end() - 1
+            continue
+        try:
+            events = decode(b"".join((b"[", view[pos:stop], b"]")))
+        except msgspec.ValidationError:
+            raise
+        except msgspec.DecodeError:
+            # The array may close earlier (a later `]` belonged to other top-level data).
+            found = next(closes, None)
+            if found is None or found[1] < pos:
+                raise
+            top, close = found
+            continue
+        sink(events)
+        return top

@@ -113,6 +113,11 @@ def _gc_paused():
             gc.enable()
 
 
+CHUNK_BYTES = 8 << 20
+"""JSON bytes of events decoded at once; the events of one chunk are turned into columns and freed
+before the next is decoded (bounded object memory, cache-resident structs)."""
+
+
 def parse_kineto(
     path: str | Path, *, rank: int | None = None, max_decompressed_bytes: int | None = None
 ) -> KinetoParse:
@@ -120,14 +125,53 @@ def parse_kineto(
     path = str(path)
     buf = read_trace_bytes(path, max_decompressed_bytes)
     with _gc_paused():
-        trace, lenient = _decode_trace(path, buf)
+        cols = _decode_chunked(buf)
+        repaired = None
+        if cols is None:  # unusual layout or content: decode the whole document at once
+            try:
+                trace, lenient = _decode_trace(path, buf)
+            except UnicodeDecodeError as exc:  # msgspec raises it for invalid UTF-8 inside a string
+                buf, repaired = _repair_utf8(path, buf, exc)
+                trace, lenient = _decode_trace(path, buf)
         del buf  # the decoded Raw texts keep it alive only until their events are dropped
         try:
-            return _build(path, trace, lenient, rank)
+            if cols is None:
+                parsed = _build(path, trace, lenient, rank)
+            else:
+                parsed = _finish(path, cols, rank)
+            if repaired is not None:
+                parsed.info["parse_warnings"].append(repaired)
+            return parsed
         except TraceFormatError:
             raise
         except (ValueError, TypeError, KeyError, IndexError, OverflowError, pa.ArrowException) as exc:
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_chunked(buf) -> "_Columns | None":
+    """Columns of a well-formed, typed trace, decoded chunk by chunk; None means: use the whole-document
+    path (it reports errors precisely and handles lenient typing and invalid UTF-8)."""
+    if not bytes(memoryview(buf)[:64]).lstrip().startswith(b"{"):
+        return None
+    cols = _Columns(None)
+    try:
+        top = D.decode_event_chunks(buf, CHUNK_BYTES, lambda events: _add_typed(cols, events))
+    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
+            OverflowError, pa.ArrowException):
+        return None
+    if top is None:
+        return None
+    cols.top = top
+    return cols
+
+
+def _repair_utf8(path: str, buf, exc: UnicodeDecodeError) -> tuple[bytes, str]:
+    """Replace invalid UTF-8 (e.g. Latin-1 names from another cluster) with U+FFFD; keep the rank."""
+    text = bytes(buf).decode("utf-8", "replace")
+    num_bad = text.count("\ufffd") - bytes(buf).count("\ufffd".encode())
+    if num_bad <= 0:
+        raise TraceFormatError(path, f"undecodable text: {exc}") from None
+    return text.encode("utf-8"), f"{num_bad} invalid UTF-8 byte sequence(s) replaced with U+FFFD"
 
 
 def _decode_trace(path: str, buf) -> tuple[Any, bool]:
@@ -238,8 +282,41 @@ def _norm_cat(cat: Any) -> str | None:
     return _CAT_ALIASES.get(c, c)
 
 
+MAX_NAME_CHARS = 4096
+"""Event names/categories longer than this are cut (real ones are at most a few hundred characters;
+megabyte strings from a broken or hostile writer would otherwise be copied into every table and report)."""
+
+
+def _clip_strings(values: list, what: str, warnings: list[str]) -> list:
+    if not values or max(map(len, filter(None, values)), default=0) <= MAX_NAME_CHARS:
+        return values
+    long = 0
+    out = []
+    for v in values:
+        if v is not None and len(v) > MAX_NAME_CHARS:
+            long += 1
+            v = f"{v[:MAX_NAME_CHARS]}...[{len(v) - MAX_NAME_CHARS} more characters cut]"
+        out.append(v)
+    warnings.append(f"{long} event {what} longer than {MAX_NAME_CHARS} characters were cut")
+    return out
+
+
+def _dict_values(values: list) -> pa.Array:
+    """The dictionary of a name/category column from its distinct values."""
+    arr = pa.array(values, pa.string())
+    if isinstance(arr, pa.ChunkedArray):
+        raise ValueError("distinct event names or categories exceed 2 GiB of text")
+    return arr
+
+
 def _dict_column(values: list, n: int) -> pa.DictionaryArray:
     arr = pa.array(values, pa.string()) if values else pa.nulls(n, pa.string())
+    if isinstance(arr, pa.ChunkedArray):  # over 2 GiB of text (huge strings): encode, then narrow the values
+        enc = pa.array(values, pa.large_string()).dictionary_encode()
+        try:
+            return pa.DictionaryArray.from_arrays(enc.indices, enc.dictionary.cast(pa.string()))
+        except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
+            raise ValueError(f"distinct event names or categories exceed 2 GiB of text ({exc})") from None
     return arr.dictionary_encode()
 
 
@@ -247,36 +324,166 @@ def _dict_column(values: list, n: int) -> pa.DictionaryArray:
 # build
 
 
+class _Columns:
+    """Per-event columns accumulated over decoded chunks (one chunk for the whole-document path)."""
+
+    def __init__(self, top: Any, lenient: bool = False) -> None:
+        self.top = top
+        self.lenient = lenient
+        self.n = 0
+        self.names: dict[str, int] = {}  # name → code, in first-occurrence order
+        self.cats: dict[Any, int] = {}  # raw category (None included) → code
+        self.keep_name: list[bool] = []  # per name code: rows whose full args collectives may read
+        self.name_codes: list[np.ndarray] = []
+        self.cat_codes: list[np.ndarray] = []
+        self.ts: list[np.ndarray] = []
+        self.ts_ok: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.dur_ok: list[np.ndarray] = []
+        self.pid: list[np.ndarray] = []
+        self.tid: list[np.ndarray] = []
+        self.pid_ids = _Ids()
+        self.tid_ids = _Ids()
+        self.ext: list[pa.Array] = []
+        self.corr: list[pa.Array] = []
+        self.stream: list[pa.Array] = []
+        self.device: list[pa.Array] = []
+        self.flops: list[pa.Array] = []
+        self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
+        self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
+        self.ms: list = []
+        self.phase_counts: dict[str, int] = {"X": 0, "M": 0}
+        self.warnings: list[str] = []
+
+
+def _intern(index: dict, values: list) -> np.ndarray:
+    """Codes of `values` in `index` (extended with new values in first-occurrence order)."""
+    for v in dict.fromkeys(values):
+        if v not in index:
+            index[v] = len(index)
+    return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
+
+
+def _add_typed(cols: _Columns, events: list) -> None:
+    """Add one decoded chunk of tagged-union events."""
+    X = D.X
+    xs = [e for e in events if e.__class__ is X]
+    if len(xs) != len(events):
+        M = D.M
+        counts = cols.phase_counts
+        for e in events:
+            cls = e.__class__
+            if cls is X:
+                continue
+            if cls is M:
+                cols.ms.append(e)
+                counts["M"] += 1
+            else:
+                tag = cls.__struct_config__.tag
+                counts[tag] = counts.get(tag, 0) + 1
+    cols.phase_counts["X"] += len(xs)
+    _add_x(cols, xs)
+
+
+def _add_x(cols: _Columns, xs: list) -> None:
+    """Turn complete events into column pieces; keep full args only for collective candidates."""
+    lenient = cols.lenient
+    n = len(xs)
+    base = cols.n
+    names = list(map(attrgetter("name"), xs))
+    cats = list(map(attrgetter("cat"), xs))
+    if lenient:
+        names = [v if isinstance(v, str) else ("" if v is None else str(v)) for v in names]
+        cats = [v if (v is None or isinstance(v, str)) else str(v) for v in cats]
+    known = len(cols.names)
+    codes = _intern(cols.names, names)
+    del names
+    if len(cols.names) > known:
+        new = list(cols.names)[known:]
+        cand = set(candidate_codes(new))
+        cols.keep_name.extend(i in cand or (bool(nm) and is_comm_kernel_name(nm)) for i, nm in enumerate(new))
+    cols.name_codes.append(codes)
+    cols.cat_codes.append(_intern(cols.cats, cats))
+    del cats
+
+    both, both_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)) + list(map(attrgetter("dur"), xs)))
+    cols.ts.append(both[:n])
+    cols.ts_ok.append(both_ok[:n])
+    cols.dur.append(both[n:])
+    cols.dur_ok.append(both_ok[n:])
+    del both, both_ok
+    cols.pid.append(cols.pid_ids.convert(list(map(attrgetter("pid"), xs))))
+    cols.tid.append(cols.tid_ids.convert(list(map(attrgetter("tid"), xs))))
+
+    args = list(map(attrgetter("args"), xs))
+    if lenient:
+        args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
+
+    def int_col(attr: str) -> pa.Array:
+        vals = list(map(attrgetter(attr), args))
+        if not lenient:
+            try:
+                return pa.array(vals, pa.int64())
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+                pass  # some values are text ("0x0", "7"): coerce one by one
+        return pa.array([_to_int(v) for v in vals], pa.int64())
+
+    cols.ext.append(pc.coalesce(int_col("external_id"), int_col("external_id_old")))
+    cols.corr.append(int_col("correlation"))
+    cols.stream.append(int_col("stream"))
+    cols.device.append(int_col("device"))
+    flops_vals = list(map(attrgetter("flops"), args))
+    cols.flops.append(pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64()))
+    del flops_vals
+    coll = list(map(attrgetter("coll_name"), args))
+    keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
+    if coll.count(None) != n:
+        has_coll = [i for i, v in enumerate(coll) if v is not None]
+        cols.coll_name.update((base + i, coll[i]) for i in has_coll)
+        keep[has_coll] = True
+    cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
+    cols.n += n
+
+
 def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
-    warnings: list[str] = []
+    """Tables from a whole-document decode (typed or lenient)."""
     events = trace.traceEvents
     if not isinstance(events, list):
         raise TraceFormatError(path, "traceEvents is not a list")
-
+    trace.traceEvents = None
+    cols = _Columns(trace, lenient)
     if lenient:
         xs = [e for e in events if e.ph == "X"]
-        ms = [e for e in events if e.ph == "M"]
+        cols.ms = [e for e in events if e.ph == "M"]
         phase_counts: dict[str, int] = {}
         for e in events:
             key = str(e.ph)
             phase_counts[key] = phase_counts.get(key, 0) + 1
-        warnings.append("typed decode failed (unknown ph or unexpected field types); used the lenient decoder")
+        cols.phase_counts = phase_counts
+        cols.warnings.append("typed decode failed (unknown ph or unexpected field types); used the lenient decoder")
+        del events
+        _add_x(cols, xs)
+        del xs
     else:
-        X, M = D.X, D.M
-        xs = [e for e in events if e.__class__ is X]
-        ms = [e for e in events if e.__class__ is M]
-        phase_counts = {"X": len(xs), "M": len(ms)}
-        rest = len(events) - len(xs) - len(ms)
-        if rest:
-            counts: dict[str, int] = {}
-            for e in events:
-                cls = e.__class__
-                if cls is not X and cls is not M:
-                    tag = cls.__struct_config__.tag
-                    counts[tag] = counts.get(tag, 0) + 1
-            phase_counts.update(counts)
-    del events
-    trace.traceEvents = None
+        _add_typed(cols, events)
+        del events
+    return _finish(path, cols, rank_arg)
+
+
+def _concat(parts: list, dtype) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def _concat_arrow(parts: list, dtype: pa.DataType) -> pa.Array:
+    return pa.concat_arrays(parts) if parts else pa.array([], dtype)
+
+
+def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
+    trace = cols.top
+    lenient = cols.lenient
+    warnings: list[str] = list(cols.warnings)
+    phase_counts = cols.phase_counts
+    ms = cols.ms
 
     di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
     if trace.distributedInfo is not None and di is None:
@@ -287,17 +494,34 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
         warnings.append(f"rank {rank_arg} given by caller differs from distributedInfo.rank {trace_rank}")
     table_rank = rank_arg if rank_arg is not None else (trace_rank if trace_rank is not None else RANK_UNKNOWN)
 
+    # --- columns of every chunk, joined
+    n = cols.n
+    ts, ts_ok = _concat(cols.ts, np.int64), _concat(cols.ts_ok, bool)
+    dur, dur_ok = _concat(cols.dur, np.int64), _concat(cols.dur_ok, bool)
+    name_codes, raw_cat_codes = _concat(cols.name_codes, np.int32), _concat(cols.cat_codes, np.int32)
+    pid, tid = _concat(cols.pid, np.int64), _concat(cols.tid, np.int64)
+    ext_col, corr_col = _concat_arrow(cols.ext, pa.int64()), _concat_arrow(cols.corr, pa.int64())
+    stream_arg, device_arg = _concat_arrow(cols.stream, pa.int64()), _concat_arrow(cols.device, pa.int64())
+    flops_col = _concat_arrow(cols.flops, pa.float64())
+    coll_names, args_keep = cols.coll_name, cols.args_keep
+    name_list, raw_cat_list = list(cols.names), list(cols.cats)
+    tid_ids = cols.tid_ids
+    del cols
+
     # --- timestamps (exact ns), dropping events without a usable ts
-    n = len(xs)
-    both, both_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)) + list(map(attrgetter("dur"), xs)))
-    ts, ts_ok, dur, dur_ok = both[:n], both_ok[:n], both[n:], both_ok[n:]
-    del both, both_ok
-    if not ts_ok.all():
+    filtered = not ts_ok.all()
+    if filtered:
         bad = int((~ts_ok).sum())
         warnings.append(f"{bad} complete events without a numeric ts were dropped")
-        xs = [x for x, ok in zip(xs, ts_ok) if ok]
+        new_row = np.cumsum(ts_ok) - 1
+        keep_arr = pa.array(ts_ok)
         ts, dur, dur_ok = ts[ts_ok], dur[ts_ok], dur_ok[ts_ok]
-        n = len(xs)
+        name_codes, raw_cat_codes, pid, tid = name_codes[ts_ok], raw_cat_codes[ts_ok], pid[ts_ok], tid[ts_ok]
+        ext_col, corr_col = ext_col.filter(keep_arr), corr_col.filter(keep_arr)
+        stream_arg, device_arg, flops_col = stream_arg.filter(keep_arr), device_arg.filter(keep_arr), flops_col.filter(keep_arr)
+        coll_names = {int(new_row[r]): v for r, v in coll_names.items() if ts_ok[r]}
+        args_keep = {int(new_row[r]): v for r, v in args_keep.items() if ts_ok[r]}
+        n = len(ts)
     missing_dur = int(n - dur_ok.sum())
     negative = dur_ok & (dur < 0)
     num_negative = int(negative.sum())
@@ -310,62 +534,33 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     end = ts + dur_filled
 
     # --- names and categories
-    names = list(map(attrgetter("name"), xs))
-    cats = list(map(attrgetter("cat"), xs))
-    if lenient:
-        names = [v if isinstance(v, str) else ("" if v is None else str(v)) for v in names]
-        cats = [v if (v is None or isinstance(v, str)) else str(v) for v in cats]
-    name_col = _dict_column(names, n)
-    del names
-    cat_raw = _dict_column(cats, n)
-    del cats
-    cat_dict = [_norm_cat(c) for c in cat_raw.dictionary.to_pylist()]
-    cat_norm_dict = pa.array(sorted({c for c in cat_dict if c is not None}), pa.string())
-    remap = np.array([cat_norm_dict.index(c).as_py() if c is not None else -1 for c in cat_dict] or [0], np.int32)
-    cat_idx_raw = cat_raw.indices.fill_null(0).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
-    if cat_raw.indices.null_count:
-        valid_cat = cat_raw.indices.is_valid().to_numpy(zero_copy_only=False)
-        cat_codes = np.where(valid_cat, remap[np.where(valid_cat, cat_idx_raw, 0)], -1)
+    long_text = any(len(s) > MAX_NAME_CHARS for s in name_list) or any(
+        c is not None and len(c) > MAX_NAME_CHARS for c in raw_cat_list)
+    if filtered or long_text:  # rare: rebuild from the values, as one list
+        names = [name_list[c] for c in name_codes.tolist()]
+        cats = [raw_cat_list[c] for c in raw_cat_codes.tolist()]
+        names = _clip_strings(names, "names", warnings)
+        cats = _clip_strings(cats, "categories", warnings)
+        name_col = _dict_column(names, n)
+        del names
+        cat_raw = _dict_column(cats, n)
+        del cats
+        cat_dict = [_norm_cat(c) for c in cat_raw.dictionary.to_pylist()]
+        raw_cat_codes = (cat_raw.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
+                         if n else np.zeros(0, np.int32))
     else:
-        cat_codes = remap[cat_idx_raw] if n else np.zeros(0, np.int32)
-    cat_codes = cat_codes.astype(np.int32)
+        name_col = pa.DictionaryArray.from_arrays(pa.array(name_codes, pa.int32()), _dict_values(name_list))
+        cat_dict = [_norm_cat(c) for c in raw_cat_list]
+    cat_norm_dict = pa.array(sorted({c for c in cat_dict if c is not None}), pa.string())
+    norm_index = {c: i for i, c in enumerate(cat_norm_dict.to_pylist())}
+    remap = np.array([norm_index[c] if c is not None else -1 for c in cat_dict] + [-1], np.int32)
+    cat_codes = remap[raw_cat_codes]  # code -1 (no category) takes the trailing -1
     cat_values = cat_norm_dict.to_pylist()
     cat_col = pa.DictionaryArray.from_arrays(pa.array(cat_codes, pa.int32(), mask=cat_codes < 0), cat_norm_dict)
 
     def cat_mask(*wanted: str) -> np.ndarray:
         codes = [cat_values.index(w) for w in wanted if w in cat_values]
         return np.isin(cat_codes, codes) if codes else np.zeros(n, bool)
-
-    # --- pid / tid
-    ids = _Ids()
-    pid = ids.convert(list(map(attrgetter("pid"), xs)))
-    tid_ids = _Ids()
-    tid = tid_ids.convert(list(map(attrgetter("tid"), xs)))
-
-    # --- args
-    args = list(map(attrgetter("args"), xs))
-    if lenient:
-        args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
-    del xs  # every per-event value is in a list now: free the event structs
-
-    def int_col(attr: str) -> pa.Array:
-        vals = list(map(attrgetter(attr), args))
-        if not lenient:
-            try:
-                return pa.array(vals, pa.int64())
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
-                pass  # some values are text ("0x0", "7"): coerce one by one
-        return pa.array([_to_int(v) for v in vals], pa.int64())
-
-    ext_col = pc.coalesce(int_col("external_id"), int_col("external_id_old"))
-    corr_col = int_col("correlation")
-    stream_arg = int_col("stream")
-    device_arg = int_col("device")
-    flops_vals = list(map(attrgetter("flops"), args))
-    flops_col = pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64())
-    del flops_vals
-    coll_names = list(map(attrgetter("coll_name"), args))
-
     gpu_row = cat_mask(*GPU_CATS)
     # stream: args.stream, else the tid of device rows ("stream 7" → 7)
     stream_np = stream_arg.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
@@ -440,18 +635,13 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     k_time = np.where(k_launch >= 0, ts[np.maximum(k_launch, 0)], ts[k_rows])
     k_step = step_at(k_time)
     k_is_comm_name = np.array([bool(nm) and is_comm_kernel_name(nm) for nm in name_dict], bool)
-    k_coll_args = np.array([coll_names[i] is not None for i in k_rows], bool)
+    k_coll_args = np.array([int(i) in coll_names for i in k_rows], bool)
     k_comm = k_coll_args | (k_is_comm_name[name_codes[k_rows]] if len(k_rows) else np.zeros(0, bool))
     k_cat = cat_codes[k_rows]
     kind = np.where(
         k_comm, "comm",
         np.where(k_cat == _code(cat_values, "gpu_memcpy"), "memcpy",
                  np.where(k_cat == _code(cat_values, "gpu_memset"), "memset", "compute")))
-
-    # --- keep full args only where collectives need them; free the rest (and with it the JSON buffer)
-    keep = np.flatnonzero(np.isin(name_codes, candidate_codes(name_dict)) & ~gpu_row)
-    args_keep = {int(r): _detach(args[r]) for r in np.concatenate([keep, k_rows[k_comm]])}
-    del args
 
     # --- collectives
     comm_inputs = CollectiveInputs(
@@ -472,7 +662,8 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
             k_pg.append(None)
             continue
         call = link.get(int(r))
-        op = normalize_op(coll_names[r]) if coll_names[r] else None
+        cn = coll_names.get(int(r))
+        op = normalize_op(cn) if cn else None
         if op is None and call is not None:
             op = call["op"]
         if op is None:
