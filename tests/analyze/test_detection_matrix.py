@@ -171,13 +171,24 @@ def test_clean_run_has_nothing_at_warning(runtime_runs):
     assert not loud, loud
 
 
+MAX_LOAD_PER_CORE = 1.5
+"""Timing-accuracy checks mean nothing on a box other jobs saturate (measured: at 4-5 runnable jobs per
+core the 1F1B m=8 bubble reads 0.29-0.32 instead of 0.24): they skip above this 1-minute load per core."""
+
 BUBBLE_TOLERANCE = (-0.05, 0.20)
 """Measured minus theoretical bubble, on the least-disturbed profiled step of each run: p2p latency and
 CPU sharing only ever add idle time (other engineers' jobs share the 2 cores: the mean over steps can
 carry a 20-point load spike)."""
 
 
+def _skip_if_saturated() -> None:
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > MAX_LOAD_PER_CORE:
+        pytest.skip(f"load average {load:.1f} per core: other jobs would dominate the timings")
+
+
 def test_bubble_tracks_theory_and_falls_with_microbatches(runtime_runs):
+    _skip_if_saturated()
     measured = {}
     for m in (2, 4, 8):
         sec = runtime_runs.get(f"1f1b_m{m}").section("pipeline")
@@ -197,8 +208,6 @@ RERUN_UPPER = 1.25
 """The prediction is an upper bound (it ignores the per-micro-batch, resp. per-token, overheads that
 the change adds): the measured saving must be positive and at most RERUN_UPPER × predicted. Measured on
 the least-disturbed step of two interleaved runs per configuration (before, after, before, after)."""
-MAX_LOAD_PER_CORE = 1.5
-"""Step-time comparisons between runs mean nothing on a box other jobs saturate: skip above this load."""
 
 
 def _best_step_ns(*runs: Run) -> float:
@@ -206,9 +215,7 @@ def _best_step_ns(*runs: Run) -> float:
 
 
 def _rerun(runs: Runs, before: str, after: str) -> tuple[Run, float, float]:
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    if load > MAX_LOAD_PER_CORE:
-        pytest.skip(f"load average {load:.1f} per core: other jobs would dominate a step-time comparison")
+    _skip_if_saturated()
     order = [runs.get(before), runs.get(after), runs.get(before + "#2"), runs.get(after + "#2")]
     return order[0], _best_step_ns(order[0], order[2]), _best_step_ns(order[1], order[3])
 
