@@ -199,3 +199,21 @@ def test_no_pipeline(tmp_path):
     w.append("ranks", pa.table({"rank": pa.array([0], pa.int32())}))
     res = run(w.close())
     assert res.findings == [] and res.section["source"] is None
+
+
+def test_unlabelled_counts_microbatches_from_first_stage_sends(tmp_path):
+    w = RunStoreWriter(tmp_path / "s")
+    w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32())}))
+    w.append("process_groups", pa.table({"pg_name": ["g"], "pg_desc": ["mesh_pp"],
+                                         "ranks": pa.array([[0, 1]], pa.list_(pa.int32())), "dim": ["pp"]}))
+    for r in (0, 1):
+        w.append("steps", pa.table({"rank": pa.array([r, r], pa.int32()), "step": pa.array([0, 1], pa.int32()),
+                                    "ts": [0, 200 * MS], "dur": [100 * MS, 100 * MS]}))
+    # rank 0 sends 3 activations and receives 3 gradients per step
+    ops = ["send", "recv"] * 3 * 2
+    w.append("collectives", pa.table({"rank": pa.array([0] * 12, pa.int32()), "op": ops, "is_p2p": [True] * 12,
+                                      "ts": [i * MS + (200 * MS if i >= 6 else 0) for i in range(12)],
+                                      "dur": [MS] * 12, "step": pa.array([0] * 6 + [1] * 6, pa.int32())}))
+    sec = run(w.close()).section
+    assert sec["num_microbatches"] == 3 and sec["microbatches_source"] == "sends of the first stage"
+    assert sec["theoretical_bubble"] == pytest.approx(1 / 4)

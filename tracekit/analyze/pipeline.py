@@ -19,6 +19,7 @@ Section `pipeline` (JSON):
   "schedule": str | null,                # manifest's, else detected: gpipe | 1f1b | interleaved | zb
   "schedule_detected": str | null,       # from phase order (labels only)
   "num_stages": p, "chunks_per_rank": v, "num_microbatches": m,
+  "microbatches_source": str | null,     # p2p source only: "manifest" | "sends of the first stage"
   "theoretical_bubble": float | null,    # (p−1)/(v·m+p−1)
   "measured_bubble": float | null,       # mean over pipelines and steps
   "imbalance": float | null,             # slowest / mean stage compute
@@ -359,6 +360,18 @@ def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, m
                     est_saving_ns=int(advice.saving_ns))]
 
 
+def _microbatches_from_sends(store: RunStore, first_rank: int, v: int) -> int | None:
+    """The first stage sends one activation per micro-batch (and chunk): median sends per step / v."""
+    t = store.rank_table("collectives", first_rank, ["op", "step"]).to_pylist()
+    per: dict[int, int] = defaultdict(int)
+    for r in t:
+        if r["op"] == "send" and r["step"] is not None:
+            per[r["step"]] += 1
+    if not per:
+        return None
+    return max(1, int(np.median(list(per.values()))) // v)
+
+
 def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     """Unlabelled traces: stage = position in the pp group; idle = p2p time covered by nothing else."""
     groups = _pp_groups(store)
@@ -370,8 +383,12 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     p2p = _p2p_intervals(store, offsets)
     man = _manifest_pipeline(store)
     p = len(groups[0])
-    m = man["microbatches"]
     v = int(man["virtual_stages"] or 1) if man["schedule"] in ("interleaved", "zb") else 1
+    m = man["microbatches"]
+    m_source = "manifest" if m else None
+    if not m:
+        m = _microbatches_from_sends(store, groups[0][0], v)
+        m_source = "sends of the first stage" if m else None
     pipe_out, bubbles, base = [], [], []
     steps_all = sorted({s for (_, s) in windows})
     for ranks in groups:
@@ -394,6 +411,7 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             steps_out.append({"step": step, "window_ns": window, "bubble": b, "ranks": rk_out})
         pipe_out.append({"ranks": ranks, "steps": steps_out})
     measured = float(np.mean(bubbles)) if bubbles else None
+    section["microbatches_source"] = m_source
     section.update({"source": "p2p", "schedule": man["schedule"], "num_stages": p, "chunks_per_rank": v,
                     "num_microbatches": int(m) if m else 0,
                     "theoretical_bubble": theoretical_bubble(p, int(m), v) if m and p > 1 else None,
