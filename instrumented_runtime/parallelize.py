@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.autograd.profiler import record_function
 
 from .comm import Comm
 from .model import Block, Transformer
@@ -178,20 +179,22 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_all_reduce(params: list[nn.Parameter], comm: Comm, group: Any, label: str, scale: float) -> None:
+    """All-reduce the grads of `params` as one flat buffer (one collective), then scale, inside `label`."""
     if not params:
         return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    locals_ = [_local(p.grad) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in locals_])
-    comm.all_reduce(flat, group, label=label)
-    if scale != 1.0:
-        flat.mul_(scale)
-    off = 0
-    for g in locals_:
-        g.copy_(flat[off:off + g.numel()].view_as(g))
-        off += g.numel()
+    with record_function(label):
+        locals_ = [_local(p.grad) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in locals_])
+        comm.all_reduce(flat, group, label=label)
+        if scale != 1.0:
+            flat.mul_(scale)
+        off = 0
+        for g in locals_:
+            g.copy_(flat[off:off + g.numel()].view_as(g))
+            off += g.numel()
 
 
 def sync_extra_grads(params: list[nn.Parameter], pd: ParallelDims, comm: Comm) -> None:

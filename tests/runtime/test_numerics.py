@@ -23,10 +23,11 @@ CASES = {
     "pp_1f1b": dict(pp=2, microbatches=2, schedule="1f1b"),
     "pp_interleaved": dict(pp=2, microbatches=4, schedule="interleaved"),
     "pp_zb": dict(pp=2, microbatches=2, schedule="zb"),
-    # Together these two 8-rank layouts have every dimension > 1 (16 ranks would be needed for all at once;
-    # that layout is the demo): pp x dp x cp with ep over dp x cp, and pp x dp x tp with FSDP and ep over dp.
+    # Together these two 8-rank layouts have every dimension > 1: pp x dp x cp with ep over dp x cp, and pp x dp x tp with FSDP and ep over dp.
     "combo_pp_dp_cp_ep": dict(pp=2, dp=2, cp=2, ep=4, microbatches=2),
     "combo_pp_dp_tp_ep_fsdp": dict(pp=2, dp=2, tp=2, ep=2, dp_mode="fsdp", microbatches=2),
+    # and the demo's layout itself, all five at once on 16 ranks (~8 s on an idle 2-core box)
+    "combo_all_five_16_ranks": dict(pp=2, dp=2, cp=2, tp=2, ep=4, microbatches=2),
 }
 
 
