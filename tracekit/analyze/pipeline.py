@@ -6,7 +6,8 @@ last compute phase end over the pipeline's ranks (clocks aligned with `ranks.clo
     stage bubble  = 1 − busy(rank) / window      busy = union of the rank's fwd/bwd/bwd_input/bwd_weight
     bubble        = mean stage bubble over the pipeline's ranks
 which is exactly `(p−1)/(m+p−1)` for GPipe/1F1B with equal stage times and free p2p, and
-`(p−1)/(v·m+p−1)` for interleaved schedules with v chunks per rank. Imbalance = slowest stage compute /
+`(p−1)/(v·m+p−1)` for interleaved schedules with v chunks per rank (also used for zero-bubble
+schedules, where it is an upper bound: they fill part of it with weight-gradient work). Imbalance = slowest stage compute /
 mean stage compute (stage compute = summed phase durations per step). The window excludes the
 optimizer, data loading and gradient sync; `bubble_of_step` reports the same idle time over the step.
 
