@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tracekit.analyze.engine import AnalysisConfig, analyze_store
 
-from analyze_builders import build_store
+from tests.analyze.analyze_builders import build_store
 
 
 def _gpu_rank(r):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tracekit.analyze.engine import analyze_store
 
-from analyze_builders import build_store
+from tests.analyze.analyze_builders import build_store
 
 MS = 1_000_000
 

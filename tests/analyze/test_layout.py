@@ -5,7 +5,7 @@ from __future__ import annotations
 from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
 from tracekit.analyze.layout import analyze_layout, dim_from_desc
 
-from analyze_builders import build_store
+from tests.analyze.analyze_builders import build_store
 
 
 def _ranks(n):

@@ -14,7 +14,7 @@ import jsonschema
 
 from tracekit.analyze.engine import analyze_store
 
-from analyze_builders import build_store
+from tests.analyze.analyze_builders import build_store
 
 MS = 1_000_000
 STEP = 10 * MS

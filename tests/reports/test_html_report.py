@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BREAKOUT, HOSTILE, build_analysis
+from tests.reports.conftest import BREAKOUT, HOSTILE, build_analysis
 from reports import render_html, render_markdown
 
 

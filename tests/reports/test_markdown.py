@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from conftest import HOSTILE, build_analysis
+from tests.reports.conftest import HOSTILE, build_analysis
 from reports import render_diff_markdown, render_html, render_markdown
 from reports.escape import md
 from tracekit.diff import diff_analyses

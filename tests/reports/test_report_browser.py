@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chromium_cdp import Chromium
-from conftest import BREAKOUT, HOSTILE, build_analysis
+from tests.reports.chromium_cdp import Chromium
+from tests.reports.conftest import BREAKOUT, HOSTILE, build_analysis
 from reports import render_diff_html, render_html
 from reports.html_report import SECTIONS
 from tracekit.diff import diff_analyses
