@@ -127,6 +127,33 @@ class RunConfig:
         if self.global_batch_size % (self.dp * self.microbatches):
             raise ValueError(f"global batch {self.global_batch_size} is not divisible by dp*microbatches"
                              f" = {self.dp * self.microbatches}")
+        if self.tp > 1 and self.model.num_heads % self.tp:
+            raise ValueError(f"--num-heads {self.model.num_heads} is not divisible by --tp {self.tp}")
+        if self.tp > 1 and self.model.d_ff % self.tp:
+            raise ValueError(f"--d-ff {self.model.d_ff} is not divisible by --tp {self.tp}")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"--ep {self.ep} must divide dp*cp = {self.dp * self.cp} (experts borrow dp x cp ranks)")
+        if self.model.moe_every and self.model.num_experts % self.ep:
+            raise ValueError(f"--num-experts {self.model.num_experts} is not divisible by --ep {self.ep}")
+        if self.seq_len % (self.cp * self.tp):
+            raise ValueError(f"--seq-len {self.seq_len} is not divisible by cp*tp = {self.cp * self.tp}")
+        stages = self.num_stages if self.pp > 1 else 1
+        layers = self.faults.stage_layers
+        if layers is not None and self.pp > 1 and (len(layers) != stages or sum(layers) != self.model.num_layers
+                                                   or min(layers) < 1):
+            raise ValueError(f"--stage-layers {layers} must list {stages} counts >= 1 summing to "
+                             f"{self.model.num_layers} layers")
+        if layers is None and self.model.num_layers < stages:
+            raise ValueError(f"{self.model.num_layers} layers cannot fill {stages} pipeline stages")
+        if self.faults.slow_rank is not None and not 0 <= self.faults.slow_rank < self.world_size:
+            raise ValueError(f"--slow-rank {self.faults.slow_rank} is not a rank of a {self.world_size}-rank job")
+        for knob in ("host_stall_rank", "uneven_seq_rank"):
+            r = getattr(self.faults, knob)
+            if r is not None and not 0 <= r < self.world_size:
+                raise ValueError(f"--{knob.replace('_', '-')} {r} is not a rank of a {self.world_size}-rank job")
+        bad = [e for e in self.faults.router_bias if not 0 <= e < self.model.num_experts]
+        if bad:
+            raise ValueError(f"--router-bias names experts {bad} outside 0..{self.model.num_experts - 1}")
         longest = self.seq_len * (self.faults.uneven_seq_factor if self.faults.uneven_seq_rank is not None else 1)
         if longest > self.model.max_seq_len:
             raise ValueError(f"sequences of {longest} tokens exceed --max-seq-len {self.model.max_seq_len}")

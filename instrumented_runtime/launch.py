@@ -138,13 +138,21 @@ def main(argv: list[str] | None = None) -> int:
     from .config import parse_args
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    cfg = parse_args(argv)
+    try:
+        cfg = parse_args(argv)
+    except ValueError as e:
+        print(f"python -m instrumented_runtime: error: {e}", file=sys.stderr)
+        return 2
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "instrumented_runtime", *argv]
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         run_under_torchrun(cfg, command)
         return 0
-    wall_s = launch_local(cfg, command)
+    try:
+        wall_s = launch_local(cfg, command)
+    except RuntimeError as e:
+        print(f"python -m instrumented_runtime: {e}", file=sys.stderr)
+        return 1
     import json
 
     log = json.loads((Path(cfg.out) / "train_log.json").read_text())

@@ -94,3 +94,25 @@ def test_ground_truth_lists_each_fault_with_its_targets():
     assert "tp" not in spans and "cp" not in spans and "dp" in spans and "pp" in spans
     for g in itertools.chain.from_iterable(spans.values()):
         assert len({r // 4 for r in g}) > 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pp", "2", "--stage-layers", "3,3"], "--stage-layers [3, 3] must list 2 counts"),
+    (["--dp", "2", "--slow-rank", "2"], "--slow-rank 2 is not a rank of a 2-rank job"),
+    (["--tp", "3"], "--num-heads 4 is not divisible by --tp 3"),
+    (["--dp", "2", "--cp", "2", "--ep", "3"], "--ep 3 must divide dp*cp = 4"),
+    (["--router-bias", "9=1.0"], "--router-bias names experts [9]"),
+])
+def test_bad_layouts_are_refused_before_any_rank_starts(args, message):
+    with pytest.raises(ValueError) as e:
+        parse_args([*args, "--out", "x"])
+    assert message in str(e.value)
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path):
+    from tests.runtime._runs import run_cli
+
+    proc = run_cli(["--pp", "2", "--stage-layers", "3,3", "--out", str(tmp_path / "o")], timeout_s=120)
+    assert proc.returncode == 2
+    assert "error: --stage-layers [3, 3]" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o" / "manifest.json").exists()
