@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import corpus as C
+from . import corpus as C
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import corpus as C
-from conftest import run_analyze
+from . import corpus as C
+from .conftest import run_analyze
 
 SCHEMA = json.loads((C.REPO / "tracekit" / "schemas" / "analysis.schema.json").read_text())
 INPUT_KINDS = {"input_skipped", "missing_ranks", "mixed_runs", "time_unit_mismatch", "clock_skew"}

@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-import corpus as C
+from . import corpus as C
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import discover
 from tracekit.parse.gz import MAX_COMPRESSION_RATIO, MIN_RATIO_CHECKED_BYTES, read_trace_bytes

@@ -1,0 +1,162 @@
+"""Property tests: mutated traces into the parser. It returns tables that fit the declared schemas or
+raises tracekit's own error, never another exception and never a hang (a deadline per example).
+
+Example counts come from the `robustness` hypothesis profile (TRACEKIT_FUZZ_EXAMPLES, default 150),
+so CI stays fast; raise it locally for a longer hunt.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from . import corpus as C
+from tracekit.errors import TracekitError
+from tracekit.parse.kineto import KinetoParse, parse_kineto
+from tracekit.tables.schema import TABLES
+
+settings.register_profile(
+    "robustness", max_examples=int(os.environ.get("TRACEKIT_FUZZ_EXAMPLES", "150")), deadline=5000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], derandomize=False)
+FUZZ = settings.get_profile("robustness")
+
+
+def small_trace() -> dict:
+    """A few hundred events of rank 0's clean trace: metadata, steps, collectives and some ops."""
+    doc = C.load_clean_trace(0)
+    keep, ops = [], 0
+    for e in doc["traceEvents"]:
+        name = str(e.get("name", ""))
+        if e.get("ph") != "X":
+            keep.append(e)
+        elif name.startswith(("ProfilerStep", "c10d::", "gloo:", "nccl:")):
+            keep.append(e)
+        elif ops < 150:
+            keep.append(e)
+            ops += 1
+    return dict(doc, traceEvents=keep[:400])
+
+
+BASE = small_trace()
+BASE_BYTES = json.dumps(BASE).encode()
+_DIR = Path(tempfile.mkdtemp(prefix="tracekit-fuzz-"))
+
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+    st.sampled_from(["X", "M", "i", "Z", "", "stream 7", "0x1f", "1e400", "-1", "NaN", "ProfilerStep#3",
+                     "c10d::allreduce_", "gloo:all_reduce", "ncclKernel_AllReduce", "\x00", "\ud7ff"]),
+)
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+EVENT_KEYS = ["ph", "name", "cat", "ts", "dur", "pid", "tid", "args", "id", "s"]
+ARG_KEYS = ["External id", "external id", "correlation", "stream", "Collective name", "In msg nelems",
+            "Out msg nelems", "Group size", "dtype", "In split size", "Out split size", "Process Group Name",
+            "Process Group Ranks", "Input Dims", "Concrete Inputs", "Seq", "seq_num", "Rank", "flops"]
+TOP_KEYS = ["traceEvents", "distributedInfo", "deviceProperties", "baseTimeNanoseconds", "schemaVersion",
+            "host_name"]
+
+
+def _check(path: Path) -> None:
+    """The property: tables with the declared schemas, or a TracekitError naming this file."""
+    try:
+        kp = parse_kineto(path)
+    except TracekitError as exc:
+        assert str(path) in str(exc) or getattr(exc, "file", None) == str(path), str(exc)
+        return
+    assert isinstance(kp, KinetoParse)
+    for name, table in kp.tables.items():
+        assert table.schema.equals(TABLES[name], check_metadata=False), name
+    ev = kp.tables["events"]
+    if ev.num_rows:
+        durs = [d for d in ev.column("dur").to_pylist() if d is not None]
+        assert all(d >= 0 for d in durs)
+
+
+@st.composite
+def event_mutations(draw):
+    """A copy of BASE with a few events or top-level fields replaced, deleted or added."""
+    doc = dict(BASE)
+    events = [dict(e) for e in BASE["traceEvents"]]
+    for _ in range(draw(st.integers(1, 6))):
+        what = draw(st.sampled_from(["event_field", "arg", "drop_field", "replace_event", "insert", "top"]))
+        i = draw(st.integers(0, len(events) - 1))
+        if what in ("event_field", "arg", "drop_field") and not isinstance(events[i], dict):
+            what = "replace_event"
+        if what == "event_field":
+            events[i][draw(st.sampled_from(EVENT_KEYS))] = draw(json_values)
+        elif what == "arg":
+            args = events[i].get("args")
+            args = dict(args) if isinstance(args, dict) else {}
+            args[draw(st.sampled_from(ARG_KEYS))] = draw(json_values)
+            events[i]["args"] = args
+        elif what == "drop_field":
+            events[i].pop(draw(st.sampled_from(EVENT_KEYS)), None)
+        elif what == "replace_event":
+            events[i] = draw(json_values)
+        elif what == "insert":
+            events.insert(i, draw(st.dictionaries(st.sampled_from(EVENT_KEYS), json_values, max_size=6)))
+        else:
+            doc[draw(st.sampled_from(TOP_KEYS))] = draw(json_values)
+    if isinstance(doc.get("traceEvents"), list) and doc["traceEvents"] is BASE["traceEvents"]:
+        doc["traceEvents"] = events
+    return doc
+
+
+@FUZZ
+@given(doc=event_mutations(), gz=st.booleans())
+def test_structurally_mutated_trace(doc, gz):
+    path = _DIR / ("mut.pt.trace.json.gz" if gz else "mut.pt.trace.json")
+    C.write(path, json.dumps(doc).encode(), gz=gz)
+    _check(path)
+
+
+@st.composite
+def byte_mutations(draw):
+    data = bytearray(BASE_BYTES)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["truncate", "flip", "insert", "delete", "duplicate"]))
+        i = draw(st.integers(0, len(data)))
+        if op == "truncate":
+            del data[i:]
+        elif op == "flip" and i < len(data):
+            data[i] = draw(st.integers(0, 255))
+        elif op == "insert":
+            data[i:i] = draw(st.binary(min_size=1, max_size=8))
+        elif op == "delete":
+            del data[i:i + draw(st.integers(1, 64))]
+        elif op == "duplicate":
+            data[i:i] = data[i:i + draw(st.integers(1, 256))]
+    return bytes(data)
+
+
+@FUZZ
+@given(data=byte_mutations(), gz=st.sampled_from(["plain", "gzip", "gzip-then-cut", "gzip-then-flip"]),
+       where=st.floats(0, 1))
+def test_byte_mutated_trace(data, gz, where):
+    path = _DIR / ("bytes.pt.trace.json" if gz == "plain" else "bytes.pt.trace.json.gz")
+    if gz != "plain":
+        data = gzip.compress(data, compresslevel=1, mtime=0)
+        k = min(int(where * len(data)), len(data) - 1)
+        if gz == "gzip-then-cut":
+            data = data[:k]
+        elif gz == "gzip-then-flip":
+            data = data[:k] + bytes([data[k] ^ 0xA5]) + data[k + 1:]
+    path.write_bytes(data)
+    _check(path)
+
+
+def test_unmutated_base_parses():
+    """The property tests start from a trace that parses, with steps and collectives to break."""
+    path = C.write(_DIR / "base.pt.trace.json", BASE_BYTES)
+    kp = parse_kineto(path)
+    xs = [e for e in BASE["traceEvents"] if e.get("ph") == "X"]
+    assert kp.tables["events"].num_rows == len(xs)
+    assert kp.tables["steps"].num_rows == sum(str(e["name"]).startswith("ProfilerStep#") for e in xs) > 0
+    assert kp.tables["collectives"].num_rows > 0
