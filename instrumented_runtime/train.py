@@ -66,9 +66,10 @@ class Parts:
 
 
 def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
-                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, seq_len: int) -> Parts:
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *, seq_len: int,
+                device: torch.device = torch.device("cpu")) -> Parts:
     """This rank's model part(s), parallelized and wrapped; `seq_len` is this replica's sequence length."""
-    full = build_full_model(cfg)
+    full = build_full_model(cfg).to(device)
     coords = pd.coords(rank)
     if pd.pp_enabled:
         stage_ids = stage_indices(coords["pp"], cfg.pp, cfg.stages_per_rank)
@@ -115,7 +116,7 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
         hidden = torch.empty(mb, T, cfg.model.d_model, dtype=dtype, device="meta", requires_grad=True)
         tokens = torch.empty(mb, T, dtype=torch.int64, device="meta")
         logits = torch.empty(mb, T, cfg.model.vocab_size, dtype=dtype, device="meta", requires_grad=True)
-        stages = [LabelledPipelineStage(m, s, cfg.num_stages, torch.device("cpu"), group=pd.get_group("pp"),
+        stages = [LabelledPipelineStage(m, s, cfg.num_stages, device, group=pd.get_group("pp"),
                                         input_args=tokens if s == 0 else hidden,
                                         output_args=logits if s == cfg.num_stages - 1 else hidden)
                   for m, s in zip(modules, stage_ids)]
@@ -173,18 +174,20 @@ def _set_grad_sync(module: nn.Module, on: bool) -> None:
         module.set_requires_gradient_sync(on)
 
 
-def _gather_json(obj: Any, comm: Comm) -> list[Any]:
+def _gather_json(obj: Any, comm: Comm, device: torch.device) -> list[Any]:
     """All-gather one JSON-serialisable object per rank (no pickle), via Comm."""
     data = torch.tensor(list(json.dumps(obj).encode()), dtype=torch.uint8)
-    n = torch.tensor([data.numel()], dtype=torch.int64)
+    n = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     world = dist.get_world_size()
-    sizes = torch.empty(world, dtype=torch.int64)
+    sizes = torch.empty(world, dtype=torch.int64, device=device)
     comm.all_gather_into_tensor(sizes, n, None, label="runtime:gather_metadata")
+    sizes = sizes.cpu()
     width = int(sizes.max())
     padded = torch.zeros(width, dtype=torch.uint8)
     padded[:data.numel()] = data
-    out = torch.empty(world * width, dtype=torch.uint8)
-    comm.all_gather_into_tensor(out, padded, None, label="runtime:gather_metadata")
+    out = torch.empty(world * width, dtype=torch.uint8, device=device)
+    comm.all_gather_into_tensor(out, padded.to(device), None, label="runtime:gather_metadata")
+    out = out.cpu()
     return [json.loads(bytes(out[r * width:r * width + int(sizes[r])].tolist())) for r in range(world)]
 
 
@@ -194,7 +197,13 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     out = Path(cfg.out)
     clock_start = clock_sample()
     pd = ParallelDims.from_config(cfg, world_size)
-    pd.build_mesh("cuda" if torch.cuda.is_available() else "cpu")
+    # CUDA (nccl) when present: one device per rank on its node; otherwise gloo on CPU.
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    pd.build_mesh(device.type)
     coords = pd.coords(rank)
     log = CommLog(comms_log_path(out, rank), rank, world_size,
                   pg_config={dim: groups for dim, groups in pd.group_ranks().items()})
@@ -211,7 +220,7 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     uneven = f.uneven_seq_rank is not None and pd.coords(f.uneven_seq_rank)["dp"] == coords["dp"]
     loader = SyntheticLoader(cfg, coords["dp"], coords["cp"] * cfg.tp + coords["tp"], cfg.cp * cfg.tp,
                              stall_s=stall_s, seq_factor=f.uneven_seq_factor if uneven else 1)
-    parts = build_parts(cfg, pd, rank, comm, meter, seq_len=loader.seq_len)
+    parts = build_parts(cfg, pd, rank, comm, meter, seq_len=loader.seq_len, device=device)
     opt = torch.optim.AdamW(parts.params, lr=cfg.lr, weight_decay=0.0)
     slowdown = ComputeSlowdown(f.slow_factor) if (f.slow_rank == rank and f.slow_factor > 1.0) else None
 
@@ -227,6 +236,8 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
         routing.set_step(step, step in window)
         t0 = time.perf_counter_ns()
         batch = loader.load(step)
+        if device.type != "cpu":
+            batch = type(batch)(inputs=batch.inputs.to(device), targets=batch.targets.to(device))
         if slowdown is not None:
             with slowdown:
                 _train_step(cfg, pd, parts, batch, meter, comm)
@@ -256,7 +267,7 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     facts = {"rank": rank, "clock_start": clock_start, "clock_post_barrier": clock_post_barrier,
              "host": os.uname().nodename, "stages": parts.stage_ids, "coords": coords,
              "slow_paid_s": slowdown.paid_s if slowdown else 0.0}
-    everyone = _gather_json(facts, comm)
+    everyone = _gather_json(facts, comm, device)
     log.close()
     if rank == 0:
         backend = dist.get_backend()
