@@ -9,11 +9,15 @@ arrival − its own arrival; the late rank's delay = last arrival − second-to-
 
 One source per rank, consistently: the comms log when every rank has one (it carries seq), else
 flight-recorder dumps, else Kineto; a rank lacking the chosen source falls back to the best it has
-(`source.method: "mixed"`). Times stay on that source's clock for matching; per-rank clock offsets
+(`source.method: "mixed"`). Kineto collectives the log never saw (torch-internal calls, e.g.
+DDP's buffer broadcast; the parser leaves them unjoined) are matched too, among themselves, as
+groups `kineto:<pg_name or ?>`. Times stay on each source's clock for matching (the parser puts
+log times on the trace clock when it can); per-rank clock offsets
 are estimated here (see clocks.py) and subtracted before skew is computed.
 
 Section `matching`:
     {"source": {"method": "uniform|mixed|none", "per_rank": {rank: source}},
+     "supplement": {"kineto collectives without a log entry": int},
      "seq_basis": {"args|log|order": count of instances},
      "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
      "op_mismatches": int, "p2p_skipped": int,
@@ -142,7 +146,14 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
         section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
                         "p2p_skipped": 0, "by_group": [], "per_rank": [], "top_skew": []})
         return None, section
-    df = df[df["source"] == df["rank"].map(per_rank)]
+    chosen = df["rank"].map(per_rank)
+    # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
+    # leaves their Kineto rows unjoined (seq numbered by order); match them among themselves
+    extra = ((df["source"] == "kineto") & (df["seq_source"] == "order") & chosen.isin(LOG_SOURCES))
+    section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
+    df = df[(df["source"] == chosen) | extra].copy()
+    df.loc[extra[extra].index.intersection(df.index), "pg_name"] = (
+        "kineto:" + df.loc[extra[extra].index.intersection(df.index), "pg_name"].fillna("?").astype(str))
     p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
     section["p2p_skipped"] = int(p2p.sum())
     df = df[~p2p].copy()
@@ -206,7 +217,6 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     inst["transfer"] = (inst["last_end"].astype("float64") - inst["last"]).clip(lower=0)
     inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
     df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
-    df["source"] = df["rank"].map(per_rank)
     complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
 
     section.update({
@@ -241,23 +251,28 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
                               wait_intervals=_wait_intervals(rows, shifts)), section
 
 
+def row_trace_shift(rows: pd.DataFrame, shifts: dict[int, int | None]) -> np.ndarray:
+    """Per row: what to add to its raw times to reach its rank's trace clock (NaN: unknown).
+    Kineto rows are on the trace clock already; log rows need their rank's shift."""
+    per_rank = rows["rank"].map(lambda r: shifts.get(r)).astype("float64").to_numpy()
+    return np.where(rows["source"].to_numpy() == "kineto", 0.0, per_rank)
+
+
 def _wait_intervals(rows: pd.DataFrame, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
     """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
     out: dict[int, iv.IntervalSet] = {}
     rank = rows["rank"].to_numpy(dtype=np.int64)
-    start = rows["arrival_raw"].to_numpy(dtype=np.int64)
+    shift = row_trace_shift(rows, shifts)
+    ok = ~np.isnan(shift)
+    start = rows["arrival_raw"].to_numpy(dtype=np.int64) + np.nan_to_num(shift).astype(np.int64)
     wait = rows["wait"].to_numpy(dtype=np.int64)
     order = np.argsort(rank, kind="stable")
     bounds = np.flatnonzero(np.diff(rank[order])) + 1
     for idx in np.split(order, bounds):
+        idx = idx[ok[idx]]
         if idx.size == 0:
             continue
-        r = int(rank[idx[0]])
-        shift = shifts.get(r)
-        if shift is None:
-            continue
-        s = start[idx] + shift
-        out[r] = iv.union(s, s + wait[idx])
+        out[int(rank[idx[0]])] = iv.union(start[idx], start[idx] + wait[idx])
     return out
 
 

@@ -40,7 +40,7 @@ from tracekit.analyze import intervals as iv
 from tracekit.analyze.breakdown import rank_activity
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.matching import MatchedCollectives
+from tracekit.analyze.matching import MatchedCollectives, row_trace_shift
 from tracekit.tables.store import RunStore
 
 DATA_LOAD_LABEL = "data:load"
@@ -131,7 +131,7 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     rows = matched.rows
     members = rows[rows["key"].isin(late["key"])]
     ranks = sorted(set(members["rank"].tolist()))
-    if any(matched.trace_shift.get(r) is None for r in ranks):
+    if np.isnan(row_trace_shift(members, matched.trace_shift)).any():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
     # previous end of each rank's collectives, raw clock: interval before arrival
     allrows = rows[rows["rank"].isin(ranks)].sort_values(["rank", "arrival_raw"])
@@ -140,11 +140,16 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     per_rank_cache: dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]] = {}
     prev_end_map: dict[tuple[int, str], int | None] = {}
     for r, grp in allrows.groupby("rank"):
-        off = grp["arrival_raw"] - grp["arrival"]  # offset applied by matching
-        ends_raw = (grp["end"].astype("float64") + off).to_numpy()
-        arr = grp["arrival_raw"].to_numpy()
-        prev = np.concatenate(([np.nan], np.fmax.accumulate(np.nan_to_num(ends_raw, nan=-np.inf))[:-1]))
-        for k, a, p in zip(grp["key"].tolist(), arr, prev):
+        # on the trace clock (log and Kineto rows of one rank then order correctly)
+        shift = np.nan_to_num(row_trace_shift(grp, matched.trace_shift)).astype(np.int64)
+        off = (grp["arrival_raw"] - grp["arrival"]).to_numpy()  # clock offset applied by matching
+        arr = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
+        ends = grp["end"].to_numpy(dtype=float) + off + shift
+        order = np.argsort(arr, kind="stable")
+        keys = np.asarray(grp["key"].tolist(), dtype=object)[order]
+        arr, ends = arr[order], ends[order]
+        prev = np.concatenate(([np.nan], np.fmax.accumulate(np.nan_to_num(ends, nan=-np.inf))[:-1]))
+        for k, a, p in zip(keys.tolist(), arr, prev):
             prev_end_map[(r, k)] = int(p) if np.isfinite(p) and p < a else None
     for r in ranks:
         act = rank_activity(store, ctx, r)
@@ -159,8 +164,8 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
             p = prev_end_map.get((row.rank, key))
             if p is None:
                 continue
-            shift = matched.trace_shift[row.rank]
-            lo, hi = p + shift, int(row.arrival_raw) + shift
+            shift = 0 if row.source == "kineto" else matched.trace_shift[row.rank]
+            lo, hi = p, int(row.arrival_raw) + shift
             act, dl_set, busy = per_rank_cache[row.rank]
             comp = int(iv.covered(act.compute, [lo], [hi])[0])
             idle = (hi - lo) - int(iv.covered(busy, [lo], [hi])[0])
