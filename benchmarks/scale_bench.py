@@ -1,0 +1,261 @@
+"""Scale benchmark: `tracekit analyze` on generated runs of 8 to 1,024 ranks, time and peak memory.
+
+    python benchmarks/scale_bench.py [--ranks 8,64,256,1024] [--events-per-rank 3000]
+        [--sweep-ranks 8 --sweep-events 3000,30000,120000] [--workers 2]
+        [--speedup-ranks 64] [--big-events 1000000 --big-budget 256MB] [--data-dir DIR] [--json OUT]
+
+Runs (each command in a fresh subprocess, `nice`d like everything on the shared box):
+1. the event mix measured from the real seed trace next to the one the generator uses;
+2. `tracekit analyze -j W` end to end for each rank count (fixed events per rank) and for each
+   events-per-rank at a fixed rank count: wall seconds, total events, µs per event, and peak memory
+   as the summed PSS of the whole process tree (parent, forkserver, workers; sampled every 50 ms;
+   PSS because RSS counts shared libraries once per process, DESIGN §8);
+3. `tracekit parse` with 1 and with W workers on the same run (parse speed-up);
+4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path).
+Generated runs are cached in --data-dir (default /tmp/tracekit-scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.synth import DEFAULT_MIX, MIX_SEED_TRACE, SynthConfig, generate_run, measure_mix  # noqa: E402
+
+MB = 1_000_000
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo += _children(p)
+    return seen
+
+
+def _pss_kb(pid: int) -> dict[str, int]:
+    vals = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+                    vals[key] = int(rest.split()[0])
+    except OSError:
+        pass
+    return vals
+
+
+def run_measured(cmd: list[str], env: dict | None = None) -> dict:
+    """Run cmd; wall seconds and peak summed PSS (total and anonymous) of its process tree."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    peak = {"Pss": 0, "Pss_Anon": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            tot = {"Pss": 0, "Pss_Anon": 0}
+            for p in _tree(proc.pid):
+                v = _pss_kb(p)
+                for k in tot:
+                    tot[k] += v.get(k, 0)
+            for k in tot:
+                peak[k] = max(peak[k], tot[k])
+            done.wait(0.05)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    _, err = proc.communicate()
+    done.set()
+    th.join()
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode()[-2000:]}")
+    return {"wall_s": round(wall, 2), "load_avg_1m": round(os.getloadavg()[0], 1), "peak_pss_mb": round(peak["Pss"] * 1024 / MB, 1),
+            "peak_pss_anon_mb": round(peak["Pss_Anon"] * 1024 / MB, 1)}
+
+
+def tracekit(*args: str) -> list[str]:
+    return ["nice", sys.executable, "-m", "tracekit", *args]
+
+
+def ensure_run(data_dir: Path, ranks: int, epr: int, compress: bool = True) -> tuple[Path, dict]:
+    d = data_dir / f"r{ranks}_e{epr}{'' if compress else '_plain'}"
+    truth_file = d / "ground_truth.json"
+    if truth_file.is_file():
+        return d, json.loads(truth_file.read_text())
+    shutil.rmtree(d, ignore_errors=True)
+    cfg = SynthConfig(num_ranks=ranks, events_per_rank=max(epr, 50), tp=min(8, ranks), compress=compress,
+                      straggler_rank=ranks // 3 if ranks > 1 else None)
+    t0 = time.perf_counter()
+    truth = generate_run(cfg, d, workers=2)
+    print(f"  generated {ranks} ranks x {epr} events in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return d, truth
+
+
+def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int) -> dict:
+    run, truth = ensure_run(data_dir, ranks, epr)
+    out = work / f"out_r{ranks}_e{epr}"
+    shutil.rmtree(out, ignore_errors=True)
+    m = run_measured(tracekit("analyze", str(run), "--out", str(out), "-j", str(workers), "-q"))
+    analysis = json.loads((out / "analysis.json").read_text())
+    stragglers = [f["ranks"] for f in analysis["findings"] if f["kind"] == "straggler"]
+    row = {"ranks": ranks, "events_per_rank": epr, "events": truth["complete_events"],
+           "json_mb": round(truth["json_bytes"] / MB, 1), "workers": workers, **m,
+           "us_per_event": round(m["wall_s"] * 1e6 / truth["complete_events"], 2),
+           "ranks_analyzed": len(analysis["ranks"]),
+           "straggler_found": [truth["straggler_rank"]] in stragglers,
+           "report_mb": round((out / "report.html").stat().st_size / MB, 2) if (out / "report.html").exists() else None}
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def parse_speedup(data_dir: Path, work: Path, ranks: int, epr: int, workers: int) -> dict:
+    run, truth = ensure_run(data_dir, ranks, epr)
+    res: dict[int, dict] = {}
+    for w in (1, workers, 1, workers):  # alternate and keep the faster of two: the box is shared
+        out = work / f"store_w{w}"
+        shutil.rmtree(out, ignore_errors=True)
+        m = run_measured(tracekit("parse", str(run), "--out", str(out), "-j", str(w), "-q"))
+        if w not in res or m["wall_s"] < res[w]["wall_s"]:
+            res[w] = m
+        shutil.rmtree(out, ignore_errors=True)
+    return {"ranks": ranks, "events_per_rank": epr, "json_mb": round(truth["json_bytes"] / MB, 1),
+            "workers_1": res[1], f"workers_{workers}": res[workers],
+            "speedup": round(res[1]["wall_s"] / res[workers]["wall_s"], 2)}
+
+
+def chunked_case(data_dir: Path, work: Path, events: int, budget: str) -> dict:
+    run, truth = ensure_run(data_dir, 1, events, compress=False)
+    res = {}
+    for label, extra in (("one_shot", []), ("chunked", ["--max-memory", budget])):
+        out = work / f"big_{label}"
+        shutil.rmtree(out, ignore_errors=True)
+        res[label] = run_measured(tracekit("parse", str(run), "--out", str(out), "-q", *extra))
+        shutil.rmtree(out, ignore_errors=True)
+    tiny, _ = ensure_run(data_dir, 1, 100, compress=False)
+    res["baseline"] = run_measured(tracekit("parse", str(tiny), "--out", str(work / "big_tiny"), "-q"))
+    json_mb = truth["json_bytes"] / MB
+    for label in ("one_shot", "chunked"):
+        res[label]["peak_above_baseline_mb"] = round(res[label]["peak_pss_mb"] - res["baseline"]["peak_pss_mb"], 1)
+        res[label]["above_baseline_over_json"] = round(res[label]["peak_above_baseline_mb"] / json_mb, 2)
+    for label in res:
+        res[label]["peak_over_json"] = round(res[label]["peak_pss_mb"] / json_mb, 2)
+        res[label]["mb_per_s"] = round(json_mb / res[label]["wall_s"], 1)
+    return {"events": truth["complete_events"], "json_mb": round(json_mb, 1), "budget": budget, **res}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _fit(rows: list[dict]) -> dict:
+    """Least-squares wall = a + b * events (b in µs per event) over the rows."""
+    import numpy as np
+
+    x = np.array([r["events"] for r in rows], float)
+    y = np.array([r["wall_s"] for r in rows], float)
+    if len(rows) < 2:
+        return {}
+    b, a = np.polyfit(x, y, 1)
+    pred = a + b * x
+    r2 = 1 - ((y - pred) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
+    return {"fixed_s": round(float(a), 2), "us_per_event": round(float(b) * 1e6, 2), "r2": round(float(r2), 4)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="8,64,256,1024")
+    ap.add_argument("--events-per-rank", type=int, default=3000)
+    ap.add_argument("--sweep-ranks", type=int, default=8)
+    ap.add_argument("--sweep-events", default="3000,30000,120000")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--speedup-ranks", type=int, default=64)
+    ap.add_argument("--speedup-events", type=int, default=20000)
+    ap.add_argument("--big-events", type=int, default=1_000_000, help="0 skips the chunked-path case")
+    ap.add_argument("--big-budget", default="256MB")
+    ap.add_argument("--data-dir", default="/tmp/tracekit-scale")
+    ap.add_argument("--json", default=None, help="write all results here")
+    a = ap.parse_args(argv)
+    data_dir = Path(a.data_dir)
+    work = data_dir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    results: dict = {"machine": {"cpus": os.cpu_count()}}
+
+    real = measure_mix(MIX_SEED_TRACE) if MIX_SEED_TRACE.is_file() else None
+    results["mix"] = {"measured": real and vars(real), "generator": vars(DEFAULT_MIX)}
+    if real:
+        print(f"mix per runtime call (real {MIX_SEED_TRACE.parent.name} / generator): "
+              f"cpu_op {real.cpu_op_per_runtime:.3f}/{DEFAULT_MIX.cpu_op_per_runtime:.3f}  "
+              f"kernel {real.kernel_per_runtime:.3f}/{DEFAULT_MIX.kernel_per_runtime:.3f}  "
+              f"memcpy {real.memcpy_per_runtime:.3f}/{DEFAULT_MIX.memcpy_per_runtime:.3f}  "
+              f"memset {real.memset_per_runtime:.3f}/{DEFAULT_MIX.memset_per_runtime:.3f}  "
+              f"flows/device op {real.flow_per_device_op:.2f}/{DEFAULT_MIX.flow_per_device_op:.2f}")
+
+    def show(rows: list[dict], title: str) -> None:
+        print(f"\n{title}")
+        print(f"{'ranks':>6} {'ev/rank':>8} {'events':>9} {'JSON MB':>8} {'wall s':>7} {'µs/ev':>6} "
+              f"{'PSS MB':>7} {'anon MB':>7} {'analyzed':>8} {'straggler':>9} {'report MB':>9}")
+        for r in rows:
+            print(f"{r['ranks']:>6} {r['events_per_rank']:>8} {r['events']:>9} {r['json_mb']:>8} {r['wall_s']:>7} "
+                  f"{r['us_per_event']:>6} {r['peak_pss_mb']:>7} {r['peak_pss_anon_mb']:>7} {r['ranks_analyzed']:>8} "
+                  f"{str(r['straggler_found']):>9} {str(r['report_mb']):>9}")
+        print(f"fit wall = fixed + b x events: {_fit(rows)}")
+
+    by_ranks = []
+    for n in _ints(a.ranks):
+        by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers))
+        print(json.dumps(by_ranks[-1]), file=sys.stderr)
+    results["by_ranks"] = {"rows": by_ranks, "fit": _fit(by_ranks)}
+    show(by_ranks, f"tracekit analyze -j {a.workers}, {a.events_per_rank} complete events per rank")
+
+    by_events = []
+    for e in _ints(a.sweep_events):
+        by_events.append(analyze_case(data_dir, work, a.sweep_ranks, e, a.workers))
+        print(json.dumps(by_events[-1]), file=sys.stderr)
+    results["by_events_per_rank"] = {"rows": by_events, "fit": _fit(by_events)}
+    show(by_events, f"tracekit analyze -j {a.workers}, {a.sweep_ranks} ranks")
+    both = by_ranks + by_events
+    results["fit_all"] = _fit(both)
+    print(f"\nfit over both sweeps: {results['fit_all']}")
+
+    if a.speedup_ranks:
+        sp = parse_speedup(data_dir, work, a.speedup_ranks, a.speedup_events, a.workers)
+        results["parse_speedup"] = sp
+        print(f"\ntracekit parse, {sp['ranks']} ranks x {sp['events_per_rank']} events ({sp['json_mb']} MB JSON): "
+              f"1 worker {sp['workers_1']['wall_s']}s, {a.workers} workers {sp[f'workers_{a.workers}']['wall_s']}s "
+              f"-> speed-up {sp['speedup']}x")
+    if a.big_events:
+        ch = chunked_case(data_dir, work, a.big_events, a.big_budget)
+        results["chunked"] = ch
+        print(f"\none rank, {ch['events']} events, {ch['json_mb']} MB JSON: one-shot {ch['one_shot']}; "
+              f"chunked (--max-memory {ch['budget']}) {ch['chunked']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
