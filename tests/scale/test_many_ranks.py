@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tracekit.cli.main import app
 from tracekit.tables.store import RunStore
 
 
+@pytest.mark.slow  # worker processes
 def test_analyze_64_ranks_end_to_end(synth_run_64, tmp_path):
     run, truth = synth_run_64
     out = tmp_path / "out"

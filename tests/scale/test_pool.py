@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 
 from tests.scale.conftest import assert_stores_equal
@@ -9,6 +11,7 @@ from tracekit.parse import pool
 from tracekit.parse.run import parse_run
 
 
+@pytest.mark.slow  # worker processes
 def test_two_workers_write_the_same_store(synth_run_16, tmp_path, monkeypatch):
     run, truth = synth_run_16
     spill = tmp_path / "spill"

@@ -29,6 +29,7 @@ def ray_engine():
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow  # worker processes
 def test_ray_path_gives_the_local_tables_and_analysis(ray_engine, synth_run_16, tmp_path):
     run, truth = synth_run_16
     local = parse_run(run, tmp_path / "local", progress=False).store
