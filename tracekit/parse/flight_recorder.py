@@ -277,8 +277,15 @@ def parse_flight_recorder(path: str | Path, *, rank: int | None = None,
     warnings = []
     if not isinstance(entries, list):
         raise TraceFormatError(str(path), "Flight Recorder 'entries' is not a list")
-    table = entries_to_collectives(entries, rank=rank if rank is not None else -1,
-                                   source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
+    objects = [e for e in entries if isinstance(e, Mapping)]
+    if len(objects) < len(entries):
+        warnings.append(f"{len(entries) - len(objects)} Flight Recorder entries are not objects; skipped")
+    try:
+        table = entries_to_collectives(objects, rank=rank if rank is not None else -1,
+                                       source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,
+            pa.ArrowException) as exc:
+        raise TraceFormatError(str(path), f"malformed Flight Recorder entry: {type(exc).__name__}: {exc}") from None
     return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source,
                                version=None if doc.get("version") is None else str(doc["version"]),
                                process_groups=groups, collectives=table, warnings=warnings)
