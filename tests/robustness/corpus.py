@@ -134,3 +134,32 @@ def execution_trace() -> dict[str, Any]:
 
 def copy_doc(doc: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(doc)
+
+
+def flight_recorder_doc(rank: int) -> dict[str, Any]:
+    """A Flight Recorder dump (JSON form) holding the clean run's logged collectives of `rank`."""
+    lines = (CLEAN_RUN / f"comms.rank{rank}.jsonl").read_text().splitlines()
+    entries = [json.loads(x) for x in lines[1:] if x.strip() and json.loads(x).get("type") not in ("header", "footer")]
+    groups = {}
+    for e in entries:
+        name, desc = e["process_group"]
+        groups[name] = {"name": name, "desc": desc, "ranks": str(e.get("group_ranks") or [])}
+    return {"version": "2.4", "rank": rank, "pg_config": groups, "pg_status": {}, "entries": entries}
+
+
+def hostile_pickles(sentinel: Path) -> dict[str, bytes]:
+    """Pickles (hand-written opcodes, protocols 0-4) that import or call something if loaded normally."""
+    cmd = f"touch {sentinel}".encode()
+    return {
+        "reduce_os_system": malicious_pickle(sentinel),
+        "proto0_global_reduce": b"cos\nsystem\n(S'" + cmd + b"'\ntR.",
+        "inst": b"(S'" + cmd + b"'\nios\nsystem\n.",
+        "obj": b"(cos\nsystem\nS'" + cmd + b"'\no.",
+        "newobj": b"\x80\x02cbuiltins\nobject\n)\x81.",
+        "build_on_dict": b"\x80\x02}q\x00}q\x01X\x01\x00\x00\x00aK\x01sb.",
+        "persistent_id": b"\x80\x02Pos.system\n.",
+        "ext1_registry": b"\x80\x02\x82\x01.",
+        "hidden_in_entries": pickle.dumps({"version": "2.4", "pg_config": {}, "entries": [
+            {"record_id": 1, "frames": [{"name": __import__("collections").OrderedDict(a=1)}]}]}, protocol=2),
+        "truncated": pickle.dumps({"entries": [1, 2, 3]}, protocol=4)[:-5],
+    }
