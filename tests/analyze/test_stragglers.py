@@ -99,7 +99,8 @@ def test_same_ops_slower_on_one_host_is_contention_and_stays_info(tmp_path):
     a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm")))
     (f,) = _find(a, "straggler")
     assert f["ranks"] == [2] and f["evidence"]["cause"] == "contention" and f["severity"] == "info"
-    assert f["evidence"]["severity_capped"].startswith("warning")
+    assert f["evidence"]["severity_capped"].startswith("warning") and f["est_saving_ns"] == 0
+    assert f["evidence"]["original_est_saving_ns"] == 3 * MS
     assert a["sections"]["clocks"]["method"] == "same-host"
     # on separate hosts the same delay keeps its severity
     b = analyze_store(scenario(tmp_path / "b", slow_ops=1))

@@ -8,7 +8,8 @@ on a noisy shared box every rank is sometimes last; a straggler is last far more
 Warning/critical need a large delay (25%/50% of the step), strong dominance and being last at
 most of its collectives: on the 2-core box a clean run's slowest rank routinely holds the group
 back 10-20% of the step (CPU contention), and that is reported as info. A "contention" straggler
-(same ops, slower) on a run whose ranks all share one host stays info whatever its size: the
+(same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
+of its own (the original is kept in the evidence), whatever its size: the
 host's scheduler, not the rank's work, decides who is late (on several hosts it can be a noisy
 neighbour or throttling, and keeps its severity).
 
@@ -274,11 +275,14 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
         else:
             sev = Severity.INFO
         one_host = (ctx.cache.get("clocks") or {}).get("hosts") == 1
-        if cause == "contention" and one_host and sev is not Severity.INFO:
+        saving = max(int(row["delay_ns_per_step"]), 0)
+        if cause == "contention" and one_host:
             # every rank on one host and the late one runs the same ops, only slower: the host's
-            # scheduler (oversubscribed cores) decides who is late, not the rank's work
-            ev = {**ev, "severity_capped": f"{sev.value} -> info: same-host CPU contention"}
-            sev = Severity.INFO
+            # scheduler (oversubscribed cores) decides who is late, not the rank's work. Reported,
+            # but with no saving of its own (nothing in the job to change), like reconcile() does.
+            ev = {**ev, "severity_capped": f"{sev.value} -> info: same-host CPU contention",
+                  "original_est_saving_ns": saving}
+            sev, saving = Severity.INFO, 0
         dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
         findings.append(Finding(
             kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
@@ -290,7 +294,7 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
                       "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
                       "cause": cause, **{k: v for k, v in ev.items()}},
             recommendation=_RECOMMEND[cause].format(r=r),
-            est_saving_ns=max(int(row["delay_ns_per_step"]), 0)))
+            est_saving_ns=saving))
     section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
                "excluded": excluded, "thresholds": asdict(cfg)}
     return AnalyzerResult(findings=findings, section=section)
