@@ -53,8 +53,10 @@ BWD_PHASES = ("bwd", "bwd_input", "bwd_weight")
 
 IMBALANCE_WARNING = 1.2
 """Slowest/mean stage compute at which imbalance is a warning (critical at IMBALANCE_CRITICAL), provided
-the re-split would save at least SAVING_WARNING of the step."""
+the re-split would save at least IMBALANCE_MIN_SAVING of the step."""
 IMBALANCE_CRITICAL = 1.6
+IMBALANCE_MIN_SAVING = 0.05
+"""A re-split must save at least this share of the step for imbalance to be more than info."""
 SAVING_WARNING = 0.10
 """Estimated saving / step time at which a bubble finding is a warning (critical at SAVING_CRITICAL)."""
 SAVING_CRITICAL = 0.30
@@ -350,7 +352,7 @@ def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, m
         sev = Severity.WARNING
     else:
         sev = Severity.INFO
-    if advice.saving_ns < SAVING_WARNING * step_ns:
+    if advice.saving_ns < IMBALANCE_MIN_SAVING * step_ns:
         sev = Severity.INFO  # nothing worth re-splitting for (e.g. one micro-batch: stages run one after another)
     summary = (f"pipeline stage {slowest['stage']} computes {imbalance:.2f}x the mean stage "
                f"({slowest['compute_ns'] / 1e6:.1f} ms vs {np.mean(comp) / 1e6:.1f} ms per step)")
