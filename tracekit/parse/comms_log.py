@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse.flight_recorder import entries_to_collectives, pg_config_groups
+from tracekit.parse.flight_recorder import entries_to_collectives_skipping_bad, pg_config_groups
 
 SOURCE_COMMS_LOG = "comms-log"
 COMMS_LOG_NAME = re.compile(r"^comms\.rank(\d+)\.jsonl$")
@@ -100,8 +100,9 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
         warnings.append(f"{path.name}: closed with status {footer.get('status')!r}")
     groups = pg_config_groups(header.get("pg_config"))
     group_ranks = {g["pg_name"]: g["ranks"] for g in groups if g["ranks"]}
-    table = entries_to_collectives(entries, rank=rank if rank is not None else -1,
-                                   source=SOURCE_COMMS_LOG, group_ranks=group_ranks)
+    table = entries_to_collectives_skipping_bad(entries, rank=rank if rank is not None else -1,
+                                                source=SOURCE_COMMS_LOG, group_ranks=group_ranks,
+                                                warnings=warnings, what=path.name)
     ws = header.get("world_size")
     return CommsLogParse(source_file=str(path), rank=rank, rank_source=rank_source,
                          world_size=int(ws) if ws is not None else None,

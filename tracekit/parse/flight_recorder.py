@@ -94,6 +94,32 @@ def _ranks_list(value: Any) -> list[int] | None:
     return None
 
 
+_ENTRY_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,
+                 pa.ArrowException)
+
+
+def entries_to_collectives_skipping_bad(entries: list[Mapping[str, Any]], *, rank: int, source: str,
+                                        group_ranks: Mapping[str, list[int]] | None, warnings: list[str],
+                                        what: str) -> pa.Table:
+    """`entries_to_collectives`, but an entry with malformed fields (a dump from another version or a
+    broken writer) is dropped and counted in `warnings` instead of failing the whole file."""
+    try:
+        return entries_to_collectives(entries, rank=rank, source=source, group_ranks=group_ranks)
+    except _ENTRY_ERRORS:
+        pass
+    good = []
+    first_error = None
+    for e in entries:
+        try:
+            entries_to_collectives([e], rank=rank, source=source, group_ranks=group_ranks)
+        except _ENTRY_ERRORS as exc:
+            first_error = first_error or f"{type(exc).__name__}: {exc}"
+            continue
+        good.append(e)
+    warnings.append(f"{what}: {len(entries) - len(good)} malformed entries skipped (first: {first_error})")
+    return entries_to_collectives(good, rank=rank, source=source, group_ranks=group_ranks)
+
+
 def pg_config_groups(pg_config: Any) -> list[dict[str, Any]]:
     """process_groups rows (pg_name, pg_desc, ranks, size, backend) from a Flight Recorder or Kineto pg_config.
 
@@ -280,12 +306,9 @@ def parse_flight_recorder(path: str | Path, *, rank: int | None = None,
     objects = [e for e in entries if isinstance(e, Mapping)]
     if len(objects) < len(entries):
         warnings.append(f"{len(entries) - len(objects)} Flight Recorder entries are not objects; skipped")
-    try:
-        table = entries_to_collectives(objects, rank=rank if rank is not None else -1,
-                                       source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,
-            pa.ArrowException) as exc:
-        raise TraceFormatError(str(path), f"malformed Flight Recorder entry: {type(exc).__name__}: {exc}") from None
+    table = entries_to_collectives_skipping_bad(objects, rank=rank if rank is not None else -1,
+                                                source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks,
+                                                warnings=warnings, what=f"{path.name}: Flight Recorder")
     return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source,
                                version=None if doc.get("version") is None else str(doc["version"]),
                                process_groups=groups, collectives=table, warnings=warnings)
