@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from . import corpus as C
+from .strategies import FUZZ, json_values
 from tracekit.errors import TracekitError
 from tracekit.parse.kineto import KinetoParse, parse_kineto
 from tracekit.tables.schema import TABLES
 
-settings.register_profile(
-    "robustness", max_examples=int(os.environ.get("TRACEKIT_FUZZ_EXAMPLES", "150")), deadline=5000,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], derandomize=False)
-FUZZ = settings.get_profile("robustness")
 
 
 def small_trace() -> dict:
@@ -47,14 +43,6 @@ BASE = small_trace()
 BASE_BYTES = json.dumps(BASE).encode()
 _DIR = Path(tempfile.mkdtemp(prefix="tracekit-fuzz-"))
 
-json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
-    st.sampled_from(["X", "M", "i", "Z", "", "stream 7", "0x1f", "1e400", "-1", "NaN", "ProfilerStep#3",
-                     "c10d::allreduce_", "gloo:all_reduce", "ncclKernel_AllReduce", "\x00", "\ud7ff"]),
-)
-json_values = st.recursive(json_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
 EVENT_KEYS = ["ph", "name", "cat", "ts", "dur", "pid", "tid", "args", "id", "s"]
 ARG_KEYS = ["External id", "external id", "correlation", "stream", "Collective name", "In msg nelems",
             "Out msg nelems", "Group size", "dtype", "In split size", "Out split size", "Process Group Name",
@@ -160,3 +148,51 @@ def test_unmutated_base_parses():
     assert kp.tables["events"].num_rows == len(xs)
     assert kp.tables["steps"].num_rows == sum(str(e["name"]).startswith("ProfilerStep#") for e in xs) > 0
     assert kp.tables["collectives"].num_rows > 0
+
+
+def _small_pair_dir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="tracekit-fuzz-run-", dir=_DIR))
+    C.write(d / "rank0.pt.trace.json", BASE_BYTES)
+    return d
+
+
+RUN_EXAMPLES = max(10, FUZZ.max_examples // 10)
+"""Whole-run examples cost a parse of two ranks plus every analyzer and both reports (~0.3 s each)."""
+
+
+@settings(FUZZ, max_examples=RUN_EXAMPLES, deadline=20000)
+@given(doc=event_mutations())
+def test_mutated_rank_never_takes_the_run_down(doc):
+    """A mutated rank 1 beside a clean rank 0: the run parses, analyzes and renders; rank 1 is either
+    analysed or listed as skipped, and rank 0's numbers do not depend on what rank 1 holds."""
+    import jsonschema
+
+    import reports
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+
+    d = _small_pair_dir()
+    C.write(d / "rank1.pt.trace.json", json.dumps(dict(doc, distributedInfo=BASE["distributedInfo"] | {"rank": 1})
+                                                  if isinstance(doc.get("distributedInfo"), dict) else doc).encode())
+    store = parse_run(d, d / "store", progress=False).store
+    assert 0 in store.ranks()
+    assert 1 in store.ranks() or [s["file"] for s in store.skipped] == [str(d / "rank1.pt.trace.json")]
+    analysis = analyze_store(store)
+    jsonschema.validate(json.loads(json.dumps(analysis, default=str)), _SCHEMA)
+    rank0 = [r for r in analysis["ranks"] if r["rank"] == 0]
+    assert rank0 == [_BASE_RANK0]
+    reports.render_html(analysis, store)
+    reports.render_markdown(analysis)
+
+
+def _base_rank0() -> dict:
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+
+    d = _small_pair_dir()
+    store = parse_run(d, d / "store", progress=False).store
+    return [r for r in analyze_store(store)["ranks"] if r["rank"] == 0][0]
+
+
+_SCHEMA = json.loads((C.REPO / "tracekit" / "schemas" / "analysis.schema.json").read_text())
+_BASE_RANK0 = _base_rank0()
