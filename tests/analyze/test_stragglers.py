@@ -20,7 +20,8 @@ MS = 1_000_000
 STEP = 10 * MS
 
 
-def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2):
+def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000):
+    """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs)."""
     ranks, steps, events, coll = [], [], [], []
     main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
     for r in range(3):
@@ -34,6 +35,10 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
             for k in range(n_ops):
                 events.append({"rank": r, "name": "aten::mm", "cat": "cpu_op", "tid": 1, "thread_name": main,
                                "ts": base + k * busy // n_ops, "dur": busy // n_ops, "step": s})
+            for k in range(2):  # size-independent ops, inside the compute
+                events.append({"rank": r, "name": "aten::view", "cat": "cpu_op", "tid": 1, "thread_name": main,
+                               "ts": base + 100_000 * (k + 1), "dur": view_ns if r == late_rank else 10_000,
+                               "step": s})
             arrival, end = base + busy, base + 8 * MS
             events.append({"rank": r, "name": "gloo:all_reduce", "cat": "user_annotation", "tid": 2,
                            "thread_name": gloo, "ts": arrival, "dur": end - arrival, "step": s})
@@ -74,7 +79,8 @@ def test_straggler_is_named_with_its_delay_and_cause(tmp_path):
     assert top["kind"] == "straggler" and top["ranks"] == [2]
     assert top["est_saving_ns"] == 3 * MS          # 3 ms per step
     assert top["severity"] == "warning"            # 30%: above 25%, below 50%
-    assert top["evidence"]["cause"] == "compute" and top["evidence"]["op_count_ratio"] == 3.0
+    assert top["evidence"]["cause"] == "compute"
+    assert top["evidence"]["op_count_ratio"] == round(5 / 3, 4)   # 3 mm + 2 views vs 1 mm + 2 views
     # the out-of-step barrier (rank 0 30 ms late) was left out
     assert a["sections"]["stragglers"]["excluded"]["outside_steps"] == 1
     assert not [f for f in _find(a, "straggler") if 0 in f["ranks"]]
@@ -96,16 +102,26 @@ def test_exposed_transfer_excludes_waiting_for_the_straggler(tmp_path):
 
 
 def test_same_ops_slower_on_one_host_is_contention_and_stays_info(tmp_path):
-    a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm")))
+    # same op count, and even its views run 3x slower: the host is slow, not the work bigger
+    a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm"), view_ns=30_000))
     (f,) = _find(a, "straggler")
     assert f["ranks"] == [2] and f["evidence"]["cause"] == "contention" and f["severity"] == "info"
+    assert f["evidence"]["shape_free_op_slowdown"] == 3.0 and f["evidence"]["op_count_ratio"] == 1.0
     assert f["evidence"]["severity_capped"].startswith("warning") and f["est_saving_ns"] == 0
     assert f["evidence"]["original_est_saving_ns"] == 3 * MS
     assert a["sections"]["clocks"]["method"] == "same-host"
     # on separate hosts the same delay keeps its severity
-    b = analyze_store(scenario(tmp_path / "b", slow_ops=1))
+    b = analyze_store(scenario(tmp_path / "b", slow_ops=1, view_ns=30_000))
     (g,) = _find(b, "straggler")
     assert g["evidence"]["cause"] == "contention" and g["severity"] == "warning"
+
+
+def test_same_ops_on_bigger_inputs_is_compute_not_contention(tmp_path):
+    # same op count but views at normal speed: the mm itself is bigger (e.g. longer sequences)
+    a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm")))
+    (f,) = _find(a, "straggler")
+    assert f["evidence"]["cause"] == "compute" and f["evidence"]["shape_free_op_slowdown"] == 1.0
+    assert f["severity"] == "warning" and f["est_saving_ns"] == 3 * MS
 
 
 def test_analysis_json_validates_against_the_schema(tmp_path):

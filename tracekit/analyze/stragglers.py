@@ -15,7 +15,8 @@ neighbour or throttling, and keeps its severity).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
-"compute" (or "contention" when it runs about as many ops as its peers, only slower), a longer
+"compute" (or "contention" when it runs about as many ops as its peers and even its size-free ops
+— views, transposes — run slower, i.e. the host is slow, not the work bigger), a longer
 `data:load` annotation → "data_load", more host time with no activity → "host_idle"; otherwise
 "unknown". The excess must explain at least half of the delay.
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
@@ -72,7 +74,10 @@ class StragglerConfig:
     cause_min_explained: float = 0.5
     """A cause must explain at least this fraction of the examined delay."""
     more_work_ratio: float = 1.1
-    """Longer compute with fewer than this many times the peers' ops is "contention" (same work, slower)."""
+    """Longer compute with fewer than this many times the peers' ops ..."""
+    contention_slowdown: float = 1.5
+    """... whose size-independent ops (views, transposes) also run this many times slower is
+    "contention" (same work, slower host); with normal-speed views it is bigger work ("compute")."""
 
 
 def _steps_and_step_ns(ctx: AnalysisContext, matched: MatchedCollectives) -> tuple[int, int]:
@@ -197,9 +202,35 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
         # more work, or the same work run slower (CPU contention, throttling)?
         ratio = _op_count_ratio(store, rank, [r for r in ranks if r != rank])
         evidence["op_count_ratio"] = ratio
-        if ratio is not None and ratio < cfg.more_work_ratio:
+        slowdown = _shape_free_op_slowdown(store, rank, [r for r in ranks if r != rank])
+        evidence["shape_free_op_slowdown"] = slowdown
+        if (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
+                and slowdown >= cfg.contention_slowdown):
             return "contention", evidence
     return best, evidence
+
+
+# ops whose cost does not depend on tensor sizes: if even these run slower, the rank itself is slow
+SHAPE_FREE_OPS = ("aten::as_strided", "aten::view", "aten::t", "aten::transpose", "aten::expand",
+                  "aten::detach", "detach", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze",
+                  "aten::permute", "aten::_unsafe_view", "aten::alias", "aten::empty", "aten::empty_strided")
+
+
+def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int]) -> float | None:
+    """Mean duration of the rank's size-independent ops / the peers' median of theirs. The mean, not
+    the median: a descheduled process stretches a few random ops a lot (a heavy tail)."""
+    def mean(r: int) -> float | None:
+        ev = store.rank_table("events", r, ["name", "cat", "dur", "step"])
+        names = ev.column("name").cast("string")
+        keep = pc.and_(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), pc.is_valid(ev["step"])),
+                       pc.is_in(names, value_set=pa.array(SHAPE_FREE_OPS)))
+        durs = ev.filter(pc.fill_null(keep, False)).column("dur")
+        return float(pc.mean(durs).as_py()) if len(durs) else None
+    mine = mean(rank)
+    theirs = [m for m in (mean(p) for p in peers) if m]
+    if mine is None or not theirs:
+        return None
+    return round(mine / float(np.median(theirs)), 3)
 
 
 def _op_count_ratio(store: RunStore, rank: int, peers: list[int]) -> float | None:
