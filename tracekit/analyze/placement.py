@@ -140,7 +140,8 @@ def analyze_placement(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         else:
             sev = Severity.WARNING if share >= CRITICAL_SHARE else Severity.INFO
         ranks = sorted({r for g in gs for r in g["ranks"]})
-        summary = (f"{len(gs)} {dim.upper()} group(s) span hosts (e.g. {worst['ranks']} on {', '.join(worst['hosts'])})"
+        n_sets = len({tuple(sorted(g["ranks"])) for g in gs})
+        summary = (f"{n_sets} {dim.upper()} group(s) span hosts (e.g. {worst['ranks']} on {', '.join(worst['hosts'])})"
                    + (f" while {'/'.join(light_inside)} groups stay inside one host" if light_inside else "")
                    + f"; {exposed / 1e6:.1f} ms exposed {dim} communication per step")
         evidence = {"groups": [{"pg_name": g["pg_name"], "ranks": g["ranks"], "hosts": g["hosts"]} for g in gs],
