@@ -50,35 +50,36 @@ def _kinds(analysis):
     return [f["kind"] for f in analysis["findings"]]
 
 
-def _bad_rank1(case: str, path_dir: Path, docs) -> Path:
-    """Write the bad stand-in for rank 1's trace; returns its path."""
+def _bad_file(case: str, d: Path, docs, rank: int = 1) -> Path:
+    """Write a bad stand-in for `rank`'s trace; returns its path."""
     gz = C.clean_gz_bytes(1)
     raw = C.dump(docs[1])
+    stem = f"rank{rank}.pt.trace"
     if case == "truncated_gz":
-        return C.write(path_dir / "rank1.pt.trace.json.gz", gz[: len(gz) * 2 // 3], gz=False)
+        return C.write(d / f"{stem}.json.gz", gz[: len(gz) * 2 // 3], gz=False)
     if case == "corrupt_gz":
         bad = gz[:5000] + bytes(b ^ 0x5A for b in gz[5000:6000]) + gz[6000:]
-        return C.write(path_dir / "rank1.pt.trace.json.gz", bad, gz=False)
+        return C.write(d / f"{stem}.json.gz", bad, gz=False)
     if case == "truncated_json":  # a rank killed mid-write
-        return C.write(path_dir / "rank1.pt.trace.json", raw[: len(raw) // 2])
+        return C.write(d / f"{stem}.json", raw[: len(raw) // 2])
     if case == "empty":
-        return C.write(path_dir / "rank1.pt.trace.json", b"")
+        return C.write(d / f"{stem}.json", b"")
     if case == "gzip_of_nothing":
-        return C.write(path_dir / "rank1.pt.trace.json.gz", b"")
+        return C.write(d / f"{stem}.json.gz", b"")
     if case == "top_level_array":
-        return C.write(path_dir / "rank1.pt.trace.json", C.dump(docs[1]["traceEvents"]))
+        return C.write(d / f"{stem}.json", C.dump(docs[1]["traceEvents"]))
     if case == "trace_events_string":
-        return C.write(path_dir / "rank1.pt.trace.json", C.dump(dict(docs[1], traceEvents="oops")))
+        return C.write(d / f"{stem}.json", C.dump(dict(docs[1], traceEvents="oops")))
     if case == "event_not_an_object":
         ev = docs[1]["traceEvents"]
-        return C.write(path_dir / "rank1.pt.trace.json.gz", C.dump(dict(docs[1], traceEvents=ev[:50] + [7] + ev[50:])))
+        return C.write(d / f"{stem}.json.gz", C.dump(dict(docs[1], traceEvents=ev[:50] + [7] + ev[50:])))
     if case == "execution_trace":
-        return C.write(path_dir / "rank1.pt.trace.json", C.dump(C.execution_trace()))
+        return C.write(d / f"{stem}.json", C.dump(C.execution_trace()))
     if case == "bomb":
         c = zlib.compressobj(6, zlib.DEFLATED, 31)
         block = b" " * (1 << 20)
-        data = c.compress(b'{"traceEvents": [') + b"".join(c.compress(block) for _ in range(40)) + c.compress(b"]}") + c.flush()
-        return C.write(path_dir / "rank1.pt.trace.json.gz", data, gz=False)
+        data = c.compress(b'{"traceEvents": [') + b"".join(c.compress(block) for _ in range(24)) + c.compress(b"]}") + c.flush()
+        return C.write(d / f"{stem}.json.gz", data, gz=False)
     raise AssertionError(case)
 
 
@@ -96,31 +97,49 @@ BAD_FILES = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_FILES))
-def test_bad_rank_file_is_skipped_and_others_intact(tmp_path, monkeypatch, clean_docs, clean_rank0_analysis, case):
-    monkeypatch.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 16 << 20)  # a 40 MiB bomb is enough
-    d = tmp_path / "run"
-    d.mkdir()
-    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
-    bad = _bad_rank1(case, d, clean_docs)
+@pytest.fixture(scope="module")
+def graveyard(tmp_path_factory, clean_docs):
+    """Rank 0's clean trace beside one bad file per kind of damage, analysed once."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 8 << 20)  # a 24 MiB bomb is enough
+    try:
+        base = tmp_path_factory.mktemp("graveyard")
+        d = base / "run"
+        d.mkdir()
+        (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+        bad = {case: _bad_file(case, d, clean_docs, rank=i + 1) for i, case in enumerate(BAD_FILES)}
+        # the files claim ranks 1..10 of a world of 2: only rank 1 is missing from the world
+        code, err, analysis = run_analyze(d, base / "out")
+    finally:
+        mp.undo()
+    return bad, code, err, analysis
 
-    code, err, analysis = run_analyze(d, tmp_path / "out")
 
+def test_bad_files_exit_zero_and_are_listed(graveyard):
+    bad, code, err, analysis = graveyard
     assert code == 0, err
-    line = _squash(err)  # stderr wraps lines: compare without whitespace
-    assert _squash(f"skipped {bad}: {skipped_reason(analysis)}") in line
-    assert _squash(BAD_FILES[case]) in line
     jsonschema.validate(analysis, SCHEMA)
     assert analysis["inputs"]["ranks"] == [0]
-    skipped = analysis["inputs"]["skipped"]
-    assert [s["file"] for s in skipped] == [str(bad)]
-    assert BAD_FILES[case] in skipped[0]["reason"]
-    # rank 0 analysed exactly as without the bad file
+    assert sorted(s["file"] for s in analysis["inputs"]["skipped"]) == sorted(map(str, bad.values()))
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_each_bad_file_named_with_its_reason(graveyard, case):
+    bad, code, err, analysis = graveyard
+    reason = {s["file"]: s["reason"] for s in analysis["inputs"]["skipped"]}[str(bad[case])]
+    assert BAD_FILES[case] in reason
+    assert _squash(f"skipped {bad[case]}: {reason}") in _squash(err)  # stderr wraps lines: compare sans whitespace
+
+
+def test_good_rank_intact_beside_bad_files(graveyard, clean_rank0_analysis):
+    """Rank 0 analysed exactly as in a run without the bad files; the skips are findings naming the files."""
+    bad, code, err, analysis = graveyard
     assert _rank_row(analysis, 0) == _rank_row(clean_rank0_analysis, 0)
     assert _analysis_findings(analysis) == _analysis_findings(clean_rank0_analysis)
-    # the skip and the missing rank are findings, with the file named
     skip = [f for f in analysis["findings"] if f["kind"] == "input_skipped"]
-    assert len(skip) == 1 and str(bad) in skip[0]["summary"] and skip[0]["severity"] == "warning"
+    assert len(skip) == 1 and skip[0]["severity"] == "warning"
+    assert skip[0]["evidence"]["num_skipped"] == len(BAD_FILES)
+    assert sorted(s["file"] for s in skip[0]["evidence"]["skipped"]) == sorted(map(str, bad.values()))
     missing = [f for f in analysis["findings"] if f["kind"] == "missing_ranks"]
     assert len(missing) == 1 and missing[0]["ranks"] == [1] and missing[0]["evidence"]["world_size"] == 2
 
@@ -317,7 +336,7 @@ def test_nothing_analyzable_exits_1_naming_each_file(tmp_path, clean_docs):
     """Real process: exit status 1, each bad file named with its reason on stderr."""
     d = tmp_path / "run"
     d.mkdir()
-    a = _bad_rank1("truncated_json", d, clean_docs)
+    a = _bad_file("truncated_json", d, clean_docs)
     b = C.write(d / "rank0.pt.trace.json.gz", C.clean_gz_bytes(0)[:1000], gz=False)
     env = dict(os.environ, COLUMNS="400")
     res = subprocess.run([sys.executable, "-m", "tracekit", "analyze", str(d), "--out", str(tmp_path / "out"), "-q"],

@@ -137,18 +137,18 @@ def test_huge_names_are_cut_and_counted(tmp_path, clean_docs):
 
 def test_decompression_bomb_refused_by_default_ratio(tmp_path, monkeypatch):
     """No budget given: a file expanding over max(floor, 200x) is refused (floor lowered to keep the test small)."""
-    monkeypatch.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 16 << 20)
+    monkeypatch.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 8 << 20)
     path = tmp_path / "rank1.pt.trace.json.gz"
-    compressed = _whitespace_bomb(path, 48 << 20)
-    assert (48 << 20) > MAX_COMPRESSION_RATIO * compressed > 0  # a bomb by the ratio rule
+    compressed = _whitespace_bomb(path, 24 << 20)
+    assert (24 << 20) > MAX_COMPRESSION_RATIO * compressed > 0  # a bomb by the ratio rule
     with pytest.raises(InputTooLargeError) as info:
         parse_kineto(path)
     assert info.value.file == str(path)
     assert "likely decompression bomb" in info.value.reason
-    assert f"{16 << 20} bytes" in info.value.reason
+    assert f"{8 << 20} bytes" in info.value.reason
     # the same content under the floor is read: the rule only refuses big expansions
     ok = tmp_path / "rank2.pt.trace.json.gz"
-    _whitespace_bomb(ok, 8 << 20)
+    _whitespace_bomb(ok, 4 << 20)
     assert parse_kineto(ok).tables["events"].num_rows == 0
 
 
