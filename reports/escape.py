@@ -11,9 +11,17 @@ _JSON_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u20
 _JSON_UNSAFE_RE = re.compile("[<>&\u2028\u2029]")
 
 
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(text: str) -> str:
+    """Lone surrogates (a non-UTF-8 file name, os.fsdecode) cannot be written as UTF-8: show U+FFFD."""
+    return _SURROGATE_RE.sub("\ufffd", text)
+
+
 def h(value: Any) -> str:
     """HTML-escape any value as text (quotes included, so it is safe inside attributes too)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    return html.escape(_encodable("" if value is None else str(value)), quote=True)
 
 
 def json_for_script(obj: Any) -> str:
@@ -44,7 +52,7 @@ _MD_LEADING_RE = re.compile(r"^(\s*)([-+=]|\d+[.)])")
 def md(value: Any) -> str:
     """Markdown-escape trace-derived text: HTML metacharacters become entities, Markdown ones get a backslash,
     and newlines become spaces (so a name cannot break a table row or start a new block)."""
-    text = "" if value is None else str(value)
+    text = _encodable("" if value is None else str(value))
     text = text.replace("\r", " ").replace("\n", " ")
     text = html.escape(text, quote=False)
     text = _MD_META_RE.sub(r"\\\1", text)

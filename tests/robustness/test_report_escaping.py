@@ -63,3 +63,26 @@ def test_hostile_trace_strings_are_escaped_in_html_and_markdown(tmp_path, clean_
     for line in summary.splitlines():
         if line.startswith("| ["):  # a findings row: no extra cell from a `|` in a name
             assert _unescaped_pipes(line) == _unescaped_pipes(header), line
+
+
+def test_non_utf8_file_name_does_not_break_the_reports(tmp_path, clean_rank0_analysis):
+    """A file name with bytes that are not UTF-8 (os.fsdecode gives lone surrogates) is shown as U+FFFD."""
+    import os
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    bad = os.fsdecode(os.fsencode(str(d)) + b"/rank1\xff.pt.trace.json")
+    with open(os.fsencode(bad), "wb") as f:
+        f.write(b'{"traceEvents": [')
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    assert [s["file"] for s in analysis["inputs"]["skipped"]] == [bad]
+    assert "failed" not in err  # both renderers wrote their file
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    summary = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert html.escape(bad.replace("\udcff", "\ufffd")) in page
+    assert "rank1\ufffd.pt.trace.json" in summary
+    assert analysis["ranks"] == clean_rank0_analysis["ranks"]
