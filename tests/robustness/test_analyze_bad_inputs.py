@@ -346,3 +346,22 @@ def test_nothing_analyzable_exits_1_naming_each_file(tmp_path, clean_docs):
     assert _squash(f"skipped {a}: invalid JSON: Input data was truncated") in err
     assert _squash(f"skipped {b}: truncated gzip stream") in err
     assert _squash(f"nothing under {d} could be analyzed") in err
+
+
+def test_explicit_decompression_budget_on_the_command_line(tmp_path, clean_pair_analysis):
+    """--max-decompressed-mb below the traces' size skips both (exit 1, each named); above it, both analysed."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    sizes = [len(gzip.decompress(C.clean_gz_bytes(r))) for r in (0, 1)]
+    assert 1 << 20 < min(sizes) and max(sizes) < 8 << 20
+
+    code, err, analysis = run_analyze(d, tmp_path / "small", "--max-decompressed-mb", "1")
+    assert code == 1
+    for r in (0, 1):
+        assert _squash(f"skipped {d / f'rank{r}.pt.trace.json.gz'}: decompresses to more than the 1048576-byte budget") in _squash(err)
+
+    code, err, analysis = run_analyze(d, tmp_path / "big", "--max-decompressed-mb", "8")
+    assert code == 0, err
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]

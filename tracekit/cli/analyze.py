@@ -53,6 +53,10 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+        max_decompressed_mb: Optional[int] = typer.Option(
+            None, "--max-decompressed-mb", min=1,
+            help="Skip any input that decompresses to more than this many MiB "
+                 "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs)."),
     ) -> None:
         from rich.console import Console
 
@@ -71,12 +75,14 @@ def register(app: typer.Typer) -> None:
             err.print(f"[red]tracekit analyze:[/red] {exc}")
             raise typer.Exit(1) from None
         try:
-            _analyze(trace_dir, out, engine, budget, config, quiet, err)
+            _analyze(trace_dir, out, engine, budget, config, quiet, err,
+                     max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None)
         finally:
             engine.close()
 
 
-def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err) -> None:
+def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
+             max_decompressed_bytes: int | None = None) -> None:
     """Parse (unless given a store), analyze on `engine`, write analysis.json and the reports."""
     from rich.console import Console
 
@@ -92,7 +98,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
             from tracekit.parse.run import parse_run
 
             store = parse_run(trace_dir, out / "tables", workers=engine.workers, progress=not quiet,
-                              max_memory_bytes=budget, engine=engine).store
+                              max_memory_bytes=budget, engine=engine,
+                              max_decompressed_bytes=max_decompressed_bytes).store
     except TracekitError as exc:
         err.print(f"[red]tracekit analyze:[/red] {exc}")
         raise typer.Exit(1) from None

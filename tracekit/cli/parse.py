@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
         max_decompressed_mb: Optional[int] = typer.Option(
             None, "--max-decompressed-mb", min=1,
-            help="Skip any trace that decompresses to more than this many MiB (default: no limit)."),
+            help="Skip any trace that decompresses to more than this many MiB "
+                 "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs)."),
     ) -> None:
         from rich.console import Console
         from rich.markup import escape
