@@ -68,23 +68,49 @@ def _pss_kb(pid: int) -> dict[str, int]:
     return vals
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of one process (own time only; children are sampled themselves)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_measured(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd; wall seconds and peak summed PSS (total and anonymous) of its process tree."""
+    """Run cmd; wall seconds, CPU seconds and peak summed PSS (total, anonymous) of its process tree.
+
+    CPU is summed over every process seen (sampled every 0.1 s), so it is the cost of the work even
+    when the shared box gives the (nice'd) command only part of a core; wall depends on that load.
+    """
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     peak = {"Pss": 0, "Pss_Anon": 0}
+    cpu: dict[int, int] = {}
     done = threading.Event()
 
     def sample() -> None:
+        n = 0
         while not done.is_set():
-            tot = {"Pss": 0, "Pss_Anon": 0}
-            for p in _tree(proc.pid):
-                v = _pss_kb(p)
+            pids = _tree(proc.pid)
+            for p in pids:
+                t = _cpu_ticks(p)
+                if t is not None:
+                    cpu[p] = max(cpu.get(p, 0), t)
+            if n % 3 == 0:  # smaps_rollup walks page tables: every 0.3 s is enough for peaks lasting seconds
+                tot = {"Pss": 0, "Pss_Anon": 0}
+                for p in pids:
+                    v = _pss_kb(p)
+                    for k in tot:
+                        tot[k] += v.get(k, 0)
                 for k in tot:
-                    tot[k] += v.get(k, 0)
-            for k in tot:
-                peak[k] = max(peak[k], tot[k])
-            done.wait(0.05)
+                    peak[k] = max(peak[k], tot[k])
+            n += 1
+            done.wait(0.1)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
@@ -94,7 +120,8 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode()[-2000:]}")
-    return {"wall_s": round(wall, 2), "load_avg_1m": round(os.getloadavg()[0], 1), "peak_pss_mb": round(peak["Pss"] * 1024 / MB, 1),
+    return {"wall_s": round(wall, 2), "cpu_s": round(sum(cpu.values()) / _TICK, 2),
+            "load_avg_1m": round(os.getloadavg()[0], 1), "peak_pss_mb": round(peak["Pss"] * 1024 / MB, 1),
             "peak_pss_anon_mb": round(peak["Pss_Anon"] * 1024 / MB, 1)}
 
 
@@ -126,6 +153,7 @@ def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int)
     row = {"ranks": ranks, "events_per_rank": epr, "events": truth["complete_events"],
            "json_mb": round(truth["json_bytes"] / MB, 1), "workers": workers, **m,
            "us_per_event": round(m["wall_s"] * 1e6 / truth["complete_events"], 2),
+           "cpu_us_per_event": round(m["cpu_s"] * 1e6 / truth["complete_events"], 2),
            "ranks_analyzed": len(analysis["ranks"]),
            "straggler_found": [truth["straggler_rank"]] in stragglers,
            "report_mb": round((out / "report.html").stat().st_size / MB, 2) if (out / "report.html").exists() else None}
@@ -172,12 +200,12 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def _fit(rows: list[dict]) -> dict:
-    """Least-squares wall = a + b * events (b in µs per event) over the rows."""
+def _fit(rows: list[dict], key: str = "wall_s") -> dict:
+    """Least-squares `key` = a + b * events (b in µs per event) over the rows."""
     import numpy as np
 
     x = np.array([r["events"] for r in rows], float)
-    y = np.array([r["wall_s"] for r in rows], float)
+    y = np.array([r[key] for r in rows], float)
     if len(rows) < 2:
         return {}
     b, a = np.polyfit(x, y, 1)
@@ -217,36 +245,36 @@ def main(argv: list[str] | None = None) -> None:
 
     def show(rows: list[dict], title: str) -> None:
         print(f"\n{title}")
-        print(f"{'ranks':>6} {'ev/rank':>8} {'events':>9} {'JSON MB':>8} {'wall s':>7} {'µs/ev':>6} "
+        print(f"{'ranks':>6} {'ev/rank':>8} {'events':>9} {'JSON MB':>8} {'wall s':>7} {'cpu s':>7} {'cpu µs/ev':>9} "
               f"{'PSS MB':>7} {'anon MB':>7} {'analyzed':>8} {'straggler':>9} {'report MB':>9}")
         for r in rows:
             print(f"{r['ranks']:>6} {r['events_per_rank']:>8} {r['events']:>9} {r['json_mb']:>8} {r['wall_s']:>7} "
-                  f"{r['us_per_event']:>6} {r['peak_pss_mb']:>7} {r['peak_pss_anon_mb']:>7} {r['ranks_analyzed']:>8} "
+                  f"{r['cpu_s']:>7} {r['cpu_us_per_event']:>9} {r['peak_pss_mb']:>7} {r['peak_pss_anon_mb']:>7} {r['ranks_analyzed']:>8} "
                   f"{str(r['straggler_found']):>9} {str(r['report_mb']):>9}")
-        print(f"fit wall = fixed + b x events: {_fit(rows)}")
+        print(f"fit wall = fixed + b x events: {_fit(rows)}; cpu: {_fit(rows, 'cpu_s')}")
 
     by_ranks = []
     for n in _ints(a.ranks):
         by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers))
         print(json.dumps(by_ranks[-1]), file=sys.stderr)
-    results["by_ranks"] = {"rows": by_ranks, "fit": _fit(by_ranks)}
+    results["by_ranks"] = {"rows": by_ranks, "fit": _fit(by_ranks), "fit_cpu": _fit(by_ranks, "cpu_s")}
     show(by_ranks, f"tracekit analyze -j {a.workers}, {a.events_per_rank} complete events per rank")
 
     by_events = []
     for e in _ints(a.sweep_events):
         by_events.append(analyze_case(data_dir, work, a.sweep_ranks, e, a.workers))
         print(json.dumps(by_events[-1]), file=sys.stderr)
-    results["by_events_per_rank"] = {"rows": by_events, "fit": _fit(by_events)}
+    results["by_events_per_rank"] = {"rows": by_events, "fit": _fit(by_events), "fit_cpu": _fit(by_events, "cpu_s")}
     show(by_events, f"tracekit analyze -j {a.workers}, {a.sweep_ranks} ranks")
     both = by_ranks + by_events
-    results["fit_all"] = _fit(both)
+    results["fit_all"] = {"wall": _fit(both), "cpu": _fit(both, "cpu_s")}
     print(f"\nfit over both sweeps: {results['fit_all']}")
 
     if a.speedup_ranks:
         sp = parse_speedup(data_dir, work, a.speedup_ranks, a.speedup_events, a.workers)
         results["parse_speedup"] = sp
         print(f"\ntracekit parse, {sp['ranks']} ranks x {sp['events_per_rank']} events ({sp['json_mb']} MB JSON): "
-              f"1 worker {sp['workers_1']['wall_s']}s, {a.workers} workers {sp[f'workers_{a.workers}']['wall_s']}s "
+              f"1 worker {sp['workers_1']}, {a.workers} workers {sp[f'workers_{a.workers}']} "
               f"-> speed-up {sp['speedup']}x")
     if a.big_events:
         ch = chunked_case(data_dir, work, a.big_events, a.big_budget)
