@@ -1,59 +1,100 @@
 """Injected performance faults that need code on the ranks (the others are plain settings: stage
 layers, router bias, slow link delays in Comm, micro-batch count, DP bucketing) and their ground truth.
 
-`ComputeSlowdown` is the slow-rank fault: a TorchDispatchMode that times every compute op this rank runs
-(forward, backward and optimizer; collectives excluded) and pays (factor - 1) x that time back as real
-matrix-multiply work, so the rank's compute becomes about `factor` times its peers' and shows up in the
-trace as ordinary `aten::mm` ops, not as idle time.
+`ComputeSlowdown` is the slow-rank fault. Each transformer block's forward and backward (and the optimizer
+step) is a region; at the end of a region the rank pays (factor - 1) x the region's CPU time back as real
+matrix multiplies, so its compute becomes about `factor` times its peers' and shows up in the trace as
+ordinary `aten::mm` ops inside the block, not as idle time. Regions are measured in this thread's CPU
+time: waiting in a collective costs none (so only compute is multiplied), and on a shared box a preempted
+region is not paid back (factor - 1) times over.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .config import RunConfig
 from .parallel_dims import ParallelDims
 
-_COMM_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "profiler"})
 
+class ComputeSlowdown:
+    """Busy-work proportional to the CPU time of marked regions (see `region`, `mark_block_*`)."""
 
-class ComputeSlowdown(TorchDispatchMode):
-    """Add (factor - 1) x each compute op's own time as busy matmuls, paid once 0.5 ms of debt accrues."""
-
-    def __init__(self, factor: float, *, min_payment_s: float = 5e-4, chunk: int = 96) -> None:
-        super().__init__()
+    def __init__(self, factor: float, *, chunk: int = 96) -> None:
         if factor < 1.0:
             raise ValueError(f"slow factor must be >= 1, got {factor}")
         self.extra = factor - 1.0
-        self.min_payment_s = min_payment_s
-        self.debt_s = 0.0
         self.paid_s = 0.0
+        self._debt_s = 0.0
+        self._starts = threading.local()
         self._a = torch.randn(chunk, chunk)
         self._b = torch.randn(chunk, chunk)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func.namespace in _COMM_NAMESPACES:
-            return func(*args, **kwargs)
-        t0 = time.perf_counter()
-        out = func(*args, **kwargs)
-        self.debt_s += self.extra * (time.perf_counter() - t0)
-        if self.debt_s >= self.min_payment_s:
-            self._pay()
-        return out
+    def begin(self) -> None:
+        self._starts.t = time.thread_time()
 
-    def _pay(self) -> None:
-        t0 = time.perf_counter()
-        deadline = t0 + self.debt_s
-        while time.perf_counter() < deadline:
-            torch.mm(self._a, self._b)
-        spent = time.perf_counter() - t0
-        self.debt_s -= spent          # overshoot carries over as negative debt
+    def end(self) -> None:
+        start = getattr(self._starts, "t", None)
+        if start is None:
+            return
+        self._starts.t = None
+        self._debt_s += self.extra * (time.thread_time() - start)
+        t0 = time.thread_time()
+        deadline = t0 + self._debt_s
+        with torch.no_grad():
+            while time.thread_time() < deadline:
+                torch.mm(self._a, self._b)
+        spent = time.thread_time() - t0
+        self._debt_s -= spent           # overshoot carries over as negative debt
         self.paid_s += spent
+
+    def region(self) -> "_Region":
+        return _Region(self)
+
+
+class _Region:
+    def __init__(self, slow: ComputeSlowdown) -> None:
+        self.slow = slow
+
+    def __enter__(self) -> None:
+        self.slow.begin()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.slow.end()
+
+
+class _Mark(torch.autograd.Function):
+    """Identity whose backward opens (block output) or closes (block input) a slow-down region, so the
+    block's backward is a region too (autograd reaches the output's node first)."""
+
+    @staticmethod
+    def forward(ctx, x, slow, closes_in_backward):  # type: ignore[override]
+        ctx.slow, ctx.closes = slow, closes_in_backward
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        if ctx.closes:
+            ctx.slow.end()
+        else:
+            ctx.slow.begin()
+        return g, None, None
+
+
+def mark_block_input(x: torch.Tensor, slow: ComputeSlowdown) -> torch.Tensor:
+    """Call at the start of a block's forward: opens the forward region, closes the backward one."""
+    slow.begin()
+    return _Mark.apply(x, slow, True) if x.requires_grad else x
+
+
+def mark_block_output(y: torch.Tensor, slow: ComputeSlowdown) -> torch.Tensor:
+    """Call at the end of a block's forward: closes the forward region, opens the backward one."""
+    slow.end()
+    return _Mark.apply(y, slow, False) if y.requires_grad else y
 
 
 def ground_truth_faults(cfg: RunConfig, pd: ParallelDims) -> list[dict[str, Any]]:

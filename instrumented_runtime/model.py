@@ -115,6 +115,7 @@ class Block(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
         self.is_moe = cfg.is_moe_layer(layer_id)
         self.aux_loss_scale = 1.0   # set by parallelize: 1 / (routing calls covering one global batch)
+        self.slowdown: Any = None   # a faults.ComputeSlowdown on the slow rank
         if self.is_moe:
             from .moe import MoE, MoEConfig
 
@@ -127,6 +128,13 @@ class Block(nn.Module):
             self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, par: ParallelState) -> torch.Tensor:   # x: (B, T, D)
+        if self.slowdown is not None:   # the slow-rank fault (faults.ComputeSlowdown)
+            from .faults import mark_block_input, mark_block_output
+
+            return mark_block_output(self._forward(mark_block_input(x, self.slowdown), par), self.slowdown)
+        return self._forward(x, par)
+
+    def _forward(self, x: torch.Tensor, par: ParallelState) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), par)
         h = self.ffn_norm(x)
         if self.is_moe:

@@ -223,6 +223,10 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     parts = build_parts(cfg, pd, rank, comm, meter, seq_len=loader.seq_len, device=device)
     opt = torch.optim.AdamW(parts.params, lr=cfg.lr, weight_decay=0.0)
     slowdown = ComputeSlowdown(f.slow_factor) if (f.slow_rank == rank and f.slow_factor > 1.0) else None
+    if slowdown is not None:
+        for m in parts.raw:
+            for b in par.blocks(m):
+                b.slowdown = slowdown
 
     comm.barrier(None, label="runtime:barrier")
     clock_post_barrier = clock_sample()
@@ -238,17 +242,14 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
         batch = loader.load(step)
         if device.type != "cpu":
             batch = type(batch)(inputs=batch.inputs.to(device), targets=batch.targets.to(device))
-        if slowdown is not None:
-            with slowdown:
-                _train_step(cfg, pd, parts, batch, meter, comm)
-                with record_function("optimizer:step"):
+        _train_step(cfg, pd, parts, batch, meter, comm)
+        with record_function("optimizer:step"):
+            if slowdown is not None:
+                with slowdown.region():
                     opt.step()
-                    opt.zero_grad(set_to_none=True)
-        else:
-            _train_step(cfg, pd, parts, batch, meter, comm)
-            with record_function("optimizer:step"):
+            else:
                 opt.step()
-                opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter_ns()
         loss_sum, tokens = meter.reset()
         metrics.write(json.dumps({"step": step, "loss_sum": loss_sum, "tokens": tokens, "step_ns": t1 - t0,

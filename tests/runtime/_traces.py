@@ -132,3 +132,29 @@ def robust_op_ns(t: "RankTrace", name: str) -> int:
         if e["name"] == name:
             by_shape.setdefault(json.dumps(e.get("args", {}).get("Input Dims"), default=str), []).append(ns(e["dur"]))
     return int(sum(sorted(d)[len(d) // 2] * len(d) for d in by_shape.values()))
+
+
+def robust_compute_ns(t: "RankTrace") -> int:
+    """Compute time robust to preemption: each cpu_op's self time (its duration minus its cpu_op children),
+    summed as median x count per (op name, input dims). On a box shared by many processes a few op
+    instances are stretched arbitrarily; medians ignore them. Comm ops excluded; profiled steps only."""
+    ops = sorted((interval(e) + (e,) for e in t.main if e.get("cat") == "cpu_op"
+                  and any(w[0] <= interval(e)[0] < w[1] for w in t.windows)), key=lambda x: (x[0], -x[1]))
+    self_ns: list[tuple[str, int]] = []
+    stack: list[list] = []          # [end, name-key, dur, children]
+    def close(item):
+        self_ns.append((item[1], item[2] - item[3]))
+    for start, end, e in ops:
+        while stack and stack[-1][0] <= start:
+            close(stack.pop())
+        if stack:
+            stack[-1][3] += end - start
+        key = "" if is_comm(e) else e["name"] + json.dumps(e.get("args", {}).get("Input Dims"), default=str)
+        stack.append([end, key, end - start, 0])
+    while stack:
+        close(stack.pop())
+    groups: dict[str, list[int]] = {}
+    for key, d in self_ns:
+        if key:
+            groups.setdefault(key, []).append(d)
+    return int(sum(sorted(v)[len(v) // 2] * len(v) for v in groups.values()))

