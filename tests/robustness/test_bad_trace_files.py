@@ -230,3 +230,15 @@ def test_discovery_scan_of_a_bomb_stops_at_the_budget(tmp_path, monkeypatch):
     assert [f.kind for f in found.inputs] == ["kineto"]  # handed to the parser, which enforces the budget
     assert 8 << 20 < sum(decompressed) <= (8 << 20) + 2 * (4 << 20)
     assert max(decompressed) <= 4 << 20
+
+
+def test_chunked_parser_refuses_a_bomb_too(tmp_path, monkeypatch):
+    """The bounded-memory path (files over --max-memory) streams; the default ratio rule still stops it."""
+    from tracekit.parse.chunked import parse_kineto_chunked
+
+    monkeypatch.setattr("tracekit.parse.gz.MIN_RATIO_CHECKED_BYTES", 8 << 20)
+    path = tmp_path / "rank1.pt.trace.json.gz"
+    _whitespace_bomb(path, 24 << 20)
+    with pytest.raises(InputTooLargeError) as info:
+        parse_kineto_chunked(path, max_memory_bytes=64 << 20)
+    assert info.value.file == str(path) and "likely decompression bomb" in info.value.reason

@@ -40,6 +40,8 @@ from tracekit.parse.gz import GZIP_MAGIC
 from tracekit.parse.kineto_collectives import _classify_names
 
 _READ = 4 << 20
+_HEAD_LIMIT = 64 << 20
+"""How far into the file the `traceEvents` key is looked for."""
 _MIN_CHUNK = 1 << 20
 CHUNK_SHARE_OF_BUDGET = 6
 """A chunk's sub-trace peaks at ~2.5x its size in the parser; the context and spill buffers take the rest."""
@@ -76,13 +78,16 @@ def _blocks(path: str, max_decompressed_bytes: int | None) -> Iterator[bytes]:
                 return
             from isal import isal_zlib
 
+            from tracekit.parse.gz import decompressed_budget
+
+            limit, budget_text = decompressed_budget(os.path.getsize(path), max_decompressed_bytes)
             dec = isal_zlib.decompressobj(31)
             while comp := f.read(_READ):
                 while comp:
                     out = dec.decompress(comp, _READ)
                     total += len(out)
-                    if max_decompressed_bytes is not None and total > max_decompressed_bytes:
-                        raise InputTooLargeError(path, f"decompresses to more than the {max_decompressed_bytes}-byte budget")
+                    if total > limit:  # the default ratio rule refuses decompression bombs
+                        raise InputTooLargeError(path, f"decompresses to more than {budget_text}")
                     if out:
                         yield out
                     if dec.eof:
@@ -136,7 +141,7 @@ class EventChunks:
                 if len(buf) - key > 4096 or not more():
                     raise TraceFormatError(self.path, "traceEvents is not a list")
                 continue
-            if not more():
+            if len(buf) > _HEAD_LIMIT or not more():  # never hold a whole non-trace file
                 raise TraceFormatError(self.path, "not a Kineto trace: no traceEvents (e.g. an execution trace)")
         self.head = bytes(buf[:key])
         pos = m.end()
