@@ -124,7 +124,7 @@ def test_chunked_equals_whole_document(tmp_path, monkeypatch, events_last, inden
     monkeypatch.setattr(K, "CHUNK_BYTES", 4096)
     assert K._decode_chunked(read_trace_bytes(path)) is not None  # the chunked path really ran
     chunks: list[int] = []
-    D.decode_event_chunks(read_trace_bytes(path), 4096, lambda ev: chunks.append(len(ev)))
+    D.decode_event_chunks(read_trace_bytes(path), 4096, lambda ev, text: chunks.append(len(ev)))
     assert len(chunks) > 10 and sum(chunks) == len(json.loads(text)["traceEvents"])
     _assert_same(K.parse_kineto(path), _whole(path))
 
@@ -147,3 +147,19 @@ def test_real_traces_small_chunks(monkeypatch, sub):
     monkeypatch.setattr(K, "CHUNK_BYTES", 64 << 10)
     assert K._decode_chunked(read_trace_bytes(files[0])) is not None
     _assert_same(K.parse_kineto(files[0]), _whole(files[0]))
+
+
+def test_escaped_arg_keys_are_read(tmp_path, monkeypatch):
+    """Args keys spelled with \\u escapes must not be skipped by the key-presence shortcut."""
+    events = _event(0)[:3]
+    text = _ENC.encode({"traceEvents": events}).replace(b'"device":0', b'"\\u0064evice":3')
+    text = text.replace(b'"External id":0', b'"Ext\\u0065rnal id":11', 1)
+    assert b"\\u0064evice" in text and b"Ext\\u0065rnal" in text
+    path = tmp_path / "t.json"
+    path.write_bytes(text)
+    monkeypatch.setattr(K, "CHUNK_BYTES", 64)
+    assert K._decode_chunked(read_trace_bytes(path)) is not None
+    p = K.parse_kineto(path)
+    assert p.tables["kernels"].column("device").to_pylist() == [3]
+    assert p.tables["events"].column("external_id").to_pylist()[0] == 11
+    _assert_same(p, _whole(path))

@@ -331,7 +331,7 @@ def _closing_candidates(buf, start: int, prefix: bytes):
 
 def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
     """Decode the top-level `traceEvents` array about chunk_bytes of JSON at a time, handing each
-    decoded list of events to `sink`; returns the other top-level fields, or None when the layout
+    decoded list of events and its JSON text to `sink(events, text)`; returns the other top-level fields, or None when the layout
     is unusual (the caller then decodes the whole document). Decode errors propagate."""
     m = _TRACE_EVENTS_KEY.search(buf)
     if m is None:
@@ -357,7 +357,8 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
         if cut is not None:
             for _ in range(_MAX_CUT_TRIES):
                 try:
-                    events = decode(b"".join((b"[", view[pos:cut.start() + 1], b"]")))
+                    piece = b"".join((b"[", view[pos:cut.start() + 1], b"]"))
+                    events = decode(piece)
                     break
                 except msgspec.ValidationError:
                     raise
@@ -367,12 +368,13 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
                         raise
             else:
                 raise msgspec.DecodeError("no event boundary found")
-            sink(events)
-            del events
+            sink(events, piece)
+            del events, piece
             pos = cut.end() - 1
             continue
         try:
-            events = decode(b"".join((b"[", view[pos:stop], b"]")))
+            piece = b"".join((b"[", view[pos:stop], b"]"))
+            events = decode(piece)
         except msgspec.ValidationError:
             raise
         except msgspec.DecodeError:
@@ -382,5 +384,5 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
                 raise
             top, close = found
             continue
-        sink(events)
+        sink(events, piece)
         return top
