@@ -9,13 +9,15 @@ Where "busy" comes from:
 - CPU ranks: compute = `cpu_op` events on training threads (every thread that is not a gloo/NCCL
   worker thread) except the ops that only issue communication (`c10d::*`, `record_param_comms`,
   the runtime's `comm:*`, ...); inside such an op only leaf ops count (the ops enclosing it, e.g.
-  an autograd node running a synchronous comm hook, span a blocked wait, not compute); comm = the rank's `collectives` rows from the Kineto source
-  (ts/dur = gloo worker thread time), or, failing that, events on `pt_gloo_runloop` threads, plus
-  the time training threads spend inside those communication calls (lane `comm:calls`); other = 0.
-  Comms-log/flight-recorder times are wall-clock, not the trace's clock, so they never enter here.
+  an autograd node running a synchronous comm hook, span a blocked wait, not compute).
+  comm = the rank's `collectives` rows from the Kineto source (ts/dur = gloo worker thread time),
+  or, failing that, events on `pt_gloo_runloop` threads, plus the time training threads spend
+  inside those communication calls (lane `comm:calls`); other = 0 on CPU ranks.
+  Comms-log/flight-recorder rows never enter the breakdown (Kineto is the one clock here).
 Windows: each `steps` row (ProfilerStep#N, the CPU-side annotation, every step including the last);
 a rank without steps is one window from its first to its last event. Device work outside the
-windows is not counted (unlike HTA, which spans first to last kernel — see tests/analyze/test_hta_crosscheck.py).
+windows is not counted (unlike HTA, which spans first to last kernel and drops the last step;
+see tests/analyze/test_hta_crosscheck.py for where the two differ and agree).
 
 Section `breakdown`:
     {"ranks": [{"rank", "steps", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns",
@@ -25,7 +27,7 @@ Section `breakdown`:
      "steps": [{"rank", "step" (null for a whole-trace window), "ts", "step_ns", "compute_ns",
                 "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns", "overlap_ratio", "bound"}],
      "unanalyzed_ranks": [{"rank", "reason"}],
-     "timeline": {"lanes": ["compute", "comm:<dim or pg_name>", ..., "other", "idle"],
+     "timeline": {"lanes": ["compute", "comm:<dim or pg_name>", "comm:calls", ..., "other", "idle"],
                   "intervals": [[rank, lane, start_ns, end_ns], ...],   # lane = a name from "lanes"
                   "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int]}}
 The timeline is down-sampled to at most `config.max_timeline_intervals` intervals by closing gaps

@@ -9,23 +9,26 @@ Warning/critical need a large delay (25%/50% of the step), strong dominance and 
 most of its collectives: on the 2-core box a clean run's slowest rank routinely holds the group
 back 10-20% of the step (CPU contention), and that is reported as info. A "contention" straggler
 (same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
-of its own (the original is kept in the evidence), whatever its size: the
-host's scheduler, not the rank's work, decides who is late (on several hosts it can be a noisy
-neighbour or throttling, and keeps its severity).
+of its own (the original is kept in the evidence), whatever its size: the host's scheduler, not
+the rank's work, decides who is late (on several hosts it can be a noisy neighbour or
+throttling, and keeps its severity).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
-"compute" (or "contention" when it runs about as many ops as its peers and even its size-free ops
-— views, transposes — run slower, i.e. the host is slow, not the work bigger), a longer
-`data:load` annotation → "data_load", more host time with no activity → "host_idle"; otherwise
-"unknown". The excess must explain at least half of the delay.
+"compute", a longer `data:load` annotation → "data_load", more host time with no activity →
+"host_idle"; but "contention" when longer compute and idle come with about as many ops as its
+peers and even its size-free ops (views, transposes) run slower — the host is slow (a
+descheduled process stretches ops and leaves gaps), not the work bigger; otherwise "unknown".
+The excess must explain at least half of the delay.
 
 Section `stragglers`:
-    {"steps_counted": int, "mean_step_ns": int, "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
+    {"steps_counted": int, "mean_step_ns": int,
+     "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
      "ranks": [{"rank", "instances", "last_count", "last_share", "delay_ns_per_step",
                 "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
-     "stragglers": [{"rank", "cause", "cause_evidence": {"compute_excess_ns", "data_load_excess_ns",
-                     "host_idle_excess_ns", "delay_ns", "instances_examined"}}],
+     "stragglers": [{"rank", "cause": "compute|contention|data_load|host_idle|unknown",
+                     "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
+                     "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown"}}],
      "thresholds": {...}}
 """
 
@@ -195,19 +198,21 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     need = cfg.cause_min_explained * delay_examined
     if excess["data_load"] >= need:
         return "data_load", evidence
+    # more work, or the same work on a slower host (CPU contention, throttling)? A descheduled
+    # process runs even its size-free ops slower and shows gaps between ops (host idle)
+    peers = [r for r in ranks if r != rank]
+    ratio = _op_count_ratio(store, rank, peers)
+    slowdown = _shape_free_op_slowdown(store, rank, peers)
+    evidence["op_count_ratio"] = ratio
+    evidence["shape_free_op_slowdown"] = slowdown
+    slow_host = (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
+                 and slowdown >= cfg.contention_slowdown)
+    if slow_host and excess["compute"] + excess["host_idle"] >= need:
+        return "contention", evidence
     best = max(("compute", "host_idle"), key=lambda k: excess[k])
-    if excess[best] < need:
-        return "unknown", evidence
-    if best == "compute":
-        # more work, or the same work run slower (CPU contention, throttling)?
-        ratio = _op_count_ratio(store, rank, [r for r in ranks if r != rank])
-        evidence["op_count_ratio"] = ratio
-        slowdown = _shape_free_op_slowdown(store, rank, [r for r in ranks if r != rank])
-        evidence["shape_free_op_slowdown"] = slowdown
-        if (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
-                and slowdown >= cfg.contention_slowdown):
-            return "contention", evidence
-    return best, evidence
+    if excess[best] >= need:
+        return best, evidence
+    return "unknown", evidence
 
 
 # ops whose cost does not depend on tensor sizes: if even these run slower, the rank itself is slow
