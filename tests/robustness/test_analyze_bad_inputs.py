@@ -365,3 +365,35 @@ def test_explicit_decompression_budget_on_the_command_line(tmp_path, clean_pair_
     code, err, analysis = run_analyze(d, tmp_path / "big", "--max-decompressed-mb", "8")
     assert code == 0, err
     assert analysis["ranks"] == clean_pair_analysis["ranks"]
+
+
+def test_huge_strings_outside_event_names_are_cut(tmp_path, clean_docs, clean_pair_analysis):
+    """4 MiB appended to thread names, the host name and a group description (every row of a thread carries its name):
+    cut at parse time, so the analysis and the reports stay the clean run's size and numbers."""
+    from tracekit.parse.kineto import MAX_NAME_CHARS
+    from tracekit.tables.store import RunStore
+
+    big = "<b>" + "B" * (4 << 20)
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        doc = dict(clean_docs[r], host_name=big)
+        di = dict(doc["distributedInfo"])
+        di["pg_config"] = [dict(g, pg_desc=big) if g["pg_name"] == "0" else g for g in di["pg_config"]]
+        doc["distributedInfo"] = di
+        doc = C.map_events(doc, lambda e: dict(e, args={"name": e["args"]["name"] + big})
+                           if e.get("ph") == "M" and e.get("name") == "thread_name" else e)
+        C.write(d / f"rank{r}.pt.trace.json.gz", C.dump(doc))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]
+    store = RunStore(tmp_path / "out" / "tables")
+    hosts = store.table("ranks", ["hostname"]).column("hostname").to_pylist()
+    assert all(h.startswith(big[:MAX_NAME_CHARS]) and len(h) < MAX_NAME_CHARS + 64 for h in hosts)
+    threads = store.table("events", ["thread_name"]).column("thread_name").combine_chunks().dictionary.to_pylist()
+    assert max(map(len, threads)) < MAX_NAME_CHARS + 64
+    descs = [x for x in store.table("process_groups", ["pg_desc"]).column("pg_desc").to_pylist() if x]
+    assert max(map(len, descs)) < MAX_NAME_CHARS + 64
+    assert (tmp_path / "out" / "report.html").stat().st_size < 4 << 20

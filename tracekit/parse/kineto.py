@@ -276,7 +276,7 @@ class _Ids:
                 self.stream_ids.add(sid)
                 return sid
             sid = _stable_id(v)
-            self.text_of[sid] = v
+            self.text_of[sid] = _clip_text(v)
             return sid
         return _stable_id(repr(v))
 
@@ -291,6 +291,13 @@ def _norm_cat(cat: Any) -> str | None:
 MAX_NAME_CHARS = 4096
 """Event names/categories longer than this are cut (real ones are at most a few hundred characters;
 megabyte strings from a broken or hostile writer would otherwise be copied into every table and report)."""
+
+
+def _clip_text(text: str) -> str:
+    """One string from the trace (thread name, host, group description) cut to MAX_NAME_CHARS."""
+    if len(text) <= MAX_NAME_CHARS:
+        return text
+    return f"{text[:MAX_NAME_CHARS]}...[{len(text) - MAX_NAME_CHARS} more characters cut]"
 
 
 def _clip_strings(values: list, what: str, warnings: list[str]) -> list:
@@ -602,9 +609,9 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
             continue
         if m.name == "thread_name" and isinstance(a.name, str):
             key = (m_pid.one(m.pid), m_tid.one(m.tid))
-            thread_names.setdefault(key, a.name.strip())
+            thread_names.setdefault(key, _clip_text(a.name.strip()))
         elif m.name == "process_labels" and isinstance(a.labels, str):
-            process_labels.setdefault(m_pid.one(m.pid), a.labels)
+            process_labels.setdefault(m_pid.one(m.pid), _clip_text(a.labels))
     thread_col = _thread_name_column(pid, tid, thread_names, tid_ids.text_of, n)
 
     # --- steps
@@ -818,7 +825,7 @@ def _info(trace: Any, di: dict | None, path: str, ts: np.ndarray, end: np.ndarra
     sv = trace.schemaVersion
     return {
         "world_size": _to_int(di.get("world_size")) if di else None,
-        "hostname": str(host) if host is not None else None,
+        "hostname": _clip_text(str(host)) if host is not None else None,
         "backend": str(di["backend"]) if di and di.get("backend") is not None else None,
         "device_names": device_names,
         "source_file": path,
@@ -863,8 +870,8 @@ def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]
         if desc is None:
             desc = g.get("uid")
         out.append({
-            "pg_name": str(g["pg_name"]),
-            "pg_desc": str(desc) if desc is not None else None,
+            "pg_name": _clip_text(str(g["pg_name"])),
+            "pg_desc": _clip_text(str(desc)) if desc is not None else None,
             "ranks": ranks,
             "size": size,
             "backend": str(g["backend_config"]) if g.get("backend_config") is not None else None,
