@@ -344,8 +344,8 @@ class _Columns:
         self.top = top
         self.lenient = lenient
         self.n = 0
-        self.names: dict[str, int] = {}  # name → code, in first-occurrence order
-        self.cats: dict[Any, int] = {}  # raw category (None included) → code
+        self.names = _CodeBook()  # name → code, in first-occurrence order
+        self.cats = _CodeBook()  # raw category (None included) → code
         self.keep_name: list[bool] = []  # per name code: rows whose full args collectives may read
         self.name_codes: list[np.ndarray] = []
         self.cat_codes: list[np.ndarray] = []
@@ -369,11 +369,16 @@ class _Columns:
         self.warnings: list[str] = []
 
 
-def _intern(index: dict, values: list) -> np.ndarray:
-    """Codes of `values` in `index` (extended with new values in first-occurrence order)."""
-    for v in dict.fromkeys(values):
-        if v not in index:
-            index[v] = len(index)
+class _CodeBook(dict):
+    """value → code; an unseen value gets the next code (so codes follow first occurrence)."""
+
+    def __missing__(self, value: Any) -> int:
+        code = self[value] = len(self)
+        return code
+
+
+def _intern(index: _CodeBook, values: list) -> np.ndarray:
+    """Codes of `values`, adding new values to `index` (one C-level pass; Python only for new values)."""
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
 
