@@ -30,6 +30,9 @@ class AnalysisConfig:
     """Tokens processed per step per data-parallel replica (overrides the manifest)."""
     max_timeline_intervals: int = 20000
     """Down-sampling budget for the timeline section."""
+    isolate_analyzer_errors: bool = True
+    """An analyzer that fails on odd input is listed in `analyzer_errors` and the others still run
+    (False: the exception propagates, for debugging)."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,22 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
 
     ctx = AnalysisContext(config=config or AnalysisConfig())
     findings: list[Finding] = []
+    errors: list[dict[str, str]] = []
     for name, spec in ANALYZERS:
-        if prefetch is not None and name == "breakdown":
-            prefetch(store, ctx)
-        result = _load(spec)(store, ctx)
+        try:
+            if prefetch is not None and name == "breakdown":
+                try:
+                    prefetch(store, ctx)
+                except Exception as exc:  # the analyzers compute what the prefetch would have
+                    if not ctx.config.isolate_analyzer_errors:
+                        raise
+                    errors.append({"analyzer": "prefetch", "error": f"{type(exc).__name__}: {exc}"})
+            result = _load(spec)(store, ctx)
+        except Exception as exc:  # one analyzer failing on odd input must not lose the others' results
+            if not ctx.config.isolate_analyzer_errors:
+                raise
+            errors.append({"analyzer": name, "error": f"{type(exc).__name__}: {exc}"})
+            result = AnalyzerResult()
         ctx.results[name] = result
         findings.extend(result.findings)
     if ctx.cache.get("final_findings") is not None:
@@ -105,4 +120,5 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
         "ranks": breakdown.get("ranks", []),
         "findings": [f.to_json() for f in sort_findings(findings)],
         "sections": {name: res.section for name, res in ctx.results.items() if res.section is not None},
+        "analyzer_errors": errors,
     }
