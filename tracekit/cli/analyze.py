@@ -28,6 +28,13 @@ Exit status: 0 when analysis ran (findings or not); 1 when nothing could be anal
 """
 
 
+def _esc(value: object) -> str:
+    """Text from traces and file names printed through rich: `[...]` must not be read as markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 def _peaks(values: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for v in values:
@@ -72,7 +79,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
-            err.print(f"[red]tracekit analyze:[/red] {exc}")
+            err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
             raise typer.Exit(1) from None
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
@@ -101,27 +108,29 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
                               max_memory_bytes=budget, engine=engine,
                               max_decompressed_bytes=max_decompressed_bytes).store
     except TracekitError as exc:
-        err.print(f"[red]tracekit analyze:[/red] {exc}")
+        err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
         raise typer.Exit(1) from None
     for s in store.skipped:
-        err.print(f"[yellow]skipped[/yellow] {s['file']}: {s['reason']}")
+        err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
     if not store.ranks():
-        err.print(f"[red]tracekit analyze:[/red] nothing under {trace_dir} could be analyzed")
+        err.print(f"[red]tracekit analyze:[/red] nothing under {_esc(trace_dir)} could be analyzed")
         raise typer.Exit(1)
     import shlex
     import sys
 
     command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
     analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
+    for e in analysis.get("analyzer_errors", []):
+        err.print(f"[yellow]analyzer {_esc(e['analyzer'])} failed (its section is left out):[/yellow] {_esc(e['error'])}")
     if not analysis["ranks"]:
-        err.print(f"[red]tracekit analyze:[/red] no rank of {trace_dir} had events to analyze")
+        err.print(f"[red]tracekit analyze:[/red] no rank of {_esc(trace_dir)} had events to analyze")
         (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
         raise typer.Exit(1)
     (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     report = _write_reports(analysis, store, out, err)
     if not quiet:
         _print_summary(analysis, Console())
-        err.print(f"analysis: {out / 'analysis.json'}" + (f"   report: {report}" if report else ""))
+        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(report)}" if report else ""))
 
 
 def _write_reports(analysis: dict, store, out: Path, err) -> Path | None:
@@ -136,11 +145,11 @@ def _write_reports(analysis: dict, store, out: Path, err) -> Path | None:
         (out / "report.html").write_text(reports.render_html(analysis, store), encoding="utf-8")
         path = out / "report.html"
     except Exception as exc:  # a renderer bug must not lose the analysis
-        err.print(f"[yellow]report.html failed: {type(exc).__name__}: {exc}[/yellow]")
+        err.print(f"[yellow]report.html failed: {type(exc).__name__}: {_esc(exc)}[/yellow]")
     try:
         (out / "summary.md").write_text(reports.render_markdown(analysis), encoding="utf-8")
     except Exception as exc:
-        err.print(f"[yellow]summary.md failed: {type(exc).__name__}: {exc}[/yellow]")
+        err.print(f"[yellow]summary.md failed: {type(exc).__name__}: {_esc(exc)}[/yellow]")
     return path
 
 
@@ -167,4 +176,4 @@ def _print_summary(analysis: dict, console) -> None:
     colour = {"critical": "red", "warning": "yellow", "info": "cyan"}
     for f in findings[:5]:
         sev = f["severity"]
-        console.print(f"  [{colour[sev]}]{sev:<8}[/{colour[sev]}] {f['kind']}: {f['summary']}", highlight=False)
+        console.print(f"  [{colour[sev]}]{sev:<8}[/{colour[sev]}] {_esc(f['kind'])}: {_esc(f['summary'])}", highlight=False)

@@ -1,0 +1,68 @@
+"""The analysis survives its own parts failing: an analyzer that raises on odd input is listed in
+`analyzer_errors` while every other section is produced; names that look like rich markup are printed
+as text."""
+
+from __future__ import annotations
+
+import jsonschema
+
+from . import corpus as C
+from .conftest import run_analyze
+from .test_analyze_bad_inputs import SCHEMA
+
+
+def test_failing_analyzer_is_listed_and_the_rest_runs(tmp_path, monkeypatch, clean_pair_analysis):
+    def boom(store, ctx):
+        raise KeyError("a column this trace does not have")
+
+    monkeypatch.setattr("tracekit.analyze.pipeline.analyze_pipeline", boom)
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    jsonschema.validate(analysis, SCHEMA)
+    assert analysis["analyzer_errors"] == [{"analyzer": "pipeline", "error": "KeyError: 'a column this trace does not have'"}]
+    assert "analyzer pipeline failed" in " ".join(err.split())
+    assert "pipeline" not in analysis["sections"]
+    assert set(analysis["sections"]) == set(clean_pair_analysis["sections"]) - {"pipeline"}
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]
+    assert clean_pair_analysis["analyzer_errors"] == []
+    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "summary.md").is_file()
+
+
+def test_isolation_can_be_turned_off_for_debugging(tmp_path, monkeypatch):
+    import pytest
+
+    from tracekit.analyze.engine import AnalysisConfig, analyze_store
+    from tracekit.parse.run import parse_run
+
+    def boom(store, ctx):
+        raise KeyError("x")
+
+    monkeypatch.setattr("tracekit.analyze.pipeline.analyze_pipeline", boom)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    store = parse_run(d, tmp_path / "store", progress=False).store
+    with pytest.raises(KeyError):
+        analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False))
+
+
+def test_markup_like_path_is_printed_as_text(tmp_path, clean_rank0_analysis):
+    """A folder named `a[/b]` (a rich closing tag) with a bad file: messages print, nothing raises."""
+    d = tmp_path / "a[" / "b]"
+    d.mkdir(parents=True)
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    (d / "rank1.pt.trace.json").write_bytes(b'{"traceEvents": [')
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    res = CliRunner().invoke(app, ["analyze", str(d), "--out", str(tmp_path / "out")])  # not quiet: summary too
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.exit_code == 0
+    assert "".join(f"{d / 'rank1.pt.trace.json'}: invalid JSON".split()) in "".join(res.stderr.split())
