@@ -494,6 +494,10 @@ def _inputs(ctx: _Page) -> str:
     warnings = [w for w in inputs.get("warnings") or [] if w]
     if warnings:  # missing ranks, mixed runs, time units... (tracekit/analyze/inputs.py)
         body += "<h3>Input warnings</h3><ul id=input-warnings>" + "".join(f"<li>{h(w)}</li>" for w in warnings) + "</ul>"
+    errors = [e for e in ctx.a.get("analyzer_errors") or [] if isinstance(e, dict)]
+    if errors:  # analyzers that failed on this input; their sections are missing from the page
+        body += "<h3>Analyzer errors</h3><ul id=analyzer-errors>" + "".join(
+            f"<li>{h(e.get('analyzer'))}: {h(e.get('error'))}</li>" for e in errors) + "</ul>"
     rows = _store_ranks(ctx)
     if rows:
         cols = [Col("rank", "rank"), Col("hostname", "host", _txt, False), Col("backend", "backend", _txt, False),

@@ -61,6 +61,10 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
     warnings = [w for w in inputs.get("warnings") or [] if w]
     if warnings:
         lines += ["**Input warnings:**"] + [f"- {md(w)}" for w in warnings] + [""]
+    errors = [e for e in ctx.a.get("analyzer_errors") or [] if isinstance(e, dict)]
+    if errors:
+        lines += ["**Analyzer errors (sections left out):**"] + [
+            f"- {md(e.get('analyzer'))}: {md(e.get('error'))}" for e in errors] + [""]
 
     links = [f"[{title}]({href}#{anchor})" for anchor, title in SECTIONS
              if anchor not in ("verdict", "other-sections") and has_data(ctx, anchor)]

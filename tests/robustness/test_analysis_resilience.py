@@ -31,7 +31,10 @@ def test_failing_analyzer_is_listed_and_the_rest_runs(tmp_path, monkeypatch, cle
     assert set(analysis["sections"]) == set(clean_pair_analysis["sections"]) - {"pipeline"}
     assert analysis["ranks"] == clean_pair_analysis["ranks"]
     assert clean_pair_analysis["analyzer_errors"] == []
-    assert (tmp_path / "out" / "report.html").is_file() and (tmp_path / "out" / "summary.md").is_file()
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "<li>pipeline: KeyError: &#x27;a column this trace does not have&#x27;</li>" in page
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "- pipeline: KeyError: 'a column this trace does not have'" in summary
 
 
 def test_isolation_can_be_turned_off_for_debugging(tmp_path, monkeypatch):
