@@ -15,7 +15,8 @@ throttling, and keeps its severity).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
-"compute", a longer `data:load` annotation → "data_load", more host time with no activity →
+"compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
+delay), a longer `data:load` annotation → "data_load", more host time with no activity →
 "host_idle"; but "contention" when longer compute and idle come with about as many ops as its
 peers and even its size-free ops (views, transposes) run slower — the host is slow (a
 descheduled process stretches ops and leaves gaps), not the work bigger; otherwise "unknown".
@@ -209,6 +210,11 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
                  and slowdown >= cfg.contention_slowdown)
     if slow_host and excess["compute"] + excess["host_idle"] >= need:
         return "contention", evidence
+    more_work = ratio is not None and ratio >= cfg.more_work_ratio
+    if more_work and excess["compute"] > 0 and excess["compute"] + excess["host_idle"] >= need:
+        # it runs more ops than its peers: the extra work is the direct cause (on a busy host it
+        # also stretches the gaps between ops)
+        return "compute", evidence
     best = max(("compute", "host_idle"), key=lambda k: excess[k])
     if excess[best] >= need:
         return best, evidence
