@@ -397,3 +397,20 @@ def test_huge_strings_outside_event_names_are_cut(tmp_path, clean_docs, clean_pa
     descs = [x for x in store.table("process_groups", ["pg_desc"]).column("pg_desc").to_pylist() if x]
     assert max(map(len, descs)) < MAX_NAME_CHARS + 64
     assert (tmp_path / "out" / "report.html").stat().st_size < 4 << 20
+
+
+def test_bad_files_over_a_process_pool(tmp_path, clean_docs, graveyard):
+    """--workers 2: failures inside pool workers come back as the same skipped entries; rank 0 is the same."""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    cases = ["truncated_gz", "truncated_json", "event_not_an_object"]
+    bad = {case: _bad_file(case, d, clean_docs, rank=list(BAD_FILES).index(case) + 1) for case in cases}
+
+    code, err, analysis = run_analyze(d, tmp_path / "out", "--workers", "2")
+
+    assert code == 0, err
+    serial = {Path(s["file"]).name: s["reason"] for s in graveyard[3]["inputs"]["skipped"]}
+    pooled = {Path(s["file"]).name: s["reason"] for s in analysis["inputs"]["skipped"]}
+    assert pooled == {p.name: serial[p.name] for p in bad.values()}
+    assert _rank_row(analysis, 0) == _rank_row(graveyard[3], 0)
