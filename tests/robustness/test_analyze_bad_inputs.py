@@ -414,3 +414,21 @@ def test_bad_files_over_a_process_pool(tmp_path, clean_docs, graveyard):
     pooled = {Path(s["file"]).name: s["reason"] for s in analysis["inputs"]["skipped"]}
     assert pooled == {p.name: serial[p.name] for p in bad.values()}
     assert _rank_row(analysis, 0) == _rank_row(graveyard[3], 0)
+
+
+def test_gap_in_ranks_without_world_size_is_warned(tmp_path, clean_docs):
+    """No distributedInfo (a quarter of real traces): ranks from file names 0, 1, 3 - rank 2 is missing."""
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1, 3):
+        doc = {k: v for k, v in clean_docs[r % 2].items() if k != "distributedInfo"}
+        C.write(d / f"rank{r}.pt.trace.json.gz", C.dump(doc))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    assert analysis["inputs"]["ranks"] == [0, 1, 3]
+    missing = [f for f in analysis["findings"] if f["kind"] == "missing_ranks"]
+    assert len(missing) == 1 and missing[0]["ranks"] == [2]
+    assert missing[0]["evidence"] == {"world_size": None, "missing_ranks": [2], "num_present": 3}
+    assert "no world size stated, highest rank 3" in missing[0]["summary"]

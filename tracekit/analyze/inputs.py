@@ -128,13 +128,19 @@ def analyze_inputs(store: RunStore, ctx: AnalysisContext, config: InputChecksCon
 
     # 3. missing ranks
     world_size = meta.get("world_size")
-    missing = sorted(set(range(int(world_size))) - set(ranks)) if world_size and ranks else []
+    if world_size and ranks:
+        missing = sorted(set(range(int(world_size))) - set(ranks))
+        what = f"world size {world_size}"
+    else:  # no input states the world size: a gap below the highest rank is still a missing rank
+        missing = sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else []
+        what = f"no world size stated, highest rank {max(ranks) if ranks else None}"
     if missing:
-        msg = (f"world size {world_size} but inputs for {len(ranks)} rank(s): ranks {_ranks_text(missing)} "
+        msg = (f"{what} but inputs for {len(ranks)} rank(s): ranks {_ranks_text(missing)} "
                "are missing; cross-rank numbers cover the ranks present only")
         findings.append(Finding(
             kind=FindingKind.MISSING_RANKS, severity=Severity.WARNING, summary=msg, ranks=tuple(missing),
-            evidence={"world_size": int(world_size), "missing_ranks": missing, "num_present": len(ranks)},
+            evidence={"world_size": int(world_size) if world_size else None, "missing_ranks": missing,
+                      "num_present": len(ranks)},
             recommendation="Collect the missing ranks' traces (a rank killed before export writes none).",
         ))
 
