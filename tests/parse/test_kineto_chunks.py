@@ -150,7 +150,7 @@ def test_real_traces_small_chunks(monkeypatch, sub):
 
 
 def test_escaped_arg_keys_are_read(tmp_path, monkeypatch):
-    """Args keys spelled with \\u escapes must not be skipped by the key-presence shortcut."""
+    """Args keys spelled with \\u escapes are read like plain ones, in chunks and whole."""
     events = _event(0)[:3]
     text = _ENC.encode({"traceEvents": events}).replace(b'"device":0', b'"\\u0064evice":3')
     text = text.replace(b'"External id":0', b'"Ext\\u0065rnal id":11', 1)

@@ -157,7 +157,7 @@ def _decode_chunked(buf) -> "_Columns | None":
         return None
     cols = _Columns(None)
     try:
-        top = D.decode_event_chunks(buf, CHUNK_BYTES, lambda events, text: _add_typed(cols, events, text))
+        top = D.decode_event_chunks(buf, CHUNK_BYTES, lambda events, text: _add_typed(cols, events))
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, pa.ArrowException):
         return None
@@ -382,8 +382,8 @@ def _intern(index: _CodeBook, values: list) -> np.ndarray:
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
 
-def _add_typed(cols: _Columns, events: list, text: bytes | None = None) -> None:
-    """Add one decoded chunk of tagged-union events (`text`: its JSON, when at hand)."""
+def _add_typed(cols: _Columns, events: list) -> None:
+    """Add one decoded chunk of tagged-union events."""
     X, M = D.X, D.M
     xs = [e for e in events if e.__class__ is X]
     counts = cols.phase_counts
@@ -396,28 +396,12 @@ def _add_typed(cols: _Columns, events: list, text: bytes | None = None) -> None:
         for cls, k in by_class.items():
             tag = cls.__struct_config__.tag
             counts[tag] = counts.get(tag, 0) + k
-    _add_x(cols, xs, text)
+    _add_x(cols, xs)
 
 
-# The JSON spelling of the args keys read for every row (see D.XArgs).
-_ARG_KEYS = {
-    "external_id": b'"External id"', "external_id_old": b'"external id"', "correlation": b'"correlation"',
-    "stream": b'"stream"', "device": b'"device"', "flops": b'"flops"', "coll_name": b'"Collective name"',
-}
-
-
-def _absent_args(text: bytes | None) -> set[str]:
-    """Args fields no event of this JSON text can carry: their key never occurs in it (keys spelled
-    with \\u escapes could hide, so any escape disables the shortcut). Saves a pass per absent field."""
-    if text is None or b"\\u" in text:
-        return set()
-    return {f for f, key in _ARG_KEYS.items() if key not in text}
-
-
-def _add_x(cols: _Columns, xs: list, text: bytes | None = None) -> None:
+def _add_x(cols: _Columns, xs: list) -> None:
     """Turn complete events into column pieces; keep full args only for collective candidates."""
     lenient = cols.lenient
-    absent = _absent_args(text)
     n = len(xs)
     base = cols.n
     names = list(map(attrgetter("name"), xs))
@@ -450,8 +434,6 @@ def _add_x(cols: _Columns, xs: list, text: bytes | None = None) -> None:
         args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
 
     def int_col(attr: str) -> pa.Array:
-        if attr in absent:
-            return pa.nulls(n, pa.int64())
         vals = list(map(attrgetter(attr), args))
         if not lenient:
             try:
@@ -464,18 +446,14 @@ def _add_x(cols: _Columns, xs: list, text: bytes | None = None) -> None:
     cols.corr.append(int_col("correlation"))
     cols.stream.append(int_col("stream"))
     cols.device.append(int_col("device"))
-    if "flops" in absent:
-        cols.flops.append(pa.nulls(n, pa.float64()))
-    else:
-        flops_vals = list(map(attrgetter("flops"), args))
-        cols.flops.append(pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64()))
-        del flops_vals
+    flops_vals = list(map(attrgetter("flops"), args))
+    cols.flops.append(pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64()))
+    del flops_vals
+    coll = list(map(attrgetter("coll_name"), args))
+    has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
+    cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
-    if "coll_name" not in absent:
-        coll = list(map(attrgetter("coll_name"), args))
-        has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
-        cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
-        keep[has_coll] = True
+    keep[has_coll] = True
     cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
     cols.n += n
 
