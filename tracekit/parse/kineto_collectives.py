@@ -65,6 +65,17 @@ class CollectiveInputs:
     world_size: int | None
 
 
+class _RowValues:
+    """`column[row]` as int or None, without turning the whole column into Python objects."""
+
+    def __init__(self, arr: pa.Array) -> None:
+        self._values = arr.fill_null(0).to_numpy(zero_copy_only=False)
+        self._valid = arr.is_valid().to_numpy(zero_copy_only=False)
+
+    def __getitem__(self, row: int) -> int | None:
+        return int(self._values[row]) if self._valid[row] else None
+
+
 @dataclass
 class CollectiveResult:
     table: pa.Table
@@ -78,7 +89,7 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
     codes = _classify_names(inp.name_dict)
     rows = {kind: np.flatnonzero(np.isin(inp.name_codes, c) & host) if c else np.zeros(0, np.int64)
             for kind, c in codes.items()}
-    ext = inp.ext.to_pylist() if len(rows["rpc"]) or len(rows["c10d"]) or len(rows["nccl"]) else None
+    ext = _RowValues(inp.ext) if len(rows["rpc"]) or len(rows["c10d"]) or len(rows["nccl"]) else None
     warnings: list[str] = []
 
     modern = [int(r) for r in rows["rpc"] if normalize_op(_str(inp.args[r].coll_name)) is not None]
@@ -451,7 +462,7 @@ def _innermost_by_thread(inp: CollectiveInputs, cand_rows: np.ndarray, query_row
     return result
 
 
-def _link_kernels(inp: CollectiveInputs, calls: list[dict], ext: list | None) -> dict[int, dict]:
+def _link_kernels(inp: CollectiveInputs, calls: list[dict], ext: _RowValues | None) -> dict[int, dict]:
     """Comm kernel → call: the call whose CPU interval on the launching thread contains the launch;
     kernels without a launch record fall back to equal External id. Sets the call's device ts/dur."""
     link: dict[int, dict] = {}
