@@ -208,42 +208,80 @@ def _parse_kv(text: str, what: str, key_type: type, allowed: tuple[str, ...] | N
     return out
 
 
+_EPILOG = """examples:
+  python -m instrumented_runtime --dp 2 --out runs/ddp                      # 2-rank DDP
+  python -m instrumented_runtime --pp 2 --microbatches 4 --schedule 1f1b --out runs/pp
+  python -m instrumented_runtime --pp 2 --dp 2 --cp 2 --tp 2 --ep 4 --slow-rank 5 --slow-factor 2 --out runs/demo
+  tracekit analyze runs/demo --out runs/demo-report
+The output dir holds rank{R}.pt.trace.json.gz, comms.rank{R}.jsonl, routing.rank{R}.jsonl,
+manifest.json and ground_truth.json (config and injected faults)."""
+
+
+def _field_doc(cls: type, name: str) -> str:
+    """The docstring written under a dataclass field (used as its --help text)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name
+                and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)):
+            return str(nxt.value.value).replace("%", "%%")
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m instrumented_runtime",
                                 description="Instrumented reference training runtime (tiny MoE transformer, "
-                                            "pp x dp x cp x tp with ep over dp x cp)")
+                                            "pp x dp x cp x tp with ep over dp x cp). Launches its own gloo "
+                                            "ranks (or runs under torchrun), profiles them and writes traces, "
+                                            "collective logs, routing stats, manifest and ground truth.",
+                                epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dim_help = {"dp": "data-parallel degree (DDP or FSDP2 replicas)",
+                "tp": "tensor(+sequence)-parallel degree (Megatron column/row parallel)",
+                "pp": "pipeline-parallel stages (torch.distributed.pipelining)",
+                "cp": "context-parallel degree (ring attention over the sequence)",
+                "ep": "expert-parallel degree (experts sharded over dp x cp ranks; divides dp*cp)"}
     for dim in ("dp", "tp", "pp", "cp", "ep"):
-        p.add_argument(f"--{dim}", type=int, default=1)
-    p.add_argument("--dp-mode", choices=DP_MODES, default="ddp")
-    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    p.add_argument("--microbatches", type=int, default=None, help="default: pp (or 1 without pp)")
+        p.add_argument(f"--{dim}", type=int, default=1, help=dim_help[dim] + " (default 1)")
+    p.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="data parallelism: DDP or FSDP2 fully_shard")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument("--microbatches", type=int, default=None, help="pipeline micro-batches (default: pp, or 1 without pp)")
     p.add_argument("--virtual-stages", type=int, default=2, help="model chunks per rank for interleaved/zb")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--profile-steps", type=int, default=2)
-    p.add_argument("--global-batch-size", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--ddp-bucket-mb", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--ranks-per-host", type=int, default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=4, help="training steps (default 4)")
+    p.add_argument("--profile-steps", type=int, default=2, help="profiled (active) steps at the end of the run; 0 = no profiler")
+    p.add_argument("--global-batch-size", type=int, default=None, help="sequences per step over all replicas")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--ddp-bucket-mb", type=float, default=0.1, help="DDP gradient bucket size in MB")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights and synthetic data")
+    p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="parameter/activation dtype")
+    p.add_argument("--ranks-per-host", type=int, default=None,
+                   help="label rank r with virtual host host{r // N} in the manifest (topology studies)")
+    p.add_argument("--out", required=True, help="output directory for traces, logs, manifest and ground truth")
     m = p.add_argument_group("model")
     defaults = ModelConfig()
     for f in dataclasses.fields(ModelConfig):
         m.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
-                       default=getattr(defaults, f.name), dest="model_" + f.name)
+                       default=getattr(defaults, f.name), dest="model_" + f.name,
+                       help=f"{_field_doc(ModelConfig, f.name)} (default {getattr(defaults, f.name)})")
     f_ = p.add_argument_group("fault knobs (each recorded in ground_truth.json)")
-    f_.add_argument("--slow-rank", type=int, default=None)
-    f_.add_argument("--slow-factor", type=float, default=2.0)
-    f_.add_argument("--stage-layers", type=lambda s: [int(x) for x in s.split(",")], default=None)
-    f_.add_argument("--router-bias", type=lambda s: _parse_kv(s, "--router-bias", int), default={})
-    f_.add_argument("--no-overlap", action="store_true")
-    f_.add_argument("--slow-link", type=lambda s: _parse_kv(s, "--slow-link", str, SLOW_LINK_DIMS), default={})
-    f_.add_argument("--host-stall-rank", type=int, default=None)
-    f_.add_argument("--host-stall-ms", type=float, default=50.0)
-    f_.add_argument("--uneven-seq-rank", type=int, default=None)
-    f_.add_argument("--uneven-seq-factor", type=int, default=2)
+    doc = lambda name: _field_doc(FaultConfig, name)  # noqa: E731
+    f_.add_argument("--slow-rank", type=int, default=None, help=doc("slow_rank"))
+    f_.add_argument("--slow-factor", type=float, default=2.0, help=doc("slow_factor") + " (default 2.0)")
+    f_.add_argument("--stage-layers", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help=doc("stage_layers") + " Given as e.g. 3,1.")
+    f_.add_argument("--router-bias", type=lambda s: _parse_kv(s, "--router-bias", int), default={},
+                    help=doc("router_bias") + " Given as EXPERT=BIAS[,EXPERT=BIAS], e.g. 3=2.0.")
+    f_.add_argument("--no-overlap", action="store_true", help=doc("no_overlap"))
+    f_.add_argument("--slow-link", type=lambda s: _parse_kv(s, "--slow-link", str, SLOW_LINK_DIMS), default={},
+                    help=doc("slow_links") + " Given as DIM=SECONDS, e.g. tp=0.005.")
+    f_.add_argument("--host-stall-rank", type=int, default=None, help=doc("host_stall_rank"))
+    f_.add_argument("--host-stall-ms", type=float, default=50.0, help=doc("host_stall_ms") + " (default 50)")
+    f_.add_argument("--uneven-seq-rank", type=int, default=None, help=doc("uneven_seq_rank"))
+    f_.add_argument("--uneven-seq-factor", type=int, default=2, help=doc("uneven_seq_factor") + " (default 2)")
     return p
 
 
