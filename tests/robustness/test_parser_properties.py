@@ -161,8 +161,8 @@ RUN_EXAMPLES = max(10, FUZZ.max_examples // 10)
 
 
 @settings(FUZZ, max_examples=RUN_EXAMPLES, deadline=20000)
-@given(doc=event_mutations())
-def test_mutated_rank_never_takes_the_run_down(doc):
+@given(doc=event_mutations(), damage=st.sampled_from(["none", "none", "cut", "flip"]), where=st.floats(0, 1))
+def test_mutated_rank_never_takes_the_run_down(doc, damage, where):
     """A mutated rank 1 beside a clean rank 0: the run parses, analyzes and renders; rank 1 is either
     analysed or listed as skipped, and rank 0's numbers do not depend on what rank 1 holds."""
     import jsonschema
@@ -172,12 +172,19 @@ def test_mutated_rank_never_takes_the_run_down(doc):
     from tracekit.parse.run import parse_run
 
     d = _small_pair_dir()
-    C.write(d / "rank1.pt.trace.json", json.dumps(dict(doc, distributedInfo=BASE["distributedInfo"] | {"rank": 1})
-                                                  if isinstance(doc.get("distributedInfo"), dict) else doc).encode())
+    data = json.dumps(dict(doc, distributedInfo=BASE["distributedInfo"] | {"rank": 1})
+                      if isinstance(doc.get("distributedInfo"), dict) else doc).encode()
+    k = min(int(where * len(data)), len(data) - 1)
+    if damage == "cut":  # a rank killed mid-write
+        data = data[:k]
+    elif damage == "flip":
+        data = data[:k] + bytes([data[k] ^ 0x80]) + data[k + 1:]
+    C.write(d / "rank1.pt.trace.json", data)
     store = parse_run(d, d / "store", progress=False).store
     assert 0 in store.ranks()
     assert 1 in store.ranks() or [s["file"] for s in store.skipped] == [str(d / "rank1.pt.trace.json")]
     analysis = analyze_store(store)
+    assert analysis["analyzer_errors"] == []
     jsonschema.validate(json.loads(json.dumps(analysis, default=str)), _SCHEMA)
     rank0 = [r for r in analysis["ranks"] if r["rank"] == 0]
     assert rank0 == [_BASE_RANK0]
