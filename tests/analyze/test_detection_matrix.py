@@ -119,19 +119,13 @@ def _top(run: Run) -> dict[str, Any]:
 
 
 # knob (run name, ground-truth fault kind) -> the finding kinds that correctly report it
-# Rows whose expected finding comes from Analyzers I (stragglers/unoverlapped, engineer D) and that an
-# Analyzers I finding currently outranks; they report what they see and must pass once that is fixed.
-_ANALYZERS_I_OPEN = pytest.mark.xfail(reason=(
-    "Analyzers I: the straggler of a replica with 2x longer sequences comes out at info severity "
-    "(cause 'contention') or below another finding"), strict=False)
-
 MATRIX = [
     ("stage_imbalance", "stage_imbalance", {"pipeline_imbalance"}),
     ("router_skew", "router_skew", {"expert_routing_skew"}),
     ("too_few_microbatches", "too_few_microbatches", {"pipeline_bubble"}),
     ("slow_link", "slow_link", {"low_bus_bandwidth", "communication_bound"}),
     ("host_stall", "host_stall", {"idle_host_bound", "straggler"}),
-    pytest.param("uneven_sequence_length", "uneven_sequence_length", {"straggler"}, marks=_ANALYZERS_I_OPEN),
+    ("uneven_sequence_length", "uneven_sequence_length", {"straggler"}),
     ("tp_across_hosts", "groups_span_hosts", {"placement_mismatch"}),
     ("slow_rank", "slow_rank", {"straggler"}),
     ("no_overlap", "no_overlap", {"unoverlapped_collective", "communication_bound"}),

@@ -20,9 +20,11 @@ MS = 1_000_000
 STEP = 10 * MS
 
 
-def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000):
-    """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs)."""
-    ranks, steps, events, coll = [], [], [], []
+def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000,
+             late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None):
+    """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs);
+    `routed_tokens`: per rank, tokens its MoE router assigns per step (one layer, two experts)."""
+    ranks, steps, events, coll, routing = [], [], [], [], []
     main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
     for r in range(3):
         ranks.append({"rank": r, "world_size": 3, "hostname": hosts[r], "trace_kind": "cpu",
@@ -30,7 +32,9 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
         for s in range(4):
             base = s * STEP
             steps.append({"rank": r, "step": s, "ts": base, "dur": STEP})
-            busy = 7 * MS if r == late_rank else 4 * MS
+            busy = late_busy_ns if r == late_rank else 4 * MS
+            for e in range(2) if routed_tokens else ():
+                routing.append({"rank": r, "step": s, "layer": 1, "expert": e, "tokens": routed_tokens[r] // 2})
             n_ops = slow_ops if r == late_rank else 1
             for k in range(n_ops):
                 events.append({"rank": r, "name": "aten::mm", "cat": "cpu_op", "tid": 1, "thread_name": main,
@@ -53,6 +57,7 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
         coll.append({"rank": r, "source": "comms-log", "pg_name": "g", "op": "barrier", "seq": 5,
                      "ts": 60 * MS + (30 * MS if r == 0 else 0), "dur": MS, "enqueue_ts": 60 * MS + (30 * MS if r == 0 else 0)})
     return build_store(tmp_path, {"ranks": ranks, "steps": steps, "events": events, "collectives": coll,
+                                  **({"routing": routing} if routing else {}),
                                   "process_groups": [{"pg_name": "g", "pg_desc": "mesh_dp", "ranks": [0, 1, 2]}]})
 
 
@@ -122,6 +127,22 @@ def test_same_ops_on_bigger_inputs_is_compute_not_contention(tmp_path):
     (f,) = _find(a, "straggler")
     assert f["evidence"]["cause"] == "compute" and f["evidence"]["shape_free_op_slowdown"] == 1.0
     assert f["severity"] == "warning" and f["est_saving_ns"] == 3 * MS
+
+
+def test_same_ops_on_more_routed_tokens_is_uneven_work_and_warns_below_the_noise_floor(tmp_path):
+    # 1.5 ms late per 10 ms step (15%: below the 25% timing-noise floor), its views even 3x slower
+    # (timing says "contention"), but its router assigned 2x the peers' tokens: counted, so uneven work
+    kw = dict(slow_ops=1, hosts=("vm", "vm", "vm"), view_ns=30_000, late_busy_ns=5_500_000)
+    a = analyze_store(scenario(tmp_path, **kw, routed_tokens={0: 256, 1: 256, 2: 512}))
+    (f,) = _find(a, "straggler")
+    assert f["ranks"] == [2] and f["evidence"]["cause"] == "uneven_work" and f["severity"] == "warning"
+    assert f["evidence"]["work_ratio"] == 2.0 and f["evidence"]["work_measure"] == "routed_tokens"
+    assert f["est_saving_ns"] == 1_500_000 and "sequences" in f["recommendation"]
+    # the same timings with equal token counts: timing evidence only, contention on one host, info
+    b = analyze_store(scenario(tmp_path / "b", **kw, routed_tokens={0: 256, 1: 256, 2: 256}))
+    (g,) = _find(b, "straggler")
+    assert g["evidence"]["cause"] == "contention" and g["evidence"]["work_ratio"] == 1.0
+    assert g["severity"] == "info"
 
 
 def test_analysis_json_validates_against_the_schema(tmp_path):

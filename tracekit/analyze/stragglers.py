@@ -11,13 +11,17 @@ back 10-20% of the step (CPU contention), and that is reported as info. A "conte
 (same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
 of its own (the original is kept in the evidence), whatever its size: the host's scheduler, not
 the rank's work, decides who is late (on several hosts it can be a noisy neighbour or
-throttling, and keeps its severity).
+throttling, and keeps its severity). Two causes are measured on the rank itself rather than timed
+against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
+FLOPs/tokens) warns from 10% of the step.
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
 delay), a longer `data:load` annotation → "data_load", more host time with no activity →
-"host_idle"; but "contention" when longer compute and idle come with about as many ops as its
+"host_idle"; "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
+tokens its MoE router assigned, ≥ 1.25× the peers' median: counts, which CPU contention cannot fake);
+"contention" when longer compute and idle come with about as many ops as its
 peers and even its size-free ops (views, transposes) run slower — the host is slow (a
 descheduled process stretches ops and leaves gaps), not the work bigger; otherwise "unknown".
 The excess must explain at least half of the delay.
@@ -27,9 +31,10 @@ Section `stragglers`:
      "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
      "ranks": [{"rank", "instances", "last_count", "last_share", "delay_ns_per_step",
                 "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
-     "stragglers": [{"rank", "cause": "compute|contention|data_load|host_idle|unknown",
+     "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
-                     "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown"}}],
+                     "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
+                     "work_ratio", "work_measure": "flops|routed_tokens|null"}}],
      "thresholds": {...}}
 """
 
@@ -79,6 +84,12 @@ class StragglerConfig:
     """A cause must explain at least this fraction of the examined delay."""
     more_work_ratio: float = 1.1
     """Longer compute with fewer than this many times the peers' ops ..."""
+    uneven_work_ratio: float = 1.25
+    """Same ops (op count ratio below `more_work_ratio`) with at least this many times the peers' FLOPs
+    or routed tokens is "uneven_work" (longer sequences, a bigger shard)."""
+    uneven_work_warning_delay_fraction: float = 0.10
+    """Warning threshold for an "uneven_work" straggler: the work excess is counted, not timed, so the
+    box's timing noise floor (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
     contention_slowdown: float = 1.5
     """... whose size-independent ops (views, transposes) also run this many times slower is
     "contention" (same work, slower host); with normal-speed views it is bigger work ("compute")."""
@@ -206,6 +217,15 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     slowdown = _shape_free_op_slowdown(store, rank, peers)
     evidence["op_count_ratio"] = ratio
     evidence["shape_free_op_slowdown"] = slowdown
+    work, measure = _work_ratio(store, rank, peers)
+    evidence["work_ratio"] = work
+    evidence["work_measure"] = measure
+    same_ops = ratio is None or ratio < cfg.more_work_ratio
+    if (same_ops and work is not None and work >= cfg.uneven_work_ratio and excess["compute"] > 0
+            and excess["compute"] + excess["host_idle"] >= need):
+        # the same ops on more data (longer sequences, more tokens): counted, not timed, so CPU
+        # contention cannot fake it
+        return "uneven_work", evidence
     slow_host = (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
                  and slowdown >= cfg.contention_slowdown)
     if slow_host and excess["compute"] + excess["host_idle"] >= need:
@@ -244,6 +264,28 @@ def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int]) -> flo
     return round(mine / float(np.median(theirs)), 3)
 
 
+def _work_ratio(store: RunStore, rank: int, peers: list[int]) -> tuple[float | None, str | None]:
+    """Load-independent work of the rank in its steps / the peers' median: the FLOPs of its ops when the
+    profiler recorded them (with_flops), else the tokens its router assigned (MoE `routing` table:
+    tokens × top-k per layer, so tokens processed). None when neither is there for every rank."""
+    ranks = [rank, *peers]
+
+    def flops(r: int) -> float | None:
+        ev = store.rank_table("events", r, ["step", "flops"])
+        ev = ev.filter(pc.and_(pc.is_valid(ev["step"]), pc.is_valid(ev["flops"])))
+        return float(pc.sum(ev["flops"]).as_py()) if ev.num_rows else None
+
+    def tokens(r: int) -> float | None:
+        t = store.rank_table("routing", r, ["step", "tokens"]).to_pandas()
+        return float(t.groupby("step")["tokens"].sum().median()) if len(t) else None
+
+    for measure, fn in (("flops", flops), ("routed_tokens", tokens)):
+        vals = [fn(r) for r in ranks]
+        if all(v is not None and v > 0 for v in vals):
+            return round(vals[0] / float(np.median(vals[1:])), 4), measure
+    return None, None
+
+
 def _op_count_ratio(store: RunStore, rank: int, peers: list[int]) -> float | None:
     """The rank's count of compute ops (kernels on GPU, cpu_ops on CPU) in its steps / the peers' median."""
     def count(r: int) -> int:
@@ -261,6 +303,9 @@ def _op_count_ratio(store: RunStore, rank: int, peers: list[int]) -> float | Non
 _RECOMMEND = {
     "compute": "Rank {r} computes longer than its peers before collectives: check for a slower device/core, "
                "thermal throttling, CPU contention, or uneven work (sequence lengths, expert load) on it.",
+    "uneven_work": "Rank {r} does more work than its peers with the same ops (more FLOPs / tokens: longer "
+                   "sequences or a bigger shard): balance the inputs across data-parallel replicas (bucket "
+                   "or pack sequences by length, token-based batching).",
     "data_load": "Rank {r} spends longer in data:load: add DataLoader workers/prefetching or fix its input shard.",
     "host_idle": "Rank {r} sits idle on the host before collectives: look for sleeps, GC pauses, logging or "
                  "synchronisation on that rank only.",
@@ -308,11 +353,16 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
         r = row["rank"]
         cause, ev = _attribute_cause(store, ctx, matched, r, cfg)
         stragglers.append({"rank": r, "cause": cause, "cause_evidence": ev})
+        # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
+        # "last at most collectives" guard against timing noise; counted work not the noise floor either
+        evidenced = cause in ("data_load", "uneven_work")
         strong = ((row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
-                  and row["last_share"] >= cfg.warning_last_share)
+                  and (row["last_share"] >= cfg.warning_last_share or evidenced))
+        warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
+                     else cfg.warning_delay_fraction)
         if strong and frac >= cfg.critical_delay_fraction:
             sev = Severity.CRITICAL
-        elif strong and frac >= cfg.warning_delay_fraction:
+        elif strong and frac >= warn_frac:
             sev = Severity.WARNING
         else:
             sev = Severity.INFO
