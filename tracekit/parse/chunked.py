@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import msgspec
 import numpy as np
@@ -43,11 +43,36 @@ _READ = 4 << 20
 _HEAD_LIMIT = 64 << 20
 """How far into the file the `traceEvents` key is looked for."""
 _MIN_CHUNK = 1 << 20
-CHUNK_SHARE_OF_BUDGET = 6
-"""A chunk's sub-trace peaks at ~2.5x its size in the parser; the context and spill buffers take the rest."""
+CHUNK_SHARE_OF_BUDGET = 8
+"""Measured: peak memory above the interpreter is ~7x the chunk (cut buffer, chunk, light scan of it, its parse)."""
+class _ScanArgs(msgspec.Struct, gc=False, frozen=True):
+    """The two args keys the context scan reads (every other key is skipped by the decoder)."""
+
+    correlation: Any = None
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+
+
+_NO_ARGS = _ScanArgs()
+
+
+class _ScanEvent(msgspec.Struct, gc=False):
+    """A light, lenient view of one event for the context scan (the parser itself decides typed vs lenient)."""
+
+    ph: Any = None
+    name: Any = ""
+    cat: Any = None
+    ts: msgspec.Raw = D.NO_RAW
+    dur: msgspec.Raw = D.NO_RAW
+    args: Union[_ScanArgs, None] = _NO_ARGS
+
+
+class _NeedLenient(Exception):
+    """A chunk fails the typed decode: the whole file is parsed leniently, like the one-shot parser does."""
+
+
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
-_TYPED_LIST = msgspec.json.Decoder(list[D.Event])
-_LENIENT_LIST = msgspec.json.Decoder(list[D.LEvent])
+_SKIP = msgspec.json.Decoder(msgspec.Raw)  # validates and skips a value; its result is dropped at once
+_SCAN_LIST = msgspec.json.Decoder(list[_ScanEvent])
 # Per-event warnings of the parser (counts summed over chunks), in the parser's order.
 _COUNT_WARNING = re.compile(r"^(\d+) (complete events .*|event \S+ longer than .*)$")
 _COUNT_ORDER = ("complete events without a numeric ts", "complete events without dur",
@@ -168,7 +193,10 @@ class EventChunks:
                 window *= 2  # one event larger than the window: widen it
                 continue
             window = self.chunk_bytes
-            yield bytes(buf[pos:cut + 1])
+            with memoryview(buf) as view:
+                out = bytes(view[pos:cut + 1])  # one copy (slicing the bytearray itself would make two)
+            yield out
+            del out
             del buf[:cut + 1]
             pos = 0
 
@@ -180,14 +208,32 @@ class EventChunks:
             j = c + 1
             while j < len(buf) and buf[j] in b" \t\r\n":
                 j += 1
-            if j < len(buf) and buf[j] in b",]":
-                try:
-                    _RAW_LIST.decode(b"[" + bytes(buf[pos:c + 1]) + b"]")
-                    return c
-                except msgspec.DecodeError:
-                    pass
+            if j < len(buf) and buf[j] in b",]" and _is_event_run(buf, pos, c):
+                return c
             c = buf.rfind(b"}", pos, c)
         return None
+
+
+def _is_event_run(buf: bytearray, pos: int, c: int) -> bool:
+    """Whether buf[pos:c+1] is a comma-separated run of whole JSON values. Decoded in place: the bytes
+    around it (a separator or whitespace) are set to '[' and ']' for the check, then restored."""
+    if pos == 0 or c + 1 >= len(buf):
+        try:
+            _SKIP.decode(b"[" + bytes(buf[pos:c + 1]) + b"]")
+            return True
+        except msgspec.DecodeError:
+            return False
+    before, after = buf[pos - 1], buf[c + 1]
+    buf[pos - 1], buf[c + 1] = ord("["), ord("]")
+    view = memoryview(buf)
+    try:
+        _SKIP.decode(view[pos - 1:c + 2])
+        return True
+    except msgspec.DecodeError:
+        return False
+    finally:
+        view.release()
+        buf[pos - 1], buf[c + 1] = before, after
 
 
 def _wrap(head: bytes, tail: bytes, parts: list[bytes]) -> bytes:
@@ -221,23 +267,15 @@ def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
 
 def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dict) -> None:
     """Add one chunk's share of the context (events numbered from `base` in file order)."""
-    raws = _RAW_LIST.decode(b"[" + chunk + b"]")
-    if ctx.lenient:
-        events = _LENIENT_LIST.decode(b"[" + chunk + b"]")
-        is_x = [e.ph == "X" for e in events]
-        is_m = [e.ph == "M" for e in events]
-        for e in events:
-            key = str(e.ph)
-            ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
-    else:
-        events = _TYPED_LIST.decode(b"[" + chunk + b"]")
-        X, M = D.X, D.M
-        is_x = [e.__class__ is X for e in events]
-        is_m = [e.__class__ is M for e in events]
-        for e in events:
-            cls = e.__class__
-            key = "X" if cls is X else "M" if cls is M else cls.__struct_config__.tag
-            ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
+    doc = b"[" + chunk + b"]"
+    raws = _RAW_LIST.decode(doc)
+    events = _SCAN_LIST.decode(doc)
+    del doc  # the raws keep it alive until this chunk is done
+    is_x = [e.ph == "X" for e in events]
+    is_m = [e.ph == "M" for e in events]
+    for e in events:
+        key = str(e.ph)
+        ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
     ctx.num_events += len(events)
     for i, m in enumerate(is_m):
         if m:
@@ -248,7 +286,6 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
     xs = [events[i] for i in xi]
     ts, ts_ok = D.raws_to_ns([e.ts for e in xs])
     dur, dur_ok = D.raws_to_ns([e.dur for e in xs])
-    empty = D.EMPTY_LARGS if ctx.lenient else D.EMPTY_ARGS
     l_corr: list[int] = []
     l_ts: list[int] = []
     l_idx: list[int] = []
@@ -260,7 +297,7 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
         if cat_raw not in cats:
             cats[cat_raw] = K._norm_cat(cat_raw)
         cat = cats[cat_raw]
-        a = e.args if (not ctx.lenient or isinstance(e.args, D.LXArgs)) else empty
+        a = e.args if e.args is not None else _NO_ARGS
         gpu = cat in K.GPU_CATS
         gi = base + xi[j]
         raw = raws[xi[j]]
@@ -361,10 +398,21 @@ def _decoder(lenient: bool):
 
 
 def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
+    """The parser's own path for a document: chunked typed decode, else whole-document (typed or lenient)."""
+    if not lenient:
+        cols = K._decode_chunked(data)
+        if cols is not None:
+            return K._finish(path, cols, None)
     try:
         trace = _decoder(lenient).decode(data)
+    except msgspec.ValidationError as exc:
+        if not lenient:
+            raise _NeedLenient() from None
+        raise TraceFormatError(path, f"not a Kineto trace: {exc}") from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, f"undecodable text: {exc}") from None
     return K._build(path, trace, lenient, None)
 
 
@@ -376,41 +424,51 @@ def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompr
     path = str(path)
     chunks = EventChunks(path, chunk_bytes or chunk_bytes_for(max_memory_bytes), max_decompressed_bytes)
     with K._gc_paused():
-        ctx = _Context(phase_counts={"X": 0, "M": 0})
+        ctx = _Context()
         try:
             _pass1(ctx, chunks)
-        except msgspec.ValidationError:
-            ctx = _Context(lenient=True)  # like the one-shot parser: the whole file decodes leniently
-            _pass1(ctx, chunks)
+        except msgspec.ValidationError as exc:
+            raise TraceFormatError(path, f"not a Kineto trace: {exc}") from None
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"invalid JSON: {exc}") from None
         launches = _LaunchMap.build(ctx)
         need = set(launches.idx[np.isin(launches.corr, np.fromiter(ctx.comm_corr, np.int64, len(ctx.comm_corr)))].tolist())
-        head, tail = chunks.head or b"{", chunks.tail or b"}"
-        meta_part = b",".join(r for _, r in ctx.meta)
-        step_part = b",".join(r for _, r in ctx.steps)
         try:
-            # the context alone: collectives, steps, groups, comm-kernel ops as the whole file gives them
-            picked: list[tuple[int, bytes]] = []
-            workdir = tempfile.mkdtemp(prefix="tracekit-chunks-", dir=spill_dir)
-            try:
-                steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
-                ev_files, kernel_parts, counts, total_rows, first, last = _pass2(
-                    path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches,
-                    _step_at(steps_only), workdir)
-                context_events = sorted(ctx.meta + ctx.coll + ctx.steps + picked)
-                full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient)
-                events = _load(ev_files, full.tables["events"].schema)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-        except (ValueError, TypeError, KeyError, IndexError, OverflowError, pa.ArrowException) as exc:
-            raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
+            return _parse_passes(path, ctx, chunks, launches, need, spill_dir)
+        except _NeedLenient:
+            ctx.lenient = True  # like the one-shot parser: one event fails the typed decode, all go lenient
+            return _parse_passes(path, ctx, chunks, launches, need, spill_dir)
+
+
+def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_LaunchMap", need: set[int],
+                  spill_dir: str | None) -> Any:
+    """Pass 2 and the context parse (typed, or lenient on the retry)."""
+    head, tail = chunks.head or b"{", chunks.tail or b"}"
+    meta_part = b",".join(r for _, r in ctx.meta)
+    step_part = b",".join(r for _, r in ctx.steps)
+    try:
+        # the context alone: collectives, steps, groups, comm-kernel ops as the whole file gives them
+        picked: list[tuple[int, bytes]] = []
+        workdir = tempfile.mkdtemp(prefix="tracekit-chunks-", dir=spill_dir)
+        try:
+            steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
+            ev_files, kernel_parts, counts, total_rows, first, last = _pass2(
+                path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches,
+                _step_at(steps_only), workdir)
+            context_events = sorted(ctx.meta + ctx.coll + ctx.steps + picked)
+            full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient)
+            events = _load(ev_files, full.tables["events"].schema)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, pa.ArrowException) as exc:
+        raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
     kernels = _fix_comm_kernels(kernel_parts, full.tables["kernels"])
     warnings = _merge_warnings(counts, full.info["parse_warnings"], ctx.lenient)
     info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
                 trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
     tables = dict(full.tables, events=events, kernels=kernels)
-    return replace(full, info=info, tables=tables, phase_counts=ctx.phase_counts)
+    phase_counts = dict(ctx.phase_counts) if ctx.lenient else {"X": 0, "M": 0, **ctx.phase_counts}
+    return replace(full, info=info, tables=tables, phase_counts=phase_counts)
 
 
 def _pass1(ctx: _Context, chunks: EventChunks) -> None:
@@ -421,6 +479,7 @@ def _pass1(ctx: _Context, chunks: EventChunks) -> None:
         before = ctx.num_events
         _scan_chunk(ctx, chunk, base, classes, cats)
         base += ctx.num_events - before
+        del chunk  # not alive while the next one is cut
 
 
 def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
@@ -475,7 +534,7 @@ def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, la
             w.write_table(ev)
         ev_files.append(p)
         kernel_parts.append(kt)
-        del ev
+        del ev, chunk
     # the appended step rows were counted once per chunk
     for key, n in (("complete events without dur (null duration)", ctx.step_missing_dur),
                    ("complete events with negative dur (null duration)", ctx.step_negative_dur)):
