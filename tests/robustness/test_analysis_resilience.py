@@ -69,3 +69,33 @@ def test_markup_like_path_is_printed_as_text(tmp_path, clean_rank0_analysis):
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.exit_code == 0
     assert "".join(f"{d / 'rank1.pt.trace.json'}: invalid JSON".split()) in "".join(res.stderr.split())
+
+
+def test_damaged_run_store(tmp_path, clean_pair_analysis):
+    """Re-analysing a store: cut meta.json exits 1 naming it; a cut Parquet table is an analyzer error, not a crash."""
+    import shutil
+
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    code, err, _ = run_analyze(d, tmp_path / "first")
+    assert code == 0, err
+    store = tmp_path / "first" / "tables"
+
+    cut_meta = tmp_path / "cut_meta"
+    shutil.copytree(store, cut_meta)
+    text = (cut_meta / "meta.json").read_text()
+    (cut_meta / "meta.json").write_text(text[: len(text) // 2])
+    code, err, analysis = run_analyze(cut_meta, tmp_path / "out1")
+    assert code == 1 and analysis is None
+    assert "".join(f"{cut_meta / 'meta.json'}: unreadable run store metadata".split()) in "".join(err.split())
+
+    cut_table = tmp_path / "cut_table"
+    shutil.copytree(store, cut_table)
+    raw = (cut_table / "steps.parquet").read_bytes()
+    (cut_table / "steps.parquet").write_bytes(raw[: len(raw) // 2])
+    code, err, analysis = run_analyze(cut_table, tmp_path / "out2")
+    assert analysis is not None and analysis["analyzer_errors"]
+    assert all("steps.parquet" in e["error"] or "Parquet" in e["error"] for e in analysis["analyzer_errors"])
+    assert "layout" in analysis["sections"]  # analyzers that do not read the cut table still ran

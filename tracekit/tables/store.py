@@ -75,7 +75,17 @@ class RunStore:
             from tracekit.errors import StoreError
 
             raise StoreError(f"{self.path}: not a tracekit run store (no meta.json)")
-        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, OSError) as exc:  # a store cut off mid-write, or not ours
+            from tracekit.errors import StoreError
+
+            raise StoreError(f"{meta_path}: unreadable run store metadata ({exc})") from None
+        if not isinstance(meta, dict):
+            from tracekit.errors import StoreError
+
+            raise StoreError(f"{meta_path}: run store metadata is not a JSON object")
+        self.meta: dict[str, Any] = meta
 
     def file(self, name: str) -> Path:
         return self.path / f"{name}.parquet"
