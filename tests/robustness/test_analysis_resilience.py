@@ -99,3 +99,18 @@ def test_damaged_run_store(tmp_path, clean_pair_analysis):
     assert analysis is not None and analysis["analyzer_errors"]
     assert all("steps.parquet" in e["error"] or "Parquet" in e["error"] for e in analysis["analyzer_errors"])
     assert "layout" in analysis["sections"]  # analyzers that do not read the cut table still ran
+
+
+def test_check_and_diff_print_markup_like_paths_as_text(tmp_path):
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    d = tmp_path / "c[" / "d]"
+    d.mkdir(parents=True)
+    (d / "rank0.pt.trace.json").write_bytes(b"")  # nothing analysable
+    for args in (["check", str(d), "--max-idle", "0.5"], ["diff", str(d), str(d), "--out", str(tmp_path / "o"), "-q"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+        assert res.exit_code == 2
+        assert "".join(f"{d}: no trace could be analysed".split()) in "".join(res.stderr.split())

@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
         try:
             analysis, _ = load_analysis(trace_dir)
         except TracekitError as exc:
-            err.print(f"[red]tracekit check:[/red] {exc}", highlight=False)
+            from rich.markup import escape
+
+            err.print(f"[red]tracekit check:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(2) from None
         results = evaluate(analysis, thresholds)
         for r in results:

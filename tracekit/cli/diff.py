@@ -43,7 +43,9 @@ def register(app: typer.Typer) -> None:
             try:
                 analysis, _ = load_analysis(path, out / label / "tables", progress=not quiet)
             except TracekitError as exc:
-                err.print(f"[red]tracekit diff:[/red] {label} {path}: {exc}", highlight=False)
+                from rich.markup import escape
+
+                err.print(f"[red]tracekit diff:[/red] {label} {escape(str(path))}: {escape(str(exc))}", highlight=False)
                 raise typer.Exit(2) from None
             docs.append(analysis)
         doc = diff_analyses(docs[0], docs[1], base_label=str(base), new_label=str(new))
@@ -55,4 +57,4 @@ def register(app: typer.Typer) -> None:
         (out / "diff.md").write_text(summary, encoding="utf-8")
         if not quiet:
             typer.echo(summary)
-            err.print(f"diff: {out / 'diff.html'}", highlight=False)
+            err.print(f"diff: {out / 'diff.html'}", highlight=False, markup=False)
