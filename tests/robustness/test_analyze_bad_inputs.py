@@ -432,3 +432,26 @@ def test_gap_in_ranks_without_world_size_is_warned(tmp_path, clean_docs):
     assert len(missing) == 1 and missing[0]["ranks"] == [2]
     assert missing[0]["evidence"] == {"world_size": None, "missing_ranks": [2], "num_present": 3}
     assert "no world size stated, highest rank 3" in missing[0]["summary"]
+
+
+def test_two_complete_runs_in_subfolders_keep_one(tmp_path, clean_docs, clean_pair_analysis):
+    """runA/ and runB/ (a day later) under one folder: run A's ranks are analysed, run B's files are
+    skipped as second claims of ranks 0 and 1, naming both files."""
+    d = tmp_path / "run"
+    for r in (0, 1):
+        (d / "runA").mkdir(parents=True, exist_ok=True)
+        (d / "runB").mkdir(parents=True, exist_ok=True)
+        (d / "runA" / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+        C.write(d / "runB" / f"rank{r}.pt.trace.json.gz", C.dump(C.shifted(clean_docs[r], 86400 * C.US_PER_S)))
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    assert analysis["ranks"] == clean_pair_analysis["ranks"]
+    skipped = {s["file"]: s["reason"] for s in analysis["inputs"]["skipped"]}
+    assert sorted(skipped) == [str(d / "runB" / f"rank{r}.pt.trace.json.gz") for r in (0, 1)]
+    for r in (0, 1):
+        reason = skipped[str(d / "runB" / f"rank{r}.pt.trace.json.gz")]
+        assert f"rank {r} is claimed by two Kineto trace files" in reason
+        assert str(d / "runA" / f"rank{r}.pt.trace.json.gz") in reason
+    assert "mixed_runs" not in _kinds(analysis)
