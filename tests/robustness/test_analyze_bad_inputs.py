@@ -455,3 +455,17 @@ def test_two_complete_runs_in_subfolders_keep_one(tmp_path, clean_docs, clean_pa
         assert f"rank {r} is claimed by two Kineto trace files" in reason
         assert str(d / "runA" / f"rank{r}.pt.trace.json.gz") in reason
     assert "mixed_runs" not in _kinds(analysis)
+
+
+def test_execution_trace_beside_a_real_kineto_trace(shared_traces, tmp_path):
+    """HTA's mixed folder (read in place): the execution trace is skipped with its reason, the Kineto trace analysed."""
+    d = shared_traces / "hta_mixed_et_and_kineto"
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+    assert code == 0, err
+    jsonschema.validate(analysis, SCHEMA)
+    assert analysis["inputs"]["skipped"] == [{
+        "file": str(d / "benchmark_simple_add_et.json.gz"),
+        "reason": "execution trace (has 'nodes', no 'traceEvents'): not a Kineto trace"}]
+    with gzip.open(d / "benchmark_simple_add_trace.json.gz") as f:
+        rank = json.load(f)["distributedInfo"]["rank"]
+    assert analysis["inputs"]["ranks"] == [rank] and [r["rank"] for r in analysis["ranks"]] == [rank]
