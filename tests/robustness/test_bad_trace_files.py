@@ -242,3 +242,18 @@ def test_chunked_parser_refuses_a_bomb_too(tmp_path, monkeypatch):
     with pytest.raises(InputTooLargeError) as info:
         parse_kineto_chunked(path, max_memory_bytes=64 << 20)
     assert info.value.file == str(path) and "likely decompression bomb" in info.value.reason
+
+
+@pytest.mark.parametrize("where", ["args", "distributedInfo"])
+def test_deeply_nested_json_is_a_trace_format_error(tmp_path, where):
+    """200,000 levels of [ in a free-form field: a clear error, not a RecursionError."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    if where == "args":
+        body = b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"Process Group Ranks": ' + deep + b"}}]}"
+    else:
+        body = b'{"traceEvents": [], "distributedInfo": {"pg_config": ' + deep + b"}}"
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_bytes(body)
+    with pytest.raises(TraceFormatError) as info:
+        parse_kineto(path)
+    assert info.value.file == str(path) and "nested too deeply" in info.value.reason

@@ -159,7 +159,7 @@ def _decode_chunked(buf) -> "_Columns | None":
     try:
         top = D.decode_event_chunks(buf, CHUNK_BYTES, lambda events, text: _add_typed(cols, events))
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
-            OverflowError, pa.ArrowException):
+            OverflowError, RecursionError, pa.ArrowException):
         return None
     if top is None:
         return None
@@ -186,12 +186,16 @@ def _decode_trace(path: str, buf) -> tuple[Any, bool]:
     try:
         trace = D.TYPED_DECODER.decode(buf)
         lenient = False
+    except RecursionError:  # msgspec decodes nested values of Any-typed fields recursively
+        raise TraceFormatError(path, "JSON nested too deeply to decode (thousands of levels)") from None
     except msgspec.DecodeError as exc:
         if not isinstance(exc, msgspec.ValidationError):
             raise TraceFormatError(path, f"invalid JSON: {exc}") from None
         try:
             trace = D.LENIENT_DECODER.decode(buf)
             lenient = True
+        except RecursionError:
+            raise TraceFormatError(path, "JSON nested too deeply to decode (thousands of levels)") from None
         except msgspec.ValidationError as exc2:
             raise TraceFormatError(path, f"not a Kineto trace: {exc2}") from None
         except msgspec.DecodeError as exc2:
