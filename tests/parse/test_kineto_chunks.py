@@ -3,6 +3,7 @@ whole-document decode and against Decimal arithmetic."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from decimal import Decimal
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 import tracekit.parse.kineto as K
 from tracekit.parse import _decode as D
-from tracekit.parse.gz import read_trace_bytes
+from tracekit.parse.gz import iter_trace_blocks, read_trace_bytes
 
 _ENC = msgspec.json.Encoder(decimal_format="number")
 _DIR = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
@@ -60,6 +61,11 @@ def test_mixed_texts_exact_or_invalid(texts):
     vals, ok = D.raws_to_ns([msgspec.Raw(t.encode()) for t in texts])
     got = [int(v) if o else None for v, o in zip(vals, ok)]
     assert got == [_exact_ns(t) if t else None for t in texts]
+
+
+def _streamed(path: Path):
+    """Columns from the streamed, chunked path (None when it declines), blocks as small as the chunks."""
+    return K._decode_chunked(iter_trace_blocks(path, None, K.CHUNK_BYTES))
 
 
 def _whole(path: Path) -> K.KinetoParse:
@@ -122,7 +128,7 @@ def test_chunked_equals_whole_document(tmp_path, monkeypatch, events_last, inden
     path = tmp_path / "t.json"
     path.write_bytes(text)
     monkeypatch.setattr(K, "CHUNK_BYTES", 4096)
-    assert K._decode_chunked(read_trace_bytes(path)) is not None  # the chunked path really ran
+    assert _streamed(path) is not None  # the chunked path really ran
     chunks: list[int] = []
     D.decode_event_chunks(read_trace_bytes(path), 4096, lambda ev, text: chunks.append(len(ev)))
     assert len(chunks) > 10 and sum(chunks) == len(json.loads(text)["traceEvents"])
@@ -133,7 +139,7 @@ def test_nested_trace_events_key_uses_whole_document(tmp_path):
     doc = {"meta": {"traceEvents": _event(0)}, "traceEvents": _event(1)}
     path = tmp_path / "t.json"
     path.write_bytes(_ENC.encode(doc))
-    assert K._decode_chunked(read_trace_bytes(path)) is None
+    assert _streamed(path) is None
     p = K.parse_kineto(path)
     assert p.tables["events"].num_rows == 4  # the top-level events only (one lacks ts)
     _assert_same(p, _whole(path))
@@ -145,7 +151,7 @@ def test_real_traces_small_chunks(monkeypatch, sub):
     if not files:
         pytest.fail(f"shared trace {sub} missing under {_DIR}")
     monkeypatch.setattr(K, "CHUNK_BYTES", 64 << 10)
-    assert K._decode_chunked(read_trace_bytes(files[0])) is not None
+    assert _streamed(files[0]) is not None
     _assert_same(K.parse_kineto(files[0]), _whole(files[0]))
 
 
@@ -158,8 +164,24 @@ def test_escaped_arg_keys_are_read(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_bytes(text)
     monkeypatch.setattr(K, "CHUNK_BYTES", 64)
-    assert K._decode_chunked(read_trace_bytes(path)) is not None
+    assert _streamed(path) is not None
     p = K.parse_kineto(path)
     assert p.tables["kernels"].column("device").to_pylist() == [3]
     assert p.tables["events"].column("external_id").to_pylist()[0] == 11
     _assert_same(p, _whole(path))
+
+
+@pytest.mark.parametrize("pad", [4096 - 30, 4096 - 20, 4096 - 12, 4096 - 5, 3 * 4096])
+def test_events_key_across_read_blocks(tmp_path, monkeypatch, pad):
+    """The `"traceEvents": [` key split between two read blocks is still found (gzip too)."""
+    doc = {"schemaVersion": 1, "pad": "x" * pad, "traceEvents": [e for i in range(40) for e in _event(i)]}
+    text = _ENC.encode(doc)
+    at = text.index(b'"traceEvents"')
+    assert pad < 4096 * 2 or at > 4096
+    plain, gz = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(text)
+    gz.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(K, "CHUNK_BYTES", 4096)
+    for path in (plain, gz):
+        assert _streamed(path) is not None
+        _assert_same(K.parse_kineto(path), _whole(path))

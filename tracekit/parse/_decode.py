@@ -386,3 +386,72 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
             continue
         sink(events, piece)
         return top
+
+
+def decode_event_stream(blocks, chunk_bytes: int, sink) -> TopLevel | None:
+    """`decode_event_chunks` over an iterable of byte blocks (a file read or decompressed piece by
+    piece): only the text before the events and about two chunks are held at a time."""
+    it = iter(blocks)
+    buf = bytearray()
+    m = None
+    for block in it:
+        if not buf and not bytes(block[:64]).lstrip()[:1] in (b"{", b""):
+            return None  # not a JSON object: the whole-document path names the problem
+        start = max(0, len(buf) - 64)  # the key may straddle two blocks
+        buf += block
+        m = _TRACE_EVENTS_KEY.search(buf, start)
+        if m is not None:
+            break
+    if m is None:
+        return None
+    head = bytes(buf[: m.end()])  # up to and including the events array's '['
+    del buf[: m.end()]
+    decode = EVENTS_DECODER.decode
+    pos = 0
+    eof = False
+    want = chunk_bytes + chunk_bytes // 2
+    while True:
+        while not eof and len(buf) - pos < want:
+            block = next(it, None)
+            if block is None:
+                eof = True
+                break
+            if pos:
+                del buf[:pos]
+                pos = 0
+            buf += block
+        if len(buf) - pos < want:
+            break  # end of input: the rest (last events and the closing text) is decoded below
+        cut = _EVENT_CUT.search(buf, pos + chunk_bytes)
+        if cut is None:
+            if eof:
+                break
+            want = len(buf) - pos + chunk_bytes  # no boundary yet: read further
+            continue
+        events = None
+        for _ in range(_MAX_CUT_TRIES):
+            with memoryview(buf) as view:
+                piece = b"".join((b"[", view[pos:cut.start() + 1], b"]"))
+            try:
+                events = decode(piece)
+                break
+            except msgspec.ValidationError:
+                raise
+            except msgspec.DecodeError:  # the cut fell inside a string or args: try the next one
+                cut = _EVENT_CUT.search(buf, cut.start() + 1)
+                if cut is None:
+                    break
+        if events is None:
+            if cut is None:
+                if eof:
+                    break
+                want = len(buf) - pos + chunk_bytes
+                continue
+            raise msgspec.DecodeError("no event boundary found")
+        sink(events, piece)
+        del events, piece
+        pos = cut.end() - 1
+        want = chunk_bytes + chunk_bytes // 2
+    rest = b"".join((head, memoryview(buf)[pos:]))
+    del buf
+    return decode_event_chunks(rest, chunk_bytes, sink)

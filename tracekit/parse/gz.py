@@ -1,4 +1,4 @@
-"""Read a trace file's bytes, plain or gzip, with a bound on the decompressed size.
+"""Read a trace file's bytes, plain or gzip, whole or block by block, with a bound on the decompressed size.
 
 gzip goes through isal (about 1.5x stdlib zlib). The output buffer is sized from the gzip trailer
 (ISIZE, the size mod 2**32) so decompression does not hold two full copies at once.
@@ -136,3 +136,63 @@ def _gunzip(path: str, max_decompressed_bytes: int | None) -> bytearray:
     del out[n:]
     return out
 
+
+
+class StreamProblem(Exception):
+    """The streamed read met something `read_trace_bytes` reports precisely (size budget, corrupt or
+    truncated gzip, trailing bytes): the caller falls back to it for the error."""
+
+
+def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = None,
+                      block_bytes: int = _READ_CHUNK):
+    """The (decompressed) contents of `path` as successive blocks of about block_bytes, so a caller can
+    work through a file without holding all of it. Raises OSError, or StreamProblem where
+    `read_trace_bytes` would raise a TraceFormatError."""
+    path = str(path)
+    with open(path, "rb") as f:
+        gz = f.read(2) == GZIP_MAGIC
+        f.seek(0)
+        if not gz:
+            size = os.fstat(f.fileno()).st_size
+            if max_decompressed_bytes is not None and size > max_decompressed_bytes:
+                raise StreamProblem("over budget")
+            while block := f.read(block_bytes):
+                yield block
+            return
+        limit, _ = decompressed_budget(os.fstat(f.fileno()).st_size, max_decompressed_bytes)
+        total = 0
+        dec = isal_zlib.decompressobj(31)
+        in_member = False
+        try:
+            while chunk := f.read(block_bytes // 4):
+                while chunk:
+                    in_member = True
+                    piece = dec.decompress(chunk, block_bytes)
+                    if piece:
+                        total += len(piece)
+                        if total > limit:
+                            raise StreamProblem("over budget")
+                        yield piece
+                    if dec.eof:
+                        in_member = False
+                        rest = dec.unused_data
+                        dec = isal_zlib.decompressobj(31)
+                        chunk = rest.lstrip(b"\x00") if rest else b""
+                        if chunk and not chunk.startswith(GZIP_MAGIC):
+                            raise StreamProblem("trailing garbage")
+                        continue
+                    chunk = dec.unconsumed_tail
+            while in_member and not dec.eof:
+                piece = dec.decompress(b"", block_bytes)
+                if not piece:
+                    break
+                total += len(piece)
+                if total > limit:
+                    raise StreamProblem("over budget")
+                yield piece
+            if dec.eof:
+                in_member = False
+        except isal_zlib.error:
+            raise StreamProblem("corrupt gzip") from None
+        if in_member or total == 0:
+            raise StreamProblem("truncated or empty gzip")

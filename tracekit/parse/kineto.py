@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from tracekit.errors import TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
-from tracekit.parse.gz import GZIP_MAGIC, read_trace_bytes
+from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.tables.schema import STEP_PATTERN, conform
 
@@ -115,7 +115,7 @@ def _gc_paused():
             gc.enable()
 
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
 """JSON bytes of events decoded at once; the events of one chunk are turned into columns and freed
 before the next is decoded (bounded object memory, cache-resident structs)."""
 
@@ -125,17 +125,20 @@ def parse_kineto(
 ) -> KinetoParse:
     """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input."""
     path = str(path)
-    buf = read_trace_bytes(path, max_decompressed_bytes)
     with _gc_paused():
-        cols = _decode_chunked(buf)
+        try:  # streamed: the file is read (and gunzipped) one chunk at a time
+            cols = _decode_chunked(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES))
+        except (OSError, StreamProblem):
+            cols = None
         repaired = None
-        if cols is None:  # unusual layout or content: decode the whole document at once
+        if cols is None:  # unusual layout or content: read and decode the whole document at once
+            buf = read_trace_bytes(path, max_decompressed_bytes)
             try:
                 trace, lenient = _decode_trace(path, buf)
             except UnicodeDecodeError as exc:  # msgspec raises it for invalid UTF-8 inside a string
                 buf, repaired = _repair_utf8(path, buf, exc)
                 trace, lenient = _decode_trace(path, buf)
-        del buf  # the decoded Raw texts keep it alive only until their events are dropped
+            del buf  # the decoded Raw texts keep it alive only until their events are dropped
         try:
             if cols is None:
                 parsed = _build(path, trace, lenient, rank)
@@ -150,14 +153,13 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode_chunked(buf) -> "_Columns | None":
-    """Columns of a well-formed, typed trace, decoded chunk by chunk; None means: use the whole-document
-    path (it reports errors precisely and handles lenient typing and invalid UTF-8)."""
-    if not bytes(memoryview(buf)[:64]).lstrip().startswith(b"{"):
-        return None
+def _decode_chunked(blocks) -> "_Columns | None":
+    """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
+    use the whole-document path (it reports errors precisely and handles lenient typing and invalid
+    UTF-8)."""
     cols = _Columns(None)
     try:
-        top = D.decode_event_chunks(buf, CHUNK_BYTES, lambda events, text: _add_typed(cols, events))
+        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_typed(cols, events))
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, RecursionError, pa.ArrowException):
         return None
