@@ -24,9 +24,9 @@ def synth_run_16(tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="session")
 def synth_run_64(tmp_path_factory) -> tuple[Path, dict]:
-    """64 ranks (tp 8 x dp 8), ~1,000 complete events each, rank 37 computes 1.3x slower."""
+    """64 ranks (tp 8 x dp 8), ~600 complete events each, rank 37 computes 1.3x slower."""
     out = tmp_path_factory.mktemp("synth64")
-    cfg = SynthConfig(num_ranks=64, events_per_rank=1000, tp=8, straggler_rank=37)
+    cfg = SynthConfig(num_ranks=64, events_per_rank=600, tp=8, straggler_rank=37)
     return out, generate_run(cfg, out)
 
 
