@@ -469,3 +469,29 @@ def test_execution_trace_beside_a_real_kineto_trace(shared_traces, tmp_path):
     with gzip.open(d / "benchmark_simple_add_trace.json.gz") as f:
         rank = json.load(f)["distributedInfo"]["rank"]
     assert analysis["inputs"]["ranks"] == [rank] and [r["rank"] for r in analysis["ranks"]] == [rank]
+
+
+def test_deeply_nested_side_files_do_not_take_the_run_down(tmp_path, clean_rank0_analysis):
+    """100,000 levels of [ in a .jsonl beside the traces, a Flight Recorder dump, a comms-log line and
+    a manifest: each is skipped or ignored with its reason; rank 0 is analysed as without them."""
+    deep = "[" * 100_000 + "]" * 100_000
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "rank0.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(0))
+    (d / "notes.jsonl").write_text(deep + "\n")
+    (d / "fr_rank1.json").write_text('{"entries": [], "pg_config": {"0": {"name": "0", "ranks": "' + deep + '"}}, "version": ' + deep + "}")
+    (d / "comms.rank1.jsonl").write_text('{"type": "header", "version": "tracekit.comms/1", "rank": 1, "world_size": 2}\n' + deep + "\n")
+    (d / "manifest.json").write_text(deep)
+
+    code, err, analysis = run_analyze(d, tmp_path / "out")
+
+    assert code == 0, err
+    skipped = {Path(s["file"]).name: s["reason"] for s in analysis["inputs"]["skipped"]}
+    assert skipped["fr_rank1.json"] == "JSON nested too deeply to decode"
+    assert skipped["manifest.json"].startswith("unreadable JSON")
+    assert "notes.jsonl" not in skipped  # not an input of any kind
+    assert _rank_row(analysis, 0) == _rank_row(clean_rank0_analysis, 0)
+    from tracekit.tables.store import RunStore
+
+    rows = {r["rank"]: r for r in RunStore(tmp_path / "out" / "tables").table("ranks").to_pylist()}
+    assert any("line 2 is not valid JSON" in w for w in rows[1]["parse_warnings"])

@@ -45,7 +45,7 @@ def read_comms_log_header(path: str | Path) -> dict[str, Any] | None:
         line = fh.readline(1 << 20)
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return obj if isinstance(obj, dict) and obj.get("type") == "header" else None
 
@@ -66,7 +66,7 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
             continue
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             if i == last_index:
                 warnings.append(f"{path.name}: last line {i + 1} is cut off (rank stopped mid-write); "
                                 f"kept the {len(entries)} entries before it")

@@ -175,7 +175,7 @@ def classify(path: Path) -> tuple[str | None, str | None]:
         head = _head(path, 1 << 16).split(b"\n", 1)[0]
         try:
             obj = json.loads(head)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None, None
         if isinstance(obj, dict) and obj.get("type") == "header" and str(obj.get("version", "")).startswith("tracekit.comms"):
             return COMMS_LOG, None
@@ -210,6 +210,8 @@ def discover_inputs(trace_dir: str | Path) -> Discovery:
                 kind, reason = classify(path)
             except OSError as exc:
                 kind, reason = None, f"cannot read: {exc.strerror or exc}"
+            except RecursionError:
+                kind, reason = None, "JSON nested too deeply to read"
             if kind is not None:
                 found.inputs.append(InputFile(path=path, kind=kind, name_rank=rank_from_filename(path)))
             elif reason is not None:

@@ -87,7 +87,7 @@ def _ranks_list(value: Any) -> list[int] | None:
             return None
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(value, (list, tuple)):
         return [int(r) for r in value]
@@ -283,6 +283,8 @@ def read_flight_recorder_doc(path: str | Path, max_bytes: int | None = None) -> 
             doc = json.loads(path.read_bytes())
         except ValueError as exc:
             raise TraceFormatError(str(path), f"not valid JSON ({exc})") from None
+        except RecursionError:
+            raise TraceFormatError(str(path), "JSON nested too deeply to decode") from None
     if not is_flight_recorder_dump(doc):
         raise TraceFormatError(str(path), "not a Flight Recorder dump (no entries/pg_config)")
     return doc  # type: ignore[return-value]

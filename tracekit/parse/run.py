@@ -101,7 +101,7 @@ def _read_jsonl(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
             continue
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             warnings.append(f"{path.name}: line {i + 1} is not valid JSON ({'cut off' if i == len(lines) - 1 else 'skipped'})")
             continue
         if isinstance(obj, dict) and obj.get("type") not in ("header", "footer"):
@@ -326,7 +326,7 @@ def _fill_group_ranks(table: pa.Table, groups: _GroupMerger) -> pa.Table:
 def _read_json_meta(path: Path, skipped: list[dict[str, str]]) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         skipped.append({"file": str(path), "reason": f"unreadable JSON ({exc})"})
         return None
 
