@@ -197,6 +197,26 @@ def chunked_case(data_dir: Path, work: Path, events: int, budgets: list[str]) ->
     return {"events": truth["complete_events"], "json_mb": round(json_mb, 1), **res}
 
 
+def _spin(n: int) -> float:
+    t = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.perf_counter() - t
+
+
+def cpu_capacity(workers: int, n: int = 20_000_000) -> dict:
+    """How many cores the box gives right now: a CPU-bound loop alone vs `workers` copies at once.
+    On a shared machine this bounds any parallel speed-up measured in the same run."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    alone = _spin(n)
+    with ProcessPoolExecutor(workers) as pool:
+        together = list(pool.map(_spin, [n] * workers))
+    return {"spin_alone_s": round(alone, 2), "spin_together_s": [round(t, 2) for t in together],
+            "effective_cores": round(workers * alone / max(together), 2)}
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -272,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nfit over both sweeps: {results['fit_all']}")
 
     if a.speedup_ranks:
+        cap = cpu_capacity(a.workers)
+        results["cpu_capacity"] = cap
+        print(f"\ncores available now (a CPU loop alone vs {a.workers} at once): {cap}")
         sp = parse_speedup(data_dir, work, a.speedup_ranks, a.speedup_events, a.workers)
         results["parse_speedup"] = sp
         print(f"\ntracekit parse, {sp['ranks']} ranks x {sp['events_per_rank']} events ({sp['json_mb']} MB JSON): "
