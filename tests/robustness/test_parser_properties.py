@@ -7,8 +7,10 @@ so CI stays fast; raise it locally for a longer hunt.
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -42,6 +44,7 @@ def small_trace() -> dict:
 BASE = small_trace()
 BASE_BYTES = json.dumps(BASE).encode()
 _DIR = Path(tempfile.mkdtemp(prefix="tracekit-fuzz-"))
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 
 EVENT_KEYS = ["ph", "name", "cat", "ts", "dur", "pid", "tid", "args", "id", "s"]
 ARG_KEYS = ["External id", "external id", "correlation", "stream", "Collective name", "In msg nelems",
