@@ -86,3 +86,27 @@ def test_dim_from_desc_vocabulary():
     assert dim_from_desc("mesh_edp") == "dp"
     assert dim_from_desc("default_pg") == "world"
     assert dim_from_desc("uid-3") is None and dim_from_desc(None) is None
+
+
+def test_flattened_dp_cp_group_is_labelled_and_does_not_set_the_mesh(tmp_path):
+    # dp2 x cp2 (rank = dp * 2 + cp): mesh_dp_cp spans all four ranks and is what DDP reduces over
+    groups = [
+        {"pg_name": "1", "pg_desc": "mesh_dp", "ranks": [0, 2]},
+        {"pg_name": "2", "pg_desc": "mesh_dp", "ranks": [1, 3]},
+        {"pg_name": "3", "pg_desc": "mesh_cp", "ranks": [0, 1]},
+        {"pg_name": "4", "pg_desc": "mesh_cp", "ranks": [2, 3]},
+        {"pg_name": "5", "pg_desc": "mesh_dp_cp", "ranks": [0, 1, 2, 3]},
+    ]
+    sec = _layout(build_store(tmp_path, {"ranks": _ranks(4), "process_groups": groups}))
+    by_name = {g["pg_name"]: g for g in sec["groups"]}
+    assert by_name["5"]["dim"] == "dp" and by_name["5"]["flattened"] == ["dp", "cp"]
+    assert all("flattened" not in by_name[n] for n in "1234")
+    assert sec["mesh_shape"] == {"cp": 2, "dp": 2}
+    coords = {r["rank"]: r["coords"] for r in sec["ranks"]}
+    assert coords == {r: {"dp": r // 2, "cp": r % 2} for r in range(4)}
+
+
+def test_flattened_group_stands_in_when_no_basic_group_shows_its_dim(tmp_path):
+    groups = [{"pg_name": "5", "pg_desc": "mesh_dp_cp", "ranks": [0, 1, 2, 3]}]
+    sec = _layout(build_store(tmp_path, {"ranks": _ranks(8), "process_groups": groups}))
+    assert sec["mesh_shape"] == {"dp": 4}

@@ -11,9 +11,10 @@ labelled `inferred_from: "structure"`, `confidence: "low"`. A group nothing iden
 Section `layout`:
     {"world_size": int | null,
      "groups": [{"pg_name", "pg_desc", "dim", "ranks": [int], "size", "inferred_from":
-                 "pg_desc|manifest|parser|structure|none", "confidence": "high|medium|low"}],
+                 "pg_desc|manifest|parser|structure|none", "confidence": "high|medium|low",
+                 "flattened": [basic dims]  # only for flattened mesh groups (mesh_dp_cp, mesh_edp)}],
      "ranks": [{"rank": int, "coords": {dim: index within its group of that dim}}],
-     "mesh_shape": {dim: group size},          # dims other than world/unknown
+     "mesh_shape": {dim: group size},          # dims other than world/unknown, from basic groups
      "dims_inferred_from": {dim: source}}
 """
 
@@ -37,6 +38,10 @@ _AXIS_DIMS = (
 # When one rank set is several dims' group in the manifest (e.g. dp and edp), the first of these wins.
 _MANIFEST_PREFERENCE = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 _KNOWN_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
+# Flattened DeviceMesh axes (groups spanning several basic axes, e.g. the dp x cp group DDP/FSDP
+# reduce gradients over) -> the basic axes they span. They keep their dim (gradient sync is "dp")
+# but are labelled `flattened` and do not set the mesh shape or coordinates when basic groups do.
+_FLATTENED_AXES = {"dp_cp": ["dp", "cp"], "dp_shard_cp": ["fsdp", "cp"], "edp": ["dp", "cp"]}
 _CONFIDENCE = {"pg_desc": "high", "manifest": "high", "parser": "medium", "structure": "low",
                "none": "low"}
 
@@ -54,6 +59,15 @@ def dim_from_desc(desc: str | None) -> str | None:
         if token == name:
             return dim
     return None
+
+
+def flattened_from_desc(desc: str | None) -> list[str] | None:
+    """`mesh_dp_cp` -> ["dp", "cp"]: the basic axes a flattened mesh group spans; None for a basic axis."""
+    if not desc:
+        return None
+    m = re.match(r"^(?:mesh_|group_|pg_)?([a-z_]+?)(?:_group|_pg)?(?:_\d+)?$", desc.strip().lower())
+    axes = _FLATTENED_AXES.get(m.group(1) if m else "")
+    return list(axes) if axes else None
 
 
 def _manifest_group_sets(manifest: dict[str, Any] | None) -> dict[tuple[int, ...], str]:
@@ -197,19 +211,28 @@ def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         confidence = _CONFIDENCE[source]
         if dim == "world":
             confidence = "high" if source in ("pg_desc", "structure") else confidence
-        out_groups.append({
+        row = {
             "pg_name": g["pg_name"], "pg_desc": g["pg_desc"], "dim": dim or "unknown",
             "ranks": ranks, "size": len(ranks), "inferred_from": source, "confidence": confidence,
-        })
+        }
+        flat = flattened_from_desc(g["pg_desc"])
+        if flat is not None and dim not in (None, "world", "unknown"):
+            row["flattened"] = flat
+        out_groups.append(row)
     out_groups.sort(key=lambda g: (str(g["dim"]), str(g["pg_name"])))
 
     all_ranks = store.ranks()
     coords: dict[int, dict[str, int]] = {r: {} for r in all_ranks}
     mesh_shape: dict[str, int] = {}
     dims_from: dict[str, str] = {}
+    # the mesh comes from the basic axes' groups; a flattened group (dp x cp) only stands in for a
+    # dim no basic group shows
+    basic_dims = {g["dim"] for g in out_groups if "flattened" not in g}
     for g in out_groups:
         dim = g["dim"]
         if dim in ("world", "unknown") or g["size"] < 1:
+            continue
+        if "flattened" in g and dim in basic_dims:
             continue
         mesh_shape.setdefault(dim, g["size"])
         if mesh_shape[dim] != g["size"]:
