@@ -9,6 +9,7 @@ type makes the typed decode fail; `decode_lenient` then accepts anything and the
 from __future__ import annotations
 
 import re
+import threading
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Union
 
@@ -329,9 +330,10 @@ def _closing_candidates(buf, start: int, prefix: bytes):
         yield top, close
 
 
-def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
+def decode_event_chunks(buf, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
     """Decode the top-level `traceEvents` array about chunk_bytes of JSON at a time, handing each
-    decoded list of events and its JSON text to `sink(events, text)`; returns the other top-level fields, or None when the layout
+    decoded list of events and its JSON text to `sink(events, text)` (`decode`: the JSON array → events
+    function, EVENTS_DECODER's by default); returns the other top-level fields, or None when the layout
     is unusual (the caller then decodes the whole document). Decode errors propagate."""
     m = _TRACE_EVENTS_KEY.search(buf)
     if m is None:
@@ -343,7 +345,7 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
         return None
     top, close = found
     view = memoryview(buf)
-    decode = EVENTS_DECODER.decode
+    decode = decode or EVENTS_DECODER.decode
     pos = start
     while pos < close and buf[pos] in _WS:
         pos += 1
@@ -388,7 +390,7 @@ def decode_event_chunks(buf, chunk_bytes: int, sink) -> TopLevel | None:
         return top
 
 
-def decode_event_stream(blocks, chunk_bytes: int, sink) -> TopLevel | None:
+def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
     """`decode_event_chunks` over an iterable of byte blocks (a file read or decompressed piece by
     piece): only the text before the events and about two chunks are held at a time."""
     it = iter(blocks)
@@ -406,7 +408,7 @@ def decode_event_stream(blocks, chunk_bytes: int, sink) -> TopLevel | None:
         return None
     head = bytes(buf[: m.end()])  # up to and including the events array's '['
     del buf[: m.end()]
-    decode = EVENTS_DECODER.decode
+    decode = decode or EVENTS_DECODER.decode
     pos = 0
     eof = False
     want = chunk_bytes + chunk_bytes // 2
@@ -454,4 +456,48 @@ def decode_event_stream(blocks, chunk_bytes: int, sink) -> TopLevel | None:
         want = chunk_bytes + chunk_bytes // 2
     rest = b"".join((head, memoryview(buf)[pos:]))
     del buf
-    return decode_event_chunks(rest, chunk_bytes, sink)
+    return decode_event_chunks(rest, chunk_bytes, sink, decode)
+
+
+# ----------------------------------------------------------------------------------------------
+# Row capture: complete events hand their fields to a list as msgspec builds them (__post_init__),
+# while the struct is still in cache; reading the same fields back later, one attribute pass per
+# field over cold structs, costs about twice as much.
+
+ROW_FIELDS = ("name", "cat", "ts", "dur", "pid", "tid", "args", "external_id", "external_id_old", "correlation",
+              "stream", "device", "flops", "coll_name")
+"""Order of the values in each captured row (the last seven are `args` fields)."""
+
+
+class _RowCapture(threading.local):
+    """Per thread: a decoder for JSON arrays of events whose `X` events append a row to `rows`."""
+
+    def __init__(self) -> None:
+        rows: list[tuple] = []
+        append = rows.append
+
+        class XRow(msgspec.Struct, tag="X", tag_field="ph", gc=False):
+            name: str = ""
+            cat: Union[str, None] = None
+            ts: Raw = NO_RAW
+            dur: Raw = NO_RAW
+            pid: Union[int, str, None] = None
+            tid: Union[int, str, None] = None
+            args: XArgs = EMPTY_ARGS
+
+            def __post_init__(self) -> None:
+                a = self.args
+                append((self.name, self.cat, self.ts, self.dur, self.pid, self.tid, a, a.external_id,
+                        a.external_id_old, a.correlation, a.stream, a.device, a.flops, a.coll_name))
+
+        self.rows = rows
+        self.row_class = XRow
+        self.decoder = msgspec.json.Decoder(list[Union[(XRow, M) + _OTHER]])
+
+
+_ROW_CAPTURE = _RowCapture()
+
+
+def row_capture() -> _RowCapture:
+    """This thread's row-capturing decoder: `.decoder`, `.rows` (clear it before each decode), `.row_class`."""
+    return _ROW_CAPTURE

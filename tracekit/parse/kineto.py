@@ -158,11 +158,20 @@ def _decode_chunked(blocks) -> "_Columns | None":
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
     UTF-8)."""
     cols = _Columns(None)
+    capture = D.row_capture()
+    rows, decoder = capture.rows, capture.decoder
+
+    def decode(text: bytes) -> list:
+        rows.clear()
+        return decoder.decode(text)
+
     try:
-        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_typed(cols, events))
+        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows), decode)
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, RecursionError, pa.ArrowException):
         return None
+    finally:
+        rows.clear()
     if top is None:
         return None
     cols.top = top
@@ -388,30 +397,53 @@ def _intern(index: _CodeBook, values: list) -> np.ndarray:
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
 
-def _add_typed(cols: _Columns, events: list) -> None:
-    """Add one decoded chunk of tagged-union events."""
-    X, M = D.X, D.M
-    xs = [e for e in events if e.__class__ is X]
+def _count_phases(cols: _Columns, events: list, x_class: type, num_x: int) -> None:
+    """Phase counts (and metadata events) of one decoded chunk."""
     counts = cols.phase_counts
-    counts["X"] += len(xs)
-    if len(xs) != len(events):
+    counts["X"] += num_x
+    if num_x != len(events):
         by_class = Counter(map(type, events))  # counted in C: flow events can be a third of a trace
-        del by_class[X]
+        del by_class[x_class]
+        M = D.M
         if M in by_class:
             cols.ms.extend(e for e in events if e.__class__ is M)
         for cls, k in by_class.items():
             tag = cls.__struct_config__.tag
             counts[tag] = counts.get(tag, 0) + k
+
+
+def _add_typed(cols: _Columns, events: list) -> None:
+    """Add one decoded list of tagged-union events (D.X structs)."""
+    X = D.X
+    xs = [e for e in events if e.__class__ is X]
+    _count_phases(cols, events, X, len(xs))
     _add_x(cols, xs)
 
 
+def _add_rows(cols: _Columns, events: list, rows: list) -> None:
+    """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS)."""
+    _count_phases(cols, events, D.row_capture().row_class, len(rows))
+    if rows:
+        _add_fields(cols, *zip(*rows))
+
+
 def _add_x(cols: _Columns, xs: list) -> None:
-    """Turn complete events into column pieces; keep full args only for collective candidates."""
+    """Add complete-event structs (typed or lenient)."""
+    fields = [list(map(attrgetter(f), xs)) for f in D.ROW_FIELDS[:7]]
+    args = fields[6]
+    if cols.lenient:
+        args = fields[6] = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
+    fields += [list(map(attrgetter(f), args)) for f in D.ROW_FIELDS[7:]]
+    _add_fields(cols, *fields)
+
+
+def _add_fields(cols: _Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
+                flops, coll) -> None:
+    """Turn one batch of complete events' fields into column pieces; keep full args only for
+    collective candidates."""
     lenient = cols.lenient
-    n = len(xs)
+    n = len(names)
     base = cols.n
-    names = list(map(attrgetter("name"), xs))
-    cats = list(map(attrgetter("cat"), xs))
     if lenient:
         names = [v if isinstance(v, str) else ("" if v is None else str(v)) for v in names]
         cats = [v if (v is None or isinstance(v, str)) else str(v) for v in cats]
@@ -426,21 +458,16 @@ def _add_x(cols: _Columns, xs: list) -> None:
     cols.cat_codes.append(_intern(cols.cats, cats))
     del cats
 
-    both, both_ok = D.raws_to_ns(list(map(attrgetter("ts"), xs)) + list(map(attrgetter("dur"), xs)))
+    both, both_ok = D.raws_to_ns(tuple(ts) + tuple(dur))
     cols.ts.append(both[:n])
     cols.ts_ok.append(both_ok[:n])
     cols.dur.append(both[n:])
     cols.dur_ok.append(both_ok[n:])
-    del both, both_ok
-    cols.pid.append(cols.pid_ids.convert(list(map(attrgetter("pid"), xs))))
-    cols.tid.append(cols.tid_ids.convert(list(map(attrgetter("tid"), xs))))
+    del both, both_ok, ts, dur
+    cols.pid.append(cols.pid_ids.convert(pids))
+    cols.tid.append(cols.tid_ids.convert(tids))
 
-    args = list(map(attrgetter("args"), xs))
-    if lenient:
-        args = [a if isinstance(a, D.LXArgs) else D.EMPTY_LARGS for a in args]
-
-    def int_col(attr: str) -> pa.Array:
-        vals = list(map(attrgetter(attr), args))
+    def int_col(vals) -> pa.Array:
         if not lenient:
             try:
                 return pa.array(vals, pa.int64())
@@ -448,14 +475,11 @@ def _add_x(cols: _Columns, xs: list) -> None:
                 pass  # some values are text ("0x0", "7"): coerce one by one
         return pa.array([_to_int(v) for v in vals], pa.int64())
 
-    cols.ext.append(pc.coalesce(int_col("external_id"), int_col("external_id_old")))
-    cols.corr.append(int_col("correlation"))
-    cols.stream.append(int_col("stream"))
-    cols.device.append(int_col("device"))
-    flops_vals = list(map(attrgetter("flops"), args))
-    cols.flops.append(pa.array([_to_float(v) for v in flops_vals] if lenient else flops_vals, pa.float64()))
-    del flops_vals
-    coll = list(map(attrgetter("coll_name"), args))
+    cols.ext.append(pc.coalesce(int_col(ext), int_col(ext_old)))
+    cols.corr.append(int_col(corr))
+    cols.stream.append(int_col(stream))
+    cols.device.append(int_col(device))
+    cols.flops.append(pa.array([_to_float(v) for v in flops] if lenient else flops, pa.float64()))
     has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
     cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
