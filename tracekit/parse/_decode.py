@@ -171,67 +171,44 @@ def decimal_text_to_ns(text: str | bytes) -> int | None:
     return int((d * 1000).to_integral_value(rounding=ROUND_HALF_UP))
 
 
-def _plain_decimals_to_ns(n: int, blob: bytes) -> np.ndarray | None:
-    """ns values of the n texts joined by ',' in `blob` when every text is a plain decimal
-    ([-]digits[.digits], at most 3 fraction digits, at most 18 digits); None otherwise (the general
-    path then decides text by text)."""
-    chars = np.frombuffer(blob, np.uint8)
-    is_sep = chars == 44  # ','
-    seps = np.flatnonzero(is_sep)
-    if len(seps) != n - 1:
-        return None  # a text holds a comma (not a number)
-    starts = np.empty(n, np.int64)
-    starts[0] = 0
-    starts[1:] = seps + 1
-    ends = np.empty(n, np.int64)
-    ends[:-1] = seps
-    ends[-1] = len(chars)
-    if not (ends > starts).all():
-        return None  # empty (missing) texts
-    is_dot = chars == 46  # '.'
-    dots = np.flatnonzero(is_dot)
-    frac = np.zeros(n, np.int64)
-    removed = np.zeros(n, np.int64)  # characters dropped before each text's start
-    removed[1:] = np.arange(1, n)
-    if len(dots):
-        seg = np.searchsorted(seps, dots)  # text index = separators before the dot
-        if len(seg) > 1 and not (seg[1:] > seg[:-1]).all():
-            return None  # two dots in one text
-        frac[seg] = ends[seg] - dots - 1
-        if frac.max() > 3:
-            return None
-        dot_before = np.zeros(n, np.int64)
-        dot_before[seg[seg + 1 < n] + 1] = 1
-        removed += np.cumsum(dot_before)
-        is_sep |= is_dot
-    digits_chars = chars[~is_sep]
-    offsets = np.empty(n + 1, np.int64)
-    offsets[:-1] = starts - removed
-    offsets[-1] = len(digits_chars)
-    if (np.diff(offsets) > 18).any():
-        return None
-    digits = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(digits_chars))
+_DECIMAL_NS = pa.decimal128(20, 3)  # µs with 3 fraction digits: the unscaled integer is the ns value
+
+
+def _plain_decimals_to_ns(raws) -> np.ndarray | None:
+    """ns values when Arrow parses every text as a decimal with at most 3 fraction digits that fits
+    int64 ns (one vectorised cast; the decimal's unscaled integer is the ns count); None otherwise
+    (the general path then decides text by text)."""
+    n = len(raws)
+    lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+    if not lens.all():
+        return None  # missing (empty) texts
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    texts = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))
     try:
-        vals = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+        dec = pc.cast(texts, _DECIMAL_NS)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None  # signs other than '-', exponents, quotes, empty fractions...
-    if (np.abs(vals) > _NS_LIMIT[frac]).any():
+        return None  # sub-ns digits, quotes, non-numbers...
+    words = np.frombuffer(dec.buffers()[1], dtype=np.int64, count=2 * n, offset=16 * dec.offset)
+    low, high = words[0::2], words[1::2]
+    if not (high == (low >> 63)).all():
         return None  # beyond int64 nanoseconds
-    return vals * _POW[frac]
+    return np.ascontiguousarray(low)
 
 
 def raws_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
     """Convert JSON number texts (msgspec.Raw or None) to exact int64 ns.
 
     Returns (values, valid): invalid/missing entries have valid False and value 0. Vectorised with
-    pyarrow: drop the '.', parse as an integer, scale by 10**(3 - fraction digits). Entries with
-    more than 3 fraction digits, exponents or quotes take the exact Decimal path.
+    pyarrow: one decimal128(20, 3) cast when every text is a plain number; otherwise drop the '.',
+    parse as an integer, scale by 10**(3 - fraction digits), and send entries with more than 3
+    fraction digits, exponents, quotes or int64 overflow to the exact Decimal path.
     """
     n = len(raws)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
     try:
-        fast = _plain_decimals_to_ns(n, b",".join(raws))
+        fast = _plain_decimals_to_ns(raws)
     except TypeError:  # None entries (missing values from a caller's lenient decoding)
         raws = [b"" if r is None else r for r in raws]
         fast = None
