@@ -2,8 +2,11 @@
 
 An instance is one collective call seen by every member of its group, keyed by `pg_name` + `seq`
 (when a source has no seq, by position within the group on each rank, `seq_basis: "order"`, and
-only when the ops at each position agree). P2P ops are not matched (their seq counters are per
-pair of ranks, not per group). Arrival = `enqueue_ts` (the caller issued it) or `ts`; end = ts + dur.
+only when the ops at each position agree). P2P ops are not collective instances (their seq counters
+are per rank, not per group); instead each send is paired with its receive (the k-th send from src
+to dst on a group with the k-th recv at dst from src, by arrival order) and the earlier side's time
+until the later side was issued counts as waiting for a late peer (gloo/NCCL move the data only
+once both sides are posted), like a collective's wait, so exposed-transfer figures exclude it. Arrival = `enqueue_ts` (the caller issued it) or `ts`; end = ts + dur.
 Skew = last arrival − first arrival; transfer = last end − last arrival; a rank's wait = last
 arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival.
 
@@ -21,6 +24,7 @@ Section `matching`:
      "seq_basis": {"args|log|order": count of instances},
      "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
      "op_mismatches": int, "p2p_skipped": int,
+     "p2p": {"pairs": int, "unpaired": int, "wait_ns": int},
      "by_group": [{"pg_name", "dim", "op", "instances", "skew_ns": {"mean", "p50", "p95", "max"},
                    "transfer_ns": {"mean", "p50", "p95", "max"}}],
      "per_rank": [{"rank", "instances", "last_count", "delay_ns", "wait_ns"}],
@@ -47,7 +51,7 @@ from tracekit.tables.store import RunStore
 SOURCE_PRIORITY = ("comms-log", "flight-recorder", "kineto")
 LOG_SOURCES = ("comms-log", "flight-recorder")
 COLUMNS = ["rank", "source", "pg_name", "seq", "seq_source", "op", "is_p2p", "bytes", "ts", "dur",
-           "enqueue_ts", "caller", "step", "group_size"]
+           "enqueue_ts", "caller", "step", "group_size", "peer"]
 
 
 @dataclass
@@ -65,7 +69,8 @@ class MatchedCollectives:
     trace_shift: dict[int, int | None]
     """Per rank: add to this rank's raw matching times to put them on its trace clock (None: unknown)."""
     wait_intervals: dict[int, "iv.IntervalSet"]
-    """Per rank, trace clock: waiting for the group's last arrival (ranks with a known shift only)."""
+    """Per rank, trace clock: waiting for the group's last arrival, or for a P2P op's peer to post the
+    other side (ranks with a known shift only)."""
 
 
 def load_collectives(store: RunStore) -> pd.DataFrame:
@@ -144,7 +149,8 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     if not per_rank:
         ctx.cache["clocks"] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
         section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
-                        "p2p_skipped": 0, "by_group": [], "per_rank": [], "top_skew": []})
+                        "p2p_skipped": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
+                        "by_group": [], "per_rank": [], "top_skew": []})
         return None, section
     chosen = df["rank"].map(per_rank)
     # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
@@ -156,6 +162,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
         "kineto:" + df.loc[extra[extra].index.intersection(df.index), "pg_name"].fillna("?").astype(str))
     p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
     section["p2p_skipped"] = int(p2p.sum())
+    p2p_df = df[p2p].copy()
     df = df[~p2p].copy()
     df["pg_name"] = df["pg_name"].fillna("?")
     df["arrival"] = df["enqueue_ts"].fillna(df["ts"])
@@ -191,6 +198,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     df["arrival_raw"] = df["arrival"].astype("int64")
     df["arrival"] = (df["arrival"] - off).astype("int64")
     df["end"] = (df["end"] - off).astype("Int64")
+    p2p_rows, section["p2p"] = _pair_p2p(p2p_df, offsets)
 
     g = df.groupby("key")
     df["last"] = g["arrival"].transform("max")
@@ -247,8 +255,43 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     for frame, cols in ((rows, ("end", "step", "bytes")), (inst, ("step", "last_end", "group_size"))):
         for c in cols:
             frame[c] = frame[c].astype("float64")
+    waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
     return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
-                              wait_intervals=_wait_intervals(rows, shifts)), section
+                              wait_intervals=_wait_intervals(waits_in, shifts)), section
+
+
+def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
+    each side its wait for the other: rows (rank, source, arrival_raw, wait) plus counts."""
+    empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "source": pd.Series(dtype="object"),
+                          "arrival_raw": pd.Series(dtype="int64"), "wait": pd.Series(dtype="int64")})
+    op = p2p["op"].fillna("").astype(str)
+    is_send, is_recv = op.str.contains("send"), op.str.contains("recv")
+    arrival = p2p["enqueue_ts"].fillna(p2p["ts"])
+    ok = p2p["peer"].notna() & arrival.notna() & (is_send ^ is_recv)
+    p = pd.DataFrame({"rank": p2p["rank"].astype("int64"), "peer": p2p["peer"].astype("float64"),
+                      "pg_name": p2p["pg_name"].fillna("?").astype(str), "source": p2p["source"],
+                      "send": is_send, "arrival_raw": arrival.astype("float64")})[ok]
+    if p.empty:
+        return empty, {"pairs": 0, "unpaired": int(len(p2p)), "wait_ns": 0}
+    p["peer"] = p["peer"].astype("int64")
+    p["arrival_raw"] = p["arrival_raw"].astype("int64")
+    p["arrival"] = p["arrival_raw"] - p["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
+    p["src"] = np.where(p["send"], p["rank"], p["peer"])
+    p["dst"] = np.where(p["send"], p["peer"], p["rank"])
+    p = p.sort_values(["src", "dst", "pg_name", "send", "arrival"], kind="stable")
+    p["k"] = p.groupby(["src", "dst", "pg_name", "send"]).cumcount()
+    keys = ["src", "dst", "pg_name", "k"]
+    pairs = p[p["send"]].merge(p[~p["send"]], on=keys, suffixes=("_s", "_r"))
+    last = np.maximum(pairs["arrival_s"].to_numpy(), pairs["arrival_r"].to_numpy())
+    out = pd.concat([
+        pd.DataFrame({"rank": pairs["rank_s"], "source": pairs["source_s"], "arrival_raw": pairs["arrival_raw_s"],
+                      "wait": last - pairs["arrival_s"].to_numpy()}),
+        pd.DataFrame({"rank": pairs["rank_r"], "source": pairs["source_r"], "arrival_raw": pairs["arrival_raw_r"],
+                      "wait": last - pairs["arrival_r"].to_numpy()})], ignore_index=True)
+    out["wait"] = out["wait"].astype("int64")
+    return out, {"pairs": int(len(pairs)), "unpaired": int(len(p2p) - 2 * len(pairs)),
+                 "wait_ns": int(out["wait"].sum())}
 
 
 def row_trace_shift(rows: pd.DataFrame, shifts: dict[int, int | None]) -> np.ndarray:
