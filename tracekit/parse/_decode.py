@@ -3,7 +3,9 @@
 Fast path (DESIGN §9): a tagged union on `ph`, one Struct per phase, so flow/instant events cost
 almost nothing and `X` events keep only the fields the tables need. Timestamps stay `msgspec.Raw`
 (the number's text) so they convert to nanoseconds exactly. An unknown `ph` or an unexpected field
-type makes the typed decode fail; `decode_lenient` then accepts anything and the caller coerces.
+type makes the typed decode fail; `LENIENT_DECODER` then accepts anything and the caller coerces.
+`decode_event_stream`/`decode_event_chunks` decode the events array piece by piece, and
+`row_capture` gives a decoder whose complete events emit their fields as rows while being built.
 """
 
 from __future__ import annotations

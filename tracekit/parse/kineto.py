@@ -1,8 +1,12 @@
 """Kineto JSON trace (plain or .gz) → the per-rank tables of DESIGN §2.
 
-One pass of msgspec decoding (see `_decode`), then columns are built once and normalised once:
-categories lower-cased and unified across schema versions, pid/tid made integers, times exact
-int64 ns. Collective calls are assembled in `kineto_collectives`.
+The file is streamed (read or gunzipped block by block) and its `traceEvents` array decoded by
+msgspec in ~1 MB chunks cut at event boundaries (see `_decode`); complete events hand their fields to
+a row list as they are built, and each chunk becomes column pieces before the next is decoded, so
+neither the JSON text nor all event objects are ever held at once. Unusual layouts, lenient typing
+and unreadable input take the whole-document path, which reports errors precisely. Columns are
+normalised once: categories lower-cased and unified across schema versions, pid/tid made integers,
+times exact int64 ns. Collective calls are assembled in `kineto_collectives`.
 
 Rank placeholder: when the trace states no rank and the caller passes none, the `rank` column of
 every table holds -1 (`RANK_UNKNOWN`) and `KinetoParse.table_rank` is -1; the run assembler
@@ -15,8 +19,8 @@ import gc
 import re
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from collections import Counter
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, is_, is_not
 from pathlib import Path
