@@ -21,9 +21,11 @@ STEP = 10 * MS
 
 
 def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000,
-             late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None):
+             late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None, second_op: bool = False):
     """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs);
-    `routed_tokens`: per rank, tokens its MoE router assigns per step (one layer, two experts)."""
+    `routed_tokens`: per rank, tokens its MoE router assigns per step (one layer, two experts);
+    `second_op`: a second all-reduce per step (8.5 ms, rank 0 last by 0.1 ms, ends at 9 ms), so the late
+    rank is last at only half of its collectives."""
     ranks, steps, events, coll, routing = [], [], [], [], []
     main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
     for r in range(3):
@@ -51,6 +53,10 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
                       "enqueue_ts": arrival, "caller": "dp:grad_all_reduce"}
             coll.append({**common, "source": "comms-log", "seq": s + 1, "seq_source": "log"})
             coll.append({**common, "source": "kineto", "seq": None})
+            if second_op:
+                a2 = base + 8 * MS + MS // 2 + (MS // 10 if r == 0 else 0)
+                common2 = {**common, "ts": a2, "enqueue_ts": a2, "dur": base + 9 * MS - a2}
+                coll.append({**common2, "source": "comms-log", "seq": 100 + s, "seq_source": "log"})
         # a p2p op is never matched; a set-up barrier outside any step is not a straggler signal
         coll.append({"rank": r, "source": "comms-log", "pg_name": "g", "op": "send", "is_p2p": True, "seq": 1,
                      "ts": 50 * MS, "dur": MS, "enqueue_ts": 50 * MS})
@@ -154,3 +160,19 @@ def test_analysis_json_validates_against_the_schema(tmp_path):
     assert {f["severity"] for f in a["findings"]} <= {"info", "warning", "critical"}
     savings = [f["est_saving_ns"] for f in a["findings"]]
     assert savings == sorted(savings, reverse=True)
+
+
+def test_counted_extra_ops_warn_although_the_rank_is_last_at_only_half_its_collectives(tmp_path):
+    # rank 2 is last at the 4 slow all-reduces, rank 0 at the 4 extra ones: half of rank 2's collectives,
+    # under the 75% last-share guard, but it runs more ops than its peers (counted work, not timing noise)
+    a = analyze_store(scenario(tmp_path / "more_ops", second_op=True))
+    (f,) = _find(a, "straggler")
+    assert f["ranks"] == [2] and f["evidence"]["cause"] == "compute"
+    assert f["evidence"]["last_count"] == 4 and f["evidence"]["instances"] == 8
+    assert f["evidence"]["last_share"] == 0.5 and f["evidence"]["last_chance"] == round(1 / 3, 4)
+    # 3 mm + 2 views per step against 1 mm + 2 views; 3 ms of a 10 ms step
+    assert f["evidence"]["op_count_ratio"] == round(5 / 3, 4) and f["severity"] == "warning"
+    # the same delay with the same ops as its peers has no counted evidence: the last-share guard holds
+    b = analyze_store(scenario(tmp_path / "same_ops", second_op=True, slow_ops=1))
+    (g,) = _find(b, "straggler")
+    assert g["ranks"] == [2] and g["evidence"]["op_count_ratio"] == 1.0 and g["severity"] == "info"

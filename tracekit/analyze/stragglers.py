@@ -5,8 +5,9 @@ last at, of how long the group waited for it beyond the second-to-last member (c
 of the group's previous collective), per step. A `straggler` finding needs the delay to be a real
 share of the step (`min_delay_fraction`) and to dominate the other ranks' (`min_dominance`) —
 on a noisy shared box every rank is sometimes last; a straggler is last far more than the rest.
-Warning/critical need a large delay (25%/50% of the step), strong dominance and being last at
-most of its collectives: on the 2-core box a clean run's slowest rank routinely holds the group
+Warning/critical need a large delay (25%/50% of the step) and either counted extra work (a
+"compute" cause with more ops than its peers) or strong dominance and being last at
+most of its collectives (`last_chance` reports the share expected by chance, 1/group size): on the 2-core box a clean run's slowest rank routinely holds the group
 back 10-20% of the step (CPU contention), and that is reported as info. A "contention" straggler
 (same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
 of its own (the original is kept in the evidence), whatever its size: the host's scheduler, not
@@ -29,7 +30,7 @@ The excess must explain at least half of the delay.
 Section `stragglers`:
     {"steps_counted": int, "mean_step_ns": int,
      "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
-     "ranks": [{"rank", "instances", "last_count", "last_share", "delay_ns_per_step",
+     "ranks": [{"rank", "instances", "last_count", "last_share", "last_chance", "delay_ns_per_step",
                 "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
@@ -330,6 +331,8 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
     steps, step_ns = _steps_and_step_ns(ctx, matched)
     inst = matched.instances
     counts = matched.rows.groupby("rank").size()
+    # share of its instances a rank would be last at by chance (1/members per instance)
+    chance = (1.0 / matched.rows["key"].map(inst.set_index("key")["n"])).groupby(matched.rows["rank"]).mean()
     rows = []
     for r, n in counts.items():
         lasts = inst[inst["last_rank"] == r]
@@ -337,6 +340,7 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
         delay = int(lasts["delay"].sum() / steps)
         rows.append({"rank": int(r), "instances": int(n), "last_count": int(len(lasts)),
                      "last_share": round(len(lasts) / n, 4) if n else 0.0,
+                     "last_chance": round(float(chance.get(r, 0.0)), 4),
                      "delay_ns_per_step": delay,
                      "delay_fraction": round(delay / step_ns, 4) if step_ns else None,
                      "by_dim": by_dim})
@@ -356,8 +360,13 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
         # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
         # "last at most collectives" guard against timing noise; counted work not the noise floor either
         evidenced = cause in ("data_load", "uneven_work")
-        strong = ((row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
-                  and (row["last_share"] >= cfg.warning_last_share or evidenced))
+        # "compute" with more ops than its peers is counted extra work too (CPU contention cannot add
+        # ops); being last at most collectives is then no fair test either: in a size-2 group a rank is
+        # last half the time by chance, so a real straggler in small groups stays well under 75%
+        counted_ops = (cause == "compute" and (ev.get("op_count_ratio") or 0.0) >= cfg.more_work_ratio)
+        strong = counted_ops or (
+            (row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
+            and (row["last_share"] >= cfg.warning_last_share or evidenced))
         warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
                      else cfg.warning_delay_fraction)
         if strong and frac >= cfg.critical_delay_fraction:
@@ -382,7 +391,8 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
                      f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
                      f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
             evidence={"last_count": row["last_count"], "instances": row["instances"],
-                      "last_share": row["last_share"], "delay_ns_per_step": row["delay_ns_per_step"],
+                      "last_share": row["last_share"], "last_chance": row["last_chance"],
+                      "delay_ns_per_step": row["delay_ns_per_step"],
                       "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
                       "cause": cause, **{k: v for k, v in ev.items()}},
             recommendation=_RECOMMEND[cause].format(r=r),
