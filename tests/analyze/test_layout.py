@@ -101,7 +101,7 @@ def test_flattened_dp_cp_group_is_labelled_and_does_not_set_the_mesh(tmp_path):
     by_name = {g["pg_name"]: g for g in sec["groups"]}
     assert by_name["5"]["dim"] == "dp" and by_name["5"]["flattened"] == ["dp", "cp"]
     assert all("flattened" not in by_name[n] for n in "1234")
-    assert sec["mesh_shape"] == {"cp": 2, "dp": 2}
+    assert list(sec["mesh_shape"].items()) == [("dp", 2), ("cp", 2)]  # outermost first
     coords = {r["rank"]: r["coords"] for r in sec["ranks"]}
     assert coords == {r: {"dp": r // 2, "cp": r % 2} for r in range(4)}
 

@@ -242,6 +242,10 @@ def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             dims_from[dim] = g["inferred_from"]
         for i, r in enumerate(g["ranks"]):
             coords.setdefault(r, {}).setdefault(dim, i)
+    # outermost first, as DeviceMesh/torchtitan order them (pp, dp, fsdp, cp, ep, tp), then any others
+    order = ("pp", "dp", "fsdp", "cp", "ep", "tp")
+    mesh_shape = dict(sorted(mesh_shape.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
+                                                                  else len(order), kv[0])))
     section = {
         "world_size": world_size,
         "groups": out_groups,
