@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_chromium.sh
 export TRACEKIT_SHARED_TRACES=${TRACEKIT_SHARED_TRACES:-$(cd .. && pwd)/shared/traces}
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -rsx -p no:cacheprovider "$@"
