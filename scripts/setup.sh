@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing $TORCH_SPEC" >&2
   "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
-  "$VENV/bin/python" -c "import torch" # fail here, clearly, if the torch install did not work
+  "$VENV/bin/python" -c "import torch" 2>/dev/null || { echo "[setup] torch did not install" >&2; exit 1; }
 fi
 echo "[setup] installing tracekit[runtime,hta,ray,test]" >&2
 "$VENV/bin/python" -m pip install -q -e ".[runtime,hta,ray,test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
