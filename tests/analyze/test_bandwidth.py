@@ -86,6 +86,42 @@ def test_clean_run_has_no_finding(tmp_path):
     assert res.findings == []
 
 
+def test_the_same_ranks_moving_more_bytes_faster_is_no_reference(tmp_path):
+    # one pair of ranks: its 32 KiB all-reduces take 5 ms, its 1 MiB ones 1 ms. The same links moved more
+    # bytes faster, so the slow calls met something other than a slow link (CPU starvation while they
+    # overlap the backward pass): no low_bus_bandwidth finding
+    store = _store(tmp_path / "s", [("dp0", "dp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
+                                    ("dp0", "dp", [0, 1], "all_reduce", 1 << 20, 1 * MS, 1),
+                                    ("dp_cp", "dp", [0, 1], "all_reduce", 1 << 20, 1 * MS, 1)])
+    res = run(store)
+    assert res.findings == [] and not any(r["low"] for r in res.section["rows"])
+    # another pair (other links) moving as much as fast is a reference
+    store = _store(tmp_path / "t", [("dp0", "dp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
+                                    ("dp1", "dp", [2, 3], "all_reduce", 1 << 20, 1 * MS, 1)])
+    (f,) = run(store).findings
+    assert f.dim == "dp" and f.evidence["groups"] == ["dp0"]
+
+
+def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
+    import pandas as pd
+
+    from tracekit.analyze.engine import AnalyzerResult
+
+    store = _store(tmp_path / "s", [("tp0", "tp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
+                                    ("dp0", "dp", [0, 2], "all_reduce", 1 << 20, 1 * MS, 1)])
+    ctx = AnalysisContext(config=AnalysisConfig())
+    # the unoverlapped analyzer found 1.5 ms of each slow tp call exposed on rank 1 (0.5 ms on rank 0)
+    rows = [{"rank": r, "pg_name": "tp0", "op": "all_reduce", "bytes": 32768, "steps": 2,
+             "transfer_exposed_ns": (3 if r == 1 else 1) * MS // 2} for r in (0, 1) for _ in range(8)]
+    ctx.cache["unoverlapped_instances"] = pd.DataFrame(rows)
+    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_dim_op": []})
+    (f,) = analyze_bandwidth(store, ctx).findings
+    # 16 ms per step lost against the reference, of which 4 calls × 1.5 ms were exposed on the worst rank
+    assert f.evidence["lost_ns_per_step"] == {"tp0": 16 * MS}
+    assert f.est_saving_ns == 6 * MS and f.evidence["exposed_bound_ns_per_step"] == 6 * MS
+    assert "exposed transfer time" in f.evidence["saving_formula"] and f.severity is Severity.WARNING
+
+
 def test_user_peak(tmp_path):
     nbytes = 4 << 20
     store = _store(tmp_path / "s", [("dp0", "dp", [0, 1, 2, 3], "all_gather", nbytes, 2 * MS, 1),

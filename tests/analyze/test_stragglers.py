@@ -135,6 +135,22 @@ def test_same_ops_on_bigger_inputs_is_compute_not_contention(tmp_path):
     assert f["severity"] == "warning" and f["est_saving_ns"] == 3 * MS
 
 
+def test_same_ops_on_equal_counted_work_is_contention_even_with_normal_speed_views(tmp_path):
+    # as above (same ops, views at normal speed: timing alone cannot tell bigger work from a slower
+    # host), but the router assigned every rank the same tokens: the work is counted equal, so the
+    # longer compute is the host's, not the inputs' (a clean 2-rank run on the shared box looks so)
+    a = analyze_store(scenario(tmp_path, slow_ops=1, hosts=("vm", "vm", "vm"),
+                               routed_tokens={0: 256, 1: 256, 2: 256}))
+    (f,) = _find(a, "straggler")
+    assert f["ranks"] == [2] and f["evidence"]["cause"] == "contention"
+    assert f["evidence"]["counted_work_equal"] is True and f["evidence"]["shape_free_op_slowdown"] == 1.0
+    assert f["severity"] == "info" and f["est_saving_ns"] == 0  # one host: its scheduler decides who is late
+    # the same on separate hosts keeps its severity (a noisy neighbour or a throttled device there)
+    b = analyze_store(scenario(tmp_path / "b", slow_ops=1, routed_tokens={0: 256, 1: 256, 2: 256}))
+    (g,) = _find(b, "straggler")
+    assert g["evidence"]["cause"] == "contention" and g["severity"] == "warning"
+
+
 def test_same_ops_on_more_routed_tokens_is_uneven_work_and_warns_below_the_noise_floor(tmp_path):
     # 1.5 ms late per 10 ms step (15%: below the 25% timing-noise floor), its views even 3x slower
     # (timing says "contention"), but its router assigned 2x the peers' tokens: counted, so uneven work

@@ -14,10 +14,17 @@ is below — a slow link slows every call, CPU contention only some —
  - LOW_FRACTION_OF_PEAK × the peak the user gave for that group name or dim (`config.peak_gbps`),
    judged only for buckets ≥ PEAK_MIN_BYTES (small messages are latency-bound), or else
  - 1 / LOW_RATIO_OF_BEST of the best the same run reached: the fastest median time any (group, op,
-   bucket) of the run took to move at least as many bus bytes (bus bytes = bytes × factor, which puts
-   the ops on one scale).
+   bucket) of the run over *other members* (another rank set, so another set of links) took to move
+   at least as many bus bytes (bus bytes = bytes × factor, which puts the ops on one scale). The same
+   ranks moving as much faster prove their links fine: the slow calls then met something else (on
+   CPU, gloo threads starved by the backward pass they overlap), which `unoverlapped` reports.
 Messages under MIN_JUDGED_BYTES are latency-bound and never judged.
-The saving is the time above what the reference bandwidth would take, per step.
+The saving is the time above what the reference bandwidth would take, per step, bounded by the
+exposed transfer time of the same (group, op, size bucket) on its worst rank (the `unoverlapped`
+analyzer's instances, when it ran): a slow
+collective hidden behind compute costs no step time (on CPU the gloo threads share cores with the
+backward pass, so overlapped all-reduces run slower than exposed ones; GPU kernels that overlap
+compute lose SMs the same way). Severity follows the bounded saving.
 
 Section `bandwidth` (JSON):
 {"time_basis": "transfer" | "min_duration",
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -173,15 +180,23 @@ def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             "bus_bytes_p50": float(np.median(b) * f) if f is not None else None,
             "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
         })
-    _judge(table, groups, ctx.config.peak_gbps, nsteps)
-    findings = _findings(table, step_ns, store)
+    members = {g["pg_name"]: tuple(sorted(g["ranks"])) if g["ranks"] else None
+               for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
+    _judge(table, groups, ctx.config.peak_gbps, nsteps, members)
+    findings = _findings(table, step_ns, store, _exposed_per_step(ctx))
     for row in table:
         row.pop("bus_bytes_p50", None)
     return AnalyzerResult(findings=findings, section={"time_basis": basis, "rows": table})
 
 
-def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int) -> None:
+def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,
+           members: dict[str, tuple[int, ...] | None] | None = None) -> None:
     """Fill reference bandwidth, `low` and the time lost against the reference per row."""
+    members = members or {}
+
+    def links(pg: str) -> Any:  # a group's member set (its name when the members are unknown)
+        return members.get(pg) or pg
+
     judged = [r for r in table if r["op"] not in NOT_FLAGGED_OPS and r["busbw_gbps_p50"] is not None
               and r["bytes_p50"] >= MIN_JUDGED_BYTES]
     for row in judged:
@@ -192,7 +207,8 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             ref, why, low_at = float(peak), f"peak given for {row['pg_name'] if row['pg_name'] in peaks else row['dim']}", \
                 LOW_FRACTION_OF_PEAK
         else:
-            better = [r for r in judged if r["bus_bytes_p50"] >= row["bus_bytes_p50"] and r is not row]
+            better = [r for r in judged if r["bus_bytes_p50"] >= row["bus_bytes_p50"]
+                      and links(r["pg_name"]) != links(row["pg_name"])]
             if not better:
                 continue
             best = min(better, key=lambda r: r["time_ns_p50"])
@@ -208,7 +224,33 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             row["lost_ns_per_step"] = lost / nsteps
 
 
-def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore) -> list[Finding]:
+def _exposed_per_step(ctx: AnalysisContext) -> Callable[[str, str, str, list[int]], float] | None:
+    """Exposed transfer time per step of a (group, op) and size buckets, on the worst rank, from the
+    `unoverlapped` analyzer's instances (falls back to its (dim, op) figure for instances without a
+    size); None when it did not run."""
+    inst = ctx.cache.get("unoverlapped_instances")
+    sec = ctx.section("unoverlapped")
+    if inst is None or sec is None:
+        return None
+    by_dim_op = {(str(r["dim"] or "unknown"), r["op"]): float(r.get("transfer_exposed_ns_per_step") or 0.0)
+                 for r in sec.get("by_dim_op", [])}
+    sized = inst[inst["bytes"].notna()] if len(inst) else inst
+
+    def bound(pg: str, dim: str, op: str, buckets: list[int]) -> float:
+        mine = sized[(sized["pg_name"] == pg) & (sized["op"] == op)] if len(sized) else sized
+        if not len(mine):
+            return by_dim_op.get((dim, op), 0.0)
+        mine = mine[mine["bytes"].map(lambda b: _bucket(int(b)) in buckets)]
+        if not len(mine):
+            return 0.0
+        per_rank = mine.groupby("rank").apply(lambda g: g["transfer_exposed_ns"].sum() / max(int(g["steps"].iloc[0]), 1),
+                                              include_groups=False)
+        return float(per_rank.max())
+    return bound
+
+
+def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore,
+              exposed: Callable[[str, str, str, list[int]], float] | None = None) -> list[Finding]:
     by_dim: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in table:
         if r["low"]:
@@ -221,7 +263,13 @@ def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore) -> l
             per_group[r["pg_name"]] += r["lost_ns_per_step"]
         worst_pg = max(per_group, key=per_group.get)
         lost = per_group[worst_pg]  # groups of one dim run side by side: the worst bounds the step
-        frac = lost / step_ns if step_ns else 0.0
+        bound = None
+        if exposed is not None:
+            mine = [r for r in rows if r["pg_name"] == worst_pg]
+            bound = sum(exposed(worst_pg, dim, op, [r["bucket_bytes"] for r in mine if r["op"] == op])
+                        for op in {r["op"] for r in mine})
+        saving = lost if bound is None else min(lost, bound)  # = the advice's saving
+        frac = saving / step_ns if step_ns else 0.0
         if step_ns and frac < SAVING_INFO:
             continue
         sev = Severity.CRITICAL if frac >= SAVING_CRITICAL else Severity.WARNING if frac >= SAVING_WARNING \
@@ -229,15 +277,17 @@ def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore) -> l
         worst = max((r for r in rows if r["pg_name"] == worst_pg), key=lambda r: r["lost_ns_per_step"])
         advice = recommend.advise_bandwidth(group=worst_pg, dim=dim, busbw_gbps=worst["busbw_gbps_p50"],
                                             reference_gbps=worst["reference_gbps"], reference=worst["reference"],
-                                            lost_ns=lost)
+                                            lost_ns=lost, exposed_bound_ns=bound)
         ranks = sorted({rk for pg in per_group for rk in pg_ranks.get(pg, [])})
         summary = (f"{dim} collectives reach {worst['busbw_gbps_p50']:.3f} GB/s bus bandwidth "
                    f"({worst['op']}, ~{worst['bytes_p50']} B) vs {worst['reference_gbps']:.3f} GB/s reference; "
-                   f"{lost / 1e6:.1f} ms lost per step")
+                   f"{lost / 1e6:.1f} ms lost per step"
+                   + (f", {saving / 1e6:.1f} ms of it exposed" if bound is not None and bound < lost else ""))
         evidence = {"groups": sorted(per_group), "lost_ns_per_step": {k: int(v) for k, v in per_group.items()},
                     "op": worst["op"], "bucket_bytes": worst["bucket_bytes"],
                     "busbw_gbps": worst["busbw_gbps_p50"], "reference_gbps": worst["reference_gbps"],
-                    "reference": worst["reference"], "step_ns": int(step_ns), **advice.evidence}
+                    "reference": worst["reference"], "step_ns": int(step_ns),
+                    "exposed_bound_ns_per_step": None if bound is None else int(bound), **advice.evidence}
         out.append(Finding(kind=FindingKind.LOW_BUS_BANDWIDTH, severity=sev, summary=summary, ranks=tuple(ranks),
                            dim=dim, evidence=evidence, recommendation=advice.text,
                            est_saving_ns=int(advice.saving_ns)))

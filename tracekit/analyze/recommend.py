@@ -264,13 +264,18 @@ def advise_placement(*, dim: str, group_ranks: Sequence[int], hosts: Sequence[st
 
 
 def advise_bandwidth(*, group: str, dim: str | None, busbw_gbps: float, reference_gbps: float,
-                     reference: str, lost_ns: float) -> Advice:
-    """Advice for a group whose collectives are slower than the run (or the user's peak) shows possible."""
+                     reference: str, lost_ns: float, exposed_bound_ns: float | None = None) -> Advice:
+    """Advice for a group whose collectives are slower than the run (or the user's peak) shows possible.
+    The saving is the time lost against the reference, at most the exposed transfer time when known."""
     text = (f"Collectives of group {group} ({dim or 'unknown dim'}) reach {busbw_gbps:.2f} GB/s bus bandwidth vs "
             f"{reference_gbps:.2f} GB/s ({reference}): check that group's links/NIC, its transport "
             "(NCCL_IB/NCCL_NET settings, GPUDirect), and that it does not cross a slower host boundary")
-    return Advice(text=text, saving_ns=max(0.0, float(lost_ns)), evidence={
-        "saving_formula": f"Σ(time − bus bytes/reference bandwidth) per step = {lost_ns:.0f}"})
+    formula = f"Σ(time − bus bytes/reference bandwidth) per step = {lost_ns:.0f}"
+    saving = float(lost_ns)
+    if exposed_bound_ns is not None:
+        saving = min(saving, float(exposed_bound_ns))
+        formula = f"min({formula}, exposed transfer time per step = {exposed_bound_ns:.0f})"
+    return Advice(text=text, saving_ns=max(0.0, saving), evidence={"saving_formula": formula})
 
 
 def _fill(f: Finding) -> tuple[str, int, str]:

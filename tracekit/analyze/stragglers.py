@@ -24,7 +24,8 @@ delay), a longer `data:load` annotation → "data_load", more host time with no 
 tokens its MoE router assigned, ≥ 1.25× the peers' median: counts, which CPU contention cannot fake);
 "contention" when longer compute and idle come with about as many ops as its
 peers and even its size-free ops (views, transposes) run slower — the host is slow (a
-descheduled process stretches ops and leaves gaps), not the work bigger; otherwise "unknown".
+descheduled process stretches ops and leaves gaps), not the work bigger — or when longer compute
+comes with the same ops and the same counted work (FLOPs or routed tokens); otherwise "unknown".
 The excess must explain at least half of the delay.
 
 Section `stragglers`:
@@ -230,6 +231,13 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     slow_host = (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
                  and slowdown >= cfg.contention_slowdown)
     if slow_host and excess["compute"] + excess["host_idle"] >= need:
+        return "contention", evidence
+    # the same ops on the same counted work (FLOPs / routed tokens within `more_work_ratio`), yet
+    # longer compute: the work is not bigger, the host or device runs it slower
+    same_work = (ratio is not None and ratio < cfg.more_work_ratio and work is not None
+                 and work < cfg.more_work_ratio)
+    if same_work and excess["compute"] >= need and excess["compute"] >= excess["host_idle"]:
+        evidence["counted_work_equal"] = True
         return "contention", evidence
     more_work = ratio is not None and ratio >= cfg.more_work_ratio
     if more_work and excess["compute"] > 0 and excess["compute"] + excess["host_idle"] >= need:

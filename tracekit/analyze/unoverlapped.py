@@ -22,7 +22,8 @@ Section `unoverlapped`:
                         "exposed_ns", "transfer_exposed_ns", "share_of_step"}],
      "thresholds": {...}}
 Findings: `unoverlapped_collective` per (dim, op) and `communication_bound` for ranks whose exposed
-communication is the largest part of the step.
+communication is the largest part of the step. Cached: ctx.cache["unoverlapped_instances"], one row per
+collective instance and rank with its `transfer_exposed_ns` and the rank's profiled `steps`.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
         df["exposed_ns"] = in_win - iv.covered(comp, s, e)
         df["transfer_exposed_ns"] = df["exposed_ns"] - iv.covered(wait, s, e)
         df["rank"] = rank
+        df["steps"] = steps
         df["dim"] = df["pg_name"].map(lambda p: dims.get(p, "unknown") if p is not None else "unknown")
         df["size"] = df["bytes"].map(size_bucket)
         df["share_of_step"] = df["exposed_ns"] / step_ns if step_ns else 0.0
@@ -183,6 +185,8 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
     inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["rank", "pg_name", "dim", "op", "bytes", "caller", "step", "ts", "dur", "exposed_ns",
                  "transfer_exposed_ns", "size", "share_of_step"])
+    # per-instance exposure for later analyzers (bandwidth bounds a slow collective's cost by it)
+    ctx.cache["unoverlapped_instances"] = inst
     by_dim_op = _dim_op_rows(per_rank_dim_op)
     findings = _dim_op_findings(by_dim_op, cfg) + _comm_bound_findings(br_ranks, per_rank_total,
                                                                         per_rank_dim_op, cfg)
