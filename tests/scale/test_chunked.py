@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,63 @@ def test_parse_run_takes_the_chunked_path_over_budget(synth_run_16, tmp_path):
     one_shot = parse_run(run, tmp_path / "a", progress=False).store
     chunked = parse_run(run, tmp_path / "b", progress=False, max_memory_bytes=600_000).store
     assert_stores_equal(one_shot, chunked)
+
+
+def test_chunked_events_reach_the_store_part_by_part_and_leave_no_files(tmp_path, monkeypatch):
+    """Over budget, a file's events go to the store chunk by chunk (one row group or more per chunk, never
+    the whole rank at once), through the pool too, and every spilled chunk file is gone afterwards."""
+    import pyarrow.parquet as pq
+
+    import tempfile
+
+    system_tmp = Path(tempfile.gettempdir())
+    before = set(system_tmp.glob("tracekit-chunks-*"))
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    # this process spills here; pool workers from an already running forkserver keep the system's
+    monkeypatch.setenv("TMPDIR", str(spill))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    from benchmarks.synth import SynthConfig, generate_run
+
+    run = tmp_path / "run"
+    generate_run(SynthConfig(num_ranks=2, events_per_rank=20_000, tp=2), run)  # ~5 MB of JSON per rank
+    one_shot = parse_run(run, tmp_path / "a", progress=False).store
+    for workers in (1, 2):
+        # a 2 MB budget: chunked, in chunks of 1 MB (the smallest)
+        store = parse_run(run, tmp_path / f"w{workers}", progress=False, workers=workers,
+                          max_memory_bytes=2 << 20).store
+        assert_stores_equal(one_shot, store)
+        md = pq.ParquetFile(store.file("events")).metadata
+        assert md.num_row_groups >= 3 * len(store.ranks())  # several chunks per rank
+        assert not list(spill.glob("tracekit-chunks-*")), list(spill.iterdir())
+        assert set(system_tmp.glob("tracekit-chunks-*")) <= before
+
+
+def test_spilled_table_hands_its_files_to_the_receiver(tmp_path):
+    import pickle
+
+    import pyarrow as pa
+
+    from tracekit.parse.spilled import SpilledTable
+
+    work = tmp_path / "w"
+    work.mkdir()
+    paths = []
+    for k in range(3):
+        p = work / f"part{k}.arrows"
+        t = pa.table({"x": list(range(k * 10, k * 10 + 10))})
+        with pa.OSFile(str(p), "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        paths.append(str(p))
+    sent = SpilledTable(paths, t.schema, 30, str(work))
+    got = pickle.loads(pickle.dumps(sent))
+    del sent  # the sender's copy no longer owns the folder
+    assert work.is_dir()
+    assert got.read_all().column("x").to_pylist() == list(range(30))
+    assert not work.exists()  # read once, then removed
+    # a consumer that drops it unread leaves nothing behind either
+    work.mkdir()
+    (work / "part.arrows").write_bytes(b"")
+    dropped = SpilledTable([str(work / "part.arrows")], t.schema, 0, str(work))
+    del dropped
+    assert not work.exists()

@@ -25,7 +25,6 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-import pyarrow.dataset as ds
 
 from tracekit.analyze import recommend
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
@@ -79,11 +78,15 @@ def owners(expert: int, num_experts: int, ep_groups: list[list[int]]) -> list[in
 
 
 def _per_rank_step_sum(store: RunStore, name: str) -> dict[tuple[int, int], int]:
-    t = store.table("events", ["rank", "step", "name", "dur"], filter=ds.field("name") == name)
+    """Summed duration of the events called `name` per (rank, step), aggregated by DuckDB over the file."""
     acc: dict[tuple[int, int], int] = defaultdict(int)
-    for r in t.to_pylist():
-        if r["step"] is not None and r["dur"] is not None:
-            acc[(r["rank"], r["step"])] += r["dur"]
+    if not store.has("events"):
+        return acc
+    quoted = name.replace("'", "''")
+    t = store.sql(f"SELECT rank, step, sum(dur) AS dur FROM events WHERE name = '{quoted}' "
+                  "AND step IS NOT NULL AND dur IS NOT NULL GROUP BY rank, step")
+    for r, s, d in zip(t["rank"].to_pylist(), t["step"].to_pylist(), t["dur"].to_pylist()):
+        acc[(r, s)] = int(d)
     return acc
 
 

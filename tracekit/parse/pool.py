@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from tracekit.errors import TraceFormatError, TracekitError
 from tracekit.parse.gz import gzip_size_hint, is_gzip
+from tracekit.parse.spilled import SpilledTable
 
 NORMAL_PATH_MEMORY_FACTOR = 1.5
 """Peak memory of the one-shot parser above the interpreter ÷ JSON size (measured 1.44x at 255 MB, parser of 2026-11-21)."""
@@ -37,6 +38,9 @@ class ParseJob:
     max_memory_bytes: int | None
     spill_dir: str | None
     """Where to write the tables as Arrow IPC (None: keep them in the returned object)."""
+    lazy_events: bool = False
+    """A chunked parse hands its events over as the chunks' files (`SpilledTable`), read one part at a
+    time by the store writer; only for a consumer on this machine (not Ray)."""
 
 
 def json_size_bytes(path: str | Path) -> int | None:
@@ -56,13 +60,14 @@ def needs_chunking(path: str | Path, max_memory_bytes: int | None) -> bool:
     return size is None or size * NORMAL_PATH_MEMORY_FACTOR > max_memory_bytes
 
 
-def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None) -> Any:
+def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
+               lazy_events: bool = False) -> Any:
     """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget."""
     if needs_chunking(path, max_memory_bytes):
         from tracekit.parse.chunked import parse_kineto_chunked
 
         return parse_kineto_chunked(path, max_memory_bytes=max_memory_bytes,
-                                    max_decompressed_bytes=max_decompressed_bytes)
+                                    max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events)
     from tracekit.parse.kineto import parse_kineto
 
     return parse_kineto(path, max_decompressed_bytes=max_decompressed_bytes)
@@ -72,7 +77,7 @@ def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:
     """Worker body: (path, KinetoParse without tables or None, error, {table: IPC file}). Never raises for bad input."""
     try:
         kp = parse_file(job.path, max_decompressed_bytes=job.max_decompressed_bytes,
-                        max_memory_bytes=job.max_memory_bytes)
+                        max_memory_bytes=job.max_memory_bytes, lazy_events=job.lazy_events)
     except TraceFormatError as exc:
         return job.path, None, exc.reason, {}
     except TracekitError as exc:
@@ -85,13 +90,17 @@ def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:
     return job.path, replace(kp, tables={}), None, files
 
 
-def spill_tables(tables: dict[str, pa.Table], spill_dir: str) -> dict[str, str]:
-    """Write tables as Arrow IPC streams (streams allow a new dictionary per batch)."""
+def spill_tables(tables: dict[str, Any], spill_dir: str) -> dict[str, Any]:
+    """Write tables as Arrow IPC streams (streams allow a new dictionary per batch); a table already on
+    disk (`SpilledTable`) is handed over as it is."""
     fd, base = tempfile.mkstemp(prefix="tk-", dir=spill_dir)
     os.close(fd)
     os.unlink(base)
-    files = {}
+    files: dict[str, Any] = {}
     for name, table in tables.items():
+        if isinstance(table, SpilledTable):
+            files[name] = table
+            continue
         p = f"{base}.{name}.arrows"
         with pa.OSFile(p, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
@@ -99,10 +108,13 @@ def spill_tables(tables: dict[str, pa.Table], spill_dir: str) -> dict[str, str]:
     return files
 
 
-def load_spilled(files: dict[str, str]) -> dict[str, pa.Table]:
+def load_spilled(files: dict[str, Any]) -> dict[str, Any]:
     """Memory-map spilled tables (zero copy) and unlink the files (the mapping stays valid)."""
-    out = {}
+    out: dict[str, Any] = {}
     for name, p in files.items():
+        if isinstance(p, SpilledTable):
+            out[name] = p
+            continue
         with pa.memory_map(p) as src:
             out[name] = pa.ipc.open_stream(src).read_all()
         os.unlink(p)
@@ -132,11 +144,11 @@ def parse_kineto_files(paths: list[str], *, workers: int = 1, max_decompressed_b
     """Parse `paths` in order of completion-bounded submission; yields (path, KinetoParse|None, error)."""
     if workers <= 1 or len(paths) <= 1:
         for p in paths:
-            path, kp, err, _ = run_job(ParseJob(p, max_decompressed_bytes, max_memory_bytes, None))
+            path, kp, err, _ = run_job(ParseJob(p, max_decompressed_bytes, max_memory_bytes, None, lazy_events=True))
             yield path, kp, err
         return
     own_dir = tempfile.mkdtemp(prefix="tracekit-spill-", dir=spill_dir or default_spill_dir())
-    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir) for p in paths)
+    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True) for p in paths)
     try:
         with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=_pool_context()) as pool:
             pending: deque = deque()

@@ -30,6 +30,7 @@ from tracekit.parse import discover as disc
 from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
+from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.store import RunStore, RunStoreWriter
 
@@ -536,8 +537,16 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         if created is not None and not (info["first_ts"] - 48 * hour < created - shift < info["last_ts"] + 48 * hour):
             warnings.append("the collective log's times are days away from the trace's: clocks look unrelated")
     if kp is not None:
-        tables = {k: _set_rank(v, rank) for k, v in kp.tables.items()}
-        for name in ("events", "kernels", "steps"):
+        events = kp.tables.get("events")
+        tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
+        pipeline_parts = []
+        # a chunked parse's events arrive as spilled parts: each is written and let go before the next
+        for part in table_parts(events) if events is not None else ():
+            part = _set_rank(part, rank)
+            writer.append("events", part)
+            pipeline_parts.append(pipeline_from_events(part))
+            del part
+        for name in ("kernels", "steps"):
             if name in tables:
                 writer.append(name, tables[name])
         kin_coll = tables.get("collectives")
@@ -548,9 +557,9 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
             writer.append("collectives", joined)
             join_stats[rank] = dict(stats.to_json(), log_shift_ns=shift)
             warnings += stats.warnings
-        pipeline = pipeline_from_events(tables["events"]) if "events" in tables else None
-        if pipeline is not None and pipeline.num_rows:
-            writer.append("pipeline", pipeline)
+        for pipeline in pipeline_parts:
+            if pipeline.num_rows:
+                writer.append("pipeline", pipeline)
         del tables
     for p in (rl.comms, rl.fr):
         if p is not None and p.collectives.num_rows:

@@ -20,6 +20,11 @@ from tracekit.tables.schema import TABLES, conform
 STORE_SCHEMA = "tracekit.store/1"
 
 
+ROW_GROUP_ROWS = 1 << 18
+"""Most rows per Parquet row group: the writer holds one encoded row group in memory, so this bounds its
+share of peak memory for a rank with millions of events (measured in benchmarks/scale_bench.py)."""
+
+
 @dataclass
 class RunStoreWriter:
     """Writes tables incrementally into STORE/<table>.parquet and STORE/meta.json on close."""
@@ -42,7 +47,9 @@ class RunStoreWriter:
             writer = pq.ParquetWriter(self.path / f"{name}.parquet", TABLES[name], compression="zstd")
             self._writers[name] = writer
         if table.num_rows:
-            writer.write_table(table, row_group_size=max(table.num_rows, 1))
+            # a rank's rows may span several row groups (the index maps a rank to all of its own), but
+            # never share one with another rank; bounded groups bound the writer's buffers
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
     def skip(self, file: str, reason: str) -> None:
         """Record an input that was not analysed, with the reason (shown in reports)."""
