@@ -34,3 +34,39 @@ def test_mixed_row_groups_fall_back_to_the_scan(tmp_path):
     store = w.close()
     assert store._rank_row_groups("kernels") is None
     assert store.rank_table("kernels", 2).column("rank").to_pylist() == [2, 2, 2]
+
+
+def test_row_groups_are_bounded_and_stay_one_rank_each(tmp_path, monkeypatch):
+    from tracekit.tables import store as store_mod
+
+    monkeypatch.setattr(store_mod, "ROW_GROUP_ROWS", 5)
+    w = RunStoreWriter(tmp_path / "c")
+    w.append("kernels", _kernels([4], 12))  # 12 rows: groups of 5, 5, 2
+    w.append("kernels", _kernels([9], 3))
+    store = w.close()
+    _, groups = store._rank_row_groups("kernels")
+    assert groups == {4: [0, 1, 2], 9: [3]}
+    assert store.rank_table("kernels", 4).column("ts").to_pylist() == list(range(12))
+
+
+def test_grouped_sum_matches_a_plain_reading(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    rows = [{"rank": rng.randrange(4), "step": rng.choice([None, 1, 2, 3]), "ts": i,
+             "dur": rng.choice([None, rng.randrange(1000)]), "name": rng.choice(["a", "b", "c"])}
+            for i in range(3000)]
+    w = RunStoreWriter(tmp_path / "d")
+    for r in range(4):
+        w.append("events", pa.Table.from_pylist([x for x in rows if x["rank"] == r]))
+    store = w.close()
+    want: dict = {}
+    for x in rows:
+        if x["name"] == "b" and x["step"] is not None and x["dur"] is not None:
+            want[(x["rank"], x["step"])] = want.get((x["rank"], x["step"]), 0) + x["dur"]
+    import pyarrow.compute as pc
+
+    # batches of 100 rows: a rank's sums must add up across several batches
+    got = store.grouped_sum("events", ["rank", "step"], "dur", pc.field("name") == "b", batch_size=100)
+    assert got == want and len(want) >= 10
+    assert store.grouped_sum("events", ["rank", "step"], "dur", pc.field("name") == "zz") == {}

@@ -25,6 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from tracekit.analyze import recommend
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
@@ -78,16 +79,9 @@ def owners(expert: int, num_experts: int, ep_groups: list[list[int]]) -> list[in
 
 
 def _per_rank_step_sum(store: RunStore, name: str) -> dict[tuple[int, int], int]:
-    """Summed duration of the events called `name` per (rank, step), aggregated by DuckDB over the file."""
-    acc: dict[tuple[int, int], int] = defaultdict(int)
-    if not store.has("events"):
-        return acc
-    quoted = name.replace("'", "''")
-    t = store.sql(f"SELECT rank, step, sum(dur) AS dur FROM events WHERE name = '{quoted}' "
-                  "AND step IS NOT NULL AND dur IS NOT NULL GROUP BY rank, step")
-    for r, s, d in zip(t["rank"].to_pylist(), t["step"].to_pylist(), t["dur"].to_pylist()):
-        acc[(r, s)] = int(d)
-    return acc
+    """Summed duration of the events called `name` per (rank, step), scanned batch by batch."""
+    sums = store.grouped_sum("events", ["rank", "step"], "dur", pc.field("name") == name)
+    return defaultdict(int, {k: int(v) for k, v in sums.items()})
 
 
 def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:

@@ -22,6 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.tables.store import RunStore
@@ -88,13 +89,8 @@ def analyze_throughput(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             per_rank[s["rank"]][s["step"]] = s["dur"]
     step_mean = float(np.mean(list(per_step.values()))) if per_step else None
 
-    # summed in DuckDB, streaming over the events file: no rank's events are loaded as rows
-    flops: dict[tuple[int, int], float] = {}
-    if store.has("events"):
-        agg = store.sql("SELECT rank, step, sum(flops) AS flops FROM events "
-                        "WHERE flops > 0 AND step IS NOT NULL GROUP BY rank, step")
-        flops = {(r, s): float(f) for r, s, f in zip(agg["rank"].to_pylist(), agg["step"].to_pylist(),
-                                                    agg["flops"].to_pylist())}
+    # summed batch by batch over the events file: no rank's events are loaded as rows
+    flops = store.grouped_sum("events", ["rank", "step"], "flops", pc.field("flops") > 0)
 
     rank_out = []
     for rk in ranks:

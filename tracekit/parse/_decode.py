@@ -25,33 +25,48 @@ _f = msgspec.field
 NO_RAW = Raw()  # default for absent Raw fields: an empty text (len 0), treated as missing
 
 
-class XArgs(msgspec.Struct, gc=False, frozen=True):
-    """The `args` keys of complete events that the tables use."""
+# The `args` keys of complete events that the tables use, once for both decoders:
+# (attribute, key in the trace or None for the attribute's own name, type for the typed decoder).
+# The lenient decoder takes every value as Any, except the Raw ones (kept as the number's text).
+ARG_FIELDS: tuple[tuple[str, str | None, Any], ...] = (
+    ("external_id", "External id", Union[int, str, None]),
+    ("external_id_old", "external id", Union[int, str, None]),
+    ("correlation", None, Union[int, str, None]),
+    ("stream", None, Union[int, str, None]),
+    ("device", None, Union[int, str, None]),
+    ("flops", None, Union[int, float, None]),
+    ("coll_name", "Collective name", Union[str, None]),
+    ("in_nelems", "In msg nelems", Union[int, str, None]),
+    ("out_nelems", "Out msg nelems", Union[int, str, None]),
+    ("group_size", "Group size", Union[int, str, None]),
+    ("dtype", None, Union[str, None]),
+    ("in_split", "In split size", Any),
+    ("out_split", "Out split size", Any),
+    ("pg_name", "Process Group Name", Any),
+    ("pg_desc", "Process Group Description", Any),
+    ("pg_ranks", "Process Group Ranks", Any),
+    ("seq", "Seq", Any),
+    ("seq_num", None, Any),
+    ("comm_rank", "Rank", Any),
+    ("src_rank", "Src Rank", Any),
+    ("dst_rank", "Dst Rank", Any),
+    ("input_dims", "Input Dims", Raw),
+    ("input_type", "Input type", Raw),
+    ("concrete_inputs", "Concrete Inputs", Raw),
+)
 
-    external_id: Union[int, str, None] = _f(default=None, name="External id")
-    external_id_old: Union[int, str, None] = _f(default=None, name="external id")
-    correlation: Union[int, str, None] = None
-    stream: Union[int, str, None] = None
-    device: Union[int, str, None] = None
-    flops: Union[int, float, None] = None
-    coll_name: Union[str, None] = _f(default=None, name="Collective name")
-    in_nelems: Union[int, str, None] = _f(default=None, name="In msg nelems")
-    out_nelems: Union[int, str, None] = _f(default=None, name="Out msg nelems")
-    group_size: Union[int, str, None] = _f(default=None, name="Group size")
-    dtype: Union[str, None] = None
-    in_split: Any = _f(default=None, name="In split size")
-    out_split: Any = _f(default=None, name="Out split size")
-    pg_name: Any = _f(default=None, name="Process Group Name")
-    pg_desc: Any = _f(default=None, name="Process Group Description")
-    pg_ranks: Any = _f(default=None, name="Process Group Ranks")
-    seq: Any = _f(default=None, name="Seq")
-    seq_num: Any = None
-    comm_rank: Any = _f(default=None, name="Rank")
-    src_rank: Any = _f(default=None, name="Src Rank")
-    dst_rank: Any = _f(default=None, name="Dst Rank")
-    input_dims: Raw = _f(default=NO_RAW, name="Input Dims")
-    input_type: Raw = _f(default=NO_RAW, name="Input type")
-    concrete_inputs: Raw = _f(default=NO_RAW, name="Concrete Inputs")
+
+def _args_struct(name: str, doc: str, *, lenient: bool, extra: tuple = ()) -> type:
+    fields = []
+    for attr, key, typ in ARG_FIELDS:
+        default = NO_RAW if typ is Raw else None
+        fields.append((attr, typ if typ is Raw or not lenient else Any, _f(default=default, name=key)))
+    cls = msgspec.defstruct(name, fields + list(extra), frozen=True, gc=False, module=__name__)
+    cls.__doc__ = doc
+    return cls
+
+
+XArgs = _args_struct("XArgs", "The `args` keys of complete events that the tables use (typed).", lenient=False)
 
 
 EMPTY_ARGS = XArgs()
@@ -89,44 +104,24 @@ _OTHER = tuple(_phase(p) for p in OTHER_PHASES)
 Event = Union[(X, M) + _OTHER]
 
 
-class TypedTrace(msgspec.Struct, gc=False):
-    traceEvents: Union[list[Event], None] = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    schemaVersion: Any = None
-    baseTimeNanoseconds: Any = None
-    host_name: Any = None
-    hostname: Any = None
+TOP_LEVEL_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "baseTimeNanoseconds", "host_name",
+                  "hostname")
+"""Top-level trace fields the tables read, besides `traceEvents`."""
+
+
+def _trace_struct(name: str, events_type: Any, doc: str) -> type:
+    fields = [("traceEvents", Union[events_type, None], None)] + [(k, Any, None) for k in TOP_LEVEL_KEYS]
+    cls = msgspec.defstruct(name, fields, gc=False, module=__name__)
+    cls.__doc__ = doc
+    return cls
+
+
+TypedTrace = _trace_struct("TypedTrace", list[Event], "A trace decoded with the typed events.")
 
 
 # Lenient variant: every field typed Any except the timestamps, which must stay text.
-class LXArgs(msgspec.Struct, gc=False, frozen=True):
-    external_id: Any = _f(default=None, name="External id")
-    external_id_old: Any = _f(default=None, name="external id")
-    correlation: Any = None
-    stream: Any = None
-    device: Any = None
-    flops: Any = None
-    coll_name: Any = _f(default=None, name="Collective name")
-    in_nelems: Any = _f(default=None, name="In msg nelems")
-    out_nelems: Any = _f(default=None, name="Out msg nelems")
-    group_size: Any = _f(default=None, name="Group size")
-    dtype: Any = None
-    in_split: Any = _f(default=None, name="In split size")
-    out_split: Any = _f(default=None, name="Out split size")
-    pg_name: Any = _f(default=None, name="Process Group Name")
-    pg_desc: Any = _f(default=None, name="Process Group Description")
-    pg_ranks: Any = _f(default=None, name="Process Group Ranks")
-    seq: Any = _f(default=None, name="Seq")
-    seq_num: Any = None
-    comm_rank: Any = _f(default=None, name="Rank")
-    src_rank: Any = _f(default=None, name="Src Rank")
-    dst_rank: Any = _f(default=None, name="Dst Rank")
-    input_dims: Raw = _f(default=NO_RAW, name="Input Dims")
-    input_type: Raw = _f(default=NO_RAW, name="Input type")
-    concrete_inputs: Raw = _f(default=NO_RAW, name="Concrete Inputs")
-    name: Any = None  # metadata (M) events: thread/process name
-    labels: Any = None
+LXArgs = _args_struct("LXArgs", "The same keys as XArgs, any value types, plus metadata events' args.", lenient=True,
+                      extra=(("name", Any, None), ("labels", Any, None)))  # M events: thread/process name
 
 
 EMPTY_LARGS = LXArgs()
@@ -143,14 +138,7 @@ class LEvent(msgspec.Struct, gc=False):
     args: Union[LXArgs, None] = EMPTY_LARGS
 
 
-class LenientTrace(msgspec.Struct, gc=False):
-    traceEvents: Union[list[LEvent], None] = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    schemaVersion: Any = None
-    baseTimeNanoseconds: Any = None
-    host_name: Any = None
-    hostname: Any = None
+LenientTrace = _trace_struct("LenientTrace", list[LEvent], "A trace decoded with the lenient events.")
 
 
 TYPED_DECODER = msgspec.json.Decoder(TypedTrace)
@@ -176,6 +164,13 @@ def decimal_text_to_ns(text: str | bytes) -> int | None:
 _DECIMAL_NS = pa.decimal128(20, 3)  # µs with 3 fraction digits: the unscaled integer is the ns value
 
 
+def _texts(raws, lens: np.ndarray) -> pa.LargeStringArray:
+    """The texts as one Arrow string array over their concatenation (no per-text objects)."""
+    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(len(lens), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))
+
+
 def _plain_decimals_to_ns(raws) -> np.ndarray | None:
     """ns values when Arrow parses every text as a decimal with at most 3 fraction digits that fits
     int64 ns (one vectorised cast; the decimal's unscaled integer is the ns count); None otherwise
@@ -184,9 +179,7 @@ def _plain_decimals_to_ns(raws) -> np.ndarray | None:
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
     if not lens.all():
         return None  # missing (empty) texts
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    texts = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))
+    texts = _texts(raws, lens)
     try:
         dec = pc.cast(texts, _DECIMAL_NS)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -217,10 +210,7 @@ def raws_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray]:
     if fast is not None:
         return fast, np.ones(n, dtype=bool)
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=n)
-    blob = b"".join(raws)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    arr = pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(blob))
+    arr = _texts(raws, lens)
     dot = pc.find_substring(arr, ".").to_numpy(zero_copy_only=False).astype(np.int64)
     frac = np.where(dot >= 0, lens - dot - 1, 0)
     digits_len = lens - (dot >= 0)
@@ -268,16 +258,7 @@ _MAX_CUT_TRIES = 8
 _MAX_TAIL_BYTES = 16 << 20  # text after the events array (Kineto: a few hundred bytes)
 
 
-class TopLevel(msgspec.Struct, gc=False):
-    """The document without its events (the array replaced by `[]` before decoding)."""
-
-    traceEvents: Union[list[Any], None] = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    schemaVersion: Any = None
-    baseTimeNanoseconds: Any = None
-    host_name: Any = None
-    hostname: Any = None
+TopLevel = _trace_struct("TopLevel", list[Any], "The document without its events (the array replaced by `[]`).")
 
 
 TOP_DECODER = msgspec.json.Decoder(TopLevel)

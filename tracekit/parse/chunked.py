@@ -36,7 +36,7 @@ from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse import kineto as K
 from tracekit.parse.collective_names import is_comm_kernel_name
-from tracekit.parse.gz import GZIP_MAGIC
+from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
 from tracekit.parse.kineto_collectives import _classify_names
 from tracekit.parse.spilled import SpilledTable
 
@@ -140,33 +140,9 @@ def _blocks(path: str, max_decompressed_bytes: int | None) -> Iterator[bytes]:
                         raise InputTooLargeError(path, f"file is over the {max_decompressed_bytes}-byte budget")
                     yield block
                 return
-            from isal import isal_zlib
-
-            from tracekit.parse.gz import decompressed_budget
-
-            limit, budget_text = decompressed_budget(os.path.getsize(path), max_decompressed_bytes)
-            dec = isal_zlib.decompressobj(31)
-            while comp := f.read(_READ):
-                while comp:
-                    out = dec.decompress(comp, _READ)
-                    total += len(out)
-                    if total > limit:  # the default ratio rule refuses decompression bombs
-                        raise InputTooLargeError(path, f"decompresses to more than {budget_text}")
-                    if out:
-                        yield out
-                    if dec.eof:
-                        comp = dec.unused_data.lstrip(b"\x00")
-                        dec = isal_zlib.decompressobj(31)
-                        continue
-                    comp = dec.unconsumed_tail
-            while not dec.eof and (out := dec.decompress(b"", _READ)):
-                yield out
+            yield from gzip_pieces(f, path, max_decompressed_bytes, _READ, _READ)
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read: {exc.strerror or exc}") from None
-    except Exception as exc:
-        if type(exc).__name__ == "error":  # isal_zlib.error
-            raise TraceFormatError(path, f"corrupt gzip data: {exc}") from None
-        raise
 
 
 class EventChunks:

@@ -67,75 +67,75 @@ def read_trace_bytes(path: str | Path, max_decompressed_bytes: int | None = None
     return _gunzip(path, max_decompressed_bytes)
 
 
-def _gunzip(path: str, max_decompressed_bytes: int | None) -> bytearray:
-    """Stream-decompress every gzip member into one preallocated buffer (within `decompressed_budget`)."""
-    hint = gzip_size_hint(path)
-    compressed_size = os.path.getsize(path)
-    limit, budget_text = decompressed_budget(compressed_size, max_decompressed_bytes)
-    # ISIZE is mod 2**32 (and forgeable): never trust a hint smaller than the compressed size.
-    if hint < compressed_size or hint > 64 * compressed_size:  # real traces expand 7-30x
-        hint = compressed_size * 4
-    hint = min(hint, limit + 1)
-    out = bytearray(hint)
-    view = memoryview(out)
-    n = 0
+def gzip_pieces(f, path: str, max_decompressed_bytes: int | None, read_bytes: int = _READ_CHUNK,
+                piece_bytes: int = _READ_CHUNK):
+    """Decompressed pieces (at most `piece_bytes` each) of the gzip file open as `f`, every member in
+    turn (zero padding between members allowed). Raises InputTooLargeError past `decompressed_budget`,
+    TraceFormatError for corrupt, truncated or empty data and trailing garbage."""
+    limit, budget_text = decompressed_budget(os.fstat(f.fileno()).st_size, max_decompressed_bytes)
+    total = 0
     dec = isal_zlib.decompressobj(31)
     in_member = False
+
+    def counted(piece: bytes) -> bytes:
+        nonlocal total
+        total += len(piece)
+        if total > limit:
+            raise InputTooLargeError(path, f"decompresses to more than {budget_text}")
+        return piece
+
     try:
-        with open(path, "rb") as f:
-            while True:
-                chunk = f.read(_READ_CHUNK)
-                if not chunk:
-                    break
-                while chunk:
-                    in_member = True
-                    piece = dec.decompress(chunk, _READ_CHUNK)
-                    if piece:
-                        end = n + len(piece)
-                        if end > limit:
-                            raise InputTooLargeError(
-                                path, f"decompresses to more than {budget_text}")
-                        if end > len(out):
-                            view.release()
-                            out.extend(bytes(max(end - len(out), len(out) // 2)))
-                            view = memoryview(out)
-                        view[n:end] = piece
-                        n = end
-                    if dec.eof:
-                        in_member = False
-                        rest = dec.unused_data
-                        dec = isal_zlib.decompressobj(31)
-                        chunk = rest.lstrip(b"\x00") if rest else b""
-                        if chunk and not chunk.startswith(GZIP_MAGIC):
-                            raise TraceFormatError(path, "trailing garbage after gzip stream")
-                        continue
-                    chunk = dec.unconsumed_tail
-            # Drain what the decompressor still holds back.
-            while in_member and not dec.eof:
-                piece = dec.decompress(b"", _READ_CHUNK)
-                if not piece:
-                    break
-                end = n + len(piece)
-                if end > limit:
-                    raise InputTooLargeError(path, f"decompresses to more than {budget_text}")
-                if end > len(out):
-                    view.release()
-                    out.extend(bytes(end - len(out)))
-                    view = memoryview(out)
-                view[n:end] = piece
-                n = end
-            if dec.eof:
-                in_member = False
+        while chunk := f.read(read_bytes):
+            while chunk:
+                in_member = True
+                piece = dec.decompress(chunk, piece_bytes)
+                if piece:
+                    yield counted(piece)
+                if dec.eof:
+                    in_member = False
+                    rest = dec.unused_data
+                    dec = isal_zlib.decompressobj(31)
+                    chunk = rest.lstrip(b"\x00") if rest else b""
+                    if chunk and not chunk.startswith(GZIP_MAGIC):
+                        raise TraceFormatError(path, "trailing garbage after gzip stream")
+                    continue
+                chunk = dec.unconsumed_tail
+        # what the decompressor still holds back
+        while in_member and not dec.eof and (piece := dec.decompress(b"", piece_bytes)):
+            yield counted(piece)
+        if dec.eof:
+            in_member = False
     except isal_zlib.error as exc:
         raise TraceFormatError(path, f"corrupt gzip data: {exc}") from None
     if in_member:
         raise TraceFormatError(path, "truncated gzip stream (file ends before the gzip trailer)")
-    if n == 0:
+    if total == 0:
         raise TraceFormatError(path, "empty or truncated gzip stream")
+
+
+def _gunzip(path: str, max_decompressed_bytes: int | None) -> bytearray:
+    """Every gzip member decompressed into one buffer preallocated from the trailer's size hint."""
+    hint = gzip_size_hint(path)
+    compressed_size = os.path.getsize(path)
+    limit, _ = decompressed_budget(compressed_size, max_decompressed_bytes)
+    # ISIZE is mod 2**32 (and forgeable): never trust a hint smaller than the compressed size.
+    if hint < compressed_size or hint > 64 * compressed_size:  # real traces expand 7-30x
+        hint = compressed_size * 4
+    out = bytearray(min(hint, limit + 1))
+    view = memoryview(out)
+    n = 0
+    with open(path, "rb") as f:
+        for piece in gzip_pieces(f, path, max_decompressed_bytes):
+            end = n + len(piece)
+            if end > len(out):
+                view.release()
+                out.extend(bytes(max(end - len(out), len(out) // 2)))
+                view = memoryview(out)
+            view[n:end] = piece
+            n = end
     view.release()
     del out[n:]
     return out
-
 
 
 class StreamProblem(Exception):
@@ -159,40 +159,7 @@ def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = Non
             while block := f.read(block_bytes):
                 yield block
             return
-        limit, _ = decompressed_budget(os.fstat(f.fileno()).st_size, max_decompressed_bytes)
-        total = 0
-        dec = isal_zlib.decompressobj(31)
-        in_member = False
         try:
-            while chunk := f.read(block_bytes // 4):
-                while chunk:
-                    in_member = True
-                    piece = dec.decompress(chunk, block_bytes)
-                    if piece:
-                        total += len(piece)
-                        if total > limit:
-                            raise StreamProblem("over budget")
-                        yield piece
-                    if dec.eof:
-                        in_member = False
-                        rest = dec.unused_data
-                        dec = isal_zlib.decompressobj(31)
-                        chunk = rest.lstrip(b"\x00") if rest else b""
-                        if chunk and not chunk.startswith(GZIP_MAGIC):
-                            raise StreamProblem("trailing garbage")
-                        continue
-                    chunk = dec.unconsumed_tail
-            while in_member and not dec.eof:
-                piece = dec.decompress(b"", block_bytes)
-                if not piece:
-                    break
-                total += len(piece)
-                if total > limit:
-                    raise StreamProblem("over budget")
-                yield piece
-            if dec.eof:
-                in_member = False
-        except isal_zlib.error:
-            raise StreamProblem("corrupt gzip") from None
-        if in_member or total == 0:
-            raise StreamProblem("truncated or empty gzip")
+            yield from gzip_pieces(f, path, max_decompressed_bytes, block_bytes // 4, block_bytes)
+        except (TraceFormatError, InputTooLargeError) as exc:
+            raise StreamProblem(str(exc)) from None

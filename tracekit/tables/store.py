@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -109,6 +110,25 @@ class RunStore:
         """Read table `name` with optional column projection and a pyarrow filter expression."""
         cols = list(columns) if columns is not None else None
         return self.dataset(name).to_table(columns=cols, filter=filter)
+
+    def grouped_sum(self, name: str, keys: list[str], value: str, filter: Any = None,
+                    batch_size: int = 1 << 17) -> dict[tuple, float]:
+        """Sum of `value` per distinct `keys` over rows matching `filter` (nulls in a key are left
+        out), scanned record batch by record batch: memory stays one batch whatever the table's size."""
+        acc: dict[tuple, float] = {}
+        if not self.has(name):
+            return acc
+        keep = pc.is_valid(pc.field(value))
+        for k in keys:
+            keep = keep & pc.is_valid(pc.field(k))
+        keep = keep if filter is None else keep & filter
+        for batch in self.dataset(name).to_batches(columns=[*keys, value], filter=keep, batch_size=batch_size):
+            if not batch.num_rows:
+                continue
+            g = pa.Table.from_batches([batch]).group_by(keys).aggregate([(value, "sum")])
+            for *key, total in zip(*(g.column(k).to_pylist() for k in keys), g.column(f"{value}_sum").to_pylist()):
+                acc[tuple(key)] = acc.get(tuple(key), 0) + total
+        return acc
 
     def rank_table(self, name: str, rank: int, columns: Iterable[str] | None = None) -> pa.Table:
         """Rows of one rank only: its row groups straight from the file when every row group holds a
