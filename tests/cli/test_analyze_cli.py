@@ -34,3 +34,38 @@ def test_peak_gbps_must_be_group_equals_number(shared_traces, tmp_path):
     res = CliRunner().invoke(app, ["analyze", str(shared_traces / "hta_gloo_cpu_rank34of300"), "--out", str(tmp_path),
                                    "--peak-gbps", "tp150"])
     assert res.exit_code == 2 and "GROUP=GBPS" in res.output
+
+
+def test_a_lone_trace_without_a_rank_needs_rank_and_gets_exactly_that(shared_traces, tmp_path):
+    import gzip
+
+    trace = shared_traces / "hta_no_distributed_info" / "distributed_info_not_found.json.gz"
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    assert "distributedInfo" not in doc  # the premise: neither content nor name states a rank
+    complete = sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
+    # a file, not a folder, is accepted; without --rank it is skipped, saying how to go on
+    res = CliRunner().invoke(app, ["analyze", str(trace), "--out", str(tmp_path / "a")])
+    assert res.exit_code == 1 and "--rank" in res.output and "not assuming" in res.output
+    res = CliRunner().invoke(app, ["analyze", str(trace), "--rank", "5", "--out", str(tmp_path / "b"), "-q"])
+    assert res.exit_code == 0, res.output
+    a = json.loads((tmp_path / "b" / "analysis.json").read_text())
+    assert [r["rank"] for r in a["ranks"]] == [5]
+    from tracekit.tables.store import RunStore
+
+    store = RunStore(tmp_path / "b" / "tables")
+    (row,) = store.table("ranks", ["rank", "rank_source", "parse_warnings"]).to_pylist()
+    assert row["rank_source"] == "user (--rank)" and any("--rank" in w for w in row["parse_warnings"])
+    assert store.table("events", ["rank"]).num_rows == complete
+
+
+def test_rank_does_not_apply_to_several_rankless_traces(shared_traces, tmp_path):
+    import shutil
+
+    src = shared_traces / "hta_no_distributed_info" / "distributed_info_not_found.json.gz"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("a.json.gz", "b.json.gz"):
+        shutil.copy(src, run / name)
+    res = CliRunner().invoke(app, ["parse", str(run), "--rank", "0", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 1
+    assert res.output.count("applies to a lone trace") == 2

@@ -12,7 +12,9 @@ HELP = """Analyze a distributed training run: where each rank's step time goes, 
 stragglers, and more, with findings sorted by estimated saving.
 
 TRACE_DIR is a directory of traces and logs (as `tracekit record` or the reference runtime leave
-them), or an existing run store (a directory with meta.json, from `tracekit parse`).
+them), one trace file, or an existing run store (a directory with meta.json, from `tracekit parse`).
+A rank is never assumed: it comes from the trace (distributedInfo) or its name (rank3...); give a lone
+trace that states neither its rank with --rank.
 
 Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md.
 
@@ -23,6 +25,8 @@ Examples:
   tracekit analyze traces --out out --workers 2 --peak-gbps tp=150 --peak-gbps dp=25
 
   tracekit analyze out/tables --out out2      (re-analyze a parsed store)
+
+  tracekit analyze worker0.pt.trace.json.gz --rank 0 --out out
 
 Exit status: 0 when analysis ran (findings or not); 1 when nothing could be analyzed.
 """
@@ -51,8 +55,8 @@ def _peaks(values: list[str]) -> dict[str, float]:
 def register(app: typer.Typer) -> None:
     @app.command("analyze", help=HELP, no_args_is_help=True)
     def analyze_cmd(
-        trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, or a run store.",
-                                         exists=True, file_okay=False, dir_okay=True, readable=True),
+        trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, one trace file, or a run store.",
+                                         exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(Path("tracekit-out"), "--out", "-o", help="Output directory (created if needed)."),
         workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes (or local Ray CPUs) for per-rank parsing and analysis."),
         engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
@@ -60,6 +64,8 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+        rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Rank of a lone trace that names none "
+                                           "(in distributedInfo or its file name); never assumed otherwise."),
         max_decompressed_mb: Optional[int] = typer.Option(
             None, "--max-decompressed-mb", min=1,
             help="Skip any input that decompresses to more than this many MiB "
@@ -83,13 +89,14 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
-                     max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None)
+                     max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
+                     assume_rank=rank)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
-             max_decompressed_bytes: int | None = None) -> None:
+             max_decompressed_bytes: int | None = None, assume_rank: int | None = None) -> None:
     """Parse (unless given a store), analyze on `engine`, write analysis.json and the reports."""
     from rich.console import Console
 
@@ -106,7 +113,7 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
 
             store = parse_run(trace_dir, out / "tables", workers=engine.workers, progress=not quiet,
                               max_memory_bytes=budget, engine=engine,
-                              max_decompressed_bytes=max_decompressed_bytes).store
+                              max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank).store
     except TracekitError as exc:
         err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
         raise typer.Exit(1) from None

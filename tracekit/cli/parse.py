@@ -33,14 +33,16 @@ Exit status: 0 when at least one rank was parsed, 1 when nothing could be parsed
 def register(app: typer.Typer) -> None:
     @app.command("parse", help=HELP, no_args_is_help=True)
     def parse_cmd(
-        trace_dir: Path = typer.Argument(..., help="Directory holding the run's traces and logs.",
-                                         exists=True, file_okay=False, dir_okay=True, readable=True),
+        trace_dir: Path = typer.Argument(..., help="Directory holding the run's traces and logs, or one trace file.",
+                                         exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(..., "--out", "-o", help="Run store directory to write (created if needed)."),
         workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
         engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
+        rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Rank of a lone trace that names none "
+                                           "(in distributedInfo or its file name); never assumed otherwise."),
         max_decompressed_mb: Optional[int] = typer.Option(
             None, "--max-decompressed-mb", min=1,
             help="Skip any trace that decompresses to more than this many MiB "
@@ -66,7 +68,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         try:
             result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit,
-                               max_memory_bytes=budget, engine=engine)
+                               max_memory_bytes=budget, engine=engine, assume_rank=rank)
         except TracekitError as exc:
             err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None

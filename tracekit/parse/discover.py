@@ -194,14 +194,17 @@ def classify(path: Path) -> tuple[str | None, str | None]:
 
 
 def discover_inputs(trace_dir: str | Path) -> Discovery:
-    """Every input under `trace_dir` (recursively, sorted by path), plus the JSON files it skips."""
+    """Every input under `trace_dir` (recursively, sorted by path), or `trace_dir` itself when it is a
+    file, plus the JSON files it skips."""
     root = Path(trace_dir)
     found = Discovery()
-    for dirpath, dirnames, filenames in os.walk(root):
+    # a single file given by the user is taken as it is (hidden name or not)
+    walk = [(str(root.parent), [], [root.name])] if root.is_file() else os.walk(root)
+    for dirpath, dirnames, filenames in walk:
         d = Path(dirpath)
         dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and not _is_store_dir(d / n))
         for fname in sorted(filenames):
-            if fname.startswith("."):
+            if fname.startswith(".") and not root.is_file():
                 continue
             path = d / fname
             if not path.is_file():

@@ -347,15 +347,17 @@ def _progress(enabled: bool, total: int) -> tuple[Callable[[str], None], Callabl
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-              engine: Any = None) -> ParseRunResult:
-    """Parse every input under `trace_dir` into a run store at `store_dir`.
+              engine: Any = None, assume_rank: int | None = None) -> ParseRunResult:
+    """Parse every input under `trace_dir` (a folder, or one file) into a run store at `store_dir`.
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
     a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
+    `assume_rank`: the user's rank for the one Kineto trace that states none (content or name); with
+    several such traces each is still skipped (one rank cannot be all of them).
     """
     trace_dir = Path(trace_dir)
-    if not trace_dir.is_dir():
-        raise TraceFormatError(str(trace_dir), "not a directory")
+    if not (trace_dir.is_dir() or trace_dir.is_file()):
+        raise TraceFormatError(str(trace_dir), "no such file or directory")
     found = disc.discover_inputs(trace_dir)
     skipped: list[dict[str, str]] = list(found.skipped)
     warnings: list[str] = []
@@ -447,8 +449,16 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             try:
                 rank, source = _identify(kp.rank, "distributedInfo", name_ranks[path], path, local_warnings)
             except RankIdentityError as exc:
-                skipped.append({"file": path, "reason": exc.reason})
-                continue
+                if assume_rank is None or len(kineto_paths) != 1:
+                    reason = exc.reason + ("" if assume_rank is not None or len(kineto_paths) != 1 else
+                                           "; for a single-rank trace pass its rank (--rank R)")
+                    if assume_rank is not None:
+                        reason += f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
+                    skipped.append({"file": path, "reason": reason})
+                    continue
+                rank, source = assume_rank, "user (--rank)"
+                local_warnings.append(f"{Path(path).name}: no rank in the file or its name; rank "
+                                      f"{assume_rank} as given by --rank")
             if not _claim(claims["kineto"], rank, path, "Kineto trace", skipped):
                 continue
             if kp.world_size:
