@@ -16,6 +16,13 @@ class LocalEngine:
     """Processes; 1 runs everything in this process."""
     _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
+    def warm_up(self) -> None:
+        """Start the worker pool's fork server early (nothing to do with one worker)."""
+        if self.workers > 1:
+            from tracekit.parse.pool import start_pool_server
+
+            start_pool_server()
+
     def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
                            max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
         return parse_kineto_files(paths, workers=self.workers, max_decompressed_bytes=max_decompressed_bytes,

@@ -358,6 +358,11 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
         raise TraceFormatError(str(trace_dir), "no such file or directory")
+    if engine is None:
+        from tracekit.engines.local import LocalEngine
+
+        engine = LocalEngine(workers=workers)
+    getattr(engine, "warm_up", lambda: None)()  # its start-up overlaps discovery and the logs
     found = disc.discover_inputs(trace_dir)
     skipped: list[dict[str, str]] = list(found.skipped)
     warnings: list[str] = []
@@ -434,10 +439,6 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         name_ranks = {str(f.path): f.name_rank for f in found.of_kind(disc.KINETO)}
         join_stats: dict[int, dict[str, Any]] = {}
         partial_logs: list[str] = []
-        if engine is None:
-            from tracekit.engines.local import LocalEngine
-
-            engine = LocalEngine(workers=workers)
         results = engine.parse_kineto_files(kineto_paths, max_decompressed_bytes=max_decompressed_bytes,
                                             max_memory_bytes=max_memory_bytes)
         for path, kp, error in results:
