@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -36,10 +39,11 @@ class Chromium:
     """One headless browser with one page session (use as a context manager)."""
 
     def __init__(self, binary: str, width: int = 1280, height: int = 900) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="tk-chromium-")
+        self.tmp = tempfile.TemporaryDirectory(prefix="tk-chromium-", ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.tmp.name}", f"--window-size={width},{height}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)  # its own process group: the renderer/GPU/crashpad children end with it
         url = self._devtools_url()
         self.ws = websocket.create_connection(url, timeout=60, suppress_origin=True)
         self._id = 0
@@ -134,12 +138,29 @@ class Chromium:
         try:
             self.ws.close()
         finally:
-            self.proc.terminate()
+            self._stop_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._stop_group(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            # helpers of the browser may still be flushing into the profile for a moment (seen in CI:
+            # "Directory not empty: 'Default'"); the profile is scratch, so retry, then let it go
+            for _ in range(20):
+                try:
+                    shutil.rmtree(self.tmp.name)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
             self.tmp.cleanup()
+
+    def _stop_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def __enter__(self) -> "Chromium":
         return self
