@@ -34,3 +34,34 @@ def test_spilled_tables_come_back_memory_mapped(tmp_path):
     back = pool.load_spilled(files)
     assert back["events"].equals(t)
     assert os.listdir(tmp_path) == []
+
+
+def test_auto_workers_are_one_per_core_capped_by_files_and_free_memory(tmp_path, monkeypatch):
+    import tracekit.engines.local as local
+    import tracekit.parse.pool as pool
+    from tracekit.engines.options import available_cores, engine_from_options
+
+    engine, budget = engine_from_options("local", workers=0, address=None, max_memory=None)
+    assert engine.auto and engine.workers == available_cores() and budget is None
+    explicit, _ = engine_from_options("local", workers=3, address=None, max_memory=None)
+    assert not explicit.auto and explicit.workers == 3
+    # three plain 1 MB "traces": sizes are all memory_workers reads
+    paths = []
+    for k in range(3):
+        p = tmp_path / f"rank{k}.json"
+        p.write_bytes(b" " * 1_000_000)
+        paths.append(str(p))
+    GB = 1_000_000_000
+    monkeypatch.setattr(pool, "available_memory_bytes", lambda: 10 * GB)
+    assert pool.memory_workers(paths, None) == int(10 * GB * 0.6 // (1.5e6 + 1e6))
+    monkeypatch.setattr(pool, "available_memory_bytes", lambda: 6_000_000)  # 6 MB free: 3.6 MB usable
+    assert pool.memory_workers(paths, None) == 1                            # 2.5 MB per worker
+    assert pool.memory_workers(paths, 200_000) == 3                         # a budget: 1.2 MB per worker
+    seen = []
+    monkeypatch.setattr(local, "parse_kineto_files", lambda p, workers, **kw: seen.append(workers) or iter(()))
+    monkeypatch.setattr(pool, "available_memory_bytes", lambda: 10 * GB)
+    local.LocalEngine(workers=8, auto=True).parse_kineto_files(paths)
+    local.LocalEngine(workers=8, auto=False).parse_kineto_files(paths)     # the user's count stands
+    assert seen == [3, 8]
+    with __import__("pytest").raises(ValueError, match="--workers"):
+        engine_from_options("local", workers=-1, address=None, max_memory=None)

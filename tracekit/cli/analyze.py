@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, one trace file, or a run store.",
                                          exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(Path("tracekit-out"), "--out", "-o", help="Output directory (created if needed)."),
-        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes (or local Ray CPUs) for per-rank parsing and analysis."),
+        workers: int = typer.Option(0, "--workers", "-j", min=0, help="Processes (or local Ray CPUs) for per-rank parsing and analysis; 0: one per core, fewer when there are fewer files or too little free memory.", show_default=True),
         engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),

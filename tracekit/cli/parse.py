@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         trace_dir: Path = typer.Argument(..., help="Directory holding the run's traces and logs, or one trace file.",
                                          exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(..., "--out", "-o", help="Run store directory to write (created if needed)."),
-        workers: int = typer.Option(1, "--workers", "-j", min=1, help="Processes parsing trace files in parallel."),
+        workers: int = typer.Option(0, "--workers", "-j", min=0, help="Processes parsing trace files in parallel; 0: one per core, fewer when there are fewer files or too little free memory.", show_default=True),
         engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
         max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         try:
-            result = parse_run(trace_dir, out, workers=workers, progress=not quiet, max_decompressed_bytes=limit,
+            result = parse_run(trace_dir, out, workers=engine.workers, progress=not quiet, max_decompressed_bytes=limit,
                                max_memory_bytes=budget, engine=engine, assume_rank=rank)
         except TracekitError as exc:
             err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)

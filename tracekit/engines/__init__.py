@@ -25,14 +25,15 @@ class Engine(Protocol):
 ENGINES = ("local", "ray")
 
 
-def make_engine(name: str, *, workers: int = 1, address: str | None = None) -> Engine:
-    """`local` or `ray` (address None: start a local Ray instance with `workers` CPUs)."""
+def make_engine(name: str, *, workers: int = 1, address: str | None = None, auto: bool = False) -> Engine:
+    """`local` or `ray` (address None: start a local Ray instance with `workers` CPUs). `auto`: the
+    worker count was not chosen by the user, so the local engine may use fewer (files, free memory)."""
     if name == "local":
         if address:
             raise ValueError("--address only applies to --engine ray")
         from tracekit.engines.local import LocalEngine
 
-        return LocalEngine(workers=workers)
+        return LocalEngine(workers=workers, auto=auto)
     if name == "ray":
         from tracekit.engines.ray_engine import RayEngine
 

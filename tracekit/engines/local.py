@@ -7,13 +7,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from tracekit.parse.pool import _pool_context, parse_kineto_files
+from tracekit.parse.pool import _pool_context, memory_workers, parse_kineto_files
 
 
 @dataclass
 class LocalEngine:
     workers: int = 1
     """Processes; 1 runs everything in this process."""
+    auto: bool = False
+    """The count is a default, not the user's: parsing uses no more workers than files, nor more
+    than the free memory holds (`memory_workers`)."""
     _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def warm_up(self) -> None:
@@ -25,7 +28,10 @@ class LocalEngine:
 
     def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
                            max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
-        return parse_kineto_files(paths, workers=self.workers, max_decompressed_bytes=max_decompressed_bytes,
+        workers = self.workers
+        if self.auto:
+            workers = max(1, min(workers, len(paths), memory_workers(paths, max_memory_bytes)))
+        return parse_kineto_files(paths, workers=workers, max_decompressed_bytes=max_decompressed_bytes,
                                   max_memory_bytes=max_memory_bytes)
 
     def map_ranks(self, fn: Callable[..., Any], args: list[tuple]) -> Iterator[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 _UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
@@ -20,11 +21,26 @@ def parse_memory_size(text: str) -> int:
     return value
 
 
+AUTO_WORKERS = 0
+"""`--workers 0` (the default): one worker per core this process may run on; the local engine then
+also caps them by the files to parse and the free memory (`tracekit.parse.pool.memory_workers`)."""
+
+
+def available_cores() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
 def engine_from_options(engine: str, *, workers: int, address: str | None, max_memory: str | None):
     """(Engine, max_memory_bytes) from CLI options; ValueError with a user-facing message when invalid."""
     from tracekit.engines import ENGINES, make_engine
 
     if engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if workers < 0:
+        raise ValueError(f"--workers must be 0 (one per core) or more, got {workers}")
     budget = parse_memory_size(max_memory) if max_memory is not None else None
-    return make_engine(engine, workers=workers, address=address), budget
+    auto = workers == AUTO_WORKERS
+    return make_engine(engine, workers=available_cores() if auto else workers, address=address, auto=auto), budget

@@ -60,6 +60,35 @@ def needs_chunking(path: str | Path, max_memory_bytes: int | None) -> bool:
     return size is None or size * NORMAL_PATH_MEMORY_FACTOR > max_memory_bytes
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+WORKER_MEMORY_SHARE = 0.6
+"""Share of the free memory that parse workers may plan on."""
+
+
+def memory_workers(paths: list[str], max_memory_bytes: int | None) -> int:
+    """How many files can be parsed at once in the free memory: each worker needs its parse's peak
+    (NORMAL_PATH_MEMORY_FACTOR x the largest JSON, or the budget when it chunks) and the result it
+    hands over (about that file's JSON size again, spilled to /dev/shm) at once."""
+    free = available_memory_bytes()
+    if free is None or not paths:
+        return len(paths) or 1
+    sizes = [json_size_bytes(p) or 4 * os.path.getsize(p) for p in paths]
+    largest = max(sizes)
+    parse_peak = min(largest * NORMAL_PATH_MEMORY_FACTOR, max_memory_bytes or float("inf"))
+    return max(1, int(free * WORKER_MEMORY_SHARE // max(parse_peak + largest, 1)))
+
+
 def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
                lazy_events: bool = False) -> Any:
     """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget."""

@@ -362,8 +362,9 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         from tracekit.engines.local import LocalEngine
 
         engine = LocalEngine(workers=workers)
-    getattr(engine, "warm_up", lambda: None)()  # its start-up overlaps discovery and the logs
     found = disc.discover_inputs(trace_dir)
+    if len(found.of_kind(disc.KINETO)) > 1:
+        getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     skipped: list[dict[str, str]] = list(found.skipped)
     warnings: list[str] = []
     meta: dict[str, Any] = {"trace_dir": str(trace_dir)}
