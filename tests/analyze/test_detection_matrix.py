@@ -47,7 +47,8 @@ RUNS: dict[str, list[str]] = {
     "gpipe_m4": PP_MODEL + ["--schedule", "gpipe", "--microbatches", "4"],
     "slow_link": ["--dp", "2", "--tp", "2", "--slow-link", "tp=0.005"],
     "host_stall": ["--dp", "2", "--host-stall-rank", "1", "--host-stall-ms", "50"],
-    "uneven_sequence_length": ["--dp", "2", "--uneven-seq-rank", "1"],
+    # 4x the sequence length (2x held rank 1 back ~8 ms a step, less than another rank's preemption can)
+    "uneven_sequence_length": ["--dp", "2", "--uneven-seq-rank", "1", "--uneven-seq-factor", "4"],
     "tp_across_hosts": ["--tp", "2", "--ranks-per-host", "1"],
     "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3"],
     "no_overlap": ["--dp", "2", "--no-overlap"],

@@ -21,15 +21,17 @@ STEP = 10 * MS
 
 
 def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000,
-             late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None, second_op: bool = False):
+             late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None, second_op: bool = False,
+             late_gap: bool = False, trace_kind: str = "cpu"):
     """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs);
     `routed_tokens`: per rank, tokens its MoE router assigns per step (one layer, two experts);
     `second_op`: a second all-reduce per step (8.5 ms, rank 0 last by 0.1 ms, ends at 9 ms), so the late
-    rank is last at only half of its collectives."""
+    rank is last at only half of its collectives; `late_gap`: the late rank computes 4 ms like its peers
+    and then nothing is recorded until it arrives (a sleep, or the process preempted)."""
     ranks, steps, events, coll, routing = [], [], [], [], []
     main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
     for r in range(3):
-        ranks.append({"rank": r, "world_size": 3, "hostname": hosts[r], "trace_kind": "cpu",
+        ranks.append({"rank": r, "world_size": 3, "hostname": hosts[r], "trace_kind": trace_kind,
                       "first_ts": 0, "last_ts": 4 * STEP})
         for s in range(4):
             base = s * STEP
@@ -38,9 +40,10 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
             for e in range(2) if routed_tokens else ():
                 routing.append({"rank": r, "step": s, "layer": 1, "expert": e, "tokens": routed_tokens[r] // 2})
             n_ops = slow_ops if r == late_rank else 1
+            computed = 4 * MS if late_gap else busy
             for k in range(n_ops):
                 events.append({"rank": r, "name": "aten::mm", "cat": "cpu_op", "tid": 1, "thread_name": main,
-                               "ts": base + k * busy // n_ops, "dur": busy // n_ops, "step": s})
+                               "ts": base + k * computed // n_ops, "dur": computed // n_ops, "step": s})
             for k in range(2):  # size-independent ops, inside the compute
                 events.append({"rank": r, "name": "aten::view", "cat": "cpu_op", "tid": 1, "thread_name": main,
                                "ts": base + 100_000 * (k + 1), "dur": view_ns if r == late_rank else 10_000,
@@ -149,6 +152,23 @@ def test_same_ops_on_equal_counted_work_is_contention_even_with_normal_speed_vie
     b = analyze_store(scenario(tmp_path / "b", slow_ops=1, routed_tokens={0: 256, 1: 256, 2: 256}))
     (g,) = _find(b, "straggler")
     assert g["evidence"]["cause"] == "contention" and g["severity"] == "warning"
+
+
+def test_unrecorded_gaps_on_cpu_ranks_sharing_one_host_stay_info(tmp_path):
+    # same ops, same compute, then 3 ms with nothing recorded before it arrives: host idle
+    a = analyze_store(scenario(tmp_path, slow_ops=1, late_gap=True, hosts=("vm", "vm", "vm")))
+    (f,) = _find(a, "straggler")
+    assert f["ranks"] == [2] and f["evidence"]["cause"] == "host_idle"
+    # 3 ms at each examined instance (the first step's has no earlier collective to measure from)
+    assert f["evidence"]["host_idle_excess_ns"] == f["evidence"]["instances_examined"] * 3 * MS > 0
+    # CPU-only ranks on one host's cores: preemption leaves the same gaps as a sleep; timing alone
+    assert f["severity"] == "info" and f["est_saving_ns"] == 0
+    assert f["evidence"]["severity_capped"].startswith("warning") and f["evidence"]["original_est_saving_ns"] == 3 * MS
+    # on separate hosts, or with devices doing the compute, the gap is the rank's own: a warning
+    for kw in ({"hosts": ("h0", "h1", "h2")}, {"hosts": ("vm", "vm", "vm"), "trace_kind": "gpu"}):
+        b = analyze_store(scenario(tmp_path / kw.get("trace_kind", "hosts"), slow_ops=1, late_gap=True, **kw))
+        (g,) = _find(b, "straggler")
+        assert g["evidence"]["cause"] == "host_idle" and g["severity"] == "warning" and g["est_saving_ns"] == 3 * MS
 
 
 def test_same_ops_on_more_routed_tokens_is_uneven_work_and_warns_below_the_noise_floor(tmp_path):

@@ -12,7 +12,8 @@ back 10-20% of the step (CPU contention), and that is reported as info. A "conte
 (same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
 of its own (the original is kept in the evidence), whatever its size: the host's scheduler, not
 the rank's work, decides who is late (on several hosts it can be a noisy neighbour or
-throttling, and keeps its severity). Two causes are measured on the rank itself rather than timed
+throttling, and keeps its severity). So does a "host_idle" or "unknown" straggler without extra ops
+when the ranks are CPU-only on one host: a preempted process leaves the same unrecorded gaps as a sleep. Two causes are measured on the rank itself rather than timed
 against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
 FLOPs/tokens) warns from 10% of the step.
 
@@ -356,6 +357,8 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
     for i, row in enumerate(rows):
         nxt = max((o["delay_ns_per_step"] for j, o in enumerate(rows) if j != i), default=0)
         row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
+    kinds = set(store.table("ranks", ["trace_kind"]).column("trace_kind").to_pylist())
+    cpu_only = kinds == {"cpu"}  # no device: the ranks compute on the host's (shared) cores
     findings, stragglers = [], []
     for row in rows:
         frac = row["delay_fraction"] or 0.0
@@ -390,6 +393,15 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
             # scheduler (oversubscribed cores) decides who is late, not the rank's work. Reported,
             # but with no saving of its own (nothing in the job to change), like reconcile() does.
             ev = {**ev, "severity_capped": f"{sev.value} -> info: same-host CPU contention",
+                  "original_est_saving_ns": saving}
+            sev, saving = Severity.INFO, 0
+        elif (cause in ("host_idle", "unknown") and one_host and cpu_only
+              and (ev.get("op_count_ratio") or 1.0) < cfg.more_work_ratio):
+            # CPU-only ranks computing on one host's shared cores: a rank its scheduler preempts shows
+            # the same unrecorded gaps as one that sleeps, so timing alone cannot name the rank's own
+            # code (a clean 2-rank run on a 2-vCPU VM: one rank "host idle" 30% of the step)
+            ev = {**ev, "severity_capped": f"{sev.value} -> info: unrecorded gaps on ranks sharing one "
+                                           "host's CPU cores (preemption looks the same)",
                   "original_est_saving_ns": saving}
             sev, saving = Severity.INFO, 0
         dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
