@@ -42,8 +42,14 @@ class ModelConfig:
     """Per-expert capacity = ceil(capacity_factor * tokens * top_k / num_experts) on the routing rank."""
     aux_loss_weight: float = 0.01
     """Weight of the load-balancing auxiliary loss."""
+    device_us_per_token: float = 0.0
+    """Simulated accelerator time (µs per token per block, and per routed token in each expert; backward
+    twice as long): ranks wait it out as a host waits on its GPU, so pipeline stages and expert-parallel
+    ranks work side by side even on a box with fewer cores than ranks. 0: off."""
 
     def __post_init__(self) -> None:
+        if self.device_us_per_token < 0:
+            raise ValueError("device_us_per_token must be >= 0")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
         if self.moe_every < 0 or self.num_layers < 1:

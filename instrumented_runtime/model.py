@@ -12,12 +12,14 @@ rank (num_heads / tp), Dh = head dim, V = vocab.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from .config import ModelConfig
 
@@ -106,6 +108,31 @@ class MLP(nn.Module):
         return y
 
 
+class DeviceWait(torch.autograd.Function):
+    """Identity that waits `seconds` in forward and twice that in backward: simulated accelerator time
+    (ModelConfig.device_us_per_token), spent like a host waiting on a kernel, not on a core."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):  # type: ignore[override]
+        ctx.seconds = seconds
+        with record_function("device:wait"):
+            time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        with record_function("device:wait"):
+            time.sleep(2 * ctx.seconds)
+        return g, None
+
+
+def device_wait(x: torch.Tensor, tokens: int, us_per_token: float) -> torch.Tensor:
+    """`x` after the simulated device time of `tokens` tokens (nothing when the knob is off)."""
+    if us_per_token <= 0 or tokens <= 0:
+        return x
+    return DeviceWait.apply(x, tokens * us_per_token * 1e-6)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, router_bias: dict[int, float] | None = None) -> None:
         super().__init__()
@@ -114,6 +141,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
         self.is_moe = cfg.is_moe_layer(layer_id)
+        self.device_us = cfg.device_us_per_token
         self.aux_loss_scale = 1.0   # set by parallelize: 1 / (routing calls covering one global batch)
         self.slowdown: Any = None   # a faults.ComputeSlowdown on the slow rank
         if self.is_moe:
@@ -122,7 +150,8 @@ class Block(nn.Module):
             self.moe = MoE(cfg.d_model, cfg.d_ff,
                            MoEConfig(num_experts=cfg.num_experts, top_k=cfg.top_k,
                                      capacity_factor=cfg.capacity_factor, aux_loss_weight=cfg.aux_loss_weight,
-                                     router_bias=dict(router_bias or {})),
+                                     router_bias=dict(router_bias or {}),
+                                     device_us_per_token=cfg.device_us_per_token),
                            layer_id, None)
         else:
             self.mlp = MLP(cfg)
@@ -143,7 +172,8 @@ class Block(nn.Module):
             y = AuxLossToGrad.apply(y, aux, self.aux_loss_scale)
         else:
             y = self.mlp(h, par)
-        return x + y
+        out = x + y
+        return device_wait(out, out.shape[0] * out.shape[1], self.device_us)
 
 
 class Transformer(nn.Module):

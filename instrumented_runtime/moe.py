@@ -54,6 +54,8 @@ class MoEConfig:
     """Weight of the Switch/GShard load-balancing loss."""
     router_bias: dict[int, float] = field(default_factory=dict)
     """Fault knob: global expert id → bias added to its router logit."""
+    device_us_per_token: float = 0.0
+    """Simulated accelerator time per routed token in the local experts (model.device_wait)."""
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
@@ -217,10 +219,13 @@ class MoE(nn.Module):
 
     def _run_experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x rows grouped by local expert (counts[e] rows each) → expert MLP outputs, same order."""
+        from .model import device_wait
+
         outs = []
         for e, part in enumerate(torch.split(x, counts)):
             outs.append(torch.matmul(F.gelu(torch.matmul(part, self.w1[e])), self.w2[e]))
-        return torch.cat(outs) if outs else x[:0]
+        y = torch.cat(outs) if outs else x[:0]
+        return device_wait(y, int(x.shape[0]), self.cfg.device_us_per_token)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (..., d_model) → (y of the same shape, aux loss scalar)."""

@@ -233,3 +233,21 @@ def test_uneven_sequences_make_their_replica_slower(uneven):
         (e,) = [e for e in t.named("aten::embedding")][:1]
         return e["args"]["Input Dims"][1][1]
     assert emb_len(t1) == 2 * emb_len(t0)
+
+
+def test_simulated_device_time_is_an_identity_that_waits_forward_and_twice_in_backward():
+    import time
+
+    import torch
+
+    from instrumented_runtime.model import device_wait
+
+    x = torch.randn(4, 8, requires_grad=True)
+    t0 = time.perf_counter()
+    y = device_wait(x * 2, tokens=100, us_per_token=100.0)  # 10 ms forward, 20 ms backward
+    t1 = time.perf_counter()
+    y.sum().backward()
+    t2 = time.perf_counter()
+    assert torch.equal(y, x.detach() * 2) and torch.equal(x.grad, torch.full_like(x, 2.0))
+    assert 0.010 <= t1 - t0 < 0.2 and 0.020 <= t2 - t1 < 0.4
+    assert device_wait(x, tokens=100, us_per_token=0.0) is x  # off: not even a graph node
