@@ -169,13 +169,6 @@ def pp_runs(tmp_path_factory):
     return imb, bal
 
 
-def _stage_compute(t: RankTrace) -> int:
-    """Stage fwd+bwd label time in the less disturbed of the profiled steps (the box is shared)."""
-    per_step = [sum(ns(e["dur"]) for e in t.named("pp:stage") if lo <= interval(e)[0] < hi) for lo, hi in t.windows]
-    assert len(per_step) == 2 and all(per_step)
-    return min(per_step)
-
-
 def _cross_stage_overlap(out: Path) -> float:
     """Time both stages compute at once / step time (ranks share one host clock)."""
     t0, t1 = _traces(out, 2)
@@ -184,15 +177,28 @@ def _cross_stage_overlap(out: Path) -> float:
     return intersect_total(a, b) / sum(w[1] - w[0] for w in t0.windows)
 
 
-def test_imbalanced_stage_has_longer_fwd_bwd(pp_runs):
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def _stage_matmuls(t: RankTrace) -> int:
+    """Matrix multiplies inside the stage's fwd/bwd labels in the first profiled step: the stage's work,
+    counted, whatever the box's load does to its time."""
+    lo, hi = t.windows[0]
+    phases = union([interval(e) for e in t.named("pp:stage") if lo <= interval(e)[0] < hi])
+    return sum(1 for e in t.main if e.get("cat") == "cpu_op" and e["name"] in MATMULS
+               and any(a <= interval(e)[0] < b for a, b in phases))
+
+
+def test_imbalanced_stage_does_more_work(pp_runs):
     imb, bal = pp_runs
     gt = _faults(imb)["stage_imbalance"]
     assert gt["stages"] == [0] and gt["stage_layers"] == [5, 1]
     t0, t1 = _traces(imb, 2)
     assert {e["name"] for e in t0.named("pp:")} == {"pp:stage0:mb0:fwd", "pp:stage0:mb0:bwd"}
-    assert _stage_compute(t0) >= 1.5 * _stage_compute(t1)
+    # counted, not timed: a clean CI run once timed the 5-layer stage shorter than the 1-layer one
+    assert _stage_matmuls(t0) >= 2.5 * _stage_matmuls(t1) > 0
     b0, b1 = _traces(bal, 2)
-    assert 0.5 <= _stage_compute(b0) / _stage_compute(b1) <= 2.0
+    assert 0.5 <= _stage_matmuls(b0) / _stage_matmuls(b1) <= 2.0
 
 
 def test_one_microbatch_serialises_the_stages(pp_runs):
