@@ -43,8 +43,10 @@ RUNS: dict[str, list[str]] = {
     "clean": ["--dp", "2"],
     # 5 of 6 layers on stage 0: each stage's fixed work (embedding/head, loss, per-micro-batch overheads)
     # is ~1.5 layers' worth, so 3 of 4 gave only 1.21-1.28x (at the 1.2x warning line under load);
-    # 5 of 6 gives ~1.5x, loaded box included
-    "stage_imbalance": PP_MODEL + ["--microbatches", "4", "--num-layers", "6", "--stage-layers", "5,1"],
+    # 5 of 6 gives ~1.5x on CPU time alone. With simulated device time per block the stages' times follow
+    # their layers even when the box preempts one stage's process (a clean-clone CI run once timed the
+    # 5-layer stage of an m=1 run shorter than the 1-layer one)
+    "stage_imbalance": PP_MODEL + PP_DEVICE + ["--microbatches", "4", "--num-layers", "6", "--stage-layers", "5,1"],
     "router_skew": MOE_MODEL + ["--router-bias", "3=2.0"],
     "too_few_microbatches": PP_MODEL + ["--schedule", "gpipe", "--microbatches", "1"],
     # the re-run pairs: with simulated device time (ModelConfig.device_us_per_token, a sleep as a host
@@ -61,9 +63,10 @@ RUNS: dict[str, list[str]] = {
     "tp_across_hosts": ["--tp", "2", "--ranks-per-host", "1"],
     "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3"],
     "no_overlap": ["--dp", "2", "--no-overlap"],
-    "1f1b_m2": PP_MODEL + ["--microbatches", "2"],
-    "1f1b_m4": PP_MODEL + ["--microbatches", "4"],
-    "1f1b_m8": PP_MODEL + ["--microbatches", "8"],
+    # the bubble against theory, with device time: two CPU stages side by side slow each other here
+    "1f1b_m2": PP_MODEL + PP_DEVICE + ["--microbatches", "2"],
+    "1f1b_m4": PP_MODEL + PP_DEVICE + ["--microbatches", "4"],
+    "1f1b_m8": PP_MODEL + PP_DEVICE + ["--microbatches", "8"],
 }
 # second runs of the re-run pairs, taken in A, B, A, B order so a load change on the shared box hits both
 for _name in ("rerun_gpipe_m1", "rerun_gpipe_m4", "rerun_router_skew", "rerun_router_balanced"):
