@@ -436,15 +436,7 @@ class _RowCapture(threading.local):
         rows: list[tuple] = []
         append = rows.append
 
-        class XRow(msgspec.Struct, tag="X", tag_field="ph", gc=False):
-            name: str = ""
-            cat: Union[str, None] = None
-            ts: Raw = NO_RAW
-            dur: Raw = NO_RAW
-            pid: Union[int, str, None] = None
-            tid: Union[int, str, None] = None
-            args: XArgs = EMPTY_ARGS
-
+        class XRow(X):  # X's fields and tag; each decoded event appends its row
             def __post_init__(self) -> None:
                 a = self.args
                 append((self.name, self.cat, self.ts, self.dur, self.pid, self.tid, a, a.external_id,
