@@ -43,9 +43,7 @@ def clean_rank0_analysis(tmp_path_factory) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def clean_pair_analysis(tmp_path_factory) -> dict[str, Any]:
     """Analysis of both clean ranks."""
-    d = tmp_path_factory.mktemp("clean_pair")
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path_factory.mktemp("clean_pair"))
     code, err, analysis = run_analyze(d, d / "out")
     assert code == 0, err
     return analysis

@@ -29,6 +29,23 @@ def clean_gz_bytes(rank: int) -> bytes:
     return (CLEAN_RUN / f"rank{rank}.pt.trace.json.gz").read_bytes()
 
 
+def write_clean_pair(d: Path) -> Path:
+    """Folder `d` (created) holding the clean run's two rank traces."""
+    d.mkdir(parents=True, exist_ok=True)
+    for r in (0, 1):
+        (d / f"rank{r}.pt.trace.json.gz").write_bytes(clean_gz_bytes(r))
+    return d
+
+
+def with_host_and_group_desc(doc: dict[str, Any], host: str, pg_desc: str) -> dict[str, Any]:
+    """A copy of `doc` whose host name and default group's description are the given strings."""
+    doc = dict(doc, host_name=host)
+    di = dict(doc["distributedInfo"])
+    di["pg_config"] = [dict(g, pg_desc=pg_desc) if g["pg_name"] == "0" else g for g in di["pg_config"]]
+    doc["distributedInfo"] = di
+    return doc
+
+
 def dump(doc: Any) -> bytes:
     return json.dumps(doc).encode()
 

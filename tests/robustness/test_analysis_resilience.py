@@ -16,10 +16,7 @@ def test_failing_analyzer_is_listed_and_the_rest_runs(tmp_path, monkeypatch, cle
         raise KeyError("a column this trace does not have")
 
     monkeypatch.setattr("tracekit.analyze.pipeline.analyze_pipeline", boom)
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
 
     code, err, analysis = run_analyze(d, tmp_path / "out")
 
@@ -75,10 +72,7 @@ def test_damaged_run_store(tmp_path, clean_pair_analysis):
     """Re-analysing a store: cut meta.json exits 1 naming it; a cut Parquet table is an analyzer error, not a crash."""
     import shutil
 
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
     code, err, _ = run_analyze(d, tmp_path / "first")
     assert code == 0, err
     store = tmp_path / "first" / "tables"

@@ -178,10 +178,7 @@ def test_damaged_but_readable_rank_is_kept(tmp_path, clean_docs, clean_pair_anal
 
 
 def test_duplicate_rank_keeps_one_and_names_both(tmp_path, clean_pair_analysis):
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
     (d / "rank1_copy.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(1))
 
     code, err, analysis = run_analyze(d, tmp_path / "out")
@@ -316,10 +313,7 @@ def test_inconsistent_clock_skew_is_warned(tmp_path, clean_docs):
 
 
 def test_malicious_pickle_beside_traces_is_refused_not_run(tmp_path, clean_pair_analysis):
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
     sentinel = tmp_path / "PWNED"
     evil = d / "fr_rank1.pkl"
     evil.write_bytes(C.malicious_pickle(sentinel))
@@ -351,10 +345,7 @@ def test_nothing_analyzable_exits_1_naming_each_file(tmp_path, clean_docs):
 
 def test_explicit_decompression_budget_on_the_command_line(tmp_path, clean_pair_analysis):
     """--max-decompressed-mb below the traces' size skips both (exit 1, each named); above it, both analysed."""
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
     sizes = [len(gzip.decompress(C.clean_gz_bytes(r))) for r in (0, 1)]
     assert 1 << 20 < min(sizes) and max(sizes) < 8 << 20
 
@@ -378,10 +369,7 @@ def test_huge_strings_outside_event_names_are_cut(tmp_path, clean_docs, clean_pa
     d = tmp_path / "run"
     d.mkdir()
     for r in (0, 1):
-        doc = dict(clean_docs[r], host_name=big)
-        di = dict(doc["distributedInfo"])
-        di["pg_config"] = [dict(g, pg_desc=big) if g["pg_name"] == "0" else g for g in di["pg_config"]]
-        doc["distributedInfo"] = di
+        doc = C.with_host_and_group_desc(clean_docs[r], big, big)
         doc = C.map_events(doc, lambda e: dict(e, args={"name": e["args"]["name"] + big})
                            if e.get("ph") == "M" and e.get("name") == "thread_name" else e)
         C.write(d / f"rank{r}.pt.trace.json.gz", C.dump(doc))

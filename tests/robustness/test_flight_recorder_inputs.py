@@ -62,10 +62,7 @@ def test_self_referencing_plain_pickle_does_not_hang(tmp_path):
 
 @pytest.mark.parametrize("form", ["json", "pickle"])
 def test_cut_dump_is_skipped_and_traces_kept(tmp_path, clean_pair_analysis, form):
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        (d / f"rank{r}.pt.trace.json.gz").write_bytes(C.clean_gz_bytes(r))
+    d = C.write_clean_pair(tmp_path / "run")
     doc = C.flight_recorder_doc(1)
     data = json.dumps(doc).encode() if form == "json" else pickle.dumps(doc, protocol=4)
     dump = d / ("fr_rank1.json" if form == "json" else "fr_rank1.pkl")

@@ -34,10 +34,7 @@ def test_hostile_trace_strings_are_escaped_in_html_and_markdown(tmp_path, clean_
     d = tmp_path / "run"
     d.mkdir()
     for r in (0, 1):
-        doc = dict(clean_docs[r], host_name=HOST)
-        di = dict(doc["distributedInfo"])
-        di["pg_config"] = [dict(g, pg_desc=PG_DESC) if g["pg_name"] == "0" else g for g in di["pg_config"]]
-        doc["distributedInfo"] = di
+        doc = C.with_host_and_group_desc(clean_docs[r], HOST, PG_DESC)
         C.write(d / f"rank{r}.pt.trace.json.gz", C.dump(doc))
     (d / BAD_NAME).write_bytes(b'{"traceEvents": [')  # cut off: skipped, its name shown
 
