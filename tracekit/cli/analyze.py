@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from tracekit.cli import options as O
+
 HELP = """Analyze a distributed training run: where each rank's step time goes, exposed communication,
 stragglers, and more, with findings sorted by estimated saving.
 
@@ -58,18 +60,14 @@ def register(app: typer.Typer) -> None:
         trace_dir: Path = typer.Argument(..., help="Directory of traces/logs, one trace file, or a run store.",
                                          exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(Path("tracekit-out"), "--out", "-o", help="Output directory (created if needed)."),
-        workers: int = typer.Option(0, "--workers", "-j", min=0, help="Processes (or local Ray CPUs) for per-rank parsing and analysis; 0: one per core, fewer when there are fewer files or too little free memory.", show_default=True),
-        engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
-        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
+        workers: int = O.WORKERS,
+        engine_name: str = O.ENGINE,
+        address: Optional[str] = O.ADDRESS,
+        max_memory: Optional[str] = O.MAX_MEMORY,
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
-        rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Rank of a lone trace that names none "
-                                           "(in distributedInfo or its file name); never assumed otherwise."),
-        max_decompressed_mb: Optional[int] = typer.Option(
-            None, "--max-decompressed-mb", min=1,
-            help="Skip any input that decompresses to more than this many MiB "
-                 "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs)."),
+        rank: Optional[int] = O.RANK,
+        max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
     ) -> None:
         from rich.console import Console
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from tracekit.cli import options as O
+
 HELP = """Parse a directory of traces into a run store (one Parquet file per table).
 
 Reads, recursively: Kineto traces (*.json, *.json.gz, *.pt.trace.json.gz), collective logs
@@ -36,17 +38,13 @@ def register(app: typer.Typer) -> None:
         trace_dir: Path = typer.Argument(..., help="Directory holding the run's traces and logs, or one trace file.",
                                          exists=True, file_okay=True, dir_okay=True, readable=True),
         out: Path = typer.Option(..., "--out", "-o", help="Run store directory to write (created if needed)."),
-        workers: int = typer.Option(0, "--workers", "-j", min=0, help="Processes parsing trace files in parallel; 0: one per core, fewer when there are fewer files or too little free memory.", show_default=True),
-        engine_name: str = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray."),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs)."),
-        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks."),
+        workers: int = O.WORKERS,
+        engine_name: str = O.ENGINE,
+        address: Optional[str] = O.ADDRESS,
+        max_memory: Optional[str] = O.MAX_MEMORY,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
-        rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Rank of a lone trace that names none "
-                                           "(in distributedInfo or its file name); never assumed otherwise."),
-        max_decompressed_mb: Optional[int] = typer.Option(
-            None, "--max-decompressed-mb", min=1,
-            help="Skip any trace that decompresses to more than this many MiB "
-                 "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs)."),
+        rank: Optional[int] = O.RANK,
+        max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
     ) -> None:
         from rich.console import Console
         from rich.markup import escape

@@ -1,0 +1,22 @@
+"""Options `tracekit parse` and `tracekit analyze` share: declared once so their flags and help agree."""
+
+from __future__ import annotations
+
+import typer
+
+WORKERS = typer.Option(
+    0, "--workers", "-j", min=0, show_default=True,
+    help="Processes (or local Ray CPUs) for per-rank parsing and analysis; 0: one per core, fewer when there "
+         "are fewer files or too little free memory.")
+ENGINE = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray.")
+ADDRESS = typer.Option(None, "--address",
+                       help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs).")
+MAX_MEMORY = typer.Option(None, "--max-memory",
+                          help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks.")
+RANK = typer.Option(None, "--rank", min=0,
+                    help="Rank of a lone trace that names none (in distributedInfo or its file name); "
+                         "never assumed otherwise.")
+MAX_DECOMPRESSED_MB = typer.Option(
+    None, "--max-decompressed-mb", min=1,
+    help="Skip any input that decompresses to more than this many MiB "
+         "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs).")
