@@ -182,14 +182,15 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
         dl_set = iv.union(dl["ts"].to_numpy(np.int64), (dl["ts"] + dl["dur"]).to_numpy(np.int64))
         per_rank_cache[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
     delay_examined = 0
+    members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
+                             + row_trace_shift(members, matched.trace_shift).astype(np.int64))
     for key, grp in members.groupby("key"):
         vals = {}
         for row in grp.itertuples():
             p = prev_end_map.get((row.rank, key))
             if p is None:
                 continue
-            shift = 0 if row.source == "kineto" else matched.trace_shift[row.rank]
-            lo, hi = p, int(row.arrival_raw) + shift
+            lo, hi = p, int(row.arrival_trace)
             act, dl_set, busy = per_rank_cache[row.rank]
             comp = int(iv.covered(act.compute, [lo], [hi])[0])
             idle = (hi - lo) - int(iv.covered(busy, [lo], [hi])[0])
