@@ -451,12 +451,12 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             try:
                 rank, source = _identify(kp.rank, "distributedInfo", name_ranks[path], path, local_warnings)
             except RankIdentityError as exc:
-                if assume_rank is None or len(kineto_paths) != 1:
-                    reason = exc.reason + ("" if assume_rank is not None or len(kineto_paths) != 1 else
-                                           "; for a single-rank trace pass its rank (--rank R)")
-                    if assume_rank is not None:
-                        reason += f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
-                    skipped.append({"file": path, "reason": reason})
+                lone = len(kineto_paths) == 1
+                if assume_rank is None or not lone:
+                    hint = ("; for a single-rank trace pass its rank (--rank R)" if assume_rank is None and lone else
+                            f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
+                            if assume_rank is not None else "")
+                    skipped.append({"file": path, "reason": exc.reason + hint})
                     continue
                 rank, source = assume_rank, "user (--rank)"
                 local_warnings.append(f"{Path(path).name}: no rank in the file or its name; rank "
