@@ -243,9 +243,8 @@ def _exposed_per_step(ctx: AnalysisContext) -> Callable[[str, str, str, list[int
         mine = mine[mine["bytes"].map(lambda b: _bucket(int(b)) in buckets)]
         if not len(mine):
             return 0.0
-        per_rank = mine.groupby("rank").apply(lambda g: g["transfer_exposed_ns"].sum() / max(int(g["steps"].iloc[0]), 1),
-                                              include_groups=False)
-        return float(per_rank.max())
+        per_step = mine["transfer_exposed_ns"] / mine["steps"].clip(lower=1)
+        return float(per_step.groupby(mine["rank"]).sum().max())
     return bound
 
 

@@ -22,8 +22,9 @@ STORE_SCHEMA = "tracekit.store/1"
 
 
 ROW_GROUP_ROWS = 1 << 18
-"""Most rows per Parquet row group: the writer holds one encoded row group in memory, so this bounds its
-share of peak memory for a rank with millions of events (measured in benchmarks/scale_bench.py)."""
+"""Most rows per Parquet row group: the writer holds one encoded row group in memory, so a rank with
+millions of events never builds one huge group (alone it changed the chunked path's peak little; writing
+the chunks part by part did that, see parse/spilled.py)."""
 
 
 @dataclass
