@@ -65,3 +65,61 @@ def test_logs_each_collective_with_group_seq_sizes(tmp_path, gloo_world):
     assert [e["state"] for e in entries] == ["completed"] * 2 + ["scheduled"] + ["completed"] * 5
     assert all(e["time_discovered_completed_ns"] >= e["time_created_ns"] for e in entries if e["state"] == "completed")
     assert {e["process_group"][0] for e in entries} == {dist.group.WORLD.group_name, sub.group_name}
+
+
+class _LateCallbackFuture:
+    """A future that already says done but runs its callbacks a moment later on another thread,
+    as c10d does (waiters are woken before callbacks run)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def done(self) -> bool:
+        return True
+
+    def add_done_callback(self, fn) -> None:
+        import threading
+
+        threading.Timer(self.delay_s, fn, args=(self,)).start()
+
+
+class _Work:
+    def __init__(self, fut) -> None:
+        self.fut = fut
+
+    def get_future(self):
+        return self.fut
+
+
+def test_step_flush_waits_for_the_callback_of_a_completed_future(tmp_path):
+    """A step boundary reached before the completion callback ran still writes that collective:
+    otherwise a rank killed in the next step loses it (seen as a rank missing one DDP all-reduce)."""
+    from tracekit.record.commlog import CommLog
+    from tracekit.record.dispatch_mode import CollectiveLoggingMode, GroupInfo
+
+    log = CommLog(tmp_path / "comms.rank0.jsonl", 0, 1)
+    mode = CollectiveLoggingMode(log, 0)
+    mode.step = 2
+    info = GroupInfo(name="0", desc="default_pg", ranks=[0, 1], backend="gloo")
+    done_soon = mode._new_entry("all_reduce", False, info, 1, [[68]], ["Float"], [[68]], ["Float"],
+                                None, None, None)
+    mode._attach_work(done_soon, _Work(_LateCallbackFuture(0.01)))
+    assert mode.flush() == 1  # not final: settles the completed future, writes it
+    still_running = mode._new_entry("all_reduce", False, info, 2, [[2]], ["Float"], [[2]], ["Float"],
+                                    None, None, None)
+
+    class _Running(_LateCallbackFuture):
+        def done(self) -> bool:
+            return False
+
+        def add_done_callback(self, fn) -> None:
+            self.fn = fn
+
+    running = _Running(0.0)
+    mode._attach_work(still_running, _Work(running))
+    assert mode.flush(settle_s=0.01) == 0  # genuinely in flight: kept for a later flush
+    running.fn(running)
+    assert mode.flush() == 1
+    log.close()
+    _, entries, _ = load_comms(tmp_path / "comms.rank0.jsonl")
+    assert [(e["input_sizes"], e["state"]) for e in entries] == [([[68]], "completed"), ([[2]], "completed")]

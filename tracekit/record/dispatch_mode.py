@@ -319,12 +319,14 @@ class CollectiveLoggingMode(TorchDispatchMode):
         if entry is not None and entry["time_completed_ns"] is None:
             entry["time_completed_ns"] = time.time_ns()
 
-    def flush(self, final: bool = False, grace_s: float = 1.0) -> int:
+    def flush(self, final: bool = False, grace_s: float = 1.0, settle_s: float = 0.05) -> int:
         """Write buffered entries (in issue order) to the log; returns how many were written.
 
-        Not `final`: stops at the first collective whose completion is still due (it is written at
-        a later flush, so a completion callback racing the step boundary is not lost). `final`:
-        waits up to `grace_s` for pending completions, then writes everything.
+        Not `final`: first waits up to `settle_s` for the callbacks of futures that already say
+        done (c10d marks a future complete, wakes its waiters, then runs callbacks: the training
+        thread can reach the step boundary before our callback has run), then stops at the first
+        collective whose completion is still due (written at a later flush). `final`: waits up to
+        `grace_s` for pending completions, then writes everything.
         """
         with self._lock:
             pending = self._pending
@@ -334,6 +336,9 @@ class CollectiveLoggingMode(TorchDispatchMode):
                     time.sleep(0.001)
                 cut = len(pending)
             else:
+                deadline = time.monotonic() + settle_s
+                while any(_settling(e) for e in pending) and time.monotonic() < deadline:
+                    time.sleep(0.0002)
                 cut = next((i for i, e in enumerate(pending) if _due(e)), len(pending))
             ready, self._pending = pending[:cut], pending[cut:]
         if final:
@@ -355,6 +360,16 @@ class CollectiveLoggingMode(TorchDispatchMode):
 def _due(entry: dict[str, Any]) -> bool:
     """A collective whose completion callback has not fired yet."""
     return entry["time_completed_ns"] is None and "_future" in entry
+
+
+def _settling(entry: dict[str, Any]) -> bool:
+    """A collective whose future is complete but whose completion callback has not run yet."""
+    if not _due(entry):
+        return False
+    try:
+        return bool(entry["_future"].done())
+    except Exception:
+        return False
 
 
 def _int_list(value: Any) -> list[int] | None:
