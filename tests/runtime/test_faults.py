@@ -147,7 +147,9 @@ def test_slow_link_delays_every_collective_of_its_group(tp_runs):
     for rank in range(2):
         durs = _tp_comm_durations(slow, rank)
         assert len(durs) > 10 and min(durs) >= delay_ns
-        assert statistics.median(_tp_comm_durations(base, rank)) < delay_ns
+        # without the fault, not every call takes that long (the median can: a clean-clone CI run's
+        # baseline tp calls, which include waiting for the peer, had a 6.2 ms median on a busy box)
+        assert min(_tp_comm_durations(base, rank)) < delay_ns
         entries = [e for e in load_jsonl(slow / f"comms.rank{rank}.jsonl")
                    if e.get("process_group", [None, None])[1] == "mesh_tp" and e["step"] in (2, 3)]
         assert entries and all(e["time_discovered_completed_ns"] - e["time_discovered_started_ns"] >= delay_ns
