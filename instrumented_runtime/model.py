@@ -12,16 +12,15 @@ rank (num_heads / tp), Dh = head dim, V = vocab.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.profiler import record_function
 
 from .config import ModelConfig
+from .device_time import device_wait
 
 
 @dataclass
@@ -106,31 +105,6 @@ class MLP(nn.Module):
         if par.sequence_parallel:
             y = comm.reduce_scatter_to_sp(y, par.tp_group, dim=1, label="tp:mlp:sp_reduce_scatter")
         return y
-
-
-class DeviceWait(torch.autograd.Function):
-    """Identity that waits `seconds` in forward and twice that in backward: simulated accelerator time
-    (ModelConfig.device_us_per_token), spent like a host waiting on a kernel, not on a core."""
-
-    @staticmethod
-    def forward(ctx, x, seconds):  # type: ignore[override]
-        ctx.seconds = seconds
-        with record_function("device:wait"):
-            time.sleep(seconds)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        with record_function("device:wait"):
-            time.sleep(2 * ctx.seconds)
-        return g, None
-
-
-def device_wait(x: torch.Tensor, tokens: int, us_per_token: float) -> torch.Tensor:
-    """`x` after the simulated device time of `tokens` tokens (nothing when the knob is off)."""
-    if us_per_token <= 0 or tokens <= 0:
-        return x
-    return DeviceWait.apply(x, tokens * us_per_token * 1e-6)
 
 
 class Block(nn.Module):

@@ -38,6 +38,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from instrumented_runtime.comm import Comm, all_to_all_autograd, get_comm
+from instrumented_runtime.device_time import device_wait
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,7 +56,7 @@ class MoEConfig:
     router_bias: dict[int, float] = field(default_factory=dict)
     """Fault knob: global expert id → bias added to its router logit."""
     device_us_per_token: float = 0.0
-    """Simulated accelerator time per routed token in the local experts (model.device_wait)."""
+    """Simulated accelerator time per routed token in the local experts (device_time.device_wait)."""
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
@@ -219,8 +220,6 @@ class MoE(nn.Module):
 
     def _run_experts(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x rows grouped by local expert (counts[e] rows each) → expert MLP outputs, same order."""
-        from .model import device_wait
-
         outs = []
         for e, part in enumerate(torch.split(x, counts)):
             outs.append(torch.matmul(F.gelu(torch.matmul(part, self.w1[e])), self.w2[e]))

@@ -248,7 +248,7 @@ def test_simulated_device_time_is_an_identity_that_waits_forward_and_twice_in_ba
 
     import torch
 
-    from instrumented_runtime.model import device_wait
+    from instrumented_runtime.device_time import device_wait
 
     x = torch.randn(4, 8, requires_grad=True)
     t0 = time.perf_counter()
