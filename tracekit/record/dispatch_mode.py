@@ -364,12 +364,7 @@ def _due(entry: dict[str, Any]) -> bool:
 
 def _settling(entry: dict[str, Any]) -> bool:
     """A collective whose future is complete but whose completion callback has not run yet."""
-    if not _due(entry):
-        return False
-    try:
-        return bool(entry["_future"].done())
-    except Exception:
-        return False
+    return _due(entry) and entry["_future"].done()
 
 
 def _int_list(value: Any) -> list[int] | None:
