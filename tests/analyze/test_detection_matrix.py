@@ -245,7 +245,7 @@ def _skip_unless_resolvable(runs: Runs, names: tuple[str, ...], predicted: float
     return noise
 
 
-def _check(label: str, t_before: float, t_after: float, predicted: float, noise: float) -> None:
+def _check(label: str, t_before: float, t_after: float, predicted: float, noise: float = 0.0) -> None:
     measured = t_before - t_after
     print(f"\n{label}: {t_before / 1e6:.1f} ms → {t_after / 1e6:.1f} ms, measured saving "
           f"{measured / 1e6:.1f} ms, predicted {predicted / 1e6:.1f} ms (ratio {measured / predicted:.2f})")
