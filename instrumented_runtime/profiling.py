@@ -38,4 +38,4 @@ def make_profiler(cfg: RunConfig, out_dir: str | Path, rank: int) -> profile | N
 
     return profile(activities=activities,
                    schedule=schedule(wait=wait, warmup=1, active=cfg.profile_steps, repeat=1),
-                   on_trace_ready=_export, record_shapes=True, with_flops=True)
+                   on_trace_ready=_export, record_shapes=True, with_flops=True, profile_memory=True)

@@ -64,6 +64,12 @@ def register(app: typer.Typer) -> None:
         with_flops: bool = typer.Option(True, "--with-flops/--no-with-flops", help="torch.profiler with_flops."),
         with_stack: bool = typer.Option(False, "--with-stack/--no-with-stack",
                                         help="torch.profiler with_stack (Python stacks; slower, bigger)."),
+        profile_memory: bool = typer.Option(
+            True, "--profile-memory/--no-profile-memory",
+            help="torch.profiler profile_memory: allocations and frees in the window (memory analysis)."),
+        memory_history: bool = typer.Option(
+            False, "--memory-history/--no-memory-history",
+            help="CUDA only: record the allocator history and write rank{R}.memory_snapshot.pickle per rank."),
         flight_recorder: bool = typer.Option(
             True, "--flight-recorder/--no-flight-recorder",
             help="Enable NCCL's Flight Recorder dump-on-timeout into --out and dump its buffer per rank at exit."),
@@ -86,7 +92,8 @@ def register(app: typer.Typer) -> None:
                 ranks=parse_rank_list(ranks) if ranks is not None else None,
                 ranks_per_group=ranks_per_group, step_on=step_on, log_collectives=log_collectives,
                 clock_barrier=clock_barrier, record_shapes=record_shapes, with_flops=with_flops,
-                with_stack=with_stack, flight_recorder=flight_recorder)
+                with_stack=with_stack, flight_recorder=flight_recorder, profile_memory=profile_memory,
+                memory_history=memory_history)
             result = run_record(config, list(command or []), overwrite=overwrite)
         except (ValueError, RecordError) as exc:
             err.print(f"[red]tracekit record:[/red] {exc}")

@@ -94,14 +94,33 @@ class M(msgspec.Struct, tag="M", tag_field="ph", gc=False):
     args: Union[MArgs, None] = None
 
 
+class MemArgs(msgspec.Struct, gc=False, frozen=True):
+    """The `args` of an instant event that the memory table reads (`[memory]` events; others: all None)."""
+
+    device_type: Any = _f(default=None, name="Device Type")
+    device_id: Any = _f(default=None, name="Device Id")
+    addr: Any = _f(default=None, name="Addr")
+    bytes: Any = _f(default=None, name="Bytes")
+    total_allocated: Any = _f(default=None, name="Total Allocated")
+    total_reserved: Any = _f(default=None, name="Total Reserved")
+
+
+class I(msgspec.Struct, tag="i", tag_field="ph", gc=False):
+    """An instant event; the profiler's `[memory]` events become the memory table (parse/memory.py)."""
+
+    name: Any = ""
+    ts: Raw = NO_RAW
+    args: Union[MemArgs, None] = None
+
+
 def _phase(ph: str) -> type:
     return msgspec.defstruct(f"Ph_{ord(ph)}", [], tag=ph, tag_field="ph", gc=False)
 
 
 # Phases that no table needs yet: decoded to empty structs (cheap), counted.
-OTHER_PHASES = ("i", "I", "s", "t", "f", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R", "(", ")", "S", "T", "p", "F", "c", "G")
+OTHER_PHASES = ("I", "s", "t", "f", "C", "b", "e", "n", "B", "E", "P", "O", "N", "D", "R", "(", ")", "S", "T", "p", "F", "c", "G")
 _OTHER = tuple(_phase(p) for p in OTHER_PHASES)
-Event = Union[(X, M) + _OTHER]
+Event = Union[(X, M, I) + _OTHER]
 
 
 TOP_LEVEL_KEYS = ("distributedInfo", "deviceProperties", "schemaVersion", "baseTimeNanoseconds", "host_name",
@@ -121,7 +140,9 @@ TypedTrace = _trace_struct("TypedTrace", list[Event], "A trace decoded with the 
 
 # Lenient variant: every field typed Any except the timestamps, which must stay text.
 LXArgs = _args_struct("LXArgs", "The same keys as XArgs, any value types, plus metadata events' args.", lenient=True,
-                      extra=(("name", Any, None), ("labels", Any, None)))  # M events: thread/process name
+                      extra=(("name", Any, None), ("labels", Any, None))  # M events: thread/process name
+                      + tuple((f, Any, _f(default=None, name=MemArgs.__struct_encode_fields__[i]))
+                              for i, f in enumerate(MemArgs.__struct_fields__)))  # i events: [memory]
 
 
 EMPTY_LARGS = LXArgs()
@@ -444,7 +465,7 @@ class _RowCapture(threading.local):
 
         self.rows = rows
         self.row_class = XRow
-        self.decoder = msgspec.json.Decoder(list[Union[(XRow, M) + _OTHER]])
+        self.decoder = msgspec.json.Decoder(list[Union[(XRow, M, I) + _OTHER]])
 
 
 _ROW_CAPTURE = _RowCapture()

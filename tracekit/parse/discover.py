@@ -27,12 +27,14 @@ MANIFEST = "manifest"
 GROUND_TRUTH = "ground_truth"
 ROUTING = "routing"
 PIPELINE = "pipeline"
+MEMORY_SNAPSHOT = "memory_snapshot"
 
 _SNIFF_BYTES = 256 << 10
 _SCAN_CHUNK = 4 << 20
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)", re.IGNORECASE)
 _SIDE_LOG = re.compile(r"^(routing|pipeline)\.rank(\d+)\.jsonl$")
 _COMMS_LOG = re.compile(r"^comms\.rank(\d+)\.jsonl$")
+_MEMORY_SNAPSHOT = re.compile(r"^rank(\d+)\.memory_snapshot\.pickle$")  # tracekit record, CUDA allocator
 # What the reference runtime writes beside its traces that is not an input (per-step metrics).
 _RUNTIME_SIDE_FILES = re.compile(r"^(?:train_log\.json|metrics\.rank\d+\.jsonl)$")
 
@@ -166,6 +168,8 @@ def classify(path: Path) -> tuple[str | None, str | None]:
         return None, None
     if _COMMS_LOG.match(name):
         return COMMS_LOG, None
+    if _MEMORY_SNAPSHOT.match(name):
+        return MEMORY_SNAPSHOT, None
     side = _SIDE_LOG.match(name)
     if side:
         return side.group(1), None

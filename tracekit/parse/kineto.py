@@ -35,6 +35,7 @@ from tracekit.errors import TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
+from tracekit.parse.memory import is_memory_event, memory_table
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.tables.schema import STEP_PATTERN, conform
 
@@ -384,6 +385,7 @@ class _Columns:
         self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
         self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
         self.ms: list = []
+        self.memory: list = []  # the profiler's `[memory]` instant events (parse/memory.py)
         self.phase_counts: dict[str, int] = {"X": 0, "M": 0}
         self.warnings: list[str] = []
 
@@ -411,6 +413,8 @@ def _count_phases(cols: _Columns, events: list, x_class: type, num_x: int) -> No
         M = D.M
         if M in by_class:
             cols.ms.extend(e for e in events if e.__class__ is M)
+        if D.I in by_class:
+            cols.memory.extend(e for e in events if e.__class__ is D.I and is_memory_event(e))
         for cls, k in by_class.items():
             tag = cls.__struct_config__.tag
             counts[tag] = counts.get(tag, 0) + k
@@ -502,6 +506,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     if lenient:
         xs = [e for e in events if e.ph == "X"]
         cols.ms = [e for e in events if e.ph == "M"]
+        cols.memory = [e for e in events if e.ph == "i" and is_memory_event(e) and e.args is not None]
         phase_counts: dict[str, int] = {}
         for e in events:
             key = str(e.ph)
@@ -553,6 +558,7 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
     coll_names, args_keep = cols.coll_name, cols.args_keep
     name_list, raw_cat_list = list(cols.names), list(cols.cats)
     tid_ids = cols.tid_ids
+    memory_events = cols.memory
     del cols
 
     # --- timestamps (exact ns), dropping events without a usable ts
@@ -766,6 +772,7 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
         "kernels": conform("kernels", kernels),
         "collectives": conform("collectives", coll_tbl),
         "steps": conform("steps", steps_tbl),
+        "memory": memory_table(memory_events, table_rank, step_at, warnings),
     }
 
     pgs = _process_groups(di, trace_rank, warnings)

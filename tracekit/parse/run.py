@@ -30,6 +30,7 @@ from tracekit.parse import discover as disc
 from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
+from tracekit.parse.memory import parse_memory_snapshot
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.store import RunStore, RunStoreWriter
@@ -57,6 +58,7 @@ class _RankLogs:
     fr: FlightRecorderParse | None = None
     routing: list[pa.Table] = field(default_factory=list)
     pipeline: list[pa.Table] = field(default_factory=list)
+    memory_segments: list[pa.Table] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -383,7 +385,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
     rank_warnings: dict[int, list[str]] = {}
     logs: dict[int, _RankLogs] = {}
-    claims: dict[str, dict[int, str]] = {k: {} for k in ("comms_log", "flight_recorder", "kineto", "routing", "pipeline")}
+    claims: dict[str, dict[int, str]] = {k: {} for k in ("comms_log", "flight_recorder", "kineto", "routing", "pipeline",
+                                                          disc.MEMORY_SNAPSHOT)}
     world_sizes: dict[int, int] = {}
     groups = _GroupMerger()
     writer = RunStoreWriter(Path(store_dir))
@@ -425,6 +428,12 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
                         continue
                     reader = parse_routing_log if f.kind == disc.ROUTING else parse_pipeline_log
                     getattr(logs.setdefault(rank, _RankLogs()), f.kind).append(reader(f.path, rank, local_warnings))
+                elif f.kind == disc.MEMORY_SNAPSHOT:
+                    rank, source = _identify(None, None, f.name_rank, path, local_warnings)
+                    if not _claim(claims[f.kind], rank, path, "memory snapshot", skipped):
+                        continue
+                    table = parse_memory_snapshot(f.path, rank, max_bytes=max_decompressed_bytes)
+                    logs.setdefault(rank, _RankLogs()).memory_segments.append(table)
                 else:
                     continue
                 logs[rank].files[f.kind] = path
@@ -558,7 +567,7 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
             writer.append("events", part)
             pipeline_parts.append(pipeline_from_events(part))
             del part
-        for name in ("kernels", "steps"):
+        for name in ("kernels", "steps", "memory"):
             if name in tables:
                 writer.append(name, tables[name])
         kin_coll = tables.get("collectives")
@@ -578,6 +587,8 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
             writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), groups))
     for t in rl.routing:
         writer.append("routing", t)
+    for t in rl.memory_segments:
+        writer.append("memory_segments", t)
     for t in rl.pipeline:
         writer.append("pipeline", _shift_times(t, shift))
     if rl.comms is not None and rl.fr is not None:

@@ -90,7 +90,11 @@ class RecordConfig:
     record_shapes: bool = True
     with_flops: bool = True
     with_stack: bool = False
-    profile_memory: bool = False
+    profile_memory: bool = True
+    """torch.profiler profile_memory: every allocation/free in the window as a `[memory]` event (the
+    memory table and analysis); see benchmarks/record_overhead.py for its cost."""
+    memory_history: bool = False
+    """CUDA only: record the allocator history in the window and write rank{R}.memory_snapshot.pickle."""
     flight_recorder: bool = True
     """Dump PyTorch's Flight Recorder buffer (gloo and NCCL) per rank at exit."""
 

@@ -226,6 +226,10 @@ class RankRecorder:
             return
         prof.start()
         self.prof = prof
+        if self.config.memory_history:
+            from tracekit.record.memory_history import start_memory_history
+
+            start_memory_history()
 
     def _start_logging(self, step: int) -> None:
         if not self.config.log_collectives:
@@ -271,6 +275,13 @@ class RankRecorder:
         path = part_path(self.out_dir, rank, self.cycle)
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
+        if self.config.memory_history:
+            from tracekit.record.memory_history import dump_memory_snapshot
+
+            try:
+                dump_memory_snapshot(self.out_dir, rank)
+            except Exception as exc:  # the trace matters more than the snapshot
+                self.notes.append(f"memory snapshot failed: {type(exc).__name__}: {exc}")
         self.cycle_steps.append(steps)
         self.cycle += 1
         self._write_trace(rank)

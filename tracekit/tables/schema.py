@@ -133,6 +133,32 @@ PIPELINE = pa.schema([
     _f("dur", pa.int64(), "duration in ns"),
 ])
 
+MEMORY = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("ts", pa.int64(), "time of the allocation or free, " + NS, nullable=False),
+    _f("device_type", pa.int32(), "profiler device type: 0 cpu, 1 cuda, ... (c10::DeviceType)"),
+    _f("device", pa.int32(), "device index (-1 for host memory)"),
+    _f("bytes", pa.int64(), "allocation (> 0) or free (< 0) in bytes"),
+    _f("total_allocated", pa.int64(), "bytes allocated on the device after this event, as the profiler's "
+       "allocator counts them (CUDA: the caching allocator's total; CPU: only memory allocated while the "
+       "profiler was recording)"),
+    _f("total_reserved", pa.int64(), "bytes reserved by the caching allocator after this event (0 on CPU)"),
+    _f("addr", pa.int64(), "address of the block (pairs an allocation with its free)"),
+    _f("step", pa.int32(), "ProfilerStep number enclosing the event (null outside steps)"),
+])
+
+MEMORY_SEGMENTS = pa.schema([
+    _f("rank", pa.int32(), "global rank whose allocator snapshot this is", nullable=False),
+    _f("device", pa.int32(), "CUDA device index"),
+    _f("segment_addr", pa.int64(), "address of the segment (one cudaMalloc)"),
+    _f("segment_size", pa.int64(), "bytes of the segment"),
+    _f("segment_type", pa.string(), "large | small pool"),
+    _f("block_addr", pa.int64(), "address of the block inside the segment (null for a segment row)"),
+    _f("block_size", pa.int64(), "bytes of the block"),
+    _f("block_state", pa.string(), "active_allocated | active_pending_free | inactive"),
+    _f("frame", pa.string(), "innermost recorded Python frame of the allocation (file:line function), if any"),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "ranks": RANKS,
     "process_groups": PROCESS_GROUPS,
@@ -142,10 +168,12 @@ TABLES: dict[str, pa.Schema] = {
     "steps": STEPS,
     "routing": ROUTING,
     "pipeline": PIPELINE,
+    "memory": MEMORY,
+    "memory_segments": MEMORY_SEGMENTS,
 }
 
 # Tables with one row group per rank; the others are small and written whole.
-PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline")
+PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline", "memory", "memory_segments")
 
 # One spelling of the profiler step annotation for the whole project.
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
