@@ -71,8 +71,11 @@ def test_lenient_decode_keeps_memory_rows_and_drops_bad_ones(tmp_path):
 
 
 class _CallsSystem:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
     def __reduce__(self):
-        return (os.system, ("echo pwned > /dev/null",))
+        return (os.system, (f"touch {self.marker}",))
 
 
 def _snapshot() -> dict:
@@ -88,13 +91,14 @@ def test_bad_snapshots_are_skipped_per_file_and_the_rest_is_parsed(tmp_path):
     src.mkdir()
     for r in (0, 1, 2):
         (src / f"rank{r}.trace.json").write_text(_trace(r))
-    (src / "rank0.memory_snapshot.pickle").write_bytes(pickle.dumps(_snapshot(), protocol=4))
-    (src / "rank1.memory_snapshot.pickle").write_bytes(pickle.dumps({"segments": [_CallsSystem()]}, protocol=4))
-    (src / "rank2.memory_snapshot.pickle").write_bytes(pickle.dumps(_snapshot(), protocol=4)[:-40])
+    (src / "memory_snapshot.rank0.pickle").write_bytes(pickle.dumps(_snapshot(), protocol=4))
+    (src / "memory_snapshot.rank1.pickle").write_bytes(pickle.dumps({"segments": [_CallsSystem(tmp_path / "ran")]}, protocol=4))
+    (src / "memory_snapshot.rank2.pickle").write_bytes(pickle.dumps(_snapshot(), protocol=4)[:-40])
     res = parse_run(src, tmp_path / "store", progress=False)
     reasons = {Path(s["file"]).name: s["reason"] for s in res.skipped}
-    assert "would import or call code" in reasons["rank1.memory_snapshot.pickle"]
-    assert "rank2.memory_snapshot.pickle" in reasons
+    assert "would import or call code" in reasons["memory_snapshot.rank1.pickle"]
+    assert not (tmp_path / "ran").exists()
+    assert "memory_snapshot.rank2.pickle" in reasons
     store = RunStore(tmp_path / "store")
     assert store.ranks() == [0, 1, 2]
     seg = store.table("memory_segments")

@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
             help="torch.profiler profile_memory: allocations and frees in the window (memory analysis)."),
         memory_history: bool = typer.Option(
             False, "--memory-history/--no-memory-history",
-            help="CUDA only: record the allocator history and write rank{R}.memory_snapshot.pickle per rank."),
+            help="CUDA only: record the allocator history and write memory_snapshot.rank{R}.pickle per rank."),
         flight_recorder: bool = typer.Option(
             True, "--flight-recorder/--no-flight-recorder",
             help="Enable NCCL's Flight Recorder dump-on-timeout into --out and dump its buffer per rank at exit."),

@@ -34,7 +34,7 @@ _SCAN_CHUNK = 4 << 20
 _RANK_IN_NAME = re.compile(r"(?<![a-z])rank[-_.]?(\d+)", re.IGNORECASE)
 _SIDE_LOG = re.compile(r"^(routing|pipeline)\.rank(\d+)\.jsonl$")
 _COMMS_LOG = re.compile(r"^comms\.rank(\d+)\.jsonl$")
-_MEMORY_SNAPSHOT = re.compile(r"^rank(\d+)\.memory_snapshot\.pickle$")  # tracekit record, CUDA allocator
+_MEMORY_SNAPSHOT = re.compile(r"memory_snapshot.*\.(?:pickle|pkl)$", re.IGNORECASE)  # CUDA allocator snapshots
 # What the reference runtime writes beside its traces that is not an input (per-step metrics).
 _RUNTIME_SIDE_FILES = re.compile(r"^(?:train_log\.json|metrics\.rank\d+\.jsonl)$")
 
@@ -168,7 +168,7 @@ def classify(path: Path) -> tuple[str | None, str | None]:
         return None, None
     if _COMMS_LOG.match(name):
         return COMMS_LOG, None
-    if _MEMORY_SNAPSHOT.match(name):
+    if _MEMORY_SNAPSHOT.search(name):
         return MEMORY_SNAPSHOT, None
     side = _SIDE_LOG.match(name)
     if side:

@@ -78,8 +78,6 @@ def memory_table(events: list, rank: int, step_at: Callable[[np.ndarray], np.nda
 # ----------------------------------------------------------------------------------------------
 # allocator snapshots (CUDA only; torch.cuda.memory._snapshot())
 
-SNAPSHOT_SUFFIX = ".memory_snapshot.pickle"
-"""File name of a rank's snapshot: `rank{R}.memory_snapshot.pickle` (written by tracekit record)."""
 
 
 def _frame_text(block: dict) -> str | None:

@@ -94,7 +94,7 @@ class RecordConfig:
     """torch.profiler profile_memory: every allocation/free in the window as a `[memory]` event (the
     memory table and analysis); see benchmarks/record_overhead.py for its cost."""
     memory_history: bool = False
-    """CUDA only: record the allocator history in the window and write rank{R}.memory_snapshot.pickle."""
+    """CUDA only: record the allocator history in the window and write memory_snapshot.rank{R}.pickle."""
     flight_recorder: bool = True
     """Dump PyTorch's Flight Recorder buffer (gloo and NCCL) per rank at exit."""
 

@@ -2,7 +2,7 @@
 
 `start_memory_history` turns on `torch.cuda.memory._record_memory_history` when the profiled window
 starts; `dump_memory_snapshot` writes the allocator's snapshot (segments, blocks, the recorded
-allocation frames) as `rank{R}.memory_snapshot.pickle` when the window's trace is ready, and turns the
+allocation frames) as `memory_snapshot.rank{R}.pickle` when the window's trace is ready, and turns the
 history off again. The pickle holds plain data only; tracekit reads it back through
 `tracekit.parse.safe_pickle` (never `pickle.load`).
 """
@@ -17,7 +17,7 @@ MAX_ENTRIES = 100_000
 
 
 def snapshot_path(out_dir: str | Path, rank: int) -> Path:
-    return Path(out_dir) / f"rank{rank}.memory_snapshot.pickle"
+    return Path(out_dir) / f"memory_snapshot.rank{rank}.pickle"
 
 
 def start_memory_history() -> bool:
