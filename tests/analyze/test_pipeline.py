@@ -141,7 +141,7 @@ def test_bubble_falls_with_microbatches_and_advice_predicts_it(tmp_path):
 def test_imbalance_names_slowest_stage_and_resplit(tmp_path):
     # 4 layers split 3,1 at 2 ms fwd / 4 ms bwd per layer
     store = write_pipeline_store(tmp_path / "s", p=2, m=4, fwd_ns=[6 * MS, 2 * MS], bwd_ns=[12 * MS, 4 * MS],
-                                 schedule="1f1b", manifest={"config": {"faults": {"stage_layers": [3, 1]}}})
+                                 schedule="1f1b", manifest={"layout": {"stage_layers": [3, 1]}})
     res = run(store)
     sec = res.section
     assert sec["imbalance"] == pytest.approx(18 / 12)
@@ -174,24 +174,65 @@ def test_theoretical_bubble_interleaved():
         theoretical_bubble(0, 1)
 
 
-def test_unlabelled_uses_p2p_wait(tmp_path):
-    w = RunStoreWriter(tmp_path / "s", meta={"manifest": {"config": {"schedule": "1f1b", "microbatches": 4}}})
+def _p2p_table(rank: int, ops: list[tuple[str, int, int, int, int]]) -> pa.Table:
+    """collectives rows of one rank: (op, peer, ts, dur, step)."""
+    return pa.table({"rank": pa.array([rank] * len(ops), pa.int32()), "op": [o[0] for o in ops],
+                     "is_p2p": [True] * len(ops), "peer": pa.array([o[1] for o in ops], pa.int32()),
+                     "ts": [o[2] for o in ops], "dur": [o[3] for o in ops],
+                     "step": pa.array([o[4] for o in ops], pa.int32())})
+
+
+def test_unlabelled_bubble_from_receive_waits(tmp_path):
+    """CPU trace, no group names: stage busy = its step less its receive waits; window = longest step."""
+    w = RunStoreWriter(tmp_path / "s")
+    w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32())}))
+    steps = {0: (0, 100 * MS), 1: (5 * MS, 80 * MS)}
+    # rank 0 sends 2 activations, then waits for 2 gradients (10 ms and 5+5 ms overlapping by 2)
+    ops = {0: [("send", 1, 1 * MS, MS, 0), ("send", 1, 3 * MS, MS, 0),
+               ("recv", 1, 10 * MS, 10 * MS, 0), ("recv", 1, 30 * MS, 5 * MS, 0), ("recv", 1, 33 * MS, 5 * MS, 0)],
+           1: [("recv", 0, 5 * MS, 20 * MS, 0), ("recv", 0, 30 * MS, 4 * MS, 0),
+               ("send", 0, 50 * MS, MS, 0), ("send", 0, 60 * MS, MS, 0)]}
+    for r in (0, 1):
+        w.append("steps", pa.table({"rank": pa.array([r], pa.int32()), "step": pa.array([0], pa.int32()),
+                                    "ts": [steps[r][0]], "dur": [steps[r][1]]}))
+        w.append("collectives", _p2p_table(r, ops[r]))
+    sec = run(w.close()).section
+    assert sec["source"] == "p2p" and sec["num_stages"] == 2 and sec["num_microbatches"] == 2
+    assert sec["pipelines"][0]["ranks"] == [0, 1] and sec["schedule_detected"] == "gpipe"
+    window = 100 * MS
+    busy0 = 100 * MS - (10 + 8) * MS
+    busy1 = 80 * MS - (20 + 4) * MS
+    assert sec["measured_bubble"] == pytest.approx(((1 - busy0 / window) + (1 - busy1 / window)) / 2)
+    assert sec["theoretical_bubble"] == pytest.approx(1 / 3)
+
+
+def test_pp_group_name_alone_is_no_pipeline(tmp_path):
+    """A group called pp adds evidence; without a p2p graph (no peers) there is nothing to infer from."""
+    w = RunStoreWriter(tmp_path / "s")
     w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32())}))
     w.append("process_groups", pa.table({"pg_name": ["g"], "pg_desc": ["mesh_pp"],
                                          "ranks": pa.array([[0, 1]], pa.list_(pa.int32())), "dim": ["pp"]}))
-    for r in (0, 1):
-        w.append("steps", pa.table({"rank": pa.array([r], pa.int32()), "step": pa.array([0], pa.int32()),
-                                    "ts": [0], "dur": [100 * MS]}))
-        # rank 0 waits 10 ms in two overlapping recvs, rank 1 30 ms
-        ts, dur = ([10 * MS, 15 * MS], [5 * MS, 5 * MS]) if r == 0 else ([0, 50 * MS], [20 * MS, 10 * MS])
-        w.append("collectives", pa.table({"rank": pa.array([r, r], pa.int32()), "op": ["recv", "recv"],
-                                          "is_p2p": [True, True], "ts": ts, "dur": dur,
-                                          "step": pa.array([0, 0], pa.int32())}))
-    res = run(w.close())
-    sec = res.section
-    assert sec["source"] == "p2p"
-    assert sec["measured_bubble"] == pytest.approx((0.10 + 0.30) / 2)
-    assert sec["theoretical_bubble"] == pytest.approx(1 / 5)
+    w.append("collectives", pa.table({"rank": pa.array([0, 0], pa.int32()), "op": ["send", "recv"],
+                                      "is_p2p": [True, True], "ts": [0, MS], "dur": [MS, MS],
+                                      "step": pa.array([0, 0], pa.int32())}))
+    assert run(w.close()).section["source"] is None
+
+
+@pytest.mark.parametrize("shape", ["one_way", "symmetric_exchange", "even_ring"])
+def test_p2p_patterns_that_are_not_pipelines(tmp_path, shape):
+    w = RunStoreWriter(tmp_path / "s")
+    n = 3 if shape == "even_ring" else 2
+    w.append("ranks", pa.table({"rank": pa.array(range(n), pa.int32())}))
+    for r in range(n):
+        if shape == "one_way":
+            ops = [("send", 1, 0, MS, 0)] if r == 0 else [("recv", 0, 0, MS, 0)]
+        elif shape == "symmetric_exchange":  # both send first, then receive: a halo exchange
+            ops = [("send", 1 - r, 0, MS, 0), ("recv", 1 - r, 2 * MS, MS, 0)]
+        else:  # ring attention: everyone sends to the next and receives from the previous, both ways alike
+            ops = [("send", (r + 1) % n, 0, MS, 0), ("recv", (r - 1) % n, MS, MS, 0),
+                   ("send", (r - 1) % n, 3 * MS, MS, 0), ("recv", (r + 1) % n, 4 * MS, MS, 0)]
+        w.append("collectives", _p2p_table(r, ops))
+    assert run(w.close()).section["source"] is None
 
 
 def test_no_pipeline(tmp_path):
@@ -204,16 +245,13 @@ def test_no_pipeline(tmp_path):
 def test_unlabelled_counts_microbatches_from_first_stage_sends(tmp_path):
     w = RunStoreWriter(tmp_path / "s")
     w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32())}))
-    w.append("process_groups", pa.table({"pg_name": ["g"], "pg_desc": ["mesh_pp"],
-                                         "ranks": pa.array([[0, 1]], pa.list_(pa.int32())), "dim": ["pp"]}))
     for r in (0, 1):
         w.append("steps", pa.table({"rank": pa.array([r, r], pa.int32()), "step": pa.array([0, 1], pa.int32()),
                                     "ts": [0, 200 * MS], "dur": [100 * MS, 100 * MS]}))
-    # rank 0 sends 3 activations and receives 3 gradients per step
-    ops = ["send", "recv"] * 3 * 2
-    w.append("collectives", pa.table({"rank": pa.array([0] * 12, pa.int32()), "op": ops, "is_p2p": [True] * 12,
-                                      "ts": [i * MS + (200 * MS if i >= 6 else 0) for i in range(12)],
-                                      "dur": [MS] * 12, "step": pa.array([0] * 6 + [1] * 6, pa.int32())}))
+    # rank 0 sends 3 activations and receives 3 gradients per step (only rank 0's side is recorded)
+    ops = [(op, 1, i * MS + (200 * MS if i >= 6 else 0), MS, 0 if i < 6 else 1)
+           for i, op in enumerate(["send", "recv"] * 3 * 2)]
+    w.append("collectives", _p2p_table(0, ops))
     sec = run(w.close()).section
     assert sec["num_microbatches"] == 3 and sec["microbatches_source"] == "sends of the first stage"
     assert sec["theoretical_bubble"] == pytest.approx(1 / 4)

@@ -46,6 +46,7 @@ from tracekit.analyze import intervals as iv
 from tracekit.analyze import recommend
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.pipeline_graph import InferredPipeline, P2POp, infer_pipelines, load_p2p
 from tracekit.tables.store import RunStore
 
 COMPUTE_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight")
@@ -96,17 +97,17 @@ def _manifest_pipeline(store: RunStore) -> dict[str, Any]:
     man = store.manifest or {}
     cfg = man.get("config") if isinstance(man.get("config"), dict) else {}
     layout = man.get("layout") if isinstance(man.get("layout"), dict) else {}
-    faults = cfg.get("faults") if isinstance(cfg.get("faults"), dict) else {}
 
     def pick(*keys: str) -> Any:
         for k in keys:  # earlier keys win over later ones, then manifest top level over layout over config
-            for src in (man, layout, cfg, faults):
+            for src in (man, layout, cfg):
                 if src.get(k) is not None:
                     return src[k]
         return None
 
+    schedule = pick("schedule_effective", "schedule")
     return {
-        "schedule": pick("schedule_effective", "schedule"),
+        "schedule": schedule if isinstance(schedule, str) else None,  # `tracekit record`'s is the profiler's
         "microbatches": pick("microbatches", "num_microbatches"),
         "virtual_stages": pick("virtual_stages", "chunks_per_rank"),
         "stage_layers": pick("stage_layers"),
@@ -185,7 +186,8 @@ def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any
         stage_ranks[r["stage"]].add(r["rank"])
     stages = sorted(stage_ranks)
     microbatches = sorted({r["microbatch"] for r in compute})
-    pipelines = _pp_groups(store)
+    # who forms a pipeline: the p2p graph first, pp-named groups where it shows none
+    pipelines = [x.ranks for x in infer_pipelines(load_p2p(store))] or _pp_groups(store)
     label_ranks = sorted({r["rank"] for r in compute})
     pipelines = [g for g in pipelines if set(g) & set(label_ranks)]
     if not pipelines:
@@ -363,65 +365,133 @@ def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, m
                     est_saving_ns=int(advice.saving_ns))]
 
 
-def _microbatches_from_sends(store: RunStore, first_rank: int, v: int) -> int | None:
-    """The first stage sends one activation per micro-batch (and chunk): median sends per step / v."""
-    t = store.rank_table("collectives", first_rank, ["op", "step"]).to_pylist()
-    per: dict[int, int] = defaultdict(int)
-    for r in t:
-        if r["op"] == "send" and r["step"] is not None:
-            per[r["step"]] += 1
-    if not per:
-        return None
-    return max(1, int(np.median(list(per.values()))) // v)
+def _trace_kinds(store: RunStore) -> dict[int, str]:
+    t = store.table("ranks", ["rank", "trace_kind"]).to_pylist()
+    return {r["rank"]: (r["trace_kind"] or "cpu") for r in t}
+
+
+def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int, int, int]]:
+    """GPU trace: per step (by the launching op's step), (first kernel start, last kernel end, busy ns)
+    where busy is the union of the step's non-communication kernels, on rank 0's clock."""
+    rows = store.rank_table("kernels", rank, ["ts", "dur", "kind", "step"]).to_pylist()
+    per: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for k in rows:
+        if k["step"] is not None and k["dur"] is not None and k["dur"] >= 0:
+            per[k["step"]].append(k)
+    out = {}
+    for step, ks in per.items():
+        comp = [k for k in ks if k["kind"] != "comm"]
+        busy = iv.total(iv.union([k["ts"] for k in comp], [k["ts"] + k["dur"] for k in comp])) if comp else 0
+        lo = min(k["ts"] for k in ks) - offset
+        out[step] = (lo, max(k["ts"] + k["dur"] for k in ks) - offset, busy)
+    return out
+
+
+def _host_busy(windows: dict[tuple[int, int], tuple[int, int]], p2p: list[P2POp], rank: int,
+               offset: int) -> dict[int, tuple[int, int, int]]:
+    """CPU trace: per step, (step start, step end, busy ns): the step less the time spent waiting for
+    receives (a receive runs from its post to the data's arrival)."""
+    recvs: dict[int, list[P2POp]] = defaultdict(list)
+    for o in p2p:
+        if o.op == "recv":
+            recvs[o.step].append(o)
+    out = {}
+    for (rk, step), (w0, w1) in windows.items():
+        if rk != rank:
+            continue
+        rs = recvs.get(step, [])
+        wait = iv.total(iv.clip(iv.union([o.start - offset for o in rs], [o.end - offset for o in rs]), w0, w1))
+        out[step] = (w0, w1, (w1 - w0) - wait)
+    return out
+
+
+def _p2p_evidence(store: RunStore, pipes: list[InferredPipeline], man: dict[str, Any]) -> dict[str, Any]:
+    """What else says these ranks form a pipeline: pp-named groups, the manifest (evidence only)."""
+    chains = [set(x.ranks) for x in pipes]
+    named = [g for g in _pp_groups(store) if set(g) in chains]
+    ev: dict[str, Any] = {"pp_groups_matching": named, "in_flight": [x.in_flight for x in pipes]}
+    for key in ("schedule", "microbatches"):
+        if man.get(key) is not None:
+            ev[f"manifest_{key}"] = man[key]
+    return ev
 
 
 def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    """Unlabelled traces: stage = position in the pp group; idle = p2p time covered by nothing else."""
-    groups = _pp_groups(store)
+    """Unlabelled traces: pipelines inferred from the p2p graph (pipeline_graph.py); a stage's busy time
+    is its device compute (GPU traces) or its step less its receive waits (CPU traces)."""
     section = _empty_section()
-    if not groups:
+    p2p = load_p2p(store)
+    pipes = infer_pipelines(p2p)
+    if not pipes:
         return AnalyzerResult(findings=[], section=section)
     offsets = _clock_offsets(store)
+    kinds = _trace_kinds(store)
     windows = _step_windows(store, offsets)
-    p2p = _p2p_intervals(store, offsets)
     man = _manifest_pipeline(store)
-    p = len(groups[0])
-    v = int(man["virtual_stages"] or 1) if man["schedule"] in ("interleaved", "zb") else 1
-    m = man["microbatches"]
-    m_source = "manifest" if m else None
-    if not m:
-        m = _microbatches_from_sends(store, groups[0][0], v)
-        m_source = "sends of the first stage" if m else None
-    pipe_out, bubbles, base = [], [], []
-    steps_all = sorted({s for (_, s) in windows})
-    for ranks in groups:
-        steps_out = []
-        for step in steps_all:
-            if not all((rk, step) in windows for rk in ranks):
-                continue
-            rk_out = []
-            for rk in ranks:
-                w0, w1 = windows[(rk, step)]
-                wait = iv.total(iv.clip(p2p.get((rk, step), iv.empty()), w0, w1))
-                step_ns = max(w1 - w0, 1)
-                rk_out.append({"rank": rk, "stage_ids": [ranks.index(rk)], "busy_ns": step_ns - wait,
-                               "bubble": wait / step_ns, "bubble_of_step": wait / step_ns,
-                               "p2p_ns": wait, "p2p_wait_ns": wait})
-            b = float(np.mean([x["bubble"] for x in rk_out]))
-            window = max(windows[(rk, step)][1] - windows[(rk, step)][0] for rk in ranks)
-            bubbles.append(b)
-            base.append((window, b, window))
-            steps_out.append({"step": step, "window_ns": window, "bubble": b, "ranks": rk_out})
-        pipe_out.append({"ranks": ranks, "steps": steps_out})
+    busy = {}
+    for rk in {r for x in pipes for r in x.ranks}:
+        off = offsets.get(rk, 0)
+        busy[rk] = (_device_busy(store, rk, off) if kinds.get(rk) == "gpu"
+                    else _host_busy(windows, p2p.get(rk, []), rk, off))
+    groups = [x.ranks for x in pipes]
+    p, v = len(groups[0]), pipes[0].chunks
+    m = pipes[0].microbatches or man["microbatches"]
+    pipe_out, base, stage_busy = _p2p_steps(groups, busy, kinds.get(groups[0][0]) == "gpu")
+    bubbles = [st["bubble"] for pl in pipe_out for st in pl["steps"]]
     measured = float(np.mean(bubbles)) if bubbles else None
-    section["microbatches_source"] = m_source
-    section.update({"source": "p2p", "schedule": man["schedule"], "num_stages": p, "chunks_per_rank": v,
-                    "num_microbatches": int(m) if m else 0,
-                    "theoretical_bubble": theoretical_bubble(p, int(m), v) if m and p > 1 else None,
-                    "measured_bubble": measured, "pipelines": pipe_out,
-                    "stages": [{"stage": i, "ranks": sorted({g[i] for g in groups}), "compute_ns": None,
-                                "fwd_ns": None, "bwd_ns": None, "layers": None} for i in range(p)]})
+    comp = [float(np.mean(stage_busy[i])) if stage_busy[i] else 0.0 for i in range(p)]
+    imbalance = max(comp) / float(np.mean(comp)) if p > 1 and np.mean(comp) > 0 else None
+    section.update({
+        "source": "p2p", "schedule": pipes[0].schedule or man["schedule"], "schedule_detected": pipes[0].schedule,
+        "num_stages": p, "chunks_per_rank": v, "num_microbatches": int(m) if m else 0,
+        "microbatches_source": ("sends of the first stage" if pipes[0].microbatches else
+                                ("manifest" if m else None)),
+        "theoretical_bubble": theoretical_bubble(p, int(m), v) if m and p > 1 else None,
+        "measured_bubble": measured, "imbalance": imbalance, "pipelines": pipe_out,
+        "busy_source": "device kernels" if kinds.get(groups[0][0]) == "gpu" else "host, less receive waits",
+        "evidence": _p2p_evidence(store, pipes, man),
+        "stages": [{"stage": i, "ranks": [g[i] for g in groups], "compute_ns": int(comp[i]),
+                    "fwd_ns": None, "bwd_ns": None, "layers": _stage_layers(man, i)} for i in range(p)]})
     findings = []
     if m and p > 1 and measured is not None and base:
         findings = _bubble_finding(section, base, man, groups)
+    if imbalance is not None and m:
+        stage_out = [dict(x, ranks=x["ranks"]) for x in section["stages"]]
+        findings += _imbalance_finding(section, stage_out, imbalance, p, v, int(m), section["schedule"], base, man)
     return AnalyzerResult(findings=findings, section=section)
+
+
+def _stage_layers(man: dict[str, Any], stage: int) -> int | None:
+    layers = man["stage_layers"] if isinstance(man["stage_layers"], list) else None
+    return int(layers[stage]) if layers and stage < len(layers) else None
+
+
+def _p2p_steps(groups: list[list[int]], busy: dict[int, dict[int, tuple[int, int, int]]], union_window: bool):
+    """Per pipeline and step, stage bubble = 1 − busy/window. The window runs from the first kernel start to
+    the last kernel end over the pipeline's ranks on GPU traces (kernels belong to the step that launched
+    them); on CPU traces it is the longest of the ranks' own steps (each rank's step ends at its optimizer
+    step, so the ranks' step intervals are staggered: a last stage starts waiting for the next step's
+    first activation as soon as its backward is done)."""
+    pipe_out, base = [], []
+    stage_busy: dict[int, list[int]] = defaultdict(list)
+    for ranks in groups:
+        steps_out = []
+        common = set.intersection(*(set(busy[rk]) for rk in ranks))
+        for step in sorted(common):
+            if union_window:
+                window = max(busy[rk][step][1] for rk in ranks) - min(busy[rk][step][0] for rk in ranks)
+            else:
+                window = max(busy[rk][step][1] - busy[rk][step][0] for rk in ranks)
+            window = max(window, 1)
+            rk_out = []
+            for i, rk in enumerate(ranks):
+                w0, w1, b = busy[rk][step]
+                stage_busy[i].append(b)
+                rk_out.append({"rank": rk, "stage_ids": [i], "busy_ns": b, "bubble": 1.0 - b / window,
+                               "bubble_of_step": 1.0 - b / max(w1 - w0, 1),
+                               "p2p_ns": None, "p2p_wait_ns": None})
+            bub = float(np.mean([x["bubble"] for x in rk_out]))
+            base.append((window, bub, window))
+            steps_out.append({"step": step, "window_ns": window, "bubble": bub, "ranks": rk_out})
+        pipe_out.append({"ranks": ranks, "steps": steps_out})
+    return pipe_out, base, stage_busy
