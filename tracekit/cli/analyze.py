@@ -117,6 +117,12 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1) from None
     for s in store.skipped:
         err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
+    from tracekit.record.manifest import window_problem
+
+    problem = window_problem(store.manifest)
+    if problem:
+        err.print(f"[red]tracekit analyze:[/red] {_esc(trace_dir)}: {_esc(problem)}")
+        raise typer.Exit(1)
     if not store.ranks():
         err.print(f"[red]tracekit analyze:[/red] nothing under {_esc(trace_dir)} could be analyzed")
         raise typer.Exit(1)

@@ -104,10 +104,15 @@ def register(app: typer.Typer) -> None:
 
 def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: int) -> None:
     """What was collected, what is missing, and the next command."""
+    from tracekit.record.manifest import window_problem
+
     ranks = manifest["ranks"]
     console.soft_wrap = True
     console.print(f"\n[bold]tracekit record[/bold]: command exited with {exit_code}; recording "
                   f"{manifest['status']} in {out}")
+    problem = window_problem(manifest)
+    if problem:
+        console.print(f"  [red]nothing recorded[/red]: {problem}")
     if not ranks and manifest.get("recorded_by") not in (None, "tracekit record"):
         console.print(f"  the program recorded itself ({manifest['recorded_by']}); world size "
                       f"{manifest.get('world_size')}; files per rank:")
@@ -141,4 +146,5 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
     if manifest.get("parallel_layout"):
         console.print(f"  parallel layout: {manifest['parallel_layout']}")
     console.print(f"  manifest: {out / 'manifest.json'}")
-    console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")
+    if not problem:
+        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")

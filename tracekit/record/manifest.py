@@ -123,8 +123,11 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
             if len(g.get("ranks") or []) > len(known.get("ranks") or []):
                 groups[name] = dict(g)
     statuses = [r.get("status") for r in records.values()]
+    window = window_summary(config, records)
     if not records:
         overall = "nothing_recorded"
+    elif not window["reached"]:
+        overall = "window_not_reached"
     elif missing or any(s != "ok" for s in statuses) or (exit_code not in (None, 0)):
         overall = "incomplete"
     else:
@@ -144,6 +147,7 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
         "backend": next((r["backend"] for r in records.values() if r.get("backend")), None),
         "config": asdict(config) if config is not None else None,
         "requested_steps": config.schedule.active_steps() if config is not None and config.schedule.repeat else None,
+        "window": window,
         "ranks": [_rank_summary(records[r]) for r in sorted(records)],
         "missing_ranks": missing,
         "process_groups": sorted(groups.values(), key=lambda g: g.get("name", "")),
@@ -168,6 +172,41 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
     manifest["recorded_by"] = "tracekit record"
     write_json_atomic(out_dir / MANIFEST, manifest)
     return manifest
+
+
+def window_summary(config: RecordConfig | None, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Did any rank reach the profiled window? {reached, first_requested_step, requested_steps, last_step}.
+
+    `last_step` is the highest step any rank began (a 10-step job ends in step 10: steps 1-9 after
+    start-up step 0); the window is reached when some rank profiled or logged a step of it.
+    """
+    requested = (config.schedule.active_steps() if config is not None and config.schedule.repeat
+                 else config.schedule.active_steps(limit=config.schedule.cycle_steps) if config is not None
+                 else None)
+    last = max((r["last_step"] for r in records.values() if isinstance(r.get("last_step"), int)), default=None)
+    got = any(r.get("profiled_steps") or r.get("logged_steps") for r in records.values())
+    reached = got or not records or config is None or not requested or (last is not None and last >= requested[0])
+    return {"reached": bool(reached), "requested_steps": requested if config is None or config.schedule.repeat
+            else None, "first_requested_step": requested[0] if requested else None, "last_step": last}
+
+
+def window_problem(manifest: dict[str, Any] | None) -> str | None:
+    """A sentence for the user when the recording's profiled window was never reached, else None."""
+    if not isinstance(manifest, dict):
+        return None
+    inner = manifest.get("tracekit_record") if manifest.get("schema") != MANIFEST_SCHEMA else manifest
+    if not isinstance(inner, dict) or inner.get("status") != "window_not_reached":
+        return None
+    win = inner.get("window") or {}
+    req = win.get("requested_steps")
+    first = win.get("first_requested_step")
+    want = (f"steps {req[0]}-{req[-1]}" if req and len(req) > 1 else f"step {req[0]}" if req
+            else f"steps from {first}")
+    last = win.get("last_step")
+    ran = f"the program stopped in step {last} (steps 0-{last - 1} completed)" if isinstance(last, int) \
+        else "the program stopped before its first step boundary"
+    return (f"the profiled window ({want}) was never reached: {ran}, so no trace was written; "
+            f"record again with a smaller --wait/--skip-first, or run more steps")
 
 
 _RANK_FILE_RE = re.compile(r"^(?:rank(\d+)\.pt\.trace\.json\.gz|(?:comms|routing|flight_recorder|record)\.rank(\d+)\.jsonl?)$")

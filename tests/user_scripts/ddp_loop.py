@@ -1,0 +1,63 @@
+"""A user's DDP training loop in the style of PyTorch's DDP tutorial ("Getting Started with
+Distributed Data Parallel", basic example): a toy two-layer model, MSE loss, SGD. It knows
+nothing of tracekit; run it with `torchrun --nproc-per-node 2 ddp_loop.py` (gloo on CPU).
+
+Knobs that a test uses to make one rank slow (the analyzers never see them):
+`--slow-rank R` with `--batch-mult K` (rank R's batch is K times larger) and/or `--sleep-ms MS`
+(rank R sleeps MS ms in each step, before its backward).
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class ToyModel(nn.Module):
+    def __init__(self, hidden: int = 10):
+        super().__init__()
+        self.net1 = nn.Linear(10, hidden)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(hidden, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=20)
+    ap.add_argument("--hidden", type=int, default=10)
+    ap.add_argument("--slow-rank", type=int, default=None)
+    ap.add_argument("--batch-mult", type=int, default=1)
+    ap.add_argument("--sleep-ms", type=float, default=0.0)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = ToyModel(args.hidden)
+    ddp_model = DDP(model)
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    slow = rank == args.slow_rank
+    batch = args.batch * (args.batch_mult if slow else 1)
+    for _ in range(args.steps):
+        optimizer.zero_grad()
+        outputs = ddp_model(torch.randn(batch, 10))
+        labels = torch.randn(batch, 5)
+        if slow and args.sleep_ms:
+            time.sleep(args.sleep_ms / 1000)
+        loss_fn(outputs, labels).backward()
+        optimizer.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
