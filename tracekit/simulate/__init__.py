@@ -1,0 +1,12 @@
+"""Simulated GPU clusters: Kineto traces with GPU/NCCL semantics and an exact answer key.
+
+    from tracekit.simulate import ModelSpec, ClusterSpec, Layout, Faults, simulate, write_traces, step_time
+"""
+
+from tracekit.simulate.api import SimResult, simulate, step_time
+from tracekit.simulate.specs import (CLUSTER_PRESETS, MODEL_PRESETS, ClusterSpec, Faults, Layout, ModelSpec,
+                                     parse_fault)
+from tracekit.simulate.writer import write_traces
+
+__all__ = ["CLUSTER_PRESETS", "MODEL_PRESETS", "ClusterSpec", "Faults", "Layout", "ModelSpec", "SimResult",
+           "parse_fault", "simulate", "step_time", "write_traces"]

@@ -1,0 +1,174 @@
+"""simulate(...) → SimResult: per-rank op timelines and the answer key; step_time(...) is the fast path."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.simulate import engine
+from tracekit.simulate.engine import MEMORY, Op
+from tracekit.simulate.key import RankIntervals, answer_key
+from tracekit.simulate.program import World, build_programs, make_world
+from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec
+
+T0_NS = 1_764_000_000_000_000_000  # 2025-11-24, epoch ns: the first host op of rank 0
+GROUND_TRUTH_SCHEMA = "tracekit.ground_truth/1"
+
+
+@dataclass
+class SimResult:
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: Layout
+    faults: Faults
+    steps: int
+    seed: int
+    world: World
+    programs: list[list[Op]]
+    key: dict[str, Any] = field(default_factory=dict)
+    faults_truth: list[dict[str, Any]] = field(default_factory=list)
+    first_step: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return len(self.programs)
+
+    @property
+    def mean_step_ns(self) -> int:
+        return self.key["mean_step_ns"]
+
+    def intervals(self, rank: int) -> RankIntervals:
+        return RankIntervals(self.programs[rank])
+
+    def peak_memory(self, rank: int) -> int:
+        return max((o.extra[1] for o in self.programs[rank] if o.kind == MEMORY), default=0)
+
+    def ground_truth(self) -> dict[str, Any]:
+        return {
+            "schema": GROUND_TRUTH_SCHEMA, "producer": "tracekit.simulate",
+            "config": config_dict(self), "faults": self.faults_truth, "key": self.key,
+            "memory": {"peak_allocated_bytes": {str(r): self.peak_memory(r) for r in range(self.ranks)}},
+        }
+
+
+def config_dict(res: SimResult) -> dict[str, Any]:
+    return {"model": dataclasses.asdict(res.model), "cluster": dataclasses.asdict(res.cluster),
+            "layout": dataclasses.asdict(res.layout), "faults": res.faults.to_dict(), "steps": res.steps,
+            "seed": res.seed, "first_profiler_step": res.first_step}
+
+
+def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[World, list[list[Op]]]:
+    w = make_world(model, cluster, layout, faults, seed)
+    progs = build_programs(w, steps, first_step)
+    engine.run(progs, T0_NS)
+    engine.finish_colls(progs)
+    return w, progs
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+             steps: int = 3, seed: int = 0, without: bool = True) -> SimResult:
+    """Simulate `steps` training steps; the key holds the exact breakdown and, with `without`, the step time
+    with each injected fault removed (re-simulated)."""
+    faults = faults or Faults()
+    w, progs = _run(model, cluster, layout, faults, steps, seed)
+    res = SimResult(model, cluster, layout, faults, steps, seed, w, progs)
+    res.key = answer_key(progs, w.colls.values(), steps)
+    res.faults_truth = describe_faults(res)
+    if without:
+        for f in res.faults_truth:
+            m2, l2, f2 = _removed(res, f["kind"])
+            f["step_ns_without"] = step_time(m2, cluster, l2, f2, steps=steps, seed=seed)
+            f["step_ns_with"] = res.mean_step_ns
+    return res
+
+
+def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+              steps: int = 2, seed: int = 0) -> int:
+    """Fast path: mean step time (ns, slowest rank's step window) without writing traces or a full key."""
+    w, progs = _run(model, cluster, layout, faults or Faults(), steps, seed)
+    return answer_key(progs, (), steps)["mean_step_ns"]
+
+
+_FIELD_OF_KIND = {"slow_gpu": "slow_gpu", "slow_link": "slow_link", "slow_nic": "slow_nic",
+                  "stage_imbalance": "stage_layers", "router_skew": "router_bias", "host_stall": "host_stall",
+                  "slow_data_loading": "slow_data", "uneven_sequence_length": "uneven_seq",
+                  "no_overlap": "no_overlap", "groups_span_hosts": "tp_across_hosts"}
+
+
+def _removed(res: SimResult, kind: str) -> tuple[ModelSpec, Layout, Faults]:
+    if kind == "too_few_microbatches":
+        L = res.layout
+        m2 = max(L.pp, L.microbatches)
+        model = res.model
+        if m2 != L.microbatches:  # same tokens per step: shorter micro-batches
+            model = dataclasses.replace(model, seq=max(1, model.seq * L.microbatches // m2))
+        return model, dataclasses.replace(L, microbatches=m2), res.faults
+    return res.model, res.layout, res.faults.without(_FIELD_OF_KIND[kind])
+
+
+def describe_faults(res: SimResult) -> list[dict[str, Any]]:
+    """Every active fault with the ranks / dim / stage / expert it affects and the findings that name it."""
+    w, f, L, topo = res.world, res.faults, res.layout, res.world.topo
+    out: list[dict[str, Any]] = []
+    for r, factor in sorted(f.slow_gpu.items()):
+        out.append({"kind": "slow_gpu", "ranks": [r], "factor": factor, "expected_findings": ["straggler"],
+                    "description": f"GPU of rank {r} runs compute {factor}x slower"})
+    for dim, factor in sorted(f.slow_link.items()):
+        gs = [list(g.ranks) for g in topo.groups.values() if g.dim in ((dim, "dp_cp") if dim == "dp" else (dim,))]
+        out.append({"kind": "slow_link", "dim": dim, "factor": factor, "groups": gs,
+                    "ranks": sorted({r for g in gs for r in g}),
+                    "expected_findings": ["low_bus_bandwidth", "communication_bound"],
+                    "description": f"{dim} links run at 1/{factor} of their bandwidth"})
+    for host, factor in sorted(f.slow_nic.items()):
+        ranks = [r for r in range(topo.world) if topo.host[r] == host]
+        out.append({"kind": "slow_nic", "host": host, "hostname": f"node{host:04d}", "factor": factor,
+                    "ranks": ranks, "expected_findings": ["low_bus_bandwidth", "straggler", "communication_bound"],
+                    "description": f"inter-host traffic of host {host} runs at 1/{factor} of its bandwidth"})
+    if f.stage_layers is not None and len(set(f.stage_layers)) > 1 and L.pp > 1:
+        heavy = max(range(len(f.stage_layers)), key=lambda s: f.stage_layers[s])
+        out.append({"kind": "stage_imbalance", "dim": "pp", "stage_layers": list(f.stage_layers), "stages": [heavy],
+                    "ranks": [r for r in range(topo.world) if topo.coords(r)[0] == heavy % L.pp],
+                    "expected_findings": ["pipeline_imbalance"],
+                    "description": f"stage {heavy} holds {f.stage_layers[heavy]} of {sum(f.stage_layers)} layers"})
+    if f.router_bias and res.model.experts:
+        hot = sorted(f.router_bias)
+        per = res.model.experts // L.ep
+        owners = sorted({r for r in range(topo.world)
+                         for g in [topo.group(r, "ep")] if g is None or g.ranks.index(r) in {e // per for e in hot}})
+        out.append({"kind": "router_skew", "dim": "ep", "experts": hot,
+                    "router_bias": {str(k): v for k, v in sorted(f.router_bias.items())},
+                    "layers": [i for i in range(res.model.layers) if res.model.is_moe(i)],
+                    "ranks": owners, "expected_findings": ["expert_routing_skew"],
+                    "description": "router logits biased toward experts " + ",".join(map(str, hot))})
+    if f.host_stall is not None:
+        r, ms, every = f.host_stall
+        out.append({"kind": "host_stall", "ranks": [r], "stall_ms": ms, "every": every,
+                    "expected_findings": ["idle_host_bound", "straggler"],
+                    "description": f"rank {r}'s host stalls {ms} ms every {every} step(s)"})
+    if f.slow_data is not None:
+        r, ms = f.slow_data
+        out.append({"kind": "slow_data_loading", "ranks": [r], "ms": ms,
+                    "expected_findings": ["idle_host_bound", "straggler"],
+                    "description": f"rank {r}'s data loader takes {ms} ms more per step"})
+    if f.uneven_seq is not None:
+        dp_i, factor = f.uneven_seq
+        ranks = [r for r in range(topo.world) if topo.coords(r)[1] == dp_i]
+        out.append({"kind": "uneven_sequence_length", "dp_replica": dp_i, "ranks": ranks, "factor": factor,
+                    "expected_findings": ["straggler"],
+                    "description": f"dp replica {dp_i} trains on sequences {factor}x longer"})
+    if f.no_overlap and L.dp * L.cp > 1:
+        out.append({"kind": "no_overlap", "dim": "dp", "ranks": list(range(topo.world)),
+                    "expected_findings": ["unoverlapped_collective", "communication_bound"],
+                    "description": "gradient buckets all-reduced after backward, one at a time"})
+    if L.pp > 1 and L.microbatches < L.pp:
+        out.append({"kind": "too_few_microbatches", "dim": "pp", "microbatches": L.microbatches, "stages": L.pp,
+                    "ranks": list(range(topo.world)), "expected_findings": ["pipeline_bubble"],
+                    "theoretical_bubble": (L.pp - 1) / (L.microbatches + L.pp - 1),
+                    "description": f"{L.microbatches} micro-batches for {L.pp} stages"})
+    if f.tp_across_hosts and L.tp > 1:
+        gs = [list(g.ranks) for g in topo.groups.values() if g.dim == "tp" and g.hosts > 1]
+        out.append({"kind": "groups_span_hosts", "dim": "tp", "groups": {"tp": gs},
+                    "ranks": sorted({r for g in gs for r in g}), "expected_findings": ["placement_mismatch"],
+                    "description": "tp groups placed across hosts"})
+    return out
