@@ -69,6 +69,8 @@ ANALYZERS: list[tuple[str, str]] = [
     ("placement", "tracekit.analyze.placement:analyze_placement"),
     # keep last: lists every finding's advice
     ("recommendations", "tracekit.analyze.recommend:analyze_recommendations"),
+    # after the findings are final: replaces each one's saving by the replayed one
+    ("critical_path", "tracekit.analyze.critical_path:analyze_critical_path"),
 ]
 
 

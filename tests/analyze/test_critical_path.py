@@ -1,0 +1,132 @@
+"""Critical path and what-if replay: a hand-built two-rank step checked against plain integer arithmetic,
+and unchanged replay of real and reference-runtime traces against their step times read from the raw JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+from tracekit.whatif.graph import Category, StepGraph, add_start_nodes, critical_path, rank_step_ns, replay, topo_levels
+from tracekit.whatif.replay import composition, path_of, predict_ns, replay_step
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def two_rank_allreduce(c0: int, c1: int, xfer: int, after: int) -> StepGraph:
+    """rank r: compute c_r, then an all_reduce (arrive, sync, transfer xfer), then compute `after`.
+    Both ranks start at 0; nothing else. Times in ns."""
+    last = max(c0, c1)
+    nodes = [  # rank, lane, category, start, dur, inst
+        (0, 0, Category.COMPUTE, 0, c0, -1), (0, 0, Category.MARK, c0, 0, 0),
+        (0, 1, Category.TRANSFER, last, xfer, 0), (0, 0, Category.COMPUTE, last + xfer, after, -1),
+        (1, 2, Category.COMPUTE, 0, c1, -1), (1, 2, Category.MARK, c1, 0, 0),
+        (1, 3, Category.TRANSFER, last, xfer, 0), (1, 2, Category.COMPUTE, last + xfer, after, -1),
+        (-1, -1, Category.MARK, last, 0, 0),
+    ]
+    a = np.array([n[:5] for n in nodes], dtype=np.int64)
+    edges = [(0, 1), (1, 8), (5, 8), (8, 2), (8, 6), (1, 2), (5, 6), (2, 3), (1, 3), (4, 5), (6, 7), (5, 7)]
+    e = np.array(edges, dtype=np.int64)
+    g = StepGraph(rank=a[:, 0].astype(np.int32), lane=a[:, 1], category=a[:, 2].astype(np.int8), start=a[:, 3],
+                  dur=a[:, 4], src=e[:, 0], dst=e[:, 1], inst=np.array([n[5] for n in nodes], np.int32),
+                  lane_names=["rank 0 training thread", "rank 0 comm", "rank 1 training thread", "rank 1 comm"],
+                  terminal=np.array([n[1] >= 0 for n in nodes]))
+    g.ranks = np.array([0, 1])
+    g.win_start = np.array([0, 0])
+    g.win_end = np.array([last + xfer + after] * 2)
+    add_start_nodes(g)
+    return g
+
+
+def test_unchanged_replay_and_path_through_the_slow_rank():
+    g = two_rank_allreduce(c0=10_000, c1=25_000, xfer=3_000, after=4_000)
+    res = replay_step(0, g)
+    assert res.replayed_ns == res.measured_ns == 25_000 + 3_000 + 4_000
+    path, rank = path_of(res)
+    assert 4 in path.tolist() and 0 not in path.tolist()  # rank 1's compute, not rank 0's
+    comp = composition(res, path, rank)
+    assert sum(comp["by_category"].values()) == comp["step_ns"] == 32_000
+    assert comp["by_category"]["compute"] == 25_000 + 4_000
+    assert comp["by_category"]["exposed_transfer"] == 3_000
+
+
+def test_rank_compute_at_peers_median_matches_arithmetic():
+    c0, c1, xfer, after = 10_000, 25_000, 3_000, 4_000
+    g = two_rank_allreduce(c0, c1, xfer, after)
+    res = replay_step(0, g)
+    # rank 1 at its peer's compute: every compute node of rank 1 scaled by (c0 + after) / (c1 + after)
+    f = Decimal(c0 + after) / Decimal(c1 + after)
+    new_c1 = int((Decimal(c1) * f).to_integral_value())
+    new_after1 = int((Decimal(after) * f).to_integral_value())
+    expect = max(max(c0, new_c1) + xfer + after, max(c0, new_c1) + xfer + new_after1)
+    assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == expect
+    # overlapping the collective removes the transfer and nothing else
+    assert predict_ns(res, [Fix("dim_overlap", dim=None)], Layout()) == c1 + after
+
+
+def test_topological_levels_and_cycles():
+    src, dst = np.array([0, 1, 0, 2]), np.array([1, 2, 2, 3])
+    assert topo_levels(4, src, dst).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="cycle"):
+        topo_levels(3, np.array([0, 1, 2]), np.array([1, 2, 1]))
+
+
+def test_replay_equals_a_per_node_longest_path_on_a_random_dag():
+    rng = np.random.default_rng(7)
+    n = 400
+    src = rng.integers(0, n - 1, 1500)
+    dst = src + 1 + rng.integers(0, 20, 1500)
+    ok = dst < n
+    src, dst = src[ok], dst[ok]
+    dur = rng.integers(0, 1000, n)
+    start = np.zeros(n, np.int64)
+    for v in range(n):  # independent: a plain loop in index order (edges go forward)
+        preds = src[dst == v]
+        if preds.size:
+            start[v] = max(int(start[u] + dur[u]) for u in preds) + 5
+    g = StepGraph(rank=np.zeros(n, np.int32), lane=np.full(n, -1), category=np.zeros(n, np.int8), start=start,
+                  dur=dur, src=src, dst=dst)
+    assert (replay(g) == start).all()
+    dur2 = dur // 2
+    exp = np.zeros(n, np.int64)
+    for v in range(n):
+        preds = src[dst == v]
+        if preds.size:
+            exp[v] = max(int(exp[u] + dur2[u]) for u in preds) + 5
+    assert (replay(g, dur2) == exp).all()
+    last = int(np.argmax(start + dur))
+    path = critical_path(g, start, dur, last)
+    assert path[-1] == last and all(((src == a) & (dst == b)).any() for a, b in zip(path[:-1], path[1:]))
+
+
+def _profiler_steps_ns(path: Path) -> dict[int, int]:
+    """ProfilerStep#N durations from the raw trace, µs text → exact ns."""
+    with gzip.open(path, "rt") as fh:
+        doc = json.load(fh, parse_float=Decimal)
+    out = {}
+    for ev in doc.get("traceEvents", []):
+        name = str(ev.get("name", ""))
+        if ev.get("ph") == "X" and name.startswith("ProfilerStep#"):
+            out[int(name.split("#")[1])] = int(Decimal(ev["dur"]) * 1000)
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["pp_1f1b", "faults"])
+def test_unchanged_replay_reproduces_runtime_steps(fixture, tmp_path):
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+
+    store = parse_run(REPO / "fixtures" / fixture, tmp_path / "store", progress=False).store
+    doc = analyze_store(store)
+    cp = doc["sections"]["critical_path"]
+    raw = [_profiler_steps_ns(p) for p in sorted((REPO / "fixtures" / fixture).glob("rank*.pt.trace.json.gz"))]
+    assert cp["steps"], cp
+    for s in cp["steps"]:
+        measured = max(r[s["step"]] for r in raw)
+        assert abs(s["replayed_ns"] - measured) <= 0.02 * measured
+        assert sum(s["composition"]["by_category"].values()) == s["composition"]["step_ns"]

@@ -1,0 +1,521 @@
+"""Build one step's cross-rank dependency graph (graph.StepGraph) from a run store's tables.
+
+Lanes per rank:
+- GPU ranks (rows in `kernels`): each device stream (the step's kernels, `kernels.step`), and each host
+  thread that launched them (its CUDA/HIP runtime calls). Edges: lane order, launch call → kernel (by
+  correlation), device → host for calls that wait for the device (`*Synchronize*`, blocking memcpy:
+  the call's end follows the last kernel that ended inside it; the wait itself costs nothing of its own).
+- CPU ranks: the training thread (the thread of `ProfilerStep#N`; its top-level `cpu_op`s, cut where
+  the rank issued a collective) and one comm lane per process group (gloo runs a group's collectives in
+  order). A collective that ended while the training thread sat idle, or inside the op that issued it,
+  releases the thread (it was waiting for it); one ending inside other work was already overlapped.
+- Collectives (matching.py's instances, arrival as matching defines it): each member's arrival node,
+  one sync node per instance (the last arrival), then each member's transfer node
+  (member's end − last arrival), so no member's transfer starts before the last member arrives.
+- Per rank a step-start node (pinned at the step window's start) precedes each lane's first node, so
+  a lane's late start (a data stall at the step's beginning) is a gap of its own.
+Times go onto one clock: trace clock − (log→trace shift) − (clock offset), as matching estimates them.
+The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analyze.breakdown import COMM_ISSUE_PREFIXES
+from tracekit.analyze.matching import MatchedCollectives, row_trace_shift
+from tracekit.tables.store import RunStore
+from tracekit.whatif.graph import Category, StepGraph, add_start_nodes
+
+BLOCKING_CALL_WORDS = ("Synchronize",)
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
+KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
+                 "memset": Category.OTHER}
+
+
+@dataclass
+class _Buf:
+    """Nodes and cross-lane edges being collected (lane-order edges are added at the end)."""
+
+    cols: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
+        k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio")})
+    names: list[str] = field(default_factory=list)
+    src: list[np.ndarray] = field(default_factory=list)
+    dst: list[np.ndarray] = field(default_factory=list)
+    n: int = 0
+    lane_names: list[str] = field(default_factory=list)
+
+    def lane(self, name: str) -> int:
+        self.lane_names.append(name)
+        return len(self.lane_names) - 1
+
+    def add(self, *, rank: int, lane: Any, category: Any, start: np.ndarray, dur: np.ndarray,
+            names: list[str] | str = "", dim: Any = -1, inst: Any = -1, terminal: Any = False,
+            prio: Any = 1) -> np.ndarray:
+        k = len(start)
+        for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
+                             ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
+                             ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8)):
+            self.cols[key].append(np.broadcast_to(np.asarray(val, dtype=dt), (k,)).copy())
+        self.names.extend(names if isinstance(names, list) else [names] * k)
+        ids = np.arange(self.n, self.n + k, dtype=np.int64)
+        self.n += k
+        return ids
+
+    def edge(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.src.append(np.asarray(src, dtype=np.int64))
+        self.dst.append(np.asarray(dst, dtype=np.int64))
+
+    def finish(self, dims: list[str]) -> StepGraph:
+        c = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.cols.items()}
+        lane, start, prio = c["lane"].astype(np.int64), c["start"].astype(np.int64), c["prio"]
+        chained = np.flatnonzero(lane >= 0)
+        order = chained[np.lexsort((chained, prio[chained], start[chained], lane[chained]))]
+        same = lane[order[1:]] == lane[order[:-1]]
+        src = np.concatenate(self.src + [order[:-1][same]]) if self.src or len(order) else np.zeros(0, np.int64)
+        dst = np.concatenate(self.dst + [order[1:][same]]) if self.dst or len(order) else np.zeros(0, np.int64)
+        return StepGraph(rank=c["rank"].astype(np.int32), lane=lane, category=c["category"].astype(np.int8),
+                         start=start, dur=np.maximum(c["dur"].astype(np.int64), 0),
+                         src=src.astype(np.int64), dst=dst.astype(np.int64), dim=c["dim"].astype(np.int32),
+                         inst=c["inst"].astype(np.int32), name=self.names, lane_names=self.lane_names,
+                         dims=dims, terminal=c["terminal"].astype(bool))
+
+
+@dataclass
+class StepInput:
+    """What the builder needs besides the tables: the matched collectives and the run's dims."""
+
+    matched: MatchedCollectives | None
+    dims: dict[str, str]
+    """pg_name → parallel dim"""
+    p2p: pd.DataFrame | None = None
+    """send/recv rows of the rank's matching source (matching.load_collectives columns)"""
+
+
+def _arr(t: pa.Table, col: str, dtype: Any = np.int64) -> np.ndarray:
+    return t.column(col).to_numpy(zero_copy_only=False).astype(dtype)
+
+
+def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Mask of intervals (sorted by start, longest first) not nested in an earlier one."""
+    if ts.size == 0:
+        return np.zeros(0, dtype=bool)
+    prev_end = np.maximum.accumulate(np.r_[np.iinfo(np.int64).min, end[:-1]])
+    return ts >= prev_end
+
+
+def clock_shift(matched: MatchedCollectives | None) -> dict[int, int]:
+    """Per rank: subtract from trace-clock times to reach the common (matching) clock."""
+    if matched is None or matched.rows.empty:
+        return {}
+    rows = matched.rows
+    off = (rows["arrival_raw"] - rows["arrival"]).groupby(rows["rank"]).first()
+    out = {}
+    for r, o in off.items():
+        shift = matched.trace_shift.get(int(r))
+        out[int(r)] = int(o) + int(shift or 0)
+    return out
+
+
+def step_members(inp: StepInput, step: int, shift: dict[int, int]) -> pd.DataFrame:
+    """The step's collective members on the common clock: key, rank, arrival, end, dim, op, bytes, inst."""
+    m = inp.matched
+    if m is None or m.rows.empty:
+        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name"])
+    rows = m.rows[(m.rows["step"] == step) & m.rows["end"].notna()].copy()
+    rs = row_trace_shift(rows, m.trace_shift)
+    rows = rows[~np.isnan(rs)].copy()
+    rs = rs[~np.isnan(rs)].astype(np.int64)
+    conv = rows["rank"].map(shift).fillna(0).astype(np.int64).to_numpy()
+    off = (rows["arrival_raw"] - rows["arrival"]).astype(np.int64).to_numpy()
+    rows["arrival"] = rows["arrival_raw"].astype(np.int64).to_numpy() + rs - conv
+    rows["end"] = rows["end"].astype(np.int64).to_numpy() + off + rs - conv
+    rows["dim"] = rows["pg_name"].map(lambda p: inp.dims.get(str(p).removeprefix("kineto:"), "unknown"))
+    n = rows.groupby("key")["rank"].transform("size")
+    rows = rows[n >= 2].copy()
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name"]
+    parts = [x for x in (rows[cols], p2p_members(inp, step, shift)) if not x.empty]
+    both = pd.concat(parts, ignore_index=True) if parts else rows[cols].copy()
+    both["inst"] = both["key"].astype("category").cat.codes.astype(np.int64)
+    return both
+
+
+def p2p_members(inp: StepInput, step: int, shift: dict[int, int]) -> pd.DataFrame:
+    """Send/recv pairs of the step as two-member instances (the k-th send src→dst on a group with the
+    k-th receive at dst from src): the transfer waits for both sides to be posted."""
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name"]
+    df = inp.p2p
+    if df is None or df.empty:
+        return pd.DataFrame(columns=cols)
+    df = df[(df["step"] == step) & df["peer"].notna() & df["ts"].notna() & df["dur"].notna()].copy()
+    op = df["op"].astype(str)
+    df = df[op.str.contains("send") ^ op.str.contains("recv")].copy()
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    trace_shift = inp.matched.trace_shift if inp.matched is not None else {}
+    log = df["source"].astype(str).isin(("comms-log", "flight-recorder")).to_numpy()
+    conv = df["rank"].map(shift).fillna(0).astype(np.int64).to_numpy()
+    own = df["rank"].map(lambda r: trace_shift.get(int(r)) or 0).astype(np.int64).to_numpy()
+    back = np.where(log, conv - own, conv)  # log rows: minus the offset; trace rows: minus shift+offset
+    arrival = df["enqueue_ts"].fillna(df["ts"]).astype(np.int64).to_numpy()
+    df["arrival"] = arrival - back
+    df["end"] = (df["ts"] + df["dur"]).astype(np.int64).to_numpy() - back
+    df["send"] = df["op"].astype(str).str.contains("send")
+    df["src"] = np.where(df["send"], df["rank"], df["peer"]).astype(np.int64)
+    df["dst"] = np.where(df["send"], df["peer"], df["rank"]).astype(np.int64)
+    df["pg_name"] = df["pg_name"].fillna("?").astype(str)
+    df = df.sort_values(["src", "dst", "pg_name", "send", "arrival"], kind="stable")
+    df["k"] = df.groupby(["src", "dst", "pg_name", "send"]).cumcount()
+    df["key"] = ("p2p:" + df["src"].astype(str) + ">" + df["dst"].astype(str) + ":" + df["pg_name"] + "#"
+                 + df["k"].astype(str))
+    df = df[df.groupby("key")["rank"].transform("size") == 2]
+    df["dim"] = df["pg_name"].map(lambda p: inp.dims.get(p, "pp"))
+    return df[cols].reset_index(drop=True)
+
+
+def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[str, np.ndarray]:
+    """Arrival, sync and transfer nodes (members' `arr_lane` / `xfer_lane` say where they sit);
+    returns per member row the arrival and transfer node ids."""
+    if members.empty:
+        return {"arrival": np.zeros(0, np.int64), "transfer": np.zeros(0, np.int64)}
+    dim_idx = members["dim"].map({d: i for i, d in enumerate(dims)}).fillna(-1).to_numpy(np.int32)
+    inst = members["inst"].to_numpy(np.int64)
+    arrival = members["arrival"].to_numpy(np.int64)
+    end = members["end"].to_numpy(np.int64)
+    last = members.groupby("inst")["arrival"].max()
+    ninst = int(inst.max()) + 1
+    sync_t = last.reindex(range(ninst)).to_numpy(np.int64)
+    sync = buf.add(rank=-1, lane=-1, category=Category.MARK, start=sync_t, dur=np.zeros(ninst, np.int64),
+                   inst=np.arange(ninst), names="sync")
+    lanes = members["xfer_lane"].to_numpy(np.int64)
+    arr_lanes = members["arr_lane"].to_numpy(np.int64)
+    ranks = members["rank"].to_numpy(np.int32)
+    arr_ids = np.empty(len(members), np.int64)
+    xfer_ids = np.empty(len(members), np.int64)
+    for r in np.unique(ranks):
+        m = np.flatnonzero(ranks == r)
+        arr_ids[m] = buf.add(rank=int(r), lane=arr_lanes[m], category=Category.MARK, start=arrival[m],
+                             dur=np.zeros(m.size, np.int64), dim=dim_idx[m], inst=inst[m], names="arrive", prio=0)
+        # a group runs its collectives in order: a transfer starts after the last arrival and after
+        # the previous transfer on the same lane ended
+        xs = np.maximum(sync_t[inst[m]], _prev_end_on_lane(lanes[m], arrival[m], end[m]))
+        xfer_ids[m] = buf.add(rank=int(r), lane=lanes[m], category=Category.TRANSFER, start=xs,
+                              dur=np.maximum(end[m] - xs, 0), dim=dim_idx[m], inst=inst[m],
+                              names=[f"{o} {p}" for o, p in zip(members["op"].iloc[m], members["pg_name"].iloc[m])],
+                              terminal=True)
+    buf.edge(arr_ids, sync[inst])
+    buf.edge(sync[inst], xfer_ids)
+    buf.edge(arr_ids, xfer_ids)
+    return {"arrival": arr_ids, "transfer": xfer_ids}
+
+
+def _prev_end_on_lane(lanes: np.ndarray, arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per member: the latest end of the earlier collectives on its lane (int64 min when none)."""
+    order = np.lexsort((arrival, lanes))
+    s = pd.Series(end[order])
+    g = lanes[order]
+    prev = s.groupby(g).cummax().groupby(g).shift(1, fill_value=np.iinfo(np.int64).min)
+    out = np.empty(lanes.size, np.int64)
+    out[order] = prev.to_numpy(np.int64)
+    return out
+
+
+def cut_intervals(starts: np.ndarray, ends: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split sorted disjoint intervals at the cut times strictly inside them: (seg_start, seg_end, interval index)."""
+    if starts.size == 0:
+        return starts.copy(), ends.copy(), np.zeros(0, np.int64)
+    idx = np.searchsorted(starts, cuts, side="right") - 1
+    inside = (idx >= 0) & (cuts > starts[np.maximum(idx, 0)]) & (cuts < ends[np.maximum(idx, 0)])
+    owner = np.concatenate([np.arange(starts.size), idx[inside]])
+    at = np.concatenate([starts, cuts[inside]])
+    order = np.lexsort((at, owner))
+    owner, at = owner[order], at[order]
+    keep = np.r_[True, (owner[1:] != owner[:-1]) | (at[1:] != at[:-1])]
+    owner, at = owner[keep], at[keep]
+    nxt = np.r_[at[1:], 0]
+    last = np.r_[owner[1:] != owner[:-1], True]
+    seg_end = np.where(last, ends[owner], nxt)
+    return at, seg_end, owner
+
+
+def _containing(starts: np.ndarray, ends: np.ndarray, t: np.ndarray, strict: bool) -> np.ndarray:
+    """Index of the interval holding each time (start ≤ t < end; strict: start < t < end), else -1."""
+    if starts.size == 0:
+        return np.full(t.size, -1, np.int64)
+    idx = np.searchsorted(starts, t, side="right") - 1
+    i = np.maximum(idx, 0)
+    ok = (idx >= 0) & (t < ends[i]) & ((t > starts[i]) if strict else (t >= starts[i]))
+    return np.where(ok, idx, -1)
+
+
+def _rank_events(store: RunStore, rank: int, step: int, columns: list[str]) -> pa.Table:
+    ev = store.rank_table("events", rank, columns)
+    return ev.filter(pc.and_(pc.fill_null(pc.equal(ev["step"], step), False), pc.is_valid(ev["dur"])))
+
+
+def _leaf(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Mask of intervals (sorted by start, longest first) inside which no other interval starts."""
+    out = np.ones(ts.size, dtype=bool)
+    out[:-1] = ts[1:] >= end[:-1]
+    return out
+
+
+def _training_thread_ops(store: RunStore, rank: int, step: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """Top-level ops of the thread that ran ProfilerStep#step (trace clock, sorted): its `cpu_op`s and its
+    annotations with nothing recorded inside (a labelled sleep or wait: simulated device time, data loading).
+    Returns starts, ends, names and a mask of the annotations among them."""
+    ev = _rank_events(store, rank, step, ["name", "cat", "ts", "dur", "tid", "step", "stream"])
+    ev = ev.filter(pc.is_null(ev["stream"]))
+    names = ev.column("name").cast(pa.string())
+    marker = ev.filter(pc.fill_null(pc.equal(names, f"ProfilerStep#{step}"), False))
+    cat = ev.column("cat").cast(pa.string())
+    is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
+    is_ann = pc.and_(pc.fill_null(pc.equal(cat, "user_annotation"), False),
+                     pc.invert(pc.fill_null(pc.starts_with(names, "ProfilerStep#"), False)))
+    if marker.num_rows:
+        tid = marker.column("tid")[0].as_py()
+    elif pc.sum(is_op).as_py():
+        tid = pc.mode(ev.filter(is_op).column("tid"))[0]["mode"].as_py()
+    else:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.zeros(0, bool)
+    ev = ev.filter(pc.and_(pc.fill_null(pc.equal(ev["tid"], tid), False), pc.or_(is_op, is_ann)))
+    ts, dur = _arr(ev, "ts"), _arr(ev, "dur")
+    order = np.lexsort((-(ts + dur), ts))
+    ts, end = ts[order], (ts + dur)[order]
+    ann = (ev.column("cat").cast(pa.string()).to_numpy(zero_copy_only=False) == "user_annotation")[order]
+    keep = ~ann | _leaf(ts, end)
+    ts, end, ann = ts[keep], end[keep], ann[keep]
+    top = _top_level(ts, end)
+    nm = ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)[order][keep][top]
+    return ts[top], end[top], [str(x) for x in nm], ann[top]
+
+
+def is_data_load(name: str) -> bool:
+    """An annotation of data loading (PyTorch's `enumerate(DataLoader)#...`, a `data:load`-style label)."""
+    low = name.lower()
+    return low.startswith("enumerate(dataloader)") or ("data" in low and "load" in low)
+
+
+def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, mem: pd.DataFrame,
+                 ids: dict[str, np.ndarray], host_lane: int) -> np.ndarray:
+    """The training thread's segments, cut at this rank's collective arrivals; returns their ids."""
+    ts, end, names, ann = _training_thread_ops(store, rank, step)
+    ts, end = ts - conv, end - conv
+    a = mem["arrival"].to_numpy(np.int64)
+    e = mem["end"].to_numpy(np.int64)
+    op_a = _containing(ts, end, a, strict=False)
+    op_e = _containing(ts, end, e, strict=True)
+    in_op = (op_a >= 0) & (op_e == op_a)
+    blocking = in_op | (_containing(ts, end, e, strict=False) < 0)
+    s0, s1, owner = cut_intervals(ts, end, np.concatenate([a, e[in_op]]))
+    issue = np.array([n.startswith(COMM_ISSUE_PREFIXES) for n in names], dtype=bool)
+    load = ann & np.array([is_data_load(n) for n in names], dtype=bool)
+    cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[owner]
+    dur = s1 - s0
+    for k in np.flatnonzero(in_op):  # the wait inside a blocking call costs nothing of its own
+        w = (owner == op_a[k]) & (s0 >= a[k]) & (s1 <= e[k])
+        dur[w] = 0
+        cat[w] = Category.WAIT
+    seg = buf.add(rank=rank, lane=host_lane, category=cat, start=s0, dur=dur,
+                  names=[names[o] for o in owner], terminal=True)
+    nxt = np.searchsorted(s0, e[blocking], side="left")
+    ok = nxt < s0.size
+    buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
+    return seg
+
+
+@dataclass
+class GpuRank:
+    """A GPU rank's kernels of the step (common clock, sorted by start) and their lanes."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    kind: list[str]
+    stream: np.ndarray
+    correlation: np.ndarray
+    names: list[str]
+    lanes: dict[int, int]
+
+
+def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int) -> GpuRank | None:
+    k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step"])
+    k = k.filter(pc.and_(pc.fill_null(pc.equal(k["step"], step), False), pc.is_valid(k["dur"])))
+    if k.num_rows == 0:
+        return None
+    ts = _arr(k, "ts") - conv
+    order = np.argsort(ts, kind="stable")
+    stream = np.nan_to_num(_arr(k, "stream", float), nan=-1).astype(np.int64)[order]
+    lanes = {int(s): buf.lane(f"rank {rank} stream {int(s)}") for s in np.unique(stream)}
+    corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
+    kind = [str(x) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    names = [str(x) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
+                   names=names, lanes=lanes)
+
+
+def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
+    """Index of each member's collective kernel (the comm kernel whose end is nearest the member's end), -1 if none."""
+    comm = np.flatnonzero(np.array([k == "comm" for k in gr.kind], dtype=bool))
+    if comm.size == 0 or mem.empty:
+        return np.full(len(mem), -1, np.int64)
+    ends = gr.end[comm]
+    o = np.argsort(ends)
+    e = mem["end"].to_numpy(np.int64)
+    j = np.clip(np.searchsorted(ends[o], e), 0, comm.size - 1)
+    jm = np.clip(j - 1, 0, comm.size - 1)
+    pick = np.where(np.abs(ends[o][jm] - e) < np.abs(ends[o][j] - e), jm, j)
+    return comm[o][pick]
+
+
+def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, gr: GpuRank,
+                 kern_of_member: np.ndarray, ids: dict[str, np.ndarray]) -> np.ndarray:
+    """Kernel nodes per stream, host threads' runtime calls, launch and blocking edges; returns kernel ids."""
+    is_coll = np.zeros(gr.ts.size, bool)
+    is_coll[kern_of_member[kern_of_member >= 0]] = True
+    node = np.full(gr.ts.size, -1, np.int64)  # node whose start is the kernel's start
+    done = np.full(gr.ts.size, -1, np.int64)  # node whose end is the kernel's end
+    plain = np.flatnonzero(~is_coll)
+    lanes = np.array([gr.lanes[int(s)] for s in gr.stream], dtype=np.int64)
+    cats = np.array([KIND_CATEGORY.get(k, Category.OTHER) for k in gr.kind], dtype=np.int8)
+    node[plain] = done[plain] = buf.add(rank=rank, lane=lanes[plain], category=cats[plain], start=gr.ts[plain],
+                                        dur=(gr.end - gr.ts)[plain], names=[gr.names[i] for i in plain],
+                                        terminal=True)
+    m = kern_of_member >= 0
+    node[kern_of_member[m]] = ids["arrival"][m]
+    done[kern_of_member[m]] = ids["transfer"][m]
+    add_runtime_calls(buf, store, rank, step, conv, gr, node, done)
+    return done
+
+
+def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, gr: GpuRank,
+                      node: np.ndarray, done: np.ndarray) -> None:
+    ev = _rank_events(store, rank, step, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream"])
+    ev = ev.filter(pc.is_null(ev["stream"]))
+    cat = ev.column("cat").cast(pa.string())
+    rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
+    ev = ev.filter(rt)
+    if ev.num_rows == 0:
+        return
+    ts, end = _arr(ev, "ts") - conv, _arr(ev, "ts") + _arr(ev, "dur") - conv
+    tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
+    corr = np.nan_to_num(_arr(ev, "correlation", float), nan=-2).astype(np.int64)
+    names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
+    blocking = np.array([any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    # the device work a blocking call waited for: the kernel that ended last inside it
+    by_end = np.argsort(gr.end, kind="stable")
+    hi = np.searchsorted(gr.end[by_end], end, side="right") - 1
+    waited = np.where((hi >= 0) & (gr.end[by_end][np.maximum(hi, 0)] >= ts), by_end[np.maximum(hi, 0)], -1)
+    waited = np.where(blocking, waited, -1)
+    w = waited >= 0
+    for t in np.unique(tid):
+        lane = buf.lane(f"rank {rank} host thread {t}")
+        sel = tid == t
+        plain = sel & ~w
+        ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
+                      names=[names[i] for i in np.flatnonzero(plain)])
+        _launch_edges(buf, corr[plain], ids, gr, node)
+        bw = np.flatnonzero(sel & w)
+        if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
+            buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw], dur=np.zeros(bw.size, np.int64),
+                    names=[names[i] for i in bw])
+            kend = gr.end[waited[bw]]
+            back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
+                           dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
+            buf.edge(done[waited[bw]], back)
+
+
+def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: GpuRank, node: np.ndarray) -> None:
+    if call_corr.size == 0:
+        return
+    o = np.argsort(call_corr)
+    j = np.searchsorted(call_corr[o], gr.correlation)
+    j = np.clip(j, 0, call_corr.size - 1)
+    hit = (call_corr[o][j] == gr.correlation) & (gr.correlation >= 0) & (node >= 0)
+    buf.edge(call_ids[o][j[hit]], node[hit])
+
+
+def _cpu_window(store: RunStore, rank: int, step: int, conv: int) -> tuple[int, int] | None:
+    st = store.rank_table("steps", rank, ["step", "ts", "dur"])
+    st = st.filter(pc.fill_null(pc.equal(st["step"], step), False))
+    if st.num_rows == 0 or st.column("dur")[0].as_py() is None:
+        return None
+    ts = int(st.column("ts")[0].as_py())
+    return ts - conv, ts + int(st.column("dur")[0].as_py()) - conv
+
+
+def _place_members(buf: _Buf, store: RunStore, step: int, ranks: list[int], shift: dict[int, int],
+                   members: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, Any]]:
+    """Decide each rank's kind (GPU: its kernels; CPU: its training thread) and where its members sit."""
+    members = members.copy()
+    members["arr_lane"] = -1
+    members["xfer_lane"] = -1
+    placed: dict[int, Any] = {}
+    for r in ranks:
+        conv = shift.get(r, 0)
+        rows = members.index[members["rank"] == r]
+        gr = load_gpu_rank(buf, store, r, step, conv)
+        if gr is not None:
+            kidx = match_gpu_members(gr, members.loc[rows])
+            ok = kidx >= 0
+            lanes = np.array([gr.lanes[int(gr.stream[i])] for i in kidx[ok]], dtype=np.int64)
+            members.loc[rows[ok], "arrival"] = gr.ts[kidx[ok]]  # device arrival: the kernel's start
+            members.loc[rows[ok], "arr_lane"] = lanes
+            members.loc[rows[ok], "xfer_lane"] = lanes
+            placed[r] = ("gpu", gr, pd.Series(kidx, index=rows))
+            continue
+        host = buf.lane(f"rank {r} training thread")
+        members.loc[rows, "arr_lane"] = host
+        for pg in members.loc[rows, "pg_name"].astype(str).unique():
+            sel = rows[members.loc[rows, "pg_name"].astype(str).to_numpy() == pg]
+            members.loc[sel, "xfer_lane"] = buf.lane(f"rank {r} comm {pg}")
+        placed[r] = ("cpu", host, None)
+    members = members[members["arr_lane"] >= 0].reset_index(drop=True)
+    members["inst"] = members["key"].astype("category").cat.codes.astype(np.int64)
+    return members, placed
+
+
+def build_step_graph(store: RunStore, step: int, inp: StepInput, ranks: list[int] | None = None) -> StepGraph:
+    """The dependency graph of `step` across `ranks` (default: every rank in the store)."""
+    ranks = sorted(store.ranks() if ranks is None else ranks)
+    buf = _Buf()
+    shift = clock_shift(inp.matched)
+    members = step_members(inp, step, shift)
+    dims = sorted(set(inp.dims.values()) | set(members["dim"].astype(str)))
+    members, placed = _place_members(buf, store, step, ranks, shift, members)
+    ids = add_collectives(buf, members, dims)
+    windows = {}
+    for r, (kind, obj, _) in placed.items():
+        conv = shift.get(r, 0)
+        sel = np.flatnonzero(members["rank"].to_numpy() == r)
+        sub_ids = {k: v[sel] for k, v in ids.items()}
+        mem = members.iloc[sel]
+        if kind == "gpu":
+            kidx = match_gpu_members(obj, mem) if len(mem) else np.zeros(0, np.int64)
+            add_gpu_rank(buf, store, r, step, conv, obj, kidx, sub_ids)
+            windows[r] = (int(obj.ts.min()), int(obj.end.max()))
+        else:
+            add_cpu_rank(buf, store, r, step, conv, mem, sub_ids, obj)
+            win = _cpu_window(store, r, step, conv)
+            if win is not None:
+                windows[r] = win
+    g = buf.finish(dims)
+    g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
+                                             dim=("dim", "first"), op=("op", "first"),
+                                             bytes=("bytes", "max"), n=("rank", "size"))
+    attach_windows(g, windows)
+    return g
+
+
+def attach_windows(g: StepGraph, windows: dict[int, tuple[int, int]]) -> None:
+    """Per rank: its measured step window, and a pinned step-start node before each of its lanes' first node."""
+    ranks = np.array(sorted(windows), dtype=np.int64)
+    g.ranks = ranks
+    g.win_start = np.array([windows[r][0] for r in ranks], dtype=np.int64)
+    g.win_end = np.array([windows[r][1] for r in ranks], dtype=np.int64)
+    add_start_nodes(g)

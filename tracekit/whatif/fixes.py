@@ -1,0 +1,212 @@
+"""What-if fixes: each changes the durations (or gaps) of a class of nodes of a StepGraph; the step is then
+replayed (graph.replay), so the saving accounts for everything else on the path.
+
+- `rank_compute`: a rank's compute nodes scaled so its compute matches the median of its peers (ranks of
+  the same pipeline stage when the layout knows stages, else all ranks), or by a given factor.
+- `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
+  unknown size keep their time).
+- `dim_overlap`: a dim's transfers fully hidden (length 0; members still wait for each other).
+- `slow_link`: a dim's transfers no slower than the median transfer of the same op and size on the
+  dim's other groups (or, with one group, its own median).
+- `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
+- `expert_even`: expert-parallel ranks' compute set to the mean of their EP group, and each all_to_all's
+  members' transfers to the instance's mean (even expert load).
+- `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
+  (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
+- `host_stalls`: host gaps of at least `stall_min_ns` on host threads and data-loading nodes set to 0
+  (on one rank, or on all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracekit.whatif.graph import Category, StepGraph, host_lane_mask
+
+BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+                "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
+                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
+         "microbatches", "host_stalls")
+
+
+@dataclass(frozen=True)
+class Fix:
+    kind: str
+    rank: int | None = None
+    dim: str | None = None
+    value: float | None = None
+    """rank_compute: factor (None = peers' median); dim_bandwidth: GB/s; microbatches: new m"""
+
+    def label(self) -> str:
+        if self.kind == "rank_compute":
+            return f"rank {self.rank} compute at {'peers median' if self.value is None else f'{self.value:g}x'}"
+        if self.kind == "dim_bandwidth":
+            return f"{self.dim} collectives at {self.value:g} GB/s bus bandwidth"
+        if self.kind == "dim_overlap":
+            return f"{self.dim} collectives fully overlapped"
+        if self.kind == "slow_link":
+            return f"slow {self.dim} link at its peers' speed"
+        if self.kind == "microbatches":
+            return f"{int(self.value or 0)} micro-batches"
+        if self.kind == "host_stalls":
+            return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
+        return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
+            self.kind, self.kind)
+
+
+@dataclass
+class Layout:
+    """What the fixes need to know about the run's layout (from the layout/pipeline sections)."""
+
+    coords: dict[int, dict[str, int]] = field(default_factory=dict)
+    """rank → {dim: coordinate}"""
+    pp: int = 1
+    microbatches: int | None = None
+    virtual_stages: int = 1
+    stall_min_ns: int = 1_000_000
+    """a host gap this long with nothing recorded is a stall, not dispatch overhead (µs)"""
+
+    def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
+        stage = self.coords.get(rank, {}).get("pp")
+        if stage is None:
+            return ranks
+        return np.array([r for r in ranks if self.coords.get(int(r), {}).get("pp") == stage], dtype=np.int64)
+
+
+def compute_by_rank(g: StepGraph, dur: np.ndarray) -> dict[int, int]:
+    m = (g.category == Category.COMPUTE) & (g.rank >= 0)
+    sums = np.bincount(g.rank[m], weights=dur[m].astype(np.float64), minlength=int(g.rank.max(initial=0)) + 1)
+    return {int(r): int(sums[r]) for r in g.ranks if r < sums.size}
+
+
+def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None:
+    m = (g.category == Category.COMPUTE) & (g.rank == rank)
+    dur[m] = np.rint(dur[m] * factor).astype(np.int64)
+
+
+def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
+    comp = compute_by_rank(g, dur)
+    own = comp.get(int(fix.rank), 0)
+    if fix.value is not None:
+        factor = float(fix.value)
+    else:
+        peers = [comp[int(r)] for r in lay.peers(int(fix.rank), g.ranks) if int(r) != fix.rank and int(r) in comp]
+        if not peers or own <= 0:
+            return
+        factor = min(1.0, float(np.median(peers)) / own)
+    _scale_rank(g, dur, int(fix.rank), factor)
+
+
+def _transfers(g: StepGraph, dim: str | None) -> np.ndarray:
+    m = g.category == Category.TRANSFER
+    if dim is not None:
+        di = g.dims.index(dim) if dim in g.dims else -2
+        m &= g.dim == di
+    return m & (g.inst >= 0)
+
+
+def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
+    m = np.flatnonzero(_transfers(g, fix.dim))
+    if m.size == 0 or g.inst_info is None:
+        return
+    info = g.inst_info.reindex(g.inst[m])
+    n = info["n"].to_numpy(np.float64)
+    factor = np.array([BUSBW_FACTOR.get(op, lambda k: 1.0)(k) if k > 1 else 1.0 for op, k in zip(info["op"], n)])
+    size = info["bytes"].to_numpy(np.float64)
+    ok = np.isfinite(size) & (size > 0)
+    t = size * factor / (float(fix.value) * 1e9) * 1e9
+    dur[m[ok]] = np.rint(t[ok]).astype(np.int64)
+
+
+def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
+    m = np.flatnonzero(_transfers(g, fix.dim))
+    if m.size == 0 or g.inst_info is None:
+        return
+    info = g.inst_info.reindex(g.inst[m]).reset_index(drop=True)
+    info["node"], info["t"] = m, dur[m]
+    per_inst = info.groupby(["pg_name", "op", "bytes"], dropna=False)["t"].median().rename("own").reset_index()
+    ref = per_inst.groupby(["op", "bytes"], dropna=False)["own"].transform("median")
+    per_inst["ref"] = ref
+    info = info.merge(per_inst, on=["pg_name", "op", "bytes"], how="left")
+    dur[info["node"].to_numpy()] = np.minimum(info["t"].to_numpy(), info["ref"].fillna(info["t"]).to_numpy()).astype(np.int64)
+
+
+def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
+    comp = compute_by_rank(g, dur)
+    stages: dict[int, list[int]] = {}
+    for r in comp:
+        st = lay.coords.get(r, {}).get("pp")
+        if st is not None:
+            stages.setdefault(st, []).append(r)
+    if len(stages) < 2:
+        return
+    stage_c = {st: float(np.mean([comp[r] for r in rs])) for st, rs in stages.items()}
+    mean = float(np.mean(list(stage_c.values())))
+    for st, rs in stages.items():
+        if stage_c[st] > 0:
+            for r in rs:
+                _scale_rank(g, dur, r, mean / stage_c[st])
+
+
+def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
+    comp = compute_by_rank(g, dur)
+    groups: dict[tuple, list[int]] = {}
+    for r in comp:
+        c = lay.coords.get(r, {})
+        if "ep" in c:
+            groups.setdefault(tuple(sorted((d, v) for d, v in c.items() if d not in ("ep", "dp", "cp"))), []).append(r)
+    for rs in groups.values():
+        mean = float(np.mean([comp[r] for r in rs]))
+        for r in rs:
+            if comp[r] > 0:
+                _scale_rank(g, dur, r, mean / comp[r])
+    m = np.flatnonzero(_transfers(g, "ep"))
+    if m.size and g.inst_info is not None:
+        inst = g.inst[m]
+        sums = np.bincount(inst, weights=dur[m].astype(np.float64))
+        cnt = np.bincount(inst)
+        dur[m] = np.rint(sums[inst] / cnt[inst]).astype(np.int64)
+
+
+def microbatch_factor(lay: Layout, new_m: int) -> float:
+    """Step time ratio for `new_m` micro-batches: (1 − bubble now) / (1 − bubble then)."""
+    p, v, m = lay.pp, max(lay.virtual_stages, 1), lay.microbatches
+    if p <= 1 or not m or new_m <= 0:
+        return 1.0
+    b_now = (p - 1) / (v * m + p - 1)
+    b_new = (p - 1) / (v * new_m + p - 1)
+    return (1 - b_now) / (1 - b_new)
+
+
+def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray, np.ndarray, float]:
+    """Durations and gaps with the fixes applied, and a factor for the replayed step (micro-batches)."""
+    dur = g.dur.copy()
+    gap = g.gap.copy()
+    factor = 1.0
+    for fix in fixes:
+        if fix.kind == "rank_compute":
+            _rank_compute(g, dur, fix, lay)
+        elif fix.kind == "dim_bandwidth":
+            _dim_bandwidth(g, dur, fix)
+        elif fix.kind == "dim_overlap":
+            dur[_transfers(g, fix.dim)] = 0
+        elif fix.kind == "slow_link":
+            _slow_link(g, dur, fix)
+        elif fix.kind == "stage_resplit":
+            _stage_resplit(g, dur, lay)
+        elif fix.kind == "expert_even":
+            _expert_even(g, dur, lay)
+        elif fix.kind == "microbatches":
+            factor *= microbatch_factor(lay, int(fix.value or 0))
+        elif fix.kind == "host_stalls":
+            mine = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == fix.rank
+            gap[mine & host_lane_mask(g) & (gap >= lay.stall_min_ns)] = 0
+            dur[mine & (g.category == Category.STALL)] = 0
+        else:
+            raise ValueError(f"unknown what-if fix {fix.kind!r} (known: {', '.join(KINDS)})")
+    return dur, gap, factor

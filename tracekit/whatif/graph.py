@@ -1,0 +1,280 @@
+"""A step's cross-rank dependency graph as numpy arrays, replayed by vectorised longest path.
+
+Each node is an interval on one lane (a training thread, a device stream, a rank's comm lane) or an
+instant (a collective's arrival, the moment its last member arrives). A node starts when its latest
+predecessor ends, plus its own `gap` (measured: start − latest predecessor end), and lasts `dur`:
+
+    start[v] = max(end[u] for u → v) + gap[v]      end[v] = start[v] + dur[v]
+
+so replaying the unchanged graph gives back the measured times exactly, and a what-if changes
+`dur` (or `gap`) of a class of nodes and replays. Nodes without predecessors keep their measured start.
+The gap is the time the node's lane spent on nothing the graph explains: host work between device
+launches, a host stall, launch latency.
+
+Replay visits the nodes level by level (level = longest chain of edges from a source), so each level
+is one vectorised `np.maximum.reduceat` over its in-edges: the Python loop runs once per level (the
+depth of the graph, about the number of ops on the longest lane), never once per node. Measured on the
+2-core box (benchmarks/critical_path_bench.py) against a per-node loop and networkx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+
+class Category(IntEnum):
+    """What a node's time is, for the critical path's composition."""
+
+    COMPUTE = 0
+    TRANSFER = 1
+    """a collective's or P2P op's transfer after its last member arrived"""
+    WAIT = 2
+    """waiting for a peer (a collective's arrival before the last member)"""
+    HOST = 3
+    """host work between device launches / host ops on a CPU training thread"""
+    STALL = 4
+    """host or data stall: host gaps, data loading"""
+    OTHER = 5
+    """memcpy, memset, other device work"""
+    MARK = 6
+    """zero-length bookkeeping node (arrival, step start)"""
+
+
+CATEGORY_NAMES = {Category.COMPUTE: "compute", Category.TRANSFER: "exposed_transfer",
+                  Category.WAIT: "waiting_for_peer", Category.HOST: "host", Category.STALL: "host_data_stall",
+                  Category.OTHER: "other_device", Category.MARK: "mark"}
+
+
+@dataclass
+class StepGraph:
+    """Nodes (parallel int arrays) and edges of one step; times are int64 ns on one common clock."""
+
+    rank: np.ndarray
+    lane: np.ndarray
+    """global lane id (rank, thread or stream), see `lane_names`"""
+    category: np.ndarray
+    start: np.ndarray
+    """measured start"""
+    dur: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    dim: np.ndarray = None  # type: ignore[assignment]
+    """index into `dims` (-1: none) for collective nodes"""
+    inst: np.ndarray = None  # type: ignore[assignment]
+    """collective instance index (-1: none)"""
+    name: list[str] = field(default_factory=list)
+    """per-node label (for export); may be empty"""
+    lane_names: list[str] = field(default_factory=list)
+    dims: list[str] = field(default_factory=list)
+    terminal: np.ndarray = None  # type: ignore[assignment]
+    """per node: True when it counts for its rank's step end"""
+    ranks: np.ndarray = None  # type: ignore[assignment]
+    """ranks with a measured step window (sorted)"""
+    win_start: np.ndarray = None  # type: ignore[assignment]
+    win_end: np.ndarray = None  # type: ignore[assignment]
+    """each rank's measured step window"""
+    inst_info: Any = None
+    """per collective instance (pandas, index = inst): key, pg_name, dim, op, bytes, n"""
+    _plan: "_Plan | None" = None
+
+    def __post_init__(self) -> None:
+        n = len(self.start)
+        for attr, fill in (("dim", -1), ("inst", -1)):
+            if getattr(self, attr) is None:
+                setattr(self, attr, np.full(n, fill, dtype=np.int32))
+        if self.terminal is None:
+            self.terminal = np.ones(n, dtype=bool)
+        if self.ranks is None:
+            self.ranks = np.unique(self.rank[self.rank >= 0]).astype(np.int64)
+            self.win_start = np.array([self.start[self.rank == r].min() for r in self.ranks], dtype=np.int64)
+            self.win_end = np.array([self.end[(self.rank == r) & self.terminal].max(initial=0)
+                                     for r in self.ranks], dtype=np.int64)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.start)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.start + self.dur
+
+    @property
+    def gap(self) -> np.ndarray:
+        return self.plan.gap
+
+    @property
+    def plan(self) -> "_Plan":
+        if self._plan is None:
+            self._plan = _make_plan(self)
+        return self._plan
+
+
+@dataclass
+class _Plan:
+    order: np.ndarray
+    """nodes sorted by level"""
+    level_bounds: np.ndarray
+    """order[level_bounds[i]:level_bounds[i+1]] are level i"""
+    edge_src: np.ndarray
+    """in-edges' sources, grouped by destination in `order`"""
+    edge_bounds: np.ndarray
+    """per level: slice of edge_src"""
+    seg_starts: list
+    """per level: reduceat offsets (relative) of each node's in-edges"""
+    in_ptr: np.ndarray
+    """CSR of in-edges by node id (for the critical-path walk)"""
+    in_src: np.ndarray
+    gap: np.ndarray
+
+
+def topo_levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Longest-chain level of every node (Kahn's algorithm, one vectorised pass per level)."""
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    order = np.argsort(src, kind="stable")
+    succ = dst[order]
+    ptr = np.searchsorted(src[order], np.arange(n + 1))
+    level = np.full(n, -1, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    lv = 0
+    while frontier.size:
+        level[frontier] = lv
+        starts = ptr[frontier]
+        counts = ptr[frontier + 1] - starts
+        total = int(counts.sum())
+        if total == 0:
+            break
+        offs = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        nxt, cnt = np.unique(succ[offs], return_counts=True)
+        indeg[nxt] -= cnt
+        frontier = nxt[indeg[nxt] == 0]
+        lv += 1
+    if (level < 0).any():
+        raise ValueError(f"dependency graph has a cycle through {int((level < 0).sum())} node(s)")
+    return level
+
+
+def _make_plan(g: StepGraph) -> _Plan:
+    n = g.num_nodes
+    level = topo_levels(n, g.src, g.dst)
+    order = np.argsort(level, kind="stable")
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    eorder = np.argsort(pos[g.dst], kind="stable")
+    edge_src, edge_dst = g.src[eorder], g.dst[eorder]
+    nlev = int(level.max()) + 1 if n else 0
+    level_bounds = np.searchsorted(level[order], np.arange(nlev + 1))
+    edge_bounds = np.searchsorted(pos[edge_dst], level_bounds)
+    seg_starts = []
+    for i in range(1, nlev):  # level 0 has no in-edges
+        a, b = edge_bounds[i], edge_bounds[i + 1]
+        d = edge_dst[a:b]
+        seg_starts.append(np.flatnonzero(np.r_[True, d[1:] != d[:-1]]))
+    in_ptr = np.searchsorted(np.sort(g.dst), np.arange(n + 1))
+    in_src = g.src[np.argsort(g.dst, kind="stable")]
+    ready = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    ends = g.start + g.dur
+    if len(g.dst):
+        np.maximum.at(ready, g.dst, ends[g.src])
+    gap = np.where(ready == np.iinfo(np.int64).min, 0, g.start - ready)
+    return _Plan(order=order, level_bounds=level_bounds, edge_src=edge_src, edge_bounds=edge_bounds,
+                 seg_starts=seg_starts, in_ptr=in_ptr, in_src=in_src, gap=gap)
+
+
+def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None = None) -> np.ndarray:
+    """Start of every node when the graph runs with `dur`/`gap` (default: measured). Ends = start + dur."""
+    plan = g.plan
+    dur = g.dur if dur is None else dur
+    gap = plan.gap if gap is None else gap
+    start = g.start.copy()
+    end = start + dur
+    for i, seg in enumerate(plan.seg_starts, start=1):
+        nodes = plan.order[plan.level_bounds[i]:plan.level_bounds[i + 1]]
+        a, b = plan.edge_bounds[i], plan.edge_bounds[i + 1]
+        s = np.maximum.reduceat(end[plan.edge_src[a:b]], seg) + gap[nodes]
+        start[nodes] = s
+        end[nodes] = s + dur[nodes]
+    return start
+
+
+def critical_path(g: StepGraph, start: np.ndarray, dur: np.ndarray, last: int) -> np.ndarray:
+    """Node ids from a source to `last`, each step back following the predecessor that ended last
+    (a lane predecessor wins ties)."""
+    plan = g.plan
+    end = start + dur
+    path = [last]
+    v = last
+    while True:
+        a, b = plan.in_ptr[v], plan.in_ptr[v + 1]
+        if a == b:
+            break
+        preds = plan.in_src[a:b]
+        pe = end[preds]
+        best = preds[pe == pe.max()]
+        same = best[g.lane[best] == g.lane[v]]
+        v = int(same[0] if same.size else best[0])
+        path.append(v)
+    return np.array(path[::-1], dtype=np.int64)
+
+
+def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.ndarray,
+                 names: str = "") -> np.ndarray:
+    """Add lane-less, non-terminal zero-length nodes; returns their ids (drops the replay plan)."""
+    k = len(start)
+    ids = np.arange(g.num_nodes, g.num_nodes + k, dtype=np.int64)
+    g.rank = np.r_[g.rank, rank.astype(np.int32)]
+    g.lane = np.r_[g.lane, np.full(k, -1, np.int64)]
+    g.category = np.r_[g.category, np.full(k, category, np.int8)]
+    g.start = np.r_[g.start, start.astype(np.int64)]
+    g.dur = np.r_[g.dur, np.zeros(k, np.int64)]
+    g.dim = np.r_[g.dim, np.full(k, -1, np.int32)]
+    g.inst = np.r_[g.inst, np.full(k, -1, np.int32)]
+    g.terminal = np.r_[g.terminal, np.zeros(k, bool)]
+    if g.name:
+        g.name = g.name + [names] * k
+    g._plan = None
+    return ids
+
+
+def add_start_nodes(g: StepGraph) -> None:
+    """A pinned step-start node per rank (at its window start, or its earliest node if earlier), before
+    the first node of each of the rank's lanes."""
+    if g.ranks.size == 0:
+        return
+    same = (g.lane[g.src] == g.lane[g.dst]) & (g.lane[g.dst] >= 0)
+    has_pred = np.zeros(g.num_nodes, bool)
+    has_pred[g.dst[same]] = True
+    first = np.flatnonzero((g.lane >= 0) & ~has_pred)
+    pos = np.searchsorted(g.ranks, g.rank[first])
+    ok = (pos < g.ranks.size) & (g.ranks[np.minimum(pos, g.ranks.size - 1)] == g.rank[first])
+    first, pos = first[ok], pos[ok]
+    at = g.win_start.copy()
+    np.minimum.at(at, pos, g.start[first])
+    ids = append_nodes(g, rank=g.ranks, category=Category.MARK, start=at, names="step start")
+    g.src = np.r_[g.src, ids[pos]]
+    g.dst = np.r_[g.dst, first]
+
+
+def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
+    """Each rank's step time (aligned with g.ranks): its terminal nodes' latest end plus the measured
+    tail after them, minus its window start."""
+    dur = g.dur if dur is None else dur
+    pos = np.searchsorted(g.ranks, g.rank)
+    pos = np.minimum(pos, max(g.ranks.size - 1, 0))
+    mine = g.terminal & (g.ranks.size > 0) & (g.ranks[pos] == g.rank)
+    meas = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(meas, pos[mine], (g.start + g.dur)[mine])
+    now = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(now, pos[mine], (start + dur)[mine])
+    has = meas > np.iinfo(np.int64).min
+    # a rank with nothing of its own in the window keeps its measured step
+    return np.where(has, now + (g.win_end - meas), g.win_end) - g.win_start
+
+
+def host_lane_mask(g: StepGraph) -> np.ndarray:
+    """Per node: it sits on a host thread (training thread, launching thread)."""
+    host_lanes = np.array(["thread" in n for n in g.lane_names] + [False], dtype=bool)
+    return host_lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]

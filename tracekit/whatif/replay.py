@@ -1,0 +1,111 @@
+"""Replaying steps: measured vs replayed step time, the critical path and its composition, what-ifs.
+
+A run's step time for one step is its slowest rank's (ranks are held together by their collectives);
+a what-if's prediction is the replayed step with the fixes applied (graph.replay), averaged over the
+analyzed steps like the measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+from tracekit.whatif.graph import CATEGORY_NAMES, Category, StepGraph, critical_path, rank_step_ns, replay
+
+
+@dataclass
+class StepResult:
+    step: int
+    graph: StepGraph
+    measured_ns: int
+    replayed_ns: int
+    start: np.ndarray
+    """replayed node starts (unchanged graph)"""
+
+
+def replay_step(step: int, g: StepGraph) -> StepResult:
+    start = replay(g)
+    measured = int((g.win_end - g.win_start).max()) if g.ranks.size else 0
+    replayed = int(rank_step_ns(g, start).max()) if g.ranks.size else 0
+    return StepResult(step=step, graph=g, measured_ns=measured, replayed_ns=replayed, start=start)
+
+
+def predict_ns(res: StepResult, fixes: list[Fix], lay: Layout) -> int:
+    """The step time with `fixes` applied, replayed."""
+    g = res.graph
+    dur, gap, factor = apply_fixes(g, fixes, lay)
+    start = replay(g, dur, gap)
+    return int(round(rank_step_ns(g, start, dur).max() * factor)) if g.ranks.size else 0
+
+
+def path_of(res: StepResult) -> tuple[np.ndarray, int]:
+    """The critical path (node ids) ending at the slowest rank's last terminal node, and that rank."""
+    g = res.graph
+    steps = rank_step_ns(g, res.start)
+    r = int(g.ranks[int(np.argmax(steps))])
+    mine = np.flatnonzero((g.rank == r) & g.terminal)
+    if mine.size == 0:  # nothing of the rank's own in its step window
+        return np.zeros(0, np.int64), r
+    last = int(mine[np.argmax((res.start + g.dur)[mine])])
+    return critical_path(g, res.start, g.dur, last), r
+
+
+def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
+    """Where the slowest rank's step goes along the path: each node's own time (by its category) and the
+    gap before it (host/data stall when on a host thread, else launch/idle), plus the stretch before the
+    path's first node and after its last; the parts sum to the step time."""
+    g = res.graph
+    ri = int(np.searchsorted(g.ranks, rank))
+    step_ns = int(rank_step_ns(g, res.start)[ri])
+    if path.size == 0:
+        return {"step_ns": step_ns, "by_category": {"unattributed": step_ns}, "by_rank": {}, "by_dim": {}}
+    start, dur = res.start[path], g.dur[path]
+    prev_end = np.r_[start[0], (start + dur)[:-1]]
+    gaps = start - prev_end
+    cats = [CATEGORY_NAMES[Category(int(c))] for c in g.category[path]]
+    by_cat: dict[str, int] = {}
+    by_rank: dict[str, int] = {}
+    by_dim: dict[str, int] = {}
+    for i, v in enumerate(path):
+        own, gap = int(dur[i]), int(gaps[i])
+        by_cat[cats[i]] = by_cat.get(cats[i], 0) + own
+        key = "host_data_stall" if g.lane[v] >= 0 and "thread" in g.lane_names[g.lane[v]] else "launch_or_idle"
+        by_cat[key] = by_cat.get(key, 0) + gap
+        if g.rank[v] >= 0:
+            by_rank[str(int(g.rank[v]))] = by_rank.get(str(int(g.rank[v])), 0) + own + gap
+        if g.dim[v] >= 0:
+            d = g.dims[g.dim[v]]
+            by_dim[d] = by_dim.get(d, 0) + own
+    lead = int(start[0] - g.win_start[ri])
+    tail = int(step_ns - (start[-1] + dur[-1] - g.win_start[ri]))
+    by_cat["step_start_offset"] = lead  # the path began on a rank whose step started earlier/later
+    by_cat["after_path"] = tail
+    by_cat.pop("mark", None)
+    return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank,
+            "by_dim": by_dim}
+
+
+def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, Any]]:
+    """The path's nodes with time (merged runs of consecutive nodes on one lane), longest `limit` kept in order."""
+    g = res.graph
+    rows: list[dict[str, Any]] = []
+    for v in path:
+        if g.category[v] == Category.MARK:
+            continue
+        lane = g.lane_names[g.lane[v]] if g.lane[v] >= 0 else "sync"
+        cat = CATEGORY_NAMES[Category(int(g.category[v]))]
+        s, e = int(res.start[v]), int(res.start[v] + g.dur[v])
+        if rows and rows[-1]["lane"] == lane and rows[-1]["category"] == cat:
+            rows[-1]["end_ns"] = e
+            rows[-1]["ops"] += 1
+            continue
+        rows.append({"rank": int(g.rank[v]), "lane": lane, "category": cat,
+                     "name": g.name[v] if g.name else "", "start_ns": s, "end_ns": e, "ops": 1,
+                     "dim": g.dims[g.dim[v]] if g.dim[v] >= 0 else None})
+    if len(rows) > limit:
+        keep = set(np.argsort([r["start_ns"] - r["end_ns"] for r in rows])[:limit].tolist())
+        rows = [r for i, r in enumerate(rows) if i in keep]
+    return rows
