@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tracekit.parse.classify import classify_events
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore, RunStoreWriter
 
@@ -19,7 +20,10 @@ def table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
         vals = [r.get(f.name) for r in rows]
         typ = pa.string() if pa.types.is_dictionary(f.type) else f.type
         cols[f.name] = pa.array(vals, type=typ)
-    return pa.table(cols)
+    out = pa.table(cols)
+    if name == "events" and all(r.get("role") is None for r in rows):
+        out = classify_events(out)  # the parser's classification of hand-written rows
+    return out
 
 
 def build_store(path: Path, tables: dict[str, list[dict[str, Any]]], manifest: dict | None = None) -> RunStore:

@@ -247,7 +247,7 @@ def test_modern_nccl_kernels_join_their_call():
     assert p.info["base_time_ns"] == 1711964646000000000
     pg = p.process_groups
     assert pg == [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1], "size": 2,
-                   "backend": "cuda:nccl", "dim": None, "seen_by": [0]}]
+                   "backend": "cuda:nccl", "dim": "world", "seen_by": [0]}]
 
 
 def test_gloo_rank34_of_300():
@@ -301,10 +301,15 @@ def test_kernel_step_is_the_step_of_its_launch(tmp_path):
         _x("ProfilerStep#4", 100, 100, cat="user_annotation"),
         _x("cudaLaunchKernel", 90, 5, cat="cuda_runtime", correlation=11),
         _x("gemm", 150, 30, cat="kernel", pid=0, tid=7, correlation=11, stream=7, device=0),  # runs in step 4
+        # no launch in the trace, starts before the first linked kernel (gemm at 150): carry-over
         _x("orphan", 120, 10, cat="kernel", pid=0, tid=7, correlation=99, stream=7, device=0),
+        # no launch, after the first linked kernel: in no step, not carry-over
+        _x("late_orphan", 185, 10, cat="kernel", pid=0, tid=7, correlation=98, stream=7, device=0),
     ]
     p = parse_kineto(_write(tmp_path, {"traceEvents": events}))
-    k = {r["name"]: r["step"] for r in p.tables["kernels"].to_pylist()}
-    assert k == {"gemm": 3, "orphan": 4}
+    k = {r["name"]: (r["step"], r["carry_over"]) for r in p.tables["kernels"].to_pylist()}
+    assert k == {"gemm": (3, False), "orphan": (None, True), "late_orphan": (None, False)}
     ev = {r["name"]: r["step"] for r in p.tables["events"].to_pylist()}
-    assert ev["gemm"] == 3 and ev["orphan"] == 4 and ev["cudaLaunchKernel"] == 3
+    assert ev["gemm"] == 3 and ev["orphan"] is None and ev["cudaLaunchKernel"] == 3
+    steps = {r["step"]: (r["device_ts"], r["device_dur"]) for r in p.tables["steps"].to_pylist()}
+    assert steps == {3: (150_000, 30_000), 4: (None, None)}

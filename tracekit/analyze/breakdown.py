@@ -49,9 +49,6 @@ from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.layout import group_dims
 from tracekit.tables.store import RunStore
 
-COMM_ISSUE_PREFIXES = ("c10d::", "c10d_functional::", "_c10d_functional::", "record_param_comms",
-                       "nccl:", "gloo:", "ProcessGroup", "torch.distributed", "comm:")
-COMM_THREAD_PATTERN = "pt_gloo_runloop|pt_nccl|gloo"
 ACTIVITY_CACHE_MAX_RANKS = 256
 
 
@@ -97,13 +94,9 @@ def _leaf_mask(ops: pa.Table) -> np.ndarray:
     return leaf
 
 
-def _name_prefix_mask(names: pa.ChunkedArray, prefixes: tuple[str, ...]) -> pa.ChunkedArray:
-    names = names.cast(pa.string()) if pa.types.is_dictionary(names.type) else names
-    mask = None
-    for p in prefixes:
-        m = pc.starts_with(names, p)
-        mask = m if mask is None else pc.or_(mask, m)
-    return pc.fill_null(mask, False)
+def _is(table: pa.Table, col: str, value: str) -> pa.ChunkedArray:
+    """Rows whose dictionary column `col` (events.role / lane / cat, set by the parser) equals `value`."""
+    return pc.fill_null(pc.equal(table.column(col).cast(pa.string()), value), False)
 
 
 def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
@@ -152,17 +145,15 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
         trace_kind, comm_source = "gpu", "kernels"
     else:
         trace_kind = "cpu"
-        ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "thread_name", "stream"])
+        ev = store.rank_table("events", rank, ["cat", "ts", "dur", "tid", "stream", "role", "lane"])
         ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-        tname = ev.column("thread_name").cast(pa.string())
-        on_comm_thread = pc.fill_null(pc.match_substring_regex(tname, COMM_THREAD_PATTERN), False)
-        issue = _name_prefix_mask(ev.column("name"), COMM_ISSUE_PREFIXES)
-        cat = ev.column("cat").cast(pa.string())
-        is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
+        on_comm_thread = _is(ev, "lane", "comm_thread")
+        issue = _is(ev, "role", "comm")  # ops that issue or wait for communication (c10d::, comm:, ...)
         train = pc.invert(on_comm_thread)
-        ops = ev.filter(pc.and_(is_op, train))
+        ops = ev.filter(pc.and_(_is(ev, "cat", "cpu_op"), train))
         leaf = _leaf_mask(ops)
-        not_issue = pc.invert(_name_prefix_mask(ops.column("name"), COMM_ISSUE_PREFIXES)).to_numpy(zero_copy_only=False)
+        # a step annotation, data loading or tracekit's own work is never compute
+        not_issue = _is(ops, "role", "compute").to_numpy(zero_copy_only=False)
         s_ops, e_ops = _starts_ends(ops)
         compute_all = iv.union(s_ops[not_issue], e_ops[not_issue])
         compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])

@@ -20,54 +20,20 @@ Section `layout`:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.parse.classify import dim_from_desc, flattened_from_desc  # the one vocabulary of group names
 from tracekit.tables.store import RunStore
 
-# DeviceMesh / torchtitan axis names -> our dims. Longer names first so dp_shard wins over dp.
-_AXIS_DIMS = (
-    ("dp_shard_cp", "fsdp"), ("dp_replicate", "dp"), ("dp_shard", "fsdp"), ("fsdp", "fsdp"),
-    ("hsdp", "dp"), ("dp_cp", "dp"), ("edp", "dp"), ("dp", "dp"), ("ddp", "dp"), ("tp", "tp"),
-    ("sp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("moe", "ep"),
-)
 # When one rank set is several dims' group in the manifest (e.g. dp and edp), the first of these wins.
 _MANIFEST_PREFERENCE = ("dp", "fsdp", "tp", "cp", "pp", "ep")
 _KNOWN_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
-# Flattened DeviceMesh axes (groups spanning several basic axes, e.g. the dp x cp group DDP/FSDP
-# reduce gradients over) -> the basic axes they span. They keep their dim (gradient sync is "dp")
-# but are labelled `flattened` and do not set the mesh shape or coordinates when basic groups do.
-_FLATTENED_AXES = {"dp_cp": ["dp", "cp"], "dp_shard_cp": ["fsdp", "cp"], "edp": ["dp", "cp"]}
 _CONFIDENCE = {"pg_desc": "high", "manifest": "high", "parser": "medium", "structure": "low",
                "none": "low"}
-
-
-def dim_from_desc(desc: str | None) -> str | None:
-    """`mesh_tp` -> tp, `mesh_dp_shard` -> fsdp, `default_pg` -> world; None when it names no dim."""
-    if not desc:
-        return None
-    d = desc.strip().lower()
-    if d in ("default_pg", "world", "global"):
-        return "world"
-    m = re.match(r"^(?:mesh_|group_|pg_)?([a-z_]+?)(?:_group|_pg)?(?:_\d+)?$", d)
-    token = m.group(1) if m else d
-    for name, dim in _AXIS_DIMS:
-        if token == name:
-            return dim
-    return None
-
-
-def flattened_from_desc(desc: str | None) -> list[str] | None:
-    """`mesh_dp_cp` -> ["dp", "cp"]: the basic axes a flattened mesh group spans; None for a basic axis."""
-    if not desc:
-        return None
-    m = re.match(r"^(?:mesh_|group_|pg_)?([a-z_]+?)(?:_group|_pg)?(?:_\d+)?$", desc.strip().lower())
-    axes = _FLATTENED_AXES.get(m.group(1) if m else "")
-    return list(axes) if axes else None
 
 
 def _manifest_group_sets(manifest: dict[str, Any] | None) -> dict[tuple[int, ...], str]:

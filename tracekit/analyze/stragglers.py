@@ -20,7 +20,7 @@ FLOPs/tokens) warns from 10% of the step.
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
-delay), a longer `data:load` annotation → "data_load", more host time with no activity →
+delay), longer data loading (events.role data_load: `enumerate(DataLoader)#...`, `data:load`) → "data_load", more host time with no activity →
 "host_idle"; "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
 tokens its MoE router assigned, ≥ 1.25× the peers' median: counts, which CPU contention cannot fake);
 "contention" when longer compute and idle come with about as many ops as its
@@ -58,7 +58,6 @@ from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.matching import MatchedCollectives, row_trace_shift
 from tracekit.tables.store import RunStore
 
-DATA_LOAD_LABEL = "data:load"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,9 +142,9 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
 
 
 def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
-    ev = store.rank_table("events", rank, ["name", "ts", "dur", "stream"])
+    ev = store.rank_table("events", rank, ["role", "ts", "dur", "stream"])
     ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-    return ev.select(["name", "ts", "dur"]).to_pandas()
+    return ev.select(["role", "ts", "dur"]).to_pandas()
 
 
 def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedCollectives, rank: int,
@@ -178,7 +177,7 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     for r in ranks:
         act = rank_activity(store, ctx, r)
         ev = _host_events(store, r)
-        dl = ev[ev["name"].astype(str) == DATA_LOAD_LABEL]
+        dl = ev[ev["role"].astype(str) == "data_load"]  # enumerate(DataLoader)#..., data:load (parse/classify.py)
         dl_set = iv.union(dl["ts"].to_numpy(np.int64), (dl["ts"] + dl["dur"]).to_numpy(np.int64))
         per_rank_cache[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
     delay_examined = 0
@@ -317,7 +316,7 @@ _RECOMMEND = {
     "uneven_work": "Rank {r} does more work than its peers with the same ops (more FLOPs / tokens: longer "
                    "sequences or a bigger shard): balance the inputs across data-parallel replicas (bucket "
                    "or pack sequences by length, token-based batching).",
-    "data_load": "Rank {r} spends longer in data:load: add DataLoader workers/prefetching or fix its input shard.",
+    "data_load": "Rank {r} spends longer loading data: add DataLoader workers/prefetching or fix its input shard.",
     "host_idle": "Rank {r} sits idle on the host before collectives: look for sleeps, GC pauses, logging or "
                  "synchronisation on that rank only.",
     "contention": "Rank {r} runs the same ops as its peers but slower: look for CPU oversubscription or "

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse import kineto as K
+from tracekit.parse.classify import StepWindows, device_windows, kernel_steps
 from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
 from tracekit.parse.kineto_collectives import _classify_names
@@ -267,6 +268,8 @@ class _Context:
     launch_ts: list[np.ndarray] = field(default_factory=list)
     launch_idx: list[np.ndarray] = field(default_factory=list)
     comm_corr: set[int] = field(default_factory=set)
+    kernel_corr: list[np.ndarray] = field(default_factory=list)  # every device row's correlation (-1: none)
+    kernel_ts: list[np.ndarray] = field(default_factory=list)
     phase_counts: dict[str, int] = field(default_factory=dict)
     step_missing_dur: int = 0
     step_negative_dur: int = 0
@@ -304,6 +307,8 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
     l_corr: list[int] = []
     l_ts: list[int] = []
     l_idx: list[int] = []
+    k_corr: list[int] = []
+    k_ts: list[int] = []
     for j, e in enumerate(xs):
         if not ts_ok[j]:
             continue  # the parser drops it too
@@ -324,6 +329,8 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
                 ctx.step_negative_dur += 1
         corr = K._to_int(a.correlation)
         if cat in _KERNEL_CATS:
+            k_corr.append(corr if corr is not None and corr >= 0 else -1)
+            k_ts.append(int(ts[j]))
             if a.coll_name is not None or (nm and is_comm_kernel_name(nm)):
                 ctx.coll.append((gi, bytes(raw)))
                 if corr is not None and corr >= 0:
@@ -335,6 +342,9 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
             l_idx.append(gi)
         if cat == "user_annotation" or (not gpu and _name_class(classes, nm) is not None):
             ctx.coll.append((gi, bytes(raw)))
+    if k_corr:
+        ctx.kernel_corr.append(np.array(k_corr, np.int64))
+        ctx.kernel_ts.append(np.array(k_ts, np.int64))
     if l_corr:
         ctx.launch_corr.append(np.array(l_corr, np.int64))
         ctx.launch_ts.append(np.array(l_ts, np.int64))
@@ -345,11 +355,15 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
 
 @dataclass
 class _LaunchMap:
-    """correlation → time of the first host call with it (what the parser calls a kernel's launch)."""
+    """correlation → time of the first host call with it (what the parser calls a kernel's launch), and
+    the two whole-trace facts the carry-over rule needs (whether any kernel is linked, the first linked
+    kernel's start)."""
 
     corr: np.ndarray
     ts: np.ndarray
     idx: np.ndarray
+    any_linked: bool = False
+    first_linked_ts: int | None = None
 
     @classmethod
     def build(cls, ctx: _Context) -> "_LaunchMap":
@@ -358,35 +372,26 @@ class _LaunchMap:
         idx = np.concatenate(ctx.launch_idx) if ctx.launch_idx else np.zeros(0, np.int64)
         ctx.launch_corr, ctx.launch_ts, ctx.launch_idx = [], [], []
         uniq, first = np.unique(corr, return_index=True)  # first occurrence in file order
-        return cls(uniq, ts[first], idx[first])
+        launches = cls(uniq, ts[first], idx[first])
+        k_corr = np.concatenate(ctx.kernel_corr) if ctx.kernel_corr else np.zeros(0, np.int64)
+        k_ts = np.concatenate(ctx.kernel_ts) if ctx.kernel_ts else np.zeros(0, np.int64)
+        ctx.kernel_corr, ctx.kernel_ts = [], []
+        _, linked = launches.times(k_corr)
+        launches.any_linked = bool(linked.any())
+        launches.first_linked_ts = int(k_ts[linked].min()) if launches.any_linked else None
+        return launches
 
-    def times(self, corrs: np.ndarray, own: np.ndarray) -> np.ndarray:
+    def times(self, corrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(launch time, found) of each correlation id."""
         if len(self.corr) == 0 or len(corrs) == 0:
-            return own
+            return np.zeros(len(corrs), np.int64), np.zeros(len(corrs), bool)
         j = np.minimum(np.searchsorted(self.corr, corrs), len(self.corr) - 1)
         found = (self.corr[j] == corrs) & (corrs >= 0)
-        return np.where(found, self.ts[j], own)
+        return np.where(found, self.ts[j], 0), found
 
 
-def _step_at(steps: pa.Table):
-    step_ts = steps.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
-    step_end = step_ts + steps.column("dur").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    nums = steps.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
-
-    def at(t: np.ndarray) -> np.ndarray:  # the parser's rule (kineto._build step_at)
-        if len(step_ts) == 0:
-            return np.full(len(t), -1, np.int64)
-        i = np.searchsorted(step_ts, t, side="right") - 1
-        ok = i >= 0
-        ic = np.where(ok, i, 0)
-        inside = (ok & (t < step_end[ic])) | (ok & (t == step_ts[ic]))
-        return np.where(inside, nums[ic], -1)
-
-    return at
-
-
-def _device_steps(table: pa.Table, cat_col: str | None, launches: _LaunchMap, step_at) -> pa.Table:
-    """Device rows take the step of their launch (which may be in another chunk)."""
+def _device_steps(table: pa.Table, cat_col: str | None, launches: _LaunchMap, windows: StepWindows) -> pa.Table:
+    """Device rows take the step of their launch (which may be in another chunk); kernels also get carry_over."""
     if table.num_rows == 0:
         return table
     if cat_col is not None:
@@ -399,13 +404,17 @@ def _device_steps(table: pa.Table, cat_col: str | None, launches: _LaunchMap, st
     rows = np.flatnonzero(mask)
     corr = table.column("correlation").fill_null(-1).to_numpy(zero_copy_only=False)[rows]
     own = table.column("ts").to_numpy(zero_copy_only=False)[rows]
-    steps = step_at(launches.times(corr, own))
+    launch_ts, linked = launches.times(corr)
+    steps, carry = kernel_steps(own, launch_ts, linked, windows, launches.any_linked, launches.first_linked_ts)
     col = table.column("step").to_numpy(zero_copy_only=False).astype(np.float64)
     valid = table.column("step").is_valid().to_numpy(zero_copy_only=False)
     new = np.where(valid, col, -1).astype(np.int64)
     new[rows] = steps
-    return table.set_column(table.column_names.index("step"), "step",
-                            pa.array(new.astype(np.int32), pa.int32(), mask=new < 0))
+    table = table.set_column(table.column_names.index("step"), "step",
+                             pa.array(new.astype(np.int32), pa.int32(), mask=new < 0))
+    if cat_col is None:
+        table = table.set_column(table.column_names.index("carry_over"), "carry_over", pa.array(carry))
+    return table
 
 
 def _decoder(lenient: bool):
@@ -473,7 +482,7 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
             steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
             ev_files, kernel_parts, counts, total_rows, first, last = _pass2(
                 path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches,
-                _step_at(steps_only), workdir)
+                StepWindows.from_table(steps_only), workdir)
             context_events = sorted(ctx.meta + ctx.coll + ctx.steps + picked)
             full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient)
             if lazy_events:
@@ -490,7 +499,7 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
     warnings = _merge_warnings(counts, full.info["parse_warnings"], ctx.lenient)
     info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
                 trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
-    tables = dict(full.tables, events=events, kernels=kernels)
+    tables = dict(full.tables, events=events, kernels=kernels, steps=device_windows(full.tables["steps"], kernels))
     phase_counts = dict(ctx.phase_counts) if ctx.lenient else {"X": 0, "M": 0, **ctx.phase_counts}
     return replace(full, info=info, tables=tables, phase_counts=phase_counts)
 
@@ -516,7 +525,7 @@ def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
     return out
 
 
-def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, step_at, workdir):
+def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, windows, workdir):
     """Parse every chunk with the metadata in front and the steps behind; spill its events."""
     counts: dict[str, int] = {}
     order: list[str] = []
@@ -544,8 +553,8 @@ def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, la
                 counts[m.group(2)] += int(m.group(1))
         ev = kp.tables["events"]
         ev = ev.slice(0, ev.num_rows - n_steps)
-        ev = _device_steps(ev, "cat", launches, step_at)
-        kt = _device_steps(kp.tables["kernels"], None, launches, step_at)
+        ev = _device_steps(ev, "cat", launches, windows)
+        kt = _device_steps(kp.tables["kernels"], None, launches, windows)
         del kp
         if ev.num_rows:
             ts = ev.column("ts")
@@ -594,7 +603,7 @@ def _fix_comm_kernels(parts: list[pa.Table], context_kernels: pa.Table) -> pa.Ta
         raise ValueError(f"chunked parse found {len(rows)} comm kernels but the context has {ck.num_rows}")
     if len(rows) == 0:
         return kernels
-    for col in ("collective_op", "pg_name", "step"):
+    for col in ("collective_op", "pg_name"):
         values = kernels.column(col).combine_chunks()
         vals = values.to_pylist() if not pa.types.is_dictionary(values.type) else values.cast(pa.string()).to_pylist()
         ctx_vals = ck.column(col).to_pylist()

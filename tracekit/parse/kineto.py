@@ -33,6 +33,10 @@ import pyarrow.compute as pc
 
 from tracekit.errors import TraceFormatError
 from tracekit.parse import _decode as D
+from tracekit.parse.classify import (
+    GPU_CATS, StepWindows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
+    lane_column, step_number,
+)
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.memory import is_memory_event, memory_table
@@ -50,7 +54,6 @@ _CAT_ALIASES = {
     "memset": "gpu_memset",
     "python_function": "python_function",
 }
-GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event", "cuda_sync"})
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _STREAM_TID = re.compile(r"^\s*stream\s*(\d+)\s*$", re.I)
 _INT_TEXT = re.compile(r"^\s*-?\d+\s*$")
@@ -640,30 +643,12 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
     # --- steps
     name_dict = name_col.dictionary.to_pylist()
     name_codes = name_col.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
-    step_of_code = {}
-    for code, nm in enumerate(name_dict):
-        m = _STEP_RE.match(nm) if nm else None
-        if m:
-            step_of_code[code] = int(m.group(1))
+    step_of_code = {code: num for code, num in enumerate(map(step_number, name_dict)) if num is not None}
     steps_rows = np.flatnonzero(np.isin(name_codes, list(step_of_code)) & ~gpu_row) if step_of_code else np.zeros(0, np.int64)
-    step_nums = np.array([step_of_code[int(name_codes[i])] for i in steps_rows], dtype=np.int64)
-    step_ts = ts[steps_rows]
-    step_dur = np.where(dur_ok[steps_rows], dur[steps_rows], 0)
-    order = np.argsort(step_ts, kind="stable")
-    step_ts, step_dur, step_nums, steps_rows = step_ts[order], step_dur[order], step_nums[order], steps_rows[order]
-    step_end = step_ts + step_dur
-
-    def step_at(t: np.ndarray) -> np.ndarray:
-        """ProfilerStep enclosing each time (-1 outside every step)."""
-        if len(step_ts) == 0:
-            return np.full(len(t), -1, np.int64)
-        i = np.searchsorted(step_ts, t, side="right") - 1
-        ok = i >= 0
-        ic = np.where(ok, i, 0)
-        inside = ok & (t < step_end[ic])
-        # zero-length steps contain only their own start
-        inside |= ok & (t == step_ts[ic])
-        return np.where(inside, step_nums[ic], -1)
+    windows = StepWindows(ts[steps_rows], np.where(dur_ok[steps_rows], dur[steps_rows], 0),
+                          np.array([step_of_code[int(name_codes[i])] for i in steps_rows], dtype=np.int64))
+    step_ts, step_dur, step_nums = windows.ts, windows.end - windows.ts, windows.nums
+    step_at = windows.at
 
     event_step = step_at(ts)
 
@@ -685,16 +670,13 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
     # --- kernels
     k_rows = np.flatnonzero(cat_mask(*KERNEL_CATS))
     k_launch = launch_row(corr_np[k_rows])
-    k_time = np.where(k_launch >= 0, ts[np.maximum(k_launch, 0)], ts[k_rows])
-    k_step = step_at(k_time)
+    k_linked = k_launch >= 0
+    k_step, k_carry = kernel_steps(ts[k_rows], ts[np.maximum(k_launch, 0)], k_linked, windows)
     k_is_comm_name = np.array([bool(nm) and is_comm_kernel_name(nm) for nm in name_dict], bool)
     k_coll_args = np.isin(k_rows, np.fromiter(coll_names, np.int64, len(coll_names)))
     k_comm = k_coll_args | (k_is_comm_name[name_codes[k_rows]] if len(k_rows) else np.zeros(0, bool))
     k_cat = cat_codes[k_rows]
-    kind = np.where(
-        k_comm, "comm",
-        np.where(k_cat == _code(cat_values, "gpu_memcpy"), "memcpy",
-                 np.where(k_cat == _code(cat_values, "gpu_memset"), "memset", "compute")))
+    k_kind = kernel_kinds(k_comm, k_cat == _code(cat_values, "gpu_memcpy"), k_cat == _code(cat_values, "gpu_memset"))
 
     # --- collectives
     comm_inputs = CollectiveInputs(
@@ -734,13 +716,17 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
         "device": dev,
         "ts": ts[k_rows],
         "dur": pa.array(dur[k_rows], pa.int64(), mask=~dur_ok[k_rows]),
-        "kind": pa.array(kind.tolist(), pa.string()).dictionary_encode() if len(k_rows) else pa.array([], pa.string()),
+        "kind": kind_column(k_kind),
         "correlation": corr_col.take(pa.array(k_rows, pa.int64())),
         "external_id": ext_col.take(pa.array(k_rows, pa.int64())),
         "collective_op": pa.array(k_op, pa.string()),
         "pg_name": pa.array(k_pg, pa.string()),
         "step": pa.array(k_step, pa.int32(), mask=k_step < 0),
+        "carry_over": k_carry,
     })
+    thread_codes = thread_col.indices.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
+    lane = lane_codes(thread_col.dictionary.to_pylist(), thread_codes, gpu_row)
+    role_col = event_roles(name_dict, name_codes, cat_mask("cpu_op"), lane, k_rows, k_kind)
 
     events_tbl = pa.table({
         "rank": np.full(n, table_rank, np.int32),
@@ -756,6 +742,8 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
         "external_id": ext_col,
         "step": pa.array(event_step, pa.int32(), mask=event_step < 0),
         "flops": flops_col,
+        "role": role_col,
+        "lane": lane_column(lane),
     })
     steps_tbl = pa.table({
         "rank": np.full(len(step_nums), table_rank, np.int32),
@@ -763,6 +751,7 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
         "ts": step_ts,
         "dur": step_dur,
     })
+    steps_tbl = device_windows(steps_tbl, kernels)
     coll_tbl = coll.table
     coll_tbl = coll_tbl.set_column(
         coll_tbl.column_names.index("rank"), "rank", pa.array(np.full(coll_tbl.num_rows, table_rank, np.int32)))
@@ -899,7 +888,7 @@ def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]
             "ranks": ranks,
             "size": size,
             "backend": str(g["backend_config"]) if g.get("backend_config") is not None else None,
-            "dim": None,
+            "dim": group_dim(str(desc) if desc is not None else None, str(g["pg_name"])),
             "seen_by": [trace_rank] if trace_rank is not None else None,
         })
     return out

@@ -41,7 +41,8 @@ PROCESS_GROUPS = pa.schema([
     _f("ranks", pa.list_(pa.int32()), "global ranks of the group"),
     _f("size", pa.int32(), "group size"),
     _f("backend", pa.string(), "backend_config of the group"),
-    _f("dim", pa.string(), "inferred parallel dim: dp|fsdp|tp|pp|cp|ep|world|unknown"),
+    _f("dim", pa.string(), "parallel dim named by pg_desc (mesh_tp -> tp, default_pg -> world; "
+       "parse/classify.py): dp|fsdp|tp|pp|cp|ep|world|unknown. The layout analyzer adds manifest/structure evidence"),
     _f("seen_by", pa.list_(pa.int32()), "ranks whose trace/log described this group"),
 ])
 
@@ -57,8 +58,14 @@ EVENTS = pa.schema([
     _f("stream", pa.int32(), "GPU stream for device rows, null for host rows"),
     _f("correlation", pa.int64(), "CUDA/HIP correlation id"),
     _f("external_id", pa.int64(), "External id joining CPU ops and kernels"),
-    _f("step", pa.int32(), "ProfilerStep number enclosing the event start (null outside steps)"),
+    _f("step", pa.int32(), "host rows: ProfilerStep number enclosing the event start; device rows: the "
+       "step of the launching CPU op (kernels.step); null outside steps"),
     _f("flops", pa.float64(), "FLOP count when the profiler recorded it (with_flops)"),
+    _f("role", DICT_STR, "what the event is, decided in parse/classify.py: compute (cpu_op on a training "
+       "thread; compute kernel) | comm (collective calls c10d::/_c10d_functional/record_param_comms/nccl:/gloo:/"
+       "comm:, comm-thread events, comm kernels) | memcpy | memset | step_annotation (ProfilerStep#N, any "
+       "category; never compute) | data_load (enumerate(DataLoader)#..., data:load) | overhead (tracekit::...) | other"),
+    _f("lane", DICT_STR, "host (training/other threads) | comm_thread (gloo/NCCL worker threads) | device"),
 ])
 
 KERNELS = pa.schema([
@@ -68,12 +75,16 @@ KERNELS = pa.schema([
     _f("device", pa.int32(), "device index"),
     _f("ts", pa.int64(), "start, " + NS, nullable=False),
     _f("dur", pa.int64(), "duration in ns"),
-    _f("kind", DICT_STR, "compute | comm | memcpy | memset"),
+    _f("kind", DICT_STR, "compute | comm (collective args or nccl/rccl kernel name) | memcpy | memset"),
     _f("correlation", pa.int64(), "correlation id to the runtime call"),
     _f("external_id", pa.int64(), "External id to the CPU op"),
     _f("collective_op", DICT_STR, "normalised collective op for comm kernels (null otherwise)"),
     _f("pg_name", pa.string(), "process group of a comm kernel when known"),
-    _f("step", pa.int32(), "ProfilerStep number of the launching CPU op / kernel start"),
+    _f("step", pa.int32(), "ProfilerStep number of the CPU runtime call that launched the kernel (same "
+       "correlation id); null when unlinked or launched outside steps. Only when nothing in the trace links "
+       "kernels to launches: the step window enclosing the kernel's start"),
+    _f("carry_over", pa.bool_(), "no launch in the trace and starts before the first linked kernel: work "
+       "left over from before profiling (step null)"),
 ])
 
 COLLECTIVES = pa.schema([
@@ -109,8 +120,10 @@ COLLECTIVES = pa.schema([
 STEPS = pa.schema([
     _f("rank", pa.int32(), "global rank", nullable=False),
     _f("step", pa.int32(), "step number from ProfilerStep#N", nullable=False),
-    _f("ts", pa.int64(), "start, " + NS, nullable=False),
+    _f("ts", pa.int64(), "start of the host ProfilerStep annotation, " + NS, nullable=False),
     _f("dur", pa.int64(), "duration in ns"),
+    _f("device_ts", pa.int64(), "first start of this step's kernels (kernels.step), " + NS + "; null without kernels"),
+    _f("device_dur", pa.int64(), "last end minus first start of this step's kernels in ns; null without kernels"),
 ])
 
 ROUTING = pa.schema([
@@ -183,6 +196,8 @@ COLLECTIVE_OPS = (
     "gather", "scatter", "send", "recv", "barrier", "unknown",
 )
 KERNEL_KINDS = ("compute", "comm", "memcpy", "memset")
+EVENT_ROLES = ("compute", "comm", "memcpy", "memset", "step_annotation", "data_load", "overhead", "other")
+LANES = ("host", "comm_thread", "device")
 PARALLEL_DIMS = ("dp", "fsdp", "tp", "pp", "cp", "ep", "world", "unknown")
 
 

@@ -1,0 +1,267 @@
+"""What each event is, decided once in the parser (DESIGN §3; STYLE 3 "normalise once").
+
+Analyzers read the answers as columns — `events.role`, `events.lane`, `kernels.kind`,
+`kernels.step` / `kernels.carry_over`, `steps.device_ts` / `device_dur`, `process_groups.dim` —
+instead of matching names. Every spelling of those answers lives in this module:
+
+- role of an event (`ROLES`): the step annotation `ProfilerStep#N` (whatever its category: the
+  2021–2023 "Operator" traces and gloo CPU runs record it as a `cpu_op`; it is never compute);
+  data loading (PyTorch's `enumerate(DataLoader)#...`, and our runtime's `data:load` label);
+  tracekit's own work (`tracekit::...`); communication (c10d / functional collectives,
+  `record_param_comms`, `nccl:` / `gloo:` / `rccl:` annotations, our runtime's `comm:` labels, events on
+  a backend's worker threads); device rows take their kernel kind; other host ops (`cpu_op`) are
+  compute; everything else is other.
+- the step of a kernel: the step of the host runtime call that launched it (same correlation id,
+  the step window enclosing the launch's start). A kernel whose launch is not in the trace and that
+  starts before the first linked kernel is carry-over from before profiling (no step). When nothing
+  in the trace links kernels to launches (no correlation ids), kernels fall back to the step window
+  enclosing their own start.
+- the parallel dim of a process group, from its description (DeviceMesh names its groups
+  `mesh_<axis>`; `default_pg` is the world).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.tables.schema import EVENT_ROLES as ROLES
+from tracekit.tables.schema import KERNEL_KINDS, LANES, STEP_PATTERN
+
+STEP_RE = re.compile(STEP_PATTERN)
+
+
+OVERHEAD_PREFIX = "tracekit::"
+DATA_LOAD_PREFIXES = ("enumerate(DataLoader)", "data:load")
+COMM_PREFIXES = ("c10d::", "c10d_functional", "_c10d_functional",  # ::all_reduce, .all_reduce, _autograd::
+                 "record_param_comms", "nccl:", "gloo:", "rccl:", "ProcessGroup", "torch.distributed",
+                 "comm:")
+COMM_THREAD_RE = re.compile(r"pt_gloo_runloop|pt_nccl|gloo", re.I)
+_NO_ROLE = -1
+
+
+def step_number(name: str | None) -> int | None:
+    """N of `ProfilerStep#N`, None for any other name."""
+    m = STEP_RE.match(name) if name else None
+    return int(m.group(1)) if m else None
+
+
+def name_role(name: str | None) -> str | None:
+    """The role a name alone decides (step annotation, data loading, overhead, communication), else None."""
+    if not name:
+        return None
+    if STEP_RE.match(name):
+        return "step_annotation"
+    if name.startswith(OVERHEAD_PREFIX):
+        return "overhead"
+    if name.startswith(DATA_LOAD_PREFIXES):
+        return "data_load"
+    if name.startswith(COMM_PREFIXES):
+        return "comm"
+    return None
+
+
+def is_comm_thread(thread_name: str | None) -> bool:
+    """Worker threads of a communication backend (gloo's `pt_gloo_runloop`, NCCL's watchdog/ops threads)."""
+    return bool(thread_name) and bool(COMM_THREAD_RE.search(thread_name))
+
+
+def kernel_kinds(is_comm: np.ndarray, is_memcpy: np.ndarray, is_memset: np.ndarray) -> np.ndarray:
+    """Kind code (index into KERNEL_KINDS) of each device row: comm ▸ memcpy ▸ memset ▸ compute."""
+    return np.select([is_comm, is_memcpy, is_memset], [1, 2, 3], 0).astype(np.int8)
+
+
+def kind_column(codes: np.ndarray) -> pa.DictionaryArray:
+    """`kernels.kind` from kind codes."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), pa.int32()),
+                                          pa.array(KERNEL_KINDS, pa.string()))
+
+
+def event_roles(name_dict: list, name_codes: np.ndarray, is_cpu_op: np.ndarray, lane: np.ndarray,
+                device_rows: np.ndarray, device_kind: np.ndarray) -> pa.DictionaryArray:
+    """`events.role` of every row.
+
+    name_dict/name_codes: the name dictionary and each row's code; is_cpu_op: rows of category
+    `cpu_op`; lane: each row's lane code (index into LANES); device_rows/device_kind: the rows of
+    kernels/memcpy/memset and their kind codes (index into KERNEL_KINDS)."""
+    by_name = np.array([_role_code(name_role(nm)) for nm in name_dict] + [_NO_ROLE], np.int8)
+    role = by_name[name_codes] if len(name_codes) else np.zeros(0, np.int8)
+    unset = role == _NO_ROLE
+    role[unset & (lane == LANES.index("comm_thread"))] = ROLES.index("comm")
+    unset = role == _NO_ROLE
+    role[unset & is_cpu_op] = ROLES.index("compute")
+    role[role == _NO_ROLE] = ROLES.index("other")
+    if len(device_rows):  # a device row is what its kernel kind says (a comm kernel is comm by its args too)
+        role[device_rows] = np.array([ROLES.index(k) for k in KERNEL_KINDS], np.int8)[device_kind]
+    return pa.DictionaryArray.from_arrays(pa.array(role.astype(np.int32), pa.int32()), pa.array(ROLES, pa.string()))
+
+
+def _role_code(role: str | None) -> int:
+    return _NO_ROLE if role is None else ROLES.index(role)
+
+
+def lane_codes(thread_labels: list, thread_codes: np.ndarray, gpu_row: np.ndarray) -> np.ndarray:
+    """Lane code of every row: device for GPU rows, comm_thread for a backend's worker threads, else host.
+
+    thread_labels/thread_codes: the thread-name dictionary and each row's code (-1 = no name)."""
+    per_label = np.array([LANES.index("comm_thread") if is_comm_thread(t) else 0 for t in thread_labels] + [0], np.int8)
+    lane = per_label[thread_codes] if len(thread_codes) else np.zeros(0, np.int8)
+    lane[gpu_row] = LANES.index("device")
+    return lane
+
+
+def lane_column(lane: np.ndarray) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(lane.astype(np.int32), pa.int32()), pa.array(LANES, pa.string()))
+
+
+# ----------------------------------------------------------------------------------------------
+# steps
+
+
+class StepWindows:
+    """The host `ProfilerStep#N` intervals of one rank, sorted by start (ns)."""
+
+    def __init__(self, ts: np.ndarray, dur: np.ndarray, nums: np.ndarray) -> None:
+        order = np.argsort(ts, kind="stable")
+        self.ts = np.asarray(ts, np.int64)[order]
+        self.end = self.ts + np.asarray(dur, np.int64)[order]
+        self.nums = np.asarray(nums, np.int64)[order]
+        self.order = order
+
+    @classmethod
+    def from_table(cls, steps: pa.Table) -> "StepWindows":
+        col = lambda c: steps.column(c).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)  # noqa: E731
+        return cls(col("ts"), col("dur"), col("step"))
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        """Step enclosing each time (-1 outside every step; a zero-length step holds only its start)."""
+        if len(self.ts) == 0:
+            return np.full(len(t), -1, np.int64)
+        i = np.searchsorted(self.ts, t, side="right") - 1
+        ok = i >= 0
+        ic = np.where(ok, i, 0)
+        inside = ok & ((t < self.end[ic]) | (t == self.ts[ic]))
+        return np.where(inside, self.nums[ic], -1)
+
+
+def kernel_steps(kernel_ts: np.ndarray, launch_ts: np.ndarray, linked: np.ndarray,
+                 windows: StepWindows, any_linked: bool | None = None,
+                 first_linked_ts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(step, carry_over) of each kernel: the step of its launch; carry-over when unlinked and earlier
+    than the first linked kernel. `any_linked`/`first_linked_ts` give those facts for the whole trace
+    when the kernels come in parts (chunked driver); by default they are computed from these kernels."""
+    if any_linked is None:
+        any_linked = bool(linked.any())
+    if not any_linked:  # nothing links kernels to launches: their own start decides
+        return windows.at(kernel_ts), np.zeros(len(kernel_ts), bool)
+    if first_linked_ts is None:
+        first_linked_ts = int(kernel_ts[linked].min())
+    step = np.where(linked, windows.at(np.where(linked, launch_ts, 0)), -1)
+    carry = ~linked & (kernel_ts < first_linked_ts)
+    return step, carry
+
+
+def device_windows(steps: pa.Table, kernels: pa.Table) -> pa.Table:
+    """`steps` with `device_ts`/`device_dur`: first start / last end of the kernels of each step."""
+    n = steps.num_rows
+    dts = np.full(n, -1, np.int64)
+    dend = np.full(n, -1, np.int64)
+    if n and kernels.num_rows:
+        k = kernels.filter(pc.is_valid(kernels["step"]))
+        ks = k.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
+        kts = k.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
+        kend = kts + k.column("dur").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        nums = steps.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
+        for i, s in enumerate(nums.tolist()):
+            m = ks == s
+            if m.any():
+                dts[i], dend[i] = kts[m].min(), kend[m].max()
+    has = dts >= 0
+    steps = _set(steps, "device_ts", pa.array(dts, pa.int64(), mask=~has))
+    return _set(steps, "device_dur", pa.array(dend - dts, pa.int64(), mask=~has))
+
+
+def _set(table: pa.Table, name: str, arr: pa.Array) -> pa.Table:
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, arr)
+    return table.append_column(name, arr)
+
+
+# ----------------------------------------------------------------------------------------------
+# process groups
+
+# DeviceMesh / torchtitan axis names -> our dims. Longer names first so dp_shard wins over dp.
+AXIS_DIMS = (
+    ("dp_shard_cp", "fsdp"), ("dp_replicate", "dp"), ("dp_shard", "fsdp"), ("fsdp", "fsdp"),
+    ("hsdp", "dp"), ("dp_cp", "dp"), ("edp", "dp"), ("dp", "dp"), ("ddp", "dp"), ("tp", "tp"),
+    ("sp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("moe", "ep"),
+)
+# Flattened DeviceMesh axes (groups spanning several basic axes) -> the basic axes they span.
+FLATTENED_AXES = {"dp_cp": ["dp", "cp"], "dp_shard_cp": ["fsdp", "cp"], "edp": ["dp", "cp"]}
+_DESC = re.compile(r"^(?:mesh_|group_|pg_)?([a-z_]+?)(?:_group|_pg)?(?:_\d+)?$")
+
+
+def _axis_token(desc: str) -> str:
+    d = desc.strip().lower()
+    m = _DESC.match(d)
+    return m.group(1) if m else d
+
+
+def dim_from_desc(desc: str | None) -> str | None:
+    """`mesh_tp` -> tp, `mesh_dp_shard` -> fsdp, `default_pg` -> world; None when it names no dim."""
+    if not desc:
+        return None
+    if desc.strip().lower() in ("default_pg", "world", "global"):
+        return "world"
+    token = _axis_token(desc)
+    return next((dim for name, dim in AXIS_DIMS if token == name), None)
+
+
+def flattened_from_desc(desc: str | None) -> list[str] | None:
+    """`mesh_dp_cp` -> ["dp", "cp"]: the basic axes a flattened mesh group spans; None for a basic axis."""
+    if not desc:
+        return None
+    axes = FLATTENED_AXES.get(_axis_token(desc))
+    return list(axes) if axes else None
+
+
+def group_dim(pg_desc: str | None, pg_name: str | None = None) -> str:
+    """`process_groups.dim` as the parser sees it: from the description (else the name), or "unknown"."""
+    return dim_from_desc(pg_desc) or dim_from_desc(pg_name) or "unknown"
+
+
+# ----------------------------------------------------------------------------------------------
+# a whole events table (stores built outside the Kineto decoder: tests, other writers)
+
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "gpu_instant_event", "cuda_sync"})
+DEVICE_ROW_KINDS = {"kernel": 0, "gpu_memcpy": 2, "gpu_memset": 3}  # comm kernels are told apart by name
+
+
+def classify_events(events: pa.Table) -> pa.Table:
+    """`events` with `role` and `lane` computed from name / cat / thread_name by the parser's rules
+    (device rows: comm kernels by their NCCL/RCCL name, memcpy/memset by category)."""
+    from tracekit.parse.collective_names import is_comm_kernel_name
+
+    names = _dict(events.column("name"))
+    cats = events.column("cat").cast(pa.string()).to_pylist()
+    threads = _dict(events.column("thread_name"))
+    gpu_row = np.array([c in GPU_CATS for c in cats], bool)
+    device_rows = np.flatnonzero([c in DEVICE_ROW_KINDS for c in cats])
+    name_dict = names.dictionary.to_pylist()
+    name_codes = names.indices.fill_null(len(name_dict)).to_numpy(zero_copy_only=False)
+    padded = name_dict + [""]
+    kind = np.array([1 if is_comm_kernel_name(padded[name_codes[i]] or "") else DEVICE_ROW_KINDS[cats[i]]
+                     for i in device_rows.tolist()], np.int8)
+    lane = lane_codes(threads.dictionary.to_pylist(), threads.indices.fill_null(-1).to_numpy(zero_copy_only=False),
+                      gpu_row)
+    role = event_roles(name_dict, name_codes, np.array([c == "cpu_op" for c in cats], bool), lane, device_rows, kind)
+    return _set(_set(events, "role", role), "lane", lane_column(lane))
+
+
+def _dict(col) -> pa.DictionaryArray:
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr
+    return arr.dictionary_encode()
