@@ -28,8 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.breakdown import COMM_ISSUE_PREFIXES
 from tracekit.analyze.matching import MatchedCollectives, row_trace_shift
+from tracekit.parse.classify import name_role
 from tracekit.tables.store import RunStore
 from tracekit.whatif.graph import Category, StepGraph, add_start_nodes
 
@@ -314,7 +314,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, me
     in_op = (op_a >= 0) & (op_e == op_a)
     blocking = in_op | (_containing(ts, end, e, strict=False) < 0)
     s0, s1, owner = cut_intervals(ts, end, np.concatenate([a, e[in_op]]))
-    issue = np.array([n.startswith(COMM_ISSUE_PREFIXES) for n in names], dtype=bool)
+    issue = np.array([name_role(n) == "comm" for n in names], dtype=bool)  # the parser's rule (events.role)
     load = ann & np.array([is_data_load(n) for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[owner]
     dur = s1 - s0
