@@ -66,7 +66,7 @@ def test_single_process_script_is_recorded(tmp_path, script_dir):
     anchors = manifest["clock_anchors"]["0"]
     assert [a["step"] for a in anchors["trace_anchors"]] == want
     # The anchor events in the trace carry the wall clock read just before them.
-    events = [e for e in trace["traceEvents"] if e.get("name") == "tracekit:clock_anchor"]
+    events = [e for e in trace["traceEvents"] if e.get("name") == "tracekit::clock_anchor"]
     assert [int(e["args"]["wall_ns"]) for e in events] == [a["wall_ns"] for a in anchors["trace_anchors"]]
     header, entries, footer = load_comms(out / "comms.rank0.jsonl")
     assert header["rank"] == 0 and entries == [] and footer["status"] == "ok"

@@ -123,7 +123,9 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
         if not cands:
             continue
         start = _start(row)
-        hi = bisect.bisect_right(cands, (start + skew, len(log_rows)))
+        # An entry may also be created inside the call itself (`tracekit record` logs from a kernel on
+        # the c10d op, tens of µs after the op's profiler range opens, more on a busy host).
+        hi = bisect.bisect_right(cands, (max(start + skew, _end(row)), len(log_rows)))
         previous = last_taken.get(row["op"])
         best: tuple[int, int, int] | None = None  # (distance from the typical lead, created, index)
         for j in range(hi - 1, -1, -1):

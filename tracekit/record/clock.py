@@ -5,7 +5,7 @@ Three kinds, all stored in `record.rank{R}.json` and merged into manifest.json:
 - `barrier_samples()`: wall times read right after each of a few barriers on the default group —
   every rank leaves a barrier at about the same instant, so the spread of these readings across
   ranks estimates the clock offset between hosts (take the minimum over samples);
-- `trace_anchor()`: a `tracekit:clock_anchor` event emitted inside the profiled window whose args
+- `trace_anchor()`: a `tracekit::clock_anchor` event emitted inside the profiled window whose args
   carry the wall/monotonic ns read just before it, tying Kineto's clock to the wall clock.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-ANCHOR_EVENT = "tracekit:clock_anchor"
+ANCHOR_EVENT = "tracekit::clock_anchor"
 
 
 def sample() -> dict[str, int]:

@@ -6,7 +6,8 @@ other line is one entry with Flight Recorder keys (`record_id`, `pg_id`, `proces
 `collective_seq_id`, `p2p_seq_id`, `profiling_name`, `time_created_ns`,
 `time_discovered_started_ns`, `time_discovered_completed_ns`, `input_sizes`, `input_dtypes`,
 `output_sizes`, `output_dtypes`, `state`) plus tracekit extensions (`is_p2p`, `peer`,
-`group_ranks`, `in_split_sizes`, `out_split_sizes`, `caller`, `step`). Times are
+`group_ranks`, `in_split_sizes`, `out_split_sizes`, `caller`, `step`, and `source`: how the entry
+was seen, e.g. `c10d_dispatcher` or `dispatch_mode` for `tracekit record`). Times are
 `time.time_ns()` (wall clock, comparable across ranks of one host). A file whose last line is cut
 (rank killed mid-write) stays readable up to that line; `{"type": "footer"}` marks a clean close.
 """
@@ -60,7 +61,7 @@ class CommLog:
                is_p2p: bool = False, peer: int | None = None, group_ranks: list[int] | None = None,
                in_split_sizes: list[int] | None = None, out_split_sizes: list[int] | None = None,
                caller: str | None = None, step: int | None = None, seq: int | None = None,
-               pg_id: int | None = None) -> dict[str, Any]:
+               pg_id: int | None = None, source: str | None = None) -> dict[str, Any]:
         """Write one entry; `seq` defaults to the next id of the group (collective or p2p counter)."""
         if seq is None:
             seq = self.next_seq(pg_name, is_p2p)
@@ -91,6 +92,8 @@ class CommLog:
                 "step": step,
                 "rank": self.rank,
             }
+            if source is not None:
+                entry["source"] = source
             self._write(entry)
             return entry
 

@@ -109,6 +109,11 @@ _SPECS: dict[tuple[str, str], _OpSpec] = {
 }
 
 
+def c10d_op_names() -> list[str]:
+    """Names of the `c10d::*` collective ops this module knows how to read."""
+    return [name for ns, name in _SPECS if ns == "c10d"]
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """What the log needs about one process group."""
@@ -134,17 +139,22 @@ def _shapes(value: Any) -> tuple[list[list[int]], list[str]]:
     return shapes, dtypes
 
 
-class CollectiveLoggingMode(TorchDispatchMode):
-    """Records each collective seen while entered into `comm_log` (Flight Recorder entry schema).
+class CollectiveLogger:
+    """Turns collective calls into entries of `comm_log` (Flight Recorder entry schema).
 
-    Entries are buffered and written at `flush()` (call it at each step boundary and before
-    exit), so completion times that arrive shortly after the call still make it into the entry.
-    `step` is copied into every entry; set it from the training loop. Never raises into the
-    training code: a collective it cannot decode is counted in `errors` and passed through.
+    Fed by a front end that sees the calls: `C10dOpHook` (tracekit/record/c10d_hook.py, the one
+    `tracekit record` uses: kernels on the c10d ops alone) or `CollectiveLoggingMode` below (a
+    TorchDispatchMode: sees every op, so it costs far more). Entries are buffered and written at
+    `flush()` (call it at each step boundary and before exit), so completion times that arrive
+    shortly after the call still make it into the entry. `step` is copied into every entry; set it
+    from the training loop. Never raises into the training code: a collective it cannot decode is
+    counted in `errors` and passed through.
     """
 
+    source = "dispatch_mode"
+    """How entries were seen; written into every entry as `source`."""
+
     def __init__(self, comm_log: CommLog, rank: int) -> None:
-        super().__init__()
         self.comm_log = comm_log
         self.rank = rank
         self.step: int | None = None
@@ -157,29 +167,13 @@ class CollectiveLoggingMode(TorchDispatchMode):
         self._groups: dict[str, GroupInfo] = {}
         self._arg_names: dict[Any, list[str]] = {}
 
-    # -- dispatch ---------------------------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def log_call(self, func, args, kwargs, out, created_ns: int) -> None:
+        """Log one call of a collective op `func` (an OpOverload) that returned `out`."""
         ns = func.namespace
-        if ns not in _NAMESPACES:
-            if not self._by_output:
-                return func(*args, **kwargs)
-            waited = self._async_outputs(args)
-            out = func(*args, **kwargs)
-            for entry in waited:  # an AsyncCollectiveTensor was used: its wait ran inside func
-                if entry["time_completed_ns"] is None:
-                    entry["time_completed_ns"] = time.time_ns()
-            return out
         name = func._schema.name.split("::", 1)[1]
-        if ns == "_c10d_functional" and name == "wait_tensor":
-            out = func(*args, **kwargs)
-            self._mark_waited(args[0] if args else kwargs.get("tensor"))
-            return out
         spec = _SPECS.get((ns, name))
         if spec is None and not (ns == "_c10d_functional" and name == "batch_p2p_ops"):
-            return func(*args, **kwargs)
-        created_ns = time.time_ns()
-        out = func(*args, **kwargs)
+            return
         try:
             bound = self._bind(func, args, kwargs)
             if spec is None:
@@ -189,7 +183,6 @@ class CollectiveLoggingMode(TorchDispatchMode):
         except Exception as exc:  # never break training because of logging
             self.errors += 1
             self.last_error = f"{func._schema.name}: {type(exc).__name__}: {exc}"
-        return out
 
     def _bind(self, func, args, kwargs) -> dict[str, Any]:
         names = self._arg_names.get(func)
@@ -278,7 +271,7 @@ class CollectiveLoggingMode(TorchDispatchMode):
             "output_sizes": out_shapes, "output_dtypes": out_dtypes,
             "is_p2p": is_p2p, "peer": peer, "group_ranks": info.ranks,
             "in_split_sizes": in_splits, "out_split_sizes": out_splits, "step": self.step,
-            "seq": self.comm_log.next_seq(info.name, is_p2p),
+            "seq": self.comm_log.next_seq(info.name, is_p2p), "source": self.source,
         }
         with self._lock:
             self._pending.append(entry)
@@ -351,10 +344,46 @@ class CollectiveLoggingMode(TorchDispatchMode):
                 input_dtypes=e["input_dtypes"], output_sizes=e["output_sizes"],
                 output_dtypes=e["output_dtypes"], is_p2p=e["is_p2p"], peer=e["peer"],
                 group_ranks=e["group_ranks"], in_split_sizes=e["in_split_sizes"],
-                out_split_sizes=e["out_split_sizes"], step=e["step"], seq=e["seq"])
+                out_split_sizes=e["out_split_sizes"], step=e["step"], seq=e["seq"], source=e["source"])
         self.logged += len(ready)
         self.comm_log.flush()
         return len(ready)
+
+
+class CollectiveLoggingMode(CollectiveLogger, TorchDispatchMode):
+    """A TorchDispatchMode front end for `CollectiveLogger`: every op passes through Python while
+    entered (about doubling the step's cost), and collectives issued inside another op's dispatch
+    (e.g. DTensor's Partial→Replicate all-reduce inside `clip_grad_norm_`) are not seen, because a
+    mode is off the stack while its own `__torch_dispatch__` runs. Kept for direct use and tests;
+    `tracekit record` uses `C10dOpHook`.
+    """
+
+    def __init__(self, comm_log: CommLog, rank: int) -> None:
+        CollectiveLogger.__init__(self, comm_log, rank)
+        TorchDispatchMode.__init__(self)
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        ns = func.namespace
+        if ns not in _NAMESPACES:
+            if not self._by_output:
+                return func(*args, **kwargs)
+            waited = self._async_outputs(args)
+            out = func(*args, **kwargs)
+            for entry in waited:  # an AsyncCollectiveTensor was used: its wait ran inside func
+                if entry["time_completed_ns"] is None:
+                    entry["time_completed_ns"] = time.time_ns()
+            return out
+        name = func._schema.name.split("::", 1)[1]
+        if ns == "_c10d_functional" and name == "wait_tensor":
+            out = func(*args, **kwargs)
+            self._mark_waited(args[0] if args else kwargs.get("tensor"))
+            return out
+        created_ns = time.time_ns()
+        out = func(*args, **kwargs)
+        self.log_call(func, args, kwargs, out, created_ns)
+        return out
 
 
 def _due(entry: dict[str, Any]) -> bool:

@@ -2,8 +2,8 @@
 
 `RankRecorder.on_step()` is called at every step boundary (by the optimizer hook, `tracekit.step()`
 or `Recorder.step()`). Outside the profiled window it only counts; at the window it starts
-torch.profiler (profiled ranks), enters `CollectiveLoggingMode` (every rank, so unprofiled ranks
-still log their collectives), and emits clock anchors. `finalize()` runs once — at exit, on an
+torch.profiler (profiled ranks), puts `C10dOpHook` kernels on the c10d ops (every rank, so unprofiled
+ranks still log their collectives), and emits clock anchors. `finalize()` runs once — at exit, on an
 exception, or on SIGTERM — and leaves every file complete, a cut-short trace marked partial.
 
 Step numbering follows torch.profiler: step N is the time between the N-th and N+1-th boundary
@@ -34,6 +34,10 @@ from tracekit.record.trace_files import (
     trace_path,
     write_json_atomic,
 )
+
+
+FLUSH_RANGE = "tracekit::flush_collective_log"
+"""Profiler range around the step-boundary flush of the collective log (tracekit's own overhead)."""
 
 
 class RankIdentity:
@@ -96,6 +100,7 @@ class RankRecorder:
         self.profiled: bool | None = None
         self.prof = None
         self.log_mode = None
+        self._c10d_hook = None
         self.comm_log: CommLog | None = None
         self.cycle = 0
         self.cycle_steps: list[list[int]] = []
@@ -152,7 +157,7 @@ class RankRecorder:
     def _advance(self) -> None:
         if True:
             if self.log_mode is not None:
-                self.log_mode.flush()
+                self._flush_log()
             if self.prof is not None:
                 self.prof.step()  # may export a cycle (calls _on_trace_ready)
             self.step_num += 1
@@ -235,26 +240,43 @@ class RankRecorder:
         if not self.config.log_collectives:
             return
         if self.log_mode is None:
-            from tracekit.record.dispatch_mode import CollectiveLoggingMode
+            from tracekit.record.c10d_hook import C10dOpHook
+            from tracekit.record.dispatch_mode import CollectiveLogger
 
             rank = self.identity.resolve(final=True)
             if self.comm_log is None:
                 self.comm_log = CommLog(comms_log_path(self.out_dir, rank), rank,
                                         self.identity.world_size, _known_groups())
-            self.log_mode = CollectiveLoggingMode(self.comm_log, rank)
-            self.log_mode.__enter__()
+            logger = CollectiveLogger(self.comm_log, rank)
+            logger.source = "c10d_dispatcher"
+            try:
+                self._c10d_hook = C10dOpHook(logger).__enter__()
+            except Exception as exc:  # e.g. a torch without these ops: say so, record without the log
+                self.notes.append(f"collective logging unavailable: {type(exc).__name__}: {exc}")
+                self.config.log_collectives = False
+                return
+            self.log_mode = logger
         self.log_mode.step = step
         self.logged_steps.append(step)
+
+    def _flush_log(self) -> None:
+        """Write the finished step's collectives, inside a `tracekit::` range (our overhead, not the user's)."""
+        import torch
+
+        with torch._C._profiler._RecordFunctionFast(FLUSH_RANGE):
+            self.log_mode.flush()
 
     def _stop_logging(self) -> None:
         if self.log_mode is None:
             return
         mode, self.log_mode = self.log_mode, None
-        mode.flush(final=True)
+        hook, self._c10d_hook = self._c10d_hook, None
         try:
-            mode.__exit__(None, None, None)
-        except Exception as exc:  # a mode pushed above ours by the program: say so, keep going
-            self.notes.append(f"could not leave the collective logging mode cleanly: {exc}")
+            if hook is not None:
+                hook.__exit__(None, None, None)
+        except Exception as exc:
+            self.notes.append(f"could not remove the collective logging kernels cleanly: {exc}")
+        mode.flush(final=True)
         self._accumulate_mode(mode)
 
     def _accumulate_mode(self, mode) -> None:

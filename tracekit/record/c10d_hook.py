@@ -1,0 +1,82 @@
+"""See every c10d collective a process issues, at the cost of the collectives alone (DESIGN §5).
+
+Every collective in PyTorch — `torch.distributed` calls, DDP's C++ reducer, FSDP2, functional
+collectives (`_c10d_functional.*`, which DTensor issues, e.g. the all-reduce of the total norm in
+`clip_grad_norm_` on FSDP2, from inside another op's dispatch) and P2P — reaches the dispatcher as
+a `c10d::*` op (`ProcessGroup::allreduce` etc. call it). `C10dOpHook` registers a Python kernel for
+those ops alone at the `BackendSelect` dispatch key, which every call passes through and no guard
+excludes (autograd's below-autograd guards and a TorchDispatchMode's own dispatch do not touch it):
+the kernel re-dispatches to the real one and hands the call to a `CollectiveLogger`. No other op
+pays anything, unlike a TorchDispatchMode (every op through Python: about 2x the step); the
+kernels are removed when the hook is left, so nothing is paid outside the profiled window.
+
+Our own work inside a collective is wrapped in `tracekit::log_collective` profiler ranges so the
+analyzers count it as tracekit's overhead, not the user's time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from tracekit.record.dispatch_mode import CollectiveLogger, c10d_op_names
+
+LOG_RANGE = "tracekit::log_collective"
+"""Profiler range around our logging inside a collective (parse classifies `tracekit::*` as overhead)."""
+
+
+class C10dOpHook:
+    """While entered, every c10d collective op of this process is logged by `logger`.
+
+    Re-entrant use is an error; one hook per process at a time (kernels are process-global).
+    """
+
+    _active: "C10dOpHook | None" = None
+
+    def __init__(self, logger: CollectiveLogger) -> None:
+        self.logger = logger
+        self._lib = None
+        self.ops: list[str] = []
+
+    def __enter__(self) -> "C10dOpHook":
+        if C10dOpHook._active is not None:
+            raise RuntimeError("a C10dOpHook is already active in this process")
+        from torch._C import DispatchKey
+
+        after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
+        lib = torch.library.Library("c10d", "IMPL")
+        try:
+            for name in c10d_op_names():
+                packet = getattr(torch.ops.c10d, name, None)
+                if packet is None or "default" not in packet.overloads():
+                    continue
+                lib.impl(name, _kernel(packet.default, after, self.logger), "BackendSelect", with_keyset=True)
+                self.ops.append(name)
+        except Exception:
+            lib._destroy()
+            raise
+        self._lib = lib
+        C10dOpHook._active = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+        if C10dOpHook._active is self:
+            C10dOpHook._active = None
+
+
+def _kernel(op, after, logger: CollectiveLogger):
+    record_range = torch._C._profiler._RecordFunctionFast
+
+    def kernel(keyset, *args, **kwargs):
+        created_ns = time.time_ns()
+        out = op.redispatch(keyset & after, *args, **kwargs)
+        with record_range(LOG_RANGE):
+            logger.log_call(op, args, kwargs, out, created_ns)
+        return out
+
+    return kernel
