@@ -67,6 +67,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
     ("placement", "tracekit.analyze.placement:analyze_placement"),
+    ("memory", "tracekit.analyze.memory:analyze_memory"),
     # keep last: lists every finding's advice
     ("recommendations", "tracekit.analyze.recommend:analyze_recommendations"),
     # after the findings are final: replaces each one's saving by the replayed one
