@@ -63,6 +63,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
+    ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
