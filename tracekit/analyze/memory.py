@@ -33,6 +33,7 @@ Section `memory`:
               "in_flight_measured",
               "steps": [{"step", "base", "peak"}],
               "static_estimate": {"grad_bytes", "param_bytes", "optimizer", "optimizer_state_bytes"},
+              "split": {"static_bytes", "activation_bytes", "static_source"},   # the stacked bar
               "timeline": {"t_ns": [..], "allocated": [..]}}],   # down-sampled, t from the first step start
    "stages": [{"stage", "ranks", "activation_peak_bytes", "activation_held_bytes", "per_microbatch_bytes", "in_flight_measured",
                "in_flight_schedule", "peak_allocated", "layers"}],
@@ -106,6 +107,8 @@ def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         rows = mem.filter(pc.equal(mem.column("rank"), rank))
         section["ranks"].extend(rank_memory(store, rank, rows, layout))
     section["counter"] = "absolute" if any(r["device_type"] != 0 for r in section["ranks"]) else "window"
+    for r in section["ranks"]:
+        r["split"] = memory_split(r, section["counter"])
     section["stages"] = stage_memory(section["ranks"], pipeline)
     findings += _imbalance_findings(section)
     findings += _activation_findings(section, getattr(ctx.config, "device_memory_bytes", None))
@@ -154,6 +157,18 @@ def _device_summary(store: RunStore, rank: int, dev_type: int, dev: int, rows: p
         "steps": steps, "static_estimate": static_estimate(store, rank, layout),
         "timeline": _timeline(ts - t0, total, i),
     }
+
+
+def memory_split(r: dict[str, Any], counter: str) -> dict[str, Any]:
+    """Static vs activations at the rank's peak: the step base (absolute counter) or, when the counter
+    started with the profiler, the estimate from collectives and the optimizer's kind."""
+    if counter == "absolute" or r["device_type"] != 0:
+        return {"static_bytes": r["static_bytes"], "activation_bytes": r["activation_peak_bytes"],
+                "static_source": "step base"}
+    est = r["static_estimate"]
+    parts = [est[k] for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes") if est[k] is not None]
+    return {"static_bytes": sum(parts) if parts else None, "activation_bytes": r["activation_peak_bytes"],
+            "static_source": "estimate (collectives, optimizer)" if parts else "unknown (counter started with the profiler)"}
 
 
 def _first_step_start(store: RunStore, rank: int, default: int) -> int:
