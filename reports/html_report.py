@@ -32,7 +32,6 @@ SECTIONS: list[tuple[str, str]] = [
     ("stragglers", "Stragglers"),
     ("bandwidth", "Bandwidth"),
     ("throughput", "Throughput"),
-    ("memory", "Memory"),
     ("other-sections", "Other analyzer output"),
     ("inputs", "Inputs"),
     ("reproduce", "Reproduce"),
@@ -40,7 +39,7 @@ SECTIONS: list[tuple[str, str]] = [
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
-                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory"}
+                   "experts", "bandwidth", "throughput", "placement", "recommendations"}
 
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
@@ -48,7 +47,7 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
     ctx = _Page(analysis, store)
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _other(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
     return _page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
@@ -226,6 +225,7 @@ _BREAKDOWN_COLS = [
     Col("exposed_comm_ns", "exposed comm (ms/step)", _ms_cell), Col("other_ns", "other (ms/step)", _ms_cell),
     Col("idle_ns", "idle (ms/step)", _ms_cell), Col("overlap_ratio", "overlap", pct),
     Col("bound", "bound", str, numeric=False),
+    Col("sync_wait_ns", "of exposed comm: waiting for peers (ms/step)", _ms_cell),
 ]
 
 
@@ -235,7 +235,7 @@ def _per_step_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in ranks:
         steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
         row = dict(r)
-        for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns"):
+        for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "sync_wait_ns", "other_ns", "idle_ns"):
             if is_num(r.get(k)):
                 row[k] = r[k] / steps
         out.append(row)
@@ -248,7 +248,10 @@ def _breakdown(ctx: _Page) -> str:
     rows = _per_step_rows(ctx.ranks)
     fig = charts.breakdown_bars(ctx.figs, rows)
     note = ('<p class=note>Exclusive by priority, so the bars sum to the step: compute ▸ communication that '
-            'overlaps nothing ▸ other device work ▸ idle. "comm" is all communication, overlapped or not.</p>')
+            'overlaps nothing ▸ other device work ▸ idle. "comm" is all communication, overlapped or not; '
+            'exposed comm includes waiting for late peers (sync wait), the rest is transfer. On GPU traces a '
+            'step is the device work its ProfilerStep launched. Definitions: docs/metrics.md in the tracekit '
+            'repository.</p>')
     return section("breakdown", "Per-rank breakdown", note + fig + table(rows, _BREAKDOWN_COLS, table_id="ranks-table"))
 
 
@@ -280,8 +283,6 @@ def has_data(ctx: _Page, anchor: str) -> bool:
         return bool(_rows(sec, "rows"))
     if anchor == "throughput":
         return bool(ctx.sec("throughput") or ctx.sec("placement"))
-    if anchor == "memory":
-        return bool(sec.get("available"))
     return True
 
 
@@ -348,34 +349,6 @@ def _pipeline(ctx: _Page) -> str:
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False), Col("compute_ns", "compute (ms)", _ms_cell_opt),
             Col("fwd_ns", "fwd (ms)", _ms_cell_opt), Col("bwd_ns", "bwd (ms)", _ms_cell_opt), Col("layers", "layers")])
     return section("pipeline", "Pipeline schedule", body + _all_numbers(sec, frozenset({"diagram", "stages"})))
-
-
-def _memory(ctx: _Page) -> str:
-    sec = ctx.sec("memory")
-    if not sec or not sec.get("available"):
-        reason = (sec or {}).get("reason") or "no memory events in this run"
-        return section("memory", "Memory", not_available("Memory", reason))
-    mib = lambda b: "–" if not is_num(b) else f"{b / 2**20:.2f}"  # noqa: E731
-    body = (f"<p class=note>Counter: {h(sec.get('counter') or '–')} (absolute: the CUDA caching allocator; window: "
-            "the CPU profiler counts only what it saw allocated).</p>")
-    body += charts.memory_timeline(ctx.figs, sec) + charts.memory_split_bars(ctx.figs, sec)
-    ranks = _rows(sec, "ranks")
-    if ranks:
-        body += "<h3>Peaks</h3>" + table(ranks, [
-            Col("rank", "rank"), Col("device", "device"), Col("peak_allocated", "peak (MiB)", mib),
-            Col("peak_step", "step"), Col("at_peak", "at the peak", lambda w: (", ".join(
-                f"{k} {v}" for k, v in (w or {}).items() if v is not None)), False),
-            Col("activation_held_bytes", "held activations (MiB)", mib),
-            Col("in_flight_measured", "in flight (measured)")])
-    stages = _rows(sec, "stages")
-    if stages:
-        body += "<h3>Pipeline stages</h3>" + table(stages, [
-            Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False),
-            Col("activation_held_bytes", "held activations (MiB)", mib),
-            Col("per_microbatch_bytes", "per micro-batch (MiB)", mib),
-            Col("in_flight_measured", "in flight (measured)"), Col("in_flight_schedule", "in flight (schedule)"),
-            Col("peak_allocated", "peak (MiB)", mib)])
-    return section("memory", "Memory", body + _all_numbers(sec, frozenset({"ranks", "stages"})))
 
 
 def _experts(ctx: _Page) -> str:

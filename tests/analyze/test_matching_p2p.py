@@ -12,7 +12,7 @@ MS = 1_000_000
 
 def _row(rank, op, peer, t, pg="cp"):
     return {"rank": rank, "source": "comms-log", "pg_name": pg, "op": op, "peer": peer,
-            "enqueue_ts": t, "ts": t, "dur": MS}
+            "enqueue_ts": t, "ts": t, "dur": MS, "arrival": t}  # CPU backend: arrival = host start
 
 
 def test_receiver_waits_for_a_late_sender_and_pairs_follow_order_per_direction():

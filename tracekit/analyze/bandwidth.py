@@ -1,12 +1,15 @@
 """Collective bandwidth: algbw/busbw per collective instance, per group, op and size bucket.
 
-NCCL-tests convention (DESIGN §3): algbw = bytes / time; busbw = algbw × factor with factor
-all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all (n−1)/n; broadcast, reduce, send/recv 1.
-`bytes` is the table's max(in, out) message size. Time is the instance's *transfer* time: first end
-− last arrival over its members (the `matching` analyzer's offset-corrected rows). Nobody can finish
-before the last member arrives, and the first to finish is the one least delayed by its own CPU
-scheduling, so neither a late rank nor a descheduled waiter is mistaken for a slow link; without matching, an instance's shortest member duration (the last to arrive waits
-least) stands in (`time_basis: "min_duration"`).
+NCCL-tests convention (DESIGN §3, docs/metrics.md): algbw = bytes / time; busbw = algbw × factor with
+factor all_reduce 2(n−1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n−1)/n; broadcast,
+reduce, send/recv 1. `bytes` is the table's max(in, out) message size (NCCL-tests' "size": the whole
+buffer). Time is the instance's device-side *transfer* time: first member's end − last member's
+arrival (`matching.arrival_ns`: on GPU traces the start of the last member's collective kernel, so
+neither the host's launch latency nor the wait for a late peer counts as transfer; NCCL-tests times
+a whole collective from one host, which on a balanced group is the same interval). Exact int64 ns.
+Without matching, an instance's shortest member duration (the last to arrive waits least) stands in
+(`time_basis: "min_duration"`). Unknown bytes give no figure: such instances are counted in `unsized`
+with the reason, never sized as one element.
 P2P and barriers are tabulated but never flagged (their durations include the peer's schedule).
 
 `low_bus_bandwidth`: a (group, op, size bucket) is low when even its fast quartile (75th percentile busbw)
@@ -28,6 +31,7 @@ compute lose SMs the same way). Severity follows the bounded saving.
 
 Section `bandwidth` (JSON):
 {"time_basis": "transfer" | "min_duration",
+ "unsized": [{"pg_name", "op", "count", "reason"}],     # instances without a known message size
  "rows": [{"pg_name", "dim", "op", "group_size", "bucket_bytes", "count", "bytes_p50", "time_ns_p50",
            "algbw_gbps_p50", "busbw_gbps_p50", "busbw_gbps_p75", "busbw_gbps_max", "time_ns_per_step",
            "reference_gbps": float | null, "reference": str | null, "low": bool}]}
@@ -41,6 +45,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 
 from tracekit.analyze import recommend
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
@@ -57,6 +62,8 @@ SAVING_INFO = 0.01
 SAVING_WARNING = 0.05
 SAVING_CRITICAL = 0.20
 NOT_FLAGGED_OPS = ("send", "recv", "barrier", "unknown")
+UNSIZED_REASON = ("message size not recorded in the trace (e.g. a bucketed all-reduce over a TensorList "
+                  "whose dims the profiler did not keep): no bandwidth figure")
 
 
 def bus_factor(op: str, n: int) -> float | None:
@@ -65,9 +72,9 @@ def bus_factor(op: str, n: int) -> float | None:
         return None
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
-    if op in ("broadcast", "reduce", "send", "recv", "gather", "scatter"):
+    if op in ("broadcast", "reduce", "send", "recv"):
         return 1.0
     return None
 
@@ -84,34 +91,38 @@ def _group_dims(store: RunStore, ctx: AnalysisContext) -> dict[str, str]:
             for g in store.table("process_groups", ["pg_name", "dim"]).to_pylist()}
 
 
-def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, Any]], str]:
-    """One record per collective instance: pg_name, op, n, bytes, time_ns, step."""
+def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]]]:
+    """One record per collective instance (pg_name, op, n, bytes, time_ns, step), the time basis, and
+    the (group, op) counts left without a figure because their message size is unknown."""
     matched = ctx.cache.get("matching")
     dims = _group_dims(store, ctx)
     t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
                                     "group_size", "dur", "step"])
-    rows = [r for r in t.to_pylist() if r["bytes"] and r["dur"] is not None and r["dur"] > 0]
+    all_rows = [r for r in t.to_pylist() if r["dur"] is not None and r["dur"] > 0]
     out: list[dict[str, Any]] = []
+    unsized: dict[tuple[str, str], int] = defaultdict(int)
     if matched is not None and len(matched.instances):
-        inst = matched.instances.set_index("key")
-        rows_m = matched.rows.dropna(subset=["end"])
-        agg = rows_m.groupby("key").agg(bytes=("bytes", "max"), first_end=("end", "min"), last=("arrival", "max"))
-        for key, a in agg.iterrows():
-            b = a["bytes"]
-            t = float(a["first_end"]) - float(a["last"])
-            if key not in inst.index or b is None or b != b or not b or not t > 0:
+        nbytes = matched.rows.groupby("key")["bytes"].max()
+        for r in matched.instances.itertuples():
+            t_ns = r.transfer
+            if t_ns is pd.NA or t_ns is None or int(t_ns) <= 0:
                 continue
-            r = inst.loc[key]
-            gs = r["group_size"]
-            n = int(gs) if gs == gs and gs else int(r["n"])
-            step = r["step"]
-            out.append({"pg_name": r["pg_name"], "dim": r["dim"] or dims.get(r["pg_name"], "unknown"), "op": r["op"],
-                        "n": n, "bytes": int(b), "time_ns": t, "step": None if step != step or step is None else int(step)})
+            b = nbytes.get(r.key)
+            if b is None or b != b or not b:
+                unsized[(r.pg_name, r.op)] += 1
+                continue
+            gs = r.group_size
+            n = int(gs) if gs == gs and gs else int(r.n)
+            step = r.step
+            out.append({"pg_name": r.pg_name, "dim": r.dim or dims.get(r.pg_name, "unknown"), "op": r.op,
+                        "n": n, "bytes": int(b), "time_ns": int(t_ns),
+                        "step": None if step != step or step is None else int(step)})
         basis = "transfer"
         # p2p is not matched: tabulate it from row durations
-        rows = [r for r in rows if r["is_p2p"] or r["op"] in ("send", "recv")]
+        rows = [r for r in all_rows if r["is_p2p"] or r["op"] in ("send", "recv")]
     else:
-        basis = "duration"
+        basis = "min_duration"
+        rows = all_rows
     # without matching: one source per rank (comms log preferred); an instance (pg_name, seq) takes the
     # shortest duration among its members (the last to arrive waits least: ≈ transfer time, no clocks)
     src_pref = ("comms-log", "flight-recorder", "kineto")
@@ -125,8 +136,13 @@ def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, An
             continue
         p2p = bool(r["is_p2p"]) or r["op"] in ("send", "recv")
         key = (r["pg_name"], r["seq"]) if r["seq"] is not None and r["pg_name"] and not p2p else ("row", i)
+        if not r["bytes"]:
+            if key not in by_inst:
+                unsized[(r["pg_name"] or "?", r["op"])] += 1
+            by_inst.setdefault(key, None)
+            continue
         x = {"pg_name": r["pg_name"] or "?", "dim": dims.get(r["pg_name"], "unknown"), "op": r["op"],
-             "n": int(r["group_size"] or 2), "bytes": int(r["bytes"]), "time_ns": float(r["dur"]),
+             "n": int(r["group_size"] or 2), "bytes": int(r["bytes"]), "time_ns": int(r["dur"]),
              "step": r["step"]}
         cur = by_inst.get(key)
         if cur is None:
@@ -134,10 +150,10 @@ def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, An
         else:
             cur["time_ns"] = min(cur["time_ns"], x["time_ns"])
             cur["bytes"] = max(cur["bytes"], x["bytes"])
-    out.extend(by_inst.values())
-    if basis == "duration":
-        basis = "min_duration"
-    return out, basis
+    out.extend(x for x in by_inst.values() if x is not None)
+    unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
+               for (pg, op), c in sorted(unsized.items())]
+    return out, basis, unknown
 
 
 def _step_ns(store: RunStore) -> tuple[float, int]:
@@ -153,7 +169,7 @@ def _step_ns(store: RunStore) -> tuple[float, int]:
 
 def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     """Bandwidth table and `low_bus_bandwidth` findings (one per dim)."""
-    inst, basis = _instances(store, ctx)
+    inst, basis, unsized = _instances(store, ctx)
     step_ns, nsteps = _step_ns(store)
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for x in inst:
@@ -186,7 +202,7 @@ def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     findings = _findings(table, step_ns, store, _exposed_per_step(ctx))
     for row in table:
         row.pop("bus_bytes_p50", None)
-    return AnalyzerResult(findings=findings, section={"time_basis": basis, "rows": table})
+    return AnalyzerResult(findings=findings, section={"time_basis": basis, "rows": table, "unsized": unsized})
 
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,

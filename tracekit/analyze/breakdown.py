@@ -1,28 +1,37 @@
 """Breakdown of each rank's step time into compute, exposed communication, other device work and idle.
 
-Definitions (DESIGN §3), exclusive by priority so the four parts sum to the step window:
-compute ▸ communication overlapping no compute ("exposed") ▸ other device work ▸ idle.
-Overlap ratio = |comm ∩ compute| / |comm| (HTA's definition; null when a rank has no comm).
+Definitions (DESIGN §3, written down in docs/metrics.md), exclusive by priority so the parts sum to
+the step window: compute ▸ communication overlapping no compute ("exposed") ▸ other device work ▸ idle.
+Exposed communication splits into sync wait (waiting for late peers: before the group's last arrival,
+from matching.py's wait intervals) and exposed transfer (the rest). Overlap ratio = |comm ∩ compute| /
+|comm| (HTA's definition; null when a rank has no comm).
 
 Where "busy" comes from:
-- GPU ranks (rows in `kernels`): kernels.kind compute / comm / memcpy+memset (other), all streams.
+- GPU ranks (rows in `kernels`): kernels.kind compute / comm / memcpy+memset ("other device work"),
+  all streams; carry-over kernels (kernels.carry_over: no launch in the trace, before the first
+  linked kernel) are in no step and only counted (`carry_over_ns`).
 - CPU ranks: compute = `cpu_op` events on training threads (every thread that is not a gloo/NCCL
   worker thread) except the ops that only issue communication (`c10d::*`, `record_param_comms`,
-  the runtime's `comm:*`, ...); inside such an op only leaf ops count (the ops enclosing it, e.g.
+  the runtime's `comm:*`, ...) and the step annotation (a `ProfilerStep#N` cpu_op in 2021-2023
+  traces is never compute); inside such an op only leaf ops count (the ops enclosing it, e.g.
   an autograd node running a synchronous comm hook, span a blocked wait, not compute).
   comm = the rank's `collectives` rows from the Kineto source (ts/dur = gloo worker thread time),
   or, failing that, events on `pt_gloo_runloop` threads, plus the time training threads spend
   inside those communication calls (lane `comm:calls`); other = 0 on CPU ranks.
   Comms-log/flight-recorder rows never enter the breakdown (Kineto is the one clock here).
-Windows: each `steps` row (ProfilerStep#N, the CPU-side annotation, every step including the last);
-a rank without steps is one window from its first to its last event. Device work outside the
-windows is not counted (unlike HTA, which spans first to last kernel and drops the last step;
-see tests/analyze/test_hta_crosscheck.py for where the two differ and agree).
+Windows: on GPU ranks the GPU steps (`windows: "gpu_steps"`): step N spans from the first kernel that
+step N's CPU ops launched (kernels.step; steps.device_ts) to the next step's first kernel (the last
+step: to its last kernel's end, device_ts + device_dur), so a device running a step behind its host is binned by what it runs; on CPU ranks
+(and GPU ranks whose kernels carry no step) each `steps` row (ProfilerStep#N, every step including
+the last, `windows: "steps"`); a rank without steps is one window from its first to its last event.
+Device work outside the windows is not counted (HTA spans first to last kernel and drops the last
+step; see docs/metrics.md and tests/analyze/test_hta_crosscheck.py).
 
 Section `breakdown`:
     {"ranks": [{"rank", "steps", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns",
-                "idle_ns", "overlap_ratio", "bound"}],          # exactly analysis.json "ranks" (§7)
-     "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "steps|trace",
+                "idle_ns", "overlap_ratio", "bound": "compute|communication|sync_wait|idle",
+                "sync_wait_ns", "exposed_transfer_ns", "carry_over_ns"}],   # analysis.json "ranks" (§7)
+     "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "gpu_steps|steps|trace",
                        "shares": {"compute", "exposed_comm", "other", "idle"}, "verdict_evidence": str}],
      "steps": [{"rank", "step" (null for a whole-trace window), "ts", "step_ns", "compute_ns",
                 "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns", "overlap_ratio", "bound"}],
@@ -65,6 +74,9 @@ class RankActivity:
     other: iv.IntervalSet
     comm_by_group: dict[str, iv.IntervalSet] = field(default_factory=dict)
     comm_source: str = "none"
+    carry_over_ns: int = 0
+    """GPU: device time of kernels left over from before profiling (no launch in the trace, before the
+    first linked kernel): in no step, not in the windows' busy sets."""
 
 
 def _np(table: pa.Table, col: str) -> np.ndarray:
@@ -99,9 +111,29 @@ def _is(table: pa.Table, col: str, value: str) -> pa.ChunkedArray:
     return pc.fill_null(pc.equal(table.column(col).cast(pa.string()), value), False)
 
 
+def gpu_step_windows(steps: list[dict[str, Any]]) -> list[tuple[int | None, int, int]]:
+    """GPU step windows (DESIGN §3) from `steps` rows with device_ts/device_dur (the first start and
+    last end of the kernels the step's CPU ops launched, kernels.step): step N spans from its first
+    kernel to the next step's first kernel; the last step to its last kernel's end."""
+    dev = sorted((s["device_ts"], s["step"], s["device_ts"] + s["device_dur"]) for s in steps
+                 if s.get("device_ts") is not None and s.get("device_dur") is not None)
+    wins = []
+    for i, (lo, step, last_end) in enumerate(dev):
+        hi = dev[i + 1][0] if i + 1 < len(dev) else last_end
+        if hi > lo:
+            wins.append((step, lo, hi))
+    return wins
+
+
 def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
-             busy_bounds: tuple[int, int] | None) -> tuple[list[tuple[int | None, int, int]], str]:
-    steps = store.rank_table("steps", rank, ["step", "ts", "dur"]).to_pylist()
+             busy_bounds: tuple[int, int] | None, gpu: bool = False) -> tuple[list[tuple[int | None, int, int]], str]:
+    have = set(store.dataset("steps").schema.names) if store.has("steps") else set()
+    cols = ["step", "ts", "dur"] + [c for c in ("device_ts", "device_dur") if c in have]
+    steps = store.rank_table("steps", rank, cols).to_pylist()
+    if gpu:
+        wins = gpu_step_windows(steps)
+        if wins:
+            return wins, "gpu_steps"
     wins = [(s["step"], s["ts"], s["ts"] + s["dur"]) for s in steps if s["dur"] and s["dur"] > 0]
     if wins:
         return sorted(wins, key=lambda w: w[1]), "steps"
@@ -138,9 +170,17 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
                        dims: dict[str, str] | None = None) -> RankActivity:
     """Read one rank's tables and build its compute / comm / other interval sets."""
     dims = dims or {}
-    kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"])
+    kcols = set(store.dataset("kernels").schema.names) if store.has("kernels") else set()
+    kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"]
+                               + (["carry_over"] if "carry_over" in kcols else []))
     comm_by_group: dict[str, iv.IntervalSet] = {}
+    carry_ns = 0
     if kernels.num_rows:
+        if "carry_over" in kernels.column_names:
+            carry = pc.fill_null(kernels["carry_over"], False)
+            carried = kernels.filter(carry)
+            carry_ns = iv.total(iv.union(*_starts_ends(carried)))
+            kernels = kernels.filter(pc.invert(carry))
         compute, comm, other, comm_by_group = gpu_activity(kernels, dims)
         trace_kind, comm_source = "gpu", "kernels"
     else:
@@ -190,10 +230,10 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
     allb = iv.merge(compute, comm, other)
     if allb[0].size:
         bounds = (int(allb[0][0]), int(allb[1][-1]))
-    windows, wsrc = _windows(store, rank, rank_row, bounds)
+    windows, wsrc = _windows(store, rank, rank_row, bounds, gpu=trace_kind == "gpu")
     return RankActivity(rank=rank, trace_kind=trace_kind, windows=windows, window_source=wsrc,
                         compute=compute, comm=comm, other=other, comm_by_group=comm_by_group,
-                        comm_source=comm_source)
+                        comm_source=comm_source, carry_over_ns=carry_ns)
 
 
 def _lane_key(pg_name: str | None, dims: dict[str, str]) -> str:
@@ -232,10 +272,17 @@ class WindowBreakdown:
     other_ns: int
     idle_ns: int
     span_ns: int
+    sync_wait_ns: int = 0
+    """Part of exposed_comm_ns spent waiting for late peers (before the group's last arrival)."""
+
+    @property
+    def exposed_transfer_ns(self) -> int:
+        return self.exposed_comm_ns - self.sync_wait_ns
 
 
-def window_breakdown(act: RankActivity, lo: int, hi: int) -> WindowBreakdown:
-    """The exclusive breakdown of one window [lo, hi)."""
+def window_breakdown(act: RankActivity, lo: int, hi: int, wait: iv.IntervalSet | None = None) -> WindowBreakdown:
+    """The exclusive breakdown of one window [lo, hi); `wait`: the rank's waiting-for-peers intervals
+    (matching.py), which split exposed communication into sync wait and transfer."""
     c = iv.clip(act.compute, lo, hi)
     m = iv.clip(act.comm, lo, hi)
     o = iv.clip(act.other, lo, hi)
@@ -246,13 +293,20 @@ def window_breakdown(act: RankActivity, lo: int, hi: int) -> WindowBreakdown:
     other_ns = iv.total(iv.subtract(o, iv.merge(c, m)))
     span = hi - lo
     idle = span - compute_ns - exposed - other_ns
-    return WindowBreakdown(compute_ns, comm_ns, overlapped, exposed, other_ns, max(idle, 0), span)
+    sync = 0
+    if wait is not None and wait[0].size:
+        sync = iv.total(iv.intersect(iv.subtract(m, c), iv.clip(wait, lo, hi)))
+    return WindowBreakdown(compute_ns, comm_ns, overlapped, exposed, other_ns, max(idle, 0), span, sync)
 
 
-def verdict(compute_ns: int, exposed_ns: int, other_ns: int, idle_ns: int) -> tuple[str, str]:
-    """compute- / communication- / idle-bound: the largest of compute(+other device work), exposed comm, idle."""
+def verdict(compute_ns: int, exposed_ns: int, other_ns: int, idle_ns: int,
+            sync_wait_ns: int = 0) -> tuple[str, str]:
+    """compute- / communication- / sync_wait- / idle-bound: the largest of compute (+ other device work),
+    exposed transfer (exposed comm less the wait for late peers), sync wait, idle. A rank waiting for a
+    late peer is not communication-bound: the peer is the cause (see `straggler`)."""
     busy = compute_ns + other_ns
-    parts = {"compute": busy, "communication": exposed_ns, "idle": idle_ns}
+    parts = {"compute": busy, "communication": exposed_ns - sync_wait_ns, "sync_wait": sync_wait_ns,
+             "idle": idle_ns}
     bound = max(parts, key=lambda k: (parts[k], k == "compute"))
     total = max(busy + exposed_ns + idle_ns, 1)
     ev = ", ".join(f"{k} {100.0 * v / total:.1f}%" for k, v in parts.items())
@@ -260,13 +314,14 @@ def verdict(compute_ns: int, exposed_ns: int, other_ns: int, idle_ns: int) -> tu
 
 
 def _row(rank: int, nsteps: int, w: WindowBreakdown) -> dict[str, Any]:
-    bound, _ = verdict(w.compute_ns, w.exposed_comm_ns, w.other_ns, w.idle_ns)
+    bound, _ = verdict(w.compute_ns, w.exposed_comm_ns, w.other_ns, w.idle_ns, w.sync_wait_ns)
     return {
         "rank": rank, "steps": nsteps, "step_ns": int(w.span_ns), "compute_ns": int(w.compute_ns),
         "comm_ns": int(w.comm_ns), "exposed_comm_ns": int(w.exposed_comm_ns), "other_ns": int(w.other_ns),
         "idle_ns": int(w.idle_ns),
         "overlap_ratio": (round(w.overlapped_ns / w.comm_ns, 6) if w.comm_ns else None),
         "bound": bound,
+        "sync_wait_ns": int(w.sync_wait_ns), "exposed_transfer_ns": int(w.exposed_transfer_ns),
     }
 
 
@@ -316,6 +371,8 @@ def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) 
 def analyze_breakdown(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     ranks_out, details, step_rows, unanalyzed = [], [], [], []
     lanes_by_rank: dict[int, dict[str, iv.IntervalSet]] = {}
+    matched = ctx.cache.get("matching")
+    waits = matched.wait_intervals if matched is not None else {}
     for rank in store.ranks():
         act = rank_activity(store, ctx, rank)
         if not act.windows:
@@ -323,18 +380,19 @@ def analyze_breakdown(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
             continue
         tot = WindowBreakdown(0, 0, 0, 0, 0, 0, 0)
         for step, lo, hi in act.windows:
-            w = window_breakdown(act, lo, hi)
+            w = window_breakdown(act, lo, hi, waits.get(rank))
             row = _row(rank, 1, w)
             del row["steps"]
             step_rows.append({"rank": rank, "step": step, "ts": int(lo), **{k: v for k, v in row.items() if k != "rank"}})
             tot = WindowBreakdown(*(a + b for a, b in zip(vars(tot).values(), vars(w).values())))
-        ranks_out.append(_row(rank, len(act.windows), tot))
+        ranks_out.append({**_row(rank, len(act.windows), tot), "carry_over_ns": int(act.carry_over_ns)})
         span = max(tot.span_ns, 1)
-        bound, why = verdict(tot.compute_ns, tot.exposed_comm_ns, tot.other_ns, tot.idle_ns)
+        bound, why = verdict(tot.compute_ns, tot.exposed_comm_ns, tot.other_ns, tot.idle_ns, tot.sync_wait_ns)
         details.append({
             "rank": rank, "trace_kind": act.trace_kind, "comm_source": act.comm_source,
             "windows": act.window_source,
             "shares": {"compute": tot.compute_ns / span, "exposed_comm": tot.exposed_comm_ns / span,
+                       "exposed_transfer": tot.exposed_transfer_ns / span, "sync_wait": tot.sync_wait_ns / span,
                        "other": tot.other_ns / span, "idle": tot.idle_ns / span},
             "verdict_evidence": why,
         })

@@ -68,7 +68,9 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
     if len(sync):
         sizes = sync.groupby("key")["rank"].transform("size")
         sync = sync[sizes >= 2].copy()
-        sync["d"] = sync["end"] - sync.groupby("key")["end"].transform("median")
+        # exact ints first (epoch ns), then the small differences from the instance's median
+        sync["d"] = (sync["end"] - sync.groupby("key")["end"].transform("min")).astype("int64")
+        sync["d"] = sync["d"] - sync.groupby("key")["d"].transform("median")
     by_rank: dict[int, np.ndarray] = {}
     if len(sync):
         rk = sync["rank"].to_numpy(dtype=np.int64)

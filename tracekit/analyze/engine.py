@@ -57,18 +57,17 @@ class AnalysisContext:
 ANALYZERS: list[tuple[str, str]] = [
     ("inputs", "tracekit.analyze.inputs:analyze_inputs"),
     ("layout", "tracekit.analyze.layout:analyze_layout"),
-    ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
+    # matching before breakdown: the breakdown splits exposed comm into sync wait and transfer
     ("matching", "tracekit.analyze.matching:analyze_matching"),
     ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
+    ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
-    ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
     ("placement", "tracekit.analyze.placement:analyze_placement"),
-    ("memory", "tracekit.analyze.memory:analyze_memory"),
     # keep last: lists every finding's advice
     ("recommendations", "tracekit.analyze.recommend:analyze_recommendations"),
     # after the findings are final: replaces each one's saving by the replayed one

@@ -6,9 +6,16 @@ only when the ops at each position agree). P2P ops are not collective instances 
 are per rank, not per group); instead each send is paired with its receive (the k-th send from src
 to dst on a group with the k-th recv at dst from src, by arrival order) and the earlier side's time
 until the later side was issued counts as waiting for a late peer (gloo/NCCL move the data only
-once both sides are posted), like a collective's wait, so exposed-transfer figures exclude it. Arrival = `enqueue_ts` (the caller issued it) or `ts`; end = ts + dur.
-Skew = last arrival − first arrival; transfer = last end − last arrival; a rank's wait = last
-arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival.
+once both sides are posted), like a collective's wait, so exposed-transfer figures exclude it.
+Arrival (DESIGN §3, `arrival_ns`): on GPU ranks the start of the rank's collective on the device (`ts`:
+its NCCL/RCCL kernel, or the log's start) — never the host's enqueue, which runs ahead of the device
+by up to a step; on CPU backends the op's start on the host (`enqueue_ts`, else `ts`). end = ts + dur.
+Skew = last arrival − first arrival; transfer = first member's end − last arrival (all members of an
+NCCL collective finish together; the first end is the least delayed by its own rank); a rank's wait =
+last arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival.
+Times are exact int64 ns throughout.
+Rows the trace files under no process group are left out of cross-rank matching (counted in
+`no_group`): pairing them by order under a guessed group pairs different steps' calls.
 
 One source per rank, consistently: the comms log when every rank has one (it carries seq), else
 flight-recorder dumps, else Kineto; a rank lacking the chosen source falls back to the best it has
@@ -23,7 +30,7 @@ Section `matching`:
      "supplement": {"kineto collectives without a log entry": int},
      "seq_basis": {"args|log|order": count of instances},
      "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
-     "op_mismatches": int, "p2p_skipped": int,
+     "op_mismatches": int, "p2p_skipped": int, "no_group": int, "no_device_time": int,
      "p2p": {"pairs": int, "unpaired": int, "wait_ns": int},
      "by_group": [{"pg_name", "dim", "op", "instances", "skew_ns": {"mean", "p50", "p95", "max"},
                    "transfer_ns": {"mean", "p50", "p95", "max"}}],
@@ -35,7 +42,7 @@ Cached for later analyzers: ctx.cache["matching"] = MatchedCollectives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,19 +65,37 @@ COLUMNS = ["rank", "source", "pg_name", "seq", "seq_source", "op", "is_p2p", "by
 class MatchedCollectives:
     """Per (instance, rank) rows with corrected times, plus per-instance aggregates.
 
-    Times are int64 ns on the matching clock; nullable numbers (end, step, bytes, ...) are float64 NaN."""
+    Times are exact int64 ns on the matching clock (nullable ones, e.g. end, as pandas Int64); other
+    nullable numbers (step, bytes, group_size) are float64 NaN."""
 
     rows: pd.DataFrame
     """key, pg_name, seq, op, rank, arrival (offset-corrected), arrival_raw, end, wait, is_last, source,
     step, caller, bytes."""
     instances: pd.DataFrame
-    """key, pg_name, dim, seq, op, step, n, first, last, second_last, last_end, skew, transfer,
+    """key, pg_name, dim, seq, op, step, n, first, last, second_last, first_end, last_end, skew, transfer,
     first_rank, last_rank, delay."""
     trace_shift: dict[int, int | None]
     """Per rank: add to this rank's raw matching times to put them on its trace clock (None: unknown)."""
     wait_intervals: dict[int, "iv.IntervalSet"]
     """Per rank, trace clock: waiting for the group's last arrival, or for a P2P op's peer to post the
     other side (ranks with a known shift only)."""
+    gpu_ranks: set[int] = field(default_factory=set)
+    """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
+
+
+def gpu_ranks(store: RunStore) -> set[int]:
+    """Ranks whose trace has device kernels (ranks.trace_kind == "gpu")."""
+    t = store.table("ranks", ["rank", "trace_kind"]).to_pylist()
+    return {r["rank"] for r in t if r["trace_kind"] == "gpu"}
+
+
+def arrival_ns(rows: pd.DataFrame, on_gpu: set[int]) -> pd.Series:
+    """A rank's arrival at each collective row (DESIGN §3), Int64 ns on the row's clock: on GPU ranks
+    the collective's start on the device (`ts`), null when unknown — never the host's enqueue; on
+    CPU backends the op's start on the host (`enqueue_ts`, else `ts`)."""
+    gpu = rows["rank"].isin(on_gpu).to_numpy()
+    host = rows["enqueue_ts"].fillna(rows["ts"])
+    return rows["ts"].where(gpu, host).astype("Int64")
 
 
 def load_collectives(store: RunStore) -> pd.DataFrame:
@@ -149,7 +174,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     if not per_rank:
         ctx.cache["clocks"] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
         section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
-                        "p2p_skipped": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
+                        "p2p_skipped": 0, "no_group": 0, "no_device_time": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
                         "by_group": [], "per_rank": [], "top_skew": []})
         return None, section
     chosen = df["rank"].map(per_rank)
@@ -158,14 +183,20 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     extra = ((df["source"] == "kineto") & (df["seq_source"] == "order") & chosen.isin(LOG_SOURCES))
     section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
     df = df[(df["source"] == chosen) | extra].copy()
-    df.loc[extra[extra].index.intersection(df.index), "pg_name"] = (
-        "kineto:" + df.loc[extra[extra].index.intersection(df.index), "pg_name"].fillna("?").astype(str))
+    ex_idx = extra[extra].index.intersection(df.index)
+    df.loc[ex_idx, "pg_name"] = ("kineto:" + df.loc[ex_idx, "pg_name"].astype(str)).where(
+        df.loc[ex_idx, "pg_name"].notna(), None)
+    on_gpu = gpu_ranks(store)
     p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
     section["p2p_skipped"] = int(p2p.sum())
     p2p_df = df[p2p].copy()
+    p2p_df["arrival"] = arrival_ns(p2p_df, on_gpu)
     df = df[~p2p].copy()
-    df["pg_name"] = df["pg_name"].fillna("?")
-    df["arrival"] = df["enqueue_ts"].fillna(df["ts"])
+    # never matched by order under a guessed group: a row without a group stays out of matching
+    section["no_group"] = int(df["pg_name"].isna().sum())
+    df = df[df["pg_name"].notna()].copy()
+    df["arrival"] = arrival_ns(df, on_gpu)
+    section["no_device_time"] = int((df["arrival"].isna() & df["rank"].isin(on_gpu)).sum())
     df = df[df["arrival"].notna()].copy()
     df["end"] = (df["ts"] + df["dur"]).astype("Int64")
     # seq: from the source, else by order within (rank, group)
@@ -184,8 +215,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
 
     # clock offsets, estimated on the matching clock
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
-    clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"],
-                           "end": df["end"].astype("float64")})
+    clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"], "end": df["end"]})
     hosts = _host_count(store)
     clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig(), same_host=hosts == 1)
     clocks["hosts"] = hosts
@@ -205,7 +235,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     df["wait"] = df["last"] - df["arrival"]
     inst = g.agg(pg_name=("pg_name", "first"), seq=("seq", "first"), op=("op", "first"),
                  step=("step", "min"), n=("rank", "size"), first=("arrival", "min"),
-                 last=("arrival", "max"), last_end=("end", "max"),
+                 last=("arrival", "max"), first_end=("end", "min"), last_end=("end", "max"),
                  group_size=("group_size", "max"), seq_basis=("seq_basis", "first")).reset_index()
     # who arrived first / last, and by how much the last one trailed the second-to-last
     srt = df.sort_values(["key", "arrival", "rank"], kind="stable")
@@ -219,10 +249,11 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     # the late rank's delay: how long the group waited for it beyond everyone else, counting only
     # from when the group's previous collective ended (async calls queue behind it anyway)
     inst = inst.sort_values(["pg_name", "seq"], kind="stable").reset_index(drop=True)
-    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("float64")
-    ready = np.fmax(inst["second_last"].to_numpy(dtype=float), prev_end.to_numpy(dtype=float))
-    inst["delay"] = np.clip(inst["last"].to_numpy(dtype=float) - ready, 0, None).astype("int64")
-    inst["transfer"] = (inst["last_end"].astype("float64") - inst["last"]).clip(lower=0)
+    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("Int64")
+    second = inst["second_last"].astype("Int64")
+    ready = prev_end.where(prev_end.notna() & (prev_end > second), second)
+    inst["delay"] = (inst["last"].astype("Int64") - ready).clip(lower=0).astype("int64")
+    inst["transfer"] = (inst["first_end"].astype("Int64") - inst["last"]).clip(lower=0)
     inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
     df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
     complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
@@ -251,13 +282,16 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     } for row in top.itertuples()]
     rows = df[["key", "pg_name", "seq", "op", "rank", "arrival", "arrival_raw", "end", "wait", "is_last",
                "source", "step", "caller", "bytes"]].reset_index(drop=True)
-    # nullable numbers leave as float64 with NaN (plain pandas, no pd.NA surprises for readers)
-    for frame, cols in ((rows, ("end", "step", "bytes")), (inst, ("step", "last_end", "group_size"))):
+    # times stay exact nullable int64 (Int64: pd.NA when unknown); counts leave as float64 with NaN
+    for frame, cols in ((rows, ("end",)), (inst, ("first_end", "last_end", "transfer"))):
+        for c in cols:
+            frame[c] = frame[c].astype("Int64")
+    for frame, cols in ((rows, ("step", "bytes")), (inst, ("step", "group_size"))):
         for c in cols:
             frame[c] = frame[c].astype("float64")
     waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
     return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
-                              wait_intervals=_wait_intervals(waits_in, shifts)), section
+                              wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu), section
 
 
 def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -267,7 +301,7 @@ def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame,
                           "arrival_raw": pd.Series(dtype="int64"), "wait": pd.Series(dtype="int64")})
     op = p2p["op"].fillna("").astype(str)
     is_send, is_recv = op.str.contains("send"), op.str.contains("recv")
-    arrival = p2p["enqueue_ts"].fillna(p2p["ts"])
+    arrival = p2p["arrival"]
     ok = p2p["peer"].notna() & arrival.notna() & (is_send ^ is_recv)
     p = pd.DataFrame({"rank": p2p["rank"].astype("int64"), "peer": p2p["peer"].astype("float64"),
                       "pg_name": p2p["pg_name"].fillna("?").astype(str), "source": p2p["source"],

@@ -8,12 +8,10 @@ on a noisy shared box every rank is sometimes last; a straggler is last far more
 Warning/critical need a large delay (25%/50% of the step) and either counted extra work (a
 "compute" cause with more ops than its peers) or strong dominance and being last at
 most of its collectives (`last_chance` reports the share expected by chance, 1/group size): on the 2-core box a clean run's slowest rank routinely holds the group
-back 10-20% of the step (CPU contention), and that is reported as info. A "contention" straggler
-(same ops, slower) on a run whose ranks all share one host stays info, with no estimated saving
-of its own (the original is kept in the evidence), whatever its size: the host's scheduler, not
-the rank's work, decides who is late (on several hosts it can be a noisy neighbour or
-throttling, and keeps its severity). So does a "host_idle" or "unknown" straggler without extra ops
-when the ranks are CPU-only on one host: a preempted process leaves the same unrecorded gaps as a sleep. Two causes are measured on the rank itself rather than timed
+back 10-20% of the step (CPU contention), and that is reported as info. No severity cap for a shared
+host: a rank that holds its peers back is a straggler whatever the cause, with its measured delay
+as the saving; when every rank shares one host the cause carries a caveat (`caveat`: CPU cores
+shared by several ranks can make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
 against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
 FLOPs/tokens) warns from 10% of the step.
 
@@ -165,15 +163,18 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     for r, grp in allrows.groupby("rank"):
         # on the trace clock (log and Kineto rows of one rank then order correctly)
         shift = np.nan_to_num(row_trace_shift(grp, matched.trace_shift)).astype(np.int64)
-        off = (grp["arrival_raw"] - grp["arrival"]).to_numpy()  # clock offset applied by matching
         arr = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
-        ends = grp["end"].to_numpy(dtype=float) + off + shift
+        # end − arrival is exact (Int64); unknown ends never count as a previous end
+        lo = np.iinfo(np.int64).min
+        ends = ((grp["end"].astype("Int64") - grp["arrival"]).to_numpy(dtype="int64", na_value=0)
+                + arr)
+        ends[grp["end"].isna().to_numpy()] = lo
         order = np.argsort(arr, kind="stable")
         keys = np.asarray(grp["key"].tolist(), dtype=object)[order]
         arr, ends = arr[order], ends[order]
-        prev = np.concatenate(([np.nan], np.fmax.accumulate(np.nan_to_num(ends, nan=-np.inf))[:-1]))
-        for k, a, p in zip(keys.tolist(), arr, prev):
-            prev_end_map[(r, k)] = int(p) if np.isfinite(p) and p < a else None
+        prev = np.concatenate(([lo], np.maximum.accumulate(ends)[:-1]))
+        for k, a, p in zip(keys.tolist(), arr.tolist(), prev.tolist()):
+            prev_end_map[(r, k)] = int(p) if lo < p < a else None
     for r in ranks:
         act = rank_activity(store, ctx, r)
         ev = _host_events(store, r)
@@ -357,8 +358,6 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
     for i, row in enumerate(rows):
         nxt = max((o["delay_ns_per_step"] for j, o in enumerate(rows) if j != i), default=0)
         row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
-    kinds = set(store.table("ranks", ["trace_kind"]).column("trace_kind").to_pylist())
-    cpu_only = kinds == {"cpu"}  # no device: the ranks compute on the host's (shared) cores
     findings, stragglers = [], []
     for row in rows:
         frac = row["delay_fraction"] or 0.0
@@ -388,22 +387,11 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
             sev = Severity.INFO
         one_host = (ctx.cache.get("clocks") or {}).get("hosts") == 1
         saving = max(int(row["delay_ns_per_step"]), 0)
-        if cause == "contention" and one_host:
-            # every rank on one host and the late one runs the same ops, only slower: the host's
-            # scheduler (oversubscribed cores) decides who is late, not the rank's work. Reported,
-            # but with no saving of its own (nothing in the job to change), like reconcile() does.
-            ev = {**ev, "severity_capped": f"{sev.value} -> info: same-host CPU contention",
-                  "original_est_saving_ns": saving}
-            sev, saving = Severity.INFO, 0
-        elif (cause in ("host_idle", "unknown") and one_host and cpu_only
-              and (ev.get("op_count_ratio") or 1.0) < cfg.more_work_ratio):
-            # CPU-only ranks computing on one host's shared cores: a rank its scheduler preempts shows
-            # the same unrecorded gaps as one that sleeps, so timing alone cannot name the rank's own
-            # code (a clean 2-rank run on a 2-vCPU VM: one rank "host idle" 30% of the step)
-            ev = {**ev, "severity_capped": f"{sev.value} -> info: unrecorded gaps on ranks sharing one "
-                                           "host's CPU cores (preemption looks the same)",
-                  "original_est_saving_ns": saving}
-            sev, saving = Severity.INFO, 0
+        if one_host and cause in ("contention", "host_idle", "unknown"):
+            # no cap: a rank that holds its peers back is a straggler whatever the cause, and its
+            # measured delay is what removing the cause saves; the cause only carries a caveat
+            ev = {**ev, "caveat": "every rank runs on one host: CPU cores shared by several ranks (a "
+                                  "preempted or oversubscribed process) can make a rank late as well"}
         dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
         findings.append(Finding(
             kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
