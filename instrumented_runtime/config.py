@@ -107,6 +107,8 @@ class RunConfig:
     """Sequences per step over all dp replicas; default dp * microbatches * 2."""
     seq_len: int = 64
     """Tokens per sequence (before context-parallel sharding)."""
+    activation_checkpointing: bool = False
+    """Checkpoint every transformer block: backward re-runs its forward instead of keeping its activations."""
     ddp_bucket_mb: float = 0.1
     """DDP gradient bucket size (MB); small so a tiny model still gets several buckets to overlap."""
     seed: int = 0
@@ -260,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=2, help="profiled (active) steps at the end of the run; 0 = no profiler")
     p.add_argument("--global-batch-size", type=int, default=None, help="sequences per step over all replicas")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="checkpoint every block (recompute its forward in backward; less activation memory)")
     p.add_argument("--ddp-bucket-mb", type=float, default=0.1, help="DDP gradient bucket size in MB")
     p.add_argument("--seed", type=int, default=0, help="seed for weights and synthetic data")
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate")
@@ -304,6 +308,6 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     return RunConfig(pp=a.pp, dp=a.dp, cp=a.cp, tp=a.tp, ep=a.ep, dp_mode=a.dp_mode, schedule=a.schedule,
                      microbatches=microbatches, virtual_stages=a.virtual_stages, steps=a.steps,
                      profile_steps=a.profile_steps, global_batch_size=a.global_batch_size, seq_len=a.seq_len,
-                     ddp_bucket_mb=a.ddp_bucket_mb,
+                     ddp_bucket_mb=a.ddp_bucket_mb, activation_checkpointing=a.activation_checkpointing,
                      seed=a.seed, lr=a.lr, dtype=a.dtype, ranks_per_host=a.ranks_per_host, out=a.out,
                      model=model, faults=faults)

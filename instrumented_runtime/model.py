@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -118,6 +119,7 @@ class Block(nn.Module):
         self.device_us = cfg.device_us_per_token
         self.aux_loss_scale = 1.0   # set by parallelize: 1 / (routing calls covering one global batch)
         self.slowdown: Any = None   # a faults.ComputeSlowdown on the slow rank
+        self.checkpoint = False     # --activation-checkpointing (set by train.build_parts)
         if self.is_moe:
             from .moe import MoE, MoEConfig
 
@@ -131,6 +133,12 @@ class Block(nn.Module):
             self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, par: ParallelState) -> torch.Tensor:   # x: (B, T, D)
+        if self.checkpoint and torch.is_grad_enabled():
+            # activation checkpointing: keep only the block input; backward re-runs the block's forward
+            return torch.utils.checkpoint.checkpoint(self._run, x, par, use_reentrant=False)
+        return self._run(x, par)
+
+    def _run(self, x: torch.Tensor, par: ParallelState) -> torch.Tensor:
         if self.slowdown is not None:   # the slow-rank fault (faults.ComputeSlowdown)
             from .faults import mark_block_input, mark_block_output
 

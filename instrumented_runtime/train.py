@@ -86,6 +86,8 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
         if pd.ep_enabled:
             par.apply_ep(m, pd)
         par.mark_expert_params(m)
+        for b in par.blocks(m):
+            b.checkpoint = cfg.activation_checkpointing
         par.set_aux_loss_scale(m, pd, cfg.microbatches)
     tags = [{n: {t for t in (par.TP_SHARDED, par.EXPERT) if getattr(p, t, False)} for n, p in m.named_parameters()}
             for m in raw]

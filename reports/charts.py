@@ -358,3 +358,38 @@ def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
               "yaxis": {"title": {"text": "delay caused (ms per step)"}}}
     return figs.add(data, layout, height=320)
 
+
+
+# ---------------------------------------------------------------- memory
+
+def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
+    """Allocated bytes over the profiled steps, one line per rank (its main device)."""
+    seen: set[Any] = set()
+    data = []
+    for r in _records(sec, "ranks"):
+        tl = r.get("timeline")
+        if r.get("rank") in seen or not isinstance(tl, dict) or not tl.get("t_ns"):
+            continue
+        seen.add(r.get("rank"))
+        data.append({"type": "scattergl", "mode": "lines", "name": f"rank {plotly_text(r.get('rank'))}",
+                     "x": typed([t / 1e6 for t in tl["t_ns"]]), "y": typed([b / 2**20 for b in tl["allocated"]]),
+                     "line": {"shape": "hv", "width": 1}})
+    if not data:
+        return ""
+    return figs.add(data, {"xaxis": {"title": "ms from the first step's start"},
+                           "yaxis": {"title": "allocated (MiB)"}}, height=340)
+
+
+def memory_split_bars(figs: Figures, sec: dict[str, Any]) -> str:
+    """Static vs activation bytes at each rank's peak, stacked."""
+    rows = [r for r in _records(sec, "ranks") if isinstance(r.get("split"), dict)]
+    seen: set[Any] = set()
+    rows = [r for r in rows if not (r.get("rank") in seen or seen.add(r.get("rank")))]
+    if not rows:
+        return ""
+    x = [f"r{plotly_text(r.get('rank'))}" for r in rows]
+    data = []
+    for key, name, color in (("static_bytes", "static", "#5c6bc0"), ("activation_bytes", "activations", "#ef6c00")):
+        y = [(r["split"].get(key) or 0) / 2**20 for r in rows]
+        data.append({"type": "bar", "name": name, "x": x, "y": y, "marker": {"color": color}})
+    return figs.add(data, {"barmode": "stack", "yaxis": {"title": "MiB at the peak"}}, height=300)

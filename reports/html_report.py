@@ -32,6 +32,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("stragglers", "Stragglers"),
     ("bandwidth", "Bandwidth"),
     ("throughput", "Throughput"),
+    ("memory", "Memory"),
     ("other-sections", "Other analyzer output"),
     ("inputs", "Inputs"),
     ("reproduce", "Reproduce"),
@@ -39,7 +40,7 @@ SECTIONS: list[tuple[str, str]] = [
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
-                   "experts", "bandwidth", "throughput", "placement", "recommendations"}
+                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory"}
 
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
@@ -47,7 +48,7 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
     ctx = _Page(analysis, store)
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _other(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
     return _page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
@@ -283,6 +284,8 @@ def has_data(ctx: _Page, anchor: str) -> bool:
         return bool(_rows(sec, "rows"))
     if anchor == "throughput":
         return bool(ctx.sec("throughput") or ctx.sec("placement"))
+    if anchor == "memory":
+        return bool(sec.get("available"))
     return True
 
 
@@ -349,6 +352,34 @@ def _pipeline(ctx: _Page) -> str:
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False), Col("compute_ns", "compute (ms)", _ms_cell_opt),
             Col("fwd_ns", "fwd (ms)", _ms_cell_opt), Col("bwd_ns", "bwd (ms)", _ms_cell_opt), Col("layers", "layers")])
     return section("pipeline", "Pipeline schedule", body + _all_numbers(sec, frozenset({"diagram", "stages"})))
+
+
+def _memory(ctx: _Page) -> str:
+    sec = ctx.sec("memory")
+    if not sec or not sec.get("available"):
+        reason = (sec or {}).get("reason") or "no memory events in this run"
+        return section("memory", "Memory", not_available("Memory", reason))
+    mib = lambda b: "–" if not is_num(b) else f"{b / 2**20:.2f}"  # noqa: E731
+    body = (f"<p class=note>Counter: {h(sec.get('counter') or '–')} (absolute: the CUDA caching allocator; window: "
+            "the CPU profiler counts only what it saw allocated).</p>")
+    body += charts.memory_timeline(ctx.figs, sec) + charts.memory_split_bars(ctx.figs, sec)
+    ranks = _rows(sec, "ranks")
+    if ranks:
+        body += "<h3>Peaks</h3>" + table(ranks, [
+            Col("rank", "rank"), Col("device", "device"), Col("peak_allocated", "peak (MiB)", mib),
+            Col("peak_step", "step"), Col("at_peak", "at the peak", lambda w: (", ".join(
+                f"{k} {v}" for k, v in (w or {}).items() if v is not None)), False),
+            Col("activation_held_bytes", "held activations (MiB)", mib),
+            Col("in_flight_measured", "in flight (measured)")])
+    stages = _rows(sec, "stages")
+    if stages:
+        body += "<h3>Pipeline stages</h3>" + table(stages, [
+            Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False),
+            Col("activation_held_bytes", "held activations (MiB)", mib),
+            Col("per_microbatch_bytes", "per micro-batch (MiB)", mib),
+            Col("in_flight_measured", "in flight (measured)"), Col("in_flight_schedule", "in flight (schedule)"),
+            Col("peak_allocated", "peak (MiB)", mib)])
+    return section("memory", "Memory", body + _all_numbers(sec, frozenset({"ranks", "stages"})))
 
 
 def _experts(ctx: _Page) -> str:

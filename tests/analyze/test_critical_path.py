@@ -130,3 +130,38 @@ def test_unchanged_replay_reproduces_runtime_steps(fixture, tmp_path):
         measured = max(r[s["step"]] for r in raw)
         assert abs(s["replayed_ns"] - measured) <= 0.02 * measured
         assert sum(s["composition"]["by_category"].values()) == s["composition"]["step_ns"]
+
+
+def test_whatif_cli_prints_prediction_and_exports_perfetto(tmp_path):
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+    from tracekit.whatif.api import parse_bandwidth_gbps
+
+    assert parse_bandwidth_gbps("150GB/s") == 150 and parse_bandwidth_gbps("800 Gbit/s") == 100
+    with pytest.raises(ValueError):
+        parse_bandwidth_gbps("fast")
+    fixture = REPO / "fixtures" / "pp_imbalance"
+    raw = [_profiler_steps_ns(p) for p in sorted(fixture.glob("rank*.pt.trace.json.gz"))]
+    export = tmp_path / "step.json"
+    res = CliRunner().invoke(app, ["whatif", str(fixture), "--stage-resplit", "--json", "--store",
+                                   str(tmp_path / "store"), "--export", str(export)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    for s in out["steps"]:
+        measured = max(r[s["step"]] for r in raw)
+        assert s["measured_ns"] == measured == s["replayed_ns"]
+        assert 0 < s["predicted_ns"] < measured  # the 5-layer stage's compute shrinks to the mean
+    doc = json.loads(export.read_text())
+    ev = doc["traceEvents"]
+    crit = [e for e in ev if e["ph"] == "X" and e["args"]["critical_path"]]
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert crit and starts and starts.keys() == ends.keys()
+    slices = {(e["pid"], e["tid"], e["ts"]) for e in crit}
+    assert all((e["pid"], e["tid"], e["ts"]) in slices for e in list(starts.values()) + list(ends.values())
+               if e["tid"] != 0)
+    # the path's arrows cross ranks (stage 1 waits for stage 0's activations)
+    assert {e["pid"] for e in crit} >= {0, 1}
+    text = CliRunner().invoke(app, ["whatif", str(tmp_path / "store"), "--rank-compute", "0=0.5"]).output
+    assert "predicted" in text and max(map(len, text.splitlines())) <= 80

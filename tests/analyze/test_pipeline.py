@@ -255,3 +255,27 @@ def test_unlabelled_counts_microbatches_from_first_stage_sends(tmp_path):
     sec = run(w.close()).section
     assert sec["num_microbatches"] == 3 and sec["microbatches_source"] == "sends of the first stage"
     assert sec["theoretical_bubble"] == pytest.approx(1 / 4)
+
+
+def test_exposed_p2p_of_an_inferred_pipeline_is_the_bubble_not_communication():
+    """On the default group (dim world) send/recv of ranks in a p2p-inferred pipeline are its idle time."""
+    from tracekit.analyze import recommend
+    from tracekit.analyze.engine import AnalyzerResult
+    from tracekit.analyze.findings import Finding, Severity
+
+    ctx = AnalysisContext(config=AnalysisConfig())
+    ctx.results["pipeline"] = AnalyzerResult(section={"source": "p2p", "pipelines": [{"ranks": [0, 1]}]})
+    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+        {"rank": 1, "dim": "world", "op": "send", "transfer_exposed_ns": 70 * MS},
+        {"rank": 1, "dim": "world", "op": "all_reduce", "transfer_exposed_ns": 30 * MS}]})
+
+    def unov(op, rank):
+        return Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary=f"{op} {rank}",
+                       ranks=(rank,), dim="world", evidence={"op": op}, recommendation="x", est_saving_ns=9 * MS)
+    bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(1,),
+                    dim=None, evidence={}, recommendation="y", est_saving_ns=50 * MS)
+    out = {f.summary: f for f in recommend.reconcile([unov("send", 1), unov("all_reduce", 1), unov("send", 2),
+                                                     bound], ctx)}
+    assert out["send 1"].severity is Severity.INFO and out["send 1"].evidence["explained_by"].startswith("pipeline")
+    assert out["bound"].severity is Severity.INFO and out["bound"].est_saving_ns == 0  # 70% of it is p2p
+    assert out["all_reduce 1"].severity is Severity.WARNING and out["send 2"].severity is Severity.WARNING

@@ -92,3 +92,20 @@ def test_reference_orders_come_from_torch_schedules():
     ob = gen.reference_order("1f1b", 4, 8)
     # 1F1B: stage s runs p−s forwards before its first backward
     assert [next(i for i, (ph, _) in enumerate(seq) if ph == "bwd") for _, seq in sorted(ob.items())] == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("schedule,v", [("interleaved", 2), ("1f1b", 1)])
+def test_simulated_replicas_and_interleaving(tmp_path, schedule, v):
+    """tracekit.simulate's NCCL traces (pp=4 × dp=2, m=8): one pipeline per data-parallel replica, in the
+    simulator's own pp groups' order, and v chunks per rank from the ring's lighter wrap link."""
+    from tracekit.analyze.pipeline_graph import infer_pipelines, load_p2p
+    from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, write_traces
+
+    layout = Layout(pp=4, dp=2, schedule=schedule, microbatches=8, interleave=v)
+    res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"), layout, steps=2, without=False)
+    write_traces(res, tmp_path / "t")
+    store = parse_run(tmp_path / "t", tmp_path / "s", progress=False).store
+    want = sorted(list(g.ranks) for g in res.world.topo.groups.values() if g.dim == "pp")
+    found = infer_pipelines(load_p2p(store))
+    assert [x.ranks for x in found] == want
+    assert all(x.chunks == v and x.microbatches == 8 and x.schedule == schedule for x in found)

@@ -64,10 +64,12 @@ ANALYZERS: list[tuple[str, str]] = [
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
+    ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
     ("placement", "tracekit.analyze.placement:analyze_placement"),
+    ("memory", "tracekit.analyze.memory:analyze_memory"),
     # keep last: lists every finding's advice
     ("recommendations", "tracekit.analyze.recommend:analyze_recommendations"),
     # after the findings are final: replaces each one's saving by the replayed one

@@ -32,6 +32,10 @@ class FindingKind(str, Enum):
     MISSING_RANKS = "missing_ranks"
     MIXED_RUNS = "mixed_runs"
     TIME_UNIT_MISMATCH = "time_unit_mismatch"
+    MEMORY_IMBALANCE = "memory_imbalance"
+    ACTIVATION_DOMINATED_PEAK = "activation_dominated_peak"
+    MEMORY_HEADROOM = "memory_headroom"
+    RECOMPUTE = "recompute"
 
 
 @dataclass(frozen=True)

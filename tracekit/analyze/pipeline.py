@@ -187,7 +187,8 @@ def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any
     stages = sorted(stage_ranks)
     microbatches = sorted({r["microbatch"] for r in compute})
     # who forms a pipeline: the p2p graph first, pp-named groups where it shows none
-    pipelines = [x.ranks for x in infer_pipelines(load_p2p(store))] or _pp_groups(store)
+    inferred = infer_pipelines(load_p2p(store))
+    pipelines = [x.ranks for x in inferred] or _pp_groups(store)
     label_ranks = sorted({r["rank"] for r in compute})
     pipelines = [g for g in pipelines if set(g) & set(label_ranks)]
     if not pipelines:
@@ -199,6 +200,8 @@ def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any
     v = max(1, len(stages) // p) if p else 1
     m = int(man["microbatches"] or len(microbatches))
     detected = _detect_schedule(compute, v)
+    if detected != "zb" and inferred and inferred[0].schedule:
+        detected = inferred[0].schedule  # the order of sends and receives; labels only add split backwards
     schedule = man["schedule"] or detected
     theory = theoretical_bubble(p, m, v) if p > 1 else None
 

@@ -301,13 +301,16 @@ def _fill(f: Finding) -> tuple[str, int, str]:
 def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     """Symptoms explained by a cause another analyzer found: info severity, no saving of their own.
 
-    - exposed send/recv of a labelled pipeline (dim pp) is the pipeline's idle time, which
+    - exposed send/recv of a pipeline (labelled, or inferred from the p2p graph) is its idle time, which
       `pipeline_bubble` / `pipeline_imbalance` already count (hiding it needs a schedule change);
     - a straggler that owns the hot expert of a routing skew (≥ warning) is late because of the skew.
     The original severity and saving stay in the evidence.
     """
     pipe = ctx.section("pipeline") or {}
     labelled = pipe.get("source") == "labels"
+    # ranks of a pipeline, labelled or inferred from the p2p graph (pipeline_graph.py)
+    pipe_ranks = ({r for pl in pipe.get("pipelines", []) for r in pl["ranks"]}
+                  if pipe.get("source") in ("labels", "p2p") else set())
     analyzed = {r["rank"] for r in (ctx.section("breakdown") or {}).get("ranks", [])}
     hot_owners: set[int] = set()
     slow_stage: set[int] = set()
@@ -316,7 +319,7 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
             hot_owners |= set(f.ranks)
         if f.kind is FindingKind.PIPELINE_IMBALANCE and f.severity.order >= Severity.WARNING.order:
             slow_stage |= set(f.ranks)
-    pp_share = _pp_exposed_share(ctx) if labelled else {}
+    pp_share = _pp_exposed_share(ctx, pipe_ranks) if (labelled or pipe_ranks) else {}
     misplaced = {f.dim for f in findings if f.kind is FindingKind.PLACEMENT_MISMATCH
                  and f.severity.order >= Severity.WARNING.order}
     dim_share = _exposed_share_by_dim(ctx) if (misplaced or hot_owners) else {}
@@ -324,9 +327,11 @@ def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
     for f in findings:
         cause = None
         ranks = set(f.ranks)
-        if f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim == "pp" and labelled:
+        if f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and (
+                (f.dim == "pp" and labelled)
+                or (ranks and ranks <= pipe_ranks and f.evidence.get("op") in ("send", "recv"))):
             cause = "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
-        elif (f.kind is FindingKind.COMMUNICATION_BOUND and labelled and ranks
+        elif (f.kind is FindingKind.COMMUNICATION_BOUND and (labelled or pipe_ranks) and ranks
               and all(pp_share.get(r, 0.0) >= 0.5 for r in ranks)):
             cause = "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
         elif f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim in misplaced:
@@ -373,9 +378,18 @@ def _exposed_share_by_dim(ctx: AnalysisContext) -> dict[int, dict[str, float]]:
     return out
 
 
-def _pp_exposed_share(ctx: AnalysisContext) -> dict[int, float]:
-    """Per rank: share of its exposed transfer time that is pipeline send/recv."""
-    return {r: d.get("pp", 0.0) for r, d in _exposed_share_by_dim(ctx).items()}
+def _pp_exposed_share(ctx: AnalysisContext, pipe_ranks: set[int]) -> dict[int, float]:
+    """Per pipeline rank: share of its exposed transfer time that is pipeline send/recv (a pp group's
+    collectives, or send/recv on any group: a pipeline found from the p2p graph needs no pp group)."""
+    sec = ctx.section("unoverlapped") or {}
+    tot: dict[int, float] = {}
+    pp: dict[int, float] = {}
+    for row in sec.get("by_rank_dim_op", []):
+        r, t = row["rank"], float(row.get("transfer_exposed_ns") or 0)
+        tot[r] = tot.get(r, 0.0) + t
+        if row.get("dim") == "pp" or (r in pipe_ranks and row.get("op") in ("send", "recv")):
+            pp[r] = pp.get(r, 0.0) + t
+    return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
 
 
 def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:

@@ -259,7 +259,7 @@ def _dim_op_findings(rows: list[dict[str, Any]], cfg: UnoverlappedConfig) -> lis
             summary=(f"{row['op']} on {dim} is exposed {row['transfer_exposed_ns_per_step'] / 1e6:.2f} ms per step "
                      f"({100 * row['share_of_step']:.1f}% of the step on rank {row['worst_rank']}); "
                      f"overlap ratio {row['overlap_ratio'] if row['overlap_ratio'] is not None else 'n/a'}"),
-            evidence={k: row[k] for k in ("instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
+            evidence={k: row[k] for k in ("op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
                                           "overlap_ratio", "exposed_ns_per_step",
                                           "transfer_exposed_ns_per_step", "share_of_step", "worst_rank")},
             recommendation=_RECOMMEND.get(dim, _DEFAULT_RECOMMEND),

@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate")
+COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif")
 
 app = typer.Typer(
     name="tracekit",

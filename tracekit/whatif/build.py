@@ -268,9 +268,8 @@ def _leaf(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def _training_thread_ops(store: RunStore, rank: int, step: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
-    """Top-level ops of the thread that ran ProfilerStep#step (trace clock, sorted): its `cpu_op`s and its
-    annotations with nothing recorded inside (a labelled sleep or wait: simulated device time, data loading).
-    Returns starts, ends, names and a mask of the annotations among them."""
+    """The `cpu_op`s and annotations (but the step's own) of the thread that ran ProfilerStep#step
+    (trace clock, sorted by start, longest first). Returns starts, ends, names and a mask of the annotations."""
     ev = _rank_events(store, rank, step, ["name", "cat", "ts", "dur", "tid", "step", "stream"])
     ev = ev.filter(pc.is_null(ev["stream"]))
     names = ev.column("name").cast(pa.string())
@@ -290,45 +289,87 @@ def _training_thread_ops(store: RunStore, rank: int, step: int) -> tuple[np.ndar
     order = np.lexsort((-(ts + dur), ts))
     ts, end = ts[order], (ts + dur)[order]
     ann = (ev.column("cat").cast(pa.string()).to_numpy(zero_copy_only=False) == "user_annotation")[order]
-    keep = ~ann | _leaf(ts, end)
-    ts, end, ann = ts[keep], end[keep], ann[keep]
-    top = _top_level(ts, end)
-    nm = ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)[order][keep][top]
-    return ts[top], end[top], [str(x) for x in nm], ann[top]
+    nm = [str(x) for x in ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)[order]]
+    return ts, end, nm, ann
 
 
-def is_data_load(name: str) -> bool:
-    """An annotation of data loading (PyTorch's `enumerate(DataLoader)#...`, a `data:load`-style label)."""
-    low = name.lower()
-    return low.startswith("enumerate(dataloader)") or ("data" in low and "load" in low)
+def innermost_segments(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where a thread is at every moment: nested intervals (sorted by start, longest first) split into
+    pieces each owned by the innermost interval covering it; idle time is left out.
+    Returns piece starts, ends and owners."""
+    out_s: list[int] = []
+    out_e: list[int] = []
+    out_o: list[int] = []
+    stack: list[int] = []
+    t = int(ts[0]) if ts.size else 0
+    ends = end.tolist()
+    for i, s in enumerate(ts.tolist()):
+        while stack and ends[stack[-1]] <= s:
+            top = stack.pop()
+            out_s.append(t), out_e.append(ends[top]), out_o.append(top)
+            t = ends[top]
+        if stack:
+            out_s.append(t), out_e.append(s), out_o.append(stack[-1])
+            ends[i] = min(ends[i], ends[stack[-1]])  # a child never outlives its parent
+        t = s
+        stack.append(i)
+    while stack:
+        top = stack.pop()
+        out_s.append(t), out_e.append(ends[top]), out_o.append(top)
+        t = ends[top]
+    s0, s1, o = np.array(out_s, np.int64), np.array(out_e, np.int64), np.array(out_o, np.int64)
+    keep = s1 > s0
+    return s0[keep], s1[keep], o[keep]
 
 
 def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, mem: pd.DataFrame,
                  ids: dict[str, np.ndarray], host_lane: int) -> np.ndarray:
-    """The training thread's segments, cut at this rank's collective arrivals; returns their ids."""
+    """The training thread, as pieces owned by its innermost op, cut where this rank's collectives arrive
+    and end; returns their ids.
+
+    While one of its collectives is outstanding, the thread's time in a communication call
+    (the parser's comm role) or in an op's own time between its children is waiting (length 0 here; the
+    next piece's gap keeps it when the collective ended earlier). A collective's end releases the thread
+    when it came in such time or while the thread recorded nothing; ending inside other work (a leaf op)
+    it was overlapped."""
     ts, end, names, ann = _training_thread_ops(store, rank, step)
     ts, end = ts - conv, end - conv
+    s0, s1, owner = innermost_segments(ts, end)
     a = mem["arrival"].to_numpy(np.int64)
     e = mem["end"].to_numpy(np.int64)
-    op_a = _containing(ts, end, a, strict=False)
-    op_e = _containing(ts, end, e, strict=True)
-    in_op = (op_a >= 0) & (op_e == op_a)
-    blocking = in_op | (_containing(ts, end, e, strict=False) < 0)
-    s0, s1, owner = cut_intervals(ts, end, np.concatenate([a, e[in_op]]))
     issue = np.array([name_role(n) == "comm" for n in names], dtype=bool)  # the parser's rule (events.role)
-    load = ann & np.array([is_data_load(n) for n in names], dtype=bool)
-    cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[owner]
-    dur = s1 - s0
-    for k in np.flatnonzero(in_op):  # the wait inside a blocking call costs nothing of its own
-        w = (owner == op_a[k]) & (s0 >= a[k]) & (s1 <= e[k])
-        dur[w] = 0
-        cat[w] = Category.WAIT
-    seg = buf.add(rank=rank, lane=host_lane, category=cat, start=s0, dur=dur,
-                  names=[names[o] for o in owner], terminal=True)
-    nxt = np.searchsorted(s0, e[blocking], side="left")
-    ok = nxt < s0.size
+    leaf = _leaf(ts, end)
+    idle_like = issue | ~leaf  # per op: its own time is a call or the gap between its children
+    at_e = _containing(s0, s1, e, strict=False)
+    blocking = (at_e < 0) | idle_like[owner[np.maximum(at_e, 0)]] if s0.size else np.ones(e.size, bool)
+    p0, p1, piece = cut_intervals(s0, s1, np.concatenate([a, e]))
+    own = owner[piece]
+    load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
+    cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
+    dur = p1 - p0
+    wait = idle_like[own] & _inside_union(p0, p1, a, e)
+    dur[wait] = 0
+    cat[wait] = Category.WAIT
+    seg = buf.add(rank=rank, lane=host_lane, category=cat, start=p0, dur=dur,
+                  names=[names[o] for o in own], terminal=True)
+    nxt = np.searchsorted(p0, e[blocking], side="left")
+    ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
     return seg
+
+
+def _inside_union(s0: np.ndarray, s1: np.ndarray, a: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per segment [s0, s1): whether it lies inside the union of the intervals [a, e]."""
+    if a.size == 0 or s0.size == 0:
+        return np.zeros(s0.size, bool)
+    o = np.argsort(a, kind="stable")
+    a, e = a[o], np.maximum.accumulate(e[o])
+    new = np.r_[True, a[1:] > e[:-1]]
+    ua = a[new]
+    ue = np.maximum.reduceat(e, np.flatnonzero(new))
+    k = np.searchsorted(ua, s0, side="right") - 1
+    kk = np.maximum(k, 0)
+    return (k >= 0) & (s1 <= ue[kk])
 
 
 @dataclass

@@ -1,0 +1,97 @@
+"""Memory analysis on reference-runtime runs: peaks equal the profiler's own counter (read independently
+from the JSON), 1F1B stages hold the activations of p − s micro-batches, activation checkpointing lowers
+them and shows up as recomputation; traces without memory events are reported, not fatal."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.runtime._runs import RunConfig, run_job, small_model
+from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.parse.run import parse_run
+
+P, M = 4, 8
+pytestmark = pytest.mark.slow
+
+
+def _analyze(trace: Path, store: Path) -> dict:
+    res = parse_run(trace, store, progress=False)
+    analysis = analyze_store(res.store, AnalysisConfig())
+    assert not [e for e in analysis["analyzer_errors"] if e["analyzer"] in ("memory", "pipeline", "layout")], \
+        analysis["analyzer_errors"]
+    return analysis
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mem")
+    out = {}
+    for name, ckpt in (("plain", False), ("ckpt", True)):
+        # dense blocks, one per stage: the stages differ only by what the schedule keeps in flight
+        cfg = RunConfig(pp=P, microbatches=M, schedule="1f1b", steps=2, profile_steps=1, seq_len=32,
+                        global_batch_size=M * 2, model=small_model(moe_every=0), activation_checkpointing=ckpt,
+                        out=str(base / name))
+        trace = run_job(cfg)
+        out[name] = {"trace": trace, "analysis": _analyze(trace, base / f"{name}.store")}
+    return out
+
+
+def _main(section: dict) -> dict[int, dict]:
+    main: dict[int, dict] = {}
+    for r in section["ranks"]:
+        main.setdefault(r["rank"], r)
+    return main
+
+
+def test_peak_per_rank_is_the_profilers_total_allocated_maximum(runs):
+    for run in runs.values():
+        main = _main(run["analysis"]["sections"]["memory"])
+        for rank in range(P):
+            with gzip.open(run["trace"] / f"rank{rank}.pt.trace.json.gz", "rt") as fh:
+                events = json.load(fh)["traceEvents"]
+            expected = max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+            assert main[rank]["peak_allocated"] == expected
+
+
+def test_1f1b_stages_hold_the_microbatches_the_schedule_implies(runs):
+    stages = {s["stage"]: s for s in runs["plain"]["analysis"]["sections"]["memory"]["stages"]}
+    assert sorted(stages) == list(range(P))
+    for s, st in stages.items():
+        assert st["in_flight_schedule"] == min(P - s, M)
+    first, last = stages[0], stages[P - 1]
+    assert first["activation_held_bytes"] > last["activation_held_bytes"]
+    measured = first["in_flight_measured"] / last["in_flight_measured"]
+    assert abs(measured / (P / 1) - 1) <= 0.20, (measured, stages)
+
+
+def test_activation_checkpointing_lowers_activations_and_shows_recompute(runs):
+    plain = _main(runs["plain"]["analysis"]["sections"]["memory"])
+    ckpt = _main(runs["ckpt"]["analysis"]["sections"]["memory"])
+    for rank in range(P):
+        assert ckpt[rank]["activation_held_bytes"] < plain[rank]["activation_held_bytes"]
+    assert ckpt[0]["peak_allocated"] < plain[0]["peak_allocated"]
+    kinds = lambda a: {f["kind"]: f for f in a["findings"]}  # noqa: E731
+    assert "recompute" not in kinds(runs["plain"]["analysis"])
+    rec = kinds(runs["ckpt"]["analysis"])["recompute"]
+    assert rec["est_saving_ns"] > 0 and set(rec["ranks"]) == set(range(P))
+    assert "aten::linear" in rec["evidence"]["ops"]
+
+
+def test_traces_without_memory_events_are_reported_and_analysis_goes_on(runs, tmp_path):
+    src = tmp_path / "nomem"
+    src.mkdir()
+    for rank in (0, 1):
+        with gzip.open(runs["plain"]["trace"] / f"rank{rank}.pt.trace.json.gz", "rt") as fh:
+            doc = json.load(fh)
+        if rank == 1:
+            doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "[memory]"]
+        (src / f"rank{rank}.pt.trace.json").write_text(json.dumps(doc))
+    analysis = _analyze(src, tmp_path / "store")
+    mem = analysis["sections"]["memory"]
+    assert mem["ranks_without_memory_events"] == [1]
+    assert [r["rank"] for r in mem["ranks"]] == [0]
+    assert analysis["ranks"]

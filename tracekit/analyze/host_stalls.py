@@ -1,0 +1,172 @@
+"""Host stalls: time in a step when the training process feeds nothing to its device (DESIGN §3).
+
+A stall is recognised by what the trace shows, not by labels:
+- on GPU traces, time when **no device work is queued** (every kernel launched so far has finished:
+  the union of [launch, kernel end] over kernels, memcpys and memsets leaves it uncovered) while the
+  host is **in a gap** (no host event of the process running, step annotations aside) or **loading
+  data** (PyTorch's `enumerate(DataLoader)#...` annotations; the reference runtime's `data:load`
+  label counts the same way, as extra evidence);
+- on CPU traces (no device: the host is the device), time when no op runs on the host — ops inside
+  a data-loading annotation are work, its empty parts count as data loading — and the rank is not
+  inside a collective or p2p (waiting for peers is not the host's fault).
+Gaps shorter than MIN_GAP_NS are per-op dispatch overhead, not a stall (data loading on GPU traces
+counts whole).
+
+Per rank: stall time per step, how much of it is data loading, the longest gap. A rank whose stall
+recurs — at least STALL_WARNING of the step in every profiled step (the smallest per-step share:
+data loading, syncs and sleeps come back each step, a one-off hiccup such as a preempted process
+does not) — gets an `idle_host_bound` finding (critical from STALL_CRITICAL, info from STALL_INFO);
+the estimated saving is the mean stall time per step (the device would have had work; an upper
+bound, since the data must still be produced somewhere).
+
+Section `host_stalls`:
+    {"ranks": [{"rank", "steps", "step_ns", "stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns",
+                "stall_fraction", "recurring_fraction", "step_fractions": [..], "device": "gpu" | "cpu",
+                "data_load_sources": [..]}],          # *_ns: means per step
+     "thresholds": {"min_gap_ns", "info", "warning", "critical"}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+MIN_GAP_NS = 1_000_000
+"""A host gap shorter than this is dispatch overhead between ops, not a stall."""
+STALL_INFO = 0.05
+STALL_WARNING = 0.10
+STALL_CRITICAL = 0.30
+"""Stall time / step time for an info, warning and critical finding."""
+
+DATA_LOADER_PREFIX = "enumerate(DataLoader)"
+"""Only to name where data-loading time came from (evidence); the parser's role decides what it is."""
+HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "operator")
+
+
+def _host_rows(store: RunStore, rank: int) -> list[dict[str, Any]]:
+    """Host events of one rank (any thread) with the parser's role."""
+    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"]).to_pylist()
+    return [r for r in t if r["lane"] != "device" and r["dur"] is not None and r["dur"] >= 0
+            and (r["cat"] or "") in HOST_CATS]
+
+
+def _is_data_load(r: dict[str, Any]) -> bool:
+    return r["role"] == "data_load"
+
+
+def _is_step(r: dict[str, Any]) -> bool:
+    return r["role"] == "step_annotation"
+
+
+def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
+    """Union of [launch, end] over the rank's device work; None on a trace without device work."""
+    ks = store.rank_table("kernels", rank, ["ts", "dur", "correlation"]).to_pylist()
+    ks = [k for k in ks if k["dur"] is not None and k["dur"] >= 0]
+    if not ks:
+        return None
+    ev = store.rank_table("events", rank, ["cat", "ts", "correlation"]).to_pylist()
+    launch = {e["correlation"]: e["ts"] for e in ev if e["cat"] == "cuda_runtime" and e["correlation"] is not None}
+    starts = [min(launch.get(k["correlation"], k["ts"]), k["ts"]) for k in ks]
+    return iv.union(starts, [k["ts"] + k["dur"] for k in ks])
+
+
+def _comm_busy(store: RunStore, rank: int) -> iv.IntervalSet:
+    rows = store.rank_table("collectives", rank, ["ts", "dur", "enqueue_ts", "enqueue_dur"]).to_pylist()
+    spans = []
+    for c in rows:
+        for t, d in ((c["ts"], c["dur"]), (c["enqueue_ts"], c["enqueue_dur"])):
+            if t is not None and d is not None and d >= 0:
+                spans.append((t, t + d))
+    return iv.union([a for a, _ in spans], [b for _, b in spans]) if spans else iv.empty()
+
+
+def _long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
+    """Complement of `active` in [lo, hi), keeping only gaps of at least MIN_GAP_NS."""
+    starts, ends = iv.complement(active, lo, hi)
+    keep = (ends - starts) >= MIN_GAP_NS
+    return starts[keep], ends[keep]
+
+
+def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
+    """Stall totals of one rank over its profiled steps (None without steps)."""
+    steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
+    if not steps:
+        return None
+    rows = _host_rows(store, rank)
+    data = [r for r in rows if _is_data_load(r)]
+    ops = [r for r in rows if not _is_data_load(r) and not _is_step(r)]  # ops inside data loading count
+    act = iv.union([r["ts"] for r in ops], [r["ts"] + r["dur"] for r in ops])
+    loading = iv.union([r["ts"] for r in data], [r["ts"] + r["dur"] for r in data])
+    queued = _device_queued(store, rank)
+    comm = _comm_busy(store, rank) if queued is None else None
+    tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
+    per_step = []
+    for s in steps:
+        lo, hi = s["ts"], s["ts"] + s["dur"]
+        gaps = _long_gaps(act, lo, hi)
+        if queued is not None:  # GPU: gaps and data loading while the device has nothing queued
+            stall = iv.subtract(iv.merge(gaps, iv.clip(loading, lo, hi)), queued)
+        else:  # CPU: gaps with no op running, outside collectives (waiting for peers)
+            stall = iv.subtract(gaps, comm)
+        gap_part = iv.intersect(stall, gaps)
+        tot["step_ns"] += hi - lo
+        tot["stall_ns"] += iv.total(stall)
+        per_step.append(iv.total(stall) / max(hi - lo, 1))
+        tot["data_load_ns"] += iv.total(iv.intersect(stall, loading))
+        tot["gap_ns"] += iv.total(gap_part)
+        if len(gap_part[0]):
+            tot["longest_gap_ns"] = max(tot["longest_gap_ns"], int(np.max(gap_part[1] - gap_part[0])))
+    n = len(steps)
+    out = {k: int(v // n) if k != "longest_gap_ns" else int(v) for k, v in tot.items()}
+    out.update(rank=rank, steps=n, device="gpu" if queued is not None else "cpu",
+               stall_fraction=tot["stall_ns"] / tot["step_ns"] if tot["step_ns"] else 0.0,
+               recurring_fraction=min(per_step), step_fractions=per_step,
+               data_load_sources=sorted({_source(r) for r in data}))
+    return out
+
+
+def _source(r: dict[str, Any]) -> str:
+    return "DataLoader" if (r["name"] or "").startswith(DATA_LOADER_PREFIX) else "label"
+
+
+def _severity(frac: float) -> Severity | None:
+    if frac >= STALL_CRITICAL:
+        return Severity.CRITICAL
+    if frac >= STALL_WARNING:
+        return Severity.WARNING
+    return Severity.INFO if frac >= STALL_INFO else None
+
+
+def _finding(r: dict[str, Any]) -> Finding | None:
+    sev = _severity(r["recurring_fraction"])
+    if sev is None:
+        return None
+    loading = r["data_load_ns"] >= r["stall_ns"] / 2
+    what = "loading data" if loading else "in host gaps with nothing running"
+    where = "no device work queued" if r["device"] == "gpu" else "no op running and no collective in flight"
+    summary = (f"rank {r['rank']} stalls {r['stall_ns'] / 1e6:.1f} ms per step ({r['stall_fraction']:.0%} of the "
+               f"step) {what}, with {where}")
+    rec = ("Feed the device ahead of time: more DataLoader workers, pin_memory and prefetch_factor, or move "
+           "preprocessing off the training loop." if loading else
+           "Find what the training thread waits for between ops (host syncs such as .item()/.cpu(), "
+           "logging, checkpointing, garbage collection, sleeps) and move it off the step or overlap it.")
+    ev = {k: r[k] for k in ("stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns", "step_ns", "stall_fraction",
+                            "recurring_fraction", "step_fractions", "device", "data_load_sources")}
+    ev["cause"] = "data_load" if loading else "host_gap"
+    return Finding(kind=FindingKind.IDLE_HOST_BOUND, severity=sev, summary=summary, ranks=(r["rank"],),
+                   dim=None, evidence=ev, recommendation=rec, est_saving_ns=int(r["stall_ns"]))
+
+
+def analyze_host_stalls(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    """Section `host_stalls` and `idle_host_bound` findings."""
+    ranks = [r for r in (rank_stalls(store, rank) for rank in store.ranks()) if r is not None]
+    findings = [f for f in (_finding(r) for r in ranks) if f is not None]
+    section = {"ranks": ranks, "thresholds": {"min_gap_ns": MIN_GAP_NS, "info": STALL_INFO,
+                                              "warning": STALL_WARNING, "critical": STALL_CRITICAL}}
+    return AnalyzerResult(findings=findings, section=section)
