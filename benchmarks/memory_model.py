@@ -56,7 +56,8 @@ def layout_of(args: list[str]) -> tuple[ModelShape, Layout]:
     m = int(_value(args, "--microbatches", str(max(pp, 1))))
     gbs = int(_value(args, "--global-batch-size", str(dims["dp"] * m * 2)))
     shape = ModelShape(num_layers=4, d_model=64, d_ff=256, num_heads=4, vocab_size=128, seq_len=64,
-                       microbatch_size=gbs // dims["dp"] // m, max_seq_len=256)
+                       microbatch_size=gbs // dims["dp"] // m, max_seq_len=256,
+                       ring_attention_saves_probs=True)  # the runtime's hand-written ring (no flash kernel)
     layout = Layout(dp=dims["dp"], tp=dims["tp"], pp=pp, cp=dims["cp"], dp_mode=_value(args, "--dp-mode", "ddp"),
                     schedule=_value(args, "--schedule", "1f1b") if pp > 1 else "gpipe", microbatches=m,
                     activation_checkpointing="--activation-checkpointing" in args)
@@ -75,8 +76,9 @@ def measure(name: str, args: list[str], work: Path) -> dict[str, int]:
     peaks: dict[str, int] = {}
     for r in mem["ranks"]:
         peaks[str(r["rank"])] = max(peaks.get(str(r["rank"]), 0), r["peak_allocated"])
+    per_mb = {str(r["rank"]): r["per_microbatch_bytes"] for r in mem["ranks"]}
     stage_of = {str(rk): s["stage"] for s in mem["stages"] for rk in s["ranks"]}
-    return {"peaks": peaks, "stage_of": stage_of}
+    return {"peaks": peaks, "per_microbatch": per_mb, "stage_of": stage_of}
 
 
 def compare(measured: dict[str, dict]) -> list[dict]:
@@ -84,11 +86,13 @@ def compare(measured: dict[str, dict]) -> list[dict]:
     first_name, first_args = LAYOUTS[0]
     shape, layout = layout_of(first_args)
     m0 = measured[first_name]
-    stage_peaks = [0] * layout.num_stages
+    stage_peaks, stage_mb = [0] * layout.num_stages, [None] * layout.num_stages
     for rank, peak in m0["peaks"].items():
         s = m0["stage_of"].get(rank, 0)
         stage_peaks[s] = max(stage_peaks[s], peak)
-    calib = calibrate(shape, layout, stage_peaks, counts_static=False)
+        stage_mb[s] = m0["per_microbatch"].get(rank)
+    calib = calibrate(shape, layout, peaks=stage_peaks, per_microbatch=stage_mb, counts_static=False)
+    print(calib)
     rows = []
     for name, args in LAYOUTS:
         shape, layout = layout_of(args)

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 WAIT, WARMUP, ACTIVE = 60, 2, 5
@@ -173,5 +174,48 @@ def main() -> None:
         args.json.write_text(json.dumps(result, indent=1))
 
 
+# ----------------------------------------------------------------------------------------------
+# Memory profiling (issue 16): what profile_memory=True adds inside the profiled window. Outside the
+# window it adds nothing by construction (the allocator reports only while the profiler records).
+# Usage: python benchmarks/record_overhead.py --memory [--repeats 5]
+
+def memory_profiling_overhead(repeats: int = 5, steps: int = 6) -> dict[str, float]:
+    """Median step time inside a torch.profiler window with profile_memory on vs off (same process,
+    windows interleaved so machine noise hits both alike); ratio = on / off."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.LayerNorm(128), torch.nn.Linear(128, 512),
+                                                      torch.nn.GELU(), torch.nn.Linear(512, 128))
+                                  for _ in range(4)])
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 64, 128)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    times: dict[bool, list[int]] = {False: [], True: []}
+    for rep in range(repeats):
+        for mem in ((False, True) if rep % 2 == 0 else (True, False)):
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=mem):
+                for _ in range(steps):
+                    t0 = time.perf_counter_ns()
+                    step()
+                    times[mem].append(time.perf_counter_ns() - t0)
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {"median_step_ms_profile_memory_on": on / 1e6, "median_step_ms_profile_memory_off": off / 1e6,
+            "inside_window_ratio_memory_on_vs_off": on / off, "steps_per_state": len(times[True])}
+
+
 if __name__ == "__main__":
-    main()
+    if "--memory" in sys.argv:
+        reps = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 5
+        print(json.dumps(memory_profiling_overhead(reps), indent=1))
+    else:
+        main()

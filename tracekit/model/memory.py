@@ -1,25 +1,29 @@
 """Memory per rank of a transformer under a parallel layout: pure functions over dataclasses.
 
-    peak(stage) = static + in_flight(stage) · activations_per_microbatch(stage) + transient
-    static      = parameters + gradients + optimizer state of the rank's share of the model
-                  (tp divides the block matrices, ep the experts, pp the layers, FSDP shards all three
-                  over its dp ways; DDP replicates)
-    activations = per micro-batch and layer, tokens / cp (/ tp for the sequence-parallel parts) times
-                  the saved widths of a block; with activation checkpointing a block keeps only its input
+    peak(stage) = static + in_flight · activations_per_microbatch + gradients (when a backward already
+                  ran before the peak) + transient
+    static      = parameters + optimizer state of the rank's share of the model (tp divides the block
+                  matrices, ep the experts, pp the layers, FSDP shards everything over dp·cp; DDP keeps
+                  one more gradient-sized set of bucket buffers)
+    activations = per micro-batch: the blocks' saved tensors (tokens / cp, the sequence-parallel parts
+                  / tp), the embedding output on the first stage, the head on the last; with activation
+                  checkpointing a block keeps only its input
     in flight   = micro-batches whose activations a stage holds at once (`in_flight_microbatches`)
+    transient   = the backward working set at the peak (the MLP's hidden gradients on inner stages, the
+                  logits' on the last), a re-run block under checkpointing, FSDP's unsharded block, and
+                  the outputs a pipeline's last stage keeps for the whole step (torch.distributed.pipelining)
 
-`calibrate` fits the per-token constants of activations (block and head) to one measured run, so the
-structure comes from the layout and the scale from the measurement. The counter the measurement comes
-from matters: CUDA's is absolute, the CPU profiler's counts only what was allocated while it recorded
-(parameters and optimizer state built before the window are not in it: `Calibration.counts_static`).
+`calibrate` scales the analytic activations and transients to one measured run (per-stage peaks,
+held activations and per-micro-batch footprints from the memory analysis), so the structure comes from
+the layout and the scale from the measurement. Measurements taken on CPU count only memory allocated
+while the profiler recorded: parameters and optimizer state built before are not in them
+(`Calibration.counts_static=False`).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
-
-SCHEDULES_ALL_IN_FLIGHT = ("gpipe",)
+import statistics
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,12 +40,14 @@ class ModelShape:
     microbatch_size: int
     """Sequences per micro-batch per data-parallel replica."""
     max_seq_len: int | None = None
-    """Rows of a learned position embedding (None: no position embedding)."""
+    """Rows of a learned position embedding (None: none)."""
     moe_layers: tuple[int, ...] = ()
     num_experts: int = 0
     top_k: int = 0
     bytes_per_value: int = 4
     """Bytes per parameter / activation element (4: float32, 2: bf16)."""
+    ring_attention_saves_probs: bool = False
+    """Context-parallel attention keeps each ring step's probabilities (a ring without a flash kernel)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,11 +76,11 @@ class Layout:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
     block_scale: float = 1.0
-    """Measured / analytic activation bytes of a block."""
+    """Measured / analytic activation bytes of a block (and the embedding output)."""
     head_scale: float = 1.0
-    """Measured / analytic activation bytes of the LM head and loss."""
-    transient_bytes: float = 0.0
-    """Scratch on top of the held memory at the peak (workspace, a layer's temporaries)."""
+    """Measured / analytic activation bytes of the final norm, LM head and loss."""
+    transient_scale: float = 1.0
+    """Measured / analytic backward working set at the peak."""
     counts_static: bool = True
     """Whether the measured counter includes parameters and optimizer state (CUDA: yes; CPU profiler: no)."""
 
@@ -87,6 +93,7 @@ class StageMemory:
     optimizer: int
     activations_per_microbatch: int
     in_flight: int
+    grads_at_peak: int
     transient: int
     peak: int
     """Predicted peak of what the calibration's counter sees."""
@@ -96,16 +103,15 @@ def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1
     """Micro-batches whose activations stage `stage` (0-based, of p ranks) holds at its peak.
 
     GPipe runs every forward before any backward: m. 1F1B warms up with p − s forwards, then alternates
-    one forward and one backward: min(p − s, m). Interleaved 1F1B with v chunks per rank: each rank's
-    warm-up is (p − s − 1)·2 + (v − 1)·p + 1 chunk forwards, i.e. in units of whole micro-batches
-    (one chunk holds 1/v of the rank's layers) about that over v, capped at m."""
+    one forward and one backward: min(p − s, m). Interleaved 1F1B with v chunks per rank warms up with
+    (p − s − 1)·2 + (v − 1)·p + 1 chunk forwards (a chunk is 1/v of the rank's layers), capped at m."""
     if p <= 1:
         return 1
-    if schedule in SCHEDULES_ALL_IN_FLIGHT:
+    if schedule == "gpipe":
         return m
     if v > 1 and schedule in ("interleaved", "zb"):
         warm = (p - stage - 1) * 2 + (v - 1) * p + 1
-        return max(1, min(m, math.ceil(warm / v)))
+        return max(1, min(m, -(-warm // v)))
     return max(1, min(p - stage, m))
 
 
@@ -116,23 +122,23 @@ def split_layers(num_layers: int, num_stages: int, stage_layers: tuple[int, ...]
     return [base + (1 if s < extra else 0) for s in range(num_stages)]
 
 
+def _layers(shape: ModelShape, layout: Layout, stage: int) -> range:
+    counts = split_layers(shape.num_layers, layout.num_stages, layout.stage_layers)
+    first = sum(counts[:stage])
+    return range(first, first + counts[stage])
+
+
 def block_params(shape: ModelShape, layout: Layout, layer: int) -> int:
     """Parameters of one block on one rank: attention and dense MLP divided by tp, experts by ep."""
     d, f = shape.d_model, shape.d_ff
-    attn = 4 * d * d // layout.tp
-    norms = 4 * d
-    if layer in shape.moe_layers:
-        ffn = d * shape.num_experts + 2 * d * f * shape.num_experts // layout.ep
-    else:
-        ffn = 2 * d * f // layout.tp
-    return attn + norms + ffn
+    ffn = (d * shape.num_experts + 2 * d * f * shape.num_experts // layout.ep if layer in shape.moe_layers
+           else 2 * d * f // layout.tp)
+    return 4 * d * d // layout.tp + 4 * d + ffn
 
 
 def stage_params(shape: ModelShape, layout: Layout, stage: int) -> int:
     """Parameters held by the rank of `stage` before FSDP sharding (embeddings on the first, head last)."""
-    counts = split_layers(shape.num_layers, layout.num_stages, layout.stage_layers)
-    first = sum(counts[:stage])
-    n = sum(block_params(shape, layout, i) for i in range(first, first + counts[stage]))
+    n = sum(block_params(shape, layout, i) for i in _layers(shape, layout, stage))
     if stage == 0:
         n += shape.vocab_size * shape.d_model + (shape.max_seq_len or 0) * shape.d_model
     if stage == layout.num_stages - 1:
@@ -145,23 +151,26 @@ def tokens_per_microbatch(shape: ModelShape, layout: Layout) -> int:
     return shape.microbatch_size * shape.seq_len // layout.cp
 
 
-def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int) -> float:
+def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int, checkpointed: bool | None = None) -> float:
     """Analytic bytes a block keeps for backward per micro-batch (before calibration).
 
-    Per token: the residual-stream tensors (norm inputs/outputs, residual adds: ~6 of width d, the
-    sequence-parallel ones divided by tp), q, k, v and the attention output (4 d / tp), the attention
-    probabilities (heads / tp × attended tokens), and the MLP's two hidden tensors (2 d_ff / tp) — or,
-    for an MoE layer, top_k routed copies of the expert hidden state. Checkpointed: the input only."""
+    Per token: two norms' inputs and outputs (4 d), q, k, v and the attention output (4 d), the MLP's
+    hidden tensors (2 d_ff) — all divided by tp under tensor(+sequence) parallelism, which adds the two
+    gathered norm outputs the column-parallel layers keep (2 d). Context parallelism keeps every ring
+    step's k, v (2 d · cp per local token) and, without a flash kernel, their probabilities
+    (2 · heads · seq_len). An MoE layer keeps top_k routed copies of the expert hidden state instead of
+    the MLP's. Checkpointed: the block input only."""
     t = tokens_per_microbatch(shape, layout)
-    d, b = shape.d_model, shape.bytes_per_value
-    if layout.activation_checkpointing:
-        return float(t * d * b)
-    attended = shape.seq_len  # ring attention: every key block passes through each rank
-    width = 6 * d / layout.tp + 4 * d / layout.tp + 2 * shape.num_heads / layout.tp * attended
+    d, b, tp, cp = shape.d_model, shape.bytes_per_value, layout.tp, layout.cp
+    if layout.activation_checkpointing if checkpointed is None else checkpointed:
+        return float(t * d * b / tp)
+    width = (6 * d + 2 * d * cp) / tp + (2 * d if tp > 1 else 0)
+    if cp > 1 and shape.ring_attention_saves_probs:
+        width += 2 * shape.num_heads / tp * shape.seq_len
     if layer in shape.moe_layers:
         width += shape.top_k * (2 * shape.d_ff + 2 * d) + shape.num_experts
     else:
-        width += 2 * shape.d_ff / layout.tp
+        width += 2 * shape.d_ff / tp
     return float(t * width * b)
 
 
@@ -171,12 +180,33 @@ def head_activation_bytes(shape: ModelShape, layout: Layout) -> float:
     return float(t * (2 * shape.d_model + 2 * shape.vocab_size) * shape.bytes_per_value)
 
 
-def _stage_activations(shape: ModelShape, layout: Layout, stage: int) -> tuple[float, float]:
-    counts = split_layers(shape.num_layers, layout.num_stages, layout.stage_layers)
-    first = sum(counts[:stage])
-    blocks = sum(block_activation_bytes(shape, layout, i) for i in range(first, first + counts[stage]))
+def _activations(shape: ModelShape, layout: Layout, stage: int, calib: "Calibration") -> float:
+    t, b = tokens_per_microbatch(shape, layout), shape.bytes_per_value
+    blocks = sum(block_activation_bytes(shape, layout, i) for i in _layers(shape, layout, stage))
+    if stage == 0:
+        blocks += t * shape.d_model * b  # the embedding output (block 0's input)
     head = head_activation_bytes(shape, layout) if stage == layout.num_stages - 1 else 0.0
-    return blocks, head
+    return blocks * calib.block_scale + head * calib.head_scale
+
+
+def _transient(shape: ModelShape, layout: Layout, stage: int, calib: "Calibration") -> float:
+    """Backward working set at the peak plus what the layout adds for a moment (see the module doc)."""
+    t, b = tokens_per_microbatch(shape, layout), shape.bytes_per_value
+    last = stage == layout.num_stages - 1
+    work = 2 * t * (shape.vocab_size if last else shape.d_ff / layout.tp) * b * calib.transient_scale
+    layers = _layers(shape, layout, stage)
+    if layout.activation_checkpointing and len(layers):
+        work += max(block_activation_bytes(shape, layout, i, checkpointed=False) for i in layers) * calib.block_scale
+    if layout.dp_mode == "fsdp" and layout.dp * layout.cp > 1 and len(layers):
+        work += 2 * max(block_params(shape, layout, i) for i in layers) * b
+    if last and layout.pp > 1:  # the schedule keeps every micro-batch's output (logits) to the step's end
+        work += layout.microbatches * t * shape.vocab_size * b
+    return work
+
+
+def _grads_at_peak(layout: Layout, flight: int) -> bool:
+    """Whether a backward ran before the stage's peak: 1F1B past its warm-up (m > in flight)."""
+    return layout.pp > 1 and layout.schedule != "gpipe" and layout.microbatches > flight
 
 
 def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration()) -> list[StageMemory]:
@@ -186,37 +216,40 @@ def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration(
     b = shape.bytes_per_value
     for s in range(layout.num_stages):
         params = stage_params(shape, layout, s) * b // shard
-        grads = params
         opt = params * layout.optimizer_states
-        blocks, head = _stage_activations(shape, layout, s)
-        per_mb = blocks * calib.block_scale + head * calib.head_scale
+        buckets = params if layout.dp_mode == "ddp" and layout.dp * layout.cp > 1 else 0
         flight = in_flight_microbatches(layout.schedule, layout.pp, layout.microbatches, s % layout.pp,
                                         layout.virtual_stages)
-        held = (params + opt if calib.counts_static else 0) + grads
-        peak = held + flight * per_mb + calib.transient_bytes
-        out.append(StageMemory(stage=s, params=params, grads=grads, optimizer=opt,
-                               activations_per_microbatch=int(per_mb), in_flight=flight,
-                               transient=int(calib.transient_bytes), peak=int(peak)))
+        per_mb = _activations(shape, layout, s, calib)
+        grads = params if _grads_at_peak(layout, flight) else 0
+        transient = _transient(shape, layout, s, calib)
+        peak = (params + opt if calib.counts_static else 0) + buckets + flight * per_mb + grads + transient
+        out.append(StageMemory(stage=s, params=params, grads=params, optimizer=opt,
+                               activations_per_microbatch=int(per_mb), in_flight=flight, grads_at_peak=grads,
+                               transient=int(transient), peak=int(peak)))
     return out
 
 
-def calibrate(shape: ModelShape, layout: Layout, measured_peaks: list[int], *, counts_static: bool) -> Calibration:
-    """Fit block scale, head scale and transient bytes to measured per-stage peaks (least squares;
-    with fewer stages than unknowns the head shares the block scale and the transient is zero)."""
-    import numpy as np
-
-    base = Calibration(block_scale=0.0, head_scale=0.0, transient_bytes=0.0, counts_static=counts_static)
-    rows, rhs = [], []
-    for s, sm in enumerate(predict(shape, layout, base)):
-        blocks, head = _stage_activations(shape, layout, s)
-        rows.append([sm.in_flight * blocks, sm.in_flight * head, 1.0])
-        rhs.append(measured_peaks[s] - sm.peak)
-    a, y = np.array(rows), np.array(rhs, float)
-    if len(rows) >= 3 and np.linalg.matrix_rank(a) == 3:
-        block, head, transient = np.linalg.lstsq(a, y, rcond=None)[0]
-    else:
-        merged = a[:, 0] + a[:, 1]
-        block = head = float(merged @ y / (merged @ merged))
-        transient = 0.0
-    return Calibration(block_scale=float(block), head_scale=float(head), transient_bytes=float(max(transient, 0.0)),
+def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microbatch: list[int | None],
+              counts_static: bool) -> Calibration:
+    """Scales from one measured run's stages: the block scale from the per-micro-batch footprint of stages
+    without the head, the head scale from the last stage's, the transient scale from what the peaks hold
+    beyond the prediction's held memory."""
+    unit = Calibration(block_scale=1.0, head_scale=1.0, transient_scale=1.0, counts_static=counts_static)
+    last = layout.num_stages - 1
+    ratios = [pm / _activations(shape, layout, s, unit) for s, pm in enumerate(per_microbatch)
+              if pm and (s != last or last == 0)]
+    block = statistics.median(ratios) if ratios else 1.0
+    head = 1.0
+    if last > 0 and per_microbatch[last]:
+        body = _activations(shape, layout, last, Calibration(block_scale=block, head_scale=0.0))
+        head = max(0.0, (per_microbatch[last] - body) / head_activation_bytes(shape, layout))
+    partial = Calibration(block_scale=block, head_scale=head, transient_scale=0.0, counts_static=counts_static)
+    base = predict(shape, layout, partial)
+    one = predict(shape, layout, Calibration(block_scale=block, head_scale=head, transient_scale=1.0,
+                                             counts_static=counts_static))
+    scales = [(peaks[s] - base[s].peak) / (one[s].peak - base[s].peak) for s in range(len(base))
+              if one[s].peak > base[s].peak]
+    return Calibration(block_scale=block, head_scale=head,
+                       transient_scale=max(0.0, statistics.median(scales)) if scales else 1.0,
                        counts_static=counts_static)
