@@ -183,7 +183,8 @@ def _p2p_table(rank: int, ops: list[tuple[str, int, int, int, int]]) -> pa.Table
 
 
 def test_unlabelled_bubble_from_receive_waits(tmp_path):
-    """CPU trace, no group names: stage busy = its step less its receive waits; window = longest step."""
+    """CPU trace, no group names: stage busy = its step less its receive waits (outstanding receives with no
+    op running); window = longest step."""
     w = RunStoreWriter(tmp_path / "s")
     w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32())}))
     steps = {0: (0, 100 * MS), 1: (5 * MS, 80 * MS)}
@@ -196,11 +197,14 @@ def test_unlabelled_bubble_from_receive_waits(tmp_path):
         w.append("steps", pa.table({"rank": pa.array([r], pa.int32()), "step": pa.array([0], pa.int32()),
                                     "ts": [steps[r][0]], "dur": [steps[r][1]]}))
         w.append("collectives", _p2p_table(r, ops[r]))
+    # rank 0 computes 16..22 ms while its first gradient receive (10..20 ms) is outstanding: 4 ms of it is work
+    w.append("events", pa.table({"rank": pa.array([0], pa.int32()), "name": ["aten::mm"], "ts": [16 * MS],
+                                 "dur": [6 * MS], "role": ["compute"], "lane": ["host"]}))
     sec = run(w.close()).section
     assert sec["source"] == "p2p" and sec["num_stages"] == 2 and sec["num_microbatches"] == 2
     assert sec["pipelines"][0]["ranks"] == [0, 1] and sec["schedule_detected"] == "gpipe"
     window = 100 * MS
-    busy0 = 100 * MS - (10 + 8) * MS
+    busy0 = 100 * MS - (10 - 4 + 8) * MS
     busy1 = 80 * MS - (20 + 4) * MS
     assert sec["measured_bubble"] == pytest.approx(((1 - busy0 / window) + (1 - busy1 / window)) / 2)
     assert sec["theoretical_bubble"] == pytest.approx(1 / 3)

@@ -390,21 +390,25 @@ def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int
     return out
 
 
-def _host_busy(windows: dict[tuple[int, int], tuple[int, int]], p2p: list[P2POp], rank: int,
+def _host_busy(store: RunStore, windows: dict[tuple[int, int], tuple[int, int]], p2p: list[P2POp], rank: int,
                offset: int) -> dict[int, tuple[int, int, int]]:
     """CPU trace: per step, (step start, step end, busy ns): the step less the time spent waiting for
-    receives (a receive runs from its post to the data's arrival)."""
+    receives — a receive is outstanding from its post to the data's arrival, and the stage waits for
+    it unless a compute op runs meanwhile (a receive posted early overlaps the stage's own work)."""
     recvs: dict[int, list[P2POp]] = defaultdict(list)
     for o in p2p:
         if o.op == "recv":
             recvs[o.step].append(o)
+    ev = store.rank_table("events", rank, ["ts", "dur", "role", "lane"]).to_pylist()
+    ops = [e for e in ev if e["role"] == "compute" and e["lane"] == "host" and e["dur"] is not None and e["dur"] > 0]
+    working = iv.union([e["ts"] - offset for e in ops], [e["ts"] + e["dur"] - offset for e in ops])
     out = {}
     for (rk, step), (w0, w1) in windows.items():
         if rk != rank:
             continue
         rs = recvs.get(step, [])
-        wait = iv.total(iv.clip(iv.union([o.start - offset for o in rs], [o.end - offset for o in rs]), w0, w1))
-        out[step] = (w0, w1, (w1 - w0) - wait)
+        pending = iv.clip(iv.union([o.start - offset for o in rs], [o.end - offset for o in rs]), w0, w1)
+        out[step] = (w0, w1, (w1 - w0) - iv.total(iv.subtract(pending, working)))
     return out
 
 
@@ -435,7 +439,7 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     for rk in {r for x in pipes for r in x.ranks}:
         off = offsets.get(rk, 0)
         busy[rk] = (_device_busy(store, rk, off) if kinds.get(rk) == "gpu"
-                    else _host_busy(windows, p2p.get(rk, []), rk, off))
+                    else _host_busy(store, windows, p2p.get(rk, []), rk, off))
     groups = [x.ranks for x in pipes]
     p, v = len(groups[0]), pipes[0].chunks
     m = pipes[0].microbatches or man["microbatches"]
