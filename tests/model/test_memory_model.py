@@ -1,0 +1,36 @@
+"""The memory model's static part against torch's own parameter counts, and its in-flight rule."""
+
+from __future__ import annotations
+
+from tracekit.model.memory import Layout, ModelShape, in_flight_microbatches, predict, stage_params
+
+
+def test_stage_parameters_match_the_runtime_modules():
+    from instrumented_runtime.config import ModelConfig
+    from instrumented_runtime.model import Transformer, count_params
+    from instrumented_runtime.pipeline import build_stage_module, split_layers
+
+    cfg = ModelConfig(d_model=32, num_heads=4, num_layers=4, d_ff=64, vocab_size=128, max_seq_len=128, moe_every=0)
+    shape = ModelShape(num_layers=4, d_model=32, d_ff=64, num_heads=4, vocab_size=128, seq_len=32,
+                       microbatch_size=2, max_seq_len=128)
+    full = Transformer(cfg)
+    for p in (1, 2, 4):
+        split = split_layers(4, p, None)
+        for s in range(p):
+            module = build_stage_module(full, split[s], s == 0, s == p - 1)
+            assert stage_params(shape, Layout(pp=p), s) == count_params(module), (p, s)
+
+
+def test_in_flight_microbatches_per_schedule():
+    assert [in_flight_microbatches("1f1b", 4, 8, s) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight_microbatches("1f1b", 4, 2, s) for s in range(4)] == [2, 2, 2, 1]
+    assert [in_flight_microbatches("gpipe", 4, 8, s) for s in range(4)] == [8, 8, 8, 8]
+    assert in_flight_microbatches("1f1b", 1, 8, 0) == 1
+
+
+def test_fsdp_shards_and_optimizer_state_is_counted_when_the_counter_sees_it():
+    shape = ModelShape(num_layers=4, d_model=64, d_ff=256, num_heads=4, vocab_size=128, seq_len=64,
+                       microbatch_size=2, max_seq_len=256)
+    ddp = predict(shape, Layout(dp=4))[0]
+    fsdp = predict(shape, Layout(dp=4, dp_mode="fsdp"))[0]
+    assert fsdp.params * 4 == ddp.params and fsdp.optimizer == 2 * fsdp.params
