@@ -16,7 +16,15 @@ numbers are the medians of those paired ratios over repeats, with their range.
   outside-window ratio  record / plain   over steps outside warmup+active (target <= 1.02)
   inside-window ratio   record / torch   over the active steps (collective logging costs extra here)
 
+In-window cost of collective logging (`--in-window`, issue 18): the three user loops in
+tests/user_scripts (DDP tutorial, FSDP2 with clip_grad_norm_, DTensor TP+SP), 2 gloo ranks, run
+unmodified under torch.profiler (recording every step, as inside the window); in each process the
+collective logging `tracekit record` uses (kernels on the c10d ops + the step-boundary flush) is
+switched on and off in alternating blocks of steps, and so is the TorchDispatchMode it replaced.
+ratio = median step with logging / median step with the profiler alone, same processes, same run.
+
 Usage: python benchmarks/record_overhead.py [--repeats 3] [--steps 90] [--json out.json]
+       python benchmarks/record_overhead.py --in-window [--in-window-steps 60] [--json out.json]
 """
 
 from __future__ import annotations
@@ -118,13 +126,143 @@ def run_mode(mode: str, work: Path, steps: int, wait: int) -> list[list[int]]:
     return [json.loads((res_dir / f"times.{mode}.rank{r}.json").read_text()) for r in (0, 1)]
 
 
+# -- in-window cost of collective logging (issue 18) ----------------------------------------------
+USER_SCRIPTS = Path(__file__).resolve().parents[1] / "tests" / "user_scripts"
+IN_WINDOW_LOOPS = {  # loop -> (script, extra args)
+    "ddp": ("ddp_loop.py", ["--hidden", "64"]),
+    "fsdp2": ("fsdp2_clip.py", []),
+    "tp_sp": ("tp_sp_loop.py", []),
+}
+IN_WINDOW_STATES = ("profiler", "logging", "dispatch_mode")
+
+AB_HARNESS = textwrap.dedent("""
+    # Runs a user script unmodified; at its optimizer steps, switches collective logging on and off.
+    import json, os, runpy, sys, time
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    states, block, warm, out = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    script = sys.argv[5]
+    sys.argv = [script] + sys.argv[6:]
+    st = {"opt": None, "step": 0, "last": None, "state": None, "prof": None, "logger": None, "hook": None,
+          "times": {s: [] for s in states}}
+    FLUSH = torch._C._profiler._RecordFunctionFast
+
+    def leave():
+        if st["hook"] is not None:
+            st["hook"].__exit__(None, None, None)
+        st["hook"] = None
+        if st["logger"] is not None:
+            st["logger"].flush(final=True)
+        st["logger"] = None
+
+    def enter(state, rank):
+        from tracekit.record.commlog import CommLog
+        from tracekit.record.c10d_hook import C10dOpHook
+        from tracekit.record.dispatch_mode import CollectiveLoggingMode, CollectiveLogger
+        log = CommLog(os.path.join(out, f"comms.{state}.rank{rank}.jsonl"), rank, 2)
+        if state == "logging":  # what tracekit record does inside its window
+            st["logger"] = CollectiveLogger(log, rank)
+            st["logger"].source, st["logger"].completion_times = "c10d_dispatcher", False
+            st["hook"] = C10dOpHook(st["logger"]).__enter__()
+        elif state == "dispatch_mode":  # what it did before (issue 18)
+            st["logger"] = st["hook"] = CollectiveLoggingMode(log, rank).__enter__()
+
+    def boundary(opt, args, kwargs):
+        if st["opt"] is None:
+            st["opt"] = id(opt)
+        if id(opt) != st["opt"]:
+            return
+        import torch.distributed as dist
+        if st["logger"] is not None:
+            with FLUSH("tracekit::flush_collective_log"):
+                st["logger"].flush()
+        now = time.perf_counter_ns()
+        if st["state"] is not None and st["last"] is not None:
+            st["times"][st["state"]].append(now - st["last"])
+        st["step"] += 1
+        k = st["step"] - warm
+        if k == 0:
+            from torch.profiler import ProfilerActivity, profile
+            st["prof"] = profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True)
+            st["prof"].start()
+        if k >= 0:
+            new = states[(k // block) % len(states)]
+            if new != st["state"]:
+                leave()
+                enter(new, dist.get_rank())
+                st["state"] = new
+        st["last"] = time.perf_counter_ns()
+
+    register_optimizer_step_post_hook(boundary)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        leave()
+        if st["prof"] is not None:
+            st["prof"].stop()
+        rank = os.environ.get("RANK", "0")
+        with open(os.path.join(out, f"ab.rank{rank}.json"), "w") as fh:
+            json.dump(st["times"], fh)
+""")
+
+
+def in_window_ab(work: Path, loop: str, steps: int, block: int = 3, warm: int = 4) -> dict[str, list[int]]:
+    """Per-state step times (ns, both ranks) of one loop run with logging toggled in blocks of `block` steps."""
+    script, extra = IN_WINDOW_LOOPS[loop]
+    harness = work / "ab_harness.py"
+    harness.write_text(AB_HARNESS)
+    out = work / f"ab_{loop}"
+    out.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0",
+           "--master-port", str(_port()), str(harness), ",".join(IN_WINDOW_STATES), str(block), str(warm),
+           str(out), str(USER_SCRIPTS / script), "--steps", str(steps), *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{loop} A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    times: dict[str, list[int]] = {s: [] for s in IN_WINDOW_STATES}
+    for r in (0, 1):
+        for k, v in json.loads((out / f"ab.rank{r}.json").read_text()).items():
+            times[k].extend(v[1:])  # the first step of a block pays the switch (profiler ranges, kernels)
+    return times
+
+
+def in_window_main(steps: int, repeats: int, json_out: Path | None) -> dict:
+    result: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="tracekit-bench-inwin-") as tmp:
+        for loop in IN_WINDOW_LOOPS:
+            per_rep = []
+            for _ in range(repeats):
+                t = in_window_ab(Path(tmp), loop, steps)
+                per_rep.append({s: statistics.median(v) for s, v in t.items() if v})
+            med = {s: statistics.median(r[s] for r in per_rep) for s in IN_WINDOW_STATES}
+            result[loop] = {
+                "median_step_ms": {s: v / 1e6 for s, v in med.items()},
+                "ratio_logging_vs_profiler": [r["logging"] / r["profiler"] for r in per_rep],
+                "ratio_dispatch_mode_vs_profiler": [r["dispatch_mode"] / r["profiler"] for r in per_rep],
+                "target_ratio_max": 1.05,
+            }
+            print(f"{loop}: profiler {med['profiler'] / 1e6:.2f} ms, + logging {med['logging'] / 1e6:.2f} ms "
+                  f"(x{med['logging'] / med['profiler']:.3f}), + old dispatch mode {med['dispatch_mode'] / 1e6:.2f} ms "
+                  f"(x{med['dispatch_mode'] / med['profiler']:.3f})", file=sys.stderr)
+    print(json.dumps(result, indent=1))
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--in-window", action="store_true", help="only the in-window A/B of collective logging")
+    ap.add_argument("--in-window-steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=WAIT + WARMUP + ACTIVE + 20)
     ap.add_argument("--ab-steps", type=int, default=820, help="steps of the in-process A/B run")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = ap.parse_args()
+    if args.in_window:
+        in_window_main(args.in_window_steps, args.repeats, args.json)
+        return
     first_active = WAIT + WARMUP
     active = list(range(first_active, first_active + ACTIVE))
     # Outside: skip start-up (first 5 steps) and the steps around the window (warm-up, export, tear-down).

@@ -61,6 +61,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("matching", "tracekit.analyze.matching:analyze_matching"),
     ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
     ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
+    ("recording", "tracekit.analyze.recording:analyze_recording"),
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),

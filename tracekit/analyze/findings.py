@@ -36,6 +36,7 @@ class FindingKind(str, Enum):
     ACTIVATION_DOMINATED_PEAK = "activation_dominated_peak"
     MEMORY_HEADROOM = "memory_headroom"
     RECOMPUTE = "recompute"
+    UNSTABLE_VERDICT = "unstable_verdict"
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,11 @@ class C10dOpHook:
 
 def _kernel(op, after, logger: CollectiveLogger):
     record_range = torch._C._profiler._RecordFunctionFast
+    redispatch = op._handle.redispatch_boxed  # what OpOverload.redispatch calls, minus a Python frame
 
     def kernel(keyset, *args, **kwargs):
         created_ns = time.time_ns()
-        out = op.redispatch(keyset & after, *args, **kwargs)
+        out = redispatch(keyset & after, *args, **kwargs)
         with record_range(LOG_RANGE):
             logger.log_call(op, args, kwargs, out, created_ns)
         return out

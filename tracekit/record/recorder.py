@@ -249,6 +249,7 @@ class RankRecorder:
                                         self.identity.world_size, _known_groups())
             logger = CollectiveLogger(self.comm_log, rank)
             logger.source = "c10d_dispatcher"
+            logger.completion_times = False
             try:
                 self._c10d_hook = C10dOpHook(logger).__enter__()
             except Exception as exc:  # e.g. a torch without these ops: say so, record without the log

@@ -1,0 +1,128 @@
+"""What the recording itself did to the numbers: tracekit's own overhead, and whether the window was long enough.
+
+Overhead: events the parser classified as role `overhead` (tracekit's own work inside the window:
+`tracekit::log_collective` inside collectives, `tracekit::flush_collective_log` at step
+boundaries, ...). They are never compute (breakdown leaves them out); this section says how much
+time they took, per rank, inside the analyzed step windows.
+
+Verdict stability: the per-rank verdict (breakdown's `bound`: the largest of compute, exposed
+communication and idle over the analyzed steps) rests on a margin over the runner-up. Per step i the
+margin is m_i = (winner ns − runner-up ns), and the verdict's margin is mean(m) / mean(step).
+With few, uneven steps that margin is within noise: the verdict is called unstable when
+mean(m) < Z · sd(m) / sqrt(n), and the steps needed are the n at which it would clear that bar
+with the measured spread, n* = ceil((Z · sd(m) / mean(m))²) (at least n + 1). Fewer than
+`MIN_STEPS` steps cannot show a spread at all: then the verdict is unstable unless every step
+agrees with it by a margin of at least `CLEAR_MARGIN` of its own time.
+
+Section `recording`:
+    {"overhead": [{"rank", "overhead_ns", "step_ns", "share", "by_name": {name: ns}}],
+     "verdict_stability": [{"rank", "bound", "runner_up", "steps", "margin_share", "margin_sd_share",
+                            "stable", "steps_needed"}]}
+Finding `unstable_verdict` (warning) lists the ranks whose verdict does not hold and the steps to record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.store import RunStore
+
+Z = 2.0
+"""Standard errors the mean margin must clear (about 95% one-sided for a few steps)."""
+MIN_STEPS = 3
+CLEAR_MARGIN = 0.25
+"""With fewer than MIN_STEPS steps, each step's own margin must be at least this share of its time."""
+_PARTS = ("compute", "communication", "idle")
+
+
+def analyze_recording(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+    steps = (ctx.section("breakdown") or {}).get("steps") or []
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for row in steps:
+        by_rank.setdefault(row["rank"], []).append(row)
+    overhead = [_overhead(store, rank, rows) for rank, rows in sorted(by_rank.items())]
+    stability = [_stability(rank, rows) for rank, rows in sorted(by_rank.items()) if rows[0]["step"] is not None]
+    findings = _finding(stability)
+    return AnalyzerResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability})
+
+
+def _parts(row: dict[str, Any]) -> dict[str, int]:
+    """The verdict's three parts of one step (compute includes other device work, as in `breakdown.verdict`)."""
+    return {"compute": row["compute_ns"] + row["other_ns"], "communication": row["exposed_comm_ns"],
+            "idle": row["idle_ns"]}
+
+
+def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    parts = [_parts(r) for r in rows]
+    totals = {k: sum(p[k] for p in parts) for k in _PARTS}
+    bound = max(_PARTS, key=lambda k: (totals[k], k == "compute"))
+    runner = max((k for k in _PARTS if k != bound), key=lambda k: totals[k])
+    margins = np.array([p[bound] - p[runner] for p in parts], dtype=np.float64)
+    spans = np.array([max(r["step_ns"], 1) for r in rows], dtype=np.float64)
+    n = len(rows)
+    mean_m, mean_t = float(margins.mean()), float(spans.mean())
+    sd = float(margins.std(ddof=1)) if n > 1 else 0.0
+    if n < MIN_STEPS:
+        stable = bool(np.all(margins / spans >= CLEAR_MARGIN))
+    else:
+        stable = mean_m > 0 and mean_m >= Z * sd / math.sqrt(n)
+    if stable:
+        needed = n
+    elif mean_m <= 0 or sd == 0:
+        needed = max(MIN_STEPS, 4 * n)
+    else:
+        needed = max(n + 1, MIN_STEPS, math.ceil((Z * sd / mean_m) ** 2))
+    return {"rank": rank, "bound": bound, "runner_up": runner, "steps": n,
+            "margin_share": mean_m / mean_t, "margin_sd_share": sd / mean_t,
+            "stable": bool(stable), "steps_needed": int(needed)}
+
+
+def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
+    bad = [s for s in stability if not s["stable"]]
+    if not bad:
+        return []
+    need = max(s["steps_needed"] for s in bad)
+    have = max(s["steps"] for s in bad)
+    worst = min(bad, key=lambda s: s["margin_share"] - Z * s["margin_sd_share"])
+    summary = (f"the verdict may not hold: on {len(bad)} rank(s) the step-to-step spread is larger than the "
+               f"margin of '{worst['bound']}' over '{worst['runner_up']}' (rank {worst['rank']}: margin "
+               f"{100 * worst['margin_share']:.1f}% of the step, spread {100 * worst['margin_sd_share']:.1f}% "
+               f"per step over {worst['steps']} steps)")
+    rec = (f"record at least {need} steps (e.g. tracekit record --active {need}); {have} were analyzed")
+    return [Finding(kind=FindingKind.UNSTABLE_VERDICT, severity=Severity.WARNING, summary=summary,
+                    ranks=tuple(s["rank"] for s in bad),
+                    evidence={"steps_analyzed": have, "steps_needed": need, "z": Z,
+                              "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
+                                                                               "margin_sd_share", "steps_needed")}
+                                           for s in bad}},
+                    recommendation=rec)]
+
+
+def _overhead(store: RunStore, rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Time in tracekit's own events (role `overhead`) inside the rank's analyzed windows."""
+    win = iv.union(np.array([r["ts"] for r in rows], dtype=np.int64),
+                   np.array([r["ts"] + r["step_ns"] for r in rows], dtype=np.int64))
+    step_ns = int(sum(r["step_ns"] for r in rows))
+    ev = store.rank_table("events", rank, ["name", "ts", "dur", "role"])
+    if ev.num_rows:
+        ev = ev.filter(pc.fill_null(pc.and_(pc.equal(ev["role"].cast("string"), "overhead"),
+                                            pc.is_valid(ev["dur"])), False))
+    by_name: dict[str, int] = {}
+    total = 0
+    if ev.num_rows:
+        ts = ev["ts"].to_numpy(zero_copy_only=False).astype(np.int64)
+        ends = ts + ev["dur"].to_numpy(zero_copy_only=False).astype(np.int64)
+        names = np.array(ev["name"].cast("string").to_pylist(), dtype=object)
+        total = iv.total(iv.intersect(iv.union(ts, ends), win))
+        for name in sorted(set(names.tolist())):
+            m = names == name
+            by_name[name] = iv.total(iv.intersect(iv.union(ts[m], ends[m]), win))
+    return {"rank": rank, "overhead_ns": int(total), "step_ns": step_ns,
+            "share": total / step_ns if step_ns else None, "by_name": by_name}
