@@ -6,7 +6,7 @@ boundaries, ...). They are never compute (breakdown leaves them out); this secti
 time they took, per rank, inside the analyzed step windows.
 
 Verdict stability: the per-rank verdict (breakdown's `bound`: the largest of compute, exposed
-communication and idle over the analyzed steps) rests on a margin over the runner-up. Per step i the
+transfer, sync wait and idle over the analyzed steps) rests on a margin over the runner-up. Per step i the
 margin is m_i = (winner ns − runner-up ns), and the verdict's margin is mean(m) / mean(step).
 With few, uneven steps that margin is within noise: the verdict is called unstable when
 mean(m) < Z · sd(m) / sqrt(n), and the steps needed are the n at which it would clear that bar
@@ -39,7 +39,7 @@ Z = 2.0
 MIN_STEPS = 3
 CLEAR_MARGIN = 0.25
 """With fewer than MIN_STEPS steps, each step's own margin must be at least this share of its time."""
-_PARTS = ("compute", "communication", "idle")
+_PARTS = ("compute", "communication", "sync_wait", "idle")
 
 
 def analyze_recording(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
@@ -54,9 +54,11 @@ def analyze_recording(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
 
 
 def _parts(row: dict[str, Any]) -> dict[str, int]:
-    """The verdict's three parts of one step (compute includes other device work, as in `breakdown.verdict`)."""
-    return {"compute": row["compute_ns"] + row["other_ns"], "communication": row["exposed_comm_ns"],
-            "idle": row["idle_ns"]}
+    """The verdict's parts of one step, as `breakdown.verdict` weighs them (compute includes other device
+    work; exposed communication less the wait for late peers is "communication", the wait "sync_wait")."""
+    wait = row.get("sync_wait_ns") or 0
+    return {"compute": row["compute_ns"] + row["other_ns"], "communication": row["exposed_comm_ns"] - wait,
+            "sync_wait": wait, "idle": row["idle_ns"]}
 
 
 def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,7 +80,8 @@ def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     elif mean_m <= 0 or sd == 0:
         needed = max(MIN_STEPS, 4 * n)
     else:
-        needed = max(n + 1, MIN_STEPS, math.ceil((Z * sd / mean_m) ** 2))
+        var = float(margins.var(ddof=1))
+        needed = max(n + 1, MIN_STEPS, math.ceil(Z * Z * var / (mean_m * mean_m)))
     return {"rank": rank, "bound": bound, "runner_up": runner, "steps": n,
             "margin_share": mean_m / mean_t, "margin_sd_share": sd / mean_t,
             "stable": bool(stable), "steps_needed": int(needed)}
