@@ -91,8 +91,8 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
         return [Fix("microbatches", value=float(m))]
     if f.kind == FindingKind.EXPERT_ROUTING_SKEW:
         return [Fix("expert_even")]
-    if f.kind == FindingKind.IDLE_HOST_BOUND:
-        return [Fix("host_stalls")]
+    if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
+        return [Fix("host_stalls", rank=int(r)) for r in f.ranks] if f.ranks else [Fix("host_stalls")]
     return []
 
 
