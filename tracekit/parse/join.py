@@ -173,6 +173,8 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
             row["seq_source"] = seq_source
         if row["is_p2p"] is None:
             row["is_p2p"] = lr["is_p2p"]
+        if row.get("bytes") is not None:
+            row["size_note"] = None  # the log supplied what the trace lacked
 
     # 1. exact: (group, p2p, seq) known on both sides.
     for row in rows:

@@ -36,7 +36,6 @@ _STEP_RE = re.compile(STEP_PATTERN)
 _P2P = ("send", "recv")
 # gloo implements some ops with others: ops a c10d call may appear as on the gloo thread.
 _GLOO_ALIASES = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
-_NOT_DTYPES = {"", "tensorlist", "scalarlist", "scalar", "genericlist", "int", "bool", "device", "string"}
 
 
 @dataclass
@@ -130,6 +129,7 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
             size = dtype_bytes(c.get("dtype"))
             nel = [v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None]
             c["bytes"] = max(nel) * size if nel and size else None
+        c["size_note"] = size_note(c)
         c["is_p2p"] = c["op"] in _P2P
     calls.sort(key=lambda c: (c["enqueue_ts"] if c.get("enqueue_ts") is not None else c["ts"]))
     cols = {f.name: [c.get(f.name) for c in calls] for f in COLLECTIVES}
@@ -239,12 +239,31 @@ def _numel(dims: Any) -> int | None:
 
 
 def _first_dtype(types: Any) -> str | None:
+    """The first `Input type` entry that is a tensor dtype (not TensorList, Scalar, GenericList, '' ...)."""
     if not isinstance(types, list):
         return None
-    for t in types:
-        if isinstance(t, str) and t.strip().lower() not in _NOT_DTYPES:
-            return t
-    return None
+    return next((t for t in types if isinstance(t, str) and dtype_bytes(t) is not None), None)
+
+
+def _tensor_numel(dims: Any, typ: Any) -> int | None:
+    """Elements of one recorded argument: a tensor (its type a dtype) → product of its dims; a TensorList
+    or anything whose dims were not recorded → None (unknown, never the 1 element of `[]`)."""
+    if not isinstance(typ, str) or dtype_bytes(typ) is None:
+        return None
+    return _numel(dims)
+
+
+def size_note(call: dict) -> str | None:
+    """Why a collective has no byte count (None when it has one)."""
+    if call.get("bytes") is not None:
+        return None
+    if call.get("size_note"):
+        return call["size_note"]
+    if call.get("in_nelems") is None and call.get("out_nelems") is None:
+        return "no element count recorded"
+    if call.get("dtype") is None:
+        return "no dtype recorded"
+    return f"unknown dtype {call['dtype']!r}"
 
 
 def _interval(inp: CollectiveInputs, r: int) -> tuple[int, int | None]:
@@ -292,10 +311,15 @@ def _c10d_sizes(inp: CollectiveInputs, r: int) -> dict:
     nm = inp.name_dict[inp.name_codes[r]]
     roles = C10D_ARG_ROLES.get(nm[6:] if nm.startswith("c10d::") else nm, ())
     dims = _raw_json(a.input_dims)
-    out: dict = {"dtype": _first_dtype(_raw_json(a.input_type))}
+    types = _raw_json(a.input_type)
+    out: dict = {"dtype": _first_dtype(types)}
     if isinstance(dims, list):
-        for role, d in zip(roles, dims):
-            n = _numel(d)
+        types = types if isinstance(types, list) else []
+        for i, (role, d) in enumerate(zip(roles, dims)):
+            typ = types[i] if i < len(types) else None
+            n = _tensor_numel(d, typ)
+            if n is None and typ is not None:
+                out["size_note"] = f"{nm}: input {i} is a {typ or 'value'} whose sizes were not recorded"
             if role in ("in", "inout"):
                 out["in_nelems"] = n
             if role in ("out", "inout"):
@@ -321,8 +345,10 @@ def _annotation_sizes(inp: CollectiveInputs, r: int, op: str) -> dict:
     """Sizes from a gloo:/nccl: annotation's own `Input Dims` (its input tensor)."""
     a = inp.args[r]
     dims = _raw_json(a.input_dims)
-    n = _numel(dims[0]) if isinstance(dims, list) and dims else None
-    out = {"dtype": _first_dtype(_raw_json(a.input_type)), "in_nelems": n}
+    types = _raw_json(a.input_type)
+    typ = types[0] if isinstance(types, list) and types else None
+    n = _tensor_numel(dims[0], typ) if isinstance(dims, list) and dims else None
+    out = {"dtype": _first_dtype(types), "in_nelems": n}
     if op in ("all_reduce", "broadcast", "send", "recv", "reduce"):
         out["out_nelems"] = n
     return out
@@ -358,8 +384,9 @@ def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndar
             pending[op].remove(g)
             c["ts"], c["dur"] = _interval(inp, g)
             c["_worker_row"] = g
-            if c.get("dtype") is None:
-                c["dtype"] = sizes_of[g].get("dtype")
+            for key in ("dtype", "in_nelems", "out_nelems"):  # e.g. a bucket's TensorList: the worker's tensor
+                if c.get(key) is None:
+                    c[key] = sizes_of[g].get(key)
         calls.append(c)
     for op, rest in pending.items():
         for g in rest:

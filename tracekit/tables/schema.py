@@ -100,7 +100,10 @@ COLLECTIVES = pa.schema([
     _f("in_nelems", pa.int64(), "input elements"),
     _f("out_nelems", pa.int64(), "output elements"),
     _f("dtype", pa.string(), "element type as written by the source (Float, BFloat16, float32...)"),
-    _f("bytes", pa.int64(), "message size used for bandwidth: max(in, out) nelems x element size"),
+    _f("bytes", pa.int64(), "message size used for bandwidth: max(in, out) nelems x element size; null when "
+       "unknown (never guessed)"),
+    _f("size_note", pa.string(), "why bytes is null (e.g. a DDP bucket's TensorList whose sizes were not "
+       "recorded, an unknown dtype); null when bytes is known"),
     _f("in_split_sizes", pa.list_(pa.int64()), "all_to_all input split sizes"),
     _f("out_split_sizes", pa.list_(pa.int64()), "all_to_all output split sizes"),
     _f("group_size", pa.int32(), "size of the group"),
