@@ -148,10 +148,11 @@ def _finding(r: dict[str, Any]) -> Finding | None:
     if sev is None:
         return None
     loading = r["data_load_ns"] >= r["stall_ns"] / 2
-    what = "loading data" if loading else "in host gaps with nothing running"
-    where = "no device work queued" if r["device"] == "gpu" else "no op running and no collective in flight"
+    what = "loading data" if loading else "in host gaps"
+    where = ("with no device work queued" if r["device"] == "gpu"
+             else "(no op running, no collective in flight)")
     summary = (f"rank {r['rank']} stalls {r['stall_ns'] / 1e6:.1f} ms per step ({r['stall_fraction']:.0%} of the "
-               f"step) {what}, with {where}")
+               f"step) {what} {where}")
     rec = ("Feed the device ahead of time: more DataLoader workers, pin_memory and prefetch_factor, or move "
            "preprocessing off the training loop." if loading else
            "Find what the training thread waits for between ops (host syncs such as .item()/.cpu(), "
