@@ -110,3 +110,21 @@ def test_model_calibrated_on_the_plain_run_predicts_the_checkpointed_run(runs):
     for st in runs["ckpt"]["analysis"]["sections"]["memory"]["stages"]:
         measured = st["peak_allocated"]
         assert abs(predicted[st["stage"]].peak - measured) / measured <= 0.15, (st, predicted[st["stage"]])
+
+
+def test_real_h100_trace_peak_split_and_headroom(tmp_path):
+    src = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_h100"
+    with gzip.open(src / "rank0.pt.trace.json.gz", "rt") as fh:
+        doc = json.load(fh)
+    cuda = [e["args"] for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"]["Device Type"] == 1]
+    capacity = doc["deviceProperties"][0]["totalGlobalMem"]
+    analysis = _analyze(src, tmp_path / "store")
+    mem = analysis["sections"]["memory"]
+    gpu = next(r for r in mem["ranks"] if r["device_type"] == 1)
+    assert mem["counter"] == "absolute"
+    assert gpu["peak_allocated"] == max(a["Total Allocated"] for a in cuda)
+    assert gpu["peak_reserved"] == max(a["Total Reserved"] for a in cuda)
+    assert gpu["split"]["static_bytes"] + gpu["split"]["activation_bytes"] == gpu["peak_allocated"]
+    assert 0 < gpu["activation_held_bytes"] <= gpu["activation_peak_bytes"]  # unlabelled: autograd phases
+    head = {f["kind"]: f for f in analysis["findings"]}["memory_headroom"]
+    assert head["evidence"]["capacity_bytes"] == capacity

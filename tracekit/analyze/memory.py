@@ -10,7 +10,8 @@ Definitions (from the `memory` table: the profiler's own allocation counter afte
     held activations = peak over time of the bytes allocated inside a forward phase and freed inside a
                        backward phase (allocations paired with their frees by address), i.e. what
                        backward consumes; phases are the pipeline rows, else labels ending in
-                       fwd/forward and bwd/backward
+                       fwd/forward and bwd/backward, else (unlabelled) each step's autograd engine
+                       span as backward and the step's start up to it as forward
     per-micro-batch  = median bytes one forward phase leaves held at its end
     in flight        = held activations / per-micro-batch (1F1B: stage s of p holds p − s)
 The counter is *absolute* on CUDA (the caching allocator's total) but counts, on CPU, only memory
@@ -61,6 +62,9 @@ ACTIVATION_DOMINATED_SHARE = 0.5
 """Activation share of the peak above which activation remedies are listed."""
 HEADROOM_SHARE = 0.4
 """Free share of the device at the peak above which a faster, hungrier layout is suggested."""
+CHECKPOINT_KEEPS = 1 / 16
+"""Share of a block's saved activations that per-block checkpointing keeps: its input (d per token) of
+the ~8 d + 2 d_ff a block saves (tracekit/model/memory.py) with d_ff = 4 d."""
 TIMELINE_POINTS = 1500
 _OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "nadam": 2, "radam": 2, "adamax": 2, "sgd": 1, "adagrad": 1,
                      "rmsprop": 1, "adadelta": 2, "lamb": 2, "lion": 1, "adafactor": 1}
@@ -111,7 +115,9 @@ def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         r["split"] = memory_split(r, section["counter"])
     section["stages"] = stage_memory(section["ranks"], pipeline)
     findings += _imbalance_findings(section)
-    findings += _activation_findings(section, getattr(ctx.config, "device_memory_bytes", None))
+    findings += _activation_findings(section, getattr(ctx.config, "device_memory_bytes", None)
+                                     or device_capacity(store, section["ranks"]), _faster_layouts(layout, pipeline,
+                                                                                                  recompute))
     return AnalyzerResult(findings=findings, section=section)
 
 
@@ -171,6 +177,22 @@ def memory_split(r: dict[str, Any], counter: str) -> dict[str, Any]:
             "static_source": "estimate (collectives, optimizer)" if parts else "unknown (counter started with the profiler)"}
 
 
+def device_capacity(store: RunStore, ranks: list[dict[str, Any]]) -> int | None:
+    """Smallest memory of the devices the ranks allocated on (deviceProperties totalGlobalMem), if known."""
+    if not store.has("ranks"):
+        return None
+    table = store.table("ranks")
+    if "device_memory_bytes" not in table.column_names:
+        return None
+    per_rank = dict(zip(table.column("rank").to_pylist(), table.column("device_memory_bytes").to_pylist()))
+    sizes = []
+    for r in ranks:
+        mem = per_rank.get(r["rank"]) or []
+        if r["device_type"] != 0 and 0 <= r["device"] < len(mem) and mem[r["device"]]:
+            sizes.append(int(mem[r["device"]]))
+    return min(sizes) if sizes else None
+
+
 def _first_step_start(store: RunStore, rank: int, default: int) -> int:
     steps = store.rank_table("steps", rank, columns=["ts"])
     return int(pc.min(steps.column("ts")).as_py()) if steps.num_rows else default
@@ -202,9 +224,35 @@ def phase_intervals(store: RunStore, rank: int, backward: bool) -> tuple[np.ndar
         word = "bwd|backward" if backward else "fwd|forward"
         rows = ev.filter(pc.and_(pc.equal(pc.cast(ev.column("cat"), pa.string()), "user_annotation"),
                                  pc.match_substring_regex(names, rf"(?i)(?:^|[:/_])(?:{word})$")))
+        if not rows.num_rows:
+            return _autograd_phases(store, rank, ev, names, backward)
     start = rows.column("ts").to_numpy()
     order = np.argsort(start, kind="stable")
     return start[order], (start + rows.column("dur").fill_null(0).to_numpy(zero_copy_only=False))[order]
+
+
+def _autograd_phases(store: RunStore, rank: int, ev: pa.Table, names: pa.Array,
+                     backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Unlabelled traces: backward = from the first to the last autograd engine event of each step
+    (any thread: on GPU hosts the engine runs on its own threads); forward = from the step's start to
+    its backward."""
+    steps = store.rank_table("steps", rank, columns=["ts", "dur"])
+    bwd = ev.filter(pc.starts_with(names, _BACKWARD_REGION))
+    if not steps.num_rows or not bwd.num_rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    s_start = steps.column("ts").to_numpy()
+    s_end = s_start + steps.column("dur").fill_null(0).to_numpy(zero_copy_only=False)
+    b_start = bwd.column("ts").to_numpy()
+    b_end = b_start + bwd.column("dur").fill_null(0).to_numpy(zero_copy_only=False)
+    starts, ends = [], []
+    for a, z in sorted(zip(s_start.tolist(), s_end.tolist())):
+        inside = (b_start >= a) & (b_start < z)
+        if not inside.any():
+            continue
+        first, last = int(b_start[inside].min()), int(b_end[inside].max())
+        starts.append(first if backward else a)
+        ends.append(last if backward else first)
+    return np.array(starts, np.int64), np.array(ends, np.int64)
 
 
 def _inside(t: np.ndarray, iv: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -495,7 +543,21 @@ def _imbalance_findings(section: dict) -> list[Finding]:
                     evidence=evidence, recommendation=advice)]
 
 
-def _activation_findings(section: dict, capacity: int | None) -> list[Finding]:
+def _faster_layouts(layout: dict, pipeline: dict, recompute: list) -> list[str]:
+    """What memory headroom could buy in this run's layout."""
+    mesh = layout.get("mesh_shape") or {}
+    out = []
+    if (mesh.get("tp") or 1) > 1:
+        out.append(f"fewer tensor-parallel ways (tp {mesh['tp']} → {mesh['tp'] // 2}: less communication, "
+                   f"about twice the block parameters and activations per rank)")
+    if pipeline.get("num_stages"):
+        out.append("more micro-batches per step (a smaller pipeline bubble; 1F1B's in-flight count stays p − s)")
+    if recompute:
+        out.append("no activation checkpointing (saves the recompute time listed under recompute)")
+    return out or ["a larger micro-batch (fewer, larger kernels per step)"]
+
+
+def _activation_findings(section: dict, capacity: int | None, faster: list[str]) -> list[Finding]:
     """Activation-dominated peak (with what each remedy saves) and headroom for a hungrier layout."""
     main = {}
     for r in section["ranks"]:
@@ -503,13 +565,13 @@ def _activation_findings(section: dict, capacity: int | None) -> list[Finding]:
     top = max(main.values(), key=lambda x: x["peak_allocated"])
     act, peak = top["activation_peak_bytes"], top["peak_allocated"]
     static = top["static_bytes"]
-    if section["counter"] == "window":  # parameters / optimizer state predate the window: estimate them
-        est = top["static_estimate"]
-        static = sum(est[k] or 0 for k in ("param_bytes", "grad_bytes", "optimizer_state_bytes"))
-    total = act + static
+    split = top.get("split") or {}
+    static = split.get("static_bytes")  # None: the counter started with the profiler and nothing estimates it
     out = []
-    if total > 0 and act / total >= ACTIVATION_DOMINATED_SHARE:
-        remedies = {"activation_checkpointing_saves_bytes": int(act * 0.5),
+    total = act + (static or 0)
+    if static is not None and total > 0 and act / total >= ACTIVATION_DOMINATED_SHARE:
+        held = top["activation_held_bytes"] or act
+        remedies = {"activation_checkpointing_saves_bytes": int(held * (1 - CHECKPOINT_KEEPS)),
                     "cp_or_sp_2_saves_bytes": int(act / 2), "half_microbatch_saves_bytes": int(act / 2)}
         out.append(Finding(
             kind=FindingKind.ACTIVATION_DOMINATED_PEAK, severity=Severity.INFO, ranks=(top["rank"],),
@@ -517,8 +579,8 @@ def _activation_findings(section: dict, capacity: int | None) -> list[Finding]:
             evidence={"activation_bytes": act, "static_bytes": static, "counter": section["counter"],
                       "at_peak": top["at_peak"], **remedies},
             recommendation=(f"To lower the peak: activation checkpointing per block (keeps block inputs only; "
-                            f"about {_mib(remedies['activation_checkpointing_saves_bytes'])} or more, for one "
-                            f"extra forward in backward), context/sequence parallelism of 2 (halves the "
+                            f"about {_mib(remedies['activation_checkpointing_saves_bytes'])} of the held "
+                            f"activations, for one extra forward in backward), context/sequence parallelism of 2 (halves the "
                             f"activations: {_mib(remedies['cp_or_sp_2_saves_bytes'])}), or half the micro-batch "
                             f"size ({_mib(remedies['half_microbatch_saves_bytes'])})")))
     if capacity and top["peak_reserved"] and (capacity - top["peak_reserved"]) / capacity >= HEADROOM_SHARE:
@@ -527,8 +589,7 @@ def _activation_findings(section: dict, capacity: int | None) -> list[Finding]:
             kind=FindingKind.MEMORY_HEADROOM, severity=Severity.INFO, ranks=(top["rank"],),
             summary=f"the fullest rank leaves {_mib(free)} ({free / capacity:.0%}) of the device unused at its peak",
             evidence={"capacity_bytes": capacity, "peak_reserved": top["peak_reserved"]},
-            recommendation="Spend the headroom on speed: fewer tensor-parallel ways, more micro-batches per "
-                           "pipeline (smaller bubble), or no activation checkpointing."))
+            recommendation="Spend the headroom on speed: " + "; or ".join(faster) + "."))
     return out
 
 

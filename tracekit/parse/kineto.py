@@ -841,6 +841,8 @@ def _info(trace: Any, di: dict | None, path: str, ts: np.ndarray, end: np.ndarra
         "hostname": _clip_text(str(host)) if host is not None else None,
         "backend": str(di["backend"]) if di and di.get("backend") is not None else None,
         "device_names": device_names,
+        "device_memory_bytes": [_to_int(d.get("totalGlobalMem")) for d in devices if isinstance(d, dict)
+                                and d.get("name") is not None],
         "source_file": path,
         "schema_version": str(sv) if sv is not None else None,
         "trace_kind": "gpu" if num_kernels else "cpu",

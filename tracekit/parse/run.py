@@ -604,6 +604,7 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         "world_size": (kp.world_size if kp is not None else None) or (rl.comms.world_size if rl.comms else None),
         "hostname": info.get("hostname"), "backend": info.get("backend"),
         "device_names": info.get("device_names"),
+        "device_memory_bytes": info.get("device_memory_bytes"),
         "source_file": kineto_path or (rl.comms.source_file if rl.comms else rl.fr.source_file if rl.fr
                                        else next(iter(files.values()), None)),
         "schema_version": None if info.get("schema_version") is None else str(info.get("schema_version")),

@@ -23,6 +23,7 @@ RANKS = pa.schema([
     _f("hostname", pa.string(), "host name (distributedInfo, manifest, or null)"),
     _f("backend", pa.string(), "distributed backend: nccl, gloo, rccl... (null if unknown)"),
     _f("device_names", pa.list_(pa.string()), "device names from deviceProperties"),
+    _f("device_memory_bytes", pa.list_(pa.int64()), "memory of each device in device_names (totalGlobalMem)"),
     _f("source_file", pa.string(), "path of the trace file this rank was read from"),
     _f("schema_version", pa.string(), "Kineto schemaVersion as text (null if absent)"),
     _f("rank_source", pa.string(), "where the rank came from: distributedInfo | filename | manifest"),
