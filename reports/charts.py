@@ -13,7 +13,8 @@ from reports.html_parts import Figures, plotly_text, typed
 
 COLORS = {"compute": "#2e7d32", "exposed_comm": "#c62828", "comm": "#ef6c00", "other": "#5c6bc0",
           "idle": "#bdbdbd", "fwd": "#1565c0", "bwd": "#6a1b9a", "bwd_input": "#8e24aa", "bwd_weight": "#ab47bc",
-          "send": "#00838f", "recv": "#00695c"}
+          "send": "#00838f", "recv": "#00695c", "critical path": "#d50000", "exposed_transfer": "#ef6c00",
+          "waiting_for_peer": "#bdbdbd", "host": "#6d4c41", "host_data_stall": "#9e9e9e", "other_device": "#5c6bc0"}
 _PALETTE = ["#ef6c00", "#c62828", "#00838f", "#6d4c41", "#ad1457", "#827717", "#4527a0", "#00695c"]
 
 

@@ -26,6 +26,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("analyzed", "What was analyzed"),
     ("breakdown", "Per-rank breakdown"),
     ("timeline", "Step timeline"),
+    ("critical-path", "Critical path"),
     ("collectives", "Collectives: exposed time"),
     ("pipeline", "Pipeline schedule"),
     ("experts", "Expert load"),
@@ -40,14 +41,15 @@ SECTIONS: list[tuple[str, str]] = [
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
-                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory"}
+                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path"}
 
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
     """The full report page for one analysis (store: optional RunStore for per-rank input details)."""
     ctx = _Page(analysis, store)
     parts = [
-        _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _collectives(ctx),
+        _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
+        _collectives(ctx),
         _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
@@ -121,6 +123,14 @@ def _top_fixes(ctx: _Page) -> list[dict[str, Any]]:
     return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
 
 
+def saving_text(f: dict[str, Any]) -> str:
+    """'saves about X per step (replayed)' when the critical path replayed the finding's fix, else the bound."""
+    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    if "replayed_saving_ns" in ev:
+        return f"saves about {ms(f.get('est_saving_ns'))} per step (replayed)"
+    return f"saves up to {ms(f.get('est_saving_ns'))} per step"
+
+
 def _verdict(ctx: _Page) -> str:
     bound, text = _verdict_text(ctx)
     fixes = _top_fixes(ctx)
@@ -133,7 +143,7 @@ def _verdict(ctx: _Page) -> str:
             items.append(
                 f"<li>{_sev(f.get('severity', 'info'))} <b>{h(f.get('summary') or f.get('title') or f.get('kind'))}</b>"
                 + (f" — {h(rec)}" if rec else "")
-                + (f' <span class=saving>saves up to {h(ms(saving))} per step</span>' if is_num(saving) else "")
+                + (f' <span class=saving>{h(saving_text(f))}</span>' if is_num(saving) else "")
                 + "</li>")
         body += "<h3>The fixes worth most</h3><ol class=fixes>" + "".join(items) + "</ol>"
     else:
@@ -159,7 +169,9 @@ def _findings(ctx: _Page) -> str:
     head = "".join(f"<th scope=col>{t}</th>" for t in
                    ("#", "severity", "kind", "dim", "ranks", "summary", "recommendation", "est. saving / step"))
     return section("findings", "Findings",
-                   '<p class=note>Sorted by estimated saving (an upper bound on step time saved per step).</p>'
+                   '<p class=note>Sorted by estimated saving: the step time recovered when the finding\'s fix is '
+                   'applied to the measured step\'s cross-rank dependency graph and the step is replayed '
+                   '(see Critical path); the closed-form bound stays in the evidence.</p>'
                    f'<div class=tbl-wrap><table class="tk sortable"><thead><tr>{head}</tr></thead>'
                    f"<tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -286,10 +298,69 @@ def has_data(ctx: _Page, anchor: str) -> bool:
         return bool(ctx.sec("throughput") or ctx.sec("placement"))
     if anchor == "memory":
         return bool(sec.get("available"))
+    if anchor == "critical-path":
+        return bool(_rows(sec, "steps"))
     return True
 
 
-_SOURCE = {"breakdown": "breakdown", "timeline": "breakdown", "collectives": "unoverlapped"}
+_SOURCE = {"breakdown": "breakdown", "timeline": "breakdown", "collectives": "unoverlapped",
+           "critical-path": "critical_path"}
+
+
+_CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (after the last member arrived)",
+                  "waiting_for_peer": "waiting for a peer", "host": "host work (launches, communication calls)",
+                  "host_data_stall": "host or data stall (host thread idle, nothing explaining the wait)",
+                  "launch_or_idle": "device idle or launch latency", "other_device": "other device work",
+                  "step_start_offset": "path began on a rank whose step started at another time",
+                  "after_path": "after the path's last op, to the step's end", "unattributed": "not attributed"}
+
+
+def _critical_path(ctx: _Page) -> str:
+    sec = ctx.sec("critical_path") or {}
+    title = "Critical path"
+    if not has_data(ctx, "critical-path"):
+        return section("critical-path", title, not_available(title, sec.get("skipped") or "no critical path for this run"))
+    steps = _rows(sec, "steps")
+    shown = next((s for s in steps if isinstance(s.get("timeline"), dict)), steps[-1])
+    comp = shown.get("composition") if isinstance(shown.get("composition"), dict) else {}
+    step_ns = comp.get("step_ns") or shown.get("measured_ns")
+    err = shown.get("replay_error")
+    body = (f"<p>Step {h(shown.get('step'))}: the chain of ops, waits and transfers across ranks that sets the "
+            f"step time ({h(ms(shown.get('measured_ns')))} on rank {h(shown.get('slowest_rank'))}); replaying the "
+            f"unchanged dependency graph gives {h(ms(shown.get('replayed_ns')))}"
+            + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
+    if isinstance(shown.get("timeline"), dict):
+        body += charts.timeline(ctx.figs, shown["timeline"])
+    share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731
+    by_cat = comp.get("by_category") if isinstance(comp.get("by_category"), dict) else {}
+    rows = [{"part": _CATEGORY_TEXT.get(k, k), "time": ms(v), "share of the step": share(v)}
+            for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0) if v]
+    body += "<h3>Where the path's time goes</h3>" + table(rows, [Col(k, k, str, False) for k in ("part", "time", "share of the step")])
+    by_rank = comp.get("by_rank") if isinstance(comp.get("by_rank"), dict) else {}
+    top = sorted(by_rank.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0)[:8]
+    if top:
+        body += ("<p>By rank: " + h(", ".join(f"rank {r} {ms(v)} ({share(v)})" for r, v in top)) + "</p>")
+    by_dim = comp.get("by_dim") if isinstance(comp.get("by_dim"), dict) else {}
+    if by_dim:
+        body += ("<p>Transfers on the path by dim: " + h(", ".join(f"{d} {ms(v)}" for d, v in sorted(by_dim.items()))) + "</p>")
+    body += _whatif_table(sec)
+    return section("critical-path", title, body)
+
+
+def _whatif_table(sec: dict[str, Any]) -> str:
+    rows = [{"finding": f"#{w.get('finding', 0) + 1} {w.get('kind')}", "fix replayed": w.get("fix"),
+             "step with the fix": ms(w.get("step_ns")), "saving": ms(w.get("saving_ns"))}
+            for w in _rows(sec, "whatif")]
+    if not rows:
+        return ""
+    together = sec.get("all_fixes") if isinstance(sec.get("all_fixes"), dict) else None
+    if together:
+        rows.append({"finding": "all of them together", "fix replayed": "; ".join(map(str, together.get("fixes") or [])),
+                     "step with the fix": ms(together.get("step_ns")), "saving": ms(together.get("saving_ns"))})
+    cols = [Col(k, k, str, False) for k in ("finding", "fix replayed", "step with the fix", "saving")]
+    return (f"<h3>What if: each finding's fix replayed alone, then all together</h3>"
+            f"<p class=note>Measured step (mean over the analyzed steps): {h(ms(sec.get('measured_step_ns')))}. "
+            "Savings of different fixes overlap; the last line counts each millisecond once.</p>" + table(rows, cols))
 
 
 def _ms_cell_opt(v: Any) -> str:

@@ -24,7 +24,9 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
     if fixes:
         lines.append("**Fixes worth most:**")
         for i, f in enumerate(fixes, 1):
-            saving = f" — saves up to **{ms(f['est_saving_ns'])}**/step" if is_num(f.get("est_saving_ns")) else ""
+            replayed = "replayed_saving_ns" in (f.get("evidence") or {})
+            saving = (f" — saves {'about' if replayed else 'up to'} **{ms(f['est_saving_ns'])}**/step"
+                      + (" (replayed)" if replayed else "")) if is_num(f.get("est_saving_ns")) else ""
             rec = f": {md(f['recommendation'])}" if f.get("recommendation") else ""
             lines.append(f"{i}. {md(f.get('summary') or f.get('kind'))}{rec}{saving}")
         lines.append("")

@@ -130,6 +130,15 @@ def test_unchanged_replay_reproduces_runtime_steps(fixture, tmp_path):
         measured = max(r[s["step"]] for r in raw)
         assert abs(s["replayed_ns"] - measured) <= 0.02 * measured
         assert sum(s["composition"]["by_category"].values()) == s["composition"]["step_ns"]
+    import jsonschema
+    import reports
+
+    doc = json.loads(json.dumps(doc, default=str))
+    jsonschema.validate(doc, json.loads((REPO / "tracekit" / "schemas" / "analysis.schema.json").read_text()))
+    html = reports.render_html(doc, None)
+    assert 'id="critical-path"' in html and "critical path" in html
+    if cp["whatif"]:
+        assert "all of them together" in html
 
 
 def test_whatif_cli_prints_prediction_and_exports_perfetto(tmp_path):

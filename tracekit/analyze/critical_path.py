@@ -13,7 +13,9 @@ savings never double count.
 Section `critical_path`:
     {"steps": [{"step", "measured_ns", "replayed_ns", "replay_error", "nodes", "edges", "slowest_rank",
                 "composition": {"step_ns", "by_category": {name: ns}, "by_rank": {rank: ns}, "by_dim": {dim: ns}},
-                "path": [{"rank", "lane", "category", "name", "start_ns", "end_ns", "ops", "dim"}]}],
+                "path": [{"rank", "lane", "category", "name", "start_ns", "end_ns", "ops", "dim"}],
+                "timeline": {"lanes", "intervals": [[rank, lane index, start_ns, end_ns]], "t0_ns",
+                             "min_gap_ns", "max_intervals", "truncated_ranks"}}],   # slowest step only
      "whatif": [{"finding": index in findings, "kind", "fix": label, "step_ns", "saving_ns"}],
      "all_fixes": {"fixes": [label], "step_ns": int, "saving_ns": int} | null,
      "measured_step_ns": int | null,
@@ -34,7 +36,8 @@ from tracekit.analyze.matching import choose_sources, load_collectives
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
 from tracekit.whatif.fixes import Fix, Layout
-from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_ns, replay_step
+from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_ns, replay_step,
+                                    timeline_json)
 
 MAX_STEPS = 8
 """Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
@@ -131,13 +134,14 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
     return out, rows, together
 
 
-def _step_json(res: StepResult) -> dict[str, Any]:
+def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:
     path, rank = path_of(res)
     err = abs(res.replayed_ns - res.measured_ns) / res.measured_ns if res.measured_ns else 0.0
     return {"step": res.step, "measured_ns": res.measured_ns, "replayed_ns": res.replayed_ns,
             "replay_error": round(err, 6), "nodes": res.graph.num_nodes, "edges": int(len(res.graph.src)),
             "slowest_rank": rank, "composition": composition(res, path, rank),
-            "path": path_rows(res, path, MAX_PATH_ROWS)}
+            "path": path_rows(res, path, MAX_PATH_ROWS),
+            **({"timeline": timeline_json(res, path, timeline_budget)} if timeline_budget else {})}
 
 
 def analyze_critical_path(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
@@ -149,7 +153,10 @@ def analyze_critical_path(store: RunStore, ctx: AnalysisContext) -> AnalyzerResu
     lay = run_layout(ctx)
     rescored, rows, together = rescore(findings, results, lay)
     ctx.cache["final_findings"] = rescored
-    section = {"steps": [_step_json(r) for r in results], "whatif": rows, "all_fixes": together,
+    slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
+    budget = ctx.config.max_timeline_intervals
+    section = {"steps": [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)],
+               "whatif": rows, "all_fixes": together,
                "measured_step_ns": int(np.mean([r.measured_ns for r in results])) if results else None,
                "skipped": None if results else "no profiled step with a step window (ProfilerStep) in any rank"}
     return AnalyzerResult(findings=[], section=section)

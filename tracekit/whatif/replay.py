@@ -109,3 +109,51 @@ def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, A
         keep = set(np.argsort([r["start_ns"] - r["end_ns"] for r in rows])[:limit].tolist())
         rows = [r for i, r in enumerate(rows) if i in keep]
     return rows
+
+
+def timeline_json(res: StepResult, path: np.ndarray, budget: int, max_ranks: int = 64) -> dict[str, Any]:
+    """The step's lanes per rank by category (merged; gaps shorter than `min_gap_ns` closed once the
+    budget of intervals is exceeded) plus the critical path as its own lane, on the replay's clock.
+    At most `max_ranks` ranks: those on the path first, then the lowest."""
+    g = res.graph
+    t0 = int(g.win_start.min()) if g.ranks.size else 0
+    span = max(int(g.win_end.max()) - t0, 1) if g.ranks.size else 1
+    cats = [c for c in Category if c != Category.MARK]
+    lanes = [CATEGORY_NAMES[c] for c in cats] + ["critical path"]
+    on_path = np.zeros(g.num_nodes, bool)
+    on_path[path] = True
+    path_ranks = [int(r) for r in np.unique(g.rank[path]) if r >= 0]
+    shown = sorted(set(path_ranks[:max_ranks]) | set(g.ranks.tolist()[:max(0, max_ranks - len(path_ranks))]))
+    keep = (g.dur > 0) & np.isin(g.rank, shown) & (g.category != Category.MARK)
+    lane = np.where(on_path, len(cats), np.searchsorted(np.array([int(c) for c in cats]), g.category))
+    idx = np.flatnonzero(keep | (on_path & (g.dur > 0) & np.isin(g.rank, shown)))
+    extra = np.flatnonzero(on_path & keep)  # path nodes also stay in their category lane
+    rows_rank = np.r_[g.rank[idx], g.rank[extra]]
+    rows_lane = np.r_[lane[idx], np.searchsorted(np.array([int(c) for c in cats]), g.category[extra])]
+    rows_s = np.r_[res.start[idx], res.start[extra]]
+    rows_e = rows_s + np.r_[g.dur[idx], g.dur[extra]]
+    order = np.lexsort((rows_s, rows_lane, rows_rank))
+    key = rows_rank[order].astype(np.int64) * 64 + rows_lane[order]
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    min_gap = 0
+    while True:
+        out: list[list[int]] = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            sel = order[a:b]
+            r, li = int(rows_rank[sel[0]]), int(rows_lane[sel[0]])
+            out.extend([r, li, s, e] for s, e in _merged(rows_s[sel], rows_e[sel], min_gap))
+        if len(out) <= budget or min_gap >= span:
+            break
+        min_gap = max(2 * min_gap, span // 2000)
+    return {"lanes": lanes, "intervals": out, "t0_ns": t0, "min_gap_ns": min_gap, "max_intervals": budget,
+            "truncated_ranks": sorted(set(g.ranks.tolist()) - set(shown))}
+
+
+def _merged(s: np.ndarray, e: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
+    from tracekit.analyze import intervals as iv
+
+    a, b = iv.union(s.astype(np.int64), e.astype(np.int64))
+    if min_gap and a.size > 1:
+        new = np.r_[True, a[1:] - b[:-1] >= min_gap]
+        a, b = a[new], np.maximum.reduceat(b, np.flatnonzero(new))
+    return list(zip(a.tolist(), b.tolist()))
