@@ -28,9 +28,12 @@ Section `host_stalls`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
@@ -49,41 +52,64 @@ DATA_LOADER_PREFIX = "enumerate(DataLoader)"
 HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "operator")
 
 
-def _host_rows(store: RunStore, rank: int) -> list[dict[str, Any]]:
-    """Host events of one rank (any thread) with the parser's role."""
-    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"]).to_pylist()
-    return [r for r in t if r["lane"] != "device" and r["dur"] is not None and r["dur"] >= 0
-            and (r["cat"] or "") in HOST_CATS]
+def _np(col: pa.ChunkedArray, fill: int = 0) -> np.ndarray:
+    return col.fill_null(fill).to_numpy()
 
 
-def _is_data_load(r: dict[str, Any]) -> bool:
-    return r["role"] == "data_load"
+def _str_is(col: pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
+    return _np(pc.is_in(col.cast(pa.string()), value_set=pa.array(values)), False).astype(bool)
 
 
-def _is_step(r: dict[str, Any]) -> bool:
-    return r["role"] == "step_annotation"
+@dataclass
+class _HostEvents:
+    """One rank's host events as arrays: activity (ops, not step/data-loading annotations), data loading,
+    and the names of the data-loading events (for the evidence)."""
+
+    act: iv.IntervalSet
+    loading: iv.IntervalSet
+    data_names: list[str]
+
+
+def _host_events(store: RunStore, rank: int) -> _HostEvents:
+    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+    dur = _np(t["dur"], -1)
+    host = (~_str_is(t["lane"], ("device",))) & (dur >= 0) & _str_is(t["cat"], HOST_CATS)
+    data = host & _str_is(t["role"], ("data_load",))
+    ops = host & ~data & ~_str_is(t["role"], ("step_annotation",))
+    ts = _np(t["ts"])
+    names = pc.filter(t["name"].cast(pa.string()), pa.array(data)).to_pylist() if data.any() else []
+    return _HostEvents(act=iv.union(ts[ops], ts[ops] + dur[ops]), loading=iv.union(ts[data], ts[data] + dur[data]),
+                       data_names=sorted(set(n or "" for n in names)))
 
 
 def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     """Union of [launch, end] over the rank's device work; None on a trace without device work."""
-    ks = store.rank_table("kernels", rank, ["ts", "dur", "correlation"]).to_pylist()
-    ks = [k for k in ks if k["dur"] is not None and k["dur"] >= 0]
-    if not ks:
+    ks = store.rank_table("kernels", rank, ["ts", "dur", "correlation"])
+    kd = _np(ks["dur"], -1)
+    ok = kd >= 0
+    if not ok.any():
         return None
-    ev = store.rank_table("events", rank, ["cat", "ts", "correlation"]).to_pylist()
-    launch = {e["correlation"]: e["ts"] for e in ev if e["cat"] == "cuda_runtime" and e["correlation"] is not None}
-    starts = [min(launch.get(k["correlation"], k["ts"]), k["ts"]) for k in ks]
-    return iv.union(starts, [k["ts"] + k["dur"] for k in ks])
+    kts, kcorr = _np(ks["ts"])[ok], _np(ks["correlation"], -1)[ok]
+    ev = store.rank_table("events", rank, ["cat", "ts", "correlation"])
+    rt = _str_is(ev["cat"], ("cuda_runtime", "hip_runtime")) & _np(ev["correlation"].is_valid(), False).astype(bool)
+    lcorr, lts = _np(ev["correlation"], -1)[rt], _np(ev["ts"])[rt]
+    order = np.argsort(lcorr, kind="stable")
+    lcorr, lts = lcorr[order], lts[order]
+    starts = kts
+    if len(lcorr):  # a kernel is queued from its launch (same correlation id) on
+        i = np.clip(np.searchsorted(lcorr, kcorr), 0, len(lcorr) - 1)
+        starts = np.where((kcorr >= 0) & (lcorr[i] == kcorr), np.minimum(lts[i], kts), kts)
+    return iv.union(starts, kts + kd[ok])
 
 
 def _comm_busy(store: RunStore, rank: int) -> iv.IntervalSet:
-    rows = store.rank_table("collectives", rank, ["ts", "dur", "enqueue_ts", "enqueue_dur"]).to_pylist()
-    spans = []
-    for c in rows:
-        for t, d in ((c["ts"], c["dur"]), (c["enqueue_ts"], c["enqueue_dur"])):
-            if t is not None and d is not None and d >= 0:
-                spans.append((t, t + d))
-    return iv.union([a for a, _ in spans], [b for _, b in spans]) if spans else iv.empty()
+    t = store.rank_table("collectives", rank, ["ts", "dur", "enqueue_ts", "enqueue_dur"])
+    sets = []
+    for a, d in (("ts", "dur"), ("enqueue_ts", "enqueue_dur")):
+        ts, du = _np(t[a]), _np(t[d], -1)
+        ok = _np(t[a].is_valid(), False).astype(bool) & (du >= 0)
+        sets.append(iv.union(ts[ok], ts[ok] + du[ok]))
+    return iv.merge(*sets)
 
 
 def _long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
@@ -98,11 +124,8 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
     if not steps:
         return None
-    rows = _host_rows(store, rank)
-    data = [r for r in rows if _is_data_load(r)]
-    ops = [r for r in rows if not _is_data_load(r) and not _is_step(r)]  # ops inside data loading count
-    act = iv.union([r["ts"] for r in ops], [r["ts"] + r["dur"] for r in ops])
-    loading = iv.union([r["ts"] for r in data], [r["ts"] + r["dur"] for r in data])
+    host = _host_events(store, rank)
+    act, loading = host.act, host.loading
     queued = _device_queued(store, rank)
     comm = _comm_busy(store, rank) if queued is None else None
     tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
@@ -127,12 +150,12 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     out.update(rank=rank, steps=n, device="gpu" if queued is not None else "cpu",
                stall_fraction=tot["stall_ns"] / tot["step_ns"] if tot["step_ns"] else 0.0,
                recurring_fraction=min(per_step), step_fractions=per_step,
-               data_load_sources=sorted({_source(r) for r in data}))
+               data_load_sources=sorted({_source(nm) for nm in host.data_names}))
     return out
 
 
-def _source(r: dict[str, Any]) -> str:
-    return "DataLoader" if (r["name"] or "").startswith(DATA_LOADER_PREFIX) else "label"
+def _source(name: str) -> str:
+    return "DataLoader" if name.startswith(DATA_LOADER_PREFIX) else "label"
 
 
 def _severity(frac: float) -> Severity | None:

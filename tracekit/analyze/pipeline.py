@@ -40,6 +40,7 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
@@ -399,9 +400,13 @@ def _host_busy(store: RunStore, windows: dict[tuple[int, int], tuple[int, int]],
     for o in p2p:
         if o.op == "recv":
             recvs[o.step].append(o)
-    ev = store.rank_table("events", rank, ["ts", "dur", "role", "lane"]).to_pylist()
-    ops = [e for e in ev if e["role"] == "compute" and e["lane"] == "host" and e["dur"] is not None and e["dur"] > 0]
-    working = iv.union([e["ts"] - offset for e in ops], [e["ts"] + e["dur"] - offset for e in ops])
+    ev = store.rank_table("events", rank, ["ts", "dur", "role", "lane"])
+    dur = ev["dur"].fill_null(0).to_numpy()
+    ops = (pc.equal(ev["role"].cast(pa.string()), "compute").fill_null(False).to_numpy(zero_copy_only=False)
+           & pc.equal(ev["lane"].cast(pa.string()), "host").fill_null(False).to_numpy(zero_copy_only=False)
+           & (dur > 0))
+    ts = ev["ts"].to_numpy()[ops] - offset
+    working = iv.union(ts, ts + dur[ops])
     out = {}
     for (rk, step), (w0, w1) in windows.items():
         if rk != rank:
