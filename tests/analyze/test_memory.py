@@ -128,3 +128,21 @@ def test_real_h100_trace_peak_split_and_headroom(tmp_path):
     assert 0 < gpu["activation_held_bytes"] <= gpu["activation_peak_bytes"]  # unlabelled: autograd phases
     head = {f["kind"]: f for f in analysis["findings"]}["memory_headroom"]
     assert head["evidence"]["capacity_bytes"] == capacity
+
+
+def test_simulated_gpu_pipeline_peaks_are_the_answer_keys(tmp_path):
+    from tracekit.simulate.api import simulate
+    from tracekit.simulate.specs import ClusterSpec, Layout as SimLayout, ModelSpec
+    from tracekit.simulate.writer import write_traces
+
+    res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"),
+                   SimLayout(pp=4, schedule="1f1b", microbatches=8), steps=2, seed=3, without=False)
+    write_traces(res, tmp_path / "sim")
+    truth = json.loads((tmp_path / "sim" / "ground_truth.json").read_text())["memory"]["peak_allocated_bytes"]
+    mem = _analyze(tmp_path / "sim", tmp_path / "store")["sections"]["memory"]
+    main = _main(mem)
+    assert {str(r): main[r]["peak_allocated"] for r in main} == truth
+    assert mem["counter"] == "absolute"
+    stages = {s["stage"]: s for s in mem["stages"]}
+    assert [stages[s]["in_flight_schedule"] for s in range(4)] == [4, 3, 2, 1]
+    assert stages[0]["peak_allocated"] > stages[3]["peak_allocated"]

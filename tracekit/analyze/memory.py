@@ -5,8 +5,9 @@ Definitions (from the `memory` table: the profiler's own allocation counter afte
     level(t)         = Total Allocated after the last memory event at or before t
     peak             = max Total Allocated on (rank, device) — the profiler's own number, unchanged
     step base        = level just before the step's first memory event (what outlives a step:
-                       parameters, optimizer state, gradients kept between steps)
-    activation peak  = max over steps of (step peak − step base): activations plus backward transients
+                       parameters, optimizer state, gradients kept between steps); static = the last
+                       step's (a first step may still be creating optimizer state)
+    activation peak  = max step peak − static: activations plus backward transients
     held activations = peak over time of the bytes allocated inside a forward phase and freed inside a
                        backward phase (allocations paired with their frees by address), i.e. what
                        backward consumes; phases are the pipeline rows, else labels ending in
@@ -148,8 +149,9 @@ def _device_summary(store: RunStore, rank: int, dev_type: int, dev: int, rows: p
     for s in sorted(set(step.tolist()) - {-1}):
         idx = np.flatnonzero(step == s)
         steps.append({"step": int(s), "base": int(total[idx[0]] - nbytes[idx[0]]), "peak": int(total[idx].max())})
-    static = min((x["base"] for x in steps), default=int(total[0] - nbytes[0]))
-    act = max((x["peak"] - x["base"] for x in steps), default=int(total.max()) - static)
+    # steady state: the last step's base (a first step may still be creating optimizer state)
+    static = steps[-1]["base"] if steps else int(total[0] - nbytes[0])
+    act = max(0, max((x["peak"] for x in steps), default=int(total.max())) - static)
     addr = rows.column("addr").fill_null(-1).to_numpy(zero_copy_only=False)
     held, per_mb = held_activations(ts, nbytes, addr, phase_intervals(store, rank, False),
                                     phase_intervals(store, rank, True))
