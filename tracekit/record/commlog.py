@@ -23,6 +23,12 @@ from typing import Any
 
 COMMS_LOG_VERSION = "tracekit.comms/1"
 
+try:  # ~10x faster than json.dumps; the log is written inside the profiled window
+    from msgspec.json import encode as _encode
+except ImportError:  # pragma: no cover - msgspec is a dependency; keep the recorder working without it
+    def _encode(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 
 def comms_log_path(out_dir: str | os.PathLike, rank: int) -> Path:
     return Path(out_dir) / f"comms.rank{rank}.jsonl"
@@ -39,13 +45,13 @@ class CommLog:
         self._record_id = 0
         self._seq: dict[tuple[str, bool], int] = {}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w", buffering=1 << 16)
+        self._fh = open(self.path, "wb", buffering=1 << 16)
         self._write({"type": "header", "version": COMMS_LOG_VERSION, "rank": rank,
                      "world_size": world_size, "pg_config": pg_config or {},
                      "time_ns": time.time_ns()})
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._fh.write(_encode(obj) + b"\n")
 
     def next_seq(self, pg_name: str, p2p: bool) -> int:
         """Next collective (or p2p) sequence id in group `pg_name`, starting at 1 like c10d."""

@@ -126,6 +126,10 @@ class GroupInfo:
 
 def _shapes(value: Any) -> tuple[list[list[int]], list[str]]:
     """Shapes and dtype names of a tensor, a list of tensors or a list of lists (flattened)."""
+    if isinstance(value, torch.Tensor):  # fast paths: one tensor, a flat list of tensors
+        return [list(value.shape)], [dtype_name(value.dtype)]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
+        return [list(v.shape) for v in value], [dtype_name(v.dtype) for v in value]
     shapes: list[list[int]] = []
     dtypes: list[str] = []
     stack = [value]
