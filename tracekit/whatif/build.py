@@ -547,6 +547,7 @@ def build_step_graph(store: RunStore, step: int, inp: StepInput, ranks: list[int
             if win is not None:
                 windows[r] = win
     g = buf.finish(dims)
+    infer_stream_waits(g)
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
                                              dim=("dim", "first"), op=("op", "first"),
                                              bytes=("bytes", "max"), n=("rank", "size"))
@@ -561,3 +562,34 @@ def attach_windows(g: StepGraph, windows: dict[int, tuple[int, int]]) -> None:
     g.win_start = np.array([windows[r][0] for r in ranks], dtype=np.int64)
     g.win_end = np.array([windows[r][1] for r in ranks], dtype=np.int64)
     add_start_nodes(g)
+
+
+def infer_stream_waits(g: StepGraph) -> None:
+    """A device op that started later than everything the graph makes it wait for (its stream, its launch,
+    a collective) waited for another stream of its rank (an event wait the trace does not record): the
+    latest op of the rank's other streams that ended in that gap becomes its predecessor."""
+    dev_lane = np.array(["stream" in n for n in g.lane_names] + [False], dtype=bool)
+    dev = np.flatnonzero(dev_lane[np.where(g.lane >= 0, g.lane, len(g.lane_names))] & (g.rank >= 0))
+    if dev.size == 0:
+        return
+    end = g.start + g.dur
+    ready = np.full(g.num_nodes, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(ready, g.dst, end[g.src])
+    waiting = dev[(g.start[dev] > ready[dev]) & (ready[dev] > np.iinfo(np.int64).min)]
+    if waiting.size == 0:
+        return
+    order = dev[np.lexsort((end[dev], g.rank[dev]))]
+    key_r, key_e = g.rank[order].astype(np.int64), end[order]
+    # per waiting op: the last device op of its rank ending at or before its start
+    lo = np.searchsorted(key_r, g.rank[waiting], side="left")
+    hi = np.searchsorted(key_r, g.rank[waiting], side="right")
+    pos = np.empty(waiting.size, np.int64)
+    for r in np.unique(g.rank[waiting]):  # one search per rank, vectorised over its ops
+        m = g.rank[waiting] == r
+        pos[m] = lo[m][0] + np.searchsorted(key_e[lo[m][0]:hi[m][0]], g.start[waiting[m]], side="right") - 1
+    ok = pos >= lo
+    u = order[np.maximum(pos, 0)]
+    ok &= (end[u] > ready[waiting]) & (g.lane[u] != g.lane[waiting])
+    g.src = np.r_[g.src, u[ok]]
+    g.dst = np.r_[g.dst, waiting[ok]]
+    g._plan = None
