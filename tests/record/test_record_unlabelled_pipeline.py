@@ -101,3 +101,22 @@ def test_more_microbatches_shrink_the_bubble(recordings):
     assert large["theoretical_bubble"] == pytest.approx(3 / 11)
     print(f"\nGPipe p=4 m=8: measured {large['measured_bubble']:.3f}, theory 0.273")
     assert large["measured_bubble"] < small["measured_bubble"]
+
+
+@pytest.mark.slow
+def test_the_profiler_traces_alone_show_the_pipeline(recordings, tmp_path):
+    """Without tracekit's collective log (a user's own torch.profiler traces): the peers come from the
+    c10d send/recv ops' arguments on a default-group-only trace, and the same pipeline is found."""
+    import shutil
+
+    traces, analysis = recordings[2]
+    for rank in range(STAGES):
+        shutil.copy(traces / f"rank{rank}.pt.trace.json.gz", tmp_path)
+    store = parse_run(tmp_path, tmp_path / "store", progress=False).store
+    p2p = [c for c in store.table("collectives").to_pylist() if c["op"] in ("send", "recv")]
+    assert p2p and all(c["source"] == "kineto" for c in p2p)
+    assert all(c["peer"] is not None and abs(c["peer"] - c["rank"]) == 1 for c in p2p)
+    sec = analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False))["sections"]["pipeline"]
+    assert [p["ranks"] for p in sec["pipelines"]] == [[0, 1, 2, 3]]
+    assert sec["num_microbatches"] == 2 and sec["schedule_detected"] == "gpipe"
+    assert sec["measured_bubble"] == pytest.approx(analysis["sections"]["pipeline"]["measured_bubble"], abs=1e-9)

@@ -683,7 +683,7 @@ def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
         path=path, name_dict=name_dict, name_codes=name_codes, cat_codes=cat_codes, cat_values=cat_values,
         ts=ts, end=end, dur=dur, dur_ok=dur_ok, pid=pid, tid=tid, ext=ext_col, corr=corr_np, args=args_keep,
         gpu_row=gpu_row, kernel_rows=k_rows[k_comm], kernel_launch=k_launch[k_comm], step_at=step_at,
-        lenient=lenient, world_size=world_size,
+        lenient=lenient, world_size=world_size, only_default_group=_only_default_group(di, world_size),
     )
     coll = build_collectives(comm_inputs)
     warnings.extend(coll.warnings)
@@ -853,6 +853,18 @@ def _info(trace: Any, di: dict | None, path: str, ts: np.ndarray, end: np.ndarra
         "clock_offset_ns": None,
         "parse_warnings": list(warnings),
     }
+
+
+def _only_default_group(di: dict | None, world_size: int | None) -> bool:
+    """distributedInfo lists one process group, the default one (all ranks of the world)."""
+    cfg = di.get("pg_config") if di else None
+    if isinstance(cfg, dict):
+        cfg = list(cfg.values())
+    if not isinstance(cfg, list) or len(cfg) != 1 or not isinstance(cfg[0], dict):
+        return False
+    ranks = cfg[0].get("ranks")
+    ranks = _parse_int_list(ranks) if isinstance(ranks, str) else ranks
+    return cfg[0].get("pg_desc") == "default_pg" or (world_size is not None and ranks == list(range(world_size)))
 
 
 def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]) -> list[dict]:

@@ -34,6 +34,7 @@ import re
 
 _STEP_RE = re.compile(STEP_PATTERN)
 _P2P = ("send", "recv")
+C10D_PEER_POSITION = 2  # c10d::send / c10d::recv_ schema: (tensors, process_group, peer, tag)
 # gloo implements some ops with others: ops a c10d call may appear as on the gloo thread.
 _GLOO_ALIASES = {"reduce_scatter": ("reduce_scatter", "all_reduce")}
 
@@ -62,6 +63,9 @@ class CollectiveInputs:
     step_at: Callable[[np.ndarray], np.ndarray]
     lenient: bool
     world_size: int | None
+    only_default_group: bool = False
+    """The trace's process groups are the default group alone: a c10d send/recv's group-local peer
+    (its `Concrete Inputs`) is then the global rank."""
 
 
 class _RowValues:
@@ -338,7 +342,15 @@ def _c10d_call(inp: CollectiveInputs, r: int) -> dict | None:
         return None
     c = _base(inp, r, op, enqueue=True)
     c.update(_c10d_sizes(inp, r))
+    if op in _P2P and inp.only_default_group:
+        c["peer"] = _c10d_peer(inp, r)
     return c
+
+
+def _c10d_peer(inp: CollectiveInputs, r: int) -> int | None:
+    """`c10d::send(tensors, group, dst, tag)` / `c10d::recv_(tensors, group, src, tag)`: the peer argument."""
+    ci = _raw_json(inp.args[r].concrete_inputs) if len(inp.args[r].concrete_inputs) else None
+    return _int(ci[C10D_PEER_POSITION]) if isinstance(ci, list) and len(ci) > C10D_PEER_POSITION else None
 
 
 def _annotation_sizes(inp: CollectiveInputs, r: int, op: str) -> dict:
