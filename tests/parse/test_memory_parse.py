@@ -114,3 +114,13 @@ def test_trace_without_memory_events_gives_an_empty_table(tmp_path):
     path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1,
                                                  "ts": 1.0, "dur": 2.0}], "distributedInfo": {"rank": 0}}))
     assert parse_kineto(path).tables["memory"].num_rows == 0
+
+
+def test_chunked_parse_keeps_every_memory_row():
+    from tracekit.parse.chunked import parse_kineto_chunked
+
+    src = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_h100" / "rank0.pt.trace.json.gz"
+    whole = parse_kineto(src).tables["memory"]
+    chunked = parse_kineto_chunked(src, max_memory_bytes=64 << 20, chunk_bytes=64 << 10).tables["memory"]
+    assert whole.num_rows > 100
+    assert chunked.equals(whole)

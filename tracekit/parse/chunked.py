@@ -274,6 +274,7 @@ class _Context:
     step_missing_dur: int = 0
     step_negative_dur: int = 0
     num_events: int = 0
+    memory: list[pa.Table] = field(default_factory=list)  # each chunk's `[memory]` rows (parse/memory.py)
 
 
 def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
@@ -499,7 +500,8 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
     warnings = _merge_warnings(counts, full.info["parse_warnings"], ctx.lenient)
     info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
                 trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
-    tables = dict(full.tables, events=events, kernels=kernels, steps=device_windows(full.tables["steps"], kernels))
+    tables = dict(full.tables, events=events, kernels=kernels, steps=device_windows(full.tables["steps"], kernels),
+                  memory=_by_time(ctx.memory) if ctx.memory else full.tables["memory"])
     phase_counts = dict(ctx.phase_counts) if ctx.lenient else {"X": 0, "M": 0, **ctx.phase_counts}
     return replace(full, info=info, tables=tables, phase_counts=phase_counts)
 
@@ -527,6 +529,7 @@ def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
 
 def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, windows, workdir):
     """Parse every chunk with the metadata in front and the steps behind; spill its events."""
+    ctx.memory.clear()
     counts: dict[str, int] = {}
     order: list[str] = []
     ev_files: list[str] = []
@@ -555,6 +558,7 @@ def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, la
         ev = ev.slice(0, ev.num_rows - n_steps)
         ev = _device_steps(ev, "cat", launches, windows)
         kt = _device_steps(kp.tables["kernels"], None, launches, windows)
+        ctx.memory.append(kp.tables["memory"])
         del kp
         if ev.num_rows:
             ts = ev.column("ts")
@@ -578,6 +582,11 @@ def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, la
     rank = lambda k: next((i for i, p in enumerate(_COUNT_ORDER) if k.startswith(p)), len(_COUNT_ORDER))  # noqa: E731
     counts = {k: counts[k] for k in sorted(order, key=rank) if counts[k] > 0}
     return ev_files, kernel_parts, counts, total_rows, first, last
+
+
+def _by_time(parts: list[pa.Table]) -> pa.Table:
+    table = pa.concat_tables(parts)
+    return table.take(pc.sort_indices(table, [("ts", "ascending")]))
 
 
 def _load(files: list[str], schema: pa.Schema) -> pa.Table:
