@@ -1,17 +1,22 @@
-"""Scale benchmark: `tracekit analyze` on generated runs of 8 to 1,024 ranks, time and peak memory.
+"""Scale benchmark: `tracekit analyze` on simulated 5-D runs of 8 to 1,024 ranks, time and peak memory.
 
-    python benchmarks/scale_bench.py [--ranks 8,64,256,1024] [--events-per-rank 3000]
+    python benchmarks/scale_bench.py [--ranks 8,64,256,1024] [--source sim|synth] [--events-per-rank 3000]
         [--sweep-ranks 8 --sweep-events 3000,30000,120000] [--workers 2]
         [--speedup-ranks 64] [--big-events 1000000 --big-budgets 256MB,64MB] [--data-dir DIR] [--json OUT]
 
 Runs (each command in a fresh subprocess, `nice`d like everything on the shared box):
 1. the event mix measured from the real seed trace next to the one the generator uses;
-2. `tracekit analyze -j W` end to end for each rank count (fixed events per rank) and for each
+2. `tracekit analyze -j W` end to end for each rank count and for each
    events-per-rank at a fixed rank count: wall seconds, total events, µs per event, and peak memory
    as the summed PSS of the whole process tree (parent, forkserver, workers; sampled every 50 ms;
    PSS because RSS counts shared libraries once per process, DESIGN §8);
 3. `tracekit parse` with 1 and with W workers on the same run (parse speed-up);
 4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path).
+The rank sweep (2) uses `tracekit simulate` (source "sim", the default): a 5-D layout per rank count
+(pp x dp x cp x tp with ep 2 over dp x cp, see SIM_LAYOUTS), the tiny-moe model, the GPU of rank ranks//3 slowed 1.3x;
+simulation wall/CPU seconds, peak PSS and trace events written per CPU-second are printed beside the
+analysis. The events-per-rank sweep, the parse speed-up and the chunked case use the synthetic
+generator (benchmarks/synth.py), which controls events per rank exactly.
 Generated runs are cached in --data-dir (default /tmp/tracekit-scale).
 """
 
@@ -143,13 +148,83 @@ def ensure_run(data_dir: Path, ranks: int, epr: int, compress: bool = True) -> t
     return d, truth
 
 
-def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int) -> dict:
-    run, truth = ensure_run(data_dir, ranks, epr)
+# ranks -> (pp, dp, cp, tp); ep 2 over dp x cp; hosts of 8 GPUs
+SIM_LAYOUTS = {8: (2, 1, 2, 2), 16: (2, 2, 2, 2), 32: (2, 2, 2, 4), 64: (2, 4, 2, 4), 128: (2, 8, 2, 4),
+               256: (4, 8, 2, 4), 512: (4, 8, 2, 8), 1024: (4, 16, 2, 8)}
+
+
+def _gz_size(path: Path) -> int:
+    """Uncompressed size from the gzip trailer (files here are < 4 GiB)."""
+    with open(path, "rb") as f:
+        f.seek(-4, 2)
+        return int.from_bytes(f.read(4), "little")
+
+
+def ensure_sim_run(data_dir: Path, ranks: int) -> tuple[Path, dict]:
+    """A simulated 5-D run of `ranks` GPUs with one slow GPU; the simulation itself measured."""
+    d = data_dir / f"sim_r{ranks}"
+    stats_file = d / "sim_stats.json"
+    if stats_file.is_file():
+        return d, json.loads(stats_file.read_text())
+    shutil.rmtree(d, ignore_errors=True)
+    pp, dp, cp, tp = SIM_LAYOUTS[ranks]
+    slow = ranks // 3
+    cmd = ["nice", sys.executable, "-m", "tracekit", "simulate", "--pp", str(pp), "--dp", str(dp), "--cp", str(cp),
+           "--tp", str(tp), "--ep", "2", "--microbatches", str(2 * pp), "--model", "tiny-moe",
+           "--fault", f"slow-gpu={slow}:1.3", "--steps", "2", "--no-without", "--out", str(d)]
+    m = run_measured(cmd)
+    gt = json.loads((d / "ground_truth.json").read_text())
+    files = sorted(d.glob("rank*.pt.trace.json.gz"))
+    events = complete = 0
+    for f in files[:: max(1, len(files) // 16)]:  # count a sample of ranks, scale up
+        import gzip
+
+        with gzip.open(f, "rt") as fh:
+            doc = json.load(fh)
+        events += len(doc["traceEvents"])
+        complete += sum(1 for e in doc["traceEvents"] if e.get("ph") == "X")
+    sampled = len(files[:: max(1, len(files) // 16)])
+    events = events * len(files) // sampled
+    complete = complete * len(files) // sampled
+    stats = {"sim": m, "trace_events": events, "complete_events": complete,
+             "json_bytes": sum(_gz_size(f) for f in files), "straggler_rank": slow,
+             "layout": {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": 2},
+             "events_per_cpu_s": round(events / max(m["cpu_s"], 1e-9)), "step_ns": gt["key"]["mean_step_ns"]}
+    stats_file.write_text(json.dumps(stats))
+    print(f"  simulated {ranks} ranks: {m} -> {events} events ({stats['events_per_cpu_s']} per CPU-second)",
+          file=sys.stderr)
+    return d, stats
+
+
+def write_rate(ranks: int = 64) -> dict:
+    """Trace events written per CPU-second by the simulator's writer alone (JSON text + gzip), and the
+    simulation (programs + discrete-event run + key) per CPU-second of events, in this process."""
+    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate
+    from tracekit.simulate.writer import trace_bytes
+
+    pp, dp, cp, tp = SIM_LAYOUTS[ranks]
+    t0 = time.process_time()
+    res = simulate(ModelSpec.preset("tiny-moe"), ClusterSpec.preset(f"{ranks // 8}x8-h100"),
+                   Layout(pp=pp, dp=dp, cp=cp, tp=tp, ep=2, microbatches=2 * pp), Faults(), steps=2, without=False)
+    t1 = time.process_time()
+    events = 0
+    for r in range(ranks):
+        events += trace_bytes(res, r)[1]
+    t2 = time.process_time()
+    return {"ranks": ranks, "events": events, "simulate_cpu_s": round(t1 - t0, 2), "write_cpu_s": round(t2 - t1, 2),
+            "events_written_per_cpu_s": round(events / (t2 - t1)),
+            "events_simulated_and_written_per_cpu_s": round(events / (t2 - t0))}
+
+
+def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int, source: str = "synth") -> dict:
+    run, truth = ensure_sim_run(data_dir, ranks) if source == "sim" else ensure_run(data_dir, ranks, epr)
     out = work / f"out_r{ranks}_e{epr}"
     shutil.rmtree(out, ignore_errors=True)
     m = run_measured(tracekit("analyze", str(run), "--out", str(out), "-j", str(workers), "-q"))
     analysis = json.loads((out / "analysis.json").read_text())
     stragglers = [f["ranks"] for f in analysis["findings"] if f["kind"] == "straggler"]
+    if source == "sim":
+        epr = truth["complete_events"] // ranks
     row = {"ranks": ranks, "events_per_rank": epr, "events": truth["complete_events"],
            "json_mb": round(truth["json_bytes"] / MB, 1), "workers": workers, **m,
            "us_per_event": round(m["wall_s"] * 1e6 / truth["complete_events"], 2),
@@ -157,6 +232,9 @@ def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int)
            "ranks_analyzed": len(analysis["ranks"]),
            "straggler_found": [truth["straggler_rank"]] in stragglers,
            "report_mb": round((out / "report.html").stat().st_size / MB, 2) if (out / "report.html").exists() else None}
+    if source == "sim":
+        row["simulate"] = {**truth["sim"], "trace_events": truth["trace_events"],
+                           "events_per_cpu_s": truth["events_per_cpu_s"], "layout": truth["layout"]}
     shutil.rmtree(out, ignore_errors=True)
     return row
 
@@ -238,7 +316,9 @@ def _fit(rows: list[dict], key: str = "wall_s") -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default="8,64,256,1024")
-    ap.add_argument("--events-per-rank", type=int, default=3000)
+    ap.add_argument("--events-per-rank", type=int, default=3000, help="synthetic rank sweep only")
+    ap.add_argument("--source", choices=("sim", "synth"), default="sim",
+                    help="rank sweep on simulated 5-D runs (tracekit simulate) or on the synthetic generator")
     ap.add_argument("--sweep-ranks", type=int, default=8)
     ap.add_argument("--sweep-events", default="3000,30000,120000")
     ap.add_argument("--workers", type=int, default=2)
@@ -276,10 +356,24 @@ def main(argv: list[str] | None = None) -> None:
 
     by_ranks = []
     for n in _ints(a.ranks):
-        by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers))
+        by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers, a.source))
         print(json.dumps(by_ranks[-1]), file=sys.stderr)
     results["by_ranks"] = {"rows": by_ranks, "fit": _fit(by_ranks), "fit_cpu": _fit(by_ranks, "cpu_s")}
-    show(by_ranks, f"tracekit analyze -j {a.workers}, {a.events_per_rank} complete events per rank")
+    if a.source == "sim":
+        show(by_ranks, f"tracekit analyze -j {a.workers} on simulated 5-D runs (tracekit simulate, 2 steps)")
+        print(f"\n{'ranks':>6} {'layout pp,dp,cp,tp':>18} {'sim wall s':>10} {'sim cpu s':>9} {'sim PSS MB':>10} "
+              f"{'events':>10} {'events/cpu-s':>12}")
+        for r in by_ranks:
+            s_ = r["simulate"]
+            lay = ",".join(str(s_["layout"][k]) for k in ("pp", "dp", "cp", "tp"))
+            print(f"{r['ranks']:>6} {lay:>18} {s_['wall_s']:>10} "
+                  f"{s_['cpu_s']:>9} {s_['peak_pss_mb']:>10} {s_['trace_events']:>10} {s_['events_per_cpu_s']:>12}")
+    else:
+        show(by_ranks, f"tracekit analyze -j {a.workers}, {a.events_per_rank} complete events per rank")
+
+    if a.source == "sim":
+        results["write_rate"] = write_rate()
+        print(f"\ntrace writing alone, in process (64-rank 5-D run): {results['write_rate']}")
 
     by_events = []
     for e in _ints(a.sweep_events):

@@ -92,3 +92,33 @@ def test_tracekit_parses_and_its_breakdown_matches_the_key(dp_tp_run, tmp_path):
         worst["step_ns"] = max(worst.get("step_ns", 0.0), abs(row["step_ns"] - key["window_ns"]) / key["window_ns"])
     print(f"\ntracekit vs key, worst |error| / window over ranks: {worst}")
     assert max(worst.values()) <= 0.01, worst
+
+
+def test_hta_temporal_breakdown_matches_the_key(tmp_path):
+    """HTA's TraceAnalysis loads the simulated traces; its temporal breakdown (window: first to last kernel
+    launched before the last ProfilerStep; compute = union of compute kernels; idle = no kernel) agrees
+    with the key over the same window within 1 percentage point."""
+    import logging
+    import warnings
+
+    res = simulate(TINY, ClusterSpec.preset("2x2-h100"), Layout(dp=2, pp=2, microbatches=2),
+                   Faults(slow_gpu={1: 1.4}), steps=3, seed=2, without=False)
+    write_traces(res, tmp_path)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    try:
+        from hta.trace_analysis import TraceAnalysis
+
+        df = TraceAnalysis(trace_dir=str(tmp_path)).get_temporal_breakdown(visualize=False)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert sorted(df["rank"]) == list(range(res.ranks))
+    for row in df.to_dict("records"):
+        iv = res.intervals(row["rank"])
+        m = iv.step < res.steps - 1
+        b = iv.breakdown(int(iv.start[m].min()), int(iv.end[m].max()))
+        w = b["window_ns"]
+        key = {"compute_time_pctg": 100 * b["compute_ns"] / w, "idle_time_pctg": 100 * b["idle_ns"] / w,
+               "non_compute_time_pctg": 100 * (b["exposed_comm_ns"] + b["other_ns"]) / w}
+        for k, v in key.items():
+            assert abs(row[k] - v) <= 1.0, (row["rank"], k, row[k], v)

@@ -41,6 +41,8 @@ def register(app: typer.Typer) -> None:
         interleave: int = typer.Option(2, "--interleave", help="Virtual stages per pp rank (interleaved / zb)."),
         checkpointing: bool = typer.Option(False, "--activation-checkpointing"),
         model: str = typer.Option("tiny", "--model"),
+        micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch (0: the preset's)."),
+        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the preset's)."),
         cluster: str = typer.Option("", "--cluster", help="Preset; default: the smallest H100 cluster that fits."),
         fault: list[str] = typer.Option([], "--fault", "-f", help="A fault (repeatable), see above."),
         steps: int = typer.Option(3, "--steps"),
@@ -54,7 +56,13 @@ def register(app: typer.Typer) -> None:
         from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, parse_fault, simulate, write_traces
 
         try:
+            import dataclasses
+
             m = ModelSpec.preset(model)
+            if micro_batch_size:
+                m = dataclasses.replace(m, micro_batch_size=micro_batch_size)
+            if seq:
+                m = dataclasses.replace(m, seq=seq)
             lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, fsdp=fsdp, schedule=schedule, microbatches=microbatches,
                          interleave=interleave if schedule in ("interleaved", "zb") else 1,
                          activation_checkpointing=checkpointing)
