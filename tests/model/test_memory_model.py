@@ -34,3 +34,14 @@ def test_fsdp_shards_and_optimizer_state_is_counted_when_the_counter_sees_it():
     ddp = predict(shape, Layout(dp=4))[0]
     fsdp = predict(shape, Layout(dp=4, dp_mode="fsdp"))[0]
     assert fsdp.params * 4 == ddp.params and fsdp.optimizer == 2 * fsdp.params
+
+
+def test_fits_rules_out_layouts_by_their_fullest_stage():
+    from tracekit.model.memory import fits, peak_bytes
+
+    shape = ModelShape(num_layers=8, d_model=1024, d_ff=4096, num_heads=8, vocab_size=32000, seq_len=2048,
+                       microbatch_size=1, bytes_per_value=2)
+    gpipe, one_f1b = Layout(pp=4, schedule="gpipe", microbatches=16), Layout(pp=4, schedule="1f1b", microbatches=16)
+    assert peak_bytes(shape, gpipe) > peak_bytes(shape, one_f1b)
+    limit = (peak_bytes(shape, gpipe) + peak_bytes(shape, one_f1b)) // 2
+    assert fits(shape, one_f1b, int(limit / 0.9)) and not fits(shape, gpipe, int(limit / 0.9))

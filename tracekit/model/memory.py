@@ -253,3 +253,19 @@ def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microb
     return Calibration(block_scale=block, head_scale=head,
                        transient_scale=max(0.0, statistics.median(scales)) if scales else 1.0,
                        counts_static=counts_static)
+
+
+def peak_bytes(shape: ModelShape, layout: Layout, calib: Calibration = Calibration()) -> int:
+    """The largest predicted peak over the layout's pipeline stages (the rank that limits the layout)."""
+    return max(s.peak for s in predict(shape, layout, calib))
+
+
+def fits(shape: ModelShape, layout: Layout, capacity_bytes: int, calib: Calibration = Calibration(),
+         reserve_fraction: float = 0.1) -> bool:
+    """Whether every rank's predicted peak stays below the device memory less a reserve (allocator
+    fragmentation, workspace, the CUDA context); for the layout advisor to rule layouts out.
+
+    The calibration must count static memory (an absolute counter, e.g. CUDA's) for a capacity check."""
+    if not calib.counts_static:
+        raise ValueError("a capacity check needs a calibration that counts parameters and optimizer state")
+    return peak_bytes(shape, layout, calib) <= capacity_bytes * (1 - reserve_fraction)
