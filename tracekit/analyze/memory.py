@@ -456,11 +456,13 @@ def _nesting(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> tuple[np.ndarr
 
 def recompute_of_rank(store: RunStore, rank: int) -> dict[str, Any] | None:
     """Forward ops re-run inside backward on this rank, with their time per step; None when none."""
-    ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur", "tid"])
+    ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur", "tid", "role"])
     ev = ev.filter(pc.equal(pc.cast(ev.column("cat"), pa.string()), "cpu_op"))
     if not ev.num_rows:
         return None
     names = pc.cast(ev.column("name"), pa.string()).to_pylist()
+    compute = pc.fill_null(pc.equal(pc.cast(ev.column("role"), pa.string()), "compute"), True).to_numpy(
+        zero_copy_only=False)
     ts = ev.column("ts").to_numpy()
     end = ts + ev.column("dur").fill_null(0).to_numpy(zero_copy_only=False)
     tid = ev.column("tid").fill_null(-1).to_numpy(zero_copy_only=False)
@@ -479,14 +481,28 @@ def recompute_of_rank(store: RunStore, rank: int) -> dict[str, Any] | None:
     nodes = {_op_key(m.group(1)) for m in map(_NODE_RE.match, set(names)) if m}
     forward = {names[i] for i in np.flatnonzero((parent < 0) & ~in_bwd & works).tolist()
                if names[i] not in _VIEW_OPS and _op_key(names[i]) not in nodes}
-    cand = np.array([in_bwd[i] and names[i] in forward for i in range(len(ts))], bool)
+    cand = np.array([in_bwd[i] and compute[i] and names[i] in forward for i in range(len(ts))], bool)
     top = [i for i in np.flatnonzero(cand).tolist() if not _has_candidate_ancestor(i, parent, cand)]
+    # a re-run forward is a run of several forward ops under one backward node (a checkpointed block);
+    # a lone forward-named op there is a backward formula using it
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for i in top:
+        by_node[_backward_root(i, parent, names)].append(i)
+    top = [i for group in by_node.values() if len({names[j] for j in group}) >= 2 for i in group]
     if not top:
         return None
     steps = max(1, store.rank_table("steps", rank, columns=["step"]).num_rows)
     total_ns = int(sum(int(end[i] - ts[i]) for i in top))
     return {"rank": rank, "recompute_ns_per_step": total_ns // steps, "ops_per_step": len(top) / steps,
             "names": sorted({names[i] for i in top})[:12]}
+
+
+def _backward_root(i: int, parent: np.ndarray, names: list[str]) -> int:
+    """The innermost autograd engine event above row i (-1: none)."""
+    p = parent[i]
+    while p >= 0 and not names[p].startswith(_BACKWARD_REGION):
+        p = parent[p]
+    return int(p)
 
 
 def _has_candidate_ancestor(i: int, parent: np.ndarray, cand: np.ndarray) -> bool:
