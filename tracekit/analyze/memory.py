@@ -458,8 +458,9 @@ def recompute_of_rank(store: RunStore, rank: int) -> dict[str, Any] | None:
     """Forward ops re-run inside backward on this rank, with their time per step; None when none."""
     ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur", "tid", "role"])
     ev = ev.filter(pc.equal(pc.cast(ev.column("cat"), pa.string()), "cpu_op"))
-    if not ev.num_rows:
-        return None
+    if not ev.num_rows or not pc.any(pc.starts_with(pc.unique(pc.cast(ev.column("name"), pa.string())),
+                                                    _BACKWARD_REGION)).as_py():
+        return None  # no autograd engine events: no backward to look into
     names = pc.cast(ev.column("name"), pa.string()).to_pylist()
     compute = pc.fill_null(pc.equal(pc.cast(ev.column("role"), pa.string()), "compute"), True).to_numpy(
         zero_copy_only=False)
