@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.model.memory import in_flight_microbatches
 from tracekit.tables.store import RunStore
 
 MEMORY_IMBALANCE_RATIO = 1.25
@@ -391,8 +392,6 @@ def _optimizer_name(store: RunStore, rank: int) -> str | None:
 def stage_memory(ranks: list[dict[str, Any]], pipeline: dict) -> list[dict[str, Any]]:
     """Per pipeline stage: activation memory of its ranks against the micro-batches the schedule keeps
     in flight there (1F1B: stage s of p holds min(p − s, m); GPipe: all m)."""
-    from tracekit.model.memory import in_flight_microbatches
-
     stages = pipeline.get("stages") or []
     if not stages or not pipeline.get("num_stages"):
         return []
@@ -414,8 +413,8 @@ def stage_memory(ranks: list[dict[str, Any]], pipeline: dict) -> list[dict[str, 
                     "activation_held_bytes": int(np.mean([x["activation_held_bytes"] for x in mine])),
                     "per_microbatch_bytes": int(np.median(per_mb)) if per_mb else None,
                     "in_flight_measured": round(float(np.mean(flight)), 3) if flight else None,
-                    "in_flight_schedule": in_flight_microbatches(schedule, p, m, int(st["stage"]) % (p // v or 1)
-                                                                 if v > 1 else int(st["stage"]), v),
+                    # stages are virtual stages on interleaved schedules: stage s runs on pp rank s % p
+                    "in_flight_schedule": in_flight_microbatches(schedule, p, m, int(st["stage"]) % p, v),
                     "peak_allocated": int(max(x["peak_allocated"] for x in mine)), "layers": st.get("layers")})
     return out
 
