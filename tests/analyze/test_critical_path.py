@@ -37,6 +37,7 @@ def two_rank_allreduce(c0: int, c1: int, xfer: int, after: int) -> StepGraph:
                   lane_names=["rank 0 training thread", "rank 0 comm", "rank 1 training thread", "rank 1 comm"],
                   terminal=np.array([n[1] >= 0 for n in nodes]))
     g.ranks = np.array([0, 1])
+    g.win_step = np.array([0, 0])
     g.win_start = np.array([0, 0])
     g.win_end = np.array([last + xfer + after] * 2)
     add_start_nodes(g)

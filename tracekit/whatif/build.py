@@ -44,7 +44,7 @@ class _Buf:
     """Nodes and cross-lane edges being collected (lane-order edges are added at the end)."""
 
     cols: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio")})
+        k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio", "step")})
     names: list[str] = field(default_factory=list)
     src: list[np.ndarray] = field(default_factory=list)
     dst: list[np.ndarray] = field(default_factory=list)
@@ -57,11 +57,12 @@ class _Buf:
 
     def add(self, *, rank: int, lane: Any, category: Any, start: np.ndarray, dur: np.ndarray,
             names: list[str] | str = "", dim: Any = -1, inst: Any = -1, terminal: Any = False,
-            prio: Any = 1) -> np.ndarray:
+            prio: Any = 1, step: Any = -1) -> np.ndarray:
         k = len(start)
         for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
-                             ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8)):
+                             ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
+                             ("step", step, np.int64)):
             self.cols[key].append(np.broadcast_to(np.asarray(val, dtype=dt), (k,)).copy())
         self.names.extend(names if isinstance(names, list) else [names] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
@@ -84,7 +85,7 @@ class _Buf:
                          start=start, dur=np.maximum(c["dur"].astype(np.int64), 0),
                          src=src.astype(np.int64), dst=dst.astype(np.int64), dim=c["dim"].astype(np.int32),
                          inst=c["inst"].astype(np.int32), name=self.names, lane_names=self.lane_names,
-                         dims=dims, terminal=c["terminal"].astype(bool))
+                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64))
 
 
 @dataclass
@@ -123,12 +124,12 @@ def clock_shift(matched: MatchedCollectives | None) -> dict[int, int]:
     return out
 
 
-def step_members(inp: StepInput, step: int, shift: dict[int, int]) -> pd.DataFrame:
+def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
     """The step's collective members on the common clock: key, rank, arrival, end, dim, op, bytes, inst."""
     m = inp.matched
     if m is None or m.rows.empty:
-        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name"])
-    rows = m.rows[(m.rows["step"] == step) & m.rows["end"].notna()].copy()
+        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step"])
+    rows = m.rows[m.rows["step"].isin(steps) & m.rows["end"].notna()].copy()
     rs = row_trace_shift(rows, m.trace_shift)
     rows = rows[~np.isnan(rs)].copy()
     rs = rs[~np.isnan(rs)].astype(np.int64)
@@ -139,21 +140,21 @@ def step_members(inp: StepInput, step: int, shift: dict[int, int]) -> pd.DataFra
     rows["dim"] = rows["pg_name"].map(lambda p: inp.dims.get(str(p).removeprefix("kineto:"), "unknown"))
     n = rows.groupby("key")["rank"].transform("size")
     rows = rows[n >= 2].copy()
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name"]
-    parts = [x for x in (rows[cols], p2p_members(inp, step, shift)) if not x.empty]
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step"]
+    parts = [x for x in (rows[cols], p2p_members(inp, steps, shift)) if not x.empty]
     both = pd.concat(parts, ignore_index=True) if parts else rows[cols].copy()
     both["inst"] = both["key"].astype("category").cat.codes.astype(np.int64)
     return both
 
 
-def p2p_members(inp: StepInput, step: int, shift: dict[int, int]) -> pd.DataFrame:
+def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
     """Send/recv pairs of the step as two-member instances (the k-th send src→dst on a group with the
     k-th receive at dst from src): the transfer waits for both sides to be posted."""
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name"]
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step"]
     df = inp.p2p
     if df is None or df.empty:
         return pd.DataFrame(columns=cols)
-    df = df[(df["step"] == step) & df["peer"].notna() & df["ts"].notna() & df["dur"].notna()].copy()
+    df = df[df["step"].isin(steps) & df["peer"].notna() & df["ts"].notna() & df["dur"].notna()].copy()
     op = df["op"].astype(str)
     df = df[op.str.contains("send") ^ op.str.contains("recv")].copy()
     if df.empty:
@@ -209,7 +210,7 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
         xfer_ids[m] = buf.add(rank=int(r), lane=lanes[m], category=Category.TRANSFER, start=xs,
                               dur=np.maximum(end[m] - xs, 0), dim=dim_idx[m], inst=inst[m],
                               names=[f"{o} {p}" for o, p in zip(members["op"].iloc[m], members["pg_name"].iloc[m])],
-                              terminal=True)
+                              terminal=True, step=members["step"].iloc[m].fillna(-1).to_numpy(np.int64))
     buf.edge(arr_ids, sync[inst])
     buf.edge(sync[inst], xfer_ids)
     buf.edge(arr_ids, xfer_ids)
@@ -255,9 +256,13 @@ def _containing(starts: np.ndarray, ends: np.ndarray, t: np.ndarray, strict: boo
     return np.where(ok, idx, -1)
 
 
-def _rank_events(store: RunStore, rank: int, step: int, columns: list[str]) -> pa.Table:
+def _in_steps(col: Any, steps: tuple[int, ...]) -> Any:
+    return pc.fill_null(pc.is_in(col, value_set=pa.array(list(steps), col.type)), False)
+
+
+def _rank_events(store: RunStore, rank: int, steps: tuple[int, ...], columns: list[str]) -> pa.Table:
     ev = store.rank_table("events", rank, columns)
-    return ev.filter(pc.and_(pc.fill_null(pc.equal(ev["step"], step), False), pc.is_valid(ev["dur"])))
+    return ev.filter(pc.and_(_in_steps(ev["step"], steps), pc.is_valid(ev["dur"])))
 
 
 def _leaf(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -267,13 +272,15 @@ def _leaf(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return out
 
 
-def _training_thread_ops(store: RunStore, rank: int, step: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+def _training_thread_ops(store: RunStore, rank: int, steps: tuple[int, ...]
+                         ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
     """The `cpu_op`s and annotations (but the step's own) of the thread that ran ProfilerStep#step
-    (trace clock, sorted by start, longest first). Returns starts, ends, names and a mask of the annotations."""
-    ev = _rank_events(store, rank, step, ["name", "cat", "ts", "dur", "tid", "step", "stream"])
+    (trace clock, sorted by start, longest first). Returns starts, ends, names, a mask of the annotations
+    and each op's step."""
+    ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "stream"])
     ev = ev.filter(pc.is_null(ev["stream"]))
     names = ev.column("name").cast(pa.string())
-    marker = ev.filter(pc.fill_null(pc.equal(names, f"ProfilerStep#{step}"), False))
+    marker = ev.filter(pc.fill_null(pc.starts_with(names, "ProfilerStep#"), False))
     cat = ev.column("cat").cast(pa.string())
     is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
     is_ann = pc.and_(pc.fill_null(pc.equal(cat, "user_annotation"), False),
@@ -283,14 +290,14 @@ def _training_thread_ops(store: RunStore, rank: int, step: int) -> tuple[np.ndar
     elif pc.sum(is_op).as_py():
         tid = pc.mode(ev.filter(is_op).column("tid"))[0]["mode"].as_py()
     else:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.zeros(0, bool)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), [], np.zeros(0, bool), np.zeros(0, np.int64)
     ev = ev.filter(pc.and_(pc.fill_null(pc.equal(ev["tid"], tid), False), pc.or_(is_op, is_ann)))
     ts, dur = _arr(ev, "ts"), _arr(ev, "dur")
     order = np.lexsort((-(ts + dur), ts))
     ts, end = ts[order], (ts + dur)[order]
     ann = (ev.column("cat").cast(pa.string()).to_numpy(zero_copy_only=False) == "user_annotation")[order]
     nm = [str(x) for x in ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)[order]]
-    return ts, end, nm, ann
+    return ts, end, nm, ann, _arr(ev, "step")[order]
 
 
 def innermost_segments(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -322,7 +329,7 @@ def innermost_segments(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.
     return s0[keep], s1[keep], o[keep]
 
 
-def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, mem: pd.DataFrame,
+def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, mem: pd.DataFrame,
                  ids: dict[str, np.ndarray], host_lane: int) -> np.ndarray:
     """The training thread, as pieces owned by its innermost op, cut where this rank's collectives arrive
     and end; returns their ids.
@@ -332,7 +339,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, me
     next piece's gap keeps it when the collective ended earlier). A collective's end releases the thread
     when it came in such time or while the thread recorded nothing; ending inside other work (a leaf op)
     it was overlapped."""
-    ts, end, names, ann = _training_thread_ops(store, rank, step)
+    ts, end, names, ann, op_step = _training_thread_ops(store, rank, steps)
     ts, end = ts - conv, end - conv
     s0, s1, owner = innermost_segments(ts, end)
     a = mem["arrival"].to_numpy(np.int64)
@@ -351,7 +358,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, me
     dur[wait] = 0
     cat[wait] = Category.WAIT
     seg = buf.add(rank=rank, lane=host_lane, category=cat, start=p0, dur=dur,
-                  names=[names[o] for o in own], terminal=True)
+                  names=[names[o] for o in own], terminal=True, step=op_step[own])
     nxt = np.searchsorted(p0, e[blocking], side="left")
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
@@ -383,11 +390,12 @@ class GpuRank:
     correlation: np.ndarray
     names: list[str]
     lanes: dict[int, int]
+    step: np.ndarray
 
 
-def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int) -> GpuRank | None:
+def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> GpuRank | None:
     k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step"])
-    k = k.filter(pc.and_(pc.fill_null(pc.equal(k["step"], step), False), pc.is_valid(k["dur"])))
+    k = k.filter(pc.and_(_in_steps(k["step"], steps), pc.is_valid(k["dur"])))
     if k.num_rows == 0:
         return None
     ts = _arr(k, "ts") - conv
@@ -398,24 +406,41 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int) -
     kind = [str(x) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
     names = [str(x) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
-                   names=names, lanes=lanes)
+                   names=names, lanes=lanes, step=_arr(k, "step")[order])
 
 
 def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
-    """Index of each member's collective kernel (the comm kernel whose end is nearest the member's end), -1 if none."""
+    """Index of each member's collective kernel, -1 if none: the comm kernel whose end is nearest the
+    member's end, one member per kernel (a fused send/recv pair ends together on two kernels)."""
     comm = np.flatnonzero(np.array([k == "comm" for k in gr.kind], dtype=bool))
     if comm.size == 0 or mem.empty:
         return np.full(len(mem), -1, np.int64)
-    ends = gr.end[comm]
-    o = np.argsort(ends)
+    o = np.argsort(gr.end[comm], kind="stable")
+    ends = gr.end[comm][o]
     e = mem["end"].to_numpy(np.int64)
-    j = np.clip(np.searchsorted(ends[o], e), 0, comm.size - 1)
+    j = np.clip(np.searchsorted(ends, e), 0, comm.size - 1)
     jm = np.clip(j - 1, 0, comm.size - 1)
-    pick = np.where(np.abs(ends[o][jm] - e) < np.abs(ends[o][j] - e), jm, j)
-    return comm[o][pick]
+    pick = np.where(np.abs(ends[jm] - e) < np.abs(ends[j] - e), jm, j)
+    seen, dup = np.unique(pick, return_counts=True)
+    if (dup > 1).any():
+        pick = _distinct(pick, ends, e)
+    return np.where(pick >= 0, comm[o][np.maximum(pick, 0)], -1)
 
 
-def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, gr: GpuRank,
+def _distinct(pick: np.ndarray, ends: np.ndarray, e: np.ndarray, reach: int = 8) -> np.ndarray:
+    """Reassign members that share a kernel to the nearest unused kernel within `reach` positions (by end)."""
+    used: set[int] = set()
+    out = np.full(pick.size, -1, np.int64)
+    for i in np.argsort(np.abs(ends[pick] - e), kind="stable"):  # best fits first
+        cands = [c for c in range(max(0, pick[i] - reach), min(ends.size, pick[i] + reach + 1)) if c not in used]
+        if cands:
+            c = min(cands, key=lambda k: abs(int(ends[k]) - int(e[i])))
+            used.add(c)
+            out[i] = c
+    return out
+
+
+def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                  kern_of_member: np.ndarray, ids: dict[str, np.ndarray]) -> np.ndarray:
     """Kernel nodes per stream, host threads' runtime calls, launch and blocking edges; returns kernel ids."""
     is_coll = np.zeros(gr.ts.size, bool)
@@ -427,17 +452,17 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, gr
     cats = np.array([KIND_CATEGORY.get(k, Category.OTHER) for k in gr.kind], dtype=np.int8)
     node[plain] = done[plain] = buf.add(rank=rank, lane=lanes[plain], category=cats[plain], start=gr.ts[plain],
                                         dur=(gr.end - gr.ts)[plain], names=[gr.names[i] for i in plain],
-                                        terminal=True)
+                                        terminal=True, step=gr.step[plain])
     m = kern_of_member >= 0
     node[kern_of_member[m]] = ids["arrival"][m]
     done[kern_of_member[m]] = ids["transfer"][m]
-    add_runtime_calls(buf, store, rank, step, conv, gr, node, done)
+    add_runtime_calls(buf, store, rank, steps, conv, gr, node, done)
     return done
 
 
-def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, step: int, conv: int, gr: GpuRank,
+def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                       node: np.ndarray, done: np.ndarray) -> None:
-    ev = _rank_events(store, rank, step, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream"])
+    ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream"])
     ev = ev.filter(pc.is_null(ev["stream"]))
     cat = ev.column("cat").cast(pa.string())
     rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
@@ -482,16 +507,22 @@ def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: Gp
     buf.edge(call_ids[o][j[hit]], node[hit])
 
 
-def _cpu_window(store: RunStore, rank: int, step: int, conv: int) -> tuple[int, int] | None:
+def _cpu_windows(store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> dict[tuple[int, int], tuple[int, int]]:
     st = store.rank_table("steps", rank, ["step", "ts", "dur"])
-    st = st.filter(pc.fill_null(pc.equal(st["step"], step), False))
-    if st.num_rows == 0 or st.column("dur")[0].as_py() is None:
-        return None
-    ts = int(st.column("ts")[0].as_py())
-    return ts - conv, ts + int(st.column("dur")[0].as_py()) - conv
+    st = st.filter(pc.and_(_in_steps(st["step"], steps), pc.is_valid(st["dur"])))
+    return {(rank, int(s)): (int(t) - conv, int(t) + int(d) - conv)
+            for s, t, d in zip(st.column("step").to_pylist(), st.column("ts").to_pylist(), st.column("dur").to_pylist())}
 
 
-def _place_members(buf: _Buf, store: RunStore, step: int, ranks: list[int], shift: dict[int, int],
+def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int]]:
+    out = {}
+    for s in np.unique(gr.step):
+        m = gr.step == s
+        out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()))
+    return out
+
+
+def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: list[int], shift: dict[int, int],
                    members: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, Any]]:
     """Decide each rank's kind (GPU: its kernels; CPU: its training thread) and where its members sit."""
     members = members.copy()
@@ -501,7 +532,7 @@ def _place_members(buf: _Buf, store: RunStore, step: int, ranks: list[int], shif
     for r in ranks:
         conv = shift.get(r, 0)
         rows = members.index[members["rank"] == r]
-        gr = load_gpu_rank(buf, store, r, step, conv)
+        gr = load_gpu_rank(buf, store, r, steps, conv)
         if gr is not None:
             kidx = match_gpu_members(gr, members.loc[rows])
             ok = kidx >= 0
@@ -522,16 +553,19 @@ def _place_members(buf: _Buf, store: RunStore, step: int, ranks: list[int], shif
     return members, placed
 
 
-def build_step_graph(store: RunStore, step: int, inp: StepInput, ranks: list[int] | None = None) -> StepGraph:
-    """The dependency graph of `step` across `ranks` (default: every rank in the store)."""
+def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInput,
+                     ranks: list[int] | None = None) -> StepGraph:
+    """The dependency graph of `steps` (consecutive profiled steps, one graph: a fix that shortens one step
+    lets the next start earlier) across `ranks` (default: every rank in the store)."""
+    steps = (steps,) if isinstance(steps, int) else tuple(steps)
     ranks = sorted(store.ranks() if ranks is None else ranks)
     buf = _Buf()
     shift = clock_shift(inp.matched)
-    members = step_members(inp, step, shift)
+    members = step_members(inp, steps, shift)
     dims = sorted(set(inp.dims.values()) | set(members["dim"].astype(str)))
-    members, placed = _place_members(buf, store, step, ranks, shift, members)
+    members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
-    windows = {}
+    windows: dict[tuple[int, int], tuple[int, int]] = {}
     for r, (kind, obj, _) in placed.items():
         conv = shift.get(r, 0)
         sel = np.flatnonzero(members["rank"].to_numpy() == r)
@@ -539,13 +573,11 @@ def build_step_graph(store: RunStore, step: int, inp: StepInput, ranks: list[int
         mem = members.iloc[sel]
         if kind == "gpu":
             kidx = match_gpu_members(obj, mem) if len(mem) else np.zeros(0, np.int64)
-            add_gpu_rank(buf, store, r, step, conv, obj, kidx, sub_ids)
-            windows[r] = (int(obj.ts.min()), int(obj.end.max()))
+            add_gpu_rank(buf, store, r, steps, conv, obj, kidx, sub_ids)
+            windows.update(_gpu_windows(r, obj))
         else:
-            add_cpu_rank(buf, store, r, step, conv, mem, sub_ids, obj)
-            win = _cpu_window(store, r, step, conv)
-            if win is not None:
-                windows[r] = win
+            add_cpu_rank(buf, store, r, steps, conv, mem, sub_ids, obj)
+            windows.update(_cpu_windows(store, r, steps, conv))
     g = buf.finish(dims)
     infer_stream_waits(g)
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
@@ -555,12 +587,13 @@ def build_step_graph(store: RunStore, step: int, inp: StepInput, ranks: list[int
     return g
 
 
-def attach_windows(g: StepGraph, windows: dict[int, tuple[int, int]]) -> None:
-    """Per rank: its measured step window, and a pinned step-start node before each of its lanes' first node."""
-    ranks = np.array(sorted(windows), dtype=np.int64)
-    g.ranks = ranks
-    g.win_start = np.array([windows[r][0] for r in ranks], dtype=np.int64)
-    g.win_end = np.array([windows[r][1] for r in ranks], dtype=np.int64)
+def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """Per (rank, step): its measured step window; per rank a pinned start node before its lanes' first nodes."""
+    keys = sorted(windows)
+    g.ranks = np.array([k[0] for k in keys], dtype=np.int64)
+    g.win_step = np.array([k[1] for k in keys], dtype=np.int64)
+    g.win_start = np.array([windows[k][0] for k in keys], dtype=np.int64)
+    g.win_end = np.array([windows[k][1] for k in keys], dtype=np.int64)
     add_start_nodes(g)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.whatif.graph import CATEGORY_NAMES, Category
-from tracekit.whatif.replay import StepResult
+from tracekit.whatif.replay import StepResult, step_span
 
 PATH_COLOUR = "terrible"  # the trace viewers' red
 SYNC_PID = -1
@@ -26,7 +26,7 @@ def _us(ns: int) -> float:
 
 def export_step(res: StepResult, path: np.ndarray) -> dict[str, Any]:
     g = res.graph
-    t0 = int(g.win_start.min()) if g.ranks.size else 0
+    t0, t1 = step_span(res)
     on_path = np.zeros(g.num_nodes, bool)
     on_path[path] = True
     events: list[dict[str, Any]] = []
@@ -35,10 +35,11 @@ def export_step(res: StepResult, path: np.ndarray) -> dict[str, Any]:
         rank = int(name.split()[1]) if name.startswith("rank ") and name.split()[1].lstrip("-").isdigit() else SYNC_PID
         tid_of[lane] = lane + 1
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": lane + 1, "args": {"name": name}})
-    for r in g.ranks.tolist():
+    for r in np.unique(g.ranks).tolist():
         events.append({"ph": "M", "name": "process_name", "pid": int(r), "args": {"name": f"rank {int(r)}"}})
     events.append({"ph": "M", "name": "process_name", "pid": SYNC_PID, "args": {"name": "collective syncs"}})
-    show = np.flatnonzero((g.dur > 0) | on_path)
+    inside = (res.start + g.dur > t0) & (res.start < t1)
+    show = np.flatnonzero(((g.dur > 0) & inside) | on_path)
     for v in show.tolist():
         pid, tid = _where(g, v, tid_of)
         ev = {"ph": "X", "name": (g.name[v] if g.name else "") or CATEGORY_NAMES[Category(int(g.category[v]))],

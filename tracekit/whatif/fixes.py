@@ -81,7 +81,7 @@ class Layout:
 def compute_by_rank(g: StepGraph, dur: np.ndarray) -> dict[int, int]:
     m = (g.category == Category.COMPUTE) & (g.rank >= 0)
     sums = np.bincount(g.rank[m], weights=dur[m].astype(np.float64), minlength=int(g.rank.max(initial=0)) + 1)
-    return {int(r): int(sums[r]) for r in g.ranks if r < sums.size}
+    return {int(r): int(sums[r]) for r in np.unique(g.ranks) if r < sums.size}
 
 
 def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None:
@@ -95,7 +95,7 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
     if fix.value is not None:
         factor = float(fix.value)
     else:
-        peers = [comp[int(r)] for r in lay.peers(int(fix.rank), g.ranks) if int(r) != fix.rank and int(r) in comp]
+        peers = [comp[int(r)] for r in lay.peers(int(fix.rank), np.unique(g.ranks)) if int(r) != fix.rank and int(r) in comp]
         if not peers or own <= 0:
             return
         factor = min(1.0, float(np.median(peers)) / own)

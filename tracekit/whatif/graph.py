@@ -72,11 +72,14 @@ class StepGraph:
     dims: list[str] = field(default_factory=list)
     terminal: np.ndarray = None  # type: ignore[assignment]
     """per node: True when it counts for its rank's step end"""
+    step: np.ndarray = None  # type: ignore[assignment]
+    """per node: the profiled step it belongs to (-1: none; terminal nodes count for their step's window)"""
     ranks: np.ndarray = None  # type: ignore[assignment]
-    """ranks with a measured step window (sorted)"""
+    """per window: the rank (windows sorted by rank, then step)"""
+    win_step: np.ndarray = None  # type: ignore[assignment]
     win_start: np.ndarray = None  # type: ignore[assignment]
     win_end: np.ndarray = None  # type: ignore[assignment]
-    """each rank's measured step window"""
+    """per window: the step and the rank's measured step window"""
     inst_info: Any = None
     """per collective instance (pandas, index = inst): key, pg_name, dim, op, bytes, n"""
     _plan: "_Plan | None" = None
@@ -88,8 +91,11 @@ class StepGraph:
                 setattr(self, attr, np.full(n, fill, dtype=np.int32))
         if self.terminal is None:
             self.terminal = np.ones(n, dtype=bool)
+        if self.step is None:
+            self.step = np.zeros(n, dtype=np.int64)
         if self.ranks is None:
             self.ranks = np.unique(self.rank[self.rank >= 0]).astype(np.int64)
+            self.win_step = np.zeros(self.ranks.size, dtype=np.int64)
             self.win_start = np.array([self.start[self.rank == r].min() for r in self.ranks], dtype=np.int64)
             self.win_end = np.array([self.end[(self.rank == r) & self.terminal].max(initial=0)
                                      for r in self.ranks], dtype=np.int64)
@@ -233,6 +239,7 @@ def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.nda
     g.dim = np.r_[g.dim, np.full(k, -1, np.int32)]
     g.inst = np.r_[g.inst, np.full(k, -1, np.int32)]
     g.terminal = np.r_[g.terminal, np.zeros(k, bool)]
+    g.step = np.r_[g.step, np.full(k, -1, np.int64)]
     if g.name:
         g.name = g.name + [names] * k
     g._plan = None
@@ -240,38 +247,57 @@ def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.nda
 
 
 def add_start_nodes(g: StepGraph) -> None:
-    """A pinned step-start node per rank (at its window start, or its earliest node if earlier), before
+    """A pinned start node per rank (at its first window's start, or its earliest node if earlier), before
     the first node of each of the rank's lanes."""
     if g.ranks.size == 0:
         return
+    ranks, first_row = np.unique(g.ranks, return_index=True)
     same = (g.lane[g.src] == g.lane[g.dst]) & (g.lane[g.dst] >= 0)
     has_pred = np.zeros(g.num_nodes, bool)
     has_pred[g.dst[same]] = True
     first = np.flatnonzero((g.lane >= 0) & ~has_pred)
-    pos = np.searchsorted(g.ranks, g.rank[first])
-    ok = (pos < g.ranks.size) & (g.ranks[np.minimum(pos, g.ranks.size - 1)] == g.rank[first])
+    pos = np.searchsorted(ranks, g.rank[first])
+    ok = (pos < ranks.size) & (ranks[np.minimum(pos, ranks.size - 1)] == g.rank[first])
     first, pos = first[ok], pos[ok]
-    at = g.win_start.copy()
+    at = np.array([g.win_start[g.ranks == r].min() for r in ranks], dtype=np.int64)
     np.minimum.at(at, pos, g.start[first])
-    ids = append_nodes(g, rank=g.ranks, category=Category.MARK, start=at, names="step start")
+    ids = append_nodes(g, rank=ranks, category=Category.MARK, start=at, names="step start")
     g.src = np.r_[g.src, ids[pos]]
     g.dst = np.r_[g.dst, first]
 
 
+def _window_of(g: StepGraph) -> np.ndarray:
+    """Per node: index of its (rank, step) window, -1 when none."""
+    wkey = (g.ranks.astype(np.int64) << 32) | (g.win_step.astype(np.int64) & 0xFFFFFFFF)
+    nkey = (g.rank.astype(np.int64) << 32) | (g.step.astype(np.int64) & 0xFFFFFFFF)
+    order = np.argsort(wkey)
+    pos = np.searchsorted(wkey[order], nkey)
+    pos = np.minimum(pos, max(wkey.size - 1, 0))
+    hit = (wkey.size > 0) & (wkey[order][pos] == nkey) & (g.rank >= 0)
+    return np.where(hit, order[pos], -1)
+
+
 def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
-    """Each rank's step time (aligned with g.ranks): its terminal nodes' latest end plus the measured
-    tail after them, minus its window start."""
+    """Each window's step time (aligned with g.ranks / g.win_step): its terminal nodes' latest end plus the
+    measured tail after them, minus the window's start (the start moves with the replay when the window
+    begins at one of its own nodes, e.g. a GPU step's first kernel; it stays when pinned)."""
     dur = g.dur if dur is None else dur
-    pos = np.searchsorted(g.ranks, g.rank)
-    pos = np.minimum(pos, max(g.ranks.size - 1, 0))
-    mine = g.terminal & (g.ranks.size > 0) & (g.ranks[pos] == g.rank)
-    meas = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(meas, pos[mine], (g.start + g.dur)[mine])
-    now = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(now, pos[mine], (start + dur)[mine])
-    has = meas > np.iinfo(np.int64).min
+    w = _window_of(g)
+    mine = g.terminal & (w >= 0)
+    low = np.iinfo(np.int64).min
+    meas = np.full(g.ranks.size, low, np.int64)
+    np.maximum.at(meas, w[mine], (g.start + g.dur)[mine])
+    now = np.full(g.ranks.size, low, np.int64)
+    np.maximum.at(now, w[mine], (start + dur)[mine])
+    first_meas = np.full(g.ranks.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first_meas, w[mine], g.start[mine])
+    first_now = np.full(g.ranks.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first_now, w[mine], start[mine])
+    has = meas > low
+    lead = np.where(has, first_meas - g.win_start, 0)  # measured window start before its first node
+    begin = np.where(has, first_now - lead, g.win_start)
     # a rank with nothing of its own in the window keeps its measured step
-    return np.where(has, now + (g.win_end - meas), g.win_end) - g.win_start
+    return np.where(has, now + (g.win_end - meas) - begin, g.win_end - g.win_start)
 
 
 def host_lane_mask(g: StepGraph) -> np.ndarray:

@@ -23,34 +23,80 @@ class StepResult:
     measured_ns: int
     replayed_ns: int
     start: np.ndarray
-    """replayed node starts (unchanged graph)"""
+    """replayed node starts (unchanged graph; shared by the steps of one graph)"""
+    rows: np.ndarray = None  # type: ignore[assignment]
+    """the graph's windows of this step"""
+
+
+def replay_steps_of(g: StepGraph) -> list[StepResult]:
+    """One result per step of the graph, from one unchanged replay."""
+    start = replay(g)
+    times = rank_step_ns(g, start)
+    out = []
+    for s in np.unique(g.win_step).tolist():
+        rows = np.flatnonzero(g.win_step == s)
+        out.append(StepResult(step=int(s), graph=g, measured_ns=int((g.win_end - g.win_start)[rows].max()),
+                              replayed_ns=int(times[rows].max()), start=start, rows=rows))
+    return out
 
 
 def replay_step(step: int, g: StepGraph) -> StepResult:
-    start = replay(g)
-    measured = int((g.win_end - g.win_start).max()) if g.ranks.size else 0
-    replayed = int(rank_step_ns(g, start).max()) if g.ranks.size else 0
-    return StepResult(step=step, graph=g, measured_ns=measured, replayed_ns=replayed, start=start)
+    """The result for one step of `g` (a graph of that step alone, or of several)."""
+    res = [r for r in replay_steps_of(g) if r.step == step] or replay_steps_of(g)
+    return res[0]
+
+
+def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
+    """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes)."""
+    cache = g.__dict__.setdefault("_predictions", {})
+    key = tuple(fixes)
+    if key not in cache:
+        dur, gap, factor = apply_fixes(g, fixes, lay)
+        start = replay(g, dur, gap)
+        cache[key] = np.rint(rank_step_ns(g, start, dur) * factor).astype(np.int64)
+    return cache[key]
 
 
 def predict_ns(res: StepResult, fixes: list[Fix], lay: Layout) -> int:
     """The step time with `fixes` applied, replayed."""
-    g = res.graph
-    dur, gap, factor = apply_fixes(g, fixes, lay)
-    start = replay(g, dur, gap)
-    return int(round(rank_step_ns(g, start, dur).max() * factor)) if g.ranks.size else 0
+    rows = res.rows if res.rows is not None else np.arange(res.graph.ranks.size)
+    return int(predict_all(res.graph, fixes, lay)[rows].max()) if rows.size else 0
 
 
 def path_of(res: StepResult) -> tuple[np.ndarray, int]:
-    """The critical path (node ids) ending at the slowest rank's last terminal node, and that rank."""
+    """The critical path (node ids) ending at the step's slowest rank's last node of the step, from the
+    step's window start on, and that rank."""
     g = res.graph
-    steps = rank_step_ns(g, res.start)
-    r = int(g.ranks[int(np.argmax(steps))])
-    mine = np.flatnonzero((g.rank == r) & g.terminal)
+    rows = res.rows if res.rows is not None else np.arange(g.ranks.size)
+    times = rank_step_ns(g, res.start)
+    row = int(rows[int(np.argmax(times[rows]))])
+    r = int(g.ranks[row])
+    mine = np.flatnonzero((g.rank == r) & g.terminal & (g.step == g.win_step[row]))
     if mine.size == 0:  # nothing of the rank's own in its step window
         return np.zeros(0, np.int64), r
     last = int(mine[np.argmax((res.start + g.dur)[mine])])
-    return critical_path(g, res.start, g.dur, last), r
+    path = critical_path(g, res.start, g.dur, last)
+    begin = _window_begin(res, row)
+    keep = np.flatnonzero(res.start[path] + g.dur[path] > begin)  # from the window's start on
+    return (path[keep[0]:] if keep.size else path[-1:]), r
+
+
+def _window_begin(res: StepResult, row: int) -> int:
+    g = res.graph
+    return int(res.start.min()) if g.ranks.size == 0 else int(
+        res.start[_rank_last(res, row)] + g.dur[_rank_last(res, row)]
+        + (g.win_end[row] - _meas_last(g, row)) - rank_step_ns(g, res.start)[row])
+
+
+def _rank_last(res: StepResult, row: int) -> int:
+    g = res.graph
+    mine = np.flatnonzero((g.rank == g.ranks[row]) & g.terminal & (g.step == g.win_step[row]))
+    return int(mine[np.argmax((res.start + g.dur)[mine])])
+
+
+def _meas_last(g: StepGraph, row: int) -> int:
+    mine = (g.rank == g.ranks[row]) & g.terminal & (g.step == g.win_step[row])
+    return int((g.start + g.dur)[mine].max())
 
 
 def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
@@ -58,12 +104,17 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     gap before it (host/data stall when on a host thread, else launch/idle), plus the stretch before the
     path's first node and after its last; the parts sum to the step time."""
     g = res.graph
-    ri = int(np.searchsorted(g.ranks, rank))
-    step_ns = int(rank_step_ns(g, res.start)[ri])
+    rows = res.rows if res.rows is not None else np.arange(g.ranks.size)
+    row = int(rows[g.ranks[rows] == rank][0])
+    step_ns = int(rank_step_ns(g, res.start)[row])
     if path.size == 0:
         return {"step_ns": step_ns, "by_category": {"unattributed": step_ns}, "by_rank": {}, "by_dim": {}}
-    start, dur = res.start[path], g.dur[path]
-    prev_end = np.r_[start[0], (start + dur)[:-1]]
+    begin = _window_begin(res, row)
+    start, dur = res.start[path].copy(), g.dur[path].copy()
+    if start[0] < begin:  # the path's first op began before the window: count its part inside
+        dur[0] -= begin - start[0]
+        start[0] = begin
+    prev_end = np.r_[begin, (start + dur)[:-1]]
     gaps = start - prev_end
     cats = [CATEGORY_NAMES[Category(int(c))] for c in g.category[path]]
     by_cat: dict[str, int] = {}
@@ -79,13 +130,9 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
         if g.dim[v] >= 0:
             d = g.dims[g.dim[v]]
             by_dim[d] = by_dim.get(d, 0) + own
-    lead = int(start[0] - g.win_start[ri])
-    tail = int(step_ns - (start[-1] + dur[-1] - g.win_start[ri]))
-    by_cat["step_start_offset"] = lead  # the path began on a rank whose step started earlier/later
-    by_cat["after_path"] = tail
+    by_cat["after_path"] = int(begin + step_ns - (start[-1] + dur[-1]))
     by_cat.pop("mark", None)
-    return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank,
-            "by_dim": by_dim}
+    return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank, "by_dim": by_dim}
 
 
 def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, Any]]:
@@ -116,17 +163,18 @@ def timeline_json(res: StepResult, path: np.ndarray, budget: int, max_ranks: int
     budget of intervals is exceeded) plus the critical path as its own lane, on the replay's clock.
     At most `max_ranks` ranks: those on the path first, then the lowest."""
     g = res.graph
-    t0 = int(g.win_start.min()) if g.ranks.size else 0
-    span = max(int(g.win_end.max()) - t0, 1) if g.ranks.size else 1
+    t0, t1 = step_span(res)
+    span = max(t1 - t0, 1)
     cats = [c for c in Category if c != Category.MARK]
     lanes = [CATEGORY_NAMES[c] for c in cats] + ["critical path"]
     on_path = np.zeros(g.num_nodes, bool)
     on_path[path] = True
     path_ranks = [int(r) for r in np.unique(g.rank[path]) if r >= 0]
-    shown = sorted(set(path_ranks[:max_ranks]) | set(g.ranks.tolist()[:max(0, max_ranks - len(path_ranks))]))
-    keep = (g.dur > 0) & np.isin(g.rank, shown) & (g.category != Category.MARK)
+    shown = sorted(set(path_ranks[:max_ranks]) | set(np.unique(g.ranks).tolist()[:max(0, max_ranks - len(path_ranks))]))
+    inside = (res.start + g.dur > t0) & (res.start < t1)
+    keep = (g.dur > 0) & np.isin(g.rank, shown) & (g.category != Category.MARK) & inside
     lane = np.where(on_path, len(cats), np.searchsorted(np.array([int(c) for c in cats]), g.category))
-    idx = np.flatnonzero(keep | (on_path & (g.dur > 0) & np.isin(g.rank, shown)))
+    idx = np.flatnonzero(keep | (on_path & (g.dur > 0) & np.isin(g.rank, shown) & inside))
     extra = np.flatnonzero(on_path & keep)  # path nodes also stay in their category lane
     rows_rank = np.r_[g.rank[idx], g.rank[extra]]
     rows_lane = np.r_[lane[idx], np.searchsorted(np.array([int(c) for c in cats]), g.category[extra])]
@@ -147,6 +195,17 @@ def timeline_json(res: StepResult, path: np.ndarray, budget: int, max_ranks: int
         min_gap = max(2 * min_gap, span // 2000)
     return {"lanes": lanes, "intervals": out, "t0_ns": t0, "min_gap_ns": min_gap, "max_intervals": budget,
             "truncated_ranks": sorted(set(g.ranks.tolist()) - set(shown))}
+
+
+def step_span(res: StepResult) -> tuple[int, int]:
+    """The step's replayed span over its ranks: earliest window start to latest window end."""
+    g = res.graph
+    rows = res.rows if res.rows is not None else np.arange(g.ranks.size)
+    if rows.size == 0:
+        return 0, 1
+    times = rank_step_ns(g, res.start)
+    begins = [_window_begin(res, int(r)) for r in rows]
+    return int(min(begins)), int(max(b + int(times[r]) for b, r in zip(begins, rows)))
 
 
 def _merged(s: np.ndarray, e: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
