@@ -562,7 +562,9 @@ def _other(ctx: _Page) -> str:
         parts.append("<h3>Collective matching</h3>" + kv_table([
             ("source", (m.get("source") or {}).get("method") if isinstance(m.get("source"), dict) else m.get("source")),
             ("instances / matched / complete", f"{num(m.get('instances'))} / {num(m.get('matched'))} / {num(m.get('complete'))}"),
-            ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped")))]))
+            ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped"))),
+            ("without a process group (not matched)", num(m.get("no_group"))),
+            ("GPU calls without device time (not matched)", num(m.get("no_device_time")))]))
         if flat:
             parts.append(table(flat, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),

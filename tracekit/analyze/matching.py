@@ -31,6 +31,7 @@ Section `matching`:
      "seq_basis": {"args|log|order": count of instances},
      "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
      "op_mismatches": int, "p2p_skipped": int, "no_group": int, "no_device_time": int,
+     "warnings": [str],            # the integrity counts above in words (also in analysis.json inputs.warnings)
      "p2p": {"pairs": int, "unpaired": int, "wait_ns": int},
      "by_group": [{"pg_name", "dim", "op", "instances", "skew_ns": {"mean", "p50", "p95", "max"},
                    "transfer_ns": {"mean", "p50", "p95", "max"}}],
@@ -258,6 +259,7 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
     complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
 
+    section["warnings"] = integrity_warnings(section)
     section.update({
         "seq_basis": {str(k): int(v) for k, v in inst["seq_basis"].value_counts().items()},
         "instances": int(len(inst)), "matched": int(len(inst)), "complete": int(complete.sum()),
@@ -292,6 +294,21 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
     return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
                               wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu), section
+
+
+def integrity_warnings(section: dict[str, Any]) -> list[str]:
+    """What matching left out, in words for the user (analysis.json inputs.warnings, console, report)."""
+    out = []
+    if section.get("op_mismatches"):
+        out.append(f"{section['op_mismatches']} collective instance(s) whose ranks disagree on the op were left "
+                   "out of cross-rank matching")
+    if section.get("no_group"):
+        out.append(f"{section['no_group']} collective call(s) recorded without a process group were left out of "
+                   "cross-rank matching (never paired by order under a guessed group)")
+    if section.get("no_device_time"):
+        out.append(f"{section['no_device_time']} collective call(s) on GPU ranks have no device time (no kernel): "
+                   "no arrival, left out of cross-rank matching")
+    return out
 
 
 def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame, dict[str, int]]:
