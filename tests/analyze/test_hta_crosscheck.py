@@ -2,10 +2,11 @@
 
 Where the definitions differ (and why):
 - Window. HTA spans its first to last kernel after dropping every kernel launched in the last
-  ProfilerStep (`include_last_profiler_step=False`); tracekit's windows are the ProfilerStep
-  annotations themselves, all of them including the last, and idle is counted inside them.
-  To compare like with like, `hta_window_breakdown` below recomputes tracekit's numbers over HTA's
-  kernel set and span (same window); the agreement must then be within 2 percentage points.
+  ProfilerStep (`include_last_profiler_step=False`); tracekit's windows are GPU steps (from the first
+  kernel a step launched to the next step's first kernel), all of them including the last
+  (docs/metrics.md). To compare like with like, `hta_window_breakdown` below recomputes tracekit's
+  numbers over HTA's kernel set and span, and tracekit's reported steps are compared without the last
+  step; the agreement must then be within 2 percentage points.
 - Kernel set. HTA keeps only kernels whose launch (correlation) is among the host events it kept, so a
   kernel whose launch event is missing from the trace (it ran; the GPU was busy) disappears and its
   time turns into idle. tracekit counts every kernel on the device (hta_trace_diff_test: 602 kernels,
