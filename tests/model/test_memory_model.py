@@ -45,3 +45,12 @@ def test_fits_rules_out_layouts_by_their_fullest_stage():
     assert peak_bytes(shape, gpipe) > peak_bytes(shape, one_f1b)
     limit = (peak_bytes(shape, gpipe) + peak_bytes(shape, one_f1b)) // 2
     assert fits(shape, one_f1b, int(limit / 0.9)) and not fits(shape, gpipe, int(limit / 0.9))
+
+
+def test_interleaved_warm_up_in_chunks():
+    from tracekit.model.memory import in_flight_chunks
+
+    # torch's Interleaved1F1B warm-up: (p - r - 1) * 2 + (v - 1) * p + 1 chunk forwards (capped at m * v)
+    assert [in_flight_chunks("interleaved", 2, 4, r, 2) for r in range(2)] == [5, 3]
+    assert [in_flight_chunks("interleaved", 4, 2, r, 2) for r in range(4)] == [4, 4, 4, 4]
+    assert in_flight_chunks("1f1b", 4, 8, 1, 1) == 3

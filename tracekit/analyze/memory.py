@@ -14,7 +14,8 @@ Definitions (from the `memory` table: the profiler's own allocation counter afte
                        fwd/forward and bwd/backward, else (unlabelled) each step's autograd engine
                        span as backward and the step's start up to it as forward
     per-micro-batch  = median bytes one forward phase leaves held at its end
-    in flight        = held activations / per-micro-batch (1F1B: stage s of p holds p − s)
+    in flight        = held activations / per-micro-batch (1F1B: stage s of p holds p − s; interleaved:
+                       counted in model-chunk forwards, rank r holds its warm-up (p−r−1)·2 + (v−1)·p + 1)
 The counter is *absolute* on CUDA (the caching allocator's total) but counts, on CPU, only memory
 allocated while the profiler recorded (`counter: "window"`): parameters and optimizer state built
 before the window are then not in it, and the static estimate comes from the collectives' bytes
@@ -54,7 +55,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.model.memory import in_flight_microbatches
+from tracekit.model.memory import in_flight_chunks
 from tracekit.tables.store import RunStore
 
 MEMORY_IMBALANCE_RATIO = 1.25
@@ -413,8 +414,9 @@ def stage_memory(ranks: list[dict[str, Any]], pipeline: dict) -> list[dict[str, 
                     "activation_held_bytes": int(np.mean([x["activation_held_bytes"] for x in mine])),
                     "per_microbatch_bytes": int(np.median(per_mb)) if per_mb else None,
                     "in_flight_measured": round(float(np.mean(flight)), 3) if flight else None,
-                    # stages are virtual stages on interleaved schedules: stage s runs on pp rank s % p
-                    "in_flight_schedule": in_flight_microbatches(schedule, p, m, int(st["stage"]) % p, v),
+                    # stages are virtual stages on interleaved schedules: stage s runs on pp rank s % p,
+                    # and a forward phase is one model chunk's
+                    "in_flight_schedule": in_flight_chunks(schedule, p, m, int(st["stage"]) % p, v),
                     "peak_allocated": int(max(x["peak_allocated"] for x in mine)), "layers": st.get("layers")})
     return out
 

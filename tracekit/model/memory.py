@@ -115,6 +115,14 @@ def in_flight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1
     return max(1, min(p - stage, m))
 
 
+def in_flight_chunks(schedule: str, p: int, m: int, rank: int, v: int) -> int:
+    """Model-chunk forwards whose activations pp rank `rank` holds at its peak (interleaved schedules:
+    its warm-up, (p − rank − 1)·2 + (v − 1)·p + 1, capped at m·v; otherwise one chunk per micro-batch)."""
+    if v <= 1 or schedule not in ("interleaved", "zb"):
+        return in_flight_microbatches(schedule, p, m, rank, 1)
+    return max(1, min(m * v, (p - rank - 1) * 2 + (v - 1) * p + 1))
+
+
 def split_layers(num_layers: int, num_stages: int, stage_layers: tuple[int, ...] | None = None) -> list[int]:
     if stage_layers is not None:
         return list(stage_layers)
