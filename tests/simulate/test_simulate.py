@@ -122,3 +122,44 @@ def test_hta_temporal_breakdown_matches_the_key(tmp_path):
                "non_compute_time_pctg": 100 * (b["exposed_comm_ns"] + b["other_ns"]) / w}
         for k, v in key.items():
             assert abs(row[k] - v) <= 1.0, (row["rank"], k, row[k], v)
+
+
+def test_memory_events_add_up_to_the_keys_peak(dp_tp_run):
+    """Kineto `[memory]` instant events: Total Allocated is the running sum of Bytes, and its maximum per rank
+    is the peak the key reports; the static part is parameters + gradients + Adam state of the rank's shard."""
+    res, out = dp_tp_run
+    gt = json.loads((out / "ground_truth.json").read_text())
+    for r in (0, 3):
+        doc = _events(out / f"rank{r}.pt.trace.json.gz")
+        mem = sorted((e["ts"], e["args"]) for e in doc["traceEvents"] if e.get("name") == "[memory]")
+        running = 0
+        for _, a in mem:
+            running += a["Bytes"]
+            assert a["Total Allocated"] == running and a["Total Reserved"] >= running and a["Device Id"] == r % 4
+        assert max(a["Total Allocated"] for _, a in mem) == gt["memory"]["peak_allocated_bytes"][str(r)]
+        m = TINY
+        per_layer = 4 * m.hidden * m.hidden + 3 * m.hidden * m.ffn_dim + 2 * m.hidden
+        params = (m.layers * per_layer + 2 * m.vocab * m.hidden) // 2  # tp = 2, both ends on the one stage
+        assert abs(mem[0][1]["Bytes"] - params * 18) <= 18 * m.layers  # bf16 weights + fp32 grads + 12 B Adam
+
+
+def test_comms_logs_parse_as_flight_recorder_entries(tmp_path):
+    """With comms logs, the run store's collectives come from them: same group, seq, op, and the kernel's
+    device interval (stored on the trace clock: wall ns minus the traces' baseTimeNanoseconds)."""
+    from tracekit.parse.run import parse_run
+    from tracekit.simulate.writer import BASE_NS
+
+    res = simulate(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=3, without=False)
+    write_traces(res, tmp_path, comms_logs=True)
+    store = parse_run(tmp_path, tmp_path / "store", progress=False).store
+    rows = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "ts", "dur", "is_p2p"]).to_pylist()
+    logged = [r for r in rows if r["source"] == "comms-log"]
+    kernels = {(r, o.coll.pg.name, o.coll.seq): (o.coll.op, o.d0, o.d1 - o.d0)
+               for r, prog in enumerate(res.programs) for o in prog if o.kind == 1 and o.coll.op != "sendrecv"}
+    coll = [r for r in logged if not r["is_p2p"]]
+    assert len(coll) == len(kernels)
+    for r in coll:
+        op, ts, dur = kernels[(r["rank"], r["pg_name"], r["seq"])]
+        assert (r["op"], r["ts"] + BASE_NS, r["dur"]) == (op, ts, dur)
+    assert sum(r["is_p2p"] for r in logged) == sum(o.kind == 1 and o.coll.op == "sendrecv"
+                                                   for prog in res.programs for o in prog)

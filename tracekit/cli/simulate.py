@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(3, "--steps"),
         seed: int = typer.Option(0, "--seed"),
         workers: int = typer.Option(1, "--workers", "-j", help="Processes writing traces."),
+        comms_logs: bool = typer.Option(False, "--comms-logs", help="Also write comms.rank{R}.jsonl (Flight Recorder entries)."),
         without: bool = typer.Option(True, "--without/--no-without",
                                      help="Re-simulate without each fault for the answer key."),
     ) -> None:
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
             t0 = time.perf_counter()
             res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without)
             t1 = time.perf_counter()
-            info = write_traces(res, out, workers=workers)
+            info = write_traces(res, out, workers=workers, comms_logs=comms_logs)
             t2 = time.perf_counter()
         except ValueError as exc:
             typer.echo(f"tracekit simulate: {exc}", err=True)

@@ -240,9 +240,36 @@ def _write_range(res, out_dir: str, ranks: list[int]) -> int:
     return n
 
 
-def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest: bool = True) -> dict[str, Any]:
-    """Write rank{R}.pt.trace.json.gz per rank, ground_truth.json and (optionally) manifest.json.
-    Returns {"files", "events"}."""
+def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
+    """comms.rank{R}.jsonl in the Flight Recorder entry schema (as `tracekit record` writes it): created =
+    the host's enqueue, started / completed = the NCCL kernel's start and end on the device."""
+    from tracekit.record.commlog import CommLog, comms_log_path
+
+    topo = res.world.topo
+    groups = {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
+              for g in topo.groups.values() if rank in g.ranks}
+    log = CommLog(comms_log_path(out_dir, rank), rank, topo.world, groups)
+    for op in res.programs[rank]:
+        if op.kind != COLL:
+            continue
+        c, g = op.coll, op.coll.pg
+        n_in, n_out = c.nelems[rank]
+        p2p = c.op == "sendrecv"
+        name = op.peer[0] if p2p else c.op
+        dt = "BFloat16" if p2p else c.dtype
+        sp_in, sp_out = c.splits.get(rank, (None, None))
+        log.record(pg_name=g.name, pg_desc=g.desc, profiling_name=f"nccl:{name}", time_created_ns=op.h0,
+                   time_started_ns=op.d0, time_completed_ns=op.d1, input_sizes=[[n_in]], input_dtypes=[dt],
+                   output_sizes=[[n_out]], output_dtypes=[dt], is_p2p=p2p, peer=op.peer[1] if p2p else None,
+                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out, step=op.step,
+                   seq=None if p2p else c.seq, pg_id=int(g.name))
+    log.close()
+
+
+def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest: bool = True,
+                 comms_logs: bool = False) -> dict[str, Any]:
+    """Write rank{R}.pt.trace.json.gz per rank, ground_truth.json, (optionally) manifest.json and the
+    comms.rank{R}.jsonl collective logs. Returns {"files", "events"}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ranks = list(range(res.ranks))
@@ -254,6 +281,9 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
             events = sum(ex.map(_write_range, [res] * workers, [str(out)] * workers, chunks))
     else:
         events = _write_range(res, str(out), ranks)
+    if comms_logs:
+        for r in ranks:
+            write_comms_log(res, out, r)
     (out / "ground_truth.json").write_text(json.dumps(res.ground_truth(), indent=1))
     if manifest:
         (out / "manifest.json").write_text(json.dumps(build_manifest(res), indent=1))
