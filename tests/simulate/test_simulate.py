@@ -163,3 +163,18 @@ def test_comms_logs_parse_as_flight_recorder_entries(tmp_path):
         assert (r["op"], r["ts"] + BASE_NS, r["dur"]) == (op, ts, dur)
     assert sum(r["is_p2p"] for r in logged) == sum(o.kind == 1 and o.coll.op == "sendrecv"
                                                    for prog in res.programs for o in prog)
+
+
+def test_predict_matches_the_full_simulation_and_orders_layouts():
+    """The fast path gives the full simulation's step time and peak memory; activation checkpointing
+    trades memory for time; halving tp at the same global batch costs memory per GPU."""
+    from tracekit.simulate import predict
+
+    lay = Layout(dp=2, tp=4)
+    full = simulate(TINY, C8, lay, steps=2, seed=4, without=False)
+    p = predict(TINY, C8, lay, steps=2, seed=4)
+    assert p.step_ns == full.mean_step_ns
+    assert p.peak_memory_bytes == [full.peak_memory(r) for r in range(full.ranks)]
+    ckpt = predict(TINY, C8, Layout(dp=2, tp=4, activation_checkpointing=True), steps=2, seed=4)
+    assert ckpt.max_memory_bytes < p.max_memory_bytes and ckpt.step_ns > p.step_ns
+    assert predict(TINY, C8, Layout(dp=4, tp=2), steps=2, seed=4).max_memory_bytes > p.max_memory_bytes

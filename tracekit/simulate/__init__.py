@@ -3,10 +3,10 @@
     from tracekit.simulate import ModelSpec, ClusterSpec, Layout, Faults, simulate, write_traces, step_time
 """
 
-from tracekit.simulate.api import SimResult, simulate, step_time
+from tracekit.simulate.api import Prediction, SimResult, predict, simulate, step_time
 from tracekit.simulate.specs import (CLUSTER_PRESETS, MODEL_PRESETS, ClusterSpec, Faults, Layout, ModelSpec,
                                      parse_fault)
 from tracekit.simulate.writer import write_traces
 
-__all__ = ["CLUSTER_PRESETS", "MODEL_PRESETS", "ClusterSpec", "Faults", "Layout", "ModelSpec", "SimResult",
+__all__ = ["CLUSTER_PRESETS", "MODEL_PRESETS", "ClusterSpec", "Faults", "Layout", "ModelSpec", "Prediction", "SimResult", "predict",
            "parse_fault", "simulate", "step_time", "write_traces"]

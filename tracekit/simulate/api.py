@@ -90,6 +90,27 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Fa
     return answer_key(progs, (), steps)["mean_step_ns"]
 
 
+@dataclass
+class Prediction:
+    """What a layout would cost: mean step time (slowest rank's step window) and peak allocated memory."""
+
+    step_ns: int
+    peak_memory_bytes: list[int]  # per rank
+
+    @property
+    def max_memory_bytes(self) -> int:
+        return max(self.peak_memory_bytes)
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+            steps: int = 2, seed: int = 0) -> Prediction:
+    """Fast path for the layout advisor / what-if: step time and per-rank peak memory, no traces."""
+    w, progs = _run(model, cluster, layout, faults or Faults(), steps, seed)
+    step = answer_key(progs, (), steps)["mean_step_ns"]
+    mem = [max((o.extra[1] for o in p if o.kind == MEMORY), default=0) for p in progs]
+    return Prediction(step, mem)
+
+
 _FIELD_OF_KIND = {"slow_gpu": "slow_gpu", "slow_link": "slow_link", "slow_nic": "slow_nic",
                   "stage_imbalance": "stage_layers", "router_skew": "router_bias", "host_stall": "host_stall",
                   "slow_data_loading": "slow_data", "uneven_sequence_length": "uneven_seq",
