@@ -96,22 +96,22 @@ def _op_key(name: str) -> str:
 
 
 def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    mem = store.table("memory")
+    mem_ranks = store.table("memory", columns=["rank"]).column("rank")
     all_ranks = store.ranks()
-    with_mem = set(pc.unique(mem.column("rank")).to_pylist()) if mem.num_rows else set()
-    section: dict[str, Any] = {"available": bool(mem.num_rows), "reason": None, "counter": None,
+    with_mem = set(pc.unique(mem_ranks).to_pylist()) if len(mem_ranks) else set()
+    section: dict[str, Any] = {"available": bool(with_mem), "reason": None, "counter": None,
                                "ranks_without_memory_events": [r for r in all_ranks if r not in with_mem],
                                "ranks": [], "stages": [], "recompute": []}
     recompute = [x for x in (recompute_of_rank(store, r) for r in all_ranks) if x is not None]
     section["recompute"] = recompute
     findings = [_recompute_finding(recompute)] if recompute else []
-    if not mem.num_rows:
+    if not with_mem:
         section["reason"] = "no [memory] events in any trace (record with profile_memory=True)"
         return AnalyzerResult(findings=findings, section=section)
     pipeline = ctx.section("pipeline") or {}
     layout = ctx.section("layout") or {}
     for rank in sorted(with_mem):
-        rows = mem.filter(pc.equal(mem.column("rank"), rank))
+        rows = store.rank_table("memory", rank)
         section["ranks"].extend(rank_memory(store, rank, rows, layout))
     section["counter"] = "absolute" if any(r["device_type"] != 0 for r in section["ranks"]) else "window"
     for r in section["ranks"]:
@@ -131,6 +131,7 @@ def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
 def rank_memory(store: RunStore, rank: int, rows: pa.Table, layout: dict) -> list[dict[str, Any]]:
     """One summary per device the rank allocated on (the main device first: the largest peak)."""
     out = []
+    rows = rows.take(pc.sort_indices(rows, [("ts", "ascending")]))
     dev_type = rows.column("device_type").fill_null(-1).to_numpy(zero_copy_only=False)
     dev = rows.column("device").fill_null(-1).to_numpy(zero_copy_only=False)
     for dt, d in sorted(set(zip(dev_type.tolist(), dev.tolist()))):
