@@ -277,27 +277,47 @@ def _window_of(g: StepGraph) -> np.ndarray:
     return np.where(hit, order[pos], -1)
 
 
-def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
-    """Each window's step time (aligned with g.ranks / g.win_step): its terminal nodes' latest end plus the
-    measured tail after them, minus the window's start (the start moves with the replay when the window
-    begins at one of its own nodes, e.g. a GPU step's first kernel; it stays when pinned)."""
+def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each window's (begin, end) in a replay: it begins at its first op (less the measured lead before it)
+    and ends at its last op (plus the measured tail after it); one with nothing of its own stays put."""
     dur = g.dur if dur is None else dur
     w = _window_of(g)
     mine = g.terminal & (w >= 0)
-    low = np.iinfo(np.int64).min
-    meas = np.full(g.ranks.size, low, np.int64)
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    meas, now = np.full(g.ranks.size, low, np.int64), np.full(g.ranks.size, low, np.int64)
     np.maximum.at(meas, w[mine], (g.start + g.dur)[mine])
-    now = np.full(g.ranks.size, low, np.int64)
     np.maximum.at(now, w[mine], (start + dur)[mine])
-    first_meas = np.full(g.ranks.size, np.iinfo(np.int64).max, np.int64)
+    first_meas, first_now = np.full(g.ranks.size, high, np.int64), np.full(g.ranks.size, high, np.int64)
     np.minimum.at(first_meas, w[mine], g.start[mine])
-    first_now = np.full(g.ranks.size, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(first_now, w[mine], start[mine])
     has = meas > low
-    lead = np.where(has, first_meas - g.win_start, 0)  # measured window start before its first node
-    begin = np.where(has, first_now - lead, g.win_start)
-    # a rank with nothing of its own in the window keeps its measured step
-    return np.where(has, now + (g.win_end - meas) - begin, g.win_end - g.win_start)
+    begin = np.where(has, first_now - (first_meas - g.win_start), g.win_start)
+    end = np.where(has, now + (g.win_end - meas), g.win_end)
+    return begin, end
+
+
+def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
+    """Each window's step time (aligned with g.ranks / g.win_step), as the answer key and DESIGN §3 count a
+    GPU step: from the window's start to the next step's start on the same rank (the last step: to its
+    end); see `window_bounds`."""
+    begin, end = window_bounds(g, start, dur)
+    nxt = _next_window(g)
+    return np.where(nxt >= 0, begin[np.maximum(nxt, 0)], end) - begin
+
+
+def _next_window(g: StepGraph) -> np.ndarray:
+    """Per window: the same rank's window of the next analyzed step (-1: none)."""
+    order = np.lexsort((g.win_step, g.ranks))
+    out = np.full(g.ranks.size, -1, np.int64)
+    same = g.ranks[order[1:]] == g.ranks[order[:-1]]
+    out[order[:-1][same]] = order[1:][same]
+    return out
+
+
+def measured_step_ns(g: StepGraph) -> np.ndarray:
+    """Each window's measured step time, by the same rule as rank_step_ns."""
+    nxt = _next_window(g)
+    return np.where(nxt >= 0, g.win_start[np.maximum(nxt, 0)], g.win_end) - g.win_start
 
 
 def host_lane_mask(g: StepGraph) -> np.ndarray:

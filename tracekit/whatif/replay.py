@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.whatif.fixes import Fix, Layout, apply_fixes
-from tracekit.whatif.graph import CATEGORY_NAMES, Category, StepGraph, critical_path, rank_step_ns, replay
+from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
+                                  rank_step_ns, replay, window_bounds)
 
 
 @dataclass
@@ -32,10 +33,11 @@ def replay_steps_of(g: StepGraph) -> list[StepResult]:
     """One result per step of the graph, from one unchanged replay."""
     start = replay(g)
     times = rank_step_ns(g, start)
+    meas = measured_step_ns(g)
     out = []
     for s in np.unique(g.win_step).tolist():
         rows = np.flatnonzero(g.win_step == s)
-        out.append(StepResult(step=int(s), graph=g, measured_ns=int((g.win_end - g.win_start)[rows].max()),
+        out.append(StepResult(step=int(s), graph=g, measured_ns=int(meas[rows].max()),
                               replayed_ns=int(times[rows].max()), start=start, rows=rows))
     return out
 
@@ -82,21 +84,7 @@ def path_of(res: StepResult) -> tuple[np.ndarray, int]:
 
 
 def _window_begin(res: StepResult, row: int) -> int:
-    g = res.graph
-    return int(res.start.min()) if g.ranks.size == 0 else int(
-        res.start[_rank_last(res, row)] + g.dur[_rank_last(res, row)]
-        + (g.win_end[row] - _meas_last(g, row)) - rank_step_ns(g, res.start)[row])
-
-
-def _rank_last(res: StepResult, row: int) -> int:
-    g = res.graph
-    mine = np.flatnonzero((g.rank == g.ranks[row]) & g.terminal & (g.step == g.win_step[row]))
-    return int(mine[np.argmax((res.start + g.dur)[mine])])
-
-
-def _meas_last(g: StepGraph, row: int) -> int:
-    mine = (g.rank == g.ranks[row]) & g.terminal & (g.step == g.win_step[row])
-    return int((g.start + g.dur)[mine].max())
+    return int(window_bounds(res.graph, res.start)[0][row])
 
 
 def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
