@@ -218,3 +218,40 @@ def test_carry_over_kernels_are_in_no_step_and_counted(tmp_path):
         assert got["other_ns"] == sum(covered(memsets, lo, hi) for lo, hi in wins.values())
 
 
+
+
+def test_check_does_not_blame_a_waiting_rank_for_communication(tmp_path):
+    # ranks 0, 1 wait inside every all_reduce for the 3x slower rank 2, longer than they compute: a
+    # --max-exposed-comm gate set between their exposed transfer share and their exposed comm share
+    # (wait included) holds, and their verdict is waiting for a peer, not communication
+    from tracekit.check import Thresholds, evaluate
+
+    spec = Spec(world=3, steps=3, step_ops=STEP_OPS, slow={2: Fraction(3)}, host_ahead_ns=5 * MS)
+    trace, a = run(tmp_path, spec)
+    share = {}
+    for r in range(3):
+        wins = gpu_windows(trace, r)
+        step = sum(hi - lo for lo, hi in wins.values())
+        transfer = [(max(c.starts.values()), c.ends[r]) for c in trace.collectives]
+        comm = [(c.starts[r], c.ends[r]) for c in trace.collectives]
+        share[r] = (Fraction(sum(covered(transfer, lo, hi) for lo, hi in wins.values()), step),
+                    Fraction(sum(covered(comm, lo, hi) for lo, hi in wins.values()), step))
+    worst_transfer = max(s[0] for s in share.values())
+    worst_exposed = max(s[1] for s in share.values())
+    assert worst_exposed > 2 * worst_transfer
+    limit = float((worst_transfer + worst_exposed) / 2)
+    (res,) = evaluate(a, Thresholds(max_exposed_comm=limit))
+    assert res.value == pytest.approx(float(worst_transfer), rel=1e-6) and not res.breached
+    assert {rank_of(a, r)["bound"] for r in (0, 1)} == {"sync_wait"}
+
+
+@pytest.mark.parametrize("dtype,size", [("Int", 4), ("BFloat16", 2), ("Long", 8), ("Byte", 1)])
+def test_every_dtype_is_sized_and_its_busbw_exact(tmp_path, dtype, size):
+    nelems = 3 << 18
+    spec = Spec(world=2, steps=2, step_ops=[Compute(MS), Coll("all_to_all", nelems, nelems, 250_000, dtype=dtype)])
+    trace, a = run(tmp_path, spec)
+    (row,) = a["sections"]["bandwidth"]["rows"]
+    (c, *_) = trace.collectives
+    assert row["bytes_p50"] == nelems * size == c.bytes
+    expect = Fraction(c.bytes, min(c.ends.values()) - max(c.starts.values())) * Fraction(1, 2)
+    assert row["busbw_gbps_p50"] == pytest.approx(float(expect), rel=0.01)
