@@ -178,3 +178,16 @@ def test_predict_matches_the_full_simulation_and_orders_layouts():
     ckpt = predict(TINY, C8, Layout(dp=2, tp=4, activation_checkpointing=True), steps=2, seed=4)
     assert ckpt.max_memory_bytes < p.max_memory_bytes and ckpt.step_ns > p.step_ns
     assert predict(TINY, C8, Layout(dp=4, tp=2), steps=2, seed=4).max_memory_bytes > p.max_memory_bytes
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1), ("zb", 2)])
+def test_pipeline_schedules_finish_and_the_bubble_falls_with_microbatches(schedule, v):
+    """Every schedule's order (torch's for interleaved / zero bubble) runs without deadlock (sends are
+    asynchronous to the host, as NCCL's), and more micro-batches shrink the non-compute share of stage 0."""
+    share = {}
+    for m in (4, 8):
+        res = simulate(TINY, C8, Layout(pp=4, dp=2, schedule=schedule, interleave=v, microbatches=m), steps=1,
+                       seed=0, without=False)
+        k = res.key["ranks"][0]["total"]
+        share[m] = 1 - k["compute_ns"] / k["window_ns"]
+    assert share[8] < share[4]

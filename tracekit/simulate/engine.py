@@ -46,10 +46,10 @@ class Coll:
 
 
 class Op:
-    """One host-issued operation. Times (ns) are filled by the engine: h0/h1 host, d0/d1 device."""
+    """One host-issued operation. Times (ns) are filled by the engine: h0/h1 host, d0/d1 device (-1: not yet)."""
 
     __slots__ = ("kind", "name", "kname", "stream", "dur", "host", "coll", "cat", "step", "h0", "h1", "d0", "d1",
-                 "peer", "extra")
+                 "peer", "extra", "dep")
 
     def __init__(self, kind, name, kname=None, stream=COMPUTE_STREAM, dur=0, host=0, coll=None, cat="kernel",
                  step=0, peer=None, extra=None):
@@ -64,59 +64,67 @@ class Op:
         self.step = step
         self.peer = peer
         self.extra = extra
-        self.h0 = self.h1 = self.d0 = self.d1 = 0
+        self.h0 = self.h1 = 0
+        self.d0 = self.d1 = -1
+        self.dep = None
 
 
 class Deadlock(RuntimeError):
     pass
 
 
+class _RankState:
+    __slots__ = ("prog", "pc", "h", "queues", "free", "launched", "unresolved", "last_compute", "queued")
+
+    def __init__(self, prog, t0):
+        self.prog = prog
+        self.pc = 0
+        self.h = t0
+        self.queues: dict[int, deque] = {}
+        self.free: dict[int, int] = {}
+        self.launched: deque = deque()
+        self.unresolved = 0
+        self.last_compute = None
+        self.queued = True
+
+
 def run(programs: list[list[Op]], t0: int, queue_depth: int = 1024) -> None:
-    """Fill the times of every op of every rank's program (in place)."""
-    n = len(programs)
-    host = [t0] * n
-    pc = [0] * n
-    streams: list[dict[int, object]] = [{} for _ in range(n)]  # stream -> end ns (int) or pending Coll
-    launched: list[deque] = [deque() for _ in range(n)]
-    ready = deque(range(n))
-    parked = [False] * n
-    done = 0
+    """Fill the times of every op of every rank's program (in place).
+
+    Each rank alternates a host pass (issue ops in program order until a SYNC needs unfinished device work,
+    or the launch queue is full) and a device pass (start each stream's head op once what it waits for is
+    known). A rank that can do neither waits on the collectives blocking it and resumes when one resolves."""
+    states = [_RankState(p, t0) for p in programs]
+    ready = deque(range(len(programs)))
     while ready:
         r = ready.popleft()
-        parked[r] = False
-        blocked = _advance(r, programs[r], pc, host, streams[r], launched[r], queue_depth)
-        if blocked is None:
-            done += 1
-        elif blocked.end is not None:  # resolved meanwhile
-            ready.append(r)
-        elif not parked[r]:
-            parked[r] = True
-            blocked.waiters.append(r)
-        for w in _resolved:
-            for x in w.waiters:
-                ready.append(x)
-            w.waiters = []
+        st = states[r]
+        st.queued = False
+        blockers = _progress(r, st, queue_depth)
+        for c in _resolved:
+            for x in c.waiters:
+                if not states[x].queued:
+                    states[x].queued = True
+                    ready.append(x)
+            c.waiters = []
         _resolved.clear()
-    if done != n or any(pc[r] < len(programs[r]) for r in range(n)):
-        stuck = [r for r in range(n) if pc[r] < len(programs[r])]
-        r = stuck[0]
-        op = programs[r][pc[r]]
-        raise Deadlock(f"{len(stuck)} ranks cannot finish; rank {r} waits at {op.name} "
-                       f"({op.coll.key if op.coll else ''})")
+        if blockers:
+            if any(c.end is not None for c in blockers):
+                if not st.queued:
+                    st.queued = True
+                    ready.append(r)
+            else:
+                for c in blockers:
+                    c.waiters.append(r)
+    stuck = [r for r, st in enumerate(states) if st.pc < len(st.prog) or st.unresolved]
+    if stuck:
+        st = states[stuck[0]]
+        op = st.prog[min(st.pc, len(st.prog) - 1)]
+        heads = [q[0].coll.key for q in st.queues.values() if q and q[0].coll is not None]
+        raise Deadlock(f"{len(stuck)} ranks cannot finish; rank {stuck[0]} is at {op.name}, its streams wait on {heads[:4]}")
 
 
 _resolved: list[Coll] = []
-
-
-def _free(streams: dict, s: int, rank: int):
-    """End of the last op on stream s, or the pending Coll that blocks knowing it."""
-    v = streams.get(s, 0)
-    if isinstance(v, int):
-        return v
-    if v.end is None:
-        return v
-    streams[s] = v.end
-    return v.end
 
 
 def _arrive(c: Coll, rank: int, t: int) -> None:
@@ -126,85 +134,108 @@ def _arrive(c: Coll, rank: int, t: int) -> None:
         _resolved.append(c)
 
 
-def _advance(r, prog, pc, host, streams, launched, qd):
-    """Run rank r until it finishes (None) or needs a pending collective (returned)."""
-    i = pc[r]
-    h = host[r]
-    nprog = len(prog)
-    while i < nprog:
+def _progress(r: int, st: _RankState, qd: int) -> set | None:
+    """Run rank r as far as it goes; None when finished, else the pending collectives it waits on."""
+    blockers: set = set()
+    changed = True
+    while changed:
+        changed = _host(st, qd)
+        blockers.clear()
+        for s, q in st.queues.items():
+            if q and _device(r, st, s, q, blockers):
+                changed = True
+    if st.pc >= len(st.prog) and not st.unresolved:
+        return None
+    return blockers
+
+
+def _host(st: _RankState, qd: int) -> bool:
+    prog, i, h = st.prog, st.pc, st.h
+    n = len(prog)
+    start = i
+    while i < n:
         op = prog[i]
         k = op.kind
-        if k == KERNEL or k == COLL:
-            if len(launched) >= qd:
-                old = launched[0]
-                if old.kind == COLL and old.coll.end is None:
-                    pc[r], host[r] = i, h
-                    return old.coll
-                h = max(h, old.coll.end if old.kind == COLL else old.d1)
-                launched.popleft()
-            s = op.stream
-            fs = _free(streams, s, r)
-            if not isinstance(fs, int):
-                pc[r], host[r] = i, h
-                return fs
-            if k == COLL:
-                fc = _free(streams, COMPUTE_STREAM, r)
-                if not isinstance(fc, int):
-                    pc[r], host[r] = i, h
-                    return fc
-                op.h0 = h
-                h += op.host
-                op.h1 = h
-                start = h if h > fs else fs
-                if fc > start:
-                    start = fc
-                op.d0 = start
-                _arrive(op.coll, r, start)
-                streams[s] = op.coll
-            else:
-                op.h0 = h
-                h += op.host
-                op.h1 = h
-                start = h if h > fs else fs
-                op.d0 = start
-                op.d1 = start + op.dur
-                streams[s] = op.d1
-            launched.append(op)
-        elif k == WAIT:
-            c = op.coll
-            if c.end is None:
-                pc[r], host[r] = i, h
-                return c
-            fs = _free(streams, op.stream, r)
-            if not isinstance(fs, int):
-                pc[r], host[r] = i, h
-                return fs
+        if k == KERNEL or k == COLL or k == WAIT:
+            if k != WAIT:
+                if len(st.launched) >= qd:
+                    old = st.launched[0]
+                    if old.d1 < 0:
+                        break
+                    if old.d1 > h:
+                        h = old.d1
+                    st.launched.popleft()
+                st.launched.append(op)
             op.h0 = h
             h += op.host
             op.h1 = h
-            op.d0 = op.d1 = max(fs, c.end)
-            streams[op.stream] = op.d1
+            s = op.stream
+            if k == COLL:
+                op.dep = st.last_compute
+            elif s == COMPUTE_STREAM:
+                st.last_compute = op
+            q = st.queues.get(s)
+            if q is None:
+                q = st.queues[s] = deque()
+                st.free[s] = 0
+            q.append(op)
+            st.unresolved += 1
         elif k == SYNC:
-            end = 0
-            for s in list(streams):
-                fs = _free(streams, s, r)
-                if not isinstance(fs, int):
-                    pc[r], host[r] = i, h
-                    return fs
-                if fs > end:
-                    end = fs
+            if st.unresolved:
+                break
+            end = max(st.free.values(), default=0)
             op.h0 = h
-            op.d0 = max(h, end)
+            op.d0 = op.d1 = end if end > h else h
             h = op.d0 + op.host
             op.h1 = h
-            launched.clear()
+            st.launched.clear()
         else:  # HOST, MARK, MEMORY
             op.h0 = h
             h += op.host
             op.h1 = h
         i += 1
-    pc[r], host[r] = i, h
-    return None
+    st.pc, st.h = i, h
+    return i > start
+
+
+def _device(r: int, st: _RankState, s: int, q: deque, blockers: set) -> bool:
+    moved = False
+    free = st.free[s]
+    while q:
+        op = q[0]
+        k = op.kind
+        if k == KERNEL:
+            start = op.h1 if op.h1 > free else free
+            op.d0 = start
+            op.d1 = start + op.dur
+        elif k == WAIT:
+            c = op.coll
+            if c.end is None:
+                blockers.add(c)
+                break
+            op.d0 = op.d1 = max(op.h1, free, c.end)
+        else:
+            c = op.coll
+            if op.d0 < 0:
+                dep = op.dep
+                if dep is not None and dep.d1 < 0:
+                    break
+                start = op.h1 if op.h1 > free else free
+                if dep is not None and dep.d1 > start:
+                    start = dep.d1
+                op.d0 = start
+                _arrive(c, r, start)
+                moved = True
+            if c.end is None:
+                blockers.add(c)
+                break
+            op.d1 = c.end
+        free = op.d1
+        q.popleft()
+        st.unresolved -= 1
+        moved = True
+    st.free[s] = free
+    return moved
 
 
 def finish_colls(programs: list[list[Op]]) -> None:

@@ -20,8 +20,7 @@ from tracekit.simulate.topology import Group, Topology, build_topology, stage_la
 
 US = 1000
 STREAMS = {"tp": 13, "cp": 15, "dp": 19, "dp_cp": 19, "fsdp": 21, "ep": 23, "edp": 25, "pp": 27, "world": 29}
-P2P_STREAMS = {("pp", "send", "next"): 31, ("pp", "recv", "next"): 33, ("pp", "send", "prev"): 35,
-               ("pp", "recv", "prev"): 39, ("cp", "send", "next"): 41, ("cp", "recv", "prev"): 43}
+P2P_STREAMS = {("cp", "send", "next"): 41, ("cp", "recv", "prev"): 43}
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
               "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
               "send": lambda n: 1.0, "recv": lambda n: 1.0, "broadcast": lambda n: 1.0}
@@ -522,8 +521,10 @@ def _stage_p2p(w: World, rk: Rank, op: str, src_stage: int, dst_stage: int, mb: 
     nbytes = T * m.hidden * m.dtype_bytes // (L.tp if L.sequence_parallel else 1)
     key = ("pp", g.name, src_stage, dst_stage, mb, kind, rk.step)
     peer = dst if op == "send" else src
-    direction = "next" if dst_stage > src_stage else "prev"
-    return rk.p2p(key, op, "pp", peer, nbytes, P2P_STREAMS[("pp", op, direction)])
+    # one stream per (stage pair, direction, side): each carries its micro-batches in schedule order on both
+    # ends, so no two P2P streams can wait on each other crosswise (zero-bubble / interleaved orders)
+    stream = 51 + 4 * src_stage + (0 if kind == "act" else 2) + (0 if op == "send" else 1)
+    return rk.p2p(key, op, "pp", peer, nbytes, stream)
 
 
 class GradSync:
