@@ -94,11 +94,13 @@ class StepGraph:
         if self.step is None:
             self.step = np.zeros(n, dtype=np.int64)
         if self.ranks is None:
-            self.ranks = np.unique(self.rank[self.rank >= 0]).astype(np.int64)
+            self.ranks, pos = np.unique(self.rank[self.rank >= 0], return_inverse=True)
+            self.ranks = self.ranks.astype(np.int64)
             self.win_step = np.zeros(self.ranks.size, dtype=np.int64)
-            self.win_start = np.array([self.start[self.rank == r].min() for r in self.ranks], dtype=np.int64)
-            self.win_end = np.array([self.end[(self.rank == r) & self.terminal].max(initial=0)
-                                     for r in self.ranks], dtype=np.int64)
+            self.win_start = np.full(self.ranks.size, np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(self.win_start, pos, self.start[self.rank >= 0])
+            self.win_end = np.zeros(self.ranks.size, np.int64)
+            np.maximum.at(self.win_end, pos, np.where(self.terminal, self.end, 0)[self.rank >= 0])
 
     @property
     def num_nodes(self) -> int:
