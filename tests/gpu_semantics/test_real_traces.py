@@ -11,13 +11,14 @@ import gzip
 import json
 import math
 from collections import Counter
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
 from tracekit.analyze.bandwidth import analyze_bandwidth
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, analyze_store
 from tracekit.parse.run import parse_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,3 +120,55 @@ def test_single_rank_bandwidth_is_timed_on_the_device(shared_traces, stores):
 def _bandwidth(store) -> dict:
     """The bandwidth analyzer alone (a single-rank trace has no cross-rank matching to wait for)."""
     return analyze_bandwidth(store, AnalysisContext(config=AnalysisConfig(isolate_analyzer_errors=False))).section
+
+
+def _ns(v) -> int:
+    return int(Decimal(str(v)) * 1000)
+
+
+def test_real_h100_device_a_step_behind_is_binned_by_launch(stores):
+    """The H100 fixture's host runs about a step ahead of its GPU. From the raw JSON: each kernel's step
+    is the host ProfilerStep enclosing its launch (correlation); a GPU step spans from its first kernel
+    to the next step's first kernel (the last: to its last kernel's end); compute = kernels, memcpy and
+    memset = other device work."""
+    doc = json.loads(gzip.decompress((REPO / "fixtures" / "gpu_h100" / "rank0.pt.trace.json.gz").read_bytes()),
+                     parse_float=Decimal)
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    host_steps = [(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), int(e["name"].split("#")[1])) for e in ev
+                  if e.get("cat") == "user_annotation" and str(e["name"]).startswith("ProfilerStep#")]
+    launch_step = {}
+    for e in ev:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            t = _ns(e["ts"])
+            launch_step[e["args"]["correlation"]] = next((s for lo, hi, s in host_steps if lo <= t < hi), None)
+    device = [(e["cat"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), launch_step.get(e["args"].get("correlation")))
+              for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    steps = sorted({s for *_, s in device if s is not None})
+    first = {s: min(t for _, t, _, k in device if k == s) for s in steps}
+    last_end = max(e for _, _, e, k in device if k == steps[-1])
+    wins = {s: (first[s], first[steps[i + 1]] if i + 1 < len(steps) else last_end) for i, s in enumerate(steps)}
+    # the device really lags: most of step N's kernel time comes after the host has left step N
+    for lo, hi, s in host_steps:
+        if s in first:
+            mine = [(a, b) for _, a, b, k in device if k == s]
+            assert _union_in(mine, hi, last_end) > _union_in(mine, lo, hi), s
+    compute = [(a, b) for c, a, b, _ in device if c == "kernel"]
+    other = [(a, b) for c, a, b, _ in device if c != "kernel"]
+    a = analyze_store(stores["gpu_h100"], AnalysisConfig(isolate_analyzer_errors=False))
+    rows = {r["step"]: r for r in a["sections"]["breakdown"]["steps"]}
+    assert set(rows) == set(wins)
+    for s, (lo, hi) in wins.items():
+        assert (rows[s]["ts"], rows[s]["step_ns"]) == (lo, hi - lo)
+        c = _union_in(compute, lo, hi)
+        assert rows[s]["compute_ns"] == c
+        assert rows[s]["other_ns"] == _union_in(compute + other, lo, hi) - c
+
+
+def _union_in(intervals, lo, hi) -> int:
+    total, cur = 0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, cur), min(b, hi)
+        if b > a:
+            total += b - a
+            cur = b
+    return total
