@@ -76,6 +76,7 @@ _OPTIMIZER_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 _MB_RE = re.compile(r"(?:^|[:/_])(?:mb|microbatch)[_-]?(\d+)")
 _LAYER_RE = re.compile(r"(?:^|[:/_.])(?:layers?|block)[_.-]?(\d+)")
 _BACKWARD_REGION = "autograd::engine::evaluate_function:"
+EVENT_COLUMNS = ["name", "cat", "ts", "dur", "tid", "role"]
 _VIEW_OPS = frozenset({
     "aten::view", "aten::_reshape_alias", "aten::as_strided", "aten::expand", "aten::t", "aten::transpose",
     "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::slice", "aten::select", "aten::detach",
@@ -102,25 +103,28 @@ def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     section: dict[str, Any] = {"available": bool(with_mem), "reason": None, "counter": None,
                                "ranks_without_memory_events": [r for r in all_ranks if r not in with_mem],
                                "ranks": [], "stages": [], "recompute": []}
-    recompute = [x for x in (recompute_of_rank(store, r) for r in all_ranks) if x is not None]
-    section["recompute"] = recompute
+    pipeline = ctx.section("pipeline") or {}
+    layout = ctx.section("layout") or {}
+    for rank in all_ranks:  # one rank's events at a time, read once for every use
+        events = store.rank_table("events", rank, columns=EVENT_COLUMNS)
+        rec = recompute_of_rank(store, rank, events)
+        if rec is not None:
+            section["recompute"].append(rec)
+        if rank in with_mem:
+            section["ranks"].extend(rank_memory(store, rank, store.rank_table("memory", rank), layout, events))
+        del events
+    recompute = section["recompute"]
     findings = [_recompute_finding(recompute)] if recompute else []
     if not with_mem:
         section["reason"] = "no [memory] events in any trace (record with profile_memory=True)"
         return AnalyzerResult(findings=findings, section=section)
-    pipeline = ctx.section("pipeline") or {}
-    layout = ctx.section("layout") or {}
-    for rank in sorted(with_mem):
-        rows = store.rank_table("memory", rank)
-        section["ranks"].extend(rank_memory(store, rank, rows, layout))
     section["counter"] = "absolute" if any(r["device_type"] != 0 for r in section["ranks"]) else "window"
     for r in section["ranks"]:
         r["split"] = memory_split(r, section["counter"])
     section["stages"] = stage_memory(section["ranks"], pipeline)
     findings += _imbalance_findings(section)
-    findings += _activation_findings(section, getattr(ctx.config, "device_memory_bytes", None)
-                                     or device_capacity(store, section["ranks"]), _faster_layouts(layout, pipeline,
-                                                                                                  recompute))
+    capacity = getattr(ctx.config, "device_memory_bytes", None) or device_capacity(store, section["ranks"])
+    findings += _activation_findings(section, capacity, _faster_layouts(layout, pipeline, recompute))
     return AnalyzerResult(findings=findings, section=section)
 
 
@@ -128,7 +132,8 @@ def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
 # per rank
 
 
-def rank_memory(store: RunStore, rank: int, rows: pa.Table, layout: dict) -> list[dict[str, Any]]:
+def rank_memory(store: RunStore, rank: int, rows: pa.Table, layout: dict,
+                events: pa.Table | None = None) -> list[dict[str, Any]]:
     """One summary per device the rank allocated on (the main device first: the largest peak)."""
     out = []
     rows = rows.take(pc.sort_indices(rows, [("ts", "ascending")]))
@@ -136,12 +141,12 @@ def rank_memory(store: RunStore, rank: int, rows: pa.Table, layout: dict) -> lis
     dev = rows.column("device").fill_null(-1).to_numpy(zero_copy_only=False)
     for dt, d in sorted(set(zip(dev_type.tolist(), dev.tolist()))):
         sel = rows.filter(pa.array((dev_type == dt) & (dev == d)))
-        out.append(_device_summary(store, rank, int(dt), int(d), sel, layout))
+        out.append(_device_summary(store, rank, int(dt), int(d), sel, layout, events))
     return sorted(out, key=lambda x: -x["peak_allocated"])
 
 
 def _device_summary(store: RunStore, rank: int, dev_type: int, dev: int, rows: pa.Table,
-                    layout: dict) -> dict[str, Any]:
+                    layout: dict, events: pa.Table | None) -> dict[str, Any]:
     ts = rows.column("ts").to_numpy()
     total = rows.column("total_allocated").to_numpy(zero_copy_only=False)
     nbytes = rows.column("bytes").to_numpy(zero_copy_only=False)
@@ -156,16 +161,16 @@ def _device_summary(store: RunStore, rank: int, dev_type: int, dev: int, rows: p
     static = steps[-1]["base"] if steps else int(total[0] - nbytes[0])
     act = max(0, max((x["peak"] for x in steps), default=int(total.max())) - static)
     addr = rows.column("addr").fill_null(-1).to_numpy(zero_copy_only=False)
-    held, per_mb = held_activations(ts, nbytes, addr, phase_intervals(store, rank, False),
-                                    phase_intervals(store, rank, True))
+    held, per_mb = held_activations(ts, nbytes, addr, phase_intervals(store, rank, False, events),
+                                    phase_intervals(store, rank, True, events))
     t0 = _first_step_start(store, rank, int(ts[0]))
     return {
         "rank": rank, "device_type": dev_type, "device": dev,
         "peak_allocated": int(total[i]), "peak_reserved": int(reserved.max()), "peak_ts": int(ts[i]),
-        "peak_step": None if step[i] < 0 else int(step[i]), "at_peak": where_in_step(store, rank, int(ts[i])),
+        "peak_step": None if step[i] < 0 else int(step[i]), "at_peak": where_in_step(store, rank, int(ts[i]), events),
         "static_bytes": int(static), "activation_peak_bytes": int(act), "activation_held_bytes": held,
         "per_microbatch_bytes": per_mb, "in_flight_measured": round(held / per_mb, 3) if per_mb else None,
-        "steps": steps, "static_estimate": static_estimate(store, rank, layout),
+        "steps": steps, "static_estimate": static_estimate(store, rank, layout, events),
         "timeline": _timeline(ts - t0, total, i),
     }
 
@@ -216,7 +221,8 @@ def level_at(ts: np.ndarray, total: np.ndarray, nbytes: np.ndarray, t: np.ndarra
     return np.where(i >= 0, total[np.maximum(i, 0)], total[0] - nbytes[0])
 
 
-def phase_intervals(store: RunStore, rank: int, backward: bool) -> tuple[np.ndarray, np.ndarray]:
+def phase_intervals(store: RunStore, rank: int, backward: bool,
+                    events: pa.Table | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sorted (start, end) of the rank's forward (or backward) phases: pipeline rows, else labels that
     end in fwd/forward (bwd/backward)."""
     pipe = store.rank_table("pipeline", rank, columns=["phase", "ts", "dur"])
@@ -224,7 +230,7 @@ def phase_intervals(store: RunStore, rank: int, backward: bool) -> tuple[np.ndar
         phases = pc.cast(pipe.column("phase"), pa.string())
         rows = pipe.filter(pc.is_in(phases, pa.array(["bwd", "bwd_input", "bwd_weight"] if backward else ["fwd"])))
     else:
-        ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur"])
+        ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
         names = pc.cast(ev.column("name"), pa.string())
         word = "bwd|backward" if backward else "fwd|forward"
         rows = ev.filter(pc.and_(pc.equal(pc.cast(ev.column("cat"), pa.string()), "user_annotation"),
@@ -307,9 +313,9 @@ def held_activations(ts: np.ndarray, nbytes: np.ndarray, addr: np.ndarray, fwd: 
     return max(peak, 0), (per_mb if per_mb > 0 else None)
 
 
-def where_in_step(store: RunStore, rank: int, t: int) -> dict[str, Any]:
+def where_in_step(store: RunStore, rank: int, t: int, events: pa.Table | None = None) -> dict[str, Any]:
     """The innermost label and op around time t, and the phase / micro-batch / layer / stage they name."""
-    ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur"])
+    ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
     ts = ev.column("ts").to_numpy()
     end = ts + ev.column("dur").fill_null(0).to_numpy(zero_copy_only=False)
     hit = np.flatnonzero((ts <= t) & (t <= end))
@@ -355,7 +361,7 @@ def _phase_of(label: str | None, backward: bool) -> str | None:
     return None
 
 
-def static_estimate(store: RunStore, rank: int, layout: dict) -> dict[str, Any]:
+def static_estimate(store: RunStore, rank: int, layout: dict, events: pa.Table | None = None) -> dict[str, Any]:
     """Gradient bytes from the data-parallel collectives of one step, parameters alike (a DDP replica
     holds whole gradients; FSDP reduce-scatters to its shard), optimizer state from the optimizer's kind."""
     dims = {g["pg_name"]: g["dim"] for g in layout.get("groups", [])}
@@ -372,14 +378,14 @@ def static_estimate(store: RunStore, rank: int, layout: dict) -> dict[str, Any]:
             share = r["out_nelems"] / r["in_nelems"] if r["op"] == "reduce_scatter" and r["in_nelems"] else 1.0
             per_step[r["step"]] += int(r["bytes"] * share)
         grad = int(np.median(list(per_step.values()))) if per_step else None
-    opt = _optimizer_name(store, rank)
+    opt = _optimizer_name(events if events is not None else store.rank_table("events", rank, columns=["name"]))
     k = _OPTIMIZER_STATES.get((opt or "").lower())
     return {"grad_bytes": grad, "param_bytes": grad, "optimizer": opt,
             "optimizer_state_bytes": grad * k if grad is not None and k is not None else None}
 
 
-def _optimizer_name(store: RunStore, rank: int) -> str | None:
-    names = store.rank_table("events", rank, columns=["name"]).column("name")
+def _optimizer_name(events: pa.Table) -> str | None:
+    names = events.column("name")
     for nm in pc.unique(pc.cast(names, pa.string())).to_pylist():
         m = _OPTIMIZER_RE.match(nm or "")
         if m:
@@ -456,9 +462,9 @@ def _nesting(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> tuple[np.ndarr
     return parent, order
 
 
-def recompute_of_rank(store: RunStore, rank: int) -> dict[str, Any] | None:
+def recompute_of_rank(store: RunStore, rank: int, events: pa.Table | None = None) -> dict[str, Any] | None:
     """Forward ops re-run inside backward on this rank, with their time per step; None when none."""
-    ev = store.rank_table("events", rank, columns=["name", "cat", "ts", "dur", "tid", "role"])
+    ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
     ev = ev.filter(pc.equal(pc.cast(ev.column("cat"), pa.string()), "cpu_op"))
     if not ev.num_rows or not pc.any(pc.starts_with(pc.unique(pc.cast(ev.column("name"), pa.string())),
                                                     _BACKWARD_REGION)).as_py():
