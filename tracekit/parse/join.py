@@ -71,7 +71,11 @@ def _compatible(k: dict[str, Any], lr: dict[str, Any]) -> bool:
     if k["pg_name"] is not None and lr["pg_name"] != k["pg_name"]:
         return False
     a, b = _message_nelems(k), _message_nelems(lr)
-    return a == 0 or b == 0 or a == b
+    if a == 0 or b == 0 or a == b:
+        return True
+    # The profiler may know one side only (coalesced all-gathers: the input list's dims, no output) or
+    # name the arguments the other way round: a size both sides recorded is enough.
+    return bool({k["in_nelems"], k["out_nelems"]} & {lr["in_nelems"], lr["out_nelems"]} - {None, 0})
 
 
 def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]], used: list[bool],
