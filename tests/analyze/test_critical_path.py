@@ -198,3 +198,46 @@ def test_simulated_fault_removed_replay_matches_resimulation(fault, tmp_path):
     assert abs(out["replayed_ns"] - truth["step_ns_with"]) <= 0.02 * truth["step_ns_with"]
     assert abs(out["predicted_ns"] - truth["step_ns_without"]) <= 0.03 * truth["step_ns_without"]
     assert truth["step_ns_without"] < 0.9 * truth["step_ns_with"]  # the fault is worth finding
+
+
+def _gpu_steps_ns(path: Path) -> dict[int, int]:
+    """Per ProfilerStep#N from the raw trace (Decimal µs → ns): device work launched inside the step's CPU
+    interval (runtime calls by correlation), from its first start to the next step's first start (the
+    last step: to its last end)."""
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh, parse_float=Decimal)["traceEvents"]
+    ns = lambda v: int(Decimal(v) * 1000)  # noqa: E731
+    steps = sorted((ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]), int(e["name"].split("#")[1])) for e in events
+                   if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+    corr_step = {}
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver"):
+            t = ns(e["ts"])
+            for lo, hi, n in steps:
+                if lo <= t < hi:
+                    corr_step[(e.get("args") or {}).get("correlation")] = n
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset"):
+            n = corr_step.get((e.get("args") or {}).get("correlation"))
+            if n is not None:
+                first[n] = min(first.get(n, ns(e["ts"])), ns(e["ts"]))
+                last[n] = max(last.get(n, 0), ns(e["ts"]) + ns(e["dur"]))
+    order = sorted(first)
+    return {n: (first[order[i + 1]] if i + 1 < len(order) else last[n]) - first[n] for i, n in enumerate(order)}
+
+
+@pytest.mark.parametrize("trace", ["fixtures/gpu_h100/rank0.pt.trace.json.gz",
+                                   "shared:hta_nccl_a100_rank0of2/nccl_data.json.gz"])
+def test_unchanged_replay_reproduces_real_gpu_steps(trace, shared_traces, tmp_path):
+    from tracekit.parse.run import parse_run
+    from tracekit.whatif.api import run_whatif
+
+    path = shared_traces / trace.removeprefix("shared:") if trace.startswith("shared:") else REPO / trace
+    store = parse_run(path, tmp_path / "store", progress=False, assume_rank=0).store
+    out = run_whatif(store, [])
+    raw = _gpu_steps_ns(path)
+    assert out["steps"] and {s["step"] for s in out["steps"]} <= set(raw)
+    for s in out["steps"]:
+        assert abs(s["replayed_ns"] - raw[s["step"]]) <= 0.02 * raw[s["step"]], (s, raw)
