@@ -50,3 +50,18 @@ def test_rank_selection():
     per_group = RecordConfig(out_dir="/tmp", ranks_per_group=2)
     assert [r for r in range(16) if per_group.is_profiled(r, r % 8)] == [0, 1, 8, 9]
     assert RecordConfig(out_dir="/tmp").is_profiled(5, None)
+
+
+def test_time_based_window_length():
+    from tracekit.record.config import ProfileSchedule
+
+    s = ProfileSchedule(active=3, min_window_ms=300, max_active=100)
+    assert s.active_for(4_000_000) == 75  # 300 ms / 4 ms
+    assert s.active_for(7_000_000) == 43  # ceil(300 / 7)
+    assert s.active_for(1_000_000) == 100  # capped
+    assert s.active_for(500_000_000) == 3  # long steps: the minimum count
+    assert ProfileSchedule(active=3).active_for(1_000_000) == 3  # no time target: exactly `active`
+    import pytest
+
+    with pytest.raises(ValueError):
+        ProfileSchedule(active=5, max_active=4, min_window_ms=10)

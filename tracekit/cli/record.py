@@ -15,7 +15,9 @@ profiled window, Flight Recorder entry schema), flight_recorder.rank{R}.json, re
 
 Steps are counted at each optimizer.step() (the first optimizer that steps), or at tracekit.step()
 calls if the program makes them. Step 0 is start-up plus the first iteration, so --wait + --skip-first
-must be at least 1. With the defaults the trace holds steps 2, 3 and 4 (ProfilerStep#2..#4).
+must be at least 1. With the defaults the trace starts at step 2 (ProfilerStep#2) and holds at least 3
+steps, more when steps are short: enough for --min-window-ms (300 ms) at the warmup step's duration,
+at most --max-active (100); every rank keeps the same steps. --active N keeps exactly N.
 
 Examples:
 
@@ -27,6 +29,13 @@ Examples:
 
 The exit code is COMMAND's. Then run:  tracekit analyze traces --out tracekit-out
 """
+
+
+DEFAULT_ACTIVE = 3
+DEFAULT_MIN_WINDOW_MS = 300
+"""A 3-step window of 2-5 ms steps (the DDP tutorial) gives a different verdict from one recording to the
+next; about 300 ms of steps gave the same one in 5 of 5 (benchmarks/record_window_stability.py)."""
+DEFAULT_MAX_ACTIVE = 100
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +50,14 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("traces"), "--out", "-o", help="Output directory (created if missing)."),
         wait: int = typer.Option(1, help="Steps to skip before each profiled cycle (e.g. --wait 10)."),
         warmup: int = typer.Option(1, help="Steps traced then discarded before the kept ones (e.g. --warmup 2)."),
-        active: int = typer.Option(3, help="Steps kept in the trace per cycle (e.g. --active 3)."),
+        active: Optional[int] = typer.Option(
+            None, help="Steps kept in the trace per cycle, exactly (e.g. --active 3). Default: at least 3, "
+                       "and as many as --min-window-ms needs at the measured step time."),
+        min_window_ms: int = typer.Option(
+            DEFAULT_MIN_WINDOW_MS, help="Without --active: make the window hold at least this much time, from "
+                                        "the warmup step's duration (short steps vary; a few of them give an "
+                                        "unstable verdict). E.g. --min-window-ms 1000."),
+        max_active: int = typer.Option(DEFAULT_MAX_ACTIVE, help="Without --active: at most this many steps."),
         repeat: int = typer.Option(1, help="Number of cycles; 0 repeats until the program ends (e.g. --repeat 2)."),
         skip_first: int = typer.Option(0, help="Steps skipped once before the first cycle (e.g. --skip-first 20)."),
         ranks: Optional[str] = typer.Option(
@@ -82,8 +98,10 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         try:
-            schedule = ProfileSchedule(wait=wait, warmup=warmup, active=active, repeat=repeat,
-                                       skip_first=skip_first)
+            schedule = ProfileSchedule(wait=wait, warmup=warmup, active=DEFAULT_ACTIVE if active is None else active,
+                                       repeat=repeat, skip_first=skip_first,
+                                       min_window_ms=min_window_ms if active is None else 0,
+                                       max_active=max(max_active, DEFAULT_ACTIVE) if active is None else active)
             if schedule.wait + schedule.skip_first < 1:
                 raise ValueError("--wait + --skip-first must be >= 1: step 0 (start-up and the first "
                                  "iteration) ends before the recorder starts")

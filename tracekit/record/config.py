@@ -32,6 +32,12 @@ class ProfileSchedule:
     """Number of cycles (0 = keep cycling until the program ends)."""
     skip_first: int = 0
     """Steps to skip once, before the first cycle."""
+    min_window_ms: int = 0
+    """When > 0, `active` is a minimum: at the end of the first warmup step the recorder lengthens the
+    window to hold at least this much time at that step's duration (capped at `max_active`), the same
+    on every rank. 0 = exactly `active` steps."""
+    max_active: int = 100
+    """Cap on the steps a time-based window may hold."""
 
     def __post_init__(self) -> None:
         for name in ("wait", "warmup", "skip_first", "repeat"):
@@ -39,6 +45,16 @@ class ProfileSchedule:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.active < 1:
             raise ValueError(f"--active must be >= 1, got {self.active}")
+        if self.min_window_ms < 0 or self.max_active < self.active:
+            raise ValueError(f"--min-window-ms must be >= 0 and --max-active >= --active "
+                             f"(got {self.min_window_ms}, {self.max_active}, {self.active})")
+
+    def active_for(self, step_ns: int) -> int:
+        """Active steps for a measured step time: `active`, or enough for `min_window_ms` (capped)."""
+        if self.min_window_ms <= 0 or step_ns <= 0:
+            return self.active
+        need = -(-self.min_window_ms * 1_000_000 // step_ns)  # ceil
+        return int(min(self.max_active, max(self.active, need)))
 
     @property
     def cycle_steps(self) -> int:

@@ -186,8 +186,11 @@ def window_summary(config: RecordConfig | None, records: dict[int, dict[str, Any
     last = max((r["last_step"] for r in records.values() if isinstance(r.get("last_step"), int)), default=None)
     got = any(r.get("profiled_steps") or r.get("logged_steps") for r in records.values())
     reached = got or not records or config is None or not requested or (last is not None and last >= requested[0])
+    chosen = [r["window_choice"] for r in records.values() if isinstance(r.get("window_choice"), dict)]
     return {"reached": bool(reached), "requested_steps": requested if config is None or config.schedule.repeat
-            else None, "first_requested_step": requested[0] if requested else None, "last_step": last}
+            else None, "first_requested_step": requested[0] if requested else None, "last_step": last,
+            "min_window_ms": config.schedule.min_window_ms if config is not None else None,
+            "active_chosen": max((c["active"] for c in chosen), default=None)}
 
 
 def window_problem(manifest: dict[str, Any] | None) -> str | None:
@@ -240,5 +243,5 @@ def _rank_summary(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("rank", "world_size", "rank_source", "local_rank", "group_rank", "host", "pid", "status",
             "reason", "profiled", "profiled_steps", "trace_steps", "logged_steps", "trace_partial",
             "comms_complete", "collectives_logged", "dispatch_errors", "last_dispatch_error", "files",
-            "notes", "backend", "first_step", "last_step")
+            "notes", "backend", "first_step", "last_step", "window_choice")
     return {k: rec.get(k) for k in keys}

@@ -101,6 +101,8 @@ class RankRecorder:
         self.prof = None
         self.log_mode = None
         self._c10d_hook = None
+        self._warmup_started_ns: int | None = None
+        self.window_choice: dict[str, Any] | None = None
         self.comm_log: CommLog | None = None
         self.cycle = 0
         self.cycle_steps: list[list[int]] = []
@@ -158,6 +160,9 @@ class RankRecorder:
         if True:
             if self.log_mode is not None:
                 self._flush_log()
+            if self._warmup_started_ns is not None and self.config.schedule.phase(self.step_num + 1) in (
+                    "active", "active_last"):
+                self._choose_window()
             if self.prof is not None:
                 self.prof.step()  # may export a cycle (calls _on_trace_ready)
             self.step_num += 1
@@ -187,12 +192,27 @@ class RankRecorder:
             self._take_barrier_samples()
         if self.profiled and self.prof is None:
             self._start_profiler(step)
+        if phase == "warmup" and self.window_choice is None and self.config.schedule.min_window_ms > 0:
+            self._warmup_started_ns = time.perf_counter_ns()  # after our own start-up work above
         if phase in ("active", "active_last"):
             self._start_logging(step)
             if self.prof is not None and self.config.record_shapes:
                 self.clock["trace_anchors"].append(clock.trace_anchor(step))
         else:
             self._stop_logging()
+
+    def _choose_window(self) -> None:
+        """Time-based window: active steps from the warmup step's duration, the largest any rank asks for."""
+        step_ns = time.perf_counter_ns() - self._warmup_started_ns
+        self._warmup_started_ns = None
+        s = self.config.schedule
+        want = s.active_for(step_ns)
+        agreed = _agree_max(want)
+        if agreed != want:
+            self.notes.append(f"window: {agreed} active steps (this rank alone would take {want})")
+        s.active = max(s.active, agreed)
+        self.window_choice = {"warmup_step_ns": int(step_ns), "min_window_ms": s.min_window_ms,
+                              "max_active": s.max_active, "active": s.active, "this_rank_wanted": want}
 
     def _take_barrier_samples(self) -> None:
         self._barrier_done = True
@@ -206,7 +226,7 @@ class RankRecorder:
 
     def _start_profiler(self, step: int) -> None:
         import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerActivity, profile
 
         s = self.config.schedule
         activities = [ProfilerActivity.CPU]
@@ -214,8 +234,7 @@ class RankRecorder:
             activities.append(ProfilerActivity.CUDA)
         prof = profile(
             activities=activities,
-            schedule=schedule(wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat,
-                              skip_first=s.skip_first),
+            schedule=self._profiler_action,
             on_trace_ready=self._on_trace_ready,
             record_shapes=self.config.record_shapes,
             with_flops=self.config.with_flops,
@@ -235,6 +254,13 @@ class RankRecorder:
             from tracekit.record.memory_history import start_memory_history
 
             start_memory_history()
+
+    def _profiler_action(self, step: int):
+        """torch.profiler's schedule, read from our (possibly lengthened) `ProfileSchedule`."""
+        from torch.profiler import ProfilerAction
+
+        return {"none": ProfilerAction.NONE, "warmup": ProfilerAction.WARMUP, "active": ProfilerAction.RECORD,
+                "active_last": ProfilerAction.RECORD_AND_SAVE}[self.config.schedule.phase(step)]
 
     def _start_logging(self, step: int) -> None:
         if not self.config.log_collectives:
@@ -405,7 +431,7 @@ class RankRecorder:
             "first_step": self.first_step, "last_step": self.step_num,
             "profiled_steps": [s for c in self.cycle_steps for s in c],
             "logged_steps": list(self.logged_steps),
-            "trace_partial": self.trace_partial, "files": files,
+            "trace_partial": self.trace_partial, "files": files, "window_choice": self.window_choice,
             "collectives_logged": self._collectives_logged,
             "dispatch_errors": self._dispatch_errors,
             "last_dispatch_error": self._last_dispatch_error,
@@ -421,6 +447,24 @@ class RankRecorder:
             write_json_atomic(rank_record_path(self.out_dir, rank), self.record_dict())
         except Exception:
             traceback.print_exc()
+
+
+def _agree_max(value: int) -> int:
+    """The largest `value` over the default process group (this rank's own without one)."""
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return value
+        device = "cpu"
+        if "nccl" in str(dist.get_backend()).lower() and torch.cuda.is_available():
+            device = f"cuda:{torch.cuda.current_device()}"
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+    except Exception:
+        return value
 
 
 def _known_groups() -> dict[str, dict[str, Any]]:
