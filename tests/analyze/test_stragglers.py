@@ -165,14 +165,16 @@ def test_unrecorded_gaps_on_cpu_ranks_sharing_one_host_are_a_straggler_with_a_ca
     # 3 ms at each examined instance (the first step's has no earlier collective to measure from)
     assert f["evidence"]["host_idle_excess_ns"] == f["evidence"]["instances_examined"] * 3 * MS > 0
     # CPU-only ranks on one host's cores: preemption leaves the same gaps as a sleep, which the caveat
-    # says; the rank holds its peers back all the same (no cap, its delay is the saving)
-    assert f["severity"] == "warning" and f["est_saving_ns"] == 3 * MS
+    # says; the rank holds its peers back all the same (no cap, its delay is the saving; the critical-path
+    # replay may refine est_saving_ns and keeps the analyzer's figure as closed_form_saving_ns)
+    assert f["severity"] == "warning" and f["evidence"].get("closed_form_saving_ns", f["est_saving_ns"]) == 3 * MS
     assert "severity_capped" not in f["evidence"] and "one host" in f["evidence"]["caveat"]
     # on separate hosts, or with devices doing the compute, the gap is the rank's own: a warning
     for kw in ({"hosts": ("h0", "h1", "h2")}, {"hosts": ("vm", "vm", "vm"), "trace_kind": "gpu"}):
         b = analyze_store(scenario(tmp_path / kw.get("trace_kind", "hosts"), slow_ops=1, late_gap=True, **kw))
         (g,) = _find(b, "straggler")
-        assert g["evidence"]["cause"] == "host_idle" and g["severity"] == "warning" and g["est_saving_ns"] == 3 * MS
+        assert g["evidence"]["cause"] == "host_idle" and g["severity"] == "warning"
+        assert g["evidence"].get("closed_form_saving_ns", g["est_saving_ns"]) == 3 * MS
 
 
 def test_same_ops_on_more_routed_tokens_is_uneven_work_and_warns_below_the_noise_floor(tmp_path):

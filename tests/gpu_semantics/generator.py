@@ -249,10 +249,15 @@ def _fmt(ns: int) -> str:
     return f"{us // 1000}.{us % 1000:03d}"
 
 
-def write(trace: Trace, out: Path) -> Path:
-    """One `rank{R}.pt.trace.json.gz` per rank; timestamps written as exact µs with ns fractions."""
+def write(trace: Trace, out: Path, comms_log: bool = False) -> Path:
+    """One `rank{R}.pt.trace.json.gz` per rank; timestamps written as exact µs with ns fractions.
+    `comms_log`: also a `comms.rank{R}.jsonl` per rank (Flight Recorder entry schema) holding only the
+    enqueue times, as NCCL's recorder without timing enabled does (state "scheduled", no start/end)."""
     out.mkdir(parents=True, exist_ok=True)
     n = trace.spec.world
+    if comms_log:
+        for r in range(n):
+            _write_comms_log(trace, r, out / f"comms.rank{r}.jsonl")
     for r, evs in trace.events.items():
         meta = [{"name": "process_name", "ph": "M", "pid": 1000 + r, "tid": 0, "args": {"name": "python"}},
                 {"name": "process_labels", "ph": "M", "pid": r, "tid": 0, "args": {"labels": f"GPU {r}"}},
@@ -280,3 +285,22 @@ def _dur(m: re.Match) -> str:
     # only "dur" values are followed by `, "args"`; keep them as exact µs without the epoch base
     ns = int(m.group(1))
     return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+def _write_comms_log(trace: Trace, rank: int, path: Path) -> None:
+    n = trace.spec.world
+    enqueue = {c.seq: c.starts[rank] - trace.spec.host_ahead_ns for c in trace.collectives}
+    lines = [{"type": "header", "version": "tracekit.comms/1", "rank": rank, "world_size": n,
+              "pg_config": {"default_pg": [list(range(n))]}, "time_ns": BASE_US * 1000}]
+    for c in trace.collectives:
+        t = BASE_US * 1000 + enqueue[c.seq]
+        nel = (c.bytes or 4) // 4
+        lines.append({"record_id": c.seq, "pg_id": None, "process_group": ["0", "default_pg"],
+                      "collective_seq_id": c.seq, "p2p_seq_id": 0, "op_id": c.seq,
+                      "profiling_name": f"nccl:{c.op}", "time_created_ns": t,
+                      "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+                      "input_sizes": [[nel]], "input_dtypes": ["Float"], "output_sizes": [[nel]],
+                      "output_dtypes": ["Float"], "state": "scheduled", "is_p2p": False, "peer": None,
+                      "group_ranks": list(range(n)), "in_split_sizes": None, "out_split_sizes": None,
+                      "caller": None, "step": c.step, "rank": rank})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))

@@ -22,9 +22,9 @@ MS = 1_000_000
 STEP_OPS = [Compute(2 * MS), Compute(1 * MS), Coll("all_reduce", 1 << 20, 1 << 20, 400_000), Compute(MS // 2)]
 
 
-def run(tmp_path, spec: Spec, **config):
+def run(tmp_path, spec: Spec, comms_log: bool = False, **config):
     trace = simulate(spec)
-    write(trace, tmp_path / "traces")
+    write(trace, tmp_path / "traces", comms_log=comms_log)
     store = parse_run(tmp_path / "traces", tmp_path / "store", progress=False).store
     return trace, analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False, **config))
 
@@ -92,10 +92,16 @@ def test_balanced_ranks_with_the_host_ahead_give_device_side_numbers(tmp_path, a
         assert got["sync_wait_ns"] == 0
 
 
-@pytest.mark.parametrize("factor", [Fraction(6, 5), Fraction(3, 2)])
-def test_a_straggler_gpu_is_found_with_its_delay_and_the_wait_is_not_blamed_on_the_network(tmp_path, factor):
+@pytest.mark.parametrize("factor,comms_log", [(Fraction(6, 5), False), (Fraction(3, 2), False),
+                                               (Fraction(3, 2), True)])
+def test_a_straggler_gpu_is_found_with_its_delay_and_the_wait_is_not_blamed_on_the_network(tmp_path, factor,
+                                                                                         comms_log):
+    # comms_log: a collective log holding only enqueue times (no device start) beside the traces gives no
+    # arrival on a GPU rank: matching takes the kernels instead
     spec = Spec(world=4, steps=4, step_ops=STEP_OPS, slow={2: factor}, host_ahead_ns=20 * MS)
-    trace, a = run(tmp_path, spec, peak_gbps={"world": 20.0})
+    trace, a = run(tmp_path, spec, comms_log=comms_log, peak_gbps={"world": 20.0})
+    assert a["sections"]["matching"]["source"]["method"] == "uniform"
+    assert set(a["sections"]["matching"]["source"]["per_rank"].values()) == {"kineto"}
     expect = straggler_delay_per_step(trace)
     assert set(expect) == {2}
     (f,) = findings(a, "straggler")

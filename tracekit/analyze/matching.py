@@ -107,15 +107,20 @@ def load_collectives(store: RunStore) -> pd.DataFrame:
         if pa.types.is_dictionary(col.type):
             col = col.cast(pa.string())
         cols[name] = col
-    df = pa.table(cols).to_pandas()
+    # nullable ints straight to pandas Int64: through float64 (pandas' default for a column with nulls)
+    # epoch-scale ns would round to 256 ns
+    nullable = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
+    df = pa.table(cols).to_pandas(types_mapper=nullable.get)
     for c in ("ts", "dur", "enqueue_ts", "seq", "bytes", "step"):
         df[c] = df[c].astype("Int64")
     return df
 
 
-def choose_sources(df: pd.DataFrame) -> tuple[dict[int, str], str]:
-    """One collective source per rank (see module doc)."""
-    usable = df[df["enqueue_ts"].notna() | df["ts"].notna()]
+def choose_sources(df: pd.DataFrame, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
+    """One collective source per rank (see module doc). On GPU ranks (`on_gpu`) a source counts only
+    with device start times (a log that holds only enqueue times cannot give an arrival there)."""
+    host_ok = df["enqueue_ts"].notna() & ~df["rank"].isin(on_gpu or set())
+    usable = df[host_ok | df["ts"].notna()]
     have: dict[str, set[int]] = {s: set(g["rank"].tolist()) for s, g in usable.groupby("source")}
     ranks = set(usable["rank"].tolist())
     if not ranks:
@@ -170,7 +175,8 @@ def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, 
 def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCollectives | None, dict[str, Any]]:
     df = load_collectives(store)
     dims = group_dims(ctx.section("layout"))
-    per_rank, method = choose_sources(df)
+    on_gpu = gpu_ranks(store)
+    per_rank, method = choose_sources(df, on_gpu)
     section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
     if not per_rank:
         ctx.cache["clocks"] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
@@ -187,7 +193,6 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     ex_idx = extra[extra].index.intersection(df.index)
     df.loc[ex_idx, "pg_name"] = ("kineto:" + df.loc[ex_idx, "pg_name"].astype(str)).where(
         df.loc[ex_idx, "pg_name"].notna(), None)
-    on_gpu = gpu_ranks(store)
     p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
     section["p2p_skipped"] = int(p2p.sum())
     p2p_df = df[p2p].copy()
