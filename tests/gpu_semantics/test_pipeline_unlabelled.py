@@ -70,6 +70,13 @@ def test_pipeline_inferred_from_p2p_alone(analyses, name):
           f"theory {sec['theoretical_bubble']:.4f}")
     assert abs(sec["measured_bubble"] - float(bubble)) <= 0.05
     assert sec["imbalance"] == pytest.approx(float(imbalance), rel=1e-6)
+    # the schedule diagram of the last step: each stage's busy time is its compute kernels' (ProfilerStep#k+1)
+    d = sec["diagram"]
+    step = d["step"] - 1
+    for stage, rank in enumerate(ranks):
+        drawn = sum(x["dur_ns"] for x in d["intervals"] if x["stage"] == stage)
+        assert drawn == sum(k.end - k.start for k in tr.kernels if k.rank == rank and k.step == step
+                            and k.kind == "compute")
 
 
 def test_bubble_finding_names_the_pipeline(analyses):

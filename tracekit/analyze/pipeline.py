@@ -374,8 +374,8 @@ def _trace_kinds(store: RunStore) -> dict[int, str]:
     return {r["rank"]: (r["trace_kind"] or "cpu") for r in t}
 
 
-def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int, int, int]]:
-    """GPU trace: per step (by the launching op's step), (first kernel start, last kernel end, busy ns)
+def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int, int, iv.IntervalSet]]:
+    """GPU trace: per step (by the launching op's step), (first kernel start, last kernel end, busy)
     where busy is the union of the step's non-communication kernels, on rank 0's clock."""
     rows = store.rank_table("kernels", rank, ["ts", "dur", "kind", "step"]).to_pylist()
     per: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -385,15 +385,15 @@ def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int
     out = {}
     for step, ks in per.items():
         comp = [k for k in ks if k["kind"] != "comm"]
-        busy = iv.total(iv.union([k["ts"] for k in comp], [k["ts"] + k["dur"] for k in comp])) if comp else 0
+        busy = iv.union([k["ts"] - offset for k in comp], [k["ts"] + k["dur"] - offset for k in comp])
         lo = min(k["ts"] for k in ks) - offset
         out[step] = (lo, max(k["ts"] + k["dur"] for k in ks) - offset, busy)
     return out
 
 
 def _host_busy(store: RunStore, windows: dict[tuple[int, int], tuple[int, int]], p2p: list[P2POp], rank: int,
-               offset: int) -> dict[int, tuple[int, int, int]]:
-    """CPU trace: per step, (step start, step end, busy ns): the step less the time spent waiting for
+               offset: int) -> dict[int, tuple[int, int, iv.IntervalSet]]:
+    """CPU trace: per step, (step start, step end, busy): the step less the time spent waiting for
     receives — a receive is outstanding from its post to the data's arrival, and the stage waits for
     it unless a compute op runs meanwhile (a receive posted early overlaps the stage's own work)."""
     recvs: dict[int, list[P2POp]] = defaultdict(list)
@@ -413,7 +413,7 @@ def _host_busy(store: RunStore, windows: dict[tuple[int, int], tuple[int, int]],
             continue
         rs = recvs.get(step, [])
         pending = iv.clip(iv.union([o.start - offset for o in rs], [o.end - offset for o in rs]), w0, w1)
-        out[step] = (w0, w1, (w1 - w0) - iv.total(iv.subtract(pending, working)))
+        out[step] = (w0, w1, iv.subtract((np.array([w0]), np.array([w1])), iv.subtract(pending, working)))
     return out
 
 
@@ -462,6 +462,7 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         "measured_bubble": measured, "imbalance": imbalance, "pipelines": pipe_out,
         "busy_source": "device kernels" if kinds.get(groups[0][0]) == "gpu" else "host, less receive waits",
         "evidence": _p2p_evidence(store, pipes, man),
+        "diagram": _busy_diagram(groups[0], busy, pipe_out[0]["steps"], ctx.config.max_timeline_intervals),
         "stages": [{"stage": i, "ranks": [g[i] for g in groups], "compute_ns": int(comp[i]),
                     "fwd_ns": None, "bwd_ns": None, "layers": _stage_layers(man, i)} for i in range(p)]})
     findings = []
@@ -478,7 +479,8 @@ def _stage_layers(man: dict[str, Any], stage: int) -> int | None:
     return int(layers[stage]) if layers and stage < len(layers) else None
 
 
-def _p2p_steps(groups: list[list[int]], busy: dict[int, dict[int, tuple[int, int, int]]], union_window: bool):
+def _p2p_steps(groups: list[list[int]], busy: dict[int, dict[int, tuple[int, int, iv.IntervalSet]]],
+               union_window: bool):
     """Per pipeline and step, stage bubble = 1 − busy/window. The window runs from the first kernel start to
     the last kernel end over the pipeline's ranks on GPU traces (kernels belong to the step that launched
     them); on CPU traces it is the longest of the ranks' own steps (each rank's step ends at its optimizer
@@ -497,7 +499,8 @@ def _p2p_steps(groups: list[list[int]], busy: dict[int, dict[int, tuple[int, int
             window = max(window, 1)
             rk_out = []
             for i, rk in enumerate(ranks):
-                w0, w1, b = busy[rk][step]
+                w0, w1, bset = busy[rk][step]
+                b = iv.total(bset)
                 stage_busy[i].append(b)
                 rk_out.append({"rank": rk, "stage_ids": [i], "busy_ns": b, "bubble": 1.0 - b / window,
                                "bubble_of_step": 1.0 - b / max(w1 - w0, 1),
@@ -507,3 +510,19 @@ def _p2p_steps(groups: list[list[int]], busy: dict[int, dict[int, tuple[int, int
             steps_out.append({"step": step, "window_ns": window, "bubble": bub, "ranks": rk_out})
         pipe_out.append({"ranks": ranks, "steps": steps_out})
     return pipe_out, base, stage_busy
+
+
+def _busy_diagram(ranks: list[int], busy: dict[int, dict[int, tuple[int, int, iv.IntervalSet]]],
+                  steps_out: list[dict[str, Any]], budget: int) -> dict[str, Any] | None:
+    """The last complete step of one inferred pipeline: each stage's busy intervals (phase "busy": the p2p
+    graph does not say which are forwards), relative to the earliest of them."""
+    if not steps_out:
+        return None
+    step = steps_out[-1]["step"]
+    spans = [(i, int(a), int(b)) for i, rk in enumerate(ranks) for a, b in zip(*busy[rk][step][2])]
+    if not spans:
+        return None
+    t0 = min(a for _, a, _ in spans)
+    return {"step": step, "ranks": ranks, "window_ns": steps_out[-1]["window_ns"],
+            "intervals": [{"rank": ranks[i], "stage": i, "microbatch": None, "phase": "busy", "start_ns": a - t0,
+                           "dur_ns": b - a} for i, a, b in sorted(spans, key=lambda x: x[1])[:budget]]}
