@@ -114,3 +114,41 @@ class CommLog:
             self._write({"type": "footer", "status": status, "entries": self._record_id,
                          "time_ns": time.time_ns()})
             self._fh.close()
+
+
+FR_FIELDS = ("profiling_name", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "time_created_ns",
+             "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ms", "state", "pg_id")
+"""What a Flight Recorder entry supplies when it replaces ours (device timing, its own sizes and state)."""
+
+
+def prefer_flight_recorder(path: str | os.PathLike, fr_entries: list[dict[str, Any]]) -> int:
+    """Rewrite a closed comms log so that each collective PyTorch's Flight Recorder also holds (same group
+    name and collective sequence number) carries the Flight Recorder's fields and `source`
+    "flight_recorder" (the entry we logged is kept under `logged`). Returns how many were replaced.
+
+    For NCCL, whose Flight Recorder numbers collectives like our log does there (the group's own
+    counter) and times them on the device. P2P entries and entries it does not hold are left as logged.
+    """
+    by_key = {}
+    for fe in fr_entries:
+        pg = fe.get("process_group") or [None, None]
+        if fe.get("collective_seq_id") and not fe.get("is_p2p"):
+            by_key[(str(pg[0]), int(fe["collective_seq_id"]))] = fe
+    path = Path(path)
+    lines = path.read_bytes().splitlines()
+    out, replaced = [], 0
+    for raw in lines:
+        obj = json.loads(raw)
+        fe = None
+        if obj.get("type") is None and not obj.get("is_p2p"):
+            fe = by_key.get((str((obj.get("process_group") or [None])[0]), int(obj.get("collective_seq_id") or 0)))
+        if fe is not None:
+            logged = {k: obj.get(k) for k in FR_FIELDS if k in obj}
+            obj.update({k: fe[k] for k in FR_FIELDS if k in fe})
+            obj["logged"], obj["source"] = logged, "flight_recorder"
+            replaced += 1
+        out.append(_encode(obj))
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(b"\n".join(out) + b"\n")
+    os.replace(tmp, path)
+    return replaced

@@ -248,10 +248,11 @@ class CollectiveLogger:
         if spec.p2p_peer is not None:
             local = bound.get(spec.p2p_peer)
             peer = info.ranks[local] if local is not None and 0 <= local < len(info.ranks) else local
+        seq = _c10d_seq(group) if info.backend == "nccl" and not spec.is_p2p and not spec.functional else None
         entry = self._new_entry(spec.collective, spec.is_p2p, info, created_ns, in_shapes, in_dtypes,
                                 out_shapes, out_dtypes, peer,
                                 _int_list(bound.get(spec.in_splits)) if spec.in_splits else None,
-                                _int_list(bound.get(spec.out_splits)) if spec.out_splits else None)
+                                _int_list(bound.get(spec.out_splits)) if spec.out_splits else None, seq=seq)
         if spec.functional:
             if isinstance(out, torch.Tensor):
                 self._by_output[id(out)] = entry
@@ -271,7 +272,7 @@ class CollectiveLogger:
             self._new_entry(kind, True, info, created_ns, shapes, dtypes, shapes, dtypes, glob, None, None)
 
     def _new_entry(self, collective, is_p2p, info, created_ns, in_shapes, in_dtypes, out_shapes,
-                   out_dtypes, peer, in_splits, out_splits) -> dict[str, Any]:
+                   out_dtypes, peer, in_splits, out_splits, seq: int | None = None) -> dict[str, Any]:
         entry = {
             "pg_name": info.name, "pg_desc": info.desc,
             "profiling_name": f"{info.backend}:{collective}",
@@ -280,7 +281,7 @@ class CollectiveLogger:
             "output_sizes": out_shapes, "output_dtypes": out_dtypes,
             "is_p2p": is_p2p, "peer": peer, "group_ranks": info.ranks,
             "in_split_sizes": in_splits, "out_split_sizes": out_splits, "step": self.step,
-            "seq": self.comm_log.next_seq(info.name, is_p2p), "source": self.source,
+            "seq": seq if seq is not None else self.comm_log.next_seq(info.name, is_p2p), "source": self.source,
         }
         with self._lock:
             self._pending.append(entry)
@@ -393,6 +394,18 @@ class CollectiveLoggingMode(CollectiveLogger, TorchDispatchMode):
         out = func(*args, **kwargs)
         self.log_call(func, args, kwargs, out, created_ns)
         return out
+
+
+def _c10d_seq(group: Any) -> int | None:
+    """The group's own collective sequence number after a call (NCCL: the one its Flight Recorder and the
+    profiler's `record_param_comms` carry; gloo counts P2P in it too, so gloo entries use our counters)."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+
+        pg = ProcessGroup.unbox(group) if isinstance(group, torch.ScriptObject) else group
+        return int(pg._get_sequence_number_for_group())
+    except Exception:
+        return None
 
 
 def _due(entry: dict[str, Any]) -> bool:

@@ -372,6 +372,7 @@ class RankRecorder:
                 self._dump_flight_recorder(rank)
             if self.comm_log is not None:
                 self.comm_log.close("ok" if status == "ok" else status)
+                self._prefer_flight_recorder(rank)
             self.clock["end"] = clock.sample()
             self._write_record()
             if self.trace_written:
@@ -379,6 +380,21 @@ class RankRecorder:
                     part.unlink(missing_ok=True)
             _remove_empty_parts_dir(self.out_dir)
             self.finalizing = False
+
+    def _prefer_flight_recorder(self, rank: int) -> None:
+        """On NCCL, the comms log takes PyTorch's Flight Recorder entry for each collective it holds."""
+        fr_path = flight_recorder_path(self.out_dir, rank)
+        if "nccl" not in str(self.identity.backend or "").lower() or not fr_path.exists():
+            return
+        try:
+            import json
+
+            from tracekit.record.commlog import prefer_flight_recorder
+
+            n = prefer_flight_recorder(self.comm_log.path, json.loads(fr_path.read_text()).get("entries") or [])
+            self.notes.append(f"comms log: {n} entries taken from the Flight Recorder")
+        except Exception as exc:  # the log as we wrote it stays valid
+            self.notes.append(f"comms log kept as logged (Flight Recorder merge failed: {type(exc).__name__}: {exc})")
 
     def _dump_flight_recorder(self, rank: int) -> None:
         try:
