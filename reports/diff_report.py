@@ -11,7 +11,8 @@ from reports.html_report import _page
 
 DIFF_SECTIONS = [("verdict", "Summary"), ("breakdown", "Breakdown"), ("findings", "Findings"),
                  ("collectives", "Collectives"), ("ranks", "Per-rank step time")]
-_STATUS_MARK = {"appeared": "🆕 appeared", "resolved": "✅ resolved", "changed": "🔁 changed", "unchanged": "= unchanged"}
+_STATUS_MARK = {"appeared": "🆕 appeared", "resolved": "✅ resolved", "changed": "🔁 changed", "unchanged": "= unchanged",
+                "absorbed": "↪ absorbed by a bigger finding (not resolved)"}
 
 
 def _delta_text(d: dict[str, Any] | None) -> str:
@@ -27,8 +28,14 @@ def _headline(diff: dict[str, Any]) -> str:
     parts = []
     if is_num(step.get("base_ns")) and is_num(step.get("new_ns")):
         parts.append(f"Step time {ms(step['base_ns'])} → {ms(step['new_ns'])} ({_delta_text(step)})")
+    absorbed = f"{counts['absorbed']} absorbed by bigger ones, " if counts.get("absorbed") else ""
     parts.append(f"findings: {counts.get('appeared', 0)} appeared, {counts.get('resolved', 0)} resolved, "
-                 f"{counts.get('changed', 0)} changed, {counts.get('unchanged', 0)} unchanged")
+                 f"{absorbed}{counts.get('changed', 0)} changed, {counts.get('unchanged', 0)} unchanged")
+    replay = diff.get("replay") if isinstance(diff.get("replay"), dict) else {}
+    rb, rn = replay.get("base") or {}, replay.get("new") or {}
+    if is_num(rb.get("all_fixes_saving_ns")) or is_num(rn.get("all_fixes_saving_ns")):
+        parts.append(f"all fixes together would save {ms(rb.get('all_fixes_saving_ns'))} → "
+                     f"{ms(rn.get('all_fixes_saving_ns'))} per step (replayed)")
     return "; ".join(parts) + "."
 
 

@@ -96,11 +96,18 @@ def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None,
     return pairs
 
 
+def _explained(f: dict | None) -> bool:
+    ev = (f or {}).get("evidence")
+    return isinstance(ev, dict) and bool(ev.get("explained_by"))
+
+
 def _finding_status(b: dict | None, n: dict | None, cfg: DiffConfig) -> str:
     if b is None:
         return "appeared"
     if n is None:
         return "resolved"
+    if _explained(n) and not _explained(b):
+        return "absorbed"
     if b.get("severity") != n.get("severity") or sorted(b.get("ranks") or ()) != sorted(n.get("ranks") or ()):
         return "changed"
     sb, sn = b.get("est_saving_ns") or 0, n.get("est_saving_ns") or 0
@@ -110,7 +117,25 @@ def _finding_status(b: dict | None, n: dict | None, cfg: DiffConfig) -> str:
     return "unchanged"
 
 
-_STATUS_ORDER = {"appeared": 0, "changed": 1, "resolved": 2, "unchanged": 3}
+_STATUS_ORDER = {"appeared": 0, "changed": 1, "absorbed": 2, "resolved": 3, "unchanged": 4}
+
+
+def _still_exposed(b: dict, base: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A communication finding is not resolved while its dim's exposed time did not fall."""
+    if b.get("kind") not in ("unoverlapped_collective", "communication_bound", "low_bus_bandwidth"):
+        return False
+    ev = b.get("evidence") if isinstance(b.get("evidence"), dict) else {}
+    op = ev.get("op")
+    before = sum(v["exposed_ns"] for (d, o), v in collective_totals(base).items()
+                 if d == str(b.get("dim")) and (op is None or o == op))
+    after = sum(v["exposed_ns"] for (d, o), v in collective_totals(new).items()
+                if d == str(b.get("dim")) and (op is None or o == op))
+    return after > 0 and after >= before
+
+
+def _replayed(f: dict | None) -> int | None:
+    ev = (f or {}).get("evidence")
+    return ev.get("replayed_saving_ns") if isinstance(ev, dict) else None
 
 
 def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) -> list[dict[str, Any]]:
@@ -118,8 +143,11 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
     for b, n in _pair_findings(base.get("findings") or [], new.get("findings") or []):
         ref = n or b
         assert ref is not None
+        status = _finding_status(b, n, cfg)
+        if status == "resolved" and b is not None and _still_exposed(b, base, new):
+            status = "absorbed"  # gone from the list, but the time it named did not fall: a bigger one covers it
         out.append({
-            "status": _finding_status(b, n, cfg),
+            "status": status,
             "kind": ref.get("kind"), "dim": ref.get("dim"), "scope": list(finding_scope(ref)),
             "base_ranks": None if b is None else list(b.get("ranks") or []),
             "new_ranks": None if n is None else list(n.get("ranks") or []),
@@ -127,6 +155,8 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
             "new_severity": None if n is None else n.get("severity"),
             "base_saving_ns": None if b is None else b.get("est_saving_ns"),
             "new_saving_ns": None if n is None else n.get("est_saving_ns"),
+            "base_replayed_saving_ns": _replayed(b), "new_replayed_saving_ns": _replayed(n),
+            "absorbed_by": (n or {}).get("evidence", {}).get("explained_by") if status == "absorbed" and n else None,
             "summary": ref.get("summary"),
             "base_summary": None if b is None else b.get("summary"),
         })
@@ -194,6 +224,8 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
                       "base_bound": b.get("bound") if b else None, "new_bound": n.get("bound") if n else None})
     findings = diff_findings(base, new, cfg)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in _STATUS_ORDER}
+    if not counts["absorbed"]:
+        del counts["absorbed"]  # listed only when a finding was absorbed by a bigger one
     return {
         "schema": DIFF_SCHEMA,
         "base": _describe(base, base_label),
@@ -205,7 +237,18 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
         "findings": findings,
         "finding_counts": counts,
         "collectives": diff_collectives(base, new),
+        "replay": {"base": _replay_summary(base), "new": _replay_summary(new)},
     }
+
+
+def _replay_summary(analysis: dict[str, Any]) -> dict[str, Any] | None:
+    """The critical-path section's measured step and the saving of all fixes together (replayed)."""
+    sec = (analysis.get("sections") or {}).get("critical_path")
+    if not isinstance(sec, dict):
+        return None
+    together = sec.get("all_fixes") if isinstance(sec.get("all_fixes"), dict) else {}
+    return {"measured_step_ns": sec.get("measured_step_ns"), "all_fixes_saving_ns": together.get("saving_ns"),
+            "all_fixes_step_ns": together.get("step_ns")}
 
 
 def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, progress: bool = False

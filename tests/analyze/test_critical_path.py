@@ -241,3 +241,37 @@ def test_unchanged_replay_reproduces_real_gpu_steps(trace, shared_traces, tmp_pa
     assert out["steps"] and {s["step"] for s in out["steps"]} <= set(raw)
     for s in out["steps"]:
         assert abs(s["replayed_ns"] - raw[s["step"]]) <= 0.02 * raw[s["step"]], (s, raw)
+
+
+def test_diff_marks_findings_absorbed_by_a_bigger_one_not_resolved():
+    from tracekit.diff import diff_analyses
+
+    def run(exposed_ns: int, findings: list[dict]) -> dict:
+        return {"schema": "tracekit.analysis/1", "inputs": {"ranks": [0, 1]},
+                "ranks": [{"rank": r, "steps": 1, "step_ns": 100_000_000, "compute_ns": 1, "comm_ns": 1,
+                           "exposed_comm_ns": 1, "other_ns": 0, "idle_ns": 0} for r in (0, 1)],
+                "findings": findings,
+                "sections": {"unoverlapped": {"by_rank_dim_op": [{"rank": 0, "dim": "dp", "op": "all_reduce",
+                                                                   "instances": 3, "comm_ns": exposed_ns,
+                                                                   "exposed_ns": exposed_ns}]},
+                             "critical_path": {"measured_step_ns": 100_000_000,
+                                               "all_fixes": {"saving_ns": 5_000_000, "step_ns": 95_000_000}}}}
+
+    unoverlapped = {"kind": "unoverlapped_collective", "severity": "warning", "dim": "dp", "ranks": [0],
+                    "summary": "all_reduce on dp is exposed", "evidence": {"op": "all_reduce"},
+                    "est_saving_ns": 7_700_000}
+    straggler = {"kind": "straggler", "severity": "critical", "dim": "dp", "ranks": [1], "summary": "rank 1 sleeps",
+                 "evidence": {}, "est_saving_ns": 50_000_000}
+    # the exposed time grew (7.7 -> 103 ms) while the finding left the list: absorbed, not resolved
+    doc = diff_analyses(run(7_700_000, [unoverlapped]), run(103_000_000, [straggler]))
+    (f,) = [f for f in doc["findings"] if f["kind"] == "unoverlapped_collective"]
+    assert f["status"] == "absorbed" and doc["finding_counts"]["absorbed"] == 1
+    # exposed time really fell: resolved
+    doc = diff_analyses(run(7_700_000, [unoverlapped]), run(100_000, []))
+    assert [f["status"] for f in doc["findings"]] == ["resolved"]
+    # still listed but explained by another finding: absorbed
+    explained = {**unoverlapped, "est_saving_ns": 0, "evidence": {"op": "all_reduce", "explained_by": "straggler"}}
+    doc = diff_analyses(run(7_700_000, [unoverlapped]), run(9_000_000, [explained, straggler]))
+    (f,) = [f for f in doc["findings"] if f["kind"] == "unoverlapped_collective"]
+    assert f["status"] == "absorbed" and f["absorbed_by"] == "straggler"
+    assert doc["replay"]["new"]["all_fixes_saving_ns"] == 5_000_000
