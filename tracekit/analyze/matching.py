@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.clocks import ClockConfig, estimate_offsets, log_to_trace_shift
@@ -162,9 +163,10 @@ def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, 
         if src not in LOG_SOURCES:
             shifts[r] = 0
             continue
-        t = store.rank_table("collectives", r, ["source", "enqueue_ts", "ts"]).to_pandas()
-        t = t[t["source"].astype(str) == src]
-        times = pd.concat([t["enqueue_ts"], t["ts"]]).dropna().to_numpy(dtype=np.int64)
+        t = store.rank_table("collectives", r, ["source", "enqueue_ts", "ts"])
+        t = t.filter(pc.equal(t["source"].cast(pa.string()), src))
+        times = pc.drop_null(pa.concat_arrays([t["enqueue_ts"].combine_chunks(), t["ts"].combine_chunks()])
+                             ).to_numpy(zero_copy_only=False).astype(np.int64)
         row = rows.get(r, {})
         shift, how = log_to_trace_shift(times, row.get("first_ts"), row.get("last_ts"), row.get("base_time_ns"))
         shifts[r] = shift if how != "unaligned" else None
