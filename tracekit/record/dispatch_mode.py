@@ -175,13 +175,17 @@ class CollectiveLogger:
         self._lock = threading.Lock()
         self._groups: dict[str, GroupInfo] = {}
         self._arg_names: dict[Any, list[str]] = {}
+        self._spec_of: dict[Any, tuple[_OpSpec | None, bool]] = {}
 
     def log_call(self, func, args, kwargs, out, created_ns: int) -> None:
         """Log one call of a collective op `func` (an OpOverload) that returned `out`."""
-        ns = func.namespace
-        name = func._schema.name.split("::", 1)[1]
-        spec = _SPECS.get((ns, name))
-        if spec is None and not (ns == "_c10d_functional" and name == "batch_p2p_ops"):
+        found = self._spec_of.get(func)
+        if found is None:
+            ns, name = func.namespace, func._schema.name.split("::", 1)[1]
+            spec = _SPECS.get((ns, name))
+            found = self._spec_of[func] = (spec, spec is not None or (ns, name) == ("_c10d_functional", "batch_p2p_ops"))
+        spec, logged = found
+        if not logged:
             return
         try:
             bound = self._bind(func, args, kwargs)
