@@ -325,8 +325,9 @@ def main() -> None:
 # window it adds nothing by construction (the allocator reports only while the profiler records).
 # Usage: python benchmarks/record_overhead.py --memory [--repeats 5]
 # Measured on the shared 2-core box (load 17-18): on/off inside the window 0.997 (4 blocks d=128,
-# 48 steps per state) and 1.16 (d=256, 36 steps, ~1.3 s steps); profile_memory is on by default
-# in tracekit record (--no-profile-memory turns it off).
+# 48 steps per state) and 1.16 (d=256, 36 steps, ~1.3 s steps); on a lent H100 (CUDA, 4 blocks
+# d=1024, scripts/gpu_memory_check.py) 1.015. profile_memory is on by default in tracekit record
+# (--no-profile-memory turns it off).
 
 def memory_profiling_overhead(repeats: int = 5, steps: int = 6) -> dict[str, float]:
     """Median step time inside a torch.profiler window with profile_memory on vs off (same process,
