@@ -275,3 +275,21 @@ def test_diff_marks_findings_absorbed_by_a_bigger_one_not_resolved():
     (f,) = [f for f in doc["findings"] if f["kind"] == "unoverlapped_collective"]
     assert f["status"] == "absorbed" and f["absorbed_by"] == "straggler"
     assert doc["replay"]["new"]["all_fixes_saving_ns"] == 5_000_000
+
+
+def test_collective_advice_fits_the_evidence():
+    from tracekit.analyze.recommend import advise_collective
+
+    # a single 84-byte DDP bucket that already overlaps: no "issue it asynchronously", fewer/larger messages
+    ddp = advise_collective(dim="dp", op="all_reduce", overlap_ratio=0.55, bytes_p50=84, calls_per_step=1)
+    assert "already" in ddp and "55%" in ddp and "larger buckets" in ddp and "asynchronously (" in ddp
+    assert "lower-precision" not in ddp and "84 B" in ddp
+    # large FSDP reduce-scatters that overlap: fewer bytes, not bigger buckets
+    fsdp = advise_collective(dim="fsdp", op="reduce_scatter", overlap_ratio=0.3, bytes_p50=50 << 20)
+    assert "already" in fsdp and "bf16" in fsdp and "bucket_cap_mb" not in fsdp
+    # sequence-parallel activation collectives are not gradients
+    sp = advise_collective(dim="tp", op="reduce_scatter", overlap_ratio=0.0, bytes_p50=8 << 20)
+    assert "not gradients" in sp and "bucket" in sp and "do not apply" in sp
+    # small messages anywhere: latency-bound
+    small = advise_collective(dim="ep", op="all_to_all", overlap_ratio=0.0, bytes_p50=4096)
+    assert "latency-bound" in small and "4 KiB" in small

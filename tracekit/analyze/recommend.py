@@ -243,6 +243,46 @@ def advise_exposed_comm(*, dim: str | None, exposed_ns: float, group: str | None
         "saving_formula": f"all exposed time of the group hidden = {exposed_ns:.0f}"})
 
 
+LATENCY_BOUND_BYTES = 1 << 20
+"""Below about 1 MiB a collective's time is mostly per-call latency (NCCL-tests' bus bandwidth curves
+only flatten above it): fewer, larger messages are the lever, not fewer bytes."""
+ASYNC_OVERLAP = 0.10
+"""A share of its time overlapped with compute at which a collective is already issued asynchronously."""
+SP_ACTIVATION_OPS = ("all_gather", "reduce_scatter")
+
+
+def advise_collective(*, dim: str | None, op: str | None, overlap_ratio: float | None,
+                      bytes_p50: float | None, calls_per_step: float | None = None) -> str:
+    """Advice that fits what the evidence shows about a collective: already asynchronous (DDP/FSDP overlap
+    part of it), latency-bound (small messages), or sequence-parallel activations (tp all-gather /
+    reduce-scatter: not gradients), else the dim's general advice."""
+    parts = []
+    size = None
+    if bytes_p50:
+        size = (f"{bytes_p50:.0f} B" if bytes_p50 < 1024 else f"{bytes_p50 / 1024:.0f} KiB" if bytes_p50 < (1 << 20)
+                else f"{bytes_p50 / (1 << 20):.1f} MiB")
+    latency_bound = bytes_p50 is not None and 0 < bytes_p50 < LATENCY_BOUND_BYTES
+    if dim == "tp" and op in SP_ACTIVATION_OPS:
+        parts.append(f"These tp {op}s move sequence-parallel activations in forward and backward, not gradients: "
+                     "overlap them with the neighbouring matmuls (async TP / collective matmul) or keep the tp group "
+                     "on the fastest links (one host); bucketing or lower-precision gradients do not apply")
+    elif dim in ("dp", "fsdp") and overlap_ratio is not None and overlap_ratio >= ASYNC_OVERLAP:
+        parts.append(f"{'DDP' if dim == 'dp' else 'FSDP'} already issues these asynchronously ({overlap_ratio:.0%} "
+                     "of their time overlaps compute); the exposed part is what is left after the last gradients "
+                     "are ready")
+        parts.append("fewer, larger buckets (raise bucket_cap_mb) cut the per-call latency" if latency_bound else
+                     "move fewer bytes (bf16 gradient reduction, gradient accumulation over more micro-steps) or "
+                     "faster links")
+    elif latency_bound:
+        parts.append(f"Each {op or 'collective'} moves only {size} (latency-bound): send fewer, larger messages "
+                     "(coalesce the calls, larger buckets); fewer bytes or a smaller degree would barely help")
+    else:
+        parts.append(_COMM_ADVICE.get(dim or "", "Overlap this communication with compute or make it smaller"))
+    if latency_bound and size and size not in parts[0] and dim not in ("tp",):
+        parts[-1] += f" (median message {size}{f', {calls_per_step:.0f} calls per step' if calls_per_step else ''})"
+    return "; ".join(parts) + "."
+
+
 def advise_straggler(*, rank: int, host: str | None, late_ns: float) -> Advice:
     """Which host to inspect for a late rank; saving = the time the others wait for it per step."""
     where = f"host {host} (rank {rank})" if host else f"rank {rank}'s host"

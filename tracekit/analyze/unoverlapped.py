@@ -41,6 +41,7 @@ from tracekit.analyze.breakdown import rank_activity
 from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import group_dims
+from tracekit.analyze.recommend import advise_collective
 from tracekit.tables.store import RunStore
 
 SIZE_BUCKETS = ((1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
@@ -176,9 +177,11 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
             exp = iv.subtract(u, comp)
             exposed = iv.total(exp)
             transfer = exposed - iv.total(iv.intersect(exp, wait))
+            sizes = pd.to_numeric(g["bytes"], errors="coerce").dropna()
             per_rank_dim_op.append({"rank": rank, "dim": dim, "op": op, "instances": len(g),
                                     "comm_ns": iv.total(u), "exposed_ns": exposed, "transfer_exposed_ns": transfer,
-                                    "steps": steps, "step_ns": int(step_ns)})
+                                    "steps": steps, "step_ns": int(step_ns),
+                                    "bytes_p50": float(sizes.median()) if len(sizes) else None})
         allc = iv.intersect(act.comm, win)
         exp_all = iv.subtract(allc, comp)
         per_rank_total[rank] = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))
@@ -229,6 +232,8 @@ def _dim_op_rows(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "transfer_exposed_ns_per_step": int(worst["per_step"]),
             "share_of_step": round(float(worst["per_step"] / worst["step_ns"]), 6) if worst["step_ns"] else 0.0,
             "worst_rank": int(worst["rank"]),
+            "bytes_p50": float(g["bytes_p50"].dropna().median()) if "bytes_p50" in g and g["bytes_p50"].notna().any() else None,
+            "calls_per_step": round(float(g["instances"].sum() / max(int(g["steps"].sum()), 1)), 2),
         })
     out.sort(key=lambda x: -x["transfer_exposed_ns_per_step"])
     return out
@@ -258,11 +263,15 @@ def _dim_op_findings(rows: list[dict[str, Any]], cfg: UnoverlappedConfig) -> lis
             dim=dim,
             summary=(f"{row['op']} on {dim} is exposed {row['transfer_exposed_ns_per_step'] / 1e6:.2f} ms per step "
                      f"({100 * row['share_of_step']:.1f}% of the step on rank {row['worst_rank']}); "
-                     f"overlap ratio {row['overlap_ratio'] if row['overlap_ratio'] is not None else 'n/a'}"),
+                     + (f"{row['overlap_ratio']:.0%} of its time overlapped" if row['overlap_ratio'] is not None
+                        else "overlap unknown (no communication time recorded)")),
             evidence={k: row[k] for k in ("op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
                                           "overlap_ratio", "exposed_ns_per_step",
-                                          "transfer_exposed_ns_per_step", "share_of_step", "worst_rank")},
-            recommendation=_RECOMMEND.get(dim, _DEFAULT_RECOMMEND),
+                                          "transfer_exposed_ns_per_step", "share_of_step", "worst_rank",
+                                          "bytes_p50", "calls_per_step")},
+            recommendation=advise_collective(dim=dim, op=row["op"], overlap_ratio=row["overlap_ratio"],
+                                             bytes_p50=row["bytes_p50"], calls_per_step=row["calls_per_step"])
+            if dim in ("dp", "fsdp", "tp") or row["bytes_p50"] else _RECOMMEND.get(dim, _DEFAULT_RECOMMEND),
             est_saving_ns=int(row["transfer_exposed_ns_per_step"])))
     return out
 
@@ -302,6 +311,7 @@ def _comm_bound_findings(br_ranks: dict[int, dict[str, Any]], totals: dict[int, 
                              "exposed_comm_ns": b[3]["exposed_comm_ns"], "compute_ns": b[3]["compute_ns"],
                              "step_ns": b[3]["step_ns"], "steps": b[3]["steps"]} for b in bound],
                   "worst_rank_by_dim_ns_per_step": by_dim},
-        recommendation="Overlap communication with compute (see the unoverlapped collectives by dimension), "
-                       "or reduce message volume (larger buckets, lower-precision gradients, smaller TP degree).",
+        recommendation=(f"Most of the exposed transfer is on {dim or 'one dimension'}: see that dimension's "
+                        "unoverlapped-collective finding for the lever that fits it (already-asynchronous "
+                        "collectives, message size, activation vs gradient traffic)."),
         est_saving_ns=int(worst[1]))]
