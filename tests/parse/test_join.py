@@ -45,8 +45,18 @@ def test_entries_before_the_profiled_window_and_unlogged_ops() -> None:
     kin = [_k("broadcast", 250 * US, nelems=22),          # DDP's own broadcast: not in the log
            _k("all_reduce", 320 * US, nelems=12), _k("all_reduce", 430 * US, nelems=12)]
     rows, stats = _joined(kin, log)
-    assert rows == [("broadcast", None, 1, "order"), ("all_reduce", "0", 3, "log"), ("all_reduce", "0", 4, "log")]
-    assert (stats.matched_by_order, stats.numbered_by_order) == (2, 1)
+    # the broadcast names no group and the rank's groups are not given: no group, no seq, a note
+    assert rows == [("broadcast", None, None, None), ("all_reduce", "0", 3, "log"), ("all_reduce", "0", 4, "log")]
+    assert (stats.matched_by_order, stats.numbered_by_order, stats.no_group) == (2, 0, 1)
+    # the rank belongs to one group only: that is the broadcast's group, numbered by order within it
+    table, stats = join_collectives(_table(kin), _table(log), groups=[{"pg_name": "0", "ranks": [0, 1], "size": 2}])
+    first = table.to_pylist()[0]
+    assert (first["pg_name"], first["seq"], first["seq_source"]) == ("0", 1, "order")
+    assert "inferred" in first["match_note"] and (stats.group_inferred, stats.no_group) == (1, 0)
+    # two groups of the rank fit it: left without a group, with a note saying why
+    two = [{"pg_name": "0", "ranks": [0, 1], "size": 2}, {"pg_name": "1", "ranks": [0, 1], "size": 2}]
+    first = join_collectives(_table(kin), _table(log), groups=two)[0].to_pylist()[0]
+    assert (first["pg_name"], first["seq"]) == (None, None) and "2 of this rank's groups" in first["match_note"]
 
 
 def test_trace_clock_behind_the_log_clock() -> None:

@@ -117,6 +117,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1) from None
     for s in store.skipped:
         err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
+    if store.meta.get("rank_assumed"):
+        err.print(f"[yellow]warning[/yellow] {_esc(store.meta['rank_assumed'])}")
     from tracekit.record.manifest import window_problem
 
     problem = window_problem(store.manifest)

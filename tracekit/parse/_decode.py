@@ -277,6 +277,9 @@ _WS = b" \t\r\n"
 _MAX_END_TRIES = 64
 _MAX_CUT_TRIES = 8
 _MAX_TAIL_BYTES = 16 << 20  # text after the events array (Kineto: a few hundred bytes)
+_CUT_OVERLAP = 1 << 16
+"""A boundary (`}`, whitespace, `,`, whitespace, `{`) may straddle the end of what was searched before; a
+missed one only makes that chunk longer."""
 
 
 TopLevel = _trace_struct("TopLevel", list[Any], "The document without its events (the array replaced by `[]`).")
@@ -371,6 +374,36 @@ def decode_event_chunks(buf, chunk_bytes: int, sink, decode=None) -> TopLevel | 
         return top
 
 
+_LONG_WS_RUN = 4096
+_LONG_WS = re.compile(rb"[ \t\r\n]{%d,}" % _LONG_WS_RUN)
+
+
+def squeeze_whitespace(blocks):
+    """The blocks with every run of at least 4096 whitespace bytes cut to one space, so megabytes of
+    whitespace cost what their bytes cost to read and nothing to hold (DESIGN: cost per byte
+    independent of content). A run inside a string only shortens that string's whitespace (names are
+    clipped at 4096 characters anyway); runs split across blocks shrink to at most one run per edge."""
+    for block in blocks:
+        if _may_hold_long_ws(block):
+            block = _LONG_WS.sub(b" ", block)
+        yield block
+
+
+_SAMPLE = _LONG_WS_RUN // 4
+_WS_CODES = np.frombuffer(b" \t\r\n", np.uint8)
+
+
+def _may_hold_long_ws(block) -> bool:
+    """Whether `block` may hold a run of _LONG_WS_RUN whitespace bytes, looking at one byte in
+    _SAMPLE: such a run covers three consecutive samples, and the stretch between them is checked."""
+    sample = np.frombuffer(block, np.uint8)[::_SAMPLE]
+    ws = np.isin(sample, _WS_CODES)
+    runs = np.flatnonzero(ws[:-2] & ws[1:-1] & ws[2:])
+    if len(runs) > 8:
+        return True
+    return any(not bytes(block[i * _SAMPLE:(i + 2) * _SAMPLE]).translate(None, b" \t\r\n") for i in runs.tolist())
+
+
 def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
     """`decode_event_chunks` over an iterable of byte blocks (a file read or decompressed piece by
     piece): only the text before the events and about two chunks are held at a time."""
@@ -391,6 +424,7 @@ def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel
     del buf[: m.end()]
     decode = decode or EVENTS_DECODER.decode
     pos = 0
+    searched = 0  # bytes after `pos` already searched for a boundary (each byte is searched about once)
     eof = False
     want = chunk_bytes + chunk_bytes // 2
     while True:
@@ -405,12 +439,14 @@ def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel
             buf += block
         if len(buf) - pos < want:
             break  # end of input: the rest (last events and the closing text) is decoded below
-        cut = _EVENT_CUT.search(buf, pos + chunk_bytes)
+        cut = _EVENT_CUT.search(buf, pos + max(chunk_bytes, searched - _CUT_OVERLAP))
         if cut is None:
             if eof:
                 break
+            searched = len(buf) - pos
             want = len(buf) - pos + chunk_bytes  # no boundary yet: read further
             continue
+        searched = 0
         events = None
         for _ in range(_MAX_CUT_TRIES):
             with memoryview(buf) as view:

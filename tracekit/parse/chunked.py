@@ -159,7 +159,7 @@ class EventChunks:
         self.tail: bytes | None = None
 
     def __iter__(self) -> Iterator[bytes]:
-        blocks = _blocks(self.path, self.max_bytes)
+        blocks = D.squeeze_whitespace(_blocks(self.path, self.max_bytes))  # no byte-by-byte walk over whitespace
         buf = bytearray()
         eof = False
 

@@ -139,8 +139,13 @@ def _gunzip(path: str, max_decompressed_bytes: int | None) -> bytearray:
 
 
 class StreamProblem(Exception):
-    """The streamed read met something `read_trace_bytes` reports precisely (size budget, corrupt or
-    truncated gzip, trailing bytes): the caller falls back to it for the error."""
+    """The streamed read met something `read_trace_bytes` reports too (size budget, corrupt or truncated
+    gzip, trailing bytes); `error` is that report, raised as it is (reading the file again to the same
+    budget would only repeat the work: a decompression bomb is refused once, as soon as it is seen)."""
+
+    def __init__(self, error: TraceFormatError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = None,
@@ -155,11 +160,12 @@ def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = Non
         if not gz:
             size = os.fstat(f.fileno()).st_size
             if max_decompressed_bytes is not None and size > max_decompressed_bytes:
-                raise StreamProblem("over budget")
+                raise StreamProblem(InputTooLargeError(
+                    path, f"file is {size} bytes, over the {max_decompressed_bytes}-byte budget"))
             while block := f.read(block_bytes):
                 yield block
             return
         try:
             yield from gzip_pieces(f, path, max_decompressed_bytes, block_bytes // 4, block_bytes)
         except (TraceFormatError, InputTooLargeError) as exc:
-            raise StreamProblem(str(exc)) from None
+            raise StreamProblem(exc) from None

@@ -39,11 +39,14 @@ class JoinStats:
     matched_by_seq: int = 0
     matched_by_order: int = 0
     numbered_by_order: int = 0
+    group_inferred: int = 0
+    no_group: int = 0
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"kineto_rows": self.kineto_rows, "matched_by_seq": self.matched_by_seq,
-                "matched_by_order": self.matched_by_order, "numbered_by_order": self.numbered_by_order}
+                "matched_by_order": self.matched_by_order, "numbered_by_order": self.numbered_by_order,
+                "group_inferred": self.group_inferred, "no_group": self.no_group}
 
 
 def _start(row: dict[str, Any]) -> int | None:
@@ -150,10 +153,44 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
     return out
 
 
-def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: int = 0) -> tuple[pa.Table, JoinStats]:
+def _group_candidates(row: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank's groups that could be this row's: same ranks, else same size, else all of them."""
+    if row.get("group_ranks"):
+        return [g for g in groups if g.get("ranks") and sorted(g["ranks"]) == sorted(row["group_ranks"])]
+    if row.get("group_size"):
+        return [g for g in groups if g.get("size") == row["group_size"]]
+    return list(groups)
+
+
+def resolve_groups(rows: list[dict[str, Any]], groups: list[dict[str, Any]]) -> tuple[int, int]:
+    """Give each row without a group the one group of this rank that fits it (same ranks or size; the
+    rank's only group), noting how; rows several groups could own keep a null pg_name and a
+    `match_note` (the matching analyzer leaves them out). Returns (inferred, left without a group)."""
+    inferred = unresolved = 0
+    for row in rows:
+        if row["pg_name"] is not None:
+            continue
+        cands = _group_candidates(row, groups)
+        if len(cands) == 1:
+            g = cands[0]
+            row["pg_name"], row["pg_desc"] = g["pg_name"], row.get("pg_desc") or g.get("pg_desc")
+            row["match_note"] = "group inferred: the only group of this rank with its ranks/size"
+            inferred += 1
+        else:
+            row["seq"], row["seq_source"] = None, None
+            why = (f"{len(cands)} of this rank's groups could own it" if groups else
+                   "the trace describes no process groups")
+            row["match_note"] = f"no process group recorded; {why}: left out of cross-rank matching"
+            unresolved += 1
+    return inferred, unresolved
+
+
+def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: int = 0,
+                     groups: list[dict[str, Any]] | None = None) -> tuple[pa.Table, JoinStats]:
     """Return the Kineto collectives with seq (and missing metadata) filled from `log`.
 
-    `log_shift_ns` is subtracted from log times to put them on the Kineto rows' clock.
+    `log_shift_ns` is subtracted from log times to put them on the Kineto rows' clock. `groups`: the
+    process groups this rank belongs to (its trace's distributedInfo), for rows that name none.
     """
     stats = JoinStats(kineto_rows=kineto.num_rows)
     if kineto.num_rows == 0:
@@ -195,10 +232,16 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
             take(row, i, "log")
             stats.matched_by_order += 1
 
-    # 3. no log entry: number by order within (pg_name), 1-based like c10d.
+    # 3. no group recorded and none from the log: the group the rank's own description pins down, or none
+    stats.group_inferred, stats.no_group = resolve_groups(rows, groups or [])
+    if stats.no_group:
+        stats.warnings.append(f"{stats.no_group} of {stats.kineto_rows} profiler collectives name no process group "
+                              f"and none could be inferred: left out of cross-rank matching")
+
+    # 4. no log entry: number by order within (pg_name), 1-based like c10d.
     counters: dict[Any, int] = defaultdict(int)
     for row in sorted(rows, key=lambda r: (_start(r) is None, _start(r) or 0)):
-        if row["seq"] is None:
+        if row["seq"] is None and row["pg_name"] is not None:
             key = (row["pg_name"], _p2p(row))
             counters[key] += 1
             row["seq"] = counters[key]

@@ -135,8 +135,10 @@ def parse_kineto(
     path = str(path)
     with _gc_paused():
         try:  # streamed: the file is read (and gunzipped) one chunk at a time
-            cols = _decode_chunked(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES))
-        except (OSError, StreamProblem):
+            cols = _decode_chunked(D.squeeze_whitespace(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES)))
+        except StreamProblem as exc:
+            raise exc.error from None
+        except OSError:
             cols = None
         repaired = None
         if cols is None:  # unusual layout or content: read and decode the whole document at once

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from tracekit.errors import RankIdentityError, TraceFormatError, TracekitError
 from tracekit.parse import discover as disc
+from tracekit.parse.classify import group_dim
 from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
@@ -78,6 +79,16 @@ def _claim(claims: dict[int, str], rank: int, path: str, what: str, skipped: lis
     err = RankIdentityError(path, f"rank {rank} is claimed by two {what} files: {first} and {path}; kept {first}")
     skipped.append({"file": path, "reason": err.reason})
     return False
+
+
+def lone_trace_rank(path: str, assume_rank: int | None) -> tuple[int, str, str]:
+    """Rank, its source and the warning for the only Kineto trace of a run when it states no rank (a
+    single-GPU profile): the user's --rank, else 0."""
+    if assume_rank is not None:
+        return assume_rank, "user (--rank)", (f"{Path(path).name}: no rank in the file or its name; rank "
+                                              f"{assume_rank} as given by --rank")
+    return 0, "assumed (lone trace)", (f"{Path(path).name}: no rank in the file or its name; analysed as rank 0 "
+                                       "(the only trace here; pass --rank R if it is another rank)")
 
 
 def _identify(parsed_rank: int | None, parsed_source: str | None, name_rank: int | None, path: str,
@@ -302,6 +313,7 @@ class _GroupMerger:
         rows = sorted(self.rows.values(), key=lambda r: (len(r["pg_name"]), r["pg_name"], r["ranks"] or []))
         for r in rows:
             r["seen_by"] = sorted(r["seen_by"])
+            r["dim"] = group_dim(r["pg_desc"], r["pg_name"])
         return conform("process_groups", pa.Table.from_pylist(rows)) if rows else conform(
             "process_groups", pa.table({"pg_name": pa.array([], pa.string())}))
 
@@ -370,17 +382,14 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     skipped: list[dict[str, str]] = list(found.skipped)
     warnings: list[str] = []
     meta: dict[str, Any] = {"trace_dir": str(trace_dir)}
-    manifest = ground_truth = None
+    manifest = None
     for f in found.of_kind(disc.MANIFEST):
         if manifest is None:
             manifest = _read_json_meta(f.path, skipped)
         else:
             skipped.append({"file": str(f.path), "reason": f"second manifest.json (kept the first)"})
-    for f in found.of_kind(disc.GROUND_TRUTH):
-        if ground_truth is None:
-            ground_truth = _read_json_meta(f.path, skipped)
-        else:
-            skipped.append({"file": str(f.path), "reason": "second ground_truth.json (kept the first)"})
+    # ground_truth.json (a simulator's or the runtime's answer key) is never read into the store: the
+    # analyzers must find what the traces show, not what was injected
 
     advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
     rank_warnings: dict[int, list[str]] = {}
@@ -460,16 +469,15 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
             try:
                 rank, source = _identify(kp.rank, "distributedInfo", name_ranks[path], path, local_warnings)
             except RankIdentityError as exc:
-                lone = len(kineto_paths) == 1
-                if assume_rank is None or not lone:
-                    hint = ("; for a single-rank trace pass its rank (--rank R)" if assume_rank is None and lone else
-                            f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
-                            if assume_rank is not None else "")
+                if len(kineto_paths) != 1:  # one rank cannot be all of them: each is named, none assumed
+                    hint = (f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
+                            if assume_rank is not None else f"; {len(kineto_paths)} traces here, so no rank is assumed")
                     skipped.append({"file": path, "reason": exc.reason + hint})
                     continue
-                rank, source = assume_rank, "user (--rank)"
-                local_warnings.append(f"{Path(path).name}: no rank in the file or its name; rank "
-                                      f"{assume_rank} as given by --rank")
+                rank, source, note = lone_trace_rank(path, assume_rank)
+                local_warnings.append(note)
+                warnings.append(note)
+                meta["rank_assumed"] = note
             if not _claim(claims["kineto"], rank, path, "Kineto trace", skipped):
                 continue
             if kp.world_size:
@@ -521,7 +529,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     meta.update({
         "inputs": {"ranks": parsed_ranks, "skipped": skipped, "files": files,
                    "partial_logs": sorted(partial_logs)},
-        "manifest": manifest, "ground_truth": ground_truth, "world_size": world_size,
+        "manifest": manifest, "world_size": world_size,
         "warnings": warnings, "join": {str(k): v for k, v in sorted(join_stats.items())},
         "collective_sources": "collectives keeps rows of every source; select with `source` "
                               "(kineto | comms-log | flight-recorder)",
@@ -573,7 +581,7 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         kin_coll = tables.get("collectives")
         if kin_coll is not None and kin_coll.num_rows:
             kin_coll = conform("collectives", kin_coll)
-            joined, stats = join_collectives(kin_coll, log_table, log_shift_ns=shift)
+            joined, stats = join_collectives(kin_coll, log_table, log_shift_ns=shift, groups=kp.process_groups)
             joined = _fill_group_ranks(joined, groups)
             writer.append("collectives", joined)
             join_stats[rank] = dict(stats.to_json(), log_shift_ns=shift)

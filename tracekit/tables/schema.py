@@ -119,6 +119,8 @@ COLLECTIVES = pa.schema([
     _f("correlation", pa.int64(), "correlation of the comm kernel when on GPU"),
     _f("external_id", pa.int64(), "External id of the CPU op"),
     _f("step", pa.int32(), "ProfilerStep number at enqueue"),
+    _f("match_note", pa.string(), "how the group was found when the source named none (inferred from the "
+       "rank's only fitting group), or why the row has no group and stays out of cross-rank matching"),
 ])
 
 STEPS = pa.schema([

@@ -13,7 +13,6 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tracekit.tables.schema import TABLES, conform
@@ -102,7 +101,9 @@ class RunStore:
     def has(self, name: str) -> bool:
         return self.file(name).is_file()
 
-    def dataset(self, name: str) -> ds.Dataset:
+    def dataset(self, name: str) -> "ds.Dataset":
+        import pyarrow.dataset as ds  # imports pandas (~0.4 s): only readers pay for it, never `tracekit parse`
+
         if not self.has(name):
             return ds.dataset(TABLES[name].empty_table())
         return ds.dataset(self.file(name), format="parquet")
@@ -136,7 +137,7 @@ class RunStore:
         single rank (what RunStoreWriter writes), else predicate pushdown on the dataset."""
         index = self._rank_row_groups(name)
         if index is None:
-            return self.table(name, columns, ds.field("rank") == rank)
+            return self.table(name, columns, pc.field("rank") == rank)
         pf, groups = index
         cols = list(columns) if columns is not None else None
         if not groups.get(rank):
