@@ -170,7 +170,7 @@ def timeline_json(res: StepResult, path: np.ndarray, budget: int, max_ranks: int
     rows_e = rows_s + np.r_[g.dur[idx], g.dur[extra]]
     order = np.lexsort((rows_s, rows_lane, rows_rank))
     key = rows_rank[order].astype(np.int64) * 64 + rows_lane[order]
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]) if key.size else np.zeros(1, np.int64)
     min_gap = 0
     while True:
         out: list[list[int]] = []
