@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from tracekit.tables.store import RunStore
 
 DIFF_SCHEMA = "tracekit.diff/1"
-BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns")
+BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "sync_wait_ns", "other_ns", "idle_ns")
+"""sync_wait_ns: the part of exposed_comm_ns spent waiting for late peers (None for analyses from before it)."""
 _SCOPE_KEYS = ("pg_name", "pg_desc", "group", "op", "layer", "stage", "expert")
 RANK_SUBJECT_KINDS = frozenset({"straggler", "clock_skew"})
 """Kinds whose ranks are what the finding is about: a straggler on another rank is another finding."""
