@@ -170,16 +170,18 @@ def _print_summary(analysis: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title="per-rank breakdown (totals over analyzed steps)", title_justify="left")
-    for c in ("rank", "steps", "step ms", "compute", "exposed comm", "other", "idle", "overlap", "bound"):
+    for c in ("rank", "steps", "step ms", "compute", "exposed comm", "peer wait", "other", "idle", "overlap",
+              "bound"):
         t.add_column(c, justify="left" if c == "bound" else "right")
     rows = analysis["ranks"]
     shown = rows if len(rows) <= 32 else rows[:16] + rows[-16:]
     for r in shown:
         span = max(r["step_ns"], 1)
-        pct = lambda k: f"{100 * r[k] / span:.1f}%"  # noqa: E731
+        pct = lambda k: "-" if r.get(k) is None else f"{100 * r[k] / span:.1f}%"  # noqa: E731
         ov = "-" if r["overlap_ratio"] is None else f"{100 * r['overlap_ratio']:.0f}%"
         t.add_row(str(r["rank"]), str(r["steps"]), f"{r['step_ns'] / max(r['steps'], 1) / 1e6:.2f}",
-                  pct("compute_ns"), pct("exposed_comm_ns"), pct("other_ns"), pct("idle_ns"), ov, r["bound"])
+                  pct("compute_ns"), pct("exposed_comm_ns"), pct("sync_wait_ns"), pct("other_ns"), pct("idle_ns"),
+                  ov, r["bound"])
     console.print(t)
     findings = analysis["findings"]
     if not findings:
