@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif")
+COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise")
 
 app = typer.Typer(
     name="tracekit",

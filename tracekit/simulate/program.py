@@ -85,11 +85,16 @@ class World:
     colls: dict = field(default_factory=dict)
     stages: tuple = ()
     routing: dict = field(default_factory=dict)  # (step, layer, mb, ep_group_name) -> counts[rank_in_group][expert]
+    full_size: dict = field(default_factory=dict)
+    """dim -> group size at full scale, when fewer data-parallel replicas stand for all of them
+    (tracekit.advise.predict: replicas are symmetric, so one or two show the step of all)."""
+    full_inter: dict = field(default_factory=dict)
+    """dim -> whether that dim's groups span hosts at full scale (same use as `full_size`)."""
 
     def link(self, g: Group) -> tuple[int, float]:
         """(latency ns, ns per bus byte) of the tier the group spans, with slow-link / slow-NIC faults."""
         c = self.cluster
-        inter = g.hosts > 1
+        inter = self.full_inter.get(g.dim, g.hosts > 1)
         lat = (c.inter_lat_us if inter else c.intra_lat_us) * US
         bw = c.inter_bw_gbs if inter else c.intra_bw_gbs
         dim = "dp" if g.dim == "dp_cp" else g.dim
@@ -102,7 +107,7 @@ class World:
     def coll(self, key, op: str, g: Group, members: tuple[int, ...], seq=None) -> Coll:
         c = self.colls.get(key)
         if c is None:
-            lat, nspb = self.link(g) if len(members) == g.size else self.link(_pair(self.topo, g, members))
+            lat, nspb = self.link(g) if len(members) == len(g.ranks) else self.link(_pair(self.topo, g, members))
             c = Coll(key, op, g, members, lat, nspb, seq)
             self.colls[key] = c
         return c
@@ -166,7 +171,7 @@ class Rank:
         s = self.seq.get(g.name, 0) + 1
         self.seq[g.name] = s
         c = self.w.coll((g.name, s), op, g, g.ranks, seq=s)
-        n = g.size
+        n = self.w.full_size.get(g.dim, g.size)
         dtype = DTYPE_NAME.get(dtype_b, "BFloat16")
         c.dtype = dtype
         c.nelems[self.r] = (nbytes_in // dtype_b, nbytes_out // dtype_b)

@@ -1,0 +1,234 @@
+"""Which layout to run: every valid layout of the target GPU count, pre-ranked by a closed-form estimate,
+the best `simulate_top` predicted by the calibrated simulator, ranked by step time among those that fit
+in memory. The current layout's prediction sits next to its measured step time.
+
+    advice = advise(analysis, ModelSpec.preset("llama-8b-like"), ClusterSpec.preset("4x8-h100"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.advise.calibrate import Calibrated, calibrate
+from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
+from tracekit.advise.space import SearchSpace, enumerate_layouts
+from tracekit.model import memory as mem
+from tracekit.simulate import ClusterSpec, Layout, ModelSpec
+
+ADVICE_SCHEMA = "tracekit.advice/1"
+MEMORY_RESERVE = 0.1
+"""Device memory kept free (allocator fragmentation, workspaces, the CUDA context)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    micro_batch_size: int
+    step_ns: int
+    """Predicted step time, calibrated (residual applied)."""
+    prediction: StepPrediction
+    peak_memory_bytes: int
+    fits: bool
+    tokens_per_s_per_gpu: float
+    mfu: float
+    changes: list[str] = field(default_factory=list)
+    why: str = ""
+
+
+@dataclass
+class Advice:
+    calibration: Calibrated
+    cluster: ClusterSpec
+    gpus: int
+    global_batch: int
+    current: Candidate | None
+    ranked: list[Candidate]
+    layouts_considered: int
+    layouts_simulated: int
+
+
+def model_shape(model: ModelSpec, micro_batch_size: int) -> mem.ModelShape:
+    return mem.ModelShape(num_layers=model.layers, d_model=model.hidden, d_ff=model.ffn_dim, num_heads=model.heads,
+                          vocab_size=model.vocab, seq_len=model.seq, microbatch_size=micro_batch_size,
+                          moe_layers=tuple(i for i in range(model.layers) if model.is_moe(i)),
+                          num_experts=model.experts, top_k=model.top_k if model.experts else 0,
+                          bytes_per_value=model.dtype_bytes)
+
+
+def memory_layout(layout: Layout) -> mem.Layout:
+    return mem.Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
+                      dp_mode="fsdp" if layout.fsdp else "ddp", schedule=layout.schedule,
+                      microbatches=layout.microbatches, virtual_stages=layout.virtual,
+                      activation_checkpointing=layout.activation_checkpointing)
+
+
+def peak_memory(model: ModelSpec, layout: Layout, mbs: int) -> int:
+    return mem.peak_bytes(model_shape(model, mbs), memory_layout(layout))
+
+
+def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: int) -> float:
+    """Closed form for pre-ranking: compute at calibrated efficiency × (1 + bubble) + tp/ep collectives."""
+    from tracekit.advise.predict import model_flops_per_token
+
+    m = dataclasses.replace(model, micro_batch_size=mbs)
+    flops = model_flops_per_token(m) * tokens_per_step(m, layout) / layout.world
+    comp = flops / (cluster.peak_tflops * 1e3 * cluster.efficiency) * (4 / 3 if layout.activation_checkpointing else 1)
+    p, v, mb = layout.pp, layout.virtual, layout.microbatches
+    bubble = (p - 1) / (v * mb + p - 1) * (0.5 if layout.schedule == "zb" else 1.0)
+    tp_bw = cluster.intra_bw_gbs if layout.tp * layout.cp <= cluster.gpus_per_host else cluster.inter_bw_gbs
+    tokens = m.seq * mbs // layout.cp
+    tp_bytes = 8 * tokens * m.hidden * m.dtype_bytes * (layout.tp - 1) / layout.tp * model.layers / layout.pp * mb
+    return comp / (1 - bubble) + tp_bytes / tp_bw
+
+
+def _changes(cur: Layout | None, new: Layout) -> list[str]:
+    if cur is None:
+        return []
+    out = [f"{k} {getattr(cur, k)}→{getattr(new, k)}" for k in ("tp", "pp", "cp", "ep", "dp")
+           if getattr(cur, k) != getattr(new, k)]
+    if new.pp > 1 and (cur.schedule, cur.microbatches) != (new.schedule, new.microbatches):
+        out.append(f"{new.schedule} with {new.microbatches} micro-batches")
+    if cur.fsdp != new.fsdp:
+        out.append("FSDP" if new.fsdp else "DDP")
+    if cur.activation_checkpointing != new.activation_checkpointing:
+        out.append("activation checkpointing " + ("on" if new.activation_checkpointing else "off"))
+    return out
+
+
+def _why(cur: Candidate | None, new: Candidate) -> str:
+    if cur is None:
+        return ""
+    parts = {"compute": new.prediction.compute_ns - cur.prediction.compute_ns,
+             "exposed communication": new.prediction.exposed_comm_ns - cur.prediction.exposed_comm_ns,
+             "idle (bubble, waits)": new.prediction.idle_ns - cur.prediction.idle_ns}
+    name, delta = min(parts.items(), key=lambda kv: kv[1])
+    if delta >= 0:
+        name, delta = max(parts.items(), key=lambda kv: kv[1])
+        return f"{name} grows {delta / 1e6:.1f} ms per step"
+    return f"{name} shrinks {-delta / 1e6:.1f} ms per step"
+
+
+def _candidate(cal: Calibrated, cluster: ClusterSpec, layout: Layout, mbs: int, capacity: int | None,
+               cur: Candidate | None) -> Candidate:
+    model = dataclasses.replace(cal.model, micro_batch_size=mbs)
+    pred = predict_step(model, cluster, layout)
+    step = int(pred.step_ns * cal.residual)
+    peak = peak_memory(cal.model, layout, mbs)
+    fits = capacity is None or peak <= capacity * (1 - MEMORY_RESERVE)
+    tps = tokens_per_step(model, layout) / (step * 1e-9) / layout.world
+    c = Candidate(layout, mbs, step, pred, peak, fits, tps, mfu(model, cluster, layout, step),
+                  changes=_changes(cur.layout if cur else None, layout))
+    return dataclasses.replace(c, why=_why(cur, c))
+
+
+def _degrees(L: Layout) -> tuple[int, ...]:
+    return (L.dp, L.tp, L.pp, L.cp, L.ep)
+
+
+def _simulated_ranks(L: Layout) -> int:
+    from tracekit.advise.predict import replicas_needed
+
+    return replicas_needed(L) * L.tp * L.pp * L.cp
+
+
+def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], n: int) -> list[tuple[Layout, int]]:
+    """The closed form's best variant of each (dp, tp, pp, cp, ep), best first: the simulator sees every
+    degree combination the closed form ranks high, not 24 variants of one."""
+    best: dict[tuple[int, ...], tuple[float, Layout, int]] = {}
+    for L, mbs in pool:
+        est = rough_step_ns(model, cluster, L, mbs)
+        k = _degrees(L)
+        if k not in best or est < best[k][0]:
+            best[k] = (est, L, mbs)
+    return [(L, mbs) for _, L, mbs in sorted(best.values(), key=lambda t: t[0])[:n]]
+
+
+def _variants(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], groups: set, done: set,
+              per_group: int) -> list[tuple[Layout, int]]:
+    """More schedule / micro-batch / FSDP / checkpointing variants of the best degree combinations."""
+    out = []
+    for g in groups:
+        opts = sorted((o for o in pool if _degrees(o[0]) == g and o not in done),
+                      key=lambda o: rough_step_ns(model, cluster, o[0], o[1]))
+        out += opts[:per_group]
+    return out
+
+
+def target_cluster(cal: Calibrated, hosts: int | None, gpus_per_host: int | None, gpus: int | None) -> ClusterSpec:
+    c = cal.cluster
+    gph = gpus_per_host or c.gpus_per_host
+    if hosts is None:
+        total = gpus or cal.measured.world
+        hosts = max(1, -(-total // gph))
+    return dataclasses.replace(c, hosts=hosts, gpus_per_host=gph)
+
+
+def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, gpus: int | None = None,
+           hosts: int | None = None, gpus_per_host: int | None = None, global_batch: int | None = None,
+           gpu_memory_bytes: int | None = None, top: int = 10, simulate_top: int = 16,
+           space: SearchSpace | None = None, max_simulated_ranks: int = 256) -> Advice:
+    """Rank the layouts for the target GPU count from the measured run described by `analysis`."""
+    cal = calibrate(analysis, model, cluster)
+    m = cal.measured
+    target = target_cluster(cal, hosts, gpus_per_host, gpus)
+    n = gpus or target.world
+    batch = global_batch or m.layout.dp * m.layout.microbatches * model.micro_batch_size
+    capacity = gpu_memory_bytes or int(target.hbm_gb * (1 << 30))
+    space = space or SearchSpace(gpus=n, global_batch=batch)
+    current = None
+    if m.layout.world == n:
+        mbs_cur = max(1, batch // (m.layout.dp * m.layout.microbatches))
+        current = _candidate(cal, target, m.layout, mbs_cur, capacity, None)
+    options = list(enumerate_layouts(cal.model, space))
+    fitting = [(L, mbs) for L, mbs in options if peak_memory(cal.model, L, mbs) <= capacity * (1 - MEMORY_RESERVE)]
+    pool = [o for o in (fitting or options) if _simulated_ranks(o[0]) <= max_simulated_ranks]
+    picked = _shortlist(cal.model, target, pool, simulate_top)
+    ranked = [_candidate(cal, target, L, mbs, capacity, current) for L, mbs in picked]
+    best = sorted(ranked, key=lambda c: c.step_ns)[:3]
+    extra = _variants(cal.model, target, pool, {_degrees(c.layout) for c in best}, set(picked), per_group=4)
+    ranked += [_candidate(cal, target, L, mbs, capacity, current) for L, mbs in extra]
+    picked += extra
+    ranked.sort(key=lambda c: (not c.fits, c.step_ns))
+    return Advice(cal, target, n, batch, current, ranked[:top], len(options), len(picked))
+
+
+def layout_json(layout: Layout) -> dict[str, Any]:
+    return {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
+            "fsdp": layout.fsdp, "schedule": layout.schedule if layout.pp > 1 else None,
+            "microbatches": layout.microbatches, "interleave": layout.virtual,
+            "activation_checkpointing": layout.activation_checkpointing}
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    return {"layout": layout_json(c.layout), "micro_batch_size": c.micro_batch_size,
+            "predicted_step_ns": c.step_ns, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "mfu": c.mfu,
+            "peak_memory_bytes": c.peak_memory_bytes, "fits_in_memory": c.fits,
+            "breakdown_ns": {"compute": c.prediction.compute_ns, "exposed_comm": c.prediction.exposed_comm_ns,
+                             "idle": c.prediction.idle_ns},
+            "changes": c.changes, "why": c.why}
+
+
+def advice_json(a: Advice) -> dict[str, Any]:
+    m = a.calibration.measured
+    cur = candidate_json(a.current) if a.current else None
+    if cur is not None:
+        cur["measured_step_ns"] = m.step_ns
+    return {
+        "schema": ADVICE_SCHEMA,
+        "target": {"gpus": a.gpus, "hosts": a.cluster.hosts, "gpus_per_host": a.cluster.gpus_per_host,
+                   "global_batch": a.global_batch, "gpu_memory_bytes": int(a.cluster.hbm_gb * (1 << 30))},
+        "model": dataclasses.asdict(a.calibration.model),
+        "calibration": {"measured_layout": layout_json(m.layout), "measured_step_ns": m.step_ns,
+                        "measured_compute_ns": m.compute_ns, "busbw_gbps": m.busbw_gbps,
+                        "efficiency": a.calibration.cluster.efficiency,
+                        "intra_bw_gbs": a.calibration.cluster.intra_bw_gbs,
+                        "inter_bw_gbs": a.calibration.cluster.inter_bw_gbs,
+                        "residual": a.calibration.residual,
+                        "predicted_measured_step_ns": a.calibration.predicted_measured_ns,
+                        "notes": a.calibration.notes},
+        "current": cur,
+        "layouts_considered": a.layouts_considered, "layouts_simulated": a.layouts_simulated,
+        "ranked": [candidate_json(c) for c in a.ranked],
+    }

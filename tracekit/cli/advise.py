@@ -1,0 +1,101 @@
+"""`tracekit advise`: which parallel layout to run, predicted from one measured run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+HELP = """Predict step time, throughput and memory of other parallel layouts from one measured run, and rank
+them. TRACES is a trace directory (analysed first, like `tracekit analyze`) or an analysis.json.
+The measured run calibrates the GPUs' compute efficiency and each link tier's bus bandwidth; the
+simulator (tracekit simulate) predicts every shortlisted layout; memory comes from the memory model.
+
+Examples:
+  tracekit advise traces/ --model llama-8b-like --hosts 4 --gpus-per-host 8 --out advice/
+  tracekit advise out/analysis.json --model tiny --gpus 1024 --gpu-memory 80GB --global-batch 512
+  tracekit advise traces/ --model moe-8x-like --link intra=300,inter=40 --top 5
+
+Writes DIR/advice.json (schema tracekit.advice/1) and DIR/advice.md (for a pull-request comment).
+Exit 0 when advice was produced, 1 when the run could not be analysed or calibrated.
+"""
+
+
+def _bytes(text: str) -> int:
+    units = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+    t = text.strip().upper().replace("IB", "B")
+    num = t.rstrip("KMGTB")
+    return int(float(num) * units[t[len(num):]])
+
+
+def _links(text: str | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in filter(None, (text or "").split(",")):
+        k, _, v = part.partition("=")
+        if k not in ("intra", "inter"):
+            raise typer.BadParameter(f"--link takes intra=GB/s,inter=GB/s, got {part!r}")
+        out[f"{k}_bw_gbs"] = float(v.upper().replace("GB/S", ""))
+    return out
+
+
+def _analysis(traces: Path, quiet: bool) -> dict:
+    if traces.is_file() and traces.suffix == ".json":
+        return json.loads(traces.read_text())
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = parse_run(traces, Path(tmp) / "tables", progress=not quiet).store
+        return analyze_store(store)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("advise", help=HELP, no_args_is_help=True)
+    def advise_cmd(
+        traces: Path = typer.Argument(..., help="Trace directory, run store, or analysis.json."),
+        model: str = typer.Option(..., "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like)."),
+        cluster: str = typer.Option("1x8-h100", "--cluster", help="Cluster description the calibration starts from."),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="Target GPU count (default: the measured run's)."),
+        hosts: Optional[int] = typer.Option(None, "--hosts"),
+        gpus_per_host: Optional[int] = typer.Option(None, "--gpus-per-host"),
+        gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="Device memory, e.g. 80GB."),
+        link: Optional[str] = typer.Option(None, "--link", help="Bus bandwidth per tier, e.g. intra=360,inter=45 (GB/s)."),
+        global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (kept across layouts)."),
+        micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch of the measured run."),
+        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the preset's)."),
+        top: int = typer.Option(10, "--top"),
+        out: Path = typer.Option(Path("tracekit-advice"), "--out", "-o"),
+        quiet: bool = typer.Option(False, "--quiet", "-q"),
+    ) -> None:
+        import dataclasses
+
+        from rich.console import Console
+
+        from reports.advice import render_advice_markdown
+        from tracekit.advise.advisor import advice_json, advise
+        from tracekit.advise.schema import validate_advice
+        from tracekit.simulate import ClusterSpec, ModelSpec
+
+        err = Console(stderr=True)
+        try:
+            m = ModelSpec.preset(model)
+            m = dataclasses.replace(m, **{k: v for k, v in (("micro_batch_size", micro_batch_size), ("seq", seq)) if v})
+            c = dataclasses.replace(ClusterSpec.preset(cluster), **_links(link))
+            analysis = _analysis(traces, quiet)
+            adv = advise(analysis, m, c, gpus=gpus, hosts=hosts, gpus_per_host=gpus_per_host,
+                         global_batch=global_batch, gpu_memory_bytes=_bytes(gpu_memory) if gpu_memory else None, top=top)
+        except (ValueError, OSError, KeyError) as exc:
+            err.print(f"[red]cannot advise:[/red] {exc}", markup=True, highlight=False)
+            raise typer.Exit(1)
+        doc = advice_json(adv)
+        validate_advice(doc)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "advice.json").write_text(json.dumps(doc, indent=1) + "\n")
+        text = render_advice_markdown(doc)
+        (out / "advice.md").write_text(text)
+        if not quiet:
+            Console(width=100).print(text, markup=False, highlight=False)
+        err.print(f"advice: {out / 'advice.json'}   markdown: {out / 'advice.md'}", markup=False)
