@@ -41,7 +41,9 @@ class MeasuredRun:
     compute_ns: int
     """Mean compute time per step per rank."""
     busbw_gbps: dict[str, float] = field(default_factory=dict)
-    """dim → median bus bandwidth of its large collectives (GB/s)."""
+    """dim → median bus bandwidth of its large collectives (GB/s), as measured (latency included)."""
+    transfers: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """dim → (bus bytes, transfer ns) of each (op, size) row of its large collectives (medians)."""
 
 
 def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
@@ -83,14 +85,18 @@ def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
     layout = measured_layout(analysis)
     hosts = int((sec.get("placement") or {}).get("num_hosts") or 1)
     bw: dict[str, list[float]] = {}
+    points: dict[str, list[tuple[float, float]]] = {}
     for row in (sec.get("bandwidth") or {}).get("rows", []):
         if row.get("op") in P2P_OPS or not row.get("busbw_gbps_p50") or (row.get("bytes_p50") or 0) < LARGE_BYTES:
             continue
-        bw.setdefault(row.get("dim") or "unknown", []).append(float(row["busbw_gbps_p50"]))
+        dim = row.get("dim") or "unknown"
+        bw.setdefault(dim, []).append(float(row["busbw_gbps_p50"]))
+        t = float(row["time_ns_p50"])
+        points.setdefault(dim, []).append((float(row["busbw_gbps_p50"]) * t, t))
     return MeasuredRun(layout=layout, world=layout.world, hosts=hosts,
                        step_ns=int(max(_mean_per_step(ranks, "step_ns"))),
                        compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns"))),
-                       busbw_gbps={d: statistics.median(v) for d, v in bw.items()})
+                       busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points)
 
 
 @dataclass(frozen=True)
@@ -115,16 +121,29 @@ def _tiers(m: MeasuredRun, cluster: ClusterSpec) -> dict[str, bool]:
     return out
 
 
+def link_bandwidth(points: list[tuple[float, float]], latency_ns: float) -> float:
+    """Bus bandwidth (GB/s) of a tier from (bus bytes, transfer ns) points: the slope of time over bytes
+    when the sizes differ enough to fit it, else each point less the tier's latency (median)."""
+    xs = [b for b, _ in points]
+    if len(points) >= 2 and max(xs) >= 2 * min(xs):
+        mx, my = statistics.mean(xs), statistics.mean(t for _, t in points)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (t - my) for x, t in points) / sxx
+        if slope > 0 and my - slope * mx >= 0:
+            return 1.0 / slope
+    return statistics.median(b / max(1.0, t - latency_ns) for b, t in points)
+
+
 def _with_links(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> ClusterSpec:
     tiers = _tiers(m, cluster)
-    intra = [bw for d, bw in m.busbw_gbps.items() if d in tiers and not tiers[d]]
-    inter = [bw for d, bw in m.busbw_gbps.items() if tiers.get(d)]
+    intra = [p for d, ps in m.transfers.items() if d in tiers and not tiers[d] for p in ps]
+    inter = [p for d, ps in m.transfers.items() if tiers.get(d) for p in ps]
     changes = {}
     if intra:
-        changes["intra_bw_gbs"] = statistics.median(intra)
+        changes["intra_bw_gbs"] = link_bandwidth(intra, cluster.intra_lat_us * 1e3)
         notes.append(f"intra-host bus bandwidth {changes['intra_bw_gbs']:.0f} GB/s measured")
     if inter:
-        changes["inter_bw_gbs"] = statistics.median(inter)
+        changes["inter_bw_gbs"] = link_bandwidth(inter, cluster.inter_lat_us * 1e3)
         notes.append(f"inter-host bus bandwidth {changes['inter_bw_gbs']:.0f} GB/s measured")
     return dataclasses.replace(cluster, **changes)
 

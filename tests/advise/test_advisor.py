@@ -1,0 +1,87 @@
+"""The layout advisor on a simulated cluster whose true GPU efficiency and link speeds it is not told.
+
+The run is simulated on a "true" cluster (slower GEMMs and links than the preset the advisor starts
+from), written as Kineto traces and analysed through the normal path. Calibrated from that one layout,
+the advisor's predictions for other layouts must land within 5% of re-simulating them on the true
+cluster (issue 15), and its ranking must agree with the re-simulated order."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pytest
+
+from reports.advice import render_advice_markdown
+from tracekit.advise.advisor import advice_json, advise
+from tracekit.advise.calibrate import calibrate
+from tracekit.advise.predict import predict_step
+from tracekit.advise.schema import advice_schema
+from tracekit.analyze.engine import analyze_store
+from tracekit.parse.run import parse_run
+from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, step_time, write_traces
+
+MODEL = ModelSpec.preset("tiny")
+PRESET = ClusterSpec.preset("4x8-h100")
+TRUE = dataclasses.replace(PRESET, efficiency=0.31, intra_bw_gbs=240.0, inter_bw_gbs=28.0)
+MEASURED = Layout(dp=4, tp=4, pp=2, microbatches=4)
+OTHERS = [Layout(dp=8, tp=2, pp=2, microbatches=4), Layout(dp=4, tp=8, microbatches=2),
+          Layout(dp=2, tp=4, pp=4, microbatches=8), Layout(dp=4, tp=2, pp=2, cp=2, microbatches=4),
+          Layout(dp=8, tp=4, microbatches=1, fsdp=True)]
+
+
+@pytest.fixture(scope="module")
+def analysis(tmp_path_factory):
+    out = tmp_path_factory.mktemp("adv")
+    res = simulate(MODEL, TRUE, MEASURED, steps=2, seed=0, without=False)
+    write_traces(res, out / "traces")
+    store = parse_run(out / "traces", out / "store", workers=1, progress=False).store
+    return analyze_store(store)
+
+
+def _same_tokens(layout: Layout) -> ModelSpec:
+    """The measured run's global batch (dp 4 × 4 micro-batches × the preset's micro-batch size)."""
+    batch = MEASURED.dp * MEASURED.microbatches * MODEL.micro_batch_size
+    return dataclasses.replace(MODEL, micro_batch_size=batch // (layout.dp * layout.microbatches))
+
+
+def test_calibration_recovers_the_true_cluster(analysis):
+    cal = calibrate(analysis, MODEL, PRESET)
+    assert cal.cluster.efficiency == pytest.approx(TRUE.efficiency, rel=0.03)
+    assert cal.cluster.intra_bw_gbs == pytest.approx(TRUE.intra_bw_gbs, rel=0.05)
+    assert cal.cluster.inter_bw_gbs == pytest.approx(TRUE.inter_bw_gbs, rel=0.05)
+    assert cal.residual == pytest.approx(1.0, abs=0.03)
+
+
+def test_predictions_within_5_percent_of_resimulation(analysis):
+    cal = calibrate(analysis, MODEL, PRESET)
+    cluster = dataclasses.replace(cal.cluster, hosts=4, gpus_per_host=8)
+    predicted, truth = [], []
+    for layout in OTHERS:
+        model = _same_tokens(layout)
+        p = predict_step(model, cluster, layout).step_ns * cal.residual
+        t = step_time(model, TRUE, layout, steps=2)
+        assert abs(p - t) / t <= 0.05, (layout, p / 1e6, t / 1e6)
+        predicted.append(p)
+        truth.append(t)
+    order = lambda xs: sorted(range(len(xs)), key=xs.__getitem__)
+    assert order(predicted) == order(truth)
+
+
+def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysis, tmp_path):
+    adv = advise(analysis, MODEL, PRESET, top=5, simulate_top=6)
+    doc = advice_json(adv)
+    jsonschema.validate(doc, advice_schema())
+    assert doc["target"]["gpus"] == 32
+    assert doc["current"]["layout"]["tp"] == 4 and doc["current"]["layout"]["pp"] == 2
+    assert abs(doc["current"]["predicted_step_ns"] - doc["current"]["measured_step_ns"]) \
+        <= 0.03 * doc["current"]["measured_step_ns"]
+    steps = [c["predicted_step_ns"] for c in doc["ranked"] if c["fits_in_memory"]]
+    assert steps == sorted(steps) and len(steps) >= 3
+    for c in doc["ranked"]:
+        lay = c["layout"]
+        assert lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == 32
+        assert MODEL.heads % lay["tp"] == 0
+    md = render_advice_markdown(json.loads(json.dumps(doc)))
+    assert "| 1 |" in md and "measured" in md
