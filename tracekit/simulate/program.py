@@ -6,7 +6,6 @@ kernel; collectives sized from the activations / parameters they move (see engin
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from dataclasses import dataclass, field
