@@ -16,7 +16,7 @@ profiled window, Flight Recorder entry schema), flight_recorder.rank{R}.json, re
 Steps are counted at each optimizer.step() (the first optimizer that steps), or at tracekit.step()
 calls if the program makes them. Step 0 is start-up plus the first iteration, so --wait + --skip-first
 must be at least 1. With the defaults the trace starts at step 2 (ProfilerStep#2) and holds at least 3
-steps, more when steps are short: enough for --min-window-ms (300 ms) at the warmup step's duration,
+steps, more when steps are short: enough for --min-window-ms (1000 ms) at the warmup step's duration,
 at most --max-active (100); every rank keeps the same steps. --active N keeps exactly N.
 
 Examples:
@@ -32,9 +32,10 @@ The exit code is COMMAND's. Then run:  tracekit analyze traces --out tracekit-ou
 
 
 DEFAULT_ACTIVE = 3
-DEFAULT_MIN_WINDOW_MS = 300
-"""A 3-step window of 2-5 ms steps (the DDP tutorial) gives a different verdict from one recording to the
-next; about 300 ms of steps gave the same one in 5 of 5 (benchmarks/record_window_stability.py)."""
+DEFAULT_MIN_WINDOW_MS = 1000
+"""A 3-step window of a few-ms steps (the DDP tutorial loop) gave the same verdict in 1 of 5 recordings;
+300 ms (from the first profiled step's time, which runs slow) in 4 of 5 on a loaded 2-core box
+(benchmarks/record_window_stability.py), the odd one out having kept only 10 steps: hence 1 s."""
 DEFAULT_MAX_ACTIVE = 100
 
 
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
                          "'auto' (optimizer steps until the program calls tracekit.step()). E.g. --step-on manual."),
         log_collectives: bool = typer.Option(
             True, "--log-collectives/--no-log-collectives",
-            help="Log each collective inside the profiled window (costs about 2x step time there)."),
+            help="Log each collective inside the profiled window (kernels on the c10d ops; a few percent of the step there, measured in benchmarks/record_overhead.py --in-window)."),
         clock_barrier: bool = typer.Option(
             True, "--clock-barrier/--no-clock-barrier",
             help="Take 3 barrier-synchronised clock samples at the first profiled cycle to align hosts."),
