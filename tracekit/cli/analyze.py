@@ -173,10 +173,10 @@ def _print_summary(analysis: dict, console) -> None:
 
     # fits 80 columns without cutting the verdict ("bound") column: short headers, collapsed padding
     t = Table(title="per-rank breakdown (totals over analyzed steps)", title_justify="left",
-              box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
+              box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
     for c in ("rank", "steps", "step ms", "compute", "exposed", "wait", "other", "idle", "overlap", "bound"):
         t.add_column(c, justify="left" if c == "bound" else "right", no_wrap=c == "bound",
-                     min_width=13 if c == "bound" else None)
+                     min_width=13 if c == "bound" else len(c))
     rows = analysis["ranks"]
     shown = rows if len(rows) <= 32 else rows[:16] + rows[-16:]
     for r in shown:
