@@ -83,7 +83,11 @@ def canonical(analysis: dict[str, Any], tmp: Path) -> dict[str, Any]:
     doc = {k: v for k, v in analysis.items() if k not in VOLATILE_TOP}
     # temporary paths (the run store, skipped files' folders) differ from run to run
     text = json.dumps(_strip(doc), sort_keys=True, default=str).replace(str(tmp), "<tmp>")
-    return json.loads(text.replace(str(ROOT), "<root>"))
+    import tracekit  # the checkout analyzed (PYTHONPATH) may be another than this script's
+
+    for root in {str(Path(tracekit.__file__).resolve().parents[1]), str(ROOT)}:
+        text = text.replace(root, "<root>")
+    return json.loads(text)
 
 
 def capture(out_dir: Path) -> int:

@@ -66,21 +66,11 @@ def run_once(args: list[str], out: Path) -> tuple[dict, list[int], object]:
 
 def direct_saving(store, whatif: dict) -> int:
     """Replay the fix itself on the faulty run (when no finding carries it)."""
-    from tracekit.analyze.critical_path import replay_steps, run_layout
-    from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, ANALYZERS
+    from tracekit.whatif.api import run_whatif
     from tracekit.whatif.fixes import Fix
-    from tracekit.whatif.replay import predict_ns
-    import importlib
 
-    ctx = AnalysisContext(config=AnalysisConfig())
-    for name, spec in ANALYZERS:
-        if name in ("inputs", "layout", "breakdown", "matching", "pipeline"):
-            mod, fn = spec.split(":")
-            ctx.results[name] = getattr(importlib.import_module(mod), fn)(store, ctx)
-    res = replay_steps(store, ctx)
-    fix = Fix(**whatif)
-    lay = run_layout(ctx)
-    return int(np.mean([r.measured_ns - predict_ns(r, [fix], lay) for r in res]))
+    out = run_whatif(store, [Fix(**whatif)])
+    return int(np.mean([s["measured_ns"] - s["predicted_ns"] for s in out["steps"]]))
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from tracekit.analyze.bandwidth import analyze_bandwidth, bus_factor
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.engine import AnalysisConfig
 from tracekit.analyze.findings import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter
 
@@ -50,7 +50,7 @@ def _store(path, calls, steps=2, step_ns=100 * MS):
 
 
 def run(store, **cfg):
-    return analyze_bandwidth(store, AnalysisContext(config=AnalysisConfig(**cfg)))
+    return analyze_bandwidth(store, None, None, None, AnalysisConfig(**cfg))
 
 
 def test_slow_group_flagged_against_best_of_run(tmp_path):
@@ -105,17 +105,15 @@ def test_the_same_ranks_moving_more_bytes_faster_is_no_reference(tmp_path):
 def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
     import pandas as pd
 
-    from tracekit.analyze.engine import AnalyzerResult
+    from tracekit.analyze.unoverlapped import UnoverlappedResult
 
     store = _store(tmp_path / "s", [("tp0", "tp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
                                     ("dp0", "dp", [0, 2], "all_reduce", 1 << 20, 1 * MS, 1)])
-    ctx = AnalysisContext(config=AnalysisConfig())
     # the unoverlapped analyzer found 1.5 ms of each slow tp call exposed on rank 1 (0.5 ms on rank 0)
     rows = [{"rank": r, "pg_name": "tp0", "op": "all_reduce", "bytes": 32768, "steps": 2,
              "transfer_exposed_ns": (3 if r == 1 else 1) * MS // 2} for r in (0, 1) for _ in range(8)]
-    ctx.cache["unoverlapped_instances"] = pd.DataFrame(rows)
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_dim_op": []})
-    (f,) = analyze_bandwidth(store, ctx).findings
+    unoverlapped = UnoverlappedResult(section={"by_dim_op": []}, instances=pd.DataFrame(rows))
+    (f,) = analyze_bandwidth(store, None, None, unoverlapped, AnalysisConfig()).findings
     # 16 ms per step lost against the reference, of which 4 calls × 1.5 ms were exposed on the worst rank
     assert f.evidence["lost_ns_per_step"] == {"tp0": 16 * MS}
     assert f.est_saving_ns == 6 * MS and f.evidence["exposed_bound_ns_per_step"] == 6 * MS

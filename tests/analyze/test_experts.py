@@ -6,16 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
 from tracekit.analyze.experts import analyze_experts, owners
 from tracekit.analyze.findings import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter
 
 MS = 1_000_000
-
-
-def _ctx():
-    return AnalysisContext(config=AnalysisConfig())
 
 
 def _base(path, world=4, manifest=None):
@@ -56,7 +51,7 @@ def test_routing_skew_names_layer_expert_and_owner(tmp_path):
                 ev[k].append(v)
         w.append("routing", pa.table(rows))
         w.append("events", pa.table(ev))
-    res = analyze_experts(w.close(), _ctx())
+    res = analyze_experts(w.close(), None)  # no layout: ep groups from the store
     sec = res.section
     assert sec["source"] == "routing"
     lay = {x["layer"]: x for x in sec["layers"]}
@@ -84,7 +79,7 @@ def test_balanced_routing_no_finding(tmp_path):
         w.append("routing", pa.table({"rank": pa.array([rank] * 4, pa.int32()), "step": pa.array([0] * 4, pa.int32()),
                                       "layer": pa.array([0] * 4, pa.int32()), "expert": pa.array(range(4), pa.int32()),
                                       "tokens": [50, 52, 48, 50], "dropped": [0, 0, 0, 0]}))
-    res = analyze_experts(w.close(), _ctx())
+    res = analyze_experts(w.close(), None)  # no layout: ep groups from the store
     assert res.findings == []
     assert res.section["layers"][0]["skew"] == pytest.approx(104 / 100)
 
@@ -99,7 +94,7 @@ def test_fallback_to_dispatch_splits(tmp_path):
             "in_split_sizes": pa.array([[10, 10], [5, 5], [30, 10]], pa.list_(pa.int64())),
             "out_split_sizes": pa.array([[10, 10], [5, 5], [30, 10]], pa.list_(pa.int64())),
             "dur": [1 * MS, 2 * MS, 3 * MS]}))
-    res = analyze_experts(w.close(), _ctx())
+    res = analyze_experts(w.close(), None)  # no layout: ep groups from the store
     sec = res.section
     assert sec["source"] == "all_to_all_splits" and sec["granularity"] == "ep_rank"
     lay = {x["layer"]: x for x in sec["layers"]}

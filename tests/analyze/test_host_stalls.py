@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
 from tracekit.analyze.host_stalls import MIN_GAP_NS, analyze_host_stalls
 from tracekit.parse.run import parse_run
 
@@ -49,7 +48,7 @@ def _stalls(tmp_path: Path, events_by_rank: dict[int, list[dict]]):
     for rank, evs in events_by_rank.items():
         _write(tmp_path / "t" / f"rank{rank}.pt.trace.json.gz", evs, rank, len(events_by_rank))
     store = parse_run(tmp_path / "t", tmp_path / "s", progress=False).store
-    return analyze_host_stalls(store, AnalysisContext(config=AnalysisConfig()))
+    return analyze_host_stalls(store)
 
 
 def test_gpu_data_loading_with_nothing_queued_is_a_stall(tmp_path):
@@ -120,7 +119,7 @@ def test_real_h100_traces(tmp_path, fixture, stalled):
     src = REPO / "fixtures" / fixture
     injected_ms = json.loads((src / "capture.json").read_text()).get("host_stall_ms", 0.0)
     store = parse_run(src, tmp_path / "s", progress=False).store
-    res = analyze_host_stalls(store, AnalysisContext(config=AnalysisConfig()))
+    res = analyze_host_stalls(store)
     (r,) = res.section["ranks"]
     if stalled:
         # the dataset sleeps `injected_ms` per batch inside enumerate(DataLoader) with the GPU drained

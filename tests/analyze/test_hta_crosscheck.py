@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tracekit.analyze.breakdown import RankActivity, analyze_breakdown, gpu_activity, window_breakdown
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, analyze_store
+from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 
 GPU_TRACES = ("hta_nccl_a100_rank0of2", "hta_allreduce_v100_rank1of2", "hta_trace_diff_control",
@@ -195,7 +195,7 @@ def test_reported_gpu_step_breakdown_agrees_with_hta_where_the_windows_are_alike
     (rank,) = store.ranks()
     tb = hta.get_temporal_breakdown(visualize=False).set_index("rank").loc[rank]
     # the breakdown analyzer alone: one rank, nothing to match, so no waits to split off
-    br = analyze_breakdown(store, AnalysisContext(config=AnalysisConfig(isolate_analyzer_errors=False))).section
+    br = analyze_breakdown(store, None, None, AnalysisConfig(isolate_analyzer_errors=False)).section
     (detail,) = br["rank_details"]
     assert detail["windows"] == "gpu_steps"
     steps = sorted(br["steps"], key=lambda s: s["ts"])[:-1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
 from tracekit.analyze.layout import analyze_layout, dim_from_desc
 
 from tests.analyze.analyze_builders import build_store
@@ -13,7 +12,7 @@ def _ranks(n):
 
 
 def _layout(store):
-    return analyze_layout(store, AnalysisContext(config=AnalysisConfig())).section
+    return analyze_layout(store).section
 
 
 def test_device_mesh_descs_give_dims_and_coordinates(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.engine import AnalysisConfig
 from tracekit.analyze.findings import FindingKind
 from tracekit.analyze.pipeline import analyze_pipeline, theoretical_bubble
 from tracekit.analyze.recommend import best_contiguous_split
@@ -96,7 +96,7 @@ def write_pipeline_store(path: Path, *, p: int, m: int, fwd_ns: list[int], bwd_n
 
 
 def run(store, **cfg):
-    return analyze_pipeline(store, AnalysisContext(config=AnalysisConfig(**cfg)))
+    return analyze_pipeline(store, AnalysisConfig(**cfg))
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -263,13 +263,13 @@ def test_unlabelled_counts_microbatches_from_first_stage_sends(tmp_path):
 
 def test_exposed_p2p_of_an_inferred_pipeline_is_the_bubble_not_communication():
     """On the default group (dim world) send/recv of ranks in a p2p-inferred pipeline are its idle time."""
-    from tracekit.analyze import recommend
-    from tracekit.analyze.engine import AnalyzerResult
     from tracekit.analyze.findings import Finding, Severity
+    from tracekit.analyze.pipeline import PipelineResult
+    from tracekit.analyze.reconcile import reconcile
+    from tracekit.analyze.unoverlapped import UnoverlappedResult
 
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["pipeline"] = AnalyzerResult(section={"source": "p2p", "pipelines": [{"ranks": [0, 1]}]})
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+    pipe = PipelineResult(section={"source": "p2p", "pipelines": [{"ranks": [0, 1]}]})
+    unoverlapped = UnoverlappedResult(section={"by_rank_dim_op": [
         {"rank": 1, "dim": "world", "op": "send", "transfer_exposed_ns": 70 * MS},
         {"rank": 1, "dim": "world", "op": "all_reduce", "transfer_exposed_ns": 30 * MS}]})
 
@@ -278,8 +278,8 @@ def test_exposed_p2p_of_an_inferred_pipeline_is_the_bubble_not_communication():
                        ranks=(rank,), dim="world", evidence={"op": op}, recommendation="x", est_saving_ns=9 * MS)
     bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(1,),
                     dim=None, evidence={}, recommendation="y", est_saving_ns=50 * MS)
-    out = {f.summary: f for f in recommend.reconcile([unov("send", 1), unov("all_reduce", 1), unov("send", 2),
-                                                     bound], ctx)}
+    out = {f.summary: f for f in reconcile([unov("send", 1), unov("all_reduce", 1), unov("send", 2), bound],
+                                           pipe, None, unoverlapped)}
     assert out["send 1"].severity is Severity.INFO and out["send 1"].evidence["explained_by"].startswith("pipeline")
     assert out["bound"].severity is Severity.INFO and out["bound"].est_saving_ns == 0  # 70% of it is p2p
     assert out["all_reduce 1"].severity is Severity.WARNING and out["send 2"].severity is Severity.WARNING

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, AnalyzerResult
+from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.analyze.findings import FindingKind, Severity
 from tracekit.analyze.placement import analyze_placement
 from tracekit.tables.store import RunStoreWriter
@@ -34,7 +34,7 @@ def test_tp_across_hosts_with_dp_inside(tmp_path):
     # ranks 0,1 on host a, 2,3 on host b; TP pairs (0,2),(1,3) cross, DP pairs (0,1),(2,3) stay inside
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
     groups = [("tp0", "tp", [0, 2]), ("tp1", "tp", [1, 3]), ("dp0", "dp", [0, 1]), ("dp1", "dp", [2, 3])]
-    res = analyze_placement(_store(tmp_path / "s", hosts, groups), AnalysisContext(config=AnalysisConfig()))
+    res = analyze_placement(_store(tmp_path / "s", hosts, groups), None, None)
     (f,) = res.findings
     assert f.kind is FindingKind.PLACEMENT_MISMATCH and f.dim == "tp" and f.ranks == (0, 1, 2, 3)
     assert f.severity is Severity.CRITICAL
@@ -47,12 +47,11 @@ def test_tp_across_hosts_with_dp_inside(tmp_path):
 def test_uses_unoverlapped_section_and_unavoidable_is_milder(tmp_path):
     hosts = {0: "a", 1: "b"}
     groups = [("tp0", "tp", [0, 1])]
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_dim_op": [
+    unoverlapped = UnoverlappedResult(section={"by_dim_op": [
         {"dim": "tp", "op": "all_reduce", "transfer_exposed_ns_per_step": 3 * MS},
         {"dim": "tp", "op": "all_gather", "transfer_exposed_ns_per_step": 1 * MS},
         {"dim": "dp", "op": "all_reduce", "transfer_exposed_ns_per_step": 7 * MS}]})
-    (f,) = analyze_placement(_store(tmp_path / "s", hosts, groups), ctx).findings
+    (f,) = analyze_placement(_store(tmp_path / "s", hosts, groups), None, unoverlapped).findings
     assert f.est_saving_ns == 4 * MS and f.severity is Severity.INFO
     assert f.evidence["light_dims_inside_host"] == []
 
@@ -60,5 +59,5 @@ def test_uses_unoverlapped_section_and_unavoidable_is_milder(tmp_path):
 def test_single_host_no_finding(tmp_path):
     hosts = {0: "a", 1: "a"}
     res = analyze_placement(_store(tmp_path / "s", hosts, [("tp0", "tp", [0, 1])]),
-                            AnalysisContext(config=AnalysisConfig()))
+                            None, None)
     assert res.findings == [] and res.section["num_hosts"] == 1

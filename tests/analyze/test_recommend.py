@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tracekit.analyze import recommend
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, AnalyzerResult
+from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.reconcile import analyze_recommendations, reconcile
+from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 
 MS = 1_000_000
@@ -60,7 +62,6 @@ def test_routing_skew_saving_and_text():
 
 
 def test_recommendations_section_fills_and_sorts():
-    ctx = AnalysisContext(config=AnalysisConfig())
     f_dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp exposed",
                    ranks=(0, 1), dim="dp", evidence={"exposed_ns": 7 * MS}, est_saving_ns=0)
     f_str = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late", ranks=(3,),
@@ -68,9 +69,7 @@ def test_recommendations_section_fills_and_sorts():
     f_own = Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=Severity.WARNING, summary="bubble",
                     recommendation="more micro-batches", est_saving_ns=5 * MS,
                     evidence={"saving_formula": "x"})
-    ctx.results["a"] = AnalyzerResult(findings=[f_dp, f_str])
-    ctx.results["b"] = AnalyzerResult(findings=[f_own])
-    rows = recommend.analyze_recommendations(None, ctx).section["recommendations"]
+    rows = analyze_recommendations([f_dp, f_str, f_own], None, None, None).section["recommendations"]
     assert [r["kind"] for r in rows] == ["unoverlapped_collective", "pipeline_bubble", "straggler"]
     assert rows[0]["est_saving_ns"] == 7 * MS and "bucket" in rows[0]["recommendation"]
     assert "node7" in rows[2]["recommendation"]
@@ -78,8 +77,7 @@ def test_recommendations_section_fills_and_sorts():
 
 
 def test_reconcile_marks_symptoms_of_pipeline_and_skew():
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["pipeline"] = AnalyzerResult(section={"source": "labels"})
+    pipe = PipelineResult(section={"source": "labels"})
     p2p = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="recv on pp",
                   ranks=(1,), dim="pp", evidence={}, recommendation="x", est_saving_ns=24 * MS)
     tp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="tp",
@@ -90,7 +88,7 @@ def test_reconcile_marks_symptoms_of_pipeline_and_skew():
                    recommendation="w", est_saving_ns=9 * MS)
     other = Finding(kind=FindingKind.STRAGGLER, severity=Severity.WARNING, summary="late", ranks=(3,), dim="ep",
                     recommendation="w", est_saving_ns=1 * MS)
-    out = recommend.reconcile([p2p, tp, skew, late, other], ctx)
+    out = reconcile([p2p, tp, skew, late, other], pipe)
     assert [f.summary for f in out][:3] == ["skew", "tp", "late"]
     by = {(f.summary, f.ranks): f for f in out}
     assert by[("recv on pp", (1,))].severity is Severity.INFO and by[("recv on pp", (1,))].est_saving_ns == 0
@@ -101,9 +99,8 @@ def test_reconcile_marks_symptoms_of_pipeline_and_skew():
 
 
 def test_reconcile_pipeline_waits_and_slow_stage_straggler():
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["pipeline"] = AnalyzerResult(section={"source": "labels"})
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+    pipe = PipelineResult(section={"source": "labels"})
+    unov = UnoverlappedResult(section={"by_rank_dim_op": [
         {"rank": 1, "dim": "pp", "op": "recv", "transfer_exposed_ns": 80 * MS},
         {"rank": 1, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 20 * MS},
         {"rank": 2, "dim": "pp", "op": "recv", "transfer_exposed_ns": 10 * MS},
@@ -116,11 +113,11 @@ def test_reconcile_pipeline_waits_and_slow_stage_straggler():
                      recommendation="r", est_saving_ns=40 * MS)
     late = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late0", ranks=(0,), dim="dp",
                    recommendation="r", est_saving_ns=50 * MS)
-    out = {f.summary: f for f in recommend.reconcile([imb, bound1, bound2, late], ctx)}
+    out = {f.summary: f for f in reconcile([imb, bound1, bound2, late], pipe, None, unov)}
     assert out["b1"].est_saving_ns == 0 and "stage-to-stage" in out["b1"].evidence["explained_by"]  # 80% pp
     assert out["b2"].est_saving_ns == 40 * MS  # only 25% of its exposed time is pipeline waiting
     assert out["late0"].evidence["explained_by"].startswith("pipeline_imbalance")
-    assert recommend.reconcile([imb, bound1, bound2, late], ctx)[0].summary == "b2"
+    assert reconcile([imb, bound1, bound2, late], pipe, None, unov)[0].summary == "b2"
 
 
 def test_routing_skew_adds_all_to_all_of_busiest_rank():
@@ -132,8 +129,7 @@ def test_routing_skew_adds_all_to_all_of_busiest_rank():
 
 
 def test_reconcile_attributes_exposed_comm_of_misplaced_groups():
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+    unov = UnoverlappedResult(section={"by_rank_dim_op": [
         {"rank": 0, "dim": "tp", "op": "all_reduce", "transfer_exposed_ns": 30 * MS},
         {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 10 * MS}]})
     place = Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=Severity.WARNING, summary="place", ranks=(0, 1),
@@ -144,21 +140,20 @@ def test_reconcile_attributes_exposed_comm_of_misplaced_groups():
                  dim="tp", recommendation="r", est_saving_ns=30 * MS)
     dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp", ranks=(0,),
                  dim="dp", recommendation="r", est_saving_ns=10 * MS)
-    out = recommend.reconcile([place, bound, tp, dp], ctx)
+    out = reconcile([place, bound, tp, dp], unoverlapped=unov)
     assert [f.summary for f in out][:2] == ["place", "dp"]
     assert {f.summary for f in out if "explained_by" in f.evidence} == {"bound", "tp"}
 
 
 def test_reconcile_all_to_all_waiting_behind_routing_skew():
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["unoverlapped"] = AnalyzerResult(section={"by_rank_dim_op": [
+    unov = UnoverlappedResult(section={"by_rank_dim_op": [
         {"rank": 0, "dim": "ep", "op": "all_to_all", "transfer_exposed_ns": 60 * MS},
         {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 20 * MS}]})
     skew = Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=Severity.CRITICAL, summary="skew", ranks=(1,),
                    dim="ep", recommendation="r", est_saving_ns=30 * MS)
     bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(0,),
                     recommendation="r", est_saving_ns=80 * MS)
-    out = recommend.reconcile([skew, bound], ctx)
+    out = reconcile([skew, bound], unoverlapped=unov)
     assert out[0].summary == "skew" and out[1].evidence["explained_by"].startswith("expert_routing_skew")
     # without a skew finding the same communication_bound stands
-    assert recommend.reconcile([bound], ctx)[0].est_saving_ns == 80 * MS
+    assert reconcile([bound], unoverlapped=unov)[0].est_saving_ns == 80 * MS

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, AnalyzerResult
+from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.analyze.recording import CLEAR_MARGIN, Z, analyze_recording
 
 MS = 1_000_000
@@ -21,9 +21,7 @@ class _NoEvents:
 
 
 def _ctx(step_rows):
-    ctx = AnalysisContext(config=AnalysisConfig())
-    ctx.results["breakdown"] = AnalyzerResult(section={"steps": step_rows})
-    return ctx
+    return BreakdownResult(section={"steps": step_rows})
 
 
 def _row(rank, step, compute, exposed, idle, sync=0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.engine import AnalysisConfig
 from tracekit.analyze.throughput import analyze_throughput, device_peak_tflops
 
 MS = 1_000_000
@@ -31,7 +31,7 @@ def _store(path, manifest, devices):
 def test_tokens_and_mfu(tmp_path):
     store = _store(tmp_path / "s", {"tokens_per_step": 4096, "config": {"dp": 2}},
                    [["NVIDIA A100-SXM4-80GB"], ["NVIDIA A100-SXM4-80GB"]])
-    sec = analyze_throughput(store, AnalysisContext(config=AnalysisConfig())).section
+    sec = analyze_throughput(store, None, AnalysisConfig()).section
     # slowest rank per step: 110 ms and 120 ms
     assert sec["step_ns_mean"] == pytest.approx(115 * MS)
     assert sec["tokens_per_s"] == pytest.approx(4096 / 0.115)
@@ -42,14 +42,14 @@ def test_tokens_and_mfu(tmp_path):
     assert r0["peak_tflops"] == 312.0 and r0["mfu"] == pytest.approx(9e12 / 0.220 / 312e12)
     assert r0["tokens_per_s"] == pytest.approx(2048 / 0.110)
     # user peak wins; per-replica tokens from config are scaled by dp
-    sec = analyze_throughput(store, AnalysisContext(config=AnalysisConfig(peak_tflops=100.0, tokens_per_step=1000))).section
+    sec = analyze_throughput(store, None, AnalysisConfig(peak_tflops=100.0, tokens_per_step=1000)).section
     assert sec["ranks"][1]["mfu"] == pytest.approx(9e12 / 0.210 / 100e12)
     assert sec["tokens_per_step"] == 2000 and sec["tokens_source"] == "config"
 
 
 def test_cpu_has_no_peak(tmp_path):
     store = _store(tmp_path / "s", {}, [[], []])
-    sec = analyze_throughput(store, AnalysisContext(config=AnalysisConfig())).section
+    sec = analyze_throughput(store, None, AnalysisConfig()).section
     assert sec["tokens_per_s"] is None and sec["ranks"][0]["mfu"] is None
     assert sec["ranks"][0]["achieved_tflops"] is not None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyze.bandwidth import analyze_bandwidth
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext, analyze_store
+from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ def test_single_rank_bandwidth_is_timed_on_the_device(shared_traces, stores):
 
 def _bandwidth(store) -> dict:
     """The bandwidth analyzer alone (a single-rank trace has no cross-rank matching to wait for)."""
-    return analyze_bandwidth(store, AnalysisContext(config=AnalysisConfig(isolate_analyzer_errors=False))).section
+    return analyze_bandwidth(store, None, None, None, AnalysisConfig(isolate_analyzer_errors=False)).section
 
 
 def _ns(v) -> int:

@@ -12,7 +12,7 @@ from .test_analyze_bad_inputs import SCHEMA
 
 
 def test_failing_analyzer_is_listed_and_the_rest_runs(tmp_path, monkeypatch, clean_pair_analysis):
-    def boom(store, ctx):
+    def boom(store):
         raise KeyError("a column this trace does not have")
 
     monkeypatch.setattr("tracekit.analyze.pipeline.analyze_pipeline", boom)
@@ -40,7 +40,7 @@ def test_isolation_can_be_turned_off_for_debugging(tmp_path, monkeypatch):
     from tracekit.analyze.engine import AnalysisConfig, analyze_store
     from tracekit.parse.run import parse_run
 
-    def boom(store, ctx):
+    def boom(store):
         raise KeyError("x")
 
     monkeypatch.setattr("tracekit.analyze.pipeline.analyze_pipeline", boom)

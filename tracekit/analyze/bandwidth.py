@@ -42,14 +42,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyze import recommend
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.layout import LayoutResult
+from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of
+from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5
@@ -83,19 +87,18 @@ def _bucket(nbytes: int) -> int:
     return 1 << int(math.floor(math.log2(nbytes))) if nbytes > 0 else 0
 
 
-def _group_dims(store: RunStore, ctx: AnalysisContext) -> dict[str, str]:
-    layout = ctx.section("layout")
+def _group_dims(store: RunStore, layout: dict[str, Any]) -> dict[str, str]:
     if layout and layout.get("groups"):
         return {g["pg_name"]: g["dim"] for g in layout["groups"]}
     return {g["pg_name"]: (g["dim"] or "unknown")
             for g in store.table("process_groups", ["pg_name", "dim"]).to_pylist()}
 
 
-def _instances(store: RunStore, ctx: AnalysisContext) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]]]:
+def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict[str, Any]
+               ) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]]]:
     """One record per collective instance (pg_name, op, n, bytes, time_ns, step), the time basis, and
     the (group, op) counts left without a figure because their message size is unknown."""
-    matched = ctx.cache.get("matching")
-    dims = _group_dims(store, ctx)
+    dims = _group_dims(store, layout)
     t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
                                     "group_size", "dur", "step"])
     all_rows = [r for r in t.to_pylist() if r["dur"] is not None and r["dur"] > 0]
@@ -167,9 +170,15 @@ def _step_ns(store: RunStore) -> tuple[float, int]:
     return float(np.mean(list(per.values()))), len(per)
 
 
-def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class BandwidthResult(AnalyzerResult):
+    pass
+
+
+def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
+                      unoverlapped: UnoverlappedResult | None, config: AnalysisConfig) -> BandwidthResult:
     """Bandwidth table and `low_bus_bandwidth` findings (one per dim)."""
-    inst, basis, unsized = _instances(store, ctx)
+    inst, basis, unsized = _instances(store, matched_of(matching), section_of(layout))
     step_ns, nsteps = _step_ns(store)
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for x in inst:
@@ -198,11 +207,11 @@ def analyze_bandwidth(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         })
     members = {g["pg_name"]: tuple(sorted(g["ranks"])) if g["ranks"] else None
                for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
-    _judge(table, groups, ctx.config.peak_gbps, nsteps, members)
-    findings = _findings(table, step_ns, store, _exposed_per_step(ctx))
+    _judge(table, groups, config.peak_gbps, nsteps, members)
+    findings = _findings(table, step_ns, store, _exposed_per_step(unoverlapped))
     for row in table:
         row.pop("bus_bytes_p50", None)
-    return AnalyzerResult(findings=findings, section={"time_basis": basis, "rows": table, "unsized": unsized})
+    return BandwidthResult(findings=findings, section={"time_basis": basis, "rows": table, "unsized": unsized})
 
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,
@@ -240,14 +249,13 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             row["lost_ns_per_step"] = lost / nsteps
 
 
-def _exposed_per_step(ctx: AnalysisContext) -> Callable[[str, str, str, list[int]], float] | None:
+def _exposed_per_step(unoverlapped: UnoverlappedResult | None) -> Callable[[str, str, str, list[int]], float] | None:
     """Exposed transfer time per step of a (group, op) and size buckets, on the worst rank, from the
     `unoverlapped` analyzer's instances (falls back to its (dim, op) figure for instances without a
     size); None when it did not run."""
-    inst = ctx.cache.get("unoverlapped_instances")
-    sec = ctx.section("unoverlapped")
-    if inst is None or sec is None:
+    if unoverlapped is None or unoverlapped.section is None:
         return None
+    inst, sec = unoverlapped.instances, unoverlapped.section
     by_dim_op = {(str(r["dim"] or "unknown"), r["op"]): float(r.get("transfer_exposed_ns_per_step") or 0.0)
                  for r in sec.get("by_dim_op", [])}
     sized = inst[inst["bytes"].notna()] if len(inst) else inst

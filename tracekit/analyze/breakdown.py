@@ -54,8 +54,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
-from tracekit.analyze.layout import group_dims
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
+from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.analyze.matching import MatchingResult, matched_of
 from tracekit.tables.store import RunStore
 
 ACTIVITY_CACHE_MAX_RANKS = 256
@@ -249,18 +250,36 @@ def rank_rows(store: RunStore) -> dict[int, dict[str, Any]]:
     return {r["rank"]: r for r in store.table("ranks").to_pylist()}
 
 
-def rank_activity(store: RunStore, ctx: AnalysisContext, rank: int) -> RankActivity:
-    """A rank's activity, cached in ctx for runs small enough to keep every rank in memory."""
-    cache = ctx.cache.setdefault("activity", {})
-    if rank in cache:
-        return cache[rank]
-    rows = ctx.cache.get("rank_rows")
-    if rows is None:
-        rows = ctx.cache["rank_rows"] = rank_rows(store)
-    act = load_rank_activity(store, rank, rows.get(rank, {}), group_dims(ctx.section("layout")))
-    if len(cache) < ACTIVITY_CACHE_MAX_RANKS:
-        cache[rank] = act
-    return act
+@dataclass(frozen=True)
+class RankActivities(AnalyzerResult):
+    """Every rank's activity, on demand: those computed ahead (an engine's prefetch) are held, the
+    others are loaded from the store when asked for and kept while the run is small enough."""
+
+    store: RunStore | None = None
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """The `ranks` table row of each rank."""
+    dims: dict[str, str] = field(default_factory=dict)
+    """pg_name -> dim (from the layout)."""
+    held: dict[int, RankActivity] = field(default_factory=dict)
+    max_held: int = ACTIVITY_CACHE_MAX_RANKS
+
+    def get(self, rank: int) -> RankActivity:
+        if rank in self.held:
+            return self.held[rank]
+        act = load_rank_activity(self.store, rank, self.rows.get(rank, {}), self.dims)
+        if len(self.held) < self.max_held:
+            self.held[rank] = act
+        return act
+
+
+def rank_activities(store: RunStore, layout: LayoutResult | None) -> RankActivities:
+    """The `activity` analyzer: ranks' activities, computed when first asked for (no section)."""
+    return RankActivities(store=store, rows=rank_rows(store), dims=dims_of(layout))
+
+
+def activities_of(store: RunStore, activity: RankActivities | None) -> RankActivities:
+    """`activity`, or an on-demand one without the layout's group names when it is missing."""
+    return activity if activity is not None else rank_activities(store, None)
 
 
 @dataclass
@@ -368,13 +387,27 @@ def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) 
             "truncated_ranks": truncated}
 
 
-def analyze_breakdown(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class BreakdownResult(AnalyzerResult):
+    @property
+    def ranks(self) -> list[dict[str, Any]]:
+        """analysis.json's `ranks` rows (totals over each rank's analyzed steps)."""
+        return (self.section or {}).get("ranks", [])
+
+
+def breakdown_ranks(breakdown: BreakdownResult | None) -> list[dict[str, Any]]:
+    return breakdown.ranks if breakdown is not None else []
+
+
+def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching: MatchingResult | None,
+                      config: AnalysisConfig) -> BreakdownResult:
+    activity = activities_of(store, activity)
     ranks_out, details, step_rows, unanalyzed = [], [], [], []
     lanes_by_rank: dict[int, dict[str, iv.IntervalSet]] = {}
-    matched = ctx.cache.get("matching")
+    matched = matched_of(matching)
     waits = matched.wait_intervals if matched is not None else {}
     for rank in store.ranks():
-        act = rank_activity(store, ctx, rank)
+        act = activity.get(rank)
         if not act.windows:
             unanalyzed.append({"rank": rank, "reason": "no events with durations in the trace"})
             continue
@@ -402,9 +435,9 @@ def analyze_breakdown(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         "rank_details": details,
         "steps": step_rows,
         "unanalyzed_ranks": unanalyzed,
-        "timeline": _timeline(lanes_by_rank, ctx.config.max_timeline_intervals),
+        "timeline": _timeline(lanes_by_rank, config.max_timeline_intervals),
     }
-    return AnalyzerResult(findings=[], section=section)
+    return BreakdownResult(findings=[], section=section)
 
 
 def _rank_lanes(act: RankActivity) -> dict[str, iv.IntervalSet]:

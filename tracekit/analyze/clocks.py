@@ -24,14 +24,16 @@ Section `clocks`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.tables.store import RunStore
+
+if TYPE_CHECKING:  # matching imports this module's estimator; the engine passes its result here
+    from tracekit.analyze.matching import MatchingResult
 
 SYNC_ENDING_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
 
@@ -129,12 +131,17 @@ def log_to_trace_shift(log_times: np.ndarray, trace_lo: int | None, trace_hi: in
     return 0, "unaligned"
 
 
-def analyze_clocks(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class ClocksResult(AnalyzerResult):
+    pass
+
+
+def analyze_clocks(matching: MatchingResult | None) -> ClocksResult:
     """Publish what matching estimated, and warn when large offsets could not be corrected."""
-    est = ctx.cache.get("clocks")
+    est = matching.clocks if matching is not None else None
     if est is None:
-        return AnalyzerResult(section={"method": "none", "reference_rank": None, "ranks": [],
-                                       "log_to_trace": []})
+        return ClocksResult(section={"method": "none", "reference_rank": None, "ranks": [],
+                                     "log_to_trace": []})
     section = dict(est)
     findings = []
     warn_ns = ClockConfig().warn_offset_ns
@@ -153,4 +160,4 @@ def analyze_clocks(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     if unaligned:
         section["note"] = (f"comms-log times of ranks {unaligned} could not be put on the trace clock; "
                            "straggler causes there are not attributed")
-    return AnalyzerResult(findings=findings, section=section)
+    return ClocksResult(findings=findings, section=section)

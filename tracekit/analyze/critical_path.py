@@ -25,14 +25,17 @@ Section `critical_path`:
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.findings import Finding, FindingKind
-from tracekit.analyze.layout import group_dims
-from tracekit.analyze.matching import choose_sources, load_collectives
+from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.analyze.matching import MatchingResult, choose_sources, load_collectives, matched_of
+from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.reconcile import RecommendationsResult
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
 from tracekit.whatif.fixes import Fix, Layout
@@ -44,7 +47,7 @@ MAX_STEPS = 8
 MAX_PATH_ROWS = 400
 
 
-def step_input(store: RunStore, ctx: AnalysisContext) -> StepInput:
+def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
     """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
     p2p = None
     if store.has("collectives"):
@@ -53,24 +56,24 @@ def step_input(store: RunStore, ctx: AnalysisContext) -> StepInput:
         is_p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
         df = df[is_p2p & (df["source"] == df["rank"].map(per_rank))]
         p2p = df if not df.empty else None
-    return StepInput(matched=ctx.cache.get("matching"), dims=group_dims(ctx.section("layout")), p2p=p2p)
+    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p)
 
 
-def run_layout(ctx: AnalysisContext) -> Layout:
-    lay = ctx.section("layout") or {}
-    pipe = ctx.section("pipeline") or {}
+def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None) -> Layout:
+    lay = section_of(layout)
+    pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
     return Layout(coords=coords, pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1))
 
 
-def replay_steps(store: RunStore, ctx: AnalysisContext) -> list[StepResult]:
+def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     """The last MAX_STEPS profiled steps as one graph (a fix that shortens a step lets the next begin
     earlier), one result per step."""
     steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
     if not steps:
         return []
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), step_input(store, ctx))
+    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp)
     return replay_steps_of(g) if g.ranks.size else []
 
 
@@ -143,20 +146,25 @@ def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str,
             **({"timeline": timeline_json(res, path, timeline_budget)} if timeline_budget else {})}
 
 
-def analyze_critical_path(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    results = replay_steps(store, ctx)
-    ctx.cache["critical_path_steps"] = results
-    findings = ctx.cache.get("final_findings")
-    if findings is None:
-        findings = [f for res in ctx.results.values() for f in res.findings]
-    lay = run_layout(ctx)
-    rescored, rows, together = rescore(findings, results, lay)
-    ctx.cache["final_findings"] = rescored
+@dataclass(frozen=True)
+class CriticalPathResult(AnalyzerResult):
+    """`findings`: the reconciled findings with replayed savings (the document's)."""
+
+    steps: list[StepResult] = field(default_factory=list)
+    """Each replayed step (graph, replay, path)."""
+
+
+def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
+                          pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
+                          findings: list[Finding], config: AnalysisConfig) -> CriticalPathResult:
+    """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
+    results = replay_steps(store, step_input(store, layout, matching))
+    final = recommendations.findings if recommendations is not None else findings
+    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline))
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
-    budget = ctx.config.max_timeline_intervals
+    budget = config.max_timeline_intervals
     section = {"steps": [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)],
                "whatif": rows, "all_fixes": together,
                "measured_step_ns": int(np.mean([r.measured_ns for r in results])) if results else None,
                "skipped": None if results else "no profiled step with a step window (ProfilerStep) in any rank"}
-    return AnalyzerResult(findings=[], section=section)
-
+    return CriticalPathResult(findings=rescored, section=section, steps=results)

@@ -22,14 +22,16 @@ Section `experts` (JSON):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
 from tracekit.analyze import recommend
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.layout import LayoutResult
 from tracekit.tables.store import RunStore
 
 SKEW_INFO = 1.25
@@ -55,8 +57,7 @@ def _find(d: Any, key: str, depth: int = 0) -> Any:
     return None
 
 
-def _ep_groups(store: RunStore, ctx: AnalysisContext) -> list[list[int]]:
-    layout = ctx.section("layout")
+def _ep_groups(store: RunStore, layout: dict[str, Any]) -> list[list[int]]:
     if layout and layout.get("groups"):
         groups = [list(g["ranks"]) for g in layout["groups"] if g.get("dim") == "ep" and g.get("ranks")]
     else:
@@ -84,9 +85,14 @@ def _per_rank_step_sum(store: RunStore, name: str) -> dict[tuple[int, int], int]
     return defaultdict(int, {k: int(v) for k, v in sums.items()})
 
 
-def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class ExpertsResult(AnalyzerResult):
+    pass
+
+
+def analyze_experts(store: RunStore, layout: LayoutResult | None) -> ExpertsResult:
     """Experts section and `expert_routing_skew` finding for the most skewed layer."""
-    ep_groups = _ep_groups(store, ctx)
+    ep_groups = _ep_groups(store, section_of(layout))
     a2a = store.table("collectives", ["rank", "step", "op", "dur", "out_nelems", "out_split_sizes",
                                       "in_split_sizes", "bytes", "caller", "group_ranks", "seq"])
     a2a_rows = [r for r in a2a.to_pylist() if r["op"] == "all_to_all" and r["step"] is not None]
@@ -99,7 +105,7 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         counts, source, gran = _from_splits(a2a_rows), "all_to_all_splits", "ep_rank"
         dropped = {}
     else:
-        return AnalyzerResult(findings=[], section={"source": None, "granularity": None, "layers": [],
+        return ExpertsResult(findings=[], section={"source": None, "granularity": None, "layers": [],
                                                     "heatmap": [], "ranks": []})
 
     layers = sorted({layer for (_, layer) in counts})
@@ -137,7 +143,7 @@ def analyze_experts(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     rank_out = _rank_table(store, a2a_rows, routing, ep_groups, expert_ns)
     section = {"source": source, "granularity": gran, "layers": layer_out, "heatmap": heat, "ranks": rank_out}
     findings = _skew_finding(store, layer_out, rank_out, gran)
-    return AnalyzerResult(findings=findings, section=section)
+    return ExpertsResult(findings=findings, section=section)
 
 
 def _hot_owners(hot: int, E: int, ep_groups: list[list[int]], gran: str, layer_ranks: set[int]) -> list[int]:

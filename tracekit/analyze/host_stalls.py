@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -187,10 +187,15 @@ def _finding(r: dict[str, Any]) -> Finding | None:
                    dim=None, evidence=ev, recommendation=rec, est_saving_ns=int(r["stall_ns"]))
 
 
-def analyze_host_stalls(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class HostStallsResult(AnalyzerResult):
+    pass
+
+
+def analyze_host_stalls(store: RunStore) -> HostStallsResult:
     """Section `host_stalls` and `idle_host_bound` findings."""
     ranks = [r for r in (rank_stalls(store, rank) for rank in store.ranks()) if r is not None]
     findings = [f for f in (_finding(r) for r in ranks) if f is not None]
     section = {"ranks": ranks, "thresholds": {"min_gap_ns": MIN_GAP_NS, "info": STALL_INFO,
                                               "warning": STALL_WARNING, "critical": STALL_CRITICAL}}
-    return AnalyzerResult(findings=findings, section=section)
+    return HostStallsResult(findings=findings, section=section)

@@ -17,12 +17,12 @@ Section `inputs`:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -93,41 +93,55 @@ def _plausible_wall(row: dict[str, Any]) -> bool:
     return se is not None and _YEAR_2000_NS <= se[0] <= _YEAR_2100_NS
 
 
-def analyze_inputs(store: RunStore, ctx: AnalysisContext, config: InputChecksConfig | None = None) -> AnalyzerResult:
-    config = config or InputChecksConfig()
-    meta = store.meta
-    warnings: list[str] = [str(w) for w in meta.get("warnings") or []]
-    findings: list[Finding] = []
-    rows = store.table("ranks").to_pylist() if store.has("ranks") else []
-    by_rank = {r["rank"]: r for r in rows}
-    ranks = sorted(by_rank)
+@dataclass(frozen=True)
+class InputsResult(AnalyzerResult):
+    @property
+    def warnings(self) -> list[str]:
+        """Run-level warnings: the parser's first, then this module's (analysis.json inputs.warnings)."""
+        return (self.section or {}).get("warnings", [])
 
-    # 1. files that were not used
-    skipped = store.skipped
+
+@dataclass
+class _Report:
+    """What the checks found so far: findings, and warnings in the order analysis.json lists them."""
+    warnings: list[str]
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, finding: Finding, warn: bool = True) -> None:
+        if warn:
+            self.warnings.append(finding.summary)
+        self.findings.append(finding)
+
+
+def _check_skipped(skipped: list[dict[str, str]], out: _Report) -> None:
+    """1. files that were not used"""
     if skipped:
         first = skipped[0]
-        findings.append(Finding(
+        out.add(Finding(
             kind=FindingKind.INPUT_SKIPPED, severity=Severity.WARNING,
             summary=(f"{len(skipped)} input file(s) skipped, e.g. {first['file']}: {first['reason']}"),
             evidence={"skipped": skipped[:_MAX_LISTED], "num_skipped": len(skipped)},
             recommendation="Re-export or replace the skipped files; numbers cover only the ranks that were read.",
-        ))
+        ), warn=False)
 
-    # 2. traces without events
-    empty = [r for r in ranks if not by_rank[r].get("num_events") and by_rank[r].get("source_file")
+
+def _check_empty(by_rank: dict[int, dict[str, Any]], out: _Report) -> list[int]:
+    """2. traces without events"""
+    empty = [r for r in sorted(by_rank) if not by_rank[r].get("num_events") and by_rank[r].get("source_file")
              and str(by_rank[r].get("source_file")).endswith((".json", ".json.gz"))]
     if empty:
         msg = f"traces of ranks {_ranks_text(empty)} hold no complete events; those ranks have no breakdown"
-        warnings.append(msg)
-        findings.append(Finding(
+        out.add(Finding(
             kind=FindingKind.INPUT_SKIPPED, severity=Severity.WARNING, summary=msg, ranks=tuple(empty),
             evidence={"empty_ranks": empty,
                       "files": {str(r): by_rank[r].get("source_file") for r in empty[:_MAX_LISTED]}},
             recommendation="Check that the profiler's trace handler ran to completion on those ranks.",
         ))
+    return empty
 
-    # 3. missing ranks
-    world_size = meta.get("world_size")
+
+def _check_missing(world_size: Any, ranks: list[int], out: _Report) -> list[int]:
+    """3. missing ranks"""
     if world_size and ranks:
         missing = sorted(set(range(int(world_size))) - set(ranks))
         what = f"world size {world_size}"
@@ -137,55 +151,56 @@ def analyze_inputs(store: RunStore, ctx: AnalysisContext, config: InputChecksCon
     if missing:
         msg = (f"{what} but inputs for {len(ranks)} rank(s): ranks {_ranks_text(missing)} "
                "are missing; cross-rank numbers cover the ranks present only")
-        findings.append(Finding(
+        out.add(Finding(
             kind=FindingKind.MISSING_RANKS, severity=Severity.WARNING, summary=msg, ranks=tuple(missing),
             evidence={"world_size": int(world_size) if world_size else None, "missing_ranks": missing,
                       "num_present": len(ranks)},
             recommendation="Collect the missing ranks' traces (a rank killed before export writes none).",
-        ))
+        ), warn=False)
+    return missing
 
-    # 4. time units: one rank's step (or span) 1000x the others'
+
+def _time_measures(store: RunStore, by_rank: dict[int, dict[str, Any]]) -> tuple[str, dict[int, int]]:
+    """Each rank's median step, or its trace span when not every rank has steps."""
     steps = store.table("steps", ["rank", "dur"]).to_pandas() if store.has("steps") else None
     step_ranks = set(steps["rank"].tolist()) if steps is not None and len(steps) else set()
-    if ranks and step_ranks >= set(ranks):
-        measure = "step"
-        values = {int(r): int(d) for r, d in steps.groupby("rank")["dur"].median().items()}
-    else:
-        measure = "span"
-        values = {r: int(row["last_ts"] - row["first_ts"]) for r, row in by_rank.items()
-                  if row.get("first_ts") is not None and row.get("last_ts") is not None}
-    groups = time_scale_groups(values, config.unit_ratio)
-    suspect: list[int] = []
-    if len(groups) > 1:
-        majority = groups[0]
-        if len(groups[0]["ranks"]) == len(groups[1]["ranks"]):  # no majority: trust the plausible wall clock
-            plausible = [g for g in groups if all(_plausible_wall(by_rank[r]) for r in g["ranks"])]
-            majority = plausible[0] if len(plausible) == 1 else None
-        suspect = sorted(r for g in groups if g is not majority for r in g["ranks"])
-        scale = max(g["median_ns"] for g in groups) / max(min(g["median_ns"] for g in groups), 1)
-        if majority is not None:
-            msg = (f"times of ranks {_ranks_text(suspect)} are {_order(scale)} those of ranks "
-                   f"{_ranks_text(majority['ranks'])} ({'median step' if measure == 'step' else 'trace span'}): "
-                   "written in other units (ns where Kineto writes µs?); their numbers are not comparable")
-        else:
-            msg = (f"ranks' times differ by {_order(scale)} between ranks "
-                   f"{' and '.join(_ranks_text(g['ranks']) for g in groups)} "
-                   f"({'median step' if measure == 'step' else 'trace span'}): one side is written in other "
-                   "units (ns where Kineto writes µs?); their numbers are not comparable")
-        warnings.append(msg)
-        findings.append(Finding(
-            kind=FindingKind.TIME_UNIT_MISMATCH, severity=Severity.WARNING, summary=msg, ranks=tuple(suspect),
-            evidence={"measure": measure, "groups": groups, "ratio": round(scale, 1)},
-            recommendation="Re-export the traces with one profiler version; Kineto `ts`/`dur` are microseconds.",
-        ))
+    if by_rank and step_ranks >= set(by_rank):
+        return "step", {int(r): int(d) for r, d in steps.groupby("rank")["dur"].median().items()}
+    return "span", {r: int(row["last_ts"] - row["first_ts"]) for r, row in by_rank.items()
+                    if row.get("first_ts") is not None and row.get("last_ts") is not None}
 
-    # 5. ranks of different runs: disjoint time ranges, or different stated world sizes
-    runs = find_runs([by_rank[r] for r in ranks if r not in suspect], config.run_gap_ns)
-    stated: dict[str, list[int]] = {}
-    for r in ranks:
-        ws = by_rank[r].get("world_size")
-        if ws is not None:
-            stated.setdefault(str(int(ws)), []).append(r)
+
+def _check_time_units(measure: str, groups: list[dict[str, Any]], by_rank: dict[int, dict[str, Any]],
+                      out: _Report) -> list[int]:
+    """4. time units: one rank's step (or span) 1000x the others'"""
+    if len(groups) <= 1:
+        return []
+    majority = groups[0]
+    if len(groups[0]["ranks"]) == len(groups[1]["ranks"]):  # no majority: trust the plausible wall clock
+        plausible = [g for g in groups if all(_plausible_wall(by_rank[r]) for r in g["ranks"])]
+        majority = plausible[0] if len(plausible) == 1 else None
+    suspect = sorted(r for g in groups if g is not majority for r in g["ranks"])
+    scale = max(g["median_ns"] for g in groups) / max(min(g["median_ns"] for g in groups), 1)
+    what = "median step" if measure == "step" else "trace span"
+    if majority is not None:
+        msg = (f"times of ranks {_ranks_text(suspect)} are {_order(scale)} those of ranks "
+               f"{_ranks_text(majority['ranks'])} ({what}): "
+               "written in other units (ns where Kineto writes µs?); their numbers are not comparable")
+    else:
+        msg = (f"ranks' times differ by {_order(scale)} between ranks "
+               f"{' and '.join(_ranks_text(g['ranks']) for g in groups)} "
+               f"({what}): one side is written in other "
+               "units (ns where Kineto writes µs?); their numbers are not comparable")
+    out.add(Finding(
+        kind=FindingKind.TIME_UNIT_MISMATCH, severity=Severity.WARNING, summary=msg, ranks=tuple(suspect),
+        evidence={"measure": measure, "groups": groups, "ratio": round(scale, 1)},
+        recommendation="Re-export the traces with one profiler version; Kineto `ts`/`dur` are microseconds.",
+    ))
+    return suspect
+
+
+def _check_runs(runs: list[dict[str, Any]], stated: dict[str, list[int]], out: _Report) -> None:
+    """5. ranks of different runs: disjoint time ranges, or different stated world sizes"""
     reasons = []
     if len(runs) > 1:
         parts = [f"ranks {_ranks_text(run['ranks'])} at {_when(run['start_ns'] - runs[0]['start_ns'])}" for run in runs]
@@ -196,21 +211,42 @@ def analyze_inputs(store: RunStore, ctx: AnalysisContext, config: InputChecksCon
     if reasons:
         msg = ("inputs look like ranks of different runs in one folder (" + "; and ".join(reasons) +
                "); cross-rank numbers (skew, stragglers, matching) compare unrelated times")
-        warnings.append(msg)
-        findings.append(Finding(
+        out.add(Finding(
             kind=FindingKind.MIXED_RUNS, severity=Severity.WARNING, summary=msg,
             ranks=tuple(r for run in runs[1:] for r in run["ranks"]) if len(runs) > 1 else (),
             evidence={"runs": runs, "world_sizes": stated},
             recommendation="Analyze each run's traces from its own folder.",
         ))
 
+
+def analyze_inputs(store: RunStore, thresholds: InputChecksConfig | None = None) -> InputsResult:
+    cfg = thresholds or InputChecksConfig()
+    meta = store.meta
+    out = _Report(warnings=[str(w) for w in meta.get("warnings") or []])
+    rows = store.table("ranks").to_pylist() if store.has("ranks") else []
+    by_rank = {r["rank"]: r for r in rows}
+    ranks = sorted(by_rank)
+    _check_skipped(store.skipped, out)
+    empty = _check_empty(by_rank, out)
+    world_size = meta.get("world_size")
+    missing = _check_missing(world_size, ranks, out)
+    measure, values = _time_measures(store, by_rank)
+    groups = time_scale_groups(values, cfg.unit_ratio)
+    suspect = _check_time_units(measure, groups, by_rank, out)
+    runs = find_runs([by_rank[r] for r in ranks if r not in suspect], cfg.run_gap_ns)
+    stated: dict[str, list[int]] = {}
+    for r in ranks:
+        ws = by_rank[r].get("world_size")
+        if ws is not None:
+            stated.setdefault(str(int(ws)), []).append(r)
+    _check_runs(runs, stated, out)
     section = {
         "world_size": int(world_size) if world_size else None, "ranks": ranks, "missing_ranks": missing,
-        "empty_ranks": empty, "skipped": len(skipped), "runs": runs, "world_sizes": stated,
+        "empty_ranks": empty, "skipped": len(store.skipped), "runs": runs, "world_sizes": stated,
         "time_scale": {"measure": measure, "groups": groups, "suspect_ranks": suspect},
-        "warnings": warnings,
+        "warnings": out.warnings,
     }
-    return AnalyzerResult(findings=findings, section=section)
+    return InputsResult(findings=out.findings, section=section)
 
 
 def _order(ratio: float) -> str:

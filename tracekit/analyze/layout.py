@@ -20,12 +20,13 @@ Section `layout`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
 from tracekit.parse.classify import dim_from_desc, flattened_from_desc  # the one vocabulary of group names
 from tracekit.tables.store import RunStore
 
@@ -148,46 +149,58 @@ def world_size_of(store: RunStore) -> int | None:
     return None
 
 
-def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    world_size = world_size_of(store)
-    mesh_sets = _manifest_group_sets(store.manifest)
-    if not mesh_sets:
-        mesh_axes = _manifest_mesh(store.manifest)
-        mesh_sets = _mesh_groups(mesh_axes) if mesh_axes else {}
-    out_groups = []
-    for g in _groups(store):
-        ranks = [int(r) for r in g["ranks"]]
-        dim, source = None, "none"
-        d = dim_from_desc(g["pg_desc"])
-        if d == "world" and tuple(ranks) in mesh_sets:
-            # the default group doing a dim's job (e.g. DDP over the whole world): the manifest says which
-            dim, source = mesh_sets[tuple(ranks)], "manifest"
-        elif d is not None:
-            dim, source = d, "pg_desc"
-        elif tuple(ranks) in mesh_sets:
-            dim, source = mesh_sets[tuple(ranks)], "manifest"
-        elif world_size is not None and len(ranks) == world_size and ranks:
-            dim, source = "world", "structure"
-        elif g["parser_dim"] and g["parser_dim"] != "unknown":
-            dim, source = g["parser_dim"], "parser"
-        else:
-            d = _structure_dim(ranks, world_size)
-            if d is not None:
-                dim, source = d, "structure"
-        confidence = _CONFIDENCE[source]
-        if dim == "world":
-            confidence = "high" if source in ("pg_desc", "structure") else confidence
-        row = {
-            "pg_name": g["pg_name"], "pg_desc": g["pg_desc"], "dim": dim or "unknown",
-            "ranks": ranks, "size": len(ranks), "inferred_from": source, "confidence": confidence,
-        }
-        flat = flattened_from_desc(g["pg_desc"])
-        if flat is not None and dim not in (None, "world", "unknown"):
-            row["flattened"] = flat
-        out_groups.append(row)
-    out_groups.sort(key=lambda g: (str(g["dim"]), str(g["pg_name"])))
+@dataclass(frozen=True)
+class LayoutResult(AnalyzerResult):
+    dims: dict[str, str] = field(default_factory=dict)
+    """pg_name -> dim (`group_dims` of the section)."""
 
-    all_ranks = store.ranks()
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        return (self.section or {}).get("groups", [])
+
+
+def dims_of(layout: LayoutResult | None) -> dict[str, str]:
+    """pg_name -> dim of a layout that may be missing ({} then)."""
+    return layout.dims if layout is not None else {}
+
+
+def _classify_group(g: dict[str, Any], mesh_sets: dict[tuple[int, ...], str],
+                    world_size: int | None) -> dict[str, Any]:
+    """One `groups` row: the group's dim and which evidence named it."""
+    ranks = [int(r) for r in g["ranks"]]
+    dim, source = None, "none"
+    d = dim_from_desc(g["pg_desc"])
+    if d == "world" and tuple(ranks) in mesh_sets:
+        # the default group doing a dim's job (e.g. DDP over the whole world): the manifest says which
+        dim, source = mesh_sets[tuple(ranks)], "manifest"
+    elif d is not None:
+        dim, source = d, "pg_desc"
+    elif tuple(ranks) in mesh_sets:
+        dim, source = mesh_sets[tuple(ranks)], "manifest"
+    elif world_size is not None and len(ranks) == world_size and ranks:
+        dim, source = "world", "structure"
+    elif g["parser_dim"] and g["parser_dim"] != "unknown":
+        dim, source = g["parser_dim"], "parser"
+    else:
+        d = _structure_dim(ranks, world_size)
+        if d is not None:
+            dim, source = d, "structure"
+    confidence = _CONFIDENCE[source]
+    if dim == "world":
+        confidence = "high" if source in ("pg_desc", "structure") else confidence
+    row = {
+        "pg_name": g["pg_name"], "pg_desc": g["pg_desc"], "dim": dim or "unknown",
+        "ranks": ranks, "size": len(ranks), "inferred_from": source, "confidence": confidence,
+    }
+    flat = flattened_from_desc(g["pg_desc"])
+    if flat is not None and dim not in (None, "world", "unknown"):
+        row["flattened"] = flat
+    return row
+
+
+def _mesh(out_groups: list[dict[str, Any]], all_ranks: list[int]
+          ) -> tuple[dict[int, dict[str, int]], dict[str, int], dict[str, str]]:
+    """Each rank's coordinates, the mesh shape and where each dim came from."""
     coords: dict[int, dict[str, int]] = {r: {} for r in all_ranks}
     mesh_shape: dict[str, int] = {}
     dims_from: dict[str, str] = {}
@@ -212,6 +225,18 @@ def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     order = ("pp", "dp", "fsdp", "cp", "ep", "tp")
     mesh_shape = dict(sorted(mesh_shape.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order
                                                                   else len(order), kv[0])))
+    return coords, mesh_shape, dims_from
+
+
+def analyze_layout(store: RunStore) -> LayoutResult:
+    world_size = world_size_of(store)
+    mesh_sets = _manifest_group_sets(store.manifest)
+    if not mesh_sets:
+        mesh_axes = _manifest_mesh(store.manifest)
+        mesh_sets = _mesh_groups(mesh_axes) if mesh_axes else {}
+    out_groups = [_classify_group(g, mesh_sets, world_size) for g in _groups(store)]
+    out_groups.sort(key=lambda g: (str(g["dim"]), str(g["pg_name"])))
+    coords, mesh_shape, dims_from = _mesh(out_groups, store.ranks())
     section = {
         "world_size": world_size,
         "groups": out_groups,
@@ -219,7 +244,7 @@ def analyze_layout(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         "mesh_shape": mesh_shape,
         "dims_inferred_from": dims_from,
     }
-    return AnalyzerResult(findings=[], section=section)
+    return LayoutResult(findings=[], section=section, dims=group_dims(section))
 
 
 def group_dims(layout: dict[str, Any] | None) -> dict[str, str]:

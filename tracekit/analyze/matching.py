@@ -38,7 +38,8 @@ Section `matching`:
      "per_rank": [{"rank", "instances", "last_count", "delay_ns", "wait_ns"}],
      "top_skew": [{"pg_name", "dim", "seq", "op", "step", "skew_ns", "transfer_ns", "first_rank",
                    "last_rank", "delay_ns"}]}          # the 20 largest skews
-Cached for later analyzers: ctx.cache["matching"] = MatchedCollectives.
+Result for later analyzers: `MatchingResult` — `matched` (MatchedCollectives) and `clocks` (the
+clock estimate the `clocks` analyzer publishes).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.clocks import ClockConfig, estimate_offsets, log_to_trace_shift
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
-from tracekit.analyze.layout import group_dims
+from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.tables.store import RunStore
 
 SOURCE_PRIORITY = ("comms-log", "flight-recorder", "kineto")
@@ -174,18 +175,20 @@ def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, 
     return shifts, report
 
 
-def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCollectives | None, dict[str, Any]]:
-    df = load_collectives(store)
-    dims = group_dims(ctx.section("layout"))
-    on_gpu = gpu_ranks(store)
-    per_rank, method = choose_sources(df, on_gpu)
-    section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
-    if not per_rank:
-        ctx.cache["clocks"] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
-        section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
-                        "p2p_skipped": 0, "no_group": 0, "no_device_time": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
-                        "by_group": [], "per_rank": [], "top_skew": []})
-        return None, section
+NO_CLOCKS: dict[str, Any] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
+
+
+def _empty_section(section: dict[str, Any]) -> dict[str, Any]:
+    section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
+                    "p2p_skipped": 0, "no_group": 0, "no_device_time": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
+                    "by_group": [], "per_rank": [], "top_skew": []})
+    return section
+
+
+def _select_rows(df: pd.DataFrame, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each rank's rows from its chosen source with their arrival, keyed by instance (pg_name#seq),
+    and its P2P rows."""
     chosen = df["rank"].map(per_rank)
     # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
     # leaves their Kineto rows unjoined (seq numbered by order); match them among themselves
@@ -219,9 +222,12 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     section["op_mismatches"] = int(df.loc[nops > 1, "key"].nunique())
     df = df[nops <= 1].copy()
     n = df.groupby("key")["rank"].transform("size")
-    df = df[n >= 2].copy()
+    return df[n >= 2].copy(), p2p_df
 
-    # clock offsets, estimated on the matching clock
+
+def _estimate_clocks(store: RunStore, df: pd.DataFrame, per_rank: dict[int, str]
+                     ) -> tuple[dict[str, Any], dict[int, int], dict[int, int | None]]:
+    """Clock offsets estimated on the matching clock, and each rank's log-to-trace shift."""
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
     clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"], "end": df["end"]})
     hosts = _host_count(store)
@@ -231,13 +237,11 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     clocks["log_to_trace"] = log_report
     clocks["thresholds"] = {"min_offset_ns": ClockConfig().min_offset_ns,
                             "max_mad_fraction": ClockConfig().max_mad_fraction}
-    ctx.cache["clocks"] = clocks
-    off = df["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
-    df["arrival_raw"] = df["arrival"].astype("int64")
-    df["arrival"] = (df["arrival"] - off).astype("int64")
-    df["end"] = (df["end"] - off).astype("Int64")
-    p2p_rows, section["p2p"] = _pair_p2p(p2p_df, offsets)
+    return clocks, offsets, shifts
 
+
+def _aggregate_instances(df: pd.DataFrame, dims: dict[str, str]) -> pd.DataFrame:
+    """One row per instance (first/last arrival, skew, delay, transfer); marks `df`'s last arrivals."""
     g = df.groupby("key")
     df["last"] = g["arrival"].transform("max")
     df["wait"] = df["last"] - df["arrival"]
@@ -264,9 +268,12 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
     inst["transfer"] = (inst["first_end"].astype("Int64") - inst["last"]).clip(lower=0)
     inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
     df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
-    complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
+    return inst
 
-    section["warnings"] = integrity_warnings(section)
+
+def _summarise(section: dict[str, Any], df: pd.DataFrame, inst: pd.DataFrame, dims: dict[str, str]) -> None:
+    """The section's counts, per-group and per-rank statistics and largest skews."""
+    complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
     section.update({
         "seq_basis": {str(k): int(v) for k, v in inst["seq_basis"].value_counts().items()},
         "instances": int(len(inst)), "matched": int(len(inst)), "complete": int(complete.sum()),
@@ -289,6 +296,27 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
         "transfer_ns": int(row.transfer) if not pd.isna(row.transfer) else None,
         "first_rank": int(row.first_rank), "last_rank": int(row.last_rank), "delay_ns": int(row.delay),
     } for row in top.itertuples()]
+
+
+def match_collectives(store: RunStore, dims: dict[str, str]
+                      ) -> tuple[MatchedCollectives | None, dict[str, Any], dict[str, Any]]:
+    """(matched instances or None, the clock estimate, the `matching` section)."""
+    df = load_collectives(store)
+    on_gpu = gpu_ranks(store)
+    per_rank, method = choose_sources(df, on_gpu)
+    section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
+    if not per_rank:
+        return None, dict(NO_CLOCKS), _empty_section(section)
+    df, p2p_df = _select_rows(df, per_rank, on_gpu, section)
+    clocks, offsets, shifts = _estimate_clocks(store, df, per_rank)
+    off = df["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
+    df["arrival_raw"] = df["arrival"].astype("int64")
+    df["arrival"] = (df["arrival"] - off).astype("int64")
+    df["end"] = (df["end"] - off).astype("Int64")
+    p2p_rows, section["p2p"] = _pair_p2p(p2p_df, offsets)
+    inst = _aggregate_instances(df, dims)
+    _summarise(section, df, inst, dims)
+    section["warnings"] = integrity_warnings(section)
     rows = df[["key", "pg_name", "seq", "op", "rank", "arrival", "arrival_raw", "end", "wait", "is_last",
                "source", "step", "caller", "bytes"]].reset_index(drop=True)
     # times stay exact nullable int64 (Int64: pd.NA when unknown); counts leave as float64 with NaN
@@ -299,8 +327,9 @@ def match_collectives(store: RunStore, ctx: AnalysisContext) -> tuple[MatchedCol
         for c in cols:
             frame[c] = frame[c].astype("float64")
     waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
-    return MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
-                              wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu), section
+    matched = MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
+                                 wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu)
+    return matched, clocks, section
 
 
 def integrity_warnings(section: dict[str, Any]) -> list[str]:
@@ -377,7 +406,18 @@ def _wait_intervals(rows: pd.DataFrame, shifts: dict[int, int | None]) -> dict[i
     return out
 
 
-def analyze_matching(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    matched, section = match_collectives(store, ctx)
-    ctx.cache["matching"] = matched
-    return AnalyzerResult(findings=[], section=section)
+@dataclass(frozen=True)
+class MatchingResult(AnalyzerResult):
+    matched: MatchedCollectives | None = None
+    """None when no rank has collectives."""
+    clocks: dict[str, Any] = field(default_factory=lambda: dict(NO_CLOCKS))
+    """The clock estimate (offsets per rank, log-to-trace shifts, hosts): the `clocks` section."""
+
+
+def matched_of(matching: MatchingResult | None) -> MatchedCollectives | None:
+    return matching.matched if matching is not None else None
+
+
+def analyze_matching(store: RunStore, layout: LayoutResult | None) -> MatchingResult:
+    matched, clocks, section = match_collectives(store, dims_of(layout))
+    return MatchingResult(findings=[], section=section, matched=matched, clocks=clocks)

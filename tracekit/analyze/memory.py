@@ -47,14 +47,17 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.layout import LayoutResult
+from tracekit.analyze.pipeline import PipelineResult
 from tracekit.model.memory import in_flight_chunks
 from tracekit.tables.store import RunStore
 
@@ -96,36 +99,42 @@ def _op_key(name: str) -> str:
     return name.removeprefix("aten::").rstrip("_").replace("_", "").lower()
 
 
-def analyze_memory(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class MemoryResult(AnalyzerResult):
+    pass
+
+
+def analyze_memory(store: RunStore, layout: LayoutResult | None, pipeline: PipelineResult | None,
+                   config: AnalysisConfig) -> MemoryResult:
     mem_ranks = store.table("memory", columns=["rank"]).column("rank")
     all_ranks = store.ranks()
     with_mem = set(pc.unique(mem_ranks).to_pylist()) if len(mem_ranks) else set()
     section: dict[str, Any] = {"available": bool(with_mem), "reason": None, "counter": None,
                                "ranks_without_memory_events": [r for r in all_ranks if r not in with_mem],
                                "ranks": [], "stages": [], "recompute": []}
-    pipeline = ctx.section("pipeline") or {}
-    layout = ctx.section("layout") or {}
+    pipeline_sec = section_of(pipeline)
+    layout_sec = section_of(layout)
     for rank in all_ranks:  # one rank's events at a time, read once for every use
         events = store.rank_table("events", rank, columns=EVENT_COLUMNS)
         rec = recompute_of_rank(store, rank, events)
         if rec is not None:
             section["recompute"].append(rec)
         if rank in with_mem:
-            section["ranks"].extend(rank_memory(store, rank, store.rank_table("memory", rank), layout, events))
+            section["ranks"].extend(rank_memory(store, rank, store.rank_table("memory", rank), layout_sec, events))
         del events
     recompute = section["recompute"]
     findings = [_recompute_finding(recompute)] if recompute else []
     if not with_mem:
         section["reason"] = "no [memory] events in any trace (record with profile_memory=True)"
-        return AnalyzerResult(findings=findings, section=section)
+        return MemoryResult(findings=findings, section=section)
     section["counter"] = "absolute" if any(r["device_type"] != 0 for r in section["ranks"]) else "window"
     for r in section["ranks"]:
         r["split"] = memory_split(r, section["counter"])
-    section["stages"] = stage_memory(section["ranks"], pipeline)
+    section["stages"] = stage_memory(section["ranks"], pipeline_sec)
     findings += _imbalance_findings(section)
-    capacity = getattr(ctx.config, "device_memory_bytes", None) or device_capacity(store, section["ranks"])
-    findings += _activation_findings(section, capacity, _faster_layouts(layout, pipeline, recompute))
-    return AnalyzerResult(findings=findings, section=section)
+    capacity = getattr(config, "device_memory_bytes", None) or device_capacity(store, section["ranks"])
+    findings += _activation_findings(section, capacity, _faster_layouts(layout_sec, pipeline_sec, recompute))
+    return MemoryResult(findings=findings, section=section)
 
 
 # ----------------------------------------------------------------------------------------------

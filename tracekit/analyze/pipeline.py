@@ -37,6 +37,7 @@ Section `pipeline` (JSON):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze import recommend
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.pipeline_graph import InferredPipeline, P2POp, infer_pipelines, load_p2p
 from tracekit.tables.store import RunStore
@@ -137,13 +138,21 @@ def _detect_schedule(rows: list[dict[str, Any]], v: int) -> str:
     return "gpipe"
 
 
-def analyze_pipeline(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class PipelineResult(AnalyzerResult):
+    @property
+    def labelled(self) -> bool:
+        """Stages and phases came from the runtime's labels (the `pipeline` table)."""
+        return (self.section or {}).get("source") == "labels"
+
+
+def analyze_pipeline(store: RunStore, config: AnalysisConfig) -> PipelineResult:
     """Pipeline section and `pipeline_bubble` / `pipeline_imbalance` findings."""
     rows = store.table("pipeline").to_pylist()
     rows = [r for r in rows if r["step"] is not None and r["dur"] is not None and r["dur"] >= 0]
     if rows:
-        return _from_labels(store, ctx, rows)
-    return _from_p2p(store, ctx)
+        return _from_labels(store, config, rows)
+    return _from_p2p(store, config)
 
 
 def _empty_section() -> dict[str, Any]:
@@ -175,7 +184,7 @@ def _p2p_intervals(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, 
     return {k: iv.union([a for a, _ in v], [b for _, b in v]) for k, v in acc.items()}
 
 
-def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any]]) -> AnalyzerResult:
+def _from_labels(store: RunStore, config: AnalysisConfig, rows: list[dict[str, Any]]) -> PipelineResult:
     offsets = _clock_offsets(store)
     for r in rows:
         r["ts"] = r["ts"] - offsets.get(r["rank"], 0)
@@ -276,7 +285,7 @@ def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any
         "measured_bubble": measured, "imbalance": imbalance, "stages": stage_out, "pipelines": pipe_out,
         "per_microbatch": [{"stage": s, "microbatch": mb, "phase": ph, "mean_ns": int(round(np.mean(d)))}
                            for (s, mb, ph), d in sorted(per_mb.items())],
-        "diagram": _diagram(pipelines[0], by_rank_step, pipe_out[0]["steps"], ctx.config.max_timeline_intervals),
+        "diagram": _diagram(pipelines[0], by_rank_step, pipe_out[0]["steps"], config.max_timeline_intervals),
     })
 
     findings: list[Finding] = []
@@ -285,7 +294,7 @@ def _from_labels(store: RunStore, ctx: AnalysisContext, rows: list[dict[str, Any
     if imbalance is not None:
         findings.extend(_imbalance_finding(section, stage_out, imbalance, p, v, m, schedule,
                                            step_saving_base, man))
-    return AnalyzerResult(findings=findings, section=section)
+    return PipelineResult(findings=findings, section=section)
 
 
 def _diagram(ranks: list[int], by_rank_step: dict, steps_out: list[dict[str, Any]],
@@ -428,14 +437,14 @@ def _p2p_evidence(store: RunStore, pipes: list[InferredPipeline], man: dict[str,
     return ev
 
 
-def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+def _from_p2p(store: RunStore, config: AnalysisConfig) -> PipelineResult:
     """Unlabelled traces: pipelines inferred from the p2p graph (pipeline_graph.py); a stage's busy time
     is its device compute (GPU traces) or its step less its receive waits (CPU traces)."""
     section = _empty_section()
     p2p = load_p2p(store)
     pipes = infer_pipelines(p2p)
     if not pipes:
-        return AnalyzerResult(findings=[], section=section)
+        return PipelineResult(findings=[], section=section)
     offsets = _clock_offsets(store)
     kinds = _trace_kinds(store)
     windows = _step_windows(store, offsets)
@@ -462,7 +471,7 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         "measured_bubble": measured, "imbalance": imbalance, "pipelines": pipe_out,
         "busy_source": "device kernels" if kinds.get(groups[0][0]) == "gpu" else "host, less receive waits",
         "evidence": _p2p_evidence(store, pipes, man),
-        "diagram": _busy_diagram(groups[0], busy, pipe_out[0]["steps"], ctx.config.max_timeline_intervals),
+        "diagram": _busy_diagram(groups[0], busy, pipe_out[0]["steps"], config.max_timeline_intervals),
         "stages": [{"stage": i, "ranks": [g[i] for g in groups], "compute_ns": int(comp[i]),
                     "fwd_ns": None, "bwd_ns": None, "layers": _stage_layers(man, i)} for i in range(p)]})
     findings = []
@@ -471,7 +480,7 @@ def _from_p2p(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     if imbalance is not None and m:
         stage_out = [dict(x, ranks=x["ranks"]) for x in section["stages"]]
         findings += _imbalance_finding(section, stage_out, imbalance, p, v, int(m), section["schedule"], base, man)
-    return AnalyzerResult(findings=findings, section=section)
+    return PipelineResult(findings=findings, section=section)
 
 
 def _stage_layers(man: dict[str, Any], stage: int) -> int | None:

@@ -17,12 +17,15 @@ Section `placement` (JSON):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze import recommend
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.layout import LayoutResult
+from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.tables.store import RunStore
 
 HEAVY_DIMS = ("tp", "cp", "ep")
@@ -50,8 +53,7 @@ def hosts_by_rank(store: RunStore) -> tuple[dict[int, str], str | None]:
     return (out, "ranks") if out else ({}, None)
 
 
-def _groups(store: RunStore, ctx: AnalysisContext) -> list[dict[str, Any]]:
-    layout = ctx.section("layout")
+def _groups(store: RunStore, layout: dict[str, Any]) -> list[dict[str, Any]]:
     if layout and layout.get("groups"):
         src = layout["groups"]
     else:
@@ -68,8 +70,7 @@ def _step_ns(store: RunStore) -> float:
     return sum(per.values()) / len(per) if per else 0.0
 
 
-def _exposed_by_dim(ctx: AnalysisContext) -> dict[str, float]:
-    sec = ctx.section("unoverlapped")
+def _exposed_by_dim(sec: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     if not sec:
         return out
@@ -100,11 +101,17 @@ def _comm_time_by_group(store: RunStore) -> dict[str, float]:
     return out
 
 
-def analyze_placement(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class PlacementResult(AnalyzerResult):
+    pass
+
+
+def analyze_placement(store: RunStore, layout: LayoutResult | None,
+                      unoverlapped: UnoverlappedResult | None) -> PlacementResult:
     """Placement section and `placement_mismatch` findings (one per heavy dim spanning hosts)."""
     hosts, host_src = hosts_by_rank(store)
-    groups = _groups(store, ctx)
-    exposed_dim = _exposed_by_dim(ctx)
+    groups = _groups(store, section_of(layout))
+    exposed_dim = _exposed_by_dim(section_of(unoverlapped))
     comm_group = _comm_time_by_group(store) if not exposed_dim else {}
     for g in groups:
         hs = sorted({hosts[r] for r in g["ranks"] if r in hosts})
@@ -120,7 +127,7 @@ def analyze_placement(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
     section = {"hosts": {str(k): v for k, v in sorted(hosts.items())}, "host_source": host_src,
                "num_hosts": len(set(hosts.values())), "groups": groups}
     if len(set(hosts.values())) < 2:
-        return AnalyzerResult(findings=[], section=section)
+        return PlacementResult(findings=[], section=section)
 
     step_ns = _step_ns(store)
     light_inside = sorted({g["dim"] for g in groups if g["dim"] in LIGHT_DIMS and not g["crosses_hosts"]})
@@ -150,4 +157,4 @@ def analyze_placement(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         findings.append(Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=sev, summary=summary,
                                 ranks=tuple(ranks), dim=dim, evidence=evidence, recommendation=advice.text,
                                 est_saving_ns=int(advice.saving_ns)))
-    return AnalyzerResult(findings=findings, section=section)
+    return PlacementResult(findings=findings, section=section)

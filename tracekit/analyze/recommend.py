@@ -2,15 +2,9 @@
 
 Every analyzer calls the `advise_*` helper for its finding kind, so the wording and the saving formulas
 live here. Each saving is an upper bound on step time saved per step (DESIGN §3) and its formula goes into
-the finding's evidence as `saving_formula` (with the numbers used). `analyze_recommendations` runs last
-and is the final word on the findings (the engine takes `ctx.cache["final_findings"]`): findings that
-came without advice get it from the same rules when their evidence carries the numbers, and symptoms
-whose cause another finding names are marked `explained_by` (see `reconcile`).
-
-Section `recommendations` (JSON):
-{"recommendations": [{"kind", "severity", "ranks": [..], "dim", "summary", "recommendation",
-                      "est_saving_ns", "saving_formula", "explained_by": str | null}]}
-                      # sorted by est_saving_ns, descending
+the finding's evidence as `saving_formula` (with the numbers used). The `recommendations`
+analyzer (reconcile.py) is the final word on the findings: findings that came without advice get it
+from these rules when their evidence carries the numbers.
 """
 
 from __future__ import annotations
@@ -19,9 +13,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
-from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
-from tracekit.tables.store import RunStore
 
 BACKWARD_FACTOR = 3.0
 """Forward + backward time ≈ 3 × forward time (backward ≈ 2 × forward), for forward-only labels."""
@@ -316,129 +307,3 @@ def advise_bandwidth(*, group: str, dim: str | None, busbw_gbps: float, referenc
         saving = min(saving, float(exposed_bound_ns))
         formula = f"min({formula}, exposed transfer time per step = {exposed_bound_ns:.0f})"
     return Advice(text=text, saving_ns=max(0.0, saving), evidence={"saving_formula": formula})
-
-
-def _fill(f: Finding) -> tuple[str, int, str]:
-    """Advice for a finding that came without one (kinds whose evidence carries the numbers)."""
-    if f.recommendation:
-        return f.recommendation, int(f.est_saving_ns), str(f.evidence.get("saving_formula", ""))
-    ev = f.evidence
-    adv: Advice | None = None
-    if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
-        exposed = ev.get("exposed_ns", ev.get("exposed_comm_ns"))
-        if exposed is not None:
-            adv = advise_exposed_comm(dim=f.dim, exposed_ns=float(exposed), group=ev.get("pg_name"))
-    elif f.kind in (FindingKind.STRAGGLER, FindingKind.IDLE_HOST_BOUND) and len(f.ranks) == 1:
-        late = ev.get("late_ns", ev.get("skew_ns", ev.get("idle_ns")))
-        if late is not None:
-            adv = advise_straggler(rank=f.ranks[0], host=ev.get("host"), late_ns=float(late))
-    if adv is None:
-        return "", int(f.est_saving_ns), ""
-    saving = int(f.est_saving_ns) or int(adv.saving_ns)
-    return adv.text, saving, adv.evidence["saving_formula"]
-
-
-def reconcile(findings: list[Finding], ctx: AnalysisContext) -> list[Finding]:
-    """Symptoms explained by a cause another analyzer found: info severity, no saving of their own.
-
-    - exposed send/recv of a pipeline (labelled, or inferred from the p2p graph) is its idle time, which
-      `pipeline_bubble` / `pipeline_imbalance` already count (hiding it needs a schedule change);
-    - a straggler that owns the hot expert of a routing skew (≥ warning) is late because of the skew.
-    The original severity and saving stay in the evidence.
-    """
-    pipe = ctx.section("pipeline") or {}
-    labelled = pipe.get("source") == "labels"
-    # ranks of a pipeline, labelled or inferred from the p2p graph (pipeline_graph.py)
-    pipe_ranks = ({r for pl in pipe.get("pipelines", []) for r in pl["ranks"]}
-                  if pipe.get("source") in ("labels", "p2p") else set())
-    analyzed = {r["rank"] for r in (ctx.section("breakdown") or {}).get("ranks", [])}
-    hot_owners: set[int] = set()
-    slow_stage: set[int] = set()
-    for f in findings:
-        if f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity.order >= Severity.WARNING.order:
-            hot_owners |= set(f.ranks)
-        if f.kind is FindingKind.PIPELINE_IMBALANCE and f.severity.order >= Severity.WARNING.order:
-            slow_stage |= set(f.ranks)
-    pp_share = _pp_exposed_share(ctx, pipe_ranks) if (labelled or pipe_ranks) else {}
-    misplaced = {f.dim for f in findings if f.kind is FindingKind.PLACEMENT_MISMATCH
-                 and f.severity.order >= Severity.WARNING.order}
-    dim_share = _exposed_share_by_dim(ctx) if (misplaced or hot_owners) else {}
-    out = []
-    for f in findings:
-        cause = None
-        ranks = set(f.ranks)
-        if f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and (
-                (f.dim == "pp" and labelled)
-                or (ranks and ranks <= pipe_ranks and f.evidence.get("op") in ("send", "recv"))):
-            cause = "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
-        elif (f.kind is FindingKind.COMMUNICATION_BOUND and (labelled or pipe_ranks) and ranks
-              and all(pp_share.get(r, 0.0) >= 0.5 for r in ranks)):
-            cause = "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
-        elif f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE and f.dim in misplaced:
-            cause = f"placement_mismatch (the {f.dim} group spans hosts)"
-        elif (f.kind is FindingKind.COMMUNICATION_BOUND and misplaced and ranks
-              and all(sum(dim_share.get(r, {}).get(d, 0.0) for d in misplaced) >= 0.5 for r in ranks)):
-            cause = "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
-        elif (f.kind is FindingKind.COMMUNICATION_BOUND and hot_owners and ranks
-              and all(dim_share.get(r, {}).get("ep", 0.0) >= 0.5 for r in ranks)):
-            cause = "expert_routing_skew: the exposed communication is mostly all-to-all waiting on the hot expert"
-        elif f.kind is FindingKind.STRAGGLER and ranks and slow_stage and ranks <= slow_stage:
-            cause = "pipeline_imbalance (the rank runs the slowest stage)"
-        elif (f.kind is FindingKind.STRAGGLER and hot_owners and ranks and ranks <= hot_owners
-              and (not analyzed or hot_owners < analyzed)):  # all ranks holding it (ep=1) explains nothing
-            cause = "expert_routing_skew (the rank holds the hot expert)"
-        elif f.kind is FindingKind.STRAGGLER and labelled and f.dim == "pp":
-            cause = "pipeline schedule (stages reach stage-to-stage transfers at different times)"
-        if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
-            f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
-                **f.evidence, "explained_by": cause, "original_severity": f.severity.value,
-                "original_est_saving_ns": int(f.est_saving_ns)})
-        text, saving, formula = _fill(f)
-        if text != f.recommendation or saving != int(f.est_saving_ns):
-            ev = dict(f.evidence)
-            if formula and "saving_formula" not in ev:
-                ev["saving_formula"] = formula
-            f = replace(f, recommendation=text, est_saving_ns=saving, evidence=ev)
-        out.append(f)
-    return sort_findings(out)
-
-
-def _exposed_share_by_dim(ctx: AnalysisContext) -> dict[int, dict[str, float]]:
-    """Per rank and dim: share of the rank's exposed transfer time (unoverlapped section)."""
-    sec = ctx.section("unoverlapped") or {}
-    per: dict[int, dict[str, float]] = {}
-    for row in sec.get("by_rank_dim_op", []):
-        d = per.setdefault(row["rank"], {})
-        d[row.get("dim") or "unknown"] = d.get(row.get("dim") or "unknown", 0.0) + float(row.get("transfer_exposed_ns") or 0)
-    out = {}
-    for r, d in per.items():
-        tot = sum(d.values())
-        if tot > 0:
-            out[r] = {k: v / tot for k, v in d.items()}
-    return out
-
-
-def _pp_exposed_share(ctx: AnalysisContext, pipe_ranks: set[int]) -> dict[int, float]:
-    """Per pipeline rank: share of its exposed transfer time that is pipeline send/recv (a pp group's
-    collectives, or send/recv on any group: a pipeline found from the p2p graph needs no pp group)."""
-    sec = ctx.section("unoverlapped") or {}
-    tot: dict[int, float] = {}
-    pp: dict[int, float] = {}
-    for row in sec.get("by_rank_dim_op", []):
-        r, t = row["rank"], float(row.get("transfer_exposed_ns") or 0)
-        tot[r] = tot.get(r, 0.0) + t
-        if row.get("dim") == "pp" or (r in pipe_ranks and row.get("op") in ("send", "recv")):
-            pp[r] = pp.get(r, 0.0) + t
-    return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
-
-
-def analyze_recommendations(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    """Every finding's advice in one list, largest estimated saving first (also the engine's final list)."""
-    findings = [f for name, res in ctx.results.items() if name != "recommendations" for f in res.findings]
-    final = reconcile(findings, ctx)
-    ctx.cache["final_findings"] = final
-    rows = [{"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
-             "summary": f.summary, "recommendation": f.recommendation, "est_saving_ns": int(f.est_saving_ns),
-             "saving_formula": str(f.evidence.get("saving_formula", "")),
-             "explained_by": f.evidence.get("explained_by")} for f in final]
-    return AnalyzerResult(findings=[], section={"recommendations": rows})

@@ -24,13 +24,15 @@ Finding `unstable_verdict` (warning) lists the ranks whose verdict does not hold
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult, section_of
+from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -42,15 +44,20 @@ CLEAR_MARGIN = 0.25
 _PARTS = ("compute", "communication", "sync_wait", "idle")
 
 
-def analyze_recording(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
-    steps = (ctx.section("breakdown") or {}).get("steps") or []
+@dataclass(frozen=True)
+class RecordingResult(AnalyzerResult):
+    pass
+
+
+def analyze_recording(store: RunStore, breakdown: BreakdownResult | None) -> RecordingResult:
+    steps = section_of(breakdown).get("steps") or []
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in steps:
         by_rank.setdefault(row["rank"], []).append(row)
     overhead = [_overhead(store, rank, rows) for rank, rows in sorted(by_rank.items())]
     stability = [_stability(rank, rows) for rank, rows in sorted(by_rank.items()) if rows[0]["step"] is not None]
     findings = _finding(stability)
-    return AnalyzerResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability})
+    return RecordingResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability})
 
 
 def _parts(row: dict[str, Any]) -> dict[str, int]:

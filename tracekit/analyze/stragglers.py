@@ -50,10 +50,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.breakdown import rank_activity
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.breakdown import BreakdownResult, RankActivities, activities_of, breakdown_ranks
 from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.matching import MatchedCollectives, row_trace_shift
+from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
 from tracekit.tables.store import RunStore
 
 
@@ -95,9 +95,7 @@ class StragglerConfig:
     "contention" (same work, slower host); with normal-speed views it is bigger work ("compute")."""
 
 
-def _steps_and_step_ns(ctx: AnalysisContext, matched: MatchedCollectives) -> tuple[int, int]:
-    br = ctx.section("breakdown") or {}
-    ranks = br.get("ranks", [])
+def _steps_and_step_ns(ranks: list[dict[str, Any]], matched: MatchedCollectives) -> tuple[int, int]:
     tot_ns = sum(r["step_ns"] for r in ranks)
     tot_steps = sum(r["steps"] for r in ranks)
     mean_step = int(tot_ns / tot_steps) if tot_steps else 0
@@ -145,20 +143,11 @@ def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
     return ev.select(["role", "ts", "dur"]).to_pandas()
 
 
-def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedCollectives, rank: int,
-                     cfg: StragglerConfig) -> tuple[str, dict[str, Any]]:
-    inst = matched.instances
-    late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
-    rows = matched.rows
-    members = rows[rows["key"].isin(late["key"])]
-    ranks = sorted(set(members["rank"].tolist()))
-    if np.isnan(row_trace_shift(members, matched.trace_shift)).any():
-        return "unknown", {"reason": "collective times are not on the trace clock for every member"}
+def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives
+                   ) -> dict[tuple[int, str], int | None]:
+    """(rank, key) -> end of the rank's previous collective before that arrival, on its trace clock."""
     # previous end of each rank's collectives, raw clock: interval before arrival
     allrows = rows[rows["rank"].isin(ranks)].sort_values(["rank", "arrival_raw"])
-    excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
-    examined = 0
-    per_rank_cache: dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]] = {}
     prev_end_map: dict[tuple[int, str], int | None] = {}
     for r, grp in allrows.groupby("rank"):
         # on the trace clock (log and Kineto rows of one rank then order correctly)
@@ -175,13 +164,30 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
         prev = np.concatenate(([lo], np.maximum.accumulate(ends)[:-1]))
         for k, a, p in zip(keys.tolist(), arr.tolist(), prev.tolist()):
             prev_end_map[(r, k)] = int(p) if lo < p < a else None
+    return prev_end_map
+
+
+def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int]
+               ) -> dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]]:
+    """Per rank: its activity, its data-load intervals and all its busy time."""
+    out = {}
     for r in ranks:
-        act = rank_activity(store, ctx, r)
+        act = activity.get(r)
         ev = _host_events(store, r)
         dl = ev[ev["role"].astype(str) == "data_load"]  # enumerate(DataLoader)#..., data:load (parse/classify.py)
         dl_set = iv.union(dl["ts"].to_numpy(np.int64), (dl["ts"] + dl["dur"]).to_numpy(np.int64))
-        per_rank_cache[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
-    delay_examined = 0
+        out[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
+    return out
+
+
+def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int, matched: MatchedCollectives,
+                            prev_end_map: dict[tuple[int, str], int | None],
+                            busy: dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]]
+                            ) -> tuple[dict[str, float], int, int]:
+    """The late rank's compute / data-load / idle time before each late arrival minus its peers'
+    median, summed; with the delay of the instances examined and their count."""
+    excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
+    examined = delay_examined = 0
     members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
                              + row_trace_shift(members, matched.trace_shift).astype(np.int64))
     for key, grp in members.groupby("key"):
@@ -191,9 +197,9 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
             if p is None:
                 continue
             lo, hi = p, int(row.arrival_trace)
-            act, dl_set, busy = per_rank_cache[row.rank]
+            act, dl_set, busy_set = busy[row.rank]
             comp = int(iv.covered(act.compute, [lo], [hi])[0])
-            idle = (hi - lo) - int(iv.covered(busy, [lo], [hi])[0])
+            idle = (hi - lo) - int(iv.covered(busy_set, [lo], [hi])[0])
             dl = int(iv.covered(dl_set, [lo], [hi])[0])
             vals[row.rank] = (comp, dl, idle)
         if rank not in vals or len(vals) < 2:
@@ -206,6 +212,20 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
         excess["host_idle"] += mine[2] - med[2]
         delay_examined += int(late.loc[late["key"] == key, "delay"].iloc[0])
         examined += 1
+    return excess, delay_examined, examined
+
+
+def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
+                     cfg: StragglerConfig) -> tuple[str, dict[str, Any]]:
+    inst = matched.instances
+    late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
+    rows = matched.rows
+    members = rows[rows["key"].isin(late["key"])]
+    ranks = sorted(set(members["rank"].tolist()))
+    if np.isnan(row_trace_shift(members, matched.trace_shift)).any():
+        return "unknown", {"reason": "collective times are not on the trace clock for every member"}
+    excess, delay_examined, examined = _excess_before_arrivals(
+        members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
                 "host_idle_excess_ns": int(excess["host_idle"]), "delay_ns": int(delay_examined),
                 "instances_examined": examined}
@@ -214,9 +234,14 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
     need = cfg.cause_min_explained * delay_examined
     if excess["data_load"] >= need:
         return "data_load", evidence
-    # more work, or the same work on a slower host (CPU contention, throttling)? A descheduled
-    # process runs even its size-free ops slower and shows gaps between ops (host idle)
-    peers = [r for r in ranks if r != rank]
+    return _classify_excess(store, rank, [r for r in ranks if r != rank], excess, need, evidence, cfg), evidence
+
+
+def _classify_excess(store: RunStore, rank: int, peers: list[int], excess: dict[str, float], need: float,
+                     evidence: dict[str, Any], cfg: StragglerConfig) -> str:
+    """More work, or the same work on a slower host (CPU contention, throttling)? A descheduled
+    process runs even its size-free ops slower and shows gaps between ops (host idle). Adds the
+    counted measures to `evidence`."""
     ratio = _op_count_ratio(store, rank, peers)
     slowdown = _shape_free_op_slowdown(store, rank, peers)
     evidence["op_count_ratio"] = ratio
@@ -229,27 +254,27 @@ def _attribute_cause(store: RunStore, ctx: AnalysisContext, matched: MatchedColl
             and excess["compute"] + excess["host_idle"] >= need):
         # the same ops on more data (longer sequences, more tokens): counted, not timed, so CPU
         # contention cannot fake it
-        return "uneven_work", evidence
+        return "uneven_work"
     slow_host = (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
                  and slowdown >= cfg.contention_slowdown)
     if slow_host and excess["compute"] + excess["host_idle"] >= need:
-        return "contention", evidence
+        return "contention"
     # the same ops on the same counted work (FLOPs / routed tokens within `more_work_ratio`), yet
     # longer compute: the work is not bigger, the host or device runs it slower
     same_work = (ratio is not None and ratio < cfg.more_work_ratio and work is not None
                  and work < cfg.more_work_ratio)
     if same_work and excess["compute"] >= need and excess["compute"] >= excess["host_idle"]:
         evidence["counted_work_equal"] = True
-        return "contention", evidence
+        return "contention"
     more_work = ratio is not None and ratio >= cfg.more_work_ratio
     if more_work and excess["compute"] > 0 and excess["compute"] + excess["host_idle"] >= need:
         # it runs more ops than its peers: the extra work is the direct cause (on a busy host it
         # also stretches the gaps between ops)
-        return "compute", evidence
+        return "compute"
     best = max(("compute", "host_idle"), key=lambda k: excess[k])
     if excess[best] >= need:
-        return best, evidence
-    return "unknown", evidence
+        return best
+    return "unknown"
 
 
 # ops whose cost does not depend on tensor sizes: if even these run slower, the rank itself is slow
@@ -326,19 +351,21 @@ _RECOMMEND = {
 }
 
 
-def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerConfig | None = None
-                       ) -> AnalyzerResult:
-    cfg = config or StragglerConfig()
-    matched: MatchedCollectives | None = ctx.cache.get("matching")
-    if matched is None or matched.instances.empty:
-        return AnalyzerResult(section={"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": [],
-                                       "thresholds": asdict(cfg)})
-    profiled = {int(x) for x in store.table("steps", ["step"]).column("step").to_pylist()}
-    matched, excluded = _in_step_instances(matched, profiled)
-    if matched.instances.empty:
-        return AnalyzerResult(section={"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": [],
-                                       "excluded": excluded, "thresholds": asdict(cfg)})
-    steps, step_ns = _steps_and_step_ns(ctx, matched)
+@dataclass(frozen=True)
+class StragglersResult(AnalyzerResult):
+    pass
+
+
+def _empty(cfg: StragglerConfig, excluded: dict[str, int] | None = None) -> StragglersResult:
+    section: dict[str, Any] = {"steps_counted": 0, "mean_step_ns": 0, "ranks": [], "stragglers": []}
+    if excluded is not None:
+        section["excluded"] = excluded
+    section["thresholds"] = asdict(cfg)
+    return StragglersResult(section=section)
+
+
+def _late_ranks(matched: MatchedCollectives, steps: int, step_ns: int) -> list[dict[str, Any]]:
+    """The section's `ranks` rows: how often and by how much each rank is last, largest delay first."""
     inst = matched.instances
     counts = matched.rows.groupby("rank").size()
     # share of its instances a rank would be last at by chance (1/members per instance)
@@ -358,53 +385,77 @@ def analyze_stragglers(store: RunStore, ctx: AnalysisContext, config: StragglerC
     for i, row in enumerate(rows):
         nxt = max((o["delay_ns_per_step"] for j, o in enumerate(rows) if j != i), default=0)
         row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
+    return rows
+
+
+def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig) -> Severity:
+    frac = row["delay_fraction"] or 0.0
+    # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
+    # "last at most collectives" guard against timing noise; counted work not the noise floor either
+    evidenced = cause in ("data_load", "uneven_work")
+    # "compute" with more ops than its peers is counted extra work too (CPU contention cannot add
+    # ops); being last at most collectives is then no fair test either: in a size-2 group a rank is
+    # last half the time by chance, so a real straggler in small groups stays well under 75%
+    counted_ops = (cause == "compute" and (ev.get("op_count_ratio") or 0.0) >= cfg.more_work_ratio)
+    strong = counted_ops or (
+        (row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
+        and (row["last_share"] >= cfg.warning_last_share or evidenced))
+    warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
+                 else cfg.warning_delay_fraction)
+    if strong and frac >= cfg.critical_delay_fraction:
+        return Severity.CRITICAL
+    if strong and frac >= warn_frac:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity, step_ns: int) -> Finding:
+    r = row["rank"]
+    frac = row["delay_fraction"] or 0.0
+    dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
+    return Finding(
+        kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
+        summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
+                 f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
+                 f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
+        evidence={"last_count": row["last_count"], "instances": row["instances"],
+                  "last_share": row["last_share"], "last_chance": row["last_chance"],
+                  "delay_ns_per_step": row["delay_ns_per_step"],
+                  "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
+                  "cause": cause, **{k: v for k, v in ev.items()}},
+        recommendation=_RECOMMEND[cause].format(r=r),
+        est_saving_ns=max(int(row["delay_ns_per_step"]), 0))
+
+
+def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdown: BreakdownResult | None,
+                       activity: RankActivities | None, thresholds: StragglerConfig | None = None
+                       ) -> StragglersResult:
+    cfg = thresholds or StragglerConfig()
+    matched = matched_of(matching)
+    if matched is None or matched.instances.empty:
+        return _empty(cfg)
+    profiled = {int(x) for x in store.table("steps", ["step"]).column("step").to_pylist()}
+    matched, excluded = _in_step_instances(matched, profiled)
+    if matched.instances.empty:
+        return _empty(cfg, excluded)
+    steps, step_ns = _steps_and_step_ns(breakdown_ranks(breakdown), matched)
+    rows = _late_ranks(matched, steps, step_ns)
+    one_host = matching.clocks.get("hosts") == 1
+    activity = activities_of(store, activity)
     findings, stragglers = [], []
     for row in rows:
         frac = row["delay_fraction"] or 0.0
         dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
         if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] >= cfg.min_instances):
             continue
-        r = row["rank"]
-        cause, ev = _attribute_cause(store, ctx, matched, r, cfg)
-        stragglers.append({"rank": r, "cause": cause, "cause_evidence": ev})
-        # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
-        # "last at most collectives" guard against timing noise; counted work not the noise floor either
-        evidenced = cause in ("data_load", "uneven_work")
-        # "compute" with more ops than its peers is counted extra work too (CPU contention cannot add
-        # ops); being last at most collectives is then no fair test either: in a size-2 group a rank is
-        # last half the time by chance, so a real straggler in small groups stays well under 75%
-        counted_ops = (cause == "compute" and (ev.get("op_count_ratio") or 0.0) >= cfg.more_work_ratio)
-        strong = counted_ops or (
-            (row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
-            and (row["last_share"] >= cfg.warning_last_share or evidenced))
-        warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
-                     else cfg.warning_delay_fraction)
-        if strong and frac >= cfg.critical_delay_fraction:
-            sev = Severity.CRITICAL
-        elif strong and frac >= warn_frac:
-            sev = Severity.WARNING
-        else:
-            sev = Severity.INFO
-        one_host = (ctx.cache.get("clocks") or {}).get("hosts") == 1
-        saving = max(int(row["delay_ns_per_step"]), 0)
+        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg)
+        stragglers.append({"rank": row["rank"], "cause": cause, "cause_evidence": ev})
         if one_host and cause in ("contention", "host_idle", "unknown"):
             # no cap: a rank that holds its peers back is a straggler whatever the cause, and its
             # measured delay is what removing the cause saves; the cause only carries a caveat
             ev = {**ev, "caveat": "every rank runs on one host: CPU cores shared by several ranks (a "
                                   "preempted or oversubscribed process) can make a rank late as well"}
-        dim = max(row["by_dim"], key=row["by_dim"].get) if row["by_dim"] else None
-        findings.append(Finding(
-            kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
-            summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
-                     f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
-                     f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
-            evidence={"last_count": row["last_count"], "instances": row["instances"],
-                      "last_share": row["last_share"], "last_chance": row["last_chance"],
-                      "delay_ns_per_step": row["delay_ns_per_step"],
-                      "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
-                      "cause": cause, **{k: v for k, v in ev.items()}},
-            recommendation=_RECOMMEND[cause].format(r=r),
-            est_saving_ns=saving))
+        findings.append(_finding(row, cause, ev, _severity(row, cause, ev, cfg), step_ns))
     section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
                "excluded": excluded, "thresholds": asdict(cfg)}
-    return AnalyzerResult(findings=findings, section=section)
+    return StragglersResult(findings=findings, section=section)

@@ -19,12 +19,14 @@ Section `throughput` (JSON):
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.analyze.layout import LayoutResult
 from tracekit.tables.store import RunStore
 
 # Dense (no sparsity) bf16/fp16 tensor-core peaks per device, TFLOP/s, from the vendors' data sheets.
@@ -52,8 +54,7 @@ def device_peak_tflops(device_name: str | None) -> float | None:
     return None
 
 
-def _dp_degree(store: RunStore, ctx: AnalysisContext) -> int | None:
-    layout = ctx.section("layout") or {}
+def _dp_degree(store: RunStore, layout: dict[str, Any]) -> int | None:
     shape = layout.get("mesh_shape") or {}
     if shape.get("dp") or shape.get("fsdp"):
         return int(shape.get("dp") or 1) * int(shape.get("fsdp") or 1)
@@ -64,17 +65,22 @@ def _dp_degree(store: RunStore, ctx: AnalysisContext) -> int | None:
     return None
 
 
-def analyze_throughput(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
+@dataclass(frozen=True)
+class ThroughputResult(AnalyzerResult):
+    pass
+
+
+def analyze_throughput(store: RunStore, layout: LayoutResult | None, config: AnalysisConfig) -> ThroughputResult:
     """Throughput section (no findings: the numbers feed the report and `tracekit diff`)."""
     man = store.manifest or {}
     ranks = store.table("ranks", ["rank", "device_names", "trace_kind"]).to_pylist()
     world = len(ranks)
-    dp = _dp_degree(store, ctx)
-    if ctx.config.tokens_per_step is not None:
+    dp = _dp_degree(store, section_of(layout))
+    if config.tokens_per_step is not None:
         if dp is None:
             tokens, source = None, "config (dp degree unknown: cannot scale per-replica tokens)"
         else:
-            tokens, source = int(ctx.config.tokens_per_step) * dp, "config"
+            tokens, source = int(config.tokens_per_step) * dp, "config"
     elif man.get("tokens_per_step") is not None:
         tokens, source = int(man["tokens_per_step"]), "manifest"
     else:
@@ -97,7 +103,7 @@ def analyze_throughput(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         r = rk["rank"]
         mine = per_rank.get(r, {})
         dev = (rk["device_names"] or [None])[0] if rk["device_names"] else None
-        peak, peak_src = (ctx.config.peak_tflops, "config") if ctx.config.peak_tflops else \
+        peak, peak_src = (config.peak_tflops, "config") if config.peak_tflops else \
             (device_peak_tflops(dev), "device_table")
         if peak is None:
             peak_src = None
@@ -120,4 +126,4 @@ def analyze_throughput(store: RunStore, ctx: AnalysisContext) -> AnalyzerResult:
         "tokens_per_s_per_device": tps / world if tps and world else None, "world_size": world,
         "ranks": rank_out,
     }
-    return AnalyzerResult(findings=[], section=section)
+    return ThroughputResult(findings=[], section=section)

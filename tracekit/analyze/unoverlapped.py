@@ -22,13 +22,13 @@ Section `unoverlapped`:
                         "exposed_ns", "transfer_exposed_ns", "share_of_step"}],
      "thresholds": {...}}
 Findings: `unoverlapped_collective` per (dim, op) and `communication_bound` for ranks whose exposed
-communication is the largest part of the step. Cached: ctx.cache["unoverlapped_instances"], one row per
+communication is the largest part of the step. Result for later analyzers: `UnoverlappedResult.instances`, one row per
 collective instance and rank with its `transfer_exposed_ns` and the rank's profiled `steps`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,10 +37,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.breakdown import rank_activity
-from tracekit.analyze.engine import AnalysisContext, AnalyzerResult
+from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.breakdown import BreakdownResult, RankActivities, RankActivity, activities_of, breakdown_ranks
 from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import group_dims
+from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.analyze.matching import MatchingResult, matched_of
 from tracekit.analyze.recommend import advise_collective
 from tracekit.tables.store import RunStore
 
@@ -134,14 +135,81 @@ def _agg(df: pd.DataFrame, col: str) -> list[dict[str, Any]]:
             for k, r in g.iterrows()]
 
 
-def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: UnoverlappedConfig | None = None
-                         ) -> AnalyzerResult:
-    cfg = config or UnoverlappedConfig()
-    dims = group_dims(ctx.section("layout"))
-    br = ctx.section("breakdown") or {}
-    br_ranks = {r["rank"]: r for r in br.get("ranks", [])}
-    matched = ctx.cache.get("matching")
+INSTANCE_COLUMNS = ["rank", "pg_name", "dim", "op", "bytes", "caller", "step", "ts", "dur", "exposed_ns",
+                    "transfer_exposed_ns", "size", "share_of_step"]
+
+
+@dataclass(frozen=True)
+class UnoverlappedResult(AnalyzerResult):
+    instances: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INSTANCE_COLUMNS))
+    """One row per collective instance and rank: INSTANCE_COLUMNS plus the rank's `steps`."""
+
+
+@dataclass
+class _RankExposure:
+    instances: pd.DataFrame | None
+    by_dim_op: list[dict[str, Any]]
+    total: tuple[int, int]
+    """(exposed, exposed transfer) of all the rank's communication in its windows."""
+
+
+def _rank_exposure(store: RunStore, rank: int, act: RankActivity, br_row: dict[str, Any],
+                   wait_all: iv.IntervalSet, dims: dict[str, str]) -> _RankExposure:
+    steps = max(br_row["steps"], 1)
+    step_ns = br_row["step_ns"] / steps
+    win = iv.union([w[1] for w in act.windows], [w[2] for w in act.windows])
+    comp = iv.intersect(act.compute, win)
+    wait = iv.subtract(iv.intersect(wait_all, win), comp)
+    df = _instances(store, rank)
+    if df.empty:
+        return _RankExposure(None, [], (0, 0))
+    s = df["ts"].to_numpy(np.int64)
+    e = s + df["dur"].to_numpy(np.int64)
+    in_win = iv.covered(win, s, e)
+    df["exposed_ns"] = in_win - iv.covered(comp, s, e)
+    df["transfer_exposed_ns"] = df["exposed_ns"] - iv.covered(wait, s, e)
+    df["rank"] = rank
+    df["steps"] = steps
+    df["dim"] = df["pg_name"].map(lambda p: dims.get(p, "unknown") if p is not None else "unknown")
+    df["size"] = df["bytes"].map(size_bucket)
+    df["share_of_step"] = df["exposed_ns"] / step_ns if step_ns else 0.0
+    per_dim_op = []
+    # exact per (dim, op) exposure on this rank: union of its intervals, minus compute
+    for (dim, op), g in df.groupby(["dim", "op"]):
+        gs = g["ts"].to_numpy(np.int64)
+        u = iv.intersect(iv.union(gs, gs + g["dur"].to_numpy(np.int64)), win)
+        exp = iv.subtract(u, comp)
+        exposed = iv.total(exp)
+        transfer = exposed - iv.total(iv.intersect(exp, wait))
+        sizes = pd.to_numeric(g["bytes"], errors="coerce").dropna()
+        per_dim_op.append({"rank": rank, "dim": dim, "op": op, "instances": len(g),
+                           "comm_ns": iv.total(u), "exposed_ns": exposed, "transfer_exposed_ns": transfer,
+                           "steps": steps, "step_ns": int(step_ns),
+                           "bytes_p50": float(sizes.median()) if len(sizes) else None})
+    exp_all = iv.subtract(iv.intersect(act.comm, win), comp)
+    total = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))
+    return _RankExposure(df, per_dim_op, total)
+
+
+def _top_offenders(inst: pd.DataFrame, n: int) -> list[dict[str, Any]]:
+    top = inst.sort_values("exposed_ns", ascending=False).head(n)
+    return [{
+        "rank": int(r.rank), "pg_name": r.pg_name, "dim": r.dim, "op": r.op,
+        "bytes": None if pd.isna(r.bytes) else int(r.bytes), "caller": r.caller,
+        "step": None if pd.isna(r.step) else int(r.step), "ts": int(r.ts), "dur_ns": int(r.dur),
+        "exposed_ns": int(r.exposed_ns), "transfer_exposed_ns": int(r.transfer_exposed_ns),
+        "share_of_step": round(float(r.share_of_step), 6)} for r in top.itertuples()]
+
+
+def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown: BreakdownResult | None,
+                         matching: MatchingResult | None, activity: RankActivities | None,
+                         thresholds: UnoverlappedConfig | None = None) -> UnoverlappedResult:
+    cfg = thresholds or UnoverlappedConfig()
+    dims = dims_of(layout)
+    br_ranks = {r["rank"]: r for r in breakdown_ranks(breakdown)}
+    matched = matched_of(matching)
     waits = matched.wait_intervals if matched is not None else {}
+    activity = activities_of(store, activity)
     frames = []
     per_rank_dim_op: list[dict[str, Any]] = []
     per_rank_total: dict[int, tuple[int, int]] = {}
@@ -149,51 +217,17 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
     for rank in store.ranks():
         if rank not in br_ranks:
             continue
-        act = rank_activity(store, ctx, rank)
-        steps = max(br_ranks[rank]["steps"], 1)
-        step_ns = br_ranks[rank]["step_ns"] / steps
-        win = iv.union([w[1] for w in act.windows], [w[2] for w in act.windows])
-        comp = iv.intersect(act.compute, win)
-        wait = iv.subtract(iv.intersect(waits.get(rank, iv.empty()), win), comp)
-        df = _instances(store, rank)
-        if df.empty:
+        ex = _rank_exposure(store, rank, activity.get(rank), br_ranks[rank], waits.get(rank, iv.empty()), dims)
+        if ex.instances is None:
             continue
-        sources[df.attrs["source"]] = sources.get(df.attrs["source"], 0) + 1
-        s = df["ts"].to_numpy(np.int64)
-        e = s + df["dur"].to_numpy(np.int64)
-        in_win = iv.covered(win, s, e)
-        df["exposed_ns"] = in_win - iv.covered(comp, s, e)
-        df["transfer_exposed_ns"] = df["exposed_ns"] - iv.covered(wait, s, e)
-        df["rank"] = rank
-        df["steps"] = steps
-        df["dim"] = df["pg_name"].map(lambda p: dims.get(p, "unknown") if p is not None else "unknown")
-        df["size"] = df["bytes"].map(size_bucket)
-        df["share_of_step"] = df["exposed_ns"] / step_ns if step_ns else 0.0
-        frames.append(df)
-        # exact per (dim, op) exposure on this rank: union of its intervals, minus compute
-        for (dim, op), g in df.groupby(["dim", "op"]):
-            gs = g["ts"].to_numpy(np.int64)
-            u = iv.intersect(iv.union(gs, gs + g["dur"].to_numpy(np.int64)), win)
-            exp = iv.subtract(u, comp)
-            exposed = iv.total(exp)
-            transfer = exposed - iv.total(iv.intersect(exp, wait))
-            sizes = pd.to_numeric(g["bytes"], errors="coerce").dropna()
-            per_rank_dim_op.append({"rank": rank, "dim": dim, "op": op, "instances": len(g),
-                                    "comm_ns": iv.total(u), "exposed_ns": exposed, "transfer_exposed_ns": transfer,
-                                    "steps": steps, "step_ns": int(step_ns),
-                                    "bytes_p50": float(sizes.median()) if len(sizes) else None})
-        allc = iv.intersect(act.comm, win)
-        exp_all = iv.subtract(allc, comp)
-        per_rank_total[rank] = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))
-    inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["rank", "pg_name", "dim", "op", "bytes", "caller", "step", "ts", "dur", "exposed_ns",
-                 "transfer_exposed_ns", "size", "share_of_step"])
-    # per-instance exposure for later analyzers (bandwidth bounds a slow collective's cost by it)
-    ctx.cache["unoverlapped_instances"] = inst
+        sources[ex.instances.attrs["source"]] = sources.get(ex.instances.attrs["source"], 0) + 1
+        frames.append(ex.instances)
+        per_rank_dim_op.extend(ex.by_dim_op)
+        per_rank_total[rank] = ex.total
+    inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=INSTANCE_COLUMNS)
     by_dim_op = _dim_op_rows(per_rank_dim_op)
     findings = _dim_op_findings(by_dim_op, cfg) + _comm_bound_findings(br_ranks, per_rank_total,
                                                                         per_rank_dim_op, cfg)
-    top = inst.sort_values("exposed_ns", ascending=False).head(cfg.top_offenders)
     section = {
         "exposure_source": {"ranks_by_source": sources,
                             "times": "device kernel / gloo worker time on each rank's trace clock"},
@@ -204,15 +238,11 @@ def analyze_unoverlapped(store: RunStore, ctx: AnalysisContext, config: Unoverla
         "by_rank_dim_op": per_rank_dim_op,
         "by_dim": _agg(inst, "dim"), "by_op": _agg(inst, "op"), "by_size": _agg(inst, "size"),
         "by_caller": _agg(inst, "caller"),
-        "top_offenders": [{
-            "rank": int(r.rank), "pg_name": r.pg_name, "dim": r.dim, "op": r.op,
-            "bytes": None if pd.isna(r.bytes) else int(r.bytes), "caller": r.caller,
-            "step": None if pd.isna(r.step) else int(r.step), "ts": int(r.ts), "dur_ns": int(r.dur),
-            "exposed_ns": int(r.exposed_ns), "transfer_exposed_ns": int(r.transfer_exposed_ns),
-            "share_of_step": round(float(r.share_of_step), 6)} for r in top.itertuples()],
+        "top_offenders": _top_offenders(inst, cfg.top_offenders),
         "thresholds": asdict(cfg),
     }
-    return AnalyzerResult(findings=findings, section=section)
+    # per-instance exposure for later analyzers (bandwidth bounds a slow collective's cost by it)
+    return UnoverlappedResult(findings=findings, section=section, instances=inst)
 
 
 def _dim_op_rows(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -54,6 +54,14 @@ def _peaks(values: list[str]) -> dict[str, float]:
     return out
 
 
+def _explain_plan(value: bool) -> None:
+    if value:
+        from tracekit.analyze.engine import explain_plan
+
+        typer.echo(explain_plan())
+        raise typer.Exit(0)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("analyze", help=HELP, no_args_is_help=True)
     def analyze_cmd(
@@ -68,6 +76,8 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
+        explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
+                                     help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
     ) -> None:
         from rich.console import Console
 

@@ -8,14 +8,20 @@ replay and predicted step times per step and on average.
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.analyze.engine import AnalysisConfig, AnalysisContext
+from tracekit.analyze.base import AnalysisConfig
 from tracekit.tables.store import RunStore
 from tracekit.whatif.fixes import Fix
 from tracekit.whatif.replay import predict_ns
+
+if TYPE_CHECKING:
+    from tracekit.analyze.layout import LayoutResult
+    from tracekit.analyze.matching import MatchingResult
+    from tracekit.analyze.pipeline import PipelineResult
 
 _BW = re.compile(r"^\s*([0-9.]+)\s*(GB/s|GBps|Gbit/s|MB/s)?\s*$", re.IGNORECASE)
 
@@ -57,24 +63,32 @@ def parse_fixes(*, rank_compute: list[str] = (), dim_bandwidth: list[str] = (), 
     return fixes
 
 
-def prepare(store: RunStore) -> AnalysisContext:
+@dataclass(frozen=True)
+class ReplayInputs:
+    """The analyzer results the replay reads."""
+
+    layout: LayoutResult
+    matching: MatchingResult
+    pipeline: PipelineResult
+
+
+def prepare(store: RunStore) -> ReplayInputs:
     """The analyzers the replay reads, run once: layout, matching (arrival, clocks), pipeline (stages)."""
     from tracekit.analyze.layout import analyze_layout
     from tracekit.analyze.matching import analyze_matching
     from tracekit.analyze.pipeline import analyze_pipeline
 
-    ctx = AnalysisContext(config=AnalysisConfig())
-    for name, fn in (("layout", analyze_layout), ("matching", analyze_matching), ("pipeline", analyze_pipeline)):
-        ctx.results[name] = fn(store, ctx)
-    return ctx
+    layout = analyze_layout(store)
+    return ReplayInputs(layout=layout, matching=analyze_matching(store, layout),
+                        pipeline=analyze_pipeline(store, AnalysisConfig()))
 
 
-def run_whatif(store: RunStore, fixes: list[Fix], ctx: AnalysisContext | None = None) -> dict[str, Any]:
-    from tracekit.analyze.critical_path import replay_steps, run_layout
+def run_whatif(store: RunStore, fixes: list[Fix], inputs: ReplayInputs | None = None) -> dict[str, Any]:
+    from tracekit.analyze.critical_path import replay_steps, run_layout, step_input
 
-    ctx = ctx or prepare(store)
-    results = ctx.cache.get("critical_path_steps") or replay_steps(store, ctx)
-    lay = run_layout(ctx)
+    inputs = inputs or prepare(store)
+    results = replay_steps(store, step_input(store, inputs.layout, inputs.matching))
+    lay = run_layout(inputs.layout, inputs.pipeline)
     steps = []
     for r in results:
         steps.append({"step": r.step, "measured_ns": r.measured_ns, "replayed_ns": r.replayed_ns,

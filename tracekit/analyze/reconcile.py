@@ -1,0 +1,198 @@
+"""The `recommendations` analyzer: the final word on the findings.
+
+It takes every other analyzer's findings (the engine's `findings` argument) and
+- marks symptoms whose cause another finding names: info severity, no saving of their own, the
+  cause in `explained_by` (the original severity and saving stay in the evidence), see `reconcile`;
+- gives findings that came without advice the advice of recommend.py's rules, when their evidence
+  carries the numbers.
+Its findings are the document's (engine.FINAL_FINDINGS).
+
+Section `recommendations` (JSON):
+{"recommendations": [{"kind", "severity", "ranks": [..], "dim", "summary", "recommendation",
+                      "est_saving_ns", "saving_formula", "explained_by": str | null}]}
+                      # sorted by est_saving_ns, descending
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tracekit.analyze.base import AnalyzerResult, section_of
+from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
+from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
+from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.recommend import Advice, advise_exposed_comm, advise_straggler
+from tracekit.analyze.unoverlapped import UnoverlappedResult
+
+MOSTLY = 0.5
+"""A rank's exposed communication is "mostly" one cause's when that cause's share of its exposed
+transfer time is at least this."""
+
+
+@dataclass(frozen=True)
+class RecommendationsResult(AnalyzerResult):
+    """`findings` is the reconciled list of every finding (the document's)."""
+
+
+@dataclass(frozen=True)
+class _Causes:
+    """What the findings and sections say about causes, for `_explained_by`."""
+
+    labelled: bool
+    """The pipeline analysis came from the runtime's stage labels."""
+    pipe_ranks: set[int]
+    """Ranks of a pipeline, labelled or inferred from the p2p graph (pipeline_graph.py)."""
+    pp_share: dict[int, float]
+    """Per pipeline rank: share of its exposed transfer time that is pipeline send/recv."""
+    analyzed: set[int]
+    hot_owners: set[int]
+    """Ranks holding the hot expert of a routing skew (≥ warning)."""
+    slow_stage: set[int]
+    """Ranks of the slowest stage of a pipeline imbalance (≥ warning)."""
+    misplaced: set[str | None]
+    """Dims of placement mismatches (≥ warning)."""
+    dim_share: dict[int, dict[str, float]]
+    """Per rank and dim: share of the rank's exposed transfer time."""
+
+    def mostly_pipeline(self, ranks: set[int]) -> bool:
+        return bool(ranks) and all(self.pp_share.get(r, 0.0) >= MOSTLY for r in ranks)
+
+    def mostly(self, ranks: set[int], dims: set[str | None] | set[str]) -> bool:
+        return bool(ranks) and all(sum(self.dim_share.get(r, {}).get(d, 0.0) for d in dims) >= MOSTLY
+                                   for r in ranks)
+
+
+def _at_least_warning(f: Finding, kind: FindingKind) -> bool:
+    return f.kind is kind and f.severity.order >= Severity.WARNING.order
+
+
+def _causes(findings: list[Finding], pipeline: PipelineResult | None, breakdown: BreakdownResult | None,
+            unoverlapped: UnoverlappedResult | None) -> _Causes:
+    hot = {r for f in findings if _at_least_warning(f, FindingKind.EXPERT_ROUTING_SKEW) for r in f.ranks}
+    slow = {r for f in findings if _at_least_warning(f, FindingKind.PIPELINE_IMBALANCE) for r in f.ranks}
+    misplaced = {f.dim for f in findings if _at_least_warning(f, FindingKind.PLACEMENT_MISMATCH)}
+    pipe = section_of(pipeline)
+    labelled = pipe.get("source") == "labels"
+    pipe_ranks = ({r for pl in pipe.get("pipelines", []) for r in pl["ranks"]}
+                  if pipe.get("source") in ("labels", "p2p") else set())
+    return _Causes(labelled=labelled, pipe_ranks=pipe_ranks,
+                   pp_share=pp_exposed_share(unoverlapped, pipe_ranks) if (labelled or pipe_ranks) else {},
+                   analyzed={r["rank"] for r in breakdown_ranks(breakdown)},
+                   hot_owners=hot, slow_stage=slow, misplaced=misplaced,
+                   dim_share=(exposed_share_by_dim(unoverlapped) if (misplaced or hot) else {}))
+
+
+def _explained_by(f: Finding, c: _Causes) -> str | None:
+    """The cause another finding names for this symptom, or None."""
+    ranks = set(f.ranks)
+    comm_bound = f.kind is FindingKind.COMMUNICATION_BOUND
+    unoverlapped = f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE
+    straggler = f.kind is FindingKind.STRAGGLER and bool(ranks)
+    if unoverlapped and ((f.dim == "pp" and c.labelled) or (
+            ranks and ranks <= c.pipe_ranks and f.evidence.get("op") in ("send", "recv"))):
+        return "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
+    if comm_bound and (c.labelled or c.pipe_ranks) and c.mostly_pipeline(ranks):
+        return "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
+    if unoverlapped and f.dim in c.misplaced:
+        return f"placement_mismatch (the {f.dim} group spans hosts)"
+    if comm_bound and c.misplaced and c.mostly(ranks, c.misplaced):
+        return "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
+    if comm_bound and c.hot_owners and c.mostly(ranks, {"ep"}):
+        return "expert_routing_skew: the exposed communication is mostly all-to-all waiting on the hot expert"
+    if straggler and c.slow_stage and ranks <= c.slow_stage:
+        return "pipeline_imbalance (the rank runs the slowest stage)"
+    if (straggler and c.hot_owners and ranks <= c.hot_owners
+            and (not c.analyzed or c.hot_owners < c.analyzed)):  # all ranks holding it (ep=1) explains nothing
+        return "expert_routing_skew (the rank holds the hot expert)"
+    if straggler and c.labelled and f.dim == "pp":
+        return "pipeline schedule (stages reach stage-to-stage transfers at different times)"
+    return None
+
+
+def _fill(f: Finding) -> tuple[str, int, str]:
+    """Advice for a finding that came without one (kinds whose evidence carries the numbers)."""
+    if f.recommendation:
+        return f.recommendation, int(f.est_saving_ns), str(f.evidence.get("saving_formula", ""))
+    ev = f.evidence
+    adv: Advice | None = None
+    if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
+        exposed = ev.get("exposed_ns", ev.get("exposed_comm_ns"))
+        if exposed is not None:
+            adv = advise_exposed_comm(dim=f.dim, exposed_ns=float(exposed), group=ev.get("pg_name"))
+    elif f.kind in (FindingKind.STRAGGLER, FindingKind.IDLE_HOST_BOUND) and len(f.ranks) == 1:
+        late = ev.get("late_ns", ev.get("skew_ns", ev.get("idle_ns")))
+        if late is not None:
+            adv = advise_straggler(rank=f.ranks[0], host=ev.get("host"), late_ns=float(late))
+    if adv is None:
+        return "", int(f.est_saving_ns), ""
+    saving = int(f.est_saving_ns) or int(adv.saving_ns)
+    return adv.text, saving, adv.evidence["saving_formula"]
+
+
+def _with_advice(f: Finding, cause: str | None) -> Finding:
+    if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
+        f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
+            **f.evidence, "explained_by": cause, "original_severity": f.severity.value,
+            "original_est_saving_ns": int(f.est_saving_ns)})
+    text, saving, formula = _fill(f)
+    if text != f.recommendation or saving != int(f.est_saving_ns):
+        ev = dict(f.evidence)
+        if formula and "saving_formula" not in ev:
+            ev["saving_formula"] = formula
+        f = replace(f, recommendation=text, est_saving_ns=saving, evidence=ev)
+    return f
+
+
+def reconcile(findings: list[Finding], pipeline: PipelineResult | None = None,
+              breakdown: BreakdownResult | None = None,
+              unoverlapped: UnoverlappedResult | None = None) -> list[Finding]:
+    """Symptoms explained by a cause another analyzer found: info severity, no saving of their own.
+
+    - exposed send/recv of a pipeline (labelled, or inferred from the p2p graph) is its idle time, which
+      `pipeline_bubble` / `pipeline_imbalance` already count (hiding it needs a schedule change);
+    - a straggler that owns the hot expert of a routing skew (≥ warning) is late because of the skew;
+    - exposed communication mostly of groups a placement mismatch names, or mostly all-to-all
+      behind a routing skew, is that cause's.
+    The original severity and saving stay in the evidence.
+    """
+    causes = _causes(findings, pipeline, breakdown, unoverlapped)
+    return sort_findings([_with_advice(f, _explained_by(f, causes)) for f in findings])
+
+
+def exposed_share_by_dim(unoverlapped: UnoverlappedResult | None) -> dict[int, dict[str, float]]:
+    """Per rank and dim: share of the rank's exposed transfer time (unoverlapped section)."""
+    per: dict[int, dict[str, float]] = {}
+    for row in section_of(unoverlapped).get("by_rank_dim_op", []):
+        d = per.setdefault(row["rank"], {})
+        d[row.get("dim") or "unknown"] = d.get(row.get("dim") or "unknown", 0.0) + float(row.get("transfer_exposed_ns") or 0)
+    out = {}
+    for r, d in per.items():
+        tot = sum(d.values())
+        if tot > 0:
+            out[r] = {k: v / tot for k, v in d.items()}
+    return out
+
+
+def pp_exposed_share(unoverlapped: UnoverlappedResult | None, pipe_ranks: set[int]) -> dict[int, float]:
+    """Per pipeline rank: share of its exposed transfer time that is pipeline send/recv (a pp group's
+    collectives, or send/recv on any group: a pipeline found from the p2p graph needs no pp group)."""
+    tot: dict[int, float] = {}
+    pp: dict[int, float] = {}
+    for row in section_of(unoverlapped).get("by_rank_dim_op", []):
+        r, t = row["rank"], float(row.get("transfer_exposed_ns") or 0)
+        tot[r] = tot.get(r, 0.0) + t
+        if row.get("dim") == "pp" or (r in pipe_ranks and row.get("op") in ("send", "recv")):
+            pp[r] = pp.get(r, 0.0) + t
+    return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
+
+
+def analyze_recommendations(findings: list[Finding], pipeline: PipelineResult | None,
+                            breakdown: BreakdownResult | None,
+                            unoverlapped: UnoverlappedResult | None) -> RecommendationsResult:
+    """Every finding's advice in one list, largest estimated saving first (the document's findings)."""
+    final = reconcile(findings, pipeline, breakdown, unoverlapped)
+    rows = [{"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
+             "summary": f.summary, "recommendation": f.recommendation, "est_saving_ns": int(f.est_saving_ns),
+             "saving_formula": str(f.evidence.get("saving_formula", "")),
+             "explained_by": f.evidence.get("explained_by")} for f in final]
+    return RecommendationsResult(findings=final, section={"recommendations": rows})
