@@ -194,3 +194,26 @@ def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name, extra):
     assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
     rank1 = next(r for r in analysis["sections"]["stragglers"]["ranks"] if r["rank"] == 1)
     assert abs(rank1["delay_ns_per_step"] - 50_000_000) <= 0.15 * 50_000_000
+
+
+def _non_comm_ns_per_step(trace: dict) -> float:
+    """Mean per step of (ProfilerStep time − time the training thread spent inside c10d calls)."""
+    steps = _steps(trace)
+    inside = sum(_ns(e["dur"]) for step, _, e in _kineto_collectives(trace) if step is not None)
+    return (sum(hi - lo for lo, hi in steps.values()) - inside) / len(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="issue 12 (gpu): uneven work on one FSDP2 rank is not yet the top straggler finding",
+                   strict=False)
+def test_fsdp2_rank_with_3x_batch_is_the_top_straggler(tmp_path):
+    out = _record(tmp_path, "fsdp2", "--slow-rank", "1", "--batch-mult", "3")
+    # The injected delay, measured independently: how much longer rank 1 works outside collectives per step.
+    t0, t1 = (_non_comm_ns_per_step(load_trace(out / f"rank{r}.pt.trace.json.gz")) for r in (0, 1))
+    injected = t1 - t0
+    assert injected > 0
+    analysis = _analyze(out, tmp_path / "ana")
+    top = analysis["findings"][0]
+    assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
+    rank1 = next(r for r in analysis["sections"]["stragglers"]["ranks"] if r["rank"] == 1)
+    assert abs(rank1["delay_ns_per_step"] - injected) <= 0.15 * injected
