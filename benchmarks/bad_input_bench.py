@@ -50,16 +50,21 @@ print(json.dumps(out))
 
 
 def write_bomb(path: Path, inflated_bytes: int) -> None:
-    """Two events around `inflated_bytes` of spaces inside traceEvents, gzip level 9 (streamed)."""
-    import zlib
+    """Two events around `inflated_bytes` of whitespace inside traceEvents, gzipped at about 200:1 (spaces
+    with a newline after a random gap of 0-600 bytes), i.e. just inside the ratio rule's budget, so the
+    decoder has to read (and refuse) it all, like the issue's 6.5 MB -> 1.3 GB file."""
+    import numpy as np
+    from isal import isal_zlib
 
-    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
-    block = b" " * (16 << 20)
+    rng = np.random.default_rng(0)
+    comp = isal_zlib.compressobj(3, isal_zlib.DEFLATED, 31)
     with open(path, "wb") as f:
         f.write(comp.compress(b'{"traceEvents": [' + json.dumps(_EVENT).encode() + b","))
         left = inflated_bytes
         while left > 0:
-            f.write(comp.compress(block[: min(left, len(block))]))
+            block = np.full(min(left, 16 << 20), ord(" "), np.uint8)
+            block[np.cumsum(rng.integers(0, 600, len(block) // 300 + 2)) % len(block)] = ord("\n")
+            f.write(comp.compress(block.tobytes()))
             left -= len(block)
         f.write(comp.compress(json.dumps(_EVENT).encode() + b"]}"))
         f.write(comp.flush())
@@ -93,7 +98,7 @@ def main() -> None:
     tmp = args.data_dir or Path(tempfile.mkdtemp(prefix="tracekit-bad-input-"))
     tmp.mkdir(parents=True, exist_ok=True)
 
-    bomb = tmp / f"bomb_{args.bomb_gb}GB.json.gz"
+    bomb = tmp / f"bomb_{args.bomb_gb}GB_200x.json.gz"
     if not bomb.exists():
         write_bomb(bomb, int(args.bomb_gb * 1000 * MB))
     r = measure(bomb)
