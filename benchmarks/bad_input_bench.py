@@ -50,8 +50,8 @@ print(json.dumps(out))
 
 
 def write_bomb(path: Path, inflated_bytes: int) -> None:
-    """Two events around `inflated_bytes` of whitespace inside traceEvents, gzipped at about 200:1 (spaces
-    with a newline after a random gap of 0-600 bytes), i.e. just inside the ratio rule's budget, so the
+    """Two events around `inflated_bytes` of whitespace inside traceEvents, gzipped at a few hundred to one (spaces
+    with a newline after a random gap of 0-6000 bytes), i.e. just inside the ratio rule's budget, so the
     decoder has to read (and refuse) it all, like the issue's 6.5 MB -> 1.3 GB file."""
     import numpy as np
     from isal import isal_zlib

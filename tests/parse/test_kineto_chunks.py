@@ -65,14 +65,14 @@ def test_mixed_texts_exact_or_invalid(texts):
 
 def _streamed(path: Path):
     """Columns from the streamed, chunked path (None when it declines), blocks as small as the chunks."""
-    return K._decode_chunked(iter_trace_blocks(path, None, K.CHUNK_BYTES))
+    return K.decode_columns(iter_trace_blocks(path, None, K.CHUNK_BYTES))
 
 
 def _whole(path: Path) -> K.KinetoParse:
     """The reference: decode the whole document at once."""
     buf = read_trace_bytes(path)
-    trace, lenient = K._decode_trace(str(path), buf)
-    return K._build(str(path), trace, lenient, None)
+    trace, lenient = K.decode_document(str(path), buf)
+    return K.tables_from_document(str(path), trace, lenient, None)
 
 
 def _assert_same(a: K.KinetoParse, b: K.KinetoParse) -> None:

@@ -2,7 +2,7 @@
 
 The file is streamed (gunzip on the fly) and cut into runs of whole events at event boundaries
 (`EventChunks`); each run is wrapped back into a small trace (the file's own top-level fields around
-a shorter `traceEvents`) and parsed by the normal parser (`kineto._build`), so every column is
+a shorter `traceEvents`) and parsed by the normal parser (`kineto.tables_from_document`), so every column is
 computed by the same code. What one chunk cannot know is supplied from two small global sets:
 
 - Pass 1 collects the *context*: metadata (`M`) events, ProfilerStep events, every event collective
@@ -35,10 +35,10 @@ import pyarrow.compute as pc
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import _decode as D
 from tracekit.parse import kineto as K
-from tracekit.parse.classify import StepWindows, device_windows, kernel_steps
+from tracekit.parse.classify import StepWindows, device_windows, kernel_steps, step_number
 from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
-from tracekit.parse.kineto_collectives import _classify_names
+from tracekit.parse.kineto_collectives import classify_collective_names
 from tracekit.parse.spilled import SpilledTable
 
 _READ = 4 << 20
@@ -279,7 +279,7 @@ class _Context:
 
 def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
     if nm not in cache:
-        cls = next((k for k, v in _classify_names([nm]).items() if v), None)
+        cls = next((k for k, v in classify_collective_names([nm]).items() if v), None)
         cache[nm] = cls if cls in ("rpc", "nccl", "gloo", "c10d") else None
     return cache[nm]
 
@@ -316,19 +316,19 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
         nm = e.name if isinstance(e.name, str) else ("" if e.name is None else str(e.name))
         cat_raw = e.cat if (e.cat is None or isinstance(e.cat, str)) else str(e.cat)
         if cat_raw not in cats:
-            cats[cat_raw] = K._norm_cat(cat_raw)
+            cats[cat_raw] = K.normalize_category(cat_raw)
         cat = cats[cat_raw]
         a = e.args if e.args is not None else _NO_ARGS
         gpu = cat in K.GPU_CATS
         gi = base + xi[j]
         raw = raws[xi[j]]
-        if not gpu and K._STEP_RE.match(nm):
+        if not gpu and step_number(nm) is not None:
             ctx.steps.append((gi, bytes(raw)))
             if not dur_ok[j]:
                 ctx.step_missing_dur += 1
             elif dur[j] < 0:
                 ctx.step_negative_dur += 1
-        corr = K._to_int(a.correlation)
+        corr = K.to_int(a.correlation)
         if cat in _KERNEL_CATS:
             k_corr.append(corr if corr is not None and corr >= 0 else -1)
             k_ts.append(int(ts[j]))
@@ -425,9 +425,9 @@ def _decoder(lenient: bool):
 def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
     """The parser's own path for a document: chunked typed decode, else whole-document (typed or lenient)."""
     if not lenient:
-        cols = K._decode_chunked(data)
+        cols = K.decode_columns(data)
         if cols is not None:
-            return K._finish(path, cols, None)
+            return K.tables_from_columns(path, cols, None)
     try:
         trace = _decoder(lenient).decode(data)
     except msgspec.ValidationError as exc:
@@ -438,7 +438,7 @@ def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
         raise TraceFormatError(path, f"invalid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, f"undecodable text: {exc}") from None
-    return K._build(path, trace, lenient, None)
+    return K.tables_from_document(path, trace, lenient, None)
 
 
 def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompressed_bytes: int | None = None,
@@ -451,7 +451,7 @@ def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompr
     path = str(path)
     bound_allocator()
     chunks = EventChunks(path, chunk_bytes or chunk_bytes_for(max_memory_bytes), max_decompressed_bytes)
-    with K._gc_paused():
+    with K.gc_paused():
         ctx = _Context()
         try:
             _pass1(ctx, chunks)

@@ -41,7 +41,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, norm
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.memory import is_memory_event, memory_table
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
-from tracekit.tables.schema import STEP_PATTERN, conform
+from tracekit.tables.schema import conform
 
 RANK_UNKNOWN = -1
 
@@ -57,7 +57,6 @@ _CAT_ALIASES = {
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _STREAM_TID = re.compile(r"^\s*stream\s*(\d+)\s*$", re.I)
 _INT_TEXT = re.compile(r"^\s*-?\d+\s*$")
-_STEP_RE = re.compile(STEP_PATTERN)
 
 
 @dataclass
@@ -112,7 +111,7 @@ def _read_head(path: str, n: int) -> bytes:
 
 
 @contextmanager
-def _gc_paused():
+def gc_paused():
     """The collector halves the speed of building millions of objects; pause it meanwhile."""
     was = gc.isenabled()
     gc.disable()
@@ -133,9 +132,9 @@ def parse_kineto(
 ) -> KinetoParse:
     """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input."""
     path = str(path)
-    with _gc_paused():
+    with gc_paused():
         try:  # streamed: the file is read (and gunzipped) one chunk at a time
-            cols = _decode_chunked(D.squeeze_whitespace(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES)))
+            cols = decode_columns(D.squeeze_whitespace(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES)))
         except StreamProblem as exc:
             raise exc.error from None
         except OSError:
@@ -144,16 +143,16 @@ def parse_kineto(
         if cols is None:  # unusual layout or content: read and decode the whole document at once
             buf = read_trace_bytes(path, max_decompressed_bytes)
             try:
-                trace, lenient = _decode_trace(path, buf)
+                trace, lenient = decode_document(path, buf)
             except UnicodeDecodeError as exc:  # msgspec raises it for invalid UTF-8 inside a string
                 buf, repaired = _repair_utf8(path, buf, exc)
-                trace, lenient = _decode_trace(path, buf)
+                trace, lenient = decode_document(path, buf)
             del buf  # the decoded Raw texts keep it alive only until their events are dropped
         try:
             if cols is None:
-                parsed = _build(path, trace, lenient, rank)
+                parsed = tables_from_document(path, trace, lenient, rank)
             else:
-                parsed = _finish(path, cols, rank)
+                parsed = tables_from_columns(path, cols, rank)
             if repaired is not None:
                 parsed.info["parse_warnings"].append(repaired)
             return parsed
@@ -163,11 +162,11 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode_chunked(blocks) -> "_Columns | None":
+def decode_columns(blocks) -> "Columns | None":
     """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
     UTF-8)."""
-    cols = _Columns(None)
+    cols = Columns(None)
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
 
@@ -197,7 +196,7 @@ def _repair_utf8(path: str, buf, exc: UnicodeDecodeError) -> tuple[bytes, str]:
     return text.encode("utf-8"), f"{num_bad} invalid UTF-8 byte sequence(s) replaced with U+FFFD"
 
 
-def _decode_trace(path: str, buf) -> tuple[Any, bool]:
+def decode_document(path: str, buf) -> tuple[Any, bool]:
     stripped = bytes(memoryview(buf)[:64]).lstrip()
     if not stripped:
         raise TraceFormatError(path, "empty file")
@@ -230,7 +229,7 @@ def _decode_trace(path: str, buf) -> tuple[Any, bool]:
 # helpers
 
 
-def _to_int(v: Any) -> int | None:
+def to_int(v: Any) -> int | None:
     if v is None or v.__class__ is int:
         return v
     if isinstance(v, bool):
@@ -306,7 +305,7 @@ class _Ids:
         return _stable_id(repr(v))
 
 
-def _norm_cat(cat: Any) -> str | None:
+def normalize_category(cat: Any) -> str | None:
     if cat is None:
         return None
     c = str(cat).strip().lower()
@@ -362,7 +361,7 @@ def _dict_column(values: list, n: int) -> pa.DictionaryArray:
 # build
 
 
-class _Columns:
+class Columns:
     """Per-event columns accumulated over decoded chunks (one chunk for the whole-document path)."""
 
     def __init__(self, top: Any, lenient: bool = False) -> None:
@@ -408,7 +407,7 @@ def _intern(index: _CodeBook, values: list) -> np.ndarray:
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
 
-def _count_phases(cols: _Columns, events: list, x_class: type, num_x: int) -> None:
+def _count_phases(cols: Columns, events: list, x_class: type, num_x: int) -> None:
     """Phase counts (and metadata events) of one decoded chunk."""
     counts = cols.phase_counts
     counts["X"] += num_x
@@ -425,7 +424,7 @@ def _count_phases(cols: _Columns, events: list, x_class: type, num_x: int) -> No
             counts[tag] = counts.get(tag, 0) + k
 
 
-def _add_typed(cols: _Columns, events: list) -> None:
+def _add_typed(cols: Columns, events: list) -> None:
     """Add one decoded list of tagged-union events (D.X structs)."""
     X = D.X
     xs = [e for e in events if e.__class__ is X]
@@ -433,14 +432,14 @@ def _add_typed(cols: _Columns, events: list) -> None:
     _add_x(cols, xs)
 
 
-def _add_rows(cols: _Columns, events: list, rows: list) -> None:
+def _add_rows(cols: Columns, events: list, rows: list) -> None:
     """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS)."""
     _count_phases(cols, events, D.row_capture().row_class, len(rows))
     if rows:
         _add_fields(cols, *zip(*rows))
 
 
-def _add_x(cols: _Columns, xs: list) -> None:
+def _add_x(cols: Columns, xs: list) -> None:
     """Add complete-event structs (typed or lenient)."""
     fields = [list(map(attrgetter(f), xs)) for f in D.ROW_FIELDS[:7]]
     args = fields[6]
@@ -450,7 +449,7 @@ def _add_x(cols: _Columns, xs: list) -> None:
     _add_fields(cols, *fields)
 
 
-def _add_fields(cols: _Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
+def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
                 flops, coll) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
     collective candidates."""
@@ -486,7 +485,7 @@ def _add_fields(cols: _Columns, names, cats, ts, dur, pids, tids, args, ext, ext
                 return pa.array(vals, pa.int64())
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
                 pass  # some values are text ("0x0", "7"): coerce one by one
-        return pa.array([_to_int(v) for v in vals], pa.int64())
+        return pa.array([to_int(v) for v in vals], pa.int64())
 
     cols.ext.append(pc.coalesce(int_col(ext), int_col(ext_old)))
     cols.corr.append(int_col(corr))
@@ -501,13 +500,13 @@ def _add_fields(cols: _Columns, names, cats, ts, dur, pids, tids, args, ext, ext
     cols.n += n
 
 
-def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
+def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
     """Tables from a whole-document decode (typed or lenient)."""
     events = trace.traceEvents
     if not isinstance(events, list):
         raise TraceFormatError(path, "traceEvents is not a list")
     trace.traceEvents = None
-    cols = _Columns(trace, lenient)
+    cols = Columns(trace, lenient)
     if lenient:
         xs = [e for e in events if e.ph == "X"]
         cols.ms = [e for e in events if e.ph == "M"]
@@ -524,7 +523,7 @@ def _build(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> Kineto
     else:
         _add_typed(cols, events)
         del events
-    return _finish(path, cols, rank_arg)
+    return tables_from_columns(path, cols, rank_arg)
 
 
 def _concat(parts: list, dtype) -> np.ndarray:
@@ -535,243 +534,289 @@ def _concat_arrow(parts: list, dtype: pa.DataType) -> pa.Array:
     return pa.concat_arrays(parts) if parts else pa.array([], dtype)
 
 
-def _finish(path: str, cols: _Columns, rank_arg: int | None) -> KinetoParse:
-    trace = cols.top
-    lenient = cols.lenient
-    warnings: list[str] = list(cols.warnings)
-    phase_counts = cols.phase_counts
-    ms = cols.ms
+@dataclass
+class _Rows:
+    """The complete events of one trace as columns (after every chunk is joined), with what the
+    tables derive from them; filled step by step by the functions below."""
 
-    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
-    if trace.distributedInfo is not None and di is None:
-        warnings.append("distributedInfo is not an object; ignored")
-    trace_rank = _to_int(di.get("rank")) if di else None
-    world_size = _to_int(di.get("world_size")) if di else None
-    if rank_arg is not None and trace_rank is not None and rank_arg != trace_rank:
-        warnings.append(f"rank {rank_arg} given by caller differs from distributedInfo.rank {trace_rank}")
-    table_rank = rank_arg if rank_arg is not None else (trace_rank if trace_rank is not None else RANK_UNKNOWN)
+    n: int
+    ts: np.ndarray
+    ts_ok: np.ndarray
+    dur: np.ndarray
+    dur_ok: np.ndarray
+    name_codes: np.ndarray
+    cat_codes: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    ext: pa.Array
+    corr: pa.Array
+    stream_arg: pa.Array
+    device_arg: pa.Array
+    flops: pa.Array
+    coll_names: dict
+    args_keep: dict
+    end: np.ndarray | None = None
+    name_col: Any = None
+    name_dict: list = field(default_factory=list)
+    cat_col: Any = None
+    cat_values: list = field(default_factory=list)
+    gpu_row: np.ndarray | None = None
+    stream_col: Any = None
+    corr_np: np.ndarray | None = None
 
-    # --- columns of every chunk, joined
-    n = cols.n
-    ts, ts_ok = _concat(cols.ts, np.int64), _concat(cols.ts_ok, bool)
-    dur, dur_ok = _concat(cols.dur, np.int64), _concat(cols.dur_ok, bool)
-    name_codes, raw_cat_codes = _concat(cols.name_codes, np.int32), _concat(cols.cat_codes, np.int32)
-    pid, tid = _concat(cols.pid, np.int64), _concat(cols.tid, np.int64)
-    ext_col, corr_col = _concat_arrow(cols.ext, pa.int64()), _concat_arrow(cols.corr, pa.int64())
-    stream_arg, device_arg = _concat_arrow(cols.stream, pa.int64()), _concat_arrow(cols.device, pa.int64())
-    flops_col = _concat_arrow(cols.flops, pa.float64())
-    coll_names, args_keep = cols.coll_name, cols.args_keep
-    name_list, raw_cat_list = list(cols.names), list(cols.cats)
-    tid_ids = cols.tid_ids
-    memory_events = cols.memory
-    del cols
+    def cat_mask(self, *wanted: str) -> np.ndarray:
+        codes = [self.cat_values.index(w) for w in wanted if w in self.cat_values]
+        return np.isin(self.cat_codes, codes) if codes else np.zeros(self.n, bool)
 
-    # --- timestamps (exact ns), dropping events without a usable ts
-    filtered = not ts_ok.all()
-    if filtered:
-        bad = int((~ts_ok).sum())
-        warnings.append(f"{bad} complete events without a numeric ts were dropped")
-        new_row = np.cumsum(ts_ok) - 1
-        keep_arr = pa.array(ts_ok)
-        ts, dur, dur_ok = ts[ts_ok], dur[ts_ok], dur_ok[ts_ok]
-        name_codes, raw_cat_codes, pid, tid = name_codes[ts_ok], raw_cat_codes[ts_ok], pid[ts_ok], tid[ts_ok]
-        ext_col, corr_col = ext_col.filter(keep_arr), corr_col.filter(keep_arr)
-        stream_arg, device_arg, flops_col = stream_arg.filter(keep_arr), device_arg.filter(keep_arr), flops_col.filter(keep_arr)
-        coll_names = {int(new_row[r]): v for r, v in coll_names.items() if ts_ok[r]}
-        args_keep = {int(new_row[r]): v for r, v in args_keep.items() if ts_ok[r]}
-        n = len(ts)
-    missing_dur = int(n - dur_ok.sum())
-    negative = dur_ok & (dur < 0)
-    num_negative = int(negative.sum())
-    dur_ok &= ~negative
-    if missing_dur:
-        warnings.append(f"{missing_dur} complete events without dur (null duration)")
-    if num_negative:
-        warnings.append(f"{num_negative} complete events with negative dur (null duration)")
-    dur_filled = np.where(dur_ok, dur, 0)
-    end = ts + dur_filled
 
-    # --- names and categories
+def _joined_rows(cols: Columns) -> _Rows:
+    return _Rows(
+        n=cols.n, ts=_concat(cols.ts, np.int64), ts_ok=_concat(cols.ts_ok, bool), dur=_concat(cols.dur, np.int64),
+        dur_ok=_concat(cols.dur_ok, bool), name_codes=_concat(cols.name_codes, np.int32),
+        cat_codes=_concat(cols.cat_codes, np.int32), pid=_concat(cols.pid, np.int64), tid=_concat(cols.tid, np.int64),
+        ext=_concat_arrow(cols.ext, pa.int64()), corr=_concat_arrow(cols.corr, pa.int64()),
+        stream_arg=_concat_arrow(cols.stream, pa.int64()), device_arg=_concat_arrow(cols.device, pa.int64()),
+        flops=_concat_arrow(cols.flops, pa.float64()), coll_names=cols.coll_name, args_keep=cols.args_keep)
+
+
+def _drop_untimed(rows: _Rows, warnings: list[str]) -> bool:
+    """Drop events without a usable ts (exact ns); True when some were dropped."""
+    ok = rows.ts_ok
+    if ok.all():
+        return False
+    warnings.append(f"{int((~ok).sum())} complete events without a numeric ts were dropped")
+    new_row = np.cumsum(ok) - 1
+    keep = pa.array(ok)
+    for f in ("ts", "dur", "dur_ok", "name_codes", "cat_codes", "pid", "tid"):
+        setattr(rows, f, getattr(rows, f)[ok])
+    for f in ("ext", "corr", "stream_arg", "device_arg", "flops"):
+        setattr(rows, f, getattr(rows, f).filter(keep))
+    rows.coll_names = {int(new_row[r]): v for r, v in rows.coll_names.items() if ok[r]}
+    rows.args_keep = {int(new_row[r]): v for r, v in rows.args_keep.items() if ok[r]}
+    rows.n = len(rows.ts)
+    return True
+
+
+def _check_durations(rows: _Rows, warnings: list[str]) -> None:
+    """Missing or negative durations become null; `end` = ts + dur (ts where dur is null)."""
+    missing = int(rows.n - rows.dur_ok.sum())
+    negative = rows.dur_ok & (rows.dur < 0)
+    rows.dur_ok &= ~negative
+    if missing:
+        warnings.append(f"{missing} complete events without dur (null duration)")
+    if negative.any():
+        warnings.append(f"{int(negative.sum())} complete events with negative dur (null duration)")
+    rows.end = rows.ts + np.where(rows.dur_ok, rows.dur, 0)
+
+
+def _name_and_category_columns(rows: _Rows, name_list: list, raw_cat_list: list, rebuild: bool,
+                               warnings: list[str]) -> None:
+    """Dictionary columns of names (clipped) and normalised categories."""
+    n = rows.n
     long_text = any(len(s) > MAX_NAME_CHARS for s in name_list) or any(
         c is not None and len(c) > MAX_NAME_CHARS for c in raw_cat_list)
-    if filtered or long_text:  # rare: rebuild from the values, as one list
-        names = [name_list[c] for c in name_codes.tolist()]
-        cats = [raw_cat_list[c] for c in raw_cat_codes.tolist()]
-        names = _clip_strings(names, "names", warnings)
-        cats = _clip_strings(cats, "categories", warnings)
-        name_col = _dict_column(names, n)
+    raw_cat_codes = rows.cat_codes
+    if rebuild or long_text:  # rare: rebuild from the values, as one list
+        names = _clip_strings([name_list[c] for c in rows.name_codes.tolist()], "names", warnings)
+        rows.name_col = _dict_column(names, n)
         del names
-        cat_raw = _dict_column(cats, n)
-        del cats
-        cat_dict = [_norm_cat(c) for c in cat_raw.dictionary.to_pylist()]
+        cat_raw = _dict_column(_clip_strings([raw_cat_list[c] for c in raw_cat_codes.tolist()], "categories",
+                                             warnings), n)
+        cat_dict = [normalize_category(c) for c in cat_raw.dictionary.to_pylist()]
         raw_cat_codes = (cat_raw.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
                          if n else np.zeros(0, np.int32))
     else:
-        name_col = pa.DictionaryArray.from_arrays(pa.array(name_codes, pa.int32()), _dict_values(name_list))
-        cat_dict = [_norm_cat(c) for c in raw_cat_list]
+        rows.name_col = pa.DictionaryArray.from_arrays(pa.array(rows.name_codes, pa.int32()), _dict_values(name_list))
+        cat_dict = [normalize_category(c) for c in raw_cat_list]
+    rows.name_dict = rows.name_col.dictionary.to_pylist()
+    rows.name_codes = rows.name_col.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
     cat_norm_dict = pa.array(sorted({c for c in cat_dict if c is not None}), pa.string())
-    norm_index = {c: i for i, c in enumerate(cat_norm_dict.to_pylist())}
+    rows.cat_values = cat_norm_dict.to_pylist()
+    norm_index = {c: i for i, c in enumerate(rows.cat_values)}
     remap = np.array([norm_index[c] if c is not None else -1 for c in cat_dict] + [-1], np.int32)
-    cat_codes = remap[raw_cat_codes]  # code -1 (no category) takes the trailing -1
-    cat_values = cat_norm_dict.to_pylist()
-    cat_col = pa.DictionaryArray.from_arrays(pa.array(cat_codes, pa.int32(), mask=cat_codes < 0), cat_norm_dict)
-
-    def cat_mask(*wanted: str) -> np.ndarray:
-        codes = [cat_values.index(w) for w in wanted if w in cat_values]
-        return np.isin(cat_codes, codes) if codes else np.zeros(n, bool)
-    gpu_row = cat_mask(*GPU_CATS)
+    rows.cat_codes = remap[raw_cat_codes]  # code -1 (no category) takes the trailing -1
+    rows.cat_col = pa.DictionaryArray.from_arrays(pa.array(rows.cat_codes, pa.int32(), mask=rows.cat_codes < 0),
+                                                  cat_norm_dict)
+    rows.gpu_row = rows.cat_mask(*GPU_CATS)
     # stream: args.stream, else the tid of device rows ("stream 7" → 7)
-    stream_np = stream_arg.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
-    has_stream_arg = stream_np >= 0
-    stream_final = np.where(has_stream_arg, stream_np, np.where(gpu_row, tid, -1))
-    stream_col = pa.array(stream_final.astype(np.int32), pa.int32(), mask=stream_final < 0)
+    stream_np = rows.stream_arg.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
+    stream = np.where(stream_np >= 0, stream_np, np.where(rows.gpu_row, rows.tid, -1))
+    rows.stream_col = pa.array(stream.astype(np.int32), pa.int32(), mask=stream < 0)
+    rows.corr_np = rows.corr.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
 
-    # --- thread names from metadata
+
+def _metadata_names(ms: list) -> tuple[dict[tuple[int, int], str], dict[int, str]]:
+    """Thread names by (pid, tid) and process labels by pid, from the metadata (`M`) events."""
     thread_names: dict[tuple[int, int], str] = {}
     process_labels: dict[int, str] = {}
-    m_pid = _Ids()
-    m_tid = _Ids()
+    m_pid, m_tid = _Ids(), _Ids()
     for m in ms:
         a = m.args
         if a is None:
             continue
         if m.name == "thread_name" and isinstance(a.name, str):
-            key = (m_pid.one(m.pid), m_tid.one(m.tid))
-            thread_names.setdefault(key, _clip_text(a.name.strip()))
+            thread_names.setdefault((m_pid.one(m.pid), m_tid.one(m.tid)), _clip_text(a.name.strip()))
         elif m.name == "process_labels" and isinstance(a.labels, str):
             process_labels.setdefault(m_pid.one(m.pid), _clip_text(a.labels))
-    thread_col = _thread_name_column(pid, tid, thread_names, tid_ids.text_of, n)
+    return thread_names, process_labels
 
-    # --- steps
-    name_dict = name_col.dictionary.to_pylist()
-    name_codes = name_col.indices.to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
-    step_of_code = {code: num for code, num in enumerate(map(step_number, name_dict)) if num is not None}
-    steps_rows = np.flatnonzero(np.isin(name_codes, list(step_of_code)) & ~gpu_row) if step_of_code else np.zeros(0, np.int64)
-    windows = StepWindows(ts[steps_rows], np.where(dur_ok[steps_rows], dur[steps_rows], 0),
-                          np.array([step_of_code[int(name_codes[i])] for i in steps_rows], dtype=np.int64))
-    step_ts, step_dur, step_nums = windows.ts, windows.end - windows.ts, windows.nums
-    step_at = windows.at
 
-    event_step = step_at(ts)
+def _step_windows(rows: _Rows) -> StepWindows:
+    """The host `ProfilerStep#N` intervals (a null duration counts as 0)."""
+    step_of_code = {code: num for code, num in enumerate(map(step_number, rows.name_dict)) if num is not None}
+    if not step_of_code:
+        return StepWindows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    at = np.flatnonzero(np.isin(rows.name_codes, list(step_of_code)) & ~rows.gpu_row)
+    nums = np.array([step_of_code[int(rows.name_codes[i])] for i in at], dtype=np.int64)
+    return StepWindows(rows.ts[at], np.where(rows.dur_ok[at], rows.dur[at], 0), nums)
 
-    # --- launch points (runtime calls) by correlation, for kernels' steps and comm linking
-    corr_np = corr_col.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
-    host_with_corr = np.flatnonzero((corr_np >= 0) & ~gpu_row & ~cat_mask(*KERNEL_CATS))
-    rt_order = host_with_corr[np.argsort(corr_np[host_with_corr], kind="stable")]
-    rt_corr = corr_np[rt_order]
 
-    def launch_row(corrs: np.ndarray) -> np.ndarray:
-        """Row of the host runtime call with each correlation id (-1 when absent)."""
-        if len(rt_corr) == 0:
-            return np.full(len(corrs), -1, np.int64)
-        j = np.searchsorted(rt_corr, corrs)
-        jc = np.minimum(j, len(rt_corr) - 1)
-        found = (j < len(rt_corr)) & (rt_corr[jc] == corrs) & (corrs >= 0)
-        return np.where(found, rt_order[jc], -1)
+def launch_rows(rows: _Rows, corrs: np.ndarray) -> np.ndarray:
+    """Row of the host runtime call with each correlation id (-1 when absent; the first such call)."""
+    host = np.flatnonzero((rows.corr_np >= 0) & ~rows.gpu_row & ~rows.cat_mask(*KERNEL_CATS))
+    order = host[np.argsort(rows.corr_np[host], kind="stable")]
+    rt_corr = rows.corr_np[order]
+    if len(rt_corr) == 0:
+        return np.full(len(corrs), -1, np.int64)
+    j = np.searchsorted(rt_corr, corrs)
+    jc = np.minimum(j, len(rt_corr) - 1)
+    found = (j < len(rt_corr)) & (rt_corr[jc] == corrs) & (corrs >= 0)
+    return np.where(found, order[jc], -1)
 
-    # --- kernels
-    k_rows = np.flatnonzero(cat_mask(*KERNEL_CATS))
-    k_launch = launch_row(corr_np[k_rows])
-    k_linked = k_launch >= 0
-    k_step, k_carry = kernel_steps(ts[k_rows], ts[np.maximum(k_launch, 0)], k_linked, windows)
-    k_is_comm_name = np.array([bool(nm) and is_comm_kernel_name(nm) for nm in name_dict], bool)
-    k_coll_args = np.isin(k_rows, np.fromiter(coll_names, np.int64, len(coll_names)))
-    k_comm = k_coll_args | (k_is_comm_name[name_codes[k_rows]] if len(k_rows) else np.zeros(0, bool))
-    k_cat = cat_codes[k_rows]
-    k_kind = kernel_kinds(k_comm, k_cat == _code(cat_values, "gpu_memcpy"), k_cat == _code(cat_values, "gpu_memset"))
 
-    # --- collectives
-    comm_inputs = CollectiveInputs(
-        path=path, name_dict=name_dict, name_codes=name_codes, cat_codes=cat_codes, cat_values=cat_values,
-        ts=ts, end=end, dur=dur, dur_ok=dur_ok, pid=pid, tid=tid, ext=ext_col, corr=corr_np, args=args_keep,
-        gpu_row=gpu_row, kernel_rows=k_rows[k_comm], kernel_launch=k_launch[k_comm], step_at=step_at,
-        lenient=lenient, world_size=world_size, only_default_group=_only_default_group(di, world_size),
-    )
-    coll = build_collectives(comm_inputs)
-    warnings.extend(coll.warnings)
+@dataclass
+class _KernelRows:
+    rows: np.ndarray
+    launch: np.ndarray
+    step: np.ndarray
+    carry: np.ndarray
+    comm: np.ndarray
+    kind: np.ndarray
 
-    k_op: list[str | None] = [None] * len(k_rows)
-    k_pg: list[str | None] = [None] * len(k_rows)
-    link = coll.kernel_row_to_call
-    for j in np.flatnonzero(k_comm).tolist():
-        r = k_rows[j]
-        call = link.get(int(r))
-        cn = coll_names.get(int(r))
+
+def _kernel_rows(rows: _Rows, windows: StepWindows) -> _KernelRows:
+    """Device rows: their launch, step (the launch's), carry-over and kind (parse/classify.py)."""
+    k = np.flatnonzero(rows.cat_mask(*KERNEL_CATS))
+    launch = launch_rows(rows, rows.corr_np[k])
+    step, carry = kernel_steps(rows.ts[k], rows.ts[np.maximum(launch, 0)], launch >= 0, windows)
+    comm_name = np.array([bool(nm) and is_comm_kernel_name(nm) for nm in rows.name_dict], bool)
+    coll_args = np.isin(k, np.fromiter(rows.coll_names, np.int64, len(rows.coll_names)))
+    comm = coll_args | (comm_name[rows.name_codes[k]] if len(k) else np.zeros(0, bool))
+    cat = rows.cat_codes[k]
+    kind = kernel_kinds(comm, cat == _code(rows.cat_values, "gpu_memcpy"), cat == _code(rows.cat_values, "gpu_memset"))
+    return _KernelRows(k, launch, step, carry, comm, kind)
+
+
+def _comm_kernel_groups(rows: _Rows, kr: _KernelRows, link: dict) -> tuple[list, list]:
+    """Op and process group of each comm kernel: its own args, else the call it links to, else its name."""
+    ops: list[str | None] = [None] * len(kr.rows)
+    pgs: list[str | None] = [None] * len(kr.rows)
+    for j in np.flatnonzero(kr.comm).tolist():
+        r = int(kr.rows[j])
+        call = link.get(r)
+        cn = rows.coll_names.get(r)
         op = normalize_op(cn) if cn else None
         if op is None and call is not None:
             op = call["op"]
-        if op is None:
-            op = kernel_op(name_dict[name_codes[r]]) or "unknown"
-        pg = args_keep[int(r)].pg_name
-        pg = str(pg) if pg is not None else (call.get("pg_name") if call is not None else None)
-        k_op[j] = op
-        k_pg[j] = pg
+        ops[j] = op or kernel_op(rows.name_dict[rows.name_codes[r]]) or "unknown"
+        pg = rows.args_keep[r].pg_name
+        pgs[j] = str(pg) if pg is not None else (call.get("pg_name") if call is not None else None)
+    return ops, pgs
 
-    event_step[k_rows] = k_step  # device rows belong to the step of their launch
-    rank_k = np.full(len(k_rows), table_rank, np.int32)
-    dev = device_arg.take(pa.array(k_rows)) if len(k_rows) else pa.array([], pa.int64())
-    dev = pc.coalesce(dev, pa.array(pid[k_rows]))
-    kernels = pa.table({
-        "rank": rank_k,
-        "name": name_col.take(pa.array(k_rows, pa.int64())),
-        "stream": stream_col.take(pa.array(k_rows, pa.int64())),
-        "device": dev,
-        "ts": ts[k_rows],
-        "dur": pa.array(dur[k_rows], pa.int64(), mask=~dur_ok[k_rows]),
-        "kind": kind_column(k_kind),
-        "correlation": corr_col.take(pa.array(k_rows, pa.int64())),
-        "external_id": ext_col.take(pa.array(k_rows, pa.int64())),
-        "collective_op": pa.array(k_op, pa.string()),
-        "pg_name": pa.array(k_pg, pa.string()),
-        "step": pa.array(k_step, pa.int32(), mask=k_step < 0),
-        "carry_over": k_carry,
+
+def _kernels_table(rows: _Rows, kr: _KernelRows, ops: list, pgs: list, rank: int) -> pa.Table:
+    take = pa.array(kr.rows, pa.int64())
+    dev = rows.device_arg.take(take) if len(kr.rows) else pa.array([], pa.int64())
+    return pa.table({
+        "rank": np.full(len(kr.rows), rank, np.int32),
+        "name": rows.name_col.take(take),
+        "stream": rows.stream_col.take(take),
+        "device": pc.coalesce(dev, pa.array(rows.pid[kr.rows])),
+        "ts": rows.ts[kr.rows],
+        "dur": pa.array(rows.dur[kr.rows], pa.int64(), mask=~rows.dur_ok[kr.rows]),
+        "kind": kind_column(kr.kind),
+        "correlation": rows.corr.take(take),
+        "external_id": rows.ext.take(take),
+        "collective_op": pa.array(ops, pa.string()),
+        "pg_name": pa.array(pgs, pa.string()),
+        "step": pa.array(kr.step, pa.int32(), mask=kr.step < 0),
+        "carry_over": kr.carry,
     })
-    thread_codes = thread_col.indices.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
-    lane = lane_codes(thread_col.dictionary.to_pylist(), thread_codes, gpu_row)
-    role_col = event_roles(name_dict, name_codes, cat_mask("cpu_op"), lane, k_rows, k_kind)
 
-    events_tbl = pa.table({
-        "rank": np.full(n, table_rank, np.int32),
-        "name": name_col,
-        "cat": cat_col,
-        "ts": ts,
-        "dur": pa.array(dur, pa.int64(), mask=~dur_ok),
-        "pid": pid,
-        "tid": tid,
-        "thread_name": thread_col,
-        "stream": stream_col,
-        "correlation": corr_col,
-        "external_id": ext_col,
-        "step": pa.array(event_step, pa.int32(), mask=event_step < 0),
-        "flops": flops_col,
-        "role": role_col,
+
+def _events_table(rows: _Rows, thread_col: pa.DictionaryArray, kr: _KernelRows, windows: StepWindows,
+                  rank: int) -> pa.Table:
+    """Every complete event with its step (device rows: their launch's), role and lane."""
+    n = rows.n
+    step = windows.at(rows.ts)
+    step[kr.rows] = kr.step
+    thread_codes = thread_col.indices.fill_null(-1).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int32)
+    lane = lane_codes(thread_col.dictionary.to_pylist(), thread_codes, rows.gpu_row)
+    return pa.table({
+        "rank": np.full(n, rank, np.int32), "name": rows.name_col, "cat": rows.cat_col, "ts": rows.ts,
+        "dur": pa.array(rows.dur, pa.int64(), mask=~rows.dur_ok), "pid": rows.pid, "tid": rows.tid,
+        "thread_name": thread_col, "stream": rows.stream_col, "correlation": rows.corr, "external_id": rows.ext,
+        "step": pa.array(step, pa.int32(), mask=step < 0), "flops": rows.flops,
+        "role": event_roles(rows.name_dict, rows.name_codes, rows.cat_mask("cpu_op"), lane, kr.rows, kr.kind),
         "lane": lane_column(lane),
     })
-    steps_tbl = pa.table({
-        "rank": np.full(len(step_nums), table_rank, np.int32),
-        "step": step_nums.astype(np.int32),
-        "ts": step_ts,
-        "dur": step_dur,
-    })
-    steps_tbl = device_windows(steps_tbl, kernels)
-    coll_tbl = coll.table
-    coll_tbl = coll_tbl.set_column(
-        coll_tbl.column_names.index("rank"), "rank", pa.array(np.full(coll_tbl.num_rows, table_rank, np.int32)))
 
+
+def _steps_table(windows: StepWindows, kernels: pa.Table, rank: int) -> pa.Table:
+    steps = pa.table({"rank": np.full(len(windows.nums), rank, np.int32), "step": windows.nums.astype(np.int32),
+                      "ts": windows.ts, "dur": windows.end - windows.ts})
+    return device_windows(steps, kernels)
+
+
+def _trace_identity(trace: Any, rank_arg: int | None, warnings: list[str]) -> tuple[dict | None, int | None, int | None, int]:
+    """(distributedInfo, its rank, world size, the rank written into the tables)."""
+    di = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else None
+    if trace.distributedInfo is not None and di is None:
+        warnings.append("distributedInfo is not an object; ignored")
+    trace_rank = to_int(di.get("rank")) if di else None
+    world_size = to_int(di.get("world_size")) if di else None
+    if rank_arg is not None and trace_rank is not None and rank_arg != trace_rank:
+        warnings.append(f"rank {rank_arg} given by caller differs from distributedInfo.rank {trace_rank}")
+    table_rank = rank_arg if rank_arg is not None else (trace_rank if trace_rank is not None else RANK_UNKNOWN)
+    return di, trace_rank, world_size, table_rank
+
+
+def tables_from_columns(path: str, cols: Columns, rank_arg: int | None) -> KinetoParse:
+    """The tables of one trace from its decoded columns (either driver's: whole file or chunks)."""
+    trace, warnings = cols.top, list(cols.warnings)
+    di, trace_rank, world_size, table_rank = _trace_identity(trace, rank_arg, warnings)
+    rows = _joined_rows(cols)
+    name_list, raw_cat_list, tid_text, memory_events = list(cols.names), list(cols.cats), cols.tid_ids.text_of, cols.memory
+    ms, phase_counts, lenient = cols.ms, cols.phase_counts, cols.lenient
+    del cols
+    dropped = _drop_untimed(rows, warnings)
+    _check_durations(rows, warnings)
+    _name_and_category_columns(rows, name_list, raw_cat_list, dropped, warnings)
+    thread_names, process_labels = _metadata_names(ms)
+    thread_col = _thread_name_column(rows.pid, rows.tid, thread_names, tid_text, rows.n)
+    windows = _step_windows(rows)
+    kr = _kernel_rows(rows, windows)
+    coll = build_collectives(CollectiveInputs(
+        path=path, name_dict=rows.name_dict, name_codes=rows.name_codes, cat_codes=rows.cat_codes,
+        cat_values=rows.cat_values, ts=rows.ts, end=rows.end, dur=rows.dur, dur_ok=rows.dur_ok, pid=rows.pid,
+        tid=rows.tid, ext=rows.ext, corr=rows.corr_np, args=rows.args_keep, gpu_row=rows.gpu_row,
+        kernel_rows=kr.rows[kr.comm], kernel_launch=kr.launch[kr.comm], step_at=windows.at, lenient=lenient,
+        world_size=world_size, only_default_group=_only_default_group(di, world_size)))
+    warnings.extend(coll.warnings)
+    kernels = _kernels_table(rows, kr, *_comm_kernel_groups(rows, kr, coll.kernel_row_to_call), table_rank)
+    coll_tbl = coll.table.set_column(coll.table.column_names.index("rank"), "rank",
+                                     pa.array(np.full(coll.table.num_rows, table_rank, np.int32)))
     tables = {
-        "events": conform("events", events_tbl),
+        "events": conform("events", _events_table(rows, thread_col, kr, windows, table_rank)),
         "kernels": conform("kernels", kernels),
         "collectives": conform("collectives", coll_tbl),
-        "steps": conform("steps", steps_tbl),
-        "memory": memory_table(memory_events, table_rank, step_at, warnings),
+        "steps": conform("steps", _steps_table(windows, kernels, table_rank)),
+        "memory": memory_table(memory_events, table_rank, windows.at, warnings),
     }
-
-    pgs = _process_groups(di, trace_rank, warnings)
-    info = _info(trace, di, path, ts, end, n, len(k_rows), warnings, process_labels)
-    return KinetoParse(
-        source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=pgs,
-        tables=tables, table_rank=table_rank, phase_counts=phase_counts,
-    )
+    groups = _process_groups(di, trace_rank, warnings)
+    info = _info(trace, di, path, rows.ts, rows.end, rows.n, len(kr.rows), warnings, process_labels)
+    return KinetoParse(source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=groups,
+                       tables=tables, table_rank=table_rank, phase_counts=phase_counts)
 
 
 def _detach(a: Any) -> Any:
@@ -835,15 +880,15 @@ def _info(trace: Any, di: dict | None, path: str, ts: np.ndarray, end: np.ndarra
           num_kernels: int, warnings: list[str], process_labels: dict) -> dict:
     devices = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
     device_names = [str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name") is not None]
-    base = _to_int(trace.baseTimeNanoseconds)
+    base = to_int(trace.baseTimeNanoseconds)
     host = trace.host_name or trace.hostname or (di.get("hostname") or di.get("host_name") if di else None)
     sv = trace.schemaVersion
     return {
-        "world_size": _to_int(di.get("world_size")) if di else None,
+        "world_size": to_int(di.get("world_size")) if di else None,
         "hostname": _clip_text(str(host)) if host is not None else None,
         "backend": str(di["backend"]) if di and di.get("backend") is not None else None,
         "device_names": device_names,
-        "device_memory_bytes": [_to_int(d.get("totalGlobalMem")) for d in devices if isinstance(d, dict)
+        "device_memory_bytes": [to_int(d.get("totalGlobalMem")) for d in devices if isinstance(d, dict)
                                 and d.get("name") is not None],
         "source_file": path,
         "schema_version": str(sv) if sv is not None else None,
@@ -880,7 +925,7 @@ def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]
     if not isinstance(cfg, list):
         warnings.append("distributedInfo.pg_config is neither a list nor an object; ignored")
         return []
-    count = _to_int(di.get("pg_count"))
+    count = to_int(di.get("pg_count"))
     if count is not None and count != len(cfg):
         warnings.append(f"distributedInfo.pg_count {count} disagrees with {len(cfg)} pg_config entries")
     out = []
@@ -891,8 +936,8 @@ def _process_groups(di: dict | None, trace_rank: int | None, warnings: list[str]
         ranks = g.get("ranks")
         if isinstance(ranks, str):
             ranks = _parse_int_list(ranks)
-        ranks = [int(r) for r in ranks] if isinstance(ranks, list) and all(_to_int(r) is not None for r in ranks) else None
-        size = _to_int(g.get("pg_size"))
+        ranks = [int(r) for r in ranks] if isinstance(ranks, list) and all(to_int(r) is not None for r in ranks) else None
+        size = to_int(g.get("pg_size"))
         if size is None and ranks is not None:
             size = len(ranks)
         desc = g.get("pg_desc")

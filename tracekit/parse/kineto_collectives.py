@@ -89,7 +89,7 @@ class CollectiveResult:
 
 def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
     host = ~inp.gpu_row
-    codes = _classify_names(inp.name_dict)
+    codes = classify_collective_names(inp.name_dict)
     rows = {kind: np.flatnonzero(np.isin(inp.name_codes, c) & host) if c else np.zeros(0, np.int64)
             for kind, c in codes.items()}
     ext = _RowValues(inp.ext) if len(rows["rpc"]) or len(rows["c10d"]) or len(rows["nccl"]) else None
@@ -145,11 +145,11 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
 
 def candidate_codes(name_dict: list) -> list[int]:
     """Name codes of the events whose args collective assembly reads."""
-    c = _classify_names(name_dict)
+    c = classify_collective_names(name_dict)
     return c["rpc"] + c["nccl"] + c["gloo"] + c["c10d"]
 
 
-def _classify_names(name_dict: list) -> dict[str, list[int]]:
+def classify_collective_names(name_dict: list) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {"rpc": [], "nccl": [], "gloo": [], "c10d": [], "ann": []}
     for code, nm in enumerate(name_dict):
         if not nm:
