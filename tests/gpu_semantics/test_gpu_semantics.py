@@ -261,3 +261,13 @@ def test_every_dtype_is_sized_and_its_busbw_exact(tmp_path, dtype, size):
     assert row["bytes_p50"] == nelems * size == c.bytes
     expect = Fraction(c.bytes, min(c.ends.values()) - max(c.starts.values())) * Fraction(1, 2)
     assert row["busbw_gbps_p50"] == pytest.approx(float(expect), rel=0.01)
+
+
+def test_a_straggler_in_a_two_step_window_with_one_collective_per_step_is_found(tmp_path):
+    # a short profiled window of a one-bucket DDP job: the late rank is last at both of its collectives
+    spec = Spec(world=2, steps=2, step_ops=STEP_OPS, slow={1: Fraction(2)}, host_ahead_ns=3 * MS)
+    trace, a = run(tmp_path, spec)
+    expect = straggler_delay_per_step(trace)
+    (f,) = findings(a, "straggler")
+    assert f["ranks"] == [1] and f["evidence"]["last_count"] == f["evidence"]["instances"] == 2
+    assert f["evidence"]["delay_ns_per_step"] == pytest.approx(float(expect[1]), rel=0.05)

@@ -184,8 +184,10 @@ def test_symmetric_run_has_no_straggler_and_each_collective_once(recordings, ana
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 (gpu): a host-side sleep on one rank is reported as idle_host_bound first, "
-                          "not as the straggler that holds its peers back", strict=False)
+@pytest.mark.xfail(reason="issue 12/14: the straggler is found with its delay (ddp: 47.7 ms for a 50 ms sleep) but "
+                          "the critical-path replay gives it and idle_host_bound the same ~0.15 ms saving (a 50 ms "
+                          "sleep before the step's first op is outside the replayed window), so it is not first",
+                   strict=False)
 @pytest.mark.parametrize("name, extra", [("ddp", ["--sleep-ms", "50"]), ("fsdp2", ["--sleep-ms", "50"])])
 def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name, extra):
     out = _record(tmp_path, name, "--slow-rank", "1", *extra)

@@ -77,7 +77,7 @@ class StragglerConfig:
     warning_last_share: float = 0.75
     """A warning also needs the rank to be last at this share of its collectives."""
     min_instances: int = 3
-    """Fewest instances a rank must have been last at."""
+    """Fewest instances a rank must have been last at (or all of its instances, at least two)."""
     max_cause_instances: int = 200
     """Late instances examined for the cause (the largest delays first)."""
     cause_min_explained: float = 0.5
@@ -446,7 +446,10 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     for row in rows:
         frac = row["delay_fraction"] or 0.0
         dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
-        if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] >= cfg.min_instances):
+        # a rank last at every one of its (at least two) collectives needs no more of them: a short
+        # profiled window (2 steps of a one-bucket DDP job) holds only that many
+        enough = row["last_count"] >= min(cfg.min_instances, max(row["instances"], 2))
+        if not (frac >= cfg.min_delay_fraction and dominant and enough):
             continue
         cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg)
         stragglers.append({"rank": row["rank"], "cause": cause, "cause_evidence": ev})
