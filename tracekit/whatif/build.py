@@ -63,7 +63,7 @@ class _Buf:
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
                              ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
                              ("step", step, np.int64)):
-            self.cols[key].append(np.broadcast_to(np.asarray(val, dtype=dt), (k,)).copy())
+            self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         self.names.extend(names if isinstance(names, list) else [names] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
         self.n += k
@@ -198,19 +198,15 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
     lanes = members["xfer_lane"].to_numpy(np.int64)
     arr_lanes = members["arr_lane"].to_numpy(np.int64)
     ranks = members["rank"].to_numpy(np.int32)
-    arr_ids = np.empty(len(members), np.int64)
-    xfer_ids = np.empty(len(members), np.int64)
-    for r in np.unique(ranks):
-        m = np.flatnonzero(ranks == r)
-        arr_ids[m] = buf.add(rank=int(r), lane=arr_lanes[m], category=Category.MARK, start=arrival[m],
-                             dur=np.zeros(m.size, np.int64), dim=dim_idx[m], inst=inst[m], names="arrive", prio=0)
-        # a group runs its collectives in order: a transfer starts after the last arrival and after
-        # the previous transfer on the same lane ended
-        xs = np.maximum(sync_t[inst[m]], _prev_end_on_lane(lanes[m], arrival[m], end[m]))
-        xfer_ids[m] = buf.add(rank=int(r), lane=lanes[m], category=Category.TRANSFER, start=xs,
-                              dur=np.maximum(end[m] - xs, 0), dim=dim_idx[m], inst=inst[m],
-                              names=[f"{o} {p}" for o, p in zip(members["op"].iloc[m], members["pg_name"].iloc[m])],
-                              terminal=True, step=members["step"].iloc[m].fillna(-1).to_numpy(np.int64))
+    arr_ids = buf.add(rank=ranks, lane=arr_lanes, category=Category.MARK, start=arrival,
+                      dur=np.zeros(len(members), np.int64), dim=dim_idx, inst=inst, names="arrive", prio=0)
+    # a group runs its collectives in order: a transfer starts after the last arrival and after the
+    # previous transfer on the same lane ended
+    xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
+    xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(end - xs, 0),
+                       dim=dim_idx, inst=inst,
+                       names=(members["op"].astype(str) + " " + members["pg_name"].astype(str)).tolist(),
+                       terminal=True, step=members["step"].fillna(-1).to_numpy(np.int64))
     buf.edge(arr_ids, sync[inst])
     buf.edge(sync[inst], xfer_ids)
     buf.edge(arr_ids, xfer_ids)
@@ -525,29 +521,31 @@ def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int
 def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: list[int], shift: dict[int, int],
                    members: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, Any]]:
     """Decide each rank's kind (GPU: its kernels; CPU: its training thread) and where its members sit."""
-    members = members.copy()
-    members["arr_lane"] = -1
-    members["xfer_lane"] = -1
+    members = members.reset_index(drop=True)
+    arrival = members["arrival"].to_numpy(np.int64).copy()
+    arr_lane = np.full(len(members), -1, np.int64)
+    xfer_lane = np.full(len(members), -1, np.int64)
+    by_rank = members.groupby("rank").indices if len(members) else {}
+    pg = members["pg_name"].astype(str).to_numpy()
     placed: dict[int, Any] = {}
     for r in ranks:
-        conv = shift.get(r, 0)
-        rows = members.index[members["rank"] == r]
-        gr = load_gpu_rank(buf, store, r, steps, conv)
+        rows = np.asarray(by_rank.get(r, np.zeros(0, np.int64)), dtype=np.int64)
+        gr = load_gpu_rank(buf, store, r, steps, shift.get(r, 0))
         if gr is not None:
-            kidx = match_gpu_members(gr, members.loc[rows])
+            kidx = match_gpu_members(gr, members.iloc[rows])
             ok = kidx >= 0
             lanes = np.array([gr.lanes[int(gr.stream[i])] for i in kidx[ok]], dtype=np.int64)
-            members.loc[rows[ok], "arrival"] = gr.ts[kidx[ok]]  # device arrival: the kernel's start
-            members.loc[rows[ok], "arr_lane"] = lanes
-            members.loc[rows[ok], "xfer_lane"] = lanes
-            placed[r] = ("gpu", gr, pd.Series(kidx, index=rows))
+            arrival[rows[ok]] = gr.ts[kidx[ok]]  # device arrival: the kernel's start
+            arr_lane[rows[ok]] = lanes
+            xfer_lane[rows[ok]] = lanes
+            placed[r] = ("gpu", gr, None)
             continue
         host = buf.lane(f"rank {r} training thread")
-        members.loc[rows, "arr_lane"] = host
-        for pg in members.loc[rows, "pg_name"].astype(str).unique():
-            sel = rows[members.loc[rows, "pg_name"].astype(str).to_numpy() == pg]
-            members.loc[sel, "xfer_lane"] = buf.lane(f"rank {r} comm {pg}")
+        arr_lane[rows] = host
+        for name in np.unique(pg[rows]):
+            xfer_lane[rows[pg[rows] == name]] = buf.lane(f"rank {r} comm {name}")
         placed[r] = ("cpu", host, None)
+    members = members.assign(arrival=arrival, arr_lane=arr_lane, xfer_lane=xfer_lane)
     members = members[members["arr_lane"] >= 0].reset_index(drop=True)
     members["inst"] = members["key"].astype("category").cat.codes.astype(np.int64)
     return members, placed
@@ -566,9 +564,10 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, int]] = {}
+    by_rank = members.groupby("rank").indices if len(members) else {}
     for r, (kind, obj, _) in placed.items():
         conv = shift.get(r, 0)
-        sel = np.flatnonzero(members["rank"].to_numpy() == r)
+        sel = np.asarray(by_rank.get(r, np.zeros(0, np.int64)), dtype=np.int64)
         sub_ids = {k: v[sel] for k, v in ids.items()}
         mem = members.iloc[sel]
         if kind == "gpu":
