@@ -9,8 +9,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `slow_link`: a dim's transfers no slower than the median transfer of the same op and size on the
   dim's other groups (or, with one group, its own median).
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
-- `expert_even`: expert-parallel ranks' compute set to the mean of their EP group, and each all_to_all's
-  members' transfers to the instance's mean (even expert load).
+- `expert_even`: expert-parallel ranks' compute above their EP group's mean down to the mean, and each
+  all_to_all member's transfer no longer than the instance's mean (even expert load; the cold ranks' extra
+  work is assumed to fit in the time they spent waiting for the hot ones).
 - `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
   (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
 - `host_stalls`: host gaps of at least `stall_min_ns` on host threads and data-loading nodes set to 0
@@ -163,14 +164,14 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
     for rs in groups.values():
         mean = float(np.mean([comp[r] for r in rs]))
         for r in rs:
-            if comp[r] > 0:
-                _scale_rank(g, dur, r, mean / comp[r])
+            if comp[r] > mean:  # the hot ranks' load down to the mean; the cold ranks' extra work fits in
+                _scale_rank(g, dur, r, mean / comp[r])  # the time they spent waiting for the hot ones
     m = np.flatnonzero(_transfers(g, "ep"))
     if m.size and g.inst_info is not None:
         inst = g.inst[m]
         sums = np.bincount(inst, weights=dur[m].astype(np.float64))
         cnt = np.bincount(inst)
-        dur[m] = np.rint(sums[inst] / cnt[inst]).astype(np.int64)
+        dur[m] = np.minimum(dur[m], np.rint(sums[inst] / cnt[inst]).astype(np.int64))
 
 
 def microbatch_factor(lay: Layout, new_m: int) -> float:
