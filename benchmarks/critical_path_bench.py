@@ -88,7 +88,7 @@ def bench_synthetic(ranks: int, ops: int, every: int) -> None:
 
 
 def bench_sim(sim_dir: Path | None) -> None:
-    from tracekit.analyze.critical_path import replay_steps, run_layout
+    from tracekit.analyze.critical_path import replay_steps, run_layout, step_input
     from tracekit.parse.run import parse_run
     from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces
     from tracekit.tables.store import RunStore
@@ -110,13 +110,13 @@ def bench_sim(sim_dir: Path | None) -> None:
         print(f"parsed in {time.perf_counter() - t:.0f} s (not timed below)", flush=True)
     store = RunStore(store_dir)
     t0 = time.perf_counter()
-    ctx = prepare(store)
+    inputs = prepare(store)
     t1 = time.perf_counter()
-    results = replay_steps(store, ctx)
+    results = replay_steps(store, step_input(store, inputs.layout, inputs.matching))
     t2 = time.perf_counter()
     paths = [path_of(r) for r in results]
     t3 = time.perf_counter()
-    lay = run_layout(ctx)
+    lay = run_layout(inputs.layout, inputs.pipeline)
     fixes = [[Fix("rank_compute", rank=5)], [Fix("dim_overlap", dim="tp")], [Fix("stage_resplit")],
              [Fix("expert_even")], [Fix("host_stalls")], [Fix("dim_bandwidth", dim="dp", value=100.0)]]
     preds = [predict_ns(results[-1], f, lay) for f in fixes]

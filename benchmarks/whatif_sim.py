@@ -58,12 +58,12 @@ def run_case(name: str, root: Path) -> dict:
     res = simulate(ModelSpec.preset(model), ClusterSpec.preset("2x8-h100"), layout, faults, steps=3)
     write_traces(res, root / name / "traces")
     store = parse_run(root / name / "traces", root / name / "store", progress=False).store
-    ctx = prepare(store)
+    inputs = prepare(store)
     truth = [f for f in res.faults_truth if f["kind"] == name]
     if not truth:
         return {"name": name, "error": f"the simulator reported no {name} fault"}
     fixes = fixes_for(truth[0], layout)
-    out = run_whatif(store, fixes, ctx)
+    out = run_whatif(store, fixes, inputs)
     want = truth[0]["step_ns_without"]
     return {"name": name, "with": truth[0]["step_ns_with"], "measured": out["measured_ns"],
             "replayed": out["replayed_ns"], "predicted": out["predicted_ns"], "without": want,
