@@ -98,14 +98,13 @@ def test_traces_without_memory_events_are_reported_and_analysis_goes_on(runs, tm
 
 
 def test_model_calibrated_on_the_plain_run_predicts_the_checkpointed_run(runs):
-    from tracekit.model.memory import Layout, ModelShape, calibrate, predict
+    from tracekit.model.memory import Layout, ModelShape, calibrate_from_analysis, predict
 
     shape = ModelShape(num_layers=4, d_model=32, d_ff=64, num_heads=4, vocab_size=128, seq_len=32,
                        microbatch_size=2, max_seq_len=128)
-    plain = runs["plain"]["analysis"]["sections"]["memory"]["stages"]
     layout = Layout(pp=P, schedule="1f1b", microbatches=M)
-    calib = calibrate(shape, layout, peaks=[s["peak_allocated"] for s in plain],
-                      per_microbatch=[s["per_microbatch_bytes"] for s in plain], counts_static=False)
+    calib = calibrate_from_analysis(shape, layout, runs["plain"]["analysis"]["sections"]["memory"])
+    assert not calib.counts_static  # CPU: the profiler's counter started with the window
     predicted = predict(shape, Layout(pp=P, schedule="1f1b", microbatches=M, activation_checkpointing=True), calib)
     for st in runs["ckpt"]["analysis"]["sections"]["memory"]["stages"]:
         measured = st["peak_allocated"]

@@ -277,3 +277,20 @@ def fits(shape: ModelShape, layout: Layout, capacity_bytes: int, calib: Calibrat
     if not calib.counts_static:
         raise ValueError("a capacity check needs a calibration that counts parameters and optimizer state")
     return peak_bytes(shape, layout, calib) <= capacity_bytes * (1 - reserve_fraction)
+
+
+def calibrate_from_analysis(shape: ModelShape, layout: Layout, memory_section: dict) -> Calibration:
+    """A calibration from an analysis.json `memory` section (tracekit/analyze/memory.py) of a run of
+    `layout`: per-stage peaks and per-micro-batch footprints (per rank when there is no pipeline); the
+    section's counter says whether parameters and optimizer state are in the measured peaks."""
+    stages = memory_section.get("stages") or []
+    if stages:
+        by_stage = {s["stage"]: s for s in stages}
+        rows = [by_stage.get(s, {}) for s in range(layout.num_stages)]
+    else:
+        rows = [max(memory_section.get("ranks") or [{}], key=lambda r: r.get("peak_allocated") or 0)]
+    peaks = [int(r.get("peak_allocated") or 0) for r in rows]
+    if not all(peaks):
+        raise ValueError("the memory section has no peak for every stage of the layout")
+    return calibrate(shape, layout, peaks=peaks, per_microbatch=[r.get("per_microbatch_bytes") for r in rows],
+                     counts_static=memory_section.get("counter") == "absolute")
