@@ -131,8 +131,12 @@ def sim_runs(tmp_path_factory) -> Runs:
     return Runs(tmp_path_factory.mktemp("sim_matrix"))
 
 
+# findings about the analysis itself, not a cause (e.g. the verdict may flip between steps): never the top cause
+META_FINDINGS = {"unstable_verdict"}
+
+
 def _loud(analysis: dict[str, Any]) -> list[dict[str, Any]]:
-    return [f for f in analysis["findings"] if f["severity"] in ("warning", "critical")]
+    return [f for f in analysis["findings"] if f["severity"] in ("warning", "critical") and f["kind"] not in META_FINDINGS]
 
 
 def _names(top: dict[str, Any], fault: dict[str, Any]) -> str | None:
