@@ -169,6 +169,12 @@ class Layout:
         if self.schedule in ("interleaved", "zb") and self.pp > 1 and self.microbatches % self.pp:
             raise ValueError(f"schedule {self.schedule} needs microbatches ({self.microbatches}) a multiple of pp")
 
+    def tokens_per_step(self, model: ModelSpec) -> int:
+        """Global tokens per optimizer step: every dp replica runs `microbatches` micro-batches of
+        `model.micro_batch_size` sequences (cp shards each sequence; tp and pp do not add tokens).
+        Compare layouts at equal tokens per step (scale microbatches or micro_batch_size)."""
+        return self.dp * self.microbatches * model.micro_batch_size * model.seq
+
     @property
     def virtual(self) -> int:
         return self.interleave if self.schedule in ("interleaved", "zb") and self.pp > 1 else 1
