@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tracekit.parse.kineto as K
-from tracekit.parse import _decode as D
+from tracekit.parse import decode as D
 from tracekit.parse.gz import iter_trace_blocks, read_trace_bytes
 
 _ENC = msgspec.json.Encoder(decimal_format="number")

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.errors import InputTooLargeError, TraceFormatError
-from tracekit.parse import _decode as D
+from tracekit.parse import decode as D
 from tracekit.parse import kineto as K
 from tracekit.parse.classify import StepWindows, device_windows, kernel_steps, step_number
 from tracekit.parse.collective_names import is_comm_kernel_name

@@ -1,7 +1,7 @@
 """Kineto JSON trace (plain or .gz) → the per-rank tables of DESIGN §2.
 
 The file is streamed (read or gunzipped block by block) and its `traceEvents` array decoded by
-msgspec in ~1 MB chunks cut at event boundaries (see `_decode`); complete events hand their fields to
+msgspec in ~1 MB chunks cut at event boundaries (see `decode`); complete events hand their fields to
 a row list as they are built, and each chunk becomes column pieces before the next is decoded, so
 neither the JSON text nor all event objects are ever held at once. Unusual layouts, lenient typing
 and unreadable input take the whole-document path, which reports errors precisely. Columns are
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse import _decode as D
+from tracekit.parse import decode as D
 from tracekit.parse.classify import (
     GPU_CATS, StepWindows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
     lane_column, step_number,

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse import _decode as D
+from tracekit.parse import decode as D
 from tracekit.parse.safe_pickle import load_plain_data
 from tracekit.tables.schema import conform, empty
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -359,6 +360,29 @@ def _progress(enabled: bool, total: int) -> tuple[Callable[[str], None], Callabl
     return (lambda desc: prog.update(task, advance=1, description=desc)), prog.stop
 
 
+@dataclass
+class _Run:
+    """What parsing a run accumulates: the store being written and everything meta.json will say."""
+
+    writer: RunStoreWriter
+    skipped: list[dict[str, str]]
+    advance: Callable[[str], None]
+    warnings: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    manifest: Any = None
+    rank_warnings: dict[int, list[str]] = field(default_factory=dict)
+    logs: dict[int, _RankLogs] = field(default_factory=dict)
+    claims: dict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
+    world_sizes: dict[int, int] = field(default_factory=dict)
+    groups: _GroupMerger = field(default_factory=lambda: _GroupMerger())
+    join_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
+    partial_logs: list[str] = field(default_factory=list)
+    rank_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def claim(self, kind: str, rank: int, path: str, what: str) -> bool:
+        return _claim(self.claims[kind], rank, path, what, self.skipped)
+
+
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
               engine: Any = None, assume_rank: int | None = None) -> ParseRunResult:
@@ -366,8 +390,9 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
     a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
-    `assume_rank`: the user's rank for the one Kineto trace that states none (content or name); with
-    several such traces each is still skipped (one rank cannot be all of them).
+    `assume_rank`: the user's rank for the one Kineto trace that states none (content or name; without it
+    that trace is rank 0, with a warning); with several such traces each is skipped (one rank cannot be
+    all of them).
     """
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
@@ -379,220 +404,248 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     found = disc.discover_inputs(trace_dir)
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
-    skipped: list[dict[str, str]] = list(found.skipped)
-    warnings: list[str] = []
-    meta: dict[str, Any] = {"trace_dir": str(trace_dir)}
-    manifest = None
+    advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
+    run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
+               meta={"trace_dir": str(trace_dir)})
+    _read_manifest(found, run)
+    try:
+        for f in found.inputs:  # 1. small per-rank inputs
+            if f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH, disc.KINETO):
+                _read_side_input(f, run, max_decompressed_bytes)
+        kineto = found.of_kind(disc.KINETO)  # 2. Kineto traces, one rank at a time
+        results = engine.parse_kineto_files([str(f.path) for f in kineto], max_decompressed_bytes=max_decompressed_bytes,
+                                            max_memory_bytes=max_memory_bytes)
+        _add_kineto_ranks(results, {str(f.path): f.name_rank for f in kineto}, run, assume_rank)
+        for rank, rl in sorted(run.logs.items()):  # 3. ranks that only have logs
+            if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline:
+                run.rank_rows.append(_write_rank(run, rank, None, None, None, rl, run.rank_warnings.get(rank, [])))
+    finally:
+        stop()
+    return ParseRunResult(store=_close_run(run), skipped=run.skipped)
+
+
+def _read_manifest(found: Any, run: _Run) -> None:
     for f in found.of_kind(disc.MANIFEST):
-        if manifest is None:
-            manifest = _read_json_meta(f.path, skipped)
+        if run.manifest is None:
+            run.manifest = _read_json_meta(f.path, run.skipped)
         else:
-            skipped.append({"file": str(f.path), "reason": f"second manifest.json (kept the first)"})
+            run.skipped.append({"file": str(f.path), "reason": "second manifest.json (kept the first)"})
     # ground_truth.json (a simulator's or the runtime's answer key) is never read into the store: the
     # analyzers must find what the traces show, not what was injected
 
-    advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
-    rank_warnings: dict[int, list[str]] = {}
-    logs: dict[int, _RankLogs] = {}
-    claims: dict[str, dict[int, str]] = {k: {} for k in ("comms_log", "flight_recorder", "kineto", "routing", "pipeline",
-                                                          disc.MEMORY_SNAPSHOT)}
-    world_sizes: dict[int, int] = {}
-    groups = _GroupMerger()
-    writer = RunStoreWriter(Path(store_dir))
+
+def _read_side_input(f: Any, run: _Run, max_decompressed_bytes: int | None) -> None:
+    """One comms log, Flight Recorder dump, routing/pipeline log or memory snapshot, filed under its rank."""
+    run.advance(f.path.name)
+    path = str(f.path)
+    local: list[str] = []
+    readers = {disc.COMMS_LOG: _add_comms_log, disc.FLIGHT_RECORDER: _add_flight_recorder,
+               disc.ROUTING: _add_side_log, disc.PIPELINE: _add_side_log, disc.MEMORY_SNAPSHOT: _add_memory_snapshot}
+    if f.kind not in readers:
+        return
     try:
-        # 1. small per-rank inputs
-        for f in found.inputs:
-            if f.kind in (disc.MANIFEST, disc.GROUND_TRUTH, disc.KINETO):
-                continue
-            advance(f.path.name)
-            path = str(f.path)
-            local_warnings: list[str] = []
-            try:
-                if f.kind == disc.COMMS_LOG:
-                    header = read_comms_log_header(f.path)
-                    if header is None:
-                        raise TraceFormatError(path, "not a tracekit comms log (no header line)")
-                    head_rank = header.get("rank")
-                    rank, source = _identify(None if head_rank is None else int(head_rank), "comms-log",
-                                             f.name_rank, path, local_warnings)
-                    if not _claim(claims["comms_log"], rank, path, "comms log", skipped):
-                        continue
-                    rl = logs.setdefault(rank, _RankLogs())
-                    rl.comms_path, rl.comms_rank_source = path, source
-                    if header.get("world_size"):
-                        world_sizes[rank] = int(header["world_size"])
-                    groups.add(pg_config_groups(header.get("pg_config")), rank)
-                elif f.kind == disc.FLIGHT_RECORDER:
-                    parsed = parse_flight_recorder(f.path, max_bytes=max_decompressed_bytes)
-                    rank, source = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local_warnings)
-                    if not _claim(claims["flight_recorder"], rank, path, "Flight Recorder", skipped):
-                        continue
-                    parsed.collectives = _set_rank(parsed.collectives, rank)
-                    logs.setdefault(rank, _RankLogs()).fr = parsed
-                    groups.add(parsed.process_groups, rank)
-                    local_warnings += parsed.warnings
-                elif f.kind in (disc.ROUTING, disc.PIPELINE):
-                    rank, source = _identify(None, None, f.name_rank, path, local_warnings)
-                    if not _claim(claims[f.kind], rank, path, f"{f.kind} log", skipped):
-                        continue
-                    reader = parse_routing_log if f.kind == disc.ROUTING else parse_pipeline_log
-                    getattr(logs.setdefault(rank, _RankLogs()), f.kind).append(reader(f.path, rank, local_warnings))
-                elif f.kind == disc.MEMORY_SNAPSHOT:
-                    rank, source = _identify(None, None, f.name_rank, path, local_warnings)
-                    if not _claim(claims[f.kind], rank, path, "memory snapshot", skipped):
-                        continue
-                    table = parse_memory_snapshot(f.path, rank, max_bytes=max_decompressed_bytes)
-                    logs.setdefault(rank, _RankLogs()).memory_segments.append(table)
-                else:
-                    continue
-                logs[rank].files[f.kind] = path
-                rank_warnings.setdefault(rank, []).extend(local_warnings)
-            except TraceFormatError as exc:
-                skipped.append({"file": path, "reason": exc.reason})
-            except Exception as exc:  # malformed content in an unexpected place: report, keep going
-                skipped.append({"file": path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
+        rank = readers[f.kind](f, path, run, local, max_decompressed_bytes)
+        if rank is None:
+            return
+        run.logs[rank].files[f.kind] = path
+        run.rank_warnings.setdefault(rank, []).extend(local)
+    except TraceFormatError as exc:
+        run.skipped.append({"file": path, "reason": exc.reason})
+    except Exception as exc:  # malformed content in an unexpected place: report, keep going
+        run.skipped.append({"file": path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
 
-        # 2. Kineto traces, one rank at a time
-        rank_rows: list[dict[str, Any]] = []
-        kineto_paths = [str(f.path) for f in found.of_kind(disc.KINETO)]
-        name_ranks = {str(f.path): f.name_rank for f in found.of_kind(disc.KINETO)}
-        join_stats: dict[int, dict[str, Any]] = {}
-        partial_logs: list[str] = []
-        results = engine.parse_kineto_files(kineto_paths, max_decompressed_bytes=max_decompressed_bytes,
-                                            max_memory_bytes=max_memory_bytes)
-        for path, kp, error in results:
-            advance(Path(path).name)
-            if error is not None:
-                skipped.append({"file": path, "reason": error})
-                continue
-            local_warnings = []
-            try:
-                rank, source = _identify(kp.rank, "distributedInfo", name_ranks[path], path, local_warnings)
-            except RankIdentityError as exc:
-                if len(kineto_paths) != 1:  # one rank cannot be all of them: each is named, none assumed
-                    hint = (f"; --rank applies to a lone trace, not to one of {len(kineto_paths)}"
-                            if assume_rank is not None else f"; {len(kineto_paths)} traces here, so no rank is assumed")
-                    skipped.append({"file": path, "reason": exc.reason + hint})
-                    continue
-                rank, source, note = lone_trace_rank(path, assume_rank)
-                local_warnings.append(note)
-                warnings.append(note)
-                meta["rank_assumed"] = note
-            if not _claim(claims["kineto"], rank, path, "Kineto trace", skipped):
-                continue
-            if kp.world_size:
-                world_sizes[rank] = kp.world_size
-            groups.add(kp.process_groups, rank)
-            rl = logs.pop(rank, _RankLogs())
-            rank_rows.append(_write_rank(writer, rank, source, path, kp, rl, groups,
-                                         rank_warnings.get(rank, []) + local_warnings, join_stats, skipped, partial_logs))
-            del kp
 
-        # 3. ranks that only have logs
-        for rank, rl in sorted(logs.items()):
-            if rl.comms_path is None and rl.fr is None and not rl.routing and not rl.pipeline:
-                continue
-            rank_rows.append(_write_rank(writer, rank, None, None, None, rl, groups,
-                                         rank_warnings.get(rank, []), join_stats, skipped, partial_logs))
-    finally:
-        stop()
+def _add_comms_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: int | None) -> int | None:
+    header = read_comms_log_header(f.path)
+    if header is None:
+        raise TraceFormatError(path, "not a tracekit comms log (no header line)")
+    head_rank = header.get("rank")
+    rank, source = _identify(None if head_rank is None else int(head_rank), "comms-log", f.name_rank, path, local)
+    if not run.claim("comms_log", rank, path, "comms log"):
+        return None
+    rl = run.logs.setdefault(rank, _RankLogs())
+    rl.comms_path, rl.comms_rank_source = path, source  # parsed when its rank is written
+    if header.get("world_size"):
+        run.world_sizes[rank] = int(header["world_size"])
+    run.groups.add(pg_config_groups(header.get("pg_config")), rank)
+    return rank
 
-    # world size and missing ranks
+
+def _add_flight_recorder(f: Any, path: str, run: _Run, local: list[str], max_bytes: int | None) -> int | None:
+    parsed = parse_flight_recorder(f.path, max_bytes=max_bytes)
+    rank, _ = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local)
+    if not run.claim("flight_recorder", rank, path, "Flight Recorder"):
+        return None
+    parsed.collectives = _set_rank(parsed.collectives, rank)
+    run.logs.setdefault(rank, _RankLogs()).fr = parsed
+    run.groups.add(parsed.process_groups, rank)
+    local += parsed.warnings
+    return rank
+
+
+def _add_side_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: int | None) -> int | None:
+    rank, _ = _identify(None, None, f.name_rank, path, local)
+    if not run.claim(f.kind, rank, path, f"{f.kind} log"):
+        return None
+    reader = parse_routing_log if f.kind == disc.ROUTING else parse_pipeline_log
+    getattr(run.logs.setdefault(rank, _RankLogs()), f.kind).append(reader(f.path, rank, local))
+    return rank
+
+
+def _add_memory_snapshot(f: Any, path: str, run: _Run, local: list[str], max_bytes: int | None) -> int | None:
+    rank, _ = _identify(None, None, f.name_rank, path, local)
+    if not run.claim(f.kind, rank, path, "memory snapshot"):
+        return None
+    run.logs.setdefault(rank, _RankLogs()).memory_segments.append(
+        parse_memory_snapshot(f.path, rank, max_bytes=max_bytes))
+    return rank
+
+
+def _kineto_rank(kp: Any, path: str, name_rank: int | None, num_traces: int, run: _Run,
+                 assume_rank: int | None, local: list[str]) -> tuple[int, str] | None:
+    """A parsed trace's rank and its source; None (skipped, with the reason) when it cannot be known."""
+    try:
+        return _identify(kp.rank, "distributedInfo", name_rank, path, local)
+    except RankIdentityError as exc:
+        if num_traces != 1:  # one rank cannot be all of them: each is named, none assumed
+            hint = (f"; --rank applies to a lone trace, not to one of {num_traces}" if assume_rank is not None
+                    else f"; {num_traces} traces here, so no rank is assumed")
+            run.skipped.append({"file": path, "reason": exc.reason + hint})
+            return None
+        rank, source, note = lone_trace_rank(path, assume_rank)
+        local.append(note)
+        run.warnings.append(note)
+        run.meta["rank_assumed"] = note
+        return rank, source
+
+
+def _add_kineto_ranks(results: Any, name_ranks: dict[str, int | None], run: _Run, assume_rank: int | None) -> None:
+    for path, kp, error in results:
+        run.advance(Path(path).name)
+        if error is not None:
+            run.skipped.append({"file": path, "reason": error})
+            continue
+        local: list[str] = []
+        known = _kineto_rank(kp, path, name_ranks[path], len(name_ranks), run, assume_rank, local)
+        if known is None or not run.claim("kineto", known[0], path, "Kineto trace"):
+            continue
+        rank, source = known
+        if kp.world_size:
+            run.world_sizes[rank] = kp.world_size
+        run.groups.add(kp.process_groups, rank)
+        rl = run.logs.pop(rank, _RankLogs())
+        run.rank_rows.append(_write_rank(run, rank, source, path, kp, rl, run.rank_warnings.get(rank, []) + local))
+        del kp
+
+
+def _world_size(run: _Run) -> int | None:
+    """The run's world size (the largest any input states) and warnings on missing or extra ranks."""
+    manifest = run.manifest
     manifest_ws = manifest.get("world_size") if isinstance(manifest, dict) else None
-    sizes = set(world_sizes.values()) | ({int(manifest_ws)} if manifest_ws else set())
+    sizes = set(run.world_sizes.values()) | ({int(manifest_ws)} if manifest_ws else set())
     world_size = max(sizes) if sizes else None
     if len(sizes) > 1:
-        warnings.append(f"inputs disagree on the world size: {sorted(sizes)}; using {world_size}")
-    hosts = manifest.get("hosts") if isinstance(manifest, dict) else None
-    for row in rank_rows:
+        run.warnings.append(f"inputs disagree on the world size: {sorted(sizes)}; using {world_size}")
+    parsed = sorted(r["rank"] for r in run.rank_rows)
+    if world_size is not None and parsed:
+        missing = sorted(set(range(world_size)) - set(parsed))
+        if missing:
+            shown = ", ".join(map(str, missing[:_MISSING_RANKS_SHOWN])) + (" ..." if len(missing) > _MISSING_RANKS_SHOWN else "")
+            run.warnings.append(f"world size {world_size} but inputs for {len(parsed)} ranks: "
+                                f"missing ranks [{shown}] ({len(missing)} missing)")
+        beyond = [r for r in parsed if r >= world_size]
+        if beyond:
+            run.warnings.append(f"ranks {beyond} are outside world size {world_size}")
+    return world_size
+
+
+def _close_run(run: _Run) -> RunStore:
+    """The ranks and process_groups tables and meta.json; the finished store."""
+    world_size = _world_size(run)
+    hosts = run.manifest.get("hosts") if isinstance(run.manifest, dict) else None
+    rows = sorted(run.rank_rows, key=lambda r: r["rank"])
+    for row in rows:
         if row["world_size"] is None:
             row["world_size"] = world_size
         if row["hostname"] is None and isinstance(hosts, dict) and hosts.get(str(row["rank"])) is not None:
             row["hostname"] = str(hosts[str(row["rank"])])
-    parsed_ranks = sorted(r["rank"] for r in rank_rows)
-    if world_size is not None and parsed_ranks:
-        missing = sorted(set(range(world_size)) - set(parsed_ranks))
-        if missing:
-            shown = ", ".join(map(str, missing[:_MISSING_RANKS_SHOWN])) + (" ..." if len(missing) > _MISSING_RANKS_SHOWN else "")
-            warnings.append(f"world size {world_size} but inputs for {len(parsed_ranks)} ranks: "
-                            f"missing ranks [{shown}] ({len(missing)} missing)")
-        beyond = [r for r in parsed_ranks if r >= world_size]
-        if beyond:
-            warnings.append(f"ranks {beyond} are outside world size {world_size}")
-    _clock_offsets(rank_rows, manifest, warnings)
-    for r in rank_rows:
+    _clock_offsets(rows, run.manifest, run.warnings)
+    for r in rows:
         r.pop("_epoch")
-    files = {str(r["rank"]): r.pop("_files") for r in sorted(rank_rows, key=lambda r: r["rank"])}
-    if rank_rows:
-        writer.append("ranks", pa.Table.from_pylist(sorted(rank_rows, key=lambda r: r["rank"])))
-    writer.append("process_groups", groups.table())
-    meta.update({
-        "inputs": {"ranks": parsed_ranks, "skipped": skipped, "files": files,
-                   "partial_logs": sorted(partial_logs)},
-        "manifest": manifest, "world_size": world_size,
-        "warnings": warnings, "join": {str(k): v for k, v in sorted(join_stats.items())},
+    files = {str(r["rank"]): r.pop("_files") for r in rows}
+    if rows:
+        run.writer.append("ranks", pa.Table.from_pylist(rows))
+    run.writer.append("process_groups", run.groups.table())
+    run.meta.update({
+        "inputs": {"ranks": [r["rank"] for r in rows], "skipped": run.skipped, "files": files,
+                   "partial_logs": sorted(run.partial_logs)},
+        "manifest": run.manifest, "world_size": world_size,
+        "warnings": run.warnings, "join": {str(k): v for k, v in sorted(run.join_stats.items())},
         "collective_sources": "collectives keeps rows of every source; select with `source` "
                               "(kineto | comms-log | flight-recorder)",
     })
-    writer.meta.update(meta)
-    store = writer.close()
-    return ParseRunResult(store=store, skipped=skipped)
+    run.writer.meta.update(run.meta)
+    return run.writer.close()
 
 
-def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
-                rl: _RankLogs, groups: _GroupMerger, warnings: list[str],
-                join_stats: dict[int, dict[str, Any]], skipped: list[dict[str, str]],
-                partial_logs: list[str]) -> dict[str, Any]:
-    """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
-    warnings = list(warnings)
-    if rl.comms_path is not None and rl.comms is None:
-        try:
-            rl.comms = parse_comms_log(rl.comms_path, rank=rank)
-        except Exception as exc:
-            skipped.append({"file": rl.comms_path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
-            rl.files.pop("comms_log", None)
-        else:
-            rl.comms.rank_source = rl.comms_rank_source
-            warnings += rl.comms.warnings
-            if rl.comms.partial:
-                partial_logs.append(rl.comms_path)
-    log = rl.comms or rl.fr
-    log_table = log.collectives if log is not None else None
-    info: dict[str, Any] = dict(kp.info) if kp is not None else {}
-    shift = _trace_epoch_ns(info) if kp is not None else 0
-    if shift and log_table is not None and log_table.num_rows and info.get("first_ts") is not None:
-        created = pc.min(log_table.column("enqueue_ts")).as_py()
-        hour = 3_600_000_000_000
-        if created is not None and not (info["first_ts"] - 48 * hour < created - shift < info["last_ts"] + 48 * hour):
-            warnings.append("the collective log's times are days away from the trace's: clocks look unrelated")
-    if kp is not None:
-        events = kp.tables.get("events")
-        tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
-        pipeline_parts = []
-        # a chunked parse's events arrive as spilled parts: each is written and let go before the next
-        for part in table_parts(events) if events is not None else ():
-            part = _set_rank(part, rank)
-            writer.append("events", part)
-            pipeline_parts.append(pipeline_from_events(part))
-            del part
-        for name in ("kernels", "steps", "memory"):
-            if name in tables:
-                writer.append(name, tables[name])
-        kin_coll = tables.get("collectives")
-        if kin_coll is not None and kin_coll.num_rows:
-            kin_coll = conform("collectives", kin_coll)
-            joined, stats = join_collectives(kin_coll, log_table, log_shift_ns=shift, groups=kp.process_groups)
-            joined = _fill_group_ranks(joined, groups)
-            writer.append("collectives", joined)
-            join_stats[rank] = dict(stats.to_json(), log_shift_ns=shift)
-            warnings += stats.warnings
-        for pipeline in pipeline_parts:
-            if pipeline.num_rows:
-                writer.append("pipeline", pipeline)
-        del tables
+def _load_comms_log(run: _Run, rank: int, rl: _RankLogs, warnings: list[str]) -> None:
+    """Parse the rank's comms log now (it was only claimed while reading side inputs)."""
+    if rl.comms_path is None or rl.comms is not None:
+        return
+    try:
+        rl.comms = parse_comms_log(rl.comms_path, rank=rank)
+    except Exception as exc:
+        run.skipped.append({"file": rl.comms_path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
+        rl.files.pop("comms_log", None)
+        return
+    rl.comms.rank_source = rl.comms_rank_source
+    warnings += rl.comms.warnings
+    if rl.comms.partial:
+        run.partial_logs.append(rl.comms_path)
+
+
+def _check_log_clock(info: dict[str, Any], log_table: pa.Table | None, shift: int, warnings: list[str]) -> None:
+    if not shift or log_table is None or not log_table.num_rows or info.get("first_ts") is None:
+        return
+    created = pc.min(log_table.column("enqueue_ts")).as_py()
+    hour = 3_600_000_000_000
+    if created is not None and not (info["first_ts"] - 48 * hour < created - shift < info["last_ts"] + 48 * hour):
+        warnings.append("the collective log's times are days away from the trace's: clocks look unrelated")
+
+
+def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | None, shift: int,
+                         warnings: list[str]) -> None:
+    """The trace's tables, its collectives joined with the rank's log."""
+    writer = run.writer
+    events = kp.tables.get("events")
+    tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
+    pipeline_parts = []
+    # a chunked parse's events arrive as spilled parts: each is written and let go before the next
+    for part in table_parts(events) if events is not None else ():
+        part = _set_rank(part, rank)
+        writer.append("events", part)
+        pipeline_parts.append(pipeline_from_events(part))
+        del part
+    for name in ("kernels", "steps", "memory"):
+        if name in tables:
+            writer.append(name, tables[name])
+    kin_coll = tables.get("collectives")
+    if kin_coll is not None and kin_coll.num_rows:
+        joined, stats = join_collectives(conform("collectives", kin_coll), log_table, log_shift_ns=shift,
+                                         groups=kp.process_groups)
+        writer.append("collectives", _fill_group_ranks(joined, run.groups))
+        run.join_stats[rank] = dict(stats.to_json(), log_shift_ns=shift)
+        warnings += stats.warnings
+    for pipeline in pipeline_parts:
+        if pipeline.num_rows:
+            writer.append("pipeline", pipeline)
+
+
+def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> None:
+    writer = run.writer
     for p in (rl.comms, rl.fr):
         if p is not None and p.collectives.num_rows:
-            writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), groups))
+            writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), run.groups))
     for t in rl.routing:
         writer.append("routing", t)
     for t in rl.memory_segments:
@@ -601,13 +654,33 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         writer.append("pipeline", _shift_times(t, shift))
     if rl.comms is not None and rl.fr is not None:
         warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
+
+
+def _write_rank(run: _Run, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
+                rl: _RankLogs, warnings: list[str]) -> dict[str, Any]:
+    """Append one rank's tables and return its `ranks` row (plus `_files` for meta)."""
+    warnings = list(warnings)
+    _load_comms_log(run, rank, rl, warnings)
+    log = rl.comms or rl.fr
+    log_table = log.collectives if log is not None else None
+    info: dict[str, Any] = dict(kp.info) if kp is not None else {}
+    shift = _trace_epoch_ns(info) if kp is not None else 0
+    _check_log_clock(info, log_table, shift, warnings)
+    if kp is not None:
+        _write_kineto_tables(run, rank, kp, log_table, shift, warnings)
+    _write_logs(run, rl, shift, warnings)
+    return _rank_row(rank, rank_source, kineto_path, kp, rl, info, shift, warnings)
+
+
+def _rank_row(rank: int, rank_source: str | None, kineto_path: str | None, kp: Any, rl: _RankLogs,
+              info: dict[str, Any], shift: int, warnings: list[str]) -> dict[str, Any]:
     files = dict(rl.files)
     if kineto_path:
         files["kineto"] = kineto_path
     if rank_source is None:
         rank_source = (rl.comms.rank_source if rl.comms and rl.comms.rank_source else
                        rl.fr.rank_source if rl.fr and rl.fr.rank_source else "filename")
-    row = {
+    return {
         "rank": rank,
         "world_size": (kp.world_size if kp is not None else None) or (rl.comms.world_size if rl.comms else None),
         "hostname": info.get("hostname"), "backend": info.get("backend"),
@@ -623,4 +696,3 @@ def _write_rank(writer: RunStoreWriter, rank: int, rank_source: str | None, kine
         "_files": files,
         "_epoch": shift,
     }
-    return row
