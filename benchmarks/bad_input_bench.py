@@ -51,19 +51,19 @@ print(json.dumps(out))
 
 def write_bomb(path: Path, inflated_bytes: int) -> None:
     """Two events around `inflated_bytes` of whitespace inside traceEvents, gzipped at a few hundred to one (spaces
-    with a newline after a random gap of 0-6000 bytes), i.e. past the ratio rule's budget (200x) like the issue's
+    with a newline after a random gap of 0-20000 bytes), i.e. past the ratio rule's budget (200x) like the issue's
     6.5 MB -> 1.3 GB file: refused once that many bytes are inflated."""
     import numpy as np
     from isal import isal_zlib
 
     rng = np.random.default_rng(0)
-    comp = isal_zlib.compressobj(3, isal_zlib.DEFLATED, 31)
+    comp = isal_zlib.compressobj(isal_zlib.ISAL_BEST_COMPRESSION, isal_zlib.DEFLATED, 31)
     with open(path, "wb") as f:
         f.write(comp.compress(b'{"traceEvents": [' + json.dumps(_EVENT).encode() + b","))
         left = inflated_bytes
         while left > 0:
             block = np.full(min(left, 16 << 20), ord(" "), np.uint8)
-            block[np.cumsum(rng.integers(0, 6000, len(block) // 3000 + 2)) % len(block)] = ord("\n")
+            block[np.cumsum(rng.integers(0, 20000, len(block) // 10000 + 2)) % len(block)] = ord("\n")
             f.write(comp.compress(block.tobytes()))
             left -= len(block)
         f.write(comp.compress(json.dumps(_EVENT).encode() + b"]}"))
@@ -98,7 +98,7 @@ def main() -> None:
     tmp = args.data_dir or Path(tempfile.mkdtemp(prefix="tracekit-bad-input-"))
     tmp.mkdir(parents=True, exist_ok=True)
 
-    bomb = tmp / f"bomb_{args.bomb_gb}GB_sparse.json.gz"
+    bomb = tmp / f"bomb_{args.bomb_gb}GB_ratio.json.gz"
     if not bomb.exists():
         write_bomb(bomb, int(args.bomb_gb * 1000 * MB))
     r = measure(bomb)

@@ -404,6 +404,23 @@ def _may_hold_long_ws(block) -> bool:
     return any(not bytes(block[i * _SAMPLE:(i + 2) * _SAMPLE]).translate(None, b" \t\r\n") for i in runs.tolist())
 
 
+def _decode_up_to_cut(buf: bytearray, pos: int, cut: Any, decode) -> tuple[Any, bytes | None, Any]:
+    """(events, their JSON text, the cut) for buf[pos:cut]; a cut that falls inside a string or args is
+    moved to the next boundary (a few tries). Events None: no decodable cut (cut None: none left)."""
+    for _ in range(_MAX_CUT_TRIES):
+        with memoryview(buf) as view:
+            piece = b"".join((b"[", view[pos:cut.start() + 1], b"]"))
+        try:
+            return decode(piece), piece, cut
+        except msgspec.ValidationError:
+            raise
+        except msgspec.DecodeError:  # the cut fell inside a string or args: try the next one
+            cut = _EVENT_CUT.search(buf, cut.start() + 1)
+            if cut is None:
+                break
+    return None, None, cut
+
+
 def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
     """`decode_event_chunks` over an iterable of byte blocks (a file read or decompressed piece by
     piece): only the text before the events and about two chunks are held at a time."""
@@ -447,19 +464,7 @@ def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel
             want = len(buf) - pos + chunk_bytes  # no boundary yet: read further
             continue
         searched = 0
-        events = None
-        for _ in range(_MAX_CUT_TRIES):
-            with memoryview(buf) as view:
-                piece = b"".join((b"[", view[pos:cut.start() + 1], b"]"))
-            try:
-                events = decode(piece)
-                break
-            except msgspec.ValidationError:
-                raise
-            except msgspec.DecodeError:  # the cut fell inside a string or args: try the next one
-                cut = _EVENT_CUT.search(buf, cut.start() + 1)
-                if cut is None:
-                    break
+        events, piece, cut = _decode_up_to_cut(buf, pos, cut, decode)
         if events is None:
             if cut is None:
                 if eof:

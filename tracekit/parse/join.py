@@ -185,6 +185,48 @@ def resolve_groups(rows: list[dict[str, Any]], groups: list[dict[str, Any]]) -> 
     return inferred, unresolved
 
 
+def _take_log_entry(row: dict[str, Any], lr: dict[str, Any], seq_source: str | None) -> None:
+    """Fill what the Kineto row lacks from its matched log entry."""
+    for col in _FILL_FROM_LOG:
+        if row.get(col) is None and lr.get(col) is not None:
+            row[col] = lr[col]
+    if row["seq"] is None:
+        row["seq"] = lr["seq"]
+        row["seq_source"] = seq_source
+    if row["is_p2p"] is None:
+        row["is_p2p"] = lr["is_p2p"]
+    if row.get("bytes") is not None:
+        row["size_note"] = None  # the log supplied what the trace lacked
+
+
+def _match_by_seq(rows: list[dict[str, Any]], log_rows: list[dict[str, Any]], used: list[bool]) -> int:
+    """Exact matches: (group, p2p, seq) known on both sides. Returns how many."""
+    by_key: dict[tuple[Any, bool, int], int] = {}
+    for i, lr in enumerate(log_rows):
+        if lr["seq"] is not None and lr["pg_name"] is not None:
+            by_key.setdefault((lr["pg_name"], _p2p(lr), lr["seq"]), i)
+    matched = 0
+    for row in rows:
+        if row["seq"] is not None and row["pg_name"] is not None:
+            i = by_key.get((row["pg_name"], _p2p(row), row["seq"]))
+            if i is not None and not used[i]:
+                used[i] = True
+                _take_log_entry(row, log_rows[i], row["seq_source"])
+                matched += 1
+    return matched
+
+
+def _number_by_order(rows: list[dict[str, Any]]) -> int:
+    """Rows of a known group with no seq: numbered by order within (pg_name, p2p), 1-based like c10d."""
+    counters: dict[Any, int] = defaultdict(int)
+    for row in sorted(rows, key=lambda r: (_start(r) is None, _start(r) or 0)):
+        if row["seq"] is None and row["pg_name"] is not None:
+            key = (row["pg_name"], _p2p(row))
+            counters[key] += 1
+            row["seq"], row["seq_source"] = counters[key], "order"
+    return sum(counters.values())
+
+
 def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: int = 0,
                      groups: list[dict[str, Any]] | None = None) -> tuple[pa.Table, JoinStats]:
     """Return the Kineto collectives with seq (and missing metadata) filled from `log`.
@@ -198,55 +240,18 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
     rows = kineto.to_pylist()
     log_rows = log.to_pylist() if log is not None and log.num_rows else []
     used = [False] * len(log_rows)
-    by_key: dict[tuple[Any, bool, int], int] = {}
-    for i, lr in enumerate(log_rows):
-        if lr["seq"] is not None and lr["pg_name"] is not None:
-            by_key.setdefault((lr["pg_name"], _p2p(lr), lr["seq"]), i)
-
-    def take(row: dict[str, Any], i: int, seq_source: str | None) -> None:
-        used[i] = True  # (already set by _align_by_time for order matches)
-        lr = log_rows[i]
-        for col in _FILL_FROM_LOG:
-            if row.get(col) is None and lr.get(col) is not None:
-                row[col] = lr[col]
-        if row["seq"] is None:
-            row["seq"] = lr["seq"]
-            row["seq_source"] = seq_source
-        if row["is_p2p"] is None:
-            row["is_p2p"] = lr["is_p2p"]
-        if row.get("bytes") is not None:
-            row["size_note"] = None  # the log supplied what the trace lacked
-
-    # 1. exact: (group, p2p, seq) known on both sides.
-    for row in rows:
-        if row["seq"] is not None and row["pg_name"] is not None:
-            i = by_key.get((row["pg_name"], _p2p(row), row["seq"]))
-            if i is not None and not used[i]:
-                take(row, i, row["seq_source"])
-                stats.matched_by_seq += 1
-
-    # 2. issue order + time (gloo): see `_align_by_time`.
-    pending = [r for r in rows if r["seq"] is None]
+    stats.matched_by_seq = _match_by_seq(rows, log_rows, used)  # 1. exact
+    pending = [r for r in rows if r["seq"] is None]  # 2. issue order + time (gloo): see `_align_by_time`
     if pending and log_rows:
         for row, i in _align_by_time(pending, log_rows, used, log_shift_ns):
-            take(row, i, "log")
+            _take_log_entry(row, log_rows[i], "log")
             stats.matched_by_order += 1
-
     # 3. no group recorded and none from the log: the group the rank's own description pins down, or none
     stats.group_inferred, stats.no_group = resolve_groups(rows, groups or [])
     if stats.no_group:
         stats.warnings.append(f"{stats.no_group} of {stats.kineto_rows} profiler collectives name no process group "
                               f"and none could be inferred: left out of cross-rank matching")
-
-    # 4. no log entry: number by order within (pg_name), 1-based like c10d.
-    counters: dict[Any, int] = defaultdict(int)
-    for row in sorted(rows, key=lambda r: (_start(r) is None, _start(r) or 0)):
-        if row["seq"] is None and row["pg_name"] is not None:
-            key = (row["pg_name"], _p2p(row))
-            counters[key] += 1
-            row["seq"] = counters[key]
-            row["seq_source"] = "order"
-            stats.numbered_by_order += 1
+    stats.numbered_by_order = _number_by_order(rows)  # 4. no log entry
     if log_rows and stats.numbered_by_order:
         stats.warnings.append(f"{stats.numbered_by_order} of {stats.kineto_rows} profiler collectives have no "
                               f"matching log entry; numbered by order within their group")
