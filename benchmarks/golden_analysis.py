@@ -58,7 +58,9 @@ def _analyze_legacy(path: Path, out: Path, assume_rank: int | None) -> dict[str,
     store = parse_run(path, out / "tables", workers=1, progress=False, engine=engine,
                       assume_rank=assume_rank).store
     if not store.ranks():
-        raise RuntimeError("nothing could be analyzed")
+        from tracekit.errors import NothingToAnalyzeError
+
+        raise NothingToAnalyzeError(f"{path}: no trace could be analysed")
     return analyze_store(store, AnalysisConfig(), prefetch=prefetch_rank_activity(engine))
 
 
@@ -103,7 +105,9 @@ def capture(out_dir: Path) -> int:
                     doc["assumed_rank"] = 0
                     doc["without_rank"] = f"{type(first).__name__}"
             except Exception as exc:  # captured: a change in what fails is a difference too
-                doc = {"error": f"{type(exc).__name__}: {exc}".replace(str(tmp_path), "<tmp>")}
+                # nothing to analyze: the kind only (the wording lists skipped files and varies)
+                doc = {"error": type(exc).__name__ if type(exc).__name__ == "NothingToAnalyzeError"
+                       else f"{type(exc).__name__}: {exc}".replace(str(tmp_path), "<tmp>")}
         name = label.replace("/", "__") + ".json"
         (out_dir / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         status = doc.get("error") or f"{len(doc.get('findings', []))} findings"

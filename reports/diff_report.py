@@ -1,4 +1,4 @@
-"""Before/after reports from a `tracekit.diff/1` document (tracekit.diff computes it; this only lays it out)."""
+"""Before/after reports from a `tracekit.diff/1` document (tracekit.compare.diff computes it; this only lays it out)."""
 
 from __future__ import annotations
 

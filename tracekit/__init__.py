@@ -9,4 +9,8 @@ def __getattr__(name: str):
         from tracekit.record import api
 
         return getattr(api, name)
+    if name in ("analyze_run", "AnalysisRun"):
+        from tracekit import analysis
+
+        return getattr(analysis, name)
     raise AttributeError(name)

@@ -244,7 +244,7 @@ def test_unchanged_replay_reproduces_real_gpu_steps(trace, shared_traces, tmp_pa
 
 
 def test_diff_marks_findings_absorbed_by_a_bigger_one_not_resolved():
-    from tracekit.diff import diff_analyses
+    from tracekit.compare.diff import diff_analyses
 
     def run(exposed_ns: int, findings: list[dict]) -> dict:
         return {"schema": "tracekit.analysis/1", "inputs": {"ranks": [0, 1]},

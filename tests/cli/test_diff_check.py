@@ -1,4 +1,4 @@
-"""`tracekit diff` / `tracekit check`: the library (tracekit.diff, tracekit.check) against independent
+"""`tracekit diff` / `tracekit check`: the library (tracekit.compare.diff, tracekit.compare.check) against independent
 arithmetic on small hand-made analyses, the CLIs' files and exit codes, and recorded runs of the reference
 runtime with and without an injected slow rank."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.check import Thresholds, evaluate
+from tracekit.compare.check import Thresholds, evaluate
 from tracekit.cli.main import app
-from tracekit.diff import DiffConfig, diff_analyses, per_step_means
+from tracekit.compare.diff import DiffConfig, diff_analyses, per_step_means
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]

@@ -230,7 +230,7 @@ def test_check_does_not_blame_a_waiting_rank_for_communication(tmp_path):
     # ranks 0, 1 wait inside every all_reduce for the 3x slower rank 2, longer than they compute: a
     # --max-exposed-comm gate set between their exposed transfer share and their exposed comm share
     # (wait included) holds, and their verdict is waiting for a peer, not communication
-    from tracekit.check import Thresholds, evaluate
+    from tracekit.compare.check import Thresholds, evaluate
 
     spec = Spec(world=3, steps=3, step_ops=STEP_OPS, slow={2: Fraction(3)}, host_ahead_ns=5 * MS)
     trace, a = run(tmp_path, spec)

@@ -9,7 +9,7 @@ from typing import Any
 from tests.reports.conftest import HOSTILE, build_analysis
 from reports import render_diff_markdown, render_html, render_markdown
 from reports.escape import md
-from tracekit.diff import diff_analyses
+from tracekit.compare.diff import diff_analyses
 
 
 def _table_rows(text: str) -> list[list[str]]:

@@ -13,7 +13,7 @@ from tests.reports.chromium_cdp import Chromium
 from tests.reports.conftest import BREAKOUT, HOSTILE, build_analysis
 from reports import render_diff_html, render_html
 from reports.html_report import SECTIONS
-from tracekit.diff import diff_analyses
+from tracekit.compare.diff import diff_analyses
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

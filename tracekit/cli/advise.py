@@ -43,13 +43,9 @@ def _links(text: str | None) -> dict[str, float]:
 def _analysis(traces: Path, quiet: bool) -> dict:
     if traces.is_file() and traces.suffix == ".json":
         return json.loads(traces.read_text())
-    from tracekit.analyze.engine import analyze_store
-    from tracekit.parse.run import parse_run
-    import tempfile
+    from tracekit.analysis import analyze_run
 
-    with tempfile.TemporaryDirectory() as tmp:
-        store = parse_run(traces, Path(tmp) / "tables", progress=not quiet).store
-        return analyze_store(store)
+    return analyze_run(traces, progress=not quiet).analysis
 
 
 def register(app: typer.Typer) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -105,75 +104,48 @@ def register(app: typer.Typer) -> None:
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
              max_decompressed_bytes: int | None = None, assume_rank: int | None = None) -> None:
-    """Parse (unless given a store), analyze on `engine`, write analysis.json and the reports."""
-    from rich.console import Console
-
-    from tracekit.analyze.engine import analyze_store
-    from tracekit.engines.rank_tasks import prefetch_rank_activity
-    from tracekit.errors import TracekitError
-    from tracekit.tables.store import RunStore
-
-    try:
-        if (trace_dir / "meta.json").is_file():
-            store = RunStore(trace_dir)
-        else:
-            from tracekit.parse.run import parse_run
-
-            store = parse_run(trace_dir, out / "tables", workers=engine.workers, progress=not quiet,
-                              max_memory_bytes=budget, engine=engine,
-                              max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank).store
-    except TracekitError as exc:
-        err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
-        raise typer.Exit(1) from None
-    for s in store.skipped:
-        err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
-    if store.meta.get("rank_assumed"):
-        err.print(f"[yellow]warning[/yellow] {_esc(store.meta['rank_assumed'])}")
-    from tracekit.record.manifest import window_problem
-
-    problem = window_problem(store.manifest)
-    if problem:
-        err.print(f"[red]tracekit analyze:[/red] {_esc(trace_dir)}: {_esc(problem)}")
-        raise typer.Exit(1)
-    if not store.ranks():
-        err.print(f"[red]tracekit analyze:[/red] nothing under {_esc(trace_dir)} could be analyzed")
-        raise typer.Exit(1)
+    """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
 
+    from rich.console import Console
+
+    from tracekit.analysis import analyze_run
+    from tracekit.errors import NothingToAnalyzeError, TracekitError
+
     command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
-    analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
+    try:
+        run = analyze_run(trace_dir, out, config, engine=engine, max_memory_bytes=budget, progress=not quiet,
+                          max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command)
+    except NothingToAnalyzeError as exc:
+        _print_skipped(getattr(exc, "skipped", []), err)
+        if getattr(exc, "problem", None):  # the recording says why (e.g. the profiled window was never reached)
+            err.print(f"[red]tracekit analyze:[/red] {_esc(trace_dir)}: {_esc(exc.problem)}")
+        else:
+            err.print(f"[red]tracekit analyze:[/red] nothing under {_esc(trace_dir)} could be analyzed")
+        raise typer.Exit(1) from None
+    except TracekitError as exc:
+        err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
+        raise typer.Exit(1) from None
+    analysis = run.analysis
+    _print_skipped(run.store.skipped, err)
+    if run.store.meta.get("rank_assumed"):
+        err.print(f"[yellow]warning[/yellow] {_esc(run.store.meta['rank_assumed'])}")
     for e in analysis.get("analyzer_errors", []):
         err.print(f"[yellow]analyzer {_esc(e['analyzer'])} failed (its section is left out):[/yellow] {_esc(e['error'])}")
     if not analysis["ranks"]:
         err.print(f"[red]tracekit analyze:[/red] no rank of {_esc(trace_dir)} had events to analyze")
-        (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
         raise typer.Exit(1)
-    (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
-    report = _write_reports(analysis, store, out, err)
+    for p in run.problems:
+        err.print(f"[yellow]{_esc(p)}[/yellow]")
     if not quiet:
         _print_summary(analysis, Console())
-        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(report)}" if report else ""))
+        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(run.report)}" if run.report else ""))
 
 
-def _write_reports(analysis: dict, store, out: Path, err) -> Path | None:
-    """report.html and summary.md via reports/ (engineer F); a missing/broken renderer is reported, not fatal."""
-    try:
-        import reports
-    except ImportError as exc:
-        err.print(f"[yellow]reports not available ({exc}); wrote analysis.json only[/yellow]")
-        return None
-    path = None
-    try:
-        (out / "report.html").write_text(reports.render_html(analysis, store), encoding="utf-8")
-        path = out / "report.html"
-    except Exception as exc:  # a renderer bug must not lose the analysis
-        err.print(f"[yellow]report.html failed: {type(exc).__name__}: {_esc(exc)}[/yellow]")
-    try:
-        (out / "summary.md").write_text(reports.render_markdown(analysis), encoding="utf-8")
-    except Exception as exc:
-        err.print(f"[yellow]summary.md failed: {type(exc).__name__}: {_esc(exc)}[/yellow]")
-    return path
+def _print_skipped(skipped: list[dict[str, str]], err) -> None:
+    for s in skipped:
+        err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
 
 
 def _print_summary(analysis: dict, console) -> None:

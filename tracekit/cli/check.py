@@ -37,8 +37,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from tracekit.analyze.findings import Severity
-        from tracekit.check import Thresholds, evaluate
-        from tracekit.diff import load_analysis
+        from tracekit.compare.check import Thresholds, evaluate
+        from tracekit.compare.diff import load_analysis
         from tracekit.errors import TracekitError
 
         err = Console(stderr=True)

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
-        from tracekit.diff import diff_analyses, load_analysis
+        from tracekit.compare.diff import diff_analyses, load_analysis
         from tracekit.errors import TracekitError
 
         err = Console(stderr=True)

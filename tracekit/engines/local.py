@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from tracekit.parse.pool import _pool_context, memory_workers, parse_kineto_files
+from tracekit.parse.pool import memory_workers, parse_kineto_files, pool_context
 
 
 @dataclass
@@ -41,7 +41,7 @@ class LocalEngine:
                 yield fn(*a)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context())
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=pool_context())
         pending: deque = deque()
         todo = iter(args)
         for a in todo:

@@ -162,7 +162,8 @@ FORKSERVER_PRELOAD = ["tracekit.parse.kineto", "tracekit.parse.pool", "tracekit.
 without it each worker imports its own, +40 MB PSS at 8 ranks with 2 workers)."""
 
 
-def _pool_context():
+def pool_context():
+    """The multiprocessing context of tracekit's worker pools (fork server preloaded with the parser)."""
     import multiprocessing as mp
 
     if "forkserver" in mp.get_all_start_methods():
@@ -180,7 +181,7 @@ def start_pool_server() -> None:
     from multiprocessing import forkserver
 
     if "forkserver" in mp.get_all_start_methods():
-        _pool_context()
+        pool_context()
         forkserver.ensure_running()
 
 
@@ -195,7 +196,7 @@ def parse_kineto_files(paths: list[str], *, workers: int = 1, max_decompressed_b
     own_dir = tempfile.mkdtemp(prefix="tracekit-spill-", dir=spill_dir or default_spill_dir())
     jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True) for p in paths)
     try:
-        with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=_pool_context()) as pool:
+        with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=pool_context()) as pool:
             pending: deque = deque()
             for job in jobs:
                 pending.append(pool.submit(run_job, job))
@@ -211,3 +212,20 @@ def parse_kineto_files(paths: list[str], *, workers: int = 1, max_decompressed_b
                 yield path, kp, err
     finally:
         shutil.rmtree(own_dir, ignore_errors=True)
+
+
+class PoolParser:
+    """parse_run's engine when none is given: Kineto files on a local process pool of `workers`
+    (tracekit.engines.LocalEngine adds automatic sizing and per-rank analysis tasks)."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
+
+    def warm_up(self) -> None:
+        if self.workers > 1:
+            start_pool_server()
+
+    def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
+                           max_memory_bytes: int | None = None) -> Iterator[ParseResult]:
+        return parse_kineto_files(paths, workers=self.workers, max_decompressed_bytes=max_decompressed_bytes,
+                                  max_memory_bytes=max_memory_bytes)

@@ -398,9 +398,9 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     if not (trace_dir.is_dir() or trace_dir.is_file()):
         raise TraceFormatError(str(trace_dir), "no such file or directory")
     if engine is None:
-        from tracekit.engines.local import LocalEngine
+        from tracekit.parse.pool import PoolParser
 
-        engine = LocalEngine(workers=workers)
+        engine = PoolParser(workers=workers)
     found = disc.discover_inputs(trace_dir)
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs

@@ -254,13 +254,12 @@ def _replay_summary(analysis: dict[str, Any]) -> dict[str, Any] | None:
 
 def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, progress: bool = False
                   ) -> tuple[dict[str, Any], RunStore | None]:
-    """The analysis of PATH: an analysis.json file, an analyze output dir holding one, a run store
-    (dir with meta.json: analysed now), or a trace dir (parsed into `store_dir`, or a temporary dir
-    that is removed afterwards, then analysed). Raises NothingToAnalyzeError when no rank is readable."""
+    """The analysis of PATH: an analysis.json file, an analyze output dir holding one, or a run store /
+    trace dir analysed now by tracekit.analyze_run (traces parsed into `store_dir`, or a temporary dir
+    that lives until the process ends). Raises NothingToAnalyzeError when no rank is readable."""
     import shlex
-    import tempfile
 
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.analysis import analyze_run
     from tracekit.errors import NothingToAnalyzeError
     from tracekit.tables.store import RunStore
 
@@ -270,29 +269,11 @@ def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, prog
     if (path / "analysis.json").is_file():
         store = RunStore(path / "tables") if (path / "tables" / "meta.json").is_file() else None
         return _read_analysis(path / "analysis.json"), store
-    if not path.is_dir():
-        raise NothingToAnalyzeError(f"{path}: no such file or directory")
-    if (path / "meta.json").is_file():
-        store = RunStore(path)
-    else:
-        from tracekit.parse.run import parse_run
-
-        if store_dir is None:
-            tmp = tempfile.TemporaryDirectory(prefix="tracekit-")
-            _TEMP_DIRS.append(tmp)
-            store_dir = Path(tmp.name) / "tables"
-        store = parse_run(path, store_dir, progress=progress).store
-    if not store.ranks():
-        raise NothingToAnalyzeError(f"{path}: no trace could be analysed"
-                                    + "".join(f"; skipped {s['file']}: {s['reason']}" for s in store.skipped[:5]))
-    analysis = analyze_store(store, command=shlex.join(["tracekit", "analyze", str(path)]))
-    if not analysis.get("ranks"):
+    run = analyze_run(path, store_dir=store_dir, progress=progress,
+                      command=shlex.join(["tracekit", "analyze", str(path)]))
+    if not run.analysis.get("ranks"):
         raise NothingToAnalyzeError(f"{path}: no rank had events to analyse")
-    return analysis, store
-
-
-_TEMP_DIRS: list[Any] = []
-"""Temporary stores live until the process ends (the caller may still read the returned RunStore)."""
+    return run.analysis, run.store
 
 
 def _read_analysis(path: Path) -> dict[str, Any]:

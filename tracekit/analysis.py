@@ -1,0 +1,135 @@
+"""`tracekit.analyze_run`: the one library path from traces to an analysis.
+
+    run = tracekit.analyze_run("traces/", out="tracekit-out")
+    run.analysis["findings"]            # the analysis.json document
+    run.store                           # the run store (tables) it was computed from
+
+PATH is a trace folder, one trace file, or a run store (a folder with meta.json, from `tracekit parse`
+or a previous `analyze`). Traces are parsed into `store_dir` (default OUT/tables, else a temporary
+folder that lives until the process ends), the analyzers run on `engine` (tracekit.engines: local
+process pool or Ray; the per-rank activities are its prefetch), and with OUT the outputs are written:
+analysis.json always, report.html and summary.md when there is something to report. `tracekit
+analyze`, `diff`, `check` and `advise` all go through here.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracekit.errors import NothingToAnalyzeError
+
+if TYPE_CHECKING:
+    from tracekit.analyze.base import AnalysisConfig
+    from tracekit.tables.store import RunStore
+
+_TEMP_DIRS: list[tempfile.TemporaryDirectory] = []
+"""Temporary stores live until the process ends (the caller may still read the returned store)."""
+
+
+@dataclass
+class AnalysisRun:
+    analysis: dict[str, Any]
+    """The analysis.json document."""
+    store: RunStore
+    out: Path | None = None
+    report: Path | None = None
+    """OUT/report.html when it was written."""
+    problems: list[str] = field(default_factory=list)
+    """Outputs that could not be written (a renderer failing never loses the analysis)."""
+
+
+def _store_for(path: Path, store_dir: Path | None, out: Path | None, engine: Any, **parse: Any) -> RunStore:
+    from tracekit.tables.store import RunStore
+
+    if (path / "meta.json").is_file():
+        return RunStore(path)
+    from tracekit.parse.run import parse_run
+
+    if store_dir is None and out is not None:
+        store_dir = out / "tables"
+    if store_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="tracekit-")
+        _TEMP_DIRS.append(tmp)
+        store_dir = Path(tmp.name) / "tables"
+    return parse_run(path, store_dir, workers=engine.workers, engine=engine, **parse).store
+
+
+def _check_analysable(path: Path, store: RunStore) -> None:
+    """NothingToAnalyzeError (with `skipped`, and `problem` when the recording says why) unless some
+    rank can be analysed."""
+    from tracekit.record.manifest import window_problem
+
+    problem = window_problem(store.manifest)
+    if problem:
+        msg = f"{path}: {problem}"
+    elif not store.ranks():
+        msg = (f"{path}: no trace could be analysed"
+               + "".join(f"; skipped {s['file']}: {s['reason']}" for s in store.skipped[:5]))
+    else:
+        return
+    exc = NothingToAnalyzeError(msg)
+    exc.skipped, exc.problem = list(store.skipped), problem
+    raise exc
+
+
+def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_too: bool = True
+                  ) -> tuple[Path | None, list[str]]:
+    """OUT/analysis.json, and report.html + summary.md (reports/); (report path, problems)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+    if not reports_too:
+        return None, []
+    try:
+        import reports
+    except ImportError as exc:
+        return None, [f"reports not available ({exc}); wrote analysis.json only"]
+    path, problems = None, []
+    try:
+        (out / "report.html").write_text(reports.render_html(analysis, store), encoding="utf-8")
+        path = out / "report.html"
+    except Exception as exc:  # a renderer bug must not lose the analysis
+        problems.append(f"report.html failed: {type(exc).__name__}: {exc}")
+    try:
+        (out / "summary.md").write_text(reports.render_markdown(analysis), encoding="utf-8")
+    except Exception as exc:
+        problems.append(f"summary.md failed: {type(exc).__name__}: {exc}")
+    return path, problems
+
+
+def analyze_run(path: str | Path, out: str | Path | None = None, config: AnalysisConfig | None = None, *,
+                store_dir: str | Path | None = None, engine: Any = None, workers: int = 1,
+                assume_rank: int | None = None, max_decompressed_bytes: int | None = None,
+                max_memory_bytes: int | None = None, progress: bool = False, command: str | None = None,
+                write_reports: bool = True) -> AnalysisRun:
+    """Parse PATH (unless it is a run store), analyze it, write the outputs to OUT (if given).
+
+    Raises NothingToAnalyzeError (its `skipped` lists the inputs left out) when no rank could be read;
+    a run whose ranks have no events still gets its analysis.json (its `ranks` is empty)."""
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.engines.rank_tasks import prefetch_rank_activity
+
+    path, out = Path(path), (Path(out) if out is not None else None)
+    if not (path.is_dir() or path.is_file()):
+        raise NothingToAnalyzeError(f"{path}: no such file or directory")
+    own = engine is None
+    if own:
+        from tracekit.engines.local import LocalEngine
+
+        engine = LocalEngine(workers=workers)
+    try:
+        store = _store_for(path, Path(store_dir) if store_dir else None, out, engine, progress=progress,
+                           max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
+                           assume_rank=assume_rank)
+        _check_analysable(path, store)
+        analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
+    finally:
+        if own:
+            engine.close()
+    run = AnalysisRun(analysis=analysis, store=store, out=out)
+    if out is not None:
+        run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(analysis["ranks"]))
+    return run
