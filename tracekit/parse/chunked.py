@@ -290,26 +290,23 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
     raws = _RAW_LIST.decode(doc)
     events = _SCAN_LIST.decode(doc)
     del doc  # the raws keep it alive until this chunk is done
-    is_x = [e.ph == "X" for e in events]
-    is_m = [e.ph == "M" for e in events]
     for e in events:
         key = str(e.ph)
         ctx.phase_counts[key] = ctx.phase_counts.get(key, 0) + 1
     ctx.num_events += len(events)
-    for i, m in enumerate(is_m):
-        if m:
-            ctx.meta.append((base + i, bytes(raws[i])))
-    xi = [i for i, x in enumerate(is_x) if x]
-    if not xi:
-        return
-    xs = [events[i] for i in xi]
+    ctx.meta.extend((base + i, bytes(raws[i])) for i, e in enumerate(events) if e.ph == "M")
+    xi = [i for i, e in enumerate(events) if e.ph == "X"]
+    if xi:
+        _scan_complete_events(ctx, [events[i] for i in xi], [raws[i] for i in xi], [base + i for i in xi],
+                              classes, cats)
+
+
+def _scan_complete_events(ctx: _Context, xs: list, raws: list, index: list[int], classes: dict, cats: dict) -> None:
+    """Steps, what collective assembly reads, every kernel's correlation and every launch's time."""
     ts, ts_ok = D.raws_to_ns([e.ts for e in xs])
     dur, dur_ok = D.raws_to_ns([e.dur for e in xs])
-    l_corr: list[int] = []
-    l_ts: list[int] = []
-    l_idx: list[int] = []
-    k_corr: list[int] = []
-    k_ts: list[int] = []
+    launches: list[tuple[int, int, int]] = []
+    kernels: list[tuple[int, int]] = []
     for j, e in enumerate(xs):
         if not ts_ok[j]:
             continue  # the parser drops it too
@@ -320,36 +317,32 @@ def _scan_chunk(ctx: _Context, chunk: bytes, base: int, classes: dict, cats: dic
         cat = cats[cat_raw]
         a = e.args if e.args is not None else _NO_ARGS
         gpu = cat in K.GPU_CATS
-        gi = base + xi[j]
-        raw = raws[xi[j]]
         if not gpu and step_number(nm) is not None:
-            ctx.steps.append((gi, bytes(raw)))
-            if not dur_ok[j]:
-                ctx.step_missing_dur += 1
-            elif dur[j] < 0:
-                ctx.step_negative_dur += 1
+            ctx.steps.append((index[j], bytes(raws[j])))
+            ctx.step_missing_dur += int(not dur_ok[j])
+            ctx.step_negative_dur += int(bool(dur_ok[j]) and dur[j] < 0)
         corr = K.to_int(a.correlation)
+        corr = corr if corr is not None and corr >= 0 else -1
         if cat in _KERNEL_CATS:
-            k_corr.append(corr if corr is not None and corr >= 0 else -1)
-            k_ts.append(int(ts[j]))
+            kernels.append((corr, int(ts[j])))
             if a.coll_name is not None or (nm and is_comm_kernel_name(nm)):
-                ctx.coll.append((gi, bytes(raw)))
-                if corr is not None and corr >= 0:
+                ctx.coll.append((index[j], bytes(raws[j])))
+                if corr >= 0:
                     ctx.comm_corr.add(corr)
             continue
-        if not gpu and corr is not None and corr >= 0:
-            l_corr.append(corr)
-            l_ts.append(int(ts[j]))
-            l_idx.append(gi)
+        if not gpu and corr >= 0:
+            launches.append((corr, int(ts[j]), index[j]))
         if cat == "user_annotation" or (not gpu and _name_class(classes, nm) is not None):
-            ctx.coll.append((gi, bytes(raw)))
-    if k_corr:
-        ctx.kernel_corr.append(np.array(k_corr, np.int64))
-        ctx.kernel_ts.append(np.array(k_ts, np.int64))
-    if l_corr:
-        ctx.launch_corr.append(np.array(l_corr, np.int64))
-        ctx.launch_ts.append(np.array(l_ts, np.int64))
-        ctx.launch_idx.append(np.array(l_idx, np.int64))
+            ctx.coll.append((index[j], bytes(raws[j])))
+    if kernels:
+        k = np.array(kernels, np.int64)
+        ctx.kernel_corr.append(k[:, 0].copy())
+        ctx.kernel_ts.append(k[:, 1].copy())
+    if launches:
+        la = np.array(launches, np.int64)
+        ctx.launch_corr.append(la[:, 0].copy())
+        ctx.launch_ts.append(la[:, 1].copy())
+        ctx.launch_idx.append(la[:, 2].copy())
 
 
 # ---- the parse ------------------------------------------------------------------------------------
