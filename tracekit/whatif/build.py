@@ -137,7 +137,8 @@ def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) 
     off = (rows["arrival_raw"] - rows["arrival"]).astype(np.int64).to_numpy()
     rows["arrival"] = rows["arrival_raw"].astype(np.int64).to_numpy() + rs - conv
     rows["end"] = rows["end"].astype(np.int64).to_numpy() + off + rs - conv
-    rows["dim"] = rows["pg_name"].map(lambda p: inp.dims.get(str(p).removeprefix("kineto:"), "unknown"))
+    names = rows["pg_name"].astype(str)
+    rows["dim"] = names.map({p: inp.dims.get(p.removeprefix("kineto:"), "unknown") for p in names.unique()})
     n = rows.groupby("key")["rank"].transform("size")
     rows = rows[n >= 2].copy()
     cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step"]
@@ -424,10 +425,15 @@ def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
 
 
 def _distinct(pick: np.ndarray, ends: np.ndarray, e: np.ndarray, reach: int = 8) -> np.ndarray:
-    """Reassign members that share a kernel to the nearest unused kernel within `reach` positions (by end)."""
-    used: set[int] = set()
-    out = np.full(pick.size, -1, np.int64)
-    for i in np.argsort(np.abs(ends[pick] - e), kind="stable"):  # best fits first
+    """Members that share a kernel: the best fit keeps it, the others move to the nearest unused kernel
+    within `reach` positions (by end); -1 when none is left."""
+    order = np.argsort(np.abs(ends[pick] - e), kind="stable")
+    _, first_pos = np.unique(pick[order], return_index=True)
+    keeps = np.zeros(pick.size, bool)
+    keeps[order[first_pos]] = True
+    out = np.where(keeps, pick, -1)
+    used = set(pick[keeps].tolist())
+    for i in order[~keeps[order]]:  # the duplicates only, best fits first
         cands = [c for c in range(max(0, pick[i] - reach), min(ends.size, pick[i] + reach + 1)) if c not in used]
         if cands:
             c = min(cands, key=lambda k: abs(int(ends[k]) - int(e[i])))
