@@ -7,7 +7,7 @@ from typing import Any
 from reports.escape import h, md
 from reports.format import is_num, ms, ranks_text, signed_ms
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
-from reports.html_report import _page
+from reports.html_report import page
 
 DIFF_SECTIONS = [("verdict", "Summary"), ("breakdown", "Breakdown"), ("findings", "Findings"),
                  ("collectives", "Collectives"), ("ranks", "Per-rank step time")]
@@ -107,7 +107,7 @@ def render_diff_html(diff: dict[str, Any]) -> str:
         parts.append(section("ranks", "Per-rank step time", table(ranks, cols)))
     header = (f'<header class=tk-head><h1>tracekit diff</h1><div class=meta>{h(base.get("label"))} → '
               f'{h(new.get("label"))}</div></header>')
-    return _page("tracekit diff", header, "".join(parts), figs, DIFF_SECTIONS)
+    return page("tracekit diff", header, "".join(parts), figs, DIFF_SECTIONS)
 
 
 def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 from reports.escape import h
 from reports.format import is_num
-from reports.html_parts import Col, auto_col, kv_table, table, _cell_text
+from reports.html_parts import Col, auto_col, kv_table, table, cell_text
 
 
 MAX_ROWS = 1000
@@ -26,7 +26,7 @@ def _row_columns(rows: list[dict[str, Any]], max_cols: int = 24) -> list[Col]:
     cols = []
     for k in keys[:max_cols]:
         col = auto_col(k)
-        if col.fmt is _cell_text and all(is_num(r.get(k)) or r.get(k) is None for r in rows[:200]):
+        if col.fmt is cell_text and all(is_num(r.get(k)) or r.get(k) is None for r in rows[:200]):
             col = Col(k, col.title)
         cols.append(col)
     return cols
@@ -38,7 +38,7 @@ def render_generic(data: Any, *, depth: int = 0, skip: frozenset[str] = frozense
     if _is_rows(data):
         return table(data, _row_columns(data), max_rows=MAX_ROWS)
     if not isinstance(data, dict):
-        return kv_table([("value", _cell_text(data))])
+        return kv_table([("value", cell_text(data))])
     scalars: list[tuple[str, Any]] = []
     blocks: list[str] = []
     for key, value in data.items():
@@ -52,7 +52,7 @@ def render_generic(data: Any, *, depth: int = 0, skip: frozenset[str] = frozense
             scalars.append((key, f"({_size_text(value)}, shown in the chart)"))
         else:
             col = auto_col(key)
-            scalars.append((col.title, col.fmt(value) if is_num(value) or value is None else _cell_text(value)))
+            scalars.append((col.title, col.fmt(value) if is_num(value) or value is None else cell_text(value)))
     out = kv_table(scalars) if scalars else ""
     return out + "".join(blocks)
 

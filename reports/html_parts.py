@@ -31,15 +31,15 @@ def auto_col(key: str) -> Col:
         return Col(key, title, nbytes)
     if key.endswith("ratio") or key.endswith("_frac") or key.endswith("_share"):
         return Col(key, title, pct)
-    return Col(key, title, _cell_text, numeric=False)
+    return Col(key, title, cell_text, numeric=False)
 
 
-def _cell_text(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
-        text = ", ".join(_cell_text(v) for v in value[:32])
+        text = ", ".join(cell_text(v) for v in value[:32])
         return text + (f", … ({len(value)})" if len(value) > 32 else "")
     if isinstance(value, dict):
-        return ", ".join(f"{k}={_cell_text(v)}" for k, v in list(value.items())[:16])
+        return ", ".join(f"{k}={cell_text(v)}" for k, v in list(value.items())[:16])
     if is_num(value):
         return num(value)
     return "–" if value is None else str(value)

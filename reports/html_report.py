@@ -46,17 +46,17 @@ _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "straggler
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
     """The full report page for one analysis (store: optional RunStore for per-rank input details)."""
-    ctx = _Page(analysis, store)
+    ctx = Page(analysis, store)
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
         _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
-    return _page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
+    return page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
 
 
-class _Page:
+class Page:
     def __init__(self, analysis: dict[str, Any], store: Any) -> None:
         self.a = analysis if isinstance(analysis, dict) else {}
         self.store = store
@@ -71,7 +71,7 @@ class _Page:
         return value if isinstance(value, dict) else None
 
 
-def _page(title: str, header: str, body: str, figs: Figures,
+def page(title: str, header: str, body: str, figs: Figures,
           nav_items: list[tuple[str, str]] | None = None) -> str:
     """The HTML document: one style block, sortable-table JS, and plotly.js once when there are charts."""
     nav = "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in (nav_items or SECTIONS) if f'id="{a}"' in body)
@@ -90,7 +90,7 @@ def _page(title: str, header: str, body: str, figs: Figures,
     )
 
 
-def _header(ctx: _Page) -> str:
+def _header(ctx: Page) -> str:
     a = ctx.a
     world = len(a.get("inputs", {}).get("ranks") or []) if isinstance(a.get("inputs"), dict) else 0
     meta = [f"tracekit {a.get('tracekit_version') or '?'}", f"{world} rank(s) analysed",
@@ -104,7 +104,7 @@ def _sev(sev: Any) -> str:
     return f'<span class="sev {s}">{h(sev)}</span>'
 
 
-def _verdict_text(ctx: _Page) -> tuple[str, str]:
+def verdict_text(ctx: Page) -> tuple[str, str]:
     """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer)."""
     counts: dict[str, int] = {}
     for r in ctx.ranks:
@@ -118,7 +118,7 @@ def _verdict_text(ctx: _Page) -> tuple[str, str]:
     return top, text + (f" ({rest})." if rest else ".")
 
 
-def _top_fixes(ctx: _Page) -> list[dict[str, Any]]:
+def top_fixes(ctx: Page) -> list[dict[str, Any]]:
     """The three findings worth most (findings arrive sorted by estimated saving)."""
     return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
 
@@ -131,9 +131,9 @@ def saving_text(f: dict[str, Any]) -> str:
     return f"saves up to {ms(f.get('est_saving_ns'))} per step"
 
 
-def _verdict(ctx: _Page) -> str:
-    bound, text = _verdict_text(ctx)
-    fixes = _top_fixes(ctx)
+def _verdict(ctx: Page) -> str:
+    bound, text = verdict_text(ctx)
+    fixes = top_fixes(ctx)
     body = f'<div class="verdict {h(bound)}">{h(text)}</div>'
     if fixes:
         items = []
@@ -151,7 +151,7 @@ def _verdict(ctx: _Page) -> str:
     return section("verdict", "Verdict", body)
 
 
-def _findings(ctx: _Page) -> str:
+def _findings(ctx: Page) -> str:
     if not ctx.findings:
         return section("findings", "Findings", '<p class=note>No findings: nothing above the analyzers\' thresholds.</p>')
     rows = []
@@ -176,14 +176,14 @@ def _findings(ctx: _Page) -> str:
                    f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
-def _steps_text(ctx: _Page) -> str:
+def steps_text(ctx: Page) -> str:
     steps = sorted({r.get("steps") for r in ctx.ranks if is_num(r.get("steps"))})
     if not steps:
         return "–"
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
 
 
-def _window_text(ctx: _Page) -> str:
+def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
     bd = ctx.sec("breakdown") or {}
     steps = [r for r in bd.get("steps") or [] if isinstance(r, dict)]
@@ -201,14 +201,14 @@ def _window_text(ctx: _Page) -> str:
     return "; ".join(parts) or "not recorded"
 
 
-def _analyzed(ctx: _Page) -> str:
+def _analyzed(ctx: Page) -> str:
     inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
     ranks = inputs.get("ranks") or []
     skipped = inputs.get("skipped") or []
     layout = ctx.sec("layout")
     pairs = [
         ("ranks", f"{len(ranks)} ({ranks_text(ranks)})"),
-        ("steps per rank", _steps_text(ctx)),
+        ("steps per rank", steps_text(ctx)),
         ("time window", _window_text(ctx)),
         ("parallel layout", charts.layout_text(layout) if layout else "not inferred"),
         ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
@@ -255,7 +255,7 @@ def _per_step_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _breakdown(ctx: _Page) -> str:
+def _breakdown(ctx: Page) -> str:
     if not ctx.ranks:
         return section("breakdown", "Per-rank breakdown", not_available("Per-rank breakdown"))
     rows = _per_step_rows(ctx.ranks)
@@ -268,7 +268,7 @@ def _breakdown(ctx: _Page) -> str:
     return section("breakdown", "Per-rank breakdown", note + fig + table(rows, _BREAKDOWN_COLS, table_id="ranks-table"))
 
 
-def _timeline(ctx: _Page) -> str:
+def _timeline(ctx: Page) -> str:
     bd = ctx.sec("breakdown") or {}
     tl = bd.get("timeline")
     if not has_data(ctx, "timeline"):
@@ -276,7 +276,7 @@ def _timeline(ctx: _Page) -> str:
     return section("timeline", "Step timeline", charts.timeline(ctx.figs, tl))
 
 
-def has_data(ctx: _Page, anchor: str) -> bool:
+def has_data(ctx: Page, anchor: str) -> bool:
     """Whether the page section `anchor` has anything to show for this run (summary.md links only those)."""
     sec = ctx.sec(_SOURCE.get(anchor, anchor)) or {}
     if anchor == "breakdown":
@@ -315,7 +315,7 @@ _CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (a
                   "after_path": "after the path's last op, to the step's end", "unattributed": "not attributed"}
 
 
-def _critical_path(ctx: _Page) -> str:
+def _critical_path(ctx: Page) -> str:
     sec = ctx.sec("critical_path") or {}
     title = "Critical path"
     if not has_data(ctx, "critical-path"):
@@ -378,7 +378,7 @@ def _rows(sec: dict[str, Any], key: str) -> list[dict[str, Any]]:
     return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
-def _collectives(ctx: _Page) -> str:
+def _collectives(ctx: Page) -> str:
     title = "Collectives: exposed time"
     sec = ctx.sec("unoverlapped")
     if not sec or not has_data(ctx, "collectives"):
@@ -405,7 +405,7 @@ def _collectives(ctx: _Page) -> str:
         sec, frozenset({"by_dim_op", "by_rank_dim_op", "top_offenders"})))
 
 
-def _pipeline(ctx: _Page) -> str:
+def _pipeline(ctx: Page) -> str:
     sec = ctx.sec("pipeline")
     if not sec or not has_data(ctx, "pipeline"):
         return section("pipeline", "Pipeline schedule", not_available("Pipeline schedule", "no pipeline stages in this run"))
@@ -425,7 +425,7 @@ def _pipeline(ctx: _Page) -> str:
     return section("pipeline", "Pipeline schedule", body + _all_numbers(sec, frozenset({"diagram", "stages"})))
 
 
-def _memory(ctx: _Page) -> str:
+def _memory(ctx: Page) -> str:
     sec = ctx.sec("memory")
     if not sec or not sec.get("available"):
         reason = (sec or {}).get("reason") or "no memory events in this run"
@@ -453,7 +453,7 @@ def _memory(ctx: _Page) -> str:
     return section("memory", "Memory", body + _all_numbers(sec, frozenset({"ranks", "stages"})))
 
 
-def _experts(ctx: _Page) -> str:
+def _experts(ctx: Page) -> str:
     sec = ctx.sec("experts")
     if not sec or not has_data(ctx, "experts"):
         return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
@@ -475,7 +475,7 @@ def _experts(ctx: _Page) -> str:
     return section("experts", "Expert load", body + _all_numbers(sec, frozenset({"heatmap", "layers", "ranks"})))
 
 
-def _stragglers(ctx: _Page) -> str:
+def _stragglers(ctx: Page) -> str:
     sec = ctx.sec("stragglers")
     if not sec or not has_data(ctx, "stragglers"):
         return section("stragglers", "Stragglers", not_available("Straggler view", "no collectives matched across ranks"))
@@ -502,7 +502,7 @@ def _stragglers(ctx: _Page) -> str:
     return section("stragglers", "Stragglers", body + _all_numbers(sec, frozenset({"ranks", "stragglers"})))
 
 
-def _bandwidth(ctx: _Page) -> str:
+def _bandwidth(ctx: Page) -> str:
     sec = ctx.sec("bandwidth")
     rows = _rows(sec, "rows") if sec else []
     if not rows:
@@ -520,7 +520,7 @@ def _bandwidth(ctx: _Page) -> str:
     return section("bandwidth", "Bandwidth", body + _all_numbers(sec, frozenset({"rows"})))
 
 
-def _throughput(ctx: _Page) -> str:
+def _throughput(ctx: Page) -> str:
     parts = []
     tp = ctx.sec("throughput")
     if tp:
@@ -552,7 +552,7 @@ def _throughput(ctx: _Page) -> str:
     return section("throughput", "Throughput and placement", "".join(parts))
 
 
-def _other(ctx: _Page) -> str:
+def _other(ctx: Page) -> str:
     parts = []
     m = ctx.sec("matching")
     if m:
@@ -580,7 +580,7 @@ def _other(ctx: _Page) -> str:
     return section("other-sections", "Other analyzer output", "".join(parts))
 
 
-def _store_ranks(ctx: _Page) -> list[dict[str, Any]]:
+def _store_ranks(ctx: Page) -> list[dict[str, Any]]:
     if ctx.store is None:
         return []
     try:
@@ -590,7 +590,7 @@ def _store_ranks(ctx: _Page) -> list[dict[str, Any]]:
     return tbl.to_pylist()
 
 
-def _inputs(ctx: _Page) -> str:
+def _inputs(ctx: Page) -> str:
     inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
     skipped = [s for s in inputs.get("skipped") or [] if isinstance(s, dict)]
     body = "<h3>Skipped inputs</h3>"
@@ -621,7 +621,7 @@ def _txt(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
-def _reproduce(ctx: _Page) -> str:
+def _reproduce(ctx: Page) -> str:
     cmd = ctx.a.get("command")
     body = (f"<p>tracekit {h(ctx.a.get('tracekit_version') or '?')}, analysis schema "
             f"<code>{h(ctx.a.get('schema') or '?')}</code>.</p>")

@@ -6,7 +6,7 @@ from typing import Any
 
 from reports.escape import md
 from reports.format import is_num, ms, ranks_text
-from reports.html_report import SECTIONS, _Page, _steps_text, _top_fixes, _verdict_text, has_data
+from reports.html_report import SECTIONS, Page, steps_text, top_fixes, verdict_text, has_data
 from reports.charts import layout_text
 
 SEVERITY_MARK = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info"}
@@ -15,12 +15,12 @@ MAX_FINDINGS = 5
 
 def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") -> str:
     """Verdict, top findings with estimated savings, what was analyzed, and links to the report's sections."""
-    ctx = _Page(analysis, None)
+    ctx = Page(analysis, None)
     href = report_href.replace(" ", "%20").replace(")", "%29").replace("(", "%28")
-    _, verdict = _verdict_text(ctx)
+    _, verdict = verdict_text(ctx)
     lines = ["## tracekit summary", "", f"**Verdict:** {md(verdict)} ([report]({href}#verdict))", ""]
 
-    fixes = _top_fixes(ctx)
+    fixes = top_fixes(ctx)
     if fixes:
         lines.append("**Fixes worth most:**")
         for i, f in enumerate(fixes, 1):
@@ -51,7 +51,7 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
     skipped = inputs.get("skipped") or []
     step_ms = [r["step_ns"] / r["steps"] for r in ctx.ranks
                if is_num(r.get("step_ns")) and is_num(r.get("steps")) and r["steps"]]
-    analyzed = [f"{len(ranks)} ranks ({md(ranks_text(ranks))})", f"{md(_steps_text(ctx))} steps per rank"]
+    analyzed = [f"{len(ranks)} ranks ({md(ranks_text(ranks))})", f"{md(steps_text(ctx))} steps per rank"]
     layout = ctx.sec("layout")
     if layout:
         analyzed.append(f"layout {md(layout_text(layout))}")

@@ -126,6 +126,15 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     else:
         basis = "min_duration"
         rows = all_rows
+    out.extend(_unmatched_instances(rows, dims, unsized))
+    unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
+               for (pg, op), c in sorted(unsized.items())]
+    return out, basis, unknown
+
+
+def _unmatched_instances(rows: list[dict[str, Any]], dims: dict[str, str],
+                         unsized: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """Instances from row durations (no matching), counting those without a size in `unsized`."""
     # without matching: one source per rank (comms log preferred); an instance (pg_name, seq) takes the
     # shortest duration among its members (the last to arrive waits least: ≈ transfer time, no clocks)
     src_pref = ("comms-log", "flight-recorder", "kineto")
@@ -153,10 +162,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
         else:
             cur["time_ns"] = min(cur["time_ns"], x["time_ns"])
             cur["bytes"] = max(cur["bytes"], x["bytes"])
-    out.extend(x for x in by_inst.values() if x is not None)
-    unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
-               for (pg, op), c in sorted(unsized.items())]
-    return out, basis, unknown
+    return [x for x in by_inst.values() if x is not None]
 
 
 def _step_ns(store: RunStore) -> tuple[float, int]:

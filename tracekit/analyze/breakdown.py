@@ -167,6 +167,54 @@ def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
     return compute, comm, other, comm_by_group
 
 
+def cpu_activity(store: RunStore, rank: int, dims: dict[str, str]
+                 ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet], str]:
+    """A CPU rank's compute / comm / other intervals, comm per lane, and where comm came from."""
+    comm_by_group: dict[str, iv.IntervalSet] = {}
+    ev = store.rank_table("events", rank, ["cat", "ts", "dur", "tid", "stream", "role", "lane"])
+    ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
+    on_comm_thread = _is(ev, "lane", "comm_thread")
+    issue = _is(ev, "role", "comm")  # ops that issue or wait for communication (c10d::, comm:, ...)
+    train = pc.invert(on_comm_thread)
+    ops = ev.filter(pc.and_(_is(ev, "cat", "cpu_op"), train))
+    leaf = _leaf_mask(ops)
+    # a step annotation, data loading or tracekit's own work is never compute
+    not_issue = _is(ops, "role", "compute").to_numpy(zero_copy_only=False)
+    s_ops, e_ops = _starts_ends(ops)
+    compute_all = iv.union(s_ops[not_issue], e_ops[not_issue])
+    compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])
+    other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
+    coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
+    coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
+                               pc.is_valid(coll["dur"])))
+    if coll.num_rows:
+        s, e = _starts_ends(coll)
+        comm = iv.union(s, e)
+        keys = np.array([_lane_key(g, dims) for g in coll.column("pg_name").to_pylist()], dtype=object)
+        for key in sorted(set(keys.tolist())):
+            m = keys == key
+            comm_by_group[key] = iv.union(s[m], e[m])
+        comm_source = "collectives(kineto)"
+    else:
+        s, e = _starts_ends(ev.filter(on_comm_thread))
+        comm = iv.union(s, e)
+        if s.size:
+            comm_by_group["comm"] = comm
+        comm_source = "comm-thread events" if s.size else "none"
+    # the training thread inside a communication call (issuing it, or blocked in a synchronous
+    # one before/while the worker runs it) is communicating too; CPU traces have no "other" work
+    calls = iv.subtract(other_all, comm)
+    if calls[0].size:
+        comm_by_group["comm:calls"] = calls
+        comm_source += " + comm calls on training threads"
+    comm = iv.merge(comm, other_all)
+    other = iv.empty()
+    # inside an op that issues/waits for communication only leaf ops count as compute: the ops
+    # enclosing it (e.g. an autograd node running a synchronous comm hook) span a blocked wait
+    compute = iv.merge(iv.subtract(compute_all, other_all), iv.intersect(compute_leaf, other_all))
+    return compute, comm, other, comm_by_group, comm_source
+
+
 def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
                        dims: dict[str, str] | None = None) -> RankActivity:
     """Read one rank's tables and build its compute / comm / other interval sets."""
@@ -186,47 +234,7 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
         trace_kind, comm_source = "gpu", "kernels"
     else:
         trace_kind = "cpu"
-        ev = store.rank_table("events", rank, ["cat", "ts", "dur", "tid", "stream", "role", "lane"])
-        ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-        on_comm_thread = _is(ev, "lane", "comm_thread")
-        issue = _is(ev, "role", "comm")  # ops that issue or wait for communication (c10d::, comm:, ...)
-        train = pc.invert(on_comm_thread)
-        ops = ev.filter(pc.and_(_is(ev, "cat", "cpu_op"), train))
-        leaf = _leaf_mask(ops)
-        # a step annotation, data loading or tracekit's own work is never compute
-        not_issue = _is(ops, "role", "compute").to_numpy(zero_copy_only=False)
-        s_ops, e_ops = _starts_ends(ops)
-        compute_all = iv.union(s_ops[not_issue], e_ops[not_issue])
-        compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])
-        other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
-        coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
-        coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
-                                   pc.is_valid(coll["dur"])))
-        if coll.num_rows:
-            s, e = _starts_ends(coll)
-            comm = iv.union(s, e)
-            keys = np.array([_lane_key(g, dims) for g in coll.column("pg_name").to_pylist()], dtype=object)
-            for key in sorted(set(keys.tolist())):
-                m = keys == key
-                comm_by_group[key] = iv.union(s[m], e[m])
-            comm_source = "collectives(kineto)"
-        else:
-            s, e = _starts_ends(ev.filter(on_comm_thread))
-            comm = iv.union(s, e)
-            if s.size:
-                comm_by_group["comm"] = comm
-            comm_source = "comm-thread events" if s.size else "none"
-        # the training thread inside a communication call (issuing it, or blocked in a synchronous
-        # one before/while the worker runs it) is communicating too; CPU traces have no "other" work
-        calls = iv.subtract(other_all, comm)
-        if calls[0].size:
-            comm_by_group["comm:calls"] = calls
-            comm_source += " + comm calls on training threads"
-        comm = iv.merge(comm, other_all)
-        other = iv.empty()
-        # inside an op that issues/waits for communication only leaf ops count as compute: the ops
-        # enclosing it (e.g. an autograd node running a synchronous comm hook) span a blocked wait
-        compute = iv.merge(iv.subtract(compute_all, other_all), iv.intersect(compute_leaf, other_all))
+        compute, comm, other, comm_by_group, comm_source = cpu_activity(store, rank, dims)
     bounds = None
     allb = iv.merge(compute, comm, other)
     if allb[0].size:

@@ -50,6 +50,26 @@ class ClockConfig:
     """An uncorrectable offset at least this large yields a `clock_skew` warning."""
 
 
+def _end_deviations(inst: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Per rank: how far its end of each matched sync collective lies from the instance's median end."""
+    sync = inst[inst["op"].isin(SYNC_ENDING_OPS) & inst["end"].notna()] if len(inst) else inst
+    if len(sync):
+        sizes = sync.groupby("key")["rank"].transform("size")
+        sync = sync[sizes >= 2].copy()
+        # exact ints first (epoch ns), then the small differences from the instance's median
+        sync["d"] = (sync["end"] - sync.groupby("key")["end"].transform("min")).astype("int64")
+        sync["d"] = sync["d"] - sync.groupby("key")["d"].transform("median")
+    by_rank: dict[int, np.ndarray] = {}
+    if len(sync):
+        rk = sync["rank"].to_numpy(dtype=np.int64)
+        dv = sync["d"].to_numpy(dtype=float)
+        order = np.argsort(rk, kind="stable")
+        for idx in np.split(order, np.flatnonzero(np.diff(rk[order])) + 1):
+            if idx.size:
+                by_rank[int(rk[idx[0]])] = dv[idx]
+    return by_rank
+
+
 def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config: ClockConfig,
                      same_host: bool = False) -> tuple[dict[str, Any], dict[int, int]]:
     """Offsets from anchors or from ends of matched sync collectives.
@@ -65,22 +85,8 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
         return ({"method": "anchors", "reference_rank": None, "ranks": rows},
                 {r: int(anchors[r]) for r in ranks})
     ref = ranks[0] if ranks else None
-    sync = inst[inst["op"].isin(SYNC_ENDING_OPS) & inst["end"].notna()] if len(inst) else inst
     rows, applied = [], {}
-    if len(sync):
-        sizes = sync.groupby("key")["rank"].transform("size")
-        sync = sync[sizes >= 2].copy()
-        # exact ints first (epoch ns), then the small differences from the instance's median
-        sync["d"] = (sync["end"] - sync.groupby("key")["end"].transform("min")).astype("int64")
-        sync["d"] = sync["d"] - sync.groupby("key")["d"].transform("median")
-    by_rank: dict[int, np.ndarray] = {}
-    if len(sync):
-        rk = sync["rank"].to_numpy(dtype=np.int64)
-        dv = sync["d"].to_numpy(dtype=float)
-        order = np.argsort(rk, kind="stable")
-        for idx in np.split(order, np.flatnonzero(np.diff(rk[order])) + 1):
-            if idx.size:
-                by_rank[int(rk[idx[0]])] = dv[idx]
+    by_rank = _end_deviations(inst)
     for r in ranks:
         d = by_rank.get(r, np.zeros(0))
         if d.size < config.min_instances:

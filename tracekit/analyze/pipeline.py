@@ -184,82 +184,55 @@ def _p2p_intervals(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, 
     return {k: iv.union([a for a, _ in v], [b for _, b in v]) for k, v in acc.items()}
 
 
-def _from_labels(store: RunStore, config: AnalysisConfig, rows: list[dict[str, Any]]) -> PipelineResult:
-    offsets = _clock_offsets(store)
-    for r in rows:
-        r["ts"] = r["ts"] - offsets.get(r["rank"], 0)
-    compute = [r for r in rows if r["phase"] in COMPUTE_PHASES]
-    man = _manifest_pipeline(store)
-
-    stage_ranks: dict[int, set[int]] = defaultdict(set)
-    for r in compute:
-        stage_ranks[r["stage"]].add(r["rank"])
-    stages = sorted(stage_ranks)
-    microbatches = sorted({r["microbatch"] for r in compute})
-    # who forms a pipeline: the p2p graph first, pp-named groups where it shows none
-    inferred = infer_pipelines(load_p2p(store))
+def _labelled_pipelines(store: RunStore, compute: list[dict[str, Any]], stage_ranks: dict[int, set[int]],
+                        inferred: list[InferredPipeline]) -> list[list[int]]:
+    """Who forms a pipeline: the p2p graph first, pp-named groups where it shows none, else one
+    pipeline per replica (the i-th rank of every stage together)."""
     pipelines = [x.ranks for x in inferred] or _pp_groups(store)
     label_ranks = sorted({r["rank"] for r in compute})
     pipelines = [g for g in pipelines if set(g) & set(label_ranks)]
     if not pipelines:
-        # no pp groups known: one pipeline per replica, i-th rank of every stage together
-        per_stage = [sorted(stage_ranks[s]) for s in stages]
+        per_stage = [sorted(stage_ranks[s]) for s in sorted(stage_ranks)]
         n_rep = min(len(x) for x in per_stage)
         pipelines = [sorted({x[i] for x in per_stage}) for i in range(n_rep)]
-    p = len(pipelines[0])
-    v = max(1, len(stages) // p) if p else 1
-    m = int(man["microbatches"] or len(microbatches))
-    detected = _detect_schedule(compute, v)
-    if detected != "zb" and inferred and inferred[0].schedule:
-        detected = inferred[0].schedule  # the order of sends and receives; labels only add split backwards
-    schedule = man["schedule"] or detected
-    theory = theoretical_bubble(p, m, v) if p > 1 else None
+    return pipelines
 
-    windows = _step_windows(store, offsets)
-    p2p = _p2p_intervals(store, offsets)
-    by_rank_step: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
-    for r in compute:
-        by_rank_step[(r["rank"], r["step"])].append(r)
-    steps_all = sorted({r["step"] for r in compute})
 
-    pipe_out = []
-    bubbles: list[float] = []
-    step_saving_base: list[tuple[int, float, int]] = []  # (window_ns, bubble, step_ns)
-    for ranks in pipelines:
-        steps_out = []
-        for step in steps_all:
-            evs = [e for rk in ranks for e in by_rank_step.get((rk, step), [])]
-            if not evs or len({e["rank"] for e in evs}) < len(ranks):
-                continue  # a rank of this pipeline has no labels this step: window undefined
-            w0 = min(e["ts"] for e in evs)
-            w1 = max(e["ts"] + e["dur"] for e in evs)
-            window = max(w1 - w0, 1)
-            rk_out = []
-            for rk in ranks:
-                mine = by_rank_step[(rk, step)]
-                busy = iv.union([e["ts"] for e in mine], [e["ts"] + e["dur"] for e in mine])
-                busy_ns = iv.total(busy)
-                sw = windows.get((rk, step))
-                step_ns = sw[1] - sw[0] if sw else None
-                pset = iv.clip(p2p.get((rk, step), iv.empty()), w0, w1)
-                rk_out.append({
-                    "rank": rk,
-                    "stage_ids": sorted({e["stage"] for e in mine}),
-                    "busy_ns": busy_ns,
-                    "bubble": 1.0 - busy_ns / window,
-                    "bubble_of_step": (1.0 - busy_ns / step_ns) if step_ns else None,
-                    "p2p_ns": iv.total(pset),
-                    "p2p_wait_ns": iv.total(iv.subtract(pset, busy)),
-                })
-            b = float(np.mean([x["bubble"] for x in rk_out]))
-            bubbles.append(b)
-            step_ns_list = [windows[(rk, step)][1] - windows[(rk, step)][0] for rk in ranks
-                            if (rk, step) in windows]
-            step_saving_base.append((window, b, max(step_ns_list) if step_ns_list else window))
-            steps_out.append({"step": step, "window_ns": window, "bubble": b, "ranks": rk_out})
-        pipe_out.append({"ranks": ranks, "steps": steps_out})
+def _labelled_step(ranks: list[int], step: int, by_rank_step: dict[tuple[int, int], list[dict[str, Any]]],
+                   windows: dict[tuple[int, int], tuple[int, int]],
+                   p2p: dict[tuple[int, int], iv.IntervalSet]) -> dict[str, Any] | None:
+    """One step of one pipeline: each rank's busy time and bubble in the pipeline's window."""
+    evs = [e for rk in ranks for e in by_rank_step.get((rk, step), [])]
+    if not evs or len({e["rank"] for e in evs}) < len(ranks):
+        return None  # a rank of this pipeline has no labels this step: window undefined
+    w0 = min(e["ts"] for e in evs)
+    w1 = max(e["ts"] + e["dur"] for e in evs)
+    window = max(w1 - w0, 1)
+    rk_out = []
+    for rk in ranks:
+        mine = by_rank_step[(rk, step)]
+        busy = iv.union([e["ts"] for e in mine], [e["ts"] + e["dur"] for e in mine])
+        busy_ns = iv.total(busy)
+        sw = windows.get((rk, step))
+        step_ns = sw[1] - sw[0] if sw else None
+        pset = iv.clip(p2p.get((rk, step), iv.empty()), w0, w1)
+        rk_out.append({
+            "rank": rk,
+            "stage_ids": sorted({e["stage"] for e in mine}),
+            "busy_ns": busy_ns,
+            "bubble": 1.0 - busy_ns / window,
+            "bubble_of_step": (1.0 - busy_ns / step_ns) if step_ns else None,
+            "p2p_ns": iv.total(pset),
+            "p2p_wait_ns": iv.total(iv.subtract(pset, busy)),
+        })
+    return {"step": step, "window_ns": window, "bubble": float(np.mean([x["bubble"] for x in rk_out])),
+            "ranks": rk_out}
 
-    # stage compute: summed phase time per step, averaged over steps and replicas
+
+def _stage_compute(compute: list[dict[str, Any]], stage_ranks: dict[int, set[int]], man: dict[str, Any]
+                   ) -> tuple[list[dict[str, Any]], dict[tuple[int, int, str], list[int]]]:
+    """Stage compute: summed phase time per step, averaged over steps and replicas; and the
+    durations per (stage, micro-batch, phase)."""
     per_stage_step: dict[tuple[int, int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     per_mb: dict[tuple[int, int, str], list[int]] = defaultdict(list)
     for r in compute:
@@ -267,27 +240,63 @@ def _from_labels(store: RunStore, config: AnalysisConfig, rows: list[dict[str, A
         per_mb[(r["stage"], r["microbatch"], r["phase"])].append(r["dur"])
     layers = man["stage_layers"] if isinstance(man["stage_layers"], list) else None
     stage_out = []
-    for s in stages:
+    for s in sorted(stage_ranks):
         vals = [d for (st, _, _), d in per_stage_step.items() if st == s]
         fwd = float(np.mean([d.get("fwd", 0) for d in vals]))
         bwd = float(np.mean([sum(d.get(ph, 0) for ph in BWD_PHASES) for d in vals]))
         stage_out.append({"stage": s, "ranks": sorted(stage_ranks[s]), "compute_ns": int(round(fwd + bwd)),
                           "fwd_ns": int(round(fwd)), "bwd_ns": int(round(bwd)),
                           "layers": int(layers[s]) if layers and s < len(layers) else None})
+    return stage_out, per_mb
+
+
+def _from_labels(store: RunStore, config: AnalysisConfig, rows: list[dict[str, Any]]) -> PipelineResult:
+    offsets = _clock_offsets(store)
+    for r in rows:
+        r["ts"] = r["ts"] - offsets.get(r["rank"], 0)
+    compute = [r for r in rows if r["phase"] in COMPUTE_PHASES]
+    man = _manifest_pipeline(store)
+    stage_ranks: dict[int, set[int]] = defaultdict(set)
+    for r in compute:
+        stage_ranks[r["stage"]].add(r["rank"])
+    inferred = infer_pipelines(load_p2p(store))
+    pipelines = _labelled_pipelines(store, compute, stage_ranks, inferred)
+    p = len(pipelines[0])
+    v = max(1, len(stage_ranks) // p) if p else 1
+    m = int(man["microbatches"] or len({r["microbatch"] for r in compute}))
+    detected = _detect_schedule(compute, v)
+    if detected != "zb" and inferred and inferred[0].schedule:
+        detected = inferred[0].schedule  # the order of sends and receives; labels only add split backwards
+    schedule = man["schedule"] or detected
+    windows = _step_windows(store, offsets)
+    p2p = _p2p_intervals(store, offsets)
+    by_rank_step: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in compute:
+        by_rank_step[(r["rank"], r["step"])].append(r)
+    pipe_out, step_saving_base = [], []  # (window_ns, bubble, step_ns)
+    for ranks in pipelines:
+        steps_out = [x for x in (_labelled_step(ranks, step, by_rank_step, windows, p2p)
+                                 for step in sorted({r["step"] for r in compute})) if x is not None]
+        for x in steps_out:
+            step_ns_list = [windows[(rk, x["step"])][1] - windows[(rk, x["step"])][0] for rk in ranks
+                            if (rk, x["step"]) in windows]
+            step_saving_base.append((x["window_ns"], x["bubble"],
+                                     max(step_ns_list) if step_ns_list else x["window_ns"]))
+        pipe_out.append({"ranks": ranks, "steps": steps_out})
+    bubbles = [b for _, b, _ in step_saving_base]
+    stage_out, per_mb = _stage_compute(compute, stage_ranks, man)
     comp = np.array([x["compute_ns"] for x in stage_out], dtype=float)
     imbalance = float(comp.max() / comp.mean()) if comp.size > 1 and comp.mean() > 0 else None
     measured = float(np.mean(bubbles)) if bubbles else None
-
     section = _empty_section()
     section.update({
         "source": "labels", "schedule": schedule, "schedule_detected": detected, "num_stages": p,
-        "chunks_per_rank": v, "num_microbatches": m, "theoretical_bubble": theory,
+        "chunks_per_rank": v, "num_microbatches": m, "theoretical_bubble": theoretical_bubble(p, m, v) if p > 1 else None,
         "measured_bubble": measured, "imbalance": imbalance, "stages": stage_out, "pipelines": pipe_out,
         "per_microbatch": [{"stage": s, "microbatch": mb, "phase": ph, "mean_ns": int(round(np.mean(d)))}
                            for (s, mb, ph), d in sorted(per_mb.items())],
         "diagram": _diagram(pipelines[0], by_rank_step, pipe_out[0]["steps"], config.max_timeline_intervals),
     })
-
     findings: list[Finding] = []
     if p > 1 and measured is not None and step_saving_base:
         findings.extend(_bubble_finding(section, step_saving_base, man, pipelines))

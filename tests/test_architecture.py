@@ -1,0 +1,144 @@
+"""The code's shape, checked from the source (ast): no import cycles, no private names imported across
+modules, analyzers in functions of about a screen. Imports under `if TYPE_CHECKING:` are annotations
+only and do not count; function-local imports do (a cycle hidden inside a function is still one)."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("tracekit", "reports")
+MAX_FUNCTION_LINES = 60
+LENGTH_CHECKED = ("tracekit/analyze",)
+"""Folders whose functions must stay within MAX_FUNCTION_LINES (tracekit/parse joins when its split lands)."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, tuple[Path, ast.Module]]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            out[_module_name(path)] = (path, ast.parse(path.read_text(encoding="utf-8"), str(path)))
+    return out
+
+
+SOURCES = _sources()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def _resolve(module: str, node: ast.ImportFrom, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: Path, tree: ast.Module):
+    """(imported module, imported name or None, line) for each runtime import of our packages."""
+    is_pkg = path.name == "__init__.py"
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, node, is_pkg)
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                yield (sub, None, node.lineno) if sub in SOURCES else (target, a.name, node.lineno)
+
+
+def _ours(name: str) -> str | None:
+    """The module of ours `name` refers to (a package's submodule, or the package itself)."""
+    while name and name not in SOURCES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports at run time."""
+    g: dict[str, set[str]] = {}
+    for module, (path, tree) in SOURCES.items():
+        deps = g.setdefault(module, set())
+        for target, _, _ in _imports(module, path, tree):
+            dst = _ours(target)
+            if dst is not None and dst != module and not module.startswith(dst + "."):
+                deps.add(dst)  # a package's own __init__ is not a cycle with its modules
+    return g
+
+
+def test_the_import_graph_has_no_cycles():
+    g = import_graph()
+    assert len(g) > 50 and "tracekit.analyze.matching" in g["tracekit.analyze.stragglers"]
+    try:
+        graphlib.TopologicalSorter(g).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_the_checker_finds_a_cycle():
+    with pytest.raises(graphlib.CycleError):
+        graphlib.TopologicalSorter({"a": {"b"}, "b": {"c"}, "c": {"a"}}).prepare()
+
+
+def test_the_checker_sees_a_cycle_hidden_in_a_function():
+    mod_a = ast.parse("def f():\n    from tracekit.b import x\n")
+    names = list(_imports("tracekit.a", REPO / "tracekit" / "a.py", mod_a))
+    assert names == [("tracekit.b", "x", 2)]
+    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tracekit.b import x\n")
+    assert [n for n in _imports("tracekit.a", REPO / "tracekit" / "a.py", guarded) if n[0] == "tracekit.b"] == []
+
+
+def test_no_private_names_are_imported_across_modules():
+    bad = []
+    for module, (path, tree) in SOURCES.items():
+        for target, name, line in _imports(module, path, tree):
+            if name and name.startswith("_") and not name.startswith("__") and _ours(target):
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {name} from {target}")
+    assert bad == []
+
+
+def _long_functions(folder: str) -> list[str]:
+    out = []
+    for module, (path, tree) in SOURCES.items():
+        if not str(path.relative_to(REPO)).startswith(folder + "/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    out.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
+    return out
+
+
+@pytest.mark.parametrize("folder", LENGTH_CHECKED)
+def test_functions_are_about_a_screen(folder):
+    assert _long_functions(folder) == []
