@@ -168,7 +168,7 @@ def target_cluster(cal: Calibrated, hosts: int | None, gpus_per_host: int | None
 def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, gpus: int | None = None,
            hosts: int | None = None, gpus_per_host: int | None = None, global_batch: int | None = None,
            gpu_memory_bytes: int | None = None, top: int = 10, simulate_top: int = 16,
-           space: SearchSpace | None = None, max_simulated_ranks: int = 256) -> Advice:
+           space: SearchSpace | None = None, max_simulated_ranks: int = 64) -> Advice:
     """Rank the layouts for the target GPU count from the measured run described by `analysis`."""
     cal = calibrate(analysis, model, cluster)
     m = cal.measured

@@ -15,6 +15,8 @@ class SearchSpace:
     global_batch: int
     """Sequences per step over the whole job (kept constant across layouts)."""
     max_tp: int = 8
+    max_cp: int = 16
+    """Ring attention beyond this many ranks moves more than it saves on any sequence we model."""
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe", "zb")
     microbatch_factors: tuple[int, ...] = (1, 2, 4)
     """Micro-batches tried per pipeline stage count (m = factor × pp)."""
@@ -36,7 +38,7 @@ def degrees(model: ModelSpec, space: SearchSpace) -> Iterator[tuple[int, int, in
             if pp > model.layers:
                 continue
             for cp in _divisors(n // (tp * pp)):
-                if model.seq % (2 * cp) and cp > 1:
+                if cp > space.max_cp or (cp > 1 and model.seq % (2 * cp)):
                     continue
                 dp = n // (tp * pp * cp)
                 if space.global_batch % dp:
