@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+import hashlib
+import os
+from pathlib import Path
 
 CSS = """
 :root{--fg:#1d2330;--muted:#5b6475;--line:#d9dde5;--bg:#fff;--soft:#f5f7fa;--crit:#b42318;--warn:#b54708;--info:#175cd3;--ok:#067647}
@@ -96,9 +99,41 @@ PLOT_JS = """
 """
 
 
+def _cache_file() -> Path | None:
+    """Where the compressed plotly.js is kept between runs (per plotly version); None: no cache."""
+    try:
+        import plotly
+
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit"
+        return root / f"plotly-{plotly.__version__}.min.js.gz.b64"
+    except Exception:  # no home, odd environment: compress every time
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def plotly_js_gz_b64() -> str:
-    """plotly.js from the installed plotly package, gzipped and base64-encoded (≈2 MB instead of ≈4.8 MB)."""
+    """plotly.js from the installed plotly package, gzipped and base64-encoded (≈2 MB instead of ≈4.8 MB).
+    Compressing it costs ~0.3 s of CPU, more than analysing a small trace: the result is kept in the
+    user's cache folder (XDG_CACHE_HOME or ~/.cache/tracekit) and checked against plotly.js itself."""
     from plotly.offline import get_plotlyjs
 
-    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+    js = get_plotlyjs().encode("utf-8")
+    cache = _cache_file()
+    digest = hashlib.sha256(js).hexdigest()
+    try:
+        if cache is not None and cache.is_file():
+            head, _, body = cache.read_text(encoding="ascii").partition("\n")
+            if head == digest:
+                return body
+    except (OSError, ValueError):
+        pass
+    b64 = base64.b64encode(gzip.compress(js, compresslevel=9, mtime=0)).decode("ascii")
+    try:
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(f"{digest}\n{b64}", encoding="ascii")
+            os.replace(tmp, cache)  # atomic: concurrent runs never read half a file
+    except OSError:
+        pass  # a read-only home: the report is the same, only slower to write
+    return b64
