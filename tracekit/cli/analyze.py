@@ -140,7 +140,9 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         err.print(f"[yellow]{_esc(p)}[/yellow]")
     if not quiet:
         _print_summary(analysis, Console())
-        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(run.report)}" if run.report else ""))
+        # paths never wrapped: they are copied from the terminal
+        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(run.report)}" if run.report else ""),
+                  soft_wrap=True)
 
 
 def _print_skipped(skipped: list[dict[str, str]], err) -> None:
