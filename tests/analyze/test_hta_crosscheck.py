@@ -180,9 +180,12 @@ def test_hta_crashes_without_gpu_kernels_and_tracekit_does_not(shared_traces, tm
 def test_hta_assumes_rank_0_when_the_trace_names_none(shared_traces, tmp_path):
     hta = _hta(shared_traces / "hta_rank_not_found")
     assert list(hta.t.traces) == [0]
+    # issue 12 item 8: a lone trace that states no rank is analysed as rank 0, with a visible warning
     result = parse_run(shared_traces / "hta_rank_not_found", tmp_path, progress=False)
-    assert result.store.ranks() == []
-    assert len(result.skipped) == 1 and "rank" in result.skipped[0]["reason"]
+    assert result.store.ranks() == [0] and result.skipped == []
+    assert result.store.table("ranks").column("rank_source").to_pylist() == ["assumed (lone trace)"]
+    warned = [w for w in result.store.meta["warnings"] if "rank_not_found.json.gz" in w]
+    assert len(warned) == 1 and "analysed as rank 0" in warned[0]
 
 
 @pytest.mark.parametrize("name", GPU_TRACES)
