@@ -76,7 +76,7 @@ _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _SKIP = msgspec.json.Decoder(msgspec.Raw)  # validates and skips a value; its result is dropped at once
 _SCAN_LIST = msgspec.json.Decoder(list[_ScanEvent])
 # Per-event warnings of the parser (counts summed over chunks), in the parser's order.
-_COUNT_WARNING = re.compile(r"^(\d+) (complete events .*|event \S+ longer than .*)$")
+_COUNT_WARNING = re.compile(r"^(\d+) (complete events .*|event \S+ longer than .*|\[memory\] events .*)$")
 _COUNT_ORDER = ("complete events without a numeric ts", "complete events without dur",
                 "complete events with negative dur", "event names", "event categories")
 _LENIENT_WARNING = "typed decode failed"
