@@ -13,8 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("tracekit", "reports")
 MAX_FUNCTION_LINES = 60
-LENGTH_CHECKED = ("tracekit/analyze",)
-"""Folders whose functions must stay within MAX_FUNCTION_LINES (tracekit/parse joins when its split lands)."""
+LENGTH_CHECKED = ("tracekit/analyze", "tracekit/parse")
+"""Folders whose functions must stay within MAX_FUNCTION_LINES."""
 
 
 def _module_name(path: Path) -> str:

@@ -157,6 +157,11 @@ def pg_config_groups(pg_config: Any) -> list[dict[str, Any]]:
     return groups
 
 
+COLLECTIVE_COLUMNS = ("rank", "source", "pg_name", "pg_desc", "seq", "seq_source", "op", "is_p2p", "peer",
+                      "in_nelems", "out_nelems", "dtype", "bytes", "in_split_sizes", "out_split_sizes",
+                      "group_size", "group_ranks", "ts", "dur", "enqueue_ts", "state", "name", "caller", "step")
+
+
 def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, source: str,
                            group_ranks: Mapping[str, list[int]] | None = None) -> pa.Table:
     """Flight Recorder entries (or comms-log entries, same schema) → a `collectives` table.
@@ -164,71 +169,68 @@ def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, s
     seq is `collective_seq_id`, or `p2p_seq_id` for send/recv (then `is_p2p` is true: the two
     counters are separate namespaces). Times of 0/None mean "not observed" and become null.
     """
-    group_ranks = group_ranks or {}
-    cols: dict[str, list[Any]] = {k: [] for k in (
-        "rank", "source", "pg_name", "pg_desc", "seq", "seq_source", "op", "is_p2p", "peer",
-        "in_nelems", "out_nelems", "dtype", "bytes", "in_split_sizes", "out_split_sizes",
-        "group_size", "group_ranks", "ts", "dur", "enqueue_ts", "state", "name", "caller", "step")}
+    cols: dict[str, list[Any]] = {k: [] for k in COLLECTIVE_COLUMNS}
     for e in entries:
-        pg = e.get("process_group") or [None, None]
-        pg_name = None if pg[0] in (None, "") else str(pg[0])
-        pg_desc = None if len(pg) < 2 or pg[1] in (None, "") else str(pg[1])
-        profiling_name = e.get("profiling_name")
-        op = normalize_op(profiling_name)
-        is_p2p = e.get("is_p2p")
-        if is_p2p is None:
-            is_p2p = op in ("send", "recv")
-        is_p2p = bool(is_p2p) or op in ("send", "recv")
-        seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
-        ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
-        peer = e.get("peer")
-        if peer is None and is_p2p and profiling_name:
-            m = _P2P_PEER.search(profiling_name)
-            if m:  # "send 0->1" / "recv 1<-0": group-local ranks
-                local = int(m.group(2))
-                if ranks_of_group and local < len(ranks_of_group):
-                    peer = ranks_of_group[local]
-        in_counts = _nelems(e.get("input_sizes"))
-        out_counts = _nelems(e.get("output_sizes"))
-        in_dtypes = e.get("input_dtypes") or []
-        out_dtypes = e.get("output_dtypes") or []
-        created = _nonzero_int(e.get("time_created_ns"))
-        started = _nonzero_int(e.get("time_discovered_started_ns"))
-        completed = _nonzero_int(e.get("time_discovered_completed_ns"))
-        # NCCL measures the kernel with CUDA events (`duration_ms`, older dumps `duration`); the
-        # watchdog's discovered start/complete times only bound it, so prefer the measured one.
-        measured_ms = e.get("duration_ms", e.get("duration"))
-        if started is not None and isinstance(measured_ms, (int, float)) and measured_ms > 0:
-            dur = int(round(float(measured_ms) * 1e6))
-        elif started is not None and completed is not None:
-            dur = completed - started
-        else:
-            dur = None
-        cols["rank"].append(rank)
-        cols["source"].append(source)
-        cols["pg_name"].append(pg_name)
-        cols["pg_desc"].append(pg_desc)
-        cols["seq"].append(int(seq) if seq is not None else None)
-        cols["seq_source"].append("log" if seq is not None else None)
-        cols["op"].append(op)
-        cols["is_p2p"].append(is_p2p)
-        cols["peer"].append(int(peer) if peer is not None else None)
-        cols["in_nelems"].append(sum(in_counts) if in_counts is not None else None)
-        cols["out_nelems"].append(sum(out_counts) if out_counts is not None else None)
-        cols["dtype"].append(str((in_dtypes or out_dtypes)[0]) if (in_dtypes or out_dtypes) else None)
-        cols["bytes"].append(_message_bytes(in_counts, in_dtypes, out_counts, out_dtypes))
-        cols["in_split_sizes"].append(_int_list(e.get("in_split_sizes")))
-        cols["out_split_sizes"].append(_int_list(e.get("out_split_sizes")))
-        cols["group_size"].append(len(ranks_of_group) if ranks_of_group else None)
-        cols["group_ranks"].append(ranks_of_group)
-        cols["ts"].append(started)
-        cols["dur"].append(dur)
-        cols["enqueue_ts"].append(created)
-        cols["state"].append(e.get("state") or "unknown")
-        cols["name"].append(profiling_name)
-        cols["caller"].append(e.get("caller"))
-        cols["step"].append(int(e["step"]) if e.get("step") is not None else None)
+        for k, v in entry_row(e, rank=rank, source=source, group_ranks=group_ranks or {}).items():
+            cols[k].append(v)
     return conform("collectives", pa.table(_typed(cols)))
+
+
+def _p2p_peer(e: Mapping[str, Any], is_p2p: bool, ranks_of_group: list[int] | None) -> int | None:
+    """The entry's peer, or the group-local peer of its profiling name ("send 0->1" / "recv 1<-0")."""
+    peer = e.get("peer")
+    name = e.get("profiling_name")
+    if peer is None and is_p2p and name:
+        m = _P2P_PEER.search(name)
+        if m:
+            local = int(m.group(2))
+            if ranks_of_group and local < len(ranks_of_group):
+                peer = ranks_of_group[local]
+    return int(peer) if peer is not None else None
+
+
+def _times(e: Mapping[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(start, duration, enqueue) in ns. NCCL measures the kernel with CUDA events (`duration_ms`, older
+    dumps `duration`); the watchdog's discovered start/complete times only bound it, so prefer the measured one."""
+    created = _nonzero_int(e.get("time_created_ns"))
+    started = _nonzero_int(e.get("time_discovered_started_ns"))
+    completed = _nonzero_int(e.get("time_discovered_completed_ns"))
+    measured_ms = e.get("duration_ms", e.get("duration"))
+    if started is not None and isinstance(measured_ms, (int, float)) and measured_ms > 0:
+        dur = int(round(float(measured_ms) * 1e6))
+    elif started is not None and completed is not None:
+        dur = completed - started
+    else:
+        dur = None
+    return started, dur, created
+
+
+def entry_row(e: Mapping[str, Any], *, rank: int, source: str, group_ranks: Mapping[str, list[int]]) -> dict[str, Any]:
+    """One entry as a row of the `collectives` table (COLLECTIVE_COLUMNS)."""
+    pg = e.get("process_group") or [None, None]
+    pg_name = None if pg[0] in (None, "") else str(pg[0])
+    pg_desc = None if len(pg) < 2 or pg[1] in (None, "") else str(pg[1])
+    op = normalize_op(e.get("profiling_name"))
+    is_p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
+    seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
+    ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
+    in_counts, out_counts = _nelems(e.get("input_sizes")), _nelems(e.get("output_sizes"))
+    in_dtypes, out_dtypes = e.get("input_dtypes") or [], e.get("output_dtypes") or []
+    started, dur, created = _times(e)
+    return {
+        "rank": rank, "source": source, "pg_name": pg_name, "pg_desc": pg_desc,
+        "seq": int(seq) if seq is not None else None, "seq_source": "log" if seq is not None else None,
+        "op": op, "is_p2p": is_p2p, "peer": _p2p_peer(e, is_p2p, ranks_of_group),
+        "in_nelems": sum(in_counts) if in_counts is not None else None,
+        "out_nelems": sum(out_counts) if out_counts is not None else None,
+        "dtype": str((in_dtypes or out_dtypes)[0]) if (in_dtypes or out_dtypes) else None,
+        "bytes": _message_bytes(in_counts, in_dtypes, out_counts, out_dtypes),
+        "in_split_sizes": _int_list(e.get("in_split_sizes")), "out_split_sizes": _int_list(e.get("out_split_sizes")),
+        "group_size": len(ranks_of_group) if ranks_of_group else None, "group_ranks": ranks_of_group,
+        "ts": started, "dur": dur, "enqueue_ts": created, "state": e.get("state") or "unknown",
+        "name": e.get("profiling_name"), "caller": e.get("caller"),
+        "step": int(e["step"]) if e.get("step") is not None else None,
+    }
 
 
 def _int_list(value: Any) -> list[int] | None:

@@ -100,57 +100,63 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
     for lst in per_op.values():
         lst.sort()
     ordered = sorted((r for r in pending if _start(r) is not None), key=_start)
-
-    leads = []
-    for row in ordered:
-        cands = per_op.get(row["op"])
-        if not cands:
-            continue
-        start = _start(row)
-        pos = bisect.bisect_left(cands, (start, -1))
-        best = None
-        for j in list(range(pos - 1, max(pos - 64, -1), -1)) + list(range(pos, min(pos + 64, len(cands)))):
-            created, i = cands[j]
-            if created > _end(row) + LAG_TOLERANCE_NS or created < start - MAX_LEAD_NS:
-                continue
-            if _compatible(row, log_rows[i]) and (best is None or abs(start - created) < abs(best)):
-                best = start - created
-        if best is not None:
-            leads.append(best)
+    leads = sorted(x for x in (_nearest_lead(row, per_op, log_rows) for row in ordered) if x is not None)
     if not leads:
         return []
-    leads.sort()
     typical = leads[len(leads) // 2]
     skew = max(0, -typical) + SKEW_MARGIN_NS
-
     out = []
     last_taken: dict[str, int] = {}
     for row in ordered:
-        cands = per_op.get(row["op"])
-        if not cands:
-            continue
-        start = _start(row)
-        # An entry may also be created inside the call itself (`tracekit record` logs from a kernel on
-        # the c10d op, tens of µs after the op's profiler range opens, more on a busy host).
-        hi = bisect.bisect_right(cands, (max(start + skew, _end(row)), len(log_rows)))
-        previous = last_taken.get(row["op"])
-        best: tuple[int, int, int] | None = None  # (distance from the typical lead, created, index)
-        for j in range(hi - 1, -1, -1):
-            created, i = cands[j]
-            if created < start - MAX_LEAD_NS or (previous is not None and created <= previous):
-                break
-            distance = abs(start - created - typical)
-            if best is not None and start - created - typical > best[0]:
-                break  # walking back, leads only grow: nothing closer remains
-            if used[i] or not _compatible(row, log_rows[i]):
-                continue
-            if best is None or distance < best[0]:
-                best = (distance, created, i)
+        best = _closest_to_typical(row, per_op, log_rows, used, typical, skew, last_taken.get(row["op"]))
         if best is not None:
             used[best[2]] = True
             last_taken[row["op"]] = best[1]
             out.append((row, best[2]))
     return out
+
+
+def _nearest_lead(row: dict[str, Any], per_op: dict[str, list[tuple[int, int]]],
+                  log_rows: list[dict[str, Any]]) -> int | None:
+    """Pass 1: op start − creation time of the nearest compatible entry (None: no candidate)."""
+    cands = per_op.get(row["op"])
+    if not cands:
+        return None
+    start = _start(row)
+    pos = bisect.bisect_left(cands, (start, -1))
+    best = None
+    for j in list(range(pos - 1, max(pos - 64, -1), -1)) + list(range(pos, min(pos + 64, len(cands)))):
+        created, i = cands[j]
+        if created > _end(row) + LAG_TOLERANCE_NS or created < start - MAX_LEAD_NS:
+            continue
+        if _compatible(row, log_rows[i]) and (best is None or abs(start - created) < abs(best)):
+            best = start - created
+    return best
+
+
+def _closest_to_typical(row: dict[str, Any], per_op: dict[str, list[tuple[int, int]]], log_rows: list[dict[str, Any]],
+                        used: list[bool], typical: int, skew: int, previous: int | None) -> tuple[int, int, int] | None:
+    """Pass 2: among unused compatible entries created after `previous` and before start + skew (or inside
+    the call: `tracekit record` logs from a kernel on the c10d op, tens of µs after its profiler range
+    opens), the one whose lead is closest to the typical lead, as (distance, created, index)."""
+    cands = per_op.get(row["op"])
+    if not cands:
+        return None
+    start = _start(row)
+    hi = bisect.bisect_right(cands, (max(start + skew, _end(row)), len(log_rows)))
+    best: tuple[int, int, int] | None = None
+    for j in range(hi - 1, -1, -1):
+        created, i = cands[j]
+        if created < start - MAX_LEAD_NS or (previous is not None and created <= previous):
+            break
+        distance = abs(start - created - typical)
+        if best is not None and start - created - typical > best[0]:
+            break  # walking back, leads only grow: nothing closer remains
+        if used[i] or not _compatible(row, log_rows[i]):
+            continue
+        if best is None or distance < best[0]:
+            best = (distance, created, i)
+    return best
 
 
 def _group_candidates(row: dict[str, Any], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
