@@ -109,22 +109,21 @@ def _bubble(analysis: dict[str, Any]) -> tuple[float | None, str]:
     return float(v), f"{sec.get('schedule') or 'pipeline'}, theoretical {sec.get('theoretical_bubble')}"
 
 
-def _skew(analysis: dict[str, Any]) -> tuple[float | None, str]:
-    rows = [r for r in _section(analysis, "stragglers").get("ranks") or []
-            if isinstance(r, dict) and _num(r.get("delay_fraction"))]
+def _worst(rows: Any, key: str, label: str, none_reason: str) -> tuple[float | None, str]:
+    """The largest numeric `key` among the section's rows, named by the row's `label` field."""
+    rows = [r for r in rows or [] if isinstance(r, dict) and _num(r.get(key))]
     if not rows:
-        return None, "no matched collectives"
-    worst = max(rows, key=lambda r: r["delay_fraction"])
-    return float(worst["delay_fraction"]), f"rank {worst.get('rank')}"
+        return None, none_reason
+    worst = max(rows, key=lambda r: r[key])
+    return float(worst[key]), f"{label} {worst.get(label)}"
+
+
+def _skew(analysis: dict[str, Any]) -> tuple[float | None, str]:
+    return _worst(_section(analysis, "stragglers").get("ranks"), "delay_fraction", "rank", "no matched collectives")
 
 
 def _routing_skew(analysis: dict[str, Any]) -> tuple[float | None, str]:
-    rows = [r for r in _section(analysis, "experts").get("layers") or []
-            if isinstance(r, dict) and _num(r.get("skew"))]
-    if not rows:
-        return None, "no expert routing recorded"
-    worst = max(rows, key=lambda r: r["skew"])
-    return float(worst["skew"]), f"layer {worst.get('layer')}"
+    return _worst(_section(analysis, "experts").get("layers"), "skew", "layer", "no expert routing recorded")
 
 
 def evaluate(analysis: dict[str, Any], thresholds: Thresholds) -> list[CheckResult]:
