@@ -13,7 +13,9 @@ host: a rank that holds its peers back is a straggler whatever the cause, with i
 as the saving; when every rank shares one host the cause carries a caveat (`caveat`: CPU cores
 shared by several ranks can make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
 against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
-FLOPs/tokens) warns from 10% of the step.
+FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
+the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
+running ahead of the device: warning from 10% of the step at 2x dominance (`device_warning_*`).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
@@ -90,6 +92,15 @@ class StragglerConfig:
     uneven_work_warning_delay_fraction: float = 0.10
     """Warning threshold for an "uneven_work" straggler: the work excess is counted, not timed, so the
     box's timing noise floor (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
+    device_warning_delay_fraction: float = 0.10
+    """Warning threshold where every rank's arrivals are device times (GPU traces: the collective
+    kernel's start). There the host's timing noise (a descheduled process on a shared CPU box) is
+    absorbed by the host running ahead of the device, so `warning_delay_fraction`'s noise floor does
+    not apply: a GPU that makes its peers wait 10% of every step is worth a warning on a cluster."""
+    device_warning_dominance: float = 2.0
+    """... with this dominance (the `min_dominance` of any report): a slow GPU's own group peers wait
+    for it and then arrive late at their other groups' collectives, so the runner-up carries a
+    propagated share of the same delay and 3x dominance would miss the cause it propagates from."""
     contention_slowdown: float = 1.5
     """... whose size-independent ops (views, transposes) also run this many times slower is
     "contention" (same work, slower host); with normal-speed views it is bigger work ("compute")."""
@@ -133,7 +144,7 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
     kept = inst[keep]
     rows = matched.rows[matched.rows["key"].isin(kept["key"])]
     return (MatchedCollectives(rows=rows, instances=kept, trace_shift=matched.trace_shift,
-                               wait_intervals=matched.wait_intervals),
+                               wait_intervals=matched.wait_intervals, gpu_ranks=matched.gpu_ranks),
             {"outside_steps": outside, "warmup_step": warm, "outside_profiled_steps": unprofiled})
 
 
@@ -388,7 +399,9 @@ def _late_ranks(matched: MatchedCollectives, steps: int, step_ns: int) -> list[d
     return rows
 
 
-def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig) -> Severity:
+def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig,
+              device_timed: bool = False) -> Severity:
+    """`device_timed`: every rank's arrivals are device times (see `device_warning_delay_fraction`)."""
     frac = row["delay_fraction"] or 0.0
     # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
     # "last at most collectives" guard against timing noise; counted work not the noise floor either
@@ -397,11 +410,12 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
     # ops); being last at most collectives is then no fair test either: in a size-2 group a rank is
     # last half the time by chance, so a real straggler in small groups stays well under 75%
     counted_ops = (cause == "compute" and (ev.get("op_count_ratio") or 0.0) >= cfg.more_work_ratio)
+    dominance = cfg.device_warning_dominance if device_timed else cfg.warning_dominance
     strong = counted_ops or (
-        (row["dominance"] is None or row["dominance"] >= cfg.warning_dominance)
+        (row["dominance"] is None or row["dominance"] >= dominance)
         and (row["last_share"] >= cfg.warning_last_share or evidenced))
     warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
-                 else cfg.warning_delay_fraction)
+                 else cfg.device_warning_delay_fraction if device_timed else cfg.warning_delay_fraction)
     if strong and frac >= cfg.critical_delay_fraction:
         return Severity.CRITICAL
     if strong and frac >= warn_frac:
@@ -441,6 +455,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     steps, step_ns = _steps_and_step_ns(breakdown_ranks(breakdown), matched)
     rows = _late_ranks(matched, steps, step_ns)
     one_host = matching.clocks.get("hosts") == 1
+    device_timed = bool(matched.gpu_ranks) and set(matched.rows["rank"].unique()) <= matched.gpu_ranks
     activity = activities_of(store, activity)
     findings, stragglers = [], []
     for row in rows:
@@ -458,7 +473,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
             # measured delay is what removing the cause saves; the cause only carries a caveat
             ev = {**ev, "caveat": "every rank runs on one host: CPU cores shared by several ranks (a "
                                   "preempted or oversubscribed process) can make a rank late as well"}
-        findings.append(_finding(row, cause, ev, _severity(row, cause, ev, cfg), step_ns))
+        findings.append(_finding(row, cause, ev, _severity(row, cause, ev, cfg, device_timed), step_ns))
     section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
-               "excluded": excluded, "thresholds": asdict(cfg)}
+               "excluded": excluded, "thresholds": asdict(cfg), "device_timed": device_timed}
     return StragglersResult(findings=findings, section=section)
