@@ -37,7 +37,36 @@ for _name in COMMANDS:
 
 
 def main() -> None:
-    app()
+    """The `tracekit` command. Exits without the interpreter's teardown (freeing every object and module
+    one by one costs ~0.15 s of CPU after a 90 MB parse): at exit, after every atexit handler registered
+    since this point (process pools, logging) has run and non-daemon threads are joined, the standard
+    streams are flushed and the process ends with the command's status."""
+    import atexit
+
+    status: list[int] = []
+    atexit.register(_end_process, status)
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code
+        status.append(0 if code is None else code if isinstance(code, int) else 1)
+        raise
+    except BaseException:  # a crash or Ctrl-C: the normal exit path reports it
+        atexit.unregister(_end_process)
+        raise
+    status.append(0)
+
+
+def _end_process(status: list[int]) -> None:
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed pipe: as the normal exit would, report failure
+            status = [status[-1] if status and status[-1] else 120]
+    os._exit(status[-1] if status else 0)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ class RayEngine:
     workers: int = field(default=0, init=False)
     _started: bool = field(default=False, init=False, repr=False)
     _remote: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    pandas_free = False
+    """Ray's own code may import pandas while it runs our jobs (parse_run keeps it importable)."""
 
     def __post_init__(self) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

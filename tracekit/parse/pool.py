@@ -23,6 +23,7 @@ import pyarrow as pa
 from tracekit.errors import TraceFormatError, TracekitError
 from tracekit.parse.gz import gzip_size_hint, is_gzip
 from tracekit.parse.spilled import SpilledTable
+from tracekit.tables.arrow_env import pandas_deferred
 
 NORMAL_PATH_MEMORY_FACTOR = 1.5
 """Peak memory of the one-shot parser above the interpreter ÷ JSON size (measured 1.44x at 255 MB, parser of 2026-11-21)."""
@@ -91,15 +92,17 @@ def memory_workers(paths: list[str], max_memory_bytes: int | None) -> int:
 
 def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
                lazy_events: bool = False) -> Any:
-    """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget."""
-    if needs_chunking(path, max_memory_bytes):
-        from tracekit.parse.chunked import parse_kineto_chunked
+    """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget
+    (pyarrow does not import pandas for it: tables/arrow_env.py)."""
+    with pandas_deferred():
+        if needs_chunking(path, max_memory_bytes):
+            from tracekit.parse.chunked import parse_kineto_chunked
 
-        return parse_kineto_chunked(path, max_memory_bytes=max_memory_bytes,
-                                    max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events)
-    from tracekit.parse.kineto import parse_kineto
+            return parse_kineto_chunked(path, max_memory_bytes=max_memory_bytes,
+                                        max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events)
+        from tracekit.parse.kineto import parse_kineto
 
-    return parse_kineto(path, max_decompressed_bytes=max_decompressed_bytes)
+        return parse_kineto(path, max_decompressed_bytes=max_decompressed_bytes)
 
 
 def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import nullcontext
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
+from tracekit.tables.arrow_env import pandas_deferred
 from tracekit.tables.store import RunStore, RunStoreWriter
 
 # `record_function` labels of pipeline phases, e.g. "pp:stage1:mb3:fwd" (stage = virtual stage).
@@ -401,7 +403,17 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
         from tracekit.parse.pool import PoolParser
 
         engine = PoolParser(workers=workers)
-    found = disc.discover_inputs(trace_dir)
+    # nothing here uses pandas, so pyarrow need not import it (tables/arrow_env.py); an engine that runs
+    # third-party code here (Ray) may look for pandas itself
+    with pandas_deferred() if getattr(engine, "pandas_free", True) else nullcontext():
+        return _parse_found(disc.discover_inputs(trace_dir), trace_dir, store_dir, engine, progress=progress,
+                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
+                            assume_rank=assume_rank)
+
+
+def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any, *, progress: bool,
+                 max_decompressed_bytes: int | None, max_memory_bytes: int | None,
+                 assume_rank: int | None) -> ParseRunResult:
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
