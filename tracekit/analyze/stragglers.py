@@ -15,7 +15,10 @@ shared by several ranks can make a rank late too), never a lower severity. Two c
 against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
 FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
 the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
-running ahead of the device: warning from 10% of the step at 2x dominance (`device_warning_*`).
+running ahead of the device: warning from 10% of the step at 2x dominance, last at over half of its
+collectives (`device_warning_*`). Dominance is over a rank's peers (ranks it meets in a collective) that
+are not late with it (`late_with`: the ranks of one slow replica arrive together and take turns being
+last; `last_share_with` counts their turns as one).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
@@ -33,7 +36,8 @@ Section `stragglers`:
     {"steps_counted": int, "mean_step_ns": int,
      "excluded": {"outside_steps", "warmup_step", "outside_profiled_steps"},
      "ranks": [{"rank", "instances", "last_count", "last_share", "last_chance", "delay_ns_per_step",
-                "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step}}],
+                "delay_fraction", "dominance", "by_dim": {dim: delay_ns_per_step},
+                "late_with": [rank] (only when some), "last_share_with" (idem)}],
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
                      "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
@@ -97,6 +101,9 @@ class StragglerConfig:
     kernel's start). There the host's timing noise (a descheduled process on a shared CPU box) is
     absorbed by the host running ahead of the device, so `warning_delay_fraction`'s noise floor does
     not apply: a GPU that makes its peers wait 10% of every step is worth a warning on a cluster."""
+    device_warning_last_share: float = 0.5
+    """... and being last at most (over half) of its collectives, with its `late_with` peers (ranks of
+    one slow replica take turns being last): `warning_last_share` guards against the box's noise."""
     device_warning_dominance: float = 2.0
     """... with this dominance (the `min_dominance` of any report): a slow GPU's own group peers wait
     for it and then arrive late at their other groups' collectives, so the runner-up carries a
@@ -393,10 +400,40 @@ def _late_ranks(matched: MatchedCollectives, steps: int, step_ns: int) -> list[d
                      "delay_fraction": round(delay / step_ns, 4) if step_ns else None,
                      "by_dim": by_dim})
     rows.sort(key=lambda x: -x["delay_ns_per_step"])
-    for i, row in enumerate(rows):
-        nxt = max((o["delay_ns_per_step"] for j, o in enumerate(rows) if j != i), default=0)
-        row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
+    _set_dominance(matched, rows, steps)
     return rows
+
+
+def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], steps: int) -> None:
+    """`dominance`: a rank's delay over the largest delay of its peers (ranks it meets in a collective;
+    ranks it never meets, e.g. another pipeline stage, are not) that are not late *with* it. Late
+    with it (`late_with`): a peer at least half as late whose collectives with this rank hold neither
+    back (less than half the smaller delay): the two arrive together, as the ranks of one slow
+    data-parallel replica do (a tp or cp group given longer sequences), so neither dominates the other."""
+    members = matched.rows.groupby("key")["rank"].agg(frozenset)
+    inst = matched.instances[["key", "last_rank", "delay"]].assign(members=lambda d: d["key"].map(members))
+    total = {row["rank"]: row["delay_ns_per_step"] for row in rows}
+    peers: dict[int, set[int]] = {}
+    for group in set(members):
+        for r in group:
+            peers.setdefault(int(r), set()).update(int(p) for p in group if p != r)
+
+    def late_with(r: int, p: int) -> bool:
+        lo = min(total[r], total[p])
+        if lo <= 0 or 2 * lo < max(total[r], total[p]):
+            return False
+        both = inst[inst["last_rank"].isin((r, p)) & inst["members"].map(lambda m: r in m and p in m)]
+        return 2 * int(both["delay"].sum()) < lo * steps
+
+    for row in rows:
+        r = row["rank"]
+        together = sorted(p for p in peers.get(r, ()) if late_with(r, p))
+        nxt = max((total[p] for p in peers.get(r, ()) if p not in together), default=0)
+        row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
+        if together:
+            row["late_with"] = together
+            mine = inst[inst["members"].map(lambda m, r=r: r in m)]
+            row["last_share_with"] = round(float(mine["last_rank"].isin([r, *together]).mean()), 4)
 
 
 def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig,
@@ -411,9 +448,11 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
     # last half the time by chance, so a real straggler in small groups stays well under 75%
     counted_ops = (cause == "compute" and (ev.get("op_count_ratio") or 0.0) >= cfg.more_work_ratio)
     dominance = cfg.device_warning_dominance if device_timed else cfg.warning_dominance
+    last_share = max(row["last_share"], row.get("last_share_with", 0.0))
     strong = counted_ops or (
         (row["dominance"] is None or row["dominance"] >= dominance)
-        and (row["last_share"] >= cfg.warning_last_share or evidenced))
+        and (last_share >= (cfg.device_warning_last_share if device_timed else cfg.warning_last_share)
+             or evidenced))
     warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
                  else cfg.device_warning_delay_fraction if device_timed else cfg.warning_delay_fraction)
     if strong and frac >= cfg.critical_delay_fraction:
