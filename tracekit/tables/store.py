@@ -26,6 +26,14 @@ millions of events never builds one huge group (alone it changed the chunked pat
 the chunks part by part did that, see parse/spilled.py)."""
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The text columns: only they are dictionary-encoded in Parquet. Dictionary pages for int64 times
+    and ids (nearly all distinct) cost time and space: for a 94 MB trace's tables 0.14 -> 0.10 s of
+    CPU and 4.7 -> 3.0 MB with zstd (values identical; readers see the same Arrow schema)."""
+    return [f.name for f in schema if pa.types.is_dictionary(f.type) or pa.types.is_string(f.type)
+            or pa.types.is_large_string(f.type)]
+
+
 @dataclass
 class RunStoreWriter:
     """Writes tables incrementally into STORE/<table>.parquet and STORE/meta.json on close."""
@@ -45,7 +53,8 @@ class RunStoreWriter:
         table = conform(name, table)
         writer = self._writers.get(name)
         if writer is None:
-            writer = pq.ParquetWriter(self.path / f"{name}.parquet", TABLES[name], compression="zstd")
+            writer = pq.ParquetWriter(self.path / f"{name}.parquet", TABLES[name], compression="zstd",
+                                      use_dictionary=dictionary_columns(TABLES[name]))
             self._writers[name] = writer
         if table.num_rows:
             # a rank's rows may span several row groups (the index maps a rank to all of its own), but
