@@ -61,9 +61,14 @@ def test_outputs_validate_and_reports_are_written(runs):
 
 
 def test_clean_run_has_no_warning_from_these_analyzers(runs):
-    bad = [f for f in runs["clean"]["analysis"]["findings"]
-           if f["kind"] in MINE and f["severity"] != "info"]
-    assert bad == [], [f["summary"] for f in bad]
+    """No injected fault: nothing at warning, except that a rank the busy shared box really slowed may be
+    a straggler (issue 12 item 12: no severity cap for one host) — then only for a host-side cause
+    (never counted extra work) and with the one-host caveat."""
+    loud = [f for f in runs["clean"]["analysis"]["findings"] if f["kind"] in MINE and f["severity"] != "info"]
+    bad = [f for f in loud if f["kind"] != "straggler"
+           or f["evidence"].get("cause") not in ("contention", "host_idle", "unknown")
+           or "caveat" not in f["evidence"]]
+    assert bad == [], [(f["summary"], f["evidence"]) for f in bad]
 
 
 def test_slow_rank_is_the_top_finding(runs):
