@@ -58,6 +58,11 @@ from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5
 LOW_RATIO_OF_BEST = 3.0
+LOW_RATIO_OF_BEST_DEVICE = 2.0
+"""... where every instance is timed on the device (GPU traces: NCCL kernels) and the reference is a
+group of the same link tier (all members on one host, or spanning hosts): a healthy NCCL link of one
+tier moves as many bytes in about the same time; half its speed is a slow link, not noise (the 3x of
+`LOW_RATIO_OF_BEST` allows for gloo threads sharing CPU cores with compute)."""
 PEAK_MIN_BYTES = 1 << 20
 MIN_JUDGED_BYTES = 4096
 """Smaller messages are pure latency: tabulated, never judged."""
@@ -85,6 +90,18 @@ def bus_factor(op: str, n: int) -> float | None:
 
 def _bucket(nbytes: int) -> int:
     return 1 << int(math.floor(math.log2(nbytes))) if nbytes > 0 else 0
+
+
+def link_tiers(store: RunStore, members: dict[str, tuple[int, ...] | None]) -> dict[str, str]:
+    """Each group's link tier: "intra_host" when its members share one host name, "inter_host" when
+    they span several; groups with a member of unknown host are left out."""
+    hosts = {r["rank"]: r["hostname"] for r in store.table("ranks", ["rank", "hostname"]).to_pylist()}
+    out = {}
+    for pg, ranks in members.items():
+        names = {hosts.get(r) for r in ranks or ()}
+        if ranks and None not in names:
+            out[pg] = "intra_host" if len(names) == 1 else "inter_host"
+    return out
 
 
 def _group_dims(store: RunStore, layout: dict[str, Any]) -> dict[str, str]:
@@ -213,7 +230,10 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
         })
     members = {g["pg_name"]: tuple(sorted(g["ranks"])) if g["ranks"] else None
                for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
-    _judge(table, groups, config.peak_gbps, nsteps, members)
+    matched = matched_of(matching)
+    device_timed = bool(matched is not None and matched.gpu_ranks
+                        and set(matched.rows["rank"].unique()) <= matched.gpu_ranks)
+    _judge(table, groups, config.peak_gbps, nsteps, members, link_tiers(store, members), device_timed)
     findings = _findings(table, step_ns, store, _exposed_per_step(unoverlapped))
     for row in table:
         row.pop("bus_bytes_p50", None)
@@ -221,9 +241,12 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
 
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,
-           members: dict[str, tuple[int, ...] | None] | None = None) -> None:
-    """Fill reference bandwidth, `low` and the time lost against the reference per row."""
-    members = members or {}
+           members: dict[str, tuple[int, ...] | None] | None = None,
+           tiers: dict[str, str] | None = None, device_timed: bool = False) -> None:
+    """Fill reference bandwidth, `low` and the time lost against the reference per row. `tiers`: a
+    group's link tier ("intra_host" / "inter_host", absent when its hosts are unknown): the best of
+    the run is taken from groups of the same tier only."""
+    members, tiers = members or {}, tiers or {}
 
     def links(pg: str) -> Any:  # a group's member set (its name when the members are unknown)
         return members.get(pg) or pg
@@ -239,14 +262,16 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
                 LOW_FRACTION_OF_PEAK
         else:
             better = [r for r in judged if r["bus_bytes_p50"] >= row["bus_bytes_p50"]
-                      and links(r["pg_name"]) != links(row["pg_name"])]
+                      and links(r["pg_name"]) != links(row["pg_name"])
+                      and tiers.get(r["pg_name"]) == tiers.get(row["pg_name"])]
             if not better:
                 continue
             best = min(better, key=lambda r: r["time_ns_p50"])
             ref = row["bus_bytes_p50"] / best["time_ns_p50"]
             why = (f"best of the run: {best['pg_name']} {best['op']} moved ≥ as many bus bytes "
                    f"({best['bytes_p50']} B) in {best['time_ns_p50'] / 1e3:.0f} µs")
-            low_at = 1.0 / LOW_RATIO_OF_BEST
+            low_at = 1.0 / (LOW_RATIO_OF_BEST_DEVICE if device_timed and tiers.get(row["pg_name"])
+                            else LOW_RATIO_OF_BEST)
         row["reference_gbps"], row["reference"] = ref, why
         if row["busbw_gbps_p75"] < low_at * ref:
             row["low"] = True
