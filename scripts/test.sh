@@ -5,4 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_chromium.sh
 export TRACEKIT_SHARED_TRACES=${TRACEKIT_SHARED_TRACES:-$(cd .. && pwd)/shared/traces}
-exec .venv/bin/python -m pytest -q -rsx -p no:cacheprovider "$@"
+# Two xdist workers (the target box has 2 cores); whole files go to one worker (--dist loadfile) so a
+# file's module/session fixtures (e.g. the detection matrix's runtime runs) are built once.
+# TRACEKIT_TEST_WORKERS=0 runs serially.
+exec .venv/bin/python -m pytest -q -rsx -p no:cacheprovider -n "${TRACEKIT_TEST_WORKERS:-2}" --dist loadfile \
+    --durations=25 "$@"
