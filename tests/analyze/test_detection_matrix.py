@@ -301,8 +301,8 @@ LOAD_TOLERANCE = 0.10
 
 
 def test_routing_skew_advice_matches_rerun_load(runtime_runs):
-    before, _, _ = _rerun(runtime_runs, "rerun_router_skew", "rerun_router_balanced")
-    after = runtime_runs.get("rerun_router_balanced")
+    # tokens are counted, not timed: no load check (the box's load cannot change this comparison)
+    before, after = runtime_runs.get("rerun_router_skew"), runtime_runs.get("rerun_router_balanced")
     (f,) = [f for f in before.analysis["findings"] if f["kind"] == "expert_routing_skew"]
     assert f["est_saving_ns"] > 0 and "aux-loss" in f["recommendation"]
     # a 3-step run cannot train the router back to balance, so the re-run applies the advice's outcome:
