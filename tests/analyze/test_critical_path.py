@@ -18,14 +18,15 @@ from tracekit.whatif.replay import composition, path_of, predict_ns, replay_step
 REPO = Path(__file__).resolve().parents[2]
 
 
-def two_rank_allreduce(c0: int, c1: int, xfer: int, after: int) -> StepGraph:
+def two_rank_allreduce(c0: int, c1: int, xfer: int, after: int, lead1: int = 0) -> StepGraph:
     """rank r: compute c_r, then an all_reduce (arrive, sync, transfer xfer), then compute `after`.
-    Both ranks start at 0; nothing else. Times in ns."""
-    last = max(c0, c1)
+    Both ranks' step windows start at 0; rank 1's first op `lead1` later (a sleep before its first op).
+    Nothing else. Times in ns."""
+    last = max(c0, lead1 + c1)
     nodes = [  # rank, lane, category, start, dur, inst
         (0, 0, Category.COMPUTE, 0, c0, -1), (0, 0, Category.MARK, c0, 0, 0),
         (0, 1, Category.TRANSFER, last, xfer, 0), (0, 0, Category.COMPUTE, last + xfer, after, -1),
-        (1, 2, Category.COMPUTE, 0, c1, -1), (1, 2, Category.MARK, c1, 0, 0),
+        (1, 2, Category.COMPUTE, lead1, c1, -1), (1, 2, Category.MARK, lead1 + c1, 0, 0),
         (1, 3, Category.TRANSFER, last, xfer, 0), (1, 2, Category.COMPUTE, last + xfer, after, -1),
         (-1, -1, Category.MARK, last, 0, 0),
     ]
@@ -68,6 +69,17 @@ def test_rank_compute_at_peers_median_matches_arithmetic():
     assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == expect
     # overlapping the collective removes the transfer and nothing else
     assert predict_ns(res, [Fix("dim_overlap", dim=None)], Layout()) == c1 + after
+
+
+def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_straggler_fixes():
+    ms = 1_000_000
+    c0, c1, xfer, after, sleep = 10 * ms, 12 * ms, 3 * ms, 4 * ms, 50 * ms
+    g = two_rank_allreduce(c0, c1, xfer, after, lead1=sleep)
+    res = replay_step(0, g)
+    assert res.replayed_ns == res.measured_ns == sleep + c1 + xfer + after
+    without = max(c0, c1) + xfer + after  # the same step with rank 1 not sleeping
+    assert predict_ns(res, [Fix("host_stalls", rank=1)], Layout()) == without
+    assert predict_ns(res, [Fix("host_stalls", rank=0)], Layout()) == res.measured_ns  # not rank 0's stall
 
 
 def test_topological_levels_and_cycles():

@@ -49,21 +49,42 @@ MAX_PATH_ROWS = 400
 
 def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
     """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
-    p2p = None
+    p2p = ends = None
     if store.has("collectives"):
         df = load_collectives(store)
+        ends = collective_ends(df)
         per_rank, _ = choose_sources(df)
         is_p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
         df = df[is_p2p & (df["source"] == df["rank"].map(per_rank))]
         p2p = df if not df.empty else None
-    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p)
+    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
 
 
-def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None) -> Layout:
+def collective_ends(df: Any) -> Any:
+    """Per (rank, pg_name, seq): the latest trace-clock end (ts + dur) any source records (a comms log
+    holds enqueue times only; the profiler's op or kernel on the same rank gives the end)."""
+    ok = df[df["ts"].notna() & df["dur"].notna() & df["seq"].notna() & df["pg_name"].notna()]
+    if ok.empty:
+        return None
+    out = ok.assign(trace_end=(ok["ts"] + ok["dur"]).astype("Int64"), pg_name=ok["pg_name"].astype(str))
+    return out.groupby(["rank", "pg_name", "seq"], as_index=False)["trace_end"].max()
+
+
+def cpu_hosts(store: RunStore | None) -> dict[int, str]:
+    """CPU-only ranks (no kernel in the trace) → hostname (ranks table); empty when any rank has a device."""
+    if store is None or not store.has("ranks"):
+        return {}
+    t = store.table("ranks", ["rank", "hostname", "trace_kind"]).to_pylist()
+    if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
+        return {}
+    return {int(r["rank"]): str(r["hostname"]) for r in t}
+
+
+def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> Layout:
     lay = section_of(layout)
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
-    return Layout(coords=coords, pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
+    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1))
 
 
@@ -83,7 +104,9 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     if f.kind == FindingKind.STRAGGLER and f.ranks:
         if ev.get("cause") in ("host_idle", "data_load"):
             return [Fix("host_stalls", rank=int(r)) for r in f.ranks]
-        return [Fix("rank_compute", rank=int(r)) for r in f.ranks]
+        # the rank no slower than its peers: its compute at their median and its own host stalls gone
+        # (a sleep or a wait before the step's first op makes a straggler as surely as slow kernels)
+        return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if f.kind == FindingKind.LOW_BUS_BANDWIDTH:
@@ -129,11 +152,28 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if "original_est_saving_ns" not in ev:
             every.extend(x for x in fixes if x not in every)
+    out = _absorbed(out, rows, [fix_for(f, lay) for f in findings])
     together = None
     if every and results:
         step_ns, meas = _mean_prediction(results, every, lay)
         together = {"fixes": [x.label() for x in every], "step_ns": step_ns, "saving_ns": max(0, meas - step_ns)}
     return out, rows, together
+
+
+def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[list[Fix]]) -> list[Finding]:
+    """A finding whose fix is part of a bigger finding's fix (idle_host_bound's "host stalls removed on
+    rank 1" inside the straggler's "rank 1 at its peers' pace") and saves no more is that finding's symptom:
+    its replayed saving stays in the evidence, its own saving is 0 (no double counting, the root first)."""
+    saving = {r["finding"]: r["saving_ns"] for r in rows if r["counted"]}
+    out = list(findings)
+    for i, a in saving.items():
+        for j, b in saving.items():
+            if i != j and set(fixes[i]) < set(fixes[j]) and a <= b and a > 0:
+                ev = dict(out[i].evidence or {}, absorbed_by={"kind": findings[j].kind.value,
+                                                              "ranks": list(findings[j].ranks or [])})
+                out[i] = dataclasses.replace(out[i], evidence=ev, est_saving_ns=0)
+                break
+    return out
 
 
 def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:
@@ -160,7 +200,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
-    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline))
+    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store))
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals
     section = {"steps": [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)],

@@ -88,7 +88,7 @@ def run_whatif(store: RunStore, fixes: list[Fix], inputs: ReplayInputs | None = 
 
     inputs = inputs or prepare(store)
     results = replay_steps(store, step_input(store, inputs.layout, inputs.matching))
-    lay = run_layout(inputs.layout, inputs.pipeline)
+    lay = run_layout(inputs.layout, inputs.pipeline, store)
     steps = []
     for r in results:
         steps.append({"step": r.step, "measured_ns": r.measured_ns, "replayed_ns": r.replayed_ns,

@@ -97,6 +97,9 @@ class StepInput:
     """pg_name → parallel dim"""
     p2p: pd.DataFrame | None = None
     """send/recv rows of the rank's matching source (matching.load_collectives columns)"""
+    ends: pd.DataFrame | None = None
+    """per (rank, pg_name, seq): the trace-clock end (ts + dur) of the collective from a source that
+    records it: a matching source with enqueue times only (a comms log) leaves members without an end"""
 
 
 def _arr(t: pa.Table, col: str, dtype: Any = np.int64) -> np.ndarray:
@@ -129,14 +132,17 @@ def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) 
     m = inp.matched
     if m is None or m.rows.empty:
         return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step"])
-    rows = m.rows[m.rows["step"].isin(steps) & m.rows["end"].notna()].copy()
+    rows = _with_trace_ends(m.rows[m.rows["step"].isin(steps)], inp.ends, shift)
+    rows = rows[rows["end"].notna() | rows["trace_end"].notna()].copy()
     rs = row_trace_shift(rows, m.trace_shift)
     rows = rows[~np.isnan(rs)].copy()
     rs = rs[~np.isnan(rs)].astype(np.int64)
     conv = rows["rank"].map(shift).fillna(0).astype(np.int64).to_numpy()
     off = (rows["arrival_raw"] - rows["arrival"]).astype(np.int64).to_numpy()
     rows["arrival"] = rows["arrival_raw"].astype(np.int64).to_numpy() + rs - conv
-    rows["end"] = rows["end"].astype(np.int64).to_numpy() + off + rs - conv
+    own_end = rows["end"].fillna(0).astype(np.int64).to_numpy() + off + rs - conv
+    rows["end"] = np.where(rows["end"].notna().to_numpy(), own_end,
+                           rows["trace_end"].fillna(0).astype(np.int64).to_numpy() - conv)
     names = rows["pg_name"].astype(str)
     rows["dim"] = names.map({p: inp.dims.get(p.removeprefix("kineto:"), "unknown") for p in names.unique()})
     n = rows.groupby("key")["rank"].transform("size")
@@ -146,6 +152,20 @@ def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) 
     both = pd.concat(parts, ignore_index=True) if parts else rows[cols].copy()
     both["inst"] = both["key"].astype("category").cat.codes.astype(np.int64)
     return both
+
+
+def _with_trace_ends(rows: pd.DataFrame, ends: pd.DataFrame | None, shift: dict[int, int]) -> pd.DataFrame:
+    """`rows` with `trace_end`: the collective's trace-clock end from `ends` where the row has no end."""
+    rows = rows.copy()
+    rows["trace_end"] = pd.array([pd.NA] * len(rows), dtype="Int64")
+    if ends is None or ends.empty or rows.empty or rows["end"].notna().all():
+        return rows
+    key = ["rank", "pg_name", "seq"]
+    left = rows[key].astype({"rank": np.int64, "pg_name": str, "seq": np.int64})
+    right = ends.astype({"rank": np.int64, "pg_name": str, "seq": np.int64})
+    got = left.merge(right, on=key, how="left")["trace_end"]
+    rows["trace_end"] = pd.array(got.to_numpy(), dtype="Int64")
+    return rows
 
 
 def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
@@ -186,7 +206,7 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
     """Arrival, sync and transfer nodes (members' `arr_lane` / `xfer_lane` say where they sit);
     returns per member row the arrival and transfer node ids."""
     if members.empty:
-        return {"arrival": np.zeros(0, np.int64), "transfer": np.zeros(0, np.int64)}
+        return {k: np.zeros(0, np.int64) for k in ("arrival", "transfer", "sync", "last_arrival")}
     dim_idx = members["dim"].map({d: i for i, d in enumerate(dims)}).fillna(-1).to_numpy(np.int32)
     inst = members["inst"].to_numpy(np.int64)
     arrival = members["arrival"].to_numpy(np.int64)
@@ -211,7 +231,7 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
     buf.edge(arr_ids, sync[inst])
     buf.edge(sync[inst], xfer_ids)
     buf.edge(arr_ids, xfer_ids)
-    return {"arrival": arr_ids, "transfer": xfer_ids}
+    return {"arrival": arr_ids, "transfer": xfer_ids, "sync": sync[inst], "last_arrival": sync_t[inst]}
 
 
 def _prev_end_on_lane(lanes: np.ndarray, arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -356,6 +376,14 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     cat[wait] = Category.WAIT
     seg = buf.add(rank=rank, lane=host_lane, category=cat, start=p0, dur=dur,
                   names=[names[o] for o in own], terminal=True, step=op_step[own])
+    # the thread sat idle (nothing recorded) when the last member arrived and resumed before the recorded
+    # end (an async op's record outlives the work it waited for): the resume follows the last arrival
+    la = ids["last_arrival"]
+    resume = np.searchsorted(p0, la, side="right")
+    early = (_containing(s0, s1, la, strict=False) < 0) & (resume < p0.size) & (resume > 0)
+    early &= p0[np.minimum(resume, p0.size - 1)] < e
+    buf.edge(ids["sync"][early], seg[resume[early]])
+    blocking &= ~early
     nxt = np.searchsorted(p0, e[blocking], side="left")
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])

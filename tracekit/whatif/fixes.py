@@ -71,6 +71,8 @@ class Layout:
     virtual_stages: int = 1
     stall_min_ns: int = 1_000_000
     """a host gap this long with nothing recorded is a stall, not dispatch overhead (µs)"""
+    cpu_hosts: dict[int, str] = field(default_factory=dict)
+    """CPU-only ranks (no device work in the trace) → their host: ranks of one host share its cores"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")
@@ -90,7 +92,7 @@ def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None
     dur[m] = np.rint(dur[m] * factor).astype(np.int64)
 
 
-def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
+def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.ndarray | None = None) -> None:
     comp = compute_by_rank(g, dur)
     own = comp.get(int(fix.rank), 0)
     if fix.value is not None:
@@ -101,6 +103,39 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
             return
         factor = min(1.0, float(np.median(peers)) / own)
     _scale_rank(g, dur, int(fix.rank), factor)
+    if gap is not None and factor < 1.0:
+        _free_shared_cpu(g, dur, gap, int(fix.rank), factor, lay)
+
+
+def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, factor: float, lay: Layout) -> None:
+    """CPU-only ranks that share a host share its cores: while `rank` ran the compute the fix removes
+    (the last 1 − factor of each of its compute ops, measured), a peer on the same host that recorded
+    nothing was kept off a core. Each such gap on a peer's host thread shrinks by its overlap with that
+    removed compute, and so does each of the peers' transfers (gloo runs them on CPU threads) (docs/metrics.md §8). GPU ranks never: their compute is on their own device."""
+    host = lay.cpu_hosts.get(rank)
+    if host is None:
+        return
+    peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
+    m = np.flatnonzero((g.category == Category.COMPUTE) & (g.rank == rank))
+    if not peers or m.size == 0:
+        return
+    from tracekit.analyze import intervals as iv
+
+    a, b = iv.union(g.start[m] + np.rint(g.dur[m] * factor).astype(np.int64), g.start[m] + g.dur[m])
+    if a.size == 0:
+        return
+    cum = np.r_[0, np.cumsum(b - a)]
+
+    def covered(t: np.ndarray) -> np.ndarray:  # removed compute before t
+        k = np.searchsorted(a, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where(k >= 0, cum[kk] + np.clip(t - a[kk], 0, (b - a)[kk]), 0)
+
+    mine = np.isin(g.rank, peers)
+    v = np.flatnonzero(mine & host_lane_mask(g) & (gap > 0))
+    gap[v] = np.maximum(gap[v] - (covered(g.start[v]) - covered(g.start[v] - g.gap[v])), 0)
+    x = np.flatnonzero(np.isin(g.rank, [*peers, rank]) & (g.category == Category.TRANSFER) & (dur > 0))  # comm threads too
+    dur[x] = np.maximum(dur[x] - (covered(g.start[x] + g.dur[x]) - covered(g.start[x])), 0)
 
 
 def _transfers(g: StepGraph, dim: str | None) -> np.ndarray:
@@ -184,6 +219,28 @@ def microbatch_factor(lay: Layout, new_m: int) -> float:
     return (1 - b_now) / (1 - b_new)
 
 
+def shared_host_idle(g: StepGraph, lay: Layout) -> float:
+    """CPU-only ranks sharing a host: the largest share, over hosts, of the analyzed steps in which none of
+    the host's ranks ran anything (op, transfer). A rank in its pipeline bubble gives its core to the
+    other stage's ranks on the host, so more micro-batches can only recover time the whole host sat idle
+    (docs/metrics.md §8). 1.0 (no cap) when the ranks do not share hosts or have devices."""
+    hosts: dict[str, list[int]] = {}
+    for r, h in lay.cpu_hosts.items():
+        hosts.setdefault(h, []).append(r)
+    if not hosts or all(len(rs) < 2 for rs in hosts.values()) or g.ranks.size == 0:
+        return 1.0
+    from tracekit.analyze import intervals as iv
+
+    lo, hi = int(g.win_start.min()), int(g.win_end.max())
+    busy = (g.dur > 0) & (g.category != Category.MARK) & (g.rank >= 0)
+    best = 0.0
+    for rs in hosts.values():
+        m = np.flatnonzero(busy & np.isin(g.rank, rs))
+        a, b = iv.union(np.clip(g.start[m], lo, hi), np.clip(g.start[m] + g.dur[m], lo, hi))
+        best = max(best, 1.0 - float((b - a).sum()) / max(hi - lo, 1))
+    return best
+
+
 def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray, np.ndarray, float]:
     """Durations and gaps with the fixes applied, and a factor for the replayed step (micro-batches)."""
     dur = g.dur.copy()
@@ -191,7 +248,7 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
     factor = 1.0
     for fix in fixes:
         if fix.kind == "rank_compute":
-            _rank_compute(g, dur, fix, lay)
+            _rank_compute(g, dur, fix, lay, gap)
         elif fix.kind == "dim_bandwidth":
             _dim_bandwidth(g, dur, fix)
         elif fix.kind == "dim_overlap":
@@ -203,7 +260,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
         elif fix.kind == "expert_even":
             _expert_even(g, dur, lay)
         elif fix.kind == "microbatches":
-            factor *= microbatch_factor(lay, int(fix.value or 0))
+            f = microbatch_factor(lay, int(fix.value or 0))
+            factor *= 1.0 - min(1.0 - f, shared_host_idle(g, lay))
         elif fix.kind == "host_stalls":
             mine = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == fix.rank
             gap[mine & host_lane_mask(g) & (gap >= lay.stall_min_ns)] = 0

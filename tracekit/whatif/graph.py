@@ -279,9 +279,13 @@ def _window_of(g: StepGraph) -> np.ndarray:
     return np.where(hit, order[pos], -1)
 
 
-def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,
+                  gap: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each window's (begin, end) in a replay: it begins at its first op (less the measured lead before it)
-    and ends at its last op (plus the measured tail after it); one with nothing of its own stays put."""
+    and ends at its last op (plus the measured tail after it); one with nothing of its own stays put.
+    The lead (step marker to first op: a sleep, a data wait before the step's first op) shrinks by what a
+    fix removed from the first op's gap (`gap` against the measured one), so a stall is removed wherever
+    it sits relative to the step boundary."""
     dur = g.dur if dur is None else dur
     w = _window_of(g)
     mine = g.terminal & (w >= 0)
@@ -293,16 +297,32 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     np.minimum.at(first_meas, w[mine], g.start[mine])
     np.minimum.at(first_now, w[mine], start[mine])
     has = meas > low
-    begin = np.where(has, first_now - (first_meas - g.win_start), g.win_start)
+    lead = first_meas - g.win_start
+    if gap is not None:
+        lead = np.maximum(lead - _first_gap_removed(g, w, mine, gap), 0)
+    begin = np.where(has, first_now - lead, g.win_start)
     end = np.where(has, now + (g.win_end - meas), g.win_end)
     return begin, end
 
 
-def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
+def _first_gap_removed(g: StepGraph, w: np.ndarray, mine: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Per window: how much shorter (than measured) the gap before its first op (by measured start) is."""
+    out = np.zeros(g.ranks.size, np.int64)
+    idx = np.flatnonzero(mine)
+    if idx.size == 0:
+        return out
+    idx = idx[np.lexsort((g.start[idx], w[idx]))]
+    first = idx[np.r_[True, w[idx][1:] != w[idx][:-1]]]
+    out[w[first]] = np.maximum(g.gap[first] - gap[first], 0)
+    return out
+
+
+def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,
+                 gap: np.ndarray | None = None) -> np.ndarray:
     """Each window's step time (aligned with g.ranks / g.win_step), as the answer key and DESIGN §3 count a
     GPU step: from the window's start to the next step's start on the same rank (the last step: to its
     end); see `window_bounds`."""
-    begin, end = window_bounds(g, start, dur)
+    begin, end = window_bounds(g, start, dur, gap)
     nxt = _next_window(g)
     return np.where(nxt >= 0, begin[np.maximum(nxt, 0)], end) - begin
 

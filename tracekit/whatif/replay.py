@@ -55,7 +55,7 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     if key not in cache:
         dur, gap, factor = apply_fixes(g, fixes, lay)
         start = replay(g, dur, gap)
-        cache[key] = np.rint(rank_step_ns(g, start, dur) * factor).astype(np.int64)
+        cache[key] = np.rint(rank_step_ns(g, start, dur, gap) * factor).astype(np.int64)
     return cache[key]
 
 
