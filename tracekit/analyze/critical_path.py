@@ -104,9 +104,10 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     if f.kind == FindingKind.STRAGGLER and f.ranks:
         if ev.get("cause") in ("host_idle", "data_load"):
             return [Fix("host_stalls", rank=int(r)) for r in f.ranks]
-        # the rank no slower than its peers: its compute at their median and its own host stalls gone
-        # (a sleep or a wait before the step's first op makes a straggler as surely as slow kernels)
-        return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
+        if ev.get("cause") in (None, "unknown"):  # the rank no slower than its peers, whatever made it late:
+            # its compute at their median and its own host stalls gone (a sleep before the step's first op)
+            return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
+        return [Fix("rank_compute", rank=int(r)) for r in f.ranks]
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if f.kind == FindingKind.LOW_BUS_BANDWIDTH:
