@@ -1,7 +1,8 @@
 """The `recommendations` analyzer: the final word on the findings.
 
 It takes every other analyzer's findings (the engine's `findings` argument) and
-- marks symptoms whose cause another finding names: info severity, no saving of their own, the
+- marks symptoms whose cause another finding names (e.g. an unoverlapped collective whose exposure
+  at the reference bandwidth of its slow link stays minor): info severity, no saving of their own, the
   cause in `explained_by` (the original severity and saving stay in the evidence), see `reconcile`;
 - gives findings that came without advice the advice of recommend.py's rules, when their evidence
   carries the numbers.
@@ -15,14 +16,14 @@ Section `recommendations` (JSON):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
 from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.recommend import Advice, advise_exposed_comm, advise_straggler
-from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
 
 MOSTLY = 0.5
 """A rank's exposed communication is "mostly" one cause's when that cause's share of its exposed
@@ -53,6 +54,8 @@ class _Causes:
     """Dims of placement mismatches (≥ warning)."""
     dim_share: dict[int, dict[str, float]]
     """Per rank and dim: share of the rank's exposed transfer time."""
+    slow_link_lost: dict[str | None, int] = field(default_factory=dict)
+    """Per dim of a low bus bandwidth (≥ warning): time lost per step against the reference bandwidth."""
 
     def mostly_pipeline(self, ranks: set[int]) -> bool:
         return bool(ranks) and all(self.pp_share.get(r, 0.0) >= MOSTLY for r in ranks)
@@ -71,6 +74,7 @@ def _causes(findings: list[Finding], pipeline: PipelineResult | None, breakdown:
     hot = {r for f in findings if _at_least_warning(f, FindingKind.EXPERT_ROUTING_SKEW) for r in f.ranks}
     slow = {r for f in findings if _at_least_warning(f, FindingKind.PIPELINE_IMBALANCE) for r in f.ranks}
     misplaced = {f.dim for f in findings if _at_least_warning(f, FindingKind.PLACEMENT_MISMATCH)}
+    slow_links = {f.dim: int(f.est_saving_ns) for f in findings if _at_least_warning(f, FindingKind.LOW_BUS_BANDWIDTH)}
     pipe = section_of(pipeline)
     labelled = pipe.get("source") == "labels"
     pipe_ranks = ({r for pl in pipe.get("pipelines", []) for r in pl["ranks"]}
@@ -79,7 +83,8 @@ def _causes(findings: list[Finding], pipeline: PipelineResult | None, breakdown:
                    pp_share=pp_exposed_share(unoverlapped, pipe_ranks) if (labelled or pipe_ranks) else {},
                    analyzed={r["rank"] for r in breakdown_ranks(breakdown)},
                    hot_owners=hot, slow_stage=slow, misplaced=misplaced,
-                   dim_share=(exposed_share_by_dim(unoverlapped) if (misplaced or hot) else {}))
+                   dim_share=(exposed_share_by_dim(unoverlapped) if (misplaced or hot) else {}),
+                   slow_link_lost=slow_links)
 
 
 def _explained_by(f: Finding, c: _Causes) -> str | None:
@@ -93,6 +98,8 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
         return "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
     if comm_bound and (c.labelled or c.pipe_ranks) and c.mostly_pipeline(ranks):
         return "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
+    if unoverlapped and f.dim in c.slow_link_lost and _exposed_at_reference(f, c.slow_link_lost[f.dim]):
+        return f"low_bus_bandwidth (the {f.dim} link is slow: at the reference bandwidth the exposure is minor)"
     if unoverlapped and f.dim in c.misplaced:
         return f"placement_mismatch (the {f.dim} group spans hosts)"
     if comm_bound and c.misplaced and c.mostly(ranks, c.misplaced):
@@ -107,6 +114,16 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
     if straggler and c.labelled and f.dim == "pp":
         return "pipeline schedule (stages reach stage-to-stage transfers at different times)"
     return None
+
+
+def _exposed_at_reference(f: Finding, lost_ns: int) -> bool:
+    """An unoverlapped collective whose exposure, less the time its slow link loses against the reference
+    bandwidth, would stay under the warning share of the step: the slow link is the cause."""
+    ev = f.evidence
+    exposed, share = ev.get("transfer_exposed_ns_per_step"), ev.get("share_of_step")
+    if not exposed or not share:
+        return False
+    return (exposed - lost_ns) / (exposed / share) < UnoverlappedConfig().warning_fraction
 
 
 def _fill(f: Finding) -> tuple[str, int, str]:
