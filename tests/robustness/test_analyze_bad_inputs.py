@@ -268,15 +268,17 @@ def test_rank_in_nanoseconds_is_flagged(tmp_path, clean_docs):
     assert units[0]["summary"] in analysis["inputs"]["warnings"]
 
 
-def _comms_log_shifted(rank: int, shift_ns: int) -> str:
-    """The clean run's comms log of `rank` with every wall-clock time moved by `shift_ns`."""
+def _comms_log_shifted(rank: int, shift_ns) -> str:
+    """The clean run's comms log of `rank` with every wall-clock time moved by `shift_ns` (ns, or a
+    function of the time giving the shift)."""
+    shift = shift_ns if callable(shift_ns) else (lambda t: shift_ns)
     out = []
     for line in (C.CLEAN_RUN / f"comms.rank{rank}.jsonl").read_text().splitlines():
         if line.strip():
             obj = json.loads(line)
             for k, v in obj.items():
                 if (k == "time_ns" or k.startswith("time_")) and isinstance(v, int):
-                    obj[k] = v + shift_ns
+                    obj[k] = v + shift(v)
             out.append(json.dumps(obj))
     return "\n".join(out) + "\n"
 
@@ -334,6 +336,12 @@ def test_inconsistent_clock_skew_is_warned(tmp_path, clean_docs):
         return e
 
     C.write(d / "rank1.pt.trace.json.gz", C.dump(dict(C.map_events(clean_docs[1], jump), host_name="hostB")))
+    # the comms logs say which group each collective belongs to (the traces name none; two groups span
+    # both ranks); rank 1's log is on its host's clock too: µs trace time + baseTimeNanoseconds = log ns
+    base = int(clean_docs[1]["baseTimeNanoseconds"])
+    mid_ns = base + int(mid * 1000)
+    (d / "comms.rank0.jsonl").write_text(_comms_log_shifted(0, 0))
+    (d / "comms.rank1.jsonl").write_text(_comms_log_shifted(1, lambda t: 5_000_000 if t < mid_ns else 60_000_000))
 
     code, err, analysis = run_analyze(d, tmp_path / "out")
 
