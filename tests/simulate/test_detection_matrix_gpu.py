@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -164,15 +165,27 @@ def _names(top: dict[str, Any], fault: dict[str, Any]) -> str | None:
     return None
 
 
+def _record(layout_name: str, kind: str, seed: int, top: dict[str, Any] | None, ok: bool) -> None:
+    """With TRACEKIT_MATRIX_TABLE set, append the cell's top finding there (a JSON line) for the report."""
+    path = os.environ.get("TRACEKIT_MATRIX_TABLE")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"layout": layout_name, "fault": kind, "seed": seed, "pass": ok, "top": top and {
+                k: top[k] for k in ("kind", "severity", "ranks", "dim")}}) + "\n")
+
+
 @pytest.mark.parametrize("layout_name,kind,seed", CASES, ids=[f"{a}-{b}-{c}" for a, b, c in CASES])
 def test_top_finding_names_the_injected_fault(sim_runs, layout_name, kind, seed):
     run = sim_runs.get(layout_name, kind, seed)
     faults = run["truth"]
     assert faults, "the simulator recorded no fault"
     loud = _loud(run["analysis"])
+    if not loud:
+        _record(layout_name, kind, seed, None, False)
     assert loud, f"nothing at warning or above: {[f['summary'] for f in run['analysis']['findings'][:5]]}"
     top = loud[0]
     why = {f["kind"]: _names(top, f) for f in faults}
+    _record(layout_name, kind, seed, top, any(v is None for v in why.values()))
     assert any(v is None for v in why.values()), (
         f"top {top['kind']} {top['severity']} ranks={top['ranks'][:12]} dim={top['dim']}: {top['summary']}; {why}")
 
