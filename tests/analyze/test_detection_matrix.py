@@ -178,8 +178,10 @@ def test_top_finding_names_the_injected_fault(runtime_runs, name, fault_kind, ki
 def test_clean_run_has_nothing_at_warning(runtime_runs):
     run = runtime_runs.get("clean")
     assert run.ground_truth["faults"] == []
+    # unstable_verdict is about the analysis (this busy box's step-to-step spread over 2 steps), not a
+    # cause: as in the GPU matrix (tests/simulate/test_detection_matrix_gpu.py META_FINDINGS) it is no fault
     loud = [f"{f['kind']} {f['severity']} {f['summary']}" for f in run.analysis["findings"]
-            if f["severity"] in ("warning", "critical")]
+            if f["severity"] in ("warning", "critical") and f["kind"] != "unstable_verdict"]
     assert not loud, loud
 
 
