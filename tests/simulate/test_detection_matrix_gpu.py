@@ -10,8 +10,8 @@ Fault sizes are relative to the clean step (host stall / slow data = 25% of it) 
 real cluster shows (GPU 1.3x slower, a link or NIC at 1/4 of its bandwidth, sequences 1.5x longer, router
 bias +2.0 logits on one of 4 experts as in the runtime's matrix: ~2.8x the mean tokens).
 Each run is simulated, written, parsed and analyzed once per module. Cost, measured on the shared 2-core
-box: ~0.5 s CPU per 8-rank run and ~4 s per 64-rank run (parse + analysis of 64 files dominate), ~190 s
-CPU for the 99 cells; the marker `slow` selects it.
+box: ~0.5 s CPU per 8-rank run and ~4-6 s per 64-rank run (parse + analysis of 64 files dominate), ~280-310 s
+CPU for the 99 cells (8.6-10.3 min wall on 2 xdist workers of the busy shared box); the marker `slow` selects it.
 """
 
 from __future__ import annotations
