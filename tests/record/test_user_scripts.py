@@ -173,7 +173,11 @@ def test_our_ranges_are_overhead_not_compute(recordings, analyses, name):
 def test_symmetric_run_has_no_straggler_and_each_collective_once(recordings, analyses, name):
     out = recordings[name]
     analysis, store = analyses(name)
-    bad = [f for f in analysis["findings"] if f["kind"] == "straggler" and f["severity"] in ("warning", "critical")]
+    # Both ranks run the same work, so no straggler may be blamed on work (extra ops, uneven counts). The suite
+    # shares two cores between two workers and these two ranks, and a rank the box really slowed is a straggler
+    # (issue 12 item 12: no severity cap for one host) — allowed only with a host-side cause and the one-host caveat.
+    bad = [f for f in analysis["findings"] if f["kind"] == "straggler" and f["severity"] in ("warning", "critical")
+           and (f["evidence"].get("cause") not in ("contention", "host_idle", "unknown") or "caveat" not in f["evidence"])]
     assert bad == [], bad
     coll = store.table("collectives").to_pylist()
     for rank in (0, 1):

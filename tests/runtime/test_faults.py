@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime._runs import FaultConfig, RunConfig, run_cli, run_job, small_model
-from tests.runtime._traces import RankTrace, interval, robust_compute_ns, robust_op_ns, intersect_total, load_jsonl, ns, total, union
+from tests.runtime._traces import RankTrace, interval, robust_compute_ns, intersect_total, load_jsonl, ns, total, union
 
 pytestmark = pytest.mark.slow
 
@@ -234,8 +234,7 @@ def test_uneven_sequences_make_their_replica_slower(uneven):
                    for e in t.named("aten::mm"))
     flops = [mm_flops(t0), mm_flops(t1)]
     assert 1.8 <= flops[1] / flops[0] <= 2.5, flops
-    # wall time: 1.4-3.9x measured on the shared box, so only 'clearly more' is asserted
-    assert robust_op_ns(t1, "aten::mm") >= 1.1 * robust_op_ns(t0, "aten::mm")
+    # (wall time is not asserted: the FLOPs are the fault; time depends on who else shares the two cores)
     # the longer replica's embedding input really is longer (record_shapes)
     def emb_len(t):
         (e,) = [e for e in t.named("aten::embedding")][:1]
