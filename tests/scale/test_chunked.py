@@ -79,6 +79,11 @@ def test_chunked_events_reach_the_store_part_by_part_and_leave_no_files(tmp_path
 
     import tempfile
 
+    from tracekit.parse.pool import start_pool_server
+
+    # the fork server's socket lives in the temp dir of the process that starts it: start it before TMPDIR
+    # points at this test's (long, under xdist) tmp path, or AF_UNIX refuses the path for this worker's life
+    start_pool_server()
     system_tmp = Path(tempfile.gettempdir())
     before = set(system_tmp.glob("tracekit-chunks-*"))
     spill = tmp_path / "tmp"
