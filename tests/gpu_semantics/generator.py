@@ -235,6 +235,17 @@ def _host_events(spec: Spec, rank: int, launches: list[tuple], kernels: list[Ker
     return out
 
 
+def covered(intervals, lo: int, hi: int) -> int:
+    """Length of the union of [a, b) intervals clipped to [lo, hi) (integer ns; the tests' own arithmetic)."""
+    total, cur = 0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, cur), min(b, hi)
+        if b > a:
+            total += b - a
+            cur = b
+    return total
+
+
 def _ns(ns: int) -> str:
     return f"__NS__{ns}"
 

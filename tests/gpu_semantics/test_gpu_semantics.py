@@ -16,7 +16,7 @@ import pytest
 from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 
-from tests.gpu_semantics.generator import BASE_US, Coll, Compute, Spec, simulate, write
+from tests.gpu_semantics.generator import BASE_US, Coll, Compute, Spec, covered, simulate, write
 
 MS = 1_000_000
 STEP_OPS = [Compute(2 * MS), Compute(1 * MS), Coll("all_reduce", 1 << 20, 1 << 20, 400_000), Compute(MS // 2)]
@@ -54,17 +54,6 @@ def gpu_windows(trace, rank):
     first = {s: min(k.ts for k in ks if k.step == s) for s in steps}
     last = {s: max(k.end for k in ks if k.step == s) for s in steps}
     return {s: (first[s], first[steps[i + 1]] if i + 1 < len(steps) else last[s]) for i, s in enumerate(steps)}
-
-
-def covered(intervals, lo, hi):
-    """Length of the union of [a, b) intervals clipped to [lo, hi)."""
-    total, cur = 0, lo
-    for a, b in sorted(intervals):
-        a, b = max(a, cur), min(b, hi)
-        if b > a:
-            total += b - a
-            cur = b
-    return total
 
 
 def rank_of(a, r):

@@ -21,6 +21,8 @@ from tracekit.analyze.bandwidth import analyze_bandwidth
 from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 
+from tests.gpu_semantics.generator import covered
+
 REPO = Path(__file__).resolve().parents[2]
 ELEMENT = {"float": 4, "int": 4, "long": 8, "double": 8, "c10::half": 2, "c10::bfloat16": 2,
            "signed char": 1, "unsigned char": 1, "bool": 1, "short": 2,
@@ -151,7 +153,7 @@ def test_real_h100_device_a_step_behind_is_binned_by_launch(stores):
     for lo, hi, s in host_steps:
         if s in first:
             mine = [(a, b) for _, a, b, k in device if k == s]
-            assert _union_in(mine, hi, last_end) > _union_in(mine, lo, hi), s
+            assert covered(mine, hi, last_end) > covered(mine, lo, hi), s
     compute = [(a, b) for c, a, b, _ in device if c == "kernel"]
     other = [(a, b) for c, a, b, _ in device if c != "kernel"]
     a = analyze_store(stores["gpu_h100"], AnalysisConfig(isolate_analyzer_errors=False))
@@ -159,16 +161,6 @@ def test_real_h100_device_a_step_behind_is_binned_by_launch(stores):
     assert set(rows) == set(wins)
     for s, (lo, hi) in wins.items():
         assert (rows[s]["ts"], rows[s]["step_ns"]) == (lo, hi - lo)
-        c = _union_in(compute, lo, hi)
+        c = covered(compute, lo, hi)
         assert rows[s]["compute_ns"] == c
-        assert rows[s]["other_ns"] == _union_in(compute + other, lo, hi) - c
-
-
-def _union_in(intervals, lo, hi) -> int:
-    total, cur = 0, lo
-    for a, b in sorted(intervals):
-        a, b = max(a, cur), min(b, hi)
-        if b > a:
-            total += b - a
-            cur = b
-    return total
+        assert rows[s]["other_ns"] == covered(compute + other, lo, hi) - c
