@@ -129,7 +129,7 @@ def _profiler_steps_ns(path: Path) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("fixture", ["pp_1f1b", "faults"])
+@pytest.mark.parametrize("fixture", ["pp_1f1b", "faults", "pp_interleaved"])
 def test_unchanged_replay_reproduces_runtime_steps(fixture, tmp_path):
     from tracekit.analyze.engine import analyze_store
     from tracekit.parse.run import parse_run

@@ -35,6 +35,8 @@ from tracekit.whatif.graph import Category, StepGraph, add_start_nodes
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
+P2P_KEY = "p2p:"
+"""prefix of a send/recv pair's instance key"""
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
                  "memset": Category.OTHER}
 
@@ -44,7 +46,8 @@ class _Buf:
     """Nodes and cross-lane edges being collected (lane-order edges are added at the end)."""
 
     cols: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
-        k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio", "step")})
+        k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio", "step",
+                       "tie")})
     names: list[str] = field(default_factory=list)
     src: list[np.ndarray] = field(default_factory=list)
     dst: list[np.ndarray] = field(default_factory=list)
@@ -57,12 +60,13 @@ class _Buf:
 
     def add(self, *, rank: int, lane: Any, category: Any, start: np.ndarray, dur: np.ndarray,
             names: list[str] | str = "", dim: Any = -1, inst: Any = -1, terminal: Any = False,
-            prio: Any = 1, step: Any = -1) -> np.ndarray:
+            prio: Any = 1, step: Any = -1, tie: Any = None) -> np.ndarray:
+        """`tie`: orders nodes of one lane that start at the same time (default: their start)."""
         k = len(start)
         for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
                              ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
-                             ("step", step, np.int64)):
+                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64)):
             self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         self.names.extend(names if isinstance(names, list) else [names] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
@@ -77,7 +81,8 @@ class _Buf:
         c = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.cols.items()}
         lane, start, prio = c["lane"].astype(np.int64), c["start"].astype(np.int64), c["prio"]
         chained = np.flatnonzero(lane >= 0)
-        order = chained[np.lexsort((chained, prio[chained], start[chained], lane[chained]))]
+        tie = c["tie"].astype(np.int64)
+        order = chained[np.lexsort((chained, tie[chained], prio[chained], start[chained], lane[chained]))]
         same = lane[order[1:]] == lane[order[:-1]]
         src = np.concatenate(self.src + [order[:-1][same]]) if self.src or len(order) else np.zeros(0, np.int64)
         dst = np.concatenate(self.dst + [order[1:][same]]) if self.dst or len(order) else np.zeros(0, np.int64)
@@ -195,7 +200,7 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
     df["pg_name"] = df["pg_name"].fillna("?").astype(str)
     df = df.sort_values(["src", "dst", "pg_name", "send", "arrival"], kind="stable")
     df["k"] = df.groupby(["src", "dst", "pg_name", "send"]).cumcount()
-    df["key"] = ("p2p:" + df["src"].astype(str) + ">" + df["dst"].astype(str) + ":" + df["pg_name"] + "#"
+    df["key"] = (P2P_KEY + df["src"].astype(str) + ">" + df["dst"].astype(str) + ":" + df["pg_name"] + "#"
                  + df["k"].astype(str))
     df = df[df.groupby("key")["rank"].transform("size") == 2]
     df["dim"] = df["pg_name"].map(lambda p: inp.dims.get(p, "pp"))
@@ -222,10 +227,10 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
     arr_ids = buf.add(rank=ranks, lane=arr_lanes, category=Category.MARK, start=arrival,
                       dur=np.zeros(len(members), np.int64), dim=dim_idx, inst=inst, names="arrive", prio=0)
     # a group runs its collectives in order: a transfer starts after the last arrival and after the
-    # previous transfer on the same lane ended
+    # previous transfer on the same lane ended (ties on the lane keep that order: by arrival)
     xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
     xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(end - xs, 0),
-                       dim=dim_idx, inst=inst,
+                       dim=dim_idx, inst=inst, tie=arrival,
                        names=(members["op"].astype(str) + " " + members["pg_name"].astype(str)).tolist(),
                        terminal=True, step=members["step"].fillna(-1).to_numpy(np.int64))
     buf.edge(arr_ids, sync[inst])
@@ -235,13 +240,15 @@ def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[s
 
 
 def _prev_end_on_lane(lanes: np.ndarray, arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per member: the latest end of the earlier collectives on its lane (int64 min when none)."""
+    """Per member: the latest end of the earlier collectives on its lane (int64 min when none, or when the
+    member sits on no lane)."""
     order = np.lexsort((arrival, lanes))
     s = pd.Series(end[order])
     g = lanes[order]
     prev = s.groupby(g).cummax().groupby(g).shift(1, fill_value=np.iinfo(np.int64).min)
     out = np.empty(lanes.size, np.int64)
     out[order] = prev.to_numpy(np.int64)
+    out[lanes < 0] = np.iinfo(np.int64).min
     return out
 
 
@@ -561,6 +568,7 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
     xfer_lane = np.full(len(members), -1, np.int64)
     by_rank = members.groupby("rank").indices if len(members) else {}
     pg = members["pg_name"].astype(str).to_numpy()
+    p2p = members["key"].astype(str).str.startswith(P2P_KEY).to_numpy()
     placed: dict[int, Any] = {}
     for r in ranks:
         rows = np.asarray(by_rank.get(r, np.zeros(0, np.int64)), dtype=np.int64)
@@ -576,8 +584,11 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
             continue
         host = buf.lane(f"rank {r} training thread")
         arr_lane[rows] = host
-        for name in np.unique(pg[rows]):
-            xfer_lane[rows[pg[rows] == name]] = buf.lane(f"rank {r} comm {name}")
+        # gloo runs a group's collectives in order on one thread; send/recv are asynchronous (an isend's
+        # record ends at its wait(), after later receives on the pair ended): on no lane
+        coll = rows[~p2p[rows]]
+        for name in np.unique(pg[coll]):
+            xfer_lane[coll[pg[coll] == name]] = buf.lane(f"rank {r} comm {name}")
         placed[r] = ("cpu", host, None)
     members = members.assign(arrival=arrival, arr_lane=arr_lane, xfer_lane=xfer_lane)
     members = members[members["arr_lane"] >= 0].reset_index(drop=True)
