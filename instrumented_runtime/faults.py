@@ -6,13 +6,16 @@ step) is a region; at the end of a region the rank pays (factor - 1) x the regio
 matrix multiplies, so its compute becomes about `factor` times its peers' and shows up in the trace as
 ordinary `aten::mm` ops inside the block, not as idle time. Regions are measured in this thread's CPU
 time: waiting in a collective costs none (so only compute is multiplied), and on a shared box a preempted
-region is not paid back (factor - 1) times over.
+region is not paid back (factor - 1) times over. With simulated device time (ModelConfig.device_us_per_token)
+the rank's device waits are `factor` times longer too (`slow_down_blocks`), as a slower accelerator runs each
+kernel longer: a sleep costs no CPU time, so the regions never pay it back a second time.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -27,6 +30,7 @@ class ComputeSlowdown:
     def __init__(self, factor: float, *, chunk: int = 96) -> None:
         if factor < 1.0:
             raise ValueError(f"slow factor must be >= 1, got {factor}")
+        self.factor = factor
         self.extra = factor - 1.0
         self.paid_s = 0.0
         self._debt_s = 0.0
@@ -83,6 +87,16 @@ class _Mark(torch.autograd.Function):
         else:
             ctx.slow.begin()
         return g, None, None
+
+
+def slow_down_blocks(blocks: Iterable[Any], slow: ComputeSlowdown) -> None:
+    """Make `blocks` the slow rank's: their host compute is paid back (factor - 1)x (regions) and their
+    simulated device time, the blocks' own and their local experts', is `factor` times longer."""
+    for b in blocks:
+        b.slowdown = slow
+        b.device_us *= slow.factor
+        if b.is_moe:
+            b.moe.cfg.device_us_per_token *= slow.factor
 
 
 def mark_block_input(x: torch.Tensor, slow: ComputeSlowdown) -> torch.Tensor:

@@ -28,7 +28,7 @@ from . import parallelize as par
 from .comm import Comm, set_comm
 from .config import RunConfig
 from .data import SyntheticLoader
-from .faults import ComputeSlowdown
+from .faults import ComputeSlowdown, slow_down_blocks
 from .manifest import build_ground_truth, build_manifest, clock_sample, write_json
 from .model import Transformer, token_loss_sum
 from .parallel_dims import ParallelDims
@@ -227,8 +227,7 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     slowdown = ComputeSlowdown(f.slow_factor) if (f.slow_rank == rank and f.slow_factor > 1.0) else None
     if slowdown is not None:
         for m in parts.raw:
-            for b in par.blocks(m):
-                b.slowdown = slowdown
+            slow_down_blocks(par.blocks(m), slowdown)
 
     comm.barrier(None, label="runtime:barrier")
     clock_post_barrier = clock_sample()

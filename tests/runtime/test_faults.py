@@ -258,3 +258,31 @@ def test_simulated_device_time_is_an_identity_that_waits_forward_and_twice_in_ba
     assert torch.equal(y, x.detach() * 2) and torch.equal(x.grad, torch.full_like(x, 2.0))
     assert 0.010 <= t1 - t0 < 0.2 and 0.020 <= t2 - t1 < 0.4
     assert device_wait(x, tokens=100, us_per_token=0.0) is x  # off: not even a graph node
+
+
+def test_slow_rank_runs_its_simulated_device_time_factor_times_longer(monkeypatch):
+    """The slow rank's accelerator is slower too: each block's device wait and its experts' are factor x
+    the peers' (tokens x us/token x factor), besides the host compute the regions pay back."""
+    import types
+
+    import torch
+
+    from instrumented_runtime import device_time
+    from instrumented_runtime.config import ModelConfig
+    from instrumented_runtime.faults import ComputeSlowdown, slow_down_blocks
+    from instrumented_runtime.model import Block, ParallelState
+
+    waits: list[float] = []
+    monkeypatch.setattr(device_time, "time", types.SimpleNamespace(sleep=waits.append))
+    cfg = ModelConfig(d_model=16, num_heads=2, d_ff=32, moe_every=1, num_experts=2, top_k=1,
+                      capacity_factor=4.0, device_us_per_token=10.0)
+    torch.manual_seed(0)
+    plain, slow = Block(cfg, 0), Block(cfg, 0)
+    slow_down_blocks([slow], ComputeSlowdown(2.5))
+    x = torch.randn(1, 8, 16)
+    for block in (plain, slow):
+        with torch.no_grad():
+            block(x, ParallelState())
+    # forward: the experts' 8 routed tokens (top-1, nothing dropped at capacity 4), then the block's 8 tokens
+    assert waits == pytest.approx([8 * 10e-6, 8 * 10e-6, 8 * 10e-6 * 2.5, 8 * 10e-6 * 2.5])
+    assert slow.slowdown is not None and plain.slowdown is None
