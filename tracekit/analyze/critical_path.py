@@ -70,6 +70,14 @@ def collective_ends(df: Any) -> Any:
     return out.groupby(["rank", "pg_name", "seq"], as_index=False)["trace_end"].max()
 
 
+def rank_hosts(store: RunStore | None) -> dict[int, str]:
+    """Rank → hostname (ranks table), for the ranks that name one."""
+    if store is None or not store.has("ranks"):
+        return {}
+    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
+            if r["hostname"]}
+
+
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     """CPU-only ranks (no kernel in the trace) → hostname (ranks table); empty when any rank has a device."""
     if store is None or not store.has("ranks"):
@@ -84,7 +92,7 @@ def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, sto
     lay = section_of(layout)
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
-    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
+    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1))
 
 

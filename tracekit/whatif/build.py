@@ -609,6 +609,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, int]] = {}
+    host_start: dict[int, int] = {}
     by_rank = members.groupby("rank").indices if len(members) else {}
     for r, (kind, obj, _) in placed.items():
         conv = shift.get(r, 0)
@@ -619,6 +620,9 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
             kidx = match_gpu_members(obj, mem) if len(mem) else np.zeros(0, np.int64)
             add_gpu_rank(buf, store, r, steps, conv, obj, kidx, sub_ids)
             windows.update(_gpu_windows(r, obj))
+            marks = _cpu_windows(store, r, steps, conv)  # the host's step began before its first launch
+            if marks:
+                host_start[r] = min(b for b, _ in marks.values())
         else:
             add_cpu_rank(buf, store, r, steps, conv, mem, sub_ids, obj)
             windows.update(_cpu_windows(store, r, steps, conv))
@@ -627,18 +631,21 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
                                              dim=("dim", "first"), op=("op", "first"),
                                              bytes=("bytes", "max"), n=("rank", "size"))
-    attach_windows(g, windows)
+    attach_windows(g, windows, host_start)
     return g
 
 
-def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, int]]) -> None:
-    """Per (rank, step): its measured step window; per rank a pinned start node before its lanes' first nodes."""
+def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, int]],
+                   host_start: dict[int, int] | None = None) -> None:
+    """Per (rank, step): its measured step window; per rank a pinned start node before its lanes' first nodes
+    (at the host's step start where `host_start` has one: a GPU rank's window opens at its first kernel,
+    but what held its host before the first launch, a data wait or a stall, is the first launch's gap)."""
     keys = sorted(windows)
     g.ranks = np.array([k[0] for k in keys], dtype=np.int64)
     g.win_step = np.array([k[1] for k in keys], dtype=np.int64)
     g.win_start = np.array([windows[k][0] for k in keys], dtype=np.int64)
     g.win_end = np.array([windows[k][1] for k in keys], dtype=np.int64)
-    add_start_nodes(g)
+    add_start_nodes(g, host_start)
 
 
 def infer_stream_waits(g: StepGraph) -> None:

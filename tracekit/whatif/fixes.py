@@ -6,16 +6,19 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
 - `dim_overlap`: a dim's transfers fully hidden (length 0; members still wait for each other).
-- `slow_link`: a dim's transfers no slower than the median transfer of the same op and size on the
-  dim's other groups (or, with one group, its own median).
+- `slow_link`: a dim's transfers (collectives and P2P) no slower than the lower envelope of transfer time
+  against bus bytes of the other member sets on the same link tier (within one host / across hosts),
+  whatever their dim: its peers' links (`instances`, `lower_envelope`).
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
 - `expert_even`: expert-parallel ranks' compute above their EP group's mean down to the mean, and each
   all_to_all member's transfer no longer than the instance's mean (even expert load; the cold ranks' extra
   work is assumed to fit in the time they spent waiting for the hot ones).
 - `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
   (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
-- `host_stalls`: host gaps of at least `stall_min_ns` on host threads and data-loading nodes set to 0
-  (on one rank, or on all).
+- `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
+  data-loading node down to the median of its peers' (same pipeline stage) at the same position in their
+  host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
+  peers' sequences differ from the rank's, or for all ranks at once, such gaps and data loading go to 0.
 """
 
 from __future__ import annotations
@@ -24,13 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from tracekit.analyze.bandwidth import bus_factor
 from tracekit.whatif.graph import Category, StepGraph, host_lane_mask
 
-BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-                "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
-                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
          "microbatches", "host_stalls")
 
@@ -73,6 +74,8 @@ class Layout:
     """a host gap this long with nothing recorded is a stall, not dispatch overhead (µs)"""
     cpu_hosts: dict[int, str] = field(default_factory=dict)
     """CPU-only ranks (no device work in the trace) → their host: ranks of one host share its cores"""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """rank → host name (a group within one host uses its links, one spanning hosts the network's)"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")
@@ -152,24 +155,77 @@ def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
         return
     info = g.inst_info.reindex(g.inst[m])
     n = info["n"].to_numpy(np.float64)
-    factor = np.array([BUSBW_FACTOR.get(op, lambda k: 1.0)(k) if k > 1 else 1.0 for op, k in zip(info["op"], n)])
+    factor = np.array([bus_factor(str(op), int(k)) or 1.0 for op, k in zip(info["op"], n)])
     size = info["bytes"].to_numpy(np.float64)
     ok = np.isfinite(size) & (size > 0)
     t = size * factor / (float(fix.value) * 1e9) * 1e9
     dur[m[ok]] = np.rint(t[ok]).astype(np.int64)
 
 
-def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
-    m = np.flatnonzero(_transfers(g, fix.dim))
+def instances(g: StepGraph, dur: np.ndarray) -> pd.DataFrame:
+    """Per collective / P2P instance (index: inst) with a known size: dim, op, its members (sorted ranks),
+    bus bytes (bytes × the NCCL-tests factor) and transfer time `t` (its shortest member's transfer: first
+    end − last arrival, DESIGN §3) under `dur`."""
+    m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
     if m.size == 0 or g.inst_info is None:
+        return pd.DataFrame(columns=["t", "ranks", "dim", "op", "bus"])
+    per = pd.DataFrame({"inst": g.inst[m], "rank": g.rank[m], "t": dur[m]}).groupby("inst").agg(
+        t=("t", "min"), ranks=("rank", lambda x: tuple(sorted(set(x.tolist())))))
+    info = g.inst_info.reindex(per.index)
+    per["dim"], per["op"] = info["dim"].to_numpy(), info["op"].to_numpy()
+    factor = [bus_factor(str(op), int(n)) or 1.0 for op, n in zip(info["op"], info["n"])]
+    per["bus"] = info["bytes"].to_numpy(np.float64) * np.array(factor, np.float64)
+    return per[np.isfinite(per["bus"]) & (per["bus"] > 0)]
+
+
+def lower_envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lower convex hull of points (x, y): on one link transfer time is latency + bytes / bandwidth, a
+    line; points above it met something slower (a slow link, a busy peer)."""
+    o = np.lexsort((y, x))
+    hull: list[int] = []
+    for i in o.tolist():
+        if hull and x[hull[-1]] == x[i]:
+            continue  # same size: the fastest (first) stays
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
+                hull.pop()  # b lies on or above the segment a → i
+            else:
+                break
+        hull.append(i)
+    return x[hull], y[hull]
+
+
+def envelope_at(hx: np.ndarray, hy: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The envelope's time for sizes `q`: interpolated inside, the nearest segment's line outside (a single
+    point, or a line falling with size: proportional to size)."""
+    if hx.size == 1:
+        return hy[0] * q / hx[0]
+    out = np.interp(q, hx, hy)
+    lo, hi = (hy[1] - hy[0]) / (hx[1] - hx[0]), (hy[-1] - hy[-2]) / (hx[-1] - hx[-2])
+    out = np.where(q < hx[0], np.maximum(hy[0] - (hx[0] - q) * max(lo, 0.0), 0.0), out)
+    return np.where(q > hx[-1], hy[-1] + (q - hx[-1]) * (hi if hi > 0 else hy[-1] / hx[-1]), out)
+
+
+def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
+    """Each of the dim's instances no slower than its peers' links move as many bus bytes: the lower
+    envelope of the other member sets' instances (any dim, P2P included) on the same link tier."""
+    inst = instances(g, g.dur)
+    if inst.empty:
         return
-    info = g.inst_info.reindex(g.inst[m]).reset_index(drop=True)
-    info["node"], info["t"] = m, dur[m]
-    per_inst = info.groupby(["pg_name", "op", "bytes"], dropna=False)["t"].median().rename("own").reset_index()
-    ref = per_inst.groupby(["op", "bytes"], dropna=False)["own"].transform("median")
-    per_inst["ref"] = ref
-    info = info.merge(per_inst, on=["pg_name", "op", "bytes"], how="left")
-    dur[info["node"].to_numpy()] = np.minimum(info["t"].to_numpy(), info["ref"].fillna(info["t"]).to_numpy()).astype(np.int64)
+    inst["inter"] = [len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in inst["ranks"]]
+    mine = inst[inst["dim"] == fix.dim] if fix.dim is not None else inst
+    excess = pd.Series(0.0, index=inst.index)
+    for (inter, ranks), own in mine.groupby(["inter", "ranks"]):
+        peers = inst[(inst["inter"] == inter) & (inst["ranks"] != ranks)]
+        if peers.empty:
+            continue
+        pts = peers.groupby(["ranks", "op", "bus"])["t"].median().reset_index()
+        hx, hy = lower_envelope(pts["bus"].to_numpy(np.float64), pts["t"].to_numpy(np.float64))
+        excess[own.index] = np.maximum(own["t"].to_numpy(np.float64) - envelope_at(hx, hy, own["bus"].to_numpy()), 0)
+    m = np.flatnonzero(_transfers(g, fix.dim))
+    cut = np.rint(excess.reindex(g.inst[m]).fillna(0).to_numpy()).astype(np.int64)
+    dur[m] = np.maximum(dur[m] - cut, 0)
 
 
 def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
@@ -207,6 +263,31 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
         sums = np.bincount(inst, weights=dur[m].astype(np.float64))
         cnt = np.bincount(inst)
         dur[m] = np.minimum(dur[m], np.rint(sums[inst] / cnt[inst]).astype(np.int64))
+
+
+def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Layout) -> None:
+    host = host_lane_mask(g)
+    if fix.rank is None:
+        gap[host & (gap >= lay.stall_min_ns)] = 0
+        dur[g.category == Category.STALL] = 0
+        return
+    r = int(fix.rank)
+
+    def seq(rank: int) -> np.ndarray:  # the rank's host-thread nodes, lane by lane in time order
+        v = np.flatnonzero(host & (g.rank == rank))
+        return v[np.lexsort((v, g.start[v], g.lane[v]))]
+
+    mine = seq(r)
+    same = [s for p in lay.peers(r, np.unique(g.ranks)) if p != r and (s := seq(int(p))).size == mine.size]
+    stall = gap[mine] >= lay.stall_min_ns
+    load = g.category[mine] == Category.STALL
+    if same:
+        ref = np.stack(same)
+        gap[mine[stall]] = np.minimum(gap[mine[stall]], np.median(g.gap[ref], axis=0)[stall].astype(np.int64))
+        dur[mine[load]] = np.minimum(dur[mine[load]], np.median(g.dur[ref], axis=0)[load].astype(np.int64))
+    else:
+        gap[mine[stall]] = 0
+        dur[mine[load]] = 0
 
 
 def microbatch_factor(lay: Layout, new_m: int) -> float:
@@ -254,7 +335,7 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
         elif fix.kind == "dim_overlap":
             dur[_transfers(g, fix.dim)] = 0
         elif fix.kind == "slow_link":
-            _slow_link(g, dur, fix)
+            _slow_link(g, dur, fix, lay)
         elif fix.kind == "stage_resplit":
             _stage_resplit(g, dur, lay)
         elif fix.kind == "expert_even":
@@ -263,9 +344,7 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
             f = microbatch_factor(lay, int(fix.value or 0))
             factor *= 1.0 - min(1.0 - f, shared_host_idle(g, lay))
         elif fix.kind == "host_stalls":
-            mine = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == fix.rank
-            gap[mine & host_lane_mask(g) & (gap >= lay.stall_min_ns)] = 0
-            dur[mine & (g.category == Category.STALL)] = 0
+            _host_stalls(g, dur, gap, fix, lay)
         else:
             raise ValueError(f"unknown what-if fix {fix.kind!r} (known: {', '.join(KINDS)})")
     return dur, gap, factor

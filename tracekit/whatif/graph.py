@@ -248,9 +248,9 @@ def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.nda
     return ids
 
 
-def add_start_nodes(g: StepGraph) -> None:
-    """A pinned start node per rank (at its first window's start, or its earliest node if earlier), before
-    the first node of each of the rank's lanes."""
+def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> None:
+    """A pinned start node per rank (at its first window's start, its `host_start` or its earliest node,
+    whichever is earliest), before the first node of each of the rank's lanes."""
     if g.ranks.size == 0:
         return
     ranks, first_row = np.unique(g.ranks, return_index=True)
@@ -261,7 +261,9 @@ def add_start_nodes(g: StepGraph) -> None:
     pos = np.searchsorted(ranks, g.rank[first])
     ok = (pos < ranks.size) & (ranks[np.minimum(pos, ranks.size - 1)] == g.rank[first])
     first, pos = first[ok], pos[ok]
-    at = np.array([g.win_start[g.ranks == r].min() for r in ranks], dtype=np.int64)
+    host_start = host_start or {}
+    at = np.array([min(int(g.win_start[g.ranks == r].min()), host_start.get(int(r), np.iinfo(np.int64).max))
+                   for r in ranks], dtype=np.int64)
     np.minimum.at(at, pos, g.start[first])
     ids = append_nodes(g, rank=ranks, category=Category.MARK, start=at, names="step start")
     g.src = np.r_[g.src, ids[pos]]
