@@ -99,7 +99,7 @@ def test_the_same_ranks_moving_more_bytes_faster_is_no_reference(tmp_path):
     store = _store(tmp_path / "t", [("dp0", "dp", [0, 1], "all_reduce", 32768, 5 * MS, 4),
                                     ("dp1", "dp", [2, 3], "all_reduce", 1 << 20, 1 * MS, 1)])
     (f,) = run(store).findings
-    assert f.dim == "dp" and f.evidence["groups"] == ["dp0"]
+    assert f.dim == "dp" and f.evidence.details["groups"] == ["dp0"]
 
 
 def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
@@ -115,9 +115,9 @@ def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
     unoverlapped = UnoverlappedResult(section={"by_dim_op": []}, instances=pd.DataFrame(rows))
     (f,) = analyze_bandwidth(store, None, None, unoverlapped, AnalysisConfig()).findings
     # 16 ms per step lost against the reference, of which 4 calls × 1.5 ms were exposed on the worst rank
-    assert f.evidence["lost_ns_per_step"] == {"tp0": 16 * MS}
-    assert f.est_saving_ns == 6 * MS and f.evidence["exposed_bound_ns_per_step"] == 6 * MS
-    assert "exposed transfer time" in f.evidence["saving_formula"] and f.severity is Severity.WARNING
+    assert f.evidence.details["lost_ns_per_step"] == {"tp0": 16 * MS}
+    assert f.est_saving_ns == 6 * MS and f.evidence.exposed_bound_ns_per_step == 6 * MS
+    assert "exposed transfer time" in f.evidence.saving_formula and f.severity is Severity.WARNING
 
 
 def test_user_peak(tmp_path):

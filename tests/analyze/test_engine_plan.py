@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
 from tracekit.analyze.engine import ANALYZERS, analyze_store, build_plan, explain_plan
+from tracekit.analyze.evidence import StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.cli.main import app
 from tracekit.tables.store import RunStoreWriter
@@ -37,7 +38,7 @@ def make_b(a: AResult | None, config: AnalysisConfig) -> BResult:
 
 
 def make_c(b: BResult | None, a: AResult | None) -> AnalyzerResult:
-    f = Finding(kind=FindingKind.STRAGGLER, severity=Severity.INFO, summary=f"b={b.total if b else None}")
+    f = Finding(kind=FindingKind.STRAGGLER, severity=Severity.INFO, summary=f"b={b.total if b else None}", evidence=StragglerEvidence(cause="compute", delay_ns_per_step=0))
     return AnalyzerResult(findings=[f], section={"b_seen": b is not None, "a_seen": a is not None})
 
 

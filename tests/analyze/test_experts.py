@@ -63,7 +63,7 @@ def test_routing_skew_names_layer_expert_and_owner(tmp_path):
     assert h["tokens"] == truth[(4, 3)].tolist()
     (f,) = res.findings
     assert f.kind is FindingKind.EXPERT_ROUTING_SKEW and f.severity is Severity.CRITICAL  # skew ≈ 5.6
-    assert f.evidence["layer"] == 3 and f.evidence["expert"] == 5 and f.ranks == (2,) and f.dim == "ep"
+    assert f.evidence.layer == 3 and f.evidence.expert == 5 and f.ranks == (2,) and f.dim == "ep"
     # saving: 3 × (hot − mean) forward expert time = 3 × (12 − 6) ms
     assert f.est_saving_ns == pytest.approx(3 * (12 - 6) * MS)
     assert "0.01" in f.recommendation and "layer 3" in f.recommendation
@@ -101,7 +101,7 @@ def test_fallback_to_dispatch_splits(tmp_path):
     assert lay[0]["skew"] == pytest.approx(1.0)
     assert lay[1]["skew"] == pytest.approx(60 / 40) and lay[1]["hot_expert"] == 0
     (f,) = res.findings
-    assert f.evidence["layer"] == 1 and f.ranks == (0,)
+    assert f.evidence.layer == 1 and f.ranks == (0,)
     rr = {x["rank"]: x for x in sec["ranks"]}
     assert rr[0]["a2a_ns"] == 6 * MS and rr[0]["a2a_calls"] == 3 and rr[0]["a2a_recv_elems"] == 70
 

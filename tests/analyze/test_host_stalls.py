@@ -110,7 +110,7 @@ def test_cpu_label_sleep_is_a_stall_waiting_for_peers_is_not(tmp_path):
     # rank 0: 2.1..32.1 ms is the all_reduce's wait, 32.1..33 ms is under MIN_GAP
     assert rows[0]["stall_ns"] == 0
     (f,) = [f for f in res.findings if f.severity.order >= 2]
-    assert f.ranks == (1,) and f.kind.value == "idle_host_bound" and f.evidence["cause"] == "data_load"
+    assert f.ranks == (1,) and f.kind.value == "idle_host_bound" and f.evidence.cause == "data_load"
     assert f.est_saving_ns == 30 * MS
 
 
@@ -125,6 +125,6 @@ def test_real_h100_traces(tmp_path, fixture, stalled):
         # the dataset sleeps `injected_ms` per batch inside enumerate(DataLoader) with the GPU drained
         assert r["data_load_ns"] >= injected_ms * MS and "DataLoader" in r["data_load_sources"]
         (f,) = res.findings
-        assert f.severity.value in ("warning", "critical") and f.evidence["cause"] == "data_load"
+        assert f.severity.value in ("warning", "critical") and f.evidence.cause == "data_load"
     else:  # GPU-bound, the host a step ahead: the device always has work queued
         assert r["stall_ns"] < 0.01 * r["step_ns"] and not res.findings

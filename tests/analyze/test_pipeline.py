@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from tracekit.analyze.engine import AnalysisConfig
+from tracekit.analyze.evidence import CollectiveEvidence
 from tracekit.analyze.findings import FindingKind
 from tracekit.analyze.pipeline import analyze_pipeline, theoretical_bubble
 from tracekit.analyze.recommend import best_contiguous_split
@@ -130,7 +131,7 @@ def test_bubble_falls_with_microbatches_and_advice_predicts_it(tmp_path):
         measured[m] = res.section["measured_bubble"]
         if m == 2:
             (f,) = [f for f in res.findings if f.kind is FindingKind.PIPELINE_BUBBLE]
-            assert f.evidence["recommended_microbatches"] == 4
+            assert f.evidence.recommended_microbatches == 4
             # stage busy time stays (same total compute): window at m=2 is (m+p−1)·6 ms = 18 ms;
             # with twice the micro-batches of half the size, the window is (4+1)·3 ms = 15 ms
             assert f.est_saving_ns == pytest.approx(18 * MS - 15 * MS, rel=1e-6)
@@ -146,8 +147,8 @@ def test_imbalance_names_slowest_stage_and_resplit(tmp_path):
     sec = res.section
     assert sec["imbalance"] == pytest.approx(18 / 12)
     (f,) = [f for f in res.findings if f.kind is FindingKind.PIPELINE_IMBALANCE]
-    assert f.ranks == (0,) and f.evidence["slowest_stage"] == 0
-    assert f.evidence["recommended_stage_layers"] == [2, 2]
+    assert f.ranks == (0,) and f.evidence.slowest_stage == 0
+    assert f.evidence.recommended_stage_layers == [2, 2]
     assert "layer 2 from stage 0 to stage 1" in f.recommendation
     # per step stage compute 4·18 = 72 ms vs 4·6 = 24 ms; re-split gives 48/48: (m−1)/m·(72−48) ms
     assert f.est_saving_ns == pytest.approx(3 / 4 * 24 * MS, rel=1e-6)
@@ -275,11 +276,12 @@ def test_exposed_p2p_of_an_inferred_pipeline_is_the_bubble_not_communication():
 
     def unov(op, rank):
         return Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary=f"{op} {rank}",
-                       ranks=(rank,), dim="world", evidence={"op": op}, recommendation="x", est_saving_ns=9 * MS)
+                       ranks=(rank,), dim="world", evidence=CollectiveEvidence(op=op, transfer_exposed_ns_per_step=9 * MS, share_of_step=0.1),
+                       recommendation="x", est_saving_ns=9 * MS)
     bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(1,),
-                    dim=None, evidence={}, recommendation="y", est_saving_ns=50 * MS)
+                    dim=None, recommendation="y", est_saving_ns=50 * MS)
     out = {f.summary: f for f in reconcile([unov("send", 1), unov("all_reduce", 1), unov("send", 2), bound],
                                            pipe, None, unoverlapped)}
-    assert out["send 1"].severity is Severity.INFO and out["send 1"].evidence["explained_by"].startswith("pipeline")
+    assert out["send 1"].severity is Severity.INFO and out["send 1"].evidence.explained_by.startswith("pipeline")
     assert out["bound"].severity is Severity.INFO and out["bound"].est_saving_ns == 0  # 70% of it is p2p
     assert out["all_reduce 1"].severity is Severity.WARNING and out["send 2"].severity is Severity.WARNING

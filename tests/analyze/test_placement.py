@@ -38,8 +38,8 @@ def test_tp_across_hosts_with_dp_inside(tmp_path):
     (f,) = res.findings
     assert f.kind is FindingKind.PLACEMENT_MISMATCH and f.dim == "tp" and f.ranks == (0, 1, 2, 3)
     assert f.severity is Severity.CRITICAL
-    assert f.evidence["light_dims_inside_host"] == ["dp"]
-    assert f.est_saving_ns == 10 * MS and f.evidence["exposed_basis"] == "comm_time"
+    assert f.evidence.details["light_dims_inside_host"] == ["dp"]
+    assert f.est_saving_ns == 10 * MS and f.evidence.details["exposed_basis"] == "comm_time"
     g = {x["pg_name"]: x for x in res.section["groups"]}
     assert g["tp0"]["hosts"] == ["a", "b"] and not g["dp0"]["crosses_hosts"]
 
@@ -53,7 +53,7 @@ def test_uses_unoverlapped_section_and_unavoidable_is_milder(tmp_path):
         {"dim": "dp", "op": "all_reduce", "transfer_exposed_ns_per_step": 7 * MS}]})
     (f,) = analyze_placement(_store(tmp_path / "s", hosts, groups), None, unoverlapped).findings
     assert f.est_saving_ns == 4 * MS and f.severity is Severity.INFO
-    assert f.evidence["light_dims_inside_host"] == []
+    assert f.evidence.details["light_dims_inside_host"] == []
 
 
 def test_single_host_no_finding(tmp_path):

@@ -8,6 +8,8 @@ from tracekit.analyze import recommend
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.reconcile import analyze_recommendations, reconcile
 from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.analyze.evidence import (BubbleEvidence, CollectiveEvidence, Evidence, PlacementEvidence,
+                                       RoutingSkewEvidence, StageImbalanceEvidence, StragglerEvidence)
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 
 MS = 1_000_000
@@ -61,39 +63,55 @@ def test_routing_skew_saving_and_text():
     assert "Expert 2 of MoE layer 3" in a.text and "0.1" in a.text and "30%" in a.text
 
 
-def test_recommendations_section_fills_and_sorts():
+def test_recommendations_section_sorts_and_carries_formula_and_cause():
     f_dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp exposed",
-                   ranks=(0, 1), dim="dp", evidence={"exposed_ns": 7 * MS}, est_saving_ns=0)
+                   ranks=(0, 1), dim="dp", recommendation="bucket", est_saving_ns=7 * MS,
+                   evidence=CollectiveEvidence(op="all_reduce", transfer_exposed_ns_per_step=7 * MS,
+                                               share_of_step=0.2, saving_formula="exposed"))
     f_str = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late", ranks=(3,),
-                    dim="world", evidence={"late_ns": 2 * MS, "host": "node7"}, est_saving_ns=2 * MS)
+                    dim="world", recommendation="inspect", est_saving_ns=2 * MS,
+                    evidence=StragglerEvidence(cause="compute", delay_ns_per_step=2 * MS))
     f_own = Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=Severity.WARNING, summary="bubble",
                     recommendation="more micro-batches", est_saving_ns=5 * MS,
-                    evidence={"saving_formula": "x"})
+                    evidence=BubbleEvidence(measured_bubble=0.4, saving_formula="x", recommended_microbatches=8))
     rows = analyze_recommendations([f_dp, f_str, f_own], None, None, None).section["recommendations"]
     assert [r["kind"] for r in rows] == ["unoverlapped_collective", "pipeline_bubble", "straggler"]
-    assert rows[0]["est_saving_ns"] == 7 * MS and "bucket" in rows[0]["recommendation"]
-    assert "node7" in rows[2]["recommendation"]
+    assert [r["saving_formula"] for r in rows] == ["exposed", "x", ""]
+    assert [r["explained_by"] for r in rows] == [None, None, None]
     assert rows[1]["recommendation"] == "more micro-batches"
+
+
+def test_typed_evidence_is_checked_per_kind_and_flattens_to_the_json():
+    with pytest.raises(TypeError, match="StragglerEvidence"):
+        Finding(kind=FindingKind.STRAGGLER, severity=Severity.INFO, summary="x", evidence=Evidence())
+    ev = StragglerEvidence.of({"cause": "compute", "delay_ns_per_step": 3, "last_count": 4})
+    assert (ev.cause, ev.delay_ns_per_step, dict(ev.details)) == ("compute", 3, {"last_count": 4})
+    with pytest.raises(TypeError):
+        StragglerEvidence.of({"cause": "compute"})  # a number code reads may not go missing
+    f = Finding(kind=FindingKind.STRAGGLER, severity=Severity.INFO, summary="x", evidence=ev)
+    assert f.to_json()["evidence"] == {"cause": "compute", "delay_ns_per_step": 3, "last_count": 4}
 
 
 def test_reconcile_marks_symptoms_of_pipeline_and_skew():
     pipe = PipelineResult(section={"source": "labels"})
     p2p = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="recv on pp",
-                  ranks=(1,), dim="pp", evidence={}, recommendation="x", est_saving_ns=24 * MS)
+                  ranks=(1,), dim="pp", recommendation="x", est_saving_ns=24 * MS,
+                  evidence=CollectiveEvidence(op="recv", transfer_exposed_ns_per_step=0, share_of_step=0.0))
     tp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="tp",
-                 ranks=(0,), dim="tp", evidence={}, recommendation="y", est_saving_ns=3 * MS)
+                 ranks=(0,), dim="tp", recommendation="y", est_saving_ns=3 * MS,
+                 evidence=CollectiveEvidence(op="all_reduce", transfer_exposed_ns_per_step=0, share_of_step=0.0))
     skew = Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=Severity.CRITICAL, summary="skew",
-                   ranks=(2,), dim="ep", recommendation="z", est_saving_ns=5 * MS)
+                   ranks=(2,), dim="ep", recommendation="z", est_saving_ns=5 * MS, evidence=RoutingSkewEvidence(layer=0, expert=0, skew=2.0))
     late = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late", ranks=(2,), dim="ep",
-                   recommendation="w", est_saving_ns=9 * MS)
+                   recommendation="w", est_saving_ns=9 * MS, evidence=StragglerEvidence(cause="compute", delay_ns_per_step=0))
     other = Finding(kind=FindingKind.STRAGGLER, severity=Severity.WARNING, summary="late", ranks=(3,), dim="ep",
-                    recommendation="w", est_saving_ns=1 * MS)
+                    recommendation="w", est_saving_ns=1 * MS, evidence=StragglerEvidence(cause="compute", delay_ns_per_step=0))
     out = reconcile([p2p, tp, skew, late, other], pipe)
     assert [f.summary for f in out][:3] == ["skew", "tp", "late"]
     by = {(f.summary, f.ranks): f for f in out}
     assert by[("recv on pp", (1,))].severity is Severity.INFO and by[("recv on pp", (1,))].est_saving_ns == 0
-    assert by[("recv on pp", (1,))].evidence["original_est_saving_ns"] == 24 * MS
-    assert by[("late", (2,))].evidence["explained_by"].startswith("expert_routing_skew")
+    assert by[("recv on pp", (1,))].evidence.original_est_saving_ns == 24 * MS
+    assert by[("late", (2,))].evidence.explained_by.startswith("expert_routing_skew")
     assert by[("late", (3,))].severity is Severity.WARNING  # not the hot expert's owner
     assert by[("tp", (0,))].est_saving_ns == 3 * MS
 
@@ -106,17 +124,17 @@ def test_reconcile_pipeline_waits_and_slow_stage_straggler():
         {"rank": 2, "dim": "pp", "op": "recv", "transfer_exposed_ns": 10 * MS},
         {"rank": 2, "dim": "tp", "op": "all_reduce", "transfer_exposed_ns": 30 * MS}]})
     imb = Finding(kind=FindingKind.PIPELINE_IMBALANCE, severity=Severity.WARNING, summary="imb", ranks=(0,),
-                  dim="pp", recommendation="r", est_saving_ns=7 * MS)
+                  dim="pp", recommendation="r", est_saving_ns=7 * MS, evidence=StageImbalanceEvidence(slowest_stage=0))
     bound1 = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="b1", ranks=(1,),
                      recommendation="r", est_saving_ns=80 * MS)
     bound2 = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="b2", ranks=(2,),
                      recommendation="r", est_saving_ns=40 * MS)
     late = Finding(kind=FindingKind.STRAGGLER, severity=Severity.CRITICAL, summary="late0", ranks=(0,), dim="dp",
-                   recommendation="r", est_saving_ns=50 * MS)
+                   recommendation="r", est_saving_ns=50 * MS, evidence=StragglerEvidence(cause="compute", delay_ns_per_step=0))
     out = {f.summary: f for f in reconcile([imb, bound1, bound2, late], pipe, None, unov)}
-    assert out["b1"].est_saving_ns == 0 and "stage-to-stage" in out["b1"].evidence["explained_by"]  # 80% pp
+    assert out["b1"].est_saving_ns == 0 and "stage-to-stage" in out["b1"].evidence.explained_by  # 80% pp
     assert out["b2"].est_saving_ns == 40 * MS  # only 25% of its exposed time is pipeline waiting
-    assert out["late0"].evidence["explained_by"].startswith("pipeline_imbalance")
+    assert out["late0"].evidence.explained_by.startswith("pipeline_imbalance")
     assert reconcile([imb, bound1, bound2, late], pipe, None, unov)[0].summary == "b2"
 
 
@@ -133,16 +151,16 @@ def test_reconcile_attributes_exposed_comm_of_misplaced_groups():
         {"rank": 0, "dim": "tp", "op": "all_reduce", "transfer_exposed_ns": 30 * MS},
         {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 10 * MS}]})
     place = Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=Severity.WARNING, summary="place", ranks=(0, 1),
-                    dim="tp", recommendation="r", est_saving_ns=30 * MS)
+                    dim="tp", recommendation="r", est_saving_ns=30 * MS, evidence=PlacementEvidence(exposed_ns_per_step=0))
     bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(0,),
                     recommendation="r", est_saving_ns=40 * MS)
     tp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="tp", ranks=(0,),
-                 dim="tp", recommendation="r", est_saving_ns=30 * MS)
+                 dim="tp", recommendation="r", est_saving_ns=30 * MS, evidence=CollectiveEvidence(op="all_reduce", transfer_exposed_ns_per_step=0, share_of_step=0.0))
     dp = Finding(kind=FindingKind.UNOVERLAPPED_COLLECTIVE, severity=Severity.WARNING, summary="dp", ranks=(0,),
-                 dim="dp", recommendation="r", est_saving_ns=10 * MS)
+                 dim="dp", recommendation="r", est_saving_ns=10 * MS, evidence=CollectiveEvidence(op="all_reduce", transfer_exposed_ns_per_step=0, share_of_step=0.0))
     out = reconcile([place, bound, tp, dp], unoverlapped=unov)
     assert [f.summary for f in out][:2] == ["place", "dp"]
-    assert {f.summary for f in out if "explained_by" in f.evidence} == {"bound", "tp"}
+    assert {f.summary for f in out if f.evidence.explained_by} == {"bound", "tp"}
 
 
 def test_reconcile_all_to_all_waiting_behind_routing_skew():
@@ -150,10 +168,10 @@ def test_reconcile_all_to_all_waiting_behind_routing_skew():
         {"rank": 0, "dim": "ep", "op": "all_to_all", "transfer_exposed_ns": 60 * MS},
         {"rank": 0, "dim": "dp", "op": "all_reduce", "transfer_exposed_ns": 20 * MS}]})
     skew = Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=Severity.CRITICAL, summary="skew", ranks=(1,),
-                   dim="ep", recommendation="r", est_saving_ns=30 * MS)
+                   dim="ep", recommendation="r", est_saving_ns=30 * MS, evidence=RoutingSkewEvidence(layer=0, expert=0, skew=2.0))
     bound = Finding(kind=FindingKind.COMMUNICATION_BOUND, severity=Severity.CRITICAL, summary="bound", ranks=(0,),
                     recommendation="r", est_saving_ns=80 * MS)
     out = reconcile([skew, bound], unoverlapped=unov)
-    assert out[0].summary == "skew" and out[1].evidence["explained_by"].startswith("expert_routing_skew")
+    assert out[0].summary == "skew" and out[1].evidence.explained_by.startswith("expert_routing_skew")
     # without a skew finding the same communication_bound stands
     assert reconcile([bound], unoverlapped=unov)[0].est_saving_ns == 80 * MS

@@ -50,6 +50,7 @@ import pandas as pd
 
 from tracekit.analyze import recommend
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.analyze.evidence import BandwidthEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of
@@ -361,6 +362,6 @@ def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore,
                     "reference": worst["reference"], "step_ns": int(step_ns),
                     "exposed_bound_ns_per_step": None if bound is None else int(bound), **advice.evidence}
         out.append(Finding(kind=FindingKind.LOW_BUS_BANDWIDTH, severity=sev, summary=summary, ranks=tuple(ranks),
-                           dim=dim, evidence=evidence, recommendation=advice.text,
+                           dim=dim, evidence=BandwidthEvidence.of(evidence), recommendation=advice.text,
                            est_saving_ns=int(advice.saving_ns)))
     return out

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 
 if TYPE_CHECKING:  # matching imports this module's estimator; the engine passes its result here
@@ -159,7 +160,8 @@ def analyze_clocks(matching: MatchingResult | None) -> ClocksResult:
             summary=(f"clocks of {len(bad)} rank(s) disagree by up to {abs(worst['offset_ns']) / 1e6:.2f} ms "
                      "and the offsets could not be estimated consistently; cross-rank skew numbers are unreliable"),
             ranks=tuple(r["rank"] for r in bad), dim=None,
-            evidence={"offsets": [{k: r[k] for k in ("rank", "offset_ns", "mad_ns", "instances")} for r in bad]},
+            evidence=Evidence(details={"offsets": [{k: r[k] for k in ("rank", "offset_ns", "mad_ns", "instances")}
+                                                   for r in bad]}),
             recommendation="Record clock anchors (tracekit record writes them to manifest.json) or sync host clocks (chrony/PTP).",
             est_saving_ns=0))
     unaligned = [x["rank"] for x in section.get("log_to_trace", []) if x["method"] == "unaligned"]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, choose_sources, load_collectives, matched_of
@@ -108,23 +109,23 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
 
 def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     """The fix a finding recommends, as the graph can apply it ([] when it cannot)."""
-    ev = f.evidence or {}
-    if f.kind == FindingKind.STRAGGLER and f.ranks:
-        if ev.get("cause") in ("host_idle", "data_load"):
+    ev = f.evidence
+    if isinstance(ev, StragglerEvidence) and f.ranks:
+        if ev.cause in ("host_idle", "data_load"):
             return [Fix("host_stalls", rank=int(r)) for r in f.ranks]
-        if ev.get("cause") in (None, "unknown"):  # the rank no slower than its peers, whatever made it late:
+        if ev.cause == "unknown":  # the rank no slower than its peers, whatever made it late:
             # its compute at their median and its own host stalls gone (a sleep before the step's first op)
             return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
         return [Fix("rank_compute", rank=int(r)) for r in f.ranks]
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
-    if f.kind == FindingKind.LOW_BUS_BANDWIDTH:
-        ref = ev.get("reference_gbps") or ev.get("peak_gbps")
+    if isinstance(ev, BandwidthEvidence):
+        ref = ev.reference_gbps
         return [Fix("dim_bandwidth", dim=f.dim, value=float(ref))] if ref else [Fix("slow_link", dim=f.dim)]
     if f.kind == FindingKind.PIPELINE_IMBALANCE:
         return [Fix("stage_resplit")]
-    if f.kind == FindingKind.PIPELINE_BUBBLE and lay.microbatches:
-        m = ev.get("recommended_microbatches") or 2 * int(lay.microbatches)
+    if isinstance(ev, BubbleEvidence) and lay.microbatches:
+        m = ev.recommended_microbatches or 2 * int(lay.microbatches)
         return [Fix("microbatches", value=float(m))]
     if f.kind == FindingKind.EXPERT_ROUTING_SKEW:
         return [Fix("expert_even")]
@@ -150,16 +151,15 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)
         saving = max(0, meas - step_ns)
-        ev = dict(f.evidence or {})
-        ev.update({"closed_form_saving_ns": int(f.est_saving_ns), "replayed_saving_ns": saving,
-                   "replayed_step_ns": step_ns, "whatif": "; ".join(x.label() for x in fixes)})
+        ev = dataclasses.replace(f.evidence, closed_form_saving_ns=int(f.est_saving_ns), replayed_saving_ns=saving,
+                                 replayed_step_ns=step_ns, whatif="; ".join(x.label() for x in fixes))
         # a symptom explained by another finding, or a straggler the host's scheduler made, has no
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
-        own = 0 if "original_est_saving_ns" in ev else saving
+        own = 0 if ev.explained else saving
         out.append(dataclasses.replace(f, evidence=ev, est_saving_ns=own))
-        rows.append({"finding": i, "kind": f.kind.value, "fix": ev["whatif"], "step_ns": step_ns,
+        rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
-        if "original_est_saving_ns" not in ev:
+        if not ev.explained:
             every.extend(x for x in fixes if x not in every)
     out = _absorbed(out, rows, [fix_for(f, lay) for f in findings])
     together = None
@@ -178,8 +178,8 @@ def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[l
     for i, a in saving.items():
         for j, b in saving.items():
             if i != j and set(fixes[i]) < set(fixes[j]) and a <= b and a > 0:
-                ev = dict(out[i].evidence or {}, absorbed_by={"kind": findings[j].kind.value,
-                                                              "ranks": list(findings[j].ranks or [])})
+                ev = dataclasses.replace(out[i].evidence, absorbed_by={"kind": findings[j].kind.value,
+                                                                        "ranks": list(findings[j].ranks or [])})
                 out[i] = dataclasses.replace(out[i], evidence=ev, est_saving_ns=0)
                 break
     return out

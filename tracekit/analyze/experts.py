@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze import recommend
 from tracekit.analyze.base import AnalyzerResult, section_of
+from tracekit.analyze.evidence import RoutingSkewEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult
 from tracekit.tables.store import RunStore
@@ -262,5 +263,5 @@ def _skew_finding(store, layer_out, rank_out, gran) -> list[Finding]:
                 "dropped_fraction": worst["dropped_fraction"], "hot_dropped_fraction": worst["hot_dropped_fraction"],
                 "hot_rank_expert_ns": hot_ns, "mean_rank_expert_ns": mean_ns, **advice.evidence}
     return [Finding(kind=FindingKind.EXPERT_ROUTING_SKEW, severity=sev, summary=summary,
-                    ranks=tuple(worst["hot_owner_ranks"]), dim="ep", evidence=evidence,
+                    ranks=tuple(worst["hot_owner_ranks"]), dim="ep", evidence=RoutingSkewEvidence.of(evidence),
                     recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from tracekit.analyze.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, Evidence,
+                                       HostStallEvidence, PlacementEvidence, RoutingSkewEvidence,
+                                       StageImbalanceEvidence, StragglerEvidence)
 
 
 class Severity(str, Enum):
@@ -39,26 +43,42 @@ class FindingKind(str, Enum):
     UNSTABLE_VERDICT = "unstable_verdict"
 
 
+EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {
+    FindingKind.STRAGGLER: StragglerEvidence,
+    FindingKind.IDLE_HOST_BOUND: HostStallEvidence,
+    FindingKind.UNOVERLAPPED_COLLECTIVE: CollectiveEvidence,
+    FindingKind.LOW_BUS_BANDWIDTH: BandwidthEvidence,
+    FindingKind.PIPELINE_BUBBLE: BubbleEvidence,
+    FindingKind.PIPELINE_IMBALANCE: StageImbalanceEvidence,
+    FindingKind.EXPERT_ROUTING_SKEW: RoutingSkewEvidence,
+    FindingKind.PLACEMENT_MISMATCH: PlacementEvidence,
+}
+"""Each kind's evidence class (evidence.py); kinds not named here carry the plain `Evidence`."""
+
+
 @dataclass(frozen=True)
 class Finding:
-    """One conclusion about the run; `est_saving_ns` is an upper bound on step time saved per step."""
+    """One conclusion about the run; `est_saving_ns` is step time saved per step (a closed-form bound
+    from the analyzer, replaced by the replayed saving where the critical path can replay the fix)."""
 
     kind: FindingKind
     severity: Severity
     summary: str
     ranks: tuple[int, ...] = ()
     dim: str | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
     recommendation: str = ""
     est_saving_ns: int = 0
 
+    def __post_init__(self) -> None:
+        want = EVIDENCE_TYPES.get(self.kind, Evidence)
+        if not isinstance(self.evidence, want):
+            raise TypeError(f"a {self.kind.value} finding carries {want.__name__}, not {type(self.evidence).__name__}")
+
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["kind"] = self.kind.value
-        d["severity"] = self.severity.value
-        d["ranks"] = list(self.ranks)
-        d["est_saving_ns"] = int(self.est_saving_ns)
-        return d
+        return {"kind": self.kind.value, "severity": self.severity.value, "summary": self.summary,
+                "ranks": list(self.ranks), "dim": self.dim, "evidence": self.evidence.to_json(),
+                "recommendation": self.recommendation, "est_saving_ns": int(self.est_saving_ns)}
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.evidence import HostStallEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -184,7 +185,7 @@ def _finding(r: dict[str, Any]) -> Finding | None:
                             "recurring_fraction", "step_fractions", "device", "data_load_sources")}
     ev["cause"] = "data_load" if loading else "host_gap"
     return Finding(kind=FindingKind.IDLE_HOST_BOUND, severity=sev, summary=summary, ranks=(r["rank"],),
-                   dim=None, evidence=ev, recommendation=rec, est_saving_ns=int(r["stall_ns"]))
+                   dim=None, evidence=HostStallEvidence.of(ev), recommendation=rec, est_saving_ns=int(r["stall_ns"]))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -120,7 +121,7 @@ def _check_skipped(skipped: list[dict[str, str]], out: _Report) -> None:
         out.add(Finding(
             kind=FindingKind.INPUT_SKIPPED, severity=Severity.WARNING,
             summary=(f"{len(skipped)} input file(s) skipped, e.g. {first['file']}: {first['reason']}"),
-            evidence={"skipped": skipped[:_MAX_LISTED], "num_skipped": len(skipped)},
+            evidence=Evidence(details={"skipped": skipped[:_MAX_LISTED], "num_skipped": len(skipped)}),
             recommendation="Re-export or replace the skipped files; numbers cover only the ranks that were read.",
         ), warn=False)
 
@@ -133,8 +134,8 @@ def _check_empty(by_rank: dict[int, dict[str, Any]], out: _Report) -> list[int]:
         msg = f"traces of ranks {_ranks_text(empty)} hold no complete events; those ranks have no breakdown"
         out.add(Finding(
             kind=FindingKind.INPUT_SKIPPED, severity=Severity.WARNING, summary=msg, ranks=tuple(empty),
-            evidence={"empty_ranks": empty,
-                      "files": {str(r): by_rank[r].get("source_file") for r in empty[:_MAX_LISTED]}},
+            evidence=Evidence(details={"empty_ranks": empty,
+                                  "files": {str(r): by_rank[r].get("source_file") for r in empty[:_MAX_LISTED]}}),
             recommendation="Check that the profiler's trace handler ran to completion on those ranks.",
         ))
     return empty
@@ -153,8 +154,8 @@ def _check_missing(world_size: Any, ranks: list[int], out: _Report) -> list[int]
                "are missing; cross-rank numbers cover the ranks present only")
         out.add(Finding(
             kind=FindingKind.MISSING_RANKS, severity=Severity.WARNING, summary=msg, ranks=tuple(missing),
-            evidence={"world_size": int(world_size) if world_size else None, "missing_ranks": missing,
-                      "num_present": len(ranks)},
+            evidence=Evidence(details={"world_size": int(world_size) if world_size else None,
+                                  "missing_ranks": missing, "num_present": len(ranks)}),
             recommendation="Collect the missing ranks' traces (a rank killed before export writes none).",
         ), warn=False)
     return missing
@@ -193,7 +194,7 @@ def _check_time_units(measure: str, groups: list[dict[str, Any]], by_rank: dict[
                "units (ns where Kineto writes µs?); their numbers are not comparable")
     out.add(Finding(
         kind=FindingKind.TIME_UNIT_MISMATCH, severity=Severity.WARNING, summary=msg, ranks=tuple(suspect),
-        evidence={"measure": measure, "groups": groups, "ratio": round(scale, 1)},
+        evidence=Evidence(details={"measure": measure, "groups": groups, "ratio": round(scale, 1)}),
         recommendation="Re-export the traces with one profiler version; Kineto `ts`/`dur` are microseconds.",
     ))
     return suspect
@@ -214,7 +215,7 @@ def _check_runs(runs: list[dict[str, Any]], stated: dict[str, list[int]], out: _
         out.add(Finding(
             kind=FindingKind.MIXED_RUNS, severity=Severity.WARNING, summary=msg,
             ranks=tuple(r for run in runs[1:] for r in run["ranks"]) if len(runs) > 1 else (),
-            evidence={"runs": runs, "world_sizes": stated},
+            evidence=Evidence(details={"runs": runs, "world_sizes": stated}),
             recommendation="Analyze each run's traces from its own folder.",
         ))
 

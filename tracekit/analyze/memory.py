@@ -55,6 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.pipeline import PipelineResult
@@ -576,7 +577,7 @@ def _imbalance_findings(section: dict) -> list[Finding]:
     return [Finding(kind=FindingKind.MEMORY_IMBALANCE, severity=Severity.WARNING, ranks=ranks, dim=dim,
                     summary=f"{what} peaks at {_mib(peaks[k])} allocated, {ratio:.2f}x the mean over "
                             f"{'stages' if dim == 'pp' else 'ranks'} ({_mib(mean)})",
-                    evidence=evidence, recommendation=advice)]
+                    evidence=Evidence(details=evidence), recommendation=advice)]
 
 
 def _faster_layouts(layout: dict, pipeline: dict, recompute: list) -> list[str]:
@@ -612,8 +613,8 @@ def _activation_findings(section: dict, capacity: int | None, faster: list[str])
         out.append(Finding(
             kind=FindingKind.ACTIVATION_DOMINATED_PEAK, severity=Severity.INFO, ranks=(top["rank"],),
             summary=f"activations are {act / total:.0%} of rank {top['rank']}'s peak ({_mib(act)} of {_mib(total)})",
-            evidence={"activation_bytes": act, "static_bytes": static, "counter": section["counter"],
-                      "at_peak": top["at_peak"], **remedies},
+            evidence=Evidence(details={"activation_bytes": act, "static_bytes": static, "counter": section["counter"],
+                                       "at_peak": top["at_peak"], **remedies}),
             recommendation=(f"To lower the peak: activation checkpointing per block (keeps block inputs only; "
                             f"about {_mib(remedies['activation_checkpointing_saves_bytes'])} of the held "
                             f"activations, for one extra forward in backward), context/sequence parallelism of 2 (halves the "
@@ -624,7 +625,7 @@ def _activation_findings(section: dict, capacity: int | None, faster: list[str])
         out.append(Finding(
             kind=FindingKind.MEMORY_HEADROOM, severity=Severity.INFO, ranks=(top["rank"],),
             summary=f"the fullest rank leaves {_mib(free)} ({free / capacity:.0%}) of the device unused at its peak",
-            evidence={"capacity_bytes": capacity, "peak_reserved": top["peak_reserved"]},
+            evidence=Evidence(details={"capacity_bytes": capacity, "peak_reserved": top["peak_reserved"]}),
             recommendation="Spend the headroom on speed: " + "; or ".join(faster) + "."))
     return out
 
@@ -635,9 +636,10 @@ def _recompute_finding(recompute: list[dict[str, Any]]) -> Finding:
         kind=FindingKind.RECOMPUTE, severity=Severity.INFO, ranks=tuple(x["rank"] for x in recompute),
         summary=f"forward ops re-run inside backward (activation checkpointing) cost up to "
                 f"{worst['recompute_ns_per_step'] / 1e6:.2f} ms per step (rank {worst['rank']})",
-        evidence={"recompute_ns_per_step": {str(x["rank"]): x["recompute_ns_per_step"] for x in recompute},
+        evidence=Evidence(details={
+                  "recompute_ns_per_step": {str(x["rank"]): x["recompute_ns_per_step"] for x in recompute},
                   "ops_per_step": {str(x["rank"]): x["ops_per_step"] for x in recompute},
-                  "ops": worst["names"]},
+                  "ops": worst["names"]}),
         recommendation="Where memory allows (see the memory section's headroom), checkpoint fewer blocks: each "
                        "block not checkpointed saves its share of this recompute time.",
         est_saving_ns=int(worst["recompute_ns_per_step"]))

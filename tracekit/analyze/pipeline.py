@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze import recommend
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
+from tracekit.analyze.evidence import BubbleEvidence, StageImbalanceEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.pipeline_graph import InferredPipeline, P2POp, infer_pipelines, load_p2p
 from tracekit.tables.store import RunStore
@@ -352,7 +353,7 @@ def _bubble_finding(section: dict[str, Any], base: list[tuple[int, float, int]],
         evidence["model_window_ns"] = int(model)  # equal-share pipeline model with the measured stage times
         evidence["unexplained_idle_ns"] = int(max(0.0, window - model))
     return [Finding(kind=FindingKind.PIPELINE_BUBBLE, severity=sev, summary=summary, ranks=ranks, dim="pp",
-                    evidence=evidence, recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]
+                    evidence=BubbleEvidence.of(evidence), recommendation=advice.text, est_saving_ns=int(advice.saving_ns))]
 
 
 def _max_microbatches(man: dict[str, Any], m: int) -> int | None:
@@ -383,7 +384,7 @@ def _imbalance_finding(section, stage_out, imbalance, p, v, m, schedule, base, m
     evidence = {"imbalance": imbalance, "slowest_stage": slowest["stage"], "stage_compute_ns": comp,
                 "stage_layers": layers, "num_microbatches": m, "step_ns": int(step_ns), **advice.evidence}
     return [Finding(kind=FindingKind.PIPELINE_IMBALANCE, severity=sev, summary=summary,
-                    ranks=tuple(slowest["ranks"]), dim="pp", evidence=evidence, recommendation=advice.text,
+                    ranks=tuple(slowest["ranks"]), dim="pp", evidence=StageImbalanceEvidence.of(evidence), recommendation=advice.text,
                     est_saving_ns=int(advice.saving_ns))]
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from tracekit.analyze import intervals as iv
 from tracekit.analyze import recommend
 from tracekit.analyze.base import AnalyzerResult, section_of
+from tracekit.analyze.evidence import PlacementEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.unoverlapped import UnoverlappedResult
@@ -155,6 +156,6 @@ def analyze_placement(store: RunStore, layout: LayoutResult | None,
                     "light_dims_inside_host": light_inside, "exposed_ns_per_step": int(exposed),
                     "exposed_basis": worst["exposed_basis"], "step_ns": int(step_ns), **advice.evidence}
         findings.append(Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=sev, summary=summary,
-                                ranks=tuple(ranks), dim=dim, evidence=evidence, recommendation=advice.text,
+                                ranks=tuple(ranks), dim=dim, evidence=PlacementEvidence.of(evidence), recommendation=advice.text,
                                 est_saving_ns=int(advice.saving_ns)))
     return PlacementResult(findings=findings, section=section)

@@ -3,8 +3,8 @@
 Every analyzer calls the `advise_*` helper for its finding kind, so the wording and the saving formulas
 live here. Each saving is an upper bound on step time saved per step (DESIGN §3) and its formula goes into
 the finding's evidence as `saving_formula` (with the numbers used). The `recommendations`
-analyzer (reconcile.py) is the final word on the findings: findings that came without advice get it
-from these rules when their evidence carries the numbers.
+analyzer (reconcile.py) then marks symptoms whose cause another finding names, and the critical
+path replaces each bound by the replayed saving of the finding's fix.
 """
 
 from __future__ import annotations
@@ -225,15 +225,6 @@ _COMM_ADVICE = {
 }
 
 
-def advise_exposed_comm(*, dim: str | None, exposed_ns: float, group: str | None = None) -> Advice:
-    """Overlap / degree / placement advice for communication that overlaps nothing."""
-    text = _COMM_ADVICE.get(dim or "", "Overlap this communication with compute or make it smaller")
-    if group:
-        text = f"[{group}] " + text
-    return Advice(text=text, saving_ns=max(0.0, float(exposed_ns)), evidence={
-        "saving_formula": f"all exposed time of the group hidden = {exposed_ns:.0f}"})
-
-
 LATENCY_BOUND_BYTES = 1 << 20
 """Below about 1 MiB a collective's time is mostly per-call latency (NCCL-tests' bus bandwidth curves
 only flatten above it): fewer, larger messages are the lever, not fewer bytes."""
@@ -272,15 +263,6 @@ def advise_collective(*, dim: str | None, op: str | None, overlap_ratio: float |
     if latency_bound and size and size not in parts[0] and dim not in ("tp",):
         parts[-1] += f" (median message {size}{f', {calls_per_step:.0f} calls per step' if calls_per_step else ''})"
     return "; ".join(parts) + "."
-
-
-def advise_straggler(*, rank: int, host: str | None, late_ns: float) -> Advice:
-    """Which host to inspect for a late rank; saving = the time the others wait for it per step."""
-    where = f"host {host} (rank {rank})" if host else f"rank {rank}'s host"
-    text = (f"Inspect {where}: the other ranks wait for it at every collective — check for CPU contention, "
-            "thermal/power throttling, a slow data loader or uneven input sizes on that rank")
-    return Advice(text=text, saving_ns=max(0.0, float(late_ns)), evidence={
-        "saving_formula": f"time the group waits for the late rank per step = {late_ns:.0f}"})
 
 
 def advise_placement(*, dim: str, group_ranks: Sequence[int], hosts: Sequence[str], exposed_ns: float,

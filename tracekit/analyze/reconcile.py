@@ -4,8 +4,6 @@ It takes every other analyzer's findings (the engine's `findings` argument) and
 - marks symptoms whose cause another finding names (e.g. an unoverlapped collective whose exposure
   at the reference bandwidth of its slow link stays minor): info severity, no saving of their own, the
   cause in `explained_by` (the original severity and saving stay in the evidence), see `reconcile`;
-- gives findings that came without advice the advice of recommend.py's rules, when their evidence
-  carries the numbers.
 Its findings are the document's (engine.FINAL_FINDINGS).
 
 Section `recommendations` (JSON):
@@ -20,9 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
+from tracekit.analyze.evidence import CollectiveEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.analyze.recommend import Advice, advise_exposed_comm, advise_straggler
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
 
 MOSTLY = 0.5
@@ -94,7 +92,7 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
     unoverlapped = f.kind is FindingKind.UNOVERLAPPED_COLLECTIVE
     straggler = f.kind is FindingKind.STRAGGLER and bool(ranks)
     if unoverlapped and ((f.dim == "pp" and c.labelled) or (
-            ranks and ranks <= c.pipe_ranks and f.evidence.get("op") in ("send", "recv"))):
+            ranks and ranks <= c.pipe_ranks and _op(f) in ("send", "recv"))):
         return "pipeline schedule (see pipeline_bubble / pipeline_imbalance)"
     if comm_bound and (c.labelled or c.pipe_ranks) and c.mostly_pipeline(ranks):
         return "pipeline schedule: the exposed communication is mostly stage-to-stage waiting"
@@ -116,48 +114,27 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
     return None
 
 
+def _op(f: Finding) -> str | None:
+    return f.evidence.op if isinstance(f.evidence, CollectiveEvidence) else None
+
+
 def _exposed_at_reference(f: Finding, lost_ns: int) -> bool:
     """An unoverlapped collective whose exposure, less the time its slow link loses against the reference
     bandwidth, would stay under the warning share of the step: the slow link is the cause."""
     ev = f.evidence
-    exposed, share = ev.get("transfer_exposed_ns_per_step"), ev.get("share_of_step")
-    if not exposed or not share:
+    if not isinstance(ev, CollectiveEvidence) or not ev.transfer_exposed_ns_per_step or not ev.share_of_step:
         return False
-    return (exposed - lost_ns) / (exposed / share) < UnoverlappedConfig().warning_fraction
+    exposed = ev.transfer_exposed_ns_per_step
+    return (exposed - lost_ns) / (exposed / ev.share_of_step) < UnoverlappedConfig().warning_fraction
 
 
-def _fill(f: Finding) -> tuple[str, int, str]:
-    """Advice for a finding that came without one (kinds whose evidence carries the numbers)."""
-    if f.recommendation:
-        return f.recommendation, int(f.est_saving_ns), str(f.evidence.get("saving_formula", ""))
-    ev = f.evidence
-    adv: Advice | None = None
-    if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
-        exposed = ev.get("exposed_ns", ev.get("exposed_comm_ns"))
-        if exposed is not None:
-            adv = advise_exposed_comm(dim=f.dim, exposed_ns=float(exposed), group=ev.get("pg_name"))
-    elif f.kind in (FindingKind.STRAGGLER, FindingKind.IDLE_HOST_BOUND) and len(f.ranks) == 1:
-        late = ev.get("late_ns", ev.get("skew_ns", ev.get("idle_ns")))
-        if late is not None:
-            adv = advise_straggler(rank=f.ranks[0], host=ev.get("host"), late_ns=float(late))
-    if adv is None:
-        return "", int(f.est_saving_ns), ""
-    saving = int(f.est_saving_ns) or int(adv.saving_ns)
-    return adv.text, saving, adv.evidence["saving_formula"]
-
-
-def _with_advice(f: Finding, cause: str | None) -> Finding:
-    if cause is not None and (f.severity is not Severity.INFO or f.est_saving_ns):
-        f = replace(f, severity=Severity.INFO, est_saving_ns=0, evidence={
-            **f.evidence, "explained_by": cause, "original_severity": f.severity.value,
-            "original_est_saving_ns": int(f.est_saving_ns)})
-    text, saving, formula = _fill(f)
-    if text != f.recommendation or saving != int(f.est_saving_ns):
-        ev = dict(f.evidence)
-        if formula and "saving_formula" not in ev:
-            ev["saving_formula"] = formula
-        f = replace(f, recommendation=text, est_saving_ns=saving, evidence=ev)
-    return f
+def _explained(f: Finding, cause: str | None) -> Finding:
+    """The symptom at info severity with no saving of its own; its original ones stay in the evidence."""
+    if cause is None or (f.severity is Severity.INFO and not f.est_saving_ns):
+        return f
+    ev = replace(f.evidence, explained_by=cause, original_severity=f.severity.value,
+                 original_est_saving_ns=int(f.est_saving_ns))
+    return replace(f, severity=Severity.INFO, est_saving_ns=0, evidence=ev)
 
 
 def reconcile(findings: list[Finding], pipeline: PipelineResult | None = None,
@@ -173,7 +150,7 @@ def reconcile(findings: list[Finding], pipeline: PipelineResult | None = None,
     The original severity and saving stay in the evidence.
     """
     causes = _causes(findings, pipeline, breakdown, unoverlapped)
-    return sort_findings([_with_advice(f, _explained_by(f, causes)) for f in findings])
+    return sort_findings([_explained(f, _explained_by(f, causes)) for f in findings])
 
 
 def exposed_share_by_dim(unoverlapped: UnoverlappedResult | None) -> dict[int, dict[str, float]]:
@@ -210,6 +187,6 @@ def analyze_recommendations(findings: list[Finding], pipeline: PipelineResult | 
     final = reconcile(findings, pipeline, breakdown, unoverlapped)
     rows = [{"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
              "summary": f.summary, "recommendation": f.recommendation, "est_saving_ns": int(f.est_saving_ns),
-             "saving_formula": str(f.evidence.get("saving_formula", "")),
-             "explained_by": f.evidence.get("explained_by")} for f in final]
+             "saving_formula": f.evidence.saving_formula or "",
+             "explained_by": f.evidence.explained_by} for f in final]
     return RecommendationsResult(findings=final, section={"recommendations": rows})

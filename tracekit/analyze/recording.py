@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
+from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.tables.store import RunStore
 
@@ -108,10 +109,11 @@ def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
     rec = (f"record at least {need} steps (e.g. tracekit record --active {need}); {have} were analyzed")
     return [Finding(kind=FindingKind.UNSTABLE_VERDICT, severity=Severity.WARNING, summary=summary,
                     ranks=tuple(s["rank"] for s in bad),
-                    evidence={"steps_analyzed": have, "steps_needed": need, "z": Z,
-                              "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
-                                                                               "margin_sd_share", "steps_needed")}
-                                           for s in bad}},
+                    evidence=Evidence(details={
+                        "steps_analyzed": have, "steps_needed": need, "z": Z,
+                        "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
+                                                                         "margin_sd_share", "steps_needed")}
+                                     for s in bad}}),
                     recommendation=rec)]
 
 

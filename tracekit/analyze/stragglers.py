@@ -58,6 +58,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.breakdown import BreakdownResult, RankActivities, activities_of, breakdown_ranks
+from tracekit.analyze.evidence import StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
 from tracekit.tables.store import RunStore
@@ -471,11 +472,11 @@ def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity,
         summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
                  f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
                  f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
-        evidence={"last_count": row["last_count"], "instances": row["instances"],
+        evidence=StragglerEvidence(cause=cause, delay_ns_per_step=row["delay_ns_per_step"], details={
+                  "last_count": row["last_count"], "instances": row["instances"],
                   "last_share": row["last_share"], "last_chance": row["last_chance"],
-                  "delay_ns_per_step": row["delay_ns_per_step"],
                   "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
-                  "cause": cause, **{k: v for k, v in ev.items()}},
+                  **ev}),
         recommendation=_RECOMMEND[cause].format(r=r),
         est_saving_ns=max(int(row["delay_ns_per_step"]), 0))
 

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.breakdown import BreakdownResult, RankActivities, RankActivity, activities_of, breakdown_ranks
+from tracekit.analyze.evidence import CollectiveEvidence, Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, matched_of
@@ -295,10 +296,11 @@ def _dim_op_findings(rows: list[dict[str, Any]], cfg: UnoverlappedConfig) -> lis
                      f"({100 * row['share_of_step']:.1f}% of the step on rank {row['worst_rank']}); "
                      + (f"{row['overlap_ratio']:.0%} of its time overlapped" if row['overlap_ratio'] is not None
                         else "overlap unknown (no communication time recorded)")),
-            evidence={k: row[k] for k in ("op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
+            evidence=CollectiveEvidence.of({k: row[k] for k in (
+                                          "op", "instances", "comm_ns", "exposed_ns", "transfer_exposed_ns",
                                           "overlap_ratio", "exposed_ns_per_step",
                                           "transfer_exposed_ns_per_step", "share_of_step", "worst_rank",
-                                          "bytes_p50", "calls_per_step")},
+                                          "bytes_p50", "calls_per_step")}),
             recommendation=advise_collective(dim=dim, op=row["op"], overlap_ratio=row["overlap_ratio"],
                                              bytes_p50=row["bytes_p50"], calls_per_step=row["calls_per_step"])
             if dim in ("dp", "fsdp", "tp") or row["bytes_p50"] else _RECOMMEND.get(dim, _DEFAULT_RECOMMEND),
@@ -336,11 +338,11 @@ def _comm_bound_findings(br_ranks: dict[int, dict[str, Any]], totals: dict[int, 
         kind=FindingKind.COMMUNICATION_BOUND, severity=sev, ranks=ranks, dim=dim,
         summary=(f"{len(ranks)} rank(s) spend more of the step in exposed communication than in compute or idle; "
                  f"worst rank {worst[0]}: {worst[1] / 1e6:.2f} ms per step of exposed transfer ({100 * frac:.1f}%)"),
-        evidence={"ranks": [{"rank": b[0], "exposed_transfer_ns_per_step": int(b[1]),
+        evidence=Evidence(details={"ranks": [{"rank": b[0], "exposed_transfer_ns_per_step": int(b[1]),
                              "share_of_step": round(b[2], 6),
                              "exposed_comm_ns": b[3]["exposed_comm_ns"], "compute_ns": b[3]["compute_ns"],
                              "step_ns": b[3]["step_ns"], "steps": b[3]["steps"]} for b in bound],
-                  "worst_rank_by_dim_ns_per_step": by_dim},
+                  "worst_rank_by_dim_ns_per_step": by_dim}),
         recommendation=(f"Most of the exposed transfer is on {dim or 'one dimension'}: see that dimension's "
                         "unoverlapped-collective finding for the lever that fits it (already-asynchronous "
                         "collectives, message size, activation vs gradient traffic)."),
