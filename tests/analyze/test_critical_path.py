@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from tracekit.whatif.fixes import Fix, Layout, apply_fixes
-from tracekit.whatif.graph import Category, StepGraph, add_start_nodes, critical_path, rank_step_ns, replay, topo_levels
+from tracekit.whatif.graph import (
+    SMALL_GRAPH_NODES, Category, StepGraph, add_start_nodes, critical_path, rank_step_ns, replay, topo_levels,
+)
 from tracekit.whatif.replay import composition, path_of, predict_ns, replay_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +89,22 @@ def test_topological_levels_and_cycles():
     assert topo_levels(4, src, dst).tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="cycle"):
         topo_levels(3, np.array([0, 1, 2]), np.array([1, 2, 1]))
+
+
+@pytest.mark.parametrize("n", [300, SMALL_GRAPH_NODES + 300])  # node by node, and a vectorised pass per level
+def test_topological_levels_equal_the_longest_chain_on_a_random_dag(n):
+    rng = np.random.default_rng(n)
+    a, b = rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n)
+    keep = a != b
+    src, dst = np.minimum(a, b)[keep], np.maximum(a, b)[keep]  # lower id -> higher id: acyclic
+    perm = rng.permutation(n)  # node ids shuffled, so id order is not a topological order
+    longest = [0] * n  # plain DP in id order over the unshuffled edges
+    for s, d in sorted(zip(dst.tolist(), src.tolist())):
+        longest[s] = max(longest[s], longest[d] + 1)
+    got = topo_levels(n, perm[src], perm[dst])
+    assert got[perm].tolist() == longest
+    with pytest.raises(ValueError, match="cycle"):
+        topo_levels(n, np.r_[perm[src], perm[dst[0]]], np.r_[perm[dst], perm[src[0]]])
 
 
 def test_replay_equals_a_per_node_longest_path_on_a_random_dag():

@@ -152,7 +152,7 @@ class RunStore:
         if not groups.get(rank):
             empty = TABLES[name].empty_table()
             return empty.select(cols) if cols is not None else empty
-        return pf.read_row_groups(groups[rank], columns=cols)
+        return pf.read_row_groups(groups[rank], columns=cols, use_threads=False)
 
     def _rank_row_groups(self, name: str) -> tuple[pq.ParquetFile, dict[int, list[int]]] | None:
         """(open file, rank -> row-group indices) from the footer statistics, cached; None when a row
