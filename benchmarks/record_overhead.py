@@ -20,11 +20,16 @@ In-window cost of collective logging (`--in-window`, issue 18): the three user l
 tests/user_scripts (DDP tutorial, FSDP2 with clip_grad_norm_, DTensor TP+SP), 2 gloo ranks, run
 unmodified under torch.profiler (recording every step, as inside the window); in each process the
 collective logging `tracekit record` uses (kernels on the c10d ops + the step-boundary flush) is
-switched on and off in alternating blocks of steps, and so is the TorchDispatchMode it replaced.
-ratio = median step with logging / median step with the profiler alone, same processes, same run.
+switched on and off in alternating blocks of `--block` steps (A/B/A/B...; TRACEKIT_BENCH_STATES adds
+`dispatch_mode`, the TorchDispatchMode it replaced, or `kernels_only`, the c10d kernels logging nothing).
+Each block of a state is paired with the profiler-alone blocks next to it, in the same process:
+ratio = median step of the block / median step of its neighbouring profiler-alone blocks. A slow
+phase of the shared machine hits a block and its neighbours alike, so it cancels; the headline is
+the median of those block ratios over both ranks and all repeats, with their quartiles and each
+repeat's median (the spread).
 
 Usage: python benchmarks/record_overhead.py [--repeats 3] [--steps 90] [--json out.json]
-       python benchmarks/record_overhead.py --in-window [--in-window-steps 60] [--json out.json]
+       python benchmarks/record_overhead.py --in-window [--in-window-steps 164] [--block 4] [--loops ddp,tp_sp]
 """
 
 from __future__ import annotations
@@ -133,7 +138,7 @@ IN_WINDOW_LOOPS = {  # loop -> (script, extra args)
     "fsdp2": ("fsdp2_clip.py", []),
     "tp_sp": ("tp_sp_loop.py", []),
 }
-IN_WINDOW_STATES = tuple(os.environ.get("TRACEKIT_BENCH_STATES", "profiler,logging,dispatch_mode").split(","))
+IN_WINDOW_STATES = tuple(os.environ.get("TRACEKIT_BENCH_STATES", "profiler,logging").split(","))
 """States cycled through; `kernels_only` (the c10d kernels without logging) splits logging's cost."""
 
 AB_HARNESS = textwrap.dedent("""
@@ -145,7 +150,7 @@ AB_HARNESS = textwrap.dedent("""
     script = sys.argv[5]
     sys.argv = [script] + sys.argv[6:]
     st = {"opt": None, "step": 0, "last": None, "state": None, "prof": None, "logger": None, "hook": None,
-          "times": {s: [] for s in states}}
+          "blocks": []}
     FLUSH = torch._C._profiler._RecordFunctionFast
 
     def leave():
@@ -167,8 +172,8 @@ AB_HARNESS = textwrap.dedent("""
             st["hook"] = C10dOpHook(st["logger"]).__enter__()
         elif state == "kernels_only":  # the kernels on the c10d ops, logging nothing
             class Null:
-                def log_call(self, *args):
-                    pass
+                def reader(self, op):
+                    return lambda *args: None
             st["hook"] = C10dOpHook(Null()).__enter__()
         elif state == "dispatch_mode":  # what it did before (issue 18)
             st["logger"] = st["hook"] = CollectiveLoggingMode(log, rank).__enter__()
@@ -184,7 +189,7 @@ AB_HARNESS = textwrap.dedent("""
                 st["logger"].flush()
         now = time.perf_counter_ns()
         if st["state"] is not None and st["last"] is not None:
-            st["times"][st["state"]].append(now - st["last"])
+            st["blocks"][-1][1].append(now - st["last"])
         st["step"] += 1
         k = st["step"] - warm
         if k == 0:
@@ -197,6 +202,7 @@ AB_HARNESS = textwrap.dedent("""
                 leave()
                 enter(new, dist.get_rank())
                 st["state"] = new
+                st["blocks"].append([new, []])
         st["last"] = time.perf_counter_ns()
 
     register_optimizer_step_post_hook(boundary)
@@ -208,12 +214,12 @@ AB_HARNESS = textwrap.dedent("""
             st["prof"].stop()
         rank = os.environ.get("RANK", "0")
         with open(os.path.join(out, f"ab.rank{rank}.json"), "w") as fh:
-            json.dump(st["times"], fh)
+            json.dump(st["blocks"], fh)
 """)
 
 
-def in_window_ab(work: Path, loop: str, steps: int, block: int = 4, warm: int = 4) -> dict[str, list[int]]:
-    """Per-state step times (ns, both ranks) of one loop run with logging toggled in blocks of `block` steps."""
+def in_window_ab(work: Path, loop: str, steps: int, block: int, warm: int = 4) -> list[list[tuple[str, list[int]]]]:
+    """Per rank, the blocks of one loop run with logging toggled every `block` steps: (state, step times ns)."""
     script, extra = IN_WINDOW_LOOPS[loop]
     harness = work / "ab_harness.py"
     harness.write_text(AB_HARNESS)
@@ -226,42 +232,64 @@ def in_window_ab(work: Path, loop: str, steps: int, block: int = 4, warm: int = 
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"{loop} A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    times: dict[str, list[int]] = {s: [] for s in IN_WINDOW_STATES}
-    for r in (0, 1):
-        for k, v in json.loads((out / f"ab.rank{r}.json").read_text()).items():
-            times[k].extend(v[1:])  # the first step of a block pays the switch (profiler ranges, kernels)
-    return times
+    return [[(b[0], b[1]) for b in json.loads((out / f"ab.rank{r}.json").read_text())] for r in (0, 1)]
 
 
-def in_window_main(steps: int, repeats: int, json_out: Path | None, loops: list[str]) -> dict:
+def block_ratios(blocks: list[tuple[str, list[int]]]) -> dict[str, list[float]]:
+    """Per state, median step of each of its blocks / median step of the profiler-alone blocks beside it.
+
+    The first step of a block pays the switch (profiler ranges, kernels) and is left out; a block with
+    no complete profiler-alone neighbour is skipped."""
+    med = [statistics.median(t[1:]) if len(t) > 1 else None for _, t in blocks]
+    out: dict[str, list[float]] = {}
+    for i, (state, _) in enumerate(blocks):
+        if state == "profiler" or med[i] is None:
+            continue
+        ref = [med[j] for j in (i - 1, i + 1) if 0 <= j < len(blocks) and blocks[j][0] == "profiler"
+               and med[j] is not None]
+        if ref:
+            out.setdefault(state, []).append(med[i] / statistics.mean(ref))
+    return out
+
+
+def _quantiles(v: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+    return {"median": statistics.median(v), "p25": q[0], "p75": q[2], "min": min(v), "max": max(v), "n": len(v)}
+
+
+def in_window_main(steps: int, repeats: int, block: int, json_out: Path | None, loops: list[str]) -> dict:
     result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tracekit-bench-inwin-") as tmp:
-        for loop in loops:
-            per_rep = []
-            for _ in range(repeats):
-                t = in_window_ab(Path(tmp), loop, steps)
-                per_rep.append({s: statistics.median(v) for s, v in t.items() if v})
-            med = {s: statistics.median(r[s] for r in per_rep) for s in IN_WINDOW_STATES}
-            ratios = {s: [r[s] / r["profiler"] for r in per_rep] for s in IN_WINDOW_STATES if s != "profiler"}
-            result[loop] = {
-                "median_step_ms": {s: v / 1e6 for s, v in med.items()},
-                "ratio_vs_profiler_per_repeat": ratios,
-                "ratio_vs_profiler_median": {s: statistics.median(v) for s, v in ratios.items()},
-                "target_ratio_max_logging": 1.05,
-            }
-            print(f"{loop}: profiler alone {med['profiler'] / 1e6:.2f} ms; "
-                  + "; ".join(f"+ {s} x{statistics.median(v):.3f} (repeats {min(v):.3f}-{max(v):.3f})"
-                              for s, v in ratios.items()), file=sys.stderr)
-    print(json.dumps(result, indent=1))
+        for rep in range(repeats):  # loops interleaved too: a slow phase of the box spreads over all of them
+            for loop in loops:
+                r = result.setdefault(loop, {"block_ratios": {}, "per_repeat_median": {}, "profiler_step_ms": []})
+                for rank_blocks in in_window_ab(Path(tmp), loop, steps, block):
+                    r["profiler_step_ms"].extend(t / 1e6 for s, ts in rank_blocks if s == "profiler" for t in ts[1:])
+                    for state, v in block_ratios(rank_blocks).items():
+                        r["block_ratios"].setdefault(state, []).extend(v)
+                        r["per_repeat_median"].setdefault(state, {}).setdefault(rep, []).extend(v)
+    for loop, r in result.items():
+        r["profiler_step_ms"] = statistics.median(r["profiler_step_ms"])
+        r["ratio_vs_profiler"] = {s: _quantiles(v) for s, v in r.pop("block_ratios").items()}
+        r["per_repeat_median"] = {s: [statistics.median(v) for v in reps.values()]
+                                  for s, reps in r["per_repeat_median"].items()}
+        r["target_ratio_max_logging"] = 1.05
+        print(f"{loop}: profiler alone {r['profiler_step_ms']:.2f} ms/step; " + "; ".join(
+            f"+ {s} x{q['median']:.3f} (quartiles {q['p25']:.3f}-{q['p75']:.3f} over {q['n']} blocks; repeats "
+            + ", ".join(f"{m:.3f}" for m in r["per_repeat_median"][s]) + ")"
+            for s, q in r["ratio_vs_profiler"].items()), file=sys.stderr)
+    out = {"steps": steps, "repeats": repeats, "block": block, "states": list(IN_WINDOW_STATES), "loops": result}
+    print(json.dumps(out, indent=1))
     if json_out:
-        json_out.write_text(json.dumps(result, indent=1))
-    return result
+        json_out.write_text(json.dumps(out, indent=1))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--in-window", action="store_true", help="only the in-window A/B of collective logging")
-    ap.add_argument("--in-window-steps", type=int, default=100)
+    ap.add_argument("--in-window-steps", type=int, default=164)
+    ap.add_argument("--block", type=int, default=4, help="in-window: steps per state before switching")
     ap.add_argument("--loops", default=",".join(IN_WINDOW_LOOPS), help="in-window loops to run, e.g. ddp,tp_sp")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=WAIT + WARMUP + ACTIVE + 20)
@@ -269,7 +297,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = ap.parse_args()
     if args.in_window:
-        in_window_main(args.in_window_steps, args.repeats, args.json, args.loops.split(","))
+        in_window_main(args.in_window_steps, args.repeats, args.block, args.json, args.loops.split(","))
         return
     first_active = WAIT + WARMUP
     active = list(range(first_active, first_active + ACTIVE))

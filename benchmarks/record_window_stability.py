@@ -45,7 +45,9 @@ def record_and_analyze(work: Path, tag: str, window_args: list[str], script_args
         raise SystemExit(f"analyze failed:\n{res.stderr[-3000:]}")
     a = json.loads((ana / "analysis.json").read_text())
     steps = [r["step_ns"] for r in a["sections"]["breakdown"]["steps"]]
+    chosen = [json.loads(p.read_text()).get("window_choice") for p in sorted(out.glob("record.rank*.json"))]
     return {"steps": a["ranks"][0]["steps"], "median_step_ms": statistics.median(steps) / 1e6,
+            "warmup_step_ms": [c["warmup_step_ns"] / 1e6 for c in chosen if c],
             "bound": {r["rank"]: r["bound"] for r in a["ranks"]},
             "unstable": any(f["kind"] == "unstable_verdict" for f in a["findings"])}
 
@@ -54,15 +56,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-contrast", action="store_true", help="only the default window (not --active 3 too)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the recordings and analyses here")
     ap.add_argument("script_args", nargs="*", default=["--steps", "150", "--hidden", "256", "--batch", "64"])
     args = ap.parse_args()
-    result: dict[str, list[dict]] = {"default": [], "active3": []}
+    result: dict[str, list[dict]] = {"default": []} if args.no_contrast else {"default": [], "active3": []}
+    windows = (("default", []),) if args.no_contrast else (("default", []), ("active3", ["--active", "3"]))
     with tempfile.TemporaryDirectory(prefix="tracekit-bench-window-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for i in range(args.repeats):
-            for tag, wargs in (("default", []), ("active3", ["--active", "3"])):
-                r = record_and_analyze(Path(tmp), f"{tag}{i}", wargs, args.script_args)
+            for tag, wargs in windows:
+                r = record_and_analyze(work, f"{tag}{i}", wargs, args.script_args)
                 result[tag].append(r)
-                print(f"{tag:8s} #{i + 1}: {r['steps']} steps, median step {r['median_step_ms']:.2f} ms, "
+                print(f"{tag:8s} #{i + 1}: {r['steps']} steps (warmup step {r['warmup_step_ms']} ms), "
+                      f"median step {r['median_step_ms']:.2f} ms, "
                       f"verdicts {r['bound']}, unstable finding: {r['unstable']}", file=sys.stderr)
     summary = {}
     for tag, runs in result.items():

@@ -31,3 +31,30 @@ def test_recorder_api_profiles_the_requested_steps(tmp_path):
     assert rank["status"] == "ok" and rank["profiled_steps"] == want and rank["rank_source"] == "single_process"
     header, entries, footer = load_comms(out / "comms.rank0.jsonl")
     assert entries == [] and footer["status"] == "ok"
+
+
+def test_time_based_window_is_chosen_from_the_fastest_warmup_step(tmp_path):
+    """One slow warmup step (the first one the profiler is on runs slow; on a loaded box it once took 20x
+    the step) must not shorten the window: the length comes from the fastest warmup step, wherever the
+    slow one falls (here the last, which the window used to be chosen from)."""
+    import time
+
+    pytest.importorskip("torch")
+    from tracekit.record.config import ProfileSchedule, RecordConfig
+    from tracekit.record.recorder import RankRecorder
+
+    schedule = ProfileSchedule(wait=1, warmup=2, active=3, min_window_ms=2000, max_active=40)
+    config = RecordConfig(out_dir=str(tmp_path / "rec"), schedule=schedule, log_collectives=False,
+                          clock_barrier=False, record_shapes=False, with_flops=False, profile_memory=False)
+    rec = RankRecorder(config, first_step=0, mode="api")
+    rec.on_step()  # end of step 0 (start-up); step 1 is the first warmup step
+    time.sleep(0.02)  # a warmup step of about 20 ms: asks for ceil(2000 / 20) -> capped at 40
+    rec.on_step()
+    time.sleep(1.0)  # a slow warmup step: alone it would ask for ceil(2000 / 1000) -> the minimum, 3
+    rec.on_step()
+    choice = rec.window_choice
+    rec.finalize("ok")
+    fast, slow = choice["warmup_steps_ns"]
+    assert slow >= 1_000_000_000 > fast
+    assert choice["warmup_step_ns"] == fast
+    assert choice["active"] == schedule.active_for(fast) == schedule.active > 3

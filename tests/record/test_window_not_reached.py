@@ -54,7 +54,7 @@ def test_failing_short_job_keeps_its_exit_code(tmp_path):
         sys.exit(3)
     """))
     out = tmp_path / "rec"
-    res = run_record(out, [sys.executable, str(script)], "--wait", "5", env=child_env(COLUMNS="400"))
+    res = run_record(out, [sys.executable, str(script)], "--wait", "5", "--warmup", "1", env=child_env(COLUMNS="400"))
     assert res.returncode == 3
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "window_not_reached" and manifest["exit_code"] == 3

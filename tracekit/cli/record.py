@@ -15,9 +15,9 @@ profiled window, Flight Recorder entry schema), flight_recorder.rank{R}.json, re
 
 Steps are counted at each optimizer.step() (the first optimizer that steps), or at tracekit.step()
 calls if the program makes them. Step 0 is start-up plus the first iteration, so --wait + --skip-first
-must be at least 1. With the defaults the trace starts at step 2 (ProfilerStep#2) and holds at least 3
-steps, more when steps are short: enough for --min-window-ms (1000 ms) at the warmup step's duration,
-at most --max-active (100); every rank keeps the same steps. --active N keeps exactly N.
+must be at least 1. With the defaults the trace starts at step 3 (ProfilerStep#3) and holds at least 3
+steps, more when steps are short: enough for --min-window-ms (1000 ms) at the fastest warmup step's
+duration, at most --max-active (100); every rank keeps the same steps. --active N keeps exactly N.
 
 Examples:
 
@@ -37,6 +37,11 @@ DEFAULT_MIN_WINDOW_MS = 1000
 300 ms (from the first profiled step's time, which runs slow) in 4 of 5 on a loaded 2-core box
 (benchmarks/record_window_stability.py), the odd one out having kept only 10 steps: hence 1 s."""
 DEFAULT_MAX_ACTIVE = 100
+DEFAULT_WARMUP = 2
+"""The window's length is chosen from the fastest warmup step. One warmup step was one sample of the step
+time taken where it runs slowest (the first step the profiler is on; on the loaded 2-core box 1.3-2x the
+next ones, and once 50 ms against 2.5 ms steps: a 20-step window instead of 100, an unstable verdict);
+the fastest of two is that far off only when both are (benchmarks/record_window_stability.py)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -50,13 +55,14 @@ def register(app: typer.Typer) -> None:
             None, metavar="-- COMMAND [ARGS]...", help="The training command, after `--`.", show_default=False),
         out: Path = typer.Option(Path("traces"), "--out", "-o", help="Output directory (created if missing)."),
         wait: int = typer.Option(1, help="Steps to skip before each profiled cycle (e.g. --wait 10)."),
-        warmup: int = typer.Option(1, help="Steps traced then discarded before the kept ones (e.g. --warmup 2)."),
+        warmup: int = typer.Option(DEFAULT_WARMUP, help="Steps traced then discarded before the kept ones "
+                                                        "(e.g. --warmup 1)."),
         active: Optional[int] = typer.Option(
             None, help="Steps kept in the trace per cycle, exactly (e.g. --active 3). Default: at least 3, "
                        "and as many as --min-window-ms needs at the measured step time."),
         min_window_ms: int = typer.Option(
             DEFAULT_MIN_WINDOW_MS, help="Without --active: make the window hold at least this much time, from "
-                                        "the warmup step's duration (short steps vary; a few of them give an "
+                                        "the fastest warmup step's duration (short steps vary; a few of them give an "
                                         "unstable verdict). E.g. --min-window-ms 1000."),
         max_active: int = typer.Option(DEFAULT_MAX_ACTIVE, help="Without --active: at most this many steps."),
         repeat: int = typer.Option(1, help="Number of cycles; 0 repeats until the program ends (e.g. --repeat 2)."),

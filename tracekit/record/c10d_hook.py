@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tracekit.record.dispatch_mode import CollectiveLogger, c10d_op_names
+from tracekit.record.dispatch_mode import CollectiveLogger, Reader, c10d_op_names
 
 LOG_RANGE = "tracekit::log_collective"
 """Profiler range around our logging inside a collective (parse classifies `tracekit::*` as overhead)."""
@@ -52,7 +52,10 @@ class C10dOpHook:
                 packet = getattr(torch.ops.c10d, name, None)
                 if packet is None or "default" not in packet.overloads():
                     continue
-                lib.impl(name, _kernel(packet.default, after, self.logger), "BackendSelect", with_keyset=True)
+                read = self.logger.reader(packet.default)
+                if read is None:
+                    continue
+                lib.impl(name, _kernel(packet.default, after, read), "BackendSelect", with_keyset=True)
                 self.ops.append(name)
         except Exception:
             lib._destroy()
@@ -69,7 +72,8 @@ class C10dOpHook:
             C10dOpHook._active = None
 
 
-def _kernel(op, after, logger: CollectiveLogger):
+def _kernel(op, after, read: Reader):
+    """The kernel of `op`: the real one, then `read` (the logger's reader of `op`, built once)."""
     record_range = torch._C._profiler._RecordFunctionFast
     redispatch = op._handle.redispatch_boxed  # what OpOverload.redispatch calls, minus a Python frame
 
@@ -77,7 +81,7 @@ def _kernel(op, after, logger: CollectiveLogger):
         created_ns = time.time_ns()
         out = redispatch(keyset & after, *args, **kwargs)
         with record_range(LOG_RANGE):
-            logger.log_call(op, args, kwargs, out, created_ns)
+            read(args, kwargs, out, created_ns)
         return out
 
     return kernel

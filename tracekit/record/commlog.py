@@ -30,6 +30,34 @@ except ImportError:  # pragma: no cover - msgspec is a dependency; keep the reco
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+COMPLETED = "time_discovered_completed_ns"
+
+
+def new_entry(*, pg_name: str, pg_desc: str, profiling_name: str, time_created_ns: int,
+              time_started_ns: int | None = None, time_completed_ns: int | None = None,
+              input_sizes: list, input_dtypes: list[str], output_sizes: list, output_dtypes: list[str],
+              is_p2p: bool = False, peer: int | None = None, group_ranks: list[int] | None = None,
+              in_split_sizes: list[int] | None = None, out_split_sizes: list[int] | None = None,
+              caller: str | None = None, step: int | None = None, seq: int, pg_id: int | None = None,
+              source: str | None = None) -> dict[str, Any]:
+    """One entry in its final form, less what `CommLog.append` adds (record_id, op_id, state, rank)."""
+    entry = {
+        "record_id": None, "pg_id": pg_id, "process_group": [pg_name, pg_desc],
+        "collective_seq_id": 0 if is_p2p else seq, "p2p_seq_id": seq if is_p2p else 0, "op_id": None,
+        "profiling_name": profiling_name, "time_created_ns": int(time_created_ns),
+        "time_discovered_started_ns": int(time_started_ns) if time_started_ns else None,
+        COMPLETED: int(time_completed_ns) if time_completed_ns else None,
+        "input_sizes": input_sizes, "input_dtypes": input_dtypes,
+        "output_sizes": output_sizes, "output_dtypes": output_dtypes, "state": None,
+        "is_p2p": is_p2p, "peer": peer, "group_ranks": group_ranks,
+        "in_split_sizes": in_split_sizes, "out_split_sizes": out_split_sizes,
+        "caller": caller, "step": step, "rank": None,
+    }
+    if source is not None:
+        entry["source"] = source
+    return entry
+
+
 def comms_log_path(out_dir: str | os.PathLike, rank: int) -> Path:
     return Path(out_dir) / f"comms.rank{rank}.jsonl"
 
@@ -60,48 +88,25 @@ class CommLog:
             self._seq[key] = self._seq.get(key, 0) + 1
             return self._seq[key]
 
-    def record(self, *, pg_name: str, pg_desc: str, profiling_name: str, time_created_ns: int,
-               time_started_ns: int | None, time_completed_ns: int | None,
-               input_sizes: list[list[int]], input_dtypes: list[str],
-               output_sizes: list[list[int]], output_dtypes: list[str],
-               is_p2p: bool = False, peer: int | None = None, group_ranks: list[int] | None = None,
-               in_split_sizes: list[int] | None = None, out_split_sizes: list[int] | None = None,
-               caller: str | None = None, step: int | None = None, seq: int | None = None,
-               pg_id: int | None = None, source: str | None = None) -> dict[str, Any]:
-        """Write one entry; `seq` defaults to the next id of the group (collective or p2p counter)."""
+    def record(self, *, seq: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Write one entry (`new_entry`'s fields); `seq` defaults to the next id of the group (collective
+        or p2p counter)."""
         if seq is None:
-            seq = self.next_seq(pg_name, is_p2p)
+            seq = self.next_seq(fields["pg_name"], fields.get("is_p2p", False))
+        entry = new_entry(seq=seq, **fields)
+        self.append([entry])
+        return entry
+
+    def append(self, entries: list[dict[str, Any]]) -> None:
+        """Number `new_entry` entries (record_id, op_id), give them their state and this log's rank, write them."""
         with self._lock:
-            self._record_id += 1
-            entry = {
-                "record_id": self._record_id,
-                "pg_id": pg_id,
-                "process_group": [pg_name, pg_desc],
-                "collective_seq_id": 0 if is_p2p else seq,
-                "p2p_seq_id": seq if is_p2p else 0,
-                "op_id": self._record_id,
-                "profiling_name": profiling_name,
-                "time_created_ns": int(time_created_ns),
-                "time_discovered_started_ns": int(time_started_ns) if time_started_ns else None,
-                "time_discovered_completed_ns": int(time_completed_ns) if time_completed_ns else None,
-                "input_sizes": input_sizes,
-                "input_dtypes": input_dtypes,
-                "output_sizes": output_sizes,
-                "output_dtypes": output_dtypes,
-                "state": "completed" if time_completed_ns else ("started" if time_started_ns else "scheduled"),
-                "is_p2p": is_p2p,
-                "peer": peer,
-                "group_ranks": group_ranks,
-                "in_split_sizes": in_split_sizes,
-                "out_split_sizes": out_split_sizes,
-                "caller": caller,
-                "step": step,
-                "rank": self.rank,
-            }
-            if source is not None:
-                entry["source"] = source
-            self._write(entry)
-            return entry
+            for entry in entries:
+                self._record_id += 1
+                entry["record_id"] = entry["op_id"] = self._record_id
+                entry["state"] = ("completed" if entry[COMPLETED] else
+                                  "started" if entry["time_discovered_started_ns"] else "scheduled")
+                entry["rank"] = self.rank
+            self._fh.write(b"".join(_encode(e) + b"\n" for e in entries))
 
     def flush(self) -> None:
         with self._lock:

@@ -33,9 +33,9 @@ class ProfileSchedule:
     skip_first: int = 0
     """Steps to skip once, before the first cycle."""
     min_window_ms: int = 0
-    """When > 0, `active` is a minimum: at the end of the first warmup step the recorder lengthens the
-    window to hold at least this much time at that step's duration (capped at `max_active`), the same
-    on every rank. 0 = exactly `active` steps."""
+    """When > 0, `active` is a minimum: at the end of the warmup the recorder lengthens the window to hold
+    at least this much time at its fastest warmup step's duration (capped at `max_active`), the same on
+    every rank. 0 = exactly `active` steps."""
     max_active: int = 100
     """Cap on the steps a time-based window may hold."""
 

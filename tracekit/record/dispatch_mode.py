@@ -23,13 +23,19 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracekit.record.commlog import CommLog
+from tracekit.record.commlog import COMPLETED, CommLog, new_entry
 
+_UNSEEN = object()
+try:
+    from torch._C._distributed_c10d import ProcessGroup as _PROCESS_GROUP
+except ImportError:  # pragma: no cover - a torch built without distributed has no collectives to log
+    _PROCESS_GROUP = None
 _NAMESPACES = frozenset({"c10d", "_c10d_functional", "_dtensor"})
 
 _DTYPE_NAMES = {
@@ -124,23 +130,30 @@ class GroupInfo:
     backend: str
 
 
-def _shapes(value: Any) -> tuple[list[list[int]], list[str]]:
-    """Shapes and dtype names of a tensor, a list of tensors or a list of lists (flattened)."""
-    if isinstance(value, torch.Tensor):  # fast paths: one tensor, a flat list of tensors
-        return [list(value.shape)], [dtype_name(value.dtype)]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
-        return [list(v.shape) for v in value], [dtype_name(v.dtype) for v in value]
-    shapes: list[list[int]] = []
+def _shapes(value: Any) -> tuple[list[Any], list[str]]:
+    """Shapes (`torch.Size`, a tuple) and dtype names of a tensor, a list of tensors or a list of lists
+    (flattened). Runs inside the user's collective: the common cases take one comprehension."""
+    if isinstance(value, torch.Tensor):
+        return [value.shape], [dtype_name(value.dtype)]
+    try:  # a flat list of tensors (most c10d ops)
+        return [v.shape for v in value], [dtype_name(v.dtype) for v in value]
+    except (AttributeError, TypeError):
+        pass
+    shapes: list[Any] = []
     dtypes: list[str] = []
     stack = [value]
     while stack:
         v = stack.pop(0)
         if isinstance(v, torch.Tensor):
-            shapes.append(list(v.shape))
+            shapes.append(v.shape)
             dtypes.append(dtype_name(v.dtype))
         elif isinstance(v, (list, tuple)):
             stack[0:0] = list(v)
     return shapes, dtypes
+
+
+Reader = Callable[[tuple, dict, Any, int], None]
+"""Logs one call of an op: (args, kwargs, out, created_ns)."""
 
 
 class CollectiveLogger:
@@ -153,6 +166,10 @@ class CollectiveLogger:
     shortly after the call still make it into the entry. `step` is copied into every entry; set it
     from the training loop. Never raises into the training code: a collective it cannot decode is
     counted in `errors` and passed through.
+
+    The per-call work runs inside the user's collective (inside the profiled window), so what can be
+    done once is: each op's reader is built once (`reader`), each group is described once (cached by
+    name and by its ProcessGroup object), and an entry is built once, in its final form.
     """
 
     source = "dispatch_mode"
@@ -173,58 +190,57 @@ class CollectiveLogger:
         self._pending: list[dict[str, Any]] = []
         self._by_output: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._groups: dict[str, GroupInfo] = {}
-        self._arg_names: dict[Any, list[str]] = {}
-        self._spec_of: dict[Any, tuple[_OpSpec | None, bool]] = {}
+        self._groups: dict[Any, GroupInfo] = {}
+        self._readers: dict[Any, Reader | None] = {}
 
     def log_call(self, func, args, kwargs, out, created_ns: int) -> None:
         """Log one call of a collective op `func` (an OpOverload) that returned `out`."""
-        found = self._spec_of.get(func)
-        if found is None:
-            ns, name = func.namespace, func._schema.name.split("::", 1)[1]
-            spec = _SPECS.get((ns, name))
-            found = self._spec_of[func] = (spec, spec is not None or (ns, name) == ("_c10d_functional", "batch_p2p_ops"))
-        spec, logged = found
-        if not logged:
-            return
-        try:
-            bound = self._bind(func, args, kwargs)
-            if spec is None:
-                self._log_batch_p2p(bound, out, created_ns)
-            else:
-                self._log(spec, bound, out, created_ns)
-        except Exception as exc:  # never break training because of logging
-            self.errors += 1
-            self.last_error = f"{func._schema.name}: {type(exc).__name__}: {exc}"
+        read = self._readers.get(func, _UNSEEN)
+        if read is _UNSEEN:
+            read = self._readers[func] = self.reader(func)
+        if read is not None:
+            read(args, kwargs, out, created_ns)
 
-    def _bind(self, func, args, kwargs) -> dict[str, Any]:
-        names = self._arg_names.get(func)
-        if names is None:
-            names = [a.name for a in func._schema.arguments]
-            self._arg_names[func] = names
-        bound = dict(zip(names, args))
-        bound.update(kwargs)
-        return bound
+    def reader(self, func) -> Reader | None:
+        """The logger of `func`'s calls (built once per op), or None for an op this logger does not read."""
+        ns, name = func.namespace, func._schema.name.split("::", 1)[1]
+        spec = _SPECS.get((ns, name))
+        if spec is None and (ns, name) != ("_c10d_functional", "batch_p2p_ops"):
+            return None
+        names = [a.name for a in func._schema.arguments]
+        log = self._log_batch_p2p if spec is None else partial(self._log, spec)
+        op_name = func._schema.name
+
+        def read(args: tuple, kwargs: dict, out: Any, created_ns: int) -> None:
+            try:
+                bound = dict(zip(names, args))
+                if kwargs:
+                    bound.update(kwargs)
+                log(bound, out, created_ns)
+            except Exception as exc:  # never break training because of logging
+                self.errors += 1
+                self.last_error = f"{op_name}: {type(exc).__name__}: {exc}"
+
+        return read
 
     # -- groups -----------------------------------------------------------------------------
     def group_info(self, group: Any) -> GroupInfo:
-        """GroupInfo for a ProcessGroup ScriptObject/object or a group name (cached by name)."""
-        import torch.distributed as dist
-        from torch._C._distributed_c10d import ProcessGroup
+        """GroupInfo for a ProcessGroup ScriptObject/object or a group name (cached by both)."""
+        if isinstance(group, torch.ScriptObject):  # a new box per call around the one ProcessGroup
+            group = _unbox_group(group)
+        info = self._groups.get(group)
+        if info is None:
+            info = self._groups[group] = self._describe(group)
+        return info
 
-        if isinstance(group, str):
-            cached = self._groups.get(group)
-            if cached is not None:
-                return cached
-            pg = torch._C._distributed_c10d._resolve_process_group(group)
-        elif isinstance(group, torch.ScriptObject):
-            pg = ProcessGroup.unbox(group)
-        else:
-            pg = group
+    def _describe(self, group: Any) -> GroupInfo:
+        import torch.distributed as dist
+
+        pg = torch._C._distributed_c10d._resolve_process_group(group) if isinstance(group, str) else group
         name = pg.group_name
-        cached = self._groups.get(name)
-        if cached is not None:
-            return cached
+        known = self._groups.get(name)
+        if known is not None:
+            return known
         try:
             ranks = list(dist.get_process_group_ranks(pg))
         except Exception:
@@ -236,7 +252,7 @@ class CollectiveLogger:
 
     @property
     def groups(self) -> dict[str, GroupInfo]:
-        return dict(self._groups)
+        return {info.name: info for info in self._groups.values()}
 
     # -- logging ----------------------------------------------------------------------------
     def _log(self, spec: _OpSpec, bound: dict[str, Any], out: Any, created_ns: int) -> None:
@@ -277,16 +293,12 @@ class CollectiveLogger:
 
     def _new_entry(self, collective, is_p2p, info, created_ns, in_shapes, in_dtypes, out_shapes,
                    out_dtypes, peer, in_splits, out_splits, seq: int | None = None) -> dict[str, Any]:
-        entry = {
-            "pg_name": info.name, "pg_desc": info.desc,
-            "profiling_name": f"{info.backend}:{collective}",
-            "time_created_ns": created_ns, "time_started_ns": None, "time_completed_ns": None,
-            "input_sizes": in_shapes, "input_dtypes": in_dtypes,
-            "output_sizes": out_shapes, "output_dtypes": out_dtypes,
-            "is_p2p": is_p2p, "peer": peer, "group_ranks": info.ranks,
-            "in_split_sizes": in_splits, "out_split_sizes": out_splits, "step": self.step,
-            "seq": seq if seq is not None else self.comm_log.next_seq(info.name, is_p2p), "source": self.source,
-        }
+        entry = new_entry(
+            pg_name=info.name, pg_desc=info.desc, profiling_name=f"{info.backend}:{collective}",
+            time_created_ns=created_ns, input_sizes=in_shapes, input_dtypes=in_dtypes,
+            output_sizes=out_shapes, output_dtypes=out_dtypes, is_p2p=is_p2p, peer=peer,
+            group_ranks=info.ranks, in_split_sizes=in_splits, out_split_sizes=out_splits, step=self.step,
+            seq=seq if seq is not None else self.comm_log.next_seq(info.name, is_p2p), source=self.source)
         with self._lock:
             self._pending.append(entry)
         return entry
@@ -304,7 +316,7 @@ class CollectiveLogger:
             return
 
         def _done(_f, entry=entry):
-            entry["time_completed_ns"] = time.time_ns()
+            entry[COMPLETED] = time.time_ns()
 
         entry["_future"] = fut
         fut.add_done_callback(_done)
@@ -323,8 +335,8 @@ class CollectiveLogger:
 
     def _mark_waited(self, tensor: Any) -> None:
         entry = self._by_output.pop(id(tensor), None)
-        if entry is not None and entry["time_completed_ns"] is None:
-            entry["time_completed_ns"] = time.time_ns()
+        if entry is not None and entry[COMPLETED] is None:
+            entry[COMPLETED] = time.time_ns()
 
     def flush(self, final: bool = False, grace_s: float = 1.0, settle_s: float = 0.05) -> int:
         """Write buffered entries (in issue order) to the log; returns how many were written.
@@ -351,14 +363,8 @@ class CollectiveLogger:
         if final:
             self._by_output.clear()
         for e in ready:
-            self.comm_log.record(
-                pg_name=e["pg_name"], pg_desc=e["pg_desc"], profiling_name=e["profiling_name"],
-                time_created_ns=e["time_created_ns"], time_started_ns=e["time_started_ns"],
-                time_completed_ns=e["time_completed_ns"], input_sizes=e["input_sizes"],
-                input_dtypes=e["input_dtypes"], output_sizes=e["output_sizes"],
-                output_dtypes=e["output_dtypes"], is_p2p=e["is_p2p"], peer=e["peer"],
-                group_ranks=e["group_ranks"], in_split_sizes=e["in_split_sizes"],
-                out_split_sizes=e["out_split_sizes"], step=e["step"], seq=e["seq"], source=e["source"])
+            e.pop("_future", None)
+        self.comm_log.append(ready)
         self.logged += len(ready)
         self.comm_log.flush()
         return len(ready)
@@ -386,8 +392,8 @@ class CollectiveLoggingMode(CollectiveLogger, TorchDispatchMode):
             waited = self._async_outputs(args)
             out = func(*args, **kwargs)
             for entry in waited:  # an AsyncCollectiveTensor was used: its wait ran inside func
-                if entry["time_completed_ns"] is None:
-                    entry["time_completed_ns"] = time.time_ns()
+                if entry[COMPLETED] is None:
+                    entry[COMPLETED] = time.time_ns()
             return out
         name = func._schema.name.split("::", 1)[1]
         if ns == "_c10d_functional" and name == "wait_tensor":
@@ -400,13 +406,15 @@ class CollectiveLoggingMode(CollectiveLogger, TorchDispatchMode):
         return out
 
 
+def _unbox_group(group: torch.ScriptObject) -> Any:
+    return _PROCESS_GROUP.unbox(group)
+
+
 def _c10d_seq(group: Any) -> int | None:
     """The group's own collective sequence number after a call (NCCL: the one its Flight Recorder and the
     profiler's `record_param_comms` carry; gloo counts P2P in it too, so gloo entries use our counters)."""
     try:
-        from torch._C._distributed_c10d import ProcessGroup
-
-        pg = ProcessGroup.unbox(group) if isinstance(group, torch.ScriptObject) else group
+        pg = _unbox_group(group) if isinstance(group, torch.ScriptObject) else group
         return int(pg._get_sequence_number_for_group())
     except Exception:
         return None
@@ -414,7 +422,7 @@ def _c10d_seq(group: Any) -> int | None:
 
 def _due(entry: dict[str, Any]) -> bool:
     """A collective whose completion callback has not fired yet."""
-    return entry["time_completed_ns"] is None and "_future" in entry
+    return entry[COMPLETED] is None and "_future" in entry
 
 
 def _settling(entry: dict[str, Any]) -> bool:

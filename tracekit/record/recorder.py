@@ -102,6 +102,7 @@ class RankRecorder:
         self.log_mode = None
         self._c10d_hook = None
         self._warmup_started_ns: int | None = None
+        self._warmup_steps_ns: list[int] = []
         self.window_choice: dict[str, Any] | None = None
         self.comm_log: CommLog | None = None
         self.cycle = 0
@@ -160,9 +161,11 @@ class RankRecorder:
         if True:
             if self.log_mode is not None:
                 self._flush_log()
-            if self._warmup_started_ns is not None and self.config.schedule.phase(self.step_num + 1) in (
-                    "active", "active_last"):
-                self._choose_window()
+            if self._warmup_started_ns is not None:
+                self._warmup_steps_ns.append(time.perf_counter_ns() - self._warmup_started_ns)
+                self._warmup_started_ns = None
+                if self.config.schedule.phase(self.step_num + 1) in ("active", "active_last"):
+                    self._choose_window()
             if self.prof is not None:
                 self.prof.step()  # may export a cycle (calls _on_trace_ready)
             self.step_num += 1
@@ -202,16 +205,16 @@ class RankRecorder:
             self._stop_logging()
 
     def _choose_window(self) -> None:
-        """Time-based window: active steps from the warmup step's duration, the largest any rank asks for."""
-        step_ns = time.perf_counter_ns() - self._warmup_started_ns
-        self._warmup_started_ns = None
+        """Time-based window: active steps from the fastest warmup step, the largest any rank asks for."""
+        step_ns = min(self._warmup_steps_ns)
         s = self.config.schedule
         want = s.active_for(step_ns)
         agreed = _agree_max(want)
         if agreed != want:
             self.notes.append(f"window: {agreed} active steps (this rank alone would take {want})")
         s.active = max(s.active, agreed)
-        self.window_choice = {"warmup_step_ns": int(step_ns), "min_window_ms": s.min_window_ms,
+        self.window_choice = {"warmup_step_ns": int(step_ns), "warmup_steps_ns": self._warmup_steps_ns,
+                              "min_window_ms": s.min_window_ms,
                               "max_active": s.max_active, "active": s.active, "this_rank_wanted": want}
 
     def _take_barrier_samples(self) -> None:
