@@ -1,13 +1,18 @@
-"""`advice.md`: the layout advisor's ranked table for a pull-request comment (lays out advice.json)."""
+"""The layout advisor's output laid out: `advice.md` (a pull-request comment), the advice lines of
+summary.md and the "Layout advice" section of report.html. Everything comes from the advice document
+(advice.json, or analysis.json's `advice` section); nothing is computed here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from reports.escape import md
+from reports.escape import h, md
+from reports.html_parts import Col, Figures, plotly_text, table
+
+MAX_SUMMARY_ROWS = 5
 
 
-def _layout(lay: dict[str, Any]) -> str:
+def layout_text(lay: dict[str, Any]) -> str:
     dims = " × ".join(f"{k}{lay[k]}" for k in ("dp", "tp", "pp", "cp", "ep") if lay[k] > 1) or "1 GPU"
     extra = []
     if lay["pp"] > 1:
@@ -21,9 +26,38 @@ def _layout(lay: dict[str, Any]) -> str:
 
 def _row(i: str, c: dict[str, Any]) -> str:
     fits = "yes" if c["fits_in_memory"] else "**no**"
-    return (f"| {i} | {md(_layout(c['layout']))} | {c['predicted_step_ns'] / 1e6:.1f} ms | "
+    return (f"| {i} | {md(layout_text(c['layout']))} | {c['predicted_step_ns'] / 1e6:.1f} ms | "
             f"{c['tokens_per_s_per_gpu']:,.0f} | {100 * c['mfu']:.0f}% | {c['peak_memory_bytes'] / 2**30:.1f} GiB | "
-            f"{fits} | {md('; '.join(c['changes']) or '—')} | {md(c['why'] or '—')} |")
+            f"{fits} | {md(changes_text(c))} | {md(c['why'] or '—')} |")
+
+
+def changes_text(c: dict[str, Any]) -> str:
+    return "(the current layout)" if c.get("is_current") else "; ".join(c["changes"]) or "—"
+
+
+def current_text(advice: dict[str, Any]) -> str:
+    cur = advice.get("current")
+    if not cur:
+        return "The measured layout has another GPU count than the target: no current row."
+    return (f"Current layout {layout_text(cur['layout'])}: measured {cur['measured_step_ns'] / 1e6:.1f} ms, "
+            f"predicted {cur['predicted_step_ns'] / 1e6:.1f} ms per step, peak memory "
+            f"{cur['peak_memory_bytes'] / 2**30:.1f} GiB predicted.")
+
+
+def memory_text(advice: dict[str, Any]) -> str:
+    mc = advice.get("memory_calibration") or {}
+    return f"Memory model: {mc.get('note') or 'uncalibrated'}."
+
+
+def advice_table(advice: dict[str, Any], rows: int | None = None) -> list[str]:
+    """The ranked layouts as a Markdown table (best first; `rows` of them) and the search's size."""
+    ranked = advice["ranked"][:rows]
+    lines = ["| # | layout | step | tokens/s/GPU | MFU | peak memory | fits | changes | why (per step, mean rank) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [_row(str(i), c) for i, c in enumerate(ranked, 1)]
+    more = len(advice["ranked"]) - len(ranked)
+    return lines + ["", f"{advice['layouts_considered']} valid layouts considered, {advice['layouts_simulated']} "
+                        f"simulated" + (f"; {more} more ranked in the report." if more else ".")]
 
 
 def render_advice_markdown(advice: dict[str, Any]) -> str:
@@ -32,13 +66,69 @@ def render_advice_markdown(advice: dict[str, Any]) -> str:
              f"Target: {t['gpus']} GPUs ({t['hosts']} hosts × {t['gpus_per_host']}), global batch "
              f"{t['global_batch']} sequences of {advice['model']['seq']} tokens, "
              f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", "",
-             "Calibrated from the measured run: " + md("; ".join(cal["notes"])) + ".", ""]
+             "Calibrated from the measured run: " + md("; ".join(cal["notes"])) + ".", "",
+             md(memory_text(advice)), ""]
+    if advice.get("current"):
+        lines += [md(current_text(advice)), ""]
+    return "\n".join(lines + advice_table(advice)) + "\n"
+
+
+def summary_lines(section: dict[str, Any] | None, href: str) -> list[str]:
+    """summary.md's advice: the top rows of the ranked table, or the one line saying why there is none."""
+    if not section:
+        return []
+    if not section.get("available"):
+        return [f"**Layout advice:** not available: {md(section.get('reason') or 'unknown')}.", ""]
+    advice = section["advice"]
+    return ([f"### Layout advice ([report]({href}#advice))", "", md(current_text(advice)), ""]
+            + advice_table(advice, MAX_SUMMARY_ROWS) + [""])
+
+
+def advice_chart(figs: Figures, advice: dict[str, Any]) -> str:
+    """Predicted step time (bars) and peak memory per rank (markers, right axis) per layout, the current
+    layout first with its measured step time beside its prediction."""
+    rows = ([("current", advice["current"])] if advice.get("current") else []) + \
+           [(f"#{i}", c) for i, c in enumerate(advice["ranked"], 1)]
+    if not rows:
+        return ""
+    x = [plotly_text(f"{k} {layout_text(c['layout'])}") for k, c in rows]
+    colors = ["#5c6bc0" if c["fits_in_memory"] else "#bdbdbd" for _, c in rows]
+    data = [{"type": "bar", "name": "predicted step (ms)", "x": x, "marker": {"color": colors},
+             "y": [c["predicted_step_ns"] / 1e6 for _, c in rows]},
+            {"type": "scatter", "mode": "markers", "name": "peak memory per rank (GiB)", "x": x, "yaxis": "y2",
+             "y": [c["peak_memory_bytes"] / 2**30 for _, c in rows], "marker": {"color": "#ef6c00", "size": 10}}]
     cur = advice.get("current")
     if cur:
-        lines += [f"Current layout {md(_layout(cur['layout']))}: measured {cur['measured_step_ns'] / 1e6:.1f} ms, "
-                  f"predicted {cur['predicted_step_ns'] / 1e6:.1f} ms per step.", ""]
-    lines += ["| # | layout | step | tokens/s/GPU | MFU | peak memory | fits | changes | why |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    lines += [_row(str(i), c) for i, c in enumerate(advice["ranked"], 1)]
-    lines += ["", f"{advice['layouts_considered']} valid layouts considered, {advice['layouts_simulated']} simulated."]
-    return "\n".join(lines) + "\n"
+        data.append({"type": "scatter", "mode": "markers", "name": "measured step (ms)", "x": [x[0]],
+                     "y": [cur["measured_step_ns"] / 1e6], "marker": {"color": "#c62828", "symbol": "diamond", "size": 12}})
+    cap = advice["target"]["gpu_memory_bytes"] / 2**30
+    return figs.add(data, {"yaxis": {"title": "step time (ms)", "rangemode": "tozero"},
+                           "yaxis2": {"title": "GiB", "overlaying": "y", "side": "right", "rangemode": "tozero",
+                                      "range": [0, 1.1 * max([cap] + [c["peak_memory_bytes"] / 2**30 for _, c in rows])]},
+                           "xaxis": {"tickangle": -20}}, height=380)
+
+
+def _gib(b: Any) -> str:
+    return f"{b / 2**30:.1f}"
+
+
+def advice_html(figs: Figures, section: dict[str, Any]) -> str:
+    """The body of report.html's "Layout advice" section (the section's availability is checked by the caller)."""
+    advice = section["advice"]
+    cal = advice["calibration"]
+    rows = [dict(c, rank_text=str(i), changes_text=changes_text(c)) for i, c in enumerate(advice["ranked"], 1)]
+    body = (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
+            f"{h('; '.join(cal['notes']))}. {h(memory_text(advice))}</p>")
+    body += advice_chart(figs, advice)
+    body += table(rows, [
+        Col("rank_text", "#", str, False), Col("layout", "layout", layout_text, False),
+        Col("predicted_step_ns", "step (ms)", lambda v: f"{v / 1e6:.1f}"),
+        Col("tokens_per_s_per_gpu", "tokens/s/GPU", lambda v: f"{v:,.0f}"),
+        Col("mfu", "MFU", lambda v: f"{100 * v:.0f}%"), Col("peak_memory_bytes", "peak memory (GiB)", _gib),
+        Col("fits_in_memory", "fits", lambda v: "yes" if v else "no", False),
+        Col("changes_text", "changes from the current layout", str, False),
+        Col("why", "why (per step, mean rank)", lambda v: v or "—", False)])
+    skipped = "".join(f"<li>{h(s)}</li>" for s in advice.get("skipped") or [])
+    body += f"<p class=note>Left out:</p><ul>{skipped}</ul>" if skipped else ""
+    return body + (f"<p class=note>{advice['layouts_considered']} valid layouts for {advice['target']['gpus']} GPUs "
+                   f"considered, {advice['layouts_simulated']} simulated.</p>")

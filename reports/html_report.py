@@ -15,6 +15,7 @@ from reports.escape import h
 from reports.format import is_num, ms, nbytes, num, pct, ranks_text
 from reports.generic import render_generic
 from reports import charts
+from reports.advice import advice_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -34,6 +35,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("bandwidth", "Bandwidth"),
     ("throughput", "Throughput"),
     ("memory", "Memory"),
+    ("advice", "Layout advice"),
     ("other-sections", "Other analyzer output"),
     ("inputs", "Inputs"),
     ("reproduce", "Reproduce"),
@@ -41,7 +43,8 @@ SECTIONS: list[tuple[str, str]] = [
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
-                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path"}
+                   "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path",
+                   "advice"}
 
 
 def render_html(analysis: dict[str, Any], store: Any = None) -> str:
@@ -50,7 +53,8 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _other(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _advice(ctx),
+        _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
     return page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
@@ -296,7 +300,7 @@ def has_data(ctx: Page, anchor: str) -> bool:
         return bool(_rows(sec, "rows"))
     if anchor == "throughput":
         return bool(ctx.sec("throughput") or ctx.sec("placement"))
-    if anchor == "memory":
+    if anchor in ("memory", "advice"):
         return bool(sec.get("available"))
     if anchor == "critical-path":
         return bool(_rows(sec, "steps"))
@@ -451,6 +455,14 @@ def _memory(ctx: Page) -> str:
             Col("in_flight_measured", "in flight (measured)"), Col("in_flight_schedule", "in flight (schedule)"),
             Col("peak_allocated", "peak (MiB)", mib)])
     return section("memory", "Memory", body + _all_numbers(sec, frozenset({"ranks", "stages"})))
+
+
+def _advice(ctx: Page) -> str:
+    sec = ctx.sec("advice")
+    if not sec or not sec.get("available") or not isinstance(sec.get("advice"), dict):
+        reason = (sec or {}).get("reason") or "the advisor did not run"
+        return section("advice", "Layout advice", not_available("Layout advice", reason))
+    return section("advice", "Layout advice", advice_html(ctx.figs, sec))
 
 
 def _experts(ctx: Page) -> str:

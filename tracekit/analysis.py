@@ -81,6 +81,9 @@ def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_
     """OUT/analysis.json, and report.html + summary.md (reports/); (report path, problems)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+    advice = (analysis.get("sections") or {}).get("advice") or {}
+    if advice.get("available"):  # the layout advice also as `tracekit advise` writes it
+        (out / "advice.json").write_text(json.dumps(advice["advice"], indent=1) + "\n")
     if not reports_too:
         return None, []
     try:

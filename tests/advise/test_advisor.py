@@ -13,14 +13,15 @@ import json
 import jsonschema
 import pytest
 
+from reports import render_html, render_markdown
 from reports.advice import render_advice_markdown
-from tracekit.advise.advisor import advice_json, advise
+from tracekit.advise.advisor import advice_json, advise, memory_calibration, peak_memory
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
-from tracekit.analyze.engine import analyze_store
+from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, Layout, ModelSpec, predict, simulate, step_time, write_traces
 
 MODEL = ModelSpec.preset("tiny")
 PRESET = ClusterSpec.preset("4x8-h100")
@@ -37,7 +38,7 @@ def analysis(tmp_path_factory):
     res = simulate(MODEL, TRUE, MEASURED, steps=2, seed=0, without=False)
     write_traces(res, out / "traces")
     store = parse_run(out / "traces", out / "store", workers=1, progress=False).store
-    return analyze_store(store)
+    return analyze_store(store, AnalysisConfig(advice_model=MODEL, advice_cluster=PRESET.name))
 
 
 def _same_tokens(layout: Layout) -> ModelSpec:
@@ -85,3 +86,57 @@ def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysi
         assert MODEL.heads % lay["tp"] == 0
     md = render_advice_markdown(json.loads(json.dumps(doc)))
     assert "| 1 |" in md and "measured" in md
+
+
+def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(analysis):
+    """Calibrated on the measured layout's [memory] events (the simulator's own allocations), the memory
+    model predicts the simulator's peak of other layouts within 15% (issue 16's bar)."""
+    mc = memory_calibration(analysis, calibrate(analysis, MODEL, PRESET))
+    assert mc.calibrated and mc.calibration.static_bytes_per_param, mc.note
+    for layout in [MEASURED, *OTHERS, Layout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
+                   Layout(dp=4, tp=4, pp=2, microbatches=8, schedule="gpipe")]:
+        model = _same_tokens(layout)
+        truth = predict(model, TRUE, layout).max_memory_bytes
+        got = peak_memory(MODEL, layout, model.micro_batch_size, mc.calibration)
+        assert abs(got - truth) <= 0.15 * truth, (layout, got / 2**30, truth / 2**30)
+
+
+def test_memory_uncalibrated_without_memory_events(analysis):
+    cal = calibrate(analysis, MODEL, PRESET)
+    bare = dict(analysis, sections=dict(analysis["sections"], memory={"available": False}))
+    mc = memory_calibration(bare, cal)
+    assert not mc.calibrated and mc.note.startswith("uncalibrated")
+
+
+def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis):
+    sec = analysis["sections"]["advice"]
+    assert sec["available"] and sec["reason"] is None
+    doc = sec["advice"]
+    jsonschema.validate(doc, advice_schema())
+    measured = max(r["step_ns"] // r["steps"] for r in analysis["ranks"])
+    assert doc["current"]["measured_step_ns"] == measured
+    assert [c["is_current"] for c in doc["ranked"]].count(True) == 1
+    assert doc["memory_calibration"]["calibrated"]
+    fitting = [c["predicted_step_ns"] for c in doc["ranked"] if c["fits_in_memory"]]
+    assert fitting == sorted(fitting)
+    for c in doc["ranked"]:
+        if not c["is_current"]:
+            assert c["changes"] and c["why"], c
+    html, md = render_html(analysis), render_markdown(analysis)
+    assert 'id="advice"' in html and "Layout advice" in html
+    assert "### Layout advice" in md and f"measured {measured / 1e6:.1f} ms" in md
+
+
+def test_advice_section_says_why_it_is_missing(analysis):
+    from tracekit.analyze.advice import analyze_advice
+    from tracekit.analyze.breakdown import BreakdownResult
+
+    two = BreakdownResult(section={"ranks": analysis["ranks"][:2]})
+    args = dict(store=None, layout=None, pipeline=None, bandwidth=None, placement=None, memory=None)
+    cases = [(two, AnalysisConfig(), "--model"), (two, AnalysisConfig(advice=False, advice_model=MODEL), "turned off"),
+             (BreakdownResult(section={"ranks": analysis["ranks"][:1]}), AnalysisConfig(advice_model=MODEL), "single-rank")]
+    for breakdown, config, words in cases:
+        sec = analyze_advice(breakdown=breakdown, config=config, **args).section
+        assert not sec["available"] and words in sec["reason"] and "\n" not in sec["reason"]
+    text = render_markdown(dict(analysis, sections=dict(analysis["sections"], advice=sec)))
+    assert "**Layout advice:** not available: a single-rank run" in text

@@ -140,8 +140,34 @@ def build_analysis(num_ranks: int = 4, *, steps: int = 2, slow_rank: int | None 
             "throughput": {"tokens_per_step": 8192, "tokens_source": "manifest", "dp_degree": dp, "steps": steps,
                            "step_ns_mean": 95_000_000.0, "tokens_per_s": 86231.6, "tokens_per_s_per_device": 86231.6 / num_ranks,
                            "world_size": num_ranks, "ranks": []},
+            "advice": _advice_section(dp, tp, grp),
         },
     }
+
+
+def _candidate(dp: int, tp: int, step_ms: float, peak_gib: float, changes: list[str], why: str,
+               current: bool = False) -> dict[str, Any]:
+    layout = {"dp": dp, "tp": tp, "pp": 1, "cp": 1, "ep": 1, "fsdp": False, "schedule": None, "microbatches": 1,
+              "interleave": 1, "activation_checkpointing": False}
+    return {"layout": layout, "micro_batch_size": 2, "predicted_step_ns": int(step_ms * 1e6),
+            "tokens_per_s_per_gpu": 1000.0, "mfu": 0.4, "peak_memory_bytes": int(peak_gib * 2**30),
+            "fits_in_memory": peak_gib < 72, "breakdown_ns": {"compute": 60_000_000, "exposed_comm": 20_000_000, "idle": 1},
+            "changes": changes, "why": why, "is_current": current}
+
+
+def _advice_section(dp: int, tp: int, note: str) -> dict[str, Any]:
+    """The layout advice of tracekit/analyze/advice.py (advice.json's shape), with `note` in a calibration note."""
+    cur = dict(_candidate(dp, tp, 95.0, 30.0, [], "", current=True), measured_step_ns=96_000_000)
+    ranked = [_candidate(dp * tp, 1, 80.0, 50.0, [f"tp {tp}→1", f"dp {dp}→{dp * tp}"], "exposed communication −15.0 ms"),
+              cur, _candidate(dp // 2 or 1, tp * 2, 99.0, 20.0, [f"tp {tp}→{tp * 2}"], "compute +4.0 ms"),
+              _candidate(dp * tp, 1, 70.0, 90.0, ["FSDP"], "idle (bubble, waits) −25.0 ms")]
+    doc = {"schema": "tracekit.advice/1", "model": {"seq": 4096},
+           "target": {"gpus": dp * tp, "hosts": 1, "gpus_per_host": dp * tp, "global_batch": 16,
+                      "gpu_memory_bytes": 80 * 2**30},
+           "calibration": {"notes": [f"intra-host bus bandwidth 240 GB/s measured on {note}"]},
+           "memory_calibration": {"calibrated": True, "note": "calibrated on the measured peaks"},
+           "current": cur, "layouts_considered": 40, "layouts_simulated": 4, "ranked": ranked, "skipped": []}
+    return {"available": True, "reason": None, "advice": doc}
 
 
 @pytest.fixture

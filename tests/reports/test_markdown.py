@@ -14,11 +14,21 @@ from tracekit.compare.diff import diff_analyses
 
 def _table_rows(text: str) -> list[list[str]]:
     """Cells of every Markdown table row, split on unescaped pipes."""
-    rows = []
+    return [row for table in _tables(text) for row in table]
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """Each Markdown table (consecutive table lines) as its rows' cells."""
+    tables: list[list[list[str]]] = []
+    previous = False
     for line in text.splitlines():
-        if line.startswith("|"):
-            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows
+        row = line.startswith("|")
+        if row:
+            if not previous:
+                tables.append([])
+            tables[-1].append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+        previous = row
+    return tables
 
 
 def test_summary_lists_findings_with_savings_and_links() -> None:
@@ -59,8 +69,9 @@ def test_trace_names_cannot_inject_markup_or_break_tables() -> None:
     text = render_markdown(analysis)
     assert "<img" not in text and "](javascript" not in text
     assert "&lt;img src=x onerror=alert\\(1\\)&gt;" in text
-    header = _table_rows(text)[0]
-    assert all(len(r) == len(header) for r in _table_rows(text))
+    tables = _tables(text)
+    assert len(tables) == 2  # the findings and the layout advice
+    assert all(len(r) == len(t[0]) for t in tables for r in t)
     assert "\n# heading" not in text
 
 

@@ -81,10 +81,11 @@ def test_no_request_leaves_the_file(opened: dict[str, Any]) -> None:
 def test_sections_and_charts_render(opened: dict[str, Any]) -> None:
     expected = [a for a, _ in SECTIONS if a != "other-sections"]
     assert [s for s in opened["section_ids"] if s in expected] == expected
-    # six charts for the hand-made analysis: breakdown, timeline, heatmap, pipeline, experts, stragglers
-    assert opened["plot_divs"] == 6
-    assert opened["plots_ready"] == "6"
-    assert opened["drawn"] == 6
+    # seven charts for the hand-made analysis: breakdown, timeline, heatmap, pipeline, experts, stragglers,
+    # layout advice
+    assert opened["plot_divs"] == 7
+    assert opened["plots_ready"] == "7"
+    assert opened["drawn"] == 7
     text = opened["text"]
     for _, title in SECTIONS:
         if title != "Other analyzer output":

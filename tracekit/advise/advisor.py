@@ -16,6 +16,7 @@ from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_pe
 from tracekit.advise.space import SearchSpace, enumerate_layouts
 from tracekit.model import memory as mem
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec
+from tracekit.simulate.engine import Deadlock
 
 ADVICE_SCHEMA = "tracekit.advice/1"
 MEMORY_RESERVE = 0.1
@@ -37,9 +38,18 @@ class Candidate:
     why: str = ""
 
 
+@dataclass(frozen=True)
+class MemoryCalibration:
+    calibration: mem.Calibration
+    calibrated: bool
+    note: str
+    """How the memory model was calibrated, or why it was not (one line)."""
+
+
 @dataclass
 class Advice:
     calibration: Calibrated
+    memory: MemoryCalibration
     cluster: ClusterSpec
     gpus: int
     global_batch: int
@@ -47,10 +57,16 @@ class Advice:
     ranked: list[Candidate]
     layouts_considered: int
     layouts_simulated: int
+    skipped: list[str] = field(default_factory=list)
+    """Shortlisted layouts the simulator could not run (with its reason)."""
 
 
 def model_shape(model: ModelSpec, micro_batch_size: int) -> mem.ModelShape:
-    return mem.ModelShape(num_layers=model.layers, d_model=model.hidden, d_ff=model.ffn_dim, num_heads=model.heads,
+    """The memory model's shape of `model` as the simulator (and Megatron-LM) builds it: gated MLPs,
+    vocab-parallel embedding and head, sequence parallelism whose column-parallel layers keep their
+    input's shard and gather it again in backward, pipeline outputs freed after their backward."""
+    return mem.ModelShape(mlp_matrices=3, vocab_parallel=True, tp_saves_gathered_input=False,
+                          pipeline_keeps_outputs=False, num_layers=model.layers, d_model=model.hidden, d_ff=model.ffn_dim, num_heads=model.heads,
                           vocab_size=model.vocab, seq_len=model.seq, microbatch_size=micro_batch_size,
                           moe_layers=tuple(i for i in range(model.layers) if model.is_moe(i)),
                           num_experts=model.experts, top_k=model.top_k if model.experts else 0,
@@ -64,8 +80,28 @@ def memory_layout(layout: Layout) -> mem.Layout:
                       activation_checkpointing=layout.activation_checkpointing)
 
 
-def peak_memory(model: ModelSpec, layout: Layout, mbs: int) -> int:
-    return mem.peak_bytes(model_shape(model, mbs), memory_layout(layout))
+def peak_memory(model: ModelSpec, layout: Layout, mbs: int, calib: mem.Calibration = mem.Calibration()) -> int:
+    return mem.peak_bytes(model_shape(model, mbs), memory_layout(layout), calib)
+
+
+def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalibration:
+    """The memory model calibrated on the measured run's memory section (tracekit/analyze/memory.py):
+    activation and transient scales from its per-stage peaks and per-micro-batch footprints, static
+    memory per parameter from its step base when the counter is absolute (CUDA); predictions always
+    count static memory (what a device must hold)."""
+    section = (analysis.get("sections") or {}).get("memory") or {}
+    if not section.get("available"):
+        return MemoryCalibration(mem.Calibration(), False, "uncalibrated (the trace has no memory events)")
+    shape = model_shape(cal.model, cal.model.micro_batch_size)
+    try:
+        c = mem.calibrate_from_analysis(shape, memory_layout(cal.measured.layout), section)
+    except (ValueError, ZeroDivisionError) as exc:
+        return MemoryCalibration(mem.Calibration(), False, f"uncalibrated ({exc})")
+    static = (f"static {c.static_bytes_per_param:.1f} B per parameter measured" if c.static_bytes_per_param
+              else "static memory analytic (the counter started with the profiler)")
+    return MemoryCalibration(dataclasses.replace(c, counts_static=True), True,
+                             f"calibrated on the measured peaks: activations ×{c.block_scale:.2f}, "
+                             f"head ×{c.head_scale:.2f}, transients ×{c.transient_scale:.2f}, {static}")
 
 
 def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: int) -> float:
@@ -97,25 +133,46 @@ def _changes(cur: Layout | None, new: Layout) -> list[str]:
     return out
 
 
+WHY_PARTS = (("compute", "compute_ns"), ("exposed communication", "exposed_comm_ns"),
+             ("idle (bubble, waits)", "idle_ns"))
+WHY_MIN_SHARE = 0.02
+"""A part of the step that moves by less than this share of the current step is not named."""
+
+
 def _why(cur: Candidate | None, new: Candidate) -> str:
+    """The parts of the step (mean rank, per step) that move from the current layout's, largest first."""
     if cur is None:
         return ""
-    parts = {"compute": new.prediction.compute_ns - cur.prediction.compute_ns,
-             "exposed communication": new.prediction.exposed_comm_ns - cur.prediction.exposed_comm_ns,
-             "idle (bubble, waits)": new.prediction.idle_ns - cur.prediction.idle_ns}
-    name, delta = min(parts.items(), key=lambda kv: kv[1])
-    if delta >= 0:
-        name, delta = max(parts.items(), key=lambda kv: kv[1])
-        return f"{name} grows {delta / 1e6:.1f} ms per step"
-    return f"{name} shrinks {-delta / 1e6:.1f} ms per step"
+    deltas = [(name, getattr(new.prediction, k) - getattr(cur.prediction, k)) for name, k in WHY_PARTS]
+    moved = sorted((d for d in deltas if abs(d[1]) >= WHY_MIN_SHARE * cur.step_ns), key=lambda d: -abs(d[1]))
+    if not moved:
+        return f"no part of the step moves by {100 * WHY_MIN_SHARE:.0f}% of the current step"
+    return ", ".join(f"{name} {'+' if d > 0 else '−'}{abs(d) / 1e6:.1f} ms" for name, d in moved)
 
 
-def _candidate(cal: Calibrated, cluster: ClusterSpec, layout: Layout, mbs: int, capacity: int | None,
-               cur: Candidate | None) -> Candidate:
+def _predicted(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, picks: list[tuple[Layout, int]],
+               capacity: int | None, cur: Candidate | None, skipped: list[str]) -> list[Candidate]:
+    """A candidate per pick; a layout the simulator cannot run is left out and named in `skipped`."""
+    out = []
+    for L, mbs in picks:
+        try:
+            out.append(_candidate(cal, mcal, cluster, L, mbs, capacity, cur))
+        except Deadlock as exc:
+            skipped.append(f"{layout_name(L)}: the simulator could not run it ({exc})")
+    return out
+
+
+def layout_name(L: Layout) -> str:
+    return (f"dp{L.dp} tp{L.tp} pp{L.pp} cp{L.cp} ep{L.ep}" + (f" {L.schedule} m{L.microbatches} v{L.virtual}"
+            if L.pp > 1 else "") + (" fsdp" if L.fsdp else "") + (" ac" if L.activation_checkpointing else ""))
+
+
+def _candidate(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, layout: Layout, mbs: int,
+               capacity: int | None, cur: Candidate | None) -> Candidate:
     model = dataclasses.replace(cal.model, micro_batch_size=mbs)
     pred = predict_step(model, cluster, layout)
     step = int(pred.step_ns * cal.residual)
-    peak = peak_memory(cal.model, layout, mbs)
+    peak = peak_memory(cal.model, layout, mbs, mcal)
     fits = capacity is None or peak <= capacity * (1 - MEMORY_RESERVE)
     tps = tokens_per_step(model, layout) / (step * 1e-9) / layout.world
     c = Candidate(layout, mbs, step, pred, peak, fits, tps, mfu(model, cluster, layout, step),
@@ -133,16 +190,23 @@ def _simulated_ranks(L: Layout) -> int:
     return replicas_needed(L) * L.tp * L.pp * L.cp
 
 
-def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], n: int) -> list[tuple[Layout, int]]:
+def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], n: int,
+               current: Layout | None, near: int) -> list[tuple[Layout, int]]:
     """The closed form's best variant of each (dp, tp, pp, cp, ep), best first: the simulator sees every
-    degree combination the closed form ranks high, not 24 variants of one."""
+    degree combination the closed form ranks high, not 24 variants of one; then the best `near` of the
+    others that change one or two degrees of the current layout (the changes a user would try first)."""
     best: dict[tuple[int, ...], tuple[float, Layout, int]] = {}
     for L, mbs in pool:
         est = rough_step_ns(model, cluster, L, mbs)
         k = _degrees(L)
         if k not in best or est < best[k][0]:
             best[k] = (est, L, mbs)
-    return [(L, mbs) for _, L, mbs in sorted(best.values(), key=lambda t: t[0])[:n]]
+    ranked = sorted(best.values(), key=lambda t: t[0])
+    picked = ranked[:n]
+    if current is not None:
+        cur = _degrees(current)
+        picked += [t for t in ranked[n:] if sum(a != b for a, b in zip(cur, _degrees(t[1]))) <= 2][:near]
+    return [(L, mbs) for _, L, mbs in picked if L != current]
 
 
 def _variants(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], groups: set, done: set,
@@ -168,9 +232,14 @@ def target_cluster(cal: Calibrated, hosts: int | None, gpus_per_host: int | None
 def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, gpus: int | None = None,
            hosts: int | None = None, gpus_per_host: int | None = None, global_batch: int | None = None,
            gpu_memory_bytes: int | None = None, top: int = 10, simulate_top: int = 16,
-           space: SearchSpace | None = None, max_simulated_ranks: int = 64) -> Advice:
-    """Rank the layouts for the target GPU count from the measured run described by `analysis`."""
+           space: SearchSpace | None = None, max_simulated_ranks: int = 64, variants_per_layout: int = 4,
+           near_current: int = 4) -> Advice:
+    """Rank the layouts for the target GPU count from the measured run described by `analysis`: the
+    closed form's best `simulate_top` degree combinations and `near_current` more that change one or two
+    of the current layout's degrees, then `variants_per_layout` schedule / micro-batch / FSDP /
+    checkpointing variants of the three best, are simulated. The current layout is ranked with them."""
     cal = calibrate(analysis, model, cluster)
+    mc = memory_calibration(analysis, cal)
     m = cal.measured
     target = target_cluster(cal, hosts, gpus_per_host, gpus)
     n = gpus or target.world
@@ -180,18 +249,24 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
     current = None
     if m.layout.world == n:
         mbs_cur = max(1, batch // (m.layout.dp * m.layout.microbatches))
-        current = _candidate(cal, target, m.layout, mbs_cur, capacity, None)
+        current = _candidate(cal, mc.calibration, target, m.layout, mbs_cur, capacity, None)
     options = list(enumerate_layouts(cal.model, space))
-    fitting = [(L, mbs) for L, mbs in options if peak_memory(cal.model, L, mbs) <= capacity * (1 - MEMORY_RESERVE)]
+    fitting = [(L, mbs) for L, mbs in options
+               if peak_memory(cal.model, L, mbs, mc.calibration) <= capacity * (1 - MEMORY_RESERVE)]
     pool = [o for o in (fitting or options) if _simulated_ranks(o[0]) <= max_simulated_ranks]
-    picked = _shortlist(cal.model, target, pool, simulate_top)
-    ranked = [_candidate(cal, target, L, mbs, capacity, current) for L, mbs in picked]
-    best = sorted(ranked, key=lambda c: c.step_ns)[:3]
-    extra = _variants(cal.model, target, pool, {_degrees(c.layout) for c in best}, set(picked), per_group=4)
-    ranked += [_candidate(cal, target, L, mbs, capacity, current) for L, mbs in extra]
-    picked += extra
+    picked = _shortlist(cal.model, target, pool, simulate_top, current.layout if current else None,
+                        near=near_current)
+    skipped: list[str] = []
+    ranked = _predicted(cal, mc.calibration, target, picked, capacity, current, skipped)
+    best = sorted(ranked + ([current] if current else []), key=lambda c: c.step_ns)[:3]
+    extra = _variants(cal.model, target, pool, {_degrees(c.layout) for c in best}, set(picked),
+                      per_group=variants_per_layout)
+    extra = [o for o in extra if current is None or o != (current.layout, current.micro_batch_size)]
+    ranked += _predicted(cal, mc.calibration, target, extra, capacity, current, skipped)
+    ranked += [current] if current else []
     ranked.sort(key=lambda c: (not c.fits, c.step_ns))
-    return Advice(cal, target, n, batch, current, ranked[:top], len(options), len(picked))
+    return Advice(cal, mc, target, n, batch, current, ranked[:top], len(options), len(picked) + len(extra),
+                  skipped)
 
 
 def layout_json(layout: Layout) -> dict[str, Any]:
@@ -201,13 +276,13 @@ def layout_json(layout: Layout) -> dict[str, Any]:
             "activation_checkpointing": layout.activation_checkpointing}
 
 
-def candidate_json(c: Candidate) -> dict[str, Any]:
+def candidate_json(c: Candidate, current: Candidate | None = None) -> dict[str, Any]:
     return {"layout": layout_json(c.layout), "micro_batch_size": c.micro_batch_size,
             "predicted_step_ns": c.step_ns, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu, "mfu": c.mfu,
             "peak_memory_bytes": c.peak_memory_bytes, "fits_in_memory": c.fits,
             "breakdown_ns": {"compute": c.prediction.compute_ns, "exposed_comm": c.prediction.exposed_comm_ns,
                              "idle": c.prediction.idle_ns},
-            "changes": c.changes, "why": c.why}
+            "changes": c.changes, "why": c.why, "is_current": c is current}
 
 
 def advice_json(a: Advice) -> dict[str, Any]:
@@ -215,6 +290,7 @@ def advice_json(a: Advice) -> dict[str, Any]:
     cur = candidate_json(a.current) if a.current else None
     if cur is not None:
         cur["measured_step_ns"] = m.step_ns
+    mc = a.memory
     return {
         "schema": ADVICE_SCHEMA,
         "target": {"gpus": a.gpus, "hosts": a.cluster.hosts, "gpus_per_host": a.cluster.gpus_per_host,
@@ -228,7 +304,12 @@ def advice_json(a: Advice) -> dict[str, Any]:
                         "residual": a.calibration.residual,
                         "predicted_measured_step_ns": a.calibration.predicted_measured_ns,
                         "notes": a.calibration.notes},
+        "memory_calibration": {"calibrated": mc.calibrated, "note": mc.note,
+                               "activation_scale": mc.calibration.block_scale, "head_scale": mc.calibration.head_scale,
+                               "transient_scale": mc.calibration.transient_scale,
+                               "static_bytes_per_param": mc.calibration.static_bytes_per_param},
         "current": cur,
         "layouts_considered": a.layouts_considered, "layouts_simulated": a.layouts_simulated,
-        "ranked": [candidate_json(c) for c in a.ranked],
+        "ranked": [candidate_json(c, a.current) for c in a.ranked],
+        "skipped": a.skipped,
     }

@@ -25,6 +25,13 @@ class AnalysisConfig:
     """Tokens processed per step per data-parallel replica (overrides the manifest)."""
     max_timeline_intervals: int = 20000
     """Down-sampling budget for the timeline section."""
+    advice: bool = True
+    """Rank other parallel layouts (the layout advisor) when the run allows it (`--no-advice`: off)."""
+    advice_model: Any = None
+    """The model the advisor predicts with (a tracekit.simulate.ModelSpec, `--model`); None: no advice,
+    since a trace does not state layer count and widths."""
+    advice_cluster: str = "1x8-h100"
+    """Cluster preset the advisor's calibration starts from (its links and GEMM efficiency are measured)."""
     isolate_analyzer_errors: bool = True
     """An analyzer that fails on odd input is listed in `analyzer_errors` and the others still run
     (False: the exception propagates, for debugging)."""

@@ -58,6 +58,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
     ("placement", "tracekit.analyze.placement:analyze_placement"),
     ("memory", "tracekit.analyze.memory:analyze_memory"),
+    ("advice", "tracekit.analyze.advice:analyze_advice"),
     ("recommendations", "tracekit.analyze.reconcile:analyze_recommendations"),
     ("critical_path", "tracekit.analyze.critical_path:analyze_critical_path"),
 ]

@@ -17,7 +17,8 @@ them), one trace file, or an existing run store (a directory with meta.json, fro
 A rank is never assumed: it comes from the trace (distributedInfo) or its name (rank3...); give a lone
 trace that states neither its rank with --rank.
 
-Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md.
+Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md; with --model,
+DIR/advice.json too (the layout advice section, as `tracekit advise` writes it).
 
 Examples:
 
@@ -28,6 +29,8 @@ Examples:
   tracekit analyze out/tables --out out2      (re-analyze a parsed store)
 
   tracekit analyze worker0.pt.trace.json.gz --rank 0 --out out
+
+  tracekit analyze traces --model llama-8b-like --out out   (with a layout advice section)
 
 Exit status: 0 when analysis ran (findings or not); 1 when nothing could be analyzed.
 """
@@ -53,6 +56,17 @@ def _peaks(values: list[str]) -> dict[str, float]:
     return out
 
 
+def _model(name: str | None):
+    if name is None:
+        return None
+    from tracekit.simulate import ModelSpec
+
+    try:
+        return ModelSpec.preset(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from None
+
+
 def _explain_plan(value: bool) -> None:
     if value:
         from tracekit.analyze.engine import explain_plan
@@ -75,6 +89,9 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
+        model: Optional[str] = typer.Option(None, "--model", help="Model preset for the layout advice section "
+                                            "(as `tracekit advise --model`); without it there is no advice."),
+        no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
     ) -> None:
@@ -85,7 +102,7 @@ def register(app: typer.Typer) -> None:
         from tracekit.errors import TracekitError
 
         err = Console(stderr=True)
-        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps))
+        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model))
         out.mkdir(parents=True, exist_ok=True)
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)

@@ -23,7 +23,7 @@ while the profiler recorded: parameters and optimizer state built before are not
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +48,17 @@ class ModelShape:
     """Bytes per parameter / activation element (4: float32, 2: bf16)."""
     ring_attention_saves_probs: bool = False
     """Context-parallel attention keeps each ring step's probabilities (a ring without a flash kernel)."""
+    mlp_matrices: int = 2
+    """Weight matrices of a (dense or expert) MLP: 2 (up, down), 3 with a gated unit (SwiGLU)."""
+    vocab_parallel: bool = False
+    """The embedding and the LM head are split over tp (Megatron-LM's vocab-parallel layers)."""
+    pipeline_keeps_outputs: bool = True
+    """A pipeline's last stage keeps every micro-batch's output (logits) to the step's end
+    (torch.distributed.pipelining); False: each is freed after its backward (Megatron-LM, the simulator)."""
+    tp_saves_gathered_input: bool = True
+    """Under tensor + sequence parallelism the column-parallel layers keep their all-gathered input (2 d
+    per token, not divided by tp); False: they keep the sequence-parallel shard and gather it again in
+    backward (Megatron-LM, the simulator)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +94,10 @@ class Calibration:
     """Measured / analytic backward working set at the peak."""
     counts_static: bool = True
     """Whether the measured counter includes parameters and optimizer state (CUDA: yes; CPU profiler: no)."""
+    static_bytes_per_param: float | None = None
+    """Measured bytes that outlive a step (parameters, gradients, optimizer state, master copies) per
+    parameter the rank holds; None: the analytic parameters + optimizer states (+ DDP buckets, + gradients
+    once a backward ran)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,19 +153,20 @@ def _layers(shape: ModelShape, layout: Layout, stage: int) -> range:
 
 def block_params(shape: ModelShape, layout: Layout, layer: int) -> int:
     """Parameters of one block on one rank: attention and dense MLP divided by tp, experts by ep."""
-    d, f = shape.d_model, shape.d_ff
-    ffn = (d * shape.num_experts + 2 * d * f * shape.num_experts // layout.ep if layer in shape.moe_layers
-           else 2 * d * f // layout.tp)
+    d, f, k = shape.d_model, shape.d_ff, shape.mlp_matrices
+    ffn = (d * shape.num_experts + k * d * f * shape.num_experts // layout.ep if layer in shape.moe_layers
+           else k * d * f // layout.tp)
     return 4 * d * d // layout.tp + 4 * d + ffn
 
 
 def stage_params(shape: ModelShape, layout: Layout, stage: int) -> int:
     """Parameters held by the rank of `stage` before FSDP sharding (embeddings on the first, head last)."""
     n = sum(block_params(shape, layout, i) for i in _layers(shape, layout, stage))
+    vocab = shape.vocab_size * shape.d_model // (layout.tp if shape.vocab_parallel else 1)
     if stage == 0:
-        n += shape.vocab_size * shape.d_model + (shape.max_seq_len or 0) * shape.d_model
+        n += vocab + (shape.max_seq_len or 0) * shape.d_model
     if stage == layout.num_stages - 1:
-        n += 2 * shape.d_model + shape.vocab_size * shape.d_model
+        n += 2 * shape.d_model + vocab
     return n
 
 
@@ -172,7 +188,7 @@ def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int, checkp
     d, b, tp, cp = shape.d_model, shape.bytes_per_value, layout.tp, layout.cp
     if layout.activation_checkpointing if checkpointed is None else checkpointed:
         return float(t * d * b / tp)
-    width = (6 * d + 2 * d * cp) / tp + (2 * d if tp > 1 else 0)
+    width = (6 * d + 2 * d * cp) / tp + (2 * d if tp > 1 and shape.tp_saves_gathered_input else 0)
     if cp > 1 and shape.ring_attention_saves_probs:
         width += 2 * shape.num_heads / tp * shape.seq_len
     if layer in shape.moe_layers:
@@ -207,7 +223,7 @@ def _transient(shape: ModelShape, layout: Layout, stage: int, calib: "Calibratio
         work += max(block_activation_bytes(shape, layout, i, checkpointed=False) for i in layers) * calib.block_scale
     if layout.dp_mode == "fsdp" and layout.dp * layout.cp > 1 and len(layers):
         work += 2 * max(block_params(shape, layout, i) for i in layers) * b
-    if last and layout.pp > 1:  # the schedule keeps every micro-batch's output (logits) to the step's end
+    if last and layout.pp > 1 and shape.pipeline_keeps_outputs:
         work += layout.microbatches * t * shape.vocab_size * b
     return work
 
@@ -225,13 +241,17 @@ def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration(
     for s in range(layout.num_stages):
         params = stage_params(shape, layout, s) * b // shard
         opt = params * layout.optimizer_states
-        buckets = params if layout.dp_mode == "ddp" and layout.dp * layout.cp > 1 else 0
         flight = in_flight_microbatches(layout.schedule, layout.pp, layout.microbatches, s % layout.pp,
                                         layout.virtual_stages)
         per_mb = _activations(shape, layout, s, calib)
-        grads = params if _grads_at_peak(layout, flight) else 0
         transient = _transient(shape, layout, s, calib)
-        peak = (params + opt if calib.counts_static else 0) + buckets + flight * per_mb + grads + transient
+        if calib.static_bytes_per_param is None:
+            buckets = params if layout.dp_mode == "ddp" and layout.dp * layout.cp > 1 else 0
+            grads = params if _grads_at_peak(layout, flight) else 0
+            static = (params + opt if calib.counts_static else 0) + buckets + grads
+        else:  # the measured step base holds whatever outlives a step, gradients and buckets included
+            grads, static = 0, int(calib.static_bytes_per_param * params / b)
+        peak = static + flight * per_mb + transient
         out.append(StageMemory(stage=s, params=params, grads=params, optimizer=opt,
                                activations_per_microbatch=int(per_mb), in_flight=flight, grads_at_peak=grads,
                                transient=int(transient), peak=int(peak)))
@@ -239,10 +259,10 @@ def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration(
 
 
 def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microbatch: list[int | None],
-              counts_static: bool) -> Calibration:
+              counts_static: bool, static_bytes_per_param: float | None = None) -> Calibration:
     """Scales from one measured run's stages: the block scale from the per-micro-batch footprint of stages
     without the head, the head scale from the last stage's, the transient scale from what the peaks hold
-    beyond the prediction's held memory."""
+    beyond the prediction's held memory (with the static memory measured per parameter when given)."""
     unit = Calibration(block_scale=1.0, head_scale=1.0, transient_scale=1.0, counts_static=counts_static)
     last = layout.num_stages - 1
     ratios = [pm / _activations(shape, layout, s, unit) for s, pm in enumerate(per_microbatch)
@@ -252,15 +272,13 @@ def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microb
     if last > 0 and per_microbatch[last]:
         body = _activations(shape, layout, last, Calibration(block_scale=block, head_scale=0.0))
         head = max(0.0, (per_microbatch[last] - body) / head_activation_bytes(shape, layout))
-    partial = Calibration(block_scale=block, head_scale=head, transient_scale=0.0, counts_static=counts_static)
+    partial = Calibration(block_scale=block, head_scale=head, transient_scale=0.0, counts_static=counts_static,
+                          static_bytes_per_param=static_bytes_per_param)
     base = predict(shape, layout, partial)
-    one = predict(shape, layout, Calibration(block_scale=block, head_scale=head, transient_scale=1.0,
-                                             counts_static=counts_static))
+    one = predict(shape, layout, replace(partial, transient_scale=1.0))
     scales = [(peaks[s] - base[s].peak) / (one[s].peak - base[s].peak) for s in range(len(base))
               if one[s].peak > base[s].peak]
-    return Calibration(block_scale=block, head_scale=head,
-                       transient_scale=max(0.0, statistics.median(scales)) if scales else 1.0,
-                       counts_static=counts_static)
+    return replace(partial, transient_scale=max(0.0, statistics.median(scales)) if scales else 1.0)
 
 
 def peak_bytes(shape: ModelShape, layout: Layout, calib: Calibration = Calibration()) -> int:
@@ -292,5 +310,25 @@ def calibrate_from_analysis(shape: ModelShape, layout: Layout, memory_section: d
     peaks = [int(r.get("peak_allocated") or 0) for r in rows]
     if not all(peaks):
         raise ValueError("the memory section has no peak for every stage of the layout")
+    absolute = memory_section.get("counter") == "absolute"
     return calibrate(shape, layout, peaks=peaks, per_microbatch=[r.get("per_microbatch_bytes") for r in rows],
-                     counts_static=memory_section.get("counter") == "absolute")
+                     counts_static=absolute,
+                     static_bytes_per_param=measured_static_per_param(shape, layout, memory_section) if absolute else None)
+
+
+def measured_static_per_param(shape: ModelShape, layout: Layout, memory_section: dict) -> float | None:
+    """Median over ranks of the measured step base (what outlives a step; an absolute counter) per
+    parameter the rank holds (its pipeline rank's stages from the section's `stages`; the main device)."""
+    pp_rank = {r: s["stage"] % layout.pp for s in memory_section.get("stages") or [] for r in s.get("ranks") or []}
+    shard = layout.dp * layout.cp if layout.dp_mode == "fsdp" else 1
+    main: dict[int, dict] = {}
+    for r in memory_section.get("ranks") or []:  # sorted with each rank's main device first
+        main.setdefault(r["rank"], r)
+    ratios = [r["static_bytes"] * shard / rank_params(shape, layout, pp_rank.get(k, 0))
+              for k, r in main.items() if r.get("static_bytes")]
+    return statistics.median(ratios) if ratios else None
+
+
+def rank_params(shape: ModelShape, layout: Layout, pp_rank: int) -> int:
+    """Parameters a pipeline rank holds before FSDP sharding: its stages (one, or v on interleaved schedules)."""
+    return sum(stage_params(shape, layout, s) for s in range(pp_rank, layout.num_stages, layout.pp))

@@ -245,8 +245,8 @@ def layer_fwd(w: World, rk: Rank, layer: int, mb: int, T: int, recompute: bool =
         rk.gemm("aten::mm", 2 * T * m.ffn_dim * h / tp)
     if tp > 1:
         rk.collective("reduce_scatter", "tp", act, act // tp)
-    if not recompute:
-        rk.memory(activation_bytes(w, T) if not L.activation_checkpointing else sp * h * db)
+    # checkpointing keeps the block's input; its recompute in backward re-materialises the full set
+    rk.memory(activation_bytes(w, T) if recompute or not L.activation_checkpointing else sp * h * db)
 
 
 def layer_bwd(w: World, rk: Rank, layer: int, mb: int, T: int, part: str = "full") -> None:
@@ -294,7 +294,9 @@ def layer_bwd(w: World, rk: Rank, layer: int, mb: int, T: int, part: str = "full
     if tp > 1:
         rk.collective("reduce_scatter", "tp", act, act // tp)
     rk.memk("aten::native_layer_norm_backward", 3 * sp * h * db, K_NORM_BW)
-    rk.memory(-(activation_bytes(w, T) if not L.activation_checkpointing else sp * h * db))
+    rk.memory(-activation_bytes(w, T))
+    if L.activation_checkpointing:
+        rk.memory(-sp * h * db)
 
 
 def attention(w: World, rk: Rank, layer: int, mb: int, T: int, backward: bool) -> None:

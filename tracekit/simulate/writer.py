@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from collections import defaultdict, deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,31 @@ def _coll_args(op: Op, rank: int) -> tuple[str, str]:
     return a, f"nccl:{c.op}"
 
 
+class _Addresses:
+    """Block addresses of `[memory]` events: an allocation gets a fresh one, a free the address of the
+    oldest live allocation of its size (micro-batches run backward in the order they ran forward), so a
+    reader can pair frees with allocations as on a real allocator's trace."""
+
+    def __init__(self) -> None:
+        self.next = 0x7F0000000000
+        self.live: dict[int, deque[int]] = defaultdict(deque)
+
+    def of(self, delta: int) -> int:
+        if delta < 0 and self.live[-delta]:
+            return self.live[-delta].popleft()
+        self.next += 4096
+        if delta > 0:
+            self.live[delta].append(self.next)
+        return self.next
+
+
 def rank_events(res, rank: int) -> list[str]:
     """The traceEvents of one rank as JSON text fragments."""
     tr = _Trace(res, rank)
     c = res.cluster
     launch_ns = int(c.launch_us * 1000)
     labels: list[list] = []  # open ranges: [name, h0, dmin, dmax]
-    addr = 0x7F0000000000
+    addrs = _Addresses()
     for op in res.programs[rank]:
         k = op.kind
         if k == KERNEL:
@@ -166,7 +185,7 @@ def rank_events(res, rank: int) -> list[str]:
             continue
         elif k == MEMORY:
             delta, total = op.extra
-            addr += 4096
+            addr = addrs.of(delta)
             reserved = -(-total // (2 << 20)) * (2 << 20)
             tr.out.append(f'{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {tr.pid}, '
                           f'"tid": {tr.tid}, "ts": {_t(op.h0)}, "args": {{"Total Reserved": {reserved}, '
