@@ -93,10 +93,10 @@ def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(anal
     model predicts the simulator's peak of other layouts within 15% (issue 16's bar)."""
     mc = memory_calibration(analysis, calibrate(analysis, MODEL, PRESET))
     assert mc.calibrated and mc.calibration.static_bytes_per_param, mc.note
-    for layout in [MEASURED, *OTHERS, Layout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
+    for layout in [*OTHERS, Layout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
                    Layout(dp=4, tp=4, pp=2, microbatches=8, schedule="gpipe")]:
         model = _same_tokens(layout)
-        truth = predict(model, TRUE, layout).max_memory_bytes
+        truth = predict(model, TRUE, layout, steps=1).max_memory_bytes
         got = peak_memory(MODEL, layout, model.micro_batch_size, mc.calibration)
         assert abs(got - truth) <= 0.15 * truth, (layout, got / 2**30, truth / 2**30)
 
