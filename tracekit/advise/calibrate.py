@@ -5,6 +5,10 @@ Calibration, in order:
 1. link tiers: the median NCCL-tests bus bandwidth of the run's large collectives (≥ 1 MiB, device-side
    transfer time) on groups inside one host sets the intra-host tier, across hosts the inter-host tier;
    a tier the run never used keeps the cluster description's figure;
+1b. per-op costs of the backend the run used (gloo on CPU pays milliseconds where NCCL pays
+   microseconds): for each op kind on each tier, latency + bus bytes ÷ bandwidth fitted to its
+   measured transfer times (both when its sizes differ enough, else the latency against
+   the tier's bandwidth); an op the run did not use on a tier takes the median latency of those it did;
 2. compute: the simulator's compute time of the measured layout against the measured compute time per
    step (mean over ranks) scales the GEMM efficiency;
 3. residual: measured step time ÷ the calibrated simulator's step time of the measured layout. It is
@@ -15,8 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
 from tracekit.simulate import engine
@@ -27,6 +34,20 @@ from tracekit.simulate.topology import build_topology
 
 LARGE_BYTES = 1 << 20
 P2P_OPS = ("send", "recv", "sendrecv")
+SIM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
+"""The ops the simulator issues (P2P send/recv pairs are one `sendrecv` instance)."""
+
+
+@dataclass(frozen=True)
+class CollPoint:
+    """One (group, op, size bucket) row of the bandwidth section: median bus bytes and transfer time."""
+
+    dim: str
+    op: str
+    size: int
+    bus_bytes: float
+    time_ns: float
+    count: int
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,8 @@ class MeasuredRun:
     """dim → median bus bandwidth of its large collectives (GB/s), as measured (latency included)."""
     transfers: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """dim → (bus bytes, transfer ns) of each (op, size) row of its large collectives (medians)."""
+    coll_points: tuple[CollPoint, ...] = ()
+    """Every collective row with known bytes (any size), P2P send/recv pairs as `sendrecv`."""
 
 
 def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
@@ -53,6 +76,28 @@ def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
 def _fsdp(bandwidth_rows: list[dict[str, Any]]) -> bool:
     ops = {r.get("op") for r in bandwidth_rows if r.get("dim") in ("dp", "fsdp", "dp_cp")}
     return "reduce_scatter" in ops and "all_gather" in ops
+
+
+def coll_points(rows: list[dict[str, Any]]) -> tuple[CollPoint, ...]:
+    """Collective rows as points; a P2P row pair (send and recv of one group and size) becomes one
+    `sendrecv` point at the lesser of the two sides' median times (either side may include waiting for
+    the other, the lesser bounds the transfer)."""
+    out: list[CollPoint] = []
+    p2p: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r.get("time_ns_p50") or not r.get("bytes_p50"):
+            continue
+        if r.get("op") in ("send", "recv"):
+            p2p[(r.get("pg_name"), r.get("bucket_bytes"), r.get("dim"))].append(r)
+        elif r.get("op") in SIM_OPS and r.get("busbw_gbps_p50"):
+            out.append(CollPoint(r.get("dim") or "unknown", r["op"], int(r.get("group_size") or 2),
+                                 float(r["busbw_gbps_p50"]) * float(r["time_ns_p50"]), float(r["time_ns_p50"]),
+                                 int(r.get("count") or 1)))
+    for (_, _, dim), pair in p2p.items():
+        best = min(pair, key=lambda r: r["time_ns_p50"])
+        out.append(CollPoint(dim or "unknown", "sendrecv", 2, float(best["bytes_p50"]), float(best["time_ns_p50"]),
+                             min(int(r.get("count") or 1) for r in pair)))
+    return tuple(out)
 
 
 def measured_layout(analysis: dict[str, Any]) -> Layout:
@@ -96,7 +141,8 @@ def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
     return MeasuredRun(layout=layout, world=layout.world, hosts=hosts,
                        step_ns=int(max(_mean_per_step(ranks, "step_ns"))),
                        compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns"))),
-                       busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points)
+                       busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points,
+                       coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])))
 
 
 @dataclass(frozen=True)
@@ -148,6 +194,85 @@ def _with_links(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> Clust
     return dataclasses.replace(cluster, **changes)
 
 
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cum, cum[-1] / 2)])
+
+
+def fit_op_cost(points: list[CollPoint], bw_gbs: float) -> tuple[float, float]:
+    """(latency µs, bus bandwidth GB/s) of one op on one tier from its points: a count-weighted
+    least-squares fit of time = latency + bus bytes ÷ bandwidth when the sizes differ enough (≥ 2×) to
+    give a positive slope, else the latency alone against `bw_gbs` (weighted median)."""
+    x = np.array([p.bus_bytes for p in points])
+    y = np.array([p.time_ns for p in points])
+    w = np.array([p.count for p in points], dtype=float)
+    if x.max() >= 2 * x.min():
+        sw = np.sqrt(w)
+        (lat, nspb), *_ = np.linalg.lstsq(np.c_[np.ones_like(x), x] * sw[:, None], y * sw, rcond=None)
+        if lat >= 0 and nspb > 0:
+            return float(lat) / 1e3, 1.0 / float(nspb)
+    return _weighted_median(np.maximum(y - x / bw_gbs, 0.0), w) / 1e3, bw_gbs
+
+
+def _with_op_costs(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> ClusterSpec:
+    """The cluster with the measured run's per-op collective costs per tier (`ClusterSpec.coll_costs`)."""
+    tiers = _tiers(m, cluster)
+    by: dict[tuple[str, str], list[CollPoint]] = defaultdict(list)
+    for p in m.coll_points:
+        if p.dim in tiers:
+            by[("inter" if tiers[p.dim] else "intra", p.op)].append(p)
+    costs: dict[tuple[str, str], tuple[float, float]] = {}
+    for (tier, op), pts in sorted(by.items()):
+        costs[(tier, op)] = fit_op_cost(pts, cluster.inter_bw_gbs if tier == "inter" else cluster.intra_bw_gbs)
+        notes.append(f"{tier}-host {op}: {costs[(tier, op)][0]:.1f} µs + bus bytes at "
+                     f"{costs[(tier, op)][1]:.3g} GB/s ({sum(p.count for p in pts)} measured)")
+    for tier in {t for t, _ in costs}:
+        coll = [c[0] for (t, o), c in costs.items() if t == tier and o != "sendrecv"]
+        lat = statistics.median(coll) if coll else costs[(tier, "sendrecv")][0]
+        if (tier, "sendrecv") in costs and lat < costs[(tier, "sendrecv")][0]:
+            # a P2P op's time runs from its own start, so it holds the wait for its peer (nothing marks
+            # the peer's arrival as for collectives): the tier's collectives bound its latency
+            costs[(tier, "sendrecv")] = (lat, costs[(tier, "sendrecv")][1])
+            notes.append(f"{tier}-host sendrecv: P2P times include waiting for the peer; "
+                         f"the tier's collective latency, {lat:.1f} µs, used instead")
+        for op in SIM_OPS:
+            if (tier, op) not in costs:
+                costs[(tier, op)] = (lat, cluster.inter_bw_gbs if tier == "inter" else cluster.intra_bw_gbs)
+                notes.append(f"{tier}-host {op} not in the run: the median latency of its ops, {lat:.1f} µs")
+    return dataclasses.replace(cluster, coll_costs=tuple((t, o, c[0], c[1]) for (t, o), c in sorted(costs.items())))
+
+
+def expected_skew(sigma: float, experts: int, routed: int, samples: int = 2000, seed: int = 0) -> float:
+    """Mean max/mean routed tokens per expert of `routed` token slots whose expert probabilities are the
+    softmax of N(0, σ) logits (ModelSpec.router_skew), multinomial draws."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.0, sigma, (samples, experts)) if sigma > 0 else np.zeros((samples, experts))
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    counts = np.array([rng.multinomial(routed, row) for row in p])
+    return float(np.mean(counts.max(axis=1) / counts.mean(axis=1)))
+
+
+def router_skew(analysis: dict[str, Any], experts: int) -> float | None:
+    """ModelSpec.router_skew that reproduces the run's routing skew (mean over its MoE layers of the
+    per-step max/mean tokens per expert), by bisection on `expected_skew`; None without routing data."""
+    layers = [x for x in ((analysis.get("sections") or {}).get("experts") or {}).get("layers", [])
+              if x.get("skew") and x.get("num_experts") == experts]
+    heat = ((analysis.get("sections") or {}).get("experts") or {}).get("heatmap", [])
+    if not layers or not heat:
+        return None
+    target = statistics.mean(x["skew"] for x in layers)
+    routed = int(statistics.median(sum(h["tokens"]) for h in heat))
+    lo, hi = 0.0, 4.0
+    if expected_skew(lo, experts, routed) >= target:
+        return 0.0
+    for _ in range(16):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_skew(mid, experts, routed) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, steps: int = 2) -> dict[str, Any]:
     w = make_world(model, cluster, layout, Faults(), 0)
     progs = build_programs(w, steps)
@@ -161,17 +286,31 @@ def _compute_per_step(key: dict[str, Any]) -> float:
     return statistics.mean(per)
 
 
+def _with_compute(m: MeasuredRun, model: ModelSpec, cluster: ClusterSpec, rounds: int = 6) -> ClusterSpec:
+    """The cluster whose GEMM efficiency makes the simulated compute per step the measured one. Repeated
+    until they agree within 0.5%: kernels at their minimum duration (the tiny GEMMs of a small model) do
+    not scale with the efficiency, so one proportional step undershoots where they dominate."""
+    for _ in range(rounds if m.compute_ns else 0):
+        scale = _compute_per_step(_simulate(model, cluster, m.layout)) / m.compute_ns
+        cluster = dataclasses.replace(cluster, efficiency=cluster.efficiency * scale)
+        if abs(scale - 1) < 0.005:
+            break
+    return cluster
+
+
 def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Calibrated:
     """Calibrate `cluster` (the description's figures are the starting point) to the measured run."""
     m = measured_run(analysis)
     notes: list[str] = []
     mb = model.micro_batch_size
     cluster = dataclasses.replace(cluster, hosts=m.hosts, gpus_per_host=-(-m.world // m.hosts))
-    cl = _with_links(m, cluster, notes)
-    key = _simulate(model, cl, m.layout)
-    scale = _compute_per_step(key) / m.compute_ns if m.compute_ns else 1.0
-    cl = dataclasses.replace(cl, efficiency=cl.efficiency * scale)
-    notes.append(f"GEMM efficiency {cl.efficiency:.3f} of peak (compute {m.compute_ns / 1e6:.2f} ms/step measured)")
+    sigma = router_skew(analysis, model.experts) if model.experts else None
+    if sigma is not None:
+        model = dataclasses.replace(model, router_skew=sigma)
+        notes.append(f"router logits σ {sigma:.2f} shared per step and layer (the run's routing skew)")
+    cl = _with_op_costs(m, _with_links(m, cluster, notes), notes)
+    cl = _with_compute(m, model, cl)
+    notes.append(f"GEMM efficiency {cl.efficiency:.3g} of peak (compute {m.compute_ns / 1e6:.2f} ms/step measured)")
     key = _simulate(model, cl, m.layout)
     pred = int(key["mean_step_ns"])
     residual = m.step_ns / pred if pred else 1.0
@@ -179,3 +318,12 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
                  f"{m.step_ns / 1e6:.2f} ms measured (residual ×{residual:.3f}, applied to every prediction)")
     return Calibrated(model=dataclasses.replace(model, micro_batch_size=mb), cluster=cl, residual=residual,
                       measured=m, predicted_measured_ns=pred, notes=notes)
+
+
+def predicted_step_ns(cal: Calibrated, layout: Layout, micro_batch_size: int, cluster: ClusterSpec | None = None) -> int:
+    """Calibrated prediction of `layout`'s step (ns) at `micro_batch_size` sequences per micro-batch, on
+    `cluster` (default: the calibrated one), residual applied."""
+    from tracekit.advise.predict import predict_step
+
+    model = dataclasses.replace(cal.model, micro_batch_size=micro_batch_size)
+    return int(predict_step(model, cluster or cal.cluster, layout).step_ns * cal.residual)

@@ -6,6 +6,7 @@ kernel; collectives sized from the activations / parameters they move (see engin
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -90,12 +91,17 @@ class World:
     full_inter: dict = field(default_factory=dict)
     """dim -> whether that dim's groups span hosts at full scale (same use as `full_size`)."""
 
-    def link(self, g: Group) -> tuple[int, float]:
-        """(latency ns, ns per bus byte) of the tier the group spans, with slow-link / slow-NIC faults."""
+    def link(self, g: Group, op: str | None = None) -> tuple[int, float]:
+        """(latency ns, ns per bus byte) of the tier the group spans (or of `op` on it, where the cluster
+        lists measured per-op costs), with slow-link / slow-NIC faults."""
         c = self.cluster
         inter = self.full_inter.get(g.dim, g.hosts > 1)
         lat = (c.inter_lat_us if inter else c.intra_lat_us) * US
         bw = c.inter_bw_gbs if inter else c.intra_bw_gbs
+        tier = "inter" if inter else "intra"
+        for t, o, lat_us, bw_gbs in c.coll_costs:
+            if (t, o) == (tier, op):
+                lat, bw = lat_us * US, bw_gbs
         dim = "dp" if g.dim == "dp_cp" else g.dim
         bw /= self.faults.slow_link.get(dim, 1.0)
         if inter and self.faults.slow_nic:
@@ -106,7 +112,7 @@ class World:
     def coll(self, key, op: str, g: Group, members: tuple[int, ...], seq=None) -> Coll:
         c = self.colls.get(key)
         if c is None:
-            lat, nspb = self.link(g) if len(members) == len(g.ranks) else self.link(_pair(self.topo, g, members))
+            lat, nspb = self.link(g if len(members) == len(g.ranks) else _pair(self.topo, g, members), op)
             c = Coll(key, op, g, members, lat, nspb, seq)
             self.colls[key] = c
         return c
@@ -308,7 +314,8 @@ def attention(w: World, rk: Rank, layer: int, mb: int, T: int, backward: bool) -
     mult = 2.5 if backward else 1.0
     name = "aten::_scaled_dot_product_flash_attention" + ("_backward" if backward else "")
     kname = K_FLASH_BW if backward else K_FLASH
-    full = 4 * T * (T * cp) * m.hidden / L.tp * 0.5 * mult  # causal
+    keys = T * cp if m.packed_attention else T * cp // max(1, m.micro_batch_size)
+    full = 4 * T * keys * m.hidden / L.tp * 0.5 * mult  # causal
     if cp == 1:
         rk.gemm(name, full, kname)
         return
@@ -370,6 +377,8 @@ def route(w: World, rk: Rank, layer: int, mb: int, T: int, rank: int | None = No
         bias = np.zeros(m.experts)
         for e, b in w.faults.router_bias.items():
             bias[e] = b
+        if m.router_skew > 0:
+            bias = bias + np.random.default_rng((w.seed, rk.step, layer)).normal(0.0, m.router_skew, m.experts)
         rng = np.random.default_rng((w.seed, rk.step, layer, mb, r))
         logits = bias + rng.normal(0.0, 0.1, m.experts)
         p = np.exp(logits - logits.max())
@@ -377,6 +386,8 @@ def route(w: World, rk: Rank, layer: int, mb: int, T: int, rank: int | None = No
         pp_i, dp_i, cp_i, tp_i = w.topo.coords(r)
         t = T if rank is None else _tokens_of(w, dp_i)
         got = rng.multinomial(t * m.top_k, p)
+        if m.capacity_factor > 0:
+            got = np.minimum(got, math.ceil(m.capacity_factor * t * m.top_k / m.experts))
         w.routing[key] = got
     return got
 

@@ -33,6 +33,15 @@ class ModelSpec:
     moe_every: int = 1
     dtype_bytes: int = 2
     micro_batch_size: int = 1  # sequences per micro-batch per dp replica
+    packed_attention: bool = True
+    """Attention spans the whole micro-batch (its sequences packed, no document mask); False: each
+    sequence attends within itself (cost linear, not quadratic, in the micro-batch size)."""
+    router_skew: float = 0.0
+    """σ of router logits drawn per (step, layer) and shared by every rank: the router's weights favour
+    some experts for everybody (calibrated from a run's routing skew); 0: only per-rank noise."""
+    capacity_factor: float = 0.0
+    """Expert capacity per routing rank = ceil(factor × tokens × top_k ÷ experts); tokens beyond it are
+    dropped (not computed, not sent). 0: no capacity limit."""
 
     @property
     def ffn_dim(self) -> int:
@@ -96,6 +105,10 @@ class ClusterSpec:
     op_us: float = 6.0  # host time of an aten op around its launch
     device_name: str = "NVIDIA H100 80GB HBM3"
     compute_major: int = 9
+    coll_costs: tuple[tuple[str, str, float, float], ...] = ()
+    """Measured per-op costs (a calibrated cluster, e.g. gloo on CPU): (tier 'intra'|'inter', op, latency µs,
+    bus bandwidth GB/s). An op listed here uses them on that tier instead of the tier's figures.
+    Ops: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, sendrecv (P2P)."""
 
     @property
     def world(self) -> int:

@@ -1,0 +1,114 @@
+"""Layout advisor against the reference runtime (issue 15): measure one 8-rank layout, predict other
+8-rank layouts from its trace alone, run them all, and compare step times.
+
+    .venv/bin/python benchmarks/advisor_runtime_bench.py [--runs DIR] [--steps 8] [--profile-steps 5]
+
+Every run uses simulated device time (`--device-us-per-token`, a per-token wait per block and per routed
+token in each expert: ranks wait as a host waits on its GPU, so 8 ranks run side by side on 2 cores).
+The measured run is parsed and analysed through the normal path; the advisor calibrates the simulator
+from that analysis only (compute per token per layer, the backend's per-op collective latency and
+bandwidth, the residual) and predicts the others. Measured step = median over the profiled steps of the
+slowest rank's step (the runtime's own clock). Prints the table, the mean absolute error and Kendall's
+tau of predicted vs measured order (targets: ≤ 10%, ≥ 0.8). `--runs DIR` keeps (and reuses) the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.advisor_bench import kendall_tau  # noqa: E402
+from tests.advise.runtime_layouts import RuntimeModel, layout_name, run_layout, step_times  # noqa: E402
+from tracekit.simulate import Layout  # noqa: E402
+
+MEASURED = Layout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)
+OTHERS = [
+    Layout(dp=8, ep=4),
+    Layout(dp=4, tp=2, ep=4),
+    Layout(dp=2, tp=4, ep=2),
+    Layout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=4),
+    Layout(dp=4, pp=2, ep=2, schedule="1f1b", microbatches=2),
+    Layout(dp=2, pp=4, ep=2, schedule="1f1b", microbatches=8),
+    Layout(dp=2, tp=2, cp=2, ep=4),
+    Layout(dp=2, tp=2, pp=2, ep=2, schedule="interleaved", microbatches=4, interleave=2),
+    Layout(dp=8, ep=4, fsdp=True),
+    Layout(dp=2, pp=4, ep=2, schedule="gpipe", microbatches=2),
+    Layout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=1),
+]
+
+
+def analyse(run: Path) -> dict:
+    from tracekit.analyze.engine import analyze_store
+    from tracekit.parse.run import parse_run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = parse_run(run, Path(tmp) / "store", workers=0, progress=False).store
+        return json.loads(json.dumps(analyze_store(store), default=str))
+
+
+def predictions(model: RuntimeModel, analysis: dict, layouts: list[Layout]) -> tuple[list[int], object]:
+    """Each layout's predicted step (ns) from the calibration on `analysis`, and the calibration."""
+    from tracekit.advise.calibrate import calibrate, predicted_step_ns
+    from tracekit.simulate import ClusterSpec
+
+    cal = calibrate(analysis, model.spec(MEASURED), ClusterSpec.preset("1x8-h100"))
+    return [predicted_step_ns(cal, L, model.micro_batch(L)) for L in layouts], cal
+
+
+def compare(model: RuntimeModel, runs: list[Path], profile_steps: int) -> None:
+    t0 = time.perf_counter()
+    analysis = analyse(runs[0])
+    print(f"  measured run analysed in {time.perf_counter() - t0:.0f} s")
+    pred, cal = predictions(model, analysis, OTHERS)
+    for note in cal.notes:
+        print("  calibration:", note)
+    meas = [step_times(r, profile_steps) for r in runs]
+    print(f"  {'layout':40s} {'predicted':>10s} {'measured':>10s} {'spread':>7s} {'error':>7s}")
+    m0 = statistics.median(meas[0])
+    print(f"  {layout_name(MEASURED) + ' (measured)':40s} {cal.measured.step_ns / 1e6:9.1f}ms {m0 / 1e6:9.1f}ms "
+          f"{100 * (max(meas[0]) - min(meas[0])) / m0:6.1f}%")
+    truth = []
+    for L, p, ms in zip(OTHERS, pred, meas[1:]):
+        t = statistics.median(ms)
+        truth.append(t)
+        print(f"  {layout_name(L):40s} {p / 1e6:9.1f}ms {t / 1e6:9.1f}ms {100 * (max(ms) - min(ms)) / t:6.1f}% "
+              f"{100 * (p - t) / t:+6.1f}%")
+    mae = statistics.mean(abs(p - t) / t for p, t in zip(pred, truth))
+    print(f"  mean absolute error {100 * mae:.1f}% (target ≤ 10%)   Kendall tau {kendall_tau(pred, truth):.2f} "
+          f"(target ≥ 0.8)   over {len(OTHERS)} predicted layouts")
+
+
+def ensure_run(model: RuntimeModel, layout: Layout, root: Path, steps: int, profile_steps: int) -> Path:
+    out = root / layout_name(layout).replace(" ", "_").replace("/", "")
+    if not (out / "train_log.json").exists():
+        t0 = time.perf_counter()
+        run_layout(model, layout, out, steps=steps, profile_steps=profile_steps)
+        print(f"  ran {layout_name(layout)} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=Path, default=None)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--run-only", action="store_true")
+    args = ap.parse_args()
+    model = RuntimeModel()
+    root = args.runs or Path(tempfile.mkdtemp(prefix="advisor_runtime_"))
+    dirs = [ensure_run(model, L, root, args.steps, args.profile_steps) for L in [MEASURED, *OTHERS]]
+    if args.run_only:
+        return
+    compare(model, dirs, args.profile_steps)
+
+
+if __name__ == "__main__":
+    main()
