@@ -630,7 +630,8 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     infer_stream_waits(g)
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
                                              dim=("dim", "first"), op=("op", "first"),
-                                             bytes=("bytes", "max"), n=("rank", "size"))
+                                             bytes=("bytes", "max"), bytes_min=("bytes", "min"),
+                                             n=("rank", "size"))
     attach_windows(g, windows, host_start)
     return g
 

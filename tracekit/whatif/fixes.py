@@ -2,7 +2,9 @@
 replayed (graph.replay), so the saving accounts for everything else on the path.
 
 - `rank_compute`: a rank's compute nodes scaled so its compute matches the median of its peers (ranks of
-  the same pipeline stage when the layout knows stages, else all ranks), or by a given factor.
+  the same pipeline stage when the layout knows stages, else all ranks), or by a given factor; at the
+  peers' median its collectives that move more bytes than the same ones on its peers' groups also take
+  their time (uneven inputs).
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
 - `dim_overlap`: a dim's transfers fully hidden (length 0; members still wait for each other).
@@ -10,9 +12,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
-- `expert_even`: expert-parallel ranks' compute above their EP group's mean down to the mean, and each
-  all_to_all member's transfer no longer than the instance's mean (even expert load; the cold ranks' extra
-  work is assumed to fit in the time they spent waiting for the hot ones).
+- `expert_even`: per MoE layer pass (an ep all_to_all dispatch and its combine, paired in each rank's
+  order) each member's expert compute (between the two) at the members' mean, and each all_to_all as long
+  as its link tier takes to move the even share (its smallest member's bytes).
 - `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
   (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
@@ -105,9 +107,29 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.
         if not peers or own <= 0:
             return
         factor = min(1.0, float(np.median(peers)) / own)
+        _heavier_transfers(g, dur, int(fix.rank), lay)
     _scale_rank(g, dur, int(fix.rank), factor)
     if gap is not None and factor < 1.0:
         _free_shared_cpu(g, dur, gap, int(fix.rank), factor, lay)
+
+
+def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) -> None:
+    """The rank's collectives that move more bytes than the same collective (dim, op, sequence number) on
+    its peers' groups take the peers' median transfer time: a rank with more tokens (longer sequences) also
+    sends bigger activations, which its peers' pace does not include."""
+    inst = instances(g, g.dur, lay)
+    if inst.empty:
+        return
+    inst["ordinal"] = g.inst_info["key"].reindex(inst.index).astype(str).str.rsplit("#", n=1).str[-1]
+    peers = set(lay.peers(rank, np.unique(g.ranks)).tolist()) - {rank}
+    mine = inst[[rank in rs for rs in inst["ranks"]]]
+    others = inst[[rank not in rs and set(rs) <= peers for rs in inst["ranks"]]]
+    ref = others.groupby(["dim", "op", "ordinal"])[["bus", "t"]].median()
+    j = mine.join(ref, on=["dim", "op", "ordinal"], rsuffix="_peers")
+    heavy = j[j["bus"] > j["bus_peers"]]
+    cut = (heavy["t"] - heavy["t_peers"]).clip(lower=0)
+    v = np.flatnonzero((g.category == Category.TRANSFER) & (g.rank == rank) & (g.inst >= 0))
+    dur[v] = np.maximum(dur[v] - np.rint(cut.reindex(g.inst[v]).fillna(0).to_numpy()).astype(np.int64), 0)
 
 
 def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, factor: float, lay: Layout) -> None:
@@ -162,20 +184,27 @@ def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     dur[m[ok]] = np.rint(t[ok]).astype(np.int64)
 
 
-def instances(g: StepGraph, dur: np.ndarray) -> pd.DataFrame:
+def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> pd.DataFrame:
     """Per collective / P2P instance (index: inst) with a known size: dim, op, its members (sorted ranks),
-    bus bytes (bytes × the NCCL-tests factor) and transfer time `t` (its shortest member's transfer: first
-    end − last arrival, DESIGN §3) under `dur`."""
+    bus bytes (bytes × the NCCL-tests factor), transfer time `t` (its shortest member's transfer: first
+    end − last arrival, DESIGN §3) under `dur`, and its link tier `inter` (members on several hosts)."""
     m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
     if m.size == 0 or g.inst_info is None:
-        return pd.DataFrame(columns=["t", "ranks", "dim", "op", "bus"])
+        return pd.DataFrame(columns=["t", "ranks", "dim", "op", "bus", "inter"])
     per = pd.DataFrame({"inst": g.inst[m], "rank": g.rank[m], "t": dur[m]}).groupby("inst").agg(
         t=("t", "min"), ranks=("rank", lambda x: tuple(sorted(set(x.tolist())))))
     info = g.inst_info.reindex(per.index)
     per["dim"], per["op"] = info["dim"].to_numpy(), info["op"].to_numpy()
     factor = [bus_factor(str(op), int(n)) or 1.0 for op, n in zip(info["op"], info["n"])]
     per["bus"] = info["bytes"].to_numpy(np.float64) * np.array(factor, np.float64)
+    per["inter"] = [len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in per["ranks"]]
     return per[np.isfinite(per["bus"]) & (per["bus"] > 0)]
+
+
+def link_time(inst: pd.DataFrame, bus: np.ndarray) -> np.ndarray:
+    """What moving `bus` bus bytes takes on the links of `inst`'s instances: their lower envelope."""
+    pts = inst.groupby(["ranks", "op", "bus"])["t"].median().reset_index()
+    return envelope_at(*lower_envelope(pts["bus"].to_numpy(np.float64), pts["t"].to_numpy(np.float64)), bus)
 
 
 def lower_envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -210,19 +239,15 @@ def envelope_at(hx: np.ndarray, hy: np.ndarray, q: np.ndarray) -> np.ndarray:
 def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
     """Each of the dim's instances no slower than its peers' links move as many bus bytes: the lower
     envelope of the other member sets' instances (any dim, P2P included) on the same link tier."""
-    inst = instances(g, g.dur)
+    inst = instances(g, g.dur, lay)
     if inst.empty:
         return
-    inst["inter"] = [len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in inst["ranks"]]
     mine = inst[inst["dim"] == fix.dim] if fix.dim is not None else inst
     excess = pd.Series(0.0, index=inst.index)
     for (inter, ranks), own in mine.groupby(["inter", "ranks"]):
         peers = inst[(inst["inter"] == inter) & (inst["ranks"] != ranks)]
-        if peers.empty:
-            continue
-        pts = peers.groupby(["ranks", "op", "bus"])["t"].median().reset_index()
-        hx, hy = lower_envelope(pts["bus"].to_numpy(np.float64), pts["t"].to_numpy(np.float64))
-        excess[own.index] = np.maximum(own["t"].to_numpy(np.float64) - envelope_at(hx, hy, own["bus"].to_numpy()), 0)
+        if not peers.empty:
+            excess[own.index] = np.maximum(own["t"].to_numpy(np.float64) - link_time(peers, own["bus"].to_numpy()), 0)
     m = np.flatnonzero(_transfers(g, fix.dim))
     cut = np.rint(excess.reindex(g.inst[m]).fillna(0).to_numpy()).astype(np.int64)
     dur[m] = np.maximum(dur[m] - cut, 0)
@@ -246,23 +271,55 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
 
 
 def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
-    comp = compute_by_rank(g, dur)
-    groups: dict[tuple, list[int]] = {}
-    for r in comp:
-        c = lay.coords.get(r, {})
-        if "ep" in c:
-            groups.setdefault(tuple(sorted((d, v) for d, v in c.items() if d not in ("ep", "dp", "cp"))), []).append(r)
-    for rs in groups.values():
-        mean = float(np.mean([comp[r] for r in rs]))
-        for r in rs:
-            if comp[r] > mean:  # the hot ranks' load down to the mean; the cold ranks' extra work fits in
-                _scale_rank(g, dur, r, mean / comp[r])  # the time they spent waiting for the hot ones
-    m = np.flatnonzero(_transfers(g, "ep"))
-    if m.size and g.inst_info is not None:
-        inst = g.inst[m]
-        sums = np.bincount(inst, weights=dur[m].astype(np.float64))
-        cnt = np.bincount(inst)
-        dur[m] = np.minimum(dur[m], np.rint(sums[inst] / cnt[inst]).astype(np.int64))
+    """Per MoE layer pass (an ep all_to_all dispatch and the combine after it, paired in each rank's order):
+    each member's expert compute (its compute between the dispatch's end and the combine's arrival) at the
+    members' mean, and both all_to_alls moving the even share of what they moved (`_even_all_to_all`)."""
+    xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
+    arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
+    arr_of = pd.Series(g.start[arrive], index=pd.MultiIndex.from_arrays([g.rank[arrive], g.inst[arrive]]))
+    comp = np.flatnonzero(g.category == Category.COMPUTE)
+    comp = comp[np.lexsort((g.start[comp], g.rank[comp]))]
+    by_inst: dict[int, list[np.ndarray]] = {}  # dispatch instance → its members' expert compute nodes
+    for r in np.unique(g.rank[xfer]).tolist():
+        mine = xfer[g.rank[xfer] == r]
+        mine = mine[np.argsort(g.start[mine], kind="stable")]
+        lo, hi = np.searchsorted(g.rank[comp], [r, r + 1])
+        cs = comp[lo:hi]
+        for d, c in zip(mine[0::2].tolist(), mine[1::2].tolist()):
+            a, b = g.start[d] + g.dur[d], arr_of.get((r, int(g.inst[c])), g.start[c])
+            by_inst.setdefault(int(g.inst[d]), []).append(cs[(g.start[cs] >= a) & (g.start[cs] + g.dur[cs] <= b)])
+    for parts in by_inst.values():
+        own = np.array([dur[p].sum() for p in parts], np.float64)
+        for p, o in zip(parts, own):
+            if o > 0:
+                dur[p] = np.rint(dur[p] * (own.mean() / o)).astype(np.int64)
+    _even_all_to_all(g, dur, xfer, lay)
+
+
+def _op_is(g: StepGraph, op: str) -> np.ndarray:
+    if g.inst_info is None:
+        return np.zeros(g.num_nodes, bool)
+    ops = g.inst_info["op"].reindex(np.arange(int(g.inst.max(initial=-1)) + 1)).astype(str).to_numpy()
+    return (g.inst >= 0) & (ops[np.maximum(g.inst, 0)] == op)
+
+
+def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:
+    """Each all_to_all's transfer as long as its links (the lower envelope of the instances on its link
+    tier) take to move the even share: a member sends its own tokens (`bytes` = max(in, out)) and what the
+    hot experts' owners receive grows with the skew, so the smallest member's bytes are the even load's."""
+    inst = instances(g, g.dur, lay)
+    if nodes.size == 0 or inst.empty or "bytes_min" not in g.inst_info:
+        return
+    a2a = inst[inst["op"] == "all_to_all"]
+    info = g.inst_info.reindex(a2a.index)
+    even = a2a["bus"].to_numpy(np.float64) * (info["bytes_min"] / info["bytes"]).fillna(1.0).clip(upper=1.0).to_numpy()
+    new = pd.Series(a2a["t"].to_numpy(np.float64), index=a2a.index)
+    for inter in (False, True):
+        sel = (a2a["inter"] == inter).to_numpy()
+        if sel.any():
+            new[a2a.index[sel]] = np.minimum(new[a2a.index[sel]], link_time(inst[inst["inter"] == inter], even[sel]))
+    cut = (a2a["t"] - new).reindex(g.inst[nodes]).fillna(0).to_numpy()
+    dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
 
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Layout) -> None:
