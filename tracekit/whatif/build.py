@@ -136,7 +136,8 @@ def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) 
     """The step's collective members on the common clock: key, rank, arrival, end, dim, op, bytes, inst."""
     m = inp.matched
     if m is None or m.rows.empty:
-        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step"])
+        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step",
+                                     "source"])
     rows = _with_trace_ends(m.rows[m.rows["step"].isin(steps)], inp.ends, shift)
     rows = rows[rows["end"].notna() | rows["trace_end"].notna()].copy()
     rs = row_trace_shift(rows, m.trace_shift)
@@ -152,11 +153,30 @@ def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) 
     rows["dim"] = names.map({p: inp.dims.get(p.removeprefix("kineto:"), "unknown") for p in names.unique()})
     n = rows.groupby("key")["rank"].transform("size")
     rows = rows[n >= 2].copy()
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step"]
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source"]
     parts = [x for x in (rows[cols], p2p_members(inp, steps, shift)) if not x.empty]
     both = pd.concat(parts, ignore_index=True) if parts else rows[cols].copy()
     both["inst"] = both["key"].astype("category").cat.codes.astype(np.int64)
     return both
+
+
+def with_sizes(store: RunStore, members: pd.DataFrame) -> pd.DataFrame:
+    """`members` with `in_bytes` / `out_bytes`: what each member sent and received (the collectives table's
+    in/out elements at the row's element size; NaN when unknown). An all_to_all's members differ: what an
+    expert's owner receives is its load."""
+    members = members.assign(in_bytes=np.nan, out_bytes=np.nan)
+    if members.empty or not store.has("collectives"):
+        return members
+    key = ["rank", "source", "pg_name", "seq"]
+    t = store.table("collectives", [*key, "in_nelems", "out_nelems"]).to_pandas()
+    t = t.dropna(subset=["seq", "in_nelems", "out_nelems"]).astype({"pg_name": str, "source": str, "seq": np.int64})
+    seq = members["key"].astype(str).str.rsplit("#", n=1).str[-1]
+    left = members[["rank", "source", "pg_name"]].astype({"rank": np.int64, "source": str, "pg_name": str})
+    left = left.assign(seq=pd.to_numeric(seq, errors="coerce").fillna(-1).astype(np.int64))
+    got = left.merge(t.drop_duplicates(key).astype({"rank": np.int64}), on=key, how="left")
+    n_in, n_out = got["in_nelems"].to_numpy(np.float64), got["out_nelems"].to_numpy(np.float64)
+    elem = members["bytes"].to_numpy(np.float64) / np.maximum(n_in, n_out)
+    return members.assign(in_bytes=n_in * elem, out_bytes=n_out * elem)
 
 
 def _with_trace_ends(rows: pd.DataFrame, ends: pd.DataFrame | None, shift: dict[int, int]) -> pd.DataFrame:
@@ -176,7 +196,7 @@ def _with_trace_ends(rows: pd.DataFrame, ends: pd.DataFrame | None, shift: dict[
 def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
     """Send/recv pairs of the step as two-member instances (the k-th send src→dst on a group with the
     k-th receive at dst from src): the transfer waits for both sides to be posted."""
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step"]
+    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source"]
     df = inp.p2p
     if df is None or df.empty:
         return pd.DataFrame(columns=cols)
@@ -604,7 +624,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     ranks = sorted(store.ranks() if ranks is None else ranks)
     buf = _Buf()
     shift = clock_shift(inp.matched)
-    members = step_members(inp, steps, shift)
+    members = with_sizes(store, step_members(inp, steps, shift))
     dims = sorted(set(inp.dims.values()) | set(members["dim"].astype(str)))
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
@@ -630,8 +650,9 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     infer_stream_waits(g)
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
                                              dim=("dim", "first"), op=("op", "first"),
-                                             bytes=("bytes", "max"), bytes_min=("bytes", "min"),
-                                             n=("rank", "size"))
+                                             bytes=("bytes", "max"), n=("rank", "size"))
+    g.inst_info["io"] = members.groupby("inst")[["rank", "in_bytes", "out_bytes"]].apply(
+        lambda x: list(x.itertuples(index=False, name=None)))
     attach_windows(g, windows, host_start)
     return g
 

@@ -12,9 +12,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
-- `expert_even`: per MoE layer pass (an ep all_to_all dispatch and its combine, paired in each rank's
-  order) each member's expert compute (between the two) at the members' mean, and each all_to_all as long
-  as its link tier takes to move the even share (its smallest member's bytes).
+- `expert_even`: per MoE layer pass (an ep all_to_all dispatch and the combine mirroring it) each member's
+  expert compute (between the two) scaled to the members' mean load (bytes it received in the dispatch),
+  and each all_to_all as long as its link tier takes to move the members' mean bytes.
 - `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
   (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
@@ -271,29 +271,49 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
 
 
 def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
-    """Per MoE layer pass (an ep all_to_all dispatch and the combine after it, paired in each rank's order):
-    each member's expert compute (its compute between the dispatch's end and the combine's arrival) at the
-    members' mean, and both all_to_alls moving the even share of what they moved (`_even_all_to_all`)."""
+    """Per MoE layer pass (`moe_passes`): each member's expert compute (its compute between the dispatch's
+    end and the combine's arrival) scaled to the members' mean load (what it received in the dispatch; the
+    members' mean time when sizes are unknown), and the all_to_alls moving the even share
+    (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
+    for parts, load in moe_passes(g, xfer).values():
+        own = np.array([dur[p].sum() for p in parts], np.float64)
+        ok = np.isfinite(load).all() and (load > 0).all()
+        target = own * (load.mean() / load) if ok else np.full(own.size, own.mean())
+        for p, o, t in zip(parts, own, target):
+            if o > 0:
+                dur[p] = np.rint(dur[p] * (t / o)).astype(np.int64)
+    _even_all_to_all(g, dur, xfer, lay)
+
+
+def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarray], np.ndarray]]:
+    """Dispatch instance → (each member's expert compute nodes, each member's load). A rank's all_to_alls
+    pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
+    as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
+    io = {(int(r), int(i)): (a, b) for i, rows in g.inst_info["io"].items() for r, a, b in rows}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
-    arr_of = pd.Series(g.start[arrive], index=pd.MultiIndex.from_arrays([g.rank[arrive], g.inst[arrive]]))
+    arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)
     comp = comp[np.lexsort((g.start[comp], g.rank[comp]))]
-    by_inst: dict[int, list[np.ndarray]] = {}  # dispatch instance → its members' expert compute nodes
+    out: dict[int, tuple[list[np.ndarray], list[float]]] = {}
     for r in np.unique(g.rank[xfer]).tolist():
         mine = xfer[g.rank[xfer] == r]
-        mine = mine[np.argsort(g.start[mine], kind="stable")]
+        mine = mine[np.argsort(g.start[mine], kind="stable")].tolist()
         lo, hi = np.searchsorted(g.rank[comp], [r, r + 1])
         cs = comp[lo:hi]
-        for d, c in zip(mine[0::2].tolist(), mine[1::2].tolist()):
+        i = 0
+        while i + 1 < len(mine):
+            d, c = mine[i], mine[i + 1]
+            (a_in, a_out), (b_in, b_out) = io.get((r, int(g.inst[d])), (np.nan,) * 2), io.get((r, int(g.inst[c])), (np.nan,) * 2)
+            if not (a_in == b_out and a_out == b_in) and not np.isnan([a_in, b_in]).all():
+                i += 1
+                continue
             a, b = g.start[d] + g.dur[d], arr_of.get((r, int(g.inst[c])), g.start[c])
-            by_inst.setdefault(int(g.inst[d]), []).append(cs[(g.start[cs] >= a) & (g.start[cs] + g.dur[cs] <= b)])
-    for parts in by_inst.values():
-        own = np.array([dur[p].sum() for p in parts], np.float64)
-        for p, o in zip(parts, own):
-            if o > 0:
-                dur[p] = np.rint(dur[p] * (own.mean() / o)).astype(np.int64)
-    _even_all_to_all(g, dur, xfer, lay)
+            parts, loads = out.setdefault(int(g.inst[d]), ([], []))
+            parts.append(cs[(g.start[cs] >= a) & (g.start[cs] + g.dur[cs] <= b)])
+            loads.append(float(a_out))
+            i += 2
+    return {k: (p, np.array(x, np.float64)) for k, (p, x) in out.items()}
 
 
 def _op_is(g: StepGraph, op: str) -> np.ndarray:
@@ -305,21 +325,23 @@ def _op_is(g: StepGraph, op: str) -> np.ndarray:
 
 def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:
     """Each all_to_all's transfer as long as its links (the lower envelope of the instances on its link
-    tier) take to move the even share: a member sends its own tokens (`bytes` = max(in, out)) and what the
-    hot experts' owners receive grows with the skew, so the smallest member's bytes are the even load's."""
+    tier) take to move the even share: the members' mean received bytes (= mean sent) in place of the
+    largest member's (its bus bytes scale by mean / largest); unchanged when sizes are unknown."""
     inst = instances(g, g.dur, lay)
-    if nodes.size == 0 or inst.empty or "bytes_min" not in g.inst_info:
+    if nodes.size == 0 or inst.empty:
         return
     a2a = inst[inst["op"] == "all_to_all"]
     info = g.inst_info.reindex(a2a.index)
-    even = a2a["bus"].to_numpy(np.float64) * (info["bytes_min"] / info["bytes"]).fillna(1.0).clip(upper=1.0).to_numpy()
-    new = pd.Series(a2a["t"].to_numpy(np.float64), index=a2a.index)
+    mean_out = np.array([np.mean([b for _, _, b in rows]) for rows in info["io"]], np.float64)
+    share = np.nan_to_num(mean_out / info["bytes"].to_numpy(np.float64), nan=1.0).clip(max=1.0)
+    even = a2a["bus"].to_numpy(np.float64) * share
+    new = a2a["t"].to_numpy(np.float64)
     for inter in (False, True):
         sel = (a2a["inter"] == inter).to_numpy()
         if sel.any():
-            new[a2a.index[sel]] = np.minimum(new[a2a.index[sel]], link_time(inst[inst["inter"] == inter], even[sel]))
-    cut = (a2a["t"] - new).reindex(g.inst[nodes]).fillna(0).to_numpy()
-    dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
+            new[sel] = np.minimum(new[sel], link_time(inst[inst["inter"] == inter], even[sel]))
+    cut = pd.Series(a2a["t"].to_numpy(np.float64) - new, index=a2a.index).reindex(g.inst[nodes]).fillna(0)
+    dur[nodes] = np.maximum(dur[nodes] - np.rint(cut.to_numpy()).astype(np.int64), 0)
 
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Layout) -> None:
