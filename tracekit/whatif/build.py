@@ -651,8 +651,9 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
                                              dim=("dim", "first"), op=("op", "first"),
                                              bytes=("bytes", "max"), n=("rank", "size"))
-    g.inst_info["io"] = members.groupby("inst")[["rank", "in_bytes", "out_bytes"]].apply(
-        lambda x: list(x.itertuples(index=False, name=None)))
+    io = {i: list(zip(x["rank"].tolist(), x["in_bytes"].tolist(), x["out_bytes"].tolist()))
+          for i, x in members.groupby("inst")}  # per member: (rank, bytes sent, bytes received)
+    g.inst_info["io"] = pd.Series(io, index=g.inst_info.index, dtype=object)
     attach_windows(g, windows, host_start)
     return g
 

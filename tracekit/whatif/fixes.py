@@ -1,10 +1,10 @@
 """What-if fixes: each changes the durations (or gaps) of a class of nodes of a StepGraph; the step is then
 replayed (graph.replay), so the saving accounts for everything else on the path.
 
-- `rank_compute`: a rank's compute nodes scaled so its compute matches the median of its peers (ranks of
-  the same pipeline stage when the layout knows stages, else all ranks), or by a given factor; at the
-  peers' median its collectives that move more bytes than the same ones on its peers' groups also take
-  their time (uneven inputs).
+- `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
+  knows stages, else all ranks): each op no slower than the peers' median of the same op when they run
+  the same op sequence (`aligned`), else all its ops scaled down to the peers' median total; and its collectives that move
+  more bytes than the same ones on its peers' groups at their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
 - `dim_overlap`: a dim's transfers fully hidden (length 0; members still wait for each other).
@@ -98,19 +98,41 @@ def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None
 
 
 def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.ndarray | None = None) -> None:
+    r = int(fix.rank)
     comp = compute_by_rank(g, dur)
-    own = comp.get(int(fix.rank), 0)
+    own = comp.get(r, 0)
     if fix.value is not None:
         factor = float(fix.value)
     else:
-        peers = [comp[int(r)] for r in lay.peers(int(fix.rank), np.unique(g.ranks)) if int(r) != fix.rank and int(r) in comp]
+        _heavier_transfers(g, dur, r, lay)
+        mine, ref = aligned(g, g.category == Category.COMPUTE, r, lay)
+        if ref is not None:  # each op no slower than the peers' median of the same op
+            dur[mine] = np.minimum(dur[mine], np.rint(np.median(dur[ref], axis=0)).astype(np.int64))
+            if gap is not None:
+                _free_shared_cpu(g, dur, gap, r, lay, mine, np.minimum(dur[mine], g.dur[mine]))
+            return
+        peers = [comp[int(p)] for p in lay.peers(r, np.unique(g.ranks)) if int(p) != r and int(p) in comp]
         if not peers or own <= 0:
             return
         factor = min(1.0, float(np.median(peers)) / own)
-        _heavier_transfers(g, dur, int(fix.rank), lay)
-    _scale_rank(g, dur, int(fix.rank), factor)
+    _scale_rank(g, dur, r, factor)
+    m = np.flatnonzero((g.category == Category.COMPUTE) & (g.rank == r))
     if gap is not None and factor < 1.0:
-        _free_shared_cpu(g, dur, gap, int(fix.rank), factor, lay)
+        _free_shared_cpu(g, dur, gap, r, lay, m, np.rint(g.dur[m] * factor).astype(np.int64))
+
+
+def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: Layout) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rank's nodes under `mask`, lane by lane in time order, and its peers' (`Layout.peers`) with as
+    many stacked one row per peer, position by position (None when no peer's sequence has the same length:
+    ranks running one program issue the same ops in the same order)."""
+
+    def seq(r: int) -> np.ndarray:
+        v = np.flatnonzero(mask & (g.rank == r))
+        return v[np.lexsort((v, g.start[v], g.lane[v]))]
+
+    mine = seq(rank)
+    same = [s for p in lay.peers(rank, np.unique(g.ranks)) if p != rank and (s := seq(int(p))).size == mine.size]
+    return mine, (np.stack(same) if same and mine.size else None)
 
 
 def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) -> None:
@@ -132,21 +154,21 @@ def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) ->
     dur[v] = np.maximum(dur[v] - np.rint(cut.reindex(g.inst[v]).fillna(0).to_numpy()).astype(np.int64), 0)
 
 
-def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, factor: float, lay: Layout) -> None:
+def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, lay: Layout, m: np.ndarray,
+                     kept: np.ndarray) -> None:
     """CPU-only ranks that share a host share its cores: while `rank` ran the compute the fix removes
-    (the last 1 − factor of each of its compute ops, measured), a peer on the same host that recorded
+    (of each of its compute ops `m`, what runs past `kept`, measured), a peer on the same host that recorded
     nothing was kept off a core. Each such gap on a peer's host thread shrinks by its overlap with that
     removed compute, and so does each of the peers' transfers (gloo runs them on CPU threads) (docs/metrics.md §8). GPU ranks never: their compute is on their own device."""
     host = lay.cpu_hosts.get(rank)
     if host is None:
         return
     peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
-    m = np.flatnonzero((g.category == Category.COMPUTE) & (g.rank == rank))
     if not peers or m.size == 0:
         return
     from tracekit.analyze import intervals as iv
 
-    a, b = iv.union(g.start[m] + np.rint(g.dur[m] * factor).astype(np.int64), g.start[m] + g.dur[m])
+    a, b = iv.union(g.start[m] + kept, g.start[m] + g.dur[m])
     if a.size == 0:
         return
     cum = np.r_[0, np.cumsum(b - a)]
@@ -350,18 +372,10 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
         gap[host & (gap >= lay.stall_min_ns)] = 0
         dur[g.category == Category.STALL] = 0
         return
-    r = int(fix.rank)
-
-    def seq(rank: int) -> np.ndarray:  # the rank's host-thread nodes, lane by lane in time order
-        v = np.flatnonzero(host & (g.rank == rank))
-        return v[np.lexsort((v, g.start[v], g.lane[v]))]
-
-    mine = seq(r)
-    same = [s for p in lay.peers(r, np.unique(g.ranks)) if p != r and (s := seq(int(p))).size == mine.size]
+    mine, ref = aligned(g, host, int(fix.rank), lay)
     stall = gap[mine] >= lay.stall_min_ns
     load = g.category[mine] == Category.STALL
-    if same:
-        ref = np.stack(same)
+    if ref is not None:
         gap[mine[stall]] = np.minimum(gap[mine[stall]], np.median(g.gap[ref], axis=0)[stall].astype(np.int64))
         dur[mine[load]] = np.minimum(dur[mine[load]], np.median(g.dur[ref], axis=0)[load].astype(np.int64))
     else:
