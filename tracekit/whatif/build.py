@@ -379,10 +379,10 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     and end; returns their ids.
 
     While one of its collectives is outstanding, the thread's time in a communication call
-    (the parser's comm role) or in an op's own time between its children is waiting (length 0 here; the
-    next piece's gap keeps it when the collective ended earlier). A collective's end releases the thread
-    when it came in such time or while the thread recorded nothing; ending inside other work (a leaf op)
-    it was overlapped."""
+    (the parser's comm role) or in an op's own time between its children is waiting (length 0 here, one
+    node for a run of such pieces; the next piece's gap keeps it when the collective ended earlier). A
+    collective's end releases the thread when it came in such time or while the thread recorded nothing;
+    ending inside other work (a leaf op) it was overlapped."""
     ts, end, names, ann, op_step = _training_thread_ops(store, rank, steps)
     ts, end = ts - conv, end - conv
     s0, s1, owner = innermost_segments(ts, end)
@@ -397,8 +397,12 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    dur = p1 - p0
     wait = idle_like[own] & _inside_union(p0, p1, a, e)
+    # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
+    # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
+    first = ~(wait & np.r_[False, wait[:-1]])
+    p0, p1, own, cat, wait = p0[first], p1[first], own[first], cat[first], wait[first]
+    dur = p1 - p0
     dur[wait] = 0
     cat[wait] = Category.WAIT
     seg = buf.add(rank=rank, lane=host_lane, category=cat, start=p0, dur=dur,
