@@ -6,6 +6,7 @@ Written by rank 0 after gathering every rank's facts (clock anchors, host, stage
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -32,6 +33,14 @@ def host_of(cfg: RunConfig, rank: int) -> str:
     if cfg.ranks_per_host:
         return f"host{rank // cfg.ranks_per_host}"
     return platform.node()
+
+
+def host_cpus(cfg: RunConfig) -> dict[str, int]:
+    """CPU cores the ranks may run on, per host (the launcher's affinity; its ranks inherit it). None for
+    virtual hosts (`--ranks-per-host`): they share the machine's cores, how is not recorded."""
+    if cfg.ranks_per_host:
+        return {}
+    return {platform.node(): len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1}
 
 
 def layout_of(cfg: RunConfig, pd: ParallelDims) -> dict[str, Any]:
@@ -74,6 +83,7 @@ def build_manifest(cfg: RunConfig, pd: ParallelDims, *, command: list[str], back
         "world_size": pd.world_size,
         "backend": backend,
         "hosts": hosts,
+        "host_cpus": host_cpus(cfg),
         "ranks_per_host": cfg.ranks_per_host,
         "torch_version": torch_version,
         "python_version": sys.version.split()[0],

@@ -302,3 +302,29 @@ def test_collective_advice_fits_the_evidence():
     # small messages anywhere: latency-bound
     small = advise_collective(dim="ep", op="all_to_all", overlap_ratio=0.0, bytes_p50=4096)
     assert "latency-bound" in small and "4 KiB" in small
+
+
+def test_ranks_share_a_host_only_beyond_its_recorded_cpu_cores(tmp_path):
+    """The manifest's host_cpus (keyed by the traces' host name) reaches the ranks table; CPU ranks count as
+    sharing their host's cores (the shared-host replay rules) where the host holds more ranks than cores,
+    or its cores are unknown."""
+    import shutil
+
+    from tracekit.analyze.critical_path import cpu_hosts
+    from tracekit.parse.run import parse_run
+
+    src = REPO / "fixtures" / "faults"
+    out, host = {}, None
+    for name, cores in (("unknown", None), ("enough", 2), ("one_short", 1)):
+        run = tmp_path / name
+        shutil.copytree(src, run)
+        if cores is not None:
+            man = json.loads((run / "manifest.json").read_text())
+            (run / "manifest.json").write_text(json.dumps({**man, "host_cpus": {host: cores}}))
+        store = parse_run(run, tmp_path / f"{name}.store", progress=False).store
+        rows = store.table("ranks", ["rank", "hostname", "host_cpus"]).to_pylist()
+        host = rows[0]["hostname"]
+        assert len(rows) == 2 and {r["hostname"] for r in rows} == {host}  # the fixture: 2 ranks, one machine
+        assert [r["host_cpus"] for r in rows] == [cores, cores]
+        out[name] = cpu_hosts(store)
+    assert out == {"unknown": {0: host, 1: host}, "enough": {}, "one_short": {0: host, 1: host}}

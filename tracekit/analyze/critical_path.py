@@ -25,6 +25,7 @@ Section `critical_path`:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,13 +81,16 @@ def rank_hosts(store: RunStore | None) -> dict[int, str]:
 
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
-    """CPU-only ranks (no kernel in the trace) → hostname (ranks table); empty when any rank has a device."""
+    """CPU-only ranks (no kernel in the trace) → hostname (ranks table), on hosts whose ranks share cores:
+    more ranks than the host's recorded CPU cores, or cores unknown. Empty when any rank has a device."""
     if store is None or not store.has("ranks"):
         return {}
-    t = store.table("ranks", ["rank", "hostname", "trace_kind"]).to_pylist()
+    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
     if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
         return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in t}
+    per_host = Counter(r["hostname"] for r in t)
+    return {int(r["rank"]): str(r["hostname"]) for r in t
+            if r["host_cpus"] is None or per_host[r["hostname"]] > r["host_cpus"]}
 
 
 def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> Layout:

@@ -575,12 +575,15 @@ def _close_run(run: _Run) -> RunStore:
     """The ranks and process_groups tables and meta.json; the finished store."""
     world_size = _world_size(run)
     hosts = run.manifest.get("hosts") if isinstance(run.manifest, dict) else None
+    cpus = run.manifest.get("host_cpus") if isinstance(run.manifest, dict) else None
     rows = sorted(run.rank_rows, key=lambda r: r["rank"])
     for row in rows:
         if row["world_size"] is None:
             row["world_size"] = world_size
         if row["hostname"] is None and isinstance(hosts, dict) and hosts.get(str(row["rank"])) is not None:
             row["hostname"] = str(hosts[str(row["rank"])])
+        if isinstance(cpus, dict) and isinstance(cpus.get(row["hostname"]), int):
+            row["host_cpus"] = cpus[row["hostname"]]
     _clock_offsets(rows, run.manifest, run.warnings)
     for r in rows:
         r.pop("_epoch")

@@ -21,6 +21,7 @@ RANKS = pa.schema([
     _f("rank", pa.int32(), "global rank of the trace's process", nullable=False),
     _f("world_size", pa.int32(), "world size stated by the trace or manifest (null if unknown)"),
     _f("hostname", pa.string(), "host name (distributedInfo, manifest, or null)"),
+    _f("host_cpus", pa.int32(), "CPU cores the host's ranks may run on (manifest host_cpus; null if unknown)"),
     _f("backend", pa.string(), "distributed backend: nccl, gloo, rccl... (null if unknown)"),
     _f("device_names", pa.list_(pa.string()), "device names from deviceProperties"),
     _f("device_memory_bytes", pa.list_(pa.int64()), "memory of each device in device_names (totalGlobalMem)"),
