@@ -328,3 +328,22 @@ def test_ranks_share_a_host_only_beyond_its_recorded_cpu_cores(tmp_path):
         assert [r["host_cpus"] for r in rows] == [cores, cores]
         out[name] = cpu_hosts(store)
     assert out == {"unknown": {0: host, 1: host}, "enough": {}, "one_short": {0: host, 1: host}}
+
+
+def test_a_wait_in_a_collective_is_one_node_released_by_its_end(tmp_path):
+    """On a CPU run with all_to_alls (fixtures/ep), a training thread's wait in a collective (the comm call,
+    the op it waits in, their parents' own time) is one zero-length node, never a chain whose later nodes
+    carry the earlier ones' waiting as a fixed gap no fix could release."""
+    from tracekit.parse.run import parse_run
+    from tracekit.whatif.api import run_whatif
+
+    store = parse_run(REPO / "fixtures" / "ep", tmp_path / "store", progress=False).store
+    res = run_whatif(store, [])["results"]
+    assert res and all(abs(r.replayed_ns - r.measured_ns) <= 0.02 * r.measured_ns for r in res)
+    g = res[0].graph
+    thread = np.flatnonzero(np.array(["training thread" in n for n in g.lane_names])[np.maximum(g.lane, 0)] & (g.lane >= 0))
+    thread = thread[np.lexsort((g.start[thread], g.lane[thread]))]
+    waits = g.category[thread] == Category.WAIT
+    same_lane = g.lane[thread][1:] == g.lane[thread][:-1]
+    assert waits.sum() > 0
+    assert not (waits[1:] & waits[:-1] & same_lane).any()
