@@ -167,10 +167,9 @@ def _worker(tool: str, path: str) -> None:
     print(json.dumps({"seconds": secs, "cpu": cpu, "peak": peak, "base": base, "rows": rows}))
 
 
-def measure(tool: str, path: Path, timeout: int) -> dict:
+def measure(tool: str, path: Path, timeout: int, env: dict[str, str]) -> dict:
     cmd = [sys.executable, __file__, "--worker", tool, str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO),
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(REPO), env=env)
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["failed"]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -201,22 +200,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"building {name} in {args.data_dir} ...", file=sys.stderr, flush=True)
             files.append(build_trace(_size(s), args.data_dir / name, gz=args.gz))
     hta_limit = _size(args.skip_hta_above)
+    sys.path.insert(0, str(REPO))
+    from benchmarks.process_bench import installed_env
+
+    env = installed_env(REPO, args.data_dir / "pycache")  # tracekit's bytecode cached, as when installed
 
     print(f"{'file':44s} {'JSON MB':>8s} | {'tracekit MB/s wall/cpu':>22s} {'mem x':>6s} | {'HTA MB/s wall/cpu':>17s} {'mem x':>6s} | {'speed ratio (cpu)':>17s} {'mem ratio':>9s}")
     for path in files:
         size = _json_size(path)
         best = None
         for _ in range(max(1, args.repeat)):
-            r = measure("tracekit", path, args.timeout)
+            r = measure("tracekit", path, args.timeout, env)
             if "error" in r:
                 best = r
                 break
             if best is None or r["cpu"] < best["cpu"]:
                 best = r
         tk = best
-        cli = min((measure("tracekit-cli", path, args.timeout) for _ in range(max(1, args.repeat))),
+        cli = min((measure("tracekit-cli", path, args.timeout, env) for _ in range(max(1, args.repeat))),
                   key=lambda r: r.get("cpu", float("inf")))
-        ht = measure("hta", path, args.timeout) if size <= hta_limit else {"skipped": True}
+        ht = measure("hta", path, args.timeout, env) if size <= hta_limit else {"skipped": True}
         label = f"{path.parent.name}/{path.name}"[-44:]
 
         def fmt(r):
