@@ -99,6 +99,31 @@ def test_plotly_js_is_embedded_once_and_intact(page: tuple[dict[str, Any], str, 
     assert gzip.decompress(base64.b64decode(blobs[0])).decode("utf-8") == get_plotlyjs()
 
 
+def test_cached_plotly_js_is_keyed_by_the_installed_file(tmp_path, monkeypatch) -> None:
+    """The cache is written once, read back while plotly.js is unchanged, and rebuilt when its key (path,
+    size, mtime) no longer matches: each time the embedded text inflates to plotly's own plotly.js."""
+    from plotly.offline import get_plotlyjs
+
+    from reports.assets import plotly_js_gz_b64
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    plotly_js_gz_b64.cache_clear()
+    try:
+        first = plotly_js_gz_b64()
+        (cache,) = (tmp_path / "tracekit").iterdir()
+        key, _, body = cache.read_text(encoding="ascii").partition("\n")
+        assert body == first and key.rsplit(":", 2)[1] == str(len(get_plotlyjs().encode("utf-8")))
+        cache.write_text(f"{key}\nstale", encoding="ascii")  # same key: the cached text is what is used
+        plotly_js_gz_b64.cache_clear()
+        assert plotly_js_gz_b64() == "stale"
+        cache.write_text("another plotly.js\nstale", encoding="ascii")  # key differs: rebuilt
+        plotly_js_gz_b64.cache_clear()
+        assert gzip.decompress(base64.b64decode(plotly_js_gz_b64())).decode("utf-8") == get_plotlyjs()
+        assert cache.read_text(encoding="ascii").partition("\n")[0] == key
+    finally:
+        plotly_js_gz_b64.cache_clear()
+
+
 def test_no_plotly_without_charts() -> None:
     bare = {"schema": "tracekit.analysis/1", "inputs": {"ranks": [], "skipped": []}, "ranks": [], "findings": []}
     html = render_html(bare, None)
