@@ -190,7 +190,7 @@ def steps_text(ctx: Page) -> str:
 def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
     bd = ctx.sec("breakdown") or {}
-    steps = [r for r in bd.get("steps") or [] if isinstance(r, dict)]
+    steps = [r for r in bd["steps"] if isinstance(r, dict)] if isinstance(bd.get("steps"), list) else []
     numbers = sorted({r["step"] for r in steps if is_num(r.get("step"))})
     parts = []
     if numbers:
