@@ -89,29 +89,77 @@ def test_gpu_host_ahead_of_device_has_no_stall(tmp_path):
     assert r["stall_ns"] == 0 and not res.findings
 
 
-def test_cpu_label_sleep_is_a_stall_waiting_for_peers_is_not(tmp_path):
-    """CPU ranks: rank 1 sleeps 30 ms inside the runtime's data:load label (no op runs); rank 0 waits for it
-    inside the all_reduce (a gloo collective in flight), which is not a host stall."""
-    by_rank = {}
-    for rank in (0, 1):
-        evs = [_x("ProfilerStep#2", "user_annotation", 0, 50 * MS), _x("aten::add", "cpu_op", 0, 2 * MS)]
-        if rank == 1:
-            evs.append(_x("data:load", "user_annotation", 2 * MS, 30 * MS))
-        issue = 2 * MS if rank == 0 else 32 * MS
-        evs.append(_x("c10d::allreduce_", "cpu_op", issue, 100 * US))
-        ar = _x("gloo:all_reduce", "user_annotation", issue + 100 * US, (30 if rank == 0 else 1) * MS)
-        ar["tid"] = 9
-        evs += [ar, _x("aten::mul", "cpu_op", 33 * MS, 17 * MS)]
-        by_rank[rank] = evs
-    res = _stalls(tmp_path, by_rank)
-    rows = {r["rank"]: r for r in res.section["ranks"]}
-    # rank 1: no op from 2 to 32 ms, no collective in flight → 30 ms
-    assert rows[1]["device"] == "cpu" and rows[1]["stall_ns"] == 30 * MS and rows[1]["data_load_ns"] == 30 * MS
-    # rank 0: 2.1..32.1 ms is the all_reduce's wait, 32.1..33 ms is under MIN_GAP
-    assert rows[0]["stall_ns"] == 0
-    (f,) = [f for f in res.findings if f.severity.order >= 2]
-    assert f.ranks == (1,) and f.kind.value == "idle_host_bound" and f.evidence.cause == "data_load"
-    assert f.est_saving_ns == 30 * MS
+LABELS = ("data:load", "my_fetch", None)
+"""The same sleep inside our runtime's label, inside any user's label, and with no label."""
+
+
+def _same_finding_whatever_the_label(results: dict) -> None:
+    """One finding per label variant, equal in all but the label named as evidence."""
+    keep = lambda f: (f.kind, f.severity, f.ranks, f.est_saving_ns,  # noqa: E731
+                      {k: v for k, v in f.evidence.to_json().items() if k != "stall_labels"})
+    found = {label: [f for f in res.findings if f.severity.order >= 2] for label, res in results.items()}
+    assert all(len(fs) == 1 for fs in found.values()), found
+    assert len({repr(keep(fs[0])) for fs in found.values()}) == 1
+    for label, (f,) in found.items():
+        assert (f"inside the label {label!r}" in f.summary) is (label is not None)
+
+
+def test_cpu_sleep_is_a_stall_whatever_its_label_waiting_for_peers_is_not(tmp_path):
+    """CPU ranks: rank 1 sleeps 30 ms (no op runs) inside a label or none; rank 0 waits for it inside the
+    all_reduce (a gloo collective in flight), which is not a host stall. A label is no host activity:
+    the stall, its finding and its cause are the trace's; the label is only named."""
+    results = {}
+    for label in LABELS:
+        by_rank = {}
+        for rank in (0, 1):
+            evs = [_x("ProfilerStep#2", "user_annotation", 0, 50 * MS), _x("aten::add", "cpu_op", 0, 2 * MS)]
+            if rank == 1 and label:
+                evs.append(_x(label, "user_annotation", 2 * MS, 30 * MS))
+            issue = 2 * MS if rank == 0 else 32 * MS
+            evs.append(_x("c10d::allreduce_", "cpu_op", issue, 100 * US))
+            ar = _x("gloo:all_reduce", "user_annotation", issue + 100 * US, (30 if rank == 0 else 1) * MS)
+            ar["tid"] = 9
+            evs += [ar, _x("aten::mul", "cpu_op", 33 * MS, 17 * MS)]
+            by_rank[rank] = evs
+        res = results[label] = _stalls(tmp_path / str(label), by_rank)
+        rows = {r["rank"]: r for r in res.section["ranks"]}
+        # rank 1: no op from the add's end (2 ms) to the all_reduce's issue (32 ms), no collective in flight
+        stall = 32 * MS - 2 * MS
+        assert rows[1]["device"] == "cpu" and rows[1]["stall_ns"] == stall and rows[1]["data_load_ns"] == 0
+        assert rows[1]["stall_labels"] == ({label: stall} if label else {})
+        # rank 0: 2.1..32.1 ms is the all_reduce's wait, 32.1..33 ms is under MIN_GAP
+        assert rows[0]["stall_ns"] == 0
+        (f,) = [f for f in res.findings if f.severity.order >= 2]
+        assert f.ranks == (1,) and f.kind.value == "idle_host_bound" and f.evidence.cause == "host_gap"
+        assert f.est_saving_ns == stall
+    _same_finding_whatever_the_label(results)
+
+
+def test_gpu_sleep_with_nothing_queued_is_a_stall_whatever_its_label(tmp_path):
+    """GPU rank, steps of 40 ms: an op launches a 4 ms kernel, the host sleeps 20 ms (inside a label or
+    none), then launches an 18 ms kernel that runs to the step's end. The stall is the sleep's part with nothing queued, found from the
+    trace alone; the label is only named."""
+    results = {}
+    for label in LABELS:
+        evs, kernels, corr = [], [], 0
+        for step in range(3):
+            t0 = step * 40 * MS
+            evs.append(_x(f"ProfilerStep#{step + 1}", "user_annotation", t0, 40 * MS))
+            if label:
+                evs.append(_x(label, "user_annotation", t0 + MS, 20 * MS))
+            for launch, start, dur in ((t0, t0 + MS // 2, 4 * MS), (t0 + 21 * MS, t0 + 22 * MS, 18 * MS)):
+                corr += 1
+                evs += [_x("aten::mm", "cpu_op", launch, 10 * US), _launch(launch + US, corr),
+                        _kernel("gemm", start, dur, corr)]
+                kernels.append((launch + US, start + dur))
+        res = results[label] = _stalls(tmp_path / str(label), {0: evs})
+        (r,) = res.section["ranks"]
+        # per step: the host's last op before the sleep ends at t0 + 10 µs, its kernel at t0 + 4.5 ms; the
+        # next launch's op starts at t0 + 21 ms: the stall is [t0 + 4.5 ms, t0 + 21 ms)
+        queued_until, next_op = (MS // 2 + 4 * MS), 21 * MS
+        assert r["device"] == "gpu" and r["stall_ns"] == next_op - queued_until and r["data_load_ns"] == 0
+        assert r["stall_labels"] == ({label: next_op - queued_until} if label else {})
+    _same_finding_whatever_the_label(results)
 
 
 @pytest.mark.parametrize("fixture,stalled", [("gpu_h100_hoststall", True), ("gpu_h100", False)])

@@ -22,12 +22,13 @@ STEP = 10 * MS
 
 def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank: int = 2, view_ns: int = 10_000,
              late_busy_ns: int = 7 * MS, routed_tokens: dict[int, int] | None = None, second_op: bool = False,
-             late_gap: bool = False, trace_kind: str = "cpu"):
+             late_gap: bool = False, trace_kind: str = "cpu", gap_label: str | None = None):
     """`view_ns`: duration of the late rank's size-independent ops (the others' take 10 µs);
     `routed_tokens`: per rank, tokens its MoE router assigns per step (one layer, two experts);
     `second_op`: a second all-reduce per step (8.5 ms, rank 0 last by 0.1 ms, ends at 9 ms), so the late
     rank is last at only half of its collectives; `late_gap`: the late rank computes 4 ms like its peers
-    and then nothing is recorded until it arrives (a sleep, or the process preempted)."""
+    and then nothing is recorded until it arrives (a sleep, or the process preempted); `gap_label`: that
+    gap sits inside a user annotation of this name (a record_function label around the sleep)."""
     ranks, steps, events, coll, routing = [], [], [], [], []
     main, gloo = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
     for r in range(3):
@@ -44,6 +45,9 @@ def scenario(tmp_path, *, slow_ops: int = 3, hosts=("h0", "h1", "h2"), late_rank
             for k in range(n_ops):
                 events.append({"rank": r, "name": "aten::mm", "cat": "cpu_op", "tid": 1, "thread_name": main,
                                "ts": base + k * computed // n_ops, "dur": computed // n_ops, "step": s})
+            if late_gap and gap_label and r == late_rank:
+                events.append({"rank": r, "name": gap_label, "cat": "user_annotation", "tid": 1, "thread_name": main,
+                               "ts": base + 4 * MS, "dur": busy - 4 * MS, "step": s})
             for k in range(2):  # size-independent ops, inside the compute
                 events.append({"rank": r, "name": "aten::view", "cat": "cpu_op", "tid": 1, "thread_name": main,
                                "ts": base + 100_000 * (k + 1), "dur": view_ns if r == late_rank else 10_000,
@@ -169,12 +173,49 @@ def test_unrecorded_gaps_on_cpu_ranks_sharing_one_host_are_a_straggler_with_a_ca
     # replay may refine est_saving_ns and keeps the analyzer's figure as closed_form_saving_ns)
     assert f["severity"] == "warning" and f["evidence"].get("closed_form_saving_ns", f["est_saving_ns"]) == 3 * MS
     assert "severity_capped" not in f["evidence"] and "one host" in f["evidence"]["caveat"]
+    # the same gap is rank 2's host stall (3 ms + the 2 ms every rank idles after the all-reduce ends at
+    # 8 ms), with the same caveat and no cap
+    (h,) = [h for h in _find(a, "idle_host_bound") if h["ranks"] == [2]]
+    assert h["evidence"]["stall_ns"] == 3 * MS + (STEP - 8 * MS) and h["evidence"]["cause"] == "host_gap"
+    assert h["severity"] == "critical" and "one host" in h["evidence"]["caveat"]
     # on separate hosts, or with devices doing the compute, the gap is the rank's own: a warning
     for kw in ({"hosts": ("h0", "h1", "h2")}, {"hosts": ("vm", "vm", "vm"), "trace_kind": "gpu"}):
         b = analyze_store(scenario(tmp_path / kw.get("trace_kind", "hosts"), slow_ops=1, late_gap=True, **kw))
         (g,) = _find(b, "straggler")
         assert g["evidence"]["cause"] == "host_idle" and g["severity"] == "warning"
         assert g["evidence"].get("closed_form_saving_ns", g["est_saving_ns"]) == 3 * MS
+        assert all("caveat" not in h["evidence"] for h in _find(b, "idle_host_bound")) is ("h0" in kw["hosts"])
+
+
+def test_a_sleep_inside_any_label_or_none_is_the_same_straggler_and_host_stall(tmp_path):
+    """Rank 2 computes 4 ms like its peers, then sleeps until it arrives at 7 ms: inside our runtime's
+    `data:load` label, inside a user's `my_fetch`, or with no label. A label is no host activity and
+    only names what the idle time was: every finding is the same but for the label named."""
+    peers_arrive, late_arrives, coll_end = 4 * MS, 7 * MS, 8 * MS  # scenario(): every step, on each rank
+
+    def label_free(f):
+        ev = {k: v for k, v in f["evidence"].items() if k not in ("idle_labels", "stall_labels")}
+        return {**f, "summary": None, "evidence": ev}
+
+    runs = {}
+    for label in ("data:load", "my_fetch", None):
+        a = analyze_store(scenario(tmp_path / str(label), slow_ops=1, late_gap=True, gap_label=label))
+        runs[label] = [label_free(f) for f in a["findings"]]
+        (f,) = _find(a, "straggler")
+        row = next(r for r in a["sections"]["stragglers"]["ranks"] if r["rank"] == 2)
+        assert f["ranks"] == [2] and row["delay_ns_per_step"] == late_arrives - peers_arrive
+        assert f["evidence"]["cause"] == "host_idle" and f["evidence"]["data_load_excess_ns"] == 0
+        examined = f["evidence"]["instances_examined"]
+        assert f["evidence"]["idle_labels"] == ({label: examined * (late_arrives - peers_arrive)} if label else {})
+        assert (f"cause: host idle inside the label {label!r}" in f["summary"]) is (label is not None)
+        # host stalls: the sleep, and the 2 ms after the all-reduce ends that every rank idles
+        stalls = {r["rank"]: r for r in a["sections"]["host_stalls"]["ranks"]}
+        assert stalls[2]["stall_ns"] == (late_arrives - peers_arrive) + (STEP - coll_end)
+        assert stalls[2]["data_load_ns"] == 0
+        assert stalls[2]["stall_labels"] == ({label: late_arrives - peers_arrive} if label else {})
+        assert [s["stall_ns"] for s in stalls.values() if s["rank"] != 2] == [STEP - coll_end] * 2
+    assert runs["data:load"] == runs["my_fetch"] == runs[None]
+    assert [f["ranks"] for f in runs[None] if f["kind"] == "idle_host_bound"]  # found from the trace alone
 
 
 def test_same_ops_on_more_routed_tokens_is_uneven_work_and_warns_below_the_noise_floor(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.parse.chunked import parse_kineto_chunked
-from tracekit.parse.classify import group_dim
+from tracekit.parse.classify import group_dim, is_label
 from tracekit.parse.kineto import parse_kineto
 
 _DIR = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or Path(__file__).resolve().parents[2].parent / "shared" / "traces")
@@ -54,7 +54,8 @@ def _host_ahead_trace() -> tuple[dict, dict[str, str]]:
         host(f"tracekit::flush {s}", t0 + 90, 4, "overhead", cat="user_annotation")
         host(f"gloo:all_reduce {s}", t0 + 41, 8, "comm", cat="user_annotation", tid=9)
         host(f"aten::copy_ worker {s}", t0 + 60, 2, "comm", tid=9)  # on the gloo worker thread
-        host(f"data:load {s}", t0 + 2, 3, "data_load", cat="user_annotation")
+        # a label (our runtime's or any user's record_function): no role by its name, never data loading
+        host(f"data:load {s}", t0 + 2, 3, "other", cat="user_annotation")
         host(f"Optimizer.step#SGD.step {s}", t0 + 70, 5, "other", cat="user_annotation")
     # carry-over: device work with no launch in the trace, before the first linked kernel (1120 µs)
     ev.append(_x("leftover_kernel", 1005, 50, cat="kernel", pid=0, tid=7, correlation=5, stream=7, device=0))
@@ -195,3 +196,13 @@ def test_real_traces(name):
     roles = ev.column("role").to_pylist()
     kinds = set(parsed.tables["kernels"].column("kind").to_pylist())
     assert {r for r, lane in zip(roles, lanes) if lane == "device" and r not in ("other", "step_annotation")} <= kinds
+
+
+@pytest.mark.parametrize("name, cat, label", [
+    ("data:load", "user_annotation", True), ("my_fetch", "user_annotation", True), ("fwd", "user_annotation", True),
+    ("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", False),
+    ("ProfilerStep#3", "user_annotation", False), ("nccl:all_reduce", "user_annotation", False),
+    ("tracekit::flush_collective_log", "user_annotation", False), ("aten::mm", "cpu_op", False),
+    ("my_fetch", "cpu_op", False)])
+def test_labels_are_user_ranges_whose_name_decides_no_role(name, cat, label):
+    assert is_label(name, cat) is label

@@ -339,3 +339,32 @@ def test_reference_runtime_run_joins_every_profiled_log_entry(tmp_path: Path) ->
                        "'^pp:stage[0-9]+:mb[0-9]+:(fwd|bwd|bwd_input|bwd_weight)$')").to_pylist()[0]["n"]
     assert store.table("pipeline").num_rows == labels > 0
     assert {r["clock_offset_ns"] for r in store.table("ranks").to_pylist()} == {0}  # one host, equal bases
+
+
+def test_the_answer_key_never_changes_the_analysis(tmp_path):
+    """ground_truth.json is recognised only to be left out of the inputs: the same traces give the same
+    analysis.json with the answer key as written, with every value changed, corrupt, or absent."""
+    import shutil
+
+    import tracekit
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "faults", run)
+    key = run / "ground_truth.json"
+    truth = json.loads(key.read_text())
+    changed = {**truth, "faults": [{**f, "ranks": [9], "kind": "slow_link", "dim": "tp"} for f in truth["faults"]],
+               "config": {**truth["config"], "dp": 7, "faults": {}}, "layout": {"pp": 3, "groups": {"pp": [[0, 1]]}}}
+    variants = {"as written": key.read_bytes(), "values changed": json.dumps(changed).encode(),
+                "corrupt": b"{\x00 not json", "absent": None}
+    outputs = {}
+    for name, content in variants.items():
+        if content is None:
+            key.unlink()
+        else:
+            key.write_bytes(content)
+        out = tmp_path / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        tracekit.analyze_run(run, out)
+        outputs[name] = (out / "analysis.json").read_text()
+    assert truth["faults"] and changed["faults"] != truth["faults"]
+    assert len(set(outputs.values())) == 1, [n for n in outputs if outputs[n] != outputs["as written"]]

@@ -286,3 +286,20 @@ def test_slow_rank_runs_its_simulated_device_time_factor_times_longer(monkeypatc
     # forward: the experts' 8 routed tokens (top-1, nothing dropped at capacity 4), then the block's 8 tokens
     assert waits == pytest.approx([8 * 10e-6, 8 * 10e-6, 8 * 10e-6 * 2.5, 8 * 10e-6 * 2.5])
     assert slow.slowdown is not None and plain.slowdown is None
+
+
+def test_simulated_device_time_is_recorded_as_an_op_not_a_label(tmp_path):
+    """The wait stands in for a kernel: work, so it is a `cpu_op` (a label is never work to tracekit)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from instrumented_runtime.device_time import DEVICE_WAIT, device_wait
+    from tracekit.parse.classify import is_label
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        device_wait(x * 2, tokens=10, us_per_token=100.0).sum().backward()
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    waits = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e.get("name") == DEVICE_WAIT]
+    assert len(waits) == 2 and {e["cat"] for e in waits} == {"cpu_op"}  # forward and backward
+    assert not is_label(DEVICE_WAIT, "cpu_op")

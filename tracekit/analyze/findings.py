@@ -11,6 +11,11 @@ from tracekit.analyze.evidence import (BandwidthEvidence, BubbleEvidence, Collec
                                        StageImbalanceEvidence, StragglerEvidence)
 
 
+SHARED_HOST_CAVEAT = ("every rank runs on one host: CPU cores shared by several ranks (a preempted or "
+                      "oversubscribed process) can make a rank late or leave gaps between its ops as well")
+"""The caveat (never a cap) on a host-side cause seen on CPU ranks that share one host's cores."""
+
+
 class Severity(str, Enum):
     INFO = "info"
     WARNING = "warning"

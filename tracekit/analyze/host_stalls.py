@@ -3,12 +3,15 @@
 A stall is recognised by what the trace shows, not by labels:
 - on GPU traces, time when **no device work is queued** (every kernel launched so far has finished:
   the union of [launch, kernel end] over kernels, memcpys and memsets leaves it uncovered) while the
-  host is **in a gap** (no host event of the process running, step annotations aside) or **loading
-  data** (PyTorch's `enumerate(DataLoader)#...` annotations; the reference runtime's `data:load`
-  label counts the same way, as extra evidence);
+  host is **in a gap** (no host op, runtime call or communication call of the process running) or
+  **loading data** (PyTorch's own `enumerate(DataLoader)#...` ranges, written for every job);
 - on CPU traces (no device: the host is the device), time when no op runs on the host — ops inside
-  a data-loading annotation are work, its empty parts count as data loading — and the rank is not
+  a data-loading range are work, its empty parts count as data loading — and the rank is not
   inside a collective or p2p (waiting for peers is not the host's fault).
+A user's `record_function` label (our runtime's `data:load`, `fwd`, any user's `my_fetch`: see
+parse/classify.py `is_label`) is no host activity by itself — only the ops inside it are — so a sleep
+or a fetch inside a label is a gap like one with no label. A label only adds evidence: the labels the
+stall time falls in (`stall_labels`), and the one covering most of it is named in the summary.
 Gaps shorter than MIN_GAP_NS are per-op dispatch overhead, not a stall (data loading on GPU traces
 counts whole).
 
@@ -17,12 +20,14 @@ recurs — at least STALL_WARNING of the step in every profiled step (the smalle
 data loading, syncs and sleeps come back each step, a one-off hiccup such as a preempted process
 does not) — gets an `idle_host_bound` finding (critical from STALL_CRITICAL, info from STALL_INFO);
 the estimated saving is the mean stall time per step (the device would have had work; an upper
-bound, since the data must still be produced somewhere).
+bound, since the data must still be produced somewhere). Host gaps on CPU-only ranks that share one
+host's cores carry a caveat (`caveat`: a preempted process leaves the same gaps), never a cap.
 
 Section `host_stalls`:
     {"ranks": [{"rank", "steps", "step_ns", "stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns",
                 "stall_fraction", "recurring_fraction", "step_fractions": [..], "device": "gpu" | "cpu",
-                "data_load_sources": [..]}],          # *_ns: means per step
+                "data_load_sources": [..],
+                "stall_labels": {label: ns}}],          # *_ns: means per step; labels: evidence only
      "thresholds": {"min_gap_ns", "info", "warning", "critical"}}
 """
 
@@ -38,7 +43,9 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.evidence import HostStallEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
+from tracekit.analyze.matching import host_count
+from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
 
 MIN_GAP_NS = 1_000_000
@@ -63,12 +70,14 @@ def _str_is(col: pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
 
 @dataclass
 class _HostEvents:
-    """One rank's host events as arrays: activity (ops, not step/data-loading annotations), data loading,
-    and the names of the data-loading events (for the evidence)."""
+    """One rank's host events as arrays: activity (ops, runtime and communication calls, tracekit's own
+    ranges — not step annotations, data-loading ranges or labels), data loading, the names of the
+    data-loading events, and each label's intervals (evidence only)."""
 
     act: iv.IntervalSet
     loading: iv.IntervalSet
     data_names: list[str]
+    labels: dict[str, iv.IntervalSet]
 
 
 def _host_events(store: RunStore, rank: int) -> _HostEvents:
@@ -76,11 +85,14 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
     dur = _np(t["dur"], -1)
     host = (~_str_is(t["lane"], ("device",))) & (dur >= 0) & _str_is(t["cat"], HOST_CATS)
     data = host & _str_is(t["role"], ("data_load",))
-    ops = host & ~data & ~_str_is(t["role"], ("step_annotation",))
-    ts = _np(t["ts"])
-    names = pc.filter(t["name"].cast(pa.string()), pa.array(data)).to_pylist() if data.any() else []
-    return _HostEvents(act=iv.union(ts[ops], ts[ops] + dur[ops]), loading=iv.union(ts[data], ts[data] + dur[data]),
-                       data_names=sorted(set(n or "" for n in names)))
+    label = host & label_rows(t["cat"], t["role"])
+    ops = host & ~data & ~label & ~_str_is(t["role"], ("step_annotation",))
+    ts, end = _np(t["ts"]), _np(t["ts"]) + dur
+    names = np.asarray(t["name"].cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+    labels = {str(nm): iv.union(ts[label & (names == nm)], end[label & (names == nm)])
+              for nm in sorted(set(names[label].tolist()))}
+    return _HostEvents(act=iv.union(ts[ops], end[ops]), loading=iv.union(ts[data], end[data]),
+                       data_names=sorted(set(names[data].tolist())), labels=labels)
 
 
 def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
@@ -120,39 +132,54 @@ def _long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
     return starts[keep], ends[keep]
 
 
+def _step_stall(host: _HostEvents, queued: iv.IntervalSet | None, comm: iv.IntervalSet | None, lo: int, hi: int
+                ) -> tuple[iv.IntervalSet, iv.IntervalSet]:
+    """(stall, its part in host gaps) of the step [lo, hi)."""
+    gaps = _long_gaps(host.act, lo, hi)
+    if queued is not None:  # GPU: gaps and data loading while the device has nothing queued
+        stall = iv.subtract(iv.merge(gaps, iv.clip(host.loading, lo, hi)), queued)
+    else:  # CPU: gaps with no op running, outside collectives (waiting for peers)
+        stall = iv.subtract(gaps, comm)
+    return stall, iv.intersect(stall, gaps)
+
+
 def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     """Stall totals of one rank over its profiled steps (None without steps)."""
     steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
     if not steps:
         return None
     host = _host_events(store, rank)
-    act, loading = host.act, host.loading
     queued = _device_queued(store, rank)
     comm = _comm_busy(store, rank) if queued is None else None
     tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
+    in_labels = dict.fromkeys(host.labels, 0)
     per_step = []
     for s in steps:
         lo, hi = s["ts"], s["ts"] + s["dur"]
-        gaps = _long_gaps(act, lo, hi)
-        if queued is not None:  # GPU: gaps and data loading while the device has nothing queued
-            stall = iv.subtract(iv.merge(gaps, iv.clip(loading, lo, hi)), queued)
-        else:  # CPU: gaps with no op running, outside collectives (waiting for peers)
-            stall = iv.subtract(gaps, comm)
-        gap_part = iv.intersect(stall, gaps)
+        stall, gap_part = _step_stall(host, queued, comm, lo, hi)
         tot["step_ns"] += hi - lo
         tot["stall_ns"] += iv.total(stall)
         per_step.append(iv.total(stall) / max(hi - lo, 1))
-        tot["data_load_ns"] += iv.total(iv.intersect(stall, loading))
+        tot["data_load_ns"] += iv.total(iv.intersect(stall, host.loading))
         tot["gap_ns"] += iv.total(gap_part)
         if len(gap_part[0]):
             tot["longest_gap_ns"] = max(tot["longest_gap_ns"], int(np.max(gap_part[1] - gap_part[0])))
+        for name, spans in host.labels.items():
+            in_labels[name] += iv.total(iv.intersect(stall, spans))
     n = len(steps)
     out = {k: int(v // n) if k != "longest_gap_ns" else int(v) for k, v in tot.items()}
     out.update(rank=rank, steps=n, device="gpu" if queued is not None else "cpu",
                stall_fraction=tot["stall_ns"] / tot["step_ns"] if tot["step_ns"] else 0.0,
                recurring_fraction=min(per_step), step_fractions=per_step,
-               data_load_sources=sorted({_source(nm) for nm in host.data_names}))
+               data_load_sources=sorted({_source(nm) for nm in host.data_names}),
+               stall_labels=_by_coverage(in_labels, host.labels, n))
     return out
+
+
+def _by_coverage(in_labels: dict[str, int], labels: dict[str, iv.IntervalSet], n: int) -> dict[str, int]:
+    """Labels holding stall time, most first (innermost first among equals: a label nested in another)."""
+    order = sorted((k for k, v in in_labels.items() if v), key=lambda k: (-in_labels[k], iv.total(labels[k]), k))
+    return {k: int(in_labels[k] // n) for k in order}
 
 
 def _source(name: str) -> str:
@@ -167,12 +194,17 @@ def _severity(frac: float) -> Severity | None:
     return Severity.INFO if frac >= STALL_INFO else None
 
 
-def _finding(r: dict[str, Any]) -> Finding | None:
+def _finding(r: dict[str, Any], shared_host: bool) -> Finding | None:
+    """`shared_host`: several CPU-only ranks on one host's cores (a host gap there may be preemption:
+    a caveat on the cause, never a lower severity)."""
     sev = _severity(r["recurring_fraction"])
     if sev is None:
         return None
     loading = r["data_load_ns"] >= r["stall_ns"] / 2
     what = "loading data" if loading else "in host gaps"
+    label = next(iter(r["stall_labels"]), None)  # evidence: the label holding most of the stall, if most
+    if label is not None and 2 * r["stall_labels"][label] >= r["stall_ns"]:
+        what += f" inside the label {label!r}"
     where = ("with no device work queued" if r["device"] == "gpu"
              else "(no op running, no collective in flight)")
     summary = (f"rank {r['rank']} stalls {r['stall_ns'] / 1e6:.1f} ms per step ({r['stall_fraction']:.0%} of the "
@@ -182,8 +214,11 @@ def _finding(r: dict[str, Any]) -> Finding | None:
            "Find what the training thread waits for between ops (host syncs such as .item()/.cpu(), "
            "logging, checkpointing, garbage collection, sleeps) and move it off the step or overlap it.")
     ev = {k: r[k] for k in ("stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns", "step_ns", "stall_fraction",
-                            "recurring_fraction", "step_fractions", "device", "data_load_sources")}
+                            "recurring_fraction", "step_fractions", "device", "data_load_sources",
+                            "stall_labels")}
     ev["cause"] = "data_load" if loading else "host_gap"
+    if shared_host and r["device"] == "cpu" and not loading:
+        ev["caveat"] = SHARED_HOST_CAVEAT
     return Finding(kind=FindingKind.IDLE_HOST_BOUND, severity=sev, summary=summary, ranks=(r["rank"],),
                    dim=None, evidence=HostStallEvidence.of(ev), recommendation=rec, est_saving_ns=int(r["stall_ns"]))
 
@@ -196,7 +231,8 @@ class HostStallsResult(AnalyzerResult):
 def analyze_host_stalls(store: RunStore) -> HostStallsResult:
     """Section `host_stalls` and `idle_host_bound` findings."""
     ranks = [r for r in (rank_stalls(store, rank) for rank in store.ranks()) if r is not None]
-    findings = [f for f in (_finding(r) for r in ranks) if f is not None]
+    shared_host = len(ranks) > 1 and host_count(store) == 1
+    findings = [f for f in (_finding(r, shared_host) for r in ranks) if f is not None]
     section = {"ranks": ranks, "thresholds": {"min_gap_ns": MIN_GAP_NS, "info": STALL_INFO,
                                               "warning": STALL_WARNING, "critical": STALL_CRITICAL}}
     return HostStallsResult(findings=findings, section=section)

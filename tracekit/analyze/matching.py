@@ -144,7 +144,7 @@ def _stats(x: pd.Series) -> dict[str, int]:
             "max": int(a.max())}
 
 
-def _host_count(store: RunStore) -> int | None:
+def host_count(store: RunStore) -> int | None:
     """Distinct hosts of the run's ranks (ranks table, else manifest), None when unknown."""
     names = store.table("ranks", ["hostname"]).column("hostname").to_pylist()
     if names and all(names):
@@ -230,7 +230,7 @@ def _estimate_clocks(store: RunStore, df: pd.DataFrame, per_rank: dict[int, str]
     """Clock offsets estimated on the matching clock, and each rank's log-to-trace shift."""
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
     clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"], "end": df["end"]})
-    hosts = _host_count(store)
+    hosts = host_count(store)
     clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig(), same_host=hosts == 1)
     clocks["hosts"] = hosts
     shifts, log_report = _trace_shifts(store, per_rank)

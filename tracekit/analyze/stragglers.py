@@ -12,7 +12,7 @@ back 10-20% of the step (CPU contention), and that is reported as info. No sever
 host: a rank that holds its peers back is a straggler whatever the cause, with its measured delay
 as the saving; when every rank shares one host the cause carries a caveat (`caveat`: CPU cores
 shared by several ranks can make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
-against the noise: "data_load" (its own annotation) needs no last-share, and "uneven_work" (counted
+against the noise: "data_load" (PyTorch's own DataLoader ranges on it) needs no last-share, and "uneven_work" (counted
 FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
 the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
 running ahead of the device: warning from 10% of the step at 2x dominance, last at over half of its
@@ -23,8 +23,12 @@ last; `last_share_with` counts their turns as one).
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
 collective ended), compare the straggler with the other members of the instance: longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
-delay), longer data loading (events.role data_load: `enumerate(DataLoader)#...`, `data:load`) → "data_load", more host time with no activity →
-"host_idle"; "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
+delay), longer data loading (events.role data_load: PyTorch's own `enumerate(DataLoader)#...`, written
+for every job) → "data_load", more host time with no activity → "host_idle" (a user's
+`record_function` label — our runtime's `data:load`, anyone's `my_fetch` — is no activity: a sleep
+inside one is host idle as with no label; the label is evidence only: `idle_labels`, the label
+holding the rank's idle time before its late arrivals, named in the cause text when it holds at least
+half of the delay examined); "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
 tokens its MoE router assigned, ≥ 1.25× the peers' median: counts, which CPU contention cannot fake);
 "contention" when longer compute and idle come with about as many ops as its
 peers and even its size-free ops (views, transposes) run slower — the host is slow (a
@@ -40,7 +44,7 @@ Section `stragglers`:
                 "late_with": [rank] (only when some), "last_share_with" (idem)}],
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
-                     "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
+                     "idle_labels": {label: ns}, "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
                      "work_ratio", "work_measure": "flops|routed_tokens|null"}}],
      "thresholds": {...}}
 """
@@ -59,8 +63,9 @@ from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.breakdown import BreakdownResult, RankActivities, activities_of, breakdown_ranks
 from tracekit.analyze.evidence import StragglerEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
 from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
+from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
 
 
@@ -157,9 +162,11 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
 
 
 def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
-    ev = store.rank_table("events", rank, ["role", "ts", "dur", "stream"])
+    ev = store.rank_table("events", rank, ["name", "cat", "role", "ts", "dur", "stream"])
     ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-    return ev.select(["role", "ts", "dur"]).to_pandas()
+    df = ev.select(["name", "role", "ts", "dur"]).to_pandas()
+    df["label"] = label_rows(ev["cat"], ev["role"])
+    return df
 
 
 def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives
@@ -186,52 +193,67 @@ def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollect
     return prev_end_map
 
 
-def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int]
-               ) -> dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]]:
-    """Per rank: its activity, its data-load intervals and all its busy time."""
+@dataclass(frozen=True)
+class _Busy:
+    """One rank's activity, its data-loading intervals (PyTorch's DataLoader ranges), all its busy time,
+    and the idle part of each of its labels (evidence only)."""
+
+    act: Any
+    data_load: iv.IntervalSet
+    busy: iv.IntervalSet
+    idle_labels: dict[str, iv.IntervalSet]
+
+
+def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int]) -> dict[int, _Busy]:
     out = {}
     for r in ranks:
         act = activity.get(r)
         ev = _host_events(store, r)
-        dl = ev[ev["role"].astype(str) == "data_load"]  # enumerate(DataLoader)#..., data:load (parse/classify.py)
-        dl_set = iv.union(dl["ts"].to_numpy(np.int64), (dl["ts"] + dl["dur"]).to_numpy(np.int64))
-        out[r] = (act, dl_set, iv.merge(act.compute, act.comm, act.other))
+
+        def spans(df: pd.DataFrame) -> iv.IntervalSet:
+            return iv.union(df["ts"].to_numpy(np.int64), (df["ts"] + df["dur"]).to_numpy(np.int64))
+        busy = iv.merge(act.compute, act.comm, act.other)
+        labels = ev[ev["label"]]
+        out[r] = _Busy(act, spans(ev[ev["role"].astype(str) == "data_load"]), busy,
+                       {str(nm): iv.subtract(spans(g), busy) for nm, g in labels.groupby(labels["name"].astype(str))})
     return out
 
 
 def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int, matched: MatchedCollectives,
-                            prev_end_map: dict[tuple[int, str], int | None],
-                            busy: dict[int, tuple[Any, iv.IntervalSet, iv.IntervalSet]]
-                            ) -> tuple[dict[str, float], int, int]:
+                            prev_end_map: dict[tuple[int, str], int | None], busy: dict[int, _Busy]
+                            ) -> tuple[dict[str, float], int, int, dict[str, int]]:
     """The late rank's compute / data-load / idle time before each late arrival minus its peers'
-    median, summed; with the delay of the instances examined and their count."""
+    median, summed; with the delay of the instances examined, their count, and the late rank's idle
+    time inside each of its labels there."""
     excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
+    labelled = dict.fromkeys(busy[rank].idle_labels, 0) if rank in busy else {}
     examined = delay_examined = 0
     members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
                              + row_trace_shift(members, matched.trace_shift).astype(np.int64))
     for key, grp in members.groupby("key"):
-        vals = {}
+        vals, window = {}, None
         for row in grp.itertuples():
             p = prev_end_map.get((row.rank, key))
             if p is None:
                 continue
             lo, hi = p, int(row.arrival_trace)
-            act, dl_set, busy_set = busy[row.rank]
-            comp = int(iv.covered(act.compute, [lo], [hi])[0])
-            idle = (hi - lo) - int(iv.covered(busy_set, [lo], [hi])[0])
-            dl = int(iv.covered(dl_set, [lo], [hi])[0])
-            vals[row.rank] = (comp, dl, idle)
+            b = busy[row.rank]
+            comp = int(iv.covered(b.act.compute, [lo], [hi])[0])
+            idle = (hi - lo) - int(iv.covered(b.busy, [lo], [hi])[0])
+            vals[row.rank] = (comp, int(iv.covered(b.data_load, [lo], [hi])[0]), idle)
+            window = (lo, hi) if row.rank == rank else window
         if rank not in vals or len(vals) < 2:
             continue
         others = [v for r, v in vals.items() if r != rank]
         med = [float(np.median([o[i] for o in others])) for i in range(3)]
         mine = vals[rank]
-        excess["compute"] += mine[0] - med[0]
-        excess["data_load"] += mine[1] - med[1]
-        excess["host_idle"] += mine[2] - med[2]
+        for i, k in enumerate(("compute", "data_load", "host_idle")):
+            excess[k] += mine[i] - med[i]
+        for name, idle_spans in busy[rank].idle_labels.items():
+            labelled[name] += int(iv.covered(idle_spans, [window[0]], [window[1]])[0])
         delay_examined += int(late.loc[late["key"] == key, "delay"].iloc[0])
         examined += 1
-    return excess, delay_examined, examined
+    return excess, delay_examined, examined, {k: v for k, v in sorted(labelled.items(), key=lambda kv: -kv[1]) if v}
 
 
 def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
@@ -243,11 +265,11 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     ranks = sorted(set(members["rank"].tolist()))
     if np.isnan(row_trace_shift(members, matched.trace_shift)).any():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
-    excess, delay_examined, examined = _excess_before_arrivals(
+    excess, delay_examined, examined, labelled = _excess_before_arrivals(
         members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
-                "host_idle_excess_ns": int(excess["host_idle"]), "delay_ns": int(delay_examined),
-                "instances_examined": examined}
+                "host_idle_excess_ns": int(excess["host_idle"]), "idle_labels": labelled,
+                "delay_ns": int(delay_examined), "instances_examined": examined}
     if examined == 0 or delay_examined <= 0:
         return "unknown", evidence
     need = cfg.cause_min_explained * delay_examined
@@ -441,7 +463,7 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
               device_timed: bool = False) -> Severity:
     """`device_timed`: every rank's arrivals are device times (see `device_warning_delay_fraction`)."""
     frac = row["delay_fraction"] or 0.0
-    # a cause measured on the rank itself (its own data:load annotation, its counted work) needs no
+    # a cause measured on the rank itself (PyTorch's DataLoader ranges on it, its counted work) needs no
     # "last at most collectives" guard against timing noise; counted work not the noise floor either
     evidenced = cause in ("data_load", "uneven_work")
     # "compute" with more ops than its peers is counted extra work too (CPU contention cannot add
@@ -463,6 +485,16 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
     return Severity.INFO
 
 
+def _cause_text(cause: str, ev: dict[str, Any]) -> str:
+    """The cause in words; a label holding the rank's idle time (at least half the delay examined) is
+    named: it tells what the idle time was, the trace already showed that it was idle."""
+    text = cause.replace("_", " ")
+    label, idle = next(iter((ev.get("idle_labels") or {}).items()), (None, 0))
+    if cause == "host_idle" and label is not None and 2 * idle >= ev.get("delay_ns", 0) > 0:
+        text += f" inside the label {label!r}"
+    return text
+
+
 def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity, step_ns: int) -> Finding:
     r = row["rank"]
     frac = row["delay_fraction"] or 0.0
@@ -471,7 +503,7 @@ def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity,
         kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
         summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
                  f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
-                 f"({100 * frac:.1f}% of the step); cause: {cause.replace('_', ' ')}"),
+                 f"({100 * frac:.1f}% of the step); cause: {_cause_text(cause, ev)}"),
         evidence=StragglerEvidence(cause=cause, delay_ns_per_step=row["delay_ns_per_step"], details={
                   "last_count": row["last_count"], "instances": row["instances"],
                   "last_share": row["last_share"], "last_chance": row["last_chance"],
@@ -511,8 +543,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         if one_host and cause in ("contention", "host_idle", "unknown"):
             # no cap: a rank that holds its peers back is a straggler whatever the cause, and its
             # measured delay is what removing the cause saves; the cause only carries a caveat
-            ev = {**ev, "caveat": "every rank runs on one host: CPU cores shared by several ranks (a "
-                                  "preempted or oversubscribed process) can make a rank late as well"}
+            ev = {**ev, "caveat": SHARED_HOST_CAVEAT}
         findings.append(_finding(row, cause, ev, _severity(row, cause, ev, cfg, device_timed), step_ns))
     section = {"steps_counted": steps, "mean_step_ns": step_ns, "ranks": rows, "stragglers": stragglers,
                "excluded": excluded, "thresholds": asdict(cfg), "device_timed": device_timed}

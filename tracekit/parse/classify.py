@@ -6,11 +6,15 @@ instead of matching names. Every spelling of those answers lives in this module:
 
 - role of an event (`ROLES`): the step annotation `ProfilerStep#N` (whatever its category: the
   2021–2023 "Operator" traces and gloo CPU runs record it as a `cpu_op`; it is never compute);
-  data loading (PyTorch's `enumerate(DataLoader)#...`, and our runtime's `data:load` label);
+  data loading (PyTorch's own `enumerate(DataLoader)#...` ranges, which PyTorch writes for every job);
   tracekit's own work (`tracekit::...`); communication (c10d / functional collectives,
   `record_param_comms`, `nccl:` / `gloo:` / `rccl:` annotations, our runtime's `comm:` labels, events on
   a backend's worker threads); device rows take their kernel kind; other host ops (`cpu_op`) are
   compute; everything else is other.
+- labels (`is_label`): a user's `record_function` range whose name decides no role — our runtime's
+  `data:load`, `fwd`, `optimizer:step`, any user's `my_fetch` — is role other and is no host activity
+  by itself: only the ops inside it are. A sleep or a fetch inside a label is a host gap like one with
+  no label; analyzers may name the label as evidence of what the gap was, never find anything by it.
 - the step of a kernel: the step of the host runtime call that launched it (same correlation id,
   the step window enclosing the launch's start). A kernel whose launch is not in the trace and that
   starts before the first linked kernel is carry-over from before profiling (no step). When nothing
@@ -35,7 +39,8 @@ STEP_RE = re.compile(STEP_PATTERN)
 
 
 OVERHEAD_PREFIX = "tracekit::"
-DATA_LOAD_PREFIXES = ("enumerate(DataLoader)", "data:load")
+DATA_LOAD_PREFIXES = ("enumerate(DataLoader)",)  # PyTorch's own; our runtime's `data:load` is a label
+LABEL_CATS = ("user_annotation",)
 COMM_PREFIXES = ("c10d::", "c10d_functional", "_c10d_functional",  # ::all_reduce, .all_reduce, _autograd::
                  "record_param_comms", "nccl:", "gloo:", "rccl:", "ProcessGroup", "torch.distributed",
                  "comm:")
@@ -62,6 +67,20 @@ def name_role(name: str | None) -> str | None:
     if name.startswith(COMM_PREFIXES):
         return "comm"
     return None
+
+
+def is_label(name: str | None, cat: str | None) -> bool:
+    """A user's `record_function` range (a user annotation whose name decides no role): a label around
+    work, not work — only the ops inside it are host activity."""
+    return cat in LABEL_CATS and name_role(name) is None
+
+
+def label_rows(cat: pa.ChunkedArray | pa.Array, role: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """`is_label` over an events table's columns: user annotations the parser gave no role (other)."""
+    def is_in(col, values):
+        return pc.is_in(col.cast(pa.string()), value_set=pa.array(values)).fill_null(False).to_numpy(
+            zero_copy_only=False).astype(bool)
+    return is_in(cat, LABEL_CATS) & is_in(role, ["other"])
 
 
 def is_comm_thread(thread_name: str | None) -> bool:

@@ -416,13 +416,13 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
                  assume_rank: int | None) -> ParseRunResult:
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
-    advance, stop = _progress(progress, sum(f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH) for f in found.inputs))
+    advance, stop = _progress(progress, sum(f.kind != disc.MANIFEST for f in found.inputs))
     run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
                meta={"trace_dir": str(trace_dir)})
     _read_manifest(found, run)
     try:
         for f in found.inputs:  # 1. small per-rank inputs
-            if f.kind not in (disc.MANIFEST, disc.GROUND_TRUTH, disc.KINETO):
+            if f.kind not in (disc.MANIFEST, disc.KINETO):
                 _read_side_input(f, run, max_decompressed_bytes)
         kineto = found.of_kind(disc.KINETO)  # 2. Kineto traces, one rank at a time
         results = engine.parse_kineto_files([str(f.path) for f in kineto], max_decompressed_bytes=max_decompressed_bytes,
@@ -442,8 +442,8 @@ def _read_manifest(found: Any, run: _Run) -> None:
             run.manifest = _read_json_meta(f.path, run.skipped)
         else:
             run.skipped.append({"file": str(f.path), "reason": "second manifest.json (kept the first)"})
-    # ground_truth.json (a simulator's or the runtime's answer key) is never read into the store: the
-    # analyzers must find what the traces show, not what was injected
+    # ground_truth.json (a simulator's or the runtime's answer key) is not even an input
+    # (discover.ANSWER_KEY_IGNORED): the analyzers must find what the traces show, not what was injected
 
 
 def _read_side_input(f: Any, run: _Run, max_decompressed_bytes: int | None) -> None:

@@ -66,7 +66,8 @@ EVENTS = pa.schema([
     _f("role", DICT_STR, "what the event is, decided in parse/classify.py: compute (cpu_op on a training "
        "thread; compute kernel) | comm (collective calls c10d::/_c10d_functional/record_param_comms/nccl:/gloo:/"
        "comm:, comm-thread events, comm kernels) | memcpy | memset | step_annotation (ProfilerStep#N, any "
-       "category; never compute) | data_load (enumerate(DataLoader)#..., data:load) | overhead (tracekit::...) | other"),
+       "category; never compute) | data_load (PyTorch's enumerate(DataLoader)#...) | overhead (tracekit::...) | "
+       "other (incl. users' record_function labels such as data:load or fwd: no host activity by themselves)"),
     _f("lane", DICT_STR, "host (training/other threads) | comm_thread (gloo/NCCL worker threads) | device"),
 ])
 

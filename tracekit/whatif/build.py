@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze.matching import MatchedCollectives, arrival_ns, row_trace_shift
-from tracekit.parse.classify import name_role
+from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.store import RunStore
 from tracekit.whatif.graph import Category, StepGraph, add_start_nodes
 
@@ -318,17 +318,20 @@ def _leaf(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def _training_thread_ops(store: RunStore, rank: int, steps: tuple[int, ...]
                          ) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
-    """The `cpu_op`s and annotations (but the step's own) of the thread that ran ProfilerStep#step
-    (trace clock, sorted by start, longest first). Returns starts, ends, names, a mask of the annotations
-    and each op's step."""
+    """The `cpu_op`s and annotations (but the step's own, and users' labels: a `record_function` label
+    such as `data:load` or `my_fetch` is no work by itself, its empty time is a gap like any other) of
+    the thread that ran ProfilerStep#step (trace clock, sorted by start, longest first). Returns starts,
+    ends, names, a mask of the annotations and each op's step."""
     ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "stream"])
     ev = ev.filter(pc.is_null(ev["stream"]))
     names = ev.column("name").cast(pa.string())
     marker = ev.filter(pc.fill_null(pc.starts_with(names, "ProfilerStep#"), False))
     cat = ev.column("cat").cast(pa.string())
     is_op = pc.fill_null(pc.equal(cat, "cpu_op"), False)
+    labels = pa.array([n for n in pc.unique(names).to_pylist() if is_label(n, "user_annotation")], pa.string())
     is_ann = pc.and_(pc.fill_null(pc.equal(cat, "user_annotation"), False),
-                     pc.invert(pc.fill_null(pc.starts_with(names, "ProfilerStep#"), False)))
+                     pc.invert(pc.fill_null(pc.or_(pc.starts_with(names, "ProfilerStep#"),
+                                                   pc.is_in(names, value_set=labels)), False)))
     if marker.num_rows:
         tid = marker.column("tid")[0].as_py()
     elif pc.sum(is_op).as_py():
