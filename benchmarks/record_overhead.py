@@ -26,7 +26,8 @@ Each block of a state is paired with the profiler-alone blocks next to it, in th
 ratio = median step of the block / median step of its neighbouring profiler-alone blocks. A slow
 phase of the shared machine hits a block and its neighbours alike, so it cancels; the headline is
 the median of those block ratios over both ranks and all repeats, with their quartiles and each
-repeat's median (the spread).
+repeat's median (the spread). Both in wall time (what the user sees) and in process CPU time (the
+work itself; on a shared box, wall time also holds the waits for a core, the largest noise there).
 
 Usage: python benchmarks/record_overhead.py [--repeats 3] [--steps 90] [--json out.json]
        python benchmarks/record_overhead.py --in-window [--in-window-steps 164] [--block 4] [--loops ddp,tp_sp]
@@ -187,9 +188,9 @@ AB_HARNESS = textwrap.dedent("""
         if st["logger"] is not None:
             with FLUSH("tracekit::flush_collective_log"):
                 st["logger"].flush()
-        now = time.perf_counter_ns()
+        now = (time.perf_counter_ns(), time.process_time_ns())
         if st["state"] is not None and st["last"] is not None:
-            st["blocks"][-1][1].append(now - st["last"])
+            st["blocks"][-1][1].append([now[0] - st["last"][0], now[1] - st["last"][1]])
         st["step"] += 1
         k = st["step"] - warm
         if k == 0:
@@ -203,7 +204,7 @@ AB_HARNESS = textwrap.dedent("""
                 enter(new, dist.get_rank())
                 st["state"] = new
                 st["blocks"].append([new, []])
-        st["last"] = time.perf_counter_ns()
+        st["last"] = (time.perf_counter_ns(), time.process_time_ns())
 
     register_optimizer_step_post_hook(boundary)
     try:
@@ -218,8 +219,9 @@ AB_HARNESS = textwrap.dedent("""
 """)
 
 
-def in_window_ab(work: Path, loop: str, steps: int, block: int, warm: int = 4) -> list[list[tuple[str, list[int]]]]:
-    """Per rank, the blocks of one loop run with logging toggled every `block` steps: (state, step times ns)."""
+def in_window_ab(work: Path, loop: str, steps: int, block: int, warm: int = 4) -> list[list[tuple[str, list]]]:
+    """Per rank, the blocks of one loop run with logging toggled every `block` steps: (state, [[wall ns,
+    process CPU ns] per step])."""
     script, extra = IN_WINDOW_LOOPS[loop]
     harness = work / "ab_harness.py"
     harness.write_text(AB_HARNESS)
@@ -235,12 +237,13 @@ def in_window_ab(work: Path, loop: str, steps: int, block: int, warm: int = 4) -
     return [[(b[0], b[1]) for b in json.loads((out / f"ab.rank{r}.json").read_text())] for r in (0, 1)]
 
 
-def block_ratios(blocks: list[tuple[str, list[int]]]) -> dict[str, list[float]]:
-    """Per state, median step of each of its blocks / median step of the profiler-alone blocks beside it.
+def block_ratios(blocks: list[tuple[str, list]], metric: int) -> dict[str, list[float]]:
+    """Per state, median step (`metric` 0: wall time, 1: process CPU time) of each of its blocks / median
+    step of the profiler-alone blocks beside it.
 
     The first step of a block pays the switch (profiler ranges, kernels) and is left out; a block with
     no complete profiler-alone neighbour is skipped."""
-    med = [statistics.median(t[1:]) if len(t) > 1 else None for _, t in blocks]
+    med = [statistics.median(t[metric] for t in ts[1:]) if len(ts) > 1 else None for _, ts in blocks]
     out: dict[str, list[float]] = {}
     for i, (state, _) in enumerate(blocks):
         if state == "profiler" or med[i] is None:
@@ -257,27 +260,36 @@ def _quantiles(v: list[float]) -> dict[str, float]:
     return {"median": statistics.median(v), "p25": q[0], "p75": q[2], "min": min(v), "max": max(v), "n": len(v)}
 
 
+METRICS = {"wall": 0, "cpu": 1}
+"""Wall time is what the user sees; process CPU time (all threads) is the cost itself, without the time the
+shared box kept the process waiting for a core (the largest noise there)."""
+
+
 def in_window_main(steps: int, repeats: int, block: int, json_out: Path | None, loops: list[str]) -> dict:
     result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tracekit-bench-inwin-") as tmp:
         for rep in range(repeats):  # loops interleaved too: a slow phase of the box spreads over all of them
             for loop in loops:
-                r = result.setdefault(loop, {"block_ratios": {}, "per_repeat_median": {}, "profiler_step_ms": []})
+                r = result.setdefault(loop, {"profiler_step_ms": [], **{m: {} for m in METRICS}})
                 for rank_blocks in in_window_ab(Path(tmp), loop, steps, block):
-                    r["profiler_step_ms"].extend(t / 1e6 for s, ts in rank_blocks if s == "profiler" for t in ts[1:])
-                    for state, v in block_ratios(rank_blocks).items():
-                        r["block_ratios"].setdefault(state, []).extend(v)
-                        r["per_repeat_median"].setdefault(state, {}).setdefault(rep, []).extend(v)
+                    r["profiler_step_ms"].extend(t[0] / 1e6 for s, ts in rank_blocks if s == "profiler"
+                                                 for t in ts[1:])
+                    for m, k in METRICS.items():
+                        for state, v in block_ratios(rank_blocks, k).items():
+                            r[m].setdefault(state, {}).setdefault(rep, []).extend(v)
     for loop, r in result.items():
         r["profiler_step_ms"] = statistics.median(r["profiler_step_ms"])
-        r["ratio_vs_profiler"] = {s: _quantiles(v) for s, v in r.pop("block_ratios").items()}
-        r["per_repeat_median"] = {s: [statistics.median(v) for v in reps.values()]
-                                  for s, reps in r["per_repeat_median"].items()}
+        for m in METRICS:
+            r[m] = {s: {**_quantiles([x for v in reps.values() for x in v]),
+                        "per_repeat_median": [statistics.median(v) for v in reps.values()]}
+                    for s, reps in r[m].items()}
         r["target_ratio_max_logging"] = 1.05
-        print(f"{loop}: profiler alone {r['profiler_step_ms']:.2f} ms/step; " + "; ".join(
-            f"+ {s} x{q['median']:.3f} (quartiles {q['p25']:.3f}-{q['p75']:.3f} over {q['n']} blocks; repeats "
-            + ", ".join(f"{m:.3f}" for m in r["per_repeat_median"][s]) + ")"
-            for s, q in r["ratio_vs_profiler"].items()), file=sys.stderr)
+        print(f"{loop}: profiler alone {r['profiler_step_ms']:.2f} ms/step", file=sys.stderr)
+        for m in METRICS:
+            for s, q in r[m].items():
+                print(f"  {m:4s} + {s}: x{q['median']:.3f} (block quartiles {q['p25']:.3f}-{q['p75']:.3f}, "
+                      f"{q['n']} blocks; per repeat " + ", ".join(f"{x:.3f}" for x in q["per_repeat_median"]) + ")",
+                      file=sys.stderr)
     out = {"steps": steps, "repeats": repeats, "block": block, "states": list(IN_WINDOW_STATES), "loops": result}
     print(json.dumps(out, indent=1))
     if json_out:
