@@ -65,3 +65,17 @@ def test_time_based_window_length():
 
     with pytest.raises(ValueError):
         ProfileSchedule(active=5, max_active=4, min_window_ms=10)
+
+
+@pytest.mark.parametrize("log_collectives", [True, False])
+def test_the_collective_hook_looks_its_ops_up_in_the_warmup_step(tmp_path, log_collectives):
+    """The hook's one-off op lookup (10-25 ms on the 2-core box) is made when the warmup step begins, not
+    inside the first profiled step, where it read as the rank's idle time and a late arrival."""
+    from tracekit.record.c10d_hook import c10d_ops
+    from tracekit.record.recorder import RankRecorder
+
+    c10d_ops.cache_clear()
+    cfg = RecordConfig(out_dir=str(tmp_path), schedule=ProfileSchedule(wait=0, warmup=1, active=1), ranks=[5],
+                       log_collectives=log_collectives, clock_barrier=False, flight_recorder=False)
+    RankRecorder(cfg, first_step=0, mode="api")  # step 0, the warmup step, begins
+    assert c10d_ops.cache_info().currsize == int(log_collectives)

@@ -187,19 +187,38 @@ def test_symmetric_run_has_no_straggler_and_each_collective_once(recordings, ana
         assert all(c["pg_name"] is not None and c["seq_source"] != "order" for c in rows)
 
 
+def _slept_ns_per_step(log: Path) -> float:
+    """What the slow rank really slept per profiled step, as the script timed it (perf_counter around
+    its sleep, written to a side file the analyzers never see): the independent truth for its delay."""
+    slept = {int(step): int(ns) for step, ns in (line.split() for line in log.read_text().splitlines())}
+    assert set(WINDOW) <= set(slept)
+    return sum(slept[s] for s in WINDOW) / len(WINDOW)
+
+
+# Measured on the loaded 2-core box (load 20-33): FSDP2's sleeping rank is the top straggler, but its delay read
+# 65.7 ms/step for 50.1 ms slept (+31%). Its ~9 async collectives a step are matched on the comms log's enqueue
+# times, which carry no end, so the delay rule "count from the group's previous collective's end" never applies
+# on CPU: every async all-gather/reduce-scatter enqueued while the previous one still ran adds its queueing skew
+# (1-14 ms each here) to whichever rank enqueued last. Filling the log rows' ends from the profiler's record
+# of the same (rank, group, seq) cut that noise (on the 3x-batch run: rank 0's 10.5 -> 7.0 ms/step) but was
+# not validated across the suite in this session. DDP (one bucket all-reduce a step) reads 53.4 ms for 51.7 ms
+# slept (+3.3%) since the hook's op lookup moved out of the first profiled step (record/c10d_hook.c10d_ops).
+FSDP2_SLEEP_XFAIL = pytest.mark.xfail(reason="FSDP2 sleep: delay 65.7 ms/step for 50.1 ms slept (+31%): async "
+                                             "collectives' enqueue skews counted as delay (comms-log rows have no end)",
+                                      strict=False)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12: the replay now makes the sleeping rank's straggler the top finding (ddp: 82.8 ms "
-                          "replayed for a 50 ms sleep, idle_host_bound absorbed into it), but on a loaded 2-core box "
-                          "stragglers.py's delay_ns_per_step reads 60-63 ms (> 15% off the 50 ms sleep)",
-                   strict=False)
-@pytest.mark.parametrize("name, extra", [("ddp", ["--sleep-ms", "50"]), ("fsdp2", ["--sleep-ms", "50"])])
-def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name, extra):
-    out = _record(tmp_path, name, "--slow-rank", "1", *extra)
+@pytest.mark.parametrize("name", ["ddp", pytest.param("fsdp2", marks=FSDP2_SLEEP_XFAIL)])
+def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name):
+    log = tmp_path / "slept.txt"
+    out = _record(tmp_path, name, "--slow-rank", "1", "--sleep-ms", "50", "--sleep-log", str(log))
+    slept = _slept_ns_per_step(log)
     analysis = _analyze(out, tmp_path / "ana")
     top = analysis["findings"][0]
     assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
     rank1 = next(r for r in analysis["sections"]["stragglers"]["ranks"] if r["rank"] == 1)
-    assert abs(rank1["delay_ns_per_step"] - 50_000_000) <= 0.15 * 50_000_000
+    assert abs(rank1["delay_ns_per_step"] - slept) <= 0.15 * slept, (rank1["delay_ns_per_step"], slept)
 
 
 def _non_comm_ns_per_step(trace: dict) -> float:
@@ -210,8 +229,12 @@ def _non_comm_ns_per_step(trace: dict) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 12 (gpu): uneven work on one FSDP2 rank is not yet the top straggler finding",
-                   strict=False)
+@pytest.mark.xfail(reason="measured on the loaded 2-core box: the toy FSDP2 model computes ~1 ms a step (leaf aten "
+                          "ops 1.0 ms rank 0, 1.2 ms rank 1), so 3x the batch adds well under the box's noise; the "
+                          "step (130-190 ms) is FSDP2/Python overhead and gloo worker scheduling (a worker started 11 ms "
+                          "after its enqueue with nothing queued). Straggler delays: rank 1 16.3, rank 0 10.5 ms/step "
+                          "(dominance 1.55 < 2: no finding) against this test's 8.5 ms 'injected' figure, which itself "
+                          "counts rank 0's waits in _c10d_functional::wait_tensor outside c10d calls", strict=False)
 def test_fsdp2_rank_with_3x_batch_is_the_top_straggler(tmp_path):
     out = _record(tmp_path, "fsdp2", "--slow-rank", "1", "--batch-mult", "3")
     # The injected delay, measured independently: how much longer rank 1 works outside collectives per step.

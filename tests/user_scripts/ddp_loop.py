@@ -8,8 +8,8 @@ Knobs that a test uses to make one rank slow (the analyzers never see them):
 """
 
 import argparse
-import time
 
+import straggler_knobs  # noqa: I001 (beside this script)
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -33,9 +33,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=10)
-    ap.add_argument("--slow-rank", type=int, default=None)
-    ap.add_argument("--batch-mult", type=int, default=1)
-    ap.add_argument("--sleep-ms", type=float, default=0.0)
+    straggler_knobs.add_args(ap)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -48,12 +46,11 @@ def main():
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
     slow = rank == args.slow_rank
     batch = args.batch * (args.batch_mult if slow else 1)
-    for _ in range(args.steps):
+    for step in range(args.steps):
         optimizer.zero_grad()
         outputs = ddp_model(torch.randn(batch, 10))
         labels = torch.randn(batch, 5)
-        if slow and args.sleep_ms:
-            time.sleep(args.sleep_ms / 1000)
+        straggler_knobs.maybe_sleep(args, rank, step)
         loss_fn(outputs, labels).backward()
         optimizer.step()
     dist.destroy_process_group()

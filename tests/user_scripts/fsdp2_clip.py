@@ -8,8 +8,8 @@ and/or `--sleep-ms MS`.
 """
 
 import argparse
-import time
 
+import straggler_knobs  # noqa: I001 (beside this script)
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -50,9 +50,7 @@ def main():
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=64)
-    ap.add_argument("--slow-rank", type=int, default=None)
-    ap.add_argument("--batch-mult", type=int, default=1)
-    ap.add_argument("--sleep-ms", type=float, default=0.0)
+    straggler_knobs.add_args(ap)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -68,11 +66,10 @@ def main():
     slow = rank == args.slow_rank
     batch = args.batch * (args.batch_mult if slow else 1)
     torch.manual_seed(rank)
-    for _ in range(args.steps):
+    for step in range(args.steps):
         x = torch.randint(0, args.vocab, (batch, args.seq))
         loss = model(x).sum()
-        if slow and args.sleep_ms:
-            time.sleep(args.sleep_ms / 1000)
+        straggler_knobs.maybe_sleep(args, rank, step)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         optim.step()

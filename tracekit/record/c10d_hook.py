@@ -16,6 +16,7 @@ analyzers count it as tracekit's overhead, not the user's time.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -25,6 +26,20 @@ from tracekit.record.dispatch_mode import CollectiveLogger, Reader, c10d_op_name
 
 LOG_RANGE = "tracekit::log_collective"
 """Profiler range around our logging inside a collective (parse classifies `tracekit::*` as overhead)."""
+
+
+@functools.lru_cache(maxsize=1)
+def c10d_ops() -> tuple[tuple[str, Any], ...]:
+    """(name, default overload) of every c10d op the hook wraps. The first lookup resolves the ops'
+    schemas (~10-25 ms measured on the 2-core box): the recorder makes it before its profiled steps, so
+    that tracekit's one-off cost never lands in a measured step (where it read as the rank's idle time
+    and as a late arrival at the step's first collective)."""
+    out = []
+    for name in c10d_op_names():
+        packet = getattr(torch.ops.c10d, name, None)
+        if packet is not None and "default" in packet.overloads():
+            out.append((name, packet.default))
+    return tuple(out)
 
 
 class C10dOpHook:
@@ -48,14 +63,11 @@ class C10dOpHook:
         after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
         lib = torch.library.Library("c10d", "IMPL")
         try:
-            for name in c10d_op_names():
-                packet = getattr(torch.ops.c10d, name, None)
-                if packet is None or "default" not in packet.overloads():
-                    continue
-                read = self.logger.reader(packet.default)
+            for name, op in c10d_ops():
+                read = self.logger.reader(op)
                 if read is None:
                     continue
-                lib.impl(name, _kernel(packet.default, after, read), "BackendSelect", with_keyset=True)
+                lib.impl(name, _kernel(op, after, read), "BackendSelect", with_keyset=True)
                 self.ops.append(name)
         except Exception:
             lib._destroy()

@@ -195,6 +195,10 @@ class RankRecorder:
             self._take_barrier_samples()
         if self.profiled and self.prof is None:
             self._start_profiler(step)
+        if self.config.log_collectives and phase == "warmup":
+            from tracekit.record.c10d_hook import c10d_ops
+
+            c10d_ops()  # the hook's one-off op lookups in the warmup step, not the first profiled one
         if phase == "warmup" and self.window_choice is None and self.config.schedule.min_window_ms > 0:
             self._warmup_started_ns = time.perf_counter_ns()  # after our own start-up work above
         if phase in ("active", "active_last"):
