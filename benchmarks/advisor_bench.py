@@ -15,16 +15,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from tracekit.advise.advisor import advise
+from tracekit.advise.advisor import advise, layout_name
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.analyze.engine import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate.topology import build_topology
 
 
-def measured(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tmp: Path) -> dict:
-    res = simulate(model, cluster, layout, steps=2, seed=0, without=False)
+def measured(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tmp: Path, faults: Faults | None = None) -> dict:
+    res = simulate(model, cluster, layout, faults, steps=2, seed=0, without=False)
     write_traces(res, tmp / "traces")
     store = parse_run(tmp / "traces", tmp / "store", workers=0, progress=False).store
     return analyze_store(store)
@@ -60,22 +61,64 @@ def error_table(model, true, preset, measured_layout, others, hosts, gph) -> Non
     print(f"  mean absolute error {100 * mae:.2f}%   Kendall tau {kendall_tau(pred, truth):.2f}")
 
 
+def _spans(adv, layout: Layout) -> dict[str, int]:
+    """dim -> most hosts one of its groups spans, on the advised cluster."""
+    out: dict[str, int] = {}
+    for g in build_topology(layout, adv.cluster).groups.values():
+        out[g.dim] = max(out.get(g.dim, 0), g.hosts)
+    return out
+
+
+def _seed_70b(adv) -> str:
+    L = adv.ranked[0].layout
+    sp = _spans(adv, L)
+    ok = sp.get("tp", 1) == 1 and L.pp * L.dp * L.cp >= adv.cluster.hosts
+    return f"tp groups within a host: {sp.get('tp', 1) == 1}; pp x dp x cp = {L.pp * L.dp * L.cp} spans {adv.cluster.hosts} hosts -> {'OK' if ok else 'FAIL'}"
+
+
+def _seed_cp(adv) -> str:
+    return f"cp = {adv.ranked[0].layout.cp} -> {'OK' if adv.ranked[0].layout.cp > 1 else 'FAIL'}"
+
+
+def _seed_moe(adv) -> str:
+    L = adv.ranked[0].layout
+    hosts = _spans(adv, L).get("ep", 1)
+    return f"ep = {L.ep}, its all-to-all spans {hosts} host(s) -> {'OK' if L.ep > 1 and hosts == 1 else 'FAIL'}"
+
+
 def seeds(quick: bool) -> None:
+    """The seeds of good practice, judged from the top layout's numbers (nothing in the advisor names them).
+    The 70B case simulates a bounded shortlist (its layouts cost ~1-3 s CPU each). The long-sequence run
+    is advised at its own global batch (32 sequences: 4M tokens per step) and at 8 sequences (1M tokens)."""
     slow = dataclasses.replace(ClusterSpec.preset("4x8-h100"), inter_bw_gbs=12.0)
-    cases = [("dense 70B-like, slow inter-host links", ModelSpec.preset("llama-70b-like"), Layout(dp=4, tp=8, pp=1)),
-             ("long sequence (128k tokens)", dataclasses.replace(ModelSpec.preset("tiny"), seq=131072, micro_batch_size=1),
-              Layout(dp=32)),
-             ("skewed MoE", ModelSpec.preset("tiny-moe"), Layout(dp=8, tp=4, ep=8))]
-    for title, model, L in cases[1:] if quick else cases:
+    long_seq = dataclasses.replace(ModelSpec.preset("tiny"), seq=131072, micro_batch_size=1)
+    cases = [("dense 70B-like, slow inter-host links", ModelSpec.preset("llama-70b-like"), Layout(dp=4, tp=8, pp=1),
+              Faults(), [("", dict(simulate_top=6, near_current=3, variants_per_layout=1))], _seed_70b),
+             ("long sequence (128k tokens)", long_seq, Layout(dp=32), Faults(),
+              [("32 sequences per step", dict(simulate_top=10)),
+               ("8 sequences per step", dict(simulate_top=10, global_batch=8))], _seed_cp),
+             ("skewed MoE", ModelSpec.preset("tiny-moe"), Layout(dp=8, tp=4, ep=8), Faults(router_bias={0: 2.0}),
+              [("", dict(simulate_top=10))], _seed_moe)]
+    for title, model, L, faults, runs, check in cases[1:] if quick else cases:
         with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.perf_counter()
-            an = measured(model, slow, L, Path(tmp))
-            adv = advise(an, model, ClusterSpec.preset("4x8-h100"), top=3, simulate_top=10)
-            dt = time.perf_counter() - t0
-        best = adv.ranked[0].layout
-        print(f"  {title}: top layout dp{best.dp} tp{best.tp} pp{best.pp} cp{best.cp} ep{best.ep} "
-              f"({adv.ranked[0].step_ns / 1e6:.1f} ms; current {adv.current.step_ns / 1e6 if adv.current else float('nan'):.1f} ms) "
-              f"[{dt:.1f} s]")
+            t0, c0 = time.perf_counter(), time.process_time()
+            an = measured(model, slow, L, Path(tmp), faults)
+            print(f"  {title}: measured {layout_name(L)} simulated + analysed "
+                  f"[{time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU]")
+        for label, bounds in runs:
+            t0, c0 = time.perf_counter(), time.process_time()
+            adv = advise(an, model, ClusterSpec.preset("4x8-h100"), top=3, **bounds)
+            top = adv.ranked[0]
+            print(f"   {label}: top {layout_name(top.layout)} ({top.step_ns / 1e6:.1f} ms, "
+                  f"{top.peak_memory_bytes / 2**30:.1f} GiB; current {layout_name(L)} "
+                  f"{adv.current.step_ns / 1e6 if adv.current else float('nan'):.1f} ms predicted, "
+                  f"{adv.current.peak_memory_bytes / 2**30 if adv.current else float('nan'):.1f} GiB, "
+                  f"fits {adv.current.fits if adv.current else '-'}) "
+                  f"[advise {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU, "
+                  f"{adv.layouts_simulated} simulated]")
+            print(f"    {check(adv)}; changes: {'; '.join(top.changes) or 'none'}; why: {top.why or '-'}")
+            for s in adv.skipped:
+                print(f"    left out: {s}")
 
 
 def scale() -> None:
@@ -91,10 +134,7 @@ def scale() -> None:
           f"cp{adv.ranked[0].layout.cp} {adv.ranked[0].step_ns / 1e6:.1f} ms")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+def errors() -> None:
     model = ModelSpec.preset("tiny")
     preset = ClusterSpec.preset("8x8-h100")
     true = dataclasses.replace(preset, efficiency=0.33, intra_bw_gbs=250.0, inter_bw_gbs=30.0)
@@ -105,10 +145,23 @@ def main() -> None:
                  Layout(dp=16, tp=4, microbatches=1, fsdp=True), Layout(dp=8, tp=4, pp=2, microbatches=8, schedule="gpipe"),
                  Layout(dp=4, tp=4, pp=4, microbatches=8, schedule="interleaved", interleave=2),
                  Layout(dp=32, tp=2, microbatches=1)], hosts=8, gph=8)
-    print("seeds of good practice (4 hosts x 8 GPUs, 12 GB/s inter-host):")
-    seeds(args.quick)
-    print("scale:")
-    scale()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="seeds without the 70B case")
+    ap.add_argument("--part", choices=("errors", "seeds", "scale"), action="append",
+                    help="run only these parts (repeatable; default all)")
+    args = ap.parse_args()
+    parts = args.part or ["errors", "seeds", "scale"]
+    if "errors" in parts:
+        errors()
+    if "seeds" in parts:
+        print("seeds of good practice (4 hosts x 8 GPUs, 12 GB/s inter-host):")
+        seeds(args.quick)
+    if "scale" in parts:
+        print("scale:")
+        scale()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from tracekit.advise.advisor import advice_json, advise, memory_calibration, pea
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
+from tracekit.analysis import write_outputs
 from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec, predict, simulate, step_time, write_traces
@@ -108,7 +109,7 @@ def test_memory_uncalibrated_without_memory_events(analysis):
     assert not mc.calibrated and mc.note.startswith("uncalibrated")
 
 
-def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis):
+def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis, tmp_path):
     sec = analysis["sections"]["advice"]
     assert sec["available"] and sec["reason"] is None
     doc = sec["advice"]
@@ -122,6 +123,8 @@ def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis):
     for c in doc["ranked"]:
         if not c["is_current"]:
             assert c["changes"] and c["why"], c
+    write_outputs(analysis, None, tmp_path, reports_too=False)
+    assert json.loads((tmp_path / "advice.json").read_text()) == json.loads(json.dumps(doc))
     html, md = render_html(analysis), render_markdown(analysis)
     assert 'id="advice"' in html and "Layout advice" in html
     assert "### Layout advice" in md and f"measured {measured / 1e6:.1f} ms" in md
