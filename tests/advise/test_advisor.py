@@ -76,6 +76,8 @@ def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysi
     doc = advice_json(adv)
     jsonschema.validate(doc, advice_schema())
     assert doc["target"]["gpus"] == 32
+    costs = {(c["tier"], c["op"]): c for c in doc["calibration"]["collective_costs"]}
+    assert costs[("intra", "all_gather")]["latency_us"] == pytest.approx(TRUE.intra_lat_us, abs=0.5)
     assert doc["current"]["layout"]["tp"] == 4 and doc["current"]["layout"]["pp"] == 2
     assert abs(doc["current"]["predicted_step_ns"] - doc["current"]["measured_step_ns"]) \
         <= 0.03 * doc["current"]["measured_step_ns"]

@@ -302,6 +302,9 @@ def advice_json(a: Advice) -> dict[str, Any]:
                         "intra_bw_gbs": a.calibration.cluster.intra_bw_gbs,
                         "inter_bw_gbs": a.calibration.cluster.inter_bw_gbs,
                         "residual": a.calibration.residual,
+                        "collective_costs": [{"tier": t, "op": o, "latency_us": lat, "bus_bw_gbs": bw}
+                                             for t, o, lat, bw in a.calibration.cluster.coll_costs],
+                        "router_skew": a.calibration.model.router_skew,
                         "predicted_measured_step_ns": a.calibration.predicted_measured_ns,
                         "notes": a.calibration.notes},
         "memory_calibration": {"calibrated": mc.calibrated, "note": mc.note,

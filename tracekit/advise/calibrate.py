@@ -250,7 +250,7 @@ def expected_skew(sigma: float, experts: int, routed: int, samples: int = 2000, 
     z = rng.normal(0.0, sigma, (samples, experts)) if sigma > 0 else np.zeros((samples, experts))
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    counts = np.array([rng.multinomial(routed, row) for row in p])
+    counts = rng.multinomial(routed, p)
     return float(np.mean(counts.max(axis=1) / counts.mean(axis=1)))
 
 
