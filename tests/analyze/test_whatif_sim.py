@@ -27,3 +27,29 @@ def test_fault_removed_replay_matches_resimulation(fault, tmp_path):
     assert abs(r["replayed"] - r["with"]) <= 0.02 * r["with"], r
     assert abs(r["predicted"] - r["without"]) <= 0.03 * r["without"], r
     assert r["without"] < 0.97 * r["with"], r  # the fault costs time: a fix that does nothing fails
+
+
+def test_link_envelope_keeps_the_fast_links_line():
+    """Transfer time = latency + bytes / bandwidth on healthy links; slower points lie above that line and
+    are left out, between points the line is interpolated, past them extended."""
+    import numpy as np
+
+    from tracekit.whatif.fixes import envelope_at, lower_envelope
+
+    lat, ns_per_byte = 8_000, 1 / 360  # 360 GB/s
+    bus = np.array([1e6, 4e6, 16e6, 64e6, 4e6, 16e6])
+    t = lat + bus * ns_per_byte
+    t[4:] = lat + bus[4:] * ns_per_byte * 4  # a link at a quarter of the speed
+    hx, hy = lower_envelope(bus, t)
+    q = np.array([2e6, 16e6, 128e6])
+    assert np.allclose(envelope_at(hx, hy, q), lat + q * ns_per_byte)
+
+
+def test_fixes_without_collectives_leave_the_step_unchanged():
+    from tests.analyze.test_critical_path import two_rank_allreduce
+    from tracekit.whatif.fixes import Fix, Layout
+    from tracekit.whatif.replay import predict_ns, replay_step
+
+    res = replay_step(0, two_rank_allreduce(c0=10_000, c1=25_000, xfer=3_000, after=4_000))
+    for fix in (Fix("expert_even"), Fix("slow_link", dim="tp")):  # no sized instances to act on
+        assert predict_ns(res, [fix], Layout()) == res.measured_ns

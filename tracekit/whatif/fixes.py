@@ -298,6 +298,8 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
     members' mean time when sizes are unknown), and the all_to_alls moving the even share
     (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
+    if xfer.size == 0:
+        return
     for parts, load in moe_passes(g, xfer).values():
         own = np.array([dur[p].sum() for p in parts], np.float64)
         ok = np.isfinite(load).all() and (load > 0).all()
@@ -312,7 +314,8 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
     """Dispatch instance → (each member's expert compute nodes, each member's load). A rank's all_to_alls
     pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
     as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
-    io = {(int(r), int(i)): (a, b) for i, rows in g.inst_info["io"].items() for r, a, b in rows}
+    sizes = g.inst_info["io"] if g.inst_info is not None and "io" in g.inst_info else {}
+    io = {(int(r), int(i)): (a, b) for i, rows in sizes.items() for r, a, b in rows}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)
@@ -339,9 +342,11 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
 
 
 def _op_is(g: StepGraph, op: str) -> np.ndarray:
-    if g.inst_info is None:
+    """Per node: it belongs to an instance of collective `op`."""
+    n = int(g.inst.max(initial=-1)) + 1
+    if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
-    ops = g.inst_info["op"].reindex(np.arange(int(g.inst.max(initial=-1)) + 1)).astype(str).to_numpy()
+    ops = g.inst_info["op"].reindex(np.arange(n)).astype(str).to_numpy()
     return (g.inst >= 0) & (ops[np.maximum(g.inst, 0)] == op)
 
 
@@ -354,6 +359,8 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layo
         return
     a2a = inst[inst["op"] == "all_to_all"]
     info = g.inst_info.reindex(a2a.index)
+    if "io" not in info:
+        return
     mean_out = np.array([np.mean([b for _, _, b in rows]) for rows in info["io"]], np.float64)
     share = np.nan_to_num(mean_out / info["bytes"].to_numpy(np.float64), nan=1.0).clip(max=1.0)
     even = a2a["bus"].to_numpy(np.float64) * share
