@@ -94,12 +94,15 @@ def main() -> None:
     for name in opts.only.split(","):
         r = run_case(name, root, opts.small)
         rows.append(r)
+        if "error" not in r:
+            print(f"{name:24s} {'; '.join(r['fixes'])} ({r['seconds']:.0f} s)", flush=True)
+    print(f"\n{'fault kind':24s} {'step ms':>9s} {'replay ms':>9s} {'removed':>9s} {'re-sim':>9s} {'error':>6s}")
+    for r in rows:
         if "error" in r:
-            print(f"{name:24s} {r['error']}")
+            print(f"{r['name']:24s} {r['error']}")
             continue
-        print(f"{name:24s} step {r['measured'] / 1e6:8.2f} ms (unchanged replay {r['replayed'] / 1e6:8.2f})  "
-              f"fault removed: replayed {r['predicted'] / 1e6:8.2f} ms vs re-simulated {r['without'] / 1e6:8.2f} ms  "
-              f"error {r['err']:.1%}  [{'; '.join(r['fixes'])}; {r['seconds']:.0f} s]", flush=True)
+        print(f"{r['name']:24s} {r['measured'] / 1e6:9.2f} {r['replayed'] / 1e6:9.2f} {r['predicted'] / 1e6:9.2f} "
+              f"{r['without'] / 1e6:9.2f} {r['err']:6.1%}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 replayed (graph.replay), so the saving accounts for everything else on the path.
 
 - `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
-  knows stages, else all ranks): each op no slower than the peers' median of the same op when they run
-  the same op sequence (`aligned`), else all its ops scaled down to the peers' median total; and its collectives that move
+  knows stages, else all ranks): each op at the peers' median of the same op when they run the same op
+  sequence (`aligned`) and that is less work, else all its ops scaled down to the peers' median total; and its collectives that move
   more bytes than the same ones on its peers' groups at their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
@@ -13,8 +13,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
 - `expert_even`: per MoE layer pass (an ep all_to_all dispatch and the combine mirroring it) each member's
-  expert compute (between the two) scaled to the members' mean load (bytes it received in the dispatch),
-  and each all_to_all as long as its link tier takes to move the members' mean bytes.
+  expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
+  the per-token cost their times show, and each all_to_all as long as its link tier takes to move the
+  members' mean bytes.
 - `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
   (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
@@ -106,8 +107,9 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.
     else:
         _heavier_transfers(g, dur, r, lay)
         mine, ref = aligned(g, g.category == Category.COMPUTE, r, lay)
-        if ref is not None:  # each op no slower than the peers' median of the same op
-            dur[mine] = np.minimum(dur[mine], np.rint(np.median(dur[ref], axis=0)).astype(np.int64))
+        new = np.rint(np.median(dur[ref], axis=0)).astype(np.int64) if ref is not None else None
+        if new is not None and new.sum() < dur[mine].sum():  # each op at the peers' median of the same op
+            dur[mine] = new
             if gap is not None:
                 _free_shared_cpu(g, dur, gap, r, lay, mine, np.minimum(dur[mine], g.dur[mine]))
             return
@@ -294,19 +296,25 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
 
 def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
     """Per MoE layer pass (`moe_passes`): each member's expert compute (its compute between the dispatch's
-    end and the combine's arrival) scaled to the members' mean load (what it received in the dispatch; the
-    members' mean time when sizes are unknown), and the all_to_alls moving the even share
-    (`_even_all_to_all`)."""
+    end and the combine's arrival) at the members' mean load (what it received in the dispatch), at the
+    per-token cost the members' times show (their fit of time against load: a host that dispatches each
+    expert's ops pays a fixed part whatever the load); the members' mean time when sizes are unknown. Only
+    the hot members shrink: the pass ends with its slowest member, and a cold member's extra work fits in
+    the time it waited for the hot ones (on a CPU run the graph keeps that wait as a fixed gap).
+    And the all_to_alls moving the even share (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
     if xfer.size == 0:
         return
     for parts, load in moe_passes(g, xfer).values():
         own = np.array([dur[p].sum() for p in parts], np.float64)
-        ok = np.isfinite(load).all() and (load > 0).all()
-        target = own * (load.mean() / load) if ok else np.full(own.size, own.mean())
+        if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
+            target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
+        else:
+            target = np.full(own.size, own.mean())
+        target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
         for p, o, t in zip(parts, own, target):
             if o > 0:
-                dur[p] = np.rint(dur[p] * (t / o)).astype(np.int64)
+                dur[p] = np.rint(dur[p] * (max(t, 0.0) / o)).astype(np.int64)
     _even_all_to_all(g, dur, xfer, lay)
 
 
