@@ -118,9 +118,20 @@ class RunStore:
         return ds.dataset(self.file(name), format="parquet")
 
     def table(self, name: str, columns: Iterable[str] | None = None, filter: Any = None) -> pa.Table:
-        """Read table `name` with optional column projection and a pyarrow filter expression."""
+        """Read table `name` with optional column projection and a pyarrow filter expression (a filter
+        scans the dataset, which skips row groups by their statistics; without one the file is read
+        straight: an analysis reads ~40 small tables, each dataset costing ~1 ms to set up)."""
         cols = list(columns) if columns is not None else None
+        if filter is None and self.has(name):
+            return self._parquet_file(name).read(columns=cols)
         return self.dataset(name).to_table(columns=cols, filter=filter)
+
+    def _parquet_file(self, name: str) -> pq.ParquetFile:
+        """The table's open Parquet file (footer read once per store)."""
+        files = self.__dict__.setdefault("_files", {})
+        if name not in files:
+            files[name] = pq.ParquetFile(self.file(name))
+        return files[name]
 
     def grouped_sum(self, name: str, keys: list[str], value: str, filter: Any = None,
                     batch_size: int = 1 << 17) -> dict[tuple, float]:
@@ -162,7 +173,7 @@ class RunStore:
         if name not in cache:
             cache[name] = None
             if self.has(name):
-                pf = pq.ParquetFile(self.file(name))
+                pf = self._parquet_file(name)
                 md = pf.metadata
                 col = pf.schema_arrow.get_field_index("rank")
                 groups: dict[int, list[int]] | None = {} if col >= 0 else None
