@@ -2,6 +2,7 @@
 GPUs computed and its links moved bytes, and how far the simulator's replay of it is off.
 
 Calibration, in order:
+0. routing (MoE): the router skew (ModelSpec.router_skew) whose routing has the run's skew;
 1. link tiers: the median NCCL-tests bus bandwidth of the run's large collectives (≥ 1 MiB, device-side
    transfer time) on groups inside one host sets the intra-host tier, across hosts the inter-host tier;
    a tier the run never used keeps the cluster description's figure;
@@ -10,7 +11,7 @@ Calibration, in order:
    measured transfer times (both when its sizes differ enough, else the latency against
    the tier's bandwidth); an op the run did not use on a tier takes the median latency of those it did;
 2. compute: the simulator's compute time of the measured layout against the measured compute time per
-   step (mean over ranks) scales the GEMM efficiency;
+   step (mean over ranks) scales the GEMM efficiency (repeated until they agree);
 3. residual: measured step time ÷ the calibrated simulator's step time of the measured layout. It is
    reported and multiplies every prediction (the part of the step the model does not explain).
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.advise.predict import predict_step
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
 from tracekit.simulate import engine
 from tracekit.simulate.api import T0_NS
@@ -215,6 +217,27 @@ def fit_op_cost(points: list[CollPoint], bw_gbs: float) -> tuple[float, float]:
     return _weighted_median(np.maximum(y - x / bw_gbs, 0.0), w) / 1e3, bw_gbs
 
 
+def _tier_bw(cluster: ClusterSpec, tier: str) -> float:
+    return cluster.inter_bw_gbs if tier == "inter" else cluster.intra_bw_gbs
+
+
+def _complete_tier(costs: dict[tuple[str, str], tuple[float, float]], tier: str, bw_gbs: float,
+                   notes: list[str]) -> None:
+    """Bound the tier's P2P latency by its collectives' median latency (a P2P op's time runs from its own
+    start, so it holds the wait for its peer: nothing marks the peer's arrival as for collectives), and
+    give the ops the run did not use on the tier that median latency at the tier's bandwidth."""
+    coll = [c[0] for (t, o), c in costs.items() if t == tier and o != "sendrecv"]
+    lat = statistics.median(coll) if coll else costs[(tier, "sendrecv")][0]
+    if (tier, "sendrecv") in costs and lat < costs[(tier, "sendrecv")][0]:
+        costs[(tier, "sendrecv")] = (lat, costs[(tier, "sendrecv")][1])
+        notes.append(f"{tier}-host sendrecv: P2P times include waiting for the peer; "
+                     f"the tier's collective latency, {lat:.1f} µs, used instead")
+    for op in SIM_OPS:
+        if (tier, op) not in costs:
+            costs[(tier, op)] = (lat, bw_gbs)
+            notes.append(f"{tier}-host {op} not in the run: the median latency of its ops, {lat:.1f} µs")
+
+
 def _with_op_costs(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> ClusterSpec:
     """The cluster with the measured run's per-op collective costs per tier (`ClusterSpec.coll_costs`)."""
     tiers = _tiers(m, cluster)
@@ -224,22 +247,10 @@ def _with_op_costs(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> Cl
             by[("inter" if tiers[p.dim] else "intra", p.op)].append(p)
     costs: dict[tuple[str, str], tuple[float, float]] = {}
     for (tier, op), pts in sorted(by.items()):
-        costs[(tier, op)] = fit_op_cost(pts, cluster.inter_bw_gbs if tier == "inter" else cluster.intra_bw_gbs)
-        notes.append(f"{tier}-host {op}: {costs[(tier, op)][0]:.1f} µs + bus bytes at "
-                     f"{costs[(tier, op)][1]:.3g} GB/s ({sum(p.count for p in pts)} measured)")
-    for tier in {t for t, _ in costs}:
-        coll = [c[0] for (t, o), c in costs.items() if t == tier and o != "sendrecv"]
-        lat = statistics.median(coll) if coll else costs[(tier, "sendrecv")][0]
-        if (tier, "sendrecv") in costs and lat < costs[(tier, "sendrecv")][0]:
-            # a P2P op's time runs from its own start, so it holds the wait for its peer (nothing marks
-            # the peer's arrival as for collectives): the tier's collectives bound its latency
-            costs[(tier, "sendrecv")] = (lat, costs[(tier, "sendrecv")][1])
-            notes.append(f"{tier}-host sendrecv: P2P times include waiting for the peer; "
-                         f"the tier's collective latency, {lat:.1f} µs, used instead")
-        for op in SIM_OPS:
-            if (tier, op) not in costs:
-                costs[(tier, op)] = (lat, cluster.inter_bw_gbs if tier == "inter" else cluster.intra_bw_gbs)
-                notes.append(f"{tier}-host {op} not in the run: the median latency of its ops, {lat:.1f} µs")
+        lat, bw = costs[(tier, op)] = fit_op_cost(pts, _tier_bw(cluster, tier))
+        notes.append(f"{tier}-host {op}: {lat:.1f} µs + bus bytes at {bw:.3g} GB/s ({sum(p.count for p in pts)} measured)")
+    for tier in sorted({t for t, _ in costs}):
+        _complete_tier(costs, tier, _tier_bw(cluster, tier), notes)
     return dataclasses.replace(cluster, coll_costs=tuple((t, o, c[0], c[1]) for (t, o), c in sorted(costs.items())))
 
 
@@ -323,7 +334,5 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
 def predicted_step_ns(cal: Calibrated, layout: Layout, micro_batch_size: int, cluster: ClusterSpec | None = None) -> int:
     """Calibrated prediction of `layout`'s step (ns) at `micro_batch_size` sequences per micro-batch, on
     `cluster` (default: the calibrated one), residual applied."""
-    from tracekit.advise.predict import predict_step
-
     model = dataclasses.replace(cal.model, micro_batch_size=micro_batch_size)
     return int(predict_step(model, cluster or cal.cluster, layout).step_ns * cal.residual)
