@@ -42,22 +42,25 @@ def analysis(tmp_path_factory):
     return analyze_store(store, AnalysisConfig(advice_model=MODEL, advice_cluster=PRESET.name))
 
 
+@pytest.fixture(scope="module")
+def cal(analysis):
+    return calibrate(analysis, MODEL, PRESET)
+
+
 def _same_tokens(layout: Layout) -> ModelSpec:
     """The measured run's global batch (dp 4 × 4 micro-batches × the preset's micro-batch size)."""
     batch = MEASURED.dp * MEASURED.microbatches * MODEL.micro_batch_size
     return dataclasses.replace(MODEL, micro_batch_size=batch // (layout.dp * layout.microbatches))
 
 
-def test_calibration_recovers_the_true_cluster(analysis):
-    cal = calibrate(analysis, MODEL, PRESET)
+def test_calibration_recovers_the_true_cluster(cal):
     assert cal.cluster.efficiency == pytest.approx(TRUE.efficiency, rel=0.03)
     assert cal.cluster.intra_bw_gbs == pytest.approx(TRUE.intra_bw_gbs, rel=0.05)
     assert cal.cluster.inter_bw_gbs == pytest.approx(TRUE.inter_bw_gbs, rel=0.05)
     assert cal.residual == pytest.approx(1.0, abs=0.03)
 
 
-def test_predictions_within_5_percent_of_resimulation(analysis):
-    cal = calibrate(analysis, MODEL, PRESET)
+def test_predictions_within_5_percent_of_resimulation(cal):
     cluster = dataclasses.replace(cal.cluster, hosts=4, gpus_per_host=8)
     predicted, truth = [], []
     for layout in OTHERS:
@@ -91,10 +94,10 @@ def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysi
     assert "| 1 |" in md and "measured" in md
 
 
-def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(analysis):
+def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(analysis, cal):
     """Calibrated on the measured layout's [memory] events (the simulator's own allocations), the memory
     model predicts the simulator's peak of other layouts within 15% (issue 16's bar)."""
-    mc = memory_calibration(analysis, calibrate(analysis, MODEL, PRESET))
+    mc = memory_calibration(analysis, cal)
     assert mc.calibrated and mc.calibration.static_bytes_per_param, mc.note
     for layout in [*OTHERS, Layout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
                    Layout(dp=4, tp=4, pp=2, microbatches=8, schedule="gpipe")]:
@@ -104,8 +107,7 @@ def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(anal
         assert abs(got - truth) <= 0.15 * truth, (layout, got / 2**30, truth / 2**30)
 
 
-def test_memory_uncalibrated_without_memory_events(analysis):
-    cal = calibrate(analysis, MODEL, PRESET)
+def test_memory_uncalibrated_without_memory_events(analysis, cal):
     bare = dict(analysis, sections=dict(analysis["sections"], memory={"available": False}))
     mc = memory_calibration(bare, cal)
     assert not mc.calibrated and mc.note.startswith("uncalibrated")
