@@ -84,11 +84,19 @@ def summary_lines(section: dict[str, Any] | None, href: str) -> list[str]:
             + advice_table(advice, MAX_SUMMARY_ROWS) + [""])
 
 
+def labelled_rows(advice: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, candidate) in rank order; the current layout first when it ranks below the shown ones."""
+    rows = [(f"#{i}" + (" current" if c.get("is_current") else ""), c) for i, c in enumerate(advice["ranked"], 1)]
+    cur = advice.get("current")
+    if cur and not any(c.get("is_current") for _, c in rows):
+        rows.insert(0, ("current", dict(cur, is_current=True)))
+    return rows
+
+
 def advice_chart(figs: Figures, advice: dict[str, Any]) -> str:
-    """Predicted step time (bars) and peak memory per rank (markers, right axis) per layout, the current
-    layout first with its measured step time beside its prediction."""
-    rows = ([("current", advice["current"])] if advice.get("current") else []) + \
-           [(f"#{i}", c) for i, c in enumerate(advice["ranked"], 1)]
+    """Predicted step time (bars) and peak memory per rank (markers, right axis) per layout, with the
+    current layout's measured step time beside its prediction."""
+    rows = labelled_rows(advice)
     if not rows:
         return ""
     x = [plotly_text(f"{k} {layout_text(c['layout'])}") for k, c in rows]
@@ -99,7 +107,8 @@ def advice_chart(figs: Figures, advice: dict[str, Any]) -> str:
              "y": [c["peak_memory_bytes"] / 2**30 for _, c in rows], "marker": {"color": "#ef6c00", "size": 10}}]
     cur = advice.get("current")
     if cur:
-        data.append({"type": "scatter", "mode": "markers", "name": "measured step (ms)", "x": [x[0]],
+        at = next(x[i] for i, (_, c) in enumerate(rows) if c.get("is_current"))
+        data.append({"type": "scatter", "mode": "markers", "name": "measured step (ms)", "x": [at],
                      "y": [cur["measured_step_ns"] / 1e6], "marker": {"color": "#c62828", "symbol": "diamond", "size": 12}})
     cap = advice["target"]["gpu_memory_bytes"] / 2**30
     return figs.add(data, {"yaxis": {"title": "step time (ms)", "rangemode": "tozero"},
@@ -116,7 +125,7 @@ def advice_html(figs: Figures, section: dict[str, Any]) -> str:
     """The body of report.html's "Layout advice" section (the section's availability is checked by the caller)."""
     advice = section["advice"]
     cal = advice["calibration"]
-    rows = [dict(c, rank_text=str(i), changes_text=changes_text(c)) for i, c in enumerate(advice["ranked"], 1)]
+    rows = [dict(c, rank_text=label, changes_text=changes_text(c)) for label, c in labelled_rows(advice)]
     body = (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
             f"{h('; '.join(cal['notes']))}. {h(memory_text(advice))}</p>")
     body += advice_chart(figs, advice)
