@@ -70,3 +70,22 @@ def test_grouped_sum_matches_a_plain_reading(tmp_path):
     got = store.grouped_sum("events", ["rank", "step"], "dur", pc.field("name") == "b", batch_size=100)
     assert got == want and len(want) >= 10
     assert store.grouped_sum("events", ["rank", "step"], "dur", pc.field("name") == "zz") == {}
+
+
+def test_a_column_added_after_the_store_was_written_reads_as_unknown(tmp_path):
+    """A store from an earlier tracekit lacks columns added since (ranks.host_cpus): they read as nulls,
+    and the columns it has read as written."""
+    import pyarrow.parquet as pq
+
+    from tracekit.tables.store import RunStore
+
+    w = RunStoreWriter(tmp_path / "old")
+    w.append("ranks", pa.table({"rank": pa.array([0, 1], pa.int32()), "hostname": ["a", "b"]}))
+    store = w.close()
+    old = pq.read_table(store.file("ranks"))
+    pq.write_table(old.drop_columns(["host_cpus"]), store.file("ranks"))
+    again = RunStore(store.path)
+    t = again.table("ranks", ["rank", "host_cpus", "hostname"])
+    assert t.column_names == ["rank", "host_cpus", "hostname"]
+    assert t.column("host_cpus").to_pylist() == [None, None] and t.column("hostname").to_pylist() == ["a", "b"]
+    assert again.table("ranks", ["host_cpus"], filter=pa.compute.field("rank") == 1).to_pylist() == [{"host_cpus": None}]

@@ -122,9 +122,26 @@ class RunStore:
         scans the dataset, which skips row groups by their statistics; without one the file is read
         straight: an analysis reads ~40 small tables, each dataset costing ~1 ms to set up)."""
         cols = list(columns) if columns is not None else None
+        later = self._added_since_written(name, cols)
+        if later:
+            cols = [c for c in cols if c not in later]
         if filter is None and self.has(name):
-            return self._parquet_file(name).read(columns=cols)
-        return self.dataset(name).to_table(columns=cols, filter=filter)
+            out = self._parquet_file(name).read(columns=cols)
+        else:
+            out = self.dataset(name).to_table(columns=cols, filter=filter)
+        for c in later:  # a column this version declares that the store's writer did not have: unknown
+            out = out.append_column(TABLES[name].field(c), pa.nulls(out.num_rows, TABLES[name].field(c).type))
+        return out.select(list(columns)) if later else out
+
+    def _added_since_written(self, name: str, cols: list[str] | None) -> list[str]:
+        """Requested nullable columns of the declared schema that the table's file lacks (a store written
+        by an earlier tracekit version); other missing names still fail as unknown columns."""
+        if cols is None or not self.has(name) or name not in TABLES:
+            return []
+        have = set(self._parquet_file(name).schema_arrow.names)
+        declared = TABLES[name]
+        return [c for c in cols if c not in have and declared.get_field_index(c) >= 0
+                and declared.field(c).nullable]
 
     def _parquet_file(self, name: str) -> pq.ParquetFile:
         """The table's open Parquet file (footer read once per store)."""
