@@ -38,7 +38,8 @@ def changes_text(c: dict[str, Any]) -> str:
 def current_text(advice: dict[str, Any]) -> str:
     cur = advice.get("current")
     if not cur:
-        return "The measured layout has another GPU count than the target: no current row."
+        return ("The measured layout cannot run the target (another GPU count, or a global batch its data-parallel "
+                "replicas and micro-batches do not divide): no current row; changes are from the measured layout.")
     return (f"Current layout {layout_text(cur['layout'])}: measured {cur['measured_step_ns'] / 1e6:.1f} ms, "
             f"predicted {cur['predicted_step_ns'] / 1e6:.1f} ms per step, peak memory "
             f"{cur['peak_memory_bytes'] / 2**30:.1f} GiB predicted.")

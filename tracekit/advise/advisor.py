@@ -119,9 +119,8 @@ def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: i
     return comp / (1 - bubble) + tp_bytes / tp_bw
 
 
-def _changes(cur: Layout | None, new: Layout) -> list[str]:
-    if cur is None:
-        return []
+def _changes(cur: Layout, new: Layout) -> list[str]:
+    """What differs from the measured layout."""
     out = [f"{k} {getattr(cur, k)}→{getattr(new, k)}" for k in ("tp", "pp", "cp", "ep", "dp")
            if getattr(cur, k) != getattr(new, k)]
     if new.pp > 1 and (cur.schedule, cur.microbatches) != (new.schedule, new.microbatches):
@@ -176,7 +175,7 @@ def _candidate(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, lay
     fits = capacity is None or peak <= capacity * (1 - MEMORY_RESERVE)
     tps = tokens_per_step(model, layout) / (step * 1e-9) / layout.world
     c = Candidate(layout, mbs, step, pred, peak, fits, tps, mfu(model, cluster, layout, step),
-                  changes=_changes(cur.layout if cur else None, layout))
+                  changes=_changes(cal.measured.layout, layout))
     return dataclasses.replace(c, why=_why(cur, c))
 
 
@@ -247,8 +246,8 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
     capacity = gpu_memory_bytes or int(target.hbm_gb * (1 << 30))
     space = space or SearchSpace(gpus=n, global_batch=batch)
     current = None
-    if m.layout.world == n:
-        mbs_cur = max(1, batch // (m.layout.dp * m.layout.microbatches))
+    if m.layout.world == n and batch % (m.layout.dp * m.layout.microbatches) == 0:
+        mbs_cur = batch // (m.layout.dp * m.layout.microbatches)
         current = _candidate(cal, mc.calibration, target, m.layout, mbs_cur, capacity, None)
     options = list(enumerate_layouts(cal.model, space))
     fitting = [(L, mbs) for L, mbs in options
