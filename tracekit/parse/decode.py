@@ -395,12 +395,12 @@ _WS_CODES = np.frombuffer(b" \t\r\n", np.uint8)
 
 def _may_hold_long_ws(block) -> bool:
     """Whether `block` may hold a run of _LONG_WS_RUN whitespace bytes, looking at one byte in
-    _SAMPLE: such a run covers three consecutive samples, and the stretch between them is checked."""
+    _SAMPLE: such a run covers three consecutive samples, and the stretch between them is checked
+    (every such stretch: in an indented trace many samples fall on indentation, and taking their number
+    for a long run sent 32 of 56 blocks of a real 54 MB trace through the regex, ~0.3 s of CPU)."""
     sample = np.frombuffer(block, np.uint8)[::_SAMPLE]
     ws = np.isin(sample, _WS_CODES)
     runs = np.flatnonzero(ws[:-2] & ws[1:-1] & ws[2:])
-    if len(runs) > 8:
-        return True
     return any(not bytes(block[i * _SAMPLE:(i + 2) * _SAMPLE]).translate(None, b" \t\r\n") for i in runs.tolist())
 
 
