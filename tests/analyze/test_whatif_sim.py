@@ -14,9 +14,6 @@ from benchmarks.whatif_sim import CASES, run_case
 
 
 NOT_YET = {
-    "no_overlap": "measured 56% off (25% on the full-size run): the fix hides the dp all-reduces completely, "
-                  "while DDP starts a bucket only once backward produced its gradients and the buckets queue on one "
-                  "stream; the graph has no node yet for where each bucket could start",
     "too_few_microbatches": "measured 3.7% off (5.7% full size) with the closed-form bubble; the answer key's re-run "
                             "shortens sequences, and the simulator's packed attention makes a micro-batch's work grow "
                             "with its tokens squared, which a same-work re-schedule cannot see (6.9% even from the "

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tracekit.analyze.matching import MatchedCollectives, arrival_ns, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import Category, StepGraph, add_start_nodes
+from tracekit.whatif.graph import Category, StepGraph, add_start_nodes, device_lane_mask
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
@@ -450,10 +450,23 @@ class GpuRank:
     names: list[str]
     lanes: dict[int, int]
     step: np.ndarray
+    backward: np.ndarray
+    """per kernel: launched by a CPU op of the backward pass (`launched_by_backward`)"""
+
+
+def launched_by_backward(store: RunStore, rank: int, steps: tuple[int, ...], external_id: np.ndarray) -> np.ndarray:
+    """Per kernel (by external id): the CPU op that launched it is autograd's (its name says backward, as
+    PyTorch names them: `aten::*_backward*`, `autograd::engine::evaluate_function: MmBackward0`, ...)."""
+    ev = _rank_events(store, rank, steps, ["name", "cat", "external_id", "step", "dur"])
+    ev = ev.filter(pc.and_(pc.fill_null(pc.equal(ev["cat"].cast(pa.string()), "cpu_op"), False),
+                           pc.is_valid(ev["external_id"])))
+    names = pc.utf8_lower(ev.column("name").cast(pa.string()))
+    bwd = _arr(ev.filter(pc.fill_null(pc.match_substring(names, "backward"), False)), "external_id")
+    return np.isin(external_id, bwd) & (external_id >= 0)
 
 
 def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> GpuRank | None:
-    k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step"])
+    k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step", "external_id"])
     k = k.filter(pc.and_(_in_steps(k["step"], steps), pc.is_valid(k["dur"])))
     if k.num_rows == 0:
         return None
@@ -464,8 +477,10 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
     kind = [str(x) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
     names = [str(x) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
-                   names=names, lanes=lanes, step=_arr(k, "step")[order])
+                   names=names, lanes=lanes, step=_arr(k, "step")[order],
+                   backward=launched_by_backward(store, rank, steps, ext))
 
 
 def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
@@ -578,11 +593,13 @@ def _cpu_windows(store: RunStore, rank: int, steps: tuple[int, ...], conv: int) 
             for s, t, d in zip(st.column("step").to_pylist(), st.column("ts").to_pylist(), st.column("dur").to_pylist())}
 
 
-def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int]]:
+def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """Per (rank, step): first kernel start, last kernel end, first backward kernel's start (-1: none)."""
     out = {}
     for s in np.unique(gr.step):
         m = gr.step == s
-        out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()))
+        bwd = gr.ts[m & gr.backward]
+        out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()), int(bwd.min()) if bwd.size else -1)
     return out
 
 
@@ -635,7 +652,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     dims = sorted(set(inp.dims.values()) | set(members["dim"].astype(str)))
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
-    windows: dict[tuple[int, int], tuple[int, int]] = {}
+    windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
     by_rank = members.groupby("rank").indices if len(members) else {}
     for r, (kind, obj, _) in placed.items():
@@ -665,9 +682,9 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     return g
 
 
-def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, int]],
+def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, ...]],
                    host_start: dict[int, int] | None = None) -> None:
-    """Per (rank, step): its measured step window; per rank a pinned start node before its lanes' first nodes
+    """Per (rank, step): its measured step window (and where its backward began, when known); per rank a pinned start node before its lanes' first nodes
     (at the host's step start where `host_start` has one: a GPU rank's window opens at its first kernel,
     but what held its host before the first launch, a data wait or a stall, is the first launch's gap)."""
     keys = sorted(windows)
@@ -675,6 +692,7 @@ def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, int]]
     g.win_step = np.array([k[1] for k in keys], dtype=np.int64)
     g.win_start = np.array([windows[k][0] for k in keys], dtype=np.int64)
     g.win_end = np.array([windows[k][1] for k in keys], dtype=np.int64)
+    g.win_backward = np.array([(windows[k] + (-1,))[2] for k in keys], dtype=np.int64)
     add_start_nodes(g, host_start)
 
 
@@ -682,8 +700,7 @@ def infer_stream_waits(g: StepGraph) -> None:
     """A device op that started later than everything the graph makes it wait for (its stream, its launch,
     a collective) waited for another stream of its rank (an event wait the trace does not record): the
     latest op of the rank's other streams that ended in that gap becomes its predecessor."""
-    dev_lane = np.array(["stream" in n for n in g.lane_names] + [False], dtype=bool)
-    dev = np.flatnonzero(dev_lane[np.where(g.lane >= 0, g.lane, len(g.lane_names))] & (g.rank >= 0))
+    dev = np.flatnonzero(device_lane_mask(g) & (g.rank >= 0))
     if dev.size == 0:
         return
     end = g.start + g.dur

@@ -7,7 +7,11 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   more bytes than the same ones on its peers' groups at their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
-- `dim_overlap`: a dim's transfers fully hidden (length 0; members still wait for each other).
+- `dim_overlap`: a dim's transfers overlapped with compute. Gradient buckets (`gradient_buckets`: the dim's
+  all-reduces / reduce-scatters issued after backward began) keep their length but start as soon as
+  backward produced their gradients, one after the other on their stream, once every member is ready
+  (`overlap_graph` rewires their start); the dim's other transfers are fully hidden (length 0; members
+  still wait for each other).
 - `slow_link`: a dim's transfers (collectives and P2P) no slower than the lower envelope of transfer time
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
@@ -26,6 +30,7 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.bandwidth import bus_factor
-from tracekit.whatif.graph import Category, StepGraph, host_lane_mask
+from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
          "microbatches", "host_stalls")
@@ -53,7 +58,7 @@ class Fix:
         if self.kind == "dim_bandwidth":
             return f"{self.dim} collectives at {self.value:g} GB/s bus bandwidth"
         if self.kind == "dim_overlap":
-            return f"{self.dim} collectives fully overlapped"
+            return f"{self.dim} collectives overlapped"
         if self.kind == "slow_link":
             return f"slow {self.dim} link at its peers' speed"
         if self.kind == "microbatches":
@@ -193,6 +198,94 @@ def _transfers(g: StepGraph, dim: str | None) -> np.ndarray:
         di = g.dims.index(dim) if dim in g.dims else -2
         m &= g.dim == di
     return m & (g.inst >= 0)
+
+
+GRADIENT_OPS = ("all_reduce", "reduce_scatter")
+
+
+def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dim's gradient buckets that backward could have started earlier: per bucket its arrival node,
+    its transfer node and the compute node after which its gradients exist (cached per graph and dim).
+
+    The trace shows backward's kernels (launched by autograd's ops, `StepGraph.win_backward`) and each
+    bucket's size, not which kernel produced which gradient. Model (trace only): backward produces the
+    gradients in reverse layer order at a steady rate, and buckets are issued in the order they fill, so
+    bucket k (cumulative bytes B_k of the step's buckets B) is ready once the rank's backward compute, from
+    backward's first kernel to the first bucket, has run the same share B_k / B of its time; the last
+    bucket at backward's end. A bucket that already started before that point (DDP overlapping as
+    designed) is left alone. Windows whose backward is unknown (CPU ranks, traces without autograd ops)
+    have none."""
+    cache = g.__dict__.setdefault("_buckets", {})
+    if dim in cache:
+        return cache[dim]
+    empty = np.zeros(0, np.int64)
+    xfer = np.flatnonzero(_transfers(g, dim) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
+    known = np.flatnonzero(g.win_backward >= 0)
+    if xfer.size == 0 or known.size == 0:
+        cache[dim] = (empty, empty, empty)
+        return cache[dim]
+    arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
+    arr_of = pd.Series(arrive, index=pd.MultiIndex.from_arrays([g.rank[arrive], g.inst[arrive]])).groupby(level=[0, 1]).first()
+    comp = np.flatnonzero(g.category == Category.COMPUTE)
+    comp = comp[np.lexsort((g.start[comp], g.step[comp], g.rank[comp]))]
+    ckey = g.rank[comp].astype(np.int64) * (1 << 32) + g.step[comp]
+    xkey = g.rank[xfer].astype(np.int64) * (1 << 32) + g.step[xfer]
+    out: list[tuple[int, int, int]] = []
+    for w in known.tolist():
+        key = int(g.ranks[w]) * (1 << 32) + int(g.win_step[w])
+        mine = xfer[(xkey == key) & (g.start[xfer] >= g.win_backward[w])]
+        arr = arr_of.reindex(pd.MultiIndex.from_arrays([g.rank[mine], g.inst[mine]])).to_numpy()
+        ok = ~np.isnan(arr.astype(np.float64))
+        mine, arr = mine[ok], arr[ok].astype(np.int64)
+        if mine.size == 0:
+            continue
+        o = np.argsort(g.start[arr], kind="stable")
+        mine, arr = mine[o], arr[o]
+        lo, hi = np.searchsorted(ckey, [key, key + 1])
+        bwd = comp[lo:hi]
+        bwd = bwd[(g.start[bwd] >= g.win_backward[w]) & (g.start[bwd] < g.start[arr[0]])]
+        size = g.inst_info["bytes"].reindex(g.inst[mine]).to_numpy(np.float64)
+        if bwd.size == 0 or not np.isfinite(size).all() or size.sum() <= 0:
+            continue
+        cum = np.cumsum(g.dur[bwd])
+        share = np.cumsum(size) / size.sum()
+        ready = bwd[np.minimum(np.searchsorted(cum, share * cum[-1]), bwd.size - 1)]
+        late = g.start[arr] > g.start[ready] + g.dur[ready]
+        out += zip(arr[late].tolist(), mine[late].tolist(), ready[late].tolist())
+    cols = np.array(out, np.int64).reshape(-1, 3)
+    cache[dim] = (cols[:, 0], cols[:, 1], cols[:, 2])
+    return cache[dim]
+
+
+def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
+    """`g` with the dim's gradient buckets (`gradient_buckets`) started by their gradients: each bucket's
+    arrival follows its ready compute node instead of the other streams' work it waited for (the end of
+    backward); its stream order (the previous bucket's end), its launch and its members stay (cached)."""
+    cache = g.__dict__.setdefault("_overlap_graphs", {})
+    if dim not in cache:
+        arr, _, ready = gradient_buckets(g, dim)
+        if arr.size == 0:
+            cache[dim] = g
+        else:
+            dev = device_lane_mask(g)
+            drop = np.isin(g.dst, arr) & dev[g.src] & (g.lane[g.src] != g.lane[g.dst])
+            cache[dim] = dataclasses.replace(g, src=np.r_[g.src[~drop], ready], dst=np.r_[g.dst[~drop], arr],
+                                             _plan=None)
+    return cache[dim]
+
+
+def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
+    """The graph the fixes replay on: `g`, or with edges a fix moves (`overlap_graph`; one dim at a time)."""
+    for fix in fixes:
+        if fix.kind == "dim_overlap":
+            return overlap_graph(g, fix.dim)
+    return g
+
+
+def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
+    m = _transfers(g, fix.dim)
+    m[gradient_buckets(g, fix.dim)[1]] = False
+    dur[m] = 0
 
 
 def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
@@ -349,13 +442,13 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
     return {k: (p, np.array(x, np.float64)) for k, (p, x) in out.items()}
 
 
-def _op_is(g: StepGraph, op: str) -> np.ndarray:
-    """Per node: it belongs to an instance of collective `op`."""
+def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
+    """Per node: it belongs to an instance of collective `op` (or of one of them)."""
     n = int(g.inst.max(initial=-1)) + 1
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
     ops = g.inst_info["op"].reindex(np.arange(n)).astype(str).to_numpy()
-    return (g.inst >= 0) & (ops[np.maximum(g.inst, 0)] == op)
+    return (g.inst >= 0) & np.isin(ops[np.maximum(g.inst, 0)], [op] if isinstance(op, str) else list(op))
 
 
 def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:
@@ -441,7 +534,7 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
         elif fix.kind == "dim_bandwidth":
             _dim_bandwidth(g, dur, fix)
         elif fix.kind == "dim_overlap":
-            dur[_transfers(g, fix.dim)] = 0
+            _dim_overlap(g, dur, fix)
         elif fix.kind == "slow_link":
             _slow_link(g, dur, fix, lay)
         elif fix.kind == "stage_resplit":

@@ -80,6 +80,8 @@ class StepGraph:
     win_start: np.ndarray = None  # type: ignore[assignment]
     win_end: np.ndarray = None  # type: ignore[assignment]
     """per window: the step and the rank's measured step window"""
+    win_backward: np.ndarray = None  # type: ignore[assignment]
+    """per window: measured start of its first kernel launched by the backward pass (-1: not known)"""
     inst_info: Any = None
     """per collective instance (pandas, index = inst): key, pg_name, dim, op, bytes, n"""
     _plan: "_Plan | None" = None
@@ -101,6 +103,8 @@ class StepGraph:
             np.minimum.at(self.win_start, pos, self.start[self.rank >= 0])
             self.win_end = np.zeros(self.ranks.size, np.int64)
             np.maximum.at(self.win_end, pos, np.where(self.terminal, self.end, 0)[self.rank >= 0])
+        if self.win_backward is None or self.win_backward.size != self.ranks.size:
+            self.win_backward = np.full(self.ranks.size, -1, np.int64)
 
     @property
     def num_nodes(self) -> int:
@@ -377,6 +381,12 @@ def measured_step_ns(g: StepGraph) -> np.ndarray:
     """Each window's measured step time, by the same rule as rank_step_ns."""
     nxt = _next_window(g)
     return np.where(nxt >= 0, g.win_start[np.maximum(nxt, 0)], g.win_end) - g.win_start
+
+
+def device_lane_mask(g: StepGraph) -> np.ndarray:
+    """Per node: it sits on a device stream."""
+    dev_lanes = np.array(["stream" in n for n in g.lane_names] + [False], dtype=bool)
+    return dev_lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
 
 
 def host_lane_mask(g: StepGraph) -> np.ndarray:

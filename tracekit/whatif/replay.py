@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+from tracekit.whatif.fixes import Fix, Layout, apply_fixes, replay_graph
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   rank_step_ns, replay, window_bounds)
 
@@ -54,7 +54,7 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     key = tuple(fixes)
     if key not in cache:
         dur, gap, factor = apply_fixes(g, fixes, lay)
-        start = replay(g, dur, gap)
+        start = replay(replay_graph(g, fixes), dur, gap)
         cache[key] = np.rint(rank_step_ns(g, start, dur, gap) * factor).astype(np.int64)
     return cache[key]
 
