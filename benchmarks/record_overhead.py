@@ -21,13 +21,25 @@ tests/user_scripts (DDP tutorial, FSDP2 with clip_grad_norm_, DTensor TP+SP), 2 
 unmodified under torch.profiler (recording every step, as inside the window); in each process the
 collective logging `tracekit record` uses (kernels on the c10d ops + the step-boundary flush) is
 switched on and off in alternating blocks of `--block` steps (A/B/A/B...; TRACEKIT_BENCH_STATES adds
-`dispatch_mode`, the TorchDispatchMode it replaced, or `kernels_only`, the c10d kernels logging nothing).
+`dispatch_mode`, the TorchDispatchMode it replaced, `kernels_only`, the c10d kernels logging nothing, or
+any other name, which does nothing: e.g. profiler,noop,profiler,logging checks the pairing itself).
 Each block of a state is paired with the profiler-alone blocks next to it, in the same process:
 ratio = median step of the block / median step of its neighbouring profiler-alone blocks. A slow
 phase of the shared machine hits a block and its neighbours alike, so it cancels; the headline is
 the median of those block ratios over both ranks and all repeats, with their quartiles and each
 repeat's median (the spread). Both in wall time (what the user sees) and in process CPU time (the
 work itself; on a shared box, wall time also holds the waits for a core, the largest noise there).
+
+Measured on the shared 2-core box (load 14-30, 4 repeats x 164 steps, blocks of 4; wall / process CPU,
+median of 160 block ratios, per-repeat medians in brackets):
+  ddp    3.7 ms steps   wall x1.042 [1.108 1.054 0.878 1.127]  cpu x1.146 [1.167 1.125 1.131 1.147]
+  fsdp2  85 ms steps    wall x1.060 [1.078 1.048 1.100 0.992]  cpu x1.054 [1.024 1.055 1.059 1.068]
+  tp_sp  33 ms steps    wall x1.085 [1.085 1.013 1.098 1.156]  cpu x1.075 [1.035 1.085 1.058 1.094]
+A no-op state in the same harness reads x0.99 (cpu) / x1.007 (wall) on ddp: the pairing is unbiased. The
+c10d kernels alone (kernels_only) cost ddp cpu x1.06, tp_sp cpu x1.00; the logging's own code measured
+in place is 0.10 ms of 3.3 ms CPU per ddp step and 0.21 of 12 ms per tp_sp step (read ~50 us per
+collective, flush 35-75 us per step, cold caches), less than the A/B difference. The 5% target holds only
+for ddp's wall median here (its CPU cost is 15%), not for fsdp2 or tp_sp.
 
 Usage: python benchmarks/record_overhead.py [--repeats 3] [--steps 90] [--json out.json]
        python benchmarks/record_overhead.py --in-window [--in-window-steps 164] [--block 4] [--loops ddp,tp_sp]

@@ -6,6 +6,12 @@ analyzes each recording and prints, per recording, the steps kept, the median st
 verdict (`bound`) and whether `analyze` called the verdict unstable. The claim to check: the
 default window gives the same verdicts in every recording.
 
+Measured on the shared 2-core box (load 14-25), DDP loop, steps 2.5-11 ms: before the window was chosen
+from the fastest of two warmup steps, 3 of 5 and 5 of 5 (windows of 5 and 20 steps when the one warmup step
+ran 20-40x slow); after, 5 of 5 'communication' (every window 100 steps) and 4 of 5 (windows 96-100 steps):
+the odd one's rank 0 was idle a median 4.7 ms of every step (rank 1 waiting for it), the box starving that
+process for the whole recording rather than a short window; analyze flagged it unstable_verdict.
+
 Usage: python benchmarks/record_window_stability.py [--repeats 5] [--json out.json] [-- script args]
 """
 
