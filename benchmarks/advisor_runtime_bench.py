@@ -11,9 +11,12 @@ bandwidth, the residual) and predicts the others. Measured step = median over th
 slowest rank's step (the runtime's own clock). Prints the table, the mean absolute error and Kendall's
 tau of predicted vs measured order (targets: ≤ 10%, ≥ 0.8). `--runs DIR` keeps (and reuses) the runs.
 
-Measured 2026-11-25 on the shared 2-core box (load average 14-23), 600 µs/token, 7 steps of which 5
-profiled: MAE 5.6%, tau 0.85 over 11 layouts; worst dp8 FSDP -13.7% (8-rank all-gather / reduce-scatter
-priced at the 2-rank latency the measured run showed) and cp2 -9.7%. At 200 µs/token the ranks' CPU
+Measured 2026-11-25 on the shared 2-core box (load average 12-23), 600 µs/token, 7 steps of which 5
+profiled, two independent runs of all 12 layouts: MAE 5.6% / 5.2%, tau 0.85 / 0.78 over 11 layouts.
+Worst: dp8 FSDP -13.7% / -16.6% (its 8-member all-gathers / reduce-scatters priced at the latency the
+measured run's 2-member groups showed: how gloo's latency grows with the group is not in that run), pp4
+1f1b m8 +6.9% / +10.4%, cp2 -9.7% / -6.5%. Tau is held down by near-ties: four layouts within 10% of
+3.4 s and three within 5% of 4.4 s, whose order the box's noise sets. At 200 µs/token the ranks' CPU
 work (slowed 5-10x by the box's load, more when 8 ranks compute in lockstep) was a third of the step
 and the same comparison gave MAE 13.8%, tau 0.22: the simulator models the devices, not the box's
 contention, so the waits must dominate.
