@@ -162,7 +162,7 @@ def block_params(shape: ModelShape, layout: Layout, layer: int) -> int:
 def stage_params(shape: ModelShape, layout: Layout, stage: int) -> int:
     """Parameters held by the rank of `stage` before FSDP sharding (embeddings on the first, head last)."""
     n = sum(block_params(shape, layout, i) for i in _layers(shape, layout, stage))
-    vocab = shape.vocab_size * shape.d_model // (layout.tp if shape.vocab_parallel else 1)
+    vocab = local_vocab(shape, layout) * shape.d_model
     if stage == 0:
         n += vocab + (shape.max_seq_len or 0) * shape.d_model
     if stage == layout.num_stages - 1:
@@ -201,7 +201,12 @@ def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int, checkp
 def head_activation_bytes(shape: ModelShape, layout: Layout) -> float:
     """Final norm, logits and the loss's softmax per micro-batch (last stage)."""
     t = tokens_per_microbatch(shape, layout)
-    return float(t * (2 * shape.d_model + 2 * shape.vocab_size) * shape.bytes_per_value)
+    return float(t * (2 * shape.d_model + 2 * local_vocab(shape, layout)) * shape.bytes_per_value)
+
+
+def local_vocab(shape: ModelShape, layout: Layout) -> int:
+    """Vocabulary entries (embedding rows, logits) on one rank."""
+    return shape.vocab_size // (layout.tp if shape.vocab_parallel else 1)
 
 
 def _activations(shape: ModelShape, layout: Layout, stage: int, calib: "Calibration") -> float:
@@ -217,14 +222,14 @@ def _transient(shape: ModelShape, layout: Layout, stage: int, calib: "Calibratio
     """Backward working set at the peak plus what the layout adds for a moment (see the module doc)."""
     t, b = tokens_per_microbatch(shape, layout), shape.bytes_per_value
     last = stage == layout.num_stages - 1
-    work = 2 * t * (shape.vocab_size if last else shape.d_ff / layout.tp) * b * calib.transient_scale
+    work = 2 * t * (local_vocab(shape, layout) if last else shape.d_ff / layout.tp) * b * calib.transient_scale
     layers = _layers(shape, layout, stage)
     if layout.activation_checkpointing and len(layers):
         work += max(block_activation_bytes(shape, layout, i, checkpointed=False) for i in layers) * calib.block_scale
     if layout.dp_mode == "fsdp" and layout.dp * layout.cp > 1 and len(layers):
         work += 2 * max(block_params(shape, layout, i) for i in layers) * b
     if last and layout.pp > 1 and shape.pipeline_keeps_outputs:
-        work += layout.microbatches * t * shape.vocab_size * b
+        work += layout.microbatches * t * local_vocab(shape, layout) * b
     return work
 
 
