@@ -201,60 +201,74 @@ def _transfers(g: StepGraph, dim: str | None) -> np.ndarray:
 
 
 GRADIENT_OPS = ("all_reduce", "reduce_scatter")
+GRADIENT_DIMS = ("dp", "fsdp", "dp_cp", "edp")
+"""data-parallel dims: their reductions after backward began are gradients (tp's, cp's are activations)"""
 
 
 def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The dim's gradient buckets that backward could have started earlier: per bucket its arrival node,
+    """The dim's gradient buckets (reductions of a data-parallel dim) that backward could have started earlier: per bucket its arrival node,
     its transfer node and the compute node after which its gradients exist (cached per graph and dim).
 
     The trace shows backward's kernels (launched by autograd's ops, `StepGraph.win_backward`) and each
     bucket's size, not which kernel produced which gradient. Model (trace only): backward produces the
     gradients in reverse layer order at a steady rate, and buckets are issued in the order they fill, so
     bucket k (cumulative bytes B_k of the step's buckets B) is ready once the rank's backward compute, from
-    backward's first kernel to the first bucket, has run the same share B_k / B of its time; the last
-    bucket at backward's end. A bucket that already started before that point (DDP overlapping as
+    backward's first kernel to the last bucket (issued once backward is done), has run the same share
+    B_k / B of its time; the last bucket at backward's end. A bucket that already started before that point (DDP overlapping as
     designed) is left alone. Windows whose backward is unknown (CPU ranks, traces without autograd ops)
     have none."""
     cache = g.__dict__.setdefault("_buckets", {})
-    if dim in cache:
-        return cache[dim]
-    empty = np.zeros(0, np.int64)
-    xfer = np.flatnonzero(_transfers(g, dim) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
-    known = np.flatnonzero(g.win_backward >= 0)
-    if xfer.size == 0 or known.size == 0:
-        cache[dim] = (empty, empty, empty)
-        return cache[dim]
-    arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
-    arr_of = pd.Series(arrive, index=pd.MultiIndex.from_arrays([g.rank[arrive], g.inst[arrive]])).groupby(level=[0, 1]).first()
-    comp = np.flatnonzero(g.category == Category.COMPUTE)
-    comp = comp[np.lexsort((g.start[comp], g.step[comp], g.rank[comp]))]
-    ckey = g.rank[comp].astype(np.int64) * (1 << 32) + g.step[comp]
-    xkey = g.rank[xfer].astype(np.int64) * (1 << 32) + g.step[xfer]
-    out: list[tuple[int, int, int]] = []
-    for w in known.tolist():
-        key = int(g.ranks[w]) * (1 << 32) + int(g.win_step[w])
-        mine = xfer[(xkey == key) & (g.start[xfer] >= g.win_backward[w])]
-        arr = arr_of.reindex(pd.MultiIndex.from_arrays([g.rank[mine], g.inst[mine]])).to_numpy()
-        ok = ~np.isnan(arr.astype(np.float64))
-        mine, arr = mine[ok], arr[ok].astype(np.int64)
-        if mine.size == 0:
-            continue
-        o = np.argsort(g.start[arr], kind="stable")
-        mine, arr = mine[o], arr[o]
-        lo, hi = np.searchsorted(ckey, [key, key + 1])
-        bwd = comp[lo:hi]
-        bwd = bwd[(g.start[bwd] >= g.win_backward[w]) & (g.start[bwd] < g.start[arr[0]])]
-        size = g.inst_info["bytes"].reindex(g.inst[mine]).to_numpy(np.float64)
-        if bwd.size == 0 or not np.isfinite(size).all() or size.sum() <= 0:
-            continue
-        cum = np.cumsum(g.dur[bwd])
-        share = np.cumsum(size) / size.sum()
-        ready = bwd[np.minimum(np.searchsorted(cum, share * cum[-1]), bwd.size - 1)]
-        late = g.start[arr] > g.start[ready] + g.dur[ready]
-        out += zip(arr[late].tolist(), mine[late].tolist(), ready[late].tolist())
-    cols = np.array(out, np.int64).reshape(-1, 3)
-    cache[dim] = (cols[:, 0], cols[:, 1], cols[:, 2])
+    if dim not in cache:
+        grad_dim = np.isin(g.dim, [i for i, d in enumerate(g.dims) if d in GRADIENT_DIMS])
+        xfer = np.flatnonzero(_transfers(g, dim) & grad_dim & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
+        comp = np.flatnonzero(g.category == Category.COMPUTE)
+        arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
+        arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), arrive.tolist()))
+        xfer, comp = _by_window(g, xfer), _by_window(g, comp)
+        out: list[tuple[int, int, int]] = []
+        for w in np.flatnonzero(g.win_backward >= 0).tolist():
+            key = _window_key(g.ranks[w], g.win_step[w])
+            mine = _slice(xfer, key)
+            mine = mine[g.start[mine] >= g.win_backward[w]]
+            arr = np.array([arr_of.get((int(g.rank[v]), int(g.inst[v])), -1) for v in mine], np.int64)
+            mine, arr = mine[arr >= 0], arr[arr >= 0]
+            if mine.size:
+                o = np.argsort(g.start[arr], kind="stable")
+                out += _ready_points(g, arr[o], mine[o], _slice(comp, key), int(g.win_backward[w]))
+        cols = np.array(out, np.int64).reshape(-1, 3)
+        cache[dim] = (cols[:, 0], cols[:, 1], cols[:, 2])
     return cache[dim]
+
+
+def _window_key(rank: Any, step: Any) -> Any:
+    return np.asarray(rank).astype(np.int64) * (1 << 32) + np.asarray(step).astype(np.int64)
+
+
+def _by_window(g: StepGraph, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`nodes` sorted by (rank, step, start), with their window keys."""
+    nodes = nodes[np.lexsort((g.start[nodes], g.step[nodes], g.rank[nodes]))]
+    return nodes, _window_key(g.rank[nodes], g.step[nodes])
+
+
+def _slice(sorted_nodes: tuple[np.ndarray, np.ndarray], key: int) -> np.ndarray:
+    nodes, keys = sorted_nodes
+    lo, hi = np.searchsorted(keys, [key, key + 1])
+    return nodes[lo:hi]
+
+
+def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndarray, bwd_start: int
+                  ) -> list[tuple[int, int, int]]:
+    """(arrival, transfer, ready compute node) of one window's buckets (in issue order) that started after
+    their share of backward's compute (`gradient_buckets`' model) had run."""
+    bwd = comp[(g.start[comp] >= bwd_start) & (g.start[comp] < g.start[arr[-1]])]
+    size = g.inst_info["bytes"].reindex(g.inst[xfer]).to_numpy(np.float64)
+    if bwd.size == 0 or not np.isfinite(size).all() or size.sum() <= 0:
+        return []
+    cum = np.cumsum(g.dur[bwd])
+    share = np.cumsum(size) / size.sum()
+    ready = bwd[np.minimum(np.searchsorted(cum, share * cum[-1]), bwd.size - 1)]
+    late = g.start[arr] > g.start[ready] + g.dur[ready]
+    return list(zip(arr[late].tolist(), xfer[late].tolist(), ready[late].tolist()))
 
 
 def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
