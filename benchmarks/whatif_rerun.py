@@ -8,6 +8,8 @@ so host and gloo work (what 2 shared cores slow down) are a small part of the st
 - measured saving: median step of the faulty runs minus median step of the fixed runs (a step's time = the
   slowest rank's ProfilerStep; median over the profiled steps of a run, mean of the two runs of a side);
 - noise: |A − A2| and |B − B2| (two identical runs), printed for each side;
+- fixed-run device imbalance: the re-run's own slowest-rank excess of simulated device time over the ranks'
+  mean (median step): what is left of imbalance without the fault, which the replayed fix (even) removes too;
 - replayed saving: the finding's own (`evidence.replayed_saving_ns`: its fix replayed on the cross-rank
   graph of the faulty run, mean of A and A2); `direct`: the fix itself replayed (`tracekit whatif`), also
   when no finding names it.
@@ -15,6 +17,18 @@ so host and gloo work (what 2 shared cores slow down) are a small part of the st
     python benchmarks/whatif_rerun.py [--only slow_rank,...] [--out DIR] [--profile-steps N]
 
 Prints one line per pair and a table; target: replayed within 15% of measured.
+
+Measured 2026-11-25 15:31-15:47 UTC on the 2-core box shared with other engineers (load average 12-19):
+
+    pair                 faulty A/A2 ms  fixed B/B2 ms  measured replayed  error  noise A/B ms  B imbalance
+    slow_rank             830.0/854.6    443.2/431.7      404.8    381.0   5.9%   24.6/11.4         1.2
+    stage_imbalance      3169.2/3204.7  2393.0/2426.6     777.1    774.4   0.3%   35.6/33.6         2.2
+    router_skew          1564.7/1534.5  1334.4/1316.4     224.2    287.4  28.2%   30.2/18.0        47.5
+    too_few_microbatches 2507.3/2523.7  1604.1/1618.5     904.2    946.0   4.6%   16.4/14.5         1.4
+
+router_skew misses: its re-run without the bias is not even (the unbiased router sends 1050-1128 of
+2048 routed tokens per step to ep rank 1, its device time 1222 vs 1116 ms/step), 47.5 ms/step of skew the
+replayed "expert load even" removes too; against an even load the saving is 224.2 + 47.5 = 271.7 ms (5.8%).
 """
 
 from __future__ import annotations
@@ -73,6 +87,20 @@ def run_once(args: list[str], out: Path, profile_steps: int) -> tuple[dict, list
     return analysis, [per[s] for s in sorted(per)], store
 
 
+def device_imbalance_ns(store) -> float:
+    """Median over steps of the slowest rank's simulated device time minus the ranks' mean (the `device:wait`
+    regions): imbalance a run has of its own (a re-run without the fault whose unbiased router still
+    sends 53% of the tokens to one expert rank), which the replayed fixes (even load, even stages) do not."""
+    import pyarrow.compute as pc
+
+    ev = store.table("events", ["rank", "name", "dur", "step"])
+    ev = ev.filter(pc.and_(pc.equal(ev["name"].cast("string"), "device:wait"), pc.is_valid(ev["step"]))).to_pandas()
+    if ev.empty:
+        return 0.0
+    per = ev.groupby(["step", "rank"])["dur"].sum().unstack()
+    return float(np.median(per.max(axis=1) - per.mean(axis=1)))
+
+
 def direct_saving(store, whatif: dict) -> int:
     """Replay the fix itself on the faulty run (when no finding carries it)."""
     from tracekit.whatif.api import run_whatif
@@ -106,6 +134,7 @@ def measure_pair(name: str, root: Path, profile_steps: int) -> dict:
             "finding_ms": [None if x is None else round(x / 1e6, 1) for x in found],
             "direct_ms": [round(x / 1e6, 1) for x in direct],
             "noise_faulty_ms": abs(step["A"] - step["A2"]) / 1e6, "noise_fixed_ms": abs(step["B"] - step["B2"]) / 1e6,
+            "fixed_device_imbalance_ms": float(np.mean([device_imbalance_ns(runs[s][2]) for s in ("B", "B2")])) / 1e6,
             "error": abs(replayed - measured) / measured if measured > 0 else float("nan"),
             "load": round(load, 1), "wall_s": round(time.time() - t)}
 
@@ -122,12 +151,12 @@ def main() -> None:
         rows.append(measure_pair(name, root, opts.profile_steps))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'pair':21s} {'faulty A/A2 ms':>15s} {'fixed B/B2 ms':>15s} {'measured':>9s} {'replayed':>9s} "
-          f"{'error':>6s} {'noise A/B ms':>13s} {'load':>5s}")
+          f"{'error':>6s} {'noise A/B ms':>13s} {'load':>5s} {'B imbal':>7s}")
     for r in rows:
         s = r["step_ms"]
         print(f"{r['pair']:21s} {s['A']:7.1f}/{s['A2']:<7.1f} {s['B']:7.1f}/{s['B2']:<7.1f} {r['measured_ms']:9.1f} "
               f"{r['replayed_ms']:9.1f} {r['error']:6.1%} {r['noise_faulty_ms']:6.1f}/{r['noise_fixed_ms']:<6.1f} "
-              f"{r['load']:5.1f}")
+              f"{r['load']:5.1f} {r['fixed_device_imbalance_ms']:7.1f}")
 
 
 if __name__ == "__main__":
