@@ -450,14 +450,16 @@ class GpuRank:
     names: list[str]
     lanes: dict[int, int]
     step: np.ndarray
-    backward: np.ndarray
-    """per kernel: launched by a CPU op of the backward pass (`launched_by_backward`)"""
+    external_id: np.ndarray
+    backward: np.ndarray | None = None
+    """per kernel: launched by a CPU op of the backward pass (`launched_by_backward`, set with the
+    runtime calls: one read of the rank's events)"""
 
 
-def launched_by_backward(store: RunStore, rank: int, steps: tuple[int, ...], external_id: np.ndarray) -> np.ndarray:
-    """Per kernel (by external id): the CPU op that launched it is autograd's (its name says backward, as
-    PyTorch names them: `aten::*_backward*`, `autograd::engine::evaluate_function: MmBackward0`, ...)."""
-    ev = _rank_events(store, rank, steps, ["name", "cat", "external_id", "step", "dur"])
+def launched_by_backward(ev: pa.Table, external_id: np.ndarray) -> np.ndarray:
+    """Per kernel (by external id): the CPU op of the rank's events `ev` that launched it is autograd's (its
+    name says backward, as PyTorch names them: `aten::*_backward*`, `autograd::engine::evaluate_function:
+    MmBackward0`, ...)."""
     ev = ev.filter(pc.and_(pc.fill_null(pc.equal(ev["cat"].cast(pa.string()), "cpu_op"), False),
                            pc.is_valid(ev["external_id"])))
     names = pc.utf8_lower(ev.column("name").cast(pa.string()))
@@ -479,8 +481,7 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     names = [str(x) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
-                   names=names, lanes=lanes, step=_arr(k, "step")[order],
-                   backward=launched_by_backward(store, rank, steps, ext))
+                   names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
 
 
 def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
@@ -541,7 +542,9 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
 
 def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                       node: np.ndarray, done: np.ndarray) -> None:
-    ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream"])
+    ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
+                                           "external_id"])
+    gr.backward = launched_by_backward(ev, gr.external_id)
     ev = ev.filter(pc.is_null(ev["stream"]))
     cat = ev.column("cat").cast(pa.string())
     rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
@@ -598,7 +601,7 @@ def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int
     out = {}
     for s in np.unique(gr.step):
         m = gr.step == s
-        bwd = gr.ts[m & gr.backward]
+        bwd = gr.ts[m & gr.backward] if gr.backward is not None else gr.ts[:0]
         out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()), int(bwd.min()) if bwd.size else -1)
     return out
 
