@@ -17,7 +17,9 @@ NOT_YET = {
     "too_few_microbatches": "measured 3.7% off (5.7% full size) with the closed-form bubble; the answer key's re-run "
                             "shortens sequences, and the simulator's packed attention makes a micro-batch's work grow "
                             "with its tokens squared, which a same-work re-schedule cannot see (6.9% even from the "
-                            "device's phase spans)",
+                            "device's phase spans; attention kernels at m/m' of their time with the closed form: 3.9% "
+                            "under, full size). The trace does not say whether more micro-batches split a batch by "
+                            "samples (attention per sample unchanged) or by sequence length, as the re-run does",
 }
 
 

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
                                       help="Directory of traces/logs, or a run store."),
         rank_compute: list[str] = typer.Option([], "--rank-compute", help="RANK=median (its peers' median compute) or RANK=FACTOR (repeatable)."),
         dim_bandwidth: list[str] = typer.Option([], "--dim-bandwidth", help="DIM=BANDWIDTH, e.g. tp=150GB/s: the dim's collectives at that bus bandwidth (repeatable)."),
-        overlap: list[str] = typer.Option([], "--overlap", help="DIM whose collectives are fully overlapped (repeatable)."),
+        overlap: list[str] = typer.Option([], "--overlap", help="DIM whose collectives overlap compute: gradient buckets (dp, fsdp) start when backward has produced their share of the gradients, other collectives are hidden (repeatable)."),
         slow_link: list[str] = typer.Option([], "--slow-link", help="DIM whose slowest links run at their peers' speed (repeatable)."),
         stage_resplit: bool = typer.Option(False, "--stage-resplit", help="Pipeline stages re-split to equal compute."),
         expert_even: bool = typer.Option(False, "--expert-even", help="Expert load even across expert-parallel ranks."),

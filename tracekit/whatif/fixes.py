@@ -215,7 +215,9 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     bucket k (cumulative bytes B_k of the step's buckets B) is ready once the rank's backward compute, from
     backward's first kernel to the last bucket (issued once backward is done), has run the same share
     B_k / B of its time; the last bucket at backward's end. A bucket that already started before that point (DDP overlapping as
-    designed) is left alone. Windows whose backward is unknown (CPU ranks, traces without autograd ops)
+    designed) is left alone. Under pipeline parallelism the span starts at the first micro-batch's backward,
+    while DDP fills its buckets in the last one's: the ready points come early (an optimistic saving).
+    Windows whose backward is unknown (CPU ranks, traces without autograd ops)
     have none."""
     cache = g.__dict__.setdefault("_buckets", {})
     if dim not in cache:
