@@ -67,6 +67,13 @@ class _Trace:
                         f'"ts": {_t(t0)}, "dur": {_d(dur)}, "args": {{"External id": {e}{extra}}}}}')
         return e
 
+    def runtime(self, api: str, cbid: int, t0: int, dur: int) -> None:
+        """A CUDA runtime call without a kernel (stream wait / synchronize): its own correlation id."""
+        c = self.corr
+        self.corr += 1
+        self.out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "{api}", "pid": {self.pid}, "tid": {self.tid}, '
+                        f'"ts": {_t(t0)}, "dur": {_d(dur)}, "args": {{"cbid": {cbid}, "correlation": {c}}}}}')
+
     def launch(self, ext: int, t_launch: int, dur: int, api: str, cbid: int, op: Op, kcat: str, kargs: str) -> None:
         c = self.corr
         self.corr += 1
@@ -154,19 +161,11 @@ def rank_events(res, rank: int) -> list[str]:
             tr.launch(ext, op.h1 - launch_ns - 700, launch_ns, "cudaLaunchKernel", 211, op, "kernel",
                       args + ", " + _NCCL_ARGS)
         elif k == WAIT:
-            cc = tr.corr
-            tr.corr += 1
-            tr.out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamWaitEvent", "pid": {tr.pid}, '
-                          f'"tid": {tr.tid}, "ts": {_t(op.h0)}, "dur": {_d(op.h1 - op.h0)}, '
-                          f'"args": {{"cbid": 147, "correlation": {cc}}}}}')
+            tr.runtime("cudaStreamWaitEvent", 147, op.h0, op.h1 - op.h0)
             continue
         elif k == SYNC:
             tr.cpu("cpu_op", op.name, op.h0, op.h1 - op.h0)
-            cc = tr.corr
-            tr.corr += 1
-            tr.out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": {tr.pid}, '
-                          f'"tid": {tr.tid}, "ts": {_t(op.h0 + 500)}, "dur": {_d(op.d0 - op.h0)}, '
-                          f'"args": {{"cbid": 131, "correlation": {cc}}}}}')
+            tr.runtime("cudaStreamSynchronize", 131, op.h0 + 500, op.d0 - op.h0)
             continue
         elif k == HOST:
             if op.cat:
