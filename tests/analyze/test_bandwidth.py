@@ -168,3 +168,23 @@ def test_real_nccl_trace_matches_independent_reading(shared_traces, tmp_path):
     for key, vals in expected.items():
         assert got[key]["count"] == len(vals)
         assert got[key]["busbw_gbps_p50"] == pytest.approx(median(vals), rel=1e-6), key
+
+
+def test_slow_host_is_the_one_in_every_low_inter_host_group_and_no_fine_one():
+    from tracekit.analyze.bandwidth import slow_host
+
+    hosts = {0: "h0", 1: "h0", 2: "h1", 3: "h1", 4: "h2", 5: "h2"}
+    members = {"a": [0, 2], "b": [3, 4], "c": [1, 5], "d": [0, 1]}
+    tiers = {"a": "inter_host", "b": "inter_host", "c": "inter_host", "d": "intra_host"}
+
+    def row(pg, low):
+        return {"pg_name": pg, "reference_gbps": 40.0, "low": low}
+
+    # a (h0, h1) and b (h1, h2) are slow, c (h0, h2) is fine; d (intra-host) slow too but has no NIC traffic
+    table = [row("a", True), row("b", True), row("c", False), row("d", True)]
+    got = slow_host(table, members, tiers, hosts)
+    assert got == {"host": "h1", "ranks": [2, 3], "groups": {"a", "b"}}
+    # without a fine group through the other hosts nothing rules h0 or h2 out: no host is named
+    assert slow_host([row("a", True), row("b", True)], members, tiers, hosts) is None
+    # host names unknown: nothing to name
+    assert slow_host(table, members, tiers, {}) is None

@@ -3,15 +3,19 @@ written as Kineto traces, parsed and analyzed by the normal path.
 
 For every fault kind × 3 seeds × layout (8-rank dp4×tp2, 8-rank pp2×dp4, both with ep4, and a 64-rank
 5-D pp2 × dp8 × cp2 × tp2 with ep4 over dp × cp on 8 hosts of 8 GPUs), the top finding at warning or above must have
-a kind that `ground_truth.json` expects for the fault and name the right ranks / dim / stage / expert;
-a clean run (same layouts, 3 seeds) has no warning-level finding of a kind that names a fault.
+a kind that `ground_truth.json` expects for the fault and name the right ranks / dim / stage / expert (a slow
+NIC: the ranks of its host); a clean run (same layouts, 3 seeds) has no warning-level finding of a kind that
+names a fault.
 
-Fault sizes are relative to the clean step (host stall / slow data = 25% of it) or fixed factors a
-real cluster shows (GPU 1.3x slower, a link or NIC at 1/4 of its bandwidth, sequences 1.5x longer, router
-bias +2.0 logits on one of 4 experts as in the runtime's matrix: ~2.8x the mean tokens).
-Each run is simulated, written, parsed and analyzed once per module. Cost, measured on the shared 2-core
-box: ~0.5 s CPU per 8-rank run and ~4-6 s per 64-rank run (parse + analysis of 64 files dominate), ~280-310 s
-CPU for the 99 cells (8.6-10.3 min wall on 2 xdist workers of the busy shared box); the marker `slow` selects it.
+Every injected fault costs real step time: the answer key's step without it (re-simulated) is at least
+MIN_COST shorter, asserted per cell. Fault sizes: host stall / slow data = 25% of the clean step, a GPU 1.3x
+slower, a NIC at 1/4 of its bandwidth, a slowed dim's links at 1/SLOW_LINK_FACTOR (4 for tp/dp, 8 for ep, 16
+for cp: ring-attention P2P hides a cp link at 1/8 entirely), sequences 1.5x longer, router bias +2.0 logits on
+one of 4 experts (~2.8x the mean tokens). Faults of the dp gradient sync (no overlap, a slow dp link) run on
+the configuration where that sync matters (DP_SYNC: dp across hosts, one sequence per micro-batch).
+Each run is simulated, written, parsed and analyzed once per module (the `memory` analyzer, which names no
+fault, is left out). Cost, measured on the shared 2-core box: ~1 s CPU per 8-rank run and ~6-8 s per 64-rank
+run (parse + analysis of 64 files dominate); the marker `slow` selects it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tracekit.analyze.engine import ANALYZERS
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
 
 pytestmark = pytest.mark.slow
@@ -47,22 +52,66 @@ FAULT_FINDINGS = {"straggler", "low_bus_bandwidth", "communication_bound", "pipe
                   "placement_mismatch", "data_loading"}
 
 
+SLOW_LINK_FACTOR = {"tp": 4.0, "dp": 4.0, "ep": 8.0, "cp": 16.0}
+"""Bandwidth divisor of a slowed dim, the smallest of 4, 8, 16 at which the fault costs ≥ MIN_COST of the step
+on every layout (the key's step time without it says so; ring-attention P2P hides a cp link at 1/8 entirely)."""
+MIN_COST = 0.05
+"""Every injected fault must cost at least this share of the step (answer key: step with / without − 1)."""
+DP_SYNC = {"dp4xtp2": ("2x4-h100", {"ep": 1}, {"experts": 0, "micro_batch_size": 1}),
+           "pp2xdp4": ("4x2-h100", {"ep": 1}, {"experts": 0, "micro_batch_size": 1, "layers": 16}),
+           "5d-64": ("8x8-h100", {}, {"micro_batch_size": 1, "layers": 4})}
+"""Faults of the dp gradient sync (no overlap, a slow dp link) on the run where that sync matters: one
+sequence per micro-batch (the all-reduce a real share of the step) and dp across hosts (on one NVLink host
+it costs < 1% however it runs), ep kept inside a host; the pipeline needs several layers per stage for DDP
+to overlap anything."""
+
+
 def _dims(layout: Layout) -> list[str]:
     return [d for d in ("tp", "dp", "cp", "ep") if getattr(layout, d) > 1]
 
 
-def fault_for(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, ModelSpec] | None:
-    """The fault of this kind for a layout and seed, or None where the layout cannot have it."""
+def _with_dp_sync(layout_name: str, made: tuple[Layout, Faults, ModelSpec]) -> tuple[Layout, Faults, ModelSpec, str]:
+    layout, faults, model = made
+    cluster_name = LAYOUTS[layout_name][1]
+    if faults.no_overlap or "dp" in faults.slow_link:
+        cluster_name, layout_changes, model_changes = DP_SYNC[layout_name]
+        layout = dataclasses.replace(layout, **layout_changes)
+        model = dataclasses.replace(model, **model_changes)
+    return layout, faults, model, cluster_name
+
+
+STEPS = 2
+_CLEAN_STEP: dict[tuple[str, int], int] = {}
+
+
+def _clean_step_ns(layout_name: str, seed: int) -> int:
+    """The clean run's step time (simulated once per layout and seed): host stalls are sized from it."""
+    if (layout_name, seed) not in _CLEAN_STEP:
+        layout, cluster_name, model = LAYOUTS[layout_name]
+        _CLEAN_STEP[(layout_name, seed)] = step_time(model, ClusterSpec.preset(cluster_name), layout, Faults(),
+                                                     steps=STEPS, seed=seed)
+    return _CLEAN_STEP[(layout_name, seed)]
+
+
+def fault_for(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, ModelSpec, str] | None:
+    """The fault of this kind for a layout and seed (layout, faults, model, cluster preset), or None where
+    the layout cannot have it."""
+    made = _fault(kind, layout_name, seed)
+    return None if made is None else _with_dp_sync(layout_name, made)
+
+
+def _fault(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, ModelSpec] | None:
     layout, cluster_name, model = LAYOUTS[layout_name]
     cluster = ClusterSpec.preset(cluster_name)
     world = layout.world
     rank = (5 + 11 * seed) % world
     hosts = -(-world // cluster.gpus_per_host)
+    dims = _dims(layout)
     if kind == "slow_gpu":
         return layout, Faults(slow_gpu={rank: 1.3}), model
     if kind == "slow_link":
-        dims = _dims(layout)
-        return layout, Faults(slow_link={dims[seed % len(dims)]: 4.0}), model
+        dim = dims[seed % len(dims)]
+        return layout, Faults(slow_link={dim: SLOW_LINK_FACTOR[dim]}), model
     if kind == "slow_nic":
         return (layout, Faults(slow_nic={(seed + 1) % hosts: 4.0}), model) if hosts > 1 else None
     if kind == "stage_imbalance":
@@ -76,13 +125,10 @@ def fault_for(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, M
         return layout, Faults(stage_layers=tuple(counts)), model
     if kind == "router_skew":
         return layout, Faults(router_bias={(1 + seed) % model.experts: 2.0}), model
-    clean = None
-    if kind in ("host_stall", "slow_data_loading"):
-        clean = step_time(model, cluster, layout, Faults(), steps=2, seed=seed)
     if kind == "host_stall":
-        return layout, Faults(host_stall=(rank, 0.25 * clean / 1e6, 1)), model
+        return layout, Faults(host_stall=(rank, 0.25 * _clean_step_ns(layout_name, seed) / 1e6, 1)), model
     if kind == "slow_data_loading":
-        return layout, Faults(slow_data=(rank, 0.25 * clean / 1e6)), model
+        return layout, Faults(slow_data=(rank, 0.25 * _clean_step_ns(layout_name, seed) / 1e6)), model
     if kind == "uneven_sequence_length":
         return layout, Faults(uneven_seq=(seed % layout.dp, 1.5)), model
     if kind == "no_overlap":
@@ -92,14 +138,25 @@ def fault_for(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, M
             if layout.pp > 1 else None
     if kind == "groups_span_hosts":
         return (layout, Faults(tp_across_hosts=True), model) if layout.tp > 1 and hosts > 1 else None
-    if kind == "combination":
-        dims = _dims(layout)
-        return layout, Faults(slow_gpu={rank: 1.3}, slow_link={dims[(seed + 1) % len(dims)]: 4.0}), model
+    if kind == "combination":  # a link whose collectives block compute: a slow dp / cp link would hide the GPU
+        blocking = [d for d in dims if d in ("tp", "ep")]
+        dim = blocking[(seed + 1) % len(blocking)]
+        return layout, Faults(slow_gpu={rank: 1.3}, slow_link={dim: SLOW_LINK_FACTOR[dim]}), model
     raise AssertionError(kind)
 
 
-CASES = [(lay, kind, seed) for lay in LAYOUTS for kind in FAULT_KINDS for seed in SEEDS
-         if fault_for(kind, lay, seed) is not None]
+def _possible(kind: str, layout_name: str) -> bool:
+    """Whether the layout can have this fault (decided without simulating anything)."""
+    layout, cluster_name, _ = LAYOUTS[layout_name]
+    multi_host = layout.world > ClusterSpec.preset(cluster_name).gpus_per_host
+    return {"slow_nic": multi_host, "stage_imbalance": layout.pp > 1, "too_few_microbatches": layout.pp > 1,
+            "groups_span_hosts": layout.tp > 1 and multi_host}.get(kind, True)
+
+
+CASES = [(lay, kind, seed) for lay in LAYOUTS for kind in FAULT_KINDS for seed in SEEDS if _possible(kind, lay)]
+
+# analyzers whose findings never name a fault (memory) are left out: the matrix pays only for what it judges
+MATRIX_ANALYZERS = [(n, f) for n, f in ANALYZERS if n != "memory"]
 
 
 class Runs:
@@ -113,16 +170,17 @@ class Runs:
             from tracekit.analyze.engine import analyze_store
             from tracekit.parse.run import parse_run
 
-            _, cluster_name, _ = LAYOUTS[layout_name]
             if kind == "clean":
-                layout, faults, model = LAYOUTS[layout_name][0], Faults(), LAYOUTS[layout_name][2]
+                layout, cluster_name, model = LAYOUTS[layout_name]
+                faults = Faults()
             else:
-                layout, faults, model = fault_for(kind, layout_name, seed)
-            res = simulate(model, ClusterSpec.preset(cluster_name), layout, faults, steps=2, seed=seed, without=False)
+                layout, faults, model, cluster_name = fault_for(kind, layout_name, seed)
+            res = simulate(model, ClusterSpec.preset(cluster_name), layout, faults, steps=STEPS, seed=seed,
+                           without=kind != "clean")
             out = self.root / f"{layout_name}-{kind}-{seed}"
             write_traces(res, out)
             store = parse_run(out, Path(f"{out}.store"), progress=False).store
-            analysis = json.loads(json.dumps(analyze_store(store), default=str))
+            analysis = json.loads(json.dumps(analyze_store(store, analyzers=MATRIX_ANALYZERS), default=str))
             self.cache[key] = {"truth": res.faults_truth, "analysis": analysis}
         return self.cache[key]
 
@@ -174,25 +232,8 @@ def _record(layout_name: str, kind: str, seed: int, top: dict[str, Any] | None, 
                 k: top[k] for k in ("kind", "severity", "ranks", "dim")}}) + "\n")
 
 
-# Cells the analyzers do not get right yet (measured 13:32 UTC, 81 of 99 fault cells pass). Each is expected to
-# fail for the stated reason and reported as such (non-strict: a cell that starts passing shows as XPASS).
-KNOWN_MISSES = {
-    ("dp4xtp2", "slow_link", 1): "slow dp link costs < 5% of the step: found, but under the warning bar",
-    **{("pp2xdp4", "slow_link", s): "slow dp/ep link costs < 5% of the step: found, but under the warning bar"
-       for s in SEEDS},
-    ("5d-64", "slow_link", 1): "dp x cp group at 11.2 GB/s vs a conservative 18.7 GB/s same-tier reference",
-    ("5d-64", "slow_link", 2): "a slow cp link carries only P2P traffic, which bandwidth never flags",
-    **{("5d-64", "slow_nic", s): "the slow link is found, but the finding names every rank of the slowed groups, "
-       "not the one host whose NIC they share" for s in SEEDS},
-    **{(lay, "no_overlap", s): "the dp all-reduce of these small models is < 1% of the step (dp4xtp2, pp2xdp4) or "
-       "already unoverlapped in the clean 5-D run: the fault barely changes the step" for lay in LAYOUTS for s in SEEDS},
-}
-
-
 def _cell(lay: str, kind: str, seed: int):
-    why = KNOWN_MISSES.get((lay, kind, seed))
-    marks = [pytest.mark.xfail(reason=why, strict=False)] if why else []
-    return pytest.param(lay, kind, seed, marks=marks, id=f"{lay}-{kind}-{seed}")
+    return pytest.param(lay, kind, seed, id=f"{lay}-{kind}-{seed}")
 
 
 @pytest.mark.parametrize("layout_name,kind,seed", [_cell(*c) for c in CASES])
@@ -200,6 +241,9 @@ def test_top_finding_names_the_injected_fault(sim_runs, layout_name, kind, seed)
     run = sim_runs.get(layout_name, kind, seed)
     faults = run["truth"]
     assert faults, "the simulator recorded no fault"
+    for f in faults:  # a fault a user would care about: the key's step without it is ≥ MIN_COST shorter
+        assert f["step_ns_with"] >= (1 + MIN_COST) * f["step_ns_without"], (
+            f"{f['kind']} costs only {f['step_ns_with'] / f['step_ns_without'] - 1:.1%} of the step")
     loud = _loud(run["analysis"])
     if not loud:
         _record(layout_name, kind, seed, None, False)

@@ -10,7 +10,10 @@ a whole collective from one host, which on a balanced group is the same interval
 Without matching, an instance's shortest member duration (the last to arrive waits least) stands in
 (`time_basis: "min_duration"`). Unknown bytes give no figure: such instances are counted in `unsized`
 with the reason, never sized as one element.
-P2P and barriers are tabulated but never flagged (their durations include the peer's schedule).
+P2P on GPU traces: each paired send/recv (`matching`: the k-th send src→dst with the k-th recv at dst)
+is one `sendrecv` instance timed like a collective (first side's end − last side's arrival on the
+device, factor 1), judged like the collectives, with its links (src → dst) listed per row; host-timed
+P2P and barriers are tabulated from row durations but never flagged (those include the peer's schedule).
 
 `low_bus_bandwidth`: a (group, op, size bucket) is low when even its fast quartile (75th percentile busbw)
 is below — a slow link slows every call, CPU contention only some —
@@ -29,12 +32,17 @@ collective hidden behind compute costs no step time (on CPU the gloo threads sha
 backward pass, so overlapped all-reduces run slower than exposed ones; GPU kernels that overlap
 compute lose SMs the same way). Severity follows the bounded saving.
 
+A slow host NIC: when one host is a member of every inter-host group judged low and of none judged
+fine (`slow_host`; host names from the ranks table), the low dims whose groups all run through it are one
+finding naming that host's ranks, with the dims and collectives it slows as evidence.
+
 Section `bandwidth` (JSON):
 {"time_basis": "transfer" | "min_duration",
  "unsized": [{"pg_name", "op", "count", "reason"}],     # instances without a known message size
  "rows": [{"pg_name", "dim", "op", "group_size", "bucket_bytes", "count", "bytes_p50", "time_ns_p50",
            "algbw_gbps_p50", "busbw_gbps_p50", "busbw_gbps_p75", "busbw_gbps_max", "time_ns_per_step",
-           "reference_gbps": float | null, "reference": str | null, "low": bool}]}
+           "reference_gbps": float | null, "reference": str | null, "low": bool,
+           "links": [{"src", "dst", "count", "busbw_gbps_p50"}]}]}   # links: sendrecv rows only
    # bucket_bytes: the power of two at or below the message size; GB/s = 1e9 bytes/s
 """
 
@@ -84,7 +92,7 @@ def bus_factor(op: str, n: int) -> float | None:
         return 2 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
-    if op in ("broadcast", "reduce", "send", "recv"):
+    if op in ("broadcast", "reduce", "send", "recv", "sendrecv"):
         return 1.0
     return None
 
@@ -96,7 +104,7 @@ def _bucket(nbytes: int) -> int:
 def link_tiers(store: RunStore, members: dict[str, tuple[int, ...] | None]) -> dict[str, str]:
     """Each group's link tier: "intra_host" when its members share one host name, "inter_host" when
     they span several; groups with a member of unknown host are left out."""
-    hosts = {r["rank"]: r["hostname"] for r in store.table("ranks", ["rank", "hostname"]).to_pylist()}
+    hosts = rank_hosts(store)
     out = {}
     for pg, ranks in members.items():
         names = {hosts.get(r) for r in ranks or ()}
@@ -139,8 +147,12 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
                         "n": n, "bytes": int(b), "time_ns": int(t_ns),
                         "step": None if step != step or step is None else int(step)})
         basis = "transfer"
-        # p2p is not matched: tabulate it from row durations
         rows = [r for r in all_rows if r["is_p2p"] or r["op"] in ("send", "recv")]
+        pairs = _p2p_pair_instances(matched, dims)
+        if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
+            out.extend(pairs)
+            rows = []
+        # else (host-timed P2P) tabulate it from row durations, never judged
     else:
         basis = "min_duration"
         rows = all_rows
@@ -148,6 +160,19 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
                for (pg, op), c in sorted(unsized.items())]
     return out, basis, unknown
+
+
+def _p2p_pair_instances(matched: MatchedCollectives, dims: dict[str, str]) -> list[dict[str, Any]] | None:
+    """One `sendrecv` instance per paired send/recv when every pair is timed on the device (the
+    link's transfer: first side's end − last side's arrival), with its link (src, dst); None when
+    some P2P is host-timed (its duration then includes the peer's schedule)."""
+    p = matched.p2p_pairs
+    if p is None or not len(p) or not bool(p["device_timed"].all()):
+        return None
+    p = p[(p["transfer"] > 0) & p["bytes"].notna() & (p["bytes"] > 0)]
+    return [{"pg_name": r.pg_name, "dim": dims.get(r.pg_name, "unknown"), "op": "sendrecv", "n": 2,
+             "bytes": int(r.bytes), "time_ns": int(r.transfer), "link": (int(r.src), int(r.dst)),
+             "step": None if r.step != r.step else int(r.step)} for r in p.itertuples()]
 
 
 def _unmatched_instances(rows: list[dict[str, Any]], dims: dict[str, str],
@@ -229,16 +254,28 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
             "bus_bytes_p50": float(np.median(b) * f) if f is not None else None,
             "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
         })
+        if op == "sendrecv":
+            table[-1]["links"] = _links(xs)
     members = {g["pg_name"]: tuple(sorted(g["ranks"])) if g["ranks"] else None
                for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
     matched = matched_of(matching)
     device_timed = bool(matched is not None and matched.gpu_ranks
                         and set(matched.rows["rank"].unique()) <= matched.gpu_ranks)
-    _judge(table, groups, config.peak_gbps, nsteps, members, link_tiers(store, members), device_timed)
-    findings = _findings(table, step_ns, store, _exposed_per_step(unoverlapped))
+    tiers = link_tiers(store, members)
+    _judge(table, groups, config.peak_gbps, nsteps, members, tiers, device_timed)
+    findings = _findings(table, step_ns, store, _exposed_per_step(unoverlapped), tiers)
     for row in table:
         row.pop("bus_bytes_p50", None)
     return BandwidthResult(findings=findings, section={"time_basis": basis, "rows": table, "unsized": unsized})
+
+
+def _links(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per P2P link (src → dst) of a row: transfers and median bus bandwidth, slowest first."""
+    per: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for x in xs:
+        per[x["link"]].append(x["busbw"])
+    return sorted(({"src": a, "dst": b, "count": len(v), "busbw_gbps_p50": float(np.median(v))}
+                   for (a, b), v in per.items()), key=lambda d: (d["busbw_gbps_p50"], d["src"], d["dst"]))
 
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,
@@ -311,6 +348,8 @@ def _exposed_per_step(unoverlapped: UnoverlappedResult | None) -> Callable[[str,
     sized = inst[inst["bytes"].notna()] if len(inst) else inst
 
     def bound(pg: str, dim: str, op: str, buckets: list[int]) -> float:
+        if op == "sendrecv":  # a pair's two sides: each rank's sends or receives, whichever is more exposed
+            return max(bound(pg, dim, "send", buckets), bound(pg, dim, "recv", buckets))
         mine = sized[(sized["pg_name"] == pg) & (sized["op"] == op)] if len(sized) else sized
         if not len(mine):
             return by_dim_op.get((dim, op), 0.0)
@@ -322,46 +361,117 @@ def _exposed_per_step(unoverlapped: UnoverlappedResult | None) -> Callable[[str,
     return bound
 
 
+def _severity(frac: float) -> Severity:
+    return Severity.CRITICAL if frac >= SAVING_CRITICAL else Severity.WARNING if frac >= SAVING_WARNING \
+        else Severity.INFO
+
+
+def _dim_loss(dim: str, rows: list[dict[str, Any]], exposed) -> dict[str, Any]:
+    """A dim's low groups: time lost per group, the worst group and row, its exposure bound and the
+    saving (lost time, at most the exposed transfer time when known)."""
+    per_group: dict[str, float] = defaultdict(float)
+    for r in rows:
+        per_group[r["pg_name"]] += r["lost_ns_per_step"]
+    worst_pg = max(per_group, key=per_group.get)
+    lost = per_group[worst_pg]  # groups of one dim run side by side: the worst bounds the step
+    bound = None
+    if exposed is not None:
+        mine = [r for r in rows if r["pg_name"] == worst_pg]
+        bound = sum(exposed(worst_pg, dim, op, [r["bucket_bytes"] for r in mine if r["op"] == op])
+                    for op in {r["op"] for r in mine})
+    worst = max((r for r in rows if r["pg_name"] == worst_pg), key=lambda r: r["lost_ns_per_step"])
+    return {"dim": dim, "per_group": dict(per_group), "worst_pg": worst_pg, "lost": lost, "bound": bound,
+            "saving": lost if bound is None else min(lost, bound), "worst": worst}
+
+
 def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore,
-              exposed: Callable[[str, str, str, list[int]], float] | None = None) -> list[Finding]:
+              exposed: Callable[[str, str, str, list[int]], float] | None = None,
+              tiers: dict[str, str] | None = None) -> list[Finding]:
     by_dim: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in table:
         if r["low"]:
             by_dim[r["dim"] or "unknown"].append(r)
     pg_ranks = {g["pg_name"]: g["ranks"] or [] for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
-    out = []
-    for dim, rows in by_dim.items():
-        per_group: dict[str, float] = defaultdict(float)
-        for r in rows:
-            per_group[r["pg_name"]] += r["lost_ns_per_step"]
-        worst_pg = max(per_group, key=per_group.get)
-        lost = per_group[worst_pg]  # groups of one dim run side by side: the worst bounds the step
-        bound = None
-        if exposed is not None:
-            mine = [r for r in rows if r["pg_name"] == worst_pg]
-            bound = sum(exposed(worst_pg, dim, op, [r["bucket_bytes"] for r in mine if r["op"] == op])
-                        for op in {r["op"] for r in mine})
-        saving = lost if bound is None else min(lost, bound)  # = the advice's saving
-        frac = saving / step_ns if step_ns else 0.0
-        if step_ns and frac < SAVING_INFO:
+    losses = [_dim_loss(dim, rows, exposed) for dim, rows in by_dim.items()]
+    losses = [x for x in losses if not step_ns or x["saving"] / step_ns >= SAVING_INFO]
+    host = slow_host(table, pg_ranks, tiers or {}, rank_hosts(store))
+    on_host = [x for x in losses if host is not None and set(x["per_group"]) <= host["groups"]]
+    out = [_host_finding(host, on_host, step_ns)] if on_host else []
+    for x in losses:
+        if x in on_host:
             continue
-        sev = Severity.CRITICAL if frac >= SAVING_CRITICAL else Severity.WARNING if frac >= SAVING_WARNING \
-            else Severity.INFO
-        worst = max((r for r in rows if r["pg_name"] == worst_pg), key=lambda r: r["lost_ns_per_step"])
-        advice = recommend.advise_bandwidth(group=worst_pg, dim=dim, busbw_gbps=worst["busbw_gbps_p50"],
+        dim, worst, lost, bound = x["dim"], x["worst"], x["lost"], x["bound"]
+        advice = recommend.advise_bandwidth(group=x["worst_pg"], dim=dim, busbw_gbps=worst["busbw_gbps_p50"],
                                             reference_gbps=worst["reference_gbps"], reference=worst["reference"],
                                             lost_ns=lost, exposed_bound_ns=bound)
-        ranks = sorted({rk for pg in per_group for rk in pg_ranks.get(pg, [])})
+        ranks = sorted({rk for pg in x["per_group"] for rk in pg_ranks.get(pg, [])})
         summary = (f"{dim} collectives reach {worst['busbw_gbps_p50']:.3f} GB/s bus bandwidth "
                    f"({worst['op']}, ~{worst['bytes_p50']} B) vs {worst['reference_gbps']:.3f} GB/s reference; "
                    f"{lost / 1e6:.1f} ms lost per step"
-                   + (f", {saving / 1e6:.1f} ms of it exposed" if bound is not None and bound < lost else ""))
-        evidence = {"groups": sorted(per_group), "lost_ns_per_step": {k: int(v) for k, v in per_group.items()},
+                   + (f", {x['saving'] / 1e6:.1f} ms of it exposed" if bound is not None and bound < lost else ""))
+        evidence = {"groups": sorted(x["per_group"]), "lost_ns_per_step": {k: int(v) for k, v in x["per_group"].items()},
                     "op": worst["op"], "bucket_bytes": worst["bucket_bytes"],
                     "busbw_gbps": worst["busbw_gbps_p50"], "reference_gbps": worst["reference_gbps"],
                     "reference": worst["reference"], "step_ns": int(step_ns),
                     "exposed_bound_ns_per_step": None if bound is None else int(bound), **advice.evidence}
-        out.append(Finding(kind=FindingKind.LOW_BUS_BANDWIDTH, severity=sev, summary=summary, ranks=tuple(ranks),
-                           dim=dim, evidence=BandwidthEvidence.of(evidence), recommendation=advice.text,
-                           est_saving_ns=int(advice.saving_ns)))
+        if worst.get("links"):
+            evidence["links"] = worst["links"]
+        out.append(Finding(kind=FindingKind.LOW_BUS_BANDWIDTH, severity=_severity(x["saving"] / step_ns if step_ns else 0.0),
+                           summary=summary, ranks=tuple(ranks), dim=dim, evidence=BandwidthEvidence.of(evidence),
+                           recommendation=advice.text, est_saving_ns=int(advice.saving_ns)))
     return out
+
+
+def rank_hosts(store: RunStore | None) -> dict[int, str]:
+    """Rank → host name (ranks table: the trace's host name, else the run manifest's), for the ranks
+    that name one."""
+    if store is None or not store.has("ranks"):
+        return {}
+    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
+            if r["hostname"]}
+
+
+def slow_host(table: list[dict[str, Any]], pg_ranks: dict[str, list[int]], tiers: dict[str, str],
+              hosts: dict[int, str]) -> dict[str, Any] | None:
+    """The one host whose NIC explains the low inter-host groups: a member of every inter-host group
+    judged low and of none judged fine (a slow NIC slows every ring or pair through that host, and
+    only those). {"host", "ranks", "groups" (the low groups through it)}; None when no single host
+    does (or host names are unknown)."""
+    judged = [r for r in table if r["reference_gbps"] is not None and tiers.get(r["pg_name"]) == "inter_host"]
+    low = {r["pg_name"] for r in judged if r["low"]}
+    fine = {r["pg_name"] for r in judged} - low
+    if not low or not fine:
+        return None
+
+    def host_set(pg: str) -> set[str]:
+        return {hosts[rk] for rk in pg_ranks.get(pg, []) if rk in hosts}
+
+    cand = set.intersection(*(host_set(pg) for pg in low)) - set().union(*(host_set(pg) for pg in fine))
+    if len(cand) != 1:
+        return None
+    (name,) = cand
+    return {"host": name, "ranks": sorted(rk for rk, h in hosts.items() if h == name), "groups": low}
+
+
+def _host_finding(host: dict[str, Any], losses: list[dict[str, Any]], step_ns: float) -> Finding:
+    """One finding for the dims a slow host NIC slows: its ranks, the collectives and dims as evidence."""
+    saving = min(sum(x["saving"] for x in losses), step_ns) if step_ns else sum(x["saving"] for x in losses)
+    top = max(losses, key=lambda x: x["saving"])
+    dims = {x["dim"]: {"groups": sorted(x["per_group"]), "op": x["worst"]["op"],
+                       "busbw_gbps": x["worst"]["busbw_gbps_p50"], "reference_gbps": x["worst"]["reference_gbps"],
+                       "lost_ns_per_step": int(x["lost"]), "saving_ns_per_step": int(x["saving"])} for x in losses}
+    text = ", ".join(f"{d} {v['op']} {v['busbw_gbps']:.1f} vs {v['reference_gbps']:.1f} GB/s" for d, v in dims.items())
+    evidence = BandwidthEvidence(
+        op=top["worst"]["op"], reference_gbps=top["worst"]["reference_gbps"],
+        exposed_bound_ns_per_step=None if top["bound"] is None else int(top["bound"]), host=host["host"],
+        slow_dims={d: v["lost_ns_per_step"] for d, v in dims.items()},
+        saving_formula="Σ over the dims it slows of min(lost, exposed transfer) per step",
+        details={"dims": dims, "groups": sorted(host["groups"]), "step_ns": int(step_ns)})
+    return Finding(
+        kind=FindingKind.LOW_BUS_BANDWIDTH, severity=_severity(saving / step_ns if step_ns else 0.0),
+        summary=(f"host {host['host']}'s inter-host links are slow: every inter-host group through it is low "
+                 f"and none without it ({text}); {saving / 1e6:.1f} ms per step"),
+        ranks=tuple(host["ranks"]), dim=top["dim"], evidence=evidence,
+        recommendation=(f"Check host {host['host']}'s NIC (link speed, errors, PCIe/NUMA placement, "
+                        "NCCL_IB_HCA) — its groups' peers on other hosts reach the reference bandwidth."),
+        est_saving_ns=int(saving))

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.analyze.bandwidth import rank_hosts
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind
@@ -70,14 +71,6 @@ def collective_ends(df: Any) -> Any:
         return None
     out = ok.assign(trace_end=(ok["ts"] + ok["dur"]).astype("Int64"), pg_name=ok["pg_name"].astype(str))
     return out.groupby(["rank", "pg_name", "seq"], as_index=False)["trace_end"].max()
-
-
-def rank_hosts(store: RunStore | None) -> dict[int, str]:
-    """Rank → hostname (ranks table), for the ranks that name one."""
-    if store is None or not store.has("ranks"):
-        return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
-            if r["hostname"]}
 
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
@@ -124,6 +117,8 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if isinstance(ev, BandwidthEvidence):
+        if ev.host and ev.slow_dims:  # a slow host NIC: each dim it slows at the speed of the dim's other groups
+            return [Fix("slow_link", dim=d) for d in ev.slow_dims]
         ref = ev.reference_gbps
         return [Fix("dim_bandwidth", dim=f.dim, value=float(ref))] if ref else [Fix("slow_link", dim=f.dim)]
     if f.kind == FindingKind.PIPELINE_IMBALANCE:

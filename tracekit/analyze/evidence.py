@@ -102,6 +102,10 @@ class BandwidthEvidence(Evidence):
     """The bus bandwidth the group is measured against (the run's best, or the user's peak)."""
     exposed_bound_ns_per_step: int | None
     """Exposed transfer time of the slow group's collectives (bounds the saving); None when unknown."""
+    host: str | None = _later()
+    """A slow host NIC: the host every low inter-host group runs through (bandwidth.slow_host)."""
+    slow_dims: Mapping[str, int] | None = _later()
+    """With `host`: each dim it slows → time lost per step against the reference."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -84,6 +84,10 @@ class MatchedCollectives:
     other side (ranks with a known shift only)."""
     gpu_ranks: set[int] = field(default_factory=set)
     """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
+    p2p_pairs: pd.DataFrame | None = None
+    """One row per paired send/recv (`_pair_p2p`): pg_name, src, dst, bytes, step (float64, NaN when
+    unknown), device_timed (both sides on GPU ranks) and transfer (int64 ns, matching clock: the first
+    side's end − the last side's arrival, as a collective's transfer)."""
 
 
 def gpu_ranks(store: RunStore) -> set[int]:
@@ -313,7 +317,7 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     df["arrival_raw"] = df["arrival"].astype("int64")
     df["arrival"] = (df["arrival"] - off).astype("int64")
     df["end"] = (df["end"] - off).astype("Int64")
-    p2p_rows, section["p2p"] = _pair_p2p(p2p_df, offsets)
+    p2p_rows, section["p2p"], pairs = _pair_p2p(p2p_df, offsets, on_gpu)
     inst = _aggregate_instances(df, dims)
     _summarise(section, df, inst, dims)
     section["warnings"] = integrity_warnings(section)
@@ -328,7 +332,8 @@ def match_collectives(store: RunStore, dims: dict[str, str]
             frame[c] = frame[c].astype("float64")
     waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
     matched = MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
-                                 wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu)
+                                 wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu,
+                                 p2p_pairs=pairs)
     return matched, clocks, section
 
 
@@ -347,9 +352,11 @@ def integrity_warnings(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame, dict[str, int]]:
+def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int], on_gpu: set[int]
+              ) -> tuple[pd.DataFrame, dict[str, int], pd.DataFrame | None]:
     """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
-    each side its wait for the other: rows (rank, source, arrival_raw, wait) plus counts."""
+    each side its wait for the other: rows (rank, source, arrival_raw, wait), counts, and the pairs'
+    transfers (`MatchedCollectives.p2p_pairs`; None without pairs)."""
     empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "source": pd.Series(dtype="object"),
                           "arrival_raw": pd.Series(dtype="int64"), "wait": pd.Series(dtype="int64")})
     op = p2p["op"].fillna("").astype(str)
@@ -358,9 +365,11 @@ def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame,
     ok = p2p["peer"].notna() & arrival.notna() & (is_send ^ is_recv)
     p = pd.DataFrame({"rank": p2p["rank"].astype("int64"), "peer": p2p["peer"].astype("float64"),
                       "pg_name": p2p["pg_name"].fillna("?").astype(str), "source": p2p["source"],
-                      "send": is_send, "arrival_raw": arrival.astype("float64")})[ok]
+                      "send": is_send, "arrival_raw": arrival.astype("float64"),
+                      "dur": p2p["dur"].fillna(-1).astype("int64"), "bytes": p2p["bytes"].astype("float64"),
+                      "step": p2p["step"].astype("float64"), "gpu": p2p["rank"].isin(on_gpu)})[ok]
     if p.empty:
-        return empty, {"pairs": 0, "unpaired": int(len(p2p)), "wait_ns": 0}
+        return empty, {"pairs": 0, "unpaired": int(len(p2p)), "wait_ns": 0}, None
     p["peer"] = p["peer"].astype("int64")
     p["arrival_raw"] = p["arrival_raw"].astype("int64")
     p["arrival"] = p["arrival_raw"] - p["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
@@ -378,7 +387,20 @@ def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int]) -> tuple[pd.DataFrame,
                       "wait": last - pairs["arrival_r"].to_numpy()})], ignore_index=True)
     out["wait"] = out["wait"].astype("int64")
     return out, {"pairs": int(len(pairs)), "unpaired": int(len(p2p) - 2 * len(pairs)),
-                 "wait_ns": int(out["wait"].sum())}
+                 "wait_ns": int(out["wait"].sum())}, _pair_transfers(pairs, last)
+
+
+def _pair_transfers(pairs: pd.DataFrame, last: np.ndarray) -> pd.DataFrame:
+    """Per send/recv pair: its transfer (first side's end − last side's arrival, clipped at 0; 0 when
+    either side's duration is unknown), message size, step and whether both sides are device-timed."""
+    dur_s, dur_r = pairs["dur_s"].to_numpy(np.int64), pairs["dur_r"].to_numpy(np.int64)
+    first_end = np.minimum(pairs["arrival_s"].to_numpy(np.int64) + dur_s, pairs["arrival_r"].to_numpy(np.int64) + dur_r)
+    transfer = np.where((dur_s < 0) | (dur_r < 0), 0, np.clip(first_end - last, 0, None))
+    return pd.DataFrame({"pg_name": pairs["pg_name"], "src": pairs["src"], "dst": pairs["dst"],
+                         "bytes": np.fmax(pairs["bytes_s"].to_numpy(), pairs["bytes_r"].to_numpy()),
+                         "step": pairs["step_s"].where(pairs["step_s"].notna(), pairs["step_r"]),
+                         "device_timed": (pairs["gpu_s"] & pairs["gpu_r"]).to_numpy(),
+                         "transfer": transfer.astype(np.int64)})
 
 
 def row_trace_shift(rows: pd.DataFrame, shifts: dict[int, int | None]) -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
-from tracekit.analyze.evidence import CollectiveEvidence
+from tracekit.analyze.evidence import BandwidthEvidence, CollectiveEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
@@ -72,7 +72,12 @@ def _causes(findings: list[Finding], pipeline: PipelineResult | None, breakdown:
     hot = {r for f in findings if _at_least_warning(f, FindingKind.EXPERT_ROUTING_SKEW) for r in f.ranks}
     slow = {r for f in findings if _at_least_warning(f, FindingKind.PIPELINE_IMBALANCE) for r in f.ranks}
     misplaced = {f.dim for f in findings if _at_least_warning(f, FindingKind.PLACEMENT_MISMATCH)}
-    slow_links = {f.dim: int(f.est_saving_ns) for f in findings if _at_least_warning(f, FindingKind.LOW_BUS_BANDWIDTH)}
+    slow_links: dict[str | None, int] = {}
+    for f in findings:
+        if _at_least_warning(f, FindingKind.LOW_BUS_BANDWIDTH):  # a slow host's finding: every dim it slows
+            ev = f.evidence
+            slow_links.update(ev.slow_dims if isinstance(ev, BandwidthEvidence) and ev.slow_dims
+                              else {f.dim: int(f.est_saving_ns)})
     pipe = section_of(pipeline)
     labelled = pipe.get("source") == "labels"
     pipe_ranks = ({r for pl in pipe.get("pipelines", []) for r in pl["ranks"]}

@@ -445,7 +445,8 @@ def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], step
         lo = min(total[r], total[p])
         if lo <= 0 or 2 * lo < max(total[r], total[p]):
             return False
-        both = inst[inst["last_rank"].isin((r, p)) & inst["members"].map(lambda m: r in m and p in m)]
+        either = inst[inst["last_rank"].isin((r, p))]
+        both = either[either["members"].map(lambda m: r in m and p in m)]
         return 2 * int(both["delay"].sum()) < lo * steps
 
     for row in rows:
