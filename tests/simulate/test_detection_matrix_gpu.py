@@ -13,8 +13,7 @@ slower, a NIC at 1/4 of its bandwidth, a slowed dim's links at 1/SLOW_LINK_FACTO
 for cp: ring-attention P2P hides a cp link at 1/8 entirely), sequences 1.5x longer, router bias +2.0 logits on
 one of 4 experts (~2.8x the mean tokens). Faults of the dp gradient sync (no overlap, a slow dp link) run on
 the configuration where that sync matters (DP_SYNC: dp across hosts, one sequence per micro-batch).
-Each run is simulated, written, parsed and analyzed once per module (the `memory` analyzer, which names no
-fault, is left out). Cost, measured on the shared 2-core box: ~1 s CPU per 8-rank run and ~6-8 s per 64-rank
+Each run is simulated, written, parsed and analyzed once per module. Cost, measured on the shared 2-core box: ~1 s CPU per 8-rank run and ~6-8 s per 64-rank
 run (parse + analysis of 64 files dominate); the marker `slow` selects it.
 """
 
@@ -28,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from tracekit.analyze.engine import ANALYZERS
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
 
 pytestmark = pytest.mark.slow
@@ -155,9 +153,6 @@ def _possible(kind: str, layout_name: str) -> bool:
 
 CASES = [(lay, kind, seed) for lay in LAYOUTS for kind in FAULT_KINDS for seed in SEEDS if _possible(kind, lay)]
 
-# analyzers whose findings never name a fault (memory) are left out: the matrix pays only for what it judges
-MATRIX_ANALYZERS = [(n, f) for n, f in ANALYZERS if n != "memory"]
-
 
 class Runs:
     def __init__(self, root: Path):
@@ -180,7 +175,7 @@ class Runs:
             out = self.root / f"{layout_name}-{kind}-{seed}"
             write_traces(res, out)
             store = parse_run(out, Path(f"{out}.store"), progress=False).store
-            analysis = json.loads(json.dumps(analyze_store(store, analyzers=MATRIX_ANALYZERS), default=str))
+            analysis = json.loads(json.dumps(analyze_store(store), default=str))
             self.cache[key] = {"truth": res.faults_truth, "analysis": analysis}
         return self.cache[key]
 
