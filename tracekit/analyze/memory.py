@@ -233,20 +233,20 @@ def level_at(ts: np.ndarray, total: np.ndarray, nbytes: np.ndarray, t: np.ndarra
 
 def phase_intervals(store: RunStore, rank: int, backward: bool,
                     events: pa.Table | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted (start, end) of the rank's forward (or backward) phases: pipeline rows, else labels that
-    end in fwd/forward (bwd/backward)."""
-    pipe = store.rank_table("pipeline", rank, columns=["phase", "ts", "dur"])
-    if pipe.num_rows:
+    """Sorted (start, end) of the rank's forward (or backward) phases on the host, where the allocator's
+    events are stamped: labels that end in fwd/forward (bwd/backward), else pipeline rows (on GPU traces
+    these may be device time, which runs behind the host), else the autograd engine's span."""
+    ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
+    names = pc.cast(ev.column("name"), pa.string())
+    word = "(?:bwd|backward)(?:_input|_weight)?" if backward else "fwd|forward"
+    rows = ev.filter(pc.and_(pc.equal(pc.cast(ev.column("cat"), pa.string()), "user_annotation"),
+                             pc.match_substring_regex(names, rf"(?i)(?:^|[:/_])(?:{word})$")))
+    if not rows.num_rows:
+        pipe = store.rank_table("pipeline", rank, columns=["phase", "ts", "dur"])
+        if not pipe.num_rows:
+            return _autograd_phases(store, rank, ev, names, backward)
         phases = pc.cast(pipe.column("phase"), pa.string())
         rows = pipe.filter(pc.is_in(phases, pa.array(["bwd", "bwd_input", "bwd_weight"] if backward else ["fwd"])))
-    else:
-        ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
-        names = pc.cast(ev.column("name"), pa.string())
-        word = "bwd|backward" if backward else "fwd|forward"
-        rows = ev.filter(pc.and_(pc.equal(pc.cast(ev.column("cat"), pa.string()), "user_annotation"),
-                                 pc.match_substring_regex(names, rf"(?i)(?:^|[:/_])(?:{word})$")))
-        if not rows.num_rows:
-            return _autograd_phases(store, rank, ev, names, backward)
     start = rows.column("ts").to_numpy()
     order = np.argsort(start, kind="stable")
     return start[order], (start + rows.column("dur").fill_null(0).to_numpy(zero_copy_only=False))[order]

@@ -244,7 +244,7 @@ def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration(
     shard = layout.dp * layout.cp if layout.dp_mode == "fsdp" else 1
     b = shape.bytes_per_value
     for s in range(layout.num_stages):
-        params = stage_params(shape, layout, s) * b // shard
+        params = rank_params(shape, layout, s % layout.pp) * b // shard  # all the rank's model chunks
         opt = params * layout.optimizer_states
         flight = in_flight_microbatches(layout.schedule, layout.pp, layout.microbatches, s % layout.pp,
                                         layout.virtual_stages)
