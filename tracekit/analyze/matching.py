@@ -12,7 +12,9 @@ its NCCL/RCCL kernel, or the log's start) — never the host's enqueue, which ru
 by up to a step; on CPU backends the op's start on the host (`enqueue_ts`, else `ts`). end = ts + dur.
 Skew = last arrival − first arrival; transfer = first member's end − last arrival (all members of an
 NCCL collective finish together; the first end is the least delayed by its own rank); a rank's wait =
-last arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival.
+last arrival − its own arrival; the late rank's delay = last arrival − second-to-last arrival,
+counted from the group's previous collective's end and at most its extra gap since its own previous
+collective (`_late_delay`); comms-log rows without an end take the profiler's (`fill_log_ends`).
 Times are exact int64 ns throughout.
 Rows the trace files under no process group are left out of cross-rank matching (counted in
 `no_group`): pairing them by order under a guessed group pairs different steps' calls.
@@ -189,10 +191,28 @@ def _empty_section(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
+def fill_log_ends(df: pd.DataFrame, shifts: dict[int, int | None]) -> pd.DataFrame:
+    """`df` with each row's `end` (ts + dur). Log rows that carry none (a CPU comms log holds enqueue
+    times only) take the end of the profiler's record of the same call (rank, group, p2p, seq; the
+    parser joined the two), moved onto the log's clock (`shifts`: log + shift = trace; unknown: no
+    fill). Without it the delay rule "count from the group's previous collective's end" cannot apply,
+    and each async call queued behind a running one adds its queueing skew to the late rank's delay."""
+    df = df.assign(end=(df["ts"] + df["dur"]).astype("Int64"),
+                   p2p=df["is_p2p"].astype("boolean").fillna(False).astype(bool))
+    keys = ["rank", "pg_name", "p2p", "seq"]
+    kin = df[(df["source"] == "kineto") & df["seq_source"].isin(["args", "log"]) & df["end"].notna()]
+    kin = kin[keys + ["end"]].drop_duplicates(keys, keep=False).rename(columns={"end": "kin_end"})
+    need = df["source"].isin(LOG_SOURCES) & df["end"].isna() & df["seq"].notna() & df["pg_name"].notna()
+    found = df.loc[need, keys].reset_index().merge(kin, on=keys, how="inner").set_index("index")
+    shift = found["rank"].map(shifts).astype("Int64")
+    df.loc[found.index, "end"] = (found["kin_end"] - shift).astype("Int64")  # NA where the shift is unknown
+    return df.drop(columns="p2p")
+
+
 def _select_rows(df: pd.DataFrame, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each rank's rows from its chosen source with their arrival, keyed by instance (pg_name#seq),
-    and its P2P rows."""
+    and its P2P rows (`df` holds each row's `end`, see `fill_log_ends`)."""
     chosen = df["rank"].map(per_rank)
     # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
     # leaves their Kineto rows unjoined (seq numbered by order); match them among themselves
@@ -213,7 +233,6 @@ def _select_rows(df: pd.DataFrame, per_rank: dict[int, str], on_gpu: set[int], s
     df["arrival"] = arrival_ns(df, on_gpu)
     section["no_device_time"] = int((df["arrival"].isna() & df["rank"].isin(on_gpu)).sum())
     df = df[df["arrival"].notna()].copy()
-    df["end"] = (df["ts"] + df["dur"]).astype("Int64")
     # seq: from the source, else by order within (rank, group)
     df = df.sort_values(["rank", "pg_name", "arrival"], kind="stable")
     order = df.groupby(["rank", "pg_name"]).cumcount() + 1
@@ -229,19 +248,18 @@ def _select_rows(df: pd.DataFrame, per_rank: dict[int, str], on_gpu: set[int], s
     return df[n >= 2].copy(), p2p_df
 
 
-def _estimate_clocks(store: RunStore, df: pd.DataFrame, per_rank: dict[int, str]
-                     ) -> tuple[dict[str, Any], dict[int, int], dict[int, int | None]]:
-    """Clock offsets estimated on the matching clock, and each rank's log-to-trace shift."""
+def _estimate_clocks(store: RunStore, df: pd.DataFrame, log_report: list[dict[str, Any]]
+                     ) -> tuple[dict[str, Any], dict[int, int]]:
+    """Clock offsets estimated on the matching clock (`log_report`: each rank's log-to-trace shift)."""
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
     clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"], "end": df["end"]})
     hosts = host_count(store)
     clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig(), same_host=hosts == 1)
     clocks["hosts"] = hosts
-    shifts, log_report = _trace_shifts(store, per_rank)
     clocks["log_to_trace"] = log_report
     clocks["thresholds"] = {"min_offset_ns": ClockConfig().min_offset_ns,
                             "max_mad_fraction": ClockConfig().max_mad_fraction}
-    return clocks, offsets, shifts
+    return clocks, offsets
 
 
 def _aggregate_instances(df: pd.DataFrame, dims: dict[str, str]) -> pd.DataFrame:
@@ -262,17 +280,39 @@ def _aggregate_instances(df: pd.DataFrame, dims: dict[str, str]) -> pd.DataFrame
     inst["first_rank"] = inst["key"].map(first_rows["rank"]).astype("int64")
     inst["second_last"] = inst["key"].map(second_last).astype("int64")
     inst["skew"] = inst["last"] - inst["first"]
-    # the late rank's delay: how long the group waited for it beyond everyone else, counting only
-    # from when the group's previous collective ended (async calls queue behind it anyway)
+    inst["extra_gap"] = inst["key"].map(_extra_gap(df, srt))
     inst = inst.sort_values(["pg_name", "seq"], kind="stable").reset_index(drop=True)
-    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("Int64")
-    second = inst["second_last"].astype("Int64")
-    ready = prev_end.where(prev_end.notna() & (prev_end > second), second)
-    inst["delay"] = (inst["last"].astype("Int64") - ready).clip(lower=0).astype("int64")
+    inst["delay"] = _late_delay(inst)
     inst["transfer"] = (inst["first_end"].astype("Int64") - inst["last"]).clip(lower=0)
     inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
     df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
     return inst
+
+
+def _extra_gap(df: pd.DataFrame, srt: pd.DataFrame) -> pd.Series:
+    """Per instance key: how much longer the last rank took from the end of its own previous collective
+    in the group to this arrival than the second-to-last rank took from its own (NA when either has no
+    previous end). On gloo the last arriver's collective also ends last, so it arrives last at the next
+    one too; its gap, not its arrival, says whether it was slow again."""
+    by_seq = df.sort_values(["rank", "pg_name", "seq"], kind="stable")
+    gap = (by_seq["arrival"] - by_seq.groupby(["rank", "pg_name"])["end"].shift(1)).astype("Int64")
+    gaps = srt["key"].to_frame().assign(gap=gap.reindex(srt.index))
+    g = gaps.groupby("key")["gap"]
+    return (g.nth(-1).set_axis(gaps.groupby("key").tail(1)["key"]) -
+            g.nth(-2).set_axis(gaps.groupby("key").nth(-2)["key"])).astype("Int64")
+
+
+def _late_delay(inst: pd.DataFrame) -> pd.Series:
+    """The late rank's delay: how long the group waited for it beyond everyone else, counting only from
+    when the group's previous collective ended (async calls queue behind it anyway), and no more than
+    its extra gap since its own previous collective (`_extra_gap`) where both ranks' ends are known."""
+    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("Int64")
+    second = inst["second_last"].astype("Int64")
+    ready = prev_end.where(prev_end.notna() & (prev_end > second), second)
+    delay = inst["last"].astype("Int64") - ready
+    extra = inst["extra_gap"].astype("Int64")
+    delay = delay.where(extra.isna() | (delay <= extra), extra)
+    return delay.clip(lower=0).astype("int64")
 
 
 def _summarise(section: dict[str, Any], df: pd.DataFrame, inst: pd.DataFrame, dims: dict[str, str]) -> None:
@@ -311,8 +351,9 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
     if not per_rank:
         return None, dict(NO_CLOCKS), _empty_section(section)
-    df, p2p_df = _select_rows(df, per_rank, on_gpu, section)
-    clocks, offsets, shifts = _estimate_clocks(store, df, per_rank)
+    shifts, log_report = _trace_shifts(store, per_rank)
+    df, p2p_df = _select_rows(fill_log_ends(df, shifts), per_rank, on_gpu, section)
+    clocks, offsets = _estimate_clocks(store, df, log_report)
     off = df["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
     df["arrival_raw"] = df["arrival"].astype("int64")
     df["arrival"] = (df["arrival"] - off).astype("int64")

@@ -2,7 +2,7 @@
 
 Reads the matched instances (matching.py). A rank's delay is the sum, over instances it arrived
 last at, of how long the group waited for it beyond the second-to-last member (counted from the end
-of the group's previous collective), per step. A `straggler` finding needs the delay to be a real
+of the group's previous collective, at most its extra gap since its own: matching's `_late_delay`), per step. A `straggler` finding needs the delay to be a real
 share of the step (`min_delay_fraction`) and to dominate the other ranks' (`min_dominance`) —
 on a noisy shared box every rank is sometimes last; a straggler is last far more than the rest.
 Warning/critical need a large delay (25%/50% of the step) and either counted extra work (a
@@ -296,8 +296,9 @@ def _classify_excess(store: RunStore, rank: int, peers: list[int], excess: dict[
         # the same ops on more data (longer sequences, more tokens): counted, not timed, so CPU
         # contention cannot fake it
         return "uneven_work"
+    # a descheduled process stretches its ops too: idle alone, with no longer compute, is a host stall
     slow_host = (ratio is not None and ratio < cfg.more_work_ratio and slowdown is not None
-                 and slowdown >= cfg.contention_slowdown)
+                 and slowdown >= cfg.contention_slowdown and excess["compute"] > 0)
     if slow_host and excess["compute"] + excess["host_idle"] >= need:
         return "contention"
     # the same ops on the same counted work (FLOPs / routed tokens within `more_work_ratio`), yet
