@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.analyze._runtime_models import NO_OVERLAP_MODEL
 from tracekit.analyze.engine import analyze_store
 from tracekit.parse.run import parse_run
 
@@ -61,7 +62,7 @@ RUNS: dict[str, list[str]] = {
     "uneven_sequence_length": ["--dp", "2", "--uneven-seq-rank", "1", "--uneven-seq-factor", "4"],
     "tp_across_hosts": ["--tp", "2", "--ranks-per-host", "1"],
     "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3"],
-    "no_overlap": ["--dp", "2", "--no-overlap"],
+    "no_overlap": ["--dp", "2", "--no-overlap", *NO_OVERLAP_MODEL],
     # the bubble against theory, with device time: two CPU stages side by side slow each other here
     "1f1b_m2": PP_MODEL + PP_DEVICE + ["--microbatches", "2"],
     "1f1b_m4": PP_MODEL + PP_DEVICE + ["--microbatches", "4"],

@@ -19,6 +19,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from tests.analyze._runtime_models import NO_OVERLAP_MODEL
+
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--dp", "2", "--steps", "8", "--profile-steps", "4"]
 MINE = {"straggler", "unoverlapped_collective", "communication_bound", "clock_skew"}
@@ -45,9 +47,7 @@ def runs(tmp_path_factory):
     return {
         "clean": _run(base / "clean"),
         "slow": _run(base / "slow", "--slow-rank", "1", "--slow-factor", "3"),
-        # a small batch shrinks compute, not the gradient all-reduce, so the fault's cost stands above
-        # the box's step-time noise (default batch: 2-15% of the step, as low as clean runs' noise)
-        "no_overlap": _run(base / "noov", "--no-overlap", "--global-batch-size", "2", "--seq-len", "16"),
+        "no_overlap": _run(base / "noov", "--no-overlap", *NO_OVERLAP_MODEL),
     }
 
 
