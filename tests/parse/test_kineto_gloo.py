@@ -69,3 +69,26 @@ def test_gloo_worker_times_come_from_gloo_events(gloo_profiled_2rank: Path, rank
     runloop = {n for n, c in zip(ev.column("thread_name").to_pylist(), ev.column("name").to_pylist())
                if c.startswith("gloo:all_reduce")}
     assert any("pt_gloo_runloop" in (n or "") for n in runloop)
+
+
+def test_bucket_all_reduces_pair_with_their_own_gloo_events_when_gloo_runs_them_out_of_order(tmp_path: Path):
+    """Two DDP buckets (TensorList inputs with recorded dims) issued in order; gloo's two worker threads start
+    the second bucket's event first (as in a CI run of the reference runtime). Each c10d call must take the
+    worker event of its own size, not the earliest one after it."""
+    def x(name, ts, dur, tid, **args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+    bucket = lambda n: x("c10d::allreduce_", 0, 0, 1, **{"Input Dims": [[[n]], [], [], [], [], []],  # noqa: E731
+                                                         "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"]})
+    first, second = bucket(29184), bucket(28928)
+    first.update(ts=100.0, dur=20.0)
+    second.update(ts=130.0, dur=10.0)
+    events = [first, second,
+              x("gloo:all_reduce", 150.0, 50.0, 2, **{"Input Dims": [[28928]], "Input type": ["float"]}),
+              x("gloo:all_reduce", 160.0, 40.0, 3, **{"Input Dims": [[29184]], "Input type": ["float"]})]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": events}))
+    rows = sorted(parse_kineto(path).tables["collectives"].to_pylist(), key=lambda r: r["enqueue_ts"])
+    # (enqueue, worker start) in ns, from the events above: each bucket's own worker event
+    assert [(r["enqueue_ts"], r["ts"], r["in_nelems"]) for r in rows] == [(100_000, 160_000, 29184),
+                                                                         (130_000, 150_000, 28928)]

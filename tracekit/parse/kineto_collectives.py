@@ -366,6 +366,17 @@ def _annotation_sizes(inp: CollectiveInputs, r: int, op: str) -> dict:
     return out
 
 
+def _listed_numel(inp: CollectiveInputs, r: int) -> int | None:
+    """Elements of a c10d call's first input as its recorded dims list them, a TensorList's included
+    (DDP buckets: `[[[29184]], ...]`). Only to pair the call with its gloo worker event: gloo runs a
+    group's async ops on several threads, so two buckets' events may start in the other order. The row's
+    size still comes from the worker's tensor (a TensorList's dtype, hence its bytes, is not recorded)."""
+    dims = _raw_json(inp.args[r].input_dims)
+    if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
+        return _numel(dims[0])
+    return None
+
+
 def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndarray) -> list[dict]:
     pending: dict[str, list[int]] = {}
     for r in sorted((int(r) for r in gloo_rows), key=lambda r: inp.ts[r]):
@@ -377,7 +388,7 @@ def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndar
         if c is None:
             continue
         t0 = inp.ts[r]
-        wanted = {v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None}
+        wanted = {v for v in (c.get("in_nelems"), c.get("out_nelems"), _listed_numel(inp, r)) if v is not None}
         best = None
         for op in _GLOO_ALIASES.get(c["op"], (c["op"],)):
             for g in pending.get(op, ()):
