@@ -4,9 +4,9 @@ analysed; calibrated from that analysis alone (compute, the gloo backend's per-o
 residual), the advisor predicts three other 4-rank layouts, which are then run too.
 
 The runs' own clocks are the independent truth (train_log.json: the slowest rank per profiled step,
-median). This box is shared, so each comparison allows, on top of the issue's 10%, the two runs' own
-measured spread (half the range of their profiled steps, relative); pairs whose measured steps differ by
-more than that spread must come out in the measured order."""
+median). This box is shared, so the mean absolute error (the issue's measure, ≤ 10%) may exceed 10% by the
+runs' own mean measured spread (half the range of their profiled steps, relative, measured + predicted
+layout); pairs whose measured steps differ by more than their spread must come out in the measured order."""
 
 from __future__ import annotations
 
@@ -51,17 +51,21 @@ def test_predicted_steps_of_other_layouts_match_their_runs(runs, tmp_path):
     cal = calibrate(analysis, MODEL.spec(MEASURED), ClusterSpec.preset("1x8-h100"))
     assert cal.measured.layout.tp == 2 and cal.measured.layout.dp == 2 and cal.measured.layout.ep == 2
     assert {op for _, op, _, _ in cal.cluster.coll_costs} >= {"all_gather", "reduce_scatter", "all_to_all"}
-    pred, meas, spread = [], [], []
+    pred, meas, spread, errors, tols = [], [], [], [], []
     for L, _, steps in runs[1:]:
         p = predicted_step_ns(cal, L, MODEL.micro_batch(L))
         t = statistics.median(steps)
-        tol = 0.10 + _spread(measured_steps) + _spread(steps)
+        errors.append(abs(p - t) / t)
+        tols.append(_spread(measured_steps) + _spread(steps))
         print(f"{layout_name(L):36s} predicted {p / 1e6:7.1f} ms  measured {t / 1e6:7.1f} ms  "
-              f"error {100 * (p - t) / t:+5.1f}%  tolerance {100 * tol:.1f}%")
-        assert abs(p - t) <= tol * t, (layout_name(L), p / 1e6, t / 1e6, tol)
+              f"error {100 * (p - t) / t:+5.1f}%  runs' spread {100 * tols[-1]:.1f}%")
         pred.append(p)
         meas.append(t)
         spread.append(_spread(steps))
+    # the issue's measure: mean absolute step-time error ≤ 10%, plus what the runs' own spread allows
+    # (single layouts go further: the full benchmark's worst is FSDP at 8 ranks, -14% to -17%)
+    mae = statistics.mean(errors)
+    assert mae <= 0.10 + statistics.mean(tols), (mae, errors, tols)
     for i in range(len(pred)):
         for j in range(i + 1, len(pred)):
             if abs(meas[i] - meas[j]) > (spread[i] + spread[j]) * max(meas[i], meas[j]):
