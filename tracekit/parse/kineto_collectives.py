@@ -366,11 +366,18 @@ def _annotation_sizes(inp: CollectiveInputs, r: int, op: str) -> dict:
     return out
 
 
+GLOO_LOOKAHEAD = 4
+"""Worker events after a c10d call searched for one of the size its TensorList lists (gloo's worker threads
+start a group's queued ops at most a few apart; a coalesced op's events list other sizes and take the earliest)."""
+
+
 def _listed_numel(inp: CollectiveInputs, r: int) -> int | None:
     """Elements of a c10d call's first input as its recorded dims list them, a TensorList's included
     (DDP buckets: `[[[29184]], ...]`). Only to pair the call with its gloo worker event: gloo runs a
     group's async ops on several threads, so two buckets' events may start in the other order. The row's
     size still comes from the worker's tensor (a TensorList's dtype, hence its bytes, is not recorded)."""
+    if inp.name_dict[inp.name_codes[r]] != "c10d::allreduce_":  # other ops' lists (coalesced, gathered
+        return None                                             # outputs) are not the worker's tensor
     dims = _raw_json(inp.args[r].input_dims)
     if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
         return _numel(dims[0])
@@ -388,9 +395,11 @@ def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndar
         if c is None:
             continue
         t0 = inp.ts[r]
-        wanted = {v for v in (c.get("in_nelems"), c.get("out_nelems"), _listed_numel(inp, r)) if v is not None}
+        wanted = {v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None}
+        listed = _listed_numel(inp, r)
         best = None
         for op in _GLOO_ALIASES.get(c["op"], (c["op"],)):
+            fits = []
             for g in pending.get(op, ()):
                 if inp.ts[g] < t0:
                     continue
@@ -399,9 +408,13 @@ def _gloo_calls(inp: CollectiveInputs, c10d_rows: np.ndarray, gloo_rows: np.ndar
                 n = sizes_of[g].get("in_nelems")
                 if wanted and n is not None and n not in wanted:
                     continue
-                if best is None or inp.ts[g] < inp.ts[best[0]]:
-                    best = (g, op)
-                break
+                fits.append(g)
+                if listed is None or n == listed or len(fits) == GLOO_LOOKAHEAD:
+                    break
+            # the first fitting event of the listed size among the next few, else the earliest one
+            g = next((x for x in fits if sizes_of[x].get("in_nelems") == listed), fits[0] if fits else None)
+            if g is not None and (best is None or inp.ts[g] < inp.ts[best[0]]):
+                best = (g, op)
         if best is not None:
             g, op = best
             pending[op].remove(g)
