@@ -8,7 +8,7 @@ A stall is recognised by what the trace shows, not by labels:
 - on CPU traces (no device: the host is the device), time when no op runs on the host — ops inside
   a data-loading range are work, its empty parts count as data loading — and the rank is not
   inside a collective or p2p (waiting for peers is not the host's fault).
-A user's `record_function` label (our runtime's `data:load`, `fwd`, any user's `my_fetch`: see
+A user's `record_function` label (any name, e.g. `my_fetch`: see
 parse/classify.py `is_label`) is no host activity by itself — only the ops inside it are — so a sleep
 or a fetch inside a label is a gap like one with no label. A label only adds evidence: the labels the
 stall time falls in (`stall_labels`), and the one covering most of it is named in the summary.

@@ -25,7 +25,7 @@ collective ended), compare the straggler with the other members of the instance:
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
 delay), longer data loading (events.role data_load: PyTorch's own `enumerate(DataLoader)#...`, written
 for every job) → "data_load", more host time with no activity → "host_idle" (a user's
-`record_function` label — our runtime's `data:load`, anyone's `my_fetch` — is no activity: a sleep
+`record_function` label — whatever its name — is no activity: a sleep
 inside one is host idle as with no label; the label is evidence only: `idle_labels`, the label
 holding the rank's idle time before its late arrivals, named in the cause text when it holds at least
 half of the delay examined); "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or

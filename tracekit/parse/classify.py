@@ -11,8 +11,8 @@ instead of matching names. Every spelling of those answers lives in this module:
   `record_param_comms`, `nccl:` / `gloo:` / `rccl:` annotations, our runtime's `comm:` labels, events on
   a backend's worker threads); device rows take their kernel kind; other host ops (`cpu_op`) are
   compute; everything else is other.
-- labels (`is_label`): a user's `record_function` range whose name decides no role — our runtime's
-  `data:load`, `fwd`, `optimizer:step`, any user's `my_fetch` — is role other and is no host activity
+- labels (`is_label`): a user's `record_function` range whose name decides no role (any name, e.g.
+  `my_fetch`) is role other and is no host activity
   by itself: only the ops inside it are. A sleep or a fetch inside a label is a host gap like one with
   no label; analyzers may name the label as evidence of what the gap was, never find anything by it.
 - the step of a kernel: the step of the host runtime call that launched it (same correlation id,
@@ -39,7 +39,7 @@ STEP_RE = re.compile(STEP_PATTERN)
 
 
 OVERHEAD_PREFIX = "tracekit::"
-DATA_LOAD_PREFIXES = ("enumerate(DataLoader)",)  # PyTorch's own; our runtime's `data:load` is a label
+DATA_LOAD_PREFIXES = ("enumerate(DataLoader)",)  # written by PyTorch itself for every job
 LABEL_CATS = ("user_annotation",)
 COMM_PREFIXES = ("c10d::", "c10d_functional", "_c10d_functional",  # ::all_reduce, .all_reduce, _autograd::
                  "record_param_comms", "nccl:", "gloo:", "rccl:", "ProcessGroup", "torch.distributed",
