@@ -136,7 +136,7 @@ def tracekit(*args: str) -> list[str]:
 
 def ensure_run(data_dir: Path, ranks: int, epr: int, compress: bool = True) -> tuple[Path, dict]:
     d = data_dir / f"r{ranks}_e{epr}{'' if compress else '_plain'}"
-    truth_file = d / "ground_truth.json"
+    truth_file = d / ".ground_truth.json"
     if truth_file.is_file():
         return d, json.loads(truth_file.read_text())
     shutil.rmtree(d, ignore_errors=True)
@@ -173,7 +173,7 @@ def ensure_sim_run(data_dir: Path, ranks: int) -> tuple[Path, dict]:
            "--tp", str(tp), "--ep", "2", "--microbatches", str(2 * pp), "--model", "tiny-moe",
            "--fault", f"slow-gpu={slow}:1.3", "--steps", "2", "--no-without", "--out", str(d)]
     m = run_measured(cmd)
-    gt = json.loads((d / "ground_truth.json").read_text())
+    gt = json.loads((d / ".ground_truth.json").read_text())
     files = sorted(d.glob("rank*.pt.trace.json.gz"))
     events = complete = 0
     for f in files[:: max(1, len(files) // 16)]:  # count a sample of ranks, scale up

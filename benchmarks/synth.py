@@ -9,7 +9,7 @@ hta_nccl_a100_rank0of2); `DEFAULT_MIX` holds the numbers measured there. Collect
 `record_param_comms` ops with `Seq` and group args plus a comm kernel per call; every rank of a group
 issues the same (pg, seq) and its kernel ends at the group's last arrival + transfer time, so arrival
 skew is real and consistent. One optional straggler rank computes `straggler_factor` times slower.
-`ground_truth.json` records the configuration and the straggler.
+`.ground_truth.json` records the configuration and the straggler.
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def _write_job(args: tuple) -> tuple[int, int]:
 
 
 def generate_run(cfg: SynthConfig, out_dir: str | Path, workers: int = 1) -> dict:
-    """Write every rank's trace and ground_truth.json under out_dir; returns the ground truth."""
+    """Write every rank's trace and .ground_truth.json under out_dir; returns the ground truth."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sched = make_schedule(cfg)
@@ -354,7 +354,7 @@ def generate_run(cfg: SynthConfig, out_dir: str | Path, workers: int = 1) -> dic
         "json_bytes": int(sum(s for s, _ in sizes)), "complete_events": int(sum(e for _, e in sizes)),
         "complete_events_per_rank": [int(e) for _, e in sizes],
     }
-    (out_dir / "ground_truth.json").write_text(json.dumps(truth, indent=1))
+    (out_dir / ".ground_truth.json").write_text(json.dumps(truth, indent=1))
     return truth
 
 

@@ -16,9 +16,9 @@ apply_cp / apply_ep / apply_ddp / apply_fsdp, extra grad syncs) -> data (seeded 
 DIR receives, per rank R: rank{R}.pt.trace.json.gz (last --profile-steps steps after one warm-up),
 comms.rank{R}.jsonl (every collective/P2P the runtime issues, DDP/FSDP2/pipelining included),
 routing.rank{R}.jsonl (MoE), metrics.rank{R}.jsonl (per-step token-loss sum, tokens, step time); and once:
-manifest.json, ground_truth.json, train_log.json (global loss per step).
+manifest.json, .ground_truth.json, train_log.json (global loss per step).
 
-Fault knobs (each recorded in ground_truth.json with the ranks/groups/stages/experts it affects):
+Fault knobs (each recorded in .ground_truth.json with the ranks/groups/stages/experts it affects):
 --slow-rank R --slow-factor F, --stage-layers 3,1, --router-bias E=B[,E=B], --no-overlap,
 --microbatches M < pp (too few micro-batches), --slow-link DIM=SECONDS (tp, cp, ep, dp, pp, edp),
 --host-stall-rank R --host-stall-ms X, --uneven-seq-rank R [--uneven-seq-factor K], --ranks-per-host N.

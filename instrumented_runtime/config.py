@@ -1,7 +1,7 @@
 """Typed configuration of one reference-runtime run: parallel layout, training, profiling and faults.
 
 `parse_args` turns the command line of `python -m instrumented_runtime` (DESIGN §7) into a `RunConfig`;
-every rank and the launcher read the same `RunConfig`, and `ground_truth.json` serialises it verbatim.
+every rank and the launcher read the same `RunConfig`, and `.ground_truth.json` serialises it verbatim.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class ModelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class FaultConfig:
-    """Injected performance faults; each one that is active is listed in ground_truth.json."""
+    """Injected performance faults; each one that is active is listed in .ground_truth.json."""
 
     slow_rank: int | None = None
     """Global rank whose compute is slowed (busy-work proportional to its own op times)."""
@@ -222,7 +222,7 @@ _EPILOG = """examples:
   python -m instrumented_runtime --pp 2 --dp 2 --cp 2 --tp 2 --ep 4 --slow-rank 5 --slow-factor 2 --out runs/demo
   tracekit analyze runs/demo --out runs/demo-report
 The output dir holds rank{R}.pt.trace.json.gz, comms.rank{R}.jsonl, routing.rank{R}.jsonl,
-manifest.json and ground_truth.json (config and injected faults)."""
+manifest.json and .ground_truth.json (config and injected faults)."""
 
 
 def _field_doc(cls: type, name: str) -> str:
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         m.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
                        default=getattr(defaults, f.name), dest="model_" + f.name,
                        help=f"{_field_doc(ModelConfig, f.name)} (default {getattr(defaults, f.name)})")
-    f_ = p.add_argument_group("fault knobs (each recorded in ground_truth.json)")
+    f_ = p.add_argument_group("fault knobs (each recorded in .ground_truth.json)")
     doc = lambda name: _field_doc(FaultConfig, name)  # noqa: E731
     f_.add_argument("--slow-rank", type=int, default=None, help=doc("slow_rank"))
     f_.add_argument("--slow-factor", type=float, default=2.0, help=doc("slow_factor") + " (default 2.0)")

@@ -1,4 +1,4 @@
-"""`manifest.json` (run facts every tool reads) and `ground_truth.json` (config + injected faults).
+"""`manifest.json` (run facts every tool reads) and `.ground_truth.json` (config + injected faults).
 
 Written by rank 0 after gathering every rank's facts (clock anchors, host, stage layers, step times).
 """
@@ -21,6 +21,8 @@ from .profiling import profiled_steps
 
 MANIFEST_SCHEMA = "tracekit.manifest/1"
 GROUND_TRUTH_SCHEMA = "tracekit.ground_truth/1"
+ANSWER_KEY_FILE = ".ground_truth.json"
+"""The answer key (config + injected faults): a hidden file, which trace discovery never reads."""
 
 
 def clock_sample() -> dict[str, int]:

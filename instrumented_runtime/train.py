@@ -29,7 +29,7 @@ from .comm import Comm, set_comm
 from .config import RunConfig
 from .data import SyntheticLoader
 from .faults import ComputeSlowdown, slow_down_blocks
-from .manifest import build_ground_truth, build_manifest, clock_sample, write_json
+from .manifest import ANSWER_KEY_FILE, build_ground_truth, build_manifest, clock_sample, write_json
 from .model import Transformer, token_loss_sum
 from .parallel_dims import ParallelDims
 from .pipeline import (LabelledPipelineStage, build_schedule, build_stage_module, route_pipeline_p2p_through,
@@ -276,7 +276,7 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
         write_json(out / "manifest.json", build_manifest(cfg, pd, command=command, backend=backend,
                                                          torch_version=torch.__version__, per_rank=everyone,
                                                          launcher=launcher))
-        write_json(out / "ground_truth.json", build_ground_truth(cfg, pd))
+        write_json(out / ANSWER_KEY_FILE, build_ground_truth(cfg, pd))
         write_json(out / "train_log.json", summarize_losses(cfg, out, world_size))
     return facts
 

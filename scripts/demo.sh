@@ -20,7 +20,7 @@ fi
 echo "[demo] simulating a GPU cluster: 8 hosts x 8 H100, pp2 x dp4 x cp2 x tp4 (64 NCCL ranks), ep2 over dp x cp, the GPU of rank 13 1.3x slower" >&2
 .venv/bin/python -m tracekit simulate --pp 2 --dp 4 --cp 2 --tp 4 --ep 2 --schedule 1f1b --microbatches 4 \
   --model tiny-moe --micro-batch-size 8 --cluster 8x8-h100 --fault slow-gpu=13:1.3 --steps 2 --seed 0 --out "$OUT/sim-traces"
-echo "[demo] analysing the simulated cluster (the answer key is $OUT/sim-traces/ground_truth.json)" >&2
+echo "[demo] analysing the simulated cluster (the answer key is $OUT/sim-traces/.ground_truth.json)" >&2
 .venv/bin/python -m tracekit analyze "$OUT/sim-traces" --out "$OUT/sim-report"
 echo
 if [[ $SIM_ONLY == 0 ]]; then

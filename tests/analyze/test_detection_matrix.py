@@ -1,7 +1,7 @@
 """Detection matrix: runs of the reference runtime with one injected fault each, analyzed end to end.
 
 For every knob the top finding (sorted by estimated saving; the first at warning or above) must have the kind, ranks, dim and
-layer/expert or stage that `ground_truth.json` names; a clean run has nothing at warning or above.
+layer/expert or stage that `.ground_truth.json` names; a clean run has nothing at warning or above.
 Also: the 1F1B runs' schedule and theoretical bubble, the bubble advice naming the re-run's configuration,
 and the routing-skew advice against the re-run's token load (counted). Timing checks (measured bubble vs
 (p−1)/(m+p−1), savings vs re-run step/idle time) are in benchmarks/detection_matrix_timing.py.
@@ -114,7 +114,7 @@ class Runs:
                 raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             store = parse_run(out, Path(f"{out}.store"), progress=False).store
             analysis = json.loads(json.dumps(analyze_store(store), default=str))
-            gt = json.loads((out / "ground_truth.json").read_text())
+            gt = json.loads((out / ".ground_truth.json").read_text())
             self.cache[name] = Run(name, out, gt, analysis, store)
         return self.cache[name]
 

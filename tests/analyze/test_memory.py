@@ -137,7 +137,7 @@ def test_simulated_gpu_pipeline_peaks_are_the_answer_keys(tmp_path):
     res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"),
                    SimLayout(pp=4, schedule="1f1b", microbatches=8), steps=2, seed=3, without=False)
     write_traces(res, tmp_path / "sim")
-    truth = json.loads((tmp_path / "sim" / "ground_truth.json").read_text())["memory"]["peak_allocated_bytes"]
+    truth = json.loads((tmp_path / "sim" / ".ground_truth.json").read_text())["memory"]["peak_allocated_bytes"]
     mem = _analyze(tmp_path / "sim", tmp_path / "store")["sections"]["memory"]
     main = _main(mem)
     assert {str(r): main[r]["peak_allocated"] for r in main} == truth

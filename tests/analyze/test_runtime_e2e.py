@@ -38,7 +38,7 @@ def _run(out: Path, *extra: str) -> dict:
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     return {"analysis": json.loads((out / "an" / "analysis.json").read_text()),
-            "truth": json.loads((trace / "ground_truth.json").read_text()), "out": out / "an"}
+            "truth": json.loads((trace / ".ground_truth.json").read_text()), "out": out / "an"}
 
 
 @pytest.fixture(scope="module")

@@ -207,8 +207,8 @@ def recorded(tmp_path_factory) -> dict[str, Any]:
         res = runner.invoke(app, ["analyze", str(FIXTURES / src), "--out", str(d / name), "--quiet"])
         assert res.exit_code == 0, res.output
         runs[name] = d / name
-    assert [f for f in json.loads((FIXTURES / "runtime_dp2_clean" / "ground_truth.json").read_text())["faults"]] == []
-    runs["slow_rank"] = _slow_rank(json.loads((FIXTURES / "runtime_dp2_slow_rank0" / "ground_truth.json").read_text()))
+    assert [f for f in json.loads((FIXTURES / "runtime_dp2_clean" / ".ground_truth.json").read_text())["faults"]] == []
+    runs["slow_rank"] = _slow_rank(json.loads((FIXTURES / "runtime_dp2_slow_rank0" / ".ground_truth.json").read_text()))
     return runs
 
 
@@ -273,7 +273,7 @@ def test_fresh_slow_rank_run_against_recorded_clean(recorded: dict[str, Any], tm
                            "--slow-factor", "3", "--out", str(traces)], cwd=REPO, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    slow = _slow_rank(json.loads((traces / "ground_truth.json").read_text()))
+    slow = _slow_rank(json.loads((traces / ".ground_truth.json").read_text()))
     res = runner.invoke(app, ["diff", str(recorded["clean"]), str(traces), "--out", str(tmp_path / "d"), "--quiet"])
     assert res.exit_code == 0, res.output
     doc = json.loads((tmp_path / "d" / "diff.json").read_text())

@@ -342,7 +342,7 @@ def test_reference_runtime_run_joins_every_profiled_log_entry(tmp_path: Path) ->
 
 
 def test_the_answer_key_never_changes_the_analysis(tmp_path):
-    """ground_truth.json is recognised only to be left out of the inputs: the same traces give the same
+    """The answer key is a hidden file, and hidden files are never inputs: the same traces give the same
     analysis.json with the answer key as written, with every value changed, corrupt, or absent."""
     import shutil
 
@@ -350,7 +350,7 @@ def test_the_answer_key_never_changes_the_analysis(tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "faults", run)
-    key = run / "ground_truth.json"
+    key = run / ".ground_truth.json"
     truth = json.loads(key.read_text())
     changed = {**truth, "faults": [{**f, "ranks": [9], "kind": "slow_link", "dim": "tp"} for f in truth["faults"]],
                "config": {**truth["config"], "dp": 7, "faults": {}}, "layout": {"pp": 3, "groups": {"pp": [[0, 1]]}}}

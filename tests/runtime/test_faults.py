@@ -25,7 +25,7 @@ def _cfg(out: Path, *, moe: bool = True, num_layers: int = 4, **kw) -> RunConfig
 
 
 def _faults(out: Path) -> dict:
-    return {f["kind"]: f for f in json.loads((out / "ground_truth.json").read_text())["faults"]}
+    return {f["kind"]: f for f in json.loads((out / ".ground_truth.json").read_text())["faults"]}
 
 
 def _traces(out: Path, world: int) -> list[RankTrace]:

@@ -28,7 +28,7 @@ class Run:
     def __init__(self, name: str) -> None:
         self.dir = FIXTURES / name
         self.manifest = json.loads((self.dir / "manifest.json").read_text())
-        self.gt = json.loads((self.dir / "ground_truth.json").read_text())
+        self.gt = json.loads((self.dir / ".ground_truth.json").read_text())
         self.cfg = RunConfig.from_dict(self.manifest["config"])
         self.world = self.manifest["world_size"]
         self._traces: dict[int, RankTrace] = {}

@@ -3,7 +3,7 @@ written as Kineto traces, parsed and analyzed by the normal path.
 
 For every fault kind × 3 seeds × layout (8-rank dp4×tp2, 8-rank pp2×dp4, both with ep4, and a 64-rank
 5-D pp2 × dp8 × cp2 × tp2 with ep4 over dp × cp on 8 hosts of 8 GPUs), the top finding at warning or above must have
-a kind that `ground_truth.json` expects for the fault and name the right ranks / dim / stage / expert (a slow
+a kind that `.ground_truth.json` expects for the fault and name the right ranks / dim / stage / expert (a slow
 NIC: the ranks of its host); a clean run (same layouts, 3 seeds) has no warning-level finding of a kind that
 names a fault.
 

@@ -128,7 +128,7 @@ def test_memory_events_add_up_to_the_keys_peak(dp_tp_run):
     """Kineto `[memory]` instant events: Total Allocated is the running sum of Bytes, and its maximum per rank
     is the peak the key reports; the static part is parameters + gradients + Adam state of the rank's shard."""
     res, out = dp_tp_run
-    gt = json.loads((out / "ground_truth.json").read_text())
+    gt = json.loads((out / ".ground_truth.json").read_text())
     for r in (0, 3):
         doc = _events(out / f"rank{r}.pt.trace.json.gz")
         mem = sorted((e["ts"], e["args"]) for e in doc["traceEvents"] if e.get("name") == "[memory]")

@@ -13,7 +13,7 @@ HELP = """Parse a directory of traces into a run store (one Parquet file per tab
 
 Reads, recursively: Kineto traces (*.json, *.json.gz, *.pt.trace.json.gz), collective logs
 (comms.rank*.jsonl), PyTorch Flight Recorder dumps (JSON or pickle; pickles are only read as
-plain data) and manifest.json (a ground_truth.json answer key is never read). Each file's rank comes from its content
+plain data) and manifest.json. Hidden files (.name) are never read. Each file's rank comes from its content
 (distributedInfo.rank) or its name (rank3, rank-3, rank_3); a file with neither is skipped,
 never assumed to be rank 0. Skipped files are listed with their reasons.
 

@@ -8,7 +8,7 @@ import typer
 
 HELP = """Simulate training steps of a model on a GPU cluster with a parallel layout, and write what
 torch.profiler + NCCL would have written: one rank{R}.pt.trace.json.gz per rank, plus
-ground_truth.json (the injected faults and the exact answer key) and manifest.json.
+.ground_truth.json (a hidden file, never an input: the injected faults and the exact answer key) and manifest.json.
 
 Layout: --dp --tp --pp --cp --ep (ep borrows dp x cp ranks); mesh order pp, dp, cp, tp.
 Presets: --model tiny | tiny-moe | llama-8b-like | llama-70b-like | moe-8x-like;

@@ -4,9 +4,9 @@ Kinds: kineto (has `traceEvents`), comms_log (`comms.rank{R}.jsonl`), flight_rec
 `entries` + `pg_config`, or a pickle), manifest, routing/pipeline side logs. JSON that is
 none of these (e.g. an execution trace, which has `nodes`) is reported as skipped with the reason.
 Files of other types (Parquet, HTML, other JSON lines, ...), tracekit's own outputs and the
-reference runtime's metrics files are ignored without comment. So is `ground_truth.json`, the
-simulator's / reference runtime's answer key (`ANSWER_KEY_IGNORED`): recognised by name only to keep
-it out of the inputs — it is never opened, never read into the store, never seen by an analyzer.
+reference runtime's metrics files are ignored without comment. Hidden files and directories (a name
+starting with `.`) are never inputs: they are not listed, opened or read into the store (the simulator
+and the reference runtime write their answer key as such a file, so no analyzer can see it).
 """
 
 from __future__ import annotations
@@ -26,9 +26,6 @@ KINETO = "kineto"
 COMMS_LOG = "comms_log"
 FLIGHT_RECORDER = "flight_recorder"
 MANIFEST = "manifest"
-ANSWER_KEY_IGNORED = "ground_truth.json"
-"""The answer key of a simulated / injected run: left out of the inputs, never opened (the analyzers
-find what the traces show, not what was injected)."""
 ROUTING = "routing"
 PIPELINE = "pipeline"
 MEMORY_SNAPSHOT = "memory_snapshot"
@@ -166,8 +163,6 @@ def classify(path: Path) -> tuple[str | None, str | None]:
     lower = name.lower()
     if name == "manifest.json":
         return MANIFEST, None
-    if name == ANSWER_KEY_IGNORED:
-        return None, None  # not an input: never opened (and not sniffed as unrecognised JSON)
     if _RUNTIME_SIDE_FILES.match(name):
         return None, None
     if _COMMS_LOG.match(name):

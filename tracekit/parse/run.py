@@ -442,8 +442,6 @@ def _read_manifest(found: Any, run: _Run) -> None:
             run.manifest = _read_json_meta(f.path, run.skipped)
         else:
             run.skipped.append({"file": str(f.path), "reason": "second manifest.json (kept the first)"})
-    # ground_truth.json (a simulator's or the runtime's answer key) is not even an input
-    # (discover.ANSWER_KEY_IGNORED): the analyzers must find what the traces show, not what was injected
 
 
 def _read_side_input(f: Any, run: _Run, max_decompressed_bytes: int | None) -> None:

@@ -14,6 +14,9 @@ import numpy as np
 
 from tracekit.simulate.engine import COLL, KERNEL, Op
 
+ANSWER_KEY_FILE = ".ground_truth.json"
+"""Where the writer puts the answer key: a hidden file, which trace discovery never reads."""
+
 COMPUTE, COMM, OTHER = 0, 1, 2
 
 

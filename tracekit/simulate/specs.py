@@ -199,7 +199,7 @@ class Layout:
 
 @dataclass
 class Faults:
-    """Injected faults. Each active one is written to ground_truth.json with its answer.
+    """Injected faults. Each active one is written to .ground_truth.json with its answer.
 
     slow_gpu: rank → compute factor (> 1 is slower). slow_link: dim ('tp','dp','cp','ep','pp') → bandwidth
     divisor. slow_nic: host → bandwidth divisor for inter-host traffic touching that host. stage_layers:

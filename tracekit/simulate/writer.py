@@ -1,5 +1,5 @@
 """SimResult → one Kineto trace per rank, as torch.profiler + NCCL on GPUs write them, plus
-ground_truth.json and manifest.json.
+.ground_truth.json and manifest.json.
 
 Per launching op: the aten `cpu_op`, a `cudaLaunchKernel` (`cuda_runtime`, correlation id) inside it, an
 `ac2g` flow (s on the host, f on the device), and the kernel (`kernel` / `gpu_memcpy`, pid = device,
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.simulate.engine import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
+from tracekit.simulate.key import ANSWER_KEY_FILE
 from tracekit.simulate.program import RPC_NAME
 
 BASE_NS = 1_763_990_000_000_000_000  # baseTimeNanoseconds: ts are µs after it
@@ -286,7 +287,7 @@ def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
 
 def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest: bool = True,
                  comms_logs: bool = False) -> dict[str, Any]:
-    """Write rank{R}.pt.trace.json.gz per rank, ground_truth.json, (optionally) manifest.json and the
+    """Write rank{R}.pt.trace.json.gz per rank, the answer key (ANSWER_KEY_FILE), (optionally) manifest.json and the
     comms.rank{R}.jsonl collective logs. Returns {"files", "events"}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,7 +303,7 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
     if comms_logs:
         for r in ranks:
             write_comms_log(res, out, r)
-    (out / "ground_truth.json").write_text(json.dumps(res.ground_truth(), indent=1))
+    (out / ANSWER_KEY_FILE).write_text(json.dumps(res.ground_truth(), indent=1))
     if manifest:
         (out / "manifest.json").write_text(json.dumps(build_manifest(res), indent=1))
     return {"files": len(ranks), "events": events}
