@@ -209,8 +209,12 @@ def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name):
     analysis = _analyze(out, tmp_path / "ana")
     top = analysis["findings"][0]
     assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
+    # what fixing it saves (the step replayed with rank 1 at its peers' pace) within 15% of what it slept
+    assert abs(top["est_saving_ns"] - slept) <= 0.15 * slept, (top["est_saving_ns"], slept)
+    # the measured lateness is at least the sleep; on a loaded box the slept rank is also descheduled more
+    # after waking (FSDP2 under two busy processes: 59.5 ms/step late for 50.1 slept, replayed saving 53.3)
     rank1 = next(r for r in analysis["sections"]["stragglers"]["ranks"] if r["rank"] == 1)
-    assert abs(rank1["delay_ns_per_step"] - slept) <= 0.15 * slept, (rank1["delay_ns_per_step"], slept)
+    assert 0.85 * slept <= rank1["delay_ns_per_step"] <= 1.3 * slept, (rank1["delay_ns_per_step"], slept)
 
 
 def _non_comm_ns_per_step(trace: dict) -> float:

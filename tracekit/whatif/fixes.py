@@ -25,7 +25,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
   data-loading node down to the median of its peers' (same pipeline stage) at the same position in their
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
-  peers' sequences differ from the rank's, or for all ranks at once, such gaps and data loading go to 0.
+  peers' sequences differ from the rank's, the gap before each step's first host op down to the peers'
+  median gap before theirs and other such gaps and data loading to 0 (`_step_leads`); for all ranks at
+  once, such gaps and data loading go to 0.
 """
 
 from __future__ import annotations
@@ -503,8 +505,28 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
         gap[mine[stall]] = np.minimum(gap[mine[stall]], np.median(g.gap[ref], axis=0)[stall].astype(np.int64))
         dur[mine[load]] = np.minimum(dur[mine[load]], np.median(g.dur[ref], axis=0)[load].astype(np.int64))
     else:
-        gap[mine[stall]] = 0
+        lead = _step_leads(g, host, int(fix.rank), lay)
+        gap[mine[stall]] = np.minimum(gap[mine[stall]], lead[mine[stall]])
         dur[mine[load]] = 0
+
+
+def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.ndarray:
+    """Per node: how much of its gap the peers also have. The gap before the rank's first host op of a
+    step keeps the median of its peers' gaps before theirs (the time every rank spends between steps);
+    any other gap keeps 0. Used when the peers' op sequences differ from the rank's."""
+    keep = np.zeros(g.gap.size, np.int64)
+    idx = np.flatnonzero(host & (g.rank >= 0) & (g.step >= 0))
+    idx = idx[np.lexsort((g.start[idx], g.step[idx], g.rank[idx]))]
+    new = np.ones(idx.size, dtype=bool)
+    new[1:] = (g.rank[idx[1:]] != g.rank[idx[:-1]]) | (g.step[idx[1:]] != g.step[idx[:-1]])
+    first = idx[new]  # each (rank, step)'s first host op
+    peers = np.setdiff1d(lay.peers(rank, np.unique(g.ranks)), [rank])
+    theirs = first[np.isin(g.rank[first], peers)]
+    for n in first[g.rank[first] == rank]:
+        same = theirs[g.step[theirs] == g.step[n]]
+        if same.size:
+            keep[n] = int(np.median(g.gap[same]))
+    return keep
 
 
 def microbatch_factor(lay: Layout, new_m: int) -> float:
