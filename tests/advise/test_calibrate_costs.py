@@ -54,3 +54,34 @@ def test_router_skew_recovers_the_sigma_that_drew_the_routing():
     assert router_skew(analysis, experts) == pytest.approx(sigma, abs=0.05)
     assert expected_skew(0.0, experts, routed) < expected_skew(sigma, experts, routed)
     assert router_skew({"sections": {}}, experts) is None
+
+
+def test_per_hop_latency_recovered_from_groups_of_several_sizes():
+    # a ring backend (gloo): each hop pays 90 µs, bus bytes at 0.5 GB/s; all-gathers on 2, 4 and 8 members
+    hop_ns, gbs = 90_000, 0.5
+    pts = [CollPoint("dp", "all_gather", n, b, (n - 1) * hop_ns + b / gbs, 4)
+           for n, b in ((2, 64e3), (4, 256e3), (8, 1e6))]
+    lat_us, bw = fit_op_cost(pts, 360.0, per_hop=True)
+    assert lat_us == pytest.approx(90.0, rel=1e-6) and bw == pytest.approx(0.5, rel=1e-6)
+    # all_reduce on 2 members: two hops (reduce-scatter, all-gather), one latency each
+    one = [CollPoint("dp", "all_reduce", 2, 1024.0, 2 * hop_ns + 1024 / 360.0, 1)]
+    assert fit_op_cost(one, 360.0, per_hop=True)[0] == pytest.approx(90.0)
+    assert fit_op_cost(one, 360.0)[0] == pytest.approx(180.0)  # per op (NCCL-like tiers): the whole latency
+
+
+def test_simulated_collective_pays_its_groups_hops_when_latency_is_per_hop():
+    import dataclasses
+
+    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
+    from tracekit.simulate.program import make_world
+
+    model = ModelSpec("m", layers=2, hidden=64, heads=4, ffn=128, seq=32, vocab=128)
+    cluster = dataclasses.replace(ClusterSpec("1x8-h100"), coll_costs=(("intra", "all_gather", 50.0, 1.0),))
+    for per_hop, want_us in ((False, (50, 50)), (True, (50, 7 * 50))):
+        cl = dataclasses.replace(cluster, coll_lat_per_hop=per_hop)
+        got = []
+        for dp in (2, 8):
+            w = make_world(model, cl, Layout(dp=dp), Faults(), 0)
+            g = w.topo.group(0, "dp")
+            got.append(w.link(g, "all_gather")[0] / 1000)
+        assert tuple(got) == want_us, (per_hop, got)

@@ -303,6 +303,7 @@ def advice_json(a: Advice) -> dict[str, Any]:
                         "residual": a.calibration.residual,
                         "collective_costs": [{"tier": t, "op": o, "latency_us": lat, "bus_bw_gbs": bw}
                                              for t, o, lat, bw in a.calibration.cluster.coll_costs],
+                        "collective_latency_per_ring_hop": a.calibration.cluster.coll_lat_per_hop,
                         "router_skew": a.calibration.model.router_skew,
                         "predicted_measured_step_ns": a.calibration.predicted_measured_ns,
                         "notes": a.calibration.notes},

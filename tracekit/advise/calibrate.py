@@ -32,6 +32,7 @@ from tracekit.simulate import engine
 from tracekit.simulate.api import T0_NS
 from tracekit.simulate.key import answer_key
 from tracekit.simulate.program import build_programs, make_world
+from tracekit.simulate.specs import ring_hops
 from tracekit.simulate.topology import build_topology
 
 LARGE_BYTES = 1 << 20
@@ -69,6 +70,8 @@ class MeasuredRun:
     """dim → (bus bytes, transfer ns) of each (op, size) row of its large collectives (medians)."""
     coll_points: tuple[CollPoint, ...] = ()
     """Every collective row with known bytes (any size), P2P send/recv pairs as `sendrecv`."""
+    cpu_only: bool = False
+    """No rank's trace has device work (a gloo CPU run): its collectives' latency is per ring hop."""
 
 
 def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
@@ -144,7 +147,13 @@ def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
                        step_ns=int(max(_mean_per_step(ranks, "step_ns"))),
                        compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns"))),
                        busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points,
-                       coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])))
+                       coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])),
+                       cpu_only=_cpu_only(sec))
+
+
+def _cpu_only(sec: dict[str, Any]) -> bool:
+    kinds = {r.get("trace_kind") for r in (sec.get("breakdown") or {}).get("rank_details", [])}
+    return kinds == {"cpu"}
 
 
 @dataclass(frozen=True)
@@ -202,19 +211,22 @@ def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values[order][np.searchsorted(cum, cum[-1] / 2)])
 
 
-def fit_op_cost(points: list[CollPoint], bw_gbs: float) -> tuple[float, float]:
+def fit_op_cost(points: list[CollPoint], bw_gbs: float, per_hop: bool = False) -> tuple[float, float]:
     """(latency µs, bus bandwidth GB/s) of one op on one tier from its points: a count-weighted
-    least-squares fit of time = latency + bus bytes ÷ bandwidth when the sizes differ enough (≥ 2×) to
-    give a positive slope, else the latency alone against `bw_gbs` (weighted median)."""
+    least-squares fit of time = latency × hops + bus bytes ÷ bandwidth when the sizes differ enough (≥ 2×)
+    to give a positive slope, else the latency alone against `bw_gbs` (weighted median). `per_hop`: hops =
+    ring_hops(op, group size), so a group of another size pays its own number of hops
+    (`ClusterSpec.coll_lat_per_hop`); else 1."""
     x = np.array([p.bus_bytes for p in points])
     y = np.array([p.time_ns for p in points])
+    h = np.array([ring_hops(p.op, p.size) if per_hop else 1 for p in points], dtype=float)
     w = np.array([p.count for p in points], dtype=float)
     if x.max() >= 2 * x.min():
         sw = np.sqrt(w)
-        (lat, nspb), *_ = np.linalg.lstsq(np.c_[np.ones_like(x), x] * sw[:, None], y * sw, rcond=None)
+        (lat, nspb), *_ = np.linalg.lstsq(np.c_[h, x] * sw[:, None], y * sw, rcond=None)
         if lat >= 0 and nspb > 0:
             return float(lat) / 1e3, 1.0 / float(nspb)
-    return _weighted_median(np.maximum(y - x / bw_gbs, 0.0), w) / 1e3, bw_gbs
+    return _weighted_median(np.maximum(y - x / bw_gbs, 0.0) / h, w) / 1e3, bw_gbs
 
 
 def _tier_bw(cluster: ClusterSpec, tier: str) -> float:
@@ -247,11 +259,15 @@ def _with_op_costs(m: MeasuredRun, cluster: ClusterSpec, notes: list[str]) -> Cl
             by[("inter" if tiers[p.dim] else "intra", p.op)].append(p)
     costs: dict[tuple[str, str], tuple[float, float]] = {}
     for (tier, op), pts in sorted(by.items()):
-        lat, bw = costs[(tier, op)] = fit_op_cost(pts, _tier_bw(cluster, tier))
-        notes.append(f"{tier}-host {op}: {lat:.1f} µs + bus bytes at {bw:.3g} GB/s ({sum(p.count for p in pts)} measured)")
+        lat, bw = costs[(tier, op)] = fit_op_cost(pts, _tier_bw(cluster, tier), m.cpu_only)
+        notes.append(f"{tier}-host {op}: {lat:.1f} µs{' per ring hop' if m.cpu_only else ''} + bus bytes at "
+                     f"{bw:.3g} GB/s ({sum(p.count for p in pts)} measured)")
     for tier in sorted({t for t, _ in costs}):
         _complete_tier(costs, tier, _tier_bw(cluster, tier), notes)
-    return dataclasses.replace(cluster, coll_costs=tuple((t, o, c[0], c[1]) for (t, o), c in sorted(costs.items())))
+    if m.cpu_only and costs:
+        notes.append("CPU run (gloo): collective latency per ring hop, so groups of other sizes pay their own hops")
+    return dataclasses.replace(cluster, coll_costs=tuple((t, o, c[0], c[1]) for (t, o), c in sorted(costs.items())),
+                               coll_lat_per_hop=m.cpu_only)
 
 
 def expected_skew(sigma: float, experts: int, routed: int, samples: int = 2000, seed: int = 0) -> float:

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from tracekit.simulate.engine import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
-from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec
+from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec, ring_hops
 from tracekit.simulate.topology import Group, Topology, build_topology, stage_layers
 
 US = 1000
@@ -101,7 +101,8 @@ class World:
         tier = "inter" if inter else "intra"
         for t, o, lat_us, bw_gbs in c.coll_costs:
             if (t, o) == (tier, op):
-                lat, bw = lat_us * US, bw_gbs
+                hops = ring_hops(o, self.full_size.get(g.dim, len(g.ranks))) if c.coll_lat_per_hop else 1
+                lat, bw = lat_us * US * hops, bw_gbs
         dim = "dp" if g.dim == "dp_cp" else g.dim
         bw /= self.faults.slow_link.get(dim, 1.0)
         if inter and self.faults.slow_nic:

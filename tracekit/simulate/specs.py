@@ -109,6 +109,11 @@ class ClusterSpec:
     """Measured per-op costs (a calibrated cluster, e.g. gloo on CPU): (tier 'intra'|'inter', op, latency µs,
     bus bandwidth GB/s). An op listed here uses them on that tier instead of the tier's figures.
     Ops: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, sendrecv (P2P)."""
+    coll_lat_per_hop: bool = False
+    """`coll_costs` latencies are per ring hop: an op on n members pays it `ring_hops(op, n)` times. So
+    calibrated from a CPU (gloo) run: gloo's ring algorithms send one TCP message per hop, so an 8-member
+    all-gather waits 7 latencies where a 2-member one waits 1. False: the latency is per op, whatever the
+    group size (the tier figures' NCCL-like model)."""
 
     @property
     def world(self) -> int:
@@ -272,3 +277,12 @@ def parse_fault(text: str, faults: Faults) -> Faults:
         raise ValueError(f"bad fault {text!r}: {e}") from None
     raise ValueError(f"unknown fault {key!r} (slow-gpu, slow-link, slow-nic, stage-layers, router-skew, "
                      "host-stall, slow-data, uneven-seq, no-overlap, tp-across-hosts)")
+
+
+def ring_hops(op: str, n: int) -> int:
+    """Sequential messages of `op` on a ring of `n` members: all_reduce 2(n−1) (reduce-scatter, then
+    all-gather), all_gather / reduce_scatter / all_to_all / broadcast n−1, P2P 1."""
+    if op == "sendrecv":
+        return 1
+    hops = max(n - 1, 1)
+    return 2 * hops if op == "all_reduce" else hops
