@@ -2,9 +2,12 @@
 
 Host: each launching op costs `host` ns on the CPU (its aten op, with the cudaLaunchKernel inside); the
 host runs ahead of the device until it reaches a blocking op (SYNC: `.item()` / `cudaStreamSynchronize`)
-or until `queue_depth` launches are outstanding. Device: a kernel starts when its stream is free, it
-was launched, and (for a collective or send) the compute stream has produced its input (CUDA event
-wait at issue). A WAIT makes a stream wait for a collective's end on this rank (work.wait()).
+or until `queue_depth` launches are outstanding on the stream it launches into. Per stream: with one
+queue for all streams, a collective waiting for a late peer on a comm stream held back the launches on
+the compute stream that the peer's progress needed (a cross-rank deadlock of 70B-size pipelines with
+ring attention at 1024 launches). Device: a kernel starts when its stream is free, it was launched, and
+(for a collective or send) the compute stream has produced its input (CUDA event wait at issue). A WAIT
+makes a stream wait for a collective's end on this rank (work.wait()).
 
 Collectives (NCCL semantics): a member's kernel starts when its stream reaches it (its arrival); every
 member ends at last arrival + transfer, transfer = latency + bytes × bus factor ÷ bandwidth of the link
@@ -82,7 +85,8 @@ class _RankState:
         self.h = t0
         self.queues: dict[int, deque] = {}
         self.free: dict[int, int] = {}
-        self.launched: deque = deque()
+        self.launched: dict[int, deque] = {}
+        """per stream, its launches not yet known finished (at most `queue_depth`)"""
         self.unresolved = 0
         self.last_compute = None
         self.queued = True
@@ -158,14 +162,17 @@ def _host(st: _RankState, qd: int) -> bool:
         k = op.kind
         if k == KERNEL or k == COLL or k == WAIT:
             if k != WAIT:
-                if len(st.launched) >= qd:
-                    old = st.launched[0]
+                lq = st.launched.get(op.stream)
+                if lq is None:
+                    lq = st.launched[op.stream] = deque()
+                if len(lq) >= qd:
+                    old = lq[0]
                     if old.d1 < 0:
                         break
                     if old.d1 > h:
                         h = old.d1
-                    st.launched.popleft()
-                st.launched.append(op)
+                    lq.popleft()
+                lq.append(op)
             op.h0 = h
             h += op.host
             op.h1 = h
