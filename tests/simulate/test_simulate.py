@@ -191,3 +191,26 @@ def test_pipeline_schedules_finish_and_the_bubble_falls_with_microbatches(schedu
         k = res.key["ranks"][0]["total"]
         share[m] = 1 - k["compute_ns"] / k["window_ns"]
     assert share[8] < share[4]
+
+
+@pytest.mark.parametrize("layout", [Layout(pp=2, cp=4, schedule="zb", microbatches=4, interleave=2),
+                                    Layout(pp=2, cp=2, schedule="interleaved", microbatches=4, interleave=2)],
+                         ids=["zb-cp4", "interleaved-cp2"])
+def test_a_bounded_launch_queue_delays_the_host_but_never_deadlocks_a_pipeline(layout):
+    """Pipelines with ring attention: a P2P waiting for the peer stage sits on a comm stream; with one
+    launch queue for all streams it held back the compute launches the peer needed (at 1024 launches on
+    a 70B-size model; here at 4-64 on a small one). Per stream, each depth replays the unbounded step."""
+    from tracekit.simulate import engine
+    from tracekit.simulate.api import T0_NS
+    from tracekit.simulate.key import answer_key
+    from tracekit.simulate.program import build_programs, make_world
+
+    def step_ns(depth: int) -> int:
+        progs = build_programs(make_world(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"), layout,
+                                          Faults(), 0), 2)
+        engine.run(progs, T0_NS, depth)
+        engine.finish_colls(progs)
+        return answer_key(progs, (), 2)["mean_step_ns"]
+
+    unbounded = step_ns(10**9)
+    assert [step_ns(d) for d in (4, 16, 64)] == [unbounded] * 3
