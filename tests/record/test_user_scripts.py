@@ -25,8 +25,8 @@ from tests.record.conftest import REPO, child_env, load_comms, load_trace, run_r
 USER_SCRIPTS = REPO / "tests" / "user_scripts"
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 WINDOW = list(range(WAIT + WARMUP, WAIT + WARMUP + ACTIVE))
-# a model that computes for real (tens of ms a step), so 3x the batch is work, not noise
-FSDP2_WORK = ("--dim", "256", "--seq", "64", "--batch", "8", "--vocab", "256")
+# a model that computes for real (~140 ms a step at 1x), so 3x the batch is work, not noise
+FSDP2_WORK = ("--dim", "256", "--seq", "256", "--batch", "8", "--vocab", "256")
 SCRIPTS = {"ddp": ("ddp_loop.py", ["--steps", "5"]),
            "fsdp2": ("fsdp2_clip.py", ["--steps", "5"]),
            "tp_sp": ("tp_sp_loop.py", ["--steps", "5"])}
@@ -242,10 +242,10 @@ def test_fsdp2_rank_with_3x_batch_is_the_top_straggler(tmp_path):
     and copies, not only inside c10d calls, so time outside collectives is no measure of it; a re-run
     without the fault is none on this box either: its two ranks then compute at once and contend for the
     cores). The model computes for real (`FSDP2_WORK`): with the toy default (~1 ms of compute a step) 3x
-    the batch was below the box's noise. Measured: replayed saving within -7.9..+9.3% of this figure in
-    seven of eight runs (45-89 ms, three beside two busy processes) and +18.1% in one, where the peer's
-    own matmuls ran 60% slower than in the others (the two ranks share the cores): 20% is the bound here,
-    the issue's 15% holds in most runs."""
+    the batch was below the box's noise, and at 64 tokens per sequence a CI run under load saw the extra
+    work (34.6 ms/step replayed) tie with the gloo transfers' (34.8): 256 tokens make the work, not the
+    communication, grow. Measured beside two busy processes: replayed saving 209-280 ms/step within
+    -8.5..+0.5% of this figure, the next finding at 29 ms; quiet: -1.4%, +1.8%."""
     out = _record(tmp_path, "fsdp2", "--slow-rank", "1", "--batch-mult", "3", *FSDP2_WORK)
     t0, t1 = (_aten_ns_per_step(load_trace(out / f"rank{r}.pt.trace.json.gz")) for r in (0, 1))
     injected = t1 - t0
@@ -253,4 +253,4 @@ def test_fsdp2_rank_with_3x_batch_is_the_top_straggler(tmp_path):
     analysis = _analyze(out, tmp_path / "ana")
     top = analysis["findings"][0]
     assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
-    assert abs(top["est_saving_ns"] - injected) <= 0.20 * injected, (top["est_saving_ns"], injected)
+    assert abs(top["est_saving_ns"] - injected) <= 0.15 * injected, (top["est_saving_ns"], injected)
