@@ -51,6 +51,7 @@ def test_predicted_steps_of_other_layouts_match_their_runs(runs, tmp_path):
     cal = calibrate(analysis, MODEL.spec(MEASURED), ClusterSpec.preset("1x8-h100"))
     assert cal.measured.layout.tp == 2 and cal.measured.layout.dp == 2 and cal.measured.layout.ep == 2
     assert {op for _, op, _, _ in cal.cluster.coll_costs} >= {"all_gather", "reduce_scatter", "all_to_all"}
+    assert cal.cluster.coll_lat_per_hop  # gloo on CPU: ring latency per hop (a GPU run keeps it per op)
     pred, meas, spread, errors, tols = [], [], [], [], []
     for L, _, steps in runs[1:]:
         p = predicted_step_ns(cal, L, MODEL.micro_batch(L))

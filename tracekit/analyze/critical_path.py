@@ -110,7 +110,7 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     if isinstance(ev, StragglerEvidence) and f.ranks:
         # the rank at its peers' pace, whatever stragglers.py named as the cause: its compute at their
         # median and its host stalls / data loading down to theirs. The cause is a guess from timings a
-        # busy host distorts (a 50 ms sleep read as "contention" under load); the fix must not hang on it.
+        # busy host distorts (under CI load a 50 ms sleep got a compute-only fix); the fix must not hang on it.
         # The idle_host_bound finding of the same stalls is then its symptom (`_absorbed`)
         return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
