@@ -47,7 +47,9 @@ RUNS: dict[str, list[str]] = {
     # their layers even when the box preempts one stage's process (a clean-clone CI run once timed the
     # 5-layer stage of an m=1 run shorter than the 1-layer one)
     "stage_imbalance": PP_MODEL + PP_DEVICE + ["--microbatches", "4", "--num-layers", "6", "--stage-layers", "5,1"],
-    "router_skew": MOE_MODEL + ["--router-bias", "3=2.0"],
+    # with expert time per routed token (the re-run pair's device time): on CPU time alone the skew cost
+    # 5-12 ms a step beside an 8-rank job, within reach of an exposed all_to_all's timing noise
+    "router_skew": MOE_MODEL + MOE_DEVICE + ["--router-bias", "3=2.0"],
     "too_few_microbatches": PP_MODEL + ["--schedule", "gpipe", "--microbatches", "1"],
     # the re-run pairs: with simulated device time (ModelConfig.device_us_per_token, a sleep as a host
     # waits on its GPU), because two pipeline stages computing on this 2-vCPU VM's cores slow each other
@@ -58,8 +60,12 @@ RUNS: dict[str, list[str]] = {
     "rerun_router_balanced": MOE_MODEL + MOE_DEVICE,
     "slow_link": ["--dp", "2", "--tp", "2", "--slow-link", "tp=0.005"],
     "host_stall": ["--dp", "2", "--host-stall-rank", "1", "--host-stall-ms", "50"],
-    # 4x the sequence length (2x held rank 1 back ~8 ms a step, less than another rank's preemption can)
-    "uneven_sequence_length": ["--dp", "2", "--uneven-seq-rank", "1", "--uneven-seq-factor", "4"],
+    # 4x the sequence length, with simulated device time per token: on CPU time alone the longer sequences
+    # held rank 1 back ~10-20 ms a step, which a busy box's preemption of rank 0 outweighed in 2 of 8 runs
+    # beside an 8-rank job (rank 0 "contention"-late at every collective, or no rank dominant) and in a CI
+    # run; with 20 us/token of device time (a GPU's time, which CPU load does not stretch) it is ~90 ms
+    "uneven_sequence_length": ["--dp", "2", "--uneven-seq-rank", "1", "--uneven-seq-factor", "4",
+                               "--device-us-per-token", "20"],
     "tp_across_hosts": ["--tp", "2", "--ranks-per-host", "1"],
     "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3"],
     "no_overlap": ["--dp", "2", "--no-overlap", *NO_OVERLAP_MODEL],
@@ -158,7 +164,10 @@ def test_top_finding_names_the_injected_fault(runtime_runs, name, fault_kind, ki
     run = runtime_runs.get(name)
     fault = run.fault(fault_kind)
     top = _top(run)
-    assert top["kind"] in kinds, f"top finding {top['kind']} ({top['summary']}); expected one of {kinds}"
+    late = [{k: r.get(k) for k in ("rank", "last_share", "delay_fraction", "dominance")}
+            for r in run.section("stragglers")["ranks"]]
+    assert top["kind"] in kinds, (f"top finding {top['kind']} ({top['summary']}); expected one of {kinds}; "
+                                  f"late ranks {late}")
     assert top["ranks"] and set(top["ranks"]) <= set(fault["ranks"]), (top["ranks"], fault["ranks"])
     if fault_kind == "stage_imbalance":
         assert top["dim"] == "pp" and top["evidence"]["slowest_stage"] in fault["stages"]

@@ -177,9 +177,16 @@ def test_symmetric_run_has_no_straggler_and_each_collective_once(recordings, ana
     analysis, store = analyses(name)
     # Both ranks run the same work, so no straggler may be blamed on work (extra ops, uneven counts). The suite
     # shares two cores between two workers and these two ranks, and a rank the box really slowed is a straggler
-    # (issue 12 item 12: no severity cap for one host) — allowed only with a host-side cause and the one-host caveat.
+    # (issue 12 item 12: no severity cap for one host) — allowed only with the one-host caveat and a cause not
+    # blamed on work: host-side, or longer compute on the same ops and no more counted work (a process the box
+    # descheduled inside its ops, whose views ran 1.35x slower, under `contention_slowdown`, in one run).
+    def blames_work(ev):
+        cause = ev.get("cause")
+        if cause == "compute":
+            return (ev.get("op_count_ratio") or 0.0) >= 1.1 or (ev.get("work_ratio") or 0.0) >= 1.1
+        return cause not in ("contention", "host_idle", "unknown")
     bad = [f for f in analysis["findings"] if f["kind"] == "straggler" and f["severity"] in ("warning", "critical")
-           and (f["evidence"].get("cause") not in ("contention", "host_idle", "unknown") or "caveat" not in f["evidence"])]
+           and (blames_work(f["evidence"]) or "caveat" not in f["evidence"])]
     assert bad == [], bad
     coll = store.table("collectives").to_pylist()
     for rank in (0, 1):

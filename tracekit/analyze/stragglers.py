@@ -10,8 +10,9 @@ Warning/critical need a large delay (25%/50% of the step) and either counted ext
 most of its collectives (`last_chance` reports the share expected by chance, 1/group size): on the 2-core box a clean run's slowest rank routinely holds the group
 back 10-20% of the step (CPU contention), and that is reported as info. No severity cap for a shared
 host: a rank that holds its peers back is a straggler whatever the cause, with its measured delay
-as the saving; when every rank shares one host the cause carries a caveat (`caveat`: CPU cores
-shared by several ranks can make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
+as the saving; when every rank shares one host a cause that is not counted work (host idle, contention,
+unknown, longer compute on no more ops) carries a caveat (`caveat`: CPU cores shared by several ranks can
+make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
 against the noise: "data_load" (PyTorch's own DataLoader ranges on it) needs no last-share, and "uneven_work" (counted
 FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
 the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
@@ -497,6 +498,14 @@ def _cause_text(cause: str, ev: dict[str, Any]) -> str:
     return text
 
 
+def _host_may_explain(cause: str, ev: dict[str, Any], cfg: StragglerConfig) -> bool:
+    """Could CPU cores shared by several ranks explain the cause? Yes unless it is counted work: more ops
+    than its peers ("compute" at `more_work_ratio`), or more FLOPs/tokens ("uneven_work", data loading)."""
+    if cause == "compute":
+        return (ev.get("op_count_ratio") or 0.0) < cfg.more_work_ratio
+    return cause in ("contention", "host_idle", "unknown")
+
+
 def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity, step_ns: int) -> Finding:
     r = row["rank"]
     frac = row["delay_fraction"] or 0.0
@@ -542,7 +551,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
             continue
         cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg)
         stragglers.append({"rank": row["rank"], "cause": cause, "cause_evidence": ev})
-        if one_host and cause in ("contention", "host_idle", "unknown"):
+        if one_host and _host_may_explain(cause, ev, cfg):
             # no cap: a rank that holds its peers back is a straggler whatever the cause, and its
             # measured delay is what removing the cause saves; the cause only carries a caveat
             ev = {**ev, "caveat": SHARED_HOST_CAVEAT}
