@@ -39,24 +39,31 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return 2 * s / (n * (n - 1))
 
 
-def error_table(model, true, preset, measured_layout, others, hosts, gph) -> None:
+def error_table(model, true, preset, measured_layout, others, hosts, gph, batch_scale: int = 1) -> None:
+    """Calibrate on `measured_layout` (simulated on the `true` cluster, analysed), predict `others` on
+    `hosts` x `gph` GPUs at `batch_scale` times the measured global batch, and re-simulate each there in
+    full (every rank) for the truth."""
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         an = measured(model, true, measured_layout, Path(tmp))
         print(f"  measured run simulated + analysed in {time.perf_counter() - t0:.1f} s")
     cal = calibrate(an, model, preset)
     cl = dataclasses.replace(cal.cluster, hosts=hosts, gpus_per_host=gph)
-    batch = measured_layout.dp * measured_layout.microbatches * model.micro_batch_size
+    batch = measured_layout.dp * measured_layout.microbatches * model.micro_batch_size * batch_scale
     pred, truth = [], []
-    print(f"  {'layout':44s} {'predicted':>10s} {'re-sim':>10s} {'error':>7s}")
+    print(f"  {'layout':44s} {'predicted':>10s} {'re-sim':>10s} {'error':>7s} {'predict':>8s} {'re-sim':>8s}")
     for L in others:
         m = dataclasses.replace(model, micro_batch_size=batch // (L.dp * L.microbatches))
+        t0 = time.perf_counter()
         p = predict_step(m, cl, L).step_ns * cal.residual
+        t1 = time.perf_counter()
         t = step_time(m, dataclasses.replace(true, hosts=hosts, gpus_per_host=gph), L, steps=2)
+        t2 = time.perf_counter()
         pred.append(p)
         truth.append(t)
         name = f"dp{L.dp} tp{L.tp} pp{L.pp} cp{L.cp} ep{L.ep} m{L.microbatches} {L.schedule}{' fsdp' if L.fsdp else ''}"
-        print(f"  {name:44s} {p / 1e6:9.2f}ms {t / 1e6:9.2f}ms {100 * (p - t) / t:+6.2f}%")
+        print(f"  {name:44s} {p / 1e6:9.2f}ms {t / 1e6:9.2f}ms {100 * (p - t) / t:+6.2f}% "
+              f"{t1 - t0:7.1f}s {t2 - t1:7.1f}s", flush=True)
     mae = sum(abs(p - t) / t for p, t in zip(pred, truth)) / len(pred)
     print(f"  mean absolute error {100 * mae:.2f}%   Kendall tau {kendall_tau(pred, truth):.2f}")
 
@@ -147,15 +154,33 @@ def errors() -> None:
                  Layout(dp=32, tp=2, microbatches=1)], hosts=8, gph=8)
 
 
+def errors_1024() -> None:
+    """The same calibration (a 64-rank run) predicting 1,024-GPU layouts at 16x the global batch, each
+    re-simulated on all 1,024 ranks: the predictor simulates a reduced world (predict.reduced_layout) and
+    scales it back, which this checks at full size."""
+    model = ModelSpec.preset("tiny")
+    preset = ClusterSpec.preset("8x8-h100")
+    true = dataclasses.replace(preset, efficiency=0.33, intra_bw_gbs=250.0, inter_bw_gbs=30.0)
+    print("1,024 GPUs (128 hosts x 8): calibrated on the 64-GPU dp8 tp4 pp2 run, predicting 8 layouts")
+    error_table(model, true, preset, Layout(dp=8, tp=4, pp=2, microbatches=4),
+                [Layout(dp=128, tp=4, pp=2, microbatches=4), Layout(dp=256, tp=2, pp=2, microbatches=4),
+                 Layout(dp=128, tp=8, microbatches=2), Layout(dp=64, tp=4, pp=4, microbatches=8),
+                 Layout(dp=128, tp=2, pp=2, cp=2, microbatches=4), Layout(dp=256, tp=4, microbatches=1, fsdp=True),
+                 Layout(dp=64, tp=4, pp=4, microbatches=8, schedule="interleaved", interleave=2),
+                 Layout(dp=512, tp=2, microbatches=1)], hosts=128, gph=8, batch_scale=16)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="seeds without the 70B case")
-    ap.add_argument("--part", choices=("errors", "seeds", "scale"), action="append",
+    ap.add_argument("--part", choices=("errors", "errors1024", "seeds", "scale"), action="append",
                     help="run only these parts (repeatable; default all)")
     args = ap.parse_args()
-    parts = args.part or ["errors", "seeds", "scale"]
+    parts = args.part or ["errors", "errors1024", "seeds", "scale"]
     if "errors" in parts:
         errors()
+    if "errors1024" in parts:
+        errors_1024()
     if "seeds" in parts:
         print("seeds of good practice (4 hosts x 8 GPUs, 12 GB/s inter-host):")
         seeds(args.quick)

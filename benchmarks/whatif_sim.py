@@ -37,6 +37,12 @@ CASES = {
 }
 
 
+MODEL_CHANGES = {"too_few_microbatches": {"packed_attention": False}}
+"""Per-sample attention for the micro-batch case: the re-run splits the batch into more, smaller micro-batches
+(samples, not sequences), and with the simulator's default packed attention (a micro-batch's samples attend
+as one sequence) that also cuts attention per token, which no trace of the run can show."""
+
+
 def small(case: tuple) -> tuple:
     """The same fault on a cheaper run: 4 layers (4 stages' worth for pp 4), shorter sequences."""
     model, layout, faults = case
@@ -66,6 +72,7 @@ def run_case(name: str, root: Path, cheap: bool = False) -> dict:
     from tracekit.whatif.api import prepare, run_whatif
 
     model, layout, faults = small(CASES[name]) if cheap else (ModelSpec.preset(CASES[name][0]), *CASES[name][1:])
+    model = dataclasses.replace(model, **MODEL_CHANGES.get(name, {}))
     t = time.time()
     res = simulate(model, ClusterSpec.preset("2x8-h100"), layout, faults, steps=2 if cheap else 3)
     write_traces(res, root / name / "traces")

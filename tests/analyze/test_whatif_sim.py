@@ -14,12 +14,13 @@ from benchmarks.whatif_sim import CASES, run_case
 
 
 NOT_YET = {
-    "too_few_microbatches": "measured 3.7% off (5.7% full size) with the closed-form bubble; the answer key's re-run "
-                            "shortens sequences, and the simulator's packed attention makes a micro-batch's work grow "
-                            "with its tokens squared, which a same-work re-schedule cannot see (6.9% even from the "
-                            "device's phase spans; attention kernels at m/m' of their time with the closed form: 3.9% "
-                            "under, full size). The trace does not say whether more micro-batches split a batch by "
-                            "samples (attention per sample unchanged) or by sequence length, as the re-run does",
+    "too_few_microbatches": "5.2% off (2.7% full size): more micro-batches rescale only the pipelined part of the "
+                            "step (whatif/replay.pipelined_ns: 0.95% off where the whole step was scaled 3.7%), "
+                            "but a micro-batch's fixed costs (each transfer's latency, launches) do not shrink with "
+                            "its size: 10.67 ms predicted vs 11.25 re-simulated from 14.79 (tp collectives and pp "
+                            "waits are 2/3 of this step). Per-sample attention (benchmarks/whatif_sim.py "
+                            "MODEL_CHANGES); with the simulator's packed attention the re-run also cuts attention "
+                            "per token, which no trace shows (+6.8% full size)",
 }
 
 

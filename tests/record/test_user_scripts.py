@@ -217,7 +217,9 @@ def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name):
     slept = _slept_ns_per_step(log)
     analysis = _analyze(out, tmp_path / "ana")
     top = analysis["findings"][0]
-    assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in analysis["findings"]]
+    assert top["kind"] == "straggler" and top["ranks"] == [1], [
+        (f["kind"], f["ranks"], f["est_saving_ns"], {k: f["evidence"].get(k) for k in (
+            "cause", "whatif", "replayed_saving_ns", "absorbed_by", "explained_by")}) for f in analysis["findings"]]
     # what fixing it saves (the step replayed with rank 1 at its peers' pace) and its measured lateness: at
     # least 85% of what it slept; on a loaded box the slept rank is also descheduled more after waking, and
     # its peers' pace removes that too (FSDP2 beside two busy processes: 59.5 ms/step late, replayed saving

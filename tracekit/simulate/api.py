@@ -122,7 +122,12 @@ def _removed(res: SimResult, kind: str) -> tuple[ModelSpec, Layout, Faults]:
         L = res.layout
         m2 = max(L.pp, L.microbatches)
         model = res.model
-        if m2 != L.microbatches:  # same tokens per step: shorter micro-batches
+        per_replica = model.micro_batch_size * L.microbatches
+        if m2 != L.microbatches and per_replica % m2 == 0:
+            # the same samples per step in more, smaller micro-batches (what a user changes: the global batch
+            # and the sequence length stay)
+            model = dataclasses.replace(model, micro_batch_size=per_replica // m2)
+        elif m2 != L.microbatches:  # fewer samples than micro-batches: same tokens per step, shorter sequences
             model = dataclasses.replace(model, seq=max(1, model.seq * L.microbatches // m2))
         return model, dataclasses.replace(L, microbatches=m2), res.faults
     return res.model, res.layout, res.faults.without(_FIELD_OF_KIND[kind])

@@ -2,7 +2,7 @@
 replayed (graph.replay), so the saving accounts for everything else on the path.
 
 - `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
-  knows stages, else all ranks): each op at the peers' median of the same op when they run the same op
+  knows stages, else all ranks): each op at the peers' median of the same op (never slower than it ran) when they run the same op
   sequence (`aligned`) and that is less work, else all its ops scaled down to the peers' median total; and its collectives that move
   more bytes than the same ones on its peers' groups at their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
@@ -115,8 +115,10 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.
         _heavier_transfers(g, dur, r, lay)
         mine, ref = aligned(g, g.category == Category.COMPUTE, r, lay)
         new = np.rint(np.median(dur[ref], axis=0)).astype(np.int64) if ref is not None else None
-        if new is not None and new.sum() < dur[mine].sum():  # each op at the peers' median of the same op
-            dur[mine] = new
+        if new is not None and new.sum() < dur[mine].sum():
+            # each op at the peers' median of the same op, never slower than it ran: the replay is then
+            # monotone (this fix with host stalls saves at least what host stalls alone save)
+            dur[mine] = np.minimum(new, dur[mine])
             if gap is not None:
                 _free_shared_cpu(g, dur, gap, r, lay, mine, np.minimum(dur[mine], g.dur[mine]))
             return

@@ -346,6 +346,18 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     return begin, end
 
 
+def window_span_until(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarray | None,
+                      mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per window: from its replayed begin (`window_bounds`) to the latest time `at` (one per node) of its
+    nodes under `mask`; -1 where the window has no such node."""
+    begin, _ = window_bounds(g, start, dur, gap)
+    w = _window_of(g)
+    m = mask & (w >= 0)
+    end = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(end, w[m], at[m])
+    return np.where(end > np.iinfo(np.int64).min, np.maximum(end - begin, 0), -1)
+
+
 def _first_gap_removed(g: StepGraph, w: np.ndarray, mine: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """Per window: how much shorter (than measured) the gap before its first op (by measured start) is."""
     out = np.zeros(g.ranks.size, np.int64)
