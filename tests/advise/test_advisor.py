@@ -74,6 +74,20 @@ def test_predictions_within_5_percent_of_resimulation(cal):
     assert order(predicted) == order(truth)
 
 
+@pytest.mark.slow
+def test_a_1024_gpu_prediction_within_5_percent_of_simulating_every_rank(cal):
+    """From the 32-GPU run, a 1,024-GPU layout at 32x the global batch: the predictor simulates 2 of its
+    64 data-parallel replicas and rescales dp's collectives; the truth simulates all 1,024 ranks on the true
+    cluster (benchmarks/advisor_bench.py --part errors1024 does 8 layouts)."""
+    layout = Layout(dp=64, tp=4, pp=4, microbatches=8)
+    batch = 32 * MEASURED.dp * MEASURED.microbatches * MODEL.micro_batch_size
+    model = dataclasses.replace(MODEL, micro_batch_size=batch // (layout.dp * layout.microbatches))
+    p = predict_step(model, dataclasses.replace(cal.cluster, hosts=128, gpus_per_host=8), layout)
+    t = step_time(model, dataclasses.replace(TRUE, hosts=128, gpus_per_host=8), layout, steps=2)
+    assert p.simulated_ranks < layout.world // 16
+    assert abs(p.step_ns * cal.residual - t) / t <= 0.05, (p.step_ns * cal.residual / 1e6, t / 1e6)
+
+
 def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysis, tmp_path):
     adv = advise(analysis, MODEL, PRESET, top=5, simulate_top=6)
     doc = advice_json(adv)

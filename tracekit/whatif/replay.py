@@ -62,20 +62,20 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
 
 def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarray, times: np.ndarray
                  ) -> np.ndarray:
-    """Per window: the part of its step that more micro-batches rescale, from the window's start to the end
-    of its rank's last pipeline transfer (send/recv on dim pp) or, when later, the start of its last
-    gradient transfer (the last bucket's all-reduce / reduce-scatter follows the last micro-batch's
-    backward). The rest, the step's tail (that gradient sync, the optimizer), keeps its time whatever the
-    micro-batch count: scaling the whole step predicted 10.8 ms for a re-simulated 11.2 ms
-    (tests/analyze/test_whatif_sim.py). The whole step where the graph knows no pp dim."""
+    """Per window: the part of its step that more micro-batches rescale. Where the window has gradient
+    transfers (dp/fsdp all-reduce, reduce-scatter), up to the start of its last one (the last bucket follows
+    the last micro-batch's backward) or the end of its last pipeline transfer when later; after it, the step's
+    tail (that sync, the optimizer) keeps its time whatever the micro-batch count: scaling the whole step
+    predicted 10.8 ms for a re-simulated 11.2 ms (tests/analyze/test_whatif_sim.py). Without gradient
+    transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
+    the whole step, as where the graph knows no pp dim."""
     if "pp" not in g.dims:
         return times
     transfer = g.category == Category.TRANSFER
-    pp = transfer & (g.dim == g.dims.index("pp"))
     grad = transfer & np.isin(g.dim, [g.dims.index(d) for d in GRADIENT_DIMS if d in g.dims])
-    span = np.maximum(window_span_until(g, start, dur, gap, pp, start + dur),
-                      window_span_until(g, start, dur, gap, grad, start))
-    return np.where(span >= 0, np.minimum(span, times), times)
+    sync = window_span_until(g, start, dur, gap, grad, start)
+    pp = window_span_until(g, start, dur, gap, transfer & (g.dim == g.dims.index("pp")), start + dur)
+    return np.where(sync >= 0, np.minimum(np.maximum(sync, pp), times), times)
 
 
 def predict_ns(res: StepResult, fixes: list[Fix], lay: Layout) -> int:
