@@ -64,6 +64,10 @@ PAIRS = {
                         PP + ["--microbatches", "4", "--num-layers", "6"],
                         "pipeline_imbalance", {"kind": "stage_resplit"}),
     "router_skew": (MOE + ["--router-bias", "3=2.0"], MOE, "expert_routing_skew", {"kind": "expert_even"}),
+    # the same skewed run against an even re-run (hash routing: every expert the same load), which is what
+    # the replayed fix ("expert load even") claims; the unbiased learned router above is itself uneven
+    "router_skew_vs_even": (MOE + ["--router-bias", "3=2.0"], MOE + ["--router", "hash"], "expert_routing_skew",
+                            {"kind": "expert_even"}),
     "too_few_microbatches": (PP + ["--schedule", "gpipe", "--microbatches", "1"],
                              PP + ["--schedule", "gpipe", "--microbatches", "4"],
                              "pipeline_bubble", {"kind": "microbatches", "value": 4}),

@@ -14,6 +14,7 @@ from typing import Any
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 DP_MODES = ("ddp", "fsdp")
 SLOW_LINK_DIMS = ("dp", "tp", "cp", "ep", "pp", "edp")
+ROUTERS = ("learned", "hash")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,10 +47,15 @@ class ModelConfig:
     """Simulated accelerator time (µs per token per block, and per routed token in each expert; backward
     twice as long): ranks wait it out as a host waits on its GPU, so pipeline stages and expert-parallel
     ranks work side by side even on a box with fewer cores than ranks. 0: off."""
+    router: str = "learned"
+    """MoE routing: "learned" (softmax router, top-k) or "hash" (token i's j-th choice is expert (i·k + j) mod
+    E, gates 1/k, as Hash Layers route: every expert gets the same load; the router still runs)."""
 
     def __post_init__(self) -> None:
         if self.device_us_per_token < 0:
             raise ValueError("device_us_per_token must be >= 0")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be 'learned' or 'hash', got {self.router!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
         if self.moe_every < 0 or self.num_layers < 1:
@@ -276,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(ModelConfig):
         m.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
                        default=getattr(defaults, f.name), dest="model_" + f.name,
+                       choices=ROUTERS if f.name == "router" else None,
                        help=f"{_field_doc(ModelConfig, f.name)} (default {getattr(defaults, f.name)})")
     f_ = p.add_argument_group("fault knobs (each recorded in .ground_truth.json)")
     doc = lambda name: _field_doc(FaultConfig, name)  # noqa: E731

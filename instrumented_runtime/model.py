@@ -126,7 +126,7 @@ class Block(nn.Module):
             self.moe = MoE(cfg.d_model, cfg.d_ff,
                            MoEConfig(num_experts=cfg.num_experts, top_k=cfg.top_k,
                                      capacity_factor=cfg.capacity_factor, aux_loss_weight=cfg.aux_loss_weight,
-                                     router_bias=dict(router_bias or {}),
+                                     router_bias=dict(router_bias or {}), router=cfg.router,
                                      device_us_per_token=cfg.device_us_per_token),
                            layer_id, None)
         else:

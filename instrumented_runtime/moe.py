@@ -11,7 +11,8 @@ an EP run equals the single-process one.
 
 The aux loss is Switch/GShard load balancing, `aux_loss_weight · E · Σ_e f_e · P_e` over this rank's tokens
 (f_e: share of the N·k assignments routed to e before capacity; P_e: mean router probability of e).
-`MoEConfig.router_bias` (expert → logit bias) is the routing-skew fault.
+`MoEConfig.router_bias` (expert → logit bias) is the routing-skew fault; `MoEConfig.router = "hash"` routes
+token i's j-th choice to expert (i·k + j) mod E instead (every expert the same load: a balanced re-run).
 
 Routing statistics go to the module-level `RoutingRecorder` (`get_routing_recorder()`): per forward, per
 global expert, tokens routed here before capacity, dropped, capacity. Forwards run inside autograd's
@@ -55,6 +56,8 @@ class MoEConfig:
     """Weight of the Switch/GShard load-balancing loss."""
     router_bias: dict[int, float] = field(default_factory=dict)
     """Fault knob: global expert id → bias added to its router logit."""
+    router: str = "learned"
+    """"learned" (top-k of the router's softmax) or "hash" (even: token i's j-th choice is (i·k + j) mod E)."""
     device_us_per_token: float = 0.0
     """Simulated accelerator time per routed token in the local experts (device_time.device_wait)."""
 
@@ -200,6 +203,9 @@ class MoE(nn.Module):
         gate, expert = probs.topk(k, dim=-1)                                   # (N, k)
         if k > 1:
             gate = gate / gate.sum(dim=-1, keepdim=True)
+        if cfg.router == "hash":  # every expert the same load (k <= E choices per token are distinct)
+            expert = (torch.arange(n, device=x.device)[:, None] * k + torch.arange(k, device=x.device)) % num_e
+            gate = torch.full_like(gate, 1.0 / k)
         capacity = math.ceil(cfg.capacity_factor * n * k / num_e)
         # Slot-major order: every token's first choice claims capacity before any second choice.
         flat_expert = expert.t().reshape(-1)                                   # (k·N,)

@@ -214,3 +214,24 @@ def test_expert_parallel_routing_log_and_dispatch_splits(ep_run):
                                       "ep:combine:bwd"])
             if ci == 2:  # experts 2.. get nothing: some ranks receive zero rows
                 assert 0 in dispatch[0]["in_split_sizes"]
+
+
+@pytest.mark.parametrize("n,k,experts", [(10, 2, 4), (100, 2, 8), (7, 1, 4)])
+def test_hash_router_gives_every_expert_the_same_load(n, k, experts):
+    """Hash routing (the balanced re-run of benchmarks/whatif_rerun.py): token i's j-th choice is expert
+    (i·k + j) mod E with gate 1/k; loads counted by a plain loop, the output against the loop's sum."""
+    cfg = MoEConfig(num_experts=experts, top_k=k, capacity_factor=8.0, aux_loss_weight=0.01, router="hash")
+    torch.manual_seed(0)
+    moe = MoE(D_MODEL, D_FF, cfg, LAYER, None).double()
+    x = _tensor((n, D_MODEL), 7)
+    tokens = [0] * experts
+    y = torch.zeros_like(x)
+    for t in range(n):
+        for j in range(k):
+            e = (t * k + j) % experts
+            tokens[e] += 1
+            y[t] += (F.gelu(x[t] @ moe.w1[e]) @ moe.w2[e]) / k
+    r = moe.route(x)
+    assert r.tokens_per_expert.tolist() == tokens and max(tokens) - min(tokens) <= 1
+    out, _ = moe(x)
+    torch.testing.assert_close(out, y)
