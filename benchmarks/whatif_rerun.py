@@ -29,6 +29,14 @@ Measured 2026-11-25 15:31-15:47 UTC on the 2-core box shared with other engineer
 router_skew misses: its re-run without the bias is not even (the unbiased router sends 1050-1128 of
 2048 routed tokens per step to ep rank 1, its device time 1222 vs 1116 ms/step), 47.5 ms/step of skew the
 replayed "expert load even" removes too; against an even load the saving is 224.2 + 47.5 = 271.7 ms (5.8%).
+
+Measured 2026-11-29 09:19-09:26 UTC (load average 0.9-1.3), with the even re-run the replayed fix claims
+(`--router hash`: every expert the same load; its B imbalance 0.1 ms) beside the unbiased learned router,
+and too_few_microbatches after the micro-batch fix's pipelined-part change (no dp: whole step, as before):
+
+    router_skew_vs_even  1543.2/1531.6  1236.5/1230.6      303.9    296.1   2.6%   11.6/5.8          0.1
+    router_skew          1516.9/1521.5  1269.2/1276.9      246.2    297.1  20.7%    4.6/7.7         44.7
+    too_few_microbatches 2498.3/2501.7  1604.0/1599.4      898.3    937.4   4.3%    3.4/4.6          0.3
 """
 
 from __future__ import annotations
