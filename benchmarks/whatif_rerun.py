@@ -30,7 +30,7 @@ router_skew misses: its re-run without the bias is not even (the unbiased router
 2048 routed tokens per step to ep rank 1, its device time 1222 vs 1116 ms/step), 47.5 ms/step of skew the
 replayed "expert load even" removes too; against an even load the saving is 224.2 + 47.5 = 271.7 ms (5.8%).
 
-Measured 2026-11-29 09:19-09:26 UTC (load average 0.9-1.3), with the even re-run the replayed fix claims
+Measured 2026-11-29 09:19-09:23 UTC (load average 0.9-1.3), with the even re-run the replayed fix claims
 (`--router hash`: every expert the same load; its B imbalance 0.1 ms) beside the unbiased learned router,
 and too_few_microbatches after the micro-batch fix's pipelined-part change (no dp: whole step, as before):
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.record.conftest import run_record, torchrun
+from tests.record.conftest import assert_job_ok, run_record, torchrun
 from tracekit.analyze.engine import AnalysisConfig, analyze_store
 from tracekit.parse.run import parse_run
 
@@ -34,7 +34,7 @@ def recordings(tmp_path_factory):
         tmp = tmp_path_factory.mktemp(f"gpipe_m{m}")
         res = run_record(tmp / "traces", torchrun(SCRIPT, STAGES, "--microbatches", str(m), "--steps", "3"),
                          *RECORD_OPTS, timeout=300)
-        assert res.returncode == 0, res.stderr[-3000:]
+        assert_job_ok(res, tmp / "traces")
         store = parse_run(tmp / "traces", tmp / "store", progress=False).store
         out[m] = (tmp / "traces", analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False)))
     return out

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.record.conftest import REPO, child_env, load_comms, load_trace, run_record, torchrun
+from tests.record.conftest import REPO, assert_job_ok, child_env, load_comms, load_trace, run_record, torchrun
 
 USER_SCRIPTS = REPO / "tests" / "user_scripts"
 WAIT, WARMUP, ACTIVE = 1, 1, 2
@@ -42,7 +42,7 @@ def _record(tmp: Path, name: str, *extra: str) -> Path:
     out = tmp / f"rec_{name}"
     res = run_record(out, torchrun(USER_SCRIPTS / script, 2, *args, *extra),
                      "--wait", str(WAIT), "--warmup", str(WARMUP), "--active", str(ACTIVE))
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert_job_ok(res, out)
     return out
 
 

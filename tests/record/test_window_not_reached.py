@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.record.conftest import REPO, child_env, run_record, torchrun
+from tests.record.conftest import REPO, assert_job_ok, child_env, run_record, torchrun
 
 USER_SCRIPTS = REPO / "tests" / "user_scripts"
 
@@ -26,7 +26,7 @@ def test_ddp_job_shorter_than_the_window(tmp_path):
     res = run_record(out, torchrun(USER_SCRIPTS / "ddp_loop.py", 2, "--steps", str(steps)),
                      "--wait", str(wait), "--warmup", str(warmup), "--active", "3",
                      env=child_env(COLUMNS="400"))
-    assert res.returncode == 0, res.stderr[-3000:]  # the job itself succeeded
+    assert_job_ok(res, out)  # the job itself succeeded
     first = wait + warmup  # torch.profiler's schedule: steps 0..wait-1 idle, then warmup, then active
     window = list(range(first, first + 3))
     manifest = json.loads((out / "manifest.json").read_text())
