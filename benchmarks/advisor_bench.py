@@ -96,14 +96,20 @@ def _seed_moe(adv) -> str:
 def seeds(quick: bool) -> None:
     """The seeds of good practice, judged from the top layout's numbers (nothing in the advisor names them).
     The 70B case simulates a bounded shortlist (its layouts cost ~1-3 s CPU each). The long-sequence run
-    is advised at its own global batch (32 sequences: 4M tokens per step) and at 8 sequences (1M tokens)."""
+    is advised at its own global batch (32 sequences: 4M tokens per step) and at 8 sequences (1M tokens); at
+    128k tokens a sequence fits on one GPU and dp32 FSDP is fastest at 32 sequences, at 512k it does not."""
     slow = dataclasses.replace(ClusterSpec.preset("4x8-h100"), inter_bw_gbs=12.0)
     long_seq = dataclasses.replace(ModelSpec.preset("tiny"), seq=131072, micro_batch_size=1)
+    longer_seq = dataclasses.replace(long_seq, seq=524288)
     cases = [("dense 70B-like, slow inter-host links", ModelSpec.preset("llama-70b-like"), Layout(dp=4, tp=8, pp=1),
               Faults(), [("", dict(simulate_top=6, near_current=3, variants_per_layout=1))], _seed_70b),
              ("long sequence (128k tokens)", long_seq, Layout(dp=32), Faults(),
               [("32 sequences per step", dict(simulate_top=10)),
                ("8 sequences per step", dict(simulate_top=10, global_batch=8))], _seed_cp),
+             # at 512k tokens one sequence per GPU does not fit (dp32: 282 GiB predicted): cp at the run's
+             # own batch (measured 2026-11-29: top dp4 pp2 cp4 zb m8 v2, 81.0 s, 70.8 GiB)
+             ("long sequence (512k tokens)", longer_seq, Layout(dp=32), Faults(),
+              [("32 sequences per step", dict(simulate_top=10))], _seed_cp),
              ("skewed MoE", ModelSpec.preset("tiny-moe"), Layout(dp=8, tp=4, ep=8), Faults(router_bias={0: 2.0}),
               [("", dict(simulate_top=10))], _seed_moe)]
     for title, model, L, faults, runs, check in cases[1:] if quick else cases:

@@ -15,7 +15,7 @@ import pytest
 
 from reports import render_html, render_markdown
 from reports.advice import render_advice_markdown
-from tracekit.advise.advisor import advice_json, advise, memory_calibration, peak_memory
+from tracekit.advise.advisor import advice_json, advise, layout_name, memory_calibration, peak_memory
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
@@ -86,6 +86,20 @@ def test_a_1024_gpu_prediction_within_5_percent_of_simulating_every_rank(cal):
     t = step_time(model, dataclasses.replace(TRUE, hosts=128, gpus_per_host=8), layout, steps=2)
     assert p.simulated_ranks < layout.world // 16
     assert abs(p.step_ns * cal.residual - t) / t <= 0.05, (p.step_ns * cal.residual / 1e6, t / 1e6)
+
+
+@pytest.mark.slow
+def test_a_sequence_too_long_for_one_gpu_brings_in_context_parallelism(tmp_path):
+    """Nothing in the advisor names cp: at 512k tokens one sequence per GPU (dp32) does not fit in 80 GB, and
+    the fastest layout that fits at the run's own 32 sequences per step splits the sequence (cp > 1)."""
+    model = dataclasses.replace(MODEL, seq=524288, micro_batch_size=1)
+    res = simulate(model, PRESET, Layout(dp=32), steps=2, seed=0, without=False)
+    write_traces(res, tmp_path / "traces")
+    store = parse_run(tmp_path / "traces", tmp_path / "store", workers=0, progress=False).store
+    adv = advise(analyze_store(store), model, PRESET, top=3, simulate_top=4)
+    assert adv.current is not None and not adv.current.fits
+    top = adv.ranked[0]
+    assert top.fits and top.layout.cp > 1, (layout_name(top.layout), top.peak_memory_bytes / 2**30)
 
 
 def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysis, tmp_path):
