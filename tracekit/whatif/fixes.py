@@ -2,9 +2,10 @@
 replayed (graph.replay), so the saving accounts for everything else on the path.
 
 - `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
-  knows stages, else all ranks): each op at the peers' median of the same op (never slower than it ran) when they run the same op
-  sequence (`aligned`) and that is less work, else all its ops scaled down to the peers' median total; and its collectives that move
-  more bytes than the same ones on its peers' groups at their time (uneven inputs). Or scaled by a factor.
+  knows stages, else all ranks): each op at the peers' median of the same op (never slower than it ran)
+  when they run the same op sequence (`aligned`) and that is less work, else all its ops scaled down to the
+  peers' median total; and its collectives that move more bytes than the same ones on its peers' groups at
+  their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
 - `dim_overlap`: a dim's transfers overlapped with compute. Gradient buckets (`gradient_buckets`: the dim's
@@ -20,8 +21,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
   the per-token cost their times show, and each all_to_all as long as its link tier takes to move the
   members' mean bytes.
-- `microbatches`: more micro-batches (closed form on the replayed step: the schedule's bubble
-  (p−1)/(v·m+p−1) shrinks, work per step stays; see `microbatch_factor`).
+- `microbatches`: more micro-batches (closed form on the pipelined part of the replayed step,
+  `replay.pipelined_ns`: the schedule's bubble (p−1)/(v·m+p−1) shrinks, work per step stays; see
+  `microbatch_factor`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
   data-loading node down to the median of its peers' (same pipeline stage) at the same position in their
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the

@@ -66,7 +66,7 @@ def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarr
     transfers (dp/fsdp all-reduce, reduce-scatter), up to the start of its last one (the last bucket follows
     the last micro-batch's backward) or the end of its last pipeline transfer when later; after it, the step's
     tail (that sync, the optimizer) keeps its time whatever the micro-batch count: scaling the whole step
-    predicted 10.8 ms for a re-simulated 11.2 ms (tests/analyze/test_whatif_sim.py). Without gradient
+    predicted 10.35 ms for a re-simulated 11.25 ms, this 10.67 (tests/analyze/test_whatif_sim.py). Without gradient
     transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
     the whole step, as where the graph knows no pp dim."""
     if "pp" not in g.dims:
