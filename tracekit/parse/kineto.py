@@ -196,6 +196,16 @@ def _repair_utf8(path: str, buf, exc: UnicodeDecodeError) -> tuple[bytes, str]:
     return text.encode("utf-8"), f"{num_bad} invalid UTF-8 byte sequence(s) replaced with U+FFFD"
 
 
+def _utf8_error(buf) -> UnicodeDecodeError | None:
+    """The first invalid UTF-8 sequence of `buf`, None when it is all valid (asked only after msgspec
+    refused the document, so the copy is no cost on the normal path)."""
+    try:
+        bytes(buf).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc
+    return None
+
+
 def decode_document(path: str, buf) -> tuple[Any, bool]:
     stripped = bytes(memoryview(buf)[:64]).lstrip()
     if not stripped:
@@ -210,6 +220,9 @@ def decode_document(path: str, buf) -> tuple[Any, bool]:
         raise TraceFormatError(path, "JSON nested too deeply to decode (thousands of levels)") from None
     except msgspec.DecodeError as exc:
         if not isinstance(exc, msgspec.ValidationError):
+            bad = _utf8_error(buf)
+            if bad is not None:  # the caller repairs it (msgspec >= 0.23 says DecodeError, not UnicodeDecodeError)
+                raise bad from None
             raise TraceFormatError(path, f"invalid JSON: {exc}") from None
         try:
             trace = D.LENIENT_DECODER.decode(buf)
