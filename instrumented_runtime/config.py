@@ -55,7 +55,7 @@ class ModelConfig:
         if self.device_us_per_token < 0:
             raise ValueError("device_us_per_token must be >= 0")
         if self.router not in ROUTERS:
-            raise ValueError(f"router must be 'learned' or 'hash', got {self.router!r}")
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
         if self.moe_every < 0 or self.num_layers < 1:

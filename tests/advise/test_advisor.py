@@ -100,6 +100,12 @@ def test_a_sequence_too_long_for_one_gpu_brings_in_context_parallelism(tmp_path)
     assert adv.current is not None and not adv.current.fits
     top = adv.ranked[0]
     assert top.fits and top.layout.cp > 1, (layout_name(top.layout), top.peak_memory_bytes / 2**30)
+    # independently of the advisor's memory model: the simulator's own allocations say the same
+    hbm = PRESET.hbm_gb * 2**30
+    assert max(res.peak_memory(r) for r in range(32)) > hbm
+    mbs = 32 // (top.layout.dp * top.layout.microbatches)
+    top_model = dataclasses.replace(model, micro_batch_size=mbs)
+    assert predict(top_model, PRESET, top.layout, steps=1).max_memory_bytes <= hbm
 
 
 def test_advice_document_ranks_fitting_layouts_and_names_the_current_one(analysis, tmp_path):

@@ -346,11 +346,9 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     return begin, end
 
 
-def window_span_until(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarray | None,
-                      mask: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Per window: from its replayed begin (`window_bounds`) to the latest time `at` (one per node) of its
-    nodes under `mask`; -1 where the window has no such node."""
-    begin, _ = window_bounds(g, start, dur, gap)
+def window_span_until(g: StepGraph, begin: np.ndarray, mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per window: from `begin` (its replayed begin, `window_bounds`) to the latest time `at` (one per node)
+    of its nodes under `mask`; -1 where the window has no such node."""
     w = _window_of(g)
     m = mask & (w >= 0)
     end = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)

@@ -56,7 +56,9 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
         dur, gap, factor = apply_fixes(g, fixes, lay)
         start = replay(replay_graph(g, fixes), dur, gap)
         times = rank_step_ns(g, start, dur, gap)
-        cache[key] = np.rint(times - (1.0 - factor) * pipelined_ns(g, start, dur, gap, times)).astype(np.int64)
+        if factor != 1.0:  # more micro-batches: only the pipelined part rescales
+            times = np.rint(times - (1.0 - factor) * pipelined_ns(g, start, dur, gap, times)).astype(np.int64)
+        cache[key] = times
     return cache[key]
 
 
@@ -66,15 +68,16 @@ def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarr
     transfers (dp/fsdp all-reduce, reduce-scatter), up to the start of its last one (the last bucket follows
     the last micro-batch's backward) or the end of its last pipeline transfer when later; after it, the step's
     tail (that sync, the optimizer) keeps its time whatever the micro-batch count: scaling the whole step
-    predicted 10.35 ms for a re-simulated 11.25 ms, this 10.67 (tests/analyze/test_whatif_sim.py). Without gradient
-    transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
+    predicted 10.35 ms for a re-simulated 11.25 ms, this 10.67 (tests/analyze/test_whatif_sim.py). Without
+    gradient transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
     the whole step, as where the graph knows no pp dim."""
     if "pp" not in g.dims:
         return times
     transfer = g.category == Category.TRANSFER
     grad = transfer & np.isin(g.dim, [g.dims.index(d) for d in GRADIENT_DIMS if d in g.dims])
-    sync = window_span_until(g, start, dur, gap, grad, start)
-    pp = window_span_until(g, start, dur, gap, transfer & (g.dim == g.dims.index("pp")), start + dur)
+    begin, _ = window_bounds(g, start, dur, gap)
+    sync = window_span_until(g, begin, grad, start)
+    pp = window_span_until(g, begin, transfer & (g.dim == g.dims.index("pp")), start + dur)
     return np.where(sync >= 0, np.minimum(np.maximum(sync, pp), times), times)
 
 
