@@ -37,6 +37,11 @@ and too_few_microbatches after the micro-batch fix's pipelined-part change (no d
     router_skew_vs_even  1543.2/1531.6  1236.5/1230.6      303.9    296.1   2.6%   11.6/5.8          0.1
     router_skew          1516.9/1521.5  1269.2/1276.9      246.2    297.1  20.7%    4.6/7.7         44.7
     too_few_microbatches 2498.3/2501.7  1604.0/1599.4      898.3    937.4   4.3%    3.4/4.6          0.3
+
+Measured 2026-11-29 12:35 UTC (load 0.5) after the micro-batch fix became a replay (smaller micro-batches'
+work shrunk and replayed, each added micro-batch paced by the busiest rank; docs/metrics.md §8):
+
+    too_few_microbatches 2493.4/2494.9  1596.4/1599.5      896.2    828.5   7.6%    1.5/3.1          0.2
 """
 
 from __future__ import annotations

@@ -13,19 +13,7 @@ import pytest
 from benchmarks.whatif_sim import CASES, run_case
 
 
-NOT_YET = {
-    "too_few_microbatches": "5.2% off (2.7% full size): more micro-batches rescale only the pipelined part of the "
-                            "step (whatif/replay.pipelined_ns: 0.95% off where the whole step was scaled 3.7%), "
-                            "but a micro-batch's fixed costs (each transfer's latency, launches) do not shrink with "
-                            "its size: 10.67 ms predicted vs 11.25 re-simulated from 14.79 (tp collectives and pp "
-                            "waits are 2/3 of this step). Per-sample attention (benchmarks/whatif_sim.py "
-                            "MODEL_CHANGES); with the simulator's packed attention the re-run also cuts attention "
-                            "per token, which no trace shows (+6.8% full size)",
-}
-
-
-@pytest.mark.parametrize("fault", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[k]))
-                                   if k in NOT_YET else k for k in CASES])
+@pytest.mark.parametrize("fault", list(CASES))
 def test_fault_removed_replay_matches_resimulation(fault, tmp_path):
     r = run_case(fault, tmp_path, cheap=True)
     assert "error" not in r, r

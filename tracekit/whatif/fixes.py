@@ -21,9 +21,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
   the per-token cost their times show, and each all_to_all as long as its link tier takes to move the
   members' mean bytes.
-- `microbatches`: more micro-batches (closed form on the pipelined part of the replayed step,
-  `replay.pipelined_ns`: the schedule's bubble (p−1)/(v·m+p−1) shrinks, work per step stays; see
-  `microbatch_factor`).
+- `microbatches`: more micro-batches, each smaller: the pipelined part's per-sample work shrinks and is
+  replayed, then stretched by the schedule's new length in micro-batch slots (`replay._more_microbatches`,
+  `microbatch_slots`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
   data-loading node down to the median of its peers' (same pipeline stage) at the same position in their
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
@@ -533,14 +533,36 @@ def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.nd
     return keep
 
 
-def microbatch_factor(lay: Layout, new_m: int) -> float:
-    """Step time ratio for `new_m` micro-batches: (1 − bubble now) / (1 − bubble then)."""
+def microbatch_slots(lay: Layout, new_m: int) -> float:
+    """How much longer the pipelined part runs in micro-batch slots with `new_m` micro-batches of the same
+    step (each 1/new_m of the batch): (v·new_m + p − 1) / (v·m + p − 1); 1.0 where it does not apply."""
     p, v, m = lay.pp, max(lay.virtual_stages, 1), lay.microbatches
     if p <= 1 or not m or new_m <= 0:
         return 1.0
-    b_now = (p - 1) / (v * m + p - 1)
-    b_new = (p - 1) / (v * new_m + p - 1)
-    return (1 - b_now) / (1 - b_new)
+    return (v * new_m + p - 1) / (v * m + p - 1)
+
+
+def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndarray, ratio: float) -> np.ndarray:
+    """`dur` with the work under `where` that scales with a micro-batch's samples at `ratio` of its size:
+    compute, memcpy and other device work scaled; transfers of every dim but the gradient ones (activations:
+    tp, cp, ep, pp) lose what moving the fewer bytes saves on their link tier's lower envelope (latency +
+    bytes / bandwidth, `link_time`), so each keeps its fixed cost; of unknown size or on a tier with one
+    size, scaled. Host work and gradient transfers keep their time."""
+    out = dur.copy()
+    work = where & np.isin(g.category, [Category.COMPUTE, Category.OTHER])
+    out[work] = np.rint(dur[work] * ratio).astype(np.int64)
+    grad = np.isin(g.dim, [g.dims.index(d) for d in GRADIENT_DIMS if d in g.dims])
+    xfer = np.flatnonzero(where & (g.category == Category.TRANSFER) & ~grad)
+    out[xfer] = np.rint(dur[xfer] * ratio).astype(np.int64)
+    inst = instances(g, g.dur, lay)
+    for inter, tier in inst.groupby("inter") if not inst.empty else ():
+        if tier["bus"].nunique() < 2:
+            continue
+        bus = tier["bus"].to_numpy(np.float64)
+        saved = pd.Series(link_time(tier, bus) - link_time(tier, bus * ratio), index=tier.index)
+        mine = xfer[np.isin(g.inst[xfer], tier.index.to_numpy())]
+        out[mine] = np.maximum(dur[mine] - np.rint(saved.reindex(g.inst[mine]).to_numpy()).astype(np.int64), 0)
+    return out
 
 
 def shared_host_idle(g: StepGraph, lay: Layout) -> float:
@@ -565,11 +587,10 @@ def shared_host_idle(g: StepGraph, lay: Layout) -> float:
     return best
 
 
-def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray, np.ndarray, float]:
-    """Durations and gaps with the fixes applied, and a factor for the replayed step (micro-batches)."""
+def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Durations and gaps with the fixes applied (all but micro-batches, which `replay` re-schedules)."""
     dur = g.dur.copy()
     gap = g.gap.copy()
-    factor = 1.0
     for fix in fixes:
         if fix.kind == "rank_compute":
             _rank_compute(g, dur, fix, lay, gap)
@@ -584,10 +605,9 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
         elif fix.kind == "expert_even":
             _expert_even(g, dur, lay)
         elif fix.kind == "microbatches":
-            f = microbatch_factor(lay, int(fix.value or 0))
-            factor *= 1.0 - min(1.0 - f, shared_host_idle(g, lay))
+            pass  # re-scheduled in the replay (replay.predict_all): it needs the replayed pipelined part
         elif fix.kind == "host_stalls":
             _host_stalls(g, dur, gap, fix, lay)
         else:
             raise ValueError(f"unknown what-if fix {fix.kind!r} (known: {', '.join(KINDS)})")
-    return dur, gap, factor
+    return dur, gap

@@ -309,7 +309,7 @@ def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> N
     g.dst = np.r_[g.dst, first]
 
 
-def _window_of(g: StepGraph) -> np.ndarray:
+def window_of(g: StepGraph) -> np.ndarray:
     """Per node: index of its (rank, step) window, -1 when none."""
     wkey = (g.ranks.astype(np.int64) << 32) | (g.win_step.astype(np.int64) & 0xFFFFFFFF)
     nkey = (g.rank.astype(np.int64) << 32) | (g.step.astype(np.int64) & 0xFFFFFFFF)
@@ -328,7 +328,7 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     fix removed from the first op's gap (`gap` against the measured one), so a stall is removed wherever
     it sits relative to the step boundary."""
     dur = g.dur if dur is None else dur
-    w = _window_of(g)
+    w = window_of(g)
     mine = g.terminal & (w >= 0)
     low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     meas, now = np.full(g.ranks.size, low, np.int64), np.full(g.ranks.size, low, np.int64)
@@ -349,7 +349,7 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
 def window_span_until(g: StepGraph, begin: np.ndarray, mask: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Per window: from `begin` (its replayed begin, `window_bounds`) to the latest time `at` (one per node)
     of its nodes under `mask`; -1 where the window has no such node."""
-    w = _window_of(g)
+    w = window_of(g)
     m = mask & (w >= 0)
     end = np.full(g.ranks.size, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(end, w[m], at[m])

@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.whatif.fixes import GRADIENT_DIMS, Fix, Layout, apply_fixes, replay_graph
+from tracekit.whatif.fixes import (GRADIENT_DIMS, Fix, Layout, apply_fixes, microbatch_slots, replay_graph,
+                                   shared_host_idle, shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
-                                  rank_step_ns, replay, window_bounds, window_span_until)
+                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, window_bounds, window_of,
+                                  window_span_until)
 
 
 @dataclass
@@ -53,13 +55,58 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     cache = g.__dict__.setdefault("_predictions", {})
     key = tuple(fixes)
     if key not in cache:
-        dur, gap, factor = apply_fixes(g, fixes, lay)
+        dur, gap = apply_fixes(g, fixes, lay)
         start = replay(replay_graph(g, fixes), dur, gap)
         times = rank_step_ns(g, start, dur, gap)
-        if factor != 1.0:  # more micro-batches: only the pipelined part rescales
-            times = np.rint(times - (1.0 - factor) * pipelined_ns(g, start, dur, gap, times)).astype(np.int64)
+        more = [f for f in fixes if f.kind == "microbatches"]
+        if more:
+            times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
         cache[key] = times
     return cache[key]
+
+
+def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
+                       replayed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per window: the step with `new_m` micro-batches of the same batch (docs/metrics.md §8). The pipelined
+    part's work that scales with a micro-batch's size shrinks by m / new_m (`shrink_per_sample`: host
+    launches and each transfer's fixed cost stay) and the step is replayed; each micro-batch added then adds
+    one micro-batch of the busiest rank of the step (its busy time in the shrunk pipelined part ÷ m: in a
+    pipeline's steady state the slowest stage paces every micro-batch). On CPU ranks sharing a host, the
+    saving is at most the host's idle share of the pipelined part (`shared_host_idle`)."""
+    start, dur, gap, times = replayed
+    m = lay.microbatches
+    if microbatch_slots(lay, new_m) == 1.0 or not m:
+        return times
+    pipelined = pipelined_ns(g, start, dur, gap, times)
+    begin, _ = window_bounds(g, start, dur, gap)
+    w = window_of(g)
+    inside = (w >= 0) & (start + dur <= begin[np.maximum(w, 0)] + pipelined[np.maximum(w, 0)])
+    dur2 = shrink_per_sample(g, dur, lay, inside, m / new_m)
+    start2 = replay(replay_graph(g, fixes), dur2, gap)
+    per_mb = _busy_ns(g, inside, start2, dur2) / m
+    pace = np.zeros(g.ranks.size)
+    for s in np.unique(g.win_step):
+        pace[g.win_step == s] = per_mb[g.win_step == s].max()
+    new = rank_step_ns(g, start2, dur2, gap) + (new_m - m) * pace
+    return np.rint(np.maximum(new, times - shared_host_idle(g, lay) * pipelined)).astype(np.int64)
+
+
+def _busy_ns(g: StepGraph, where: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per window: the time its rank was busy with the nodes under `where` (no waits or stalls), the longer
+    of its host threads' and its device streams' (a GPU rank's host runs ahead of its device)."""
+    from tracekit.analyze import intervals as iv
+
+    w = window_of(g)
+    work = where & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER, Category.HOST])
+    out = np.zeros(g.ranks.size)
+    for lanes in (device_lane_mask(g), host_lane_mask(g)):
+        m = np.flatnonzero(work & lanes)
+        for k in np.unique(w[m]).tolist():
+            n = m[w[m] == k]
+            a, b = iv.union(start[n], start[n] + dur[n])
+            out[k] = max(out[k], float((b - a).sum()))
+    return out
+
 
 
 def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarray, times: np.ndarray
@@ -67,8 +114,7 @@ def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarr
     """Per window: the part of its step that more micro-batches rescale. Where the window has gradient
     transfers (dp/fsdp all-reduce, reduce-scatter), up to the start of its last one (the last bucket follows
     the last micro-batch's backward) or the end of its last pipeline transfer when later; after it, the step's
-    tail (that sync, the optimizer) keeps its time whatever the micro-batch count: scaling the whole step
-    predicted 10.35 ms for a re-simulated 11.25 ms, this 10.67 (tests/analyze/test_whatif_sim.py). Without
+    tail (that sync, the optimizer) keeps its time whatever the micro-batch count. Without
     gradient transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
     the whole step, as where the graph knows no pp dim."""
     if "pp" not in g.dims:
