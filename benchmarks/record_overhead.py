@@ -41,6 +41,17 @@ in place is 0.10 ms of 3.3 ms CPU per ddp step and 0.21 of 12 ms per tp_sp step 
 collective, flush 35-75 us per step, cold caches), less than the A/B difference. The 5% target holds only
 for ddp's wall median here (its CPU cost is 15%), not for fsdp2 or tp_sp.
 
+Measured again 2026-11-29 12:00 UTC on the same box, quiet (load 1.0-1.5; the harness now puts the script's
+own directory on sys.path, as `python script.py` does: the loops import a helper beside them), 8 repeats x
+164 steps, blocks of 4, median of 320 block ratios [per-repeat medians]:
+  ddp    2.0 ms steps   wall x0.941 [0.91 0.98 0.82 0.94 1.09 0.57 0.82 1.18]  cpu x1.048 [1.06 1.09 1.00 0.94 1.06 0.99 1.07 1.09]
+  fsdp2  25.6 ms steps  wall x1.006 [0.94 0.94 0.96 0.99 1.08 1.09 0.99 1.11]  cpu x1.022 [0.97 0.98 0.98 1.01 1.08 1.06 1.01 1.07]
+  tp_sp  8.6 ms steps   wall x0.971 [0.89 0.95 0.90 1.03 0.90 1.02 0.85 1.08]  cpu x1.016 [0.92 1.01 1.05 1.08 0.97 1.03 0.97 1.13]
+Every median within the 5% target, in wall and in CPU time; the spread of single blocks is wide (cpu
+quartiles 0.87-1.22 on ddp), so a busy box (above) can push the medians past it. Outside the window, same
+session (5 repeats): in-process A/B hooked 3.96 vs plain 4.11 ms/step (x0.96, target <= 1.02); separate
+launches record/plain x1.21 and torch/plain x0.84 (launch-to-launch noise, as said above).
+
 Usage: python benchmarks/record_overhead.py [--repeats 3] [--steps 90] [--json out.json]
        python benchmarks/record_overhead.py --in-window [--in-window-steps 164] [--block 4] [--loops ddp,tp_sp]
 """
@@ -139,9 +150,23 @@ def run_mode(mode: str, work: Path, steps: int, wait: int) -> list[list[int]]:
         cmd = torchrun
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [json.loads((res_dir / f"times.{mode}.rank{r}.json").read_text()) for r in (0, 1)]
+    files = [res_dir / f"times.{mode}.rank{r}.json" for r in (0, 1)]
+    _check_job(proc, f"{mode} run", files)
+    return [json.loads(f.read_text()) for f in files]
+
+
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _check_job(proc: subprocess.CompletedProcess, what: str, files: list[Path]) -> None:
+    """The job ran: exit 0, or PyTorch 2.13's gloo teardown abort at interpreter exit (a worker aborts in
+    C++ after its program ended; tests/record/conftest.py TEARDOWN_ABORT) once every rank wrote its file."""
+    if proc.returncode == 0:
+        return
+    if TEARDOWN_ABORT in proc.stderr and all(f.exists() for f in files):
+        print(f"  ({what}: a worker aborted at teardown after writing its results; kept)", file=sys.stderr)
+        return
+    raise SystemExit(f"{what} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 # -- in-window cost of collective logging (issue 18) ----------------------------------------------
@@ -219,6 +244,7 @@ AB_HARNESS = textwrap.dedent("""
         st["last"] = (time.perf_counter_ns(), time.process_time_ns())
 
     register_optimizer_step_post_hook(boundary)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py`: its helpers beside it
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
@@ -244,9 +270,9 @@ def in_window_ab(work: Path, loop: str, steps: int, block: int, warm: int = 4) -
            str(out), str(USER_SCRIPTS / script), "--steps", str(steps), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"{loop} A/B run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return [[(b[0], b[1]) for b in json.loads((out / f"ab.rank{r}.json").read_text())] for r in (0, 1)]
+    files = [out / f"ab.rank{r}.json" for r in (0, 1)]
+    _check_job(proc, f"{loop} A/B run", files)
+    return [[(b[0], b[1]) for b in json.loads(f.read_text())] for f in files]
 
 
 def block_ratios(blocks: list[tuple[str, list]], metric: int) -> dict[str, list[float]]:

@@ -12,6 +12,11 @@ ran 20-40x slow); after, 5 of 5 'communication' (every window 100 steps) and 4 o
 the odd one's rank 0 was idle a median 4.7 ms of every step (rank 1 waiting for it), the box starving that
 process for the whole recording rather than a short window; analyze flagged it unstable_verdict.
 
+Measured 2026-11-29 12:00-12:06 UTC: quiet box (load 1.3), default window 5 of 5 'communication' (100
+steps each, medians 2.3-3.2 ms), `--active 3` 4 of 5 (one 'idle'), all five flagged unstable; beside a
+busy process (`python -c "while True: pass"`), default 5 of 5 'communication' (medians 3.2-4.6 ms),
+`--active 3` 2 of 5 (rank 0 or 1 'sync_wait' in three), all five flagged unstable.
+
 Usage: python benchmarks/record_window_stability.py [--repeats 5] [--json out.json] [-- script args]
 """
 

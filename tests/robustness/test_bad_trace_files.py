@@ -15,6 +15,7 @@ import pytest
 from . import corpus as C
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import discover
+from tracekit.parse.chunked import parse_kineto_chunked
 from tracekit.parse.gz import MAX_COMPRESSION_RATIO, MIN_RATIO_CHECKED_BYTES, read_trace_bytes
 from tracekit.parse.kineto import MAX_NAME_CHARS, parse_kineto
 
@@ -112,6 +113,10 @@ def test_non_utf8_bytes_are_replaced_and_the_rank_kept(tmp_path, clean_docs):
     assert names.count("aten::\ufffd\ufffdmul") == 3
     assert len(names) == len(_x_events(clean_docs[1]))
     assert "6 invalid UTF-8 byte sequence(s) replaced" in " ".join(kp.info["parse_warnings"])
+    # the bounded-memory path (large traces) keeps the rank the same way, the count summed over its chunks
+    chunked = parse_kineto_chunked(tmp_path / "rank1.pt.trace.json.gz", max_memory_bytes=1 << 30, chunk_bytes=1 << 12)
+    assert chunked.tables["events"].column("name").to_pylist() == names
+    assert "6 invalid UTF-8 byte sequence(s) replaced" in " ".join(chunked.info["parse_warnings"])
 
 
 def test_huge_names_are_cut_and_counted(tmp_path, clean_docs):

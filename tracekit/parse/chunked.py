@@ -68,6 +68,15 @@ class _ScanEvent(msgspec.Struct, gc=False):
     args: Union[_ScanArgs, None] = _NO_ARGS
 
 
+class _BadUtf8(Exception):
+    """A chunk holds invalid UTF-8: parse again with `EventChunks.repair_utf8` (as the one-shot parser
+    repairs the document)."""
+
+
+def _is_utf8_error(exc: Exception) -> bool:
+    return isinstance(exc, UnicodeDecodeError) or "utf-8" in str(exc).lower()
+
+
 class _NeedLenient(Exception):
     """A chunk fails the typed decode: the whole file is parsed leniently, like the one-shot parser does."""
 
@@ -157,8 +166,28 @@ class EventChunks:
         self.path, self.chunk_bytes, self.max_bytes = path, chunk_bytes, max_decompressed_bytes
         self.head: bytes | None = None
         self.tail: bytes | None = None
+        self.repair_utf8 = False
+        """set after a decode met invalid UTF-8: every chunk's invalid sequences become U+FFFD"""
+        self.replaced = 0
+        """invalid UTF-8 sequences replaced over the last iteration"""
 
     def __iter__(self) -> Iterator[bytes]:
+        self.replaced = 0
+        for chunk in self._chunks():
+            yield self._valid(chunk) if self.repair_utf8 else chunk
+        if self.repair_utf8:
+            self.head, self.tail = self._valid(self.head or b""), self._valid(self.tail or b"")
+
+    def _valid(self, chunk: bytes) -> bytes:
+        try:
+            chunk.decode("utf-8")
+            return chunk
+        except UnicodeDecodeError:
+            text = chunk.decode("utf-8", "replace")
+            self.replaced += text.count("\ufffd") - chunk.count("\ufffd".encode())
+            return text.encode("utf-8")
+
+    def _chunks(self) -> Iterator[bytes]:
         blocks = D.squeeze_whitespace(_blocks(self.path, self.max_bytes))  # no byte-by-byte walk over whitespace
         buf = bytearray()
         eof = False
@@ -427,10 +456,10 @@ def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
         if not lenient:
             raise _NeedLenient() from None
         raise TraceFormatError(path, f"not a Kineto trace: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if _is_utf8_error(exc):
+            raise _BadUtf8() from exc
         raise TraceFormatError(path, f"invalid JSON: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(path, f"undecodable text: {exc}") from None
     return K.tables_from_document(path, trace, lenient, None)
 
 
@@ -445,20 +474,34 @@ def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompr
     bound_allocator()
     chunks = EventChunks(path, chunk_bytes or chunk_bytes_for(max_memory_bytes), max_decompressed_bytes)
     with K.gc_paused():
-        ctx = _Context()
         try:
-            _pass1(ctx, chunks)
-        except msgspec.ValidationError as exc:
-            raise TraceFormatError(path, f"not a Kineto trace: {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise TraceFormatError(path, f"invalid JSON: {exc}") from None
-        launches = _LaunchMap.build(ctx)
-        need = set(launches.idx[np.isin(launches.corr, np.fromiter(ctx.comm_corr, np.int64, len(ctx.comm_corr)))].tolist())
+            return _parse_chunks(path, chunks, spill_dir, lazy_events)
+        except _BadUtf8:
+            chunks.repair_utf8 = True  # invalid UTF-8 (e.g. Latin-1 names): replaced, the rank kept
         try:
-            return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
-        except _NeedLenient:
-            ctx.lenient = True  # like the one-shot parser: one event fails the typed decode, all go lenient
-            return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
+            return _parse_chunks(path, chunks, spill_dir, lazy_events)
+        except _BadUtf8 as exc:
+            raise TraceFormatError(path, f"undecodable text: {exc.__cause__}") from None
+
+
+def _parse_chunks(path: str, chunks: EventChunks, spill_dir: str | None, lazy_events: bool) -> Any:
+    """Pass 1 (the context), then the typed passes (lenient on a retry)."""
+    ctx = _Context()
+    try:
+        _pass1(ctx, chunks)
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, f"not a Kineto trace: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        if _is_utf8_error(exc):
+            raise _BadUtf8() from exc
+        raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+    launches = _LaunchMap.build(ctx)
+    need = set(launches.idx[np.isin(launches.corr, np.fromiter(ctx.comm_corr, np.int64, len(ctx.comm_corr)))].tolist())
+    try:
+        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
+    except _NeedLenient:
+        ctx.lenient = True  # like the one-shot parser: one event fails the typed decode, all go lenient
+        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
 
 
 def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_LaunchMap", need: set[int],
@@ -491,6 +534,8 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
         raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
     kernels = _fix_comm_kernels(kernel_parts, full.tables["kernels"])
     warnings = _merge_warnings(counts, full.info["parse_warnings"], ctx.lenient)
+    if chunks.replaced:
+        warnings.append(f"{chunks.replaced} {K.UTF8_REPAIRED}")
     info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
                 trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
     tables = dict(full.tables, events=events, kernels=kernels, steps=device_windows(full.tables["steps"], kernels),

@@ -187,13 +187,17 @@ def decode_columns(blocks) -> "Columns | None":
     return cols
 
 
+UTF8_REPAIRED = "invalid UTF-8 byte sequence(s) replaced with U+FFFD"
+"""The parse warning after its count (both decoders)."""
+
+
 def _repair_utf8(path: str, buf, exc: UnicodeDecodeError) -> tuple[bytes, str]:
     """Replace invalid UTF-8 (e.g. Latin-1 names from another cluster) with U+FFFD; keep the rank."""
     text = bytes(buf).decode("utf-8", "replace")
     num_bad = text.count("\ufffd") - bytes(buf).count("\ufffd".encode())
     if num_bad <= 0:
         raise TraceFormatError(path, f"undecodable text: {exc}") from None
-    return text.encode("utf-8"), f"{num_bad} invalid UTF-8 byte sequence(s) replaced with U+FFFD"
+    return text.encode("utf-8"), f"{num_bad} {UTF8_REPAIRED}"
 
 
 def _utf8_error(buf) -> UnicodeDecodeError | None:
