@@ -21,9 +21,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
   the per-token cost their times show, and each all_to_all as long as its link tier takes to move the
   members' mean bytes.
-- `microbatches`: more micro-batches, each smaller: the pipelined part's per-sample work shrinks and is
-  replayed, then stretched by the schedule's new length in micro-batch slots (`replay._more_microbatches`,
-  `microbatch_slots`).
+- `microbatches`: the same batch in more, smaller micro-batches: the pipelined part's per-sample work
+  shrinks (`shrink_per_sample`) and is replayed, and each added micro-batch adds the busiest rank's time
+  per micro-batch (`replay._more_microbatches`).
 - `host_stalls`: on one rank, each host gap of at least `stall_min_ns` on its host threads and each
   data-loading node down to the median of its peers' (same pipeline stage) at the same position in their
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
@@ -211,6 +211,11 @@ GRADIENT_DIMS = ("dp", "fsdp", "dp_cp", "edp")
 """data-parallel dims: their reductions after backward began are gradients (tp's, cp's are activations)"""
 
 
+def gradient_dims(g: StepGraph) -> np.ndarray:
+    """Per node: its dim is a data-parallel one (`GRADIENT_DIMS`)."""
+    return np.isin(g.dim, [i for i, d in enumerate(g.dims) if d in GRADIENT_DIMS])
+
+
 def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The dim's gradient buckets (reductions of a data-parallel dim) that backward could have started earlier: per bucket its arrival node,
     its transfer node and the compute node after which its gradients exist (cached per graph and dim).
@@ -227,8 +232,7 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     have none."""
     cache = g.__dict__.setdefault("_buckets", {})
     if dim not in cache:
-        grad_dim = np.isin(g.dim, [i for i, d in enumerate(g.dims) if d in GRADIENT_DIMS])
-        xfer = np.flatnonzero(_transfers(g, dim) & grad_dim & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
+        xfer = np.flatnonzero(_transfers(g, dim) & gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
         comp = np.flatnonzero(g.category == Category.COMPUTE)
         arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
         arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), arrive.tolist()))
@@ -533,15 +537,6 @@ def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.nd
     return keep
 
 
-def microbatch_slots(lay: Layout, new_m: int) -> float:
-    """How much longer the pipelined part runs in micro-batch slots with `new_m` micro-batches of the same
-    step (each 1/new_m of the batch): (v·new_m + p − 1) / (v·m + p − 1); 1.0 where it does not apply."""
-    p, v, m = lay.pp, max(lay.virtual_stages, 1), lay.microbatches
-    if p <= 1 or not m or new_m <= 0:
-        return 1.0
-    return (v * new_m + p - 1) / (v * m + p - 1)
-
-
 def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndarray, ratio: float) -> np.ndarray:
     """`dur` with the work under `where` that scales with a micro-batch's samples at `ratio` of its size:
     compute, memcpy and other device work scaled; transfers of every dim but the gradient ones (activations:
@@ -550,14 +545,13 @@ def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndar
     size, scaled. Host work and gradient transfers keep their time."""
     out = dur.copy()
     work = where & np.isin(g.category, [Category.COMPUTE, Category.OTHER])
+    xfer = np.flatnonzero(where & (g.category == Category.TRANSFER) & ~gradient_dims(g))
     out[work] = np.rint(dur[work] * ratio).astype(np.int64)
-    grad = np.isin(g.dim, [g.dims.index(d) for d in GRADIENT_DIMS if d in g.dims])
-    xfer = np.flatnonzero(where & (g.category == Category.TRANSFER) & ~grad)
     out[xfer] = np.rint(dur[xfer] * ratio).astype(np.int64)
-    inst = instances(g, g.dur, lay)
-    for inter, tier in inst.groupby("inter") if not inst.empty else ():
+    inst = instances(g, dur, lay)
+    for _, tier in inst.groupby("inter") if not inst.empty else ():
         if tier["bus"].nunique() < 2:
-            continue
+            continue  # one size: no line to take a latency from
         bus = tier["bus"].to_numpy(np.float64)
         saved = pd.Series(link_time(tier, bus) - link_time(tier, bus * ratio), index=tier.index)
         mine = xfer[np.isin(g.inst[xfer], tier.index.to_numpy())]

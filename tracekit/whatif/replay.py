@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.whatif.fixes import (GRADIENT_DIMS, Fix, Layout, apply_fixes, microbatch_slots, replay_graph,
-                                   shared_host_idle, shrink_per_sample)
+from tracekit.whatif.fixes import (Fix, Layout, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
+                                   shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   device_lane_mask, host_lane_mask, rank_step_ns, replay, window_bounds, window_of,
                                   window_span_until)
@@ -75,10 +75,10 @@ def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
     saving is at most the host's idle share of the pipelined part (`shared_host_idle`)."""
     start, dur, gap, times = replayed
     m = lay.microbatches
-    if microbatch_slots(lay, new_m) == 1.0 or not m:
+    if lay.pp <= 1 or not m or new_m <= 0 or new_m == m:
         return times
-    pipelined = pipelined_ns(g, start, dur, gap, times)
     begin, _ = window_bounds(g, start, dur, gap)
+    pipelined = pipelined_ns(g, start, dur, begin, times)
     w = window_of(g)
     inside = (w >= 0) & (start + dur <= begin[np.maximum(w, 0)] + pipelined[np.maximum(w, 0)])
     dur2 = shrink_per_sample(g, dur, lay, inside, m / new_m)
@@ -97,31 +97,30 @@ def _busy_ns(g: StepGraph, where: np.ndarray, start: np.ndarray, dur: np.ndarray
     from tracekit.analyze import intervals as iv
 
     w = window_of(g)
-    work = where & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER, Category.HOST])
+    work = where & (w >= 0) & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER,
+                                                     Category.HOST])
     out = np.zeros(g.ranks.size)
     for lanes in (device_lane_mask(g), host_lane_mask(g)):
         m = np.flatnonzero(work & lanes)
-        for k in np.unique(w[m]).tolist():
-            n = m[w[m] == k]
+        m = m[np.argsort(w[m], kind="stable")]
+        for n in np.split(m, np.flatnonzero(np.diff(w[m])) + 1) if m.size else ():
             a, b = iv.union(start[n], start[n] + dur[n])
-            out[k] = max(out[k], float((b - a).sum()))
+            out[w[n[0]]] = max(out[w[n[0]]], float((b - a).sum()))
     return out
 
 
-
-def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, gap: np.ndarray, times: np.ndarray
+def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, begin: np.ndarray, times: np.ndarray
                  ) -> np.ndarray:
     """Per window: the part of its step that more micro-batches rescale. Where the window has gradient
     transfers (dp/fsdp all-reduce, reduce-scatter), up to the start of its last one (the last bucket follows
     the last micro-batch's backward) or the end of its last pipeline transfer when later; after it, the step's
-    tail (that sync, the optimizer) keeps its time whatever the micro-batch count. Without
-    gradient transfers nothing marks where the last backward ends (the first stage's follows its last pp receive):
-    the whole step, as where the graph knows no pp dim."""
+    tail (that sync, the optimizer) keeps its time whatever the micro-batch count. Without gradient
+    transfers nothing marks where the last backward ends (the first stage's follows its last pp receive): the
+    whole step, as where the graph knows no pp dim. `begin`: the windows' replayed begins (`window_bounds`)."""
     if "pp" not in g.dims:
         return times
     transfer = g.category == Category.TRANSFER
-    grad = transfer & np.isin(g.dim, [g.dims.index(d) for d in GRADIENT_DIMS if d in g.dims])
-    begin, _ = window_bounds(g, start, dur, gap)
+    grad = transfer & gradient_dims(g)
     sync = window_span_until(g, begin, grad, start)
     pp = window_span_until(g, begin, transfer & (g.dim == g.dims.index("pp")), start + dur)
     return np.where(sync >= 0, np.minimum(np.maximum(sync, pp), times), times)
