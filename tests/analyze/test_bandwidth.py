@@ -103,7 +103,7 @@ def test_the_same_ranks_moving_more_bytes_faster_is_no_reference(tmp_path):
 
 
 def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
-    import pandas as pd
+    import pyarrow as pa
 
     from tracekit.analyze.unoverlapped import UnoverlappedResult
 
@@ -112,7 +112,7 @@ def test_saving_is_bounded_by_the_exposed_transfer_time(tmp_path):
     # the unoverlapped analyzer found 1.5 ms of each slow tp call exposed on rank 1 (0.5 ms on rank 0)
     rows = [{"rank": r, "pg_name": "tp0", "op": "all_reduce", "bytes": 32768, "steps": 2,
              "transfer_exposed_ns": (3 if r == 1 else 1) * MS // 2} for r in (0, 1) for _ in range(8)]
-    unoverlapped = UnoverlappedResult(section={"by_dim_op": []}, instances=pd.DataFrame(rows))
+    unoverlapped = UnoverlappedResult(section={"by_dim_op": []}, instances=pa.Table.from_pylist(rows))
     (f,) = analyze_bandwidth(store, None, None, unoverlapped, AnalysisConfig()).findings
     # 16 ms per step lost against the reference, of which 4 calls × 1.5 ms were exposed on the worst rank
     assert f.evidence.details["lost_ns_per_step"] == {"tp0": 16 * MS}

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import pandas as pd
+import pyarrow.compute as pc
 
 from tracekit.analyze import recommend
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
@@ -131,6 +131,8 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     out: list[dict[str, Any]] = []
     unsized: dict[tuple[str, str], int] = defaultdict(int)
     if matched is not None and len(matched.instances):
+        import pandas as pd  # only with matched instances: a run without any never imports it
+
         nbytes = matched.rows.groupby("key")["bytes"].max()
         for r in matched.instances.itertuples():
             t_ns = r.transfer
@@ -345,19 +347,24 @@ def _exposed_per_step(unoverlapped: UnoverlappedResult | None) -> Callable[[str,
     inst, sec = unoverlapped.instances, unoverlapped.section
     by_dim_op = {(str(r["dim"] or "unknown"), r["op"]): float(r.get("transfer_exposed_ns_per_step") or 0.0)
                  for r in sec.get("by_dim_op", [])}
-    sized = inst[inst["bytes"].notna()] if len(inst) else inst
+    sized = inst.filter(pc.is_valid(inst["bytes"]))
+    pg, ops = np.array(sized["pg_name"].to_pylist(), object), np.array(sized["op"].to_pylist(), object)
+    nbytes, ranks = sized["bytes"].to_numpy(), sized["rank"].to_numpy()
+    per_step = sized["transfer_exposed_ns"].to_numpy() / np.maximum(sized["steps"].to_numpy(), 1)
 
-    def bound(pg: str, dim: str, op: str, buckets: list[int]) -> float:
+    def bound(pg_name: str, dim: str, op: str, buckets: list[int]) -> float:
         if op == "sendrecv":  # a pair's two sides: each rank's sends or receives, whichever is more exposed
-            return max(bound(pg, dim, "send", buckets), bound(pg, dim, "recv", buckets))
-        mine = sized[(sized["pg_name"] == pg) & (sized["op"] == op)] if len(sized) else sized
-        if not len(mine):
+            return max(bound(pg_name, dim, "send", buckets), bound(pg_name, dim, "recv", buckets))
+        mine = (pg == pg_name) & (ops == op)
+        if not mine.any():
             return by_dim_op.get((dim, op), 0.0)
-        mine = mine[mine["bytes"].map(lambda b: _bucket(int(b)) in buckets)]
-        if not len(mine):
+        mine &= np.array([_bucket(int(b)) in buckets for b in nbytes], bool)
+        if not mine.any():
             return 0.0
-        per_step = mine["transfer_exposed_ns"] / mine["steps"].clip(lower=1)
-        return float(per_step.groupby(mine["rank"]).sum().max())
+        per_rank: dict[int, float] = {}
+        for r, x in zip(ranks[mine].tolist(), per_step[mine].tolist()):
+            per_rank[r] = per_rank.get(r, 0.0) + x
+        return max(per_rank.values())
     return bound
 
 

@@ -163,10 +163,14 @@ def _check_missing(world_size: Any, ranks: list[int], out: _Report) -> list[int]
 
 def _time_measures(store: RunStore, by_rank: dict[int, dict[str, Any]]) -> tuple[str, dict[int, int]]:
     """Each rank's median step, or its trace span when not every rank has steps."""
-    steps = store.table("steps", ["rank", "dur"]).to_pandas() if store.has("steps") else None
-    step_ranks = set(steps["rank"].tolist()) if steps is not None and len(steps) else set()
-    if by_rank and step_ranks >= set(by_rank):
-        return "step", {int(r): int(d) for r, d in steps.groupby("rank")["dur"].median().items()}
+    durs: dict[int, list[int]] = {}
+    if store.has("steps"):
+        t = store.table("steps", ["rank", "dur"])
+        for r, d in zip(t.column("rank").to_pylist(), t.column("dur").to_pylist()):
+            durs.setdefault(int(r), []).append(d)
+    if by_rank and set(durs) >= set(by_rank):
+        return "step", {r: int(np.median(np.array([d for d in durs[r] if d is not None], np.float64)))
+                        for r in sorted(durs)}
     return "span", {r: int(row["last_ts"] - row["first_ts"]) for r, row in by_rank.items()
                     if row.get("first_ts") is not None and row.get("last_ts") is not None}
 

@@ -53,10 +53,9 @@ Section `stragglers`:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,6 +67,9 @@ from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, 
 from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
 from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
+
+if TYPE_CHECKING:  # pandas is imported where matched instances exist (a run without any never needs it)
+    import pandas as pd
 
 
 
@@ -128,6 +130,8 @@ def _steps_and_step_ns(ranks: list[dict[str, Any]], matched: MatchedCollectives)
     if steps == 0:
         steps = max((r["steps"] for r in ranks), default=1) or 1
     if mean_step == 0 and steps:
+        import pandas as pd
+
         span = matched.instances["last_end"].max() - matched.instances["first"].min()
         mean_step = int(span / steps) if pd.notna(span) else 0
     return int(steps), mean_step

@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -90,7 +89,7 @@ _DEFAULT_RECOMMEND = ("Issue this collective asynchronously and overlap it with 
 
 
 def size_bucket(nbytes: Any) -> str:
-    if nbytes is None or pd.isna(nbytes):
+    if nbytes is None or nbytes != nbytes:  # unknown (None / NaN)
         return "unknown"
     for limit, label in SIZE_BUCKETS:
         if limit is None or nbytes < limit:
@@ -98,60 +97,70 @@ def size_bucket(nbytes: Any) -> str:
     return "unknown"
 
 
-def _instances(store: RunStore, rank: int) -> pd.DataFrame:
-    """Communication intervals on the trace clock: Kineto collectives, else comm kernels."""
+INSTANCE_SCHEMA = pa.schema([
+    ("rank", pa.int64()), ("pg_name", pa.string()), ("dim", pa.string()), ("op", pa.string()),
+    ("bytes", pa.int64()), ("caller", pa.string()), ("step", pa.int64()), ("ts", pa.int64()), ("dur", pa.int64()),
+    ("exposed_ns", pa.int64()), ("transfer_exposed_ns", pa.int64()), ("size", pa.string()),
+    ("share_of_step", pa.float64()), ("steps", pa.int64())])
+"""`UnoverlappedResult.instances`: one row per collective instance and rank (null: unknown)."""
+INSTANCE_COLUMNS = INSTANCE_SCHEMA.names
+
+
+def _instances(store: RunStore, rank: int) -> tuple[dict[str, list], str]:
+    """Communication intervals on the trace clock, as columns (pg_name, op, bytes, caller, step, ts,
+    dur; None: unknown): Kineto collectives, else comm kernels; and which of the two."""
     t = store.rank_table("collectives", rank, ["source", "pg_name", "op", "bytes", "caller", "step", "ts", "dur"])
     t = t.filter(pc.and_(pc.fill_null(pc.equal(t["source"].cast(pa.string()), "kineto"), False),
                          pc.is_valid(t["dur"])))
+    source = "kineto collectives"
     if t.num_rows == 0:
-        k = store.rank_table("kernels", rank, ["kind", "pg_name", "collective_op", "step", "ts", "dur"])
-        k = k.filter(pc.and_(pc.fill_null(pc.equal(k["kind"].cast(pa.string()), "comm"), False),
-                             pc.is_valid(k["dur"])))
-        df = pd.DataFrame({
-            "pg_name": k.column("pg_name").to_pylist(),
-            "op": k.column("collective_op").cast(pa.string()).to_pylist(),
-            "bytes": [None] * k.num_rows, "caller": [None] * k.num_rows,
-            "step": k.column("step").to_pylist(), "ts": k.column("ts").to_pylist(),
-            "dur": k.column("dur").to_pylist()})
-    else:
-        df = pd.DataFrame({
-            "pg_name": t.column("pg_name").to_pylist(),
-            "op": t.column("op").cast(pa.string()).to_pylist(),
-            "bytes": t.column("bytes").to_pylist(), "caller": t.column("caller").to_pylist(),
-            "step": t.column("step").to_pylist(), "ts": t.column("ts").to_pylist(),
-            "dur": t.column("dur").to_pylist()})
-    df["op"] = df["op"].fillna("unknown")
-    df.attrs["source"] = "kineto collectives" if t.num_rows else "comm kernels"
-    return df
+        source = "comm kernels"
+        t = store.rank_table("kernels", rank, ["kind", "pg_name", "collective_op", "step", "ts", "dur"])
+        t = t.filter(pc.and_(pc.fill_null(pc.equal(t["kind"].cast(pa.string()), "comm"), False),
+                             pc.is_valid(t["dur"])))
+        t = t.rename_columns(["kind", "pg_name", "op", "step", "ts", "dur"])
+    cols = {c: t.column(c).cast(pa.string()).to_pylist() if c in ("pg_name", "op") else t.column(c).to_pylist()
+            for c in ("pg_name", "op", "step", "ts", "dur")}
+    none = [None] * t.num_rows
+    cols["bytes"] = t.column("bytes").to_pylist() if "bytes" in t.column_names else none
+    cols["caller"] = t.column("caller").to_pylist() if "caller" in t.column_names else none
+    cols["op"] = ["unknown" if o is None else o for o in cols["op"]]
+    return cols, source
 
 
-def _agg(df: pd.DataFrame, col: str) -> list[dict[str, Any]]:
-    if df.empty:
-        return []
-    g = df.groupby(col, dropna=False).agg(instances=("exposed_ns", "size"), exposed_ns=("exposed_ns", "sum"),
-                                          transfer_exposed_ns=("transfer_exposed_ns", "sum"))
-    g = g.sort_values("exposed_ns", ascending=False)
-    return [{"key": (None if pd.isna(k) else str(k)), "instances": int(r.instances),
-             "exposed_ns": int(r.exposed_ns), "transfer_exposed_ns": int(r.transfer_exposed_ns)}
-            for k, r in g.iterrows()]
+def _desc(values: np.ndarray) -> np.ndarray:
+    """Positions by value, largest first, ties as pandas' sort_values(ascending=False) leaves them."""
+    idx = np.arange(len(values))[::-1]
+    return idx[np.asarray(values)[::-1].argsort(kind="quicksort")][::-1]
 
 
-INSTANCE_COLUMNS = ["rank", "pg_name", "dim", "op", "bytes", "caller", "step", "ts", "dur", "exposed_ns",
-                    "transfer_exposed_ns", "size", "share_of_step"]
+def _agg(inst: dict[str, Any], col: str) -> list[dict[str, Any]]:
+    """Per value of `col` (unknown last): instances and summed exposure, most exposed first."""
+    groups: dict[Any, list[int]] = {}
+    for i, k in enumerate(inst[col]):
+        groups.setdefault(k, []).append(i)
+    keys = sorted((k for k in groups if k is not None), key=str) + ([None] if None in groups else [])
+    exp, xfer = inst["exposed_ns"], inst["transfer_exposed_ns"]
+    rows = [{"key": None if k is None else str(k), "instances": len(groups[k]),
+             "exposed_ns": int(exp[groups[k]].sum()), "transfer_exposed_ns": int(xfer[groups[k]].sum())}
+            for k in keys]
+    return [rows[i] for i in _desc(np.array([r["exposed_ns"] for r in rows], np.int64))]
 
 
 @dataclass(frozen=True)
 class UnoverlappedResult(AnalyzerResult):
-    instances: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INSTANCE_COLUMNS))
-    """One row per collective instance and rank: INSTANCE_COLUMNS plus the rank's `steps`."""
+    instances: pa.Table = field(default_factory=INSTANCE_SCHEMA.empty_table)
+    """One row per collective instance and rank: INSTANCE_SCHEMA (with the rank's profiled `steps`)."""
 
 
 @dataclass
 class _RankExposure:
-    instances: pd.DataFrame | None
+    instances: dict[str, Any] | None
+    """INSTANCE_COLUMNS as lists / int64 arrays (exposed_ns, transfer_exposed_ns)."""
     by_dim_op: list[dict[str, Any]]
     total: tuple[int, int]
     """(exposed, exposed transfer) of all the rank's communication in its windows."""
+    source: str = ""
 
 
 def _rank_exposure(store: RunStore, rank: int, act: RankActivity, br_row: dict[str, Any],
@@ -161,45 +170,64 @@ def _rank_exposure(store: RunStore, rank: int, act: RankActivity, br_row: dict[s
     win = iv.union([w[1] for w in act.windows], [w[2] for w in act.windows])
     comp = iv.intersect(act.compute, win)
     wait = iv.subtract(iv.intersect(wait_all, win), comp)
-    df = _instances(store, rank)
-    if df.empty:
+    inst, source = _instances(store, rank)
+    n = len(inst["ts"])
+    if n == 0:
         return _RankExposure(None, [], (0, 0))
-    s = df["ts"].to_numpy(np.int64)
-    e = s + df["dur"].to_numpy(np.int64)
-    in_win = iv.covered(win, s, e)
-    df["exposed_ns"] = in_win - iv.covered(comp, s, e)
-    df["transfer_exposed_ns"] = df["exposed_ns"] - iv.covered(wait, s, e)
-    df["rank"] = rank
-    df["steps"] = steps
-    df["dim"] = df["pg_name"].map(lambda p: dims.get(p, "unknown") if p is not None else "unknown")
-    df["size"] = df["bytes"].map(size_bucket)
-    df["share_of_step"] = df["exposed_ns"] / step_ns if step_ns else 0.0
-    per_dim_op = []
-    # exact per (dim, op) exposure on this rank: union of its intervals, minus compute
-    for (dim, op), g in df.groupby(["dim", "op"]):
-        gs = g["ts"].to_numpy(np.int64)
-        u = iv.intersect(iv.union(gs, gs + g["dur"].to_numpy(np.int64)), win)
-        exp = iv.subtract(u, comp)
-        exposed = iv.total(exp)
-        transfer = exposed - iv.total(iv.intersect(exp, wait))
-        sizes = pd.to_numeric(g["bytes"], errors="coerce").dropna()
-        per_dim_op.append({"rank": rank, "dim": dim, "op": op, "instances": len(g),
-                           "comm_ns": iv.total(u), "exposed_ns": exposed, "transfer_exposed_ns": transfer,
-                           "steps": steps, "step_ns": int(step_ns),
-                           "bytes_p50": float(sizes.median()) if len(sizes) else None})
+    s = np.asarray(inst["ts"], np.int64)
+    e = s + np.asarray(inst["dur"], np.int64)
+    exposed = iv.covered(win, s, e) - iv.covered(comp, s, e)
+    inst.update(rank=[rank] * n, steps=[steps] * n, exposed_ns=exposed,
+                transfer_exposed_ns=exposed - iv.covered(wait, s, e),
+                dim=["unknown" if p is None else dims.get(p, "unknown") for p in inst["pg_name"]],
+                size=[size_bucket(b) for b in inst["bytes"]],
+                share_of_step=(exposed / step_ns) if step_ns else np.zeros(n))
+    per_dim_op = [_dim_op_exposure(inst, rows, win, comp, wait, rank, steps, step_ns)
+                  for rows in _groups(inst["dim"], inst["op"])]
     exp_all = iv.subtract(iv.intersect(act.comm, win), comp)
     total = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))
-    return _RankExposure(df, per_dim_op, total)
+    return _RankExposure(inst, per_dim_op, total, source)
 
 
-def _top_offenders(inst: pd.DataFrame, n: int) -> list[dict[str, Any]]:
-    top = inst.sort_values("exposed_ns", ascending=False).head(n)
+def _groups(*keys: list[Any]) -> list[np.ndarray]:
+    """Row positions per distinct key tuple, in sorted key order."""
+    out: dict[tuple, list[int]] = {}
+    for i, k in enumerate(zip(*keys)):
+        out.setdefault(k, []).append(i)
+    return [np.array(out[k], np.int64) for k in sorted(out)]
+
+
+def _dim_op_exposure(inst: dict[str, Any], rows: np.ndarray, win: iv.IntervalSet, comp: iv.IntervalSet,
+                     wait: iv.IntervalSet, rank: int, steps: int, step_ns: float) -> dict[str, Any]:
+    """Exact exposure of one (dim, op) on a rank: the union of its intervals in the windows, minus compute."""
+    gs = np.asarray(inst["ts"], np.int64)[rows]
+    u = iv.intersect(iv.union(gs, gs + np.asarray(inst["dur"], np.int64)[rows]), win)
+    exp = iv.subtract(u, comp)
+    exposed = iv.total(exp)
+    sizes = [inst["bytes"][i] for i in rows if inst["bytes"][i] is not None]
+    return {"rank": rank, "dim": inst["dim"][rows[0]], "op": inst["op"][rows[0]], "instances": len(rows),
+            "comm_ns": iv.total(u), "exposed_ns": exposed,
+            "transfer_exposed_ns": exposed - iv.total(iv.intersect(exp, wait)),
+            "steps": steps, "step_ns": int(step_ns), "bytes_p50": float(np.median(sizes)) if sizes else None}
+
+
+def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' instance columns end to end (INSTANCE_COLUMNS)."""
+    out: dict[str, Any] = {}
+    for c in INSTANCE_COLUMNS:
+        vals = [p[c] for p in parts]
+        out[c] = (np.concatenate(vals) if vals and isinstance(vals[0], np.ndarray)
+                  else [v for part in vals for v in part])
+    return out
+
+
+def _top_offenders(inst: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return [{
-        "rank": int(r.rank), "pg_name": r.pg_name, "dim": r.dim, "op": r.op,
-        "bytes": None if pd.isna(r.bytes) else int(r.bytes), "caller": r.caller,
-        "step": None if pd.isna(r.step) else int(r.step), "ts": int(r.ts), "dur_ns": int(r.dur),
-        "exposed_ns": int(r.exposed_ns), "transfer_exposed_ns": int(r.transfer_exposed_ns),
-        "share_of_step": round(float(r.share_of_step), 6)} for r in top.itertuples()]
+        "rank": int(inst["rank"][i]), "pg_name": inst["pg_name"][i], "dim": inst["dim"][i], "op": inst["op"][i],
+        "bytes": inst["bytes"][i], "caller": inst["caller"][i], "step": inst["step"][i], "ts": int(inst["ts"][i]),
+        "dur_ns": int(inst["dur"][i]), "exposed_ns": int(inst["exposed_ns"][i]),
+        "transfer_exposed_ns": int(inst["transfer_exposed_ns"][i]),
+        "share_of_step": round(float(inst["share_of_step"][i]), 6)} for i in _desc(inst["exposed_ns"])[:n]]
 
 
 def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown: BreakdownResult | None,
@@ -211,7 +239,7 @@ def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown
     matched = matched_of(matching)
     waits = matched.wait_intervals if matched is not None else {}
     activity = activities_of(store, activity)
-    frames = []
+    parts = []
     per_rank_dim_op: list[dict[str, Any]] = []
     per_rank_total: dict[int, tuple[int, int]] = {}
     sources: dict[str, int] = {}
@@ -221,20 +249,20 @@ def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown
         ex = _rank_exposure(store, rank, activity.get(rank), br_ranks[rank], waits.get(rank, iv.empty()), dims)
         if ex.instances is None:
             continue
-        sources[ex.instances.attrs["source"]] = sources.get(ex.instances.attrs["source"], 0) + 1
-        frames.append(ex.instances)
+        sources[ex.source] = sources.get(ex.source, 0) + 1
+        parts.append(ex.instances)
         per_rank_dim_op.extend(ex.by_dim_op)
         per_rank_total[rank] = ex.total
-    inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=INSTANCE_COLUMNS)
+    inst = _concat(parts) if parts else {c: np.zeros(0, np.int64) for c in INSTANCE_COLUMNS}
     by_dim_op = _dim_op_rows(per_rank_dim_op)
     findings = _dim_op_findings(by_dim_op, cfg) + _comm_bound_findings(br_ranks, per_rank_total,
                                                                         per_rank_dim_op, cfg)
     section = {
         "exposure_source": {"ranks_by_source": sources,
                             "times": "device kernel / gloo worker time on each rank's trace clock"},
-        "instances": int(len(inst)),
-        "exposed_ns": int(inst["exposed_ns"].sum()) if len(inst) else 0,
-        "transfer_exposed_ns": int(inst["transfer_exposed_ns"].sum()) if len(inst) else 0,
+        "instances": len(inst["rank"]),
+        "exposed_ns": int(inst["exposed_ns"].sum()),
+        "transfer_exposed_ns": int(inst["transfer_exposed_ns"].sum()),
         "by_dim_op": by_dim_op,
         "by_rank_dim_op": per_rank_dim_op,
         "by_dim": _agg(inst, "dim"), "by_op": _agg(inst, "op"), "by_size": _agg(inst, "size"),
@@ -243,28 +271,31 @@ def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown
         "thresholds": asdict(cfg),
     }
     # per-instance exposure for later analyzers (bandwidth bounds a slow collective's cost by it)
-    return UnoverlappedResult(findings=findings, section=section, instances=inst)
+    return UnoverlappedResult(findings=findings, section=section,
+                              instances=pa.table(inst, schema=INSTANCE_SCHEMA) if parts
+                              else INSTANCE_SCHEMA.empty_table())
 
 
 def _dim_op_rows(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    if not per_rank:
-        return []
-    df = pd.DataFrame(per_rank)
+    """Per (dim, op) over ranks: sums, and the per-step figures of the rank most exposed per step."""
     out = []
-    for (dim, op), g in df.groupby(["dim", "op"]):
-        g = g.assign(per_step=g["transfer_exposed_ns"] / g["steps"], exp_step=g["exposed_ns"] / g["steps"])
-        worst = g.loc[g["per_step"].idxmax()]
-        comm = int(g["comm_ns"].sum())
+    for rows in _groups([r["dim"] for r in per_rank], [r["op"] for r in per_rank]):
+        g = [per_rank[i] for i in rows]
+        worst = max(g, key=lambda r: r["transfer_exposed_ns"] / r["steps"])  # the first of equals
+        per_step = worst["transfer_exposed_ns"] / worst["steps"]
+        comm, exposed = sum(r["comm_ns"] for r in g), sum(r["exposed_ns"] for r in g)
+        sizes = [r["bytes_p50"] for r in g if r["bytes_p50"] is not None]
+        calls = sum(r["instances"] for r in g)
         out.append({
-            "dim": dim, "op": op, "instances": int(g["instances"].sum()), "comm_ns": comm,
-            "exposed_ns": int(g["exposed_ns"].sum()), "transfer_exposed_ns": int(g["transfer_exposed_ns"].sum()),
-            "overlap_ratio": round(1 - g["exposed_ns"].sum() / comm, 6) if comm else None,
-            "exposed_ns_per_step": int(worst["exp_step"]),
-            "transfer_exposed_ns_per_step": int(worst["per_step"]),
-            "share_of_step": round(float(worst["per_step"] / worst["step_ns"]), 6) if worst["step_ns"] else 0.0,
+            "dim": g[0]["dim"], "op": g[0]["op"], "instances": calls, "comm_ns": comm, "exposed_ns": exposed,
+            "transfer_exposed_ns": sum(r["transfer_exposed_ns"] for r in g),
+            "overlap_ratio": round(1 - exposed / comm, 6) if comm else None,
+            "exposed_ns_per_step": int(worst["exposed_ns"] / worst["steps"]),
+            "transfer_exposed_ns_per_step": int(per_step),
+            "share_of_step": round(float(per_step / worst["step_ns"]), 6) if worst["step_ns"] else 0.0,
             "worst_rank": int(worst["rank"]),
-            "bytes_p50": float(g["bytes_p50"].dropna().median()) if "bytes_p50" in g and g["bytes_p50"].notna().any() else None,
-            "calls_per_step": round(float(g["instances"].sum() / max(int(g["steps"].sum()), 1)), 2),
+            "bytes_p50": float(np.median(sizes)) if sizes else None,
+            "calls_per_step": round(float(calls / max(sum(r["steps"] for r in g), 1)), 2),
         })
     out.sort(key=lambda x: -x["transfer_exposed_ns_per_step"])
     return out
