@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections import defaultdict, deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from isal import isal_zlib
 
 from tracekit.simulate.engine import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
 from tracekit.simulate.key import ANSWER_KEY_FILE
@@ -78,17 +79,16 @@ class _Trace:
     def launch(self, ext: int, t_launch: int, dur: int, api: str, cbid: int, op: Op, kcat: str, kargs: str) -> None:
         c = self.corr
         self.corr += 1
-        o = self.out
-        o.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "{api}", "pid": {self.pid}, "tid": {self.tid}, '
-                 f'"ts": {_t(t_launch)}, "dur": {_d(dur)}, "args": {{"External id": {ext}, "cbid": {cbid}, '
-                 f'"correlation": {c}}}}}')
-        o.append(f'{{"ph": "s", "id": {c}, "pid": {self.pid}, "tid": {self.tid}, "ts": {_t(t_launch)}, '
-                 f'"cat": "ac2g", "name": "ac2g"}}')
-        o.append(f'{{"ph": "f", "id": {c}, "pid": {self.dev}, "tid": {op.stream}, "ts": {_t(op.d0)}, '
-                 f'"cat": "ac2g", "name": "ac2g", "bp": "e"}}')
-        o.append(f'{{"ph": "X", "cat": "{kcat}", "name": "{op.kname}", "pid": {self.dev}, "tid": {op.stream}, '
-                 f'"ts": {_t(op.d0)}, "dur": {_d(op.d1 - op.d0)}, "args": {{"External id": {ext}, "queued": 0, '
-                 f'"device": {self.dev}, "context": 1, "stream": {op.stream}, "correlation": {c}, {kargs}}}}}')
+        pid, tid, dev, stream = self.pid, self.tid, self.dev, op.stream
+        tl, td = _t(t_launch), _t(op.d0)
+        self.out += (
+            f'{{"ph": "X", "cat": "cuda_runtime", "name": "{api}", "pid": {pid}, "tid": {tid}, '
+            f'"ts": {tl}, "dur": {_d(dur)}, "args": {{"External id": {ext}, "cbid": {cbid}, "correlation": {c}}}}}',
+            f'{{"ph": "s", "id": {c}, "pid": {pid}, "tid": {tid}, "ts": {tl}, "cat": "ac2g", "name": "ac2g"}}',
+            f'{{"ph": "f", "id": {c}, "pid": {dev}, "tid": {stream}, "ts": {td}, "cat": "ac2g", "name": "ac2g", "bp": "e"}}',
+            f'{{"ph": "X", "cat": "{kcat}", "name": "{op.kname}", "pid": {dev}, "tid": {stream}, '
+            f'"ts": {td}, "dur": {_d(op.d1 - op.d0)}, "args": {{"External id": {ext}, "queued": 0, '
+            f'"device": {dev}, "context": 1, "stream": {stream}, "correlation": {c}, {kargs}}}}}')
 
 
 def _coll_args(op: Op, rank: int) -> tuple[str, str]:
@@ -242,7 +242,7 @@ def trace_bytes(res, rank: int) -> tuple[bytes, int]:
     streams = {o.stream for o in res.programs[rank] if o.kind in (KERNEL, COLL)}
     ev += _metadata(res, rank, streams)
     text = _header(res, rank) + ",\n".join(ev) + "\n  ]\n}\n"
-    z = zlib.compressobj(1, zlib.DEFLATED, 31)
+    z = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)  # gzip; isal: ~4x zlib's speed at its level 1
     return z.compress(text.encode()) + z.flush(), len(ev)
 
 
