@@ -126,6 +126,9 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
         from tracekit.engines.local import LocalEngine
 
         engine = LocalEngine(workers=workers)
+    from tracekit.tables.arrow_env import defer_pandas
+
+    defer_pandas()  # pyarrow's probe would import pandas (~0.3 s) for analyzers that never use it
     try:
         store = _store_for(path, Path(store_dir) if store_dir else None, out, engine, progress=progress,
                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,

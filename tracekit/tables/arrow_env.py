@@ -94,3 +94,13 @@ def pandas_deferred() -> Iterator[None]:
         _remove(refuse)
         if _PANDAS not in sys.modules and not any(isinstance(f, _WatchPandas) for f in sys.meta_path):
             sys.meta_path.insert(0, _WatchPandas())
+
+
+def defer_pandas() -> None:
+    """Answer pyarrow's "is pandas installed?" probe now, inside `pandas_deferred()`: later conversions
+    (`pa.table`, `pa.array`) no longer import pandas; code that imports it itself switches pyarrow's
+    pandas integration back on. For the analysis of a run store, which parsing did not probe for."""
+    import pyarrow as pa
+
+    with pandas_deferred():
+        pa.array([0])

@@ -141,6 +141,8 @@ class _Plan:
     """CSR of in-edges by node id (for the critical-path walk)"""
     in_src: np.ndarray
     gap: np.ndarray
+    narrow: bool = False
+    """Few nodes per level (a one-rank chain): `replay` goes node by node."""
 
 
 SMALL_GRAPH_NODES = 8192
@@ -228,7 +230,13 @@ def _make_plan(g: StepGraph) -> _Plan:
         np.maximum.at(ready, g.dst, ends[g.src])
     gap = np.where(ready == np.iinfo(np.int64).min, 0, g.start - ready)
     return _Plan(order=order, level_bounds=level_bounds, edge_src=edge_src, edge_bounds=edge_bounds,
-                 seg_starts=seg_starts, in_ptr=in_ptr, in_src=in_src, gap=gap)
+                 seg_starts=seg_starts, in_ptr=in_ptr, in_src=in_src, gap=gap,
+                 narrow=NARROW_NODES_PER_LEVEL * nlev >= n)
+
+
+NARROW_NODES_PER_LEVEL = 4
+"""A graph with at most this many nodes per level on average replays node by node: one numpy pass per
+level costs ~8 µs, one node in Python ~1 µs (a one-rank trace is a chain: as many levels as nodes)."""
 
 
 def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None = None) -> np.ndarray:
@@ -236,6 +244,8 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     plan = g.plan
     dur = g.dur if dur is None else dur
     gap = plan.gap if gap is None else gap
+    if plan.narrow:
+        return _replay_by_node(g, plan, dur, gap)
     start = g.start.copy()
     end = start + dur
     for i, seg in enumerate(plan.seg_starts, start=1):
@@ -247,22 +257,33 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     return start
 
 
+def _replay_by_node(g: StepGraph, plan: _Plan, dur: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """replay's result, one node at a time in level order (numpy's casts: a start is truncated to int64
+    when stored, its end keeps the untruncated sum)."""
+    start, d, gp = g.start.tolist(), dur.tolist(), gap.tolist()
+    end = [a + b for a, b in zip(start, d)]
+    ptr, src = plan.in_ptr.tolist(), plan.in_src.tolist()
+    for v in plan.order[plan.level_bounds[min(1, len(plan.level_bounds) - 1)]:].tolist():
+        s = max([end[u] for u in src[ptr[v]:ptr[v + 1]]]) + gp[v]
+        start[v] = s
+        end[v] = s + d[v]
+    return np.fromiter(map(int, start), np.int64, len(start))  # int(): numpy's truncating cast, exact for ints
+
+
 def critical_path(g: StepGraph, start: np.ndarray, dur: np.ndarray, last: int) -> np.ndarray:
     """Node ids from a source to `last`, each step back following the predecessor that ended last
     (a lane predecessor wins ties)."""
     plan = g.plan
-    end = start + dur
+    ptr, src, end, lane = plan.in_ptr, plan.in_src, start + dur, g.lane
+    if plan.narrow:  # a long chain: Python lists walk it faster than numpy scalars
+        ptr, src, end, lane = ptr.tolist(), src.tolist(), end.tolist(), lane.tolist()
     path = [last]
     v = last
-    while True:
-        a, b = plan.in_ptr[v], plan.in_ptr[v + 1]
-        if a == b:
-            break
-        preds = plan.in_src[a:b]
-        pe = end[preds]
-        best = preds[pe == pe.max()]
-        same = best[g.lane[best] == g.lane[v]]
-        v = int(same[0] if same.size else best[0])
+    while ptr[v] != ptr[v + 1]:
+        preds = src[ptr[v]:ptr[v + 1]]
+        latest = max([end[u] for u in preds])
+        best = [u for u in preds if end[u] == latest]
+        v = int(next((u for u in best if lane[u] == lane[v]), best[0]))
         path.append(v)
     return np.array(path[::-1], dtype=np.int64)
 

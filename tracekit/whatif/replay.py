@@ -154,6 +154,9 @@ def _window_begin(res: StepResult, row: int) -> int:
     return int(window_bounds(res.graph, res.start)[0][row])
 
 
+_CAT_NAME = {int(c): CATEGORY_NAMES[c] for c in Category}
+
+
 def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     """Where the slowest rank's step goes along the path: each node's own time (by its category) and the
     gap before it (host/data stall when on a host thread, else launch/idle), plus the stretch before the
@@ -171,20 +174,20 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
         start[0] = begin
     prev_end = np.r_[begin, (start + dur)[:-1]]
     gaps = start - prev_end
-    cats = [CATEGORY_NAMES[Category(int(c))] for c in g.category[path]]
+    cats = [_CAT_NAME[c] for c in g.category[path].tolist()]
+    lanes, ranks, dims = g.lane[path].tolist(), g.rank[path].tolist(), g.dim[path].tolist()
+    on_thread = ["thread" in name for name in g.lane_names]
     by_cat: dict[str, int] = {}
     by_rank: dict[str, int] = {}
     by_dim: dict[str, int] = {}
-    for i, v in enumerate(path):
-        own, gap = int(dur[i]), int(gaps[i])
+    for i, (own, gap) in enumerate(zip(dur.tolist(), gaps.tolist())):
         by_cat[cats[i]] = by_cat.get(cats[i], 0) + own
-        key = "host_data_stall" if g.lane[v] >= 0 and "thread" in g.lane_names[g.lane[v]] else "launch_or_idle"
+        key = "host_data_stall" if lanes[i] >= 0 and on_thread[lanes[i]] else "launch_or_idle"
         by_cat[key] = by_cat.get(key, 0) + gap
-        if g.rank[v] >= 0:
-            by_rank[str(int(g.rank[v]))] = by_rank.get(str(int(g.rank[v])), 0) + own + gap
-        if g.dim[v] >= 0:
-            d = g.dims[g.dim[v]]
-            by_dim[d] = by_dim.get(d, 0) + own
+        if ranks[i] >= 0:
+            by_rank[str(ranks[i])] = by_rank.get(str(ranks[i]), 0) + own + gap
+        if dims[i] >= 0:
+            by_dim[g.dims[dims[i]]] = by_dim.get(g.dims[dims[i]], 0) + own
     by_cat["after_path"] = int(begin + step_ns - (start[-1] + dur[-1]))
     by_cat.pop("mark", None)
     return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank, "by_dim": by_dim}
@@ -194,19 +197,19 @@ def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, A
     """The path's nodes with time (merged runs of consecutive nodes on one lane), longest `limit` kept in order."""
     g = res.graph
     rows: list[dict[str, Any]] = []
-    for v in path:
-        if g.category[v] == Category.MARK:
+    cols = zip(path.tolist(), g.category[path].tolist(), g.lane[path].tolist(), g.rank[path].tolist(),
+               g.dim[path].tolist(), res.start[path].tolist(), (res.start[path] + g.dur[path]).tolist())
+    for v, c, ln, r, d, s, e in cols:
+        if c == Category.MARK:
             continue
-        lane = g.lane_names[g.lane[v]] if g.lane[v] >= 0 else "sync"
-        cat = CATEGORY_NAMES[Category(int(g.category[v]))]
-        s, e = int(res.start[v]), int(res.start[v] + g.dur[v])
+        lane = g.lane_names[ln] if ln >= 0 else "sync"
+        cat = _CAT_NAME[c]
         if rows and rows[-1]["lane"] == lane and rows[-1]["category"] == cat:
             rows[-1]["end_ns"] = e
             rows[-1]["ops"] += 1
             continue
-        rows.append({"rank": int(g.rank[v]), "lane": lane, "category": cat,
-                     "name": g.name[v] if g.name else "", "start_ns": s, "end_ns": e, "ops": 1,
-                     "dim": g.dims[g.dim[v]] if g.dim[v] >= 0 else None})
+        rows.append({"rank": r, "lane": lane, "category": cat, "name": g.name[v] if g.name else "",
+                     "start_ns": s, "end_ns": e, "ops": 1, "dim": g.dims[d] if d >= 0 else None})
     if len(rows) > limit:
         keep = set(np.argsort([r["start_ns"] - r["end_ns"] for r in rows])[:limit].tolist())
         rows = [r for i, r in enumerate(rows) if i in keep]
