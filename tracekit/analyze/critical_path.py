@@ -27,50 +27,83 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.analyze.bandwidth import rank_hosts
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind
 from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, choose_sources, load_collectives, matched_of
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.analyze.reconcile import RecommendationsResult
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
+from tracekit.whatif.columns import Columns, arrow_columns, codes, first_of_group, strings, take
 from tracekit.whatif.fixes import Fix, Layout
 from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_ns, replay_steps_of,
                                     timeline_json)
+
+if TYPE_CHECKING:  # annotations only: matching.py and reconcile.py (through unoverlapped.py) load pandas
+    from tracekit.analyze.matching import MatchingResult
+    from tracekit.analyze.reconcile import RecommendationsResult
 
 MAX_STEPS = 8
 """Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
 MAX_PATH_ROWS = 400
 
 
+COLLECTIVE_COLUMNS = ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes", "ts", "dur", "enqueue_ts",
+                      "step", "peer"]
+"""What the builder reads of the collectives table (its ends and send/recv rows)."""
+
+
 def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
     """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
     p2p = ends = None
     if store.has("collectives"):
-        df = load_collectives(store)
-        ends = collective_ends(df)
-        per_rank, _ = choose_sources(df)
-        is_p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
-        df = df[is_p2p & (df["source"] == df["rank"].map(per_rank))]
-        p2p = df if not df.empty else None
-    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
+        cols = arrow_columns(store.table("collectives", COLLECTIVE_COLUMNS))
+        ends = collective_ends(cols)
+        p2p = p2p_rows(store, cols)
+    matched = matching.matched if matching is not None else None
+    return StepInput(matched=matched, dims=dims_of(layout), p2p=p2p, ends=ends)
 
 
-def collective_ends(df: Any) -> Any:
-    """Per (rank, pg_name, seq): the latest trace-clock end (ts + dur) any source records (a comms log
-    holds enqueue times only; the profiler's op or kernel on the same rank gives the end)."""
-    ok = df[df["ts"].notna() & df["dur"].notna() & df["seq"].notna() & df["pg_name"].notna()]
-    if ok.empty:
+def p2p_rows(store: RunStore, cols: Columns) -> Columns | None:
+    """The send/recv rows of the collectives table `cols` from each rank's matching source, None if none."""
+    is_p2p = (cols["is_p2p"] & cols["is_p2p_ok"]) | np.isin(strings(cols["op"]), ["send", "recv"])
+    if not is_p2p.any():
         return None
-    out = ok.assign(trace_end=(ok["ts"] + ok["dur"]).astype("Int64"), pg_name=ok["pg_name"].astype(str))
-    return out.groupby(["rank", "pg_name", "seq"], as_index=False)["trace_end"].max()
+    # the source choice is matching's (pandas): read only for a run with send/recv ops
+    from tracekit.analyze.matching import choose_sources, load_collectives
+
+    per_rank, _ = choose_sources(load_collectives(store))
+    chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
+    keep = is_p2p & (cols["source"] == chosen)
+    return take(cols, keep) if keep.any() else None
+
+
+def collective_ends(cols: Columns) -> Columns | None:
+    """Per (rank, pg_name, seq): the latest trace-clock end `trace_end` (ts + dur) any source records (a
+    comms log holds enqueue times only; the profiler's op or kernel on the same rank gives the end)."""
+    ok = cols["ts_ok"] & cols["dur_ok"] & cols["seq_ok"] & np.array([p is not None for p in cols["pg_name"]], bool)
+    if not ok.any():
+        return None
+    c = take(cols, ok)
+    pg = strings(c["pg_name"])
+    code, n = codes(c["rank"], pg, c["seq"])
+    end = np.full(n, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(end, code, c["ts"] + c["dur"])
+    first = first_of_group(code, n)
+    return {"rank": c["rank"][first], "pg_name": pg[first], "seq": c["seq"][first], "trace_end": end}
+
+
+def rank_hosts(store: RunStore | None) -> dict[int, str]:
+    """Rank → host name (ranks table), for the ranks that name one (as bandwidth.rank_hosts, without
+    loading bandwidth.py's pandas)."""
+    if store is None or not store.has("ranks"):
+        return {}
+    rows = store.table("ranks", ["rank", "hostname"]).to_pylist()
+    return {int(r["rank"]): str(r["hostname"]) for r in rows if r["hostname"]}
 
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:

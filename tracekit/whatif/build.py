@@ -21,22 +21,27 @@ The measured step of a rank: GPU = first to last kernel of the step; CPU = the P
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.matching import MatchedCollectives, arrival_ns, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import Category, StepGraph, add_start_nodes, device_lane_mask
+from tracekit.whatif.columns import (Columns, arrow_columns, codes, concat, first_of_group, lookup, num_rows,
+                                     strings, take)
+from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask
+
+if TYPE_CHECKING:
+    from tracekit.analyze.matching import MatchedCollectives
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
+LOG_SOURCES = ("comms-log", "flight-recorder")
+"""matching sources on a log's clock (as matching.LOG_SOURCES)"""
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
                  "memset": Category.OTHER}
 
@@ -100,11 +105,24 @@ class StepInput:
     matched: MatchedCollectives | None
     dims: dict[str, str]
     """pg_name → parallel dim"""
-    p2p: pd.DataFrame | None = None
-    """send/recv rows of the rank's matching source (matching.load_collectives columns)"""
-    ends: pd.DataFrame | None = None
-    """per (rank, pg_name, seq): the trace-clock end (ts + dur) of the collective from a source that
-    records it: a matching source with enqueue times only (a comms log) leaves members without an end"""
+    p2p: Columns | None = None
+    """send/recv rows of the rank's matching source (the collectives table's columns, `columns.arrow_columns`)"""
+    ends: Columns | None = None
+    """per (rank, pg_name, seq): the trace-clock end `trace_end` (ts + dur) of the collective from a source
+    that records it: a matching source with enqueue times only (a comms log) leaves members without an end"""
+
+
+MEMBER_COLS = ("key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source")
+"""A member: its instance's key, rank, arrival and end (common clock, int64 ns), dim, op, bytes (float64,
+NaN: unknown), process group, step (float64, NaN: unknown) and matching source."""
+
+
+def no_members() -> Columns:
+    """Members (MEMBER_COLS) without a row."""
+    obj = np.zeros(0, dtype=object)
+    return {"key": obj, "rank": np.zeros(0, np.int64), "arrival": np.zeros(0, np.int64),
+            "end": np.zeros(0, np.int64), "dim": obj, "op": obj, "bytes": np.zeros(0), "pg_name": obj,
+            "step": np.zeros(0), "source": obj}
 
 
 def _arr(t: pa.Table, col: str, dtype: Any = np.int64) -> np.ndarray:
@@ -119,140 +137,193 @@ def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return ts >= prev_end
 
 
-def clock_shift(matched: MatchedCollectives | None) -> dict[int, int]:
-    """Per rank: subtract from trace-clock times to reach the common (matching) clock."""
-    if matched is None or matched.rows.empty:
-        return {}
+def matched_columns(matched: MatchedCollectives | None) -> Columns | None:
+    """matching.py's per-member rows (a DataFrame) as numpy columns, None when there are none. Times stay
+    int64 (`end` 0 where unknown, `end_ok` says where known); step and bytes float64 (NaN: unknown)."""
+    if matched is None or len(matched.rows) == 0:  # n_rows
+        return None
     rows = matched.rows
-    off = (rows["arrival_raw"] - rows["arrival"]).groupby(rows["rank"]).first()
-    out = {}
-    for r, o in off.items():
-        shift = matched.trace_shift.get(int(r))
-        out[int(r)] = int(o) + int(shift or 0)
+    out = {c: rows[c].to_numpy(np.int64) for c in ("rank", "seq", "arrival", "arrival_raw")}
+    out["end_ok"] = rows["end"].notna().to_numpy(bool)
+    out["end"] = rows["end"].to_numpy(np.int64, na_value=0)
+    out.update({c: rows[c].to_numpy(np.float64) for c in ("step", "bytes")})
+    out.update({c: strings(rows[c].to_numpy(object)) for c in ("key", "op", "pg_name", "source")})
     return out
 
 
-def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
-    """The step's collective members on the common clock: key, rank, arrival, end, dim, op, bytes, inst."""
-    m = inp.matched
-    if m is None or m.rows.empty:
-        return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step",
-                                     "source"])
-    rows = _with_trace_ends(m.rows[m.rows["step"].isin(steps)], inp.ends, shift)
-    rows = rows[rows["end"].notna() | rows["trace_end"].notna()].copy()
-    rs = row_trace_shift(rows, m.trace_shift)
-    rows = rows[~np.isnan(rs)].copy()
-    rs = rs[~np.isnan(rs)].astype(np.int64)
-    conv = rows["rank"].map(shift).fillna(0).astype(np.int64).to_numpy()
-    off = (rows["arrival_raw"] - rows["arrival"]).astype(np.int64).to_numpy()
-    rows["arrival"] = rows["arrival_raw"].astype(np.int64).to_numpy() + rs - conv
-    own_end = rows["end"].fillna(0).astype(np.int64).to_numpy() + off + rs - conv
-    rows["end"] = np.where(rows["end"].notna().to_numpy(), own_end,
-                           rows["trace_end"].fillna(0).astype(np.int64).to_numpy() - conv)
-    names = rows["pg_name"].astype(str)
-    rows["dim"] = names.map({p: inp.dims.get(p.removeprefix("kineto:"), "unknown") for p in names.unique()})
-    n = rows.groupby("key")["rank"].transform("size")
-    rows = rows[n >= 2].copy()
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source"]
-    parts = [x for x in (rows[cols], p2p_members(inp, steps, shift)) if not x.empty]
-    both = pd.concat(parts, ignore_index=True) if parts else rows[cols].copy()
-    both["inst"] = both["key"].astype("category").cat.codes.astype(np.int64)
+def clock_shift(rows: Columns | None, trace_shift: dict[int, int | None]) -> dict[int, int]:
+    """Per rank: subtract from trace-clock times to reach the common (matching) clock (`rows`:
+    `matched_columns`; `trace_shift`: matching's log → trace shifts)."""
+    if rows is None:
+        return {}
+    ranks, first = np.unique(rows["rank"], return_index=True)
+    off = rows["arrival_raw"][first] - rows["arrival"][first]
+    return {r: o + int(trace_shift.get(r) or 0) for r, o in zip(ranks.tolist(), off.tolist())}
+
+
+def _per_rank(rank: np.ndarray, values: dict[int, int | None]) -> np.ndarray:
+    """`values` of each row's rank (0 where none or None)."""
+    return np.array([values.get(r) or 0 for r in rank.tolist()], dtype=np.int64)
+
+
+def _row_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: what to add to its raw times to reach its rank's trace clock, and whether that is known
+    (as matching.row_trace_shift: Kineto rows are on the trace clock already; log rows need their rank's
+    shift), exact in int64."""
+    kineto = source == "kineto"
+    known = np.array([shifts.get(r) is not None for r in rank.tolist()], dtype=bool)
+    return np.where(kineto, 0, _per_rank(rank, shifts)), kineto | known
+
+
+def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
+    """The step's collective members on the common clock (MEMBER_COLS, `rows`: `matched_columns`) with
+    the send/recv pairs after them, and `inst`: each one's instance, numbered in key order."""
+    both = no_members() if rows is None else concat([_matched_members(inp, rows, steps, shift),
+                                                     p2p_members(inp, steps, shift)])
+    both["inst"] = _key_codes(both["key"])
     return both
 
 
-def with_sizes(store: RunStore, members: pd.DataFrame) -> pd.DataFrame:
+def _key_codes(keys: np.ndarray) -> np.ndarray:
+    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
+    """The step's members of instances matched on two ranks or more, with a known end (their own or the
+    trace's, `_trace_ends`) and a known clock."""
+    rows = take(rows, np.isin(rows["step"], steps))
+    trace_end, has_trace_end = _trace_ends(rows, inp.ends)
+    rs, known = _row_shift(rows["rank"], rows["source"], inp.matched.trace_shift)
+    keep = (rows["end_ok"] | has_trace_end) & known
+    rows, trace_end, rs = take(rows, keep), trace_end[keep], rs[keep]
+    conv = _per_rank(rows["rank"], shift)
+    own_end = rows["end"] + (rows["arrival_raw"] - rows["arrival"]) + rs - conv
+    out = {k: rows[k] for k in MEMBER_COLS if k in rows}
+    out["arrival"] = rows["arrival_raw"] + rs - conv
+    out["end"] = np.where(rows["end_ok"], own_end, trace_end - conv)
+    dim_of = {p: inp.dims.get(p.removeprefix("kineto:"), "unknown") for p in set(rows["pg_name"].tolist())}
+    out["dim"] = np.array([dim_of[p] for p in rows["pg_name"].tolist()], dtype=object)
+    return take({k: out[k] for k in MEMBER_COLS}, _key_counts(out["key"]) >= 2)
+
+
+def _trace_ends(rows: Columns, ends: Columns | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the collective's trace-clock end from `ends` (by rank, pg_name, seq) and whether found
+    (looked up only when some row has no end of its own)."""
+    n = num_rows(rows)
+    if ends is None or num_rows(ends) == 0 or n == 0 or rows["end_ok"].all():
+        return np.zeros(n, np.int64), np.zeros(n, bool)
+    j = lookup([rows["rank"], rows["pg_name"], rows["seq"]], [ends["rank"], ends["pg_name"], ends["seq"]])
+    return np.where(j >= 0, ends["trace_end"][np.maximum(j, 0)], 0), j >= 0
+
+
+def with_sizes(store: RunStore, members: Columns) -> Columns:
     """`members` with `in_bytes` / `out_bytes`: what each member sent and received (the collectives table's
     in/out elements at the row's element size; NaN when unknown). An all_to_all's members differ: what an
     expert's owner receives is its load."""
-    members = members.assign(in_bytes=np.nan, out_bytes=np.nan)
-    if members.empty or not store.has("collectives"):
+    n = num_rows(members)
+    members = {**members, "in_bytes": np.full(n, np.nan), "out_bytes": np.full(n, np.nan)}
+    if n == 0 or not store.has("collectives"):
         return members
-    key = ["rank", "source", "pg_name", "seq"]
-    t = store.table("collectives", [*key, "in_nelems", "out_nelems"]).to_pandas()
-    t = t.dropna(subset=["seq", "in_nelems", "out_nelems"]).astype({"pg_name": str, "source": str, "seq": np.int64})
-    seq = members["key"].astype(str).str.rsplit("#", n=1).str[-1]
-    left = members[["rank", "source", "pg_name"]].astype({"rank": np.int64, "source": str, "pg_name": str})
-    left = left.assign(seq=pd.to_numeric(seq, errors="coerce").fillna(-1).astype(np.int64))
-    got = left.merge(t.drop_duplicates(key).astype({"rank": np.int64}), on=key, how="left")
-    n_in, n_out = got["in_nelems"].to_numpy(np.float64), got["out_nelems"].to_numpy(np.float64)
-    elem = members["bytes"].to_numpy(np.float64) / np.maximum(n_in, n_out)
-    return members.assign(in_bytes=n_in * elem, out_bytes=n_out * elem)
+    t = arrow_columns(store.table("collectives", ["rank", "source", "pg_name", "seq", "in_nelems", "out_nelems"]))
+    t = take(t, t["seq_ok"] & t["in_nelems_ok"] & t["out_nelems_ok"])
+    if num_rows(t) == 0:
+        return members
+    seq = np.array([_key_seq(k) for k in members["key"].tolist()], dtype=np.int64)
+    j = lookup([members["rank"], strings(members["source"]), strings(members["pg_name"]), seq],
+               [t["rank"], strings(t["source"]), strings(t["pg_name"]), t["seq"]])
+    n_in, n_out = (np.where(j >= 0, t[c][np.maximum(j, 0)].astype(np.float64), np.nan)
+                   for c in ("in_nelems", "out_nelems"))
+    elem = members["bytes"].astype(np.float64) / np.maximum(n_in, n_out)
+    return {**members, "in_bytes": n_in * elem, "out_bytes": n_out * elem}
 
 
-def _with_trace_ends(rows: pd.DataFrame, ends: pd.DataFrame | None, shift: dict[int, int]) -> pd.DataFrame:
-    """`rows` with `trace_end`: the collective's trace-clock end from `ends` where the row has no end."""
-    rows = rows.copy()
-    rows["trace_end"] = pd.array([pd.NA] * len(rows), dtype="Int64")
-    if ends is None or ends.empty or rows.empty or rows["end"].notna().all():
-        return rows
-    key = ["rank", "pg_name", "seq"]
-    left = rows[key].astype({"rank": np.int64, "pg_name": str, "seq": np.int64})
-    right = ends.astype({"rank": np.int64, "pg_name": str, "seq": np.int64})
-    got = left.merge(right, on=key, how="left")["trace_end"]
-    rows["trace_end"] = pd.array(got.to_numpy(), dtype="Int64")
-    return rows
+def _key_seq(key: str) -> int:
+    """The sequence number ending an instance key (`...#seq`), -1 when it ends in none."""
+    s = str(key).rsplit("#", 1)[-1]
+    return int(s) if s.isdigit() else -1
 
 
-def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
+def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
     """Send/recv pairs of the step as two-member instances (the k-th send src→dst on a group with the
     k-th receive at dst from src): the transfer waits for both sides to be posted."""
-    cols = ["key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source"]
-    df = inp.p2p
-    if df is None or df.empty:
-        return pd.DataFrame(columns=cols)
-    df = df[df["step"].isin(steps) & df["peer"].notna() & df["ts"].notna() & df["dur"].notna()].copy()
-    op = df["op"].astype(str)
-    df = df[op.str.contains("send") ^ op.str.contains("recv")].copy()
-    if df.empty:
-        return pd.DataFrame(columns=cols)
+    df, send = _p2p_rows(inp.p2p, steps)
+    if df is None:
+        return no_members()
+    arrival, end = _p2p_times(inp, df, shift)
+    pg = np.array(["?" if p is None else str(p) for p in df["pg_name"].tolist()], dtype=object)
+    src, dst = np.where(send, df["rank"], df["peer"]), np.where(send, df["peer"], df["rank"])
+    o = np.lexsort((arrival, send, codes(pg)[0], dst, src))
+    out = {"key": _pair_keys(src[o], dst[o], pg[o], send[o]), "rank": df["rank"][o], "arrival": arrival[o],
+           "end": end[o], "dim": np.array([inp.dims.get(p, "pp") for p in pg[o].tolist()], dtype=object),
+           "op": strings(df["op"][o]), "bytes": np.where(df["bytes_ok"], df["bytes"], np.nan)[o],
+           "pg_name": pg[o], "step": df["step"][o].astype(np.float64), "source": strings(df["source"][o])}
+    return take(out, _key_counts(out["key"]) == 2)
+
+
+def _p2p_times(inp: StepInput, df: Columns, shift: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival (DESIGN §3, as matching.arrival_ns with ts known: the device start on GPU ranks, else the
+    enqueue) and end of send/recv rows, on the common clock."""
     trace_shift = inp.matched.trace_shift if inp.matched is not None else {}
-    log = df["source"].astype(str).isin(("comms-log", "flight-recorder")).to_numpy()
-    conv = df["rank"].map(shift).fillna(0).astype(np.int64).to_numpy()
-    own = df["rank"].map(lambda r: trace_shift.get(int(r)) or 0).astype(np.int64).to_numpy()
+    conv, own = _per_rank(df["rank"], shift), _per_rank(df["rank"], trace_shift)
+    log = np.isin(strings(df["source"]), LOG_SOURCES)
     back = np.where(log, conv - own, conv)  # log rows: minus the offset; trace rows: minus shift+offset
-    on_gpu = inp.matched.gpu_ranks if inp.matched is not None else set()
-    arrival = arrival_ns(df, on_gpu).astype(np.int64).to_numpy()  # DESIGN §3 (ts is known here)
-    df["arrival"] = arrival - back
-    df["end"] = (df["ts"] + df["dur"]).astype(np.int64).to_numpy() - back
-    df["send"] = df["op"].astype(str).str.contains("send")
-    df["src"] = np.where(df["send"], df["rank"], df["peer"]).astype(np.int64)
-    df["dst"] = np.where(df["send"], df["peer"], df["rank"]).astype(np.int64)
-    df["pg_name"] = df["pg_name"].fillna("?").astype(str)
-    df = df.sort_values(["src", "dst", "pg_name", "send", "arrival"], kind="stable")
-    df["k"] = df.groupby(["src", "dst", "pg_name", "send"]).cumcount()
-    df["key"] = (P2P_KEY + df["src"].astype(str) + ">" + df["dst"].astype(str) + ":" + df["pg_name"] + "#"
-                 + df["k"].astype(str))
-    df = df[df.groupby("key")["rank"].transform("size") == 2]
-    df["dim"] = df["pg_name"].map(lambda p: inp.dims.get(p, "pp"))
-    return df[cols].reset_index(drop=True)
+    on_gpu = np.isin(df["rank"], list(inp.matched.gpu_ranks if inp.matched is not None else ()))
+    arrival = np.where(on_gpu | ~df["enqueue_ts_ok"], df["ts"], df["enqueue_ts"])
+    return arrival - back, df["ts"] + df["dur"] - back
 
 
-def add_collectives(buf: _Buf, members: pd.DataFrame, dims: list[str]) -> dict[str, np.ndarray]:
+def _key_counts(keys: np.ndarray) -> np.ndarray:
+    """Per row: how many rows share its key."""
+    _, inv, n = np.unique(keys, return_inverse=True, return_counts=True)
+    return n[inv.reshape(-1)]
+
+
+def _p2p_rows(p2p: Columns | None, steps: tuple[int, ...]) -> tuple[Columns | None, np.ndarray]:
+    """The step's send or receive rows (not both: a fused op has no side) with a peer and device times,
+    and per row whether it sends; None when there is none."""
+    if p2p is None or num_rows(p2p) == 0:
+        return None, np.zeros(0, bool)
+    op = strings(p2p["op"])
+    send, recv = (np.array([w in o for o in op.tolist()], dtype=bool) for w in ("send", "recv"))
+    keep = (p2p["step_ok"] & np.isin(p2p["step"], steps) & p2p["peer_ok"] & p2p["ts_ok"] & p2p["dur_ok"]
+            & (send ^ recv))
+    return (take(p2p, keep), send[keep]) if keep.any() else (None, np.zeros(0, bool))
+
+
+def _pair_keys(src: np.ndarray, dst: np.ndarray, pg: np.ndarray, send: np.ndarray) -> np.ndarray:
+    """Instance keys of send/recv rows sorted by (src, dst, pg, send, arrival): `p2p:src>dst:pg#k`, k the
+    row's position among its (src, dst, pg, side)."""
+    new = np.ones(src.size, dtype=bool)
+    new[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1]) | (pg[1:] != pg[:-1]) | (send[1:] != send[:-1])
+    start = np.maximum.accumulate(np.where(new, np.arange(src.size), 0))
+    k = np.arange(src.size) - start
+    rows = zip(src.tolist(), dst.tolist(), pg.tolist(), k.tolist())
+    return np.array([f"{P2P_KEY}{s}>{d}:{p}#{i}" for s, d, p, i in rows], dtype=object)
+
+
+def add_collectives(buf: _Buf, members: Columns, dims: list[str]) -> dict[str, np.ndarray]:
     """Arrival, sync and transfer nodes (members' `arr_lane` / `xfer_lane` say where they sit);
     returns per member row the arrival and transfer node ids."""
-    if members.empty:
+    if num_rows(members) == 0:
         return {k: np.zeros(0, np.int64) for k in ("arrival", "transfer", "sync", "last_arrival")}
-    dim_idx = members["dim"].map({d: i for i, d in enumerate(dims)}).fillna(-1).to_numpy(np.int32)
-    inst = members["inst"].to_numpy(np.int64)
-    arrival = members["arrival"].to_numpy(np.int64)
-    end = members["end"].to_numpy(np.int64)
-    last = members.groupby("inst")["arrival"].max()
+    dim_of = {d: i for i, d in enumerate(dims)}
+    dim_idx = np.array([dim_of.get(d, -1) for d in members["dim"].tolist()], dtype=np.int32)
+    inst, arrival, end = members["inst"], members["arrival"], members["end"]
     ninst = int(inst.max()) + 1
-    sync_t = last.reindex(range(ninst)).to_numpy(np.int64)
+    sync_t = np.full(ninst, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(sync_t, inst, arrival)
     sync = buf.add(rank=-1, lane=-1, category=Category.MARK, start=sync_t, dur=np.zeros(ninst, np.int64),
                    inst=np.arange(ninst), names="sync")
-    lanes = members["xfer_lane"].to_numpy(np.int64)
-    arr_lanes = members["arr_lane"].to_numpy(np.int64)
-    ranks = members["rank"].to_numpy(np.int32)
-    arr_ids = buf.add(rank=ranks, lane=arr_lanes, category=Category.MARK, start=arrival,
-                      dur=np.zeros(len(members), np.int64), dim=dim_idx, inst=inst, names="arrive", prio=0)
+    lanes, ranks = members["xfer_lane"], members["rank"].astype(np.int32)
+    arr_ids = buf.add(rank=ranks, lane=members["arr_lane"], category=Category.MARK, start=arrival,
+                      dur=np.zeros(inst.size, np.int64), dim=dim_idx, inst=inst, names="arrive", prio=0)
     # a group runs its collectives in order: a transfer starts after the last arrival and after the
     # previous transfer on the same lane ended (ties on the lane keep that order: by arrival)
     xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
+    names = [f"{o} {p}" for o, p in zip(strings(members["op"]).tolist(), strings(members["pg_name"]).tolist())]
     xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(end - xs, 0),
-                       dim=dim_idx, inst=inst, tie=arrival,
-                       names=(members["op"].astype(str) + " " + members["pg_name"].astype(str)).tolist(),
-                       terminal=True, step=members["step"].fillna(-1).to_numpy(np.int64))
+                       dim=dim_idx, inst=inst, tie=arrival, names=names, terminal=True,
+                       step=np.nan_to_num(members["step"], nan=-1).astype(np.int64))
     buf.edge(arr_ids, sync[inst])
     buf.edge(sync[inst], xfer_ids)
     buf.edge(arr_ids, xfer_ids)
@@ -263,11 +334,13 @@ def _prev_end_on_lane(lanes: np.ndarray, arrival: np.ndarray, end: np.ndarray) -
     """Per member: the latest end of the earlier collectives on its lane (int64 min when none, or when the
     member sits on no lane)."""
     order = np.lexsort((arrival, lanes))
-    s = pd.Series(end[order])
-    g = lanes[order]
-    prev = s.groupby(g).cummax().groupby(g).shift(1, fill_value=np.iinfo(np.int64).min)
+    lane, e = lanes[order], end[order]
+    prev = np.full(lanes.size, np.iinfo(np.int64).min, np.int64)
+    first = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if lane.size else np.zeros(0, np.int64)
+    for a, b in zip(first.tolist(), np.r_[first[1:], lane.size].tolist()):
+        prev[a + 1:b] = np.maximum.accumulate(e[a:b - 1])
     out = np.empty(lanes.size, np.int64)
-    out[order] = prev.to_numpy(np.int64)
+    out[order] = prev
     out[lanes < 0] = np.iinfo(np.int64).min
     return out
 
@@ -376,7 +449,7 @@ def innermost_segments(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.
     return s0[keep], s1[keep], o[keep]
 
 
-def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, mem: pd.DataFrame,
+def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, mem: Columns,
                  ids: dict[str, np.ndarray], host_lane: int) -> np.ndarray:
     """The training thread, as pieces owned by its innermost op, cut where this rank's collectives arrive
     and end; returns their ids.
@@ -389,8 +462,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     ts, end, names, ann, op_step = _training_thread_ops(store, rank, steps)
     ts, end = ts - conv, end - conv
     s0, s1, owner = innermost_segments(ts, end)
-    a = mem["arrival"].to_numpy(np.int64)
-    e = mem["end"].to_numpy(np.int64)
+    a, e = mem["arrival"], mem["end"]
     issue = np.array([name_role(n) == "comm" for n in names], dtype=bool)  # the parser's rule (events.role)
     leaf = _leaf(ts, end)
     idle_like = issue | ~leaf  # per op: its own time is a call or the gap between its children
@@ -484,15 +556,15 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
                    names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
 
 
-def match_gpu_members(gr: GpuRank, mem: pd.DataFrame) -> np.ndarray:
-    """Index of each member's collective kernel, -1 if none: the comm kernel whose end is nearest the
-    member's end, one member per kernel (a fused send/recv pair ends together on two kernels)."""
+def match_gpu_members(gr: GpuRank, e: np.ndarray) -> np.ndarray:
+    """Index of each member's collective kernel (`e`: the members' ends), -1 if none: the comm kernel whose
+    end is nearest the member's end, one member per kernel (a fused send/recv pair ends together on two
+    kernels)."""
     comm = np.flatnonzero(np.array([k == "comm" for k in gr.kind], dtype=bool))
-    if comm.size == 0 or mem.empty:
-        return np.full(len(mem), -1, np.int64)
+    if comm.size == 0 or e.size == 0:
+        return np.full(e.size, -1, np.int64)
     o = np.argsort(gr.end[comm], kind="stable")
     ends = gr.end[comm][o]
-    e = mem["end"].to_numpy(np.int64)
     j = np.clip(np.searchsorted(ends, e), 0, comm.size - 1)
     jm = np.clip(j - 1, 0, comm.size - 1)
     pick = np.where(np.abs(ends[jm] - e) < np.abs(ends[j] - e), jm, j)
@@ -606,22 +678,28 @@ def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int
     return out
 
 
+def rows_by(values: np.ndarray) -> dict[int, np.ndarray]:
+    """Value → the positions of the rows holding it (ascending)."""
+    order = np.argsort(values, kind="stable")
+    bounds = np.flatnonzero(np.diff(values[order])) + 1
+    return {int(values[idx[0]]): idx for idx in np.split(order, bounds)} if order.size else {}
+
+
 def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: list[int], shift: dict[int, int],
-                   members: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, Any]]:
+                   members: Columns) -> tuple[Columns, dict[int, Any]]:
     """Decide each rank's kind (GPU: its kernels; CPU: its training thread) and where its members sit."""
-    members = members.reset_index(drop=True)
-    arrival = members["arrival"].to_numpy(np.int64).copy()
-    arr_lane = np.full(len(members), -1, np.int64)
-    xfer_lane = np.full(len(members), -1, np.int64)
-    by_rank = members.groupby("rank").indices if len(members) else {}
-    pg = members["pg_name"].astype(str).to_numpy()
-    p2p = members["key"].astype(str).str.startswith(P2P_KEY).to_numpy()
+    arrival = members["arrival"].copy()
+    arr_lane = np.full(arrival.size, -1, np.int64)
+    xfer_lane = np.full(arrival.size, -1, np.int64)
+    by_rank = rows_by(members["rank"])
+    pg = strings(members["pg_name"])
+    p2p = np.array([k.startswith(P2P_KEY) for k in strings(members["key"]).tolist()], dtype=bool)
     placed: dict[int, Any] = {}
     for r in ranks:
-        rows = np.asarray(by_rank.get(r, np.zeros(0, np.int64)), dtype=np.int64)
+        rows = by_rank.get(r, np.zeros(0, np.int64))
         gr = load_gpu_rank(buf, store, r, steps, shift.get(r, 0))
         if gr is not None:
-            kidx = match_gpu_members(gr, members.iloc[rows])
+            kidx = match_gpu_members(gr, members["end"][rows])
             ok = kidx >= 0
             lanes = np.array([gr.lanes[int(gr.stream[i])] for i in kidx[ok]], dtype=np.int64)
             arrival[rows[ok]] = gr.ts[kidx[ok]]  # device arrival: the kernel's start
@@ -637,10 +715,25 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
         for name in np.unique(pg[coll]):
             xfer_lane[coll[pg[coll] == name]] = buf.lane(f"rank {r} comm {name}")
         placed[r] = ("cpu", host, None)
-    members = members.assign(arrival=arrival, arr_lane=arr_lane, xfer_lane=xfer_lane)
-    members = members[members["arr_lane"] >= 0].reset_index(drop=True)
-    members["inst"] = members["key"].astype("category").cat.codes.astype(np.int64)
+    members = take({**members, "arrival": arrival, "arr_lane": arr_lane, "xfer_lane": xfer_lane}, arr_lane >= 0)
+    members["inst"] = _key_codes(members["key"])
     return members, placed
+
+
+def instance_info(members: Columns) -> InstInfo:
+    """Per instance (members' `inst`): its first member's key, group, dim and op, the largest member's bytes,
+    the member count and each member's (rank, bytes sent, bytes received)."""
+    inst = members["inst"]
+    n = int(inst.max()) + 1 if inst.size else 0
+    first = first_of_group(inst, n)
+    size = np.full(n, np.nan)
+    np.fmax.at(size, inst, members["bytes"].astype(np.float64))
+    io: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+    for i, r, a, b in zip(inst.tolist(), members["rank"].tolist(), members["in_bytes"].tolist(),
+                          members["out_bytes"].tolist()):
+        io[i].append((r, a, b))
+    return InstInfo(key=members["key"][first], pg_name=members["pg_name"][first], dim=members["dim"][first],
+                    op=members["op"][first], bytes=size, n=np.bincount(inst, minlength=n).astype(np.int64), io=io)
 
 
 def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInput,
@@ -650,21 +743,22 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     steps = (steps,) if isinstance(steps, int) else tuple(steps)
     ranks = sorted(store.ranks() if ranks is None else ranks)
     buf = _Buf()
-    shift = clock_shift(inp.matched)
-    members = with_sizes(store, step_members(inp, steps, shift))
-    dims = sorted(set(inp.dims.values()) | set(members["dim"].astype(str)))
+    rows = matched_columns(inp.matched)
+    shift = clock_shift(rows, inp.matched.trace_shift if inp.matched is not None else {})
+    members = with_sizes(store, step_members(inp, rows, steps, shift))
+    dims = sorted(set(inp.dims.values()) | set(strings(members["dim"]).tolist()))
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
-    by_rank = members.groupby("rank").indices if len(members) else {}
+    by_rank = rows_by(members["rank"])
     for r, (kind, obj, _) in placed.items():
         conv = shift.get(r, 0)
-        sel = np.asarray(by_rank.get(r, np.zeros(0, np.int64)), dtype=np.int64)
+        sel = by_rank.get(r, np.zeros(0, np.int64))
         sub_ids = {k: v[sel] for k, v in ids.items()}
-        mem = members.iloc[sel]
+        mem = take(members, sel)
         if kind == "gpu":
-            kidx = match_gpu_members(obj, mem) if len(mem) else np.zeros(0, np.int64)
+            kidx = match_gpu_members(obj, mem["end"]) if sel.size else np.zeros(0, np.int64)
             add_gpu_rank(buf, store, r, steps, conv, obj, kidx, sub_ids)
             windows.update(_gpu_windows(r, obj))
             marks = _cpu_windows(store, r, steps, conv)  # the host's step began before its first launch
@@ -675,12 +769,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
             windows.update(_cpu_windows(store, r, steps, conv))
     g = buf.finish(dims)
     infer_stream_waits(g)
-    g.inst_info = members.groupby("inst").agg(key=("key", "first"), pg_name=("pg_name", "first"),
-                                             dim=("dim", "first"), op=("op", "first"),
-                                             bytes=("bytes", "max"), n=("rank", "size"))
-    io = {i: list(zip(x["rank"].tolist(), x["in_bytes"].tolist(), x["out_bytes"].tolist()))
-          for i, x in members.groupby("inst")}  # per member: (rank, bytes sent, bytes received)
-    g.inst_info["io"] = pd.Series(io, index=g.inst_info.index, dtype=object)
+    g.inst_info = instance_info(members)
     attach_windows(g, windows, host_start)
     return g
 

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from tracekit.analyze.bandwidth import bus_factor
+from tracekit.whatif.columns import Columns, codes, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
@@ -153,18 +152,19 @@ def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) ->
     its peers' groups take the peers' median transfer time: a rank with more tokens (longer sequences) also
     sends bigger activations, which its peers' pace does not include."""
     inst = instances(g, g.dur, lay)
-    if inst.empty:
+    if num_rows(inst) == 0:
         return
-    inst["ordinal"] = g.inst_info["key"].reindex(inst.index).astype(str).str.rsplit("#", n=1).str[-1]
+    ordinal = np.array([str(k).rsplit("#", 1)[-1] for k in g.inst_info.at("key", inst["inst"]).tolist()], object)
     peers = set(lay.peers(rank, np.unique(g.ranks)).tolist()) - {rank}
-    mine = inst[[rank in rs for rs in inst["ranks"]]]
-    others = inst[[rank not in rs and set(rs) <= peers for rs in inst["ranks"]]]
-    ref = others.groupby(["dim", "op", "ordinal"])[["bus", "t"]].median()
-    j = mine.join(ref, on=["dim", "op", "ordinal"], rsuffix="_peers")
-    heavy = j[j["bus"] > j["bus_peers"]]
-    cut = (heavy["t"] - heavy["t_peers"]).clip(lower=0)
+    mine = np.array([rank in rs for rs in inst["ranks"]], dtype=bool)
+    others = np.array([rank not in rs and set(rs) <= peers for rs in inst["ranks"]], dtype=bool)
+    code, n = codes(inst["dim"], inst["op"], ordinal)  # the same collective on the peers' groups
+    bus_peers = group_median(code[others], n, inst["bus"][others])[code]
+    t_peers = group_median(code[others], n, inst["t"][others])[code]
+    heavy = mine & (inst["bus"] > bus_peers)
+    cut = np.clip(inst["t"][heavy] - t_peers[heavy], 0, None)
     v = np.flatnonzero((g.category == Category.TRANSFER) & (g.rank == rank) & (g.inst >= 0))
-    dur[v] = np.maximum(dur[v] - np.rint(cut.reindex(g.inst[v]).fillna(0).to_numpy()).astype(np.int64), 0)
+    dur[v] = np.maximum(dur[v] - np.rint(by_inst(inst["inst"][heavy], cut, g.inst[v])).astype(np.int64), 0)
 
 
 def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, lay: Layout, m: np.ndarray,
@@ -273,7 +273,7 @@ def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndar
     """(arrival, transfer, ready compute node) of one window's buckets (in issue order) that started after
     their share of backward's compute (`gradient_buckets`' model) had run."""
     bwd = comp[(g.start[comp] >= bwd_start) & (g.start[comp] < g.start[arr[-1]])]
-    size = g.inst_info["bytes"].reindex(g.inst[xfer]).to_numpy(np.float64)
+    size = g.inst_info.at("bytes", g.inst[xfer])
     if bwd.size == 0 or not np.isfinite(size).all() or size.sum() <= 0:
         return []
     cum = np.cumsum(g.dur[bwd])
@@ -318,36 +318,71 @@ def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     m = np.flatnonzero(_transfers(g, fix.dim))
     if m.size == 0 or g.inst_info is None:
         return
-    info = g.inst_info.reindex(g.inst[m])
-    n = info["n"].to_numpy(np.float64)
-    factor = np.array([bus_factor(str(op), int(k)) or 1.0 for op, k in zip(info["op"], n)])
-    size = info["bytes"].to_numpy(np.float64)
+    info = g.inst_info
+    factor = bus_factors(info.at("op", g.inst[m]), info.at("n", g.inst[m]))
+    size = info.at("bytes", g.inst[m])
     ok = np.isfinite(size) & (size > 0)
     t = size * factor / (float(fix.value) * 1e9) * 1e9
     dur[m[ok]] = np.rint(t[ok]).astype(np.int64)
 
 
-def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> pd.DataFrame:
-    """Per collective / P2P instance (index: inst) with a known size: dim, op, its members (sorted ranks),
-    bus bytes (bytes × the NCCL-tests factor), transfer time `t` (its shortest member's transfer: first
-    end − last arrival, DESIGN §3) under `dur`, and its link tier `inter` (members on several hosts)."""
+INSTANCE_COLS = {"inst": np.int64, "t": np.int64, "ranks": object, "dim": object, "op": object, "bus": np.float64,
+                 "inter": bool}
+"""`instances`' columns and their types."""
+
+
+def bus_factors(op: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per instance: the NCCL-tests bus-bandwidth factor of its op over its `n` members (1 for ops without)."""
+    # deferred: bandwidth.py loads pandas, and only a run with sized collectives gets here
+    from tracekit.analyze.bandwidth import bus_factor
+
+    return np.array([bus_factor(str(o), int(k)) or 1.0 for o, k in zip(op.tolist(), n.tolist())], np.float64)
+
+
+def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> Columns:
+    """Per collective / P2P instance `inst` (ascending) with a known size: dim, op, its members `ranks`
+    (sorted tuples), bus bytes (bytes × the NCCL-tests factor), transfer time `t` (its shortest member's
+    transfer: first end − last arrival, DESIGN §3) under `dur`, and its link tier `inter` (members on
+    several hosts)."""
     m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
     if m.size == 0 or g.inst_info is None:
-        return pd.DataFrame(columns=["t", "ranks", "dim", "op", "bus", "inter"])
-    per = pd.DataFrame({"inst": g.inst[m], "rank": g.rank[m], "t": dur[m]}).groupby("inst").agg(
-        t=("t", "min"), ranks=("rank", lambda x: tuple(sorted(set(x.tolist())))))
-    info = g.inst_info.reindex(per.index)
-    per["dim"], per["op"] = info["dim"].to_numpy(), info["op"].to_numpy()
-    factor = [bus_factor(str(op), int(n)) or 1.0 for op, n in zip(info["op"], info["n"])]
-    per["bus"] = info["bytes"].to_numpy(np.float64) * np.array(factor, np.float64)
-    per["inter"] = [len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in per["ranks"]]
-    return per[np.isfinite(per["bus"]) & (per["bus"] > 0)]
+        return {k: np.zeros(0, dtype=t) for k, t in INSTANCE_COLS.items()}
+    ids, inv = np.unique(g.inst[m], return_inverse=True)
+    inv = inv.reshape(-1)
+    t = np.full(ids.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(t, inv, dur[m])
+    members: list[set[int]] = [set() for _ in range(ids.size)]
+    for i, r in zip(inv.tolist(), g.rank[m].tolist()):
+        members[i].add(r)
+    ranks = np.empty(ids.size, dtype=object)
+    ranks[:] = [tuple(sorted(x)) for x in members]
+    info = g.inst_info
+    op = info.at("op", ids)
+    bus = info.at("bytes", ids) * bus_factors(op, info.at("n", ids))
+    inter = np.array([len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in ranks], dtype=bool)
+    out = {"inst": ids, "t": t, "ranks": ranks, "dim": info.at("dim", ids), "op": op, "bus": bus, "inter": inter}
+    return take(out, np.isfinite(bus) & (bus > 0))
 
 
-def link_time(inst: pd.DataFrame, bus: np.ndarray) -> np.ndarray:
-    """What moving `bus` bus bytes takes on the links of `inst`'s instances: their lower envelope."""
-    pts = inst.groupby(["ranks", "op", "bus"])["t"].median().reset_index()
-    return envelope_at(*lower_envelope(pts["bus"].to_numpy(np.float64), pts["t"].to_numpy(np.float64)), bus)
+def by_inst(ids: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """`values` (one per instance of `ids`) at the instances `at`: 0 where `at` is none of them or the
+    value is NaN (as a reindex then fillna(0))."""
+    n = int(max(ids.max(initial=-1), at.max(initial=-1))) + 1
+    dense = np.zeros(n)
+    dense[ids] = values
+    out = np.where(at >= 0, dense[np.maximum(at, 0)], 0.0)
+    return np.where(np.isnan(out), 0.0, out)
+
+
+def link_time(inst: Columns, bus: np.ndarray) -> np.ndarray:
+    """What moving `bus` bus bytes takes on the links of `inst`'s instances: their lower envelope (of the
+    median time per member set, op and size)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, k in enumerate(zip(inst["ranks"].tolist(), inst["op"].tolist(), inst["bus"].tolist())):
+        groups.setdefault(k, []).append(i)
+    x = np.array([k[2] for k in groups], np.float64)
+    y = np.array([np.median(inst["t"][idx]) for idx in groups.values()], np.float64)
+    return envelope_at(*lower_envelope(x, y), bus)
 
 
 def lower_envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -383,16 +418,17 @@ def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
     """Each of the dim's instances no slower than its peers' links move as many bus bytes: the lower
     envelope of the other member sets' instances (any dim, P2P included) on the same link tier."""
     inst = instances(g, g.dur, lay)
-    if inst.empty:
+    if num_rows(inst) == 0:
         return
-    mine = inst[inst["dim"] == fix.dim] if fix.dim is not None else inst
-    excess = pd.Series(0.0, index=inst.index)
-    for (inter, ranks), own in mine.groupby(["inter", "ranks"]):
-        peers = inst[(inst["inter"] == inter) & (inst["ranks"] != ranks)]
-        if not peers.empty:
-            excess[own.index] = np.maximum(own["t"].to_numpy(np.float64) - link_time(peers, own["bus"].to_numpy()), 0)
+    mine = inst["dim"] == fix.dim if fix.dim is not None else np.ones(num_rows(inst), bool)
+    excess = np.zeros(num_rows(inst))
+    for inter, ranks in set(zip(inst["inter"][mine].tolist(), inst["ranks"][mine].tolist())):
+        same = np.array([rs == ranks for rs in inst["ranks"]], dtype=bool)
+        own, peers = mine & (inst["inter"] == inter) & same, (inst["inter"] == inter) & ~same
+        if peers.any():
+            excess[own] = np.maximum(inst["t"][own] - link_time(take(inst, peers), inst["bus"][own]), 0)
     m = np.flatnonzero(_transfers(g, fix.dim))
-    cut = np.rint(excess.reindex(g.inst[m]).fillna(0).to_numpy()).astype(np.int64)
+    cut = np.rint(by_inst(inst["inst"], excess, g.inst[m])).astype(np.int64)
     dur[m] = np.maximum(dur[m] - cut, 0)
 
 
@@ -441,8 +477,8 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
     """Dispatch instance → (each member's expert compute nodes, each member's load). A rank's all_to_alls
     pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
     as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
-    sizes = g.inst_info["io"] if g.inst_info is not None and "io" in g.inst_info else {}
-    io = {(int(r), int(i)): (a, b) for i, rows in sizes.items() for r, a, b in rows}
+    sizes = g.inst_info.io if g.inst_info is not None else []
+    io = {(int(r), i): (a, b) for i, rows in enumerate(sizes) for r, a, b in rows}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)
@@ -473,7 +509,7 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     n = int(g.inst.max(initial=-1)) + 1
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
-    ops = g.inst_info["op"].reindex(np.arange(n)).astype(str).to_numpy()
+    ops = g.inst_info.at("op", np.arange(n)).astype(str)
     return (g.inst >= 0) & np.isin(ops[np.maximum(g.inst, 0)], [op] if isinstance(op, str) else list(op))
 
 
@@ -482,22 +518,19 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layo
     tier) take to move the even share: the members' mean received bytes (= mean sent) in place of the
     largest member's (its bus bytes scale by mean / largest); unchanged when sizes are unknown."""
     inst = instances(g, g.dur, lay)
-    if nodes.size == 0 or inst.empty:
+    if nodes.size == 0 or num_rows(inst) == 0:
         return
-    a2a = inst[inst["op"] == "all_to_all"]
-    info = g.inst_info.reindex(a2a.index)
-    if "io" not in info:
-        return
-    mean_out = np.array([np.mean([b for _, _, b in rows]) for rows in info["io"]], np.float64)
-    share = np.nan_to_num(mean_out / info["bytes"].to_numpy(np.float64), nan=1.0).clip(max=1.0)
-    even = a2a["bus"].to_numpy(np.float64) * share
-    new = a2a["t"].to_numpy(np.float64)
+    a2a = take(inst, inst["op"] == "all_to_all")
+    mean_out = np.array([np.mean([b for _, _, b in g.inst_info.io[i]]) for i in a2a["inst"].tolist()], np.float64)
+    share = np.nan_to_num(mean_out / g.inst_info.at("bytes", a2a["inst"]), nan=1.0).clip(max=1.0)
+    even = a2a["bus"] * share
+    new = a2a["t"].astype(np.float64)
     for inter in (False, True):
-        sel = (a2a["inter"] == inter).to_numpy()
+        sel = a2a["inter"] == inter
         if sel.any():
-            new[sel] = np.minimum(new[sel], link_time(inst[inst["inter"] == inter], even[sel]))
-    cut = pd.Series(a2a["t"].to_numpy(np.float64) - new, index=a2a.index).reindex(g.inst[nodes]).fillna(0)
-    dur[nodes] = np.maximum(dur[nodes] - np.rint(cut.to_numpy()).astype(np.int64), 0)
+            new[sel] = np.minimum(new[sel], link_time(take(inst, inst["inter"] == inter), even[sel]))
+    cut = by_inst(a2a["inst"], a2a["t"] - new, g.inst[nodes])
+    dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
 
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Layout) -> None:
@@ -549,13 +582,14 @@ def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndar
     out[work] = np.rint(dur[work] * ratio).astype(np.int64)
     out[xfer] = np.rint(dur[xfer] * ratio).astype(np.int64)
     inst = instances(g, dur, lay)
-    for _, tier in inst.groupby("inter") if not inst.empty else ():
-        if tier["bus"].nunique() < 2:
+    for inter in np.unique(inst["inter"]).tolist():
+        tier = take(inst, inst["inter"] == inter)
+        if np.unique(tier["bus"]).size < 2:
             continue  # one size: no line to take a latency from
-        bus = tier["bus"].to_numpy(np.float64)
-        saved = pd.Series(link_time(tier, bus) - link_time(tier, bus * ratio), index=tier.index)
-        mine = xfer[np.isin(g.inst[xfer], tier.index.to_numpy())]
-        out[mine] = np.maximum(dur[mine] - np.rint(saved.reindex(g.inst[mine]).to_numpy()).astype(np.int64), 0)
+        bus = tier["bus"]
+        saved = link_time(tier, bus) - link_time(tier, bus * ratio)
+        mine = xfer[np.isin(g.inst[xfer], tier["inst"])]
+        out[mine] = np.maximum(dur[mine] - np.rint(by_inst(tier["inst"], saved, g.inst[mine])).astype(np.int64), 0)
     return out
 
 

@@ -50,6 +50,38 @@ CATEGORY_NAMES = {Category.COMPUTE: "compute", Category.TRANSFER: "exposed_trans
 
 
 @dataclass
+class InstInfo:
+    """Per collective / P2P instance of a graph, indexed by instance id (`StepGraph.inst`)."""
+
+    key: np.ndarray
+    """matching's instance key (`pg#seq`; P2P pairs `p2p:src>dst:pg#k`), object array"""
+    pg_name: np.ndarray
+    dim: np.ndarray
+    op: np.ndarray
+    """object arrays of str"""
+    bytes: np.ndarray
+    """float64: the largest member's bytes (NaN: unknown)"""
+    n: np.ndarray
+    """int64: members"""
+    io: list[list[tuple[int, float, float]]]
+    """per member: (rank, bytes sent, bytes received; NaN when unknown)"""
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def at(self, field_name: str, ids: np.ndarray) -> np.ndarray:
+        """`field_name` of instances `ids` (float64 NaN, or 'nan' for strings, where an id is none of
+        them, e.g. -1)."""
+        col = getattr(self, field_name)
+        ids = np.asarray(ids, np.int64)
+        ok = (ids >= 0) & (ids < len(self))
+        fill: Any = "nan" if col.dtype == object else np.nan
+        out = np.full(ids.shape, fill, dtype=object if col.dtype == object else np.float64)
+        out[ok] = col[ids[ok]]
+        return out
+
+
+@dataclass
 class StepGraph:
     """Nodes (parallel int arrays) and edges of one step; times are int64 ns on one common clock."""
 
@@ -82,8 +114,8 @@ class StepGraph:
     """per window: the step and the rank's measured step window"""
     win_backward: np.ndarray = None  # type: ignore[assignment]
     """per window: measured start of its first kernel launched by the backward pass (-1: not known)"""
-    inst_info: Any = None
-    """per collective instance (pandas, index = inst): key, pg_name, dim, op, bytes, n"""
+    inst_info: InstInfo | None = None
+    """per collective instance (index = inst): key, pg_name, dim, op, bytes, n, io"""
     _plan: "_Plan | None" = None
 
     def __post_init__(self) -> None:
