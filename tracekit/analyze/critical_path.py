@@ -36,7 +36,8 @@ from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind
 from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, choose_sources, load_collectives, matched_of
+from tracekit.analyze.matching import (MatchingResult, choose_sources, collective_columns, collectives_frame,
+                                       matched_of, read_collectives)
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.reconcile import RecommendationsResult
 from tracekit.tables.store import RunStore
@@ -54,9 +55,10 @@ def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingR
     """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
     p2p = ends = None
     if store.has("collectives"):
-        df = load_collectives(store)
+        t = read_collectives(store)
+        df = collectives_frame(t)
         ends = collective_ends(df)
-        per_rank, _ = choose_sources(df)
+        per_rank, _ = choose_sources(collective_columns(t))
         is_p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
         df = df[is_p2p & (df["source"] == df["rank"].map(per_rank))]
         p2p = df if not df.empty else None

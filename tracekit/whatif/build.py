@@ -121,7 +121,7 @@ def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def clock_shift(matched: MatchedCollectives | None) -> dict[int, int]:
     """Per rank: subtract from trace-clock times to reach the common (matching) clock."""
-    if matched is None or matched.rows.empty:
+    if matched is None or matched.n_rows == 0:
         return {}
     rows = matched.rows
     off = (rows["arrival_raw"] - rows["arrival"]).groupby(rows["rank"]).first()
@@ -135,7 +135,7 @@ def clock_shift(matched: MatchedCollectives | None) -> dict[int, int]:
 def step_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -> pd.DataFrame:
     """The step's collective members on the common clock: key, rank, arrival, end, dim, op, bytes, inst."""
     m = inp.matched
-    if m is None or m.rows.empty:
+    if m is None or m.n_rows == 0:
         return pd.DataFrame(columns=["key", "rank", "arrival", "end", "dim", "op", "bytes", "inst", "pg_name", "step",
                                      "source"])
     rows = _with_trace_ends(m.rows[m.rows["step"].isin(steps)], inp.ends, shift)
