@@ -5,20 +5,24 @@ end on CPU, take the end of the profiler's record of the same call."""
 
 from __future__ import annotations
 
-import pandas as pd
+import numpy as np
 
-from tracekit.analyze.matching import _aggregate_instances, fill_log_ends
+from tracekit.analyze.matching import COLUMNS, _aggregate_instances, _instances_frame, collective_columns, fill_log_ends
+
+from tests.analyze.analyze_builders import table
 
 MS = 1_000_000
 
 
-def _instances(rows: list[tuple[int, int, int, int]]) -> pd.DataFrame:
+def _instances(rows: list[tuple[int, int, int, int]]):
     """rows: (rank, seq, arrival, end) on one group."""
-    df = pd.DataFrame([{"key": f"world#{s}", "pg_name": "world", "seq": s, "op": "all_gather", "rank": r,
-                        "arrival": a, "end": e, "step": 1, "group_size": 2, "seq_basis": "log"}
-                       for r, s, a, e in rows])
-    df["end"] = df["end"].astype("Int64")
-    return _aggregate_instances(df, {"world": "dp"}).set_index("seq")
+    n = len(rows)
+    rank, seq, arrival, end = (np.array(c, np.int64) for c in zip(*rows))
+    cols = {"pg_name": np.array(["world"] * n, object), "seq": seq, "op": np.array(["all_gather"] * n, object),
+            "rank": rank, "arrival": arrival, "end": end, "end_ok": np.ones(n, bool),
+            "step": np.ones(n, np.int64), "step_ok": np.ones(n, bool), "group_size": np.full(n, 2, np.int64),
+            "group_size_ok": np.ones(n, bool), "seq_basis": np.array(["log"] * n, object)}
+    return _instances_frame(_aggregate_instances(cols, {"world": "dp"})).frame().set_index("seq")
 
 
 def test_a_rank_whose_collectives_end_later_is_late_only_by_its_extra_gap():
@@ -51,15 +55,15 @@ def _row(rank, source, seq, ts, dur, seq_source="log", enqueue=None):
 
 
 def test_log_rows_take_the_end_of_the_profiler_record_of_the_same_call():
-    df = pd.DataFrame([
+    cols = collective_columns(table("collectives", [
         _row(0, "comms-log", 1, None, None, enqueue=100), _row(0, "kineto", 1, 105, 40),  # end 145
         _row(1, "comms-log", 1, None, None, enqueue=200), _row(1, "kineto", 1, 210, 30),  # shift unknown
         _row(0, "comms-log", 2, None, None, enqueue=300), _row(0, "kineto", 2, 305, 9, seq_source="order"),
         _row(0, "comms-log", 3, 400, 5, enqueue=390), _row(0, "kineto", 3, 401, 50),  # the log's own end stays
-    ])
-    for c in ("seq", "ts", "dur", "enqueue_ts"):
-        df[c] = df[c].astype("Int64")
-    out = fill_log_ends(df, {0: 10, 1: None})
-    log = out[out["source"] == "comms-log"].set_index(["rank", "seq"])["end"]
-    assert log[(0, 1)] == 145 - 10 and pd.isna(log[(1, 1)]) and pd.isna(log[(0, 2)]) and log[(0, 3)] == 405
-    assert out.loc[out["source"] == "kineto", "end"].tolist() == [145, 240, 314, 451]
+    ]).select(COLUMNS))
+    out = fill_log_ends(cols, {0: 10, 1: None})
+    end = [int(e) if ok else None for e, ok in zip(out["end"], out["end_ok"])]
+    log = {(int(r), int(s)): e for r, s, e, src in zip(out["rank"], out["seq"], end, out["source"])
+           if src == "comms-log"}
+    assert log[(0, 1)] == 145 - 10 and log[(1, 1)] is None and log[(0, 2)] is None and log[(0, 3)] == 405
+    assert [e for e, src in zip(end, out["source"]) if src == "kineto"] == [145, 240, 314, 451]

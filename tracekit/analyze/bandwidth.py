@@ -130,7 +130,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     all_rows = [r for r in t.to_pylist() if r["dur"] is not None and r["dur"] > 0]
     out: list[dict[str, Any]] = []
     unsized: dict[tuple[str, str], int] = defaultdict(int)
-    if matched is not None and len(matched.instances):
+    if matched is not None and matched.n_instances:
         import pandas as pd  # only with matched instances: a run without any never imports it
 
         nbytes = matched.rows.groupby("key")["bytes"].max()
@@ -262,7 +262,7 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
                for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
     matched = matched_of(matching)
     device_timed = bool(matched is not None and matched.gpu_ranks
-                        and set(matched.rows["rank"].unique()) <= matched.gpu_ranks)
+                        and (matched.n_rows == 0 or set(matched.rows["rank"].unique()) <= matched.gpu_ranks))
     tiers = link_tiers(store, members)
     _judge(table, groups, config.peak_gbps, nsteps, members, tiers, device_timed)
     findings = _findings(table, step_ns, store, _exposed_per_step(unoverlapped), tiers)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.columns import equals_any, group_ids, group_order
 from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 
@@ -51,35 +51,52 @@ class ClockConfig:
     """An uncorrectable offset at least this large yields a `clock_skew` warning."""
 
 
-def _end_deviations(inst: pd.DataFrame) -> dict[int, np.ndarray]:
+@dataclass(frozen=True)
+class MatchedEnds:
+    """The matched rows the estimate reads: one per (instance, rank), as numpy columns."""
+
+    key: np.ndarray
+    """int instance id"""
+    rank: np.ndarray
+    op: np.ndarray
+    """object (str or None)"""
+    end: np.ndarray
+    """int64 ns on the matching clock (0 where unknown)"""
+    end_ok: np.ndarray
+    """bool: end is known"""
+
+
+def _end_deviations(m: MatchedEnds) -> dict[int, np.ndarray]:
     """Per rank: how far its end of each matched sync collective lies from the instance's median end."""
-    sync = inst[inst["op"].isin(SYNC_ENDING_OPS) & inst["end"].notna()] if len(inst) else inst
-    if len(sync):
-        sizes = sync.groupby("key")["rank"].transform("size")
-        sync = sync[sizes >= 2].copy()
-        # exact ints first (epoch ns), then the small differences from the instance's median
-        sync["d"] = (sync["end"] - sync.groupby("key")["end"].transform("min")).astype("int64")
-        sync["d"] = sync["d"] - sync.groupby("key")["d"].transform("median")
+    sync = equals_any(m.op, SYNC_ENDING_OPS) & m.end_ok
+    key, rank, end = m.key[sync], m.rank[sync], m.end[sync]
+    ids, n = group_ids(key)
+    keep = np.bincount(ids, minlength=n)[ids] >= 2
+    (ids, n), rank, end = group_ids(ids[keep]), rank[keep], end[keep]
+    if not ids.size:
+        return {}
+    # exact ints first (epoch ns), then the small differences from the instance's median
+    order, starts, counts = group_order(ids, n, end)
+    d = end - end[order][starts][ids]
+    ds = d[order].astype(np.float64)
+    lo, hi = ds[starts + (counts - 1) // 2], ds[starts + counts // 2]
+    dev = d - ((lo + hi) / 2)[ids]
     by_rank: dict[int, np.ndarray] = {}
-    if len(sync):
-        rk = sync["rank"].to_numpy(dtype=np.int64)
-        dv = sync["d"].to_numpy(dtype=float)
-        order = np.argsort(rk, kind="stable")
-        for idx in np.split(order, np.flatnonzero(np.diff(rk[order])) + 1):
-            if idx.size:
-                by_rank[int(rk[idx[0]])] = dv[idx]
+    order = np.argsort(rank, kind="stable")
+    for idx in np.split(order, np.flatnonzero(np.diff(rank[order])) + 1):
+        by_rank[int(rank[idx[0]])] = dev[idx]
     return by_rank
 
 
-def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config: ClockConfig,
+def estimate_offsets(ends: MatchedEnds, anchors: dict[int, int | None], config: ClockConfig,
                      same_host: bool = False) -> tuple[dict[str, Any], dict[int, int]]:
     """Offsets from anchors or from ends of matched sync collectives.
 
-    `inst` has one row per (instance key, rank) with columns key, rank, op, end (trace-clock ns).
+    `ends` has one row per (instance key, rank) with its op and end (trace-clock ns).
     `same_host`: every rank ran on one host, so they share a clock: estimates are reported, not applied.
     Returns the section and {rank: offset to subtract from that rank's times}.
     """
-    ranks = sorted(set(inst["rank"].tolist())) if len(inst) else sorted(anchors)
+    ranks = sorted(set(ends.rank.tolist())) if ends.rank.size else sorted(anchors)
     if anchors and ranks and all(anchors.get(r) is not None for r in ranks):
         rows = [{"rank": r, "offset_ns": int(anchors[r]), "mad_ns": 0, "instances": 0, "applied": True,
                  "status": "anchor"} for r in ranks]
@@ -87,7 +104,7 @@ def estimate_offsets(inst: pd.DataFrame, anchors: dict[int, int | None], config:
                 {r: int(anchors[r]) for r in ranks})
     ref = ranks[0] if ranks else None
     rows, applied = [], {}
-    by_rank = _end_deviations(inst)
+    by_rank = _end_deviations(ends)
     for r in ranks:
         d = by_rank.get(r, np.zeros(0))
         if d.size < config.min_instances:

@@ -73,10 +73,9 @@ def p2p_rows(store: RunStore, cols: Columns) -> Columns | None:
     is_p2p = (cols["is_p2p"] & cols["is_p2p_ok"]) | np.isin(strings(cols["op"]), ["send", "recv"])
     if not is_p2p.any():
         return None
-    # the source choice is matching's (pandas): read only for a run with send/recv ops
-    from tracekit.analyze.matching import choose_sources, load_collectives
+    from tracekit.analyze.matching import choose_sources, collective_columns, read_collectives
 
-    per_rank, _ = choose_sources(load_collectives(store))
+    per_rank, _ = choose_sources(collective_columns(read_collectives(store)))  # matching's source choice
     chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
     keep = is_p2p & (cols["source"] == chosen)
     return take(cols, keep) if keep.any() else None

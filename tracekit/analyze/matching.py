@@ -41,24 +41,30 @@ Section `matching`:
      "top_skew": [{"pg_name", "dim", "seq", "op", "step", "skew_ns", "transfer_ns", "first_rank",
                    "last_rank", "delay_ns"}]}          # the 20 largest skews
 Result for later analyzers: `MatchingResult` — `matched` (MatchedCollectives) and `clocks` (the
-clock estimate the `clocks` analyzer publishes).
+clock estimate the `clocks` analyzer publishes). Computed on numpy columns (columns.py), without
+pandas: MatchedCollectives builds its pandas frames when a consumer first reads them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracekit.analyze import intervals as iv
-from tracekit.analyze.clocks import ClockConfig, estimate_offsets, log_to_trace_shift
 from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
+from tracekit.analyze.columns import (Column, Cols, LazyFrame, argsort_desc, cumcount, equals_any, from_arrow,
+                                      group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SOURCE_PRIORITY = ("comms-log", "flight-recorder", "kineto")
 LOG_SOURCES = ("comms-log", "flight-recorder")
@@ -66,30 +72,55 @@ COLUMNS = ["rank", "source", "pg_name", "seq", "seq_source", "op", "is_p2p", "by
            "enqueue_ts", "caller", "step", "group_size", "peer"]
 
 
-@dataclass
 class MatchedCollectives:
     """Per (instance, rank) rows with corrected times, plus per-instance aggregates.
 
     Times are exact int64 ns on the matching clock (nullable ones, e.g. end, as pandas Int64); other
-    nullable numbers (step, bytes, group_size) are float64 NaN."""
+    nullable numbers (step, bytes, group_size) are float64 NaN. Matching hands over numpy columns: the
+    DataFrames are built on first access (pandas imported then); `n_rows` and `n_instances` never
+    build them. A consumer may also pass DataFrames (a subset of another result's)."""
 
-    rows: pd.DataFrame
-    """key, pg_name, seq, op, rank, arrival (offset-corrected), arrival_raw, end, wait, is_last, source,
-    step, caller, bytes."""
-    instances: pd.DataFrame
-    """key, pg_name, dim, seq, op, step, n, first, last, second_last, first_end, last_end, skew, transfer,
-    first_rank, last_rank, delay."""
-    trace_shift: dict[int, int | None]
-    """Per rank: add to this rank's raw matching times to put them on its trace clock (None: unknown)."""
-    wait_intervals: dict[int, "iv.IntervalSet"]
-    """Per rank, trace clock: waiting for the group's last arrival, or for a P2P op's peer to post the
-    other side (ranks with a known shift only)."""
-    gpu_ranks: set[int] = field(default_factory=set)
-    """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
-    p2p_pairs: pd.DataFrame | None = None
-    """One row per paired send/recv (`_pair_p2p`): pg_name, src, dst, bytes, step (float64, NaN when
-    unknown), device_timed (both sides on GPU ranks) and transfer (int64 ns, matching clock: the first
-    side's end − the last side's arrival, as a collective's transfer)."""
+    def __init__(self, rows: pd.DataFrame | LazyFrame, instances: pd.DataFrame | LazyFrame,
+                 trace_shift: dict[int, int | None], wait_intervals: dict[int, iv.IntervalSet],
+                 gpu_ranks: set[int] | None = None, p2p_pairs: pd.DataFrame | LazyFrame | None = None) -> None:
+        self._frames: dict[str, Any] = {"rows": rows, "instances": instances, "p2p_pairs": p2p_pairs}
+        self.n_rows: int = len(rows)
+        """len(rows), without building the frame."""
+        self.n_instances: int = len(instances)
+        """len(instances), without building the frame."""
+        self.trace_shift = trace_shift
+        """Per rank: add to this rank's raw matching times to put them on its trace clock (None: unknown)."""
+        self.wait_intervals = wait_intervals
+        """Per rank, trace clock: waiting for the group's last arrival, or for a P2P op's peer to post the
+        other side (ranks with a known shift only)."""
+        self.gpu_ranks: set[int] = gpu_ranks if gpu_ranks is not None else set()
+        """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
+
+    def _frame(self, name: str) -> Any:
+        """The frame `name`, built (once) when it is still numpy columns."""
+        f = self._frames[name]
+        if isinstance(f, LazyFrame):
+            f = self._frames[name] = f.frame()
+        return f
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """key, pg_name, seq, op, rank, arrival (offset-corrected), arrival_raw, end, wait, is_last, source,
+        step, caller, bytes."""
+        return self._frame("rows")
+
+    @property
+    def instances(self) -> pd.DataFrame:
+        """key, pg_name, seq, op, step, n, first, last, first_end, last_end, group_size, seq_basis,
+        last_rank, first_rank, second_last, skew, extra_gap, delay, transfer, dim."""
+        return self._frame("instances")
+
+    @property
+    def p2p_pairs(self) -> pd.DataFrame | None:
+        """One row per paired send/recv (`_pair_p2p`): pg_name, src, dst, bytes, step (float64, NaN when
+        unknown), device_timed (both sides on GPU ranks) and transfer (int64 ns, matching clock: the first
+        side's end − the last side's arrival, as a collective's transfer); None without P2P to pair."""
+        return self._frame("p2p_pairs")
 
 
 def gpu_ranks(store: RunStore) -> set[int]:
@@ -101,38 +132,56 @@ def gpu_ranks(store: RunStore) -> set[int]:
 def arrival_ns(rows: pd.DataFrame, on_gpu: set[int]) -> pd.Series:
     """A rank's arrival at each collective row (DESIGN §3), Int64 ns on the row's clock: on GPU ranks
     the collective's start on the device (`ts`), null when unknown — never the host's enqueue; on
-    CPU backends the op's start on the host (`enqueue_ts`, else `ts`)."""
+    CPU backends the op's start on the host (`enqueue_ts`, else `ts`). (`_arrival`: the same on
+    numpy columns.)"""
     gpu = rows["rank"].isin(on_gpu).to_numpy()
     host = rows["enqueue_ts"].fillna(rows["ts"])
     return rows["ts"].where(gpu, host).astype("Int64")
 
 
-def load_collectives(store: RunStore) -> pd.DataFrame:
-    t = store.table("collectives", COLUMNS)
-    cols = {}
+def _on_ranks(rank: np.ndarray, ranks: set[int]) -> np.ndarray:
+    """Where a row's rank is one of `ranks`."""
+    return np.isin(rank, np.array(sorted(ranks), np.int64))
+
+
+def _arrival(cols: Cols, on_gpu: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """`arrival_ns` on numpy columns: (values, known)."""
+    gpu = _on_ranks(cols["rank"], on_gpu)
+    host = np.where(cols["enqueue_ts_ok"], cols["enqueue_ts"], cols["ts"])
+    host_ok = cols["enqueue_ts_ok"] | cols["ts_ok"]
+    return np.where(gpu, cols["ts"], host), np.where(gpu, cols["ts_ok"], host_ok)
+
+
+def read_collectives(store: RunStore) -> pa.Table:
+    """The collectives table's COLUMNS (no rows when there is none)."""
+    if store.has("collectives"):
+        return store.table("collectives", COLUMNS)
+    return TABLES["collectives"].empty_table().select(COLUMNS)
+
+
+def collective_columns(t: pa.Table) -> Cols:
+    """`read_collectives`' table as numpy columns (`from_arrow`): integers exact int64 with an
+    `<name>_ok` mask, is_p2p with null as False, strings as object arrays (None for null)."""
+    cols: Cols = {}
     for name in t.column_names:
-        col = t.column(name)
-        if pa.types.is_dictionary(col.type):
-            col = col.cast(pa.string())
-        cols[name] = col
-    # nullable ints straight to pandas Int64: through float64 (pandas' default for a column with nulls)
-    # epoch-scale ns would round to 256 ns
-    nullable = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
-    df = pa.table(cols).to_pandas(types_mapper=nullable.get)
-    for c in ("ts", "dur", "enqueue_ts", "seq", "bytes", "step"):
-        df[c] = df[c].astype("Int64")
-    return df
+        values, ok = from_arrow(t.column(name))
+        cols[name] = values
+        if pa.types.is_integer(t.schema.field(name).type):
+            cols[name + "_ok"] = ok
+    return cols
 
 
-def choose_sources(df: pd.DataFrame, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
+def choose_sources(cols: Cols, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
     """One collective source per rank (see module doc). On GPU ranks (`on_gpu`) a source counts only
     with device start times (a log that holds only enqueue times cannot give an arrival there)."""
-    host_ok = df["enqueue_ts"].notna() & ~df["rank"].isin(on_gpu or set())
-    usable = df[host_ok | df["ts"].notna()]
-    have: dict[str, set[int]] = {s: set(g["rank"].tolist()) for s, g in usable.groupby("source")}
-    ranks = set(usable["rank"].tolist())
+    host_ok = cols["enqueue_ts_ok"] & ~_on_ranks(cols["rank"], on_gpu or set())
+    usable = host_ok | cols["ts_ok"]
+    rank, source = cols["rank"][usable], cols["source"][usable]
+    ranks = set(rank.tolist())
     if not ranks:
         return {}, "none"
+    named = not_null(source)
+    have: dict[str, set[int]] = {s: set(rank[named & (source == s)].tolist()) for s in set(source[named].tolist())}
     for src in SOURCE_PRIORITY:
         if have.get(src, set()) == ranks:
             return {r: src for r in sorted(ranks)}, "uniform"
@@ -142,8 +191,8 @@ def choose_sources(df: pd.DataFrame, on_gpu: set[int] | None = None) -> tuple[di
     return per_rank, "mixed"
 
 
-def _stats(x: pd.Series) -> dict[str, int]:
-    a = x.dropna().to_numpy(dtype=float)
+def _stats(x: np.ndarray) -> dict[str, int]:
+    a = x.astype(float)
     if a.size == 0:
         return {"mean": 0, "p50": 0, "p95": 0, "max": 0}
     return {"mean": int(a.mean()), "p50": int(np.percentile(a, 50)), "p95": int(np.percentile(a, 95)),
@@ -161,24 +210,37 @@ def host_count(store: RunStore) -> int | None:
     return None
 
 
-def _trace_shifts(store: RunStore, per_rank: dict[int, str]) -> tuple[dict[int, int | None], list[dict[str, Any]]]:
-    """Shift per rank from its matching source's clock to its trace clock."""
+def _trace_shifts(store: RunStore, cols: Cols, per_rank: dict[int, str]
+                  ) -> tuple[dict[int, int | None], list[dict[str, Any]]]:
+    """Shift per rank from its matching source's clock to its trace clock (`cols`: every collective row)."""
     rows = {r["rank"]: r for r in store.table("ranks", ["rank", "first_ts", "last_ts", "base_time_ns"]).to_pylist()}
+    span = _log_spans(cols, per_rank)
     shifts: dict[int, int | None] = {}
     report = []
     for r, src in per_rank.items():
         if src not in LOG_SOURCES:
             shifts[r] = 0
             continue
-        t = store.rank_table("collectives", r, ["source", "enqueue_ts", "ts"])
-        t = t.filter(pc.equal(t["source"].cast(pa.string()), src))
-        times = pc.drop_null(pa.concat_arrays([t["enqueue_ts"].combine_chunks(), t["ts"].combine_chunks()])
-                             ).to_numpy(zero_copy_only=False).astype(np.int64)
         row = rows.get(r, {})
+        times = span.get(r, np.zeros(0, np.int64))
         shift, how = log_to_trace_shift(times, row.get("first_ts"), row.get("last_ts"), row.get("base_time_ns"))
         shifts[r] = shift if how != "unaligned" else None
         report.append({"rank": r, "shift_ns": shift, "method": how})
     return shifts, report
+
+
+def _log_spans(cols: Cols, per_rank: dict[int, str]) -> dict[int, np.ndarray]:
+    """Per rank matched from a log: [earliest, latest] of its log rows' times (enqueue and start), what
+    `log_to_trace_shift` reads of them; ranks whose log rows hold no time are left out."""
+    chosen = _chosen(cols["rank"], per_rank)
+    mine = np.flatnonzero((cols["source"] == chosen) & equals_any(chosen, LOG_SOURCES))
+    ranks, at = np.unique(cols["rank"][mine], return_inverse=True)
+    at = np.concatenate([at.reshape(-1)] * 2)
+    values = np.concatenate([cols["enqueue_ts"][mine], cols["ts"][mine]])
+    ok = np.concatenate([cols["enqueue_ts_ok"][mine], cols["ts_ok"][mine]])
+    lo, has = group_extreme(at, ranks.size, values, ok, largest=False)
+    hi, _ = group_extreme(at, ranks.size, values, ok, largest=True)
+    return {int(r): np.array([lo[i], hi[i]], np.int64) for i, r in enumerate(ranks.tolist()) if has[i]}
 
 
 NO_CLOCKS: dict[str, Any] = {"method": "none", "reference_rank": None, "ranks": [], "log_to_trace": []}
@@ -191,70 +253,108 @@ def _empty_section(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-def fill_log_ends(df: pd.DataFrame, shifts: dict[int, int | None]) -> pd.DataFrame:
-    """`df` with each row's `end` (ts + dur). Log rows that carry none (a CPU comms log holds enqueue
-    times only) take the end of the profiler's record of the same call (rank, group, p2p, seq; the
-    parser joined the two), moved onto the log's clock (`shifts`: log + shift = trace; unknown: no
-    fill). Without it the delay rule "count from the group's previous collective's end" cannot apply,
-    and each async call queued behind a running one adds its queueing skew to the late rank's delay."""
-    df = df.assign(end=(df["ts"] + df["dur"]).astype("Int64"),
-                   p2p=df["is_p2p"].astype("boolean").fillna(False).astype(bool))
-    keys = ["rank", "pg_name", "p2p", "seq"]
-    kin = df[(df["source"] == "kineto") & df["seq_source"].isin(["args", "log"]) & df["end"].notna()]
-    kin = kin[keys + ["end"]].drop_duplicates(keys, keep=False).rename(columns={"end": "kin_end"})
-    need = df["source"].isin(LOG_SOURCES) & df["end"].isna() & df["seq"].notna() & df["pg_name"].notna()
-    found = df.loc[need, keys].reset_index().merge(kin, on=keys, how="inner").set_index("index")
-    shift = found["rank"].map(shifts).astype("Int64")
-    df.loc[found.index, "end"] = (found["kin_end"] - shift).astype("Int64")  # NA where the shift is unknown
-    return df.drop(columns="p2p")
+def fill_log_ends(cols: Cols, shifts: dict[int, int | None]) -> Cols:
+    """`cols` with each row's `end` (ts + dur) and `end_ok`. Log rows that carry none (a CPU comms log
+    holds enqueue times only) take the end of the profiler's record of the same call (rank, group, p2p,
+    seq; the parser joined the two; a call the profiler recorded twice gives none), moved onto the log's
+    clock (`shifts`: log + shift = trace; unknown: no fill). Without it the delay rule "count from the
+    group's previous collective's end" cannot apply, and each async call queued behind a running one
+    adds its queueing skew to the late rank's delay."""
+    ok = cols["ts_ok"] & cols["dur_ok"]
+    end = np.where(ok, cols["ts"] + cols["dur"], 0)
+    keyed = cols["seq_ok"] & not_null(cols["pg_name"])
+    kin = (cols["source"] == "kineto") & equals_any(cols["seq_source"], ("args", "log")) & ok & keyed
+    need = equals_any(cols["source"], LOG_SOURCES) & ~ok & keyed
+    sel = np.flatnonzero(kin | need)
+    ids, n = group_ids(cols["rank"][sel], cols["pg_name"][sel], cols["is_p2p"][sel], cols["seq"][sel])
+    is_kin = kin[sel]
+    once = np.bincount(ids[is_kin], minlength=n) == 1
+    kin_end = np.zeros(n, np.int64)
+    kin_end[ids[is_kin]] = end[sel[is_kin]]
+    found = ~is_kin & once[ids]
+    shift, known = lookup(cols["rank"][sel[found]], shifts)
+    if None in shifts.values() or not known.all():
+        # as before: the shifts then passed through float64 (pandas' map), rounding epoch-scale ones
+        shift = shift.astype(np.float64).astype(np.int64)
+    rows = sel[found][known]
+    end[rows] = kin_end[ids[found][known]] - shift[known]
+    ok = ok.copy()
+    ok[rows] = True
+    return {**cols, "end": end, "end_ok": ok}
 
 
-def _select_rows(df: pd.DataFrame, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
-                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each rank's rows from its chosen source with their arrival, keyed by instance (pg_name#seq),
-    and its P2P rows (`df` holds each row's `end`, see `fill_log_ends`)."""
-    chosen = df["rank"].map(per_rank)
+def _chosen(rank: np.ndarray, per_rank: dict[int, str]) -> np.ndarray:
+    """Per row: its rank's chosen source (None for a rank without one)."""
+    uniq, inv = np.unique(rank, return_inverse=True)
+    return np.array([per_rank.get(r) for r in uniq.tolist()], object)[inv.reshape(-1)]
+
+
+def _select_rows(cols: Cols, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
+                 ) -> tuple[Cols, Cols]:
+    """Each rank's rows from its chosen source with their arrival, numbered within their group and
+    agreeing on the op with at least one other rank (`_agreeing`), and its P2P rows (`cols` holds
+    each row's `end`, see `fill_log_ends`)."""
+    chosen = _chosen(cols["rank"], per_rank)
     # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
     # leaves their Kineto rows unjoined (seq numbered by order); match them among themselves
-    extra = ((df["source"] == "kineto") & (df["seq_source"] == "order") & chosen.isin(LOG_SOURCES))
+    extra = (cols["source"] == "kineto") & (cols["seq_source"] == "order") & equals_any(chosen, LOG_SOURCES)
     section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
-    df = df[(df["source"] == chosen) | extra].copy()
-    ex_idx = extra[extra].index.intersection(df.index)
-    df.loc[ex_idx, "pg_name"] = ("kineto:" + df.loc[ex_idx, "pg_name"].astype(str)).where(
-        df.loc[ex_idx, "pg_name"].notna(), None)
-    p2p = df["is_p2p"].astype("boolean").fillna(False).astype(bool) | df["op"].isin(["send", "recv"])
+    keep = (cols["source"] == chosen) | extra
+    cols, extra = take(cols, keep), extra[keep]
+    pg = cols["pg_name"].copy()
+    pg[extra] = [None if p is None else f"kineto:{p}" for p in pg[extra].tolist()]
+    cols["pg_name"] = pg
+    p2p = cols["is_p2p"] | equals_any(cols["op"], ("send", "recv"))
     section["p2p_skipped"] = int(p2p.sum())
-    p2p_df = df[p2p].copy()
-    p2p_df["arrival"] = arrival_ns(p2p_df, on_gpu)
-    df = df[~p2p].copy()
+    p2p_rows = take(cols, p2p)
+    p2p_rows["arrival"], p2p_rows["arrival_ok"] = _arrival(p2p_rows, on_gpu)
+    rows = take(cols, ~p2p)
     # never matched by order under a guessed group: a row without a group stays out of matching
-    section["no_group"] = int(df["pg_name"].isna().sum())
-    df = df[df["pg_name"].notna()].copy()
-    df["arrival"] = arrival_ns(df, on_gpu)
-    section["no_device_time"] = int((df["arrival"].isna() & df["rank"].isin(on_gpu)).sum())
-    df = df[df["arrival"].notna()].copy()
-    # seq: from the source, else by order within (rank, group)
-    df = df.sort_values(["rank", "pg_name", "arrival"], kind="stable")
-    order = df.groupby(["rank", "pg_name"]).cumcount() + 1
-    df["seq_basis"] = np.where(df["seq"].notna(), df["seq_source"].fillna("args"), "order")
-    df["seq"] = df["seq"].fillna(pd.Series(order, index=df.index)).astype("int64")
-    df["key"] = df["pg_name"].astype(str) + "#" + df["seq"].astype(str)
-
-    # ops must agree within an instance; drop instances where they do not
-    nops = df.groupby("key")["op"].transform("nunique")
-    section["op_mismatches"] = int(df.loc[nops > 1, "key"].nunique())
-    df = df[nops <= 1].copy()
-    n = df.groupby("key")["rank"].transform("size")
-    return df[n >= 2].copy(), p2p_df
+    named = not_null(rows["pg_name"])
+    section["no_group"] = int((~named).sum())
+    rows = take(rows, named)
+    rows["arrival"], rows["arrival_ok"] = _arrival(rows, on_gpu)
+    section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
+    rows = _numbered(take(rows, rows["arrival_ok"]))
+    return _agreeing(rows, section), p2p_rows
 
 
-def _estimate_clocks(store: RunStore, df: pd.DataFrame, log_report: list[dict[str, Any]]
+def _numbered(rows: Cols) -> Cols:
+    """Rows by (rank, group, arrival), each with its seq: from the source, else its position within
+    (rank, group); `seq_basis` says which."""
+    pg_code, _ = group_ids(rows["pg_name"])
+    rows = take(rows, np.lexsort((rows["arrival"], pg_code, rows["rank"])))
+    ids, n = group_ids(rows["rank"], rows["pg_name"])
+    position = cumcount(ids, n) + 1
+    source = np.where(not_null(rows["seq_source"]), rows["seq_source"], "args")
+    rows["seq_basis"] = np.where(rows["seq_ok"], source, "order").astype(object)
+    rows["seq"] = np.where(rows["seq_ok"], rows["seq"], position)
+    return rows
+
+
+def _agreeing(rows: Cols, section: dict[str, Any]) -> Cols:
+    """The rows of instances (pg_name, seq) whose ranks agree on the op (nulls aside) and that at least
+    two rows hold; `section["op_mismatches"]` counts the instances dropped for the op."""
+    ids, n = group_ids(rows["pg_name"], rows["seq"])
+    named = not_null(rows["op"])
+    combos, m = group_ids(ids[named], rows["op"][named])
+    inst_of = np.zeros(m, np.int64)
+    inst_of[combos] = ids[named]
+    mismatch = np.bincount(inst_of, minlength=n) > 1
+    section["op_mismatches"] = int(mismatch.sum())
+    keep = ~mismatch[ids]
+    keep &= np.bincount(ids[keep], minlength=n)[ids] >= 2
+    return take(rows, keep)
+
+
+def _estimate_clocks(store: RunStore, rows: Cols, log_report: list[dict[str, Any]]
                      ) -> tuple[dict[str, Any], dict[int, int]]:
     """Clock offsets estimated on the matching clock (`log_report`: each rank's log-to-trace shift)."""
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
-    clk_in = pd.DataFrame({"key": df["key"], "rank": df["rank"], "op": df["op"], "end": df["end"]})
+    key, _ = group_ids(rows["pg_name"], rows["seq"])
+    ends = MatchedEnds(key=key, rank=rows["rank"], op=rows["op"], end=rows["end"], end_ok=rows["end_ok"])
     hosts = host_count(store)
-    clocks, offsets = estimate_offsets(clk_in, anchors, ClockConfig(), same_host=hosts == 1)
+    clocks, offsets = estimate_offsets(ends, anchors, ClockConfig(), same_host=hosts == 1)
     clocks["hosts"] = hosts
     clocks["log_to_trace"] = log_report
     clocks["thresholds"] = {"min_offset_ns": ClockConfig().min_offset_ns,
@@ -262,120 +362,187 @@ def _estimate_clocks(store: RunStore, df: pd.DataFrame, log_report: list[dict[st
     return clocks, offsets
 
 
-def _aggregate_instances(df: pd.DataFrame, dims: dict[str, str]) -> pd.DataFrame:
-    """One row per instance (first/last arrival, skew, delay, transfer); marks `df`'s last arrivals."""
-    g = df.groupby("key")
-    df["last"] = g["arrival"].transform("max")
-    df["wait"] = df["last"] - df["arrival"]
-    inst = g.agg(pg_name=("pg_name", "first"), seq=("seq", "first"), op=("op", "first"),
-                 step=("step", "min"), n=("rank", "size"), first=("arrival", "min"),
-                 last=("arrival", "max"), first_end=("end", "min"), last_end=("end", "max"),
-                 group_size=("group_size", "max"), seq_basis=("seq_basis", "first")).reset_index()
+def _first_of(ids: np.ndarray, n: int, values: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+    """Per group: the value of its first row (row order) among `where` (None when it has none)."""
+    sel = np.flatnonzero(where) if where is not None else np.arange(ids.size)
+    first = np.full(n, ids.size, np.int64)
+    np.minimum.at(first, ids[sel], sel)
+    return np.concatenate([values, np.array([None], object)]).astype(object)[first]
+
+
+def _aggregate_instances(rows: Cols, dims: dict[str, str]) -> Cols:
+    """One row per instance in (pg_name, seq) order: first/last arrival and rank, ends, skew, delay,
+    transfer; adds each row's `inst` (its instance), `wait` and `is_last` to `rows`."""
+    ids, n = group_ids(rows["pg_name"], rows["seq"])
+    arrival, rank = rows["arrival"], rows["rank"]
     # who arrived first / last, and by how much the last one trailed the second-to-last
-    srt = df.sort_values(["key", "arrival", "rank"], kind="stable")
-    last_rows = srt.groupby("key").tail(1).set_index("key")
-    first_rows = srt.groupby("key").head(1).set_index("key")
-    second_last = srt.groupby("key")["arrival"].apply(lambda a: a.iloc[-2] if len(a) >= 2 else a.iloc[-1])
-    inst["last_rank"] = inst["key"].map(last_rows["rank"]).astype("int64")
-    inst["first_rank"] = inst["key"].map(first_rows["rank"]).astype("int64")
-    inst["second_last"] = inst["key"].map(second_last).astype("int64")
+    srt, starts, counts = group_order(ids, n, arrival, rank)
+    lo, hi, hi2 = srt[starts], srt[starts + counts - 1], srt[starts + np.maximum(counts - 2, 0)]
+    inst: Cols = {"pg_name": _first_of(ids, n, rows["pg_name"]), "seq": rows["seq"][lo],
+                  "op": _first_of(ids, n, rows["op"], not_null(rows["op"])), "n": counts,
+                  "first": arrival[lo], "last": arrival[hi], "seq_basis": _first_of(ids, n, rows["seq_basis"]),
+                  "last_rank": rank[hi], "first_rank": rank[lo], "second_last": arrival[hi2]}
+    for name, col, largest in (("step", "step", False), ("first_end", "end", False), ("last_end", "end", True),
+                               ("group_size", "group_size", True)):
+        inst[name], inst[name + "_ok"] = group_extreme(ids, n, rows[col], rows[col + "_ok"], largest)
     inst["skew"] = inst["last"] - inst["first"]
-    inst["extra_gap"] = inst["key"].map(_extra_gap(df, srt))
-    inst = inst.sort_values(["pg_name", "seq"], kind="stable").reset_index(drop=True)
+    inst["extra_gap"], inst["extra_gap_ok"] = _extra_gap(rows, hi, hi2)
     inst["delay"] = _late_delay(inst)
-    inst["transfer"] = (inst["first_end"].astype("Int64") - inst["last"]).clip(lower=0)
-    inst["dim"] = inst["pg_name"].map(lambda p: dims.get(p, "unknown"))
-    df["is_last"] = df["rank"].to_numpy() == df["key"].map(last_rows["rank"]).to_numpy()
+    inst["transfer"] = np.maximum(inst["first_end"] - inst["last"], 0)
+    inst["transfer_ok"] = inst["first_end_ok"]
+    inst["dim"] = np.array([dims.get(p, "unknown") for p in inst["pg_name"].tolist()], object)
+    rows["inst"] = ids
+    rows["wait"] = inst["last"][ids] - arrival
+    rows["is_last"] = rank == inst["last_rank"][ids]
     return inst
 
 
-def _extra_gap(df: pd.DataFrame, srt: pd.DataFrame) -> pd.Series:
-    """Per instance key: how much longer the last rank took from the end of its own previous collective
-    in the group to this arrival than the second-to-last rank took from its own (NA when either has no
-    previous end). On gloo the last arriver's collective also ends last, so it arrives last at the next
-    one too; its gap, not its arrival, says whether it was slow again."""
-    by_seq = df.sort_values(["rank", "pg_name", "seq"], kind="stable")
-    gap = (by_seq["arrival"] - by_seq.groupby(["rank", "pg_name"])["end"].shift(1)).astype("Int64")
-    gaps = srt["key"].to_frame().assign(gap=gap.reindex(srt.index))
-    g = gaps.groupby("key")["gap"]
-    return (g.nth(-1).set_axis(gaps.groupby("key").tail(1)["key"]) -
-            g.nth(-2).set_axis(gaps.groupby("key").nth(-2)["key"])).astype("Int64")
+def _extra_gap(rows: Cols, last: np.ndarray, second_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance (`last` / `second_last`: its last and second-to-last arriving rows): how much longer
+    the last rank took from the end of its own previous collective in the group to this arrival than
+    the second-to-last rank took from its own (unknown when either has no previous end). On gloo the
+    last arriver's collective also ends last, so it arrives last at the next one too; its gap, not its
+    arrival, says whether it was slow again."""
+    rg, _ = group_ids(rows["rank"], rows["pg_name"])
+    by_seq = np.lexsort((rows["seq"], rg))
+    same = np.zeros(by_seq.size, bool)
+    same[1:] = rg[by_seq][1:] == rg[by_seq][:-1]
+    prev_end = np.zeros(by_seq.size, np.int64)
+    prev_end[1:] = rows["end"][by_seq][:-1]
+    prev_ok = same & np.concatenate([[False], rows["end_ok"][by_seq][:-1]])
+    gap, gap_ok = np.zeros(by_seq.size, np.int64), np.zeros(by_seq.size, bool)
+    gap[by_seq] = rows["arrival"][by_seq] - prev_end
+    gap_ok[by_seq] = prev_ok
+    return gap[last] - gap[second_last], gap_ok[last] & gap_ok[second_last]
 
 
-def _late_delay(inst: pd.DataFrame) -> pd.Series:
+def _late_delay(inst: Cols) -> np.ndarray:
     """The late rank's delay: how long the group waited for it beyond everyone else, counting only from
     when the group's previous collective ended (async calls queue behind it anyway), and no more than
     its extra gap since its own previous collective (`_extra_gap`) where both ranks' ends are known."""
-    prev_end = inst.groupby("pg_name")["last_end"].shift(1).astype("Int64")
-    second = inst["second_last"].astype("Int64")
-    ready = prev_end.where(prev_end.notna() & (prev_end > second), second)
-    delay = inst["last"].astype("Int64") - ready
-    extra = inst["extra_gap"].astype("Int64")
-    delay = delay.where(extra.isna() | (delay <= extra), extra)
-    return delay.clip(lower=0).astype("int64")
+    pg, n = inst["pg_name"], inst["last"].size
+    prev_end, prev_ok = np.zeros(n, np.int64), np.zeros(n, bool)
+    prev_end[1:] = inst["last_end"][:-1]
+    prev_ok[1:] = inst["last_end_ok"][:-1] & (pg[1:] == pg[:-1])
+    second = inst["second_last"]
+    ready = np.where(prev_ok & (prev_end > second), prev_end, second)
+    delay = inst["last"] - ready
+    delay = np.where(~inst["extra_gap_ok"] | (delay <= inst["extra_gap"]), delay, inst["extra_gap"])
+    return np.maximum(delay, 0).astype(np.int64)
 
 
-def _summarise(section: dict[str, Any], df: pd.DataFrame, inst: pd.DataFrame, dims: dict[str, str]) -> None:
+def _summarise(section: dict[str, Any], rows: Cols, inst: Cols, dims: dict[str, str]) -> None:
     """The section's counts, per-group and per-rank statistics and largest skews."""
-    complete = inst["group_size"].isna() | (inst["n"] >= inst["group_size"].fillna(0))
+    complete = ~inst["group_size_ok"] | (inst["n"] >= np.where(inst["group_size_ok"], inst["group_size"], 0))
+    basis = Counter(inst["seq_basis"].tolist())  # keys in order of first appearance, as pandas counts
+    names, counts = list(basis), np.array(list(basis.values()), np.int64)
     section.update({
-        "seq_basis": {str(k): int(v) for k, v in inst["seq_basis"].value_counts().items()},
-        "instances": int(len(inst)), "matched": int(len(inst)), "complete": int(complete.sum()),
+        "seq_basis": {str(names[i]): int(counts[i]) for i in argsort_desc(counts)},
+        "instances": int(inst["n"].size), "matched": int(inst["n"].size), "complete": int(complete.sum()),
     })
-    by_group = []
-    for (pg, op), grp in inst.groupby(["pg_name", "op"]):
-        by_group.append({"pg_name": pg, "dim": dims.get(pg, "unknown"), "op": op, "instances": int(len(grp)),
-                         "skew_ns": _stats(grp["skew"]), "transfer_ns": _stats(grp["transfer"])})
-    section["by_group"] = by_group
-    per = []
-    for r, grp in df.groupby("rank"):
-        lasts = inst[inst["last_rank"] == r]
-        per.append({"rank": int(r), "instances": int(len(grp)), "last_count": int(len(lasts)),
-                    "delay_ns": int(lasts["delay"].sum()), "wait_ns": int(grp["wait"].sum())})
-    section["per_rank"] = per
-    top = inst.sort_values("skew", ascending=False).head(20)
+    section["by_group"] = _by_group(inst, dims)
+    section["per_rank"] = _per_rank(rows, inst)
     section["top_skew"] = [{
-        "pg_name": row.pg_name, "dim": row.dim, "seq": int(row.seq), "op": row.op,
-        "step": None if pd.isna(row.step) else int(row.step), "skew_ns": int(row.skew),
-        "transfer_ns": int(row.transfer) if not pd.isna(row.transfer) else None,
-        "first_rank": int(row.first_rank), "last_rank": int(row.last_rank), "delay_ns": int(row.delay),
-    } for row in top.itertuples()]
+        "pg_name": inst["pg_name"][i], "dim": inst["dim"][i], "seq": int(inst["seq"][i]), "op": inst["op"][i],
+        "step": int(inst["step"][i]) if inst["step_ok"][i] else None, "skew_ns": int(inst["skew"][i]),
+        "transfer_ns": int(inst["transfer"][i]) if inst["transfer_ok"][i] else None,
+        "first_rank": int(inst["first_rank"][i]), "last_rank": int(inst["last_rank"][i]),
+        "delay_ns": int(inst["delay"][i]),
+    } for i in argsort_desc(inst["skew"])[:20].tolist()]
+
+
+def _by_group(inst: Cols, dims: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (group, op), sorted: instances and skew / transfer statistics (instances without an op aside)."""
+    idx = np.flatnonzero(not_null(inst["op"]))
+    gid, m = group_ids(inst["pg_name"][idx], inst["op"][idx])
+    order, starts, counts = group_order(gid, m)
+    out = []
+    for g in range(m):
+        sel = idx[order[starts[g]:starts[g] + counts[g]]]
+        pg, op = inst["pg_name"][sel[0]], inst["op"][sel[0]]
+        known = sel[inst["transfer_ok"][sel]]
+        out.append({"pg_name": pg, "dim": dims.get(pg, "unknown"), "op": op, "instances": int(sel.size),
+                    "skew_ns": _stats(inst["skew"][sel]), "transfer_ns": _stats(inst["transfer"][known])})
+    return out
+
+
+def _per_rank(rows: Cols, inst: Cols) -> list[dict[str, Any]]:
+    """Per rank with matched rows, ascending: its instances, how often it arrived last, the delay it
+    caused there and its own wait."""
+    ranks, at = np.unique(rows["rank"], return_inverse=True)
+    at = at.reshape(-1)
+    last_at = np.searchsorted(ranks, inst["last_rank"])
+    wait, delay = np.zeros(ranks.size, np.int64), np.zeros(ranks.size, np.int64)
+    np.add.at(wait, at, rows["wait"])
+    np.add.at(delay, last_at, inst["delay"])
+    n, lasts = np.bincount(at, minlength=ranks.size), np.bincount(last_at, minlength=ranks.size)
+    return [{"rank": int(r), "instances": int(n[i]), "last_count": int(lasts[i]), "delay_ns": int(delay[i]),
+             "wait_ns": int(wait[i])} for i, r in enumerate(ranks.tolist())]
+
+
+def _apply_offsets(rows: Cols, offsets: dict[int, int]) -> None:
+    """Keep each row's raw arrival (`arrival_raw`) and move arrival and end onto the common clock."""
+    off, _ = lookup(rows["rank"], offsets)
+    rows["arrival_raw"] = rows["arrival"]
+    rows["arrival"] = rows["arrival"] - off
+    rows["end"] = np.where(rows["end_ok"], rows["end"] - off, 0)
 
 
 def match_collectives(store: RunStore, dims: dict[str, str]
                       ) -> tuple[MatchedCollectives | None, dict[str, Any], dict[str, Any]]:
     """(matched instances or None, the clock estimate, the `matching` section)."""
-    df = load_collectives(store)
+    cols = collective_columns(read_collectives(store))
     on_gpu = gpu_ranks(store)
-    per_rank, method = choose_sources(df, on_gpu)
+    per_rank, method = choose_sources(cols, on_gpu)
     section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}
     if not per_rank:
         return None, dict(NO_CLOCKS), _empty_section(section)
-    shifts, log_report = _trace_shifts(store, per_rank)
-    df, p2p_df = _select_rows(fill_log_ends(df, shifts), per_rank, on_gpu, section)
-    clocks, offsets = _estimate_clocks(store, df, log_report)
-    off = df["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
-    df["arrival_raw"] = df["arrival"].astype("int64")
-    df["arrival"] = (df["arrival"] - off).astype("int64")
-    df["end"] = (df["end"] - off).astype("Int64")
-    p2p_rows, section["p2p"], pairs = _pair_p2p(p2p_df, offsets, on_gpu)
-    inst = _aggregate_instances(df, dims)
-    _summarise(section, df, inst, dims)
+    shifts, log_report = _trace_shifts(store, cols, per_rank)
+    rows, p2p = _select_rows(fill_log_ends(cols, shifts), per_rank, on_gpu, section)
+    clocks, offsets = _estimate_clocks(store, rows, log_report)
+    _apply_offsets(rows, offsets)
+    p2p_waits, section["p2p"], pairs = _pair_p2p(p2p, offsets, on_gpu)
+    inst = _aggregate_instances(rows, dims)
+    _summarise(section, rows, inst, dims)
     section["warnings"] = integrity_warnings(section)
-    rows = df[["key", "pg_name", "seq", "op", "rank", "arrival", "arrival_raw", "end", "wait", "is_last",
-               "source", "step", "caller", "bytes"]].reset_index(drop=True)
-    # times stay exact nullable int64 (Int64: pd.NA when unknown); counts leave as float64 with NaN
-    for frame, cols in ((rows, ("end",)), (inst, ("first_end", "last_end", "transfer"))):
-        for c in cols:
-            frame[c] = frame[c].astype("Int64")
-    for frame, cols in ((rows, ("step", "bytes")), (inst, ("step", "group_size"))):
-        for c in cols:
-            frame[c] = frame[c].astype("float64")
-    waits_in = pd.concat([rows[["rank", "source", "arrival_raw", "wait"]], p2p_rows], ignore_index=True)
-    matched = MatchedCollectives(rows=rows, instances=inst, trace_shift=shifts,
-                                 wait_intervals=_wait_intervals(waits_in, shifts), gpu_ranks=on_gpu,
-                                 p2p_pairs=pairs)
+    waits = {k: np.concatenate([rows[k], p2p_waits[k]]) for k in ("rank", "source", "arrival_raw", "wait")}
+    matched = MatchedCollectives(rows=_rows_frame(rows), instances=_instances_frame(inst), trace_shift=shifts,
+                                 wait_intervals=_wait_intervals(waits, shifts), gpu_ranks=on_gpu, p2p_pairs=pairs)
     return matched, clocks, section
+
+
+def _keys(pg: np.ndarray, seq: np.ndarray) -> Any:
+    """The instance key column (pg_name#seq), made when the frame is built."""
+    return lambda: np.array([f"{p}#{s}" for p, s in zip(pg.tolist(), seq.tolist())], object)
+
+
+def _rows_frame(rows: Cols) -> LazyFrame:
+    """`MatchedCollectives.rows`: times exact (Int64: NA when unknown); step and bytes float64 with NaN."""
+    return LazyFrame(len(rows["rank"]), {
+        "key": Column("object", _keys(rows["pg_name"], rows["seq"])), "pg_name": Column("object", rows["pg_name"]),
+        "seq": Column("int64", rows["seq"]), "op": Column("object", rows["op"]),
+        "rank": Column("Int32", rows["rank"]), "arrival": Column("int64", rows["arrival"]),
+        "arrival_raw": Column("int64", rows["arrival_raw"]), "end": Column("Int64", rows["end"], rows["end_ok"]),
+        "wait": Column("int64", rows["wait"]), "is_last": Column("bool", rows["is_last"]),
+        "source": Column("object", rows["source"]), "step": Column("float64", rows["step"], rows["step_ok"]),
+        "caller": Column("object", rows["caller"]), "bytes": Column("float64", rows["bytes"], rows["bytes_ok"])})
+
+
+def _instances_frame(inst: Cols) -> LazyFrame:
+    """`MatchedCollectives.instances`: times exact (Int64: NA when unknown); step and group_size float64."""
+    def col(name: str, dtype: str = "int64") -> Column:
+        return Column(dtype, inst[name], inst.get(name + "_ok"))
+
+    n = len(inst["n"])
+    return LazyFrame(n, {
+        "key": Column("object", _keys(inst["pg_name"], inst["seq"])), "pg_name": col("pg_name", "object"),
+        "seq": col("seq"), "op": col("op", "object"), "step": col("step", "float64"), "n": col("n", "Int64"),
+        "first": col("first"), "last": col("last"), "first_end": col("first_end", "Int64"),
+        "last_end": col("last_end", "Int64"), "group_size": col("group_size", "float64"),
+        "seq_basis": col("seq_basis", "object"), "last_rank": col("last_rank"), "first_rank": col("first_rank"),
+        "second_last": col("second_last"), "skew": col("skew"),
+        "extra_gap": col("extra_gap", "Int64" if n else "float64"),  # as pandas left it with no instance
+        "delay": col("delay"), "transfer": col("transfer", "Int64"), "dim": col("dim", "object")})
 
 
 def integrity_warnings(section: dict[str, Any]) -> list[str]:
@@ -393,72 +560,88 @@ def integrity_warnings(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def _pair_p2p(p2p: pd.DataFrame, offsets: dict[int, int], on_gpu: set[int]
-              ) -> tuple[pd.DataFrame, dict[str, int], pd.DataFrame | None]:
-    """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
-    each side its wait for the other: rows (rank, source, arrival_raw, wait), counts, and the pairs'
-    transfers (`MatchedCollectives.p2p_pairs`; None without pairs)."""
-    empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "source": pd.Series(dtype="object"),
-                          "arrival_raw": pd.Series(dtype="int64"), "wait": pd.Series(dtype="int64")})
-    op = p2p["op"].fillna("").astype(str)
-    is_send, is_recv = op.str.contains("send"), op.str.contains("recv")
-    arrival = p2p["arrival"]
-    ok = p2p["peer"].notna() & arrival.notna() & (is_send ^ is_recv)
-    p = pd.DataFrame({"rank": p2p["rank"].astype("int64"), "peer": p2p["peer"].astype("float64"),
-                      "pg_name": p2p["pg_name"].fillna("?").astype(str), "source": p2p["source"],
-                      "send": is_send, "arrival_raw": arrival.astype("float64"),
-                      "dur": p2p["dur"].fillna(-1).astype("int64"), "bytes": p2p["bytes"].astype("float64"),
-                      "step": p2p["step"].astype("float64"), "gpu": p2p["rank"].isin(on_gpu)})[ok]
-    if p.empty:
-        return empty, {"pairs": 0, "unpaired": int(len(p2p)), "wait_ns": 0}, None
-    p["peer"] = p["peer"].astype("int64")
-    p["arrival_raw"] = p["arrival_raw"].astype("int64")
-    p["arrival"] = p["arrival_raw"] - p["rank"].map(lambda r: offsets.get(r, 0)).astype("int64")
+def _p2p_sides(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]) -> Cols:
+    """The P2P rows that can pair (one direction, peer and arrival known), ordered by (src, dst, group,
+    send, arrival) with `k`: the row's position among its direction's sends (or recvs)."""
+    ops = [o or "" for o in p2p["op"].tolist()]
+    is_send = np.array(["send" in o for o in ops], bool)
+    is_recv = np.array(["recv" in o for o in ops], bool)
+    ok = p2p["peer_ok"] & p2p["arrival_ok"] & (is_send ^ is_recv)
+    p = {"rank": p2p["rank"][ok], "peer": p2p["peer"][ok], "source": p2p["source"][ok], "send": is_send[ok],
+         # as before: the arrival passes through float64 (kept for identical results; rounds epoch-scale ns)
+         "arrival_raw": p2p["arrival"][ok].astype(np.float64).astype(np.int64),
+         "pg_name": np.array([g if g is not None else "?" for g in p2p["pg_name"][ok].tolist()], object),
+         "dur": np.where(p2p["dur_ok"], p2p["dur"], -1)[ok],
+         "bytes": np.where(p2p["bytes_ok"], p2p["bytes"].astype(np.float64), np.nan)[ok],
+         "step": np.where(p2p["step_ok"], p2p["step"].astype(np.float64), np.nan)[ok],
+         "gpu": _on_ranks(p2p["rank"][ok], on_gpu)}
+    p["arrival"] = p["arrival_raw"] - lookup(p["rank"], offsets)[0]
     p["src"] = np.where(p["send"], p["rank"], p["peer"])
     p["dst"] = np.where(p["send"], p["peer"], p["rank"])
-    p = p.sort_values(["src", "dst", "pg_name", "send", "arrival"], kind="stable")
-    p["k"] = p.groupby(["src", "dst", "pg_name", "send"]).cumcount()
-    keys = ["src", "dst", "pg_name", "k"]
-    pairs = p[p["send"]].merge(p[~p["send"]], on=keys, suffixes=("_s", "_r"))
-    last = np.maximum(pairs["arrival_s"].to_numpy(), pairs["arrival_r"].to_numpy())
-    out = pd.concat([
-        pd.DataFrame({"rank": pairs["rank_s"], "source": pairs["source_s"], "arrival_raw": pairs["arrival_raw_s"],
-                      "wait": last - pairs["arrival_s"].to_numpy()}),
-        pd.DataFrame({"rank": pairs["rank_r"], "source": pairs["source_r"], "arrival_raw": pairs["arrival_raw_r"],
-                      "wait": last - pairs["arrival_r"].to_numpy()})], ignore_index=True)
-    out["wait"] = out["wait"].astype("int64")
-    return out, {"pairs": int(len(pairs)), "unpaired": int(len(p2p) - 2 * len(pairs)),
-                 "wait_ns": int(out["wait"].sum())}, _pair_transfers(pairs, last)
+    pg_code, _ = group_ids(p["pg_name"])
+    p = take(p, np.lexsort((p["arrival"], p["send"], pg_code, p["dst"], p["src"])))
+    p["k"] = cumcount(*group_ids(p["src"], p["dst"], p["pg_name"], p["send"]))
+    return p
 
 
-def _pair_transfers(pairs: pd.DataFrame, last: np.ndarray) -> pd.DataFrame:
+def _pair_p2p(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]
+              ) -> tuple[Cols, dict[str, int], LazyFrame | None]:
+    """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
+    each side its wait for the other: rows (rank, source, arrival_raw, wait), counts, and the pairs'
+    transfers (`MatchedCollectives.p2p_pairs`; None without P2P rows that can pair)."""
+    total = int(p2p["rank"].size)
+    p = _p2p_sides(p2p, offsets, on_gpu)
+    if p["rank"].size == 0:
+        empty = {"rank": np.zeros(0, np.int64), "source": np.zeros(0, object),
+                 "arrival_raw": np.zeros(0, np.int64), "wait": np.zeros(0, np.int64)}
+        return empty, {"pairs": 0, "unpaired": total, "wait_ns": 0}, None
+    ids, n = group_ids(p["src"], p["dst"], p["pg_name"], p["k"])
+    sends, recvs = np.flatnonzero(p["send"]), np.flatnonzero(~p["send"])
+    recv_of = np.full(n, -1, np.int64)
+    recv_of[ids[recvs]] = recvs
+    partner = recv_of[ids[sends]]
+    s, r = sends[partner >= 0], partner[partner >= 0]
+    last = np.maximum(p["arrival"][s], p["arrival"][r])
+    waits = {"rank": np.concatenate([p["rank"][s], p["rank"][r]]),
+             "source": np.concatenate([p["source"][s], p["source"][r]]),
+             "arrival_raw": np.concatenate([p["arrival_raw"][s], p["arrival_raw"][r]]),
+             "wait": np.concatenate([last - p["arrival"][s], last - p["arrival"][r]])}
+    return waits, {"pairs": int(s.size), "unpaired": total - 2 * int(s.size),
+                   "wait_ns": int(waits["wait"].sum())}, _pair_transfers(take(p, s), take(p, r), last)
+
+
+def _pair_transfers(snd: Cols, rcv: Cols, last: np.ndarray) -> LazyFrame:
     """Per send/recv pair: its transfer (first side's end − last side's arrival, clipped at 0; 0 when
     either side's duration is unknown), message size, step and whether both sides are device-timed."""
-    dur_s, dur_r = pairs["dur_s"].to_numpy(np.int64), pairs["dur_r"].to_numpy(np.int64)
-    first_end = np.minimum(pairs["arrival_s"].to_numpy(np.int64) + dur_s, pairs["arrival_r"].to_numpy(np.int64) + dur_r)
-    transfer = np.where((dur_s < 0) | (dur_r < 0), 0, np.clip(first_end - last, 0, None))
-    return pd.DataFrame({"pg_name": pairs["pg_name"], "src": pairs["src"], "dst": pairs["dst"],
-                         "bytes": np.fmax(pairs["bytes_s"].to_numpy(), pairs["bytes_r"].to_numpy()),
-                         "step": pairs["step_s"].where(pairs["step_s"].notna(), pairs["step_r"]),
-                         "device_timed": (pairs["gpu_s"] & pairs["gpu_r"]).to_numpy(),
-                         "transfer": transfer.astype(np.int64)})
+    first_end = np.minimum(snd["arrival"] + snd["dur"], rcv["arrival"] + rcv["dur"])
+    transfer = np.where((snd["dur"] < 0) | (rcv["dur"] < 0), 0, np.clip(first_end - last, 0, None))
+    return LazyFrame(int(last.size), {
+        "pg_name": Column("object", snd["pg_name"]), "src": Column("int64", snd["src"]),
+        "dst": Column("int64", snd["dst"]), "bytes": Column("float64", np.fmax(snd["bytes"], rcv["bytes"])),
+        "step": Column("float64", np.where(np.isnan(snd["step"]), rcv["step"], snd["step"])),
+        "device_timed": Column("bool", snd["gpu"] & rcv["gpu"]), "transfer": Column("int64", transfer)})
 
 
 def row_trace_shift(rows: pd.DataFrame, shifts: dict[int, int | None]) -> np.ndarray:
     """Per row: what to add to its raw times to reach its rank's trace clock (NaN: unknown).
     Kineto rows are on the trace clock already; log rows need their rank's shift."""
-    per_rank = rows["rank"].map(lambda r: shifts.get(r)).astype("float64").to_numpy()
-    return np.where(rows["source"].to_numpy() == "kineto", 0.0, per_rank)
+    return _row_shift(rows["rank"].to_numpy(dtype=np.int64), rows["source"].to_numpy(), shifts)
 
 
-def _wait_intervals(rows: pd.DataFrame, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
+def _row_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | None]) -> np.ndarray:
+    """`row_trace_shift` on numpy columns (float64, as it always was: an epoch-scale shift rounds)."""
+    shift, known = lookup(rank, shifts)
+    return np.where(source == "kineto", 0.0, np.where(known, shift.astype(np.float64), np.nan))
+
+
+def _wait_intervals(rows: Cols, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
     """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
     out: dict[int, iv.IntervalSet] = {}
-    rank = rows["rank"].to_numpy(dtype=np.int64)
-    shift = row_trace_shift(rows, shifts)
+    rank = rows["rank"].astype(np.int64)
+    shift = _row_shift(rank, rows["source"], shifts)
     ok = ~np.isnan(shift)
-    start = rows["arrival_raw"].to_numpy(dtype=np.int64) + np.nan_to_num(shift).astype(np.int64)
-    wait = rows["wait"].to_numpy(dtype=np.int64)
+    start = rows["arrival_raw"].astype(np.int64) + np.nan_to_num(shift).astype(np.int64)
+    wait = rows["wait"].astype(np.int64)
     order = np.argsort(rank, kind="stable")
     bounds = np.flatnonzero(np.diff(rank[order])) + 1
     for idx in np.split(order, bounds):

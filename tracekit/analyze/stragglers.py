@@ -533,11 +533,11 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
                        ) -> StragglersResult:
     cfg = thresholds or StragglerConfig()
     matched = matched_of(matching)
-    if matched is None or matched.instances.empty:
+    if matched is None or matched.n_instances == 0:
         return _empty(cfg)
     profiled = {int(x) for x in store.table("steps", ["step"]).column("step").to_pylist()}
     matched, excluded = _in_step_instances(matched, profiled)
-    if matched.instances.empty:
+    if matched.n_instances == 0:
         return _empty(cfg, excluded)
     steps, step_ns = _steps_and_step_ns(breakdown_ranks(breakdown), matched)
     rows = _late_ranks(matched, steps, step_ns)

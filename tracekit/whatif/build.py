@@ -140,7 +140,7 @@ def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 def matched_columns(matched: MatchedCollectives | None) -> Columns | None:
     """matching.py's per-member rows (a DataFrame) as numpy columns, None when there are none. Times stay
     int64 (`end` 0 where unknown, `end_ok` says where known); step and bytes float64 (NaN: unknown)."""
-    if matched is None or len(matched.rows) == 0:  # n_rows
+    if matched is None or matched.n_rows == 0:
         return None
     rows = matched.rows
     out = {c: rows[c].to_numpy(np.int64) for c in ("rank", "seq", "arrival", "arrival_raw")}

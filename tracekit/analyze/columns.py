@@ -1,0 +1,185 @@
+"""Tables held as numpy columns: group keys, per-group reductions, and pandas frames built on demand.
+
+A table is a dict of equally long numpy arrays (`Cols`). A nullable integer column `x` is exact int64
+values (0 where null) plus a boolean column `x_ok` (True where known): epoch-scale nanoseconds never go
+through float64. Strings are object arrays with None for null. Groups are dense int ids whose order
+is the sorted order of their key tuples (as pandas' groupby sorts them); orderings use stable sorts so
+ties keep row order. `LazyFrame` turns such columns into a pandas DataFrame only when one is asked for
+(pandas is imported then, never by this module). Arrow columns are read from their buffers
+(`from_arrow`): pyarrow's own to_numpy, fill_null and array constructors import pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Cols = dict[str, np.ndarray]
+
+
+def _bits(buf: Any, offset: int, n: int) -> np.ndarray:
+    """An Arrow bitmap (validity or boolean values) as n booleans."""
+    return np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
+
+
+def _valid(a: pa.Array) -> np.ndarray:
+    """Where an Arrow array holds a value."""
+    return _bits(a.buffers()[0], a.offset, len(a)) if a.null_count else np.ones(len(a), bool)
+
+
+def from_arrow(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values, known) of an Arrow (signed) integer, boolean or string column: integers as exact int64 (0 where
+    null), booleans as bool (False where null), strings (plain or dictionary) as objects (None)."""
+    a = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    n = len(a)
+    if n == 0:
+        kind = np.int64 if pa.types.is_integer(a.type) else bool if pa.types.is_boolean(a.type) else object
+        return np.zeros(0, kind), np.zeros(0, bool)
+    ok = _valid(a)
+    if pa.types.is_integer(a.type):
+        values = np.frombuffer(a.buffers()[1], np.dtype(f"int{a.type.bit_width}"))[a.offset:a.offset + n]
+        return np.where(ok, values, 0).astype(np.int64), ok
+    if pa.types.is_boolean(a.type):
+        return _bits(a.buffers()[1], a.offset, n) & ok, ok
+    d = a if pa.types.is_dictionary(a.type) else pc.dictionary_encode(a)
+    idx, _ = from_arrow(d.indices)
+    words = np.array(d.dictionary.to_pylist() + [None], object)
+    return words[np.where(ok, idx, len(words) - 1)], ok
+
+
+def take(cols: Cols, idx: np.ndarray) -> Cols:
+    """The rows `idx` (indices or a boolean mask) of every column."""
+    return {k: v[idx] for k, v in cols.items()}
+
+
+def not_null(a: np.ndarray) -> np.ndarray:
+    """Where an object column holds a value (not None)."""
+    return np.not_equal(a, None)
+
+
+def equals_any(a: np.ndarray, values: tuple[str, ...] | list[str]) -> np.ndarray:
+    """Where an object column equals one of `values` (None equals nothing)."""
+    out = np.zeros(a.shape, bool)
+    for v in values:
+        out |= np.equal(a, v)
+    return out
+
+
+def codes(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense codes of a column's values, in the values' sorted order, and how many there are."""
+    if a.size == 0:
+        return np.zeros(0, np.int64), 0
+    if a.dtype == object:  # strings: a dict lookup (np.unique compares objects one by one: ~10x slower)
+        index = {v: i for i, v in enumerate(sorted(set(a.tolist())))}
+        return np.fromiter(map(index.__getitem__, a.tolist()), np.int64, a.size), len(index)
+    uniq, inv = np.unique(a, return_inverse=True)
+    return inv.reshape(-1).astype(np.int64), len(uniq)
+
+
+def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense group ids of rows by the key columns (no nulls), numbered in sorted key-tuple order."""
+    cs = [codes(k)[0] for k in keys]
+    n = cs[0].size
+    if n == 0:
+        return np.zeros(0, np.int64), 0
+    if len(cs) == 1:
+        return codes(keys[0])
+    order = np.lexsort(cs[::-1])
+    change = np.zeros(n, bool)
+    for c in cs:
+        s = c[order]
+        change[1:] |= s[1:] != s[:-1]
+    ids = np.empty(n, np.int64)
+    ids[order] = np.cumsum(change)
+    return ids, int(ids.max()) + 1
+
+
+def group_order(ids: np.ndarray, n: int, *ties: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ordered by group, then by `ties` (first tie primary; stable), with each group's first
+    position in that order and its size."""
+    order = np.lexsort(tuple(ties[::-1]) + (ids,))
+    counts = np.bincount(ids, minlength=n)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if n else np.zeros(0, np.int64)
+    return order, starts, counts
+
+
+def cumcount(ids: np.ndarray, n: int) -> np.ndarray:
+    """Each row's position within its group, counted in row order (pandas' cumcount)."""
+    order, starts, _ = group_order(ids, n)
+    out = np.empty(ids.size, np.int64)
+    out[order] = np.arange(ids.size) - starts[ids[order]]
+    return out
+
+
+def group_extreme(ids: np.ndarray, n: int, values: np.ndarray, ok: np.ndarray | None, largest: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the min (or max) of the known values and whether it has any (nulls skipped)."""
+    sel = ok if ok is not None else np.ones(ids.size, bool)
+    lim = np.iinfo(np.int64)
+    out = np.full(n, lim.min if largest else lim.max, np.int64)
+    (np.maximum if largest else np.minimum).at(out, ids[sel], values[sel].astype(np.int64))
+    has = np.bincount(ids[sel], minlength=n) > 0
+    return np.where(has, out, 0), has
+
+
+def argsort_desc(values: np.ndarray) -> np.ndarray:
+    """Positions that sort `values` descending, ties as pandas' sort_values(ascending=False) leaves them
+    (its default quicksort over the reversed array, reversed back)."""
+    idx = np.arange(values.size)[::-1]
+    return idx[values[::-1].argsort(kind="quicksort")][::-1]
+
+
+def lookup(keys: np.ndarray, mapping: dict[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: mapping[key] as int64 (0 when unknown) and whether it is known (present, not None)."""
+    if keys.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    got = [mapping.get(k) for k in uniq.tolist()]
+    known = np.array([g is not None for g in got], bool)
+    vals = np.array([int(g) if g is not None else 0 for g in got], np.int64)
+    return vals[inv.reshape(-1)], known[inv.reshape(-1)]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a LazyFrame: its pandas dtype, values (or a function giving them, called only when
+    the frame is built) and, for nullable ones, where they are known."""
+
+    dtype: str
+    """int64 | bool | object as they are; Int64 / Int32 nullable; float64 with NaN where unknown."""
+    values: np.ndarray | Callable[[], np.ndarray]
+    ok: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class LazyFrame:
+    """Columns that become a pandas DataFrame (RangeIndex, columns in this order) only when asked."""
+
+    n: int
+    columns: dict[str, Column]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def frame(self) -> "pd.DataFrame":
+        import pandas as pd
+
+        data: dict[str, Any] = {}
+        for name, col in self.columns.items():
+            v = col.values() if callable(col.values) else col.values
+            if col.dtype in ("Int64", "Int32"):
+                ok = col.ok if col.ok is not None else np.ones(v.size, bool)
+                data[name] = pd.arrays.IntegerArray(v.astype(col.dtype.lower()), ~ok)
+            elif col.dtype == "float64":
+                f = v.astype(np.float64)
+                data[name] = np.where(col.ok, f, np.nan) if col.ok is not None else f
+            else:
+                data[name] = v.astype(col.dtype) if col.dtype != "object" else v
+        return pd.DataFrame(data, index=pd.RangeIndex(self.n))
