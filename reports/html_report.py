@@ -47,8 +47,9 @@ _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "straggler
                    "advice"}
 
 
-def render_html(analysis: dict[str, Any], store: Any = None) -> str:
-    """The full report page for one analysis (store: optional RunStore for per-rank input details)."""
+def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str | bytes]:
+    """The full report page for one analysis (store: optional RunStore for per-rank input details), in
+    pieces to write one after the other (`page_parts`)."""
     ctx = Page(analysis, store)
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
@@ -57,7 +58,14 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
         _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
-    return page("tracekit report", _header(ctx), "".join(parts), ctx.figs)
+    return page_parts("tracekit report", _header(ctx), "".join(parts), ctx.figs)
+
+
+def render_html(analysis: dict[str, Any], store: Any = None) -> str:
+    """The full report page for one analysis, as one string."""
+    return join_parts(render_html_parts(analysis, store))
+
+
 
 
 class Page:
@@ -76,13 +84,17 @@ class Page:
 
 
 def page(title: str, header: str, body: str, figs: Figures,
-          nav_items: list[tuple[str, str]] | None = None) -> str:
-    """The HTML document: one style block, sortable-table JS, and plotly.js once when there are charts."""
+         nav_items: list[tuple[str, str]] | None = None) -> str:
+    """The HTML document as one string (`page_parts`)."""
+    return join_parts(page_parts(title, header, body, figs, nav_items))
+
+
+def page_parts(title: str, header: str, body: str, figs: Figures,
+               nav_items: list[tuple[str, str]] | None = None) -> list[str | bytes]:
+    """The HTML document: one style block, sortable-table JS, and plotly.js once when there are charts;
+    in pieces (plotly.js as the ASCII bytes of its cache: a writer never holds a second copy of it)."""
     nav = "".join(f'<a href="#{a}">{h(t)}</a>' for a, t in (nav_items or SECTIONS) if f'id="{a}"' in body)
-    plotly = ""
-    if figs.count:
-        plotly = f'<script type="text/plain" id="tk-plotlyjs">{plotly_js_gz_b64()}</script>'
-    return (
+    head = (
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
         # Nothing in this file may reach the network; the policy makes any attempt fail loudly.
@@ -90,8 +102,23 @@ def page(title: str, header: str, body: str, figs: Figures,
         "style-src 'unsafe-inline'; img-src data: blob:; font-src data:; connect-src data: blob:\">"
         f"<title>{h(title)}</title><style>{CSS}</style></head><body>"
         f"{header}<nav class=tk-nav>{nav}</nav><main>{body}</main>"
-        f"{plotly}<script>{SORT_JS}</script><script>{PLOT_JS}</script></body></html>"
     )
+    plotly: list[str | bytes] = []
+    if figs.count:
+        plotly = ['<script type="text/plain" id="tk-plotlyjs">', plotly_js_gz_b64(), "</script>"]
+    return [head, *plotly, f"<script>{SORT_JS}</script><script>{PLOT_JS}</script></body></html>"]
+
+
+def join_parts(parts: list[str | bytes]) -> str:
+    """`page_parts`' pieces as one string."""
+    return "".join(p if isinstance(p, str) else p.decode("ascii") for p in parts)
+
+
+def write_parts(path: Any, parts: list[str | bytes]) -> None:
+    """Write `page_parts`' pieces to `path` as UTF-8, piece by piece."""
+    with open(path, "wb") as f:
+        for p in parts:
+            f.write(p if isinstance(p, bytes) else p.encode("utf-8"))
 
 
 def _header(ctx: Page) -> str:
@@ -646,4 +673,4 @@ def _reproduce(ctx: Page) -> str:
     return section("reproduce", "Reproduce", body)
 
 
-__all__ = ["render_html", "SECTIONS"]
+__all__ = ["render_html", "render_html_parts", "write_parts", "SECTIONS"]

@@ -95,7 +95,7 @@ def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_
         return None, [f"reports not available ({exc}); wrote analysis.json only"]
     path, problems = None, []
     try:
-        (out / "report.html").write_text(reports.render_html(analysis, store), encoding="utf-8")
+        reports.write_parts(out / "report.html", reports.render_html_parts(analysis, store))  # never one 2 MB string
         path = out / "report.html"
     except Exception as exc:  # a renderer bug must not lose the analysis
         problems.append(f"report.html failed: {type(exc).__name__}: {exc}")

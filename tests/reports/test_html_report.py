@@ -112,10 +112,10 @@ def test_cached_plotly_js_is_keyed_by_the_installed_file(tmp_path, monkeypatch) 
         first = plotly_js_gz_b64()
         (cache,) = (tmp_path / "tracekit").iterdir()
         key, _, body = cache.read_text(encoding="ascii").partition("\n")
-        assert body == first and key.rsplit(":", 2)[1] == str(len(get_plotlyjs().encode("utf-8")))
+        assert body == first.decode("ascii") and key.rsplit(":", 2)[1] == str(len(get_plotlyjs().encode("utf-8")))
         cache.write_text(f"{key}\nstale", encoding="ascii")  # same key: the cached text is what is used
         plotly_js_gz_b64.cache_clear()
-        assert plotly_js_gz_b64() == "stale"
+        assert plotly_js_gz_b64() == b"stale"
         cache.write_text("another plotly.js\nstale", encoding="ascii")  # key differs: rebuilt
         plotly_js_gz_b64.cache_clear()
         assert gzip.decompress(base64.b64decode(plotly_js_gz_b64())).decode("utf-8") == get_plotlyjs()
