@@ -42,12 +42,10 @@ def main() -> None:
     since this point (process pools, logging) has run and non-daemon threads are joined, the standard
     streams are flushed and the process ends with the command's status."""
     import atexit
-    import os
 
-    # pyarrow's default pool (mimalloc) keeps freed pages: the C allocator peaks 24 MB lower on a 90 MB
-    # parse and 12 MB lower on a 45 KB analyze at the same CPU time; read when pyarrow first allocates
-    # (and inherited by worker processes); the user's own choice wins
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    from tracekit.process_env import apply_defaults
+
+    apply_defaults()  # before numpy / pyarrow load: their allocator and BLAS threads (process_env.py)
     status: list[int] = []
     atexit.register(_end_process, status)
     try:

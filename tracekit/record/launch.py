@@ -7,7 +7,6 @@ is left to COMMAND (the terminal delivers Ctrl-C to the whole foreground process
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.process_env import user_environ
 from tracekit.record.bootstrap import PKG_ROOT_ENV, SiteDir, package_root
 from tracekit.record.config import CONFIG_ENV, RecordConfig
 from tracekit.record.manifest import write_manifest
@@ -119,7 +119,7 @@ def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = Fa
     started_ns = time.time_ns()
     forwarded: dict[int, Any] = {}
     try:
-        env = child_environment(config, site, dict(os.environ))
+        env = child_environment(config, site, user_environ())  # without tracekit's own settings
         try:
             proc = subprocess.Popen(command, env=env)
         except OSError as exc:

@@ -1,0 +1,33 @@
+"""tracekit's own environment defaults: set only where the user set nothing, never passed to a recorded job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def test_defaults_fill_only_what_the_user_left_unset(monkeypatch):
+    from tracekit import process_env
+
+    monkeypatch.setattr(process_env, "_SET", set())
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "7")  # the user's choice
+    process_env.apply_defaults()
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == "system" and os.environ["OPENBLAS_NUM_THREADS"] == "7"
+    user = process_env.user_environ()
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in user and user["OPENBLAS_NUM_THREADS"] == "7"
+
+
+def test_a_recorded_job_runs_without_them(tmp_path):
+    """`tracekit record -- CMD` (whose own process applies the defaults): CMD sees the environment tracekit
+    was started with."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS")}
+    probe = ("import json, os; json.dump({k: os.environ.get(k) for k in "
+             "('ARROW_DEFAULT_MEMORY_POOL', 'OPENBLAS_NUM_THREADS')}, open(os.environ['PROBE_OUT'], 'w'))")
+    out = tmp_path / "seen.json"
+    subprocess.run([sys.executable, "-m", "tracekit", "record", "--out", str(tmp_path / "rec"), "--",
+                    sys.executable, "-c", probe], env={**env, "PROBE_OUT": str(out)}, check=False,
+                   capture_output=True, timeout=120)
+    assert json.loads(out.read_text()) == {"ARROW_DEFAULT_MEMORY_POOL": None, "OPENBLAS_NUM_THREADS": None}
