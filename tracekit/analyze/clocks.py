@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.columns import equals_any, group_ids, group_order
+from tracekit.tables.columns import equals_any, group_ids, group_order
 from tracekit.analyze.evidence import Evidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity
 

@@ -38,7 +38,7 @@ from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
-from tracekit.whatif.columns import Columns, arrow_columns, codes, first_of_group, strings, take
+from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.whatif.fixes import Fix, Layout
 from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_ns, replay_steps_of,
                                     timeline_json)
@@ -89,7 +89,7 @@ def collective_ends(cols: Columns) -> Columns | None:
         return None
     c = take(cols, ok)
     pg = strings(c["pg_name"])
-    code, n = codes(c["rank"], pg, c["seq"])
+    code, n = group_ids(c["rank"], pg, c["seq"])
     end = np.full(n, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(end, code, c["ts"] + c["dur"])
     first = first_of_group(code, n)

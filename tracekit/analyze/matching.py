@@ -57,8 +57,8 @@ import pyarrow as pa
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
-from tracekit.analyze.columns import (Column, Cols, LazyFrame, argsort_desc, cumcount, equals_any, from_arrow,
-                                      group_extreme, group_ids, group_order, lookup, not_null, take)
+from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, cumcount, equals_any, from_arrow,
+                                     group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
@@ -144,7 +144,7 @@ def _on_ranks(rank: np.ndarray, ranks: set[int]) -> np.ndarray:
     return np.isin(rank, np.array(sorted(ranks), np.int64))
 
 
-def _arrival(cols: Cols, on_gpu: set[int]) -> tuple[np.ndarray, np.ndarray]:
+def _arrival(cols: Columns, on_gpu: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """`arrival_ns` on numpy columns: (values, known)."""
     gpu = _on_ranks(cols["rank"], on_gpu)
     host = np.where(cols["enqueue_ts_ok"], cols["enqueue_ts"], cols["ts"])
@@ -159,10 +159,10 @@ def read_collectives(store: RunStore) -> pa.Table:
     return TABLES["collectives"].empty_table().select(COLUMNS)
 
 
-def collective_columns(t: pa.Table) -> Cols:
+def collective_columns(t: pa.Table) -> Columns:
     """`read_collectives`' table as numpy columns (`from_arrow`): integers exact int64 with an
     `<name>_ok` mask, is_p2p with null as False, strings as object arrays (None for null)."""
-    cols: Cols = {}
+    cols: Columns = {}
     for name in t.column_names:
         values, ok = from_arrow(t.column(name))
         cols[name] = values
@@ -171,7 +171,7 @@ def collective_columns(t: pa.Table) -> Cols:
     return cols
 
 
-def choose_sources(cols: Cols, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
+def choose_sources(cols: Columns, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
     """One collective source per rank (see module doc). On GPU ranks (`on_gpu`) a source counts only
     with device start times (a log that holds only enqueue times cannot give an arrival there)."""
     host_ok = cols["enqueue_ts_ok"] & ~_on_ranks(cols["rank"], on_gpu or set())
@@ -210,7 +210,7 @@ def host_count(store: RunStore) -> int | None:
     return None
 
 
-def _trace_shifts(store: RunStore, cols: Cols, per_rank: dict[int, str]
+def _trace_shifts(store: RunStore, cols: Columns, per_rank: dict[int, str]
                   ) -> tuple[dict[int, int | None], list[dict[str, Any]]]:
     """Shift per rank from its matching source's clock to its trace clock (`cols`: every collective row)."""
     rows = {r["rank"]: r for r in store.table("ranks", ["rank", "first_ts", "last_ts", "base_time_ns"]).to_pylist()}
@@ -229,7 +229,7 @@ def _trace_shifts(store: RunStore, cols: Cols, per_rank: dict[int, str]
     return shifts, report
 
 
-def _log_spans(cols: Cols, per_rank: dict[int, str]) -> dict[int, np.ndarray]:
+def _log_spans(cols: Columns, per_rank: dict[int, str]) -> dict[int, np.ndarray]:
     """Per rank matched from a log: [earliest, latest] of its log rows' times (enqueue and start), what
     `log_to_trace_shift` reads of them; ranks whose log rows hold no time are left out."""
     chosen = _chosen(cols["rank"], per_rank)
@@ -253,7 +253,7 @@ def _empty_section(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-def fill_log_ends(cols: Cols, shifts: dict[int, int | None]) -> Cols:
+def fill_log_ends(cols: Columns, shifts: dict[int, int | None]) -> Columns:
     """`cols` with each row's `end` (ts + dur) and `end_ok`. Log rows that carry none (a CPU comms log
     holds enqueue times only) take the end of the profiler's record of the same call (rank, group, p2p,
     seq; the parser joined the two; a call the profiler recorded twice gives none), moved onto the log's
@@ -289,8 +289,8 @@ def _chosen(rank: np.ndarray, per_rank: dict[int, str]) -> np.ndarray:
     return np.array([per_rank.get(r) for r in uniq.tolist()], object)[inv.reshape(-1)]
 
 
-def _select_rows(cols: Cols, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
-                 ) -> tuple[Cols, Cols]:
+def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
+                 ) -> tuple[Columns, Columns]:
     """Each rank's rows from its chosen source with their arrival, numbered within their group and
     agreeing on the op with at least one other rank (`_agreeing`), and its P2P rows (`cols` holds
     each row's `end`, see `fill_log_ends`)."""
@@ -319,7 +319,7 @@ def _select_rows(cols: Cols, per_rank: dict[int, str], on_gpu: set[int], section
     return _agreeing(rows, section), p2p_rows
 
 
-def _numbered(rows: Cols) -> Cols:
+def _numbered(rows: Columns) -> Columns:
     """Rows by (rank, group, arrival), each with its seq: from the source, else its position within
     (rank, group); `seq_basis` says which."""
     pg_code, _ = group_ids(rows["pg_name"])
@@ -332,7 +332,7 @@ def _numbered(rows: Cols) -> Cols:
     return rows
 
 
-def _agreeing(rows: Cols, section: dict[str, Any]) -> Cols:
+def _agreeing(rows: Columns, section: dict[str, Any]) -> Columns:
     """The rows of instances (pg_name, seq) whose ranks agree on the op (nulls aside) and that at least
     two rows hold; `section["op_mismatches"]` counts the instances dropped for the op."""
     ids, n = group_ids(rows["pg_name"], rows["seq"])
@@ -347,7 +347,7 @@ def _agreeing(rows: Cols, section: dict[str, Any]) -> Cols:
     return take(rows, keep)
 
 
-def _estimate_clocks(store: RunStore, rows: Cols, log_report: list[dict[str, Any]]
+def _estimate_clocks(store: RunStore, rows: Columns, log_report: list[dict[str, Any]]
                      ) -> tuple[dict[str, Any], dict[int, int]]:
     """Clock offsets estimated on the matching clock (`log_report`: each rank's log-to-trace shift)."""
     anchors = {r["rank"]: r["clock_offset_ns"] for r in store.table("ranks", ["rank", "clock_offset_ns"]).to_pylist()}
@@ -370,7 +370,7 @@ def _first_of(ids: np.ndarray, n: int, values: np.ndarray, where: np.ndarray | N
     return np.concatenate([values, np.array([None], object)]).astype(object)[first]
 
 
-def _aggregate_instances(rows: Cols, dims: dict[str, str]) -> Cols:
+def _aggregate_instances(rows: Columns, dims: dict[str, str]) -> Columns:
     """One row per instance in (pg_name, seq) order: first/last arrival and rank, ends, skew, delay,
     transfer; adds each row's `inst` (its instance), `wait` and `is_last` to `rows`."""
     ids, n = group_ids(rows["pg_name"], rows["seq"])
@@ -378,7 +378,7 @@ def _aggregate_instances(rows: Cols, dims: dict[str, str]) -> Cols:
     # who arrived first / last, and by how much the last one trailed the second-to-last
     srt, starts, counts = group_order(ids, n, arrival, rank)
     lo, hi, hi2 = srt[starts], srt[starts + counts - 1], srt[starts + np.maximum(counts - 2, 0)]
-    inst: Cols = {"pg_name": _first_of(ids, n, rows["pg_name"]), "seq": rows["seq"][lo],
+    inst: Columns = {"pg_name": _first_of(ids, n, rows["pg_name"]), "seq": rows["seq"][lo],
                   "op": _first_of(ids, n, rows["op"], not_null(rows["op"])), "n": counts,
                   "first": arrival[lo], "last": arrival[hi], "seq_basis": _first_of(ids, n, rows["seq_basis"]),
                   "last_rank": rank[hi], "first_rank": rank[lo], "second_last": arrival[hi2]}
@@ -397,7 +397,7 @@ def _aggregate_instances(rows: Cols, dims: dict[str, str]) -> Cols:
     return inst
 
 
-def _extra_gap(rows: Cols, last: np.ndarray, second_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _extra_gap(rows: Columns, last: np.ndarray, second_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per instance (`last` / `second_last`: its last and second-to-last arriving rows): how much longer
     the last rank took from the end of its own previous collective in the group to this arrival than
     the second-to-last rank took from its own (unknown when either has no previous end). On gloo the
@@ -416,7 +416,7 @@ def _extra_gap(rows: Cols, last: np.ndarray, second_last: np.ndarray) -> tuple[n
     return gap[last] - gap[second_last], gap_ok[last] & gap_ok[second_last]
 
 
-def _late_delay(inst: Cols) -> np.ndarray:
+def _late_delay(inst: Columns) -> np.ndarray:
     """The late rank's delay: how long the group waited for it beyond everyone else, counting only from
     when the group's previous collective ended (async calls queue behind it anyway), and no more than
     its extra gap since its own previous collective (`_extra_gap`) where both ranks' ends are known."""
@@ -431,7 +431,7 @@ def _late_delay(inst: Cols) -> np.ndarray:
     return np.maximum(delay, 0).astype(np.int64)
 
 
-def _summarise(section: dict[str, Any], rows: Cols, inst: Cols, dims: dict[str, str]) -> None:
+def _summarise(section: dict[str, Any], rows: Columns, inst: Columns, dims: dict[str, str]) -> None:
     """The section's counts, per-group and per-rank statistics and largest skews."""
     complete = ~inst["group_size_ok"] | (inst["n"] >= np.where(inst["group_size_ok"], inst["group_size"], 0))
     basis = Counter(inst["seq_basis"].tolist())  # keys in order of first appearance, as pandas counts
@@ -451,7 +451,7 @@ def _summarise(section: dict[str, Any], rows: Cols, inst: Cols, dims: dict[str, 
     } for i in argsort_desc(inst["skew"])[:20].tolist()]
 
 
-def _by_group(inst: Cols, dims: dict[str, str]) -> list[dict[str, Any]]:
+def _by_group(inst: Columns, dims: dict[str, str]) -> list[dict[str, Any]]:
     """Per (group, op), sorted: instances and skew / transfer statistics (instances without an op aside)."""
     idx = np.flatnonzero(not_null(inst["op"]))
     gid, m = group_ids(inst["pg_name"][idx], inst["op"][idx])
@@ -466,7 +466,7 @@ def _by_group(inst: Cols, dims: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def _per_rank(rows: Cols, inst: Cols) -> list[dict[str, Any]]:
+def _per_rank(rows: Columns, inst: Columns) -> list[dict[str, Any]]:
     """Per rank with matched rows, ascending: its instances, how often it arrived last, the delay it
     caused there and its own wait."""
     ranks, at = np.unique(rows["rank"], return_inverse=True)
@@ -480,7 +480,7 @@ def _per_rank(rows: Cols, inst: Cols) -> list[dict[str, Any]]:
              "wait_ns": int(wait[i])} for i, r in enumerate(ranks.tolist())]
 
 
-def _apply_offsets(rows: Cols, offsets: dict[int, int]) -> None:
+def _apply_offsets(rows: Columns, offsets: dict[int, int]) -> None:
     """Keep each row's raw arrival (`arrival_raw`) and move arrival and end onto the common clock."""
     off, _ = lookup(rows["rank"], offsets)
     rows["arrival_raw"] = rows["arrival"]
@@ -516,7 +516,7 @@ def _keys(pg: np.ndarray, seq: np.ndarray) -> Any:
     return lambda: np.array([f"{p}#{s}" for p, s in zip(pg.tolist(), seq.tolist())], object)
 
 
-def _rows_frame(rows: Cols) -> LazyFrame:
+def _rows_frame(rows: Columns) -> LazyFrame:
     """`MatchedCollectives.rows`: times exact (Int64: NA when unknown); step and bytes float64 with NaN."""
     return LazyFrame(len(rows["rank"]), {
         "key": Column("object", _keys(rows["pg_name"], rows["seq"])), "pg_name": Column("object", rows["pg_name"]),
@@ -528,7 +528,7 @@ def _rows_frame(rows: Cols) -> LazyFrame:
         "caller": Column("object", rows["caller"]), "bytes": Column("float64", rows["bytes"], rows["bytes_ok"])})
 
 
-def _instances_frame(inst: Cols) -> LazyFrame:
+def _instances_frame(inst: Columns) -> LazyFrame:
     """`MatchedCollectives.instances`: times exact (Int64: NA when unknown); step and group_size float64."""
     def col(name: str, dtype: str = "int64") -> Column:
         return Column(dtype, inst[name], inst.get(name + "_ok"))
@@ -560,7 +560,7 @@ def integrity_warnings(section: dict[str, Any]) -> list[str]:
     return out
 
 
-def _p2p_sides(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]) -> Cols:
+def _p2p_sides(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]) -> Columns:
     """The P2P rows that can pair (one direction, peer and arrival known), ordered by (src, dst, group,
     send, arrival) with `k`: the row's position among its direction's sends (or recvs)."""
     ops = [o or "" for o in p2p["op"].tolist()]
@@ -584,8 +584,8 @@ def _p2p_sides(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]) -> Cols:
     return p
 
 
-def _pair_p2p(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]
-              ) -> tuple[Cols, dict[str, int], LazyFrame | None]:
+def _pair_p2p(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]
+              ) -> tuple[Columns, dict[str, int], LazyFrame | None]:
     """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
     each side its wait for the other: rows (rank, source, arrival_raw, wait), counts, and the pairs'
     transfers (`MatchedCollectives.p2p_pairs`; None without P2P rows that can pair)."""
@@ -610,7 +610,7 @@ def _pair_p2p(p2p: Cols, offsets: dict[int, int], on_gpu: set[int]
                    "wait_ns": int(waits["wait"].sum())}, _pair_transfers(take(p, s), take(p, r), last)
 
 
-def _pair_transfers(snd: Cols, rcv: Cols, last: np.ndarray) -> LazyFrame:
+def _pair_transfers(snd: Columns, rcv: Columns, last: np.ndarray) -> LazyFrame:
     """Per send/recv pair: its transfer (first side's end − last side's arrival, clipped at 0; 0 when
     either side's duration is unknown), message size, step and whether both sides are device-timed."""
     first_end = np.minimum(snd["arrival"] + snd["dur"], rcv["arrival"] + rcv["dur"])
@@ -634,7 +634,7 @@ def _row_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | Non
     return np.where(source == "kineto", 0.0, np.where(known, shift.astype(np.float64), np.nan))
 
 
-def _wait_intervals(rows: Cols, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
+def _wait_intervals(rows: Columns, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
     """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
     out: dict[int, iv.IntervalSet] = {}
     rank = rows["rank"].astype(np.int64)

@@ -43,6 +43,7 @@ from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, matched_of
 from tracekit.analyze.recommend import advise_collective
+from tracekit.tables.columns import argsort_desc
 from tracekit.tables.store import RunStore
 
 SIZE_BUCKETS = ((1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
@@ -128,12 +129,6 @@ def _instances(store: RunStore, rank: int) -> tuple[dict[str, list], str]:
     return cols, source
 
 
-def _desc(values: np.ndarray) -> np.ndarray:
-    """Positions by value, largest first, ties as pandas' sort_values(ascending=False) leaves them."""
-    idx = np.arange(len(values))[::-1]
-    return idx[np.asarray(values)[::-1].argsort(kind="quicksort")][::-1]
-
-
 def _agg(inst: dict[str, Any], col: str) -> list[dict[str, Any]]:
     """Per value of `col` (unknown last): instances and summed exposure, most exposed first."""
     groups: dict[Any, list[int]] = {}
@@ -144,7 +139,7 @@ def _agg(inst: dict[str, Any], col: str) -> list[dict[str, Any]]:
     rows = [{"key": None if k is None else str(k), "instances": len(groups[k]),
              "exposed_ns": int(exp[groups[k]].sum()), "transfer_exposed_ns": int(xfer[groups[k]].sum())}
             for k in keys]
-    return [rows[i] for i in _desc(np.array([r["exposed_ns"] for r in rows], np.int64))]
+    return [rows[i] for i in argsort_desc(np.array([r["exposed_ns"] for r in rows], np.int64))]
 
 
 @dataclass(frozen=True)
@@ -227,7 +222,7 @@ def _top_offenders(inst: dict[str, Any], n: int) -> list[dict[str, Any]]:
         "bytes": inst["bytes"][i], "caller": inst["caller"][i], "step": inst["step"][i], "ts": int(inst["ts"][i]),
         "dur_ns": int(inst["dur"][i]), "exposed_ns": int(inst["exposed_ns"][i]),
         "transfer_exposed_ns": int(inst["transfer_exposed_ns"][i]),
-        "share_of_step": round(float(inst["share_of_step"][i]), 6)} for i in _desc(inst["exposed_ns"])[:n]]
+        "share_of_step": round(float(inst["share_of_step"][i]), 6)} for i in argsort_desc(inst["exposed_ns"])[:n]]
 
 
 def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown: BreakdownResult | None,

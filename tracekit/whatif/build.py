@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.store import RunStore
-from tracekit.whatif.columns import (Columns, arrow_columns, codes, concat, first_of_group, lookup, num_rows,
+from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, match_rows, num_rows,
                                      strings, take)
 from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask
 
@@ -212,7 +212,7 @@ def _trace_ends(rows: Columns, ends: Columns | None) -> tuple[np.ndarray, np.nda
     n = num_rows(rows)
     if ends is None or num_rows(ends) == 0 or n == 0 or rows["end_ok"].all():
         return np.zeros(n, np.int64), np.zeros(n, bool)
-    j = lookup([rows["rank"], rows["pg_name"], rows["seq"]], [ends["rank"], ends["pg_name"], ends["seq"]])
+    j = match_rows([rows["rank"], rows["pg_name"], rows["seq"]], [ends["rank"], ends["pg_name"], ends["seq"]])
     return np.where(j >= 0, ends["trace_end"][np.maximum(j, 0)], 0), j >= 0
 
 
@@ -229,7 +229,7 @@ def with_sizes(store: RunStore, members: Columns) -> Columns:
     if num_rows(t) == 0:
         return members
     seq = np.array([_key_seq(k) for k in members["key"].tolist()], dtype=np.int64)
-    j = lookup([members["rank"], strings(members["source"]), strings(members["pg_name"]), seq],
+    j = match_rows([members["rank"], strings(members["source"]), strings(members["pg_name"]), seq],
                [t["rank"], strings(t["source"]), strings(t["pg_name"]), t["seq"]])
     n_in, n_out = (np.where(j >= 0, t[c][np.maximum(j, 0)].astype(np.float64), np.nan)
                    for c in ("in_nelems", "out_nelems"))
@@ -252,7 +252,7 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
     arrival, end = _p2p_times(inp, df, shift)
     pg = np.array(["?" if p is None else str(p) for p in df["pg_name"].tolist()], dtype=object)
     src, dst = np.where(send, df["rank"], df["peer"]), np.where(send, df["peer"], df["rank"])
-    o = np.lexsort((arrival, send, codes(pg)[0], dst, src))
+    o = np.lexsort((arrival, send, group_ids(pg)[0], dst, src))
     out = {"key": _pair_keys(src[o], dst[o], pg[o], send[o]), "rank": df["rank"][o], "arrival": arrival[o],
            "end": end[o], "dim": np.array([inp.dims.get(p, "pp") for p in pg[o].tolist()], dtype=object),
            "op": strings(df["op"][o]), "bytes": np.where(df["bytes_ok"], df["bytes"], np.nan)[o],

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.whatif.columns import Columns, codes, group_median, num_rows, take
+from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
@@ -158,7 +158,7 @@ def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) ->
     peers = set(lay.peers(rank, np.unique(g.ranks)).tolist()) - {rank}
     mine = np.array([rank in rs for rs in inst["ranks"]], dtype=bool)
     others = np.array([rank not in rs and set(rs) <= peers for rs in inst["ranks"]], dtype=bool)
-    code, n = codes(inst["dim"], inst["op"], ordinal)  # the same collective on the peers' groups
+    code, n = group_ids(inst["dim"], inst["op"], ordinal)  # the same collective on the peers' groups
     bus_peers = group_median(code[others], n, inst["bus"][others])[code]
     t_peers = group_median(code[others], n, inst["t"][others])[code]
     heavy = mine & (inst["bus"] > bus_peers)

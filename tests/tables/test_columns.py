@@ -1,21 +1,21 @@
-"""The numpy column helpers the what-if builder and fixes group and join with (tracekit/whatif/columns.py)."""
+"""The numpy column helpers matching, clocks and the what-if builder group and join with (tracekit/tables/columns.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from tracekit.whatif.columns import arrow_columns, codes, first_of_group, group_median, lookup
+from tracekit.tables.columns import argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows
 
 
-def test_codes_number_key_tuples_in_sorted_order():
+def test_group_ids_number_key_tuples_in_sorted_order():
     rank = np.array([1, 0, 1, 0, 1])
     pg = np.array(["b", "a", "a", "a", "b"], dtype=object)
-    code, n = codes(rank, pg)
+    code, n = group_ids(rank, pg)
     assert n == 3
     assert code.tolist() == [2, 0, 1, 0, 2]  # (0, a) < (1, a) < (1, b)
     assert first_of_group(code, n).tolist() == [1, 2, 0]
-    assert codes(np.zeros(0, np.int64))[1] == 0
+    assert group_ids(np.zeros(0, np.int64))[1] == 0
 
 
 def test_group_median_leaves_groups_without_rows_nan():
@@ -23,11 +23,11 @@ def test_group_median_leaves_groups_without_rows_nan():
     assert out[0] == 2.0 and np.isnan(out[1]) and out[2] == 7.0
 
 
-def test_lookup_is_a_left_join_on_the_first_match():
+def test_match_rows_is_a_left_join_on_the_first_match():
     left = [np.array([0, 1, 2]), np.array(["x", "y", "x"], dtype=object)]
     right = [np.array([2, 1, 1]), np.array(["x", "y", "y"], dtype=object)]
-    assert lookup(left, right).tolist() == [-1, 1, 0]
-    assert lookup(left, [np.zeros(0, np.int64), np.zeros(0, object)]).tolist() == [-1, -1, -1]
+    assert match_rows(left, right).tolist() == [-1, 1, 0]
+    assert match_rows(left, [np.zeros(0, np.int64), np.zeros(0, object)]).tolist() == [-1, -1, -1]
 
 
 def test_arrow_columns_keep_epoch_nanoseconds_exact_beside_a_null_mask():
@@ -38,3 +38,11 @@ def test_arrow_columns_keep_epoch_nanoseconds_exact_beside_a_null_mask():
     assert cols["ts"].dtype == np.int64 and int(cols["ts"][0]) == ts
     assert cols["ts_ok"].tolist() == [True, False]
     assert cols["pg"].tolist() == ["a", None] and cols["op"].tolist() == ["send", "recv"]
+
+
+def test_argsort_desc_orders_ties_as_pandas_sort_values_does():
+    import pandas as pd
+
+    values = np.array([3, 1, 3, 2, 1, 3, 0, 2, 2, 1, 3, 1, 0, 2, 3, 1, 2, 0, 3, 1], np.int64)
+    want = pd.Series(values).sort_values(ascending=False).index.to_numpy()
+    assert argsort_desc(values).tolist() == want.tolist()

@@ -1,12 +1,13 @@
-"""Tables held as numpy columns: group keys, per-group reductions, and pandas frames built on demand.
+"""Tables held as numpy columns: group keys, per-group reductions, joins, and pandas frames built on demand.
 
-A table is a dict of equally long numpy arrays (`Cols`). A nullable integer column `x` is exact int64
+A table is a dict of equally long numpy arrays (`Columns`). A nullable integer column `x` is exact int64
 values (0 where null) plus a boolean column `x_ok` (True where known): epoch-scale nanoseconds never go
 through float64. Strings are object arrays with None for null. Groups are dense int ids whose order
 is the sorted order of their key tuples (as pandas' groupby sorts them); orderings use stable sorts so
 ties keep row order. `LazyFrame` turns such columns into a pandas DataFrame only when one is asked for
 (pandas is imported then, never by this module). Arrow columns are read from their buffers
-(`from_arrow`): pyarrow's own to_numpy, fill_null and array constructors import pandas.
+(`from_arrow`): pyarrow's own to_numpy, fill_null and array constructors may import pandas.
+Used by matching, clocks and the what-if builder and fixes, which run without pandas.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     import pandas as pd
 
-Cols = dict[str, np.ndarray]
+Columns = dict[str, np.ndarray]
+"""Column name → numpy array; every array has one value per row."""
 
 
 def _bits(buf: Any, offset: int, n: int) -> np.ndarray:
@@ -54,7 +56,7 @@ def from_arrow(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
     return words[np.where(ok, idx, len(words) - 1)], ok
 
 
-def take(cols: Cols, idx: np.ndarray) -> Cols:
+def take(cols: Columns, idx: np.ndarray) -> Columns:
     """The rows `idx` (indices or a boolean mask) of every column."""
     return {k: v[idx] for k, v in cols.items()}
 
@@ -145,6 +147,65 @@ def lookup(keys: np.ndarray, mapping: dict[Any, Any]) -> tuple[np.ndarray, np.nd
     known = np.array([g is not None for g in got], bool)
     vals = np.array([int(g) if g is not None else 0 for g in got], np.int64)
     return vals[inv.reshape(-1)], known[inv.reshape(-1)]
+
+
+def num_rows(cols: Columns) -> int:
+    """Rows of `cols` (0 when it has no column)."""
+    return len(next(iter(cols.values()))) if cols else 0
+
+
+def concat(parts: list[Columns]) -> Columns:
+    """Rows of `parts` one after the other (the columns of the first part)."""
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def strings(values: Any) -> np.ndarray:
+    """Each value as `str` (None → 'None'), as an object array."""
+    return np.array([str(x) for x in values], dtype=object)
+
+
+def first_of_group(code: np.ndarray, n: int) -> np.ndarray:
+    """Per group (0..n-1): the position of its first row."""
+    first = np.full(n, -1, np.int64)
+    u, pos = np.unique(code, return_index=True)
+    first[u] = pos
+    return first
+
+
+def group_median(code: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per group (0..n-1): the median of its rows' `values` (NaN for a group without rows)."""
+    out = np.full(n, np.nan)
+    order = np.argsort(code, kind="stable")
+    bounds = np.flatnonzero(np.diff(code[order])) + 1
+    for idx in np.split(order, bounds) if order.size else ():
+        out[code[idx[0]]] = np.median(values[idx])
+    return out
+
+
+def match_rows(left: list[np.ndarray], right: list[np.ndarray]) -> np.ndarray:
+    """Per row of `left`: the first row of `right` with the same key tuple, -1 when none (a left join)."""
+    nl = len(left[0])
+    if nl == 0 or len(right[0]) == 0:
+        return np.full(nl, -1, np.int64)
+    code, _ = group_ids(*(np.concatenate([a, b]) for a, b in zip(left, right)))
+    uc, first = np.unique(code[nl:], return_index=True)
+    pos = np.clip(np.searchsorted(uc, code[:nl]), 0, uc.size - 1)
+    return np.where(uc[pos] == code[:nl], first[pos], -1).astype(np.int64)
+
+
+def arrow_columns(t: pa.Table) -> Columns:
+    """An Arrow table as numpy columns (`from_arrow`): integers and booleans with `<name>_ok` beside them,
+    strings (dictionary-encoded too) as objects, floats as float64 (NaN where null)."""
+    out: Columns = {}
+    for name in t.column_names:
+        col = t.column(name)
+        if pa.types.is_floating(col.type):
+            out[name] = col.to_numpy(zero_copy_only=False).astype(np.float64)
+            continue
+        out[name], ok = from_arrow(col)
+        if pa.types.is_integer(col.type) or pa.types.is_boolean(col.type):
+            out[f"{name}_ok"] = ok
+    return out
 
 
 @dataclass(frozen=True)
