@@ -129,23 +129,15 @@ def gpu_ranks(store: RunStore) -> set[int]:
     return {r["rank"] for r in t if r["trace_kind"] == "gpu"}
 
 
-def arrival_ns(rows: pd.DataFrame, on_gpu: set[int]) -> pd.Series:
-    """A rank's arrival at each collective row (DESIGN §3), Int64 ns on the row's clock: on GPU ranks
-    the collective's start on the device (`ts`), null when unknown — never the host's enqueue; on
-    CPU backends the op's start on the host (`enqueue_ts`, else `ts`). (`_arrival`: the same on
-    numpy columns.)"""
-    gpu = rows["rank"].isin(on_gpu).to_numpy()
-    host = rows["enqueue_ts"].fillna(rows["ts"])
-    return rows["ts"].where(gpu, host).astype("Int64")
-
-
 def _on_ranks(rank: np.ndarray, ranks: set[int]) -> np.ndarray:
     """Where a row's rank is one of `ranks`."""
     return np.isin(rank, np.array(sorted(ranks), np.int64))
 
 
-def _arrival(cols: Columns, on_gpu: set[int]) -> tuple[np.ndarray, np.ndarray]:
-    """`arrival_ns` on numpy columns: (values, known)."""
+def arrival_ns(cols: Columns, on_gpu: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's arrival at each collective row (DESIGN §3), int64 ns on the row's clock, and where it is
+    known: on GPU ranks the collective's start on the device (`ts`) — never the host's enqueue; on CPU
+    backends the op's start on the host (`enqueue_ts`, else `ts`)."""
     gpu = _on_ranks(cols["rank"], on_gpu)
     host = np.where(cols["enqueue_ts_ok"], cols["enqueue_ts"], cols["ts"])
     host_ok = cols["enqueue_ts_ok"] | cols["ts_ok"]
@@ -307,13 +299,13 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     p2p = cols["is_p2p"] | equals_any(cols["op"], ("send", "recv"))
     section["p2p_skipped"] = int(p2p.sum())
     p2p_rows = take(cols, p2p)
-    p2p_rows["arrival"], p2p_rows["arrival_ok"] = _arrival(p2p_rows, on_gpu)
+    p2p_rows["arrival"], p2p_rows["arrival_ok"] = arrival_ns(p2p_rows, on_gpu)
     rows = take(cols, ~p2p)
     # never matched by order under a guessed group: a row without a group stays out of matching
     named = not_null(rows["pg_name"])
     section["no_group"] = int((~named).sum())
     rows = take(rows, named)
-    rows["arrival"], rows["arrival_ok"] = _arrival(rows, on_gpu)
+    rows["arrival"], rows["arrival_ok"] = arrival_ns(rows, on_gpu)
     section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
     rows = _numbered(take(rows, rows["arrival_ok"]))
     return _agreeing(rows, section), p2p_rows
