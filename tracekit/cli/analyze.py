@@ -95,13 +95,11 @@ def register(app: typer.Typer) -> None:
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
     ) -> None:
-        from rich.console import Console
-
         from tracekit.analyze.engine import AnalysisConfig
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
 
-        err = Console(stderr=True)
+        err = O.LazyConsole(stderr=True)
         config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model))
         out.mkdir(parents=True, exist_ok=True)
         try:
@@ -124,8 +122,6 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
-
-    from rich.console import Console
 
     from tracekit.analysis import analyze_run
     from tracekit.errors import NothingToAnalyzeError, TracekitError
@@ -156,6 +152,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     for p in run.problems:
         err.print(f"[yellow]{_esc(p)}[/yellow]")
     if not quiet:
+        from rich.console import Console
+
         _print_summary(analysis, Console())
         # paths never wrapped: they are copied from the terminal
         err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(run.report)}" if run.report else ""),

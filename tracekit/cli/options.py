@@ -20,3 +20,19 @@ MAX_DECOMPRESSED_MB = typer.Option(
     None, "--max-decompressed-mb", min=1,
     help="Skip any input that decompresses to more than this many MiB "
          "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs).")
+
+
+class LazyConsole:
+    """A rich Console made on its first print: importing rich costs ~15 ms and ~2 MB, and a quiet run
+    that meets nothing to report prints nothing."""
+
+    def __init__(self, **kwargs) -> None:
+        self._kwargs = kwargs
+        self._console = None
+
+    def print(self, *args, **kwargs) -> None:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        self._console.print(*args, **kwargs)
