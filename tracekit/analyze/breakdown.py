@@ -128,7 +128,7 @@ def gpu_step_windows(steps: list[dict[str, Any]]) -> list[tuple[int | None, int,
 
 def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
              busy_bounds: tuple[int, int] | None, gpu: bool = False) -> tuple[list[tuple[int | None, int, int]], str]:
-    have = set(store.dataset("steps").schema.names) if store.has("steps") else set()
+    have = set(store.columns("steps"))
     cols = ["step", "ts", "dur"] + [c for c in ("device_ts", "device_dur") if c in have]
     steps = store.rank_table("steps", rank, cols).to_pylist()
     if gpu:
@@ -219,7 +219,7 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
                        dims: dict[str, str] | None = None) -> RankActivity:
     """Read one rank's tables and build its compute / comm / other interval sets."""
     dims = dims or {}
-    kcols = set(store.dataset("kernels").schema.names) if store.has("kernels") else set()
+    kcols = set(store.columns("kernels"))
     kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"]
                                + (["carry_over"] if "carry_over" in kcols else []))
     comm_by_group: dict[str, iv.IntervalSet] = {}

@@ -117,6 +117,10 @@ class RunStore:
             return ds.dataset(TABLES[name].empty_table())
         return ds.dataset(self.file(name), format="parquet")
 
+    def columns(self, name: str) -> list[str]:
+        """The columns table `name`'s file holds (from its footer; none when there is no file)."""
+        return self._parquet_file(name).schema_arrow.names if self.has(name) else []
+
     def table(self, name: str, columns: Iterable[str] | None = None, filter: Any = None) -> pa.Table:
         """Read table `name` with optional column projection and a pyarrow filter expression (a filter
         scans the dataset, which skips row groups by their statistics; without one the file is read
