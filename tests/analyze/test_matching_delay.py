@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.analyze.matching import COLUMNS, _aggregate_instances, _instances_frame, collective_columns, fill_log_ends
+from tracekit.analyze.matching import COLUMNS, _aggregate_instances, _instances_frame, fill_log_ends
+from tracekit.tables.columns import arrow_columns
 
 from tests.analyze.analyze_builders import table
 
@@ -55,7 +56,7 @@ def _row(rank, source, seq, ts, dur, seq_source="log", enqueue=None):
 
 
 def test_log_rows_take_the_end_of_the_profiler_record_of_the_same_call():
-    cols = collective_columns(table("collectives", [
+    cols = arrow_columns(table("collectives", [
         _row(0, "comms-log", 1, None, None, enqueue=100), _row(0, "kineto", 1, 105, 40),  # end 145
         _row(1, "comms-log", 1, None, None, enqueue=200), _row(1, "kineto", 1, 210, 30),  # shift unknown
         _row(0, "comms-log", 2, None, None, enqueue=300), _row(0, "kineto", 2, 305, 9, seq_source="order"),

@@ -3,7 +3,8 @@ and the side posted first waits until the other side is posted (a late peer, not
 
 from __future__ import annotations
 
-from tracekit.analyze.matching import COLUMNS, _pair_p2p, collective_columns
+from tracekit.analyze.matching import COLUMNS, _pair_p2p
+from tracekit.tables.columns import arrow_columns
 
 from tests.analyze.analyze_builders import table
 
@@ -17,7 +18,7 @@ def _row(rank, op, peer, t, pg="cp"):
 
 def _p2p(rows):
     """The rows as matching's numpy columns, each arriving at its start (`ts`: host and device alike)."""
-    cols = collective_columns(table("collectives", rows).select(COLUMNS))
+    cols = arrow_columns(table("collectives", rows).select(COLUMNS))
     cols["arrival"], cols["arrival_ok"] = cols["ts"], cols["ts_ok"]
     return cols
 

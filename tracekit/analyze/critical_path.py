@@ -27,55 +27,46 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from tracekit.analyze.bandwidth import rank_hosts
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind
 from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.analyze.matching import MatchingResult, choose_sources, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.reconcile import RecommendationsResult
+from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
-from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.whatif.fixes import Fix, Layout
 from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_ns, replay_steps_of,
                                     timeline_json)
-
-if TYPE_CHECKING:  # annotations only: matching.py and reconcile.py (through unoverlapped.py) load pandas
-    from tracekit.analyze.matching import MatchingResult
-    from tracekit.analyze.reconcile import RecommendationsResult
 
 MAX_STEPS = 8
 """Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
 MAX_PATH_ROWS = 400
 
 
-COLLECTIVE_COLUMNS = ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes", "ts", "dur", "enqueue_ts",
-                      "step", "peer"]
-"""What the builder reads of the collectives table (its ends and send/recv rows)."""
-
-
 def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
     """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
     p2p = ends = None
     if store.has("collectives"):
-        cols = arrow_columns(store.table("collectives", COLLECTIVE_COLUMNS))
+        cols = arrow_columns(read_collectives(store))
         ends = collective_ends(cols)
-        p2p = p2p_rows(store, cols)
-    matched = matching.matched if matching is not None else None
-    return StepInput(matched=matched, dims=dims_of(layout), p2p=p2p, ends=ends)
+        p2p = p2p_rows(cols)
+    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
 
 
-def p2p_rows(store: RunStore, cols: Columns) -> Columns | None:
+def p2p_rows(cols: Columns) -> Columns | None:
     """The send/recv rows of the collectives table `cols` from each rank's matching source, None if none."""
-    is_p2p = (cols["is_p2p"] & cols["is_p2p_ok"]) | np.isin(strings(cols["op"]), ["send", "recv"])
+    is_p2p = cols["is_p2p"] | np.isin(strings(cols["op"]), ["send", "recv"])
     if not is_p2p.any():
         return None
-    from tracekit.analyze.matching import choose_sources, collective_columns, read_collectives
-
-    per_rank, _ = choose_sources(collective_columns(read_collectives(store)))  # matching's source choice
+    per_rank, _ = choose_sources(cols)
     chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
     keep = is_p2p & (cols["source"] == chosen)
     return take(cols, keep) if keep.any() else None
@@ -94,15 +85,6 @@ def collective_ends(cols: Columns) -> Columns | None:
     np.maximum.at(end, code, c["ts"] + c["dur"])
     first = first_of_group(code, n)
     return {"rank": c["rank"][first], "pg_name": pg[first], "seq": c["seq"][first], "trace_end": end}
-
-
-def rank_hosts(store: RunStore | None) -> dict[int, str]:
-    """Rank → host name (ranks table), for the ranks that name one (as bandwidth.rank_hosts, without
-    loading bandwidth.py's pandas)."""
-    if store is None or not store.has("ranks"):
-        return {}
-    rows = store.table("ranks", ["rank", "hostname"]).to_pylist()
-    return {int(r["rank"]): str(r["hostname"]) for r in rows if r["hostname"]}
 
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:

@@ -57,8 +57,8 @@ import pyarrow as pa
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
-from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, cumcount, equals_any, from_arrow,
-                                     group_extreme, group_ids, group_order, lookup, not_null, take)
+from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, cumcount, equals_any, group_extreme,
+                                     group_ids, group_order, lookup, not_null, take)
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
@@ -149,18 +149,6 @@ def read_collectives(store: RunStore) -> pa.Table:
     if store.has("collectives"):
         return store.table("collectives", COLUMNS)
     return TABLES["collectives"].empty_table().select(COLUMNS)
-
-
-def collective_columns(t: pa.Table) -> Columns:
-    """`read_collectives`' table as numpy columns (`from_arrow`): integers exact int64 with an
-    `<name>_ok` mask, is_p2p with null as False, strings as object arrays (None for null)."""
-    cols: Columns = {}
-    for name in t.column_names:
-        values, ok = from_arrow(t.column(name))
-        cols[name] = values
-        if pa.types.is_integer(t.schema.field(name).type):
-            cols[name + "_ok"] = ok
-    return cols
 
 
 def choose_sources(cols: Columns, on_gpu: set[int] | None = None) -> tuple[dict[int, str], str]:
@@ -483,7 +471,7 @@ def _apply_offsets(rows: Columns, offsets: dict[int, int]) -> None:
 def match_collectives(store: RunStore, dims: dict[str, str]
                       ) -> tuple[MatchedCollectives | None, dict[str, Any], dict[str, Any]]:
     """(matched instances or None, the clock estimate, the `matching` section)."""
-    cols = collective_columns(read_collectives(store))
+    cols = arrow_columns(read_collectives(store))
     on_gpu = gpu_ranks(store)
     per_rank, method = choose_sources(cols, on_gpu)
     section: dict[str, Any] = {"source": {"method": method, "per_rank": {str(k): v for k, v in per_rank.items()}}}

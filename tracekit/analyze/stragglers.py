@@ -72,7 +72,6 @@ if TYPE_CHECKING:  # pandas is imported where matched instances exist (a run wit
     import pandas as pd
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class StragglerConfig:
     """Thresholds, set from measurements on the 2-core box (see tests/analyze/test_runtime_e2e.py):
