@@ -59,3 +59,11 @@ def test_pair_transfer_is_first_end_minus_last_arrival_on_device():
     got = {(int(r.src), int(r.dst)): (int(r.transfer), bool(r.device_timed), int(r.bytes), int(r.step))
            for r in pairs.frame().itertuples()}
     assert got == {(0, 1): (14 * MS - 12 * MS, True, 1 << 20, 1), (2, 0): (21 * MS - 21 * MS, False, 4096, 2)}
+
+
+def test_epoch_scale_arrivals_keep_every_nanosecond():
+    # a recv posted 101 ns after its send, at epoch-scale ns (beyond float64's 2**53): the wait is 101 ns
+    base = 1_761_000_000_123_456_789
+    rows, counts, _ = _pair_p2p(_p2p([_row(1, "send", 0, base), _row(0, "recv", 1, base + 101)]), {}, set())
+    assert counts["wait_ns"] == 101
+    assert sorted(zip(rows["rank"], rows["arrival_raw"])) == [(0, base + 101), (1, base)]

@@ -253,9 +253,6 @@ def fill_log_ends(cols: Columns, shifts: dict[int, int | None]) -> Columns:
     kin_end[ids[is_kin]] = end[sel[is_kin]]
     found = ~is_kin & once[ids]
     shift, known = lookup(cols["rank"][sel[found]], shifts)
-    if None in shifts.values() or not known.all():
-        # as before: the shifts then passed through float64 (pandas' map), rounding epoch-scale ones
-        shift = shift.astype(np.float64).astype(np.int64)
     rows = sel[found][known]
     end[rows] = kin_end[ids[found][known]] - shift[known]
     ok = ok.copy()
@@ -548,8 +545,7 @@ def _p2p_sides(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]) -> Colum
     is_recv = np.array(["recv" in o for o in ops], bool)
     ok = p2p["peer_ok"] & p2p["arrival_ok"] & (is_send ^ is_recv)
     p = {"rank": p2p["rank"][ok], "peer": p2p["peer"][ok], "source": p2p["source"][ok], "send": is_send[ok],
-         # as before: the arrival passes through float64 (kept for identical results; rounds epoch-scale ns)
-         "arrival_raw": p2p["arrival"][ok].astype(np.float64).astype(np.int64),
+         "arrival_raw": p2p["arrival"][ok],
          "pg_name": np.array([g if g is not None else "?" for g in p2p["pg_name"][ok].tolist()], object),
          "dur": np.where(p2p["dur_ok"], p2p["dur"], -1)[ok],
          "bytes": np.where(p2p["bytes_ok"], p2p["bytes"].astype(np.float64), np.nan)[ok],
