@@ -598,25 +598,22 @@ def _pair_transfers(snd: Columns, rcv: Columns, last: np.ndarray) -> LazyFrame:
         "device_timed": Column("bool", snd["gpu"] & rcv["gpu"]), "transfer": Column("int64", transfer)})
 
 
-def row_trace_shift(rows: pd.DataFrame, shifts: dict[int, int | None]) -> np.ndarray:
-    """Per row: what to add to its raw times to reach its rank's trace clock (NaN: unknown).
-    Kineto rows are on the trace clock already; log rows need their rank's shift."""
-    return _row_shift(rows["rank"].to_numpy(dtype=np.int64), rows["source"].to_numpy(), shifts)
-
-
-def _row_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | None]) -> np.ndarray:
-    """`row_trace_shift` on numpy columns (float64, as it always was: an epoch-scale shift rounds)."""
+def row_trace_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | None]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: what to add to its raw times to reach its rank's trace clock (exact int64, 0 where
+    unknown) and whether it is known. Kineto rows are on the trace clock already; log rows need their
+    rank's shift (`shifts`, MatchedCollectives.trace_shift)."""
     shift, known = lookup(rank, shifts)
-    return np.where(source == "kineto", 0.0, np.where(known, shift.astype(np.float64), np.nan))
+    kineto = source == "kineto"
+    return np.where(kineto, 0, shift), kineto | known
 
 
 def _wait_intervals(rows: Columns, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
     """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
     out: dict[int, iv.IntervalSet] = {}
     rank = rows["rank"].astype(np.int64)
-    shift = _row_shift(rank, rows["source"], shifts)
-    ok = ~np.isnan(shift)
-    start = rows["arrival_raw"].astype(np.int64) + np.nan_to_num(shift).astype(np.int64)
+    shift, ok = row_trace_shift(rank, rows["source"], shifts)
+    start = rows["arrival_raw"].astype(np.int64) + shift
     wait = rows["wait"].astype(np.int64)
     order = np.argsort(rank, kind="stable")
     bounds = np.flatnonzero(np.diff(rank[order])) + 1

@@ -173,6 +173,11 @@ def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
     return df
 
 
+def _trace_shift(rows: pd.DataFrame, matched: MatchedCollectives) -> tuple[np.ndarray, np.ndarray]:
+    """matching.row_trace_shift of matched rows: (shift to each row's trace clock, known)."""
+    return row_trace_shift(rows["rank"].to_numpy(np.int64), rows["source"].to_numpy(object), matched.trace_shift)
+
+
 def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives
                    ) -> dict[tuple[int, str], int | None]:
     """(rank, key) -> end of the rank's previous collective before that arrival, on its trace clock."""
@@ -181,7 +186,7 @@ def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollect
     prev_end_map: dict[tuple[int, str], int | None] = {}
     for r, grp in allrows.groupby("rank"):
         # on the trace clock (log and Kineto rows of one rank then order correctly)
-        shift = np.nan_to_num(row_trace_shift(grp, matched.trace_shift)).astype(np.int64)
+        shift, _ = _trace_shift(grp, matched)
         arr = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
         # end − arrival is exact (Int64); unknown ends never count as a previous end
         lo = np.iinfo(np.int64).min
@@ -233,7 +238,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
     labelled = dict.fromkeys(busy[rank].idle_labels, 0) if rank in busy else {}
     examined = delay_examined = 0
     members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
-                             + row_trace_shift(members, matched.trace_shift).astype(np.int64))
+                             + _trace_shift(members, matched)[0])
     for key, grp in members.groupby("key"):
         vals, window = {}, None
         for row in grp.itertuples():
@@ -267,7 +272,7 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     rows = matched.rows
     members = rows[rows["key"].isin(late["key"])]
     ranks = sorted(set(members["rank"].tolist()))
-    if np.isnan(row_trace_shift(members, matched.trace_shift)).any():
+    if not _trace_shift(members, matched)[1].all():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
         members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks))

@@ -21,27 +21,23 @@ The measured step of a rank: GPU = first to last kernel of the step; CPU = the P
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analyze.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
+from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
+                                     num_rows, strings, take)
 from tracekit.tables.store import RunStore
-from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, match_rows, num_rows,
-                                     strings, take)
 from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask
-
-if TYPE_CHECKING:
-    from tracekit.analyze.matching import MatchedCollectives
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
-LOG_SOURCES = ("comms-log", "flight-recorder")
-"""matching sources on a log's clock (as matching.LOG_SOURCES)"""
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
                  "memset": Category.OTHER}
 
@@ -161,31 +157,13 @@ def clock_shift(rows: Columns | None, trace_shift: dict[int, int | None]) -> dic
     return {r: o + int(trace_shift.get(r) or 0) for r, o in zip(ranks.tolist(), off.tolist())}
 
 
-def _per_rank(rank: np.ndarray, values: dict[int, int | None]) -> np.ndarray:
-    """`values` of each row's rank (0 where none or None)."""
-    return np.array([values.get(r) or 0 for r in rank.tolist()], dtype=np.int64)
-
-
-def _row_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: what to add to its raw times to reach its rank's trace clock, and whether that is known
-    (as matching.row_trace_shift: Kineto rows are on the trace clock already; log rows need their rank's
-    shift), exact in int64."""
-    kineto = source == "kineto"
-    known = np.array([shifts.get(r) is not None for r in rank.tolist()], dtype=bool)
-    return np.where(kineto, 0, _per_rank(rank, shifts)), kineto | known
-
-
 def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
     """The step's collective members on the common clock (MEMBER_COLS, `rows`: `matched_columns`) with
     the send/recv pairs after them, and `inst`: each one's instance, numbered in key order."""
     both = no_members() if rows is None else concat([_matched_members(inp, rows, steps, shift),
                                                      p2p_members(inp, steps, shift)])
-    both["inst"] = _key_codes(both["key"])
+    both["inst"] = group_ids(both["key"])[0]
     return both
-
-
-def _key_codes(keys: np.ndarray) -> np.ndarray:
-    return np.unique(keys, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
@@ -193,10 +171,10 @@ def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shif
     trace's, `_trace_ends`) and a known clock."""
     rows = take(rows, np.isin(rows["step"], steps))
     trace_end, has_trace_end = _trace_ends(rows, inp.ends)
-    rs, known = _row_shift(rows["rank"], rows["source"], inp.matched.trace_shift)
+    rs, known = row_trace_shift(rows["rank"], rows["source"], inp.matched.trace_shift)
     keep = (rows["end_ok"] | has_trace_end) & known
     rows, trace_end, rs = take(rows, keep), trace_end[keep], rs[keep]
-    conv = _per_rank(rows["rank"], shift)
+    conv = lookup(rows["rank"], shift)[0]
     own_end = rows["end"] + (rows["arrival_raw"] - rows["arrival"]) + rs - conv
     out = {k: rows[k] for k in MEMBER_COLS if k in rows}
     out["arrival"] = rows["arrival_raw"] + rs - conv
@@ -264,7 +242,7 @@ def _p2p_times(inp: StepInput, df: Columns, shift: dict[int, int]) -> tuple[np.n
     """Arrival (DESIGN §3, as matching.arrival_ns with ts known: the device start on GPU ranks, else the
     enqueue) and end of send/recv rows, on the common clock."""
     trace_shift = inp.matched.trace_shift if inp.matched is not None else {}
-    conv, own = _per_rank(df["rank"], shift), _per_rank(df["rank"], trace_shift)
+    conv, own = lookup(df["rank"], shift)[0], lookup(df["rank"], trace_shift)[0]
     log = np.isin(strings(df["source"]), LOG_SOURCES)
     back = np.where(log, conv - own, conv)  # log rows: minus the offset; trace rows: minus shift+offset
     on_gpu = np.isin(df["rank"], list(inp.matched.gpu_ranks if inp.matched is not None else ()))
@@ -716,7 +694,7 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
             xfer_lane[coll[pg[coll] == name]] = buf.lane(f"rank {r} comm {name}")
         placed[r] = ("cpu", host, None)
     members = take({**members, "arrival": arrival, "arr_lane": arr_lane, "xfer_lane": xfer_lane}, arr_lane >= 0)
-    members["inst"] = _key_codes(members["key"])
+    members["inst"] = group_ids(members["key"])[0]
     return members, placed
 
 
