@@ -15,12 +15,14 @@ import numpy as np
 
 from tracekit.analyze.breakdown import RankActivities, RankActivity, load_rank_activity, rank_activities
 from tracekit.analyze.layout import LayoutResult
+from tracekit.tables.arrow_env import defer_pandas
 from tracekit.tables.store import RunStore
 
 ACTIVITY_PREFETCH_BYTES = 1 << 30
 
 
 def rank_activity_task(store_path: str, rank: int, rank_row: dict[str, Any], dims: dict[str, str]) -> RankActivity:
+    defer_pandas()  # a worker's first pyarrow conversion would import pandas (~40 MB per worker) for nothing
     return load_rank_activity(RunStore(store_path), rank, rank_row, dims)
 
 

@@ -161,8 +161,8 @@ def default_spill_dir() -> str:
 
 
 FORKSERVER_PRELOAD = ["tracekit.parse.kineto", "tracekit.parse.pool", "tracekit.engines.rank_tasks"]
-"""Imported once by the fork server: workers share these pages (the analysis tasks' pandas included:
-without it each worker imports its own, +40 MB PSS at 8 ranks with 2 workers)."""
+"""Imported once by the fork server: workers share these pages (the parser's and the analysis tasks'
+modules; neither imports pandas)."""
 
 
 def pool_context():

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.analyze.bandwidth import bus_factor
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
@@ -333,9 +334,6 @@ INSTANCE_COLS = {"inst": np.int64, "t": np.int64, "ranks": object, "dim": object
 
 def bus_factors(op: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Per instance: the NCCL-tests bus-bandwidth factor of its op over its `n` members (1 for ops without)."""
-    # deferred: bandwidth.py loads pandas, and only a run with sized collectives gets here
-    from tracekit.analyze.bandwidth import bus_factor
-
     return np.array([bus_factor(str(o), int(k)) or 1.0 for o, k in zip(op.tolist(), n.tolist())], np.float64)
 
 
