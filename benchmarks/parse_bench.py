@@ -240,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         mratio = f"{ht_mem / tk_mem:8.1f}x" if tk_mem and ht_mem else f"{'-':>9s}"
         print(f"{label:44s} {size / MB:8.1f} | {tks:>29s} | {hts:>24s} | {ratio} {mratio}", flush=True)
         if "error" not in cli:
-            cli_mbs = size / MB / max(cli["cpu"], 1e-9)
-            vs = f", {cli_mbs / ht_mbs:.1f}x HTA's load (cpu)" if ht_mbs else ""
-            print(f"    whole process `tracekit parse FILE --out STORE -q`: {size / MB / cli['seconds']:.1f} MB/s wall, "
-                  f"{cli_mbs:.1f} MB/s cpu, peak RSS {cli['peak'] / MB:.0f} MB{vs}", flush=True)
+            cli_mbs, cli_wall = size / MB / max(cli["cpu"], 1e-9), size / MB / cli["seconds"]
+            vs = (f", {cli_wall * ht['seconds'] / (size / MB):.1f}x HTA's load (wall) / {cli_mbs / ht_mbs:.1f}x (cpu)"
+                  if ht_mbs else "")
+            print(f"    whole process `tracekit parse FILE --out STORE -q`: {cli_wall:.1f} MB/s wall, "
+                  f"{cli_mbs:.1f} MB/s cpu, peak RSS {cli['peak'] / MB:.0f} MB (its largest process){vs}", flush=True)
         for r, tool in ((tk, "tracekit"), (cli, "tracekit parse"), (ht, "hta")):
             if "error" in r:
                 print(f"    {tool} failed: {r['error']}", flush=True)

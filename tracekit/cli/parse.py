@@ -46,55 +46,64 @@ def register(app: typer.Typer) -> None:
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
     ) -> None:
-        from rich.console import Console
-        from rich.markup import escape
-        from rich.table import Table
-
+        from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
         from tracekit.parse.run import parse_run
 
-        err = Console(stderr=True)
+        err = O.LazyConsole(stderr=True)
         limit = max_decompressed_mb * (1 << 20) if max_decompressed_mb else None
-        from tracekit.engines.options import engine_from_options
-
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
-            err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
+            err.print(f"[red]tracekit parse:[/red] {_esc(exc)}", soft_wrap=True)
             raise typer.Exit(1) from None
         try:
             result = parse_run(trace_dir, out, workers=engine.workers, progress=not quiet, max_decompressed_bytes=limit,
                                max_memory_bytes=budget, engine=engine, assume_rank=rank)
         except TracekitError as exc:
-            err.print(f"[red]tracekit parse:[/red] {escape(str(exc))}", soft_wrap=True)
+            err.print(f"[red]tracekit parse:[/red] {_esc(exc)}", soft_wrap=True)
             raise typer.Exit(1) from None
         finally:
             engine.close()
         store = result.store
         ranks = store.ranks()
         if not quiet:
-            counts = store.sql(
-                "SELECT r.rank, "
-                "(SELECT count(*) FROM events e WHERE e.rank = r.rank) AS events, "
-                "(SELECT count(*) FROM kernels k WHERE k.rank = r.rank) AS kernels, "
-                "(SELECT count(*) FROM collectives c WHERE c.rank = r.rank) AS collectives, "
-                "r.rank_source, r.source_file FROM ranks r ORDER BY r.rank").to_pylist()
-            table = Table(title=f"run store {store.path}", title_justify="left")
-            for col in ("rank", "events", "kernels", "collectives", "rank from", "file"):
-                table.add_column(col, justify="right" if col in ("rank", "events", "kernels", "collectives") else "left")
-            for c in counts:
-                table.add_row(str(c["rank"]), f"{c['events']:,}", f"{c['kernels']:,}", f"{c['collectives']:,}",
-                              escape(str(c["rank_source"])), escape(Path(str(c["source_file"])).name))
-            out_console = Console()
-            out_console.print(table)
-            for w in store.meta.get("warnings", []):
-                err.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
+            _print_summary(store, err)
         for s in result.skipped:
-            err.print(f"[yellow]skipped[/yellow] {escape(s['file'])}: {escape(s['reason'])}", soft_wrap=True)
+            err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}", soft_wrap=True)
         if not ranks:
-            err.print(f"[red]tracekit parse:[/red] nothing under {escape(str(trace_dir))} could be parsed")
+            err.print(f"[red]tracekit parse:[/red] nothing under {_esc(trace_dir)} could be parsed")
             raise typer.Exit(1)
         if not quiet:
             err.print(f"parsed {len(ranks)} rank(s) into {store.path}")
+
+
+def _esc(text) -> str:
+    """Text from traces and file names printed through rich: `[...]` must not be read as markup."""
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _print_summary(store, err) -> None:
+    """The store's ranks with their row counts, then the parse warnings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    counts = store.sql(
+        "SELECT r.rank, "
+        "(SELECT count(*) FROM events e WHERE e.rank = r.rank) AS events, "
+        "(SELECT count(*) FROM kernels k WHERE k.rank = r.rank) AS kernels, "
+        "(SELECT count(*) FROM collectives c WHERE c.rank = r.rank) AS collectives, "
+        "r.rank_source, r.source_file FROM ranks r ORDER BY r.rank").to_pylist()
+    table = Table(title=f"run store {store.path}", title_justify="left")
+    for col in ("rank", "events", "kernels", "collectives", "rank from", "file"):
+        table.add_column(col, justify="right" if col in ("rank", "events", "kernels", "collectives") else "left")
+    for c in counts:
+        table.add_row(str(c["rank"]), f"{c['events']:,}", f"{c['kernels']:,}", f"{c['collectives']:,}",
+                      _esc(c["rank_source"]), _esc(Path(str(c["source_file"])).name))
+    Console().print(table)
+    for w in store.meta.get("warnings", []):
+        err.print(f"[yellow]warning:[/yellow] {_esc(w)}", soft_wrap=True)

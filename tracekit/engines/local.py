@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tracekit.parse.pool import memory_workers, parse_kineto_files, pool_context
+
+if TYPE_CHECKING:  # concurrent.futures (and the logging it loads, ~15 ms) only when a pool starts
+    from concurrent.futures import ProcessPoolExecutor
 
 
 @dataclass
@@ -28,11 +30,12 @@ class LocalEngine:
 
     def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
                            max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
-        workers = self.workers
+        workers = processes = self.workers
         if self.auto:
-            workers = max(1, min(workers, len(paths), memory_workers(paths, max_memory_bytes)))
+            processes = max(1, min(workers, memory_workers(paths, max_memory_bytes)))
+            workers = min(processes, len(paths))
         return parse_kineto_files(paths, workers=workers, max_decompressed_bytes=max_decompressed_bytes,
-                                  max_memory_bytes=max_memory_bytes)
+                                  max_memory_bytes=max_memory_bytes, processes=processes)
 
     def map_ranks(self, fn: Callable[..., Any], args: list[tuple]) -> Iterator[Any]:
         """fn(*a) for each a, results in order, at most 2 tasks per worker in flight."""
@@ -41,6 +44,8 @@ class LocalEngine:
                 yield fn(*a)
             return
         if self._pool is None:
+            from concurrent.futures import ProcessPoolExecutor
+
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=pool_context())
         pending: deque = deque()
         todo = iter(args)

@@ -314,11 +314,12 @@ def _closing_candidates(buf, start: int, prefix: bytes):
         yield top, close
 
 
-def decode_event_chunks(buf, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
+def decode_event_chunks(buf, chunk_bytes: int, sink, decode=None, exact_close: bool = False) -> TopLevel | None:
     """Decode the top-level `traceEvents` array about chunk_bytes of JSON at a time, handing each
     decoded list of events and its JSON text to `sink(events, text)` (`decode`: the JSON array → events
     function, EVENTS_DECODER's by default); returns the other top-level fields, or None when the layout
-    is unusual (the caller then decodes the whole document). Decode errors propagate."""
+    is unusual (the caller then decodes the whole document). Decode errors propagate. `exact_close`:
+    the array must close at the last `]` that leaves a valid document (no earlier one is tried)."""
     m = _TRACE_EVENTS_KEY.search(buf)
     if m is None:
         return None
@@ -365,7 +366,7 @@ def decode_event_chunks(buf, chunk_bytes: int, sink, decode=None) -> TopLevel | 
             raise
         except msgspec.DecodeError:
             # The array may close earlier (a later `]` belonged to other top-level data).
-            found = next(closes, None)
+            found = None if exact_close else next(closes, None)
             if found is None or found[1] < pos:
                 raise
             top, close = found
@@ -421,7 +422,7 @@ def _decode_up_to_cut(buf: bytearray, pos: int, cut: Any, decode) -> tuple[Any, 
     return None, None, cut
 
 
-def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel | None:
+def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None, exact_close: bool = False) -> TopLevel | None:
     """`decode_event_chunks` over an iterable of byte blocks (a file read or decompressed piece by
     piece): only the text before the events and about two chunks are held at a time."""
     it = iter(blocks)
@@ -478,7 +479,62 @@ def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None) -> TopLevel
         want = chunk_bytes + chunk_bytes // 2
     rest = b"".join((head, memoryview(buf)[pos:]))
     del buf
-    return decode_event_chunks(rest, chunk_bytes, sink, decode)
+    return decode_event_chunks(rest, chunk_bytes, sink, decode, exact_close)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parts: the events array of a plain file cut into byte ranges that separate processes decode
+# (parse/split.py). Each range is decoded as `{"traceEvents":[` + range + `]}` with exact_close, so a
+# cut that is not between two top-level events, or an array that really closes elsewhere, fails the
+# decode of the range before it and the caller decodes the file in one piece instead.
+
+_HEAD_BYTES = 1 << 20
+_TAIL_BYTES = 1 << 16
+_CUT_WINDOW = 1 << 20
+
+
+def plan_event_parts(read, size: int, parts: int) -> tuple[TopLevel, list[tuple[int, int]]] | None:
+    """The top-level fields and up to `parts` byte ranges [a, b) of whole events that together hold the
+    `traceEvents` array of a plain JSON document of `size` bytes (`read(offset, n)` → bytes). None when
+    the array is not where trace writers put it (its key in the first MB, its end in the last 64 KB)."""
+    head = read(0, min(size, _HEAD_BYTES))
+    m = _TRACE_EVENTS_KEY.search(head) if head.lstrip()[:1] == b"{" else None
+    if m is None:
+        return None
+    start = m.end()
+    tail_at = max(start, size - _TAIL_BYTES)
+    found = next(_closing_candidates(read(tail_at, size - tail_at), 0, head[: m.start()]), None)
+    if found is None:
+        return None
+    top, close = found[0], tail_at + found[1]
+    ranges, a = [], start
+    for i in range(1, parts):
+        cut = _part_cut(read, start + (close - start) * i // parts, close)
+        if cut is not None and cut[0] > a:
+            ranges.append((a, cut[0]))
+            a = cut[1]
+    ranges.append((a, close))
+    return top, ranges
+
+
+def _part_cut(read, at: int, close: int) -> tuple[int, int] | None:
+    """(end of one event, start of the next) at the first boundary after `at` where the next event
+    decodes on its own (a boundary inside a string or args rarely does; one that does still fails the
+    decode of its range)."""
+    window = read(at, min(_CUT_WINDOW, close - at))
+    cuts = _EVENT_CUT.finditer(window)
+    cut = next(cuts, None)
+    for _ in range(_MAX_CUT_TRIES):
+        nxt = next(cuts, None)
+        if cut is None or nxt is None:
+            return None
+        try:
+            EVENTS_DECODER.decode(b"".join((b"[", window[cut.end() - 1: nxt.start() + 1], b"]")))
+        except msgspec.DecodeError:  # ValidationError included
+            cut = nxt
+            continue
+        return at + cut.start() + 1, at + cut.end() - 1
+    return None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -128,13 +128,16 @@ before the next is decoded (bounded object memory, cache-resident structs)."""
 
 
 def parse_kineto(
-    path: str | Path, *, rank: int | None = None, max_decompressed_bytes: int | None = None
+    path: str | Path, *, rank: int | None = None, max_decompressed_bytes: int | None = None,
+    columns: "Columns | None" = None,
 ) -> KinetoParse:
-    """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input."""
+    """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input.
+    `columns`: the file's events already decoded (by several processes: parse/split.py)."""
     path = str(path)
     with gc_paused():
         try:  # streamed: the file is read (and gunzipped) one chunk at a time
-            cols = decode_columns(D.squeeze_whitespace(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES)))
+            cols = columns if columns is not None else decode_columns(
+                D.squeeze_whitespace(iter_trace_blocks(path, max_decompressed_bytes, CHUNK_BYTES)))
         except StreamProblem as exc:
             raise exc.error from None
         except OSError:
@@ -162,10 +165,10 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def decode_columns(blocks) -> "Columns | None":
+def decode_columns(blocks, exact_close: bool = False) -> "Columns | None":
     """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
-    UTF-8)."""
+    UTF-8). `exact_close`: see `decode.decode_event_chunks`."""
     cols = Columns(None)
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
@@ -175,7 +178,8 @@ def decode_columns(blocks) -> "Columns | None":
         return decoder.decode(text)
 
     try:
-        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows), decode)
+        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows), decode,
+                                    exact_close)
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, RecursionError, pa.ArrowException):
         return None
@@ -466,6 +470,42 @@ def _add_x(cols: Columns, xs: list) -> None:
     _add_fields(cols, *fields)
 
 
+def _add_names(cols: Columns, names: list) -> np.ndarray:
+    """Codes of event names, new names getting the next codes and their keep-args flag."""
+    known = len(cols.names)
+    codes = _intern(cols.names, names)
+    if len(cols.names) > known:
+        new = list(cols.names)[known:]
+        cand = set(candidate_codes(new))
+        cols.keep_name.extend(i in cand or (bool(nm) and is_comm_kernel_name(nm)) for i, nm in enumerate(new))
+    return codes
+
+
+def merge_columns(parts: list[Columns], top: Any) -> Columns:
+    """The columns of consecutive runs of one trace's events as one (the first part, extended): the
+    same columns a single decode of all the runs gives (names and categories coded in first-occurrence
+    order, rows numbered from the first part's)."""
+    out = parts[0]
+    out.top = top
+    for p in parts[1:]:
+        name_map, cat_map = _add_names(out, list(p.names)), _intern(out.cats, list(p.cats))
+        out.name_codes.extend(name_map[c] for c in p.name_codes)
+        out.cat_codes.extend(cat_map[c] for c in p.cat_codes)
+        for f in ("ts", "ts_ok", "dur", "dur_ok", "pid", "tid", "ext", "corr", "stream", "device", "flops", "ms",
+                  "memory"):
+            getattr(out, f).extend(getattr(p, f))
+        out.coll_name.update((out.n + r, v) for r, v in p.coll_name.items())
+        out.args_keep.update((out.n + r, v) for r, v in p.args_keep.items())
+        for ids, more in ((out.pid_ids, p.pid_ids), (out.tid_ids, p.tid_ids)):
+            ids.text_of.update(more.text_of)
+            ids.stream_ids |= more.stream_ids
+        for tag, k in p.phase_counts.items():
+            out.phase_counts[tag] = out.phase_counts.get(tag, 0) + k
+        out.warnings.extend(p.warnings)
+        out.n += p.n
+    return out
+
+
 def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
                 flops, coll) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
@@ -476,13 +516,8 @@ def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_
     if lenient:
         names = [v if isinstance(v, str) else ("" if v is None else str(v)) for v in names]
         cats = [v if (v is None or isinstance(v, str)) else str(v) for v in cats]
-    known = len(cols.names)
-    codes = _intern(cols.names, names)
+    codes = _add_names(cols, names)
     del names
-    if len(cols.names) > known:
-        new = list(cols.names)[known:]
-        cand = set(candidate_codes(new))
-        cols.keep_name.extend(i in cand or (bool(nm) and is_comm_kernel_name(nm)) for i, nm in enumerate(new))
     cols.name_codes.append(codes)
     cols.cat_codes.append(_intern(cols.cats, cats))
     del cats

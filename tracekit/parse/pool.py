@@ -13,7 +13,6 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -42,6 +41,8 @@ class ParseJob:
     lazy_events: bool = False
     """A chunked parse hands its events over as the chunks' files (`SpilledTable`), read one part at a
     time by the store writer; only for a consumer on this machine (not Ray)."""
+    processes: int = 1
+    """Processes that may decode this one file (parse/split.py; only a large plain-JSON file splits)."""
 
 
 def json_size_bytes(path: str | Path) -> int | None:
@@ -91,9 +92,9 @@ def memory_workers(paths: list[str], max_memory_bytes: int | None) -> int:
 
 
 def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-               lazy_events: bool = False) -> Any:
+               lazy_events: bool = False, processes: int = 1) -> Any:
     """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget
-    (pyarrow does not import pandas for it: tables/arrow_env.py)."""
+    (pyarrow does not import pandas for it: tables/arrow_env.py), else decoded by up to `processes`."""
     with pandas_deferred():
         if needs_chunking(path, max_memory_bytes):
             from tracekit.parse.chunked import parse_kineto_chunked
@@ -101,15 +102,17 @@ def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memo
             return parse_kineto_chunked(path, max_memory_bytes=max_memory_bytes,
                                         max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events)
         from tracekit.parse.kineto import parse_kineto
+        from tracekit.parse.split import decode_columns_split
 
-        return parse_kineto(path, max_decompressed_bytes=max_decompressed_bytes)
+        cols = decode_columns_split(path, processes, max_decompressed_bytes)
+        return parse_kineto(path, max_decompressed_bytes=max_decompressed_bytes, columns=cols)
 
 
 def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:
     """Worker body: (path, KinetoParse without tables or None, error, {table: IPC file}). Never raises for bad input."""
     try:
         kp = parse_file(job.path, max_decompressed_bytes=job.max_decompressed_bytes,
-                        max_memory_bytes=job.max_memory_bytes, lazy_events=job.lazy_events)
+                        max_memory_bytes=job.max_memory_bytes, lazy_events=job.lazy_events, processes=job.processes)
     except TraceFormatError as exc:
         return job.path, None, exc.reason, {}
     except TracekitError as exc:
@@ -189,15 +192,23 @@ def start_pool_server() -> None:
 
 
 def parse_kineto_files(paths: list[str], *, workers: int = 1, max_decompressed_bytes: int | None = None,
-                       max_memory_bytes: int | None = None, spill_dir: str | None = None) -> Iterator[ParseResult]:
-    """Parse `paths` in order of completion-bounded submission; yields (path, KinetoParse|None, error)."""
+                       max_memory_bytes: int | None = None, spill_dir: str | None = None,
+                       processes: int | None = None) -> Iterator[ParseResult]:
+    """Parse `paths` in order of completion-bounded submission; yields (path, KinetoParse|None, error).
+    `workers` files at a time; `processes` (default: `workers`) in all, so with fewer files than
+    processes one large file is decoded by several (parse/split.py)."""
+    split = max(1, (processes or workers) // max(1, min(workers, len(paths))))
     if workers <= 1 or len(paths) <= 1:
         for p in paths:
-            path, kp, err, _ = run_job(ParseJob(p, max_decompressed_bytes, max_memory_bytes, None, lazy_events=True))
+            path, kp, err, _ = run_job(ParseJob(p, max_decompressed_bytes, max_memory_bytes, None, lazy_events=True,
+                                                processes=split))
             yield path, kp, err
         return
+    from concurrent.futures import ProcessPoolExecutor  # here: a one-file parse never loads it (~15 ms)
+
     own_dir = tempfile.mkdtemp(prefix="tracekit-spill-", dir=spill_dir or default_spill_dir())
-    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True) for p in paths)
+    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True, processes=split)
+                for p in paths)
     try:
         with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=pool_context()) as pool:
             pending: deque = deque()

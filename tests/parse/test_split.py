@@ -1,0 +1,148 @@
+"""One trace decoded by several processes (parse/split.py): the same tables as one process, checked
+against the whole-document decode; the cut plan checked against plain `json`; every failure falls
+back to one process."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import msgspec
+import pytest
+
+import tracekit.parse.kineto as K
+from tracekit.engines.local import LocalEngine
+from tracekit.parse import decode as D
+from tracekit.parse import pool as P
+from tracekit.parse import split as S
+from tests.parse.test_kineto_chunks import _DIR, _ENC, _assert_same, _doc, _whole
+
+PROCESSES = 3
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of a few KB, so small documents split (and chunks of 4 KB inside each part)."""
+    monkeypatch.setattr(S, "MIN_PART_BYTES", 2048)
+    monkeypatch.setattr(K, "CHUNK_BYTES", 4096)
+
+
+def _write(tmp_path, doc: dict, indent: int | None = None):
+    text = _ENC.encode(doc)
+    if indent:
+        text = msgspec.json.format(text, indent=indent)
+    path = tmp_path / "t.json"
+    path.write_bytes(text)
+    return path, text
+
+
+def _split_parse(path) -> tuple[K.Columns | None, K.KinetoParse]:
+    cols = S.decode_columns_split(str(path), PROCESSES)
+    return cols, K.parse_kineto(path, columns=cols)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_split_equals_whole_document(tmp_path, small_parts, indent):
+    path, _ = _write(tmp_path, _doc(300, events_last=True), indent)
+    cols, parsed = _split_parse(path)
+    assert cols is not None  # it really split
+    _assert_same(parsed, _whole(path))
+
+
+def test_plan_cuts_between_whole_events(tmp_path):
+    """Each range holds whole events (plain json reads it as an array), in order they are the events
+    array, and the top-level fields are the document's."""
+    path, text = _write(tmp_path, _doc(300, events_last=True), 1)
+    top, ranges = D.plan_event_parts(lambda at, n: text[at:at + n], len(text), 5)
+    assert len(ranges) == 5 and all(a < b for a, b in ranges)
+    assert all(b1 < a2 for (_, b1), (a2, _) in zip(ranges, ranges[1:]))
+    events = [e for a, b in ranges for e in json.loads(b"[" + text[a:b] + b"]")]
+    doc = json.loads(text)
+    assert events == doc["traceEvents"]
+    for key in D.TOP_LEVEL_KEYS:
+        assert getattr(top, key) == doc.get(key)
+
+
+def test_array_of_objects_after_the_events_falls_back(tmp_path, small_parts):
+    """`deviceProperties` (a list of objects) after the events: the planner's end of the array is that
+    list's; the last part's exact decode refuses it and one process decodes the file."""
+    path, _ = _write(tmp_path, _doc(300, events_last=False))
+    cols, parsed = _split_parse(path)
+    assert cols is None
+    _assert_same(parsed, _whole(path))
+
+
+@pytest.mark.parametrize("where", ["string", "args"])
+def test_a_cut_inside_an_event_fails_its_part(tmp_path, small_parts, monkeypatch, where):
+    """A cut the planner got wrong (inside a name, inside args' list of objects) fails the decode of the
+    part before it, never yields other events."""
+    path, text = _write(tmp_path, _doc(300, events_last=True))
+    marker = _ENC.encode('aten::mm},{"x": [1]}, {')[1:-1] if where == "string" else b'{"a":1},{"b":[2]}'
+    bad = text.index(marker, len(text) // 2) + marker.index(b"},{") + 1
+    top, ranges = D.plan_event_parts(lambda at, n: text[at:at + n], len(text), 2)
+    monkeypatch.setattr(D, "plan_event_parts", lambda *a: (top, [(ranges[0][0], bad), (bad + 1, ranges[-1][1])]))
+    assert S.decode_range(str(path), ranges[0][0], bad) is None
+    cols, parsed = _split_parse(path)
+    assert cols is None
+    _assert_same(parsed, _whole(path))
+
+
+def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
+    parent = os.getpid()
+    real = S.decode_range
+
+    def decode_range(path, a, b):
+        if os.getpid() != parent:
+            raise MemoryError("child out of memory")
+        return real(path, a, b)
+
+    monkeypatch.setattr(S, "decode_range", decode_range)
+    path, _ = _write(tmp_path, _doc(300, events_last=True))
+    cols, parsed = _split_parse(path)
+    assert cols is None
+    _assert_same(parsed, _whole(path))
+
+
+def test_lenient_events_in_a_later_part_fall_back(tmp_path, small_parts):
+    doc = _doc(300, events_last=True)
+    doc["traceEvents"][-5]["ph"] = "Z"  # unknown phase: only the lenient whole-document decoder reads it
+    path, _ = _write(tmp_path, doc)
+    cols, parsed = _split_parse(path)
+    assert cols is None
+    _assert_same(parsed, _whole(path))
+    assert parsed.phase_counts.get("Z") == 1
+
+
+def test_gzip_and_small_files_are_not_split(tmp_path, small_parts):
+    path, text = _write(tmp_path, _doc(300, events_last=True))
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(text))
+    assert S.decode_columns_split(str(gz), PROCESSES) is None
+    assert S.decode_columns_split(str(path), 1) is None
+    assert S.decode_columns_split(str(path), PROCESSES, max_decompressed_bytes=len(text) - 1) is None
+    assert S.split_processes(2 * S.MIN_PART_BYTES - 1, 8) == 1 and S.split_processes(9 * S.MIN_PART_BYTES, 8) == 8
+
+
+@pytest.mark.parametrize("sub", ["hta_nccl_a100_rank0of2", "kineto_resnet50_2021_workers0", "hta_alltoall_a100_rank0of16"])
+def test_real_traces_split_equal_one_process(tmp_path, monkeypatch, sub):
+    files = sorted((_DIR / sub).glob("*.json*"))
+    if not files:
+        pytest.fail(f"shared trace {sub} missing under {_DIR}")
+    path = tmp_path / "trace.json"
+    path.write_bytes(gzip.decompress(files[0].read_bytes()))  # a plain copy: only plain JSON splits
+    monkeypatch.setattr(S, "MIN_PART_BYTES", 64 << 10)
+    cols, parsed = _split_parse(path)
+    assert cols is not None
+    _assert_same(parsed, _whole(path))
+
+
+def test_a_lone_file_gets_the_spare_processes(tmp_path, monkeypatch):
+    """With fewer files than processes, the local engine lets each file use the rest."""
+    seen: list[int] = []
+    monkeypatch.setattr(S, "decode_columns_split", lambda path, n, limit=None: seen.append(n))
+    path, _ = _write(tmp_path, _doc(20, events_last=True))
+    results = list(LocalEngine(workers=4).parse_kineto_files([str(path)]))
+    assert results[0][2] is None and seen == [4]
+    seen.clear()
+    assert list(P.parse_kineto_files([str(path)], workers=1))[0][2] is None and seen == [1]
