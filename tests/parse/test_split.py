@@ -50,39 +50,43 @@ def test_split_equals_whole_document(tmp_path, small_parts, indent):
     _assert_same(parsed, _whole(path))
 
 
-def test_plan_cuts_between_whole_events(tmp_path):
-    """Each range holds whole events (plain json reads it as an array), in order they are the events
-    array, and the top-level fields are the document's."""
-    path, text = _write(tmp_path, _doc(300, events_last=True), 1)
-    top, ranges = D.plan_event_parts(lambda at, n: text[at:at + n], len(text), 5)
-    assert len(ranges) == 5 and all(a < b for a, b in ranges)
-    assert all(b1 < a2 for (_, b1), (a2, _) in zip(ranges, ranges[1:]))
-    events = [e for a, b in ranges for e in json.loads(b"[" + text[a:b] + b"]")]
-    doc = json.loads(text)
-    assert events == doc["traceEvents"]
-    for key in D.TOP_LEVEL_KEYS:
-        assert getattr(top, key) == doc.get(key)
+def test_cuts_fall_between_whole_events(tmp_path):
+    """Wherever the planned offset falls, the text before the cut (closed with `]}`) and the text after it
+    (opened with `{"traceEvents":[`) are documents whose events, read by plain json, are the trace's."""
+    path, text = _write(tmp_path, _doc(300, events_last=False), 1)
+    events = json.loads(text)["traceEvents"]
+    start = text.index(b"[", text.index(b'"traceEvents"'))
+    for at in range(start, len(text) - 4096, len(text) // 23):
+        cut = D.event_cut(text[at:at + D.CUT_WINDOW])
+        assert cut is not None
+        before = json.loads(text[:at + cut[0]] + b"]}")
+        after = json.loads(b'{"traceEvents":[' + text[at + cut[1]:])
+        assert before["traceEvents"] + after["traceEvents"] == events
+        assert before["distributedInfo"] == {"rank": 1, "world_size": 2} and after["baseTimeNanoseconds"] == 1
 
 
-def test_array_of_objects_after_the_events_falls_back(tmp_path, small_parts):
-    """`deviceProperties` (a list of objects) after the events: the planner's end of the array is that
-    list's; the last part's exact decode refuses it and one process decodes the file."""
+def test_array_of_objects_after_the_events(tmp_path, small_parts):
+    """`deviceProperties` (a list of objects) after the events: the last part reads the document's end
+    as one process does."""
     path, _ = _write(tmp_path, _doc(300, events_last=False))
     cols, parsed = _split_parse(path)
-    assert cols is None
+    assert cols is not None
     _assert_same(parsed, _whole(path))
 
 
 @pytest.mark.parametrize("where", ["string", "args"])
 def test_a_cut_inside_an_event_fails_its_part(tmp_path, small_parts, monkeypatch, where):
-    """A cut the planner got wrong (inside a name, inside args' list of objects) fails the decode of the
-    part before it, never yields other events."""
+    """A cut rule that got it wrong (inside a name, inside args' list of objects) fails the decode of the
+    part before the cut, never yields other events."""
     path, text = _write(tmp_path, _doc(300, events_last=True))
     marker = _ENC.encode('aten::mm},{"x": [1]}, {')[1:-1] if where == "string" else b'{"a":1},{"b":[2]}'
-    bad = text.index(marker, len(text) // 2) + marker.index(b"},{") + 1
-    top, ranges = D.plan_event_parts(lambda at, n: text[at:at + n], len(text), 2)
-    monkeypatch.setattr(D, "plan_event_parts", lambda *a: (top, [(ranges[0][0], bad), (bad + 1, ranges[-1][1])]))
-    assert S.decode_range(str(path), ranges[0][0], bad) is None
+
+    def wrong_cut(window):
+        i = window.find(marker)
+        return None if i < 0 else (i + marker.index(b"},{") + 1, i + marker.index(b"},{") + 2)
+
+    monkeypatch.setattr(D, "event_cut", wrong_cut)
+    assert S.decode_part(str(path), None, len(text) // 2, False, None) is None
     cols, parsed = _split_parse(path)
     assert cols is None
     _assert_same(parsed, _whole(path))
@@ -90,14 +94,14 @@ def test_a_cut_inside_an_event_fails_its_part(tmp_path, small_parts, monkeypatch
 
 def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
     parent = os.getpid()
-    real = S.decode_range
+    real = S.decode_part
 
-    def decode_range(path, a, b):
+    def decode_part(*args):
         if os.getpid() != parent:
             raise MemoryError("child out of memory")
-        return real(path, a, b)
+        return real(*args)
 
-    monkeypatch.setattr(S, "decode_range", decode_range)
+    monkeypatch.setattr(S, "decode_part", decode_part)
     path, _ = _write(tmp_path, _doc(300, events_last=True))
     cols, parsed = _split_parse(path)
     assert cols is None
@@ -114,14 +118,29 @@ def test_lenient_events_in_a_later_part_fall_back(tmp_path, small_parts):
     assert parsed.phase_counts.get("Z") == 1
 
 
-def test_gzip_and_small_files_are_not_split(tmp_path, small_parts):
-    path, text = _write(tmp_path, _doc(300, events_last=True))
+def test_gzip_splits_too(tmp_path, small_parts):
+    path, text = _write(tmp_path, _doc(300, events_last=False))
     gz = tmp_path / "t.json.gz"
     gz.write_bytes(gzip.compress(text))
-    assert S.decode_columns_split(str(gz), PROCESSES) is None
+    cols, parsed = _split_parse(gz)
+    assert cols is not None
+    _assert_same(parsed, _whole(gz))
+
+
+def test_what_is_not_split(tmp_path, small_parts, monkeypatch):
+    path, text = _write(tmp_path, _doc(300, events_last=True))
     assert S.decode_columns_split(str(path), 1) is None
     assert S.decode_columns_split(str(path), PROCESSES, max_decompressed_bytes=len(text) - 1) is None
     assert S.split_processes(2 * S.MIN_PART_BYTES - 1, 8) == 1 and S.split_processes(9 * S.MIN_PART_BYTES, 8) == 8
+    two = tmp_path / "two.json.gz"  # two gzip members: the trailer holds the last one's size only
+    two.write_bytes(gzip.compress(text[:-10]) + gzip.compress(text[-10:]))
+    assert S.decode_columns_split(str(two), PROCESSES) is None  # 10 bytes < the compressed size: not trusted
+    two.write_bytes(gzip.compress(text[:1000]) + gzip.compress(text[1000:]))  # plausible, too small: uneven parts
+    _assert_same(K.parse_kineto(two, columns=S.decode_columns_split(str(two), PROCESSES)), _whole(two))
+    monkeypatch.setattr(S, "decompressed_budget", lambda size, limit: (size, "the budget"))  # a likely bomb
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(text))
+    assert S.decode_columns_split(str(gz), PROCESSES) is None
 
 
 @pytest.mark.parametrize("sub", ["hta_nccl_a100_rank0of2", "kineto_resnet50_2021_workers0", "hta_alltoall_a100_rank0of16"])
@@ -129,12 +148,13 @@ def test_real_traces_split_equal_one_process(tmp_path, monkeypatch, sub):
     files = sorted((_DIR / sub).glob("*.json*"))
     if not files:
         pytest.fail(f"shared trace {sub} missing under {_DIR}")
-    path = tmp_path / "trace.json"
-    path.write_bytes(gzip.decompress(files[0].read_bytes()))  # a plain copy: only plain JSON splits
+    plain = tmp_path / "trace.json"
+    plain.write_bytes(gzip.decompress(files[0].read_bytes()))
     monkeypatch.setattr(S, "MIN_PART_BYTES", 64 << 10)
-    cols, parsed = _split_parse(path)
-    assert cols is not None
-    _assert_same(parsed, _whole(path))
+    for path in (files[0], plain):
+        cols, parsed = _split_parse(path)
+        assert cols is not None
+        _assert_same(parsed, _whole(path))
 
 
 def test_a_lone_file_gets_the_spare_processes(tmp_path, monkeypatch):

@@ -483,45 +483,19 @@ def decode_event_stream(blocks, chunk_bytes: int, sink, decode=None, exact_close
 
 
 # ----------------------------------------------------------------------------------------------
-# Parts: the events array of a plain file cut into byte ranges that separate processes decode
-# (parse/split.py). Each range is decoded as `{"traceEvents":[` + range + `]}` with exact_close, so a
-# cut that is not between two top-level events, or an array that really closes elsewhere, fails the
-# decode of the range before it and the caller decodes the file in one piece instead.
+# Parts: a document cut near planned offsets into runs of whole events that separate processes
+# decode (parse/split.py). Each run but the last is decoded with exact_close, so a cut that is not
+# between two events of the top-level array fails the decode of the run before it, and the caller
+# decodes the file in one piece instead.
 
-_HEAD_BYTES = 1 << 20
-_TAIL_BYTES = 1 << 16
-_CUT_WINDOW = 1 << 20
-
-
-def plan_event_parts(read, size: int, parts: int) -> tuple[TopLevel, list[tuple[int, int]]] | None:
-    """The top-level fields and up to `parts` byte ranges [a, b) of whole events that together hold the
-    `traceEvents` array of a plain JSON document of `size` bytes (`read(offset, n)` → bytes). None when
-    the array is not where trace writers put it (its key in the first MB, its end in the last 64 KB)."""
-    head = read(0, min(size, _HEAD_BYTES))
-    m = _TRACE_EVENTS_KEY.search(head) if head.lstrip()[:1] == b"{" else None
-    if m is None:
-        return None
-    start = m.end()
-    tail_at = max(start, size - _TAIL_BYTES)
-    found = next(_closing_candidates(read(tail_at, size - tail_at), 0, head[: m.start()]), None)
-    if found is None:
-        return None
-    top, close = found[0], tail_at + found[1]
-    ranges, a = [], start
-    for i in range(1, parts):
-        cut = _part_cut(read, start + (close - start) * i // parts, close)
-        if cut is not None and cut[0] > a:
-            ranges.append((a, cut[0]))
-            a = cut[1]
-    ranges.append((a, close))
-    return top, ranges
+CUT_WINDOW = 1 << 20
+"""Bytes looked at, from a planned offset on, for the boundary between two parts (`event_cut`)."""
 
 
-def _part_cut(read, at: int, close: int) -> tuple[int, int] | None:
-    """(end of one event, start of the next) at the first boundary after `at` where the next event
-    decodes on its own (a boundary inside a string or args rarely does; one that does still fails the
-    decode of its range)."""
-    window = read(at, min(_CUT_WINDOW, close - at))
+def event_cut(window) -> tuple[int, int] | None:
+    """(end of one event, start of the next) in `window` (bytes read from a planned offset on): the first
+    boundary where the next event decodes on its own (a boundary inside a string or args rarely does;
+    one that does still fails the decode of its part). The same bytes always give the same cut."""
     cuts = _EVENT_CUT.finditer(window)
     cut = next(cuts, None)
     for _ in range(_MAX_CUT_TRIES):
@@ -533,7 +507,7 @@ def _part_cut(read, at: int, close: int) -> tuple[int, int] | None:
         except msgspec.DecodeError:  # ValidationError included
             cut = nxt
             continue
-        return at + cut.start() + 1, at + cut.end() - 1
+        return cut.start() + 1, cut.end() - 1
     return None
 
 

@@ -149,10 +149,11 @@ class StreamProblem(Exception):
 
 
 def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = None,
-                      block_bytes: int = _READ_CHUNK):
+                      block_bytes: int = _READ_CHUNK, start: int = 0):
     """The (decompressed) contents of `path` as successive blocks of about block_bytes, so a caller can
-    work through a file without holding all of it. Raises OSError, or StreamProblem where
-    `read_trace_bytes` would raise a TraceFormatError."""
+    work through a file without holding all of it (a plain file from byte `start` on; gzip is always
+    inflated from its start). Raises OSError, or StreamProblem where `read_trace_bytes` would raise a
+    TraceFormatError."""
     path = str(path)
     with open(path, "rb") as f:
         gz = f.read(2) == GZIP_MAGIC
@@ -162,9 +163,12 @@ def iter_trace_blocks(path: str | Path, max_decompressed_bytes: int | None = Non
             if max_decompressed_bytes is not None and size > max_decompressed_bytes:
                 raise StreamProblem(InputTooLargeError(
                     path, f"file is {size} bytes, over the {max_decompressed_bytes}-byte budget"))
+            f.seek(start)
             while block := f.read(block_bytes):
                 yield block
             return
+        if start:
+            raise ValueError("a gzip stream is read from its start")
         try:
             yield from gzip_pieces(f, path, max_decompressed_bytes, block_bytes // 4, block_bytes)
         except (TraceFormatError, InputTooLargeError) as exc:

@@ -1,13 +1,19 @@
-"""One large plain-JSON trace decoded by several processes at once.
+"""One large trace (plain or gzip) decoded by several processes at once.
 
-The `traceEvents` array is cut at event boundaries into byte ranges (`decode.plan_event_parts`); this
-process decodes the first range while forked children decode the others into `kineto.Columns`, and
-the parts are merged in order (`kineto.merge_columns`): the same columns one process would decode.
+The document is cut near evenly spaced offsets at event boundaries (`decode.event_cut`, a rule that
+gives the same cut from the same bytes, so neighbouring parts agree on it without talking); this
+process decodes the first part (the document's head and its first events) while forked children
+decode the others, the last one running to the document's end. The parts are merged in order
+(`kineto.merge_columns`): the same columns one process would decode. Every part but the last is
+decoded with an exact close, so a cut that is not between two events of the top-level array fails
+the part before it. A gzip file is inflated by every process from its start (isal, ~1 GB/s), each
+keeping only its own part, so memory stays what one streamed decode holds.
+
 Each child hands its columns back pickled, in an anonymous memory file (memfd) this process created
 for it: the bytes are our own fork's, never a file's content, so nothing read from a trace is
-unpickled. Anything unusual (a cut inside a string, a layout the planner does not know, a child that
-dies, gzip input, no `fork`) makes `decode_columns_split` return None and the caller decodes the file
-in one process, so results never depend on the split; only the time does.
+unpickled. Anything unusual (a part without a boundary, a child that dies, a gzip trailer that cannot
+be trusted, no `fork`) makes `decode_columns_split` return None and the caller decodes the file in
+one process, so results never depend on the split; only the time does.
 """
 
 from __future__ import annotations
@@ -17,23 +23,28 @@ import os
 import pickle
 import signal
 import sys
+from functools import partial
+from typing import Callable
+
+import msgspec
+
 from tracekit.parse import decode as D
-from tracekit.parse.gz import GZIP_MAGIC
+from tracekit.parse.gz import StreamProblem, decompressed_budget, gzip_size_hint, is_gzip, iter_trace_blocks
 from tracekit.parse.kineto import CHUNK_BYTES, Columns, decode_columns, gc_paused, merge_columns
 
 MIN_PART_BYTES = 16 << 20
-"""No process gets less JSON than this (a fork, pickling the part back and merging cost ~1 ms per MB
-less than decoding it; below ~16 MB the split gains too little to be worth the processes)."""
+"""No process gets less JSON than this (a fork, handing the part back and merging cost far less than
+decoding it, but below ~16 MB the gain is too small to be worth a process)."""
 
 
 def split_processes(size: int, processes: int) -> int:
-    """How many processes decode a plain file of `size` bytes when `processes` are available."""
+    """How many processes decode a document of `size` bytes when `processes` are available."""
     return max(1, min(processes, size // MIN_PART_BYTES))
 
 
 def can_fork() -> bool:
-    """Linux only: forking a process that holds other threads is what Linux's multiprocessing did by
-    default for decades; elsewhere (macOS frameworks) it is not safe."""
+    """Linux only: forking a process that may hold other threads is what Linux's multiprocessing did
+    by default for decades; elsewhere (macOS frameworks) it is not safe."""
     return sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(os, "memfd_create")
 
 
@@ -42,62 +53,137 @@ def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int 
     if processes < 2 or not can_fork():
         return None
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if f.read(2) == GZIP_MAGIC or (max_decompressed_bytes is not None and size > max_decompressed_bytes):
-                return None
-            processes = split_processes(size, processes)
-            if processes < 2:
-                return None
-            plan = D.plan_event_parts(lambda at, n: os.pread(f.fileno(), n, at), size, processes)
+        parts = plan_parts(path, processes, max_decompressed_bytes)
     except OSError:
         return None
-    if plan is None or len(plan[1]) < 2:
+    if len(parts) < 2:
         return None
-    top, ranges = plan
     with gc_paused():
-        parts = _decode_ranges(path, ranges)
-    return None if parts is None else merge_columns(parts, top)
+        cols = _decode_parts(parts)
+    if cols is None:
+        return None
+    head, tail = cols[0].top, cols[-1].top
+    top = msgspec.structs.replace(head, **{k: v for k in D.TOP_LEVEL_KEYS if (v := getattr(tail, k)) is not None})
+    return merge_columns(cols, top)
 
 
-def _decode_ranges(path: str, ranges: list[tuple[int, int]]) -> list[Columns] | None:
-    """Columns of each range, the first decoded here and the others in forked children."""
+def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) -> list[Callable[[], Columns | None]]:
+    """One decoder per part, cut near evenly spaced offsets of the (inflated) document."""
+    size = os.path.getsize(path)
+    gz = is_gzip(path)
+    if gz:  # the trailer's size (mod 2**32): trusted when it is plausible and within the budget
+        json_size = gzip_size_hint(path)
+        if json_size < size or json_size > decompressed_budget(size, max_decompressed_bytes)[0]:
+            return []
+    else:
+        json_size = size
+        if max_decompressed_bytes is not None and size > max_decompressed_bytes:
+            return []
+    n = split_processes(json_size, processes)
+    bounds = [None] + [json_size * i // n for i in range(1, n)] + [None]
+    if not gz and not all(map(partial(_has_cut, path), bounds[1:-1])):
+        return []  # e.g. megabytes of whitespace: known before any process starts
+    return [partial(decode_part, path, lo, hi, gz, max_decompressed_bytes) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _has_cut(path: str, at: int) -> bool:
+    """Whether the plain file has the boundary its parts will cut at `at` (the same rule on the same bytes)."""
+    with open(path, "rb") as f:
+        return D.event_cut(os.pread(f.fileno(), D.CUT_WINDOW, at)) is not None
+
+
+def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None) -> Columns | None:
+    """Columns of the events from the boundary at offset `lo` (None: the document's start) to the
+    boundary at `hi` (None: its end); None when that is not a run of whole events."""
+    blocks = _part_blocks(_Stream(path, 0 if gz or lo is None else lo, max_bytes), lo, hi)
+    return decode_columns(D.squeeze_whitespace(blocks), exact_close=hi is not None)
+
+
+def _part_blocks(s: "_Stream", lo: int | None, hi: int | None):
+    """The part's text as a document: `{"traceEvents":[` before a part that does not start the file,
+    `]}` after one that does not end it."""
+    if lo is not None:
+        s.skip_to(lo)
+        start = lo + _cut(s)[1]
+        if hi is not None and start >= hi:
+            raise ValueError("no event boundary inside the part")
+        s.skip_to(start)
+        yield b'{"traceEvents":['
+    if hi is None:
+        yield from s.take_to(None)
+        return
+    yield from s.take_to(hi)
+    yield from s.take_to(hi + _cut(s)[0])
+    yield b"]}"
+
+
+def _cut(s: "_Stream") -> tuple[int, int]:
+    cut = D.event_cut(s.peek(D.CUT_WINDOW))
+    if cut is None:
+        raise ValueError(f"no event boundary within {D.CUT_WINDOW} bytes of offset {s.at}")
+    return cut
+
+
+class _Stream:
+    """The file's (inflated) bytes read forward by offset: skip, peek, take (blocks pass through
+    uncopied; only a part's edges are sliced)."""
+
+    def __init__(self, path: str, start: int, max_bytes: int | None) -> None:
+        self._blocks = iter_trace_blocks(path, max_bytes, CHUNK_BYTES, start=start)
+        self._buf = b""
+        self.at = start  # offset of _buf[0]
+
+    def _more(self) -> bool:
+        block = next(self._blocks, None)
+        if block is not None:
+            self._buf = self._buf + block if self._buf else block
+        return block is not None
+
+    def skip_to(self, offset: int) -> None:
+        while self.at + len(self._buf) < offset:
+            self.at += len(self._buf)
+            self._buf = b""
+            if not self._more():
+                raise ValueError(f"the document ends before offset {offset}")
+        self._buf = self._buf[offset - self.at:]
+        self.at = offset
+
+    def peek(self, n: int) -> bytes:
+        while len(self._buf) < n and self._more():
+            pass
+        return self._buf[:n]
+
+    def take_to(self, offset: int | None):
+        """The bytes up to `offset` (None: to the end), block by block."""
+        while offset is None or self.at < offset:
+            if not self._buf and not self._more():
+                return
+            n = len(self._buf) if offset is None else min(len(self._buf), offset - self.at)
+            block, self._buf = (self._buf, b"") if n == len(self._buf) else (self._buf[:n], self._buf[n:])
+            self.at += n
+            yield block
+
+
+def _decode_parts(parts: list[Callable[[], Columns | None]]) -> list[Columns] | None:
+    """Each part's columns, the first decoded here and the others in forked children."""
     pending: list[tuple[int, int]] = []
     try:
-        for a, b in ranges[1:]:
-            pending.append(_fork_decoder(path, a, b))
-        parts = [decode_range(path, *ranges[0])]
-        while pending and parts[-1] is not None:
-            parts.append(_receive(*pending.pop(0)))
-    except OSError:
+        for part in parts[1:]:
+            pending.append(_fork(part))
+        cols = [parts[0]()]
+        while pending and cols[-1] is not None:
+            cols.append(_receive(*pending.pop(0)))
+    except (OSError, StreamProblem):  # the sequential decode reports a bad file
         return None
     finally:
         for pid, fd in pending:  # after a failure or an interrupt: the rest is not needed
             _kill(pid, fd)
-    return None if parts[-1] is None else parts
+    return None if cols[-1] is None else cols
 
 
-def decode_range(path: str, a: int, b: int) -> Columns | None:
-    """Columns of the whole events in bytes [a, b) of `path` (None: they are not a run of whole events)."""
-    return decode_columns(D.squeeze_whitespace(_range_blocks(path, a, b)), exact_close=True)
-
-
-def _range_blocks(path: str, a: int, b: int):
-    yield b'{"traceEvents":['
-    with open(path, "rb") as f:
-        f.seek(a)
-        while a < b:
-            block = f.read(min(CHUNK_BYTES, b - a))
-            if not block:
-                break
-            a += len(block)
-            yield block
-    yield b"]}"
-
-
-def _fork_decoder(path: str, a: int, b: int) -> tuple[int, int]:
-    """(pid, memory file) of a child that decodes bytes [a, b) and writes the pickled columns into the
-    memory file (a pipe would block the child until this process reads it)."""
+def _fork(part: Callable[[], Columns | None]) -> tuple[int, int]:
+    """(pid, memory file) of a child that runs `part` and writes the pickled columns into the memory
+    file (a pipe would block the child until this process reads it)."""
     fd = os.memfd_create("tracekit-part", os.MFD_CLOEXEC)
     try:
         pid = os.fork()
@@ -108,7 +194,7 @@ def _fork_decoder(path: str, a: int, b: int) -> tuple[int, int]:
         status = 1
         try:
             with open(fd, "wb", closefd=False) as out:
-                pickle.dump(decode_range(path, a, b), out, protocol=pickle.HIGHEST_PROTOCOL)
+                pickle.dump(part(), out, protocol=pickle.HIGHEST_PROTOCOL)
             status = 0
         finally:
             os._exit(status)
