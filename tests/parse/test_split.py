@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import time
 
 import msgspec
 import pytest
@@ -105,6 +106,25 @@ def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
     path, _ = _write(tmp_path, _doc(300, events_last=True))
     cols, parsed = _split_parse(path)
     assert cols is None
+    _assert_same(parsed, _whole(path))
+
+
+def test_a_child_that_hangs_is_stopped(tmp_path, small_parts, monkeypatch):
+    """A child stuck (say, on a lock another thread held at the fork) is killed and one process decodes."""
+    parent = os.getpid()
+    real = S.decode_part
+
+    def decode_part(*args):
+        if os.getpid() != parent:
+            time.sleep(600)
+        return real(*args)
+
+    monkeypatch.setattr(S, "decode_part", decode_part)
+    monkeypatch.setattr(S, "CHILD_GRACE_S", 0.5)
+    path, _ = _write(tmp_path, _doc(300, events_last=True))
+    t0 = time.monotonic()
+    cols, parsed = _split_parse(path)
+    assert cols is None and time.monotonic() - t0 < 60
     _assert_same(parsed, _whole(path))
 
 

@@ -7,7 +7,8 @@ import typer
 WORKERS = typer.Option(
     0, "--workers", "-j", min=0, show_default=True,
     help="Processes (or local Ray CPUs) for per-rank parsing and analysis; 0: one per core, fewer when there "
-         "are fewer files or too little free memory.")
+         "is too little free memory. With fewer trace files than processes, a large file (32 MB of JSON or more) "
+         "is decoded by several.")
 ENGINE = typer.Option("local", "--engine", help="Where per-rank work runs: local (process pool) or ray.")
 ADDRESS = typer.Option(None, "--address",
                        help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs).")

@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from functools import partial
 from typing import Callable
 
@@ -32,6 +33,10 @@ from tracekit.parse import decode as D
 from tracekit.parse.gz import StreamProblem, decompressed_budget, gzip_size_hint, is_gzip, iter_trace_blocks
 from tracekit.parse.kineto import CHUNK_BYTES, Columns, decode_columns, gc_paused, merge_columns
 
+CHILD_PATIENCE = 10
+CHILD_GRACE_S = 10.0
+"""A child still decoding CHILD_PATIENCE times as long as this process took for its own part, plus
+CHILD_GRACE_S, is stopped and the file decoded in one process."""
 MIN_PART_BYTES = 16 << 20
 """No process gets less JSON than this (a fork, handing the part back and merging cost far less than
 decoding it, but below ~16 MB the gain is too small to be worth a process)."""
@@ -170,9 +175,11 @@ def _decode_parts(parts: list[Callable[[], Columns | None]]) -> list[Columns] | 
     try:
         for part in parts[1:]:
             pending.append(_fork(part))
+        t0 = time.monotonic()
         cols = [parts[0]()]
+        patience = CHILD_PATIENCE * (time.monotonic() - t0) + CHILD_GRACE_S  # from now on, for all of them
         while pending and cols[-1] is not None:
-            cols.append(_receive(*pending.pop(0)))
+            cols.append(_receive(*pending.pop(0), deadline=time.monotonic() + patience))
     except (OSError, StreamProblem):  # the sequential decode reports a bad file
         return None
     finally:
@@ -201,10 +208,14 @@ def _fork(part: Callable[[], Columns | None]) -> tuple[int, int]:
     return pid, fd
 
 
-def _receive(pid: int, fd: int) -> Columns | None:
-    """A child's columns, once it has exited (None when it failed or found no run of whole events)."""
+def _receive(pid: int, fd: int, deadline: float) -> Columns | None:
+    """A child's columns once it has exited (None when it failed, found no run of whole events, or is
+    still running at `deadline`: then it is stopped)."""
+    status = _wait(pid, deadline)
+    if status is None:
+        _kill(pid, fd)
+        return None
     try:
-        _, status = os.waitpid(pid, 0)
         size = os.fstat(fd).st_size
         if status != 0 or size == 0:
             return None
@@ -212,6 +223,20 @@ def _receive(pid: int, fd: int) -> Columns | None:
             return pickle.loads(data)  # noqa: S301 - our own fork's output in our own memory file, no trace file
     finally:
         os.close(fd)
+
+
+def _wait(pid: int, deadline: float) -> int | None:
+    """The child's exit status, or None if it has not exited by `deadline` (a fork that met a lock
+    another thread held must not hang the parse)."""
+    delay = 0.0005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
 
 
 def _kill(pid: int, fd: int) -> None:
