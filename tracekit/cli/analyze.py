@@ -36,13 +36,6 @@ Exit status: 0 when analysis ran (findings or not); 1 when nothing could be anal
 """
 
 
-def _esc(value: object) -> str:
-    """Text from traces and file names printed through rich: `[...]` must not be read as markup."""
-    from rich.markup import escape
-
-    return escape(str(value))
-
-
 def _peaks(values: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for v in values:
@@ -107,7 +100,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
-            err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
+            err.print(f"[red]tracekit analyze:[/red] {O.esc(exc)}")
             raise typer.Exit(1) from None
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
@@ -133,36 +126,36 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     except NothingToAnalyzeError as exc:
         _print_skipped(getattr(exc, "skipped", []), err)
         if getattr(exc, "problem", None):  # the recording says why (e.g. the profiled window was never reached)
-            err.print(f"[red]tracekit analyze:[/red] {_esc(trace_dir)}: {_esc(exc.problem)}")
+            err.print(f"[red]tracekit analyze:[/red] {O.esc(trace_dir)}: {O.esc(exc.problem)}")
         else:
-            err.print(f"[red]tracekit analyze:[/red] nothing under {_esc(trace_dir)} could be analyzed")
+            err.print(f"[red]tracekit analyze:[/red] nothing under {O.esc(trace_dir)} could be analyzed")
         raise typer.Exit(1) from None
     except TracekitError as exc:
-        err.print(f"[red]tracekit analyze:[/red] {_esc(exc)}")
+        err.print(f"[red]tracekit analyze:[/red] {O.esc(exc)}")
         raise typer.Exit(1) from None
     analysis = run.analysis
     _print_skipped(run.store.skipped, err)
     if run.store.meta.get("rank_assumed"):
-        err.print(f"[yellow]warning[/yellow] {_esc(run.store.meta['rank_assumed'])}")
+        err.print(f"[yellow]warning[/yellow] {O.esc(run.store.meta['rank_assumed'])}")
     for e in analysis.get("analyzer_errors", []):
-        err.print(f"[yellow]analyzer {_esc(e['analyzer'])} failed (its section is left out):[/yellow] {_esc(e['error'])}")
+        err.print(f"[yellow]analyzer {O.esc(e['analyzer'])} failed (its section is left out):[/yellow] {O.esc(e['error'])}")
     if not analysis["ranks"]:
-        err.print(f"[red]tracekit analyze:[/red] no rank of {_esc(trace_dir)} had events to analyze")
+        err.print(f"[red]tracekit analyze:[/red] no rank of {O.esc(trace_dir)} had events to analyze")
         raise typer.Exit(1)
     for p in run.problems:
-        err.print(f"[yellow]{_esc(p)}[/yellow]")
+        err.print(f"[yellow]{O.esc(p)}[/yellow]")
     if not quiet:
         from rich.console import Console
 
         _print_summary(analysis, Console())
         # paths never wrapped: they are copied from the terminal
-        err.print(f"analysis: {_esc(out / 'analysis.json')}" + (f"   report: {_esc(run.report)}" if run.report else ""),
+        err.print(f"analysis: {O.esc(out / 'analysis.json')}" + (f"   report: {O.esc(run.report)}" if run.report else ""),
                   soft_wrap=True)
 
 
 def _print_skipped(skipped: list[dict[str, str]], err) -> None:
     for s in skipped:
-        err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}")
+        err.print(f"[yellow]skipped[/yellow] {O.esc(s['file'])}: {O.esc(s['reason'])}")
 
 
 def _print_summary(analysis: dict, console) -> None:
@@ -197,5 +190,5 @@ def _print_summary(analysis: dict, console) -> None:
         saving = f["est_saving_ns"] / 1e6 if f.get("est_saving_ns") else 0.0
         how = "replayed" if "replayed_saving_ns" in (f.get("evidence") or {}) else "bound"
         tail = f" (saves ~{saving:.1f} ms/step, {how})" if saving else ""
-        console.print(f"  [{colour[sev]}]{sev:<8}[/{colour[sev]}] {_esc(f['kind'])}: {_esc(f['summary'])}{tail}",
+        console.print(f"  [{colour[sev]}]{sev:<8}[/{colour[sev]}] {O.esc(f['kind'])}: {O.esc(f['summary'])}{tail}",
                       highlight=False)

@@ -23,6 +23,13 @@ MAX_DECOMPRESSED_MB = typer.Option(
          "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs).")
 
 
+def esc(value: object) -> str:
+    """Text from traces and file names printed through rich: `[...]` must not be read as markup."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 class LazyConsole:
     """A rich Console made on its first print: importing rich costs ~15 ms and ~2 MB, and a quiet run
     that meets nothing to report prints nothing."""

@@ -57,13 +57,13 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:
-            err.print(f"[red]tracekit parse:[/red] {_esc(exc)}", soft_wrap=True)
+            err.print(f"[red]tracekit parse:[/red] {O.esc(exc)}", soft_wrap=True)
             raise typer.Exit(1) from None
         try:
             result = parse_run(trace_dir, out, workers=engine.workers, progress=not quiet, max_decompressed_bytes=limit,
                                max_memory_bytes=budget, engine=engine, assume_rank=rank)
         except TracekitError as exc:
-            err.print(f"[red]tracekit parse:[/red] {_esc(exc)}", soft_wrap=True)
+            err.print(f"[red]tracekit parse:[/red] {O.esc(exc)}", soft_wrap=True)
             raise typer.Exit(1) from None
         finally:
             engine.close()
@@ -72,19 +72,12 @@ def register(app: typer.Typer) -> None:
         if not quiet:
             _print_summary(store, err)
         for s in result.skipped:
-            err.print(f"[yellow]skipped[/yellow] {_esc(s['file'])}: {_esc(s['reason'])}", soft_wrap=True)
+            err.print(f"[yellow]skipped[/yellow] {O.esc(s['file'])}: {O.esc(s['reason'])}", soft_wrap=True)
         if not ranks:
-            err.print(f"[red]tracekit parse:[/red] nothing under {_esc(trace_dir)} could be parsed")
+            err.print(f"[red]tracekit parse:[/red] nothing under {O.esc(trace_dir)} could be parsed")
             raise typer.Exit(1)
         if not quiet:
             err.print(f"parsed {len(ranks)} rank(s) into {store.path}")
-
-
-def _esc(text) -> str:
-    """Text from traces and file names printed through rich: `[...]` must not be read as markup."""
-    from rich.markup import escape
-
-    return escape(str(text))
 
 
 def _print_summary(store, err) -> None:
@@ -103,7 +96,7 @@ def _print_summary(store, err) -> None:
         table.add_column(col, justify="right" if col in ("rank", "events", "kernels", "collectives") else "left")
     for c in counts:
         table.add_row(str(c["rank"]), f"{c['events']:,}", f"{c['kernels']:,}", f"{c['collectives']:,}",
-                      _esc(c["rank_source"]), _esc(Path(str(c["source_file"])).name))
+                      O.esc(c["rank_source"]), O.esc(Path(str(c["source_file"])).name))
     Console().print(table)
     for w in store.meta.get("warnings", []):
-        err.print(f"[yellow]warning:[/yellow] {_esc(w)}", soft_wrap=True)
+        err.print(f"[yellow]warning:[/yellow] {O.esc(w)}", soft_wrap=True)

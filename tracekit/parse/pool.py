@@ -42,7 +42,7 @@ class ParseJob:
     """A chunked parse hands its events over as the chunks' files (`SpilledTable`), read one part at a
     time by the store writer; only for a consumer on this machine (not Ray)."""
     processes: int = 1
-    """Processes that may decode this one file (parse/split.py; only a large plain-JSON file splits)."""
+    """Processes that may decode this one file (parse/split.py: 32 MB of JSON or more, plain or gzip)."""
 
 
 def json_size_bytes(path: str | Path) -> int | None:
