@@ -93,16 +93,24 @@ def test_a_cut_inside_an_event_fails_its_part(tmp_path, small_parts, monkeypatch
     _assert_same(parsed, _whole(path))
 
 
-def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
+def _children_do(monkeypatch, action) -> None:
+    """Forked children run `action` before their part (this process decodes its own as usual)."""
     parent = os.getpid()
     real = S.decode_part
 
     def decode_part(*args):
         if os.getpid() != parent:
-            raise MemoryError("child out of memory")
+            action()
         return real(*args)
 
     monkeypatch.setattr(S, "decode_part", decode_part)
+
+
+def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
+    def fail():
+        raise MemoryError("child out of memory")
+
+    _children_do(monkeypatch, fail)
     path, _ = _write(tmp_path, _doc(300, events_last=True))
     cols, parsed = _split_parse(path)
     assert cols is None
@@ -111,15 +119,7 @@ def test_a_child_that_fails_falls_back(tmp_path, small_parts, monkeypatch):
 
 def test_a_child_that_hangs_is_stopped(tmp_path, small_parts, monkeypatch):
     """A child stuck (say, on a lock another thread held at the fork) is killed and one process decodes."""
-    parent = os.getpid()
-    real = S.decode_part
-
-    def decode_part(*args):
-        if os.getpid() != parent:
-            time.sleep(600)
-        return real(*args)
-
-    monkeypatch.setattr(S, "decode_part", decode_part)
+    _children_do(monkeypatch, lambda: time.sleep(600))
     monkeypatch.setattr(S, "CHILD_GRACE_S", 0.5)
     path, _ = _write(tmp_path, _doc(300, events_last=True))
     t0 = time.monotonic()
