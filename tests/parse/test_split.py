@@ -145,6 +145,8 @@ def test_gzip_splits_too(tmp_path, small_parts):
     cols, parsed = _split_parse(gz)
     assert cols is not None
     _assert_same(parsed, _whole(gz))
+    assert len(S.plan_parts(str(gz), 64, None)) == S.MAX_GZIP_PROCESSES  # each inflates from the start
+    assert len(S.plan_parts(str(path), 64, None)) == 64
 
 
 def test_what_is_not_split(tmp_path, small_parts, monkeypatch):

@@ -37,6 +37,9 @@ CHILD_PATIENCE = 10
 CHILD_GRACE_S = 10.0
 """A child still decoding CHILD_PATIENCE times as long as this process took for its own part, plus
 CHILD_GRACE_S, is stopped and the file decoded in one process."""
+MAX_GZIP_PROCESSES = 8
+"""Every process inflates a gzip file from its start up to its own part, so n processes inflate about
+(n + 1) / 2 times the file; past 8 that costs more CPU than the decode it spreads."""
 MIN_PART_BYTES = 16 << 20
 """No process gets less JSON than this (a fork, handing the part back and merging cost far less than
 decoding it, but below ~16 MB the gain is too small to be worth a process)."""
@@ -84,7 +87,7 @@ def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) ->
         json_size = size
         if max_decompressed_bytes is not None and size > max_decompressed_bytes:
             return []
-    n = split_processes(json_size, processes)
+    n = split_processes(json_size, min(processes, MAX_GZIP_PROCESSES) if gz else processes)
     bounds = [None] + [json_size * i // n for i in range(1, n)] + [None]
     if not gz and not all(map(partial(_has_cut, path), bounds[1:-1])):
         return []  # e.g. megabytes of whitespace: known before any process starts
