@@ -133,10 +133,24 @@ def runtime_runs(tmp_path_factory) -> Runs:
     return Runs(tmp_path_factory.mktemp("runtime_runs"))
 
 
-def _top(run: Run) -> dict[str, Any]:
-    """The first finding at warning or above (findings come sorted by estimated saving): info findings
-    are context, e.g. a rank slowed by CPU contention on the shared box."""
-    loud = [f for f in run.analysis["findings"] if f["severity"] in ("warning", "critical")]
+def box_slowed(f: dict[str, Any]) -> bool:
+    """A finding about what the shared box did to a rank, not about the run: a rank the box slowed is a true
+    straggler (issue 12 item 12: no severity cap for one host), allowed only with a host-side cause and the
+    one-host caveat, never blamed on work (as test_runtime_e2e); likewise its host gaps (a preempted process
+    leaves gaps between ops, inside the runtime's labels too: a label is no host activity) are host stalls,
+    allowed only as host gaps with the same caveat."""
+    ev = f.get("evidence") or {}
+    return ((f["kind"] == "straggler" and ev.get("cause") in ("contention", "host_idle", "unknown")
+             or f["kind"] == "idle_host_bound" and ev.get("cause") == "host_gap") and "caveat" in ev)
+
+
+def _top(run: Run, kinds: set[str]) -> dict[str, Any]:
+    """The first finding at warning or above (findings come sorted by estimated saving), passing over what
+    the box did to a rank (`box_slowed`) unless it is a kind the injected fault produces: info findings are
+    context, and so is a rank that the other test worker's jobs preempted (a CI run once had rank 1 of the
+    no-overlap run 110 ms late per step, cause contention, above the 31 ms exposed all-reduce)."""
+    loud = [f for f in run.analysis["findings"] if f["severity"] in ("warning", "critical")
+            and not (box_slowed(f) and f["kind"] not in kinds)]
     assert loud, f"{run.name}: nothing at warning or above: {[f['summary'] for f in run.analysis['findings']]}"
     top = loud[0]
     print(f"\n[{run.name}] top: {top['kind']} {top['severity']} ranks={top['ranks']} dim={top['dim']} "
@@ -166,7 +180,7 @@ def _id(m) -> str:
 def test_top_finding_names_the_injected_fault(runtime_runs, name, fault_kind, kinds):
     run = runtime_runs.get(name)
     fault = run.fault(fault_kind)
-    top = _top(run)
+    top = _top(run, kinds)
     late = [{k: r.get(k) for k in ("rank", "last_share", "delay_fraction", "dominance")}
             for r in run.section("stragglers")["ranks"]]
     assert top["kind"] in kinds, (f"top finding {top['kind']} ({top['summary']}); expected one of {kinds}; "
@@ -193,14 +207,6 @@ def test_clean_run_has_nothing_at_warning(runtime_runs):
     assert run.ground_truth["faults"] == []
     # unstable_verdict is about the analysis (this busy box's step-to-step spread over 2 steps), not a
     # cause: as in the GPU matrix (tests/simulate/test_detection_matrix_gpu.py META_FINDINGS) it is no fault
-    # A rank the shared box itself slowed is a true straggler (issue 12 item 12: no severity cap for one host):
-    # allowed only with a host-side cause and the one-host caveat, never blamed on work (as test_runtime_e2e).
-    # Likewise its host gaps (a preempted process leaves gaps between ops, inside the runtime's labels too:
-    # a label is no host activity) are host stalls, allowed only as host gaps with the same caveat.
-    def box_slowed(f):
-        ev = f.get("evidence") or {}
-        return ((f["kind"] == "straggler" and ev.get("cause") in ("contention", "host_idle", "unknown")
-                 or f["kind"] == "idle_host_bound" and ev.get("cause") == "host_gap") and "caveat" in ev)
     loud = [f"{f['kind']} {f['severity']} {f['summary']}" for f in run.analysis["findings"]
             if f["severity"] in ("warning", "critical") and f["kind"] != "unstable_verdict" and not box_slowed(f)]
     assert not loud, loud
