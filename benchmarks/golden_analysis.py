@@ -1,6 +1,7 @@
 """Golden comparison of `analysis.json`: capture one canonical document per input, compare two captures.
 
     python benchmarks/golden_analysis.py capture OUT_DIR     # every fixture + every shared trace
+    python benchmarks/golden_analysis.py --split 3 capture OUT_DIR   # the same, one-file inputs split
     python benchmarks/golden_analysis.py --compare A B       # field-by-field differences, exit 1 if any
 
 Inputs: every folder under fixtures/ and every trace folder (and every trace file in it, each on its
@@ -64,13 +65,13 @@ def _analyze_legacy(path: Path, out: Path, assume_rank: int | None) -> dict[str,
     return analyze_store(store, AnalysisConfig(), prefetch=prefetch_rank_activity(engine))
 
 
-def analyze_one(path: Path, out: Path, assume_rank: int | None) -> dict[str, Any]:
+def analyze_one(path: Path, out: Path, assume_rank: int | None, workers: int = 1) -> dict[str, Any]:
     import tracekit
 
     entry = getattr(tracekit, "analyze_run", None)
     if entry is None:
         return _analyze_legacy(path, out, assume_rank)
-    return entry(path, out=out, assume_rank=assume_rank, workers=1, write_reports=False).analysis
+    return entry(path, out=out, assume_rank=assume_rank, workers=workers, write_reports=False).analysis
 
 
 def _strip(value: Any) -> Any:
@@ -92,16 +93,26 @@ def canonical(analysis: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return json.loads(text)
 
 
-def capture(out_dir: Path) -> int:
+def force_split(processes: int) -> int:
+    """Analyze with `processes` workers, and let a file of 128 KB or more be decoded by several
+    processes (tracekit/parse/split.py; in this process, so for inputs of one file), so a capture shows
+    that the split changes nothing."""
+    from tracekit.parse import split
+
+    split.MIN_PART_BYTES = 64 << 10
+    return processes
+
+
+def capture(out_dir: Path, workers: int = 1) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for label, path in iter_inputs():
         with tempfile.TemporaryDirectory(prefix="golden-") as tmp:
             tmp_path = Path(tmp)
             try:
                 try:
-                    doc = canonical(analyze_one(path, tmp_path / "a", None), tmp_path)
+                    doc = canonical(analyze_one(path, tmp_path / "a", None, workers), tmp_path)
                 except Exception as first:  # a lone trace without a rank: as `--rank 0`
-                    doc = canonical(analyze_one(path, tmp_path / "b", 0), tmp_path)
+                    doc = canonical(analyze_one(path, tmp_path / "b", 0, workers), tmp_path)
                     doc["assumed_rank"] = 0
                     doc["without_rank"] = f"{type(first).__name__}"
             except Exception as exc:  # captured: a change in what fails is a difference too
@@ -165,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), type=Path, help="compare two captures")
     ap.add_argument("--limit", type=int, default=40, help="differences printed per input")
+    ap.add_argument("--split", type=int, default=0, metavar="N",
+                    help="capture with N workers, files of 128 KB or more decoded by N processes")
     ap.add_argument("command", nargs="?", choices=["capture"])
     ap.add_argument("out", nargs="?", type=Path)
     args = ap.parse_args(argv)
     if args.compare:
         return compare(*args.compare, limit=args.limit)
     if args.command == "capture" and args.out:
-        return capture(args.out)
+        return capture(args.out, force_split(args.split) if args.split else 1)
     ap.error("give `capture OUT_DIR` or `--compare A B`")
     return 2
 
