@@ -93,14 +93,12 @@ def canonical(analysis: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return json.loads(text)
 
 
-def force_split(processes: int) -> int:
-    """Analyze with `processes` workers, and let a file of 128 KB or more be decoded by several
-    processes (tracekit/parse/split.py; in this process, so for inputs of one file), so a capture shows
-    that the split changes nothing."""
+def force_split() -> None:
+    """Let a file of 128 KB or more be decoded by several processes (tracekit/parse/split.py; set in this
+    process, so for inputs of one file), so a capture with several workers shows the split changes nothing."""
     from tracekit.parse import split
 
     split.MIN_PART_BYTES = 64 << 10
-    return processes
 
 
 def capture(out_dir: Path, workers: int = 1) -> int:
@@ -184,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         return compare(*args.compare, limit=args.limit)
     if args.command == "capture" and args.out:
-        return capture(args.out, force_split(args.split) if args.split else 1)
+        if args.split:
+            force_split()
+        return capture(args.out, args.split or 1)
     ap.error("give `capture OUT_DIR` or `--compare A B`")
     return 2
 

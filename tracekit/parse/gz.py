@@ -51,6 +51,15 @@ def gzip_size_hint(path: str | Path) -> int:
         return struct.unpack("<I", f.read(4))[0]
 
 
+def json_size_bytes(path: str | Path) -> int | None:
+    """Decompressed size of a trace file (gzip trailer; None when the trailer cannot be trusted)."""
+    size = os.path.getsize(path)
+    if not is_gzip(path):
+        return size
+    hint = gzip_size_hint(path)
+    return hint if hint >= size else None
+
+
 def read_trace_bytes(path: str | Path, max_decompressed_bytes: int | None = None) -> bytes | bytearray:
     """Whole (decompressed) contents of `path`; raises TraceFormatError for unreadable input."""
     path = str(path)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError, TracekitError
-from tracekit.parse.gz import gzip_size_hint, is_gzip
+from tracekit.parse.gz import json_size_bytes
 from tracekit.parse.spilled import SpilledTable
 from tracekit.tables.arrow_env import pandas_deferred
 
@@ -43,15 +43,6 @@ class ParseJob:
     time by the store writer; only for a consumer on this machine (not Ray)."""
     processes: int = 1
     """Processes that may decode this one file (parse/split.py: 32 MB of JSON or more, plain or gzip)."""
-
-
-def json_size_bytes(path: str | Path) -> int | None:
-    """Decompressed size of a trace file (gzip trailer; None when the trailer cannot be trusted)."""
-    size = os.path.getsize(path)
-    if not is_gzip(path):
-        return size
-    hint = gzip_size_hint(path)
-    return hint if hint >= size else None
 
 
 def needs_chunking(path: str | Path, max_memory_bytes: int | None) -> bool:

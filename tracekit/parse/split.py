@@ -30,7 +30,7 @@ from typing import Callable
 import msgspec
 
 from tracekit.parse import decode as D
-from tracekit.parse.gz import StreamProblem, decompressed_budget, gzip_size_hint, is_gzip, iter_trace_blocks
+from tracekit.parse.gz import StreamProblem, decompressed_budget, is_gzip, iter_trace_blocks, json_size_bytes
 from tracekit.parse.kineto import CHUNK_BYTES, Columns, decode_columns, gc_paused, merge_columns
 
 CHILD_PATIENCE = 10
@@ -77,27 +77,23 @@ def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int 
 
 def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) -> list[Callable[[], Columns | None]]:
     """One decoder per part, cut near evenly spaced offsets of the (inflated) document."""
-    size = os.path.getsize(path)
     gz = is_gzip(path)
-    if gz:  # the trailer's size (mod 2**32): trusted when it is plausible and within the budget
-        json_size = gzip_size_hint(path)
-        if json_size < size or json_size > decompressed_budget(size, max_decompressed_bytes)[0]:
-            return []
-    else:
-        json_size = size
-        if max_decompressed_bytes is not None and size > max_decompressed_bytes:
-            return []
+    json_size = json_size_bytes(path)  # gzip: the trailer's size, None when it cannot be trusted
+    limit = decompressed_budget(os.path.getsize(path), max_decompressed_bytes)[0] if gz else max_decompressed_bytes
+    if json_size is None or (limit is not None and json_size > limit):
+        return []  # the one-process decode reports a file over its budget
     n = split_processes(json_size, min(processes, MAX_GZIP_PROCESSES) if gz else processes)
     bounds = [None] + [json_size * i // n for i in range(1, n)] + [None]
-    if not gz and not all(map(partial(_has_cut, path), bounds[1:-1])):
+    if not gz and not _has_cuts(path, bounds[1:-1]):
         return []  # e.g. megabytes of whitespace: known before any process starts
     return [partial(decode_part, path, lo, hi, gz, max_decompressed_bytes) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def _has_cut(path: str, at: int) -> bool:
-    """Whether the plain file has the boundary its parts will cut at `at` (the same rule on the same bytes)."""
+def _has_cuts(path: str, offsets: list[int]) -> bool:
+    """Whether the plain file has the boundaries its parts will cut at `offsets` (the same rule on the
+    same bytes)."""
     with open(path, "rb") as f:
-        return D.event_cut(os.pread(f.fileno(), D.CUT_WINDOW, at)) is not None
+        return all(D.event_cut(os.pread(f.fileno(), D.CUT_WINDOW, at)) is not None for at in offsets)
 
 
 def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None) -> Columns | None:
