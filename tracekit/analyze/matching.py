@@ -57,9 +57,9 @@ import pyarrow as pa
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
-from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, cumcount, equals_any, group_extreme,
-                                     group_ids, group_order, lookup, not_null, take)
 from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, cumcount, equals_any,
+                                     group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
 
