@@ -602,7 +602,8 @@ def _other(ctx: Page) -> str:
             ("source", (m.get("source") or {}).get("method") if isinstance(m.get("source"), dict) else m.get("source")),
             ("instances / matched / complete", f"{num(m.get('instances'))} / {num(m.get('matched'))} / {num(m.get('complete'))}"),
             ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped"))),
-            ("without a process group (not matched)", num(m.get("no_group"))),
+            ("without a process group: paired by their times / not matched",
+             f"{num(m.get('no_group_paired'))} / {num(m.get('no_group'))}"),
             ("GPU calls without device time (not matched)", num(m.get("no_device_time")))]))
         if flat:
             parts.append(table(flat, [

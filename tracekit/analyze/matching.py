@@ -16,8 +16,10 @@ last arrival − its own arrival; the late rank's delay = last arrival − secon
 counted from the group's previous collective's end and at most its extra gap since its own previous
 collective (`_late_delay`); comms-log rows without an end take the profiler's (`fill_log_ends`).
 Times are exact int64 ns throughout.
-Rows the trace files under no process group are left out of cross-rank matching (counted in
-`no_group`): pairing them by order under a guessed group pairs different steps' calls.
+Rows the trace files under no process group are never numbered within a guessed group (that pairs
+different steps' calls): `_pair_unnamed` pairs them (group `kineto:?`) only within one step, where the
+ranks have as many calls of the op there and the members' ends meet (a collective ends for all once the
+last member arrives); the rest are left out (counted in `no_group`; paired rows in `no_group_paired`).
 
 One source per rank, consistently: the comms log when every rank has one (it carries seq), else
 flight-recorder dumps, else Kineto; a rank lacking the chosen source falls back to the best it has
@@ -32,7 +34,7 @@ Section `matching`:
      "supplement": {"kineto collectives without a log entry": int},
      "seq_basis": {"args|log|order": count of instances},
      "instances": int, "matched": int (≥ 2 ranks), "complete": int (whole group),
-     "op_mismatches": int, "p2p_skipped": int, "no_group": int, "no_device_time": int,
+     "op_mismatches": int, "p2p_skipped": int, "no_group": int, "no_group_paired": int, "no_device_time": int,
      "warnings": [str],            # the integrity counts above in words (also in analysis.json inputs.warnings)
      "p2p": {"pairs": int, "unpaired": int, "wait_ns": int},
      "by_group": [{"pg_name", "dim", "op", "instances", "skew_ns": {"mean", "p50", "p95", "max"},
@@ -58,8 +60,8 @@ from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
 from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, cumcount, equals_any,
-                                     group_extreme, group_ids, group_order, lookup, not_null, take)
+from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
+                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
 
@@ -228,7 +230,8 @@ NO_CLOCKS: dict[str, Any] = {"method": "none", "reference_rank": None, "ranks": 
 
 def _empty_section(section: dict[str, Any]) -> dict[str, Any]:
     section.update({"seq_basis": {}, "instances": 0, "matched": 0, "complete": 0, "op_mismatches": 0,
-                    "p2p_skipped": 0, "no_group": 0, "no_device_time": 0, "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
+                    "p2p_skipped": 0, "no_group": 0, "no_group_paired": 0, "no_device_time": 0,
+                    "p2p": {"pairs": 0, "unpaired": 0, "wait_ns": 0},
                     "by_group": [], "per_rank": [], "top_skew": []})
     return section
 
@@ -267,14 +270,16 @@ def _chosen(rank: np.ndarray, per_rank: dict[int, str]) -> np.ndarray:
 
 
 def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], section: dict[str, Any]
-                 ) -> tuple[Columns, Columns]:
+                 ) -> tuple[Columns, Columns, Columns]:
     """Each rank's rows from its chosen source with their arrival, numbered within their group and
-    agreeing on the op with at least one other rank (`_agreeing`), and its P2P rows (`cols` holds
-    each row's `end`, see `fill_log_ends`)."""
+    agreeing on the op with at least one other rank (`_agreeing`), its P2P rows, and its rows without a
+    group (for `_pair_unnamed`; `cols` holds each row's `end`, see `fill_log_ends`)."""
     chosen = _chosen(cols["rank"], per_rank)
     # collectives the log never saw (torch-internal calls such as DDP's buffer broadcast): the parser
     # leaves their Kineto rows unjoined (seq numbered by order); match them among themselves
-    extra = (cols["source"] == "kineto") & (cols["seq_source"] == "order") & equals_any(chosen, LOG_SOURCES)
+    # (and those it could give no group: `_pair_unnamed` pairs them by what their times show, or not)
+    unjoined = equals_any(cols["seq_source"], ("order",)) | ~not_null(cols["pg_name"])
+    extra = (cols["source"] == "kineto") & unjoined & equals_any(chosen, LOG_SOURCES)
     section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
     keep = (cols["source"] == chosen) | extra
     cols, extra = take(cols, keep), extra[keep]
@@ -286,14 +291,16 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     p2p_rows = take(cols, p2p)
     p2p_rows["arrival"], p2p_rows["arrival_ok"] = arrival_ns(p2p_rows, on_gpu)
     rows = take(cols, ~p2p)
-    # never matched by order under a guessed group: a row without a group stays out of matching
+    # a row without a group is never numbered within a guessed group: `_pair_unnamed` pairs it or leaves it out
     named = not_null(rows["pg_name"])
-    section["no_group"] = int((~named).sum())
+    unnamed = take(rows, ~named)
+    unnamed["arrival"], unnamed["arrival_ok"] = arrival_ns(unnamed, on_gpu)
+    unnamed["seq_basis"] = np.full(int((~named).sum()), "order", object)
     rows = take(rows, named)
     rows["arrival"], rows["arrival_ok"] = arrival_ns(rows, on_gpu)
     section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
     rows = _numbered(take(rows, rows["arrival_ok"]))
-    return _agreeing(rows, section), p2p_rows
+    return _agreeing(rows, section), p2p_rows, unnamed
 
 
 def _numbered(rows: Columns) -> Columns:
@@ -322,6 +329,59 @@ def _agreeing(rows: Columns, section: dict[str, Any]) -> Columns:
     keep = ~mismatch[ids]
     keep &= np.bincount(ids[keep], minlength=n)[ids] >= 2
     return take(rows, keep)
+
+
+UNNAMED_GROUP = "kineto:?"
+"""The group of collectives the trace files under no process group, paired by `_pair_unnamed`."""
+
+
+def _pair_unnamed(rows: Columns) -> np.ndarray:
+    """Per row of a collective without a group (offset-corrected): its instance number, or -1.
+
+    Such a call (a torch-internal one such as DDP's buffer broadcast on gloo, whose CPU event names no
+    group; NCCL kernels of traces older than the group args) is paired with the calls in the same
+    position among the same op's calls of the same step on the other ranks, where every rank that has
+    that op's calls in that step has as many, and kept only where the times show a collective: every
+    member ends within the quickest member's own time in it of the others (a collective ends for all
+    once the last member arrives). Never numbered within a guessed group; across steps, never."""
+    ok = rows["arrival_ok"] & rows["step_ok"] & rows["end_ok"] & not_null(rows["op"])
+    out = np.full(ok.size, -1, np.int64)
+    sel = np.flatnonzero(ok)
+    if sel.size < 2:
+        return out
+    step, op, rank = rows["step"][sel], rows["op"][sel], rows["rank"][sel]
+    arrival, end = rows["arrival"][sel], rows["end"][sel]
+    own, n_own = group_ids(rank, step, op)
+    order = np.lexsort((arrival, own))
+    position = np.empty(sel.size, np.int64)
+    position[order] = cumcount(own[order], n_own)
+    calls = np.bincount(own, minlength=n_own)[own]
+    so, n_so = group_ids(step, op)
+    even = group_extreme(so, n_so, calls, None, False)[0] == group_extreme(so, n_so, calls, None, True)[0]
+    inst, n = group_ids(step, op, position)
+    members = np.bincount(inst, minlength=n)
+    quickest = group_extreme(inst, n, end - arrival, None, False)[0]
+    spread = group_extreme(inst, n, end, None, True)[0] - group_extreme(inst, n, end, None, False)[0]
+    good = (members >= 2) & (spread <= quickest)
+    keep = even[so] & good[inst]
+    out[sel[keep]] = inst[keep]
+    return out
+
+
+def _with_unnamed(rows: Columns, unnamed: Columns, section: dict[str, Any]) -> Columns:
+    """`rows` and the calls without a group that `_pair_unnamed` paired, as group UNNAMED_GROUP numbered
+    in order of first arrival; `section` counts those left out (`no_group`) and paired (`no_group_paired`)."""
+    inst = _pair_unnamed(unnamed)
+    paired = take(unnamed, inst >= 0)
+    ids, n = group_ids(inst[inst >= 0])
+    first = group_extreme(ids, n, paired["arrival"], None, False)[0]
+    seq = np.empty(n, np.int64)
+    seq[np.argsort(first, kind="stable")] = np.arange(1, n + 1)
+    paired["seq"], paired["seq_ok"] = seq[ids], np.ones(ids.size, bool)
+    paired["pg_name"] = np.full(ids.size, UNNAMED_GROUP, object)
+    section["no_group"] = int((inst < 0).sum())
+    section["no_group_paired"] = int(ids.size)
+    return concat([rows, paired]) if ids.size else rows
 
 
 def _estimate_clocks(store: RunStore, rows: Columns, log_report: list[dict[str, Any]]
@@ -475,9 +535,11 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     if not per_rank:
         return None, dict(NO_CLOCKS), _empty_section(section)
     shifts, log_report = _trace_shifts(store, cols, per_rank)
-    rows, p2p = _select_rows(fill_log_ends(cols, shifts), per_rank, on_gpu, section)
+    rows, p2p, unnamed = _select_rows(fill_log_ends(cols, shifts), per_rank, on_gpu, section)
     clocks, offsets = _estimate_clocks(store, rows, log_report)
     _apply_offsets(rows, offsets)
+    _apply_offsets(unnamed, offsets)
+    rows = _with_unnamed(rows, unnamed, section)
     p2p_waits, section["p2p"], pairs = _pair_p2p(p2p, offsets, on_gpu)
     inst = _aggregate_instances(rows, dims)
     _summarise(section, rows, inst, dims)
@@ -530,7 +592,8 @@ def integrity_warnings(section: dict[str, Any]) -> list[str]:
                    "out of cross-rank matching")
     if section.get("no_group"):
         out.append(f"{section['no_group']} collective call(s) recorded without a process group were left out of "
-                   "cross-rank matching (never paired by order under a guessed group)")
+                   "cross-rank matching (paired only within a step where their ends show one collective; never "
+                   "numbered within a guessed group)")
     if section.get("no_device_time"):
         out.append(f"{section['no_device_time']} collective call(s) on GPU ranks have no device time (no kernel): "
                    "no arrival, left out of cross-rank matching")
