@@ -212,6 +212,17 @@ def test_clean_run_has_nothing_at_warning(runtime_runs):
     assert not loud, loud
 
 
+def test_the_stalled_ranks_peer_waits_for_it_and_the_wait_is_no_transfer(runtime_runs):
+    """Rank 1 sleeps `stall_ms` a step: its peer waits at least that long (less 20% for a box that slows the
+    waiting rank too) at the first collective after it, counted as waiting, not transfer (DDP's buffer
+    broadcast, which no process group names on gloo, held half of that wait before such calls were paired
+    by their times: rank 0 then read communication-bound)."""
+    run = runtime_runs.get("host_stall")
+    (fault,) = [f for f in run.ground_truth["faults"] if f["kind"] == "host_stall"]
+    (peer,) = [r for r in run.section("breakdown")["ranks"] if r["rank"] not in fault["ranks"]]
+    assert peer["sync_wait_ns"] / peer["steps"] >= 0.8 * fault["stall_ms"] * 1e6, peer
+
+
 def test_pipeline_of_the_1f1b_runs_is_read_as_run(runtime_runs):
     """Schedule, micro-batches and the theoretical bubble of the 1F1B runs (the measured bubble against
     theory is timing: benchmarks/detection_matrix_timing.py)."""
