@@ -205,7 +205,7 @@ def test_top_finding_names_the_injected_fault(runtime_runs, name, fault_kind, ki
 @pytest.mark.quiet_box
 def test_clean_run_has_nothing_at_warning(runtime_runs):
     """Recorded with no other test beside it (`quiet_box`): DDP's bucket all-reduces overlap backward by
-    26-41% here alone or beside one busy job, but a clean-clone CI run, the other worker's jobs beside it,
+    40-41% here alone and 11-35% beside one other run, but a clean-clone CI run, the other worker's jobs beside it,
     read 2% overlapped and 14.4% of the step exposed, which is rightly a warning about that trace."""
     run = runtime_runs.get("clean")
     assert run.ground_truth["faults"] == []
