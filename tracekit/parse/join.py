@@ -171,7 +171,7 @@ def _group_candidates(row: dict[str, Any], groups: list[dict[str, Any]]) -> list
 def resolve_groups(rows: list[dict[str, Any]], groups: list[dict[str, Any]]) -> tuple[int, int]:
     """Give each row without a group the one group of this rank that fits it (same ranks or size; the
     rank's only group), noting how; rows several groups could own keep a null pg_name and a
-    `match_note` (the matching analyzer leaves them out). Returns (inferred, left without a group)."""
+    `match_note` (the matching analyzer pairs them only by their times). Returns (inferred, left without a group)."""
     inferred = unresolved = 0
     for row in rows:
         if row["pg_name"] is not None:
@@ -186,7 +186,8 @@ def resolve_groups(rows: list[dict[str, Any]], groups: list[dict[str, Any]]) -> 
             row["seq"], row["seq_source"] = None, None
             why = (f"{len(cands)} of this rank's groups could own it" if groups else
                    "the trace describes no process groups")
-            row["match_note"] = f"no process group recorded; {why}: left out of cross-rank matching"
+            row["match_note"] = (f"no process group recorded; {why}: matched across ranks only where its "
+                                 "times pair it (matching._pair_unnamed)")
             unresolved += 1
     return inferred, unresolved
 
@@ -256,7 +257,7 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
     stats.group_inferred, stats.no_group = resolve_groups(rows, groups or [])
     if stats.no_group:
         stats.warnings.append(f"{stats.no_group} of {stats.kineto_rows} profiler collectives name no process group "
-                              f"and none could be inferred: left out of cross-rank matching")
+                              f"and none could be inferred: matched across ranks only where their times pair them")
     stats.numbered_by_order = _number_by_order(rows)  # 4. no log entry
     if log_rows and stats.numbered_by_order:
         stats.warnings.append(f"{stats.numbered_by_order} of {stats.kineto_rows} profiler collectives have no "
