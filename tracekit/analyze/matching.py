@@ -295,7 +295,6 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     named = not_null(rows["pg_name"])
     unnamed = take(rows, ~named)
     unnamed["arrival"], unnamed["arrival_ok"] = arrival_ns(unnamed, on_gpu)
-    unnamed["seq_basis"] = np.full(int((~named).sum()), "order", object)
     rows = take(rows, named)
     rows["arrival"], rows["arrival_ok"] = arrival_ns(rows, on_gpu)
     section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
@@ -379,6 +378,7 @@ def _with_unnamed(rows: Columns, unnamed: Columns, section: dict[str, Any]) -> C
     seq[np.argsort(first, kind="stable")] = np.arange(1, n + 1)
     paired["seq"], paired["seq_ok"] = seq[ids], np.ones(ids.size, bool)
     paired["pg_name"] = np.full(ids.size, UNNAMED_GROUP, object)
+    paired["seq_basis"] = np.full(ids.size, "order", object)
     section["no_group"] = int((inst < 0).sum())
     section["no_group_paired"] = int(ids.size)
     return concat([rows, paired]) if ids.size else rows
