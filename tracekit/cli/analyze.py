@@ -87,12 +87,15 @@ def register(app: typer.Typer) -> None:
         no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
+        comm_kernel: list[str] = O.COMM_KERNEL,
+        comm_kernels: Optional[Path] = O.COMM_KERNELS_FILE,
     ) -> None:
         from tracekit.analyze.engine import AnalysisConfig
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
 
         err = O.LazyConsole(stderr=True)
+        O.use_comm_kernel_patterns(comm_kernel, comm_kernels)
         config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model))
         out.mkdir(parents=True, exist_ok=True)
         try:

@@ -21,6 +21,34 @@ MAX_DECOMPRESSED_MB = typer.Option(
     None, "--max-decompressed-mb", min=1,
     help="Skip any input that decompresses to more than this many MiB "
          "(default: 200x its compressed size, at least 256 MiB, which refuses decompression bombs).")
+COMM_KERNEL = typer.Option(
+    [], "--comm-kernel",
+    help="Count kernels whose name matches REGEX as communication, implementing OP when given "
+         "(REGEX[=OP], e.g. 'my_a2a_kernel=all_to_all'; repeatable). Added to the declared table "
+         "(NCCL/RCCL, DeepEP, NVSHMEM, TE userbuffers, vLLM/SGLang/TensorRT-LLM custom all-reduce, MSCCL++, oneCCL).")
+COMM_KERNELS_FILE = typer.Option(
+    None, "--comm-kernels",
+    help="JSON or TOML file of communication kernel patterns: a list (or `patterns`) of {regex, op, library}.")
+
+
+def use_comm_kernel_patterns(patterns: list[str], path) -> None:
+    """Hand the user's communication kernel patterns to the parsers (this process and its workers, through
+    the environment). A bad pattern or file is a usage error naming the option."""
+    import os
+
+    from tracekit.parse.comm_kernels import ENV_VAR, load_pattern_file, parse_user_pattern, user_patterns_env
+
+    try:
+        found = [parse_user_pattern(p) for p in patterns]
+    except Exception as exc:  # re.error
+        raise typer.BadParameter(str(exc), param_hint="--comm-kernel") from None
+    if path is not None:
+        try:
+            found += load_pattern_file(path)
+        except (OSError, ValueError, Exception) as exc:
+            raise typer.BadParameter(f"{path}: {exc}", param_hint="--comm-kernels") from None
+    if found:
+        os.environ[ENV_VAR] = user_patterns_env(found)
 
 
 def esc(value: object) -> str:

@@ -45,12 +45,15 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
+        comm_kernel: list[str] = O.COMM_KERNEL,
+        comm_kernels: Optional[Path] = O.COMM_KERNELS_FILE,
     ) -> None:
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
         from tracekit.parse.run import parse_run
 
         err = O.LazyConsole(stderr=True)
+        O.use_comm_kernel_patterns(comm_kernel, comm_kernels)
         limit = max_decompressed_mb * (1 << 20) if max_decompressed_mb else None
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)

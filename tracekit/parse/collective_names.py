@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from tracekit.parse.comm_kernels import match_comm_kernel
+
 # Ops as the collectives table spells them (tracekit.tables.schema.COLLECTIVE_OPS).
 _OP_KEYS = {
     "allreduce": "all_reduce",
@@ -55,23 +57,19 @@ def normalize_op(raw: str | None) -> str | None:
     return _OP_KEYS.get(key, "unknown")
 
 
-_COMM_KERNEL = re.compile(r"^(?:nccl|rccl)(?:Dev)?Kernel_?([A-Za-z]*)", re.I)
-
-
 def is_comm_kernel_name(name: str) -> bool:
-    """NCCL/RCCL device kernels: ncclKernel_*, ncclDevKernel_*, ncclDevKernel_Generic, rccl..."""
-    return bool(_COMM_KERNEL.match(name))
+    """A communication kernel by its name: NCCL/RCCL (ncclKernel_*, ncclDevKernel_*, ...) and every library of
+    the declared table in `comm_kernels` (DeepEP, NVSHMEM, TE userbuffers, custom all-reduce kernels, ...),
+    plus the user's patterns."""
+    return match_comm_kernel(name) is not None
 
 
 def kernel_op(name: str) -> str | None:
-    """Op encoded in a comm kernel name (ncclKernel_AllReduce_RING_LL_Sum_float → all_reduce).
-
-    SendRecv and RCCL's Generic kernel serve several ops, so they give None.
-    """
-    m = _COMM_KERNEL.match(name)
-    if not m or not m.group(1):
-        return None
-    return normalize_op(m.group(1))
+    """Op a comm kernel implements, from the table (ncclKernel_AllReduce_RING_LL_Sum_float → all_reduce,
+    deep_ep::intranode::dispatch → all_to_all). SendRecv, RCCL's Generic kernel and metadata exchanges serve
+    several ops (or none), so they give None."""
+    m = match_comm_kernel(name)
+    return m[1] if m else None
 
 
 # c10d op name (after "c10d::") → roles of its leading tensor arguments in `Input Dims`.
