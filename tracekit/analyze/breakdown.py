@@ -23,7 +23,11 @@ Windows: on GPU ranks the GPU steps (`windows: "gpu_steps"`): step N spans from 
 step N's CPU ops launched (kernels.step; steps.device_ts) to the next step's first kernel (the last
 step: to its last kernel's end, device_ts + device_dur), so a device running a step behind its host is binned by what it runs; on CPU ranks
 (and GPU ranks whose kernels carry no step) each `steps` row (ProfilerStep#N, every step including
-the last, `windows: "steps"`); a rank without steps is one window from its first to its last event.
+the last, `windows: "steps"`). Steps are the `ProfilerStep#N` annotations, or, on a GPU trace without them,
+the iterations the parser found where the trace repeats (`step_rule`: optimizer_step | graph_launch |
+repeated_ops). A GPU rank without steps is one window from its first to its last device event
+(`windows: "device_span"`, as TraceLens: host-only time before or after is not idle); a CPU rank without
+steps one from its first to its last event (`windows: "trace"`).
 Device work outside the windows is not counted (HTA spans first to last kernel and drops the last
 step; see docs/metrics.md and tests/analyze/test_hta_crosscheck.py).
 
@@ -31,7 +35,8 @@ Section `breakdown`:
     {"ranks": [{"rank", "steps", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns",
                 "idle_ns", "overlap_ratio", "bound": "compute|communication|sync_wait|idle",
                 "sync_wait_ns", "exposed_transfer_ns", "carry_over_ns"}],   # analysis.json "ranks" (§7)
-     "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "gpu_steps|steps|trace",
+     "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "gpu_steps|steps|device_span|trace",
+                       "step_rule": "profiler_step|optimizer_step|graph_launch|repeated_ops|device_span|trace",
                        "shares": {"compute", "exposed_comm", "other", "idle"}, "verdict_evidence": str}],
      "steps": [{"rank", "step" (null for a whole-trace window), "ts", "step_ns", "compute_ns",
                 "comm_ns", "exposed_comm_ns", "other_ns", "idle_ns", "overlap_ratio", "bound"}],
@@ -78,6 +83,9 @@ class RankActivity:
     carry_over_ns: int = 0
     """GPU: device time of kernels left over from before profiling (no launch in the trace, before the
     first linked kernel): in no step, not in the windows' busy sets."""
+    step_rule: str = "profiler_step"
+    """How the windows were found: profiler_step | optimizer_step | graph_launch | repeated_ops (steps),
+    device_span (GPU, no steps: first to last device event) or trace (CPU, no steps)."""
 
 
 def _np(table: pa.Table, col: str) -> np.ndarray:
@@ -126,24 +134,33 @@ def gpu_step_windows(steps: list[dict[str, Any]]) -> list[tuple[int | None, int,
     return wins
 
 
-def _windows(store: RunStore, rank: int, rank_row: dict[str, Any],
-             busy_bounds: tuple[int, int] | None, gpu: bool = False) -> tuple[list[tuple[int | None, int, int]], str]:
+def _windows(store: RunStore, rank: int, rank_row: dict[str, Any], busy_bounds: tuple[int, int] | None,
+             gpu: bool = False) -> tuple[list[tuple[int | None, int, int]], str, str]:
+    """(windows, window source, step rule). The step rule says how the steps were found (`steps.rule`:
+    profiler_step, or iterations where a trace without ProfilerStep repeats: optimizer_step |
+    graph_launch | repeated_ops); without steps, a GPU rank is one window from its first to its last
+    device event (`device_span`: host-only time outside it is not idle) and a CPU rank one from its
+    first to its last event (`trace`)."""
     have = set(store.columns("steps"))
-    cols = ["step", "ts", "dur"] + [c for c in ("device_ts", "device_dur") if c in have]
+    cols = ["step", "ts", "dur"] + [c for c in ("device_ts", "device_dur", "rule") if c in have]
     steps = store.rank_table("steps", rank, cols).to_pylist()
+    rule = next((s.get("rule") for s in steps if s.get("rule")), "profiler_step")
     if gpu:
         wins = gpu_step_windows(steps)
         if wins:
-            return wins, "gpu_steps"
+            return wins, "gpu_steps", rule
+        if busy_bounds is not None and not steps:
+            lo, hi = busy_bounds  # first to last device event (carry-over excluded, as from the busy sets)
+            return ([(None, int(lo), int(hi))] if hi > lo else []), "device_span", "device_span"
     wins = [(s["step"], s["ts"], s["ts"] + s["dur"]) for s in steps if s["dur"] and s["dur"] > 0]
     if wins:
-        return sorted(wins, key=lambda w: w[1]), "steps"
+        return sorted(wins, key=lambda w: w[1]), "steps", rule
     lo, hi = rank_row.get("first_ts"), rank_row.get("last_ts")
     if lo is None or hi is None:
         if busy_bounds is None:
-            return [], "none"
+            return [], "none", "none"
         lo, hi = busy_bounds
-    return ([(None, int(lo), int(hi))] if hi > lo else []), "trace"
+    return ([(None, int(lo), int(hi))] if hi > lo else []), "trace", "trace"
 
 
 def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
@@ -239,10 +256,10 @@ def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
     allb = iv.merge(compute, comm, other)
     if allb[0].size:
         bounds = (int(allb[0][0]), int(allb[1][-1]))
-    windows, wsrc = _windows(store, rank, rank_row, bounds, gpu=trace_kind == "gpu")
+    windows, wsrc, rule = _windows(store, rank, rank_row, bounds, gpu=trace_kind == "gpu")
     return RankActivity(rank=rank, trace_kind=trace_kind, windows=windows, window_source=wsrc,
                         compute=compute, comm=comm, other=other, comm_by_group=comm_by_group,
-                        comm_source=comm_source, carry_over_ns=carry_ns)
+                        comm_source=comm_source, carry_over_ns=carry_ns, step_rule=rule)
 
 
 def _lane_key(pg_name: str | None, dims: dict[str, str]) -> str:
@@ -431,7 +448,7 @@ def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching
         bound, why = verdict(tot.compute_ns, tot.exposed_comm_ns, tot.other_ns, tot.idle_ns, tot.sync_wait_ns)
         details.append({
             "rank": rank, "trace_kind": act.trace_kind, "comm_source": act.comm_source,
-            "windows": act.window_source,
+            "windows": act.window_source, "step_rule": act.step_rule,
             "shares": {"compute": tot.compute_ns / span, "exposed_comm": tot.exposed_comm_ns / span,
                        "exposed_transfer": tot.exposed_transfer_ns / span, "sync_wait": tot.sync_wait_ns / span,
                        "other": tot.other_ns / span, "idle": tot.idle_ns / span},

@@ -140,15 +140,26 @@ def lane_column(lane: np.ndarray) -> pa.DictionaryArray:
 # steps
 
 
-class StepWindows:
-    """The host `ProfilerStep#N` intervals of one rank, sorted by start (ns)."""
+STEP_RULES = ("profiler_step", "optimizer_step", "graph_launch", "repeated_ops")
+"""How a rank's steps were found (`steps.rule`): its `ProfilerStep#N` annotations; else, on traces with
+device work and no ProfilerStep, iterations where the trace repeats (`iteration_windows`)."""
+OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")  # torch.optim writes `Optimizer.step#<Class>.step`
+GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
+ITERATION_OP_CATS = ("cpu_op", "user_annotation")
+MAX_PERIOD_OPS = 20_000
 
-    def __init__(self, ts: np.ndarray, dur: np.ndarray, nums: np.ndarray) -> None:
+
+class StepWindows:
+    """The host step intervals of one rank (`ProfilerStep#N`, or iterations found by `iteration_windows`),
+    sorted by start (ns); `rule` says which (STEP_RULES)."""
+
+    def __init__(self, ts: np.ndarray, dur: np.ndarray, nums: np.ndarray, rule: str = "profiler_step") -> None:
         order = np.argsort(ts, kind="stable")
         self.ts = np.asarray(ts, np.int64)[order]
         self.end = self.ts + np.asarray(dur, np.int64)[order]
         self.nums = np.asarray(nums, np.int64)[order]
         self.order = order
+        self.rule = rule
 
     @classmethod
     def from_table(cls, steps: pa.Table) -> "StepWindows":
@@ -164,6 +175,68 @@ class StepWindows:
         ic = np.where(ok, i, 0)
         inside = ok & ((t < self.end[ic]) | (t == self.ts[ic]))
         return np.where(inside, self.nums[ic], -1)
+
+
+def iteration_windows(name_dict: list, name_codes: np.ndarray, op_rows: np.ndarray, ts: np.ndarray,
+                      end: np.ndarray, tid: np.ndarray, span: tuple[int, int]) -> StepWindows | None:
+    """Iterations of a trace without `ProfilerStep` (None when it does not repeat), by the first rule that
+    finds at least two: optimizer steps (an iteration ends where `Optimizer.step#...` ends), CUDA/HIP
+    graph launches (one starts at each `cudaGraphLaunch`), repeated top-level host op sequences (the
+    shortest block of top-level op names that repeats back to back over at least half of them, counted
+    from the end: warm-up differs). The iterations tile `span` (the trace's first to last event): the
+    first starts at its start, the last ends at its end, so no device work falls outside them.
+
+    op_rows: host rows of category cpu_op / user_annotation; ts/end/tid: every row's."""
+    names = np.array([nm or "" for nm in name_dict] + [""], dtype=object)
+    op_names = names[name_codes[op_rows]] if len(op_rows) else np.zeros(0, object)
+    opt = op_rows[np.array([bool(OPTIMIZER_STEP_RE.match(n)) for n in op_names], bool)] if len(op_rows) else op_rows
+    if len(opt) >= 2:
+        return _tiled(np.sort(end[opt])[:-1], span, "optimizer_step")
+    launch_codes = [c for c, nm in enumerate(name_dict) if nm in GRAPH_LAUNCH_NAMES]
+    launches = np.flatnonzero(np.isin(name_codes, launch_codes)) if launch_codes else np.zeros(0, np.int64)
+    if len(launches) >= 2:
+        return _tiled(np.sort(ts[launches])[1:], span, "graph_launch")
+    starts = _repeated_block_starts(name_codes, op_rows, ts, end, tid)
+    if starts is not None:
+        return _tiled(starts[1:], span, "repeated_ops")
+    return None
+
+
+def _tiled(cuts: np.ndarray, span: tuple[int, int], rule: str) -> StepWindows | None:
+    lo, hi = span
+    edges = np.unique(np.concatenate(([lo], cuts[(cuts > lo) & (cuts < hi)], [hi]))).astype(np.int64)
+    if len(edges) < 3:
+        return None
+    return StepWindows(edges[:-1], np.diff(edges), np.arange(len(edges) - 1), rule)
+
+
+def _repeated_block_starts(name_codes: np.ndarray, op_rows: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                           tid: np.ndarray) -> np.ndarray | None:
+    """Start times of the repeats of the shortest repeating block of top-level op names on the busiest
+    host thread (None when no block repeats over at least half of them)."""
+    if len(op_rows) < 2:
+        return None
+    tids, counts = np.unique(tid[op_rows], return_counts=True)
+    rows = op_rows[tid[op_rows] == tids[np.argmax(counts)]]
+    rows = rows[np.lexsort((-end[rows], ts[rows]))]
+    top, reach = [], None
+    for r in rows.tolist():  # top level: not inside the previous top-level op
+        if reach is None or ts[r] >= reach:
+            top.append(r)
+            reach = end[r]
+    seq = name_codes[np.array(top, np.int64)]
+    n = len(seq)
+    for p in range(1, min(n // 2, MAX_PERIOD_OPS) + 1):
+        if seq[n - 1 - p] != seq[n - 1] or not np.array_equal(seq[n - 2 * p:n - p], seq[n - p:]):
+            continue
+        k = 2
+        while (k + 1) * p <= n and np.array_equal(seq[n - (k + 1) * p:n - k * p], seq[n - p:]):
+            k += 1
+        if k * p * 2 >= n:
+            first = n - k * p
+            return ts[np.array(top[first::p], np.int64)]
+        return None
+    return None
 
 
 def kernel_steps(kernel_ts: np.ndarray, launch_ts: np.ndarray, linked: np.ndarray,

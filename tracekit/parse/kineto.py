@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from tracekit.errors import TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse.classify import (
-    GPU_CATS, StepWindows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
+    GPU_CATS, ITERATION_OP_CATS, StepWindows, iteration_windows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
     lane_column, step_number,
 )
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
@@ -714,10 +714,16 @@ def _metadata_names(ms: list) -> tuple[dict[tuple[int, int], str], dict[int, str
 
 
 def _step_windows(rows: _Rows) -> StepWindows:
-    """The host `ProfilerStep#N` intervals (a null duration counts as 0)."""
+    """The host `ProfilerStep#N` intervals (a null duration counts as 0); without them, on a trace with
+    device work, the iterations where the trace repeats (classify.iteration_windows), if any."""
     step_of_code = {code: num for code, num in enumerate(map(step_number, rows.name_dict)) if num is not None}
     if not step_of_code:
-        return StepWindows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        found = None
+        if rows.n and rows.cat_mask(*KERNEL_CATS).any():
+            ops = np.flatnonzero(rows.cat_mask(*ITERATION_OP_CATS) & ~rows.gpu_row)
+            found = iteration_windows(rows.name_dict, rows.name_codes, ops, rows.ts, rows.end, rows.tid,
+                                      (int(rows.ts.min()), int(rows.end.max())))
+        return found or StepWindows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     at = np.flatnonzero(np.isin(rows.name_codes, list(step_of_code)) & ~rows.gpu_row)
     nums = np.array([step_of_code[int(rows.name_codes[i])] for i in at], dtype=np.int64)
     return StepWindows(rows.ts[at], np.where(rows.dur_ok[at], rows.dur[at], 0), nums)
@@ -816,7 +822,8 @@ def _events_table(rows: _Rows, thread_col: pa.DictionaryArray, kr: _KernelRows, 
 
 def _steps_table(windows: StepWindows, kernels: pa.Table, rank: int) -> pa.Table:
     steps = pa.table({"rank": np.full(len(windows.nums), rank, np.int32), "step": windows.nums.astype(np.int32),
-                      "ts": windows.ts, "dur": windows.end - windows.ts})
+                      "ts": windows.ts, "dur": windows.end - windows.ts,
+                      "rule": pa.array([windows.rule] * len(windows.nums), pa.string())})
     return device_windows(steps, kernels)
 
 

@@ -132,6 +132,8 @@ STEPS = pa.schema([
     _f("dur", pa.int64(), "duration in ns"),
     _f("device_ts", pa.int64(), "first start of this step's kernels (kernels.step), " + NS + "; null without kernels"),
     _f("device_dur", pa.int64(), "last end minus first start of this step's kernels in ns; null without kernels"),
+    _f("rule", pa.string(), "how the step was found (parse/classify.py STEP_RULES): profiler_step (ProfilerStep#N); "
+       "on a trace without them, iterations where it repeats: optimizer_step | graph_launch | repeated_ops"),
 ])
 
 ROUTING = pa.schema([
