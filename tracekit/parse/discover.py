@@ -120,6 +120,16 @@ def _contains(path: Path, needle: bytes) -> bool:
             tail = buf[-len(needle):]
 
 
+def is_merged_kineto(path: Path) -> bool:
+    """A Kineto file holding several ranks' events (TraceLens TraceFusion's marker in its first bytes)."""
+    from tracekit.parse.merged import looks_merged
+
+    try:
+        return looks_merged(_head(path))
+    except OSError:
+        return False
+
+
 def classify_json(path: Path) -> tuple[str | None, str | None]:
     """(kind, None) for a recognised JSON document, (None, reason) for one to skip, (None, None) to ignore."""
     head = _head(path).lstrip()

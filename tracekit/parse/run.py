@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from contextlib import nullcontext
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -425,15 +426,49 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
             if f.kind not in (disc.MANIFEST, disc.KINETO):
                 _read_side_input(f, run, max_decompressed_bytes)
         kineto = found.of_kind(disc.KINETO)  # 2. Kineto traces, one rank at a time
-        results = engine.parse_kineto_files([str(f.path) for f in kineto], max_decompressed_bytes=max_decompressed_bytes,
-                                            max_memory_bytes=max_memory_bytes)
-        _add_kineto_ranks(results, {str(f.path): f.name_rank for f in kineto}, run, assume_rank)
+        with tempfile.TemporaryDirectory(prefix="tracekit-split-") as tmp:  # merged multi-rank files, split
+            paths, name_ranks, shown = _split_merged_files(kineto, Path(tmp), run, max_decompressed_bytes)
+            results = engine.parse_kineto_files(paths, max_decompressed_bytes=max_decompressed_bytes,
+                                                max_memory_bytes=max_memory_bytes)
+            _add_kineto_ranks(((shown.get(p, p), kp, err) for p, kp, err in results),
+                              {shown.get(p, p): r for p, r in name_ranks.items()}, run, assume_rank)
         for rank, rl in sorted(run.logs.items()):  # 3. ranks that only have logs
             if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline:
                 run.rank_rows.append(_write_rank(run, rank, None, None, None, rl, run.rank_warnings.get(rank, [])))
     finally:
         stop()
     return ParseRunResult(store=_close_run(run), skipped=run.skipped)
+
+
+def _split_merged_files(kineto: list, tmp: Path, run: _Run, max_decompressed_bytes: int | None
+                        ) -> tuple[list[str], dict[str, int | None], dict[str, str]]:
+    """The Kineto paths to parse, with each merged multi-rank file (TraceFusion) replaced by one file per
+    rank in `tmp` (parse/merged.py); each path's rank from its name; the name each split file is shown by
+    (`<file>#rank<R>`)."""
+    from tracekit.parse.merged import split_merged
+
+    paths: list[str] = []
+    name_ranks: dict[str, int | None] = {}
+    shown: dict[str, str] = {}
+    for i, f in enumerate(kineto):
+        parts: dict[int, Path] = {}
+        if disc.is_merged_kineto(f.path):
+            try:
+                parts = split_merged(f.path, tmp / str(i), max_decompressed_bytes)
+            except (TracekitError, ValueError) as exc:
+                run.skipped.append({"file": str(f.path), "reason": f"merged multi-rank file could not be split: {exc}"})
+                continue
+        if not parts:
+            paths.append(str(f.path))
+            name_ranks[str(f.path)] = f.name_rank
+            continue
+        run.warnings.append(f"{f.path}: a merged multi-rank file (TraceFusion: pid = rank*1e8 + pid, args.rank); "
+                            f"split into ranks {sorted(parts)}")
+        for r, p in parts.items():
+            paths.append(str(p))
+            name_ranks[str(p)] = r
+            shown[str(p)] = f"{f.path}#rank{r}"
+    return paths, name_ranks, shown
 
 
 def _read_manifest(found: Any, run: _Run) -> None:

@@ -1,0 +1,84 @@
+"""Merged multi-rank Kineto files (TraceLens's TraceFusion): every rank's events in one `traceEvents`,
+pid = rank·1e8 + raw pid, `args.rank` (and `args.pid_raw`) on the events. Such a file is split into one
+Kineto document per rank before parsing, so each rank is parsed as if it had been written alone.
+
+The split keeps every event's JSON text as it is (exact µs fractions; nothing is re-encoded): only each
+event's `pid` and `args.rank` are decoded to file it. An event's rank is its `args.rank`, else its
+pid // 1e8 (TraceFusion's pid offset). Each rank's document gets the file's other top-level keys and a
+`distributedInfo` stating its rank and the number of ranks in the file as the world size (kept from the
+file when it has one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tracekit.parse.gz import read_trace_bytes
+
+PID_STRIDE = 100_000_000
+"""TraceFusion's pid offset per rank."""
+MARKER = b'"pid_raw"'
+"""TraceFusion writes each event's original pid as args.pid_raw."""
+
+
+class _Args(msgspec.Struct):
+    rank: Any = None
+
+
+class _Event(msgspec.Struct):
+    pid: Any = None
+    args: Any = None
+
+
+_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENT = msgspec.json.Decoder(_Event)
+
+
+def looks_merged(head: bytes) -> bool:
+    """The first bytes of a Kineto file carry TraceFusion's marker."""
+    return MARKER in head
+
+
+def _rank_of(raw: msgspec.Raw) -> int | None:
+    try:
+        e = _EVENT.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    r = e.args.get("rank") if isinstance(e.args, dict) else None
+    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+        return r
+    if isinstance(e.pid, int) and not isinstance(e.pid, bool) and e.pid >= 0:
+        return e.pid // PID_STRIDE
+    return None
+
+
+def split_merged(path: str | Path, out_dir: Path, max_decompressed_bytes: int | None = None) -> dict[int, Path]:
+    """One Kineto document per rank of a merged file, written to `out_dir`: {rank: path}. A file whose
+    events name fewer than two ranks is not merged: {}."""
+    top = _TOP.decode(read_trace_bytes(path, max_decompressed_bytes))
+    events = _EVENTS.decode(top.pop("traceEvents", msgspec.Raw(b"[]")))
+    by_rank: dict[int, list[msgspec.Raw]] = {}
+    unranked: list[msgspec.Raw] = []
+    for raw in events:
+        r = _rank_of(raw)
+        (unranked if r is None else by_rank.setdefault(r, [])).append(raw)
+    if len(by_rank) < 2:
+        return {}
+    info = top.pop("distributedInfo", None)
+    base = msgspec.json.decode(info) if info is not None else {}
+    base = base if isinstance(base, dict) else {}
+    world = base.get("world_size") if isinstance(base.get("world_size"), int) else max(by_rank) + 1
+    keys = b"".join(msgspec.json.encode(k) + b":" + bytes(v) + b"," for k, v in top.items())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for r, evs in sorted(by_rank.items()):
+        di = msgspec.json.encode({**base, "rank": r, "world_size": world})
+        body = b",".join(bytes(e) for e in [*evs, *unranked])
+        p = out_dir / f"{Path(path).name}.rank{r}.json"
+        p.write_bytes(b"{" + keys + b'"distributedInfo":' + di + b',"traceEvents":[' + body + b"]}")
+        out[r] = p
+    return out
