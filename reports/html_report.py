@@ -136,7 +136,11 @@ def _sev(sev: Any) -> str:
 
 
 def verdict_text(ctx: Page) -> tuple[str, str]:
-    """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer)."""
+    """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer); none where the
+    trace_kind section says no verdict can be given (a CUDA-graph capture trace), with its reason."""
+    tk = ctx.sec("trace_kind") or {}
+    if tk.get("no_verdict_reason"):
+        return "", f"No verdict: {tk['no_verdict_reason']}"
     counts: dict[str, int] = {}
     for r in ctx.ranks:
         counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
@@ -219,9 +223,15 @@ def _window_text(ctx: Page) -> str:
     bd = ctx.sec("breakdown") or {}
     steps = [r for r in bd["steps"] if isinstance(r, dict)] if isinstance(bd.get("steps"), list) else []
     numbers = sorted({r["step"] for r in steps if is_num(r.get("step"))})
+    details = [d for d in bd.get("rank_details") or [] if isinstance(d, dict)]
+    rules = sorted({str(d.get("step_rule")) for d in details if d.get("step_rule")})
     parts = []
-    if numbers:
+    if numbers and rules in ([], ["profiler_step"]):
         parts.append(f"ProfilerStep {numbers[0]}" + (f"–{numbers[-1]}" if numbers[-1] != numbers[0] else ""))
+    elif numbers:
+        parts.append(f"iterations {numbers[0]}–{numbers[-1]} found without ProfilerStep ({', '.join(rules)})")
+    elif steps and "device_span" in rules:
+        parts.append("first to last device event (no ProfilerStep annotations, no repeats found)")
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
     rows = [r for r in _store_ranks(ctx) if is_num(r.get("first_ts")) and is_num(r.get("last_ts"))]
@@ -230,6 +240,13 @@ def _window_text(ctx: Page) -> str:
         parts.append(f"traced span {ms(r0['last_ts'] - r0['first_ts'])} on rank {r0['rank']} "
                      f"(from {r0['first_ts']} ns on its clock; every rank in Inputs)")
     return "; ".join(parts) or "not recorded"
+
+
+def _trace_kind_text(ctx: Page) -> str:
+    """The trace_kind section's notes (accelerator, graph capture/replay, inference, carry-over, step rule)."""
+    tk = ctx.sec("trace_kind") or {}
+    notes = [str(n) for n in tk.get("notes") or []]
+    return "; ".join(notes) if notes else "not recorded"
 
 
 def _analyzed(ctx: Page) -> str:
@@ -241,6 +258,7 @@ def _analyzed(ctx: Page) -> str:
         ("ranks", f"{len(ranks)} ({ranks_text(ranks)})"),
         ("steps per rank", steps_text(ctx)),
         ("time window", _window_text(ctx)),
+        ("trace kind", _trace_kind_text(ctx)),
         ("parallel layout", charts.layout_text(layout) if layout else "not inferred"),
         ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
         ("tracekit version", ctx.a.get("tracekit_version") or "?"),

@@ -20,6 +20,9 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
     href = report_href.replace(" ", "%20").replace(")", "%29").replace("(", "%28")
     _, verdict = verdict_text(ctx)
     lines = ["## tracekit summary", "", f"**Verdict:** {md(verdict)} ([report]({href}#verdict))", ""]
+    kind_notes = (ctx.sec("trace_kind") or {}).get("notes") or []
+    if kind_notes:
+        lines += [f"**Trace kind:** {md('; '.join(str(n) for n in kind_notes))}", ""]
 
     fixes = top_fixes(ctx)
     if fixes:

@@ -82,18 +82,20 @@ def test_cpu_breakdown_uses_training_threads_and_gloo_worker_time(tmp_path):
     assert row["bound"] == "communication"   # 415 > 385 compute > 200 idle
 
 
-def test_trace_without_steps_is_one_window_first_to_last_event(tmp_path):
+def test_gpu_trace_without_steps_is_one_window_first_to_last_device_event(tmp_path):
+    """TraceLens's window: host-only time before the first and after the last device event is not idle."""
     store = build_store(tmp_path, {
         "ranks": [{"rank": 5, "world_size": 8, "first_ts": 1000, "last_ts": 3000}],
         "kernels": [{"rank": 5, "ts": 1500, "dur": 500, "kind": "compute"},
                     {"rank": 5, "ts": 1800, "dur": 400, "kind": "comm"}],
     })
     a = analyze_store(store)
-    assert a["ranks"] == [{"rank": 5, "steps": 1, "step_ns": 2000, "compute_ns": 500, "comm_ns": 400,
-                           "exposed_comm_ns": 200, "other_ns": 0, "idle_ns": 1300, "overlap_ratio": 0.5,
-                           "bound": "idle", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0}]
+    assert a["ranks"] == [{"rank": 5, "steps": 1, "step_ns": 700, "compute_ns": 500, "comm_ns": 400,
+                           "exposed_comm_ns": 200, "other_ns": 0, "idle_ns": 0, "overlap_ratio": 0.5,
+                           "bound": "compute", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0}]
     assert a["sections"]["breakdown"]["steps"][0]["step"] is None
-    assert a["sections"]["breakdown"]["rank_details"][0]["windows"] == "trace"
+    detail = a["sections"]["breakdown"]["rank_details"][0]
+    assert (detail["windows"], detail["step_rule"]) == ("device_span", "device_span")
 
 
 def test_totals_sum_steps_and_timeline_respects_its_budget(tmp_path):

@@ -49,6 +49,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
     ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
     ("recording", "tracekit.analyze.recording:analyze_recording"),
+    ("trace_kind", "tracekit.analyze.trace_kind:analyze_trace_kind"),
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),

@@ -21,6 +21,7 @@ from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
 from tracekit.analyze.evidence import BandwidthEvidence, CollectiveEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
 
 MOSTLY = 0.5
@@ -185,11 +186,38 @@ def pp_exposed_share(unoverlapped: UnoverlappedResult | None, pipe_ranks: set[in
     return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
 
 
+TRAINING_ONLY = (FindingKind.RECOMPUTE, FindingKind.ACTIVATION_DOMINATED_PEAK)
+"""Findings whose advice is for training (activation checkpointing, recompute): not given on inference ranks."""
+INPUT_KINDS = (FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
+               FindingKind.TIME_UNIT_MISMATCH)
+"""Findings about the inputs themselves, kept on any trace kind."""
+
+
+def fit_trace_kind(findings: list[Finding], trace_kind: TraceKindResult | None) -> list[Finding]:
+    """Drop the findings a rank's trace kind rules out (trace_kind.py): any finding (but the inputs') that
+    names only capture-only ranks, or every rank when all are capture-only (their timing is the capture's);
+    training advice on ranks that are all inference."""
+    if trace_kind is None:
+        return findings
+    capture, inference = trace_kind.capture_only(), trace_kind.inference()
+    all_capture = trace_kind.section is not None and trace_kind.section.get("verdict") is None
+    out = []
+    for f in findings:
+        ranks = set(f.ranks)
+        if f.kind not in INPUT_KINDS and (all_capture or (ranks and ranks <= capture)):
+            continue
+        if f.kind in TRAINING_ONLY and inference and (ranks <= inference if ranks else True):
+            continue
+        out.append(f)
+    return out
+
+
 def analyze_recommendations(findings: list[Finding], pipeline: PipelineResult | None,
                             breakdown: BreakdownResult | None,
-                            unoverlapped: UnoverlappedResult | None) -> RecommendationsResult:
+                            unoverlapped: UnoverlappedResult | None,
+                            trace_kind: TraceKindResult | None = None) -> RecommendationsResult:
     """Every finding's advice in one list, largest estimated saving first (the document's findings)."""
-    final = reconcile(findings, pipeline, breakdown, unoverlapped)
+    final = reconcile(fit_trace_kind(findings, trace_kind), pipeline, breakdown, unoverlapped)
     rows = [{"kind": f.kind.value, "severity": f.severity.value, "ranks": list(f.ranks), "dim": f.dim,
              "summary": f.summary, "recommendation": f.recommendation, "est_saving_ns": int(f.est_saving_ns),
              "saving_formula": f.evidence.saving_formula or "",

@@ -17,7 +17,11 @@ agrees with it by a margin of at least `CLEAR_MARGIN` of its own time.
 Section `recording`:
     {"overhead": [{"rank", "overhead_ns", "step_ns", "share", "by_name": {name: ns}}],
      "verdict_stability": [{"rank", "bound", "runner_up", "steps", "margin_share", "margin_sd_share",
-                            "stable", "steps_needed"}]}
+                            "stable" (null: one step, cannot be judged), "steps_needed", "note"}]}
+A single step shows no spread: its stability is not judged (`stable: null`, note "1 step: cannot judge
+stability") and no `unstable_verdict` is raised from it. The note states the rule that decided, with the
+numbers it compared (with 2 steps: each step's own lead against CLEAR_MARGIN; with 3 or more: the mean
+margin against Z standard errors).
 Finding `unstable_verdict` (warning) lists the ranks whose verdict does not hold and the steps to record.
 """
 
@@ -57,7 +61,7 @@ def analyze_recording(store: RunStore, breakdown: BreakdownResult | None) -> Rec
         by_rank.setdefault(row["rank"], []).append(row)
     overhead = [_overhead(store, rank, rows) for rank, rows in sorted(by_rank.items())]
     stability = [_stability(rank, rows) for rank, rows in sorted(by_rank.items()) if rows[0]["step"] is not None]
-    findings = _finding(stability)
+    findings = _finding([s for s in stability if s["stable"] is not None])
     return RecordingResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability})
 
 
@@ -70,6 +74,12 @@ def _parts(row: dict[str, Any]) -> dict[str, int]:
 
 
 def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(rows) == 1:  # one step shows no spread: stability cannot be judged either way
+        p = _parts(rows[0])
+        bound = max(_PARTS, key=lambda k: (p[k], k == "compute"))
+        return {"rank": rank, "bound": bound, "runner_up": None, "steps": 1, "margin_share": None,
+                "margin_sd_share": None, "stable": None, "steps_needed": MIN_STEPS,
+                "note": "1 step: cannot judge stability"}
     parts = [_parts(r) for r in rows]
     totals = {k: sum(p[k] for p in parts) for k in _PARTS}
     bound = max(_PARTS, key=lambda k: (totals[k], k == "compute"))
@@ -90,9 +100,21 @@ def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     else:
         var = float(margins.var(ddof=1))
         needed = max(n + 1, MIN_STEPS, math.ceil(Z * Z * var / (mean_m * mean_m)))
+    min_step = float(np.min(margins / spans))
     return {"rank": rank, "bound": bound, "runner_up": runner, "steps": n,
             "margin_share": mean_m / mean_t, "margin_sd_share": sd / mean_t,
-            "stable": bool(stable), "steps_needed": int(needed)}
+            "stable": bool(stable), "steps_needed": int(needed),
+            "note": _why(n, mean_m / mean_t, sd / mean_t, min_step, bool(stable))}
+
+
+def _why(n: int, margin: float, sd: float, min_step: float, stable: bool) -> str:
+    """The rule that decided, in words, with the numbers it compared."""
+    if n < MIN_STEPS:
+        return (f"{n} steps: every step must lead by at least {100 * CLEAR_MARGIN:.0f}% of its time; "
+                f"the smallest lead is {100 * min_step:.1f}%" + ("" if stable else " (not clear)"))
+    need = Z * sd / math.sqrt(n)
+    return (f"{n} steps: mean margin {100 * margin:.1f}% of the step against {Z:g} standard errors of it "
+            f"({100 * need:.1f}%)" + ("" if stable else " (within noise)"))
 
 
 def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
@@ -102,10 +124,8 @@ def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
     need = max(s["steps_needed"] for s in bad)
     have = max(s["steps"] for s in bad)
     worst = min(bad, key=lambda s: s["margin_share"] - Z * s["margin_sd_share"])
-    summary = (f"the verdict may not hold: on {len(bad)} rank(s) the step-to-step spread is larger than the "
-               f"margin of '{worst['bound']}' over '{worst['runner_up']}' (rank {worst['rank']}: margin "
-               f"{100 * worst['margin_share']:.1f}% of the step, spread {100 * worst['margin_sd_share']:.1f}% "
-               f"per step over {worst['steps']} steps)")
+    summary = (f"the verdict may not hold on {len(bad)} rank(s): '{worst['bound']}' does not clearly lead "
+               f"'{worst['runner_up']}' (rank {worst['rank']}, {worst['note']})")
     rec = (f"record at least {need} steps (e.g. tracekit record --active {need}); {have} were analyzed")
     return [Finding(kind=FindingKind.UNSTABLE_VERDICT, severity=Severity.WARNING, summary=summary,
                     ranks=tuple(s["rank"] for s in bad),

@@ -1,8 +1,10 @@
 """Throughput: tokens/s for the job, per rank and per device; achieved FLOP/s and MFU per rank.
 
 Tokens per step come from `config.tokens_per_step` (per data-parallel replica, × the dp degree) or the
-manifest's `tokens_per_step` (the whole job). Step time = the slowest rank's `ProfilerStep` per step,
-averaged over steps. FLOPs are the ops' counts in `events.flops` (torch.profiler with_flops=True),
+manifest's `tokens_per_step` (the whole job). Step time = the slowest rank's step per step, averaged over
+steps, where a rank's step is the breakdown's step window (one step denominator across the report: on GPU
+ranks the device's step, from its first kernel to the next step's first kernel, not the host's
+`ProfilerStep` annotation). FLOPs are the ops' counts in `events.flops` (torch.profiler with_flops=True),
 summed per rank over its steps; achieved FLOP/s = FLOPs / summed step time. MFU = achieved / peak,
 peak from `config.peak_tflops` or the device's dense bf16/fp16 tensor peak in KNOWN_PEAK_TFLOPS
 (matched on `ranks.device_names`); none for CPU ranks or unknown devices.
@@ -26,6 +28,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.analyze.layout import LayoutResult
 from tracekit.tables.store import RunStore
 
@@ -70,7 +73,18 @@ class ThroughputResult(AnalyzerResult):
     pass
 
 
-def analyze_throughput(store: RunStore, layout: LayoutResult | None, config: AnalysisConfig) -> ThroughputResult:
+def _step_times(store: RunStore, breakdown: BreakdownResult | None) -> list[dict[str, Any]]:
+    """(rank, step, dur) of every analysed step: the breakdown's step windows (the report's one step
+    denominator: on GPU ranks the device's step, not the host's ProfilerStep annotation); the `steps` table
+    only when the breakdown is missing."""
+    rows = section_of(breakdown).get("steps") or []
+    if rows:
+        return [{"rank": r["rank"], "step": r["step"], "dur": r["step_ns"]} for r in rows if r.get("step") is not None]
+    return store.table("steps", ["rank", "step", "dur"]).to_pylist()
+
+
+def analyze_throughput(store: RunStore, layout: LayoutResult | None, config: AnalysisConfig,
+                       breakdown: BreakdownResult | None = None) -> ThroughputResult:
     """Throughput section (no findings: the numbers feed the report and `tracekit diff`)."""
     man = store.manifest or {}
     ranks = store.table("ranks", ["rank", "device_names", "trace_kind"]).to_pylist()
@@ -86,7 +100,7 @@ def analyze_throughput(store: RunStore, layout: LayoutResult | None, config: Ana
     else:
         tokens, source = None, None
 
-    steps = store.table("steps", ["rank", "step", "dur"]).to_pylist()
+    steps = _step_times(store, breakdown)
     per_step: dict[int, int] = defaultdict(int)
     per_rank: dict[int, dict[int, int]] = defaultdict(dict)
     for s in steps:

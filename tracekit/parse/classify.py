@@ -357,3 +357,61 @@ def _dict(col) -> pa.DictionaryArray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     arr = arr.cast(pa.string()) if pa.types.is_dictionary(arr.type) else arr
     return arr.dictionary_encode()
+
+
+# ----------------------------------------------------------------------------------------------
+# trace kinds: which accelerator, CUDA-graph capture or replay, training or inference (DESIGN §10)
+
+# Kineto's device/runtime categories of accelerators other than CUDA/ROCm (kineto libkineto/src/ActivityType.cpp):
+# their device rows are tabled as kernels / memcpy / memset (OTHER_DEVICE_CATS), and the rank says which it was.
+OTHER_DEVICE_CATS = {"mtia_ccp_events": "kernel", "mlu_memcpy": "gpu_memcpy", "mlu_memset": "gpu_memset",
+                     "gcu_memcpy": "gpu_memcpy", "gcu_memset": "gpu_memset"}
+_ACCELERATOR_CATS = (("mtia_", "mtia"), ("hpu_", "hpu"), ("xpu_", "xpu"), ("mlu_", "mlu"), ("gcu_", "gcu"),
+                     ("privateuse1_", "privateuse1"))
+BEGIN_CAPTURE_RE = re.compile(r"^(?:cuda|hip)StreamBeginCapture")
+END_CAPTURE_RE = re.compile(r"^(?:cuda|hip)StreamEndCapture")
+LAUNCH_RE = re.compile(r"^(?:cuda|hip|cu)\w*Launch\w*Kernel|^(?:cuda|hip)LaunchCooperativeKernel")
+BACKWARD_RE = re.compile(r"Backward\d*$|^autograd::engine::evaluate_function")  # autograd nodes run in backward
+OPTIMIZER_RE = re.compile(r"^Optimizer\.(?:step|zero_grad)#")  # torch.optim's record_function names
+
+
+def accelerator_of(raw_categories: list, names: list, has_device_rows: bool) -> str | None:
+    """The accelerator a trace's device rows come from: mtia / hpu / xpu / mlu / gcu / privateuse1 by Kineto's
+    categories, rocm when its runtime calls are HIP's, cuda for other device rows; None without device work."""
+    cats = {str(c).strip().lower() for c in raw_categories if c is not None}
+    for prefix, kind in _ACCELERATOR_CATS:
+        if any(c.startswith(prefix) for c in cats):
+            return kind
+    if not has_device_rows:
+        return None
+    return "rocm" if any(isinstance(n, str) and n.startswith("hip") for n in names) else "cuda"
+
+
+def graph_mode(names: list[str], ts: np.ndarray, end: np.ndarray, num_kernels: int) -> dict:
+    """CUDA/HIP graph use of one rank from its host events (names, start/end ns): capture intervals
+    (BeginCapture .. EndCapture), kernel launches inside them (captured: recorded, not run), graph launches
+    (replays). mode: `capture_only` (launches captured, no graph replayed, fewer kernels ran than were
+    captured), `graph_replay` (graph launches present), else `eager`."""
+    begins = sorted(int(t) for nm, t in zip(names, ts) if BEGIN_CAPTURE_RE.match(nm))
+    ends = sorted(int(e) for nm, e in zip(names, end) if END_CAPTURE_RE.match(nm))
+    spans = [(b, next((e for e in ends if e >= b), b)) for b in begins]
+    launches = [int(t) for nm, t in zip(names, ts) if LAUNCH_RE.match(nm)]
+    captured = sum(1 for t in launches if any(lo <= t <= hi for lo, hi in spans))
+    replays = sum(1 for nm in names if nm in GRAPH_LAUNCH_NAMES)
+    if spans and captured and not replays and num_kernels < captured:
+        mode = "capture_only"
+    elif replays:
+        mode = "graph_replay"
+    else:
+        mode = "eager"
+    return {"mode": mode, "captures": len(spans), "captured_launches": captured, "graph_launches": replays,
+            "kernels_run": int(num_kernels)}
+
+
+def workload_of(names: list[str], num_host_ops: int) -> dict:
+    """training when the host ran autograd backward nodes or an optimizer step, inference when it ran ops
+    but neither, unknown without host ops."""
+    backward = sum(1 for nm in names if BACKWARD_RE.search(nm))
+    optimizer = sum(1 for nm in names if OPTIMIZER_RE.match(nm))
+    kind = "training" if backward or optimizer else ("inference" if num_host_ops else "unknown")
+    return {"workload": kind, "backward_ops": backward, "optimizer_steps": optimizer}

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from tracekit.errors import TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse.classify import (
-    GPU_CATS, ITERATION_OP_CATS, StepWindows, iteration_windows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
+    GPU_CATS, ITERATION_OP_CATS, OTHER_DEVICE_CATS, StepWindows, accelerator_of, iteration_windows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
     lane_column, step_number,
 )
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
@@ -53,6 +53,7 @@ _CAT_ALIASES = {
     "memcpy": "gpu_memcpy",
     "memset": "gpu_memset",
     "python_function": "python_function",
+    **OTHER_DEVICE_CATS,
 }
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _STREAM_TID = re.compile(r"^\s*stream\s*(\d+)\s*$", re.I)
@@ -874,6 +875,7 @@ def tables_from_columns(path: str, cols: Columns, rank_arg: int | None) -> Kinet
     }
     groups = _process_groups(di, trace_rank, warnings)
     info = _info(trace, di, path, rows.ts, rows.end, rows.n, len(kr.rows), warnings, process_labels)
+    info["accelerator"] = accelerator_of(raw_cat_list, rows.name_dict, bool(len(kr.rows)))
     return KinetoParse(source_file=path, rank=trace_rank, world_size=world_size, info=info, process_groups=groups,
                        tables=tables, table_rank=table_rank, phase_counts=phase_counts)
 

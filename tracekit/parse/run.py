@@ -737,7 +737,7 @@ def _rank_row(rank: int, rank_source: str | None, kineto_path: str | None, kp: A
         "source_file": kineto_path or (rl.comms.source_file if rl.comms else rl.fr.source_file if rl.fr
                                        else next(iter(files.values()), None)),
         "schema_version": None if info.get("schema_version") is None else str(info.get("schema_version")),
-        "rank_source": rank_source, "trace_kind": info.get("trace_kind"),
+        "rank_source": rank_source, "trace_kind": info.get("trace_kind"), "accelerator": info.get("accelerator"),
         "base_time_ns": info.get("base_time_ns"), "first_ts": info.get("first_ts"), "last_ts": info.get("last_ts"),
         "num_events": info.get("num_events", 0), "clock_offset_ns": None,
         "parse_warnings": list(info.get("parse_warnings") or []) + warnings,

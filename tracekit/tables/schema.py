@@ -29,6 +29,8 @@ RANKS = pa.schema([
     _f("schema_version", pa.string(), "Kineto schemaVersion as text (null if absent)"),
     _f("rank_source", pa.string(), "where the rank came from: distributedInfo | filename | manifest"),
     _f("trace_kind", pa.string(), "gpu when device kernels exist, else cpu"),
+    _f("accelerator", pa.string(), "where the device rows come from (parse/classify.py accelerator_of): "
+       "cuda | rocm | mtia | hpu | xpu | mlu | gcu | privateuse1; null without device work"),
     _f("base_time_ns", pa.int64(), "baseTimeNanoseconds when present"),
     _f("first_ts", pa.int64(), "earliest event start, " + NS),
     _f("last_ts", pa.int64(), "latest event end, " + NS),
