@@ -94,3 +94,31 @@ def test_user_pattern_syntax():
     assert parse_user_pattern("a_b=c").op is None and parse_user_pattern("a_b=c").regex == "a_b=c"
     with pytest.raises(Exception):
         parse_user_pattern("([unclosed")
+
+
+def test_cli_options_hand_patterns_to_the_parser(tmp_path, monkeypatch):
+    """`tracekit parse --comm-kernel REGEX=OP` and `--comm-kernels FILE` (TOML) make the named kernels
+    communication; a bad regex is a usage error naming the option."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    monkeypatch.setenv(ENV_VAR, "")  # the CLI sets it for its workers: restored after the test
+    layout = Layout(world=2, steps=2, comm_names=("void acme::ring_push_kernel<4>(float*)",), seed=5).build()
+    write(layout, tmp_path / "traces")
+    res = CliRunner().invoke(app, ["parse", str(tmp_path / "traces"), "--out", str(tmp_path / "s1"), "-q", "-j", "1",
+                                   "--comm-kernel", r"acme::ring_\w+=all_reduce"])
+    assert res.exit_code == 0, res.output
+    from tracekit.tables.store import RunStore
+    rows = RunStore(tmp_path / "s1").table("kernels", ["name", "kind", "collective_op"]).to_pylist()
+    assert {(r["kind"], r["collective_op"]) for r in rows if "acme" in r["name"]} == {("comm", "all_reduce")}
+    monkeypatch.setenv(ENV_VAR, "")
+    (tmp_path / "p.toml").write_text('[[patterns]]\nregex = "acme::ring_push"\nop = "all_to_all"\nlibrary = "acme"\n')
+    res = CliRunner().invoke(app, ["parse", str(tmp_path / "traces"), "--out", str(tmp_path / "s2"), "-q", "-j", "1",
+                                   "--comm-kernels", str(tmp_path / "p.toml")])
+    assert res.exit_code == 0, res.output
+    rows = RunStore(tmp_path / "s2").table("kernels", ["name", "kind", "collective_op"]).to_pylist()
+    assert {(r["kind"], r["collective_op"]) for r in rows if "acme" in r["name"]} == {("comm", "all_to_all")}
+    res = CliRunner().invoke(app, ["parse", str(tmp_path / "traces"), "--out", str(tmp_path / "s3"), "-q",
+                                   "--comm-kernel", "([bad"])
+    assert res.exit_code != 0 and "--comm-kernel" in res.output
