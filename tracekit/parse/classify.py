@@ -146,7 +146,8 @@ device work and no ProfilerStep, iterations where the trace repeats (`iteration_
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")  # torch.optim writes `Optimizer.step#<Class>.step`
 GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
 ITERATION_OP_CATS = ("cpu_op", "user_annotation")
-MAX_PERIOD_OPS = 20_000
+MAX_PERIOD_OPS = 5_000
+"""Longest iteration (top-level host ops) looked for: bounds the search on long traces."""
 
 
 class StepWindows:
