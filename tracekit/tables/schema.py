@@ -69,6 +69,12 @@ EVENTS = pa.schema([
        "category; never compute) | data_load (PyTorch's enumerate(DataLoader)#...) | overhead (tracekit::...) | "
        "other (incl. users' record_function labels such as data:load or fwd: no host activity by themselves)"),
     _f("lane", DICT_STR, "host (training/other threads) | comm_thread (gloo/NCCL worker threads) | device"),
+    _f("input_dims", DICT_STR, "args 'Input Dims' of a CPU op recorded with record_shapes, as its JSON text "
+       "(a list per input: [] for scalars, nested lists for tensor lists); null when absent"),
+    _f("input_types", DICT_STR, "args 'Input type' as JSON text (e.g. [\"c10::BFloat16\", \"Scalar\"]); null when absent"),
+    _f("input_strides", DICT_STR, "args 'Input Strides' as JSON text; null when absent"),
+    _f("concrete_inputs", DICT_STR, "args 'Concrete Inputs' as JSON text (scalar arguments as strings, "
+       "e.g. is_causal 'True'); null when absent"),
 ])
 
 KERNELS = pa.schema([
