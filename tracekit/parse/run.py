@@ -34,6 +34,7 @@ from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
+from tracekit.parse.ops import OpCollector
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.arrow_env import pandas_deferred
@@ -633,15 +634,21 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     events = kp.tables.get("events")
     tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
     pipeline_parts = []
+    op_collector = OpCollector(tables["kernels"]) if "kernels" in tables else None
     # a chunked parse's events arrive as spilled parts: each is written and let go before the next
     for part in table_parts(events) if events is not None else ():
         part = _set_rank(part, rank)
         writer.append("events", part)
         pipeline_parts.append(pipeline_from_events(part))
+        if op_collector is not None:
+            op_collector.add(part)
         del part
     for name in ("kernels", "steps", "memory"):
         if name in tables:
             writer.append(name, tables[name])
+    if op_collector is not None:
+        for name, table in op_collector.tables(rank).items():
+            writer.append(name, table)
     kin_coll = tables.get("collectives")
     if kin_coll is not None and kin_coll.num_rows:
         joined, stats = join_collectives(conform("collectives", kin_coll), log_table, log_shift_ns=shift,
