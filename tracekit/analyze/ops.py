@@ -285,17 +285,37 @@ def _findings(rows: list[dict[str, Any]], kernels_by_rank: dict[int, list], wind
                 evidence=Evidence(details={k: r[k] for k in ("name", "input_dims", "dtype", "count", "kernel_ns",
                                                              "flops", "bytes", "tflops", "intensity", "roof_tflops",
                                                              "bound", "pct_of_roof", "share")}),
-                recommendation=("check the kernel chosen for this shape (tile sizes, alignment of M/N/K to 64/128, "
-                                "layout/transposes), the dtype, and whether a fused/flash kernel applies"),
+                recommendation=_RECOMMENDATION.get(r["category"], _RECOMMENDATION["gemm"]),
                 est_saving_ns=saving))
     return out + _launch_findings(kernels_by_rank, windows)
+
+
+_RECOMMENDATION = {
+    "gemm": "check the kernel chosen for this shape (tile sizes, M/N/K multiples of 64/128, transposed operands), "
+            "the dtype (bf16/fp8 tensor cores), and whether small GEMMs can be batched or fused",
+    "attention": "check that a flash / fused attention kernel tuned for this head size and sequence length runs "
+                 "(backend selection, head size a multiple of 64, causal masks passed as is_causal, not as a tensor)",
+    "conv": "check the convolution algorithm and memory format (channels_last, cudnn.benchmark) for this shape",
+}
 
 
 def _shape_text(r: dict[str, Any]) -> str:
     if r["gemm"]:
         b, m, n, k = r["gemm"]
         return f"(M,N,K = {m},{n},{k}{'' if b == 1 else f', batch {b}'})"
-    return f"{r['input_dims'] or ''}"[:80]
+    return dims_text(r["input_dims"])
+
+
+def dims_text(input_dims: str | None) -> str:
+    """The tensor shapes of an Input Dims text, scalars' empty lists left out."""
+    import json
+
+    try:
+        dims = json.loads(input_dims) if input_dims else []
+    except ValueError:
+        return (input_dims or "")[:80]
+    shapes = [d for d in dims if d] if isinstance(dims, list) else []
+    return " ".join(str(d).replace(" ", "") for d in shapes)[:120]
 
 
 def _launch_findings(kernels_by_rank: dict[int, list], windows: dict) -> list[Finding]:

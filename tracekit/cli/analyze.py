@@ -79,6 +79,12 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = O.ADDRESS,
         max_memory: Optional[str] = O.MAX_MEMORY,
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
+        peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", min=0.001,
+                                                    help="Peak dense TFLOP/s of one device for MFU and the roofline "
+                                                    "(default: the device table, matched on deviceProperties)."),
+        peak_bandwidth: Optional[float] = typer.Option(None, "--peak-bandwidth", min=0.001,
+                                                       help="Peak memory bandwidth of one device in TB/s for the "
+                                                       "roofline (default: the device table)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
@@ -93,7 +99,8 @@ def register(app: typer.Typer) -> None:
         from tracekit.errors import TracekitError
 
         err = O.LazyConsole(stderr=True)
-        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model))
+        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model),
+                                peak_tflops=peak_tflops, peak_bandwidth_tbps=peak_bandwidth)
         out.mkdir(parents=True, exist_ok=True)
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
