@@ -54,7 +54,7 @@ TINY_LAUNCHES_PER_STEP = 50
 TINY_LAUNCH_SHARE = 0.20
 MODEL_CATEGORIES = ("gemm", "attention", "conv")
 _OP_COLUMNS = ["rank", "step", "name", "category", "dtype", "input_dims", "kernel_count", "kernel_ns", "flops",
-               "bytes", "gemm_batch", "gemm_m", "gemm_n", "gemm_k", "formula"]
+               "bytes", "gemm_batch", "gemm_m", "gemm_n", "gemm_k", "formula", "launch"]
 
 
 @dataclass(frozen=True)
@@ -255,11 +255,26 @@ def _roofline_section(rows: list[dict[str, Any]], peaks: dict[int, RankPeaks], d
             "device": p.device_match or p.device, "points": points}
 
 
+def _graph_notes(ops: list[dict[str, Any]]) -> list[str]:
+    total = sum(r["kernel_ns"] or 0 for r in ops) or 1
+    out = []
+    for launch, text in (("graph_unmatched", "ran from CUDA/HIP-graph replays whose capture is not here: grouped "
+                                             "under their graph launch; pass --capture CAPTURE_DIR (the capture "
+                                             "trace) to name them by the ops that captured them"),
+                         ("graph", "ran from CUDA/HIP-graph replays and are named by the ops of the capture trace")):
+        rows = [r for r in ops if r.get("launch") == launch]
+        if rows:
+            ns = sum(r["kernel_ns"] or 0 for r in rows)
+            out.append(f"{sum(r['kernel_count'] or 0 for r in rows)} kernels ({ns / total:.0%} of op device time) "
+                       + text)
+    return out
+
+
 def _notes(rank_rows: list[dict[str, Any]], peaks: dict[int, RankPeaks]) -> list[str]:
     notes = []
     unknown = sorted({p.device for p in peaks.values() if p.device_match is None and not p.override_tflops})
     if unknown:
-        notes.append("no peak for device(s) " + ", ".join(str(d) for d in unknown)
+        notes.append("no peak for device(s) " + ", ".join(repr(d) if d else "(unnamed)" for d in unknown)
                      + ": pass --peak-tflops / --peak-bandwidth for roofline and MFU")
     low = [r["rank"] for r in rank_rows if r["flops_coverage"] is not None and r["flops_coverage"] < 0.5]
     if low:
@@ -362,5 +377,6 @@ def analyze_ops(store: RunStore, breakdown: BreakdownResult | None, config: Anal
         "top_n": TOP_N, "ranks": rank_rows, "categories": _categories(ops), "top_ops": rows[:TOP_N],
         "gemm": _gemm_summary(rows), "kernels": kernels,
         "roofline": _roofline_section(rows, peaks, _mfu_dtype(ops)),
-        "worst": sorted(heavy, key=lambda r: r["pct_of_roof"])[:5], "notes": _notes(rank_rows, peaks)}
+        "worst": sorted(heavy, key=lambda r: r["pct_of_roof"])[:5],
+        "notes": _graph_notes(ops) + _notes(rank_rows, peaks)}
     return OpsResult(findings=_findings(rows, kernels_by_rank, windows) if ops else [], section=section)

@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
         peak_bandwidth: Optional[float] = typer.Option(None, "--peak-bandwidth", min=0.001,
                                                        help="Peak memory bandwidth of one device in TB/s for the "
                                                        "roofline (default: the device table)."),
+        capture: Optional[Path] = typer.Option(None, "--capture", exists=True, file_okay=True, dir_okay=True,
+                                               help="CUDA/HIP-graph capture trace (file or folder): names the "
+                                               "kernels the traces' graph launches ran by the ops that captured them."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
@@ -112,13 +115,14 @@ def register(app: typer.Typer) -> None:
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
                      max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
-                     assume_rank=rank)
+                     assume_rank=rank, capture=capture)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
-             max_decompressed_bytes: int | None = None, assume_rank: int | None = None) -> None:
+             max_decompressed_bytes: int | None = None, assume_rank: int | None = None,
+             capture: Path | None = None) -> None:
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
@@ -129,7 +133,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
     try:
         run = analyze_run(trace_dir, out, config, engine=engine, max_memory_bytes=budget, progress=not quiet,
-                          max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command)
+                          max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command,
+                          capture=capture)
     except NothingToAnalyzeError as exc:
         _print_skipped(getattr(exc, "skipped", []), err)
         if getattr(exc, "problem", None):  # the recording says why (e.g. the profiled window was never reached)

@@ -408,6 +408,7 @@ class Columns:
         self.device: list[pa.Array] = []
         self.flops: list[pa.Array] = []
         self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
+        self.launch_kernel: dict[int, Any] = {}  # row → args["kernel"] (a runtime launch's kernel) where present
         self.shape_books = tuple(_CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
         self.shape_codes: tuple[list[np.ndarray], ...] = tuple([] for _ in D.SHAPE_FIELDS)
         self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
@@ -497,6 +498,7 @@ def merge_columns(parts: list[Columns], top: Any) -> Columns:
                   "memory"):
             getattr(out, f).extend(getattr(p, f))
         out.coll_name.update((out.n + r, v) for r, v in p.coll_name.items())
+        out.launch_kernel.update((out.n + r, v) for r, v in p.launch_kernel.items())
         for book, codes, p_book, p_codes in zip(out.shape_books, out.shape_codes, p.shape_books, p.shape_codes):
             remap = _intern(book, list(p_book))
             codes.extend(remap[c] for c in p_codes)
@@ -512,7 +514,7 @@ def merge_columns(parts: list[Columns], top: Any) -> Columns:
 
 
 def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
-                flops, coll, *shapes) -> None:
+                flops, coll, launch, *shapes) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
     collective candidates."""
     lenient = cols.lenient
@@ -551,6 +553,8 @@ def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_
     cols.flops.append(pa.array([_to_float(v) for v in flops] if lenient else flops, pa.float64()))
     has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
     cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
+    has_launch = np.flatnonzero(np.fromiter(map(is_not, launch, repeat(None)), bool, n))
+    cols.launch_kernel.update((base + i, str(launch[i])) for i in has_launch.tolist())
     _add_shapes(cols, shapes, n)
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
     keep[has_coll] = True
@@ -626,6 +630,8 @@ class _Rows:
     flops: pa.Array
     coll_names: dict
     args_keep: dict
+    launch_kernels: dict = field(default_factory=dict)
+    """row → the kernel a runtime launch call names (args.kernel), where present."""
     shape_codes: list = field(default_factory=list)
     """Per SHAPE_FIELDS: each row's code of its JSON text (0: absent)."""
     shape_texts: list = field(default_factory=list)
@@ -652,6 +658,7 @@ def _joined_rows(cols: Columns) -> _Rows:
         ext=_concat_arrow(cols.ext, pa.int64()), corr=_concat_arrow(cols.corr, pa.int64()),
         stream_arg=_concat_arrow(cols.stream, pa.int64()), device_arg=_concat_arrow(cols.device, pa.int64()),
         flops=_concat_arrow(cols.flops, pa.float64()), coll_names=cols.coll_name, args_keep=cols.args_keep,
+        launch_kernels=cols.launch_kernel,
         **_shape_dictionaries(cols))
 
 
@@ -691,6 +698,7 @@ def _drop_untimed(rows: _Rows, warnings: list[str]) -> bool:
         setattr(rows, f, getattr(rows, f).filter(keep))
     rows.shape_codes = [c[ok] for c in rows.shape_codes]
     rows.coll_names = {int(new_row[r]): v for r, v in rows.coll_names.items() if ok[r]}
+    rows.launch_kernels = {int(new_row[r]): v for r, v in rows.launch_kernels.items() if ok[r]}
     rows.args_keep = {int(new_row[r]): v for r, v in rows.args_keep.items() if ok[r]}
     rows.n = len(rows.ts)
     return True
@@ -860,7 +868,20 @@ def _events_table(rows: _Rows, thread_col: pa.DictionaryArray, kr: _KernelRows, 
         "lane": lane_column(lane),
         **{col: _shape_column(codes, texts) for col, codes, texts in zip(SHAPE_COLUMNS, rows.shape_codes,
                                                                          rows.shape_texts)},
+        "launch_kernel": _sparse_text_column(rows.launch_kernels, n),
     })
+
+
+def _sparse_text_column(values: dict[int, str], n: int) -> pa.DictionaryArray:
+    """A dictionary column of n rows holding `values` (row → text), null elsewhere."""
+    if not values:
+        return pa.nulls(n, pa.string()).dictionary_encode()
+    texts = list(dict.fromkeys(values.values()))
+    code_of = {t: i for i, t in enumerate(texts)}
+    codes = np.full(n, -1, np.int32)
+    rows = np.fromiter(values.keys(), np.int64, len(values))
+    codes[rows] = np.fromiter((code_of[v] for v in values.values()), np.int32, len(values))
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(texts, pa.string()))
 
 
 SHAPE_COLUMNS = ("input_dims", "input_types", "input_strides", "concrete_inputs")

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.parse.cuda_graphs import CapturedNode, graph_launches, match_replay
 from tracekit.parse.op_shapes import OpCost, kernel_category, load_json, op_cost
 from tracekit.tables.schema import conform
 
@@ -33,8 +34,10 @@ def _strings(col: Any) -> list:
 class OpCollector:
     """Collects, part by part of a rank's events table, the CPU ops that launched its kernels."""
 
-    def __init__(self, kernels: pa.Table) -> None:
+    def __init__(self, kernels: pa.Table, captured: list[list[CapturedNode]] | None = None) -> None:
         self.kernels = kernels
+        self.captured = captured or []
+        self.graph_calls: dict[int, str] = {}
         ext = kernels.column("external_id") if kernels.num_rows else pa.array([], pa.int64())
         self.wanted = pc.unique(ext.drop_null()) if kernels.num_rows else pa.array([], pa.int64())
         no_ext = kernels.filter(pc.is_null(ext)) if kernels.num_rows else kernels
@@ -46,6 +49,7 @@ class OpCollector:
         """Keep the part's CPU ops that kernels name, and the runtime calls of kernels without External id."""
         if not events.num_rows or not self.kernels.num_rows:
             return
+        self.graph_calls.update(graph_launches(events))
         cols = [c for c in _OP_COLUMNS if c in events.column_names]
         cat = events.column("cat").cast(pa.string())
         ops = events.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(events.column("external_id"),
@@ -60,20 +64,32 @@ class OpCollector:
                 self.launch_parts.append(launch.select(["correlation", "external_id"]))
 
     def tables(self, rank: int) -> dict[str, pa.Table]:
-        kernels = self._kernels_with_launch_ext()
+        kernels = self.kernels
+        graph = pc.is_in(kernels.column("correlation"), value_set=pa.array(list(self.graph_calls), pa.int64())) \
+            if kernels.num_rows and self.graph_calls else None
+        if graph is not None:  # graph kernels join no op around their launch: their ops are in the capture
+            graph = pc.fill_null(graph, False)
+            ext = pc.if_else(graph, pa.scalar(None, pa.int64()), kernels.column("external_id"))
+            kernels = kernels.set_column(kernels.column_names.index("external_id"), "external_id", ext)
+        kernels = self._kernels_with_launch_ext(kernels, graph)
         ops = pa.concat_tables(self.op_parts) if self.op_parts else None
         op_rows = _op_rows(ops, kernels) if ops is not None else []
         by_ext = {r["external_id"]: r["category"] for r in op_rows}
+        cats = [by_ext.get(e) for e in kernels.column("external_id").to_pylist()] if kernels.num_rows else []
+        if graph is not None:
+            graph_rows, graph_cats = _graph_op_rows(kernels, graph, self.graph_calls, self.captured)
+            op_rows += graph_rows
+            for i, c in graph_cats.items():
+                cats[i] = c
         return {"ops": conform("ops", _ops_table(op_rows, rank)),
-                "kernel_summary": conform("kernel_summary", kernel_summary(kernels, by_ext, rank))}
+                "kernel_summary": conform("kernel_summary", kernel_summary(kernels, cats, rank))}
 
-    def _kernels_with_launch_ext(self) -> pa.Table:
-        k = self.kernels
+    def _kernels_with_launch_ext(self, k: pa.Table, graph: Any) -> pa.Table:
         if not k.num_rows or not self.launch_parts:
             return k
         launch = pa.concat_tables(self.launch_parts)
         corr = launch.column("correlation").to_pylist()
-        ext_of = dict(zip(corr, launch.column("external_id").to_pylist()))
+        ext_of = {c: e for c, e in zip(corr, launch.column("external_id").to_pylist()) if c not in self.graph_calls}
         filled = [e if e is not None else ext_of.get(c) for e, c in
                   zip(k.column("external_id").to_pylist(), k.column("correlation").to_pylist())]
         return k.set_column(k.column_names.index("external_id"), "external_id", pa.array(filled, pa.int64()))
@@ -129,6 +145,8 @@ def _op_rows(ops: pa.Table, kernels: pa.Table) -> list[dict[str, Any]]:
                     "kernel_ns": g["kernel_ns"], "kernel_ts": g["kernel_ts"], "kernel_end": g["kernel_end"],
                     "flops": cost.flops, "bytes": cost.bytes, "formula": cost.formula,
                     **dict(zip(("gemm_batch", "gemm_m", "gemm_n", "gemm_k"), cost.gemm or (None,) * 4))})
+    for r in out:
+        r["launch"] = "direct"
     out.sort(key=lambda r: (r["kernel_ts"], r["external_id"]))
     return out
 
@@ -142,23 +160,23 @@ def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
                                     else OPS.field(k).type) for k, v in cols.items()}})
 
 
-def kernel_summary(kernels: pa.Table, category_of_ext: dict[int, str], rank: int) -> pa.Table:
-    """One row per (kernel name, stream) of a rank's kernels table."""
+def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Table:
+    """One row per (kernel name, stream) of a rank's kernels table (`op_categories`: per kernel row, the
+    category of the op that launched it, None when no op did)."""
     if not kernels.num_rows:
         return pa.table({"rank": pa.array([], pa.int32())})
     names = _strings(kernels.column("name"))
     kinds = _strings(kernels.column("kind"))
     streams = kernels.column("stream").to_pylist()
-    exts = kernels.column("external_id").to_pylist()
     durs = pc.fill_null(kernels.column("dur"), 0).to_pylist()
     acc: dict[tuple, list] = {}
-    for name, kind, stream, ext, dur in zip(names, kinds, streams, exts, durs):
+    for name, kind, stream, op_cat, dur in zip(names, kinds, streams, op_categories, durs):
         a = acc.setdefault((name, stream), [0, 0, 0, Counter(), Counter()])
         a[0] += 1
         a[1] += dur
         a[2] = max(a[2], dur)
         a[3][kind] += dur + 1
-        a[4][_kernel_cat(name, kind, category_of_ext.get(ext))] += dur + 1
+        a[4][_kernel_cat(name, kind, op_cat)] += dur + 1
     total = sum(durs) or 1
     rows = sorted(acc.items(), key=lambda kv: -kv[1][1])
     return pa.table({
@@ -180,3 +198,55 @@ def _kernel_cat(name: str | None, kind: str | None, op_category: str | None) -> 
     if kind in ("memcpy", "memset"):
         return "memcpy"
     return op_category or kernel_category(name or "")
+
+
+def _graph_op_rows(kernels: pa.Table, graph: Any, calls: dict[int, str], captured: list[list[CapturedNode]]
+                   ) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    """Op rows of the kernels graph launches ran: per launch, one row per captured op its kernels match
+    (`launch` graph), the rest one row named by the launch call (`launch` graph_unmatched)."""
+    idx = pc.indices_nonzero(graph).to_pylist()
+    cols = {c: kernels.column(c).take(pa.array(idx)).to_pylist() for c in ("name", "ts", "dur", "correlation", "kind",
+                                                                          "step")}
+    by_launch: dict[int, list[int]] = {}
+    for j, corr in enumerate(cols["correlation"]):
+        by_launch.setdefault(corr, []).append(j)
+    rows: list[dict[str, Any]] = []
+    cats: dict[int, str] = {}
+    for corr, members in by_launch.items():
+        members.sort(key=lambda j: cols["ts"][j])
+        nodes = match_replay([cols["name"][j] or "" for j in members], captured) if captured else [None] * len(members)
+        groups: dict[Any, list[int]] = {}
+        op_node: dict[Any, CapturedNode] = {}
+        for j, node in zip(members, nodes):  # one row per capturing op instance (its External id there)
+            key = (node.external_id, node.op_name) if node is not None and node.op_name else None
+            groups.setdefault(key, []).append(j)
+            if key is not None:
+                op_node.setdefault(key, node)
+        for key, js in groups.items():
+            row = _graph_row(op_node.get(key), js, cols, corr, calls.get(corr) or "GraphLaunch")
+            rows.append(row)
+            for j in js:
+                cats[idx[j]] = row["category"]
+    return rows, cats
+
+
+def _graph_row(node: CapturedNode | None, js: list[int], cols: dict[str, list], corr: int, call: str
+               ) -> dict[str, Any]:
+    names = sorted({cols["name"][j] or "" for j in js})
+    kinds = {cols["kind"][j] for j in js}
+    if node is not None:
+        cost = op_cost(node.op_name or "", load_json(node.input_dims), load_json(node.input_types),
+                       load_json(node.concrete_inputs), kinds, names)
+        name, dims, types, concrete, launch = node.op_name, node.input_dims, node.input_types, node.concrete_inputs, "graph"
+    else:
+        cost = OpCost(kernel_category(names[0]) if len(names) == 1 else "other")
+        name, dims, types, concrete, launch = call, None, None, None, "graph_unmatched"
+    durs = [cols["dur"][j] or 0 for j in js]
+    steps = [cols["step"][j] for j in js if cols["step"][j] is not None]
+    return {"step": min(steps) if steps else None, "name": name, "category": cost.category, "ts": None, "dur": None,
+            "external_id": None, "dtype": cost.dtype, "input_dims": dims, "input_types": types,
+            "concrete_inputs": concrete, "kernel_count": len(js), "kernel_ns": sum(durs),
+            "kernel_ts": min(cols["ts"][j] for j in js), "kernel_end": max(cols["ts"][j] + d for j, d in zip(js, durs)),
+            "flops": cost.flops, "bytes": cost.bytes, "formula": cost.formula, "launch": launch,
+            "graph_correlation": corr,
+            **dict(zip(("gemm_batch", "gemm_m", "gemm_n", "gemm_k"), cost.gemm or (None,) * 4))}

@@ -34,6 +34,7 @@ from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
+from tracekit.parse.cuda_graphs import load_captured_graphs
 from tracekit.parse.ops import OpCollector
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
@@ -381,6 +382,8 @@ class _Run:
     join_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     partial_logs: list[str] = field(default_factory=list)
     rank_rows: list[dict[str, Any]] = field(default_factory=list)
+    captured: list = field(default_factory=list)
+    """CUDA-graph capture nodes (parse/cuda_graphs.py) naming graph replays' kernels."""
 
     def claim(self, kind: str, rank: int, path: str, what: str) -> bool:
         return _claim(self.claims[kind], rank, path, what, self.skipped)
@@ -388,14 +391,15 @@ class _Run:
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-              engine: Any = None, assume_rank: int | None = None) -> ParseRunResult:
+              engine: Any = None, assume_rank: int | None = None, capture: str | Path | None = None) -> ParseRunResult:
     """Parse every input under `trace_dir` (a folder, or one file) into a run store at `store_dir`.
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
     a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
     `assume_rank`: the user's rank for the one Kineto trace that states none (content or name; without it
     that trace is rank 0, with a warning); with several such traces each is skipped (one rank cannot be
-    all of them).
+    all of them). `capture`: the CUDA-graph capture trace(s) (file or folder) whose ops name the kernels the
+    traces' graph launches ran (parse/cuda_graphs.py).
     """
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
@@ -409,17 +413,22 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     with pandas_deferred() if getattr(engine, "pandas_free", True) else nullcontext():
         return _parse_found(disc.discover_inputs(trace_dir), trace_dir, store_dir, engine, progress=progress,
                             max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
-                            assume_rank=assume_rank)
+                            assume_rank=assume_rank, capture=capture)
 
 
 def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any, *, progress: bool,
                  max_decompressed_bytes: int | None, max_memory_bytes: int | None,
-                 assume_rank: int | None) -> ParseRunResult:
+                 assume_rank: int | None, capture: str | Path | None = None) -> ParseRunResult:
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     advance, stop = _progress(progress, sum(f.kind != disc.MANIFEST for f in found.inputs))
     run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
                meta={"trace_dir": str(trace_dir)})
+    if capture is not None:
+        run.captured, notes = load_captured_graphs(Path(capture), max_decompressed_bytes)
+        run.warnings.extend(notes)
+        run.meta["capture"] = {"path": str(capture), "graphs": len(run.captured),
+                               "nodes": sum(len(g) for g in run.captured)}
     _read_manifest(found, run)
     try:
         for f in found.inputs:  # 1. small per-rank inputs
@@ -634,7 +643,7 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     events = kp.tables.get("events")
     tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
     pipeline_parts = []
-    op_collector = OpCollector(tables["kernels"]) if "kernels" in tables else None
+    op_collector = OpCollector(tables["kernels"], run.captured) if "kernels" in tables else None
     # a chunked parse's events arrive as spilled parts: each is written and let go before the next
     for part in table_parts(events) if events is not None else ():
         part = _set_rank(part, rank)

@@ -75,6 +75,8 @@ EVENTS = pa.schema([
     _f("input_strides", DICT_STR, "args 'Input Strides' as JSON text; null when absent"),
     _f("concrete_inputs", DICT_STR, "args 'Concrete Inputs' as JSON text (scalar arguments as strings, "
        "e.g. is_causal 'True'); null when absent"),
+    _f("launch_kernel", DICT_STR, "runtime launch calls: args 'kernel', the kernel the call launched (ROCm traces, "
+       "CUDA-graph capture traces); null otherwise"),
 ])
 
 KERNELS = pa.schema([
@@ -212,6 +214,10 @@ OPS = pa.schema([
     _f("formula", DICT_STR, "rule that gave flops/bytes: gemm, attention_fwd[_causal], attention_bwd[_causal], "
        "conv_fwd, conv_bwd, elementwise, data_movement, norm_fwd, norm_bwd, softmax, reduce, embedding, memcpy, "
        "triton_tensors, *_unknown; null: no rule for the op"),
+    _f("launch", DICT_STR, "direct (the op launched its kernels) | graph (kernels a CUDA/HIP graph replay ran, named "
+       "by the op that captured them: name and shapes from the capture trace; ts/dur/external_id null) | "
+       "graph_unmatched (graph kernels without a capture: one row per graph launch, named by the launch call)"),
+    _f("graph_correlation", pa.int64(), "correlation id of the graph launch call (graph rows)"),
 ])
 
 KERNEL_SUMMARY = pa.schema([
