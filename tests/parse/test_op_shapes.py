@@ -85,6 +85,10 @@ def test_convolution_forward_and_backward():
 def test_elementwise_norm_softmax_reduce_embedding():
     mul = _cost("aten::mul", [[4, 1, 6], [5, 1]], [BF16, BF16], kernels=["elementwise_kernel"])
     assert mul.flops == 4 * 5 * 6 and mul.bytes == (24 + 5 + 120) * 2
+    out = _cost("aten::mul", [[4, 6], [], [4, 6]], ["float", "Scalar", "float"], kernels=["elementwise_kernel"])
+    assert (out.flops, out.bytes) == (24, 24 * 4 + 24 * 4)  # mul.out(self, 2.0, out=y): y written once
+    add = _cost("aten::add", [[4, 6], [4, 6], []], ["float", "float", "Scalar"], kernels=["elementwise_kernel"])
+    assert (add.flops, add.bytes) == (24, 3 * 24 * 4)
     copy = _cost("aten::copy_", [[4, 6], [4, 6], []], [BF16, "float", "Scalar"], kernels=["elementwise_kernel"])
     assert copy.flops == 0 and copy.bytes == 24 * 2 + 24 * 4
     norm = _cost("aten::native_layer_norm", [[4, 6], [], [6], [6], []], [BF16, "ScalarList", BF16, BF16, "Scalar"])
@@ -95,6 +99,13 @@ def test_elementwise_norm_softmax_reduce_embedding():
     assert (red.category, red.flops) == ("reduce", 24)
     emb = _cost("aten::embedding", [[100, 16], [3, 5], [], [], []], [BF16, "long int", "Scalar", "Scalar", "Scalar"])
     assert (emb.flops, emb.bytes) == (0, 2 * 15 * 16 * 2 + 15 * 8)
+
+
+def test_tf32_gemm_and_foreach():
+    tf32 = _cost("aten::mm", [[3, 5], [5, 7]], ["float"] * 2, kernels=["sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n"])
+    assert tf32.dtype == "tf32" and _cost("aten::mm", [[3, 5], [5, 7]], ["float"] * 2).dtype == "fp32"
+    fe = _cost("aten::_foreach_mul_", [[[4, 6], [6]], []], ["TensorList", "Scalar"], kernels=["multi_tensor_apply"])
+    assert (fe.category, fe.flops, fe.bytes) == ("elementwise", 30, None)  # element size of a TensorList unknown
 
 
 def test_unknown_ops_are_never_guessed():

@@ -27,7 +27,7 @@ Unknown ops: FLOPs and bytes null (never guessed).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
 
@@ -323,7 +323,8 @@ EMBEDDING = {"embedding", "index_select", "embedding_dense_backward", "embedding
 
 def elementwise_cost(base: str, t: Tensors) -> OpCost:
     """One FLOP per output element (data movement: none); bytes: the tensor inputs plus the output."""
-    shapes = [s for s in t.shapes if s is not None]
+    out_arg = _out_argument(t)
+    shapes = [s for i, s in enumerate(t.shapes) if s is not None and i != out_arg]
     lists = [n for n in t.list_numels if n]
     if not shapes and not lists:
         return OpCost("elementwise", t.dtype(), formula="elementwise_shapes_unknown")
@@ -335,10 +336,23 @@ def elementwise_cost(base: str, t: Tensors) -> OpCost:
     elem = t.elem() or None
     nbytes = None
     if elem is not None:
-        in_bytes = sum(_numel(s) * z for s, z in zip(t.shapes, t.sizes) if s is not None) + sum(lists) * elem
+        in_bytes = sum(_numel(s) * z for i, (s, z) in enumerate(zip(t.shapes, t.sizes))
+                       if s is not None and i != out_arg) + sum(lists) * elem
         nbytes = in_bytes + (0 if base == "copy_" else out * elem)
     return OpCost("elementwise", t.dtype(), 0 if moves else out, nbytes, None,
                   "data_movement" if moves else "elementwise")
+
+
+def _out_argument(t: Tensors) -> int | None:
+    """Index of an `out=` tensor: aten's out variants take it last, after the scalar arguments, so a last
+    tensor that follows a non-tensor argument and has the result's shape is written, not read."""
+    idx = [i for i, s in enumerate(t.shapes) if s is not None]
+    if len(idx) < 2:
+        return None
+    last = idx[-1]
+    scalar_before = any(t.shapes[i] is None and not t.list_numels[i] for i in range(idx[0] + 1, last))
+    others = [t.shapes[i] for i in idx[:-1]]
+    return last if scalar_before and t.shapes[last] == _broadcast_all(others) else None
 
 
 def _broadcast_all(shapes: list) -> tuple[int, ...]:
@@ -417,6 +431,8 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any, kernel_kinds: set[s
     for fn in (gemm_cost, attention_cost, conv_cost):
         cost = fn(name, t)
         if cost is not None:
+            if cost.dtype == "fp32" and any("tf32" in k.lower() for k in kernel_names):
+                cost = replace(cost, dtype="tf32")  # fp32 inputs on TF32 tensor cores (the kernel says so)
             return cost
     if kernel_kinds and kernel_kinds <= {"memcpy", "memset"}:
         numel = sum(_numel(s) for s in t.shapes if s is not None)
@@ -424,7 +440,8 @@ def op_cost(name: str, dims: Any, types: Any, concrete: Any, kernel_kinds: set[s
     cost = per_element_cost(base, t)
     if cost is not None:
         return cost
-    if name.startswith("aten::") and (base in DATA_MOVEMENT or _elementwise_kernels(kernel_names)):
+    if name.startswith("aten::") and (base in DATA_MOVEMENT or base.startswith("_foreach_")
+                                      or _elementwise_kernels(kernel_names)):
         return elementwise_cost(base, t)
     return OpCost(kernel_category(kernel_names[0]) if kernel_names else "other", t.dtype())
 
