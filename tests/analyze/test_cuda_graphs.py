@@ -97,3 +97,18 @@ def test_without_capture_graph_kernels_are_grouped_under_their_launch(replay, tm
         [("hipGraphLaunch", "graph_unmatched", len(launches))] * REPLAYS
     notes = run.analysis["sections"]["ops"]["notes"]
     assert any("graph" in n and "--capture" in n for n in notes)
+
+
+def test_capture_beside_the_replay_is_used_automatically(replay, shared_traces, tmp_path):
+    folder, launches, ops = replay
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "replay_rank0.json").symlink_to(folder / "replay_rank0.json")
+    (both / "capture_rank0.json.gz").symlink_to(_capture_file(shared_traces))
+    run = tracekit.analyze_run(both, tmp_path / "out")
+    assert run.store.ranks() == [0]
+    assert not run.store.skipped
+    rows = run.store.table("ops").to_pylist()
+    got = Counter((r["name"], r["kernel_count"], r["kernel_ns"]) for r in rows if r["launch"] == "graph")
+    assert got == _expected_rows(launches, ops)
+    assert any("capture trace" in w for w in run.analysis["inputs"].get("warnings") or [])

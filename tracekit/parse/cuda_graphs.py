@@ -59,6 +59,16 @@ def _ops_by_external_id(events: pa.Table) -> dict[int, dict[str, Any]]:
     return out
 
 
+def has_capture(events: pa.Table) -> bool:
+    """Whether any event is a stream-capture begin call (checked on the name dictionary only)."""
+    if not events.num_rows:
+        return False
+    names = events.column("name")
+    names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    values = names.dictionary if pa.types.is_dictionary(names.type) else pc.unique(names)
+    return bool(pc.any(pc.match_substring_regex(values, BEGIN_CAPTURE.pattern)).as_py())
+
+
 def captured_graphs(events: pa.Table) -> list[list[CapturedNode]]:
     """The graphs a capture trace recorded, each its kernel launches in order (one list per capture)."""
     if not events.num_rows:

@@ -34,7 +34,7 @@ from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
-from tracekit.parse.cuda_graphs import load_captured_graphs
+from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
 from tracekit.parse.ops import OpCollector
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
@@ -384,6 +384,9 @@ class _Run:
     rank_rows: list[dict[str, Any]] = field(default_factory=list)
     captured: list = field(default_factory=list)
     """CUDA-graph capture nodes (parse/cuda_graphs.py) naming graph replays' kernels."""
+    deferred_ops: list = field(default_factory=list)
+    """(rank, OpCollector) of ranks with graph launches: their ops are written at the end, once every capture
+    trace of the run is known."""
 
     def claim(self, kind: str, rank: int, path: str, what: str) -> bool:
         return _claim(self.claims[kind], rank, path, what, self.skipped)
@@ -539,11 +542,31 @@ def _kineto_rank(kp: Any, path: str, name_rank: int | None, num_traces: int, run
         return rank, source
 
 
+def _take_capture(kp: Any, path: str, run: _Run) -> bool:
+    """Whether the trace is a CUDA-graph capture trace beside other traces (its graphs captured, few of its
+    kernels run): then it names the replays' kernels instead of being analysed as a rank."""
+    events, kernels = kp.tables.get("events"), kp.tables.get("kernels")
+    if events is None or not isinstance(events, pa.Table) or not has_capture(events):
+        return False
+    graphs = captured_graphs(events)
+    launched = sum(len(g) for g in graphs)
+    if not launched or (kernels is not None and kernels.num_rows >= launched):
+        return False
+    run.captured += graphs
+    note = (f"{Path(path).name}: a CUDA-graph capture trace ({len(graphs)} graph(s), {launched} kernel launches "
+            "captured, few kernels run): used to name the graph replays' kernels, not analysed as a rank")
+    run.warnings.append(note)
+    run.meta.setdefault("capture_traces", []).append(path)
+    return True
+
+
 def _add_kineto_ranks(results: Any, name_ranks: dict[str, int | None], run: _Run, assume_rank: int | None) -> None:
     for path, kp, error in results:
         run.advance(Path(path).name)
         if error is not None:
             run.skipped.append({"file": path, "reason": error})
+            continue
+        if len(name_ranks) > 1 and _take_capture(kp, path, run):
             continue
         local: list[str] = []
         known = _kineto_rank(kp, path, name_ranks[path], len(name_ranks), run, assume_rank, local)
@@ -581,6 +604,10 @@ def _world_size(run: _Run) -> int | None:
 
 def _close_run(run: _Run) -> RunStore:
     """The ranks and process_groups tables and meta.json; the finished store."""
+    for rank, collector in run.deferred_ops:
+        collector.captured = run.captured
+        for name, table in collector.tables(rank).items():
+            run.writer.append(name, table)
     world_size = _world_size(run)
     hosts = run.manifest.get("hosts") if isinstance(run.manifest, dict) else None
     cpus = run.manifest.get("host_cpus") if isinstance(run.manifest, dict) else None
@@ -655,7 +682,9 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     for name in ("kernels", "steps", "memory"):
         if name in tables:
             writer.append(name, tables[name])
-    if op_collector is not None:
+    if op_collector is not None and op_collector.graph_calls:
+        run.deferred_ops.append((rank, op_collector))
+    elif op_collector is not None:
         for name, table in op_collector.tables(rank).items():
             writer.append(name, table)
     kin_coll = tables.get("collectives")
