@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
     @app.command("advise", help=HELP, no_args_is_help=True)
     def advise_cmd(
         traces: Path = typer.Argument(..., help="Trace directory, run store, or analysis.json."),
-        model: str = typer.Option(..., "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like)."),
+        model: str = typer.Option(..., "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like) or a model file: JSON/TOML with the model's shape (a HuggingFace config.json works)."),
         cluster: str = typer.Option("1x8-h100", "--cluster", help="Cluster description the calibration starts from."),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="Target GPU count (default: the measured run's)."),
         hosts: Optional[int] = typer.Option(None, "--hosts"),
@@ -73,11 +73,12 @@ def register(app: typer.Typer) -> None:
         from reports.advice import render_advice_markdown
         from tracekit.advise.advisor import advice_json, advise
         from tracekit.advise.schema import validate_advice
-        from tracekit.simulate import ClusterSpec, ModelSpec
+        from tracekit.simulate import ClusterSpec
+        from tracekit.simulate.model_file import model_spec
 
         err = Console(stderr=True)
         try:
-            m = ModelSpec.preset(model)
+            m = model_spec(model)
             m = dataclasses.replace(m, **{k: v for k, v in (("micro_batch_size", micro_batch_size), ("seq", seq)) if v})
             c = dataclasses.replace(ClusterSpec.preset(cluster), **_links(link))
             analysis = _analysis(traces, quiet)

@@ -52,10 +52,10 @@ def _peaks(values: list[str]) -> dict[str, float]:
 def _model(name: str | None):
     if name is None:
         return None
-    from tracekit.simulate import ModelSpec
+    from tracekit.simulate.model_file import model_spec
 
     try:
-        return ModelSpec.preset(name)
+        return model_spec(name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
 
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
-        model: Optional[str] = typer.Option(None, "--model", help="Model preset for the layout advice section "
+        model: Optional[str] = typer.Option(None, "--model", help="Model preset or model file (JSON/TOML; a HuggingFace config.json) for the layout advice section "
                                             "(as `tracekit advise --model`); without it there is no advice."),
         no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
