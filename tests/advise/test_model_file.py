@@ -67,3 +67,27 @@ def test_config_file_gives_the_presets_advice(tmp_path):
 
     assert ranked(a) == ranked(b)
     assert len(ranked(a)) >= 3 and all(ns > 0 for _, ns in ranked(a))
+
+
+def test_model_from_the_runtime_manifest(tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+    from tracekit.simulate.model_file import model_from_manifest
+
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "pp_1f1b"
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    spec, source = model_from_manifest(manifest)
+    m = manifest["model"]
+    assert (spec.layers, spec.hidden, spec.heads, spec.ffn_dim, spec.vocab, spec.seq) == (
+        m["num_layers"], m["d_model"], m["num_heads"], m["d_ff"], m["vocab_size"], manifest["seq_len"])
+    assert spec.experts == m["num_experts"] and spec.moe_every == m["moe_every"]
+    assert spec.micro_batch_size == manifest["global_batch_size"] // (manifest["layout"]["dp"] * manifest["microbatches"])
+    assert "manifest" in source
+    assert model_from_manifest({"world_size": 2})[0] is None
+    res = CliRunner().invoke(app, ["advise", str(fixture), "--out", str(tmp_path / "adv"), "-q"])
+    assert res.exit_code == 0, res.output
+    assert "model from the run's manifest" in res.output
+    assert json.loads((tmp_path / "adv" / "advice.json").read_text())["ranked"]

@@ -76,3 +76,33 @@ def model_spec(text: str) -> ModelSpec:
         return model_from_file(path)
     raise ValueError(f"unknown model {text!r}: a preset ({', '.join(MODEL_PRESETS)}) or a JSON/TOML model file "
                      "(a HuggingFace config.json works)")
+
+
+def model_from_manifest(manifest: dict[str, Any] | None) -> tuple[ModelSpec | None, str]:
+    """The model a run's manifest describes (the reference runtime writes `model`, `seq_len`,
+    `global_batch_size`, `microbatches` and its layout), and a line saying where each field came from;
+    (None, why) when the manifest names no model."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
+        return None, "the run's manifest names no model"
+    m, lay = manifest["model"], manifest.get("layout") if isinstance(manifest.get("layout"), dict) else {}
+    need = ("num_layers", "d_model", "num_heads")
+    if not all(isinstance(m.get(k), int) for k in need):
+        return None, "the run's manifest model lacks " + ", ".join(k for k in need if not isinstance(m.get(k), int))
+    moe = bool(lay.get("moe_layers")) and int(m.get("num_experts") or 0) > 0
+    dp, mb = int(lay.get("dp") or 1), int(manifest.get("microbatches") or 1)
+    gbs = manifest.get("global_batch_size")
+    mbs = gbs // (dp * mb) if isinstance(gbs, int) and gbs % (dp * mb) == 0 and gbs >= dp * mb else 1
+    cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    spec = ModelSpec(name="run manifest", layers=m["num_layers"], hidden=m["d_model"], heads=m["num_heads"],
+                     ffn=int(m.get("d_ff") or 0), vocab=int(m.get("vocab_size") or 32000),
+                     seq=int(manifest.get("seq_len") or m.get("max_seq_len") or 512),
+                     experts=int(m["num_experts"]) if moe else 0, top_k=int(m.get("top_k") or 2),
+                     moe_every=int(m.get("moe_every") or 1) if moe else 1,
+                     capacity_factor=float(m.get("capacity_factor") or 0.0) if moe else 0.0,
+                     dtype_bytes=DTYPE_BYTES.get(str(cfg.get("dtype") or "bfloat16").lower(), 2),
+                     micro_batch_size=mbs)
+    source = (f"model from the run's manifest: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads, "
+              f"ffn {spec.ffn_dim}, vocab {spec.vocab}, seq {spec.seq}"
+              + (f", {spec.experts} experts top-{spec.top_k} every {spec.moe_every} layers" if spec.experts else "")
+              + f"; micro-batch {spec.micro_batch_size} = global batch {gbs} / (dp {dp} x {mb} micro-batches)")
+    return spec, source
