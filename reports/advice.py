@@ -63,7 +63,8 @@ def advice_table(advice: dict[str, Any], rows: int | None = None) -> list[str]:
 
 def render_advice_markdown(advice: dict[str, Any]) -> str:
     t, cal = advice["target"], advice["calibration"]
-    lines = ["## tracekit layout advice", "",
+    warn = [f"> **Warning:** {md(w)}" for w in advice.get("warnings") or []]
+    lines = ["## tracekit layout advice", ""] + [x for w in warn for x in (w, "")] + [
              f"Target: {t['gpus']} GPUs ({t['hosts']} hosts × {t['gpus_per_host']}), global batch "
              f"{t['global_batch']} sequences of {advice['model']['seq']} tokens, "
              f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", "",

@@ -67,6 +67,10 @@ def test_config_file_gives_the_presets_advice(tmp_path):
 
     assert ranked(a) == ranked(b)
     assert len(ranked(a)) >= 3 and all(ns > 0 for _, ns in ranked(a))
+    assert a["warnings"] == []  # the run's own model calibrates plausibly
+    wrong = advice_json(advise(analysis, ModelSpec.preset("llama-70b-like"), cluster, top=1, simulate_top=1,
+                               variants_per_layout=0, near_current=0))
+    assert wrong["warnings"] and any("outside (0, 1]" in w or "off (residual" in w for w in wrong["warnings"])
 
 
 def test_model_from_the_runtime_manifest(tmp_path):

@@ -109,6 +109,10 @@ def register(app: typer.Typer) -> None:
         (out / "advice.json").write_text(json.dumps(doc, indent=1) + "\n")
         text = render_advice_markdown(doc)
         (out / "advice.md").write_text(text)
+        for w in doc.get("warnings") or []:
+            err.print(f"[yellow]warning:[/yellow] {w}", markup=True, highlight=False)
         if not quiet:
-            Console(width=100).print(text, markup=False, highlight=False)
+            from rich.markdown import Markdown
+
+            Console(width=100).print(Markdown(text))
         err.print(f"advice: {out / 'advice.json'}   markdown: {out / 'advice.md'}", markup=False)
