@@ -128,7 +128,8 @@ def advice_html(figs: Figures, section: dict[str, Any]) -> str:
     advice = section["advice"]
     cal = advice["calibration"]
     rows = [dict(c, rank_text=label, changes_text=changes_text(c)) for label, c in labelled_rows(advice)]
-    body = (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
+    body = "".join(f"<p class=na><strong>Warning:</strong> {h(w)}</p>" for w in advice.get("warnings") or [])
+    body += (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
             f"{h('; '.join(cal['notes']))}. {h(memory_text(advice))}</p>")
     body += advice_chart(figs, advice)
     body += table(rows, [
