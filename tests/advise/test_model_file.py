@@ -53,6 +53,10 @@ def test_config_file_gives_the_presets_advice(tmp_path):
     preset = ModelSpec.preset("tiny")
     res = simulate(preset, ClusterSpec.preset("1x8-h100"), Layout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
     write_traces(res, tmp_path / "traces")
+    from tracekit.simulate.model_file import model_from_manifest
+
+    from_run, source = model_from_manifest(json.loads((tmp_path / "traces" / "manifest.json").read_text()))
+    assert _same(from_run, preset) and "global batch 8 sequences" in source  # dp 2 x 2 micro-batches x 2
     store = parse_run(tmp_path / "traces", tmp_path / "store", workers=1, progress=False).store
     analysis = analyze_store(store, AnalysisConfig(advice=False))
     hf = tmp_path / "config.json"

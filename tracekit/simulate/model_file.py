@@ -85,6 +85,12 @@ def model_from_manifest(manifest: dict[str, Any] | None) -> tuple[ModelSpec | No
     if not isinstance(manifest, dict) or not isinstance(manifest.get("model"), dict):
         return None, "the run's manifest names no model"
     m, lay = manifest["model"], manifest.get("layout") if isinstance(manifest.get("layout"), dict) else {}
+    if isinstance(m.get("hidden"), int):  # tracekit simulate writes the ModelSpec itself
+        names = {f.name for f in dataclasses.fields(ModelSpec)}
+        spec = ModelSpec(**{k: v for k, v in m.items() if k in names})
+        return spec, (f"model from the run's manifest ({spec.name}: {spec.layers} layers, hidden {spec.hidden}); "
+                      f"micro-batch {spec.micro_batch_size} sequences, global batch "
+                      f"{manifest.get('global_batch_size')} sequences of {spec.seq} tokens per step")
     need = ("num_layers", "d_model", "num_heads")
     if not all(isinstance(m.get(k), int) for k in need):
         return None, "the run's manifest model lacks " + ", ".join(k for k in need if not isinstance(m.get(k), int))
