@@ -99,8 +99,11 @@ def model_from_manifest(manifest: dict[str, Any] | None) -> tuple[ModelSpec | No
     gbs = manifest.get("global_batch_size")
     mbs = gbs // (dp * mb) if isinstance(gbs, int) and gbs % (dp * mb) == 0 and gbs >= dp * mb else 1
     cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+    # the runtime's MLP has two matrices of d_ff; the simulator's three (SwiGLU) at 2/3 of it have its FLOPs;
+    # attention stays within each sequence (packed_attention False)
     spec = ModelSpec(name="run manifest", layers=m["num_layers"], hidden=m["d_model"], heads=m["num_heads"],
-                     ffn=int(m.get("d_ff") or 0), vocab=int(m.get("vocab_size") or 32000),
+                     ffn=int(m.get("d_ff") or 4 * m["d_model"]) * 2 // 3, vocab=int(m.get("vocab_size") or 32000),
+                     packed_attention=False,
                      seq=int(manifest.get("seq_len") or m.get("max_seq_len") or 512),
                      experts=int(m["num_experts"]) if moe else 0, top_k=int(m.get("top_k") or 2),
                      moe_every=int(m.get("moe_every") or 1) if moe else 1,
@@ -108,7 +111,7 @@ def model_from_manifest(manifest: dict[str, Any] | None) -> tuple[ModelSpec | No
                      dtype_bytes=DTYPE_BYTES.get(str(cfg.get("dtype") or "bfloat16").lower(), 2),
                      micro_batch_size=mbs)
     source = (f"model from the run's manifest: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads, "
-              f"ffn {spec.ffn_dim}, vocab {spec.vocab}, seq {spec.seq}"
+              f"MLP d_ff {m.get('d_ff')} (as ffn {spec.ffn_dim} of three matrices), vocab {spec.vocab}, seq {spec.seq}"
               + (f", {spec.experts} experts top-{spec.top_k} every {spec.moe_every} layers" if spec.experts else "")
               + f"; micro-batch {spec.micro_batch_size} = global batch {gbs} / (dp {dp} x {mb} micro-batches)")
     return spec, source
