@@ -71,20 +71,28 @@ def analyse(run: Path) -> dict:
         return json.loads(json.dumps(analyze_store(store), default=str))
 
 
-def predictions(model: RuntimeModel, analysis: dict, layouts: list[Layout]) -> tuple[list[int], object]:
-    """Each layout's predicted step (ns) from the calibration on `analysis`, and the calibration."""
+def predictions(model: RuntimeModel, analysis: dict, layouts: list[Layout], spec=None) -> tuple[list[int], object]:
+    """Each layout's predicted step (ns) from the calibration on `analysis`, and the calibration (`spec`: the
+    model as the advisor is told it; default the hand-written RuntimeModel.spec)."""
     from tracekit.advise.calibrate import calibrate, predicted_step_ns
     from tracekit.simulate import ClusterSpec
 
-    cal = calibrate(analysis, model.spec(MEASURED), ClusterSpec.preset("1x8-h100"))
+    cal = calibrate(analysis, spec or model.spec(MEASURED), ClusterSpec.preset("1x8-h100"))
     return [predicted_step_ns(cal, L, model.micro_batch(L)) for L in layouts], cal
 
 
-def compare(model: RuntimeModel, runs: list[Path], profile_steps: int) -> None:
+def compare(model: RuntimeModel, runs: list[Path], profile_steps: int, from_manifest: bool = False) -> None:
     t0 = time.perf_counter()
     analysis = analyse(runs[0])
     print(f"  measured run analysed in {time.perf_counter() - t0:.0f} s")
-    pred, cal = predictions(model, analysis, OTHERS)
+    spec = None
+    if from_manifest:  # what `tracekit advise RUN` does without --model
+        from tracekit.simulate.model_file import model_from_manifest
+
+        spec, source = model_from_manifest(json.loads((runs[0] / "manifest.json").read_text()))
+        print("  " + source)
+    others = OTHERS[:len(runs) - 1]
+    pred, cal = predictions(model, analysis, others, spec)
     for note in cal.notes:
         print("  calibration:", note)
     meas = [step_times(r, profile_steps) for r in runs]
@@ -93,14 +101,14 @@ def compare(model: RuntimeModel, runs: list[Path], profile_steps: int) -> None:
     print(f"  {layout_name(MEASURED) + ' (measured)':40s} {cal.measured.step_ns / 1e6:9.1f}ms {m0 / 1e6:9.1f}ms "
           f"{100 * (max(meas[0]) - min(meas[0])) / m0:6.1f}%")
     truth = []
-    for L, p, ms in zip(OTHERS, pred, meas[1:]):
+    for L, p, ms in zip(others, pred, meas[1:]):
         t = statistics.median(ms)
         truth.append(t)
         print(f"  {layout_name(L):40s} {p / 1e6:9.1f}ms {t / 1e6:9.1f}ms {100 * (max(ms) - min(ms)) / t:6.1f}% "
               f"{100 * (p - t) / t:+6.1f}%")
     mae = statistics.mean(abs(p - t) / t for p, t in zip(pred, truth))
     print(f"  mean absolute error {100 * mae:.1f}% (target ≤ 10%)   Kendall tau {kendall_tau(pred, truth):.2f} "
-          f"(target ≥ 0.8)   over {len(OTHERS)} predicted layouts")
+          f"(target ≥ 0.8)   over {len(others)} predicted layouts")
 
 
 def ensure_run(model: RuntimeModel, layout: Layout, root: Path, steps: int, profile_steps: int) -> Path:
@@ -118,13 +126,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--run-only", action="store_true")
+    ap.add_argument("--model-from-manifest", action="store_true",
+                    help="tell the advisor the model the measured run's manifest names (as `advise RUN` without --model)")
+    ap.add_argument("--layouts", type=int, default=len(OTHERS), help="predict only the first N other layouts")
     args = ap.parse_args()
     model = RuntimeModel()
     root = args.runs or Path(tempfile.mkdtemp(prefix="advisor_runtime_"))
-    dirs = [ensure_run(model, L, root, args.steps, args.profile_steps) for L in [MEASURED, *OTHERS]]
+    dirs = [ensure_run(model, L, root, args.steps, args.profile_steps) for L in [MEASURED, *OTHERS[:args.layouts]]]
     if args.run_only:
         return
-    compare(model, dirs, args.profile_steps)
+    compare(model, dirs, args.profile_steps, args.model_from_manifest)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def advice_table(advice: dict[str, Any], rows: int | None = None) -> list[str]:
 
 def render_advice_markdown(advice: dict[str, Any]) -> str:
     t, cal = advice["target"], advice["calibration"]
-    lines = ["## tracekit layout advice", "",
+    warn = [f"> **Warning:** {md(w)}" for w in advice.get("warnings") or []]
+    lines = ["## tracekit layout advice", ""] + [x for w in warn for x in (w, "")] + [
              f"Target: {t['gpus']} GPUs ({t['hosts']} hosts × {t['gpus_per_host']}), global batch "
              f"{t['global_batch']} sequences of {advice['model']['seq']} tokens, "
              f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", "",
@@ -127,7 +128,8 @@ def advice_html(figs: Figures, section: dict[str, Any]) -> str:
     advice = section["advice"]
     cal = advice["calibration"]
     rows = [dict(c, rank_text=label, changes_text=changes_text(c)) for label, c in labelled_rows(advice)]
-    body = (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
+    body = "".join(f"<p class=na><strong>Warning:</strong> {h(w)}</p>" for w in advice.get("warnings") or [])
+    body += (f"<p>{h(current_text(advice))}</p><p class=note>Calibrated from the measured run: "
             f"{h('; '.join(cal['notes']))}. {h(memory_text(advice))}</p>")
     body += advice_chart(figs, advice)
     body += table(rows, [

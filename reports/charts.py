@@ -364,7 +364,8 @@ def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- memory
 
 def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
-    """Allocated bytes over the profiled steps, one line per rank (its main device)."""
+    """Allocated bytes over the profiled steps, one line per rank (its main device). SVG `scatter`, not
+    `scattergl`: a browser without WebGL showed the WebGL chart as a grey box."""
     seen: set[Any] = set()
     data = []
     for r in _records(sec, "ranks"):
@@ -372,7 +373,7 @@ def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
         if r.get("rank") in seen or not isinstance(tl, dict) or not tl.get("t_ns"):
             continue
         seen.add(r.get("rank"))
-        data.append({"type": "scattergl", "mode": "lines", "name": f"rank {plotly_text(r.get('rank'))}",
+        data.append({"type": "scatter", "mode": "lines", "name": f"rank {plotly_text(r.get('rank'))}",
                      "x": typed([t / 1e6 for t in tl["t_ns"]]), "y": typed([b / 2**20 for b in tl["allocated"]]),
                      "line": {"shape": "hv", "width": 1}})
     if not data:

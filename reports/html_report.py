@@ -16,6 +16,7 @@ from reports.format import is_num, ms, nbytes, num, pct, ranks_text
 from reports.generic import render_generic
 from reports import charts
 from reports.advice import advice_html
+from reports.ops import ops_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -34,6 +35,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("stragglers", "Stragglers"),
     ("bandwidth", "Bandwidth"),
     ("throughput", "Throughput"),
+    ("ops", "Ops and kernels"),
     ("memory", "Memory"),
     ("advice", "Layout advice"),
     ("other-sections", "Other analyzer output"),
@@ -44,7 +46,7 @@ SECTIONS: list[tuple[str, str]] = [
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
                    "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path",
-                   "advice"}
+                   "advice", "ops"}
 
 
 def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str | bytes]:
@@ -54,7 +56,8 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     parts = [
         _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _advice(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.sec("ops")), _memory(ctx),
+        _advice(ctx),
         _other(ctx),
         _inputs(ctx), _reproduce(ctx),
     ]
@@ -345,7 +348,7 @@ def has_data(ctx: Page, anchor: str) -> bool:
         return bool(_rows(sec, "rows"))
     if anchor == "throughput":
         return bool(ctx.sec("throughput") or ctx.sec("placement"))
-    if anchor in ("memory", "advice"):
+    if anchor in ("memory", "advice", "ops"):
         return bool(sec.get("available"))
     if anchor == "critical-path":
         return bool(_rows(sec, "steps"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reports.advice import summary_lines
+from reports.ops import ops_summary_lines
 from reports.escape import md
 from reports.format import is_num, ms, ranks_text
 from reports.html_report import SECTIONS, Page, steps_text, top_fixes, verdict_text, has_data
@@ -72,6 +73,7 @@ def render_markdown(analysis: dict[str, Any], report_href: str = "report.html") 
         lines += ["**Analyzer errors (sections left out):**"] + [
             f"- {md(e.get('analyzer'))}: {md(e.get('error'))}" for e in errors] + [""]
 
+    lines += ops_summary_lines(ctx.sec("ops"), href)
     lines += summary_lines(ctx.sec("advice"), href)
     links = [f"[{title}]({href}#{anchor})" for anchor, title in SECTIONS
              if anchor not in ("verdict", "other-sections") and has_data(ctx, anchor)]

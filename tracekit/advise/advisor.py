@@ -284,13 +284,39 @@ def candidate_json(c: Candidate, current: Candidate | None = None) -> dict[str, 
             "changes": c.changes, "why": c.why, "is_current": c is current}
 
 
+RESIDUAL_PLAUSIBLE = (0.5, 2.0)
+"""A calibrated model that replays the measured layout more than 2x off is not describing this run."""
+
+
+def plausibility_warnings(doc: dict[str, Any]) -> list[str]:
+    """Why the advice cannot be trusted as it stands (an advice document's calibration and predictions):
+    a residual far from 1, an efficiency outside (0, 1], negative predicted times."""
+    cal, out = doc["calibration"], []
+    res = cal.get("residual")
+    lo, hi = RESIDUAL_PLAUSIBLE
+    if isinstance(res, (int, float)) and not lo <= res <= hi:
+        out.append(f"the calibrated model replays the measured layout {max(res, 1 / res) if res > 0 else float('inf'):.1f}x "
+                   f"off (residual x{res:.3g}): the model (--model) or the batch (--micro-batch-size, "
+                   "--global-batch) is probably not the run's; predictions are scaled by that residual")
+    eff = cal.get("efficiency")
+    if isinstance(eff, (int, float)) and not 0 < eff <= 1:
+        out.append(f"GEMM efficiency {eff:.3g} is outside (0, 1]: the model's FLOPs do not match the measured compute")
+    rows = [r for r in (doc.get("ranked") or []) + ([doc["current"]] if doc.get("current") else []) if r]
+    negative = sorted({k for r in rows for k, v in (r.get("breakdown_ns") or {}).items()
+                       if isinstance(v, (int, float)) and v < 0})
+    if negative or any((r.get("predicted_step_ns") or 0) <= 0 for r in rows):
+        out.append("negative or zero predicted times (" + (", ".join(negative) or "step") + "): the calibration "
+                   "does not fit this run")
+    return out
+
+
 def advice_json(a: Advice) -> dict[str, Any]:
     m = a.calibration.measured
     cur = candidate_json(a.current) if a.current else None
     if cur is not None:
         cur["measured_step_ns"] = m.step_ns
     mc = a.memory
-    return {
+    doc = {
         "schema": ADVICE_SCHEMA,
         "target": {"gpus": a.gpus, "hosts": a.cluster.hosts, "gpus_per_host": a.cluster.gpus_per_host,
                    "global_batch": a.global_batch, "gpu_memory_bytes": int(a.cluster.hbm_gb * (1 << 30))},
@@ -316,3 +342,5 @@ def advice_json(a: Advice) -> dict[str, Any]:
         "ranked": [candidate_json(c, a.current) for c in a.ranked],
         "skipped": a.skipped,
     }
+    doc["warnings"] = plausibility_warnings(doc)
+    return doc

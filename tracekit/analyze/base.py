@@ -21,6 +21,8 @@ class AnalysisConfig:
     """Bus-bandwidth peak per group name or dim (e.g. {"tp": 150.0}); empty = best seen in the run."""
     peak_tflops: float | None = None
     """Per-device peak for MFU; None = from deviceProperties when known."""
+    peak_bandwidth_tbps: float | None = None
+    """Per-device memory bandwidth for the roofline, TB/s; None = the device table (analyze/hardware.py)."""
     tokens_per_step: int | None = None
     """Tokens processed per step per data-parallel replica (overrides the manifest)."""
     max_timeline_intervals: int = 20000

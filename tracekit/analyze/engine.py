@@ -57,6 +57,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
+    ("ops", "tracekit.analyze.ops:analyze_ops"),
     ("placement", "tracekit.analyze.placement:analyze_placement"),
     ("memory", "tracekit.analyze.memory:analyze_memory"),
     ("advice", "tracekit.analyze.advice:analyze_advice"),

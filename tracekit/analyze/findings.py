@@ -46,6 +46,8 @@ class FindingKind(str, Enum):
     MEMORY_HEADROOM = "memory_headroom"
     RECOMPUTE = "recompute"
     UNSTABLE_VERDICT = "unstable_verdict"
+    LOW_OP_EFFICIENCY = "low_op_efficiency"
+    LAUNCH_BOUND_KERNELS = "launch_bound_kernels"
 
 
 EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from tracekit.simulate import ModelSpec
 
 HELP = """Predict step time, throughput and memory of other parallel layouts from one measured run, and rank
 them. TRACES is a trace directory (analysed first, like `tracekit analyze`) or an analysis.json.
@@ -40,19 +43,33 @@ def _links(text: str | None) -> dict[str, float]:
     return out
 
 
-def _analysis(traces: Path, quiet: bool) -> dict:
+def _analysis(traces: Path, quiet: bool) -> tuple[dict, dict | None]:
+    """The analysis and the run's manifest (None for an analysis.json)."""
     if traces.is_file() and traces.suffix == ".json":
-        return json.loads(traces.read_text())
+        return json.loads(traces.read_text()), None
     from tracekit.analysis import analyze_run
 
-    return analyze_run(traces, progress=not quiet).analysis
+    run = analyze_run(traces, progress=not quiet)
+    return run.analysis, run.store.manifest
+
+
+def _model_of(model: str | None, manifest: dict | None, err) -> "ModelSpec":
+    from tracekit.simulate.model_file import model_from_manifest, model_spec
+
+    if model is not None:
+        return model_spec(model)
+    spec, source = model_from_manifest(manifest)
+    if spec is None:
+        raise ValueError(f"no --model given and {source}: pass --model PRESET or --model config.json")
+    err.print(source, markup=False, highlight=False)
+    return spec
 
 
 def register(app: typer.Typer) -> None:
     @app.command("advise", help=HELP, no_args_is_help=True)
     def advise_cmd(
         traces: Path = typer.Argument(..., help="Trace directory, run store, or analysis.json."),
-        model: str = typer.Option(..., "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like) or a model file: JSON/TOML with the model's shape (a HuggingFace config.json works). Default: the model the run's manifest names (the reference runtime writes it)."),
         cluster: str = typer.Option("1x8-h100", "--cluster", help="Cluster description the calibration starts from."),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="Target GPU count (default: the measured run's)."),
         hosts: Optional[int] = typer.Option(None, "--hosts"),
@@ -73,14 +90,14 @@ def register(app: typer.Typer) -> None:
         from reports.advice import render_advice_markdown
         from tracekit.advise.advisor import advice_json, advise
         from tracekit.advise.schema import validate_advice
-        from tracekit.simulate import ClusterSpec, ModelSpec
+        from tracekit.simulate import ClusterSpec
 
         err = Console(stderr=True)
         try:
-            m = ModelSpec.preset(model)
-            m = dataclasses.replace(m, **{k: v for k, v in (("micro_batch_size", micro_batch_size), ("seq", seq)) if v})
             c = dataclasses.replace(ClusterSpec.preset(cluster), **_links(link))
-            analysis = _analysis(traces, quiet)
+            analysis, manifest = _analysis(traces, quiet)
+            m = _model_of(model, manifest, err)
+            m = dataclasses.replace(m, **{k: v for k, v in (("micro_batch_size", micro_batch_size), ("seq", seq)) if v})
             adv = advise(analysis, m, c, gpus=gpus, hosts=hosts, gpus_per_host=gpus_per_host,
                          global_batch=global_batch, gpu_memory_bytes=_bytes(gpu_memory) if gpu_memory else None, top=top)
         except (ValueError, OSError, KeyError) as exc:
@@ -92,6 +109,10 @@ def register(app: typer.Typer) -> None:
         (out / "advice.json").write_text(json.dumps(doc, indent=1) + "\n")
         text = render_advice_markdown(doc)
         (out / "advice.md").write_text(text)
+        for w in doc.get("warnings") or []:
+            err.print(f"[yellow]warning:[/yellow] {w}", markup=True, highlight=False)
         if not quiet:
-            Console(width=100).print(text, markup=False, highlight=False)
+            from rich.markdown import Markdown
+
+            Console(width=100).print(Markdown(text))
         err.print(f"advice: {out / 'advice.json'}   markdown: {out / 'advice.md'}", markup=False)

@@ -52,10 +52,10 @@ def _peaks(values: list[str]) -> dict[str, float]:
 def _model(name: str | None):
     if name is None:
         return None
-    from tracekit.simulate import ModelSpec
+    from tracekit.simulate.model_file import model_spec
 
     try:
-        return ModelSpec.preset(name)
+        return model_spec(name)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--model") from None
 
@@ -79,10 +79,19 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = O.ADDRESS,
         max_memory: Optional[str] = O.MAX_MEMORY,
         peak_gbps: list[str] = typer.Option([], "--peak-gbps", help="Bus-bandwidth peak per group name or dim: GROUP=GBPS (repeatable)."),
+        peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops", min=0.001,
+                                                    help="Peak dense TFLOP/s of one device for MFU and the roofline "
+                                                    "(default: the device table, matched on deviceProperties)."),
+        peak_bandwidth: Optional[float] = typer.Option(None, "--peak-bandwidth", min=0.001,
+                                                       help="Peak memory bandwidth of one device in TB/s for the "
+                                                       "roofline (default: the device table)."),
+        capture: Optional[Path] = typer.Option(None, "--capture", exists=True, file_okay=True, dir_okay=True,
+                                               help="CUDA/HIP-graph capture trace (file or folder): names the "
+                                               "kernels the traces' graph launches ran by the ops that captured them."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
-        model: Optional[str] = typer.Option(None, "--model", help="Model preset for the layout advice section "
+        model: Optional[str] = typer.Option(None, "--model", help="Model preset or model file (JSON/TOML; a HuggingFace config.json) for the layout advice section "
                                             "(as `tracekit advise --model`); without it there is no advice."),
         no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
@@ -96,7 +105,8 @@ def register(app: typer.Typer) -> None:
 
         err = O.LazyConsole(stderr=True)
         O.use_comm_kernel_patterns(comm_kernel, comm_kernels)
-        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model))
+        config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model),
+                                peak_tflops=peak_tflops, peak_bandwidth_tbps=peak_bandwidth)
         out.mkdir(parents=True, exist_ok=True)
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
@@ -108,13 +118,14 @@ def register(app: typer.Typer) -> None:
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
                      max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
-                     assume_rank=rank)
+                     assume_rank=rank, capture=capture)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
-             max_decompressed_bytes: int | None = None, assume_rank: int | None = None) -> None:
+             max_decompressed_bytes: int | None = None, assume_rank: int | None = None,
+             capture: Path | None = None) -> None:
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
@@ -125,7 +136,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
     try:
         run = analyze_run(trace_dir, out, config, engine=engine, max_memory_bytes=budget, progress=not quiet,
-                          max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command)
+                          max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command,
+                          capture=capture)
     except NothingToAnalyzeError as exc:
         _print_skipped(getattr(exc, "skipped", []), err)
         if getattr(exc, "problem", None):  # the recording says why (e.g. the profiled window was never reached)

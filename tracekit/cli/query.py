@@ -15,13 +15,18 @@ import typer
 HELP = """Run DuckDB SQL over a run store written by `tracekit parse` (or `tracekit analyze`).
 
 Every table is a view named after it: ranks, process_groups, events, kernels, collectives,
-steps, routing, pipeline. Times are int64 nanoseconds. `--schema` lists the columns.
+steps, routing, pipeline, memory, memory_segments, ops (one row per CPU op that launched kernels:
+device time, FLOPs, bytes, GEMM M/N/K) and kernel_summary (per kernel name and stream). Times are
+int64 nanoseconds. `--schema` lists the columns.
 
 Examples:
 
   tracekit query store --schema
 
   tracekit query store "SELECT rank, count(*) AS n FROM events GROUP BY rank ORDER BY rank"
+
+  tracekit query store "SELECT name, gemm_m, gemm_n, gemm_k, sum(flops)/sum(kernel_ns)/1e3 AS tflops
+      FROM ops WHERE category = 'gemm' GROUP BY ALL ORDER BY sum(kernel_ns) DESC"
 
   tracekit query store "SELECT pg_name, op, avg(dur)/1e6 AS ms FROM collectives
       WHERE source = 'kineto' GROUP BY ALL ORDER BY ms DESC" --format csv

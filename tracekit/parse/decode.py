@@ -36,6 +36,7 @@ ARG_FIELDS: tuple[tuple[str, str | None, Any], ...] = (
     ("device", None, Union[int, str, None]),
     ("flops", None, Union[int, float, None]),
     ("coll_name", "Collective name", Union[str, None]),
+    ("launch_kernel", "kernel", Union[str, None]),
     ("in_nelems", "In msg nelems", Union[int, str, None]),
     ("out_nelems", "Out msg nelems", Union[int, str, None]),
     ("group_size", "Group size", Union[int, str, None]),
@@ -52,6 +53,7 @@ ARG_FIELDS: tuple[tuple[str, str | None, Any], ...] = (
     ("dst_rank", "Dst Rank", Any),
     ("input_dims", "Input Dims", Raw),
     ("input_type", "Input type", Raw),
+    ("input_strides", "Input Strides", Raw),
     ("concrete_inputs", "Concrete Inputs", Raw),
 )
 
@@ -517,8 +519,12 @@ def event_cut(window) -> tuple[int, int] | None:
 # field over cold structs, costs about twice as much.
 
 ROW_FIELDS = ("name", "cat", "ts", "dur", "pid", "tid", "args", "external_id", "external_id_old", "correlation",
-              "stream", "device", "flops", "coll_name")
-"""Order of the values in each captured row (the last seven are `args` fields)."""
+              "stream", "device", "flops", "coll_name", "launch_kernel", "input_dims", "input_type", "input_strides", "concrete_inputs")
+"""Order of the values in each captured row (the last twelve are `args` fields; the last four the op's
+shapes as JSON texts, `SHAPE_FIELDS`)."""
+
+SHAPE_FIELDS = ("input_dims", "input_type", "input_strides", "concrete_inputs")
+"""The `args` of CPU ops recorded with record_shapes, kept as their JSON text (Raw) in ROW_FIELDS order."""
 
 
 class _RowCapture(threading.local):
@@ -532,7 +538,8 @@ class _RowCapture(threading.local):
             def __post_init__(self) -> None:
                 a = self.args
                 append((self.name, self.cat, self.ts, self.dur, self.pid, self.tid, a, a.external_id,
-                        a.external_id_old, a.correlation, a.stream, a.device, a.flops, a.coll_name))
+                        a.external_id_old, a.correlation, a.stream, a.device, a.flops, a.coll_name, a.launch_kernel, a.input_dims,
+                        a.input_type, a.input_strides, a.concrete_inputs))
 
         self.rows = rows
         self.row_class = XRow

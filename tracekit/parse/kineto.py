@@ -409,6 +409,9 @@ class Columns:
         self.device: list[pa.Array] = []
         self.flops: list[pa.Array] = []
         self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
+        self.launch_kernel: dict[int, Any] = {}  # row → args["kernel"] (a runtime launch's kernel) where present
+        self.shape_books = tuple(_CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
+        self.shape_codes: tuple[list[np.ndarray], ...] = tuple([] for _ in D.SHAPE_FIELDS)
         self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
         self.ms: list = []
         self.memory: list = []  # the profiler's `[memory]` instant events (parse/memory.py)
@@ -496,6 +499,10 @@ def merge_columns(parts: list[Columns], top: Any) -> Columns:
                   "memory"):
             getattr(out, f).extend(getattr(p, f))
         out.coll_name.update((out.n + r, v) for r, v in p.coll_name.items())
+        out.launch_kernel.update((out.n + r, v) for r, v in p.launch_kernel.items())
+        for book, codes, p_book, p_codes in zip(out.shape_books, out.shape_codes, p.shape_books, p.shape_codes):
+            remap = _intern(book, list(p_book))
+            codes.extend(remap[c] for c in p_codes)
         out.args_keep.update((out.n + r, v) for r, v in p.args_keep.items())
         for ids, more in ((out.pid_ids, p.pid_ids), (out.tid_ids, p.tid_ids)):
             ids.text_of.update(more.text_of)
@@ -508,7 +515,7 @@ def merge_columns(parts: list[Columns], top: Any) -> Columns:
 
 
 def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
-                flops, coll) -> None:
+                flops, coll, launch, *shapes) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
     collective candidates."""
     lenient = cols.lenient
@@ -547,10 +554,26 @@ def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_
     cols.flops.append(pa.array([_to_float(v) for v in flops] if lenient else flops, pa.float64()))
     has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
     cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
+    has_launch = np.flatnonzero(np.fromiter(map(is_not, launch, repeat(None)), bool, n))
+    cols.launch_kernel.update((base + i, str(launch[i])) for i in has_launch.tolist())
+    _add_shapes(cols, shapes, n)
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
     keep[has_coll] = True
     cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
     cols.n += n
+
+
+def _add_shapes(cols: Columns, shapes: tuple, n: int) -> None:
+    """Code the shape texts of the rows that have `Input Dims` (record_shapes CPU ops; the others, most
+    rows of most traces, cost one length check)."""
+    with_dims = np.flatnonzero(np.fromiter(map(len, shapes[0]), np.int64, n)) if n else np.zeros(0, np.int64)
+    pick = with_dims.tolist()
+    for book, shape_codes, texts in zip(cols.shape_books, cols.shape_codes, shapes):
+        codes = np.zeros(n, np.int32)
+        if pick:
+            codes[with_dims] = np.fromiter(map(book.__getitem__, map(bytes, map(texts.__getitem__, pick))),
+                                           np.int32, len(pick))
+        shape_codes.append(codes)
 
 
 def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
@@ -608,6 +631,12 @@ class _Rows:
     flops: pa.Array
     coll_names: dict
     args_keep: dict
+    launch_kernels: dict = field(default_factory=dict)
+    """row → the kernel a runtime launch call names (args.kernel), where present."""
+    shape_codes: list = field(default_factory=list)
+    """Per SHAPE_FIELDS: each row's code of its JSON text (0: absent)."""
+    shape_texts: list = field(default_factory=list)
+    """Per SHAPE_FIELDS: the texts by code."""
     end: np.ndarray | None = None
     name_col: Any = None
     name_dict: list = field(default_factory=list)
@@ -629,7 +658,31 @@ def _joined_rows(cols: Columns) -> _Rows:
         cat_codes=_concat(cols.cat_codes, np.int32), pid=_concat(cols.pid, np.int64), tid=_concat(cols.tid, np.int64),
         ext=_concat_arrow(cols.ext, pa.int64()), corr=_concat_arrow(cols.corr, pa.int64()),
         stream_arg=_concat_arrow(cols.stream, pa.int64()), device_arg=_concat_arrow(cols.device, pa.int64()),
-        flops=_concat_arrow(cols.flops, pa.float64()), coll_names=cols.coll_name, args_keep=cols.args_keep)
+        flops=_concat_arrow(cols.flops, pa.float64()), coll_names=cols.coll_name, args_keep=cols.args_keep,
+        launch_kernels=cols.launch_kernel,
+        **_shape_dictionaries(cols))
+
+
+def _shape_dictionaries(cols: Columns) -> dict[str, list]:
+    """Each shape field's codes and texts, the texts compact JSON (a pretty-printed trace's indentation
+    dropped: the same shapes give the same text whatever the file's layout)."""
+    codes, texts = [], []
+    for book, parts in zip(cols.shape_books, cols.shape_codes):
+        compact: dict[str, int] = {}
+        remap = np.zeros(len(book), np.int32)
+        for i, raw in enumerate(book):
+            if i:
+                remap[i] = compact.setdefault(_compact_json(raw), len(compact) + 1)
+        texts.append([""] + list(compact))
+        codes.append(remap[_concat(parts, np.int32)])
+    return {"shape_codes": codes, "shape_texts": texts}
+
+
+def _compact_json(raw: bytes) -> str:
+    try:
+        return msgspec.json.encode(msgspec.json.decode(raw)).decode()
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return bytes(raw).decode("utf-8", "replace").strip()
 
 
 def _drop_untimed(rows: _Rows, warnings: list[str]) -> bool:
@@ -644,7 +697,9 @@ def _drop_untimed(rows: _Rows, warnings: list[str]) -> bool:
         setattr(rows, f, getattr(rows, f)[ok])
     for f in ("ext", "corr", "stream_arg", "device_arg", "flops"):
         setattr(rows, f, getattr(rows, f).filter(keep))
+    rows.shape_codes = [c[ok] for c in rows.shape_codes]
     rows.coll_names = {int(new_row[r]): v for r, v in rows.coll_names.items() if ok[r]}
+    rows.launch_kernels = {int(new_row[r]): v for r, v in rows.launch_kernels.items() if ok[r]}
     rows.args_keep = {int(new_row[r]): v for r, v in rows.args_keep.items() if ok[r]}
     rows.n = len(rows.ts)
     return True
@@ -818,7 +873,31 @@ def _events_table(rows: _Rows, thread_col: pa.DictionaryArray, kr: _KernelRows, 
         "step": pa.array(step, pa.int32(), mask=step < 0), "flops": rows.flops,
         "role": event_roles(rows.name_dict, rows.name_codes, rows.cat_mask("cpu_op"), lane, kr.rows, kr.kind),
         "lane": lane_column(lane),
+        **{col: _shape_column(codes, texts) for col, codes, texts in zip(SHAPE_COLUMNS, rows.shape_codes,
+                                                                         rows.shape_texts)},
+        "launch_kernel": _sparse_text_column(rows.launch_kernels, n),
     })
+
+
+def _sparse_text_column(values: dict[int, str], n: int) -> pa.DictionaryArray:
+    """A dictionary column of n rows holding `values` (row → text), null elsewhere."""
+    if not values:
+        return pa.nulls(n, pa.string()).dictionary_encode()
+    texts = list(dict.fromkeys(values.values()))
+    code_of = {t: i for i, t in enumerate(texts)}
+    codes = np.full(n, -1, np.int32)
+    rows = np.fromiter(values.keys(), np.int64, len(values))
+    codes[rows] = np.fromiter((code_of[v] for v in values.values()), np.int32, len(values))
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(texts, pa.string()))
+
+
+SHAPE_COLUMNS = ("input_dims", "input_types", "input_strides", "concrete_inputs")
+"""The events table's columns for D.SHAPE_FIELDS (same order)."""
+
+
+def _shape_column(codes: np.ndarray, texts: list[str]) -> pa.DictionaryArray:
+    """A dictionary column of JSON texts; rows without the field (code 0) are null."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes == 0), pa.array(texts, pa.string()))
 
 
 def _steps_table(windows: StepWindows, kernels: pa.Table, rank: int) -> pa.Table:

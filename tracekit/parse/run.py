@@ -35,6 +35,8 @@ from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
+from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
+from tracekit.parse.ops import OpCollector
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.arrow_env import pandas_deferred
@@ -381,6 +383,11 @@ class _Run:
     join_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     partial_logs: list[str] = field(default_factory=list)
     rank_rows: list[dict[str, Any]] = field(default_factory=list)
+    captured: list = field(default_factory=list)
+    """CUDA-graph capture nodes (parse/cuda_graphs.py) naming graph replays' kernels."""
+    deferred_ops: list = field(default_factory=list)
+    """(rank, OpCollector) of ranks with graph launches: their ops are written at the end, once every capture
+    trace of the run is known."""
 
     def claim(self, kind: str, rank: int, path: str, what: str) -> bool:
         return _claim(self.claims[kind], rank, path, what, self.skipped)
@@ -388,14 +395,15 @@ class _Run:
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-              engine: Any = None, assume_rank: int | None = None) -> ParseRunResult:
+              engine: Any = None, assume_rank: int | None = None, capture: str | Path | None = None) -> ParseRunResult:
     """Parse every input under `trace_dir` (a folder, or one file) into a run store at `store_dir`.
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
     a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
     `assume_rank`: the user's rank for the one Kineto trace that states none (content or name; without it
     that trace is rank 0, with a warning); with several such traces each is skipped (one rank cannot be
-    all of them).
+    all of them). `capture`: the CUDA-graph capture trace(s) (file or folder) whose ops name the kernels the
+    traces' graph launches ran (parse/cuda_graphs.py).
     """
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
@@ -409,17 +417,22 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     with pandas_deferred() if getattr(engine, "pandas_free", True) else nullcontext():
         return _parse_found(disc.discover_inputs(trace_dir), trace_dir, store_dir, engine, progress=progress,
                             max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
-                            assume_rank=assume_rank)
+                            assume_rank=assume_rank, capture=capture)
 
 
 def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any, *, progress: bool,
                  max_decompressed_bytes: int | None, max_memory_bytes: int | None,
-                 assume_rank: int | None) -> ParseRunResult:
+                 assume_rank: int | None, capture: str | Path | None = None) -> ParseRunResult:
     if len(found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     advance, stop = _progress(progress, sum(f.kind != disc.MANIFEST for f in found.inputs))
     run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
                meta={"trace_dir": str(trace_dir)})
+    if capture is not None:
+        run.captured, notes = load_captured_graphs(Path(capture), max_decompressed_bytes)
+        run.warnings.extend(notes)
+        run.meta["capture"] = {"path": str(capture), "graphs": len(run.captured),
+                               "nodes": sum(len(g) for g in run.captured)}
     _read_manifest(found, run)
     try:
         for f in found.inputs:  # 1. small per-rank inputs
@@ -564,11 +577,31 @@ def _kineto_rank(kp: Any, path: str, name_rank: int | None, num_traces: int, run
         return rank, source
 
 
+def _take_capture(kp: Any, path: str, run: _Run) -> bool:
+    """Whether the trace is a CUDA-graph capture trace beside other traces (its graphs captured, few of its
+    kernels run): then it names the replays' kernels instead of being analysed as a rank."""
+    events, kernels = kp.tables.get("events"), kp.tables.get("kernels")
+    if events is None or not isinstance(events, pa.Table) or not has_capture(events):
+        return False
+    graphs = captured_graphs(events)
+    launched = sum(len(g) for g in graphs)
+    if not launched or (kernels is not None and kernels.num_rows >= launched):
+        return False
+    run.captured += graphs
+    note = (f"{Path(path).name}: a CUDA-graph capture trace ({len(graphs)} graph(s), {launched} kernel launches "
+            "captured, few kernels run): used to name the graph replays' kernels, not analysed as a rank")
+    run.warnings.append(note)
+    run.meta.setdefault("capture_traces", []).append(path)
+    return True
+
+
 def _add_kineto_ranks(results: Any, name_ranks: dict[str, int | None], run: _Run, assume_rank: int | None) -> None:
     for path, kp, error in results:
         run.advance(Path(path).name)
         if error is not None:
             run.skipped.append({"file": path, "reason": error})
+            continue
+        if len(name_ranks) > 1 and _take_capture(kp, path, run):
             continue
         local: list[str] = []
         known = _kineto_rank(kp, path, name_ranks[path], len(name_ranks), run, assume_rank, local)
@@ -606,6 +639,10 @@ def _world_size(run: _Run) -> int | None:
 
 def _close_run(run: _Run) -> RunStore:
     """The ranks and process_groups tables and meta.json; the finished store."""
+    for rank, collector in run.deferred_ops:
+        collector.captured = run.captured
+        for name, table in collector.tables(rank).items():
+            run.writer.append(name, table)
     world_size = _world_size(run)
     hosts = run.manifest.get("hosts") if isinstance(run.manifest, dict) else None
     cpus = run.manifest.get("host_cpus") if isinstance(run.manifest, dict) else None
@@ -668,15 +705,23 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     events = kp.tables.get("events")
     tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
     pipeline_parts = []
+    op_collector = OpCollector(tables["kernels"], run.captured) if "kernels" in tables else None
     # a chunked parse's events arrive as spilled parts: each is written and let go before the next
     for part in table_parts(events) if events is not None else ():
         part = _set_rank(part, rank)
         writer.append("events", part)
         pipeline_parts.append(pipeline_from_events(part))
+        if op_collector is not None:
+            op_collector.add(part)
         del part
     for name in ("kernels", "steps", "memory"):
         if name in tables:
             writer.append(name, tables[name])
+    if op_collector is not None and op_collector.graph_calls:
+        run.deferred_ops.append((rank, op_collector))
+    elif op_collector is not None:
+        for name, table in op_collector.tables(rank).items():
+            writer.append(name, table)
     kin_coll = tables.get("collectives")
     if kin_coll is not None and kin_coll.num_rows:
         joined, stats = join_collectives(conform("collectives", kin_coll), log_table, log_shift_ns=shift,

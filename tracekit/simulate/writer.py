@@ -12,6 +12,8 @@ instant events follow Kineto's memory-event format. Times: µs with ns decimals,
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 from collections import defaultdict, deque
@@ -321,6 +323,8 @@ def build_manifest(res) -> dict[str, Any]:
                    "stage_layers": [len(s) for s in res.world.stages], "fsdp": L.fsdp,
                    "num_experts": res.model.experts},
         "microbatches": L.microbatches, "schedule": L.schedule if L.pp > 1 else None, "steps": res.steps,
+        "model": dataclasses.asdict(res.model), "seq_len": res.model.seq,
+        "global_batch_size": L.dp * L.microbatches * res.model.micro_batch_size,
         "clock_offset_ns": {str(r): 0 for r in range(topo.world)},
         "files": {"traces": "rank{R}.pt.trace.json.gz"},
     }

@@ -71,6 +71,14 @@ EVENTS = pa.schema([
        "category; never compute) | data_load (PyTorch's enumerate(DataLoader)#...) | overhead (tracekit::...) | "
        "other (incl. users' record_function labels such as data:load or fwd: no host activity by themselves)"),
     _f("lane", DICT_STR, "host (training/other threads) | comm_thread (gloo/NCCL worker threads) | device"),
+    _f("input_dims", DICT_STR, "args 'Input Dims' of a CPU op recorded with record_shapes, as its JSON text "
+       "(a list per input: [] for scalars, nested lists for tensor lists); null when absent"),
+    _f("input_types", DICT_STR, "args 'Input type' as JSON text (e.g. [\"c10::BFloat16\", \"Scalar\"]); null when absent"),
+    _f("input_strides", DICT_STR, "args 'Input Strides' as JSON text; null when absent"),
+    _f("concrete_inputs", DICT_STR, "args 'Concrete Inputs' as JSON text (scalar arguments as strings, "
+       "e.g. is_causal 'True'); null when absent"),
+    _f("launch_kernel", DICT_STR, "runtime launch calls: args 'kernel', the kernel the call launched (ROCm traces, "
+       "CUDA-graph capture traces); null otherwise"),
 ])
 
 KERNELS = pa.schema([
@@ -184,6 +192,51 @@ MEMORY_SEGMENTS = pa.schema([
     _f("frame", pa.string(), "innermost recorded Python frame of the allocation (file:line function), if any"),
 ])
 
+OPS = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("step", pa.int32(), "ProfilerStep number of the op (null outside steps)"),
+    _f("name", DICT_STR, "CPU op that launched the kernels (innermost op: its kernels' External id)"),
+    _f("category", DICT_STR, "gemm | attention | conv | elementwise | norm | reduce | comm | memcpy | other "
+       "(parse/op_shapes.py)"),
+    _f("ts", pa.int64(), "host start of the op, " + NS),
+    _f("dur", pa.int64(), "host duration of the op in ns"),
+    _f("external_id", pa.int64(), "External id joining the op and its kernels"),
+    _f("dtype", DICT_STR, "element type of the op's first tensor input (bf16, fp16, fp32, fp8...); null if unknown"),
+    _f("input_dims", DICT_STR, "the op's Input Dims (compact JSON)"),
+    _f("input_types", DICT_STR, "the op's Input type (compact JSON)"),
+    _f("concrete_inputs", DICT_STR, "the op's Concrete Inputs (compact JSON)"),
+    _f("kernel_count", pa.int32(), "kernels the op launched (memset/memcpy included)"),
+    _f("kernel_ns", pa.int64(), "sum of the durations of the op's kernels in ns (its device time)"),
+    _f("kernel_ts", pa.int64(), "start of the op's first kernel, " + NS),
+    _f("kernel_end", pa.int64(), "end of the op's last kernel, " + NS),
+    _f("flops", pa.int64(), "floating-point operations from the shapes (docs/metrics.md); null when unknown"),
+    _f("bytes", pa.int64(), "bytes the op reads and writes, from the shapes; null when unknown"),
+    _f("gemm_batch", pa.int64(), "GEMM batch count (1 for mm/addmm); null for other ops"),
+    _f("gemm_m", pa.int64(), "GEMM M (rows of the output)"),
+    _f("gemm_n", pa.int64(), "GEMM N (columns of the output)"),
+    _f("gemm_k", pa.int64(), "GEMM K (reduction size)"),
+    _f("formula", DICT_STR, "rule that gave flops/bytes: gemm, attention_fwd[_causal], attention_bwd[_causal], "
+       "conv_fwd, conv_bwd, elementwise, data_movement, norm_fwd, norm_bwd, softmax, reduce, embedding, memcpy, "
+       "triton_tensors, *_unknown; null: no rule for the op"),
+    _f("launch", DICT_STR, "direct (the op launched its kernels) | graph (kernels a CUDA/HIP graph replay ran, named "
+       "by the op that captured them: name and shapes from the capture trace; ts/dur/external_id null) | "
+       "graph_unmatched (graph kernels without a capture: one row per graph launch, named by the launch call)"),
+    _f("graph_correlation", pa.int64(), "correlation id of the graph launch call (graph rows)"),
+])
+
+KERNEL_SUMMARY = pa.schema([
+    _f("rank", pa.int32(), "global rank", nullable=False),
+    _f("name", DICT_STR, "kernel / memcpy / memset name"),
+    _f("stream", pa.int32(), "device stream"),
+    _f("kind", DICT_STR, "compute | comm | memcpy | memset (kernels.kind)"),
+    _f("category", DICT_STR, "category of the op that launched it (ops.category), else from the kernel name"),
+    _f("count", pa.int64(), "launches"),
+    _f("total_ns", pa.int64(), "summed duration in ns"),
+    _f("mean_ns", pa.float64(), "mean duration in ns"),
+    _f("max_ns", pa.int64(), "longest duration in ns"),
+    _f("share", pa.float64(), "total_ns / the rank's summed kernel time"),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "ranks": RANKS,
     "process_groups": PROCESS_GROUPS,
@@ -195,10 +248,13 @@ TABLES: dict[str, pa.Schema] = {
     "pipeline": PIPELINE,
     "memory": MEMORY,
     "memory_segments": MEMORY_SEGMENTS,
+    "ops": OPS,
+    "kernel_summary": KERNEL_SUMMARY,
 }
 
 # Tables with one row group per rank; the others are small and written whole.
-PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline", "memory", "memory_segments")
+PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline", "memory", "memory_segments",
+                   "ops", "kernel_summary")
 
 # One spelling of the profiler step annotation for the whole project.
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
