@@ -387,14 +387,16 @@ class _Run:
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-              engine: Any = None, assume_rank: int | None = None) -> ParseRunResult:
+              engine: Any = None, assume_rank: int | None = None,
+              rank_from_name: str | None = None) -> ParseRunResult:
     """Parse every input under `trace_dir` (a folder, or one file) into a run store at `store_dir`.
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
     a file whose one-shot parse would exceed `max_memory_bytes` takes the chunked path (parse/chunked.py).
     `assume_rank`: the user's rank for the one Kineto trace that states none (content or name; without it
     that trace is rank 0, with a warning); with several such traces each is skipped (one rank cannot be
-    all of them).
+    all of them). `rank_from_name`: a regex whose group `rank` (else its first group) is the rank of a
+    file whose name has no `rank<N>` (ValueError when it is not a regex with a group).
     """
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
@@ -406,7 +408,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     # nothing here uses pandas, so pyarrow need not import it (tables/arrow_env.py); an engine that runs
     # third-party code here (Ray) may look for pandas itself
     with pandas_deferred() if getattr(engine, "pandas_free", True) else nullcontext():
-        return _parse_found(disc.discover_inputs(trace_dir), trace_dir, store_dir, engine, progress=progress,
+        return _parse_found(disc.discover_inputs(trace_dir, disc.compile_rank_pattern(rank_from_name)), trace_dir, store_dir, engine, progress=progress,
                             max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
                             assume_rank=assume_rank)
 
@@ -487,6 +489,7 @@ def _add_flight_recorder(f: Any, path: str, run: _Run, local: list[str], max_byt
     if not run.claim("flight_recorder", rank, path, "Flight Recorder"):
         return None
     parsed.collectives = _set_rank(parsed.collectives, rank)
+    parsed.entries, parsed.status = _set_rank(parsed.entries, rank), _set_rank(parsed.status, rank)
     run.logs.setdefault(rank, _RankLogs()).fr = parsed
     run.groups.add(parsed.process_groups, rank)
     local += parsed.warnings
@@ -659,6 +662,7 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
     for p in (rl.comms, rl.fr):
         if p is not None and p.collectives.num_rows:
             writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), run.groups))
+    _write_fr_tables(writer, rl)
     for t in rl.routing:
         writer.append("routing", t)
     for t in rl.memory_segments:
@@ -667,6 +671,17 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
         writer.append("pipeline", _shift_times(t, shift))
     if rl.comms is not None and rl.fr is not None:
         warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
+
+
+def _write_fr_tables(writer: RunStoreWriter, rl: _RankLogs) -> None:
+    """The rank's Flight Recorder dump (else its comms log) as fr_entries / fr_status: what the hang
+    analyzer reads. Times stay on the wall clock they were recorded in."""
+    src = rl.fr if rl.fr is not None and rl.fr.status is not None else rl.comms
+    if src is None or src.status is None:
+        return
+    for name, table in (("fr_entries", src.entries), ("fr_status", src.status)):
+        if table is not None and table.num_rows:
+            writer.append(name, table)
 
 
 def _write_rank(run: _Run, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,
