@@ -149,5 +149,6 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
             engine.close()
     run = AnalysisRun(analysis=analysis, store=store, out=out)
     if out is not None:
-        run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(analysis["ranks"]))
+        run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(
+            analysis["ranks"] or (analysis.get("sections") or {}).get("hang")))
     return run

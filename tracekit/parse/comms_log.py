@@ -17,8 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse.flight_recorder import (entries_to_collectives_skipping_bad, fr_entry_rows, fr_status_rows,
-                                           pg_config_groups)
+from tracekit.parse.flight_recorder import entries_to_collectives_skipping_bad, pg_config_groups
 
 SOURCE_COMMS_LOG = "comms-log"
 COMMS_LOG_NAME = re.compile(r"^comms\.rank(\d+)\.jsonl$")
@@ -38,9 +37,6 @@ class CommsLogParse:
     partial: bool
     footer: dict[str, Any] | None
     warnings: list[str] = field(default_factory=list)
-    entries: pa.Table | None = None
-    """The log's entries as `fr_entries` rows (the hang analyzer reads a comms log like a dump)."""
-    status: pa.Table | None = None
 
 
 def read_comms_log_header(path: str | Path) -> dict[str, Any] | None:
@@ -108,11 +104,7 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
                                                 source=SOURCE_COMMS_LOG, group_ranks=group_ranks,
                                                 warnings=warnings, what=path.name)
     ws = header.get("world_size")
-    r = rank if rank is not None else -1
-    fr_entries = fr_entry_rows(entries, rank=r, source=SOURCE_COMMS_LOG, group_ranks=group_ranks)
-    status = fr_status_rows(None, fr_entries, rank=r, source_file=str(path), version=header.get("version"),
-                            num_entries=len(entries))
     return CommsLogParse(source_file=str(path), rank=rank, rank_source=rank_source,
                          world_size=int(ws) if ws is not None else None,
                          version=header.get("version"), process_groups=groups, collectives=table,
-                         partial=partial, footer=footer, warnings=warnings, entries=fr_entries, status=status)
+                         partial=partial, footer=footer, warnings=warnings)

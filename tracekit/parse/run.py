@@ -105,7 +105,8 @@ def _identify(parsed_rank: int | None, parsed_source: str | None, name_rank: int
     if name_rank is not None:
         return name_rank, "filename"
     raise RankIdentityError(path, "no rank in the file (distributedInfo/header/dump) nor in its name "
-                                  "(e.g. rank3.pt.trace.json.gz); not assuming one")
+                                  "(e.g. rank3.pt.trace.json.gz, or <prefix><rank> shared by a folder's "
+                                  "dumps such as _dump_3); not assuming one (--rank-from-name REGEX gives it)")
 
 
 # ---- side logs (routing / pipeline) -----------------------------------------------------------------
@@ -674,9 +675,10 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
 
 
 def _write_fr_tables(writer: RunStoreWriter, rl: _RankLogs) -> None:
-    """The rank's Flight Recorder dump (else its comms log) as fr_entries / fr_status: what the hang
-    analyzer reads. Times stay on the wall clock they were recorded in."""
-    src = rl.fr if rl.fr is not None and rl.fr.status is not None else rl.comms
+    """The rank's Flight Recorder dump (torch's, or the one `tracekit record` writes on a hang) as
+    fr_entries / fr_status: what the hang analyzer reads. A comms log is not: it holds the profiled window
+    only. Times stay on the wall clock they were recorded in."""
+    src = rl.fr
     if src is None or src.status is None:
         return
     for name, table in (("fr_entries", src.entries), ("fr_status", src.status)):
