@@ -265,6 +265,8 @@ class FlightRecorderParse:
     """The dump's entries as `fr_entries` rows (rank -1 until the rank is known)."""
     status: pa.Table | None = None
     """The dump's pg_status as `fr_status` rows (one row even when it has none)."""
+    hang_dump: bool = False
+    """Written by `tracekit record`'s hang watch (it supersedes a window dump of the same rank)."""
 
 
 def is_flight_recorder_dump(doc: Any) -> bool:
@@ -324,11 +326,16 @@ def parse_flight_recorder(path: str | Path, *, rank: int | None = None,
                         "recent collective); its rank counts as having entered none")
     rank_or = rank if rank is not None else -1
     fr_entries = fr_entry_rows(objects, rank=rank_or, source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
+    dead = doc.get("dead")
     status = fr_status_rows(doc.get("pg_status"), fr_entries, rank=rank_or, source_file=str(path),
-                            version=version, num_entries=len(objects))
+                            version=version, num_entries=len(objects), dead=None if dead is None else bool(dead))
     return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source, version=version,
                                process_groups=groups, collectives=table, warnings=warnings,
-                               entries=fr_entries, status=status)
+                               entries=fr_entries, status=status, hang_dump=HANG_DUMP_KEY in doc)
+
+
+HANG_DUMP_KEY = "tracekit_hang_dump"
+"""Top-level key of the dumps `tracekit record --hang-timeout` writes (record/hang_monitor.py)."""
 
 
 SUPPORTED_MAJOR = "2"
@@ -410,6 +417,17 @@ def _pg_names_by_id(entries: pa.Table) -> dict[str, str]:
     return {i: n for i, n in zip(ids, names) if i is not None and n is not None}
 
 
+def _count(value: Any) -> int | None:
+    """A pg_status counter: a number, or its text (torch's JSON dump writes "3")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
 def fr_status_rows(pg_status: Any, entries: pa.Table, *, rank: int, source_file: str, version: str | None,
                    num_entries: int, dead: bool | None = None) -> pa.Table:
     """The dump's `pg_status` ({pg_id: {last_enqueued_collective, last_started_collective,
@@ -420,8 +438,7 @@ def fr_status_rows(pg_status: Any, entries: pa.Table, *, rank: int, source_file:
     for key, st in (pg_status.items() if isinstance(pg_status, Mapping) else ()):
         if not isinstance(st, Mapping):
             continue
-        num = {k: (int(st[f"last_{k}_collective"]) if isinstance(st.get(f"last_{k}_collective"), (int, float))
-                   else None) for k in ("enqueued", "started", "completed")}
+        num = {k: _count(st.get(f"last_{k}_collective")) for k in ("enqueued", "started", "completed")}
         rows.append({**base, "pg_id": str(key), "pg_name": names.get(str(key)), "last_enqueued": num["enqueued"],
                      "last_started": num["started"], "last_completed": num["completed"]})
     if not rows:

@@ -487,7 +487,12 @@ def _add_comms_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: i
 def _add_flight_recorder(f: Any, path: str, run: _Run, local: list[str], max_bytes: int | None) -> int | None:
     parsed = parse_flight_recorder(f.path, max_bytes=max_bytes)
     rank, _ = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local)
-    if not run.claim("flight_recorder", rank, path, "Flight Recorder"):
+    earlier = run.logs.get(rank).fr if run.logs.get(rank) is not None else None
+    if parsed.hang_dump and earlier is not None and not earlier.hang_dump:
+        # the hang watch's dump is the same buffer, later: it replaces the window's dump of the rank
+        local.append(f"{f.path.name}: the hang dump replaces {Path(earlier.source_file).name} for rank {rank}")
+        run.claims["flight_recorder"][rank] = path
+    elif not run.claim("flight_recorder", rank, path, "Flight Recorder"):
         return None
     parsed.collectives = _set_rank(parsed.collectives, rank)
     parsed.entries, parsed.status = _set_rank(parsed.entries, rank), _set_rank(parsed.status, rank)
