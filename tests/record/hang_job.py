@@ -25,6 +25,7 @@ def main(scenario: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for step in range(STEPS):
+        time.sleep(0.4)  # the step's compute: the hang monitor beats meanwhile
         if scenario in ("pipeline", "healthy"):
             for mb in range(MICRO):
                 act = torch.full((8,), float(mb))

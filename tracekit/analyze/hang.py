@@ -16,10 +16,13 @@ and `process_groups`. Definitions (docs/metrics.md, "Hangs"):
 - **mismatch**: at one sequence number of G, an entry whose op, dtype or input sizes (all but
   all_to_all, whose splits differ by design) differ from the most common one: that rank is mismatched.
 - **P2P**: each pending send r->p is paired with a pending recv on p from r, in order; an unpaired one
-  waits for its peer (the peer is absent from it).
+  waits for its peer (the peer is absent from it). Where both ranks' dumps hold their whole P2P history
+  (their P2P sequence numbers start at 1) and the peer issued fewer sends to r than r issued recvs from
+  it (or the reverse), the peer *skipped* one: `peer_skipped`.
 - **root cause**: rank r waits for rank q when r has a pending entry from which q is absent (missing,
   no dump, mismatched, unpaired peer). Root causes are the ranks nothing they wait for explains (the
-  sink components of that graph), ranked by how many ranks wait on them, directly or not.
+  sink components of that graph), ranked by how many ranks wait on them, directly or not. In a component
+  where ranks wait on each other (a cycle), the ranks that skipped a send/recv are the cause.
 
 A job is called hung when some pending entry has an absent rank, or a mismatch is seen. Section `hang`
 (only when the run has dumps): {"hung", "dumps": {"ranks", "empty", "no_dump", "dead"}, "groups": [{"pg_name",
@@ -66,7 +69,7 @@ def analyze_hang(store: RunStore) -> HangResult:
     per_group = [_group_state(name, g, entries, progress, dumps) for name, g in sorted(groups.items())]
     p2p = _p2p_unmatched(entries)
     waits = _waits(per_group, p2p)
-    roots = _root_causes(waits, per_group, dumps, entries)
+    roots = _root_causes(waits, per_group, dumps, entries, p2p)
     hung = bool(waits) or any(g["mismatches"] for g in per_group)
     section = {"hung": hung, "dumps": dumps, "groups": per_group, "p2p_unmatched": p2p[:_SHOWN],
                "waits": [{"rank": r, "waits_for": sorted(w)} for r, w in sorted(waits.items())],
@@ -103,6 +106,7 @@ def _progress(entries: list[dict[str, Any]], status: list[dict[str, Any]]) -> di
     """(rank, pg_name) -> last enqueued / started / completed collective seq, from entries and pg_status."""
     out: dict[tuple[int, str], dict[str, int]] = defaultdict(lambda: {"enqueued": -1, "started": -1, "completed": -1})
     p2p_ids = {(e["rank"], e["pg_id"]) for e in entries if e["is_p2p"]}
+    p2p_names = {(e["rank"], e["pg_name"]) for e in entries if e["is_p2p"]}
     for e in entries:
         if e["is_p2p"] or e["pg_name"] is None or e["seq"] is None:
             continue
@@ -113,7 +117,7 @@ def _progress(entries: list[dict[str, Any]], status: list[dict[str, Any]]) -> di
         if not _pending(e):
             p["completed"] = max(p["completed"], e["seq"])
     for s in status:  # pg_status counts P2P ops too where the group has them: used only where it has none
-        if s["pg_name"] is None or (s["rank"], s["pg_id"]) in p2p_ids:
+        if s["pg_name"] is None or (s["rank"], s["pg_id"]) in p2p_ids or (s["rank"], s["pg_name"]) in p2p_names:
             continue
         p = out[(s["rank"], s["pg_name"])]
         for k in ("enqueued", "started", "completed"):
@@ -187,14 +191,39 @@ def _p2p_unmatched(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 sends[(e["rank"], e["peer"])].append(e)
             elif e["op"] == "recv":
                 recvs[(e["peer"], e["rank"])].append(e)
+    issued, complete = _p2p_history(entries)
     out = []
     for key in sorted(set(sends) | set(recvs)):
         s, r = sends.get(key, []), recvs.get(key, [])
         extra = s[len(r):] if len(s) > len(r) else r[len(s):]
+        n_send, n_recv = issued.get(("send",) + key, 0), issued.get(("recv",) + key, 0)
         for e in extra:
+            known = key[0] in complete and key[1] in complete
+            skipped = known and (n_send < n_recv if e["op"] == "recv" else n_recv < n_send)
             out.append({"waiting_rank": e["rank"], "peer": e["peer"], "src": key[0], "dst": key[1],
-                        "pg_name": e["pg_name"], "pg_desc": e["pg_desc"], **_collective(e)})
+                        "pg_name": e["pg_name"], "pg_desc": e["pg_desc"], "peer_skipped": skipped,
+                        "sends_issued": n_send if known else None, "recvs_issued": n_recv if known else None,
+                        **_collective(e)})
     return out
+
+
+def _p2p_history(entries: list[dict[str, Any]]) -> tuple[Counter, set[int]]:
+    """Sends / recvs each rank issued per (src, dst), and the ranks whose dumps hold every P2P call
+    they made (in each group, P2P sequence numbers from 1 without a gap)."""
+    issued: Counter = Counter()
+    seqs: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for e in entries:
+        if not e["is_p2p"] or e["peer"] is None or e["op"] not in ("send", "recv"):
+            continue
+        key = (e["rank"], e["peer"]) if e["op"] == "send" else (e["peer"], e["rank"])
+        issued[(e["op"],) + key] += 1
+        if e["seq"] is not None:
+            seqs[(e["rank"], e["pg_name"])].append(e["seq"])
+    whole: dict[int, bool] = {}
+    for (rank, _), ss in seqs.items():
+        ok = sorted(ss) == list(range(1, len(ss) + 1))
+        whole[rank] = whole.get(rank, True) and ok
+    return issued, {r for r, ok in whole.items() if ok}
 
 
 def _waits(groups: list[dict[str, Any]], p2p: list[dict[str, Any]]) -> dict[int, set[int]]:
@@ -225,8 +254,23 @@ def _reach(waits: dict[int, set[int]], start: int) -> set[int]:
     return seen
 
 
+def _skippers_first(comps: dict[frozenset[int], set[int]], p2p: list[dict[str, Any]]
+                    ) -> dict[frozenset[int], set[int]]:
+    """In a component of ranks waiting on each other, the ones that skipped a send/recv are the cause;
+    the others wait on them."""
+    skipped = {u["peer"] for u in p2p if u.get("peer_skipped")}
+    out = {}
+    for comp, blocked in comps.items():
+        cause = comp & skipped
+        if cause and cause != comp:
+            out[frozenset(cause)] = blocked | (comp - cause)
+        else:
+            out[comp] = blocked
+    return out
+
+
 def _root_causes(waits: dict[int, set[int]], groups: list[dict[str, Any]], dumps: dict[str, Any],
-                 entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                 entries: list[dict[str, Any]], p2p: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sink components of the wait graph, most-waited-on first."""
     nodes = set(waits) | {q for w in waits.values() for q in w}
     reach = {n: _reach(waits, n) for n in nodes}
@@ -236,8 +280,9 @@ def _root_causes(waits: dict[int, set[int]], groups: list[dict[str, Any]], dumps
         comp = frozenset({n} | {q for q in reach[n] if n in reach[q]})
         comps[comp] = {r for r in nodes if comp & (reach[r] | {r})} - comp
     comps = _merge_co_absent(comps, groups)
+    comps = _skippers_first(comps, p2p)
     ranked = sorted(comps.items(), key=lambda kv: (-len(kv[1]), min(kv[0])))
-    return [_root(sorted(c), sorted(blocked), groups, dumps, entries) for c, blocked in ranked[:_SHOWN]]
+    return [_root(sorted(c), sorted(blocked), groups, dumps, entries, p2p) for c, blocked in ranked[:_SHOWN]]
 
 
 def _merge_co_absent(comps: dict[frozenset[int], set[int]], groups: list[dict[str, Any]]
@@ -264,10 +309,10 @@ def _merge_co_absent(comps: dict[frozenset[int], set[int]], groups: list[dict[st
 
 def _kind(ranks: list[int], groups: list[dict[str, Any]], dumps: dict[str, Any]) -> str:
     odd = {r for g in groups for m in g["mismatches"] for r in m["ranks"]}
+    if any(r in odd for r in ranks):  # a mismatched call explains the hang even when the rank then died of it
+        return "mismatch"
     if any(r in dumps["dead"] for r in ranks):
         return "dead"
-    if any(r in odd for r in ranks):
-        return "mismatch"
     if all(r not in dumps["ranks"] for r in ranks):
         return "no_dump"
     return "missing"
@@ -293,14 +338,23 @@ def _headline(ranks: list[int], groups: list[dict[str, Any]]) -> dict[str, Any] 
     return best
 
 
+def _p2p_headline(ranks: list[int], p2p: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The unpaired send/recv that waits on `ranks` (one the peer skipped first)."""
+    hits = [u for u in p2p if u["peer"] in ranks]
+    if not hits:
+        return None
+    u = max(hits, key=lambda u: (u["peer_skipped"], -(u["seq"] or 0)))
+    return {**u, "missing": [u["peer"]], "no_dump": [], "entered": [u["waiting_rank"]]}
+
+
 def _root(ranks: list[int], blocked: list[int], groups: list[dict[str, Any]], dumps: dict[str, Any],
-          entries: list[dict[str, Any]]) -> dict[str, Any]:
+          entries: list[dict[str, Any]], p2p: list[dict[str, Any]]) -> dict[str, Any]:
     last: dict[int, dict[str, Any]] = {}
     for e in entries:  # entries are in issue order per rank: the last one wins
         if e["rank"] in ranks:
             last[e["rank"]] = e
     return {"ranks": ranks, "kind": _kind(ranks, groups, dumps), "blocked_ranks": blocked,
-            "collective": _headline(ranks, groups),
+            "collective": _headline(ranks, groups) or _p2p_headline(ranks, p2p),
             "last_entries": {str(r): _collective(e) for r, e in last.items()},
             "frames": {str(r): e["frames"] for r, e in last.items() if e.get("frames")}}
 
@@ -314,8 +368,14 @@ def _finding(root: dict[str, Any], groups: list[dict[str, Any]], num_waiting: in
     ranks = root["ranks"]
     where = (f"group {c.get('pg_name')} ({c.get('pg_desc') or 'no description'}) is stuck at {c.get('op')} "
              f"#{c.get('seq')} ({c.get('in_sizes') or '?'}, {c.get('dtype') or '?'})") if c else "the job is stuck"
+    if c.get("waiting_rank") is not None:  # an unpaired send/recv
+        where = (f"rank {c['waiting_rank']} waits in {c.get('op')} #{c.get('seq')} {'to' if c.get('op') == 'send' else 'from'} "
+                 f"rank {c['peer']} (group {c.get('pg_name')}, {c.get('in_sizes') or '?'}, {c.get('dtype') or '?'})")
     who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-    summary = (f"job hung: {where}: {who} {_KIND_TEXT[root['kind']]}; {len(root['blocked_ranks'])} rank(s) "
+    what = _KIND_TEXT[root["kind"]]
+    if c.get("waiting_rank") is not None and root["kind"] == "missing":
+        what = f"never posted the matching {'recv' if c.get('op') == 'send' else 'send'}"
+    summary = (f"job hung: {where}: {who} {what}; {len(root['blocked_ranks'])} rank(s) "
                f"wait on {'them' if len(ranks) > 1 else 'it'}")
     rec = {"missing": f"look at what {who} did instead (their last entries and stacks are in the hang section); "
                       "a data-dependent branch, a lock or a device error keeps a rank from the collective",
@@ -324,7 +384,8 @@ def _finding(root: dict[str, Any], groups: list[dict[str, Any]], num_waiting: in
            "no_dump": f"{who} wrote no dump: find out whether the process was alive (a held GIL or a crash)"}
     details = {"hang_kind": root["kind"], "root_ranks": ranks, "blocked_ranks": root["blocked_ranks"][:_SHOWN],
                "collective": {k: c.get(k) for k in ("pg_name", "pg_desc", "op", "name", "seq", "in_sizes",
-                                                    "out_sizes", "dtype", "missing", "no_dump", "entered")
+                                                    "out_sizes", "dtype", "missing", "no_dump", "entered",
+                                                    "waiting_rank", "peer", "peer_skipped")
                               if k in c},
                "ranks_waiting": num_waiting}
     if root["kind"] == "mismatch" and c.get("mismatched"):

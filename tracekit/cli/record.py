@@ -149,7 +149,8 @@ def print_hang(console: Any, hang: dict[str, Any] | None) -> None:
     head = "[red]hang[/red]: the job was hung" if hang.get("detected") else "[yellow]job failed[/yellow]: post-mortem"
     console.print(f"\n{head}: {hang.get('summary') or 'no stuck collective found in the dumps'}")
     if hang.get("dead_ranks"):
-        console.print(f"  dead ranks (process gone): {hang['dead_ranks']}")
+        console.print(f"  ranks that died: {hang['dead_ranks']}"
+                      + (f" (then {hang['stopped_ranks']} were stopped)" if hang.get("stopped_ranks") else ""))
     console.print(f"  dumps: {hang.get('dumps')}   analysis: {hang.get('analysis')}")
 
 

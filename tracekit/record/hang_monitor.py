@@ -53,33 +53,70 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-class _P2PLog:
-    """Send/recv calls in Flight Recorder's entry schema (gloo's Flight Recorder records none)."""
+class _CallLog:
+    """torch.distributed calls made from Python, in Flight Recorder's entry schema.
+
+    Send/recv are kept in memory for the dumps (gloo's Flight Recorder records none). Every call is also
+    appended to `<out>/hang/calls.rank{R}.jsonl` before it runs, and a `{"done": id}` line after a
+    blocking one returns: one `write` each, so the lines survive a rank that is killed or aborts inside
+    the call (gloo aborts a rank on a size mismatch), when no dump could be written.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: deque[tuple[dict[str, Any], Any]] = deque(maxlen=P2P_BUFFER)
-        self.seq: dict[str, int] = {}
+        self.seq: dict[tuple[str, bool], int] = {}
         self.issued = 0
         self.done = 0
+        self.fd: int | None = None
+        self.out_dir: str | None = None
+        self.record_id = 0
+        self.groups: dict[int, tuple[str, str, list[int]]] = {}
 
-    def begin(self, op: str, tensor: Any, peer: int, group: Any) -> dict[str, Any]:
+    def _group(self, group: Any) -> tuple[str, str, list[int]]:
         import torch.distributed as dist
 
         pg = group or dist.group.WORLD
-        name = dist.distributed_c10d._get_process_group_name(pg) if pg is not None else "0"
-        desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "")
+        got = self.groups.get(id(pg))
+        if got is None:
+            c10d = dist.distributed_c10d
+            name = c10d._get_process_group_name(pg) if pg is not None else "0"
+            desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "")
+            got = self.groups[id(pg)] = (name, desc, list(dist.get_process_group_ranks(pg)))
+        return got
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        if self.fd is None and self.out_dir is not None:
+            import torch.distributed as dist
+
+            path = Path(self.out_dir) / HANG_DIR / f"calls.rank{dist.get_rank()}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self.fd is not None:
+            os.write(self.fd, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
+
+    def begin(self, op: str, group: Any, inputs: list[Any], outputs: list[Any], peer: int | None = None,
+              **extra: Any) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        name, desc, ranks = self._group(group)
+        p2p = op in ("send", "recv")
         with self.lock:
-            self.seq[name] = self.seq.get(name, 0) + 1
-            self.issued += 1
-            me = dist.get_rank()
-            entry = {"record_id": None, "pg_id": None, "process_group": [name, desc], "collective_seq_id": 0,
-                     "p2p_seq_id": self.seq[name], "profiling_name": f"gloo:{op} {me}{'->' if op == 'send' else '<-'}{peer}",
-                     "time_created_ns": time.time_ns(), "input_sizes": [list(tensor.shape)],
-                     "input_dtypes": [_dtype(tensor)], "output_sizes": [list(tensor.shape)],
-                     "output_dtypes": [_dtype(tensor)], "state": "scheduled", "retired": False, "is_p2p": True,
-                     "peer": int(peer), "source": "tracekit_p2p"}
-            self.entries.append((entry, None))
+            key = (name, p2p)
+            self.seq[key] = self.seq.get(key, 0) + 1
+            self.record_id += 1
+            self.issued += p2p
+            label = f"gloo:{op}" + (f" {dist.get_rank()}{'->' if op == 'send' else '<-'}{peer}" if p2p else "")
+            entry = {"record_id": self.record_id, "pg_id": None, "process_group": [name, desc],
+                     "collective_seq_id": 0 if p2p else self.seq[key], "p2p_seq_id": self.seq[key] if p2p else 0,
+                     "profiling_name": label, "time_created_ns": time.time_ns(),
+                     "input_sizes": [list(t.shape) for t in inputs], "input_dtypes": [_dtype(t) for t in inputs],
+                     "output_sizes": [list(t.shape) for t in outputs], "output_dtypes": [_dtype(t) for t in outputs],
+                     "state": "scheduled", "retired": False, "is_p2p": p2p, "peer": peer, "group_ranks": ranks,
+                     "source": "tracekit_calls", **extra}
+            if p2p:
+                self.entries.append((entry, None))
+            self._write(entry)
         return entry
 
     def attach(self, entry: dict[str, Any], work: Any) -> None:
@@ -94,10 +131,11 @@ class _P2PLog:
             if entry["state"] != "completed":
                 entry["state"], entry["retired"] = "completed", True
                 entry["time_discovered_completed_ns"] = time.time_ns()
-                self.done += 1
+                self.done += entry["is_p2p"]
+                self._write({"done": entry["record_id"], "t": entry["time_discovered_completed_ns"]})
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Entries with the state of their Work where the caller kept one (isend/irecv)."""
+        """Send/recv entries with the state of their Work where the caller kept one (isend/irecv)."""
         with self.lock:
             items = list(self.entries)
         for entry, work in items:
@@ -119,40 +157,75 @@ def _dtype(t: Any) -> str:
     return dtype_name(t.dtype)
 
 
-_p2p = _P2PLog()
+_calls = _CallLog()
+
+# torch.distributed function -> (op, where the inputs / outputs / peer / group are among its arguments)
+_WRAPPED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = {
+    "all_reduce": ("all_reduce", ("tensor",), ("tensor",), None),
+    "broadcast": ("broadcast", ("tensor",), ("tensor",), None),
+    "reduce": ("reduce", ("tensor",), ("tensor",), None),
+    "barrier": ("barrier", (), (), None),
+    "all_gather_into_tensor": ("all_gather", ("input_tensor",), ("output_tensor",), None),
+    "reduce_scatter_tensor": ("reduce_scatter", ("input",), ("output",), None),
+    "all_to_all_single": ("all_to_all", ("input",), ("output",), None),
+    "all_gather": ("all_gather", ("tensor",), (), None),
+    "send": ("send", ("tensor",), ("tensor",), "dst"),
+    "recv": ("recv", ("tensor",), ("tensor",), "src"),
+    "isend": ("send", ("tensor",), ("tensor",), "dst"),
+    "irecv": ("recv", ("tensor",), ("tensor",), "src"),
+}
 
 
-def _wrap_p2p() -> None:
-    """Log send/recv/isend/irecv (torch.distributed's Python functions; batch_isend_irecv calls isend/irecv)."""
+def _binder(fn: Any):
+    """args, kwargs -> {parameter: value}, without inspect.signature's cost per call."""
+    import inspect
+
+    names = list(inspect.signature(fn).parameters)
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        out = dict(zip(names, args))
+        out.update(kwargs)
+        return out
+
+    return bind
+
+
+def _wrap(fn: Any, op: str, ins: tuple[str, ...], outs: tuple[str, ...], peer_arg: str | None) -> Any:
+    bind = _binder(fn)
+
+    def wrapper(*args, **kwargs):
+        try:
+            a = bind(args, kwargs)
+            peer = a.get(peer_arg) if peer_arg else None
+            entry = _calls.begin(op, a.get("group"), [a[k] for k in ins if a.get(k) is not None],
+                                 [a[k] for k in outs if a.get(k) is not None],
+                                 peer=None if peer is None else int(peer))
+        except Exception:  # logging must never change the call
+            return fn(*args, **kwargs)
+        out = fn(*args, **kwargs)
+        if fn.__name__ in ("isend", "irecv"):
+            _calls.attach(entry, out)
+        elif out is None or not a.get("async_op"):
+            _calls.finish(entry)
+        return out
+
+    wrapper.__wrapped__ = fn
+    wrapper.__name__ = fn.__name__
+    wrapper._tracekit_hang_log = True
+    return wrapper
+
+
+def _wrap_calls(out_dir: str) -> None:
+    """Wrap torch.distributed's Python collectives and send/recv (batch_isend_irecv calls isend/irecv)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    def blocking(fn, op):
-        def wrapper(tensor, *args, **kwargs):
-            peer = args[0] if args else kwargs.get("dst", kwargs.get("src", kwargs.get("group_dst", kwargs.get("group_src", -1))))
-            entry = _p2p.begin(op, tensor, -1 if peer is None else peer, kwargs.get("group", args[1] if len(args) > 1 else None))
-            out = fn(tensor, *args, **kwargs)
-            _p2p.finish(entry)
-            return out
-        wrapper.__wrapped__ = fn
-        return wrapper
-
-    def nonblocking(fn, op):
-        def wrapper(tensor, *args, **kwargs):
-            peer = args[0] if args else kwargs.get("dst", kwargs.get("src", kwargs.get("group_dst", kwargs.get("group_src", -1))))
-            entry = _p2p.begin(op, tensor, -1 if peer is None else peer, kwargs.get("group", args[1] if len(args) > 1 else None))
-            work = fn(tensor, *args, **kwargs)
-            _p2p.attach(entry, work)
-            return work
-        wrapper.__wrapped__ = fn
-        return wrapper
-
-    for name, make, op in (("send", blocking, "send"), ("recv", blocking, "recv"),
-                           ("isend", nonblocking, "send"), ("irecv", nonblocking, "recv")):
+    _calls.out_dir = out_dir
+    for name, (op, ins, outs, peer) in _WRAPPED.items():
         original = getattr(c10d, name, None)
-        if original is None or hasattr(original, "__wrapped__"):
+        if original is None or getattr(original, "_tracekit_hang_log", False):
             continue
-        wrapped = make(original, op)
+        wrapped = _wrap(original, op, ins, outs, peer)
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
@@ -184,8 +257,8 @@ def _progress() -> tuple[tuple[Any, ...], bool]:
     status = doc.get("pg_status") or {}
     key = tuple(sorted((k, _num(v.get("last_enqueued_collective")), _num(v.get("last_completed_collective")))
                        for k, v in status.items() if isinstance(v, dict)))
-    pending = any(e > c for _, e, c in key) or _p2p.pending()
-    return key + (("p2p", _p2p.issued, _p2p.done),), pending
+    pending = any(e > c for _, e, c in key) or _calls.pending()
+    return key + (("p2p", _calls.issued, _calls.done),), pending
 
 
 def _main_stack() -> list[dict[str, Any]]:
@@ -201,7 +274,7 @@ def build_dump(rank: int, reason: str) -> dict[str, Any]:
     """Flight Recorder's dump with our send/recv entries, the rank, and the main thread's stack on the
     entry it waits in (its last pending one)."""
     doc = _fr_json(True) or {"version": "2.x", "pg_config": {}, "pg_status": {}, "entries": []}
-    entries = list(doc.get("entries") or []) + _p2p.snapshot()
+    entries = list(doc.get("entries") or []) + _calls.snapshot()
     entries.sort(key=lambda e: e.get("time_created_ns") or 0)
     for i, e in enumerate(entries, 1):
         e["record_id"] = i
@@ -289,6 +362,6 @@ def start(out_dir: str) -> None:
     global _monitor
     if _monitor is not None and _monitor.is_alive():
         return
-    _wrap_p2p()
+    _wrap_calls(out_dir)
     _monitor = HangMonitor(out_dir)
     _monitor.start()

@@ -48,6 +48,8 @@ class HangWatch:
     timeout_s: float
     last_change: dict[int, tuple[str, float]] = field(default_factory=dict)
     hung_at: float | None = None
+    died_at: dict[int, float] = field(default_factory=dict)
+    """When each rank was first seen gone without exiting (the launcher stops the others after one dies)."""
 
     def beats(self) -> dict[int, dict[str, Any]]:
         out = {}
@@ -61,10 +63,13 @@ class HangWatch:
 
     def poll(self) -> bool:
         """True (once) when the job is hung by the definition above."""
-        if self.hung_at is not None:
-            return False
         now = time.monotonic()
         beats = self.beats()
+        for r, b in beats.items():
+            if r not in self.died_at and not b.get("exited") and not _alive(int(b.get("pid", -1))):
+                self.died_at[r] = now
+        if self.hung_at is not None:
+            return False
         live = {r: b for r, b in beats.items() if not b.get("exited") and _alive(int(b.get("pid", -1)))}
         for r, b in live.items():
             prev = self.last_change.get(r)
@@ -95,10 +100,21 @@ class HangWatch:
     def dead_ranks(self) -> list[int]:
         return sorted(r for r, b in self.beats().items() if not b.get("exited") and not _alive(int(b.get("pid", -1))))
 
+    def first_dead(self) -> tuple[list[int], list[int]]:
+        """(ranks that died first, ranks gone later: stopped by the launcher after those died). Deaths seen
+        at the same poll count as one; unseen ones (the job ended between polls) count as first."""
+        dead = self.dead_ranks()
+        seen = [self.died_at[r] for r in dead if r in self.died_at]
+        if not seen:
+            return dead, []
+        first = min(seen)
+        later = [r for r in dead if r in self.died_at and self.died_at[r] > first + 0.2]
+        return [r for r in dead if r not in later], later
+
     def exited_ranks(self) -> list[int]:
         return sorted(r for r, b in self.beats().items() if b.get("exited"))
 
-    def mark_dead(self, ranks: list[int], how: str) -> None:
+    def mark_dead(self, ranks: list[int], how: str, dead: bool = True) -> None:
         """Say in each rank's dump (a stub when it wrote none) that its process had ended."""
         for r in ranks:
             p = dump_path(self.out_dir, r)
@@ -107,7 +123,7 @@ class HangWatch:
             except (OSError, ValueError):
                 doc = {"version": "2.x", "rank": r, "pg_config": {}, "pg_status": {}, "entries": [],
                        HANG_DUMP_KEY: {"reason": "no dump: written by tracekit record"}}
-            doc["dead"] = True
+            doc["dead"] = dead
             doc.setdefault(HANG_DUMP_KEY, {})["process"] = how
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(doc))
@@ -136,8 +152,61 @@ class HangWatch:
         shutil.rmtree(self.out_dir / HANG_DIR, ignore_errors=True)
         shutil.rmtree(self.out_dir / BEAT_DIR, ignore_errors=True)
 
+    def fill_from_call_logs(self) -> list[int]:
+        """Ranks whose last Python-level calls (hang/calls.rank{R}.jsonl) are newer than their dump, or that
+        wrote none (killed, aborted): their dump is rebuilt from those calls. Returns those ranks."""
+        rebuilt = []
+        for p in sorted((self.out_dir / HANG_DIR).glob("calls.rank*.jsonl")):
+            try:
+                rank = int(p.name[len("calls.rank"):-len(".jsonl")])
+                entries, last = _read_calls(p)
+            except (OSError, ValueError):
+                continue
+            dump = dump_path(self.out_dir, rank)
+            try:
+                meta = json.loads(dump.read_text()).get(HANG_DUMP_KEY) or {}
+            except (OSError, ValueError):
+                meta = None
+            reason = str(meta.get("reason") or "") if meta is not None else ""
+            # a dump taken while waiting may predate later calls; one written on the way out of an exception
+            # shows the failed call retired like a finished one (gloo's recorder does not tell them apart)
+            stale = meta is None or reason.startswith("exited on") or (
+                reason == "waiting" and int(meta.get("time_ns") or 0) < last)
+            if entries and stale:
+                dump.write_text(json.dumps(_dump_from_calls(rank, entries)))
+                rebuilt.append(rank)
+        return rebuilt
+
     def has_dumps(self) -> bool:
         return any((self.out_dir / HANG_DIR).glob("flight_recorder.rank*.json"))
+
+
+def _read_calls(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Entries of a call log with their completion applied, and the time of its last line (ns)."""
+    entries: dict[int, dict[str, Any]] = {}
+    last = 0
+    for raw in path.read_bytes().splitlines():
+        try:
+            obj = json.loads(raw)
+        except ValueError:  # a line cut by the rank's death
+            continue
+        if "done" in obj and obj["done"] in entries:
+            e = entries[obj["done"]]
+            e["state"], e["retired"], e["time_discovered_completed_ns"] = "completed", True, obj.get("t")
+            last = max(last, int(obj.get("t") or 0))
+        elif "record_id" in obj:
+            entries[obj["record_id"]] = obj
+            last = max(last, int(obj.get("time_created_ns") or 0))
+    return list(entries.values()), last
+
+
+def _dump_from_calls(rank: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    groups = {}
+    for e in entries:
+        name, desc = (e.get("process_group") or ["", ""])[:2]
+        groups[name] = {"name": name, "desc": desc, "ranks": str(e.get("group_ranks") or [])}
+    return {"version": "2.x", "rank": rank, "pg_config": groups, "pg_status": {}, "entries": entries,
+            HANG_DUMP_KEY: {"reason": "built from the rank's call log (no dump after its last call)"}}
 
 
 def _mtime(p: Path) -> float:

@@ -193,9 +193,12 @@ def _hang_report(watch: Any, detected: bool) -> dict[str, Any]:
     """Mark dead ranks in their dumps, analyse the dumps, and say what was found."""
     from tracekit.record.hang_watch import analyze_hang_dumps
 
-    dead = watch.dead_ranks()
+    watch.fill_from_call_logs()
+    dead, later = watch.first_dead()
     watch.mark_dead(dead, "died")
-    report: dict[str, Any] = {"detected": detected, "dead_ranks": dead, "exited_ranks": watch.exited_ranks(),
+    watch.mark_dead(later, f"stopped after ranks {dead} died", dead=False)
+    report: dict[str, Any] = {"detected": detected, "dead_ranks": dead, "stopped_ranks": later,
+                              "exited_ranks": watch.exited_ranks(),
                               "dumps": str(watch.out_dir / "hang"), "summary": None, "analysis": None}
     try:
         top, where = analyze_hang_dumps(watch.out_dir)
