@@ -1,0 +1,88 @@
+"""Real hangs made with `tracekit record --hang-timeout` on 4 gloo ranks under torchrun (tests/record/hang_job.py).
+
+Each scenario's expected answer is what the job was told to do (the test wrote the fault): which rank,
+which collective (the job issues one all_reduce per step on the default group, so the step BAD's is
+all_reduce number BAD + 1; the pipeline's stage-1 rank waits in its recv number BAD * MICRO + MICRO: the
+skipped micro-batch's recv took the next one's data) and which kind. A healthy job with the same knobs
+must leave no hang files and report none. About 15 s per scenario on the 2-core box (marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.record.conftest import PY, REPO, child_env, run_record, torchrun
+
+JOB = Path(__file__).with_name("hang_job.py")
+sys.path.insert(0, str(JOB.parent))
+from hang_job import BAD, MICRO, STEPS  # noqa: E402  (the job's own constants: the faults it injects)
+
+TIMEOUT_S = "3"
+HUNG_EXIT = 3
+
+# scenario -> (root ranks, kind, op the root is absent from / waited on in, its sequence number, record stops it)
+EXPECTED = {
+    "sleep": ([1], "missing", "all_reduce", BAD + 1, True),
+    # rank 3 skipped one all_reduce, so its closing barrier is its call number STEPS where the others call
+    # their last all_reduce (the desync shows as a mismatch there)
+    "desync": ([3], "mismatch", "all_reduce", STEPS, True),
+    "mismatch": ([2], "mismatch", "all_reduce", BAD + 1, False),
+    "die": ([2], "dead", "all_reduce", BAD + 1, False),
+    "pipeline": ([0], "missing", "recv", BAD * MICRO + MICRO, True),
+}
+
+
+def _analyze(run_dir: Path, out: Path) -> tuple[int, dict]:
+    res = subprocess.run([PY, "-m", "tracekit", "analyze", str(run_dir), "--out", str(out), "-q"],
+                         env=child_env(), capture_output=True, text=True, timeout=180, cwd=REPO)
+    return res.returncode, json.loads((out / "analysis.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_record_leaves_a_post_mortem_that_names_the_fault(scenario, tmp_path):
+    ranks, kind, op, seq, stopped = EXPECTED[scenario]
+    run_dir = tmp_path / "run"
+    res = run_record(run_dir, torchrun(JOB, 4, scenario), "--hang-timeout", TIMEOUT_S, timeout=240)
+    if stopped:  # a hang: record saw no progress for the timeout, dumped, stopped the job
+        assert res.returncode == HUNG_EXIT, res.stderr[-3000:]
+        assert "the job is hung" in res.stderr
+    else:  # the job failed on its own (gloo aborts a rank on a size mismatch; torchrun stops the others)
+        assert res.returncode not in (0, HUNG_EXIT), res.stderr[-3000:]
+        assert "post-mortem" in res.stderr
+    dumps = sorted(p.name for p in (run_dir / "hang").glob("flight_recorder.rank*.json"))
+    assert dumps == [f"flight_recorder.rank{r}.json" for r in range(4)]
+    rc, a = _analyze(run_dir, tmp_path / "analysis")
+    assert rc == HUNG_EXIT
+    top = a["findings"][0]
+    assert top["kind"] == "hang" and top["severity"] == "critical"
+    assert top["ranks"] == ranks and top["evidence"]["hang_kind"] == kind, top["summary"]
+    c = top["evidence"]["collective"]
+    assert c["op"] == op and c["pg_name"] == "0"
+    if seq is not None:
+        assert c["seq"] == seq
+    if scenario == "desync":  # rank 3 skipped one all_reduce: its barrier meets the others' last all_reduce
+        mism = top["evidence"]["mismatched"]
+        assert [m["rank"] for m in mism] == [3] and mism[0]["op"] == "barrier"
+    if scenario == "mismatch":
+        mism = top["evidence"]["mismatched"]
+        assert [(m["rank"], m["in_sizes"]) for m in mism] == [(2, "32")] and c["in_sizes"] == "16"
+    if scenario == "pipeline":
+        assert c["waiting_rank"] == 1 and c["peer"] == 0 and c["peer_skipped"]
+    if scenario == "die":
+        assert 2 in a["sections"]["hang"]["dumps"]["dead"]
+
+
+@pytest.mark.slow
+def test_healthy_job_with_the_same_knobs_reports_no_hang(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_record(run_dir, torchrun(JOB, 4, "healthy"), "--hang-timeout", TIMEOUT_S, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "hung" not in res.stderr and "post-mortem" not in res.stderr
+    assert not (run_dir / "hang").exists() and not (run_dir / ".hang").exists()
+    assert not (run_dir / "hang-analysis").exists()
