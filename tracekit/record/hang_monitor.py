@@ -190,10 +190,23 @@ def _binder(fn: Any):
     return bind
 
 
+_inside = threading.local()
+"""Set while a wrapped call runs: torch's `send` calls `isend` (a wrapped name), logged once."""
+
+
 def _wrap(fn: Any, op: str, ins: tuple[str, ...], outs: tuple[str, ...], peer_arg: str | None) -> Any:
     bind = _binder(fn)
 
     def wrapper(*args, **kwargs):
+        if getattr(_inside, "on", False):
+            return fn(*args, **kwargs)
+        _inside.on = True
+        try:
+            return logged(*args, **kwargs)
+        finally:
+            _inside.on = False
+
+    def logged(*args, **kwargs):
         try:
             a = bind(args, kwargs)
             peer = a.get(peer_arg) if peer_arg else None
