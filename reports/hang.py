@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from reports.escape import h
-from reports.format import ranks_text
-from reports.html_parts import Col, cell_text, kv_table, section, table
+from reports.format import is_num, ranks_text
+from reports.html_parts import Col, cell_text, kv_table, plotly_text, section, table
 
 _KIND = {"missing": "never entered the collective", "dead": "process died", "no_dump": "left no dump",
          "mismatch": "entered it with another op, size or dtype"}
@@ -60,7 +60,26 @@ def _stuck_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def hang_html(sec: dict[str, Any] | None) -> str:
+def _last_entered_chart(figs: Any, sec: dict[str, Any]) -> str:
+    """One marker per rank at the time it entered its last collective (ms after the earliest of them)."""
+    rows = [r for r in sec.get("last_entered") or [] if isinstance(r, dict) and is_num(r.get("enqueue_ts"))]
+    none = [r.get("rank") for r in sec.get("last_entered") or [] if isinstance(r, dict) and not is_num(r.get("enqueue_ts"))]
+    if not rows or figs is None:
+        return ""
+    t0 = min(r["enqueue_ts"] for r in rows)
+    data = [{"type": "scatter", "mode": "markers+text", "name": "last entered",
+             "x": [(r["enqueue_ts"] - t0) / 1e6 for r in rows], "y": [f"r{r['rank']}" for r in rows],
+             "text": [plotly_text(f"{r.get('op')} #{r.get('seq')} g{r.get('pg_name')}") for r in rows],
+             "textposition": "middle right", "marker": {"size": 9},
+             "hovertemplate": "%{y}: %{text} at %{x:.3f} ms<extra></extra>"}]
+    layout = {"xaxis": {"title": {"text": "ms after the earliest rank's last entry"}},
+              "yaxis": {"type": "category", "autorange": "reversed"}, "showlegend": False}
+    note = (f"<p class=note>Ranks whose dump holds no entry: {h(ranks_text(none))}.</p>" if none else "")
+    return ("<h3>The last collective each rank entered</h3>"
+            + figs.add(data, layout, height=min(140 + 18 * len(rows), 1200)) + note)
+
+
+def hang_html(sec: dict[str, Any] | None, figs: Any = None) -> str:
     """The section, or "" when the run has no dumps."""
     if not isinstance(sec, dict) or not sec:
         return ""
@@ -69,7 +88,7 @@ def hang_html(sec: dict[str, Any] | None) -> str:
                      ("ranks with a dump", ranks_text(dumps.get("ranks"))),
                      ("dumps with no entries", ranks_text(dumps.get("empty")) or "–"),
                      ("ranks whose process died", ranks_text(dumps.get("dead")) or "–")])
-    body = head + _roots(sec)
+    body = head + _roots(sec) + _last_entered_chart(figs, sec)
     stuck = _stuck_rows(sec)
     if stuck:
         body += "<h3>Stuck process groups</h3>" + table(stuck, [

@@ -54,7 +54,7 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     pieces to write one after the other (`page_parts`)."""
     ctx = Page(analysis, store)
     parts = [
-        _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang")), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
+        _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang"), ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
         _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), _memory(ctx), _advice(ctx),
         _other(ctx),

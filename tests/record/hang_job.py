@@ -8,6 +8,9 @@ python hang_job.py SCENARIO, with SCENARIO one of:
   die       rank 2 is killed (SIGKILL) before the all_reduce of step BAD
   pipeline  ranks 0, 2 (stage 0) send 3 micro-batches a step to ranks 1, 3 (stage 1); in step BAD rank 0
             never sends micro-batch 1; every step ends with an all_reduce over all ranks
+  train     a tiny training loop (optimizer steps, so `tracekit record` profiles steps 2-3 with
+            --wait 1 --warmup 1 --active 2); rank 1 sleeps forever before the gradient all_reduce of
+            step TRAIN_BAD, after the profiled window
 """
 
 import os
@@ -19,6 +22,24 @@ import torch
 import torch.distributed as dist
 
 STEPS, BAD, MICRO = 5, 2, 3
+TRAIN_STEPS, TRAIN_BAD = 8, 6
+
+
+def train() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(TRAIN_STEPS):
+        loss = model(torch.randn(16, 32)).square().mean()
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        if rank == 1 and step == TRAIN_BAD:
+            time.sleep(10 ** 6)
+        dist.all_reduce(grads)
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
 
 
 def main(scenario: str) -> None:
@@ -50,4 +71,4 @@ def main(scenario: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    train() if sys.argv[1] == "train" else main(sys.argv[1])

@@ -86,3 +86,28 @@ def test_healthy_job_with_the_same_knobs_reports_no_hang(tmp_path):
     assert "hung" not in res.stderr and "post-mortem" not in res.stderr
     assert not (run_dir / "hang").exists() and not (run_dir / ".hang").exists()
     assert not (run_dir / "hang-analysis").exists()
+
+
+@pytest.mark.slow
+def test_hang_with_traces_of_the_same_job(tmp_path):
+    """The job is profiled (steps 2-3), then hangs at step TRAIN_BAD: the analysis of the run directory has
+    the usual per-rank breakdown and the hang section beside it, the hang first."""
+    run_dir = tmp_path / "run"
+    res = run_record(run_dir, torchrun(JOB, 4, "train"), "--hang-timeout", TIMEOUT_S, "--wait", "1", "--warmup", "1",
+                     "--active", "2", timeout=240)
+    assert res.returncode == HUNG_EXIT, res.stderr[-3000:]
+    assert sorted(p.name for p in run_dir.glob("rank*.pt.trace.json.gz")) == [f"rank{r}.pt.trace.json.gz" for r in range(4)]
+    rc, a = _analyze(run_dir, tmp_path / "analysis")
+    assert rc == HUNG_EXIT
+    assert sorted(r["rank"] for r in a["ranks"]) == [0, 1, 2, 3] and all(r["steps"] == 2 for r in a["ranks"])
+    top = a["findings"][0]
+    assert top["kind"] == "hang" and top["ranks"] == [1] and top["evidence"]["hang_kind"] == "missing"
+    # the job's gradient all_reduce: one per step on the default group, so step TRAIN_BAD's is number TRAIN_BAD + 1
+    # (FR counts collectives from Python and from the profiler's clock barrier alike: compare to the others' entry)
+    c = top["evidence"]["collective"]
+    assert c["op"] == "all_reduce" and c["in_sizes"] == str(32 * 32 + 32) and c["entered"] == [0, 2, 3]
+    last = {r["rank"]: r for r in a["sections"]["hang"]["last_entered"]}
+    assert all(last[r]["seq"] == c["seq"] for r in (0, 2, 3)) and last[1]["seq"] < c["seq"]
+    assert len(a["findings"]) > 1  # the usual findings follow
+    html = (tmp_path / "analysis" / "report.html").read_text()
+    assert "Hang post-mortem" in html and "Per-rank breakdown" in html

@@ -72,6 +72,7 @@ def analyze_hang(store: RunStore) -> HangResult:
     roots = _root_causes(waits, per_group, dumps, entries, p2p)
     hung = bool(waits) or any(g["mismatches"] for g in per_group)
     section = {"hung": hung, "dumps": dumps, "groups": per_group, "p2p_unmatched": p2p[:_SHOWN],
+               "last_entered": _last_entered(entries, dumps),
                "waits": [{"rank": r, "waits_for": sorted(w)} for r, w in sorted(waits.items())],
                "root_causes": roots}
     findings = [_finding(roots[0], per_group, len(waits))] if hung and roots else []
@@ -84,6 +85,18 @@ def _dumps(status: list[dict[str, Any]]) -> dict[str, Any]:
     dead = sorted({s["rank"] for s in status if s["dead"]})
     return {"ranks": ranks, "empty": empty, "dead": dead, "no_dump": [],
             "files": {str(s["rank"]): s["source_file"] for s in status}}
+
+
+def _last_entered(entries: list[dict[str, Any]], dumps: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank with a dump, the last collective or send/recv it entered (latest enqueue time; on the rank's
+    trace clock when a Kineto trace of it was parsed, else wall clock ns) — the timeline of where each stopped."""
+    last: dict[int, dict[str, Any]] = {}
+    for e in entries:
+        if e["enqueue_ts"] is not None and (e["rank"] not in last or e["enqueue_ts"] >= last[e["rank"]]["enqueue_ts"]):
+            last[e["rank"]] = e
+    return [{"rank": r, "pg_name": last[r]["pg_name"], "pg_desc": last[r]["pg_desc"], "enqueue_ts": last[r]["enqueue_ts"],
+             **_collective(last[r])} if r in last else {"rank": r, "op": None, "enqueue_ts": None}
+            for r in dumps["ranks"]]
 
 
 def _groups(store: RunStore, entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -668,7 +668,7 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
     for p in (rl.comms, rl.fr):
         if p is not None and p.collectives.num_rows:
             writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), run.groups))
-    _write_fr_tables(writer, rl)
+    _write_fr_tables(writer, rl, shift)
     for t in rl.routing:
         writer.append("routing", t)
     for t in rl.memory_segments:
@@ -679,14 +679,19 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
         warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
 
 
-def _write_fr_tables(writer: RunStoreWriter, rl: _RankLogs) -> None:
+def _write_fr_tables(writer: RunStoreWriter, rl: _RankLogs, shift: int) -> None:
     """The rank's Flight Recorder dump (torch's, or the one `tracekit record` writes on a hang) as
     fr_entries / fr_status: what the hang analyzer reads. A comms log is not: it holds the profiled window
-    only. Times stay on the wall clock they were recorded in."""
+    only. Times go onto the rank's Kineto clock like its collectives (`shift`; 0 without a trace)."""
     src = rl.fr
     if src is None or src.status is None:
         return
-    for name, table in (("fr_entries", src.entries), ("fr_status", src.status)):
+    entries = src.entries
+    if shift and entries is not None and entries.num_rows:
+        for col in ("enqueue_ts", "start_ts", "end_ts"):
+            idx = entries.column_names.index(col)
+            entries = entries.set_column(idx, col, pc.subtract(entries.column(col), pa.scalar(shift, pa.int64())))
+    for name, table in (("fr_entries", entries), ("fr_status", src.status)):
         if table is not None and table.num_rows:
             writer.append(name, table)
 
