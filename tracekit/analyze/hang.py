@@ -13,8 +13,9 @@ and `process_groups`. Definitions (docs/metrics.md, "Hangs"):
 - **stuck collective of G**: the lowest pending collective sequence number s of any member above that.
   `entered`: members with an entry at s (or a pg_status that enqueued s); `missing`: members with a
   dump that did not; `no_dump`: members without a dump (`dead` when the recorder saw the process die).
-- **mismatch**: at one sequence number of G, an entry whose op, dtype or input sizes (all but
-  all_to_all, whose splits differ by design) differ from the most common one: that rank is mismatched.
+- **mismatch**: at one sequence number of G that some member has pending, an entry whose op, dtype or
+  input sizes (not for all_to_all, scatter, gather, send/recv, whose sizes differ by design) differ from
+  the most common one: that rank is mismatched. (A mismatch every member completed did not stop the job.)
 - **P2P**: each pending send r->p is paired with a pending recv on p from r, in order; an unpaired one
   waits for its peer (the peer is absent from it). Where both ranks' dumps hold their whole P2P history
   (their P2P sequence numbers start at 1) and the peer issued fewer sends to r than r issued recvs from
@@ -25,7 +26,8 @@ and `process_groups`. Definitions (docs/metrics.md, "Hangs"):
   where ranks wait on each other (a cycle), the ranks that skipped a send/recv are the cause.
 
 A job is called hung when some pending entry has an absent rank, or a mismatch is seen. Section `hang`
-(only when the run has dumps): {"hung", "dumps": {"ranks", "empty", "no_dump", "dead"}, "groups": [{"pg_name",
+(only when some dump holds a pending entry or a dead rank; dumps whose calls all finished, e.g. the ones
+`tracekit record` takes at the end of its window, say nothing about a hang): {"hung", "dumps": {"ranks", "empty", "no_dump", "dead"}, "groups": [{"pg_name",
 "pg_desc", "ranks", "stuck": {...} | null, "members": [...], "mismatches": [...]}], "p2p_unmatched": [...],
 "waits": [{"rank", "waits_for"}], "root_causes": [{"ranks", "kind", "blocked_ranks", "collective",
 "frames"}]}. Finding `hang` (critical, first of all findings) names the root-cause ranks, their kind
@@ -45,8 +47,9 @@ from tracekit.tables.store import RunStore
 
 HANG_EXIT_CODE = 3
 """`tracekit analyze` (and `tracekit record` after a hang) exit with this when the run is diagnosed hung."""
-SIZE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "unknown"})
-"""Ops whose sizes may differ across ranks by design (uneven all_to_all splits, P2P pairs)."""
+SIZE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "scatter", "gather", "unknown"})
+"""Ops whose sizes may differ across ranks by design (uneven all_to_all splits, P2P pairs, the root's
+list of a scatter or gather)."""
 _SHOWN = 64
 
 
@@ -64,6 +67,8 @@ def analyze_hang(store: RunStore) -> HangResult:
     entries = sorted(store.table("fr_entries").to_pylist(), key=lambda e: (e["rank"], e["record_id"] or 0,
                                                                           e["enqueue_ts"] or 0))
     dumps = _dumps(status)
+    if not any(_pending(e) for e in entries) and not dumps["dead"]:
+        return HangResult()  # every recorded call finished (e.g. a dump taken at the end of a profiled window)
     groups = _groups(store, entries)
     progress = _progress(entries, status)
     per_group = [_group_state(name, g, entries, progress, dumps) for name, g in sorted(groups.items())]
@@ -153,7 +158,7 @@ def _mismatches(name: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]
     out = []
     for seq, es in sorted(by_seq.items()):
         counts = Counter(_signature(e) for e in es)
-        if len(counts) < 2:
+        if len(counts) < 2 or not any(_pending(e) for e in es):
             continue
         common = max(counts, key=lambda k: (counts[k], -min(e["rank"] for e in es if _signature(e) == k)))
         odd = [e for e in es if _signature(e) != common]

@@ -11,8 +11,13 @@ heartbeats and asks for a final dump (`<out>/.hang/dump_request`) when no rank p
 timeout. A rank that exits writes a last dump (it may have left the others waiting); the parent removes
 every hang file when the job ends well.
 
-Costs: a `pg_status`-only dump (no entries) and a small file write every `BEAT_S`; a Python wrapper
-around `send`/`recv`/`isend`/`irecv` (a dict per call).
+Every Python-level `torch.distributed` collective and send/recv is also appended, before it runs, to
+`<out>/hang/calls.rank{R}.jsonl` (`_CallLog`): the parent rebuilds a dump from it for a rank that was
+killed or aborted before it could write one.
+
+Costs: a `pg_status`-only dump (no entries) and a small file write every `BEAT_S`; per wrapped call a
+dict, a JSON line and one `write` (collectives that C++ issues, e.g. DDP's buckets, are not wrapped:
+Flight Recorder records them).
 """
 
 from __future__ import annotations
