@@ -32,6 +32,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+try:  # ~10x faster than json.dumps: one line per collective call
+    from msgspec.json import encode as _encode
+except ImportError:  # pragma: no cover - msgspec is a dependency
+    def _encode(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 BEAT_S = 0.5
 DUMP_AFTER_S = 1.0
 """Seconds a rank waits without progress before it writes its dump (then again on every change)."""
@@ -98,7 +104,7 @@ class _CallLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if self.fd is not None:
-            os.write(self.fd, (json.dumps(obj, separators=(",", ":")) + "\n").encode())
+            os.write(self.fd, _encode(obj) + b"\n")
 
     def begin(self, op: str, group: Any, inputs: list[Any], outputs: list[Any], peer: int | None = None,
               **extra: Any) -> dict[str, Any]:
@@ -156,10 +162,16 @@ class _CallLog:
         return any(e["state"] != "completed" for e in self.snapshot())
 
 
-def _dtype(t: Any) -> str:
-    from tracekit.record.dispatch_mode import dtype_name
+_DTYPE_NAMES: dict[Any, str] = {}
 
-    return dtype_name(t.dtype)
+
+def _dtype(t: Any) -> str:
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        from tracekit.record.dispatch_mode import dtype_name
+
+        name = _DTYPE_NAMES[t.dtype] = dtype_name(t.dtype)
+    return name
 
 
 _calls = _CallLog()
@@ -289,16 +301,18 @@ def _main_stack() -> list[dict[str, Any]]:
 
 
 def build_dump(rank: int, reason: str) -> dict[str, Any]:
-    """Flight Recorder's dump with our send/recv entries, the rank, and the main thread's stack on the
-    entry it waits in (its last pending one)."""
+    """Flight Recorder's dump with our send/recv entries, the rank, and the main thread's Python stack now
+    (innermost first) on the entry it waits in (its last pending one), else on its last entry: a rank
+    that never reached the collective shows where it is instead."""
     doc = _fr_json(True) or {"version": "2.x", "pg_config": {}, "pg_status": {}, "entries": []}
     entries = list(doc.get("entries") or []) + _calls.snapshot()
     entries.sort(key=lambda e: e.get("time_created_ns") or 0)
     for i, e in enumerate(entries, 1):
         e["record_id"] = i
     waiting = [e for e in entries if e.get("state") != "completed" and not e.get("retired")]
-    if waiting:
-        waiting[-1]["frames"] = _main_stack()
+    target = waiting[-1] if waiting else (entries[-1] if entries else None)
+    if target is not None:  # where the rank is now: in the call it waits in, or wherever it went after its last
+        target["frames"] = _main_stack()
     doc["entries"] = entries
     doc["rank"] = rank
     doc[HANG_DUMP_KEY] = {"reason": reason, "time_ns": time.time_ns(), "pid": os.getpid()}
