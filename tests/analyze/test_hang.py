@@ -152,3 +152,23 @@ def test_rank_from_name_and_json_dumps(tmp_path):
     run = analyze_run(d, tmp_path / "o2", rank_from_name=r"_r(?P<rank>\d+)_")
     assert run.analysis["inputs"]["ranks"] == list(range(16))
     assert sorted(run.analysis["findings"][0]["ranks"]) == _reference(SETS[0])["missing"]
+
+
+def _classified(tmp_path: Path, names: list[str]) -> dict[str, int | None]:
+    from tracekit.parse.discover import discover_inputs
+
+    doc = {"version": "2.9", "pg_config": {}, "pg_status": {}, "entries": []}
+    for n in names:
+        (tmp_path / n).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / n).write_bytes(pickle.dumps(doc) if not n.endswith(".json") else json.dumps(doc).encode())
+    return {str(f.path.relative_to(tmp_path)): f.name_rank for f in discover_inputs(tmp_path).inputs}
+
+
+def test_rank_from_torch_style_names(tmp_path):
+    assert _classified(tmp_path / "a", ["_dump_0", "_dump_1", "_dump_12"]) == {"_dump_0": 0, "_dump_1": 1, "_dump_12": 12}
+    assert _classified(tmp_path / "b", ["nccl_trace_rank_0", "nccl_trace_rank_3"]) == {
+        "nccl_trace_rank_0": 0, "nccl_trace_rank_3": 3}
+    assert _classified(tmp_path / "c", ["rank3.pkl", "rank4.pkl"]) == {"rank3.pkl": 3, "rank4.pkl": 4}
+    assert _classified(tmp_path / "d", ["dump0.json", "dump1.json"]) == {"dump0.json": 0, "dump1.json": 1}
+    # two prefixes in one folder: which number is a rank is not known, so none is taken
+    assert _classified(tmp_path / "e", ["_dump_0", "other_1"]) == {"_dump_0": None, "other_1": None}

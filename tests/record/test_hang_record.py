@@ -78,7 +78,6 @@ def test_record_leaves_a_post_mortem_that_names_the_fault(scenario, tmp_path):
         assert 2 in a["sections"]["hang"]["dumps"]["dead"]
     if scenario == "sleep":  # the root's stack says where it is: the job's sleep, not a collective
         frames = a["sections"]["hang"]["root_causes"][0]["frames"]["1"]
-        assert "time.sleep" not in frames or True
         assert "hang_job.py" in frames.splitlines()[0] and " main" in frames.splitlines()[0]
 
 
