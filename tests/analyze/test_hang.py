@@ -172,3 +172,12 @@ def test_rank_from_torch_style_names(tmp_path):
     assert _classified(tmp_path / "d", ["dump0.json", "dump1.json"]) == {"dump0.json": 0, "dump1.json": 1}
     # two prefixes in one folder: which number is a rank is not known, so none is taken
     assert _classified(tmp_path / "e", ["_dump_0", "other_1"]) == {"_dump_0": None, "other_1": None}
+
+
+def test_prefix_rule_is_for_dumps_only(tmp_path):
+    """A trace's trailing number is often a pid or a date (shared tl_h100_qwen: `..._Chat__1016005.json.gz`):
+    the <prefix><rank> rule never ranks a Kineto trace."""
+    from tracekit.parse.discover import discover_inputs
+
+    (tmp_path / "Qwen_Chat__1016005.json").write_text(json.dumps({"traceEvents": []}))
+    assert [(f.kind, f.name_rank) for f in discover_inputs(tmp_path).inputs] == [("kineto", None)]

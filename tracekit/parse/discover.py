@@ -109,14 +109,15 @@ def _prefix_ranks(files: list[InputFile]) -> dict[Path, int]:
 
 
 def settle_name_ranks(inputs: list[InputFile], rank_pattern: re.Pattern[str] | None = None) -> list[InputFile]:
-    """Ranks for inputs whose name has no `rank<N>`: the user's --rank-from-name pattern, else the
+    """Ranks for inputs whose name has no `rank<N>`: the user's --rank-from-name pattern, else, for Flight
+    Recorder dumps only (torch names them so; a trace's trailing number is often a pid or a date), the
     `<prefix><rank>` rule (`_prefix_ranks`). Manifests are never ranked."""
     unranked = [f for f in inputs if f.name_rank is None and f.kind != MANIFEST]
     if rank_pattern is not None:
         named = {f.path: _pattern_rank(rank_pattern, f.path.name) for f in unranked}
         inputs = [replace(f, name_rank=named[f.path]) if named.get(f.path) is not None else f for f in inputs]
         unranked = [f for f in inputs if f.name_rank is None and f.kind != MANIFEST]
-    by_prefix = _prefix_ranks(unranked)
+    by_prefix = _prefix_ranks([f for f in unranked if f.kind == FLIGHT_RECORDER])
     return [replace(f, name_rank=by_prefix[f.path]) if f.path in by_prefix else f for f in inputs]
 
 

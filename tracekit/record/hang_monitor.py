@@ -82,9 +82,9 @@ class _CallLog:
         self.fd: int | None = None
         self.out_dir: str | None = None
         self.record_id = 0
-        self.groups: dict[int, tuple[str, str, list[int]]] = {}
+        self.groups: dict[int, tuple[str, str, list[int], str]] = {}
 
-    def _group(self, group: Any) -> tuple[str, str, list[int]]:
+    def _group(self, group: Any) -> tuple[str, str, list[int], str]:
         import torch.distributed as dist
 
         pg = group or dist.group.WORLD
@@ -93,7 +93,11 @@ class _CallLog:
             c10d = dist.distributed_c10d
             name = c10d._get_process_group_name(pg) if pg is not None else "0"
             desc = getattr(pg, "group_desc", None) or ("default_pg" if name == "0" else "")
-            got = self.groups[id(pg)] = (name, desc, list(dist.get_process_group_ranks(pg)))
+            try:
+                backend = str(dist.get_backend(pg))
+            except Exception:
+                backend = "c10d"
+            got = self.groups[id(pg)] = (name, desc, list(dist.get_process_group_ranks(pg)), backend)
         return got
 
     def _write(self, obj: dict[str, Any]) -> None:
@@ -110,14 +114,14 @@ class _CallLog:
               **extra: Any) -> dict[str, Any]:
         import torch.distributed as dist
 
-        name, desc, ranks = self._group(group)
+        name, desc, ranks, backend = self._group(group)
         p2p = op in ("send", "recv")
         with self.lock:
             key = (name, p2p)
             self.seq[key] = self.seq.get(key, 0) + 1
             self.record_id += 1
             self.issued += p2p
-            label = f"gloo:{op}" + (f" {dist.get_rank()}{'->' if op == 'send' else '<-'}{peer}" if p2p else "")
+            label = f"{backend}:{op}" + (f" {dist.get_rank()}{'->' if op == 'send' else '<-'}{peer}" if p2p else "")
             entry = {"record_id": self.record_id, "pg_id": None, "process_group": [name, desc],
                      "collective_seq_id": 0 if p2p else self.seq[key], "p2p_seq_id": self.seq[key] if p2p else 0,
                      "profiling_name": label, "time_created_ns": time.time_ns(),
@@ -305,7 +309,9 @@ def build_dump(rank: int, reason: str) -> dict[str, Any]:
     (innermost first) on the entry it waits in (its last pending one), else on its last entry: a rank
     that never reached the collective shows where it is instead."""
     doc = _fr_json(True) or {"version": "2.x", "pg_config": {}, "pg_status": {}, "entries": []}
-    entries = list(doc.get("entries") or []) + _calls.snapshot()
+    entries = list(doc.get("entries") or [])
+    if not any(e.get("is_p2p") for e in entries):  # NCCL's recorder has the send/recv itself; gloo's has none
+        entries += _calls.snapshot()
     entries.sort(key=lambda e: e.get("time_created_ns") or 0)
     for i, e in enumerate(entries, 1):
         e["record_id"] = i
