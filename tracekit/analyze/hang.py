@@ -70,6 +70,8 @@ def analyze_hang(store: RunStore) -> HangResult:
     if not any(_pending(e) for e in entries) and not dumps["dead"]:
         return HangResult()  # every recorded call finished (e.g. a dump taken at the end of a profiled window)
     groups = _groups(store, entries)
+    members = {r for g in groups.values() for r in g["ranks"] or ()}
+    dumps["no_dump"] = sorted(members - set(dumps["ranks"]))
     progress = _progress(entries, status)
     per_group = [_group_state(name, g, entries, progress, dumps) for name, g in sorted(groups.items())]
     p2p = _p2p_unmatched(entries)
