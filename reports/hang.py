@@ -87,6 +87,7 @@ def hang_html(sec: dict[str, Any] | None, figs: Any = None) -> str:
     head = kv_table([("verdict", "hung" if sec.get("hung") else "no hang: no pending collective lacks a rank"),
                      ("ranks with a dump", ranks_text(dumps.get("ranks"))),
                      ("dumps with no entries", ranks_text(dumps.get("empty")) or "–"),
+                     ("group members without a dump", ranks_text(dumps.get("no_dump")) or "–"),
                      ("ranks whose process died", ranks_text(dumps.get("dead")) or "–")])
     body = head + _roots(sec) + _last_entered_chart(figs, sec)
     stuck = _stuck_rows(sec)
