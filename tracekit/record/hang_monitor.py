@@ -400,6 +400,28 @@ def start(out_dir: str) -> None:
     global _monitor
     if _monitor is not None and _monitor.is_alive():
         return
+    first = _monitor is None
     _wrap_calls(out_dir)
+    _monitor = HangMonitor(out_dir)
+    _monitor.start()
+    if first and hasattr(os, "register_at_fork"):  # ranks forked after torch was imported (the runtime)
+        os.register_at_fork(after_in_child=lambda: _restart_in_child(out_dir))
+
+
+def _restart_in_child(out_dir: str) -> None:
+    """A forked process has no thread of its parent's and shares its log's state: start both afresh when
+    the parent had no process group (a launcher forking its ranks). A rank's own helper processes
+    (DataLoader workers) inherit its process group but are not ranks: they log and beat nothing."""
+    global _calls, _monitor
+    fresh = _CallLog()
+    _calls = fresh
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return
+    except Exception:
+        return
+    fresh.out_dir = out_dir
     _monitor = HangMonitor(out_dir)
     _monitor.start()
