@@ -10,13 +10,12 @@ must leave no hang files and report none. About 15 s per scenario on the 2-core 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.record.conftest import PY, REPO, child_env, run_record, torchrun
+from tests.record.conftest import run_record, torchrun
 
 JOB = Path(__file__).with_name("hang_job.py")
 sys.path.insert(0, str(JOB.parent))
@@ -38,9 +37,13 @@ EXPECTED = {
 
 
 def _analyze(run_dir: Path, out: Path) -> tuple[int, dict]:
-    res = subprocess.run([PY, "-m", "tracekit", "analyze", str(run_dir), "--out", str(out), "-q"],
-                         env=child_env(), capture_output=True, text=True, timeout=180, cwd=REPO)
-    return res.returncode, json.loads((out / "analysis.json").read_text())
+    """`tracekit analyze RUN --out OUT` (in process: the CLI's exit code and its analysis.json)."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    res = CliRunner().invoke(app, ["analyze", str(run_dir), "--out", str(out), "-q"])
+    return res.exit_code, json.loads((out / "analysis.json").read_text())
 
 
 @pytest.mark.slow

@@ -171,10 +171,12 @@ def _wait_watching(proc: Any, config: RecordConfig) -> tuple[int, dict[str, Any]
             pass
         if not detected and watch.poll():
             detected = True
+            print(f"tracekit record: no rank progressed for {config.hang_timeout:g} s: the job is hung; "
+                  f"collecting every rank's Flight Recorder dump", file=sys.stderr, flush=True)
             watch.request_dumps()
             report = _hang_report(watch, detected=True)
-            print(f"tracekit record: no rank progressed for {config.hang_timeout:g} s: the job is hung. "
-                  f"{report.get('summary') or ''}", file=sys.stderr, flush=True)
+            print(f"tracekit record: {report.get('summary') or 'no stuck collective found in the dumps'}",
+                  file=sys.stderr, flush=True)
             if config.hang_action == "stop":
                 print("tracekit record: stopping the job (--hang-action report leaves it running)",
                       file=sys.stderr, flush=True)
