@@ -402,13 +402,24 @@ def fr_entry_rows(entries: Iterable[Mapping[str, Any]], *, rank: int, source: st
                   group_ranks: Mapping[str, list[int]] | None = None) -> pa.Table:
     """Entries as `fr_entries` rows (what the hang analyzer reads); a malformed entry is left out
     (the `collectives` reader already counted it in the file's warnings)."""
+    schema = TABLES["fr_entries"]
     rows = []
     for e in entries:
         try:
             rows.append(_fr_entry_row(e, rank, source, group_ranks or {}))
         except _ENTRY_ERRORS:
             continue
-    return conform("fr_entries", pa.Table.from_pylist(rows, schema=TABLES["fr_entries"]))
+    try:
+        return conform("fr_entries", pa.Table.from_pylist(rows, schema=schema))
+    except _ENTRY_ERRORS:  # a field of another type somewhere (e.g. a list as state): those rows go
+        good = []
+        for row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+            except _ENTRY_ERRORS:
+                continue
+            good.append(row)
+        return conform("fr_entries", pa.Table.from_pylist(good, schema=schema))
 
 
 def _pg_names_by_id(entries: pa.Table) -> dict[str, str]:
