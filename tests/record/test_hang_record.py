@@ -117,3 +117,38 @@ def test_hang_with_traces_of_the_same_job(tmp_path):
     assert len(a["findings"]) > 1  # the usual findings follow
     html = (tmp_path / "analysis" / "report.html").read_text()
     assert "Hang post-mortem" in html and "Per-rank breakdown" in html
+
+
+@pytest.mark.slow
+def test_hang_action_report_leaves_the_job_running(tmp_path):
+    """--hang-action report: the dumps and their analysis appear, the job's ranks stay alive until someone
+    stops `tracekit record` (SIGTERM, passed on to the job)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.record.conftest import PY, child_env
+
+    run_dir = tmp_path / "run"
+    cmd = [PY, "-m", "tracekit", "record", "--out", str(run_dir), "--hang-timeout", TIMEOUT_S,
+           "--hang-action", "report", "--", *torchrun(JOB, 4, "sleep")]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        verdict = run_dir / "hang-analysis" / "analysis.json"
+        while not verdict.is_file() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert verdict.is_file(), "no analysis of the hang was written"
+        time.sleep(2)  # the job was not stopped
+        assert proc.poll() is None
+        beats = [json.loads(p.read_text()) for p in (run_dir / ".hang").glob("rank*.json")]
+        assert len(beats) == 4 and all(not b.get("exited") for b in beats)
+        for b in beats:
+            os.kill(b["pid"], 0)  # every rank still alive
+        top = json.loads(verdict.read_text())["findings"][0]
+        assert top["kind"] == "hang" and top["ranks"] == [1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert "the job is hung" in err and "stopping the job" not in err
