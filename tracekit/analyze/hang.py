@@ -73,7 +73,10 @@ def analyze_hang(store: RunStore) -> HangResult:
     members = {r for g in groups.values() for r in g["ranks"] or ()}
     dumps["no_dump"] = sorted(members - set(dumps["ranks"]))
     progress = _progress(entries, status)
-    per_group = [_group_state(name, g, entries, progress, dumps) for name, g in sorted(groups.items())]
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in entries:
+        by_group[e["pg_name"]].append(e)
+    per_group = [_group_state(name, g, by_group.get(name, []), progress, dumps) for name, g in sorted(groups.items())]
     p2p = _p2p_unmatched(entries)
     waits = _waits(per_group, p2p)
     roots = _root_causes(waits, per_group, dumps, entries, p2p)
@@ -175,9 +178,9 @@ def _collective(e: dict[str, Any]) -> dict[str, Any]:
             "out_sizes": e["out_sizes"], "dtype": e["dtype"], "state": e["state"]}
 
 
-def _group_state(name: str, g: dict[str, Any], entries: list[dict[str, Any]],
+def _group_state(name: str, g: dict[str, Any], mine: list[dict[str, Any]],
                  progress: dict[tuple[int, str], dict[str, int]], dumps: dict[str, Any]) -> dict[str, Any]:
-    mine = [e for e in entries if e["pg_name"] == name]
+    """The group's stuck collective, its members' progress and its mismatches (`mine`: its entries)."""
     ranks = g["ranks"] or sorted({e["rank"] for e in mine})
     have = set(dumps["ranks"])
     members = [{"rank": r, **({"last_" + k: v for k, v in progress[(r, name)].items()}
