@@ -380,17 +380,25 @@ def frames_text(frames: Any) -> str | None:
 
 
 def _fr_entry_row(e: Mapping[str, Any], rank: int, source: str, group_ranks: Mapping[str, list[int]]) -> dict[str, Any]:
-    row = entry_row(e, rank=rank, source=source, group_ranks=group_ranks)
+    """The fields of `entry_row` the hang analyzer reads (without its byte counts: half the cost), plus
+    the dump's own: record and pg ids, sizes as text, retired, observed times, frames."""
+    pg = e.get("process_group") or [None, None]
+    pg_name = None if pg[0] in (None, "") else str(pg[0])
+    op = normalize_op(e.get("profiling_name"))
+    is_p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
+    seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
+    ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
     retired = e.get("retired")
     rid = e.get("record_id")
     return {
         "rank": rank, "source": source, "record_id": int(rid) if rid is not None else None,
         "pg_id": None if e.get("pg_id") is None else str(e.get("pg_id")),
-        "pg_name": row["pg_name"], "pg_desc": row["pg_desc"], "seq": row["seq"], "is_p2p": row["is_p2p"],
-        "op": row["op"], "name": row["name"], "peer": row["peer"],
+        "pg_name": pg_name, "pg_desc": None if len(pg) < 2 or pg[1] in (None, "") else str(pg[1]),
+        "seq": int(seq) if seq is not None else None, "is_p2p": is_p2p,
+        "op": op, "name": e.get("profiling_name"), "peer": _p2p_peer(e, is_p2p, ranks_of_group),
         "in_sizes": _shapes_text(e.get("input_sizes")), "out_sizes": _shapes_text(e.get("output_sizes")),
         "dtype": _join_text(e.get("input_dtypes")), "out_dtype": _join_text(e.get("output_dtypes")),
-        "state": row["state"], "retired": None if retired is None else bool(retired),
+        "state": e.get("state") or "unknown", "retired": None if retired is None else bool(retired),
         "enqueue_ts": _nonzero_int(e.get("time_created_ns")),
         "start_ts": _nonzero_int(e.get("time_discovered_started_ns")),
         "end_ts": _nonzero_int(e.get("time_discovered_completed_ns")),
