@@ -42,6 +42,8 @@ BEAT_S = 0.5
 DUMP_AFTER_S = 1.0
 """Seconds a rank waits without progress before it writes its dump (then again on every change)."""
 P2P_BUFFER = 2000
+CALL_LOG_BYTES = 8 << 20
+"""A rank's call log is rotated past this size (the previous part kept as `.1`): 16 MB at most per rank."""
 HANG_DIR = "hang"
 BEAT_DIR = ".hang"
 DUMP_REQUEST = "dump_request"
@@ -80,6 +82,8 @@ class _CallLog:
         self.issued = 0
         self.done = 0
         self.fd: int | None = None
+        self.path: Path | None = None
+        self.written = 0
         self.out_dir: str | None = None
         self.record_id = 0
         self.groups: dict[int, tuple[str, str, list[int], str]] = {}
@@ -104,11 +108,19 @@ class _CallLog:
         if self.fd is None and self.out_dir is not None:
             import torch.distributed as dist
 
-            path = Path(self.out_dir) / HANG_DIR / f"calls.rank{dist.get_rank()}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.path = Path(self.out_dir) / HANG_DIR / f"calls.rank{dist.get_rank()}.jsonl"
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.written = 0
         if self.fd is not None:
-            os.write(self.fd, _encode(obj) + b"\n")
+            line = _encode(obj) + b"\n"
+            os.write(self.fd, line)
+            self.written += len(line)
+            if self.written > CALL_LOG_BYTES:  # keep the latest calls only: this file and the one before
+                os.close(self.fd)
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self.written = 0
 
     def begin(self, op: str, group: Any, inputs: list[Any], outputs: list[Any], peer: int | None = None,
               **extra: Any) -> dict[str, Any]:

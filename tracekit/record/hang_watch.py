@@ -185,7 +185,9 @@ def _read_calls(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Entries of a call log with their completion applied, and the time of its last line (ns)."""
     entries: dict[int, dict[str, Any]] = {}
     last = 0
-    for raw in path.read_bytes().splitlines():
+    older = path.with_name(path.name + ".1")  # the part before the last rotation
+    data = (older.read_bytes() if older.is_file() else b"") + path.read_bytes()
+    for raw in data.splitlines():
         try:
             obj = json.loads(raw)
         except ValueError:  # a line cut by the rank's death
