@@ -17,6 +17,7 @@ from reports.generic import render_generic
 from reports import charts
 from reports.advice import advice_html
 from reports.ops import ops_html
+from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -25,6 +26,7 @@ SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 SECTIONS: list[tuple[str, str]] = [
     ("verdict", "Verdict"),
     ("findings", "Findings"),
+    ("hang", "Hang post-mortem"),
     ("analyzed", "What was analyzed"),
     ("breakdown", "Per-rank breakdown"),
     ("timeline", "Step timeline"),
@@ -46,7 +48,7 @@ SECTIONS: list[tuple[str, str]] = [
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
                    "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path",
-                   "advice", "ops"}
+                   "advice", "ops", "hang"}
 
 
 def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str | bytes]:
@@ -54,7 +56,7 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     pieces to write one after the other (`page_parts`)."""
     ctx = Page(analysis, store)
     parts = [
-        _verdict(ctx), _findings(ctx), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
+        _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang"), ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
         _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.sec("ops")), _memory(ctx),
         _advice(ctx),
@@ -147,6 +149,10 @@ def verdict_text(ctx: Page) -> tuple[str, str]:
     counts: dict[str, int] = {}
     for r in ctx.ranks:
         counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
+    hang = ctx.sec("hang") or {}
+    top_hang = next((f for f in ctx.findings if f.get("kind") == "hang"), None)
+    if hang.get("hung") and top_hang is not None:
+        return "hung", f"This job hung: {str(top_hang.get('summary')).removeprefix('job hung: ')}."
     if not counts:
         return "", "No per-rank breakdown is available for this run, so no verdict can be given."
     top = max(counts, key=lambda k: counts[k])
@@ -352,6 +358,8 @@ def has_data(ctx: Page, anchor: str) -> bool:
         return bool(sec.get("available"))
     if anchor == "critical-path":
         return bool(_rows(sec, "steps"))
+    if anchor == "hang":
+        return bool(sec)
     return True
 
 

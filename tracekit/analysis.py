@@ -117,6 +117,7 @@ def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_
 def analyze_run(path: str | Path, out: str | Path | None = None, config: AnalysisConfig | None = None, *,
                 store_dir: str | Path | None = None, engine: Any = None, workers: int = 1,
                 assume_rank: int | None = None, max_decompressed_bytes: int | None = None,
+                rank_from_name: str | None = None,
                 max_memory_bytes: int | None = None, progress: bool = False, command: str | None = None,
                 write_reports: bool = True, capture: str | Path | None = None) -> AnalysisRun:
     """Parse PATH (unless it is a run store), analyze it, write the outputs to OUT (if given).
@@ -140,7 +141,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
     try:
         store = _store_for(path, Path(store_dir) if store_dir else None, out, engine, progress=progress,
                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
-                           assume_rank=assume_rank, capture=capture)
+                           assume_rank=assume_rank, capture=capture, rank_from_name=rank_from_name)
         _check_analysable(path, store)
         analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
     finally:
@@ -148,5 +149,6 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
             engine.close()
     run = AnalysisRun(analysis=analysis, store=store, out=out)
     if out is not None:
-        run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(analysis["ranks"]))
+        run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(
+            analysis["ranks"] or (analysis.get("sections") or {}).get("hang")))
     return run

@@ -1,6 +1,6 @@
 """The ops analyzer's findings on a small hand-built GPU trace (H100): a GEMM far below its roof that
 dominates the kernel time, and a kernel launched many times per step at a few µs each. Expected values
-are computed here from the trace's own numbers and the documented thresholds (docs/metrics.md §9)."""
+are computed here from the trace's own numbers and the documented thresholds (docs/metrics.md §11)."""
 
 from __future__ import annotations
 

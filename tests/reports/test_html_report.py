@@ -196,7 +196,7 @@ _KEYS = ["rank", "step", "lane", "intervals", "lanes", "stage", "phase", "start_
          "diagram", "window_ns", "coords", "mesh_shape", "groups", "delay_ns_per_step", "source", "timeline",
          "microbatch", "stragglers", "top_offenders", "layers", "schedule", "x"]
 _SECTIONS = ["layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline", "experts",
-             "bandwidth", "throughput", "placement", "recommendations", "unknown_new_section"]
+             "bandwidth", "throughput", "placement", "recommendations", "hang", "unknown_new_section"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -43,6 +43,7 @@ ANALYSIS_SCHEMA = "tracekit.analysis/1"
 # name its consumers declare. The order here is the run order where dependencies allow.
 ANALYZERS: list[tuple[str, str]] = [
     ("inputs", "tracekit.analyze.inputs:analyze_inputs"),
+    ("hang", "tracekit.analyze.hang:analyze_hang"),
     ("layout", "tracekit.analyze.layout:analyze_layout"),
     ("activity", "tracekit.analyze.breakdown:rank_activities"),
     ("matching", "tracekit.analyze.matching:analyze_matching"),

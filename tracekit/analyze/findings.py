@@ -48,6 +48,11 @@ class FindingKind(str, Enum):
     UNSTABLE_VERDICT = "unstable_verdict"
     LOW_OP_EFFICIENCY = "low_op_efficiency"
     LAUNCH_BOUND_KERNELS = "launch_bound_kernels"
+    HANG = "hang"
+
+
+BLOCKING_KINDS = frozenset({FindingKind.HANG})
+"""Findings about a job that stopped: they come before every step-time saving (a hung job has no step)."""
 
 
 EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {
@@ -89,5 +94,6 @@ class Finding:
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Order for reports: largest estimated saving first, then severity."""
-    return sorted(findings, key=lambda f: (-int(f.est_saving_ns), -f.severity.order, f.kind.value))
+    """Order for reports: a hung job first (BLOCKING_KINDS), then largest estimated saving, then severity."""
+    return sorted(findings, key=lambda f: (f.kind not in BLOCKING_KINDS, -int(f.est_saving_ns),
+                                           -f.severity.order, f.kind.value))

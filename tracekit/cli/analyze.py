@@ -32,7 +32,12 @@ Examples:
 
   tracekit analyze traces --model llama-8b-like --out out   (with a layout advice section)
 
-Exit status: 0 when analysis ran (findings or not); 1 when nothing could be analyzed.
+Flight Recorder dumps (pickle or JSON, named as torch names them: `_dump_3`, `nccl_trace_rank_3`, or
+rank3.pkl) are read as a hang post-mortem: the `hang` section names, per process group, the collective
+the group is stuck at and the ranks that never entered it, and the root cause across groups.
+
+Exit status: 0 when analysis ran (findings or not); 1 when nothing could be analyzed; 3 when the run
+is diagnosed as hung (the `hang` finding: stuck collective and the ranks that never entered it).
 """
 
 
@@ -90,6 +95,7 @@ def register(app: typer.Typer) -> None:
                                                "kernels the traces' graph launches ran by the ops that captured them."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
         rank: Optional[int] = O.RANK,
+        rank_from_name: Optional[str] = O.RANK_FROM_NAME,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
         model: Optional[str] = typer.Option(None, "--model", help="Model preset or model file (JSON/TOML; a HuggingFace config.json) for the layout advice section "
                                             "(as `tracekit advise --model`); without it there is no advice."),
@@ -107,6 +113,12 @@ def register(app: typer.Typer) -> None:
         O.use_comm_kernel_patterns(comm_kernel, comm_kernels)
         config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model),
                                 peak_tflops=peak_tflops, peak_bandwidth_tbps=peak_bandwidth)
+        from tracekit.parse.discover import compile_rank_pattern
+
+        try:
+            compile_rank_pattern(rank_from_name)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rank-from-name") from None
         out.mkdir(parents=True, exist_ok=True)
         try:
             engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
@@ -118,14 +130,14 @@ def register(app: typer.Typer) -> None:
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
                      max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
-                     assume_rank=rank, capture=capture)
+                     assume_rank=rank, capture=capture, rank_from_name=rank_from_name)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
              max_decompressed_bytes: int | None = None, assume_rank: int | None = None,
-             capture: Path | None = None) -> None:
+             capture: Path | None = None, rank_from_name: str | None = None) -> None:
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
@@ -137,7 +149,7 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     try:
         run = analyze_run(trace_dir, out, config, engine=engine, max_memory_bytes=budget, progress=not quiet,
                           max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command,
-                          capture=capture)
+                          capture=capture, rank_from_name=rank_from_name)
     except NothingToAnalyzeError as exc:
         _print_skipped(getattr(exc, "skipped", []), err)
         if getattr(exc, "problem", None):  # the recording says why (e.g. the profiled window was never reached)
@@ -154,9 +166,15 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         err.print(f"[yellow]warning[/yellow] {O.esc(run.store.meta['rank_assumed'])}")
     for e in analysis.get("analyzer_errors", []):
         err.print(f"[yellow]analyzer {O.esc(e['analyzer'])} failed (its section is left out):[/yellow] {O.esc(e['error'])}")
-    if not analysis["ranks"]:
+    hang = (analysis.get("sections") or {}).get("hang") or {}
+    if not analysis["ranks"] and not hang:
         err.print(f"[red]tracekit analyze:[/red] no rank of {O.esc(trace_dir)} had events to analyze")
         raise typer.Exit(1)
+    if hang.get("hung"):
+        _print_hang(analysis, out, err)
+        from tracekit.analyze.hang import HANG_EXIT_CODE
+
+        raise typer.Exit(HANG_EXIT_CODE)
     for p in run.problems:
         err.print(f"[yellow]{O.esc(p)}[/yellow]")
     if not quiet:
@@ -166,6 +184,13 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         # paths never wrapped: they are copied from the terminal
         err.print(f"analysis: {O.esc(out / 'analysis.json')}" + (f"   report: {O.esc(run.report)}" if run.report else ""),
                   soft_wrap=True)
+
+
+def _print_hang(analysis: dict, out: Path, err) -> None:
+    top = next((f for f in analysis["findings"] if f["kind"] == "hang"), None)
+    if top is not None:
+        err.print(f"[red]critical[/red] hang: {O.esc(top['summary'])}", highlight=False)
+    err.print(f"analysis: {O.esc(out / 'analysis.json')}   report: {O.esc(out / 'report.html')}", soft_wrap=True)
 
 
 def _print_skipped(skipped: list[dict[str, str]], err) -> None:

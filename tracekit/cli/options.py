@@ -17,6 +17,11 @@ MAX_MEMORY = typer.Option(None, "--max-memory",
 RANK = typer.Option(None, "--rank", min=0,
                     help="Rank of a lone trace that names none (in distributedInfo or its file name); "
                          "never assumed otherwise.")
+RANK_FROM_NAME = typer.Option(
+    None, "--rank-from-name", metavar="REGEX",
+    help="Regex giving the rank of files whose name has no rank<N> (its group `rank`, else its first group), "
+         "e.g. 'dump_(\\d+)'. Without it such files are ranked by the <prefix><rank> rule (_dump_3, "
+         "nccl_trace_rank_3) where every such file in a folder shares the prefix.")
 MAX_DECOMPRESSED_MB = typer.Option(
     None, "--max-decompressed-mb", min=1,
     help="Skip any input that decompresses to more than this many MiB "

@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
         max_memory: Optional[str] = O.MAX_MEMORY,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary table."),
         rank: Optional[int] = O.RANK,
+        rank_from_name: Optional[str] = O.RANK_FROM_NAME,
         max_decompressed_mb: Optional[int] = O.MAX_DECOMPRESSED_MB,
         comm_kernel: list[str] = O.COMM_KERNEL,
         comm_kernels: Optional[Path] = O.COMM_KERNELS_FILE,
@@ -64,7 +65,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         try:
             result = parse_run(trace_dir, out, workers=engine.workers, progress=not quiet, max_decompressed_bytes=limit,
-                               max_memory_bytes=budget, engine=engine, assume_rank=rank)
+                               max_memory_bytes=budget, engine=engine, assume_rank=rank,
+                               rank_from_name=rank_from_name)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--rank-from-name") from None
         except TracekitError as exc:
             err.print(f"[red]tracekit parse:[/red] {O.esc(exc)}", soft_wrap=True)
             raise typer.Exit(1) from None

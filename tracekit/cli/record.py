@@ -27,7 +27,15 @@ Examples:
 
   tracekit record --out traces -- python train.py
 
-The exit code is COMMAND's. Then run:  tracekit analyze traces --out tracekit-out
+Hangs: while COMMAND runs, every rank beats into --out/.hang/. When some rank waits in a collective or
+send/recv and no rank has progressed for --hang-timeout seconds (default 600, 0: off), every rank dumps
+its Flight Recorder buffer (plus the send/recv tracekit logs, which gloo's recorder leaves out) into
+--out/hang/, the dumps are analysed into --out/hang-analysis/ (the collective each group is stuck at,
+the ranks that never entered it, dead ranks), and the job is stopped (--hang-action report: left
+running). A job that fails on its own (e.g. a rank dies) leaves its dumps analysed the same way.
+
+The exit code is COMMAND's, or 3 when tracekit record stopped a hung job. Then run:
+tracekit analyze traces --out tracekit-out
 """
 
 
@@ -96,6 +104,12 @@ def register(app: typer.Typer) -> None:
         flight_recorder: bool = typer.Option(
             True, "--flight-recorder/--no-flight-recorder",
             help="Enable NCCL's Flight Recorder dump-on-timeout into --out and dump its buffer per rank at exit."),
+        hang_timeout: float = typer.Option(
+            600.0, "--hang-timeout", metavar="SECONDS",
+            help="Call the job hung after this long with no rank progressing while one waits in a collective "
+                 "or send/recv; dump and analyse every rank's Flight Recorder buffer (0: off). E.g. --hang-timeout 300."),
+        hang_action: str = typer.Option(
+            "stop", "--hang-action", help="On a hang: 'stop' the job after the dumps (exit 3), or 'report' and leave it running."),
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous recording in --out."),
     ) -> None:
         from rich.console import Console
@@ -118,13 +132,26 @@ def register(app: typer.Typer) -> None:
                 ranks_per_group=ranks_per_group, step_on=step_on, log_collectives=log_collectives,
                 clock_barrier=clock_barrier, record_shapes=record_shapes, with_flops=with_flops,
                 with_stack=with_stack, flight_recorder=flight_recorder, profile_memory=profile_memory,
-                memory_history=memory_history)
+                memory_history=memory_history, hang_timeout=hang_timeout, hang_action=hang_action)
             result = run_record(config, list(command or []), overwrite=overwrite)
         except (ValueError, RecordError) as exc:
             err.print(f"[red]tracekit record:[/red] {exc}")
             raise typer.Exit(2) from None
         print_summary(err, result.manifest, out, result.exit_code)
+        print_hang(err, result.hang)
         raise typer.Exit(result.exit_code)
+
+
+def print_hang(console: Any, hang: dict[str, Any] | None) -> None:
+    """What the hang watch found: the verdict, dead ranks, where the dumps and their analysis are."""
+    if not hang:
+        return
+    head = "[red]hang[/red]: the job was hung" if hang.get("detected") else "[yellow]job failed[/yellow]: post-mortem"
+    console.print(f"\n{head}: {hang.get('summary') or 'no stuck collective found in the dumps'}")
+    if hang.get("dead_ranks"):
+        console.print(f"  ranks that died: {hang['dead_ranks']}"
+                      + (f" (then {hang['stopped_ranks']} were stopped)" if hang.get("stopped_ranks") else ""))
+    console.print(f"  dumps: {hang.get('dumps')}   analysis: {hang.get('analysis')}")
 
 
 def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: int) -> None:

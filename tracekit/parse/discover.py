@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from isal import isal_zlib
@@ -62,6 +63,62 @@ def rank_from_filename(path: str | Path) -> int | None:
     """Rank written in a file name: rank3, rank-3, rank_3, rank.3 (case-insensitive); else None."""
     m = _RANK_IN_NAME.search(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+_NUMBERED_NAME = re.compile(r"^(.*?)(\d+)((?:\.(?:pkl|pickle|json|gz|bin|txt))*)$", re.IGNORECASE)
+
+
+def compile_rank_pattern(pattern: str | None) -> re.Pattern[str] | None:
+    """The user's --rank-from-name REGEX: the rank is its group named `rank`, else its first group."""
+    if pattern is None:
+        return None
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"--rank-from-name {pattern!r} is not a regular expression ({exc})") from None
+    if rx.groups < 1:
+        raise ValueError(f"--rank-from-name {pattern!r} has no group: put the rank in (\\d+) or (?P<rank>\\d+)")
+    return rx
+
+
+def _pattern_rank(rx: re.Pattern[str], name: str) -> int | None:
+    m = rx.search(name)
+    if not m:
+        return None
+    value = m.group("rank") if "rank" in rx.groupindex else m.group(1)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _prefix_ranks(files: list[InputFile]) -> dict[Path, int]:
+    """Ranks of files named `<prefix><rank>` (torch's own dump names: `_dump_3`, `nccl_trace_rank_3`):
+    only where every such file of one kind in a directory shares the prefix (and extension) and the
+    numbers are distinct, as torch's Flight Recorder loader infers them."""
+    groups: dict[tuple[Path, str], list[InputFile]] = defaultdict(list)
+    for f in files:
+        groups[(f.path.parent, f.kind)].append(f)
+    out: dict[Path, int] = {}
+    for members in groups.values():
+        matches = [_NUMBERED_NAME.match(f.path.name) for f in members]
+        if not all(matches):
+            continue
+        shapes = {(m.group(1), m.group(3).lower()) for m in matches}
+        numbers = [int(m.group(2)) for m in matches]
+        if len(shapes) == 1 and len(set(numbers)) == len(numbers):
+            out.update({f.path: n for f, n in zip(members, numbers)})
+    return out
+
+
+def settle_name_ranks(inputs: list[InputFile], rank_pattern: re.Pattern[str] | None = None) -> list[InputFile]:
+    """Ranks for inputs whose name has no `rank<N>`: the user's --rank-from-name pattern, else, for Flight
+    Recorder dumps only (torch names them so; a trace's trailing number is often a pid or a date), the
+    `<prefix><rank>` rule (`_prefix_ranks`). Manifests are never ranked."""
+    unranked = [f for f in inputs if f.name_rank is None and f.kind != MANIFEST]
+    if rank_pattern is not None:
+        named = {f.path: _pattern_rank(rank_pattern, f.path.name) for f in unranked}
+        inputs = [replace(f, name_rank=named[f.path]) if named.get(f.path) is not None else f for f in inputs]
+        unranked = [f for f in inputs if f.name_rank is None and f.kind != MANIFEST]
+    by_prefix = _prefix_ranks([f for f in unranked if f.kind == FLIGHT_RECORDER])
+    return [replace(f, name_rank=by_prefix[f.path]) if f.path in by_prefix else f for f in inputs]
 
 
 def _head(path: Path, n: int = _SNIFF_BYTES) -> bytes:
@@ -203,12 +260,16 @@ def classify(path: Path) -> tuple[str | None, str | None]:
             return FLIGHT_RECORDER, None
         if lower.endswith((".pkl", ".pickle")):
             return None, "pickle extension but not a pickle"
+        if head[:1] == b"{":  # a JSON dump named as torch names them (`nccl_trace_rank_3`, no extension)
+            kind, reason = classify_json(path)
+            return (kind, reason) if kind == FLIGHT_RECORDER else (None, None)
     return None, None
 
 
-def discover_inputs(trace_dir: str | Path) -> Discovery:
+def discover_inputs(trace_dir: str | Path, rank_pattern: re.Pattern[str] | None = None) -> Discovery:
     """Every input under `trace_dir` (recursively, sorted by path), or `trace_dir` itself when it is a
-    file, plus the JSON files it skips."""
+    file, plus the JSON files it skips. Ranks from file names: `rank<N>`, else `rank_pattern`, else
+    `<prefix><rank>` (settle_name_ranks)."""
     root = Path(trace_dir)
     found = Discovery()
     # a single file given by the user is taken as it is (hidden name or not)
@@ -232,5 +293,5 @@ def discover_inputs(trace_dir: str | Path) -> Discovery:
                 found.inputs.append(InputFile(path=path, kind=kind, name_rank=rank_from_filename(path)))
             elif reason is not None:
                 found.skipped.append({"file": str(path), "reason": reason})
-    found.inputs.sort(key=lambda f: str(f.path))
+    found.inputs = settle_name_ranks(sorted(found.inputs, key=lambda f: str(f.path)), rank_pattern)
     return found

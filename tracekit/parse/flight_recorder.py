@@ -21,7 +21,7 @@ from tracekit.errors import TraceFormatError
 from tracekit.parse.collective_names import dtype_bytes
 from tracekit.parse.collective_names import normalize_op as _normalize_name
 from tracekit.parse.safe_pickle import load_plain_data, looks_like_pickle
-from tracekit.tables.schema import conform
+from tracekit.tables.schema import TABLES, conform
 
 SOURCE_FLIGHT_RECORDER = "flight-recorder"
 # "send 0->1" / "recv 1<-0" in P2P profiling names: this rank and the peer, as group-local ranks.
@@ -261,6 +261,12 @@ class FlightRecorderParse:
     process_groups: list[dict[str, Any]]
     collectives: pa.Table
     warnings: list[str] = field(default_factory=list)
+    entries: pa.Table | None = None
+    """The dump's entries as `fr_entries` rows (rank -1 until the rank is known)."""
+    status: pa.Table | None = None
+    """The dump's pg_status as `fr_status` rows (one row even when it has none)."""
+    hang_dump: bool = False
+    """Written by `tracekit record`'s hang watch (it supersedes a window dump of the same rank)."""
 
 
 def is_flight_recorder_dump(doc: Any) -> bool:
@@ -313,6 +319,148 @@ def parse_flight_recorder(path: str | Path, *, rank: int | None = None,
     table = entries_to_collectives_skipping_bad(objects, rank=rank if rank is not None else -1,
                                                 source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks,
                                                 warnings=warnings, what=f"{path.name}: Flight Recorder")
-    return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source,
-                               version=None if doc.get("version") is None else str(doc["version"]),
-                               process_groups=groups, collectives=table, warnings=warnings)
+    version = None if doc.get("version") is None else str(doc["version"])
+    _check_version(version, path, warnings)
+    if not objects:
+        warnings.append(f"{path.name}: the dump holds no entries (the rank's recorder kept no pending or "
+                        "recent collective); its rank counts as having entered none")
+    rank_or = rank if rank is not None else -1
+    fr_entries = fr_entry_rows(objects, rank=rank_or, source=SOURCE_FLIGHT_RECORDER, group_ranks=group_ranks)
+    dead = doc.get("dead")
+    status = fr_status_rows(doc.get("pg_status"), fr_entries, rank=rank_or, source_file=str(path),
+                            version=version, num_entries=len(objects), dead=None if dead is None else bool(dead))
+    return FlightRecorderParse(source_file=str(path), rank=rank, rank_source=rank_source, version=version,
+                               process_groups=groups, collectives=table, warnings=warnings,
+                               entries=fr_entries, status=status, hang_dump=HANG_DUMP_KEY in doc)
+
+
+HANG_DUMP_KEY = "tracekit_hang_dump"
+"""Top-level key of the dumps `tracekit record --hang-timeout` writes (record/hang_monitor.py)."""
+
+
+SUPPORTED_MAJOR = "2"
+"""Flight Recorder dump versions read (torch's `version` field: "2.0" ... "2.10"): the fields used are the
+ones torch's own analyzer reads (torch/distributed/flight_recorder/components/types.py)."""
+
+
+def _check_version(version: str | None, path: Path, warnings: list[str]) -> None:
+    if version is None:
+        warnings.append(f"{path.name}: the dump states no version; read as 2.x")
+    elif version.split(".")[0] != SUPPORTED_MAJOR:
+        warnings.append(f"{path.name}: dump version {version} is not 2.x; fields read as 2.x, check the result")
+
+
+def _shapes_text(sizes: Any) -> str | None:
+    """[[2048, 5120], [16]] -> "2048x5120, 16" (a scalar tensor is "scalar")."""
+    if not isinstance(sizes, (list, tuple)):
+        return None
+    return ", ".join("x".join(str(int(d)) for d in shape) if shape else "scalar"
+                     for shape in sizes if isinstance(shape, (list, tuple)))
+
+
+def _join_text(values: Any) -> str | None:
+    if not isinstance(values, (list, tuple)) or not values:
+        return None
+    return ", ".join(str(v) for v in values)
+
+
+MAX_FRAMES = 16
+"""Frames kept per entry (innermost first): enough to name the user's call site."""
+
+
+def frames_text(frames: Any) -> str | None:
+    """Flight Recorder `frames` ([{name, filename, line}], innermost first) as 'file:line name' lines."""
+    if not isinstance(frames, (list, tuple)) or not frames:
+        return None
+    lines = []
+    for fr in frames[:MAX_FRAMES]:
+        if isinstance(fr, Mapping):
+            lines.append(f"{fr.get('filename', '?')}:{fr.get('line', '?')} {fr.get('name', '?')}")
+    return "\n".join(lines) or None
+
+
+def _fr_entry_row(e: Mapping[str, Any], rank: int, source: str, group_ranks: Mapping[str, list[int]]) -> dict[str, Any]:
+    """The fields of `entry_row` the hang analyzer reads (without its byte counts: half the cost), plus
+    the dump's own: record and pg ids, sizes as text, retired, observed times, frames."""
+    pg = e.get("process_group") or [None, None]
+    pg_name = None if pg[0] in (None, "") else str(pg[0])
+    op = normalize_op(e.get("profiling_name"))
+    is_p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
+    seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
+    ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
+    retired = e.get("retired")
+    rid = e.get("record_id")
+    return {
+        "rank": rank, "source": source, "record_id": int(rid) if rid is not None else None,
+        "pg_id": None if e.get("pg_id") is None else str(e.get("pg_id")),
+        "pg_name": pg_name, "pg_desc": None if len(pg) < 2 or pg[1] in (None, "") else str(pg[1]),
+        "seq": int(seq) if seq is not None else None, "is_p2p": is_p2p,
+        "op": op, "name": e.get("profiling_name"), "peer": _p2p_peer(e, is_p2p, ranks_of_group),
+        "in_sizes": _shapes_text(e.get("input_sizes")), "out_sizes": _shapes_text(e.get("output_sizes")),
+        "dtype": _join_text(e.get("input_dtypes")), "out_dtype": _join_text(e.get("output_dtypes")),
+        "state": e.get("state") or "unknown", "retired": None if retired is None else bool(retired),
+        "enqueue_ts": _nonzero_int(e.get("time_created_ns")),
+        "start_ts": _nonzero_int(e.get("time_discovered_started_ns")),
+        "end_ts": _nonzero_int(e.get("time_discovered_completed_ns")),
+        "frames": frames_text(e.get("frames")),
+    }
+
+
+def fr_entry_rows(entries: Iterable[Mapping[str, Any]], *, rank: int, source: str,
+                  group_ranks: Mapping[str, list[int]] | None = None) -> pa.Table:
+    """Entries as `fr_entries` rows (what the hang analyzer reads); a malformed entry is left out
+    (the `collectives` reader already counted it in the file's warnings)."""
+    schema = TABLES["fr_entries"]
+    rows = []
+    for e in entries:
+        try:
+            rows.append(_fr_entry_row(e, rank, source, group_ranks or {}))
+        except _ENTRY_ERRORS:
+            continue
+    try:
+        return conform("fr_entries", pa.Table.from_pylist(rows, schema=schema))
+    except _ENTRY_ERRORS:  # a field of another type somewhere (e.g. a list as state): those rows go
+        good = []
+        for row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+            except _ENTRY_ERRORS:
+                continue
+            good.append(row)
+        return conform("fr_entries", pa.Table.from_pylist(good, schema=schema))
+
+
+def _pg_names_by_id(entries: pa.Table) -> dict[str, str]:
+    """pg_id -> pg_name from the rank's own entries (pg ids are per rank: only its entries map them)."""
+    ids, names = entries.column("pg_id").to_pylist(), entries.column("pg_name").to_pylist()
+    return {i: n for i, n in zip(ids, names) if i is not None and n is not None}
+
+
+def _count(value: Any) -> int | None:
+    """A pg_status counter: a number, or its text (torch's JSON dump writes "3")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def fr_status_rows(pg_status: Any, entries: pa.Table, *, rank: int, source_file: str, version: str | None,
+                   num_entries: int, dead: bool | None = None) -> pa.Table:
+    """The dump's `pg_status` ({pg_id: {last_enqueued_collective, last_started_collective,
+    last_completed_collective}}) as `fr_status` rows; one row with null pg_id when there is none."""
+    names = _pg_names_by_id(entries)
+    base = {"rank": rank, "source_file": source_file, "version": version, "num_entries": num_entries, "dead": dead}
+    rows = []
+    for key, st in (pg_status.items() if isinstance(pg_status, Mapping) else ()):
+        if not isinstance(st, Mapping):
+            continue
+        num = {k: _count(st.get(f"last_{k}_collective")) for k in ("enqueued", "started", "completed")}
+        rows.append({**base, "pg_id": str(key), "pg_name": names.get(str(key)), "last_enqueued": num["enqueued"],
+                     "last_started": num["started"], "last_completed": num["completed"]})
+    if not rows:
+        rows.append({**base, "pg_id": None, "pg_name": None, "last_enqueued": None, "last_started": None,
+                     "last_completed": None})
+    return conform("fr_status", pa.Table.from_pylist(rows, schema=TABLES["fr_status"]))

@@ -108,7 +108,8 @@ def _identify(parsed_rank: int | None, parsed_source: str | None, name_rank: int
     if name_rank is not None:
         return name_rank, "filename"
     raise RankIdentityError(path, "no rank in the file (distributedInfo/header/dump) nor in its name "
-                                  "(e.g. rank3.pt.trace.json.gz); not assuming one")
+                                  "(e.g. rank3.pt.trace.json.gz, or <prefix><rank> shared by a folder's "
+                                  "dumps such as _dump_3); not assuming one (--rank-from-name REGEX gives it)")
 
 
 # ---- side logs (routing / pipeline) -----------------------------------------------------------------
@@ -395,7 +396,8 @@ class _Run:
 
 def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1, progress: bool = True,
               max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-              engine: Any = None, assume_rank: int | None = None, capture: str | Path | None = None) -> ParseRunResult:
+              engine: Any = None, assume_rank: int | None = None, capture: str | Path | None = None,
+              rank_from_name: str | None = None) -> ParseRunResult:
     """Parse every input under `trace_dir` (a folder, or one file) into a run store at `store_dir`.
 
     Kineto files are parsed by `engine` (tracekit.engines: local process pool of `workers`, or Ray);
@@ -404,6 +406,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     that trace is rank 0, with a warning); with several such traces each is skipped (one rank cannot be
     all of them). `capture`: the CUDA-graph capture trace(s) (file or folder) whose ops name the kernels the
     traces' graph launches ran (parse/cuda_graphs.py).
+    all of them). `rank_from_name`: a regex whose group `rank` (else its first group) is the rank of a
+    file whose name has no `rank<N>` (ValueError when it is not a regex with a group).
     """
     trace_dir = Path(trace_dir)
     if not (trace_dir.is_dir() or trace_dir.is_file()):
@@ -415,7 +419,7 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
     # nothing here uses pandas, so pyarrow need not import it (tables/arrow_env.py); an engine that runs
     # third-party code here (Ray) may look for pandas itself
     with pandas_deferred() if getattr(engine, "pandas_free", True) else nullcontext():
-        return _parse_found(disc.discover_inputs(trace_dir), trace_dir, store_dir, engine, progress=progress,
+        return _parse_found(disc.discover_inputs(trace_dir, disc.compile_rank_pattern(rank_from_name)), trace_dir, store_dir, engine, progress=progress,
                             max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
                             assume_rank=assume_rank, capture=capture)
 
@@ -532,9 +536,15 @@ def _add_comms_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: i
 def _add_flight_recorder(f: Any, path: str, run: _Run, local: list[str], max_bytes: int | None) -> int | None:
     parsed = parse_flight_recorder(f.path, max_bytes=max_bytes)
     rank, _ = _identify(parsed.rank, parsed.rank_source, f.name_rank, path, local)
-    if not run.claim("flight_recorder", rank, path, "Flight Recorder"):
+    earlier = run.logs.get(rank).fr if run.logs.get(rank) is not None else None
+    if parsed.hang_dump and earlier is not None and not earlier.hang_dump:
+        # the hang watch's dump is the same buffer, later: it replaces the window's dump of the rank
+        local.append(f"{f.path.name}: the hang dump replaces {Path(earlier.source_file).name} for rank {rank}")
+        run.claims["flight_recorder"][rank] = path
+    elif not run.claim("flight_recorder", rank, path, "Flight Recorder"):
         return None
     parsed.collectives = _set_rank(parsed.collectives, rank)
+    parsed.entries, parsed.status = _set_rank(parsed.entries, rank), _set_rank(parsed.status, rank)
     run.logs.setdefault(rank, _RankLogs()).fr = parsed
     run.groups.add(parsed.process_groups, rank)
     local += parsed.warnings
@@ -739,6 +749,7 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
     for p in (rl.comms, rl.fr):
         if p is not None and p.collectives.num_rows:
             writer.append("collectives", _fill_group_ranks(_shift_times(p.collectives, shift), run.groups))
+    _write_fr_tables(writer, rl, shift)
     for t in rl.routing:
         writer.append("routing", t)
     for t in rl.memory_segments:
@@ -747,6 +758,23 @@ def _write_logs(run: _Run, rl: _RankLogs, shift: int, warnings: list[str]) -> No
         writer.append("pipeline", _shift_times(t, shift))
     if rl.comms is not None and rl.fr is not None:
         warnings.append("both a comms log and a Flight Recorder dump: both kept; the comms log is joined to the trace")
+
+
+def _write_fr_tables(writer: RunStoreWriter, rl: _RankLogs, shift: int) -> None:
+    """The rank's Flight Recorder dump (torch's, or the one `tracekit record` writes on a hang) as
+    fr_entries / fr_status: what the hang analyzer reads. A comms log is not: it holds the profiled window
+    only. Times go onto the rank's Kineto clock like its collectives (`shift`; 0 without a trace)."""
+    src = rl.fr
+    if src is None or src.status is None:
+        return
+    entries = src.entries
+    if shift and entries is not None and entries.num_rows:
+        for col in ("enqueue_ts", "start_ts", "end_ts"):
+            idx = entries.column_names.index(col)
+            entries = entries.set_column(idx, col, pc.subtract(entries.column(col), pa.scalar(shift, pa.int64())))
+    for name, table in (("fr_entries", entries), ("fr_status", src.status)):
+        if table is not None and table.num_rows:
+            writer.append(name, table)
 
 
 def _write_rank(run: _Run, rank: int, rank_source: str | None, kineto_path: str | None, kp: Any,

@@ -113,6 +113,11 @@ class RecordConfig:
     """CUDA only: record the allocator history in the window and write memory_snapshot.rank{R}.pickle."""
     flight_recorder: bool = True
     """Dump PyTorch's Flight Recorder buffer (gloo and NCCL) per rank at exit."""
+    hang_timeout: float = 600.0
+    """Seconds without progress on any rank (while one waits in a collective or send/recv) after which
+    the job is called hung: every rank dumps its Flight Recorder buffer into out/hang/ (0: off)."""
+    hang_action: str = "stop"
+    """On a hang: 'stop' the job after the dumps, or 'report' and leave it running."""
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, dict):
@@ -123,6 +128,10 @@ class RecordConfig:
             raise ValueError("give either --ranks or --ranks-per-group, not both")
         if self.ranks_per_group is not None and self.ranks_per_group < 1:
             raise ValueError(f"--ranks-per-group must be >= 1, got {self.ranks_per_group}")
+        if self.hang_timeout < 0:
+            raise ValueError(f"--hang-timeout must be >= 0 seconds (0: off), got {self.hang_timeout}")
+        if self.hang_action not in ("stop", "report"):
+            raise ValueError(f"--hang-action must be 'stop' or 'report', got {self.hang_action!r}")
         if self.ranks is not None and any(r < 0 for r in self.ranks):
             raise ValueError(f"--ranks must be non-negative, got {self.ranks}")
 

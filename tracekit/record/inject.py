@@ -107,6 +107,13 @@ def _on_torch_imported() -> None:
     except Exception as exc:  # pragma: no cover - torch too old
         print(f"tracekit record: cannot hook optimizer steps ({exc}); use tracekit.step()", file=sys.stderr)
     atexit.register(_at_exit)
+    if _state.config is not None and _state.config.hang_timeout > 0:
+        try:
+            from tracekit.record import hang_monitor
+
+            hang_monitor.start(_state.config.out_dir)
+        except Exception as exc:  # never stop the program; say the hang watch is off
+            print(f"tracekit record: hang monitor not started in pid {os.getpid()}: {exc!r}", file=sys.stderr)
     _state.prev_excepthook = sys.excepthook
     sys.excepthook = _excepthook
 

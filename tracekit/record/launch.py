@@ -22,7 +22,7 @@ from tracekit.record.manifest import write_manifest
 from tracekit.record.trace_files import MANIFEST, PARTS_DIR, nccl_dump_prefix
 
 _OUR_PATTERNS = ("rank*.pt.trace.json.gz", "comms.rank*.jsonl", "record.rank*.json",
-                 "flight_recorder.*", MANIFEST)
+                 "flight_recorder.*", MANIFEST, "hang", ".hang", "hang-analysis")
 
 
 class RecordError(TracekitError):
@@ -34,6 +34,9 @@ class RecordResult:
     exit_code: int
     manifest: dict[str, Any]
     out_dir: Path
+    hang: dict[str, Any] | None = None
+    """What the hang watch found (None: off, or the job ended well): detected, dead/exited ranks, the
+    top `hang` finding of the dumps' analysis and where it was written."""
 
 
 def existing_recording(out_dir: Path) -> list[Path]:
@@ -134,12 +137,77 @@ def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = Fa
         for sig in (signal.SIGTERM, signal.SIGHUP):
             forwarded[sig] = signal.signal(sig, _forward)
         forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        rc = proc.wait()
+        if config.hang_timeout > 0:
+            rc, hang = _wait_watching(proc, config)
+        else:
+            rc, hang = proc.wait(), None
     finally:
         for sig, prev in forwarded.items():
             signal.signal(sig, prev)
         site.cleanup()
     exit_code = 128 - rc if rc < 0 else rc
+    if hang is not None and hang["detected"] and config.hang_action == "stop":
+        from tracekit.analyze.hang import HANG_EXIT_CODE
+
+        exit_code = HANG_EXIT_CODE  # we stopped the job: its own status (a signal) would mislead
     manifest = write_manifest(out_dir, command=command, config=config, exit_code=exit_code,
                               started_ns=started_ns, salvage=True)
-    return RecordResult(exit_code=exit_code, manifest=manifest, out_dir=out_dir)
+    return RecordResult(exit_code=exit_code, manifest=manifest, out_dir=out_dir, hang=hang)
+
+
+def _wait_watching(proc: Any, config: RecordConfig) -> tuple[int, dict[str, Any] | None]:
+    """Wait for the job while the hang watch polls; on a hang: dumps, analysis, then stop (or report)."""
+    import sys
+
+    from tracekit.record.hang_watch import HangWatch
+
+    watch = HangWatch(out_dir=config.out_path, timeout_s=config.hang_timeout)
+    detected = False
+    while True:
+        try:
+            rc = proc.wait(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if not detected and watch.poll():
+            detected = True
+            print(f"tracekit record: no rank progressed for {config.hang_timeout:g} s: the job is hung; "
+                  f"collecting every rank's Flight Recorder dump", file=sys.stderr, flush=True)
+            watch.request_dumps()
+            report = _hang_report(watch, detected=True)
+            print(f"tracekit record: {report.get('summary') or 'no stuck collective found in the dumps'}",
+                  file=sys.stderr, flush=True)
+            if config.hang_action == "stop":
+                print("tracekit record: stopping the job (--hang-action report leaves it running)",
+                      file=sys.stderr, flush=True)
+                watch.stop_job(proc)
+                rc = proc.wait()
+                return rc, report
+    if detected:
+        return rc, _hang_report(watch, detected=True)
+    if rc == 0 and not watch.dead_ranks():
+        watch.clean()
+        return rc, None
+    return rc, (_hang_report(watch, detected=False) if watch.has_dumps() or watch.dead_ranks() else None)
+
+
+def _hang_report(watch: Any, detected: bool) -> dict[str, Any]:
+    """Mark dead ranks in their dumps, analyse the dumps, and say what was found."""
+    from tracekit.record.hang_watch import analyze_hang_dumps
+
+    watch.fill_from_call_logs()
+    dead, later = watch.first_dead()
+    watch.mark_dead(dead, "died")
+    watch.mark_dead(later, f"stopped after ranks {dead} died", dead=False)
+    report: dict[str, Any] = {"detected": detected, "dead_ranks": dead, "stopped_ranks": later,
+                              "exited_ranks": watch.exited_ranks(),
+                              "dumps": str(watch.out_dir / "hang"), "summary": None, "analysis": None}
+    try:
+        top, where = analyze_hang_dumps(watch.out_dir)
+        report["analysis"] = str(where)
+        if top is not None:
+            report["summary"] = top["summary"]
+            report["finding"] = top
+    except Exception as exc:  # the dumps stay; `tracekit analyze DIR` reads them later
+        report["summary"] = f"(the dumps could not be analysed here: {type(exc).__name__}: {exc})"
+    return report

@@ -237,6 +237,43 @@ KERNEL_SUMMARY = pa.schema([
     _f("share", pa.float64(), "total_ns / the rank's summed kernel time"),
 ])
 
+FR_ENTRIES = pa.schema([
+    _f("rank", pa.int32(), "global rank whose Flight Recorder dump (or tracekit comms log) holds the entry", nullable=False),
+    _f("source", pa.string(), "flight-recorder | comms-log"),
+    _f("record_id", pa.int64(), "the recorder's running entry id on this rank (issue order); null if absent"),
+    _f("pg_id", pa.string(), "the rank's own id of the process group (keys pg_status; differs across ranks)"),
+    _f("pg_name", pa.string(), "process group name (pg_config key, the same on every member)"),
+    _f("pg_desc", pa.string(), "process group description (e.g. EXPERT_MODEL_PARALLEL_GROUP)"),
+    _f("seq", pa.int64(), "collective_seq_id (p2p_seq_id for send/recv)"),
+    _f("is_p2p", pa.bool_(), "send/recv"),
+    _f("op", pa.string(), "normalised op (all_reduce, all_to_all, send, recv, ...)"),
+    _f("name", pa.string(), "profiling_name as recorded (nccl:all_to_all, gloo:all_reduce, nccl:send 0->1)"),
+    _f("peer", pa.int32(), "global peer rank of a send/recv when known"),
+    _f("in_sizes", pa.string(), "input tensor shapes as text, e.g. 2048x5120 (tensors separated by ', ')"),
+    _f("out_sizes", pa.string(), "output tensor shapes as text"),
+    _f("dtype", pa.string(), "input dtypes as recorded (tensors separated by ', ')"),
+    _f("out_dtype", pa.string(), "output dtypes as recorded"),
+    _f("state", pa.string(), "scheduled | started | completed (as the recorder last saw it)"),
+    _f("retired", pa.bool_(), "the recorder retired the entry (its work finished); null if not recorded"),
+    _f("enqueue_ts", pa.int64(), "time_created_ns (wall clock ns, unshifted)"),
+    _f("start_ts", pa.int64(), "time_discovered_started_ns (null when never observed)"),
+    _f("end_ts", pa.int64(), "time_discovered_completed_ns (null when never observed)"),
+    _f("frames", pa.string(), "the entry's Python stack, innermost first, one 'file:line name' per line"),
+])
+
+FR_STATUS = pa.schema([
+    _f("rank", pa.int32(), "global rank of the dump", nullable=False),
+    _f("source_file", pa.string(), "the dump or log file"),
+    _f("version", pa.string(), "dump schema version (e.g. 2.9)"),
+    _f("num_entries", pa.int32(), "entries the dump holds (0: the rank's recorder kept nothing)"),
+    _f("pg_id", pa.string(), "pg_status key (the rank's own group id); null on the row of a dump with no pg_status"),
+    _f("pg_name", pa.string(), "the group's name when the rank's own entries map its pg_id to it, else null"),
+    _f("last_enqueued", pa.int64(), "pg_status last_enqueued_collective (-1: none)"),
+    _f("last_started", pa.int64(), "pg_status last_started_collective (-1: none or not timed)"),
+    _f("last_completed", pa.int64(), "pg_status last_completed_collective (-1: none)"),
+    _f("dead", pa.bool_(), "the rank's process died before the dump (tracekit record's watchdog), null if unknown"),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "ranks": RANKS,
     "process_groups": PROCESS_GROUPS,
@@ -250,11 +287,13 @@ TABLES: dict[str, pa.Schema] = {
     "memory_segments": MEMORY_SEGMENTS,
     "ops": OPS,
     "kernel_summary": KERNEL_SUMMARY,
+    "fr_entries": FR_ENTRIES,
+    "fr_status": FR_STATUS,
 }
 
 # Tables with one row group per rank; the others are small and written whole.
 PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipeline", "memory", "memory_segments",
-                   "ops", "kernel_summary")
+                   "ops", "kernel_summary", "fr_entries", "fr_status")
 
 # One spelling of the profiler step annotation for the whole project.
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
