@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise")
+COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise", "export")
 
 app = typer.Typer(
     name="tracekit",
