@@ -74,11 +74,13 @@ class Run:
         return pd.DataFrame(self.section("stragglers").get("ranks") or [])
 
     def memory(self) -> pd.DataFrame:
-        """One row per rank and device: peak allocated/reserved and what held memory at the peak (empty
-        when the traces recorded no memory events; `section('memory')['reason']` says why)."""
+        """One row per rank and device: peak allocated/reserved, when and what held memory at the peak, per
+        step bases and peaks (empty when the traces recorded no memory events: `section('memory')['reason']`
+        says why; the allocation timeline stays in `section('memory')`)."""
         import pandas as pd
 
-        return pd.DataFrame(self.section("memory").get("ranks") or [])
+        rows = [{k: v for k, v in r.items() if k != "timeline"} for r in self.section("memory").get("ranks") or []]
+        return pd.DataFrame(rows)
 
     def matched(self) -> MatchedCollectives | None:
         """Matching's instances (analyze/matching.py), computed once from the store."""
