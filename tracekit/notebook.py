@@ -101,7 +101,11 @@ class Run:
         m = self.matched()
         if m is None:
             return pd.DataFrame()
-        return (m.rows if members else m.instances).copy()
+        df = (m.rows if members else m.instances).copy()
+        for col in ("step", "group_size", "bytes"):  # whole numbers with gaps: nullable ints, not floats
+            if col in df:
+                df[col] = df[col].round().astype("Int64")
+        return df
 
     def collective_calls(self) -> pd.DataFrame:
         """The collectives table: one row per call per rank and source, unmatched."""

@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, "--model", help="Model preset for the layout advice section "
                                             "(as `tracekit advise --model`); without it there is no advice."),
         no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
+        csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tables users read as CSV files "
+                                           "into this directory: breakdown, findings, collectives, stragglers, "
+                                           "memory, kernels and ops when present (tracekit/export/sheets.py)."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
     ) -> None:
@@ -105,13 +108,14 @@ def register(app: typer.Typer) -> None:
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
                      max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
-                     assume_rank=rank)
+                     assume_rank=rank, csv_dir=csv)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
-             max_decompressed_bytes: int | None = None, assume_rank: int | None = None) -> None:
+             max_decompressed_bytes: int | None = None, assume_rank: int | None = None,
+             csv_dir: Path | None = None) -> None:
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
@@ -144,6 +148,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1)
     for p in run.problems:
         err.print(f"[yellow]{O.esc(p)}[/yellow]")
+    if csv_dir is not None:
+        _write_csvs(run, csv_dir, quiet, err)
     if not quiet:
         from rich.console import Console
 
@@ -151,6 +157,19 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         # paths never wrapped: they are copied from the terminal
         err.print(f"analysis: {O.esc(out / 'analysis.json')}" + (f"   report: {O.esc(run.report)}" if run.report else ""),
                   soft_wrap=True)
+
+
+def _write_csvs(run, csv_dir: Path, quiet: bool, err) -> None:
+    from tracekit.export.sheets import write_csvs
+    from tracekit.notebook import Run
+
+    try:
+        paths = write_csvs(Run(run.analysis, run.store, run.out), csv_dir)
+    except OSError as exc:
+        err.print(f"[red]tracekit analyze:[/red] --csv {O.esc(csv_dir)}: {O.esc(exc)}")
+        raise typer.Exit(1) from None
+    if not quiet:
+        err.print(f"sheets: {O.esc(csv_dir)} ({', '.join(p.name for p in paths)})", soft_wrap=True)
 
 
 def _print_skipped(skipped: list[dict[str, str]], err) -> None:
