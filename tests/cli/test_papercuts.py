@@ -29,3 +29,22 @@ def test_every_option_has_a_description():
             if isinstance(p, click.Option) and not (p.help or "").strip():
                 missing.append(f"{name} {p.opts[0]}")
     assert not missing, missing
+
+
+def test_terminal_table_says_which_ranks_it_leaves_out():
+    import io
+
+    from rich.console import Console
+
+    from tracekit.cli.analyze import _print_summary
+
+    row = {"steps": 2, "step_ns": 2_000_000, "compute_ns": 1_000_000, "exposed_comm_ns": 0, "sync_wait_ns": 0,
+           "other_ns": 0, "idle_ns": 1_000_000, "overlap_ratio": None, "bound": "compute"}
+    ranks = list(range(64)) + [70]
+    buf = io.StringIO()
+    _print_summary({"ranks": [dict(row, rank=r) for r in ranks], "findings": []}, Console(file=buf, width=100))
+    text = buf.getvalue()
+    table = [line for line in text.splitlines() if "not shown" not in line]
+    shown = [r for r in ranks if any(line.split()[:1] == [str(r)] for line in table)]
+    assert shown == ranks[:16] + ranks[-16:]
+    assert "33 ranks not shown (ranks 16–48)" in text

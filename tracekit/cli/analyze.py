@@ -177,6 +177,20 @@ def _print_skipped(skipped: list[dict[str, str]], err) -> None:
         err.print(f"[yellow]skipped[/yellow] {O.esc(s['file'])}: {O.esc(s['reason'])}")
 
 
+def _ranges(ranks: list[int]) -> str:
+    """[16, 17, ..., 47, 50] -> "16–47, 50"."""
+    parts: list[str] = []
+    start = prev = None
+    for r in sorted(ranks) + [None]:
+        if start is not None and r is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}–{prev}")
+        start = prev = r
+    return ", ".join(parts)
+
+
 def _print_summary(analysis: dict, console) -> None:
     from rich.table import Table
 
@@ -198,6 +212,10 @@ def _print_summary(analysis: dict, console) -> None:
                   pct("compute_ns"), pct("exposed_comm_ns"), pct("sync_wait_ns"), pct("other_ns"), pct("idle_ns"),
                   ov, r["bound"])
     console.print(t)
+    if len(shown) < len(rows):
+        hidden = [r["rank"] for r in rows[16:-16]]
+        console.print(f"{len(hidden)} ranks not shown (ranks {_ranges(hidden)}); every rank is in "
+                      "analysis.json and report.html", highlight=False)
     findings = analysis["findings"]
     if not findings:
         console.print("no findings")
