@@ -48,3 +48,26 @@ def test_terminal_table_says_which_ranks_it_leaves_out():
     shown = [r for r in ranks if any(line.split()[:1] == [str(r)] for line in table)]
     assert shown == ranks[:16] + ranks[-16:]
     assert "33 ranks not shown (ranks 16–48)" in text
+
+
+def test_fail_on_warning_ignores_unstable_verdict(tmp_path):
+    """A clean run whose steps vary (unstable_verdict, a warning about noise) passes `--fail-on warning`;
+    any other warning still fails it."""
+    import json
+
+    from tracekit.compare.check import Thresholds, evaluate
+
+    noise = {"kind": "unstable_verdict", "severity": "warning", "ranks": [0], "dim": None,
+             "summary": "verdict of rank 0 changes between steps", "evidence": {}, "recommendation": "",
+             "est_saving_ns": 0}
+    real = dict(noise, kind="straggler", summary="rank 1 arrives last")
+    doc = {"schema": "tracekit.analysis/1", "inputs": {"ranks": [0], "skipped": []}, "ranks": [], "findings": [noise]}
+    res = evaluate(doc, Thresholds(fail_on="warning"))[0]
+    assert not res.breached and "unstable_verdict not gated" in res.detail
+    assert evaluate(dict(doc, findings=[noise, real]), Thresholds(fail_on="warning"))[0].breached
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(doc))
+    out = CliRunner().invoke(app, ["check", str(path), "--fail-on", "warning"])
+    assert out.exit_code == 0 and "unstable_verdict not gated" in out.output
+    path.write_text(json.dumps(dict(doc, findings=[noise, real])))
+    assert CliRunner().invoke(app, ["check", str(path), "--fail-on", "warning"]).exit_code == 1

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         max_step_ms: Optional[float] = typer.Option(None, min=0, help="Step time in ms, slowest rank."),
         max_skew: Optional[float] = typer.Option(None, min=0, help="Straggler delay / step (how long groups wait for a rank), worst rank."),
         max_routing_skew: Optional[float] = typer.Option(None, min=0, help="MoE routing skew (max/mean tokens per expert), worst layer."),
-        fail_on: Optional[str] = typer.Option(None, help="Fail on any finding of this severity or worse: warning | critical."),
+        fail_on: Optional[str] = typer.Option(None, help="Fail on any finding of this severity or worse: warning | critical (unstable_verdict, which says the recorded steps vary too much to judge, never fails the gate)."),
         json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the check results as JSON here."),
     ) -> None:
         from rich.console import Console
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             opt = "--" + r.name.replace("_", "-")
             if r.name == "fail_on":
                 line = (f"FAIL {opt} {r.limit}: {int(r.value or 0)} finding(s): {r.detail}" if r.breached
-                        else f"ok   {opt} {r.limit}: no such finding")
+                        else f"ok   {opt} {r.limit}: no such finding" + r.detail.removeprefix("none"))
             elif not r.measured:
                 line = f"n/a  {opt} {r.limit}: not measured ({r.detail})"
             else:
