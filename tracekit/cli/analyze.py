@@ -14,8 +14,9 @@ stragglers, and more, with findings sorted by estimated saving.
 
 TRACE_DIR is a directory of traces and logs (as `tracekit record` or the reference runtime leave
 them), one trace file, or an existing run store (a directory with meta.json, from `tracekit parse`).
-A rank is never assumed: it comes from the trace (distributedInfo) or its name (rank3...); give a lone
-trace that states neither its rank with --rank.
+A trace's rank comes from the trace (distributedInfo) or its name (rank3...). Among several traces, one
+that states neither is skipped; the only trace of a run that states neither is analysed as rank 0 with a
+warning (give its rank with --rank when it is another).
 
 Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md; with --model,
 DIR/advice.json too (the layout advice section, as `tracekit advise` writes it).

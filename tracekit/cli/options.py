@@ -15,8 +15,8 @@ ADDRESS = typer.Option(None, "--address",
 MAX_MEMORY = typer.Option(None, "--max-memory",
                           help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks.")
 RANK = typer.Option(None, "--rank", min=0,
-                    help="Rank of a lone trace that names none (in distributedInfo or its file name); "
-                         "never assumed otherwise.")
+                    help="Rank of a lone trace that names none (in distributedInfo or its file name); without it "
+                         "such a trace is analysed as rank 0, with a warning.")
 MAX_DECOMPRESSED_MB = typer.Option(
     None, "--max-decompressed-mb", min=1,
     help="Skip any input that decompresses to more than this many MiB "
