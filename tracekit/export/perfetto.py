@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     from tracekit.analyze.matching import MatchedCollectives
@@ -149,34 +152,92 @@ def _place_all(tracks: _Tracks, events: list[dict[str, Any]]) -> None:
             ev["tid"] = at["tid"]
 
 
-def _event_track(row: dict[str, Any]) -> tuple[tuple, str, int]:
-    if row["lane"] == "device":
-        return ("stream", row["pid"], row["stream"]), f"stream {row['stream']}", ORDER_DEVICE
-    name = row["thread_name"] or f"thread {row['tid']}"
-    return (("thread", row["pid"], row["tid"]), name,
-            ORDER_COMM_THREAD if row["lane"] == "comm_thread" else ORDER_HOST)
-
-
-def rank_events(store: RunStore, rank: int, offset: int, tracks: _Tracks) -> list[dict[str, Any]]:
-    """Every events-table row of `rank` as a trace event on the aligned clock (absolute ns)."""
-    t = store.rank_table("events", rank, EVENT_COLUMNS)
-    rows = t.to_pylist()
-    pid = rank + 1
+def _track_names(is_dev: np.ndarray, pid: np.ndarray, key: np.ndarray, lane_comm: np.ndarray,
+                 thread_name: list[str | None], first: np.ndarray) -> list[tuple[tuple, str, int]]:
+    """(track key, thread name, order) of each distinct track, from its first row `first`."""
     out = []
-    for r in rows:
-        key, name, order = _event_track(r)
-        start = r["ts"] - offset
-        args = {k: r[k] for k in ("correlation", "external_id", "step") if r[k] is not None}
-        if r["dur"] is None:
-            tid = tracks.tid(pid, key + (0,), name, order)
-            ev = {"ph": "i", "s": "t", "name": r["name"] or "", "cat": r["cat"] or "", "pid": pid, "tid": tid,
-                  "ts": start}
-            if args:
-                ev["args"] = args
-            out.append(ev)
+    for i in first.tolist():
+        if is_dev[i]:
+            out.append((("stream", int(pid[i]), int(key[i])), f"stream {int(key[i])}", ORDER_DEVICE))
+        else:
+            out.append((("thread", int(pid[i]), int(key[i])), thread_name[i] or f"thread {int(key[i])}",
+                        ORDER_COMM_THREAD if lane_comm[i] else ORDER_HOST))
+    return out
+
+
+def _layers(track: np.ndarray, ts: np.ndarray, end: np.ndarray, slices: np.ndarray) -> np.ndarray:
+    """Nesting layer of each row: rows sorted by track, start, longer first; a slice that would overlap
+    its thread's open slice without nesting goes to the first layer where it nests (instants: layer 0)."""
+    order = np.lexsort((-(end - ts), ts, track))
+    layer = np.zeros(ts.size, np.int64)
+    stacks: list[list[int]] = []
+    prev = None
+    for i, tr, s, e, sl in zip(order.tolist(), track[order].tolist(), ts[order].tolist(), end[order].tolist(),
+                               slices[order].tolist()):
+        if tr != prev:
+            stacks, prev = [], tr
+        if not sl:
             continue
-        out.append(_slice(r["name"] or "", r["cat"] or "", (pid, key, name, order), start, start + r["dur"], args))
-    _place_all(tracks, out)
+        for k, stack in enumerate(stacks):
+            while stack and stack[-1] <= s:
+                stack.pop()
+            if not stack or e <= stack[-1]:
+                stack.append(e)
+                layer[i] = k
+                break
+        else:
+            stacks.append([e])
+            layer[i] = len(stacks) - 1
+    return layer
+
+
+def _column(t: pa.Table, name: str, fill: int) -> np.ndarray:
+    return t.column(name).fill_null(fill).to_numpy().astype(np.int64, copy=False)
+
+
+def _rank_tracks(t: pa.Table, pid: int, ts: np.ndarray, dur: np.ndarray, has_dur: np.ndarray,
+                 tracks: _Tracks) -> list[int]:
+    """The tid of each events row: its host thread or device stream, in the nesting layer it fits."""
+    lane = t.column("lane").cast(pa.string())
+    is_dev = pc.equal(lane, "device").fill_null(False).to_numpy(zero_copy_only=False)
+    comm = pc.equal(lane, "comm_thread").fill_null(False).to_numpy(zero_copy_only=False)
+    raw_pid = _column(t, "pid", 0)
+    key = np.where(is_dev, _column(t, "stream", -1), _column(t, "tid", 0))
+    _, first, track = np.unique(np.stack([is_dev.astype(np.int64), raw_pid, key], axis=1), axis=0,
+                                return_index=True, return_inverse=True)
+    track = track.reshape(-1)
+    names = _track_names(is_dev, raw_pid, key, comm, t.column("thread_name").cast(pa.string()).to_pylist(), first)
+    layer = _layers(track, ts, ts + dur, has_dur)
+    tid_of: dict[tuple[int, int], int] = {}
+    for tr, ly in sorted(set(zip(track.tolist(), layer.tolist()))):
+        k, name, order = names[tr]
+        tid_of[(tr, ly)] = tracks.tid(pid, k + (ly,), name if ly == 0 else f"{name} (overlap {ly})", order)
+    return [tid_of[k] for k in zip(track.tolist(), layer.tolist())]
+
+
+def rank_events(store: RunStore, rank: int, offset: int, origin: int, tracks: _Tracks) -> list[dict[str, Any]]:
+    """Every events-table row of `rank` as a trace event on the aligned clock, µs after `origin` (exact:
+    float µs of a relative ns value below 2^53 / 1000 round-trip to the same ns)."""
+    t = store.rank_table("events", rank, EVENT_COLUMNS)
+    if t.num_rows == 0:
+        return []
+    pid = rank + 1
+    ts = t.column("ts").to_numpy() - offset
+    has_dur = t.column("dur").is_valid().to_numpy(zero_copy_only=False)
+    dur = _column(t, "dur", 0)
+    tids = _rank_tracks(t, pid, ts, dur, has_dur, tracks)
+    rel, durs, slices = ((ts - origin) / 1000).tolist(), (dur / 1000).tolist(), has_dur.tolist()
+    cols = [t.column(c).cast(pa.string()).to_pylist() if c in ("name", "cat") else t.column(c).to_pylist()
+            for c in ("name", "cat", "correlation", "external_id", "step")]
+    out = []
+    for i, (nm, cat, corr, ext, st) in enumerate(zip(*cols)):
+        if slices[i]:
+            ev = {"ph": "X", "name": nm or "", "cat": cat or "", "pid": pid, "tid": tids[i], "ts": rel[i], "dur": durs[i]}
+        else:
+            ev = {"ph": "i", "s": "t", "name": nm or "", "cat": cat or "", "pid": pid, "tid": tids[i], "ts": rel[i]}
+        if corr is not None or ext is not None or st is not None:
+            ev["args"] = {k: v for k, v in (("correlation", corr), ("external_id", ext), ("step", st)) if v is not None}
+        out.append(ev)
     return out
 
 
@@ -336,49 +397,48 @@ def _process_meta(ranks: list[int], store: RunStore) -> list[dict[str, Any]]:
 def export_perfetto(store: RunStore, analysis: dict[str, Any], path: str | Path,
                     matched: MatchedCollectives | None = None) -> PerfettoExport:
     """Write the run's aligned timeline to `path` (module docstring); `matched`: matching's instances
-    (analyze_matching(store, layout).matched), without which no collective is linked."""
+    (analyze_matching(store, layout).matched), without which no collective is linked. The events are
+    written rank by rank: memory holds one rank's events at a time."""
     path = Path(path)
-    ranks = [r for r in store.ranks()]
+    ranks = store.ranks()
     offsets = applied_offsets(analysis)
     tracks = _Tracks()
-    chunks: list[list[dict[str, Any]]] = []
-    n_events = 0
-    for r in ranks:
-        evs = rank_events(store, r, offsets.get(r, 0), tracks)
-        n_events += len(evs)
-        chunks.append(evs)
     coll, n_inst, n_flows, unplaced = collective_events(matched, set(ranks), tracks)
     cpath, n_path = path_events(analysis, set(ranks), tracks, n_flows)
     spans = _rank_spans(store, offsets)
     finds = finding_events(analysis, step_windows(store, offsets), spans, tracks)
-    chunks += [coll, cpath, finds]
-    starts = [ev["ts"] for c in chunks for ev in c[:1]] + [s for s, _ in spans.values()]
-    starts += [ev["ts"] for c in (coll, cpath, finds) for ev in c]
+    starts = [s for s, _ in spans.values()] + [ev["ts"] for c in (coll, cpath, finds) for ev in c]
     origin = min(starts) if starts else 0
-    for c in chunks:
+    for c in (coll, cpath, finds):
         _relative(c, origin)
-    other = {"tracekit": {"origin_ns": origin, "clock": "rank 0's clock: each rank's times minus its applied offset",
-                          "clock_offsets_ns": {str(r): offsets.get(r, 0) for r in ranks},
-                          "offset_error_ns": {str(k): v for k, v in offset_errors(analysis).items()},
-                          "ranks": ranks, "instances": n_inst, "collective_flows": n_flows,
-                          "unplaced_members": unplaced, "schema": analysis.get("schema")}}
-    _write(path, [_process_meta(ranks, store), tracks.meta, *chunks], other)
+    n_events = 0
+    enc = msgspec.json.Encoder()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b'{"displayTimeUnit":"ns","traceEvents":[')
+        first = _write_events(fh, enc, [_process_meta(ranks, store), coll, cpath, finds], True)
+        for r in ranks:
+            evs = rank_events(store, r, offsets.get(r, 0), origin, tracks)
+            n_events += len(evs)
+            first = _write_events(fh, enc, [evs], first)
+        _write_events(fh, enc, [tracks.meta], first)
+        other = {"tracekit": {"origin_ns": origin, "clock": "rank 0's clock: each rank's times minus its applied offset",
+                              "clock_offsets_ns": {str(r): offsets.get(r, 0) for r in ranks},
+                              "offset_error_ns": {str(k): v for k, v in offset_errors(analysis).items()},
+                              "ranks": ranks, "instances": n_inst, "collective_flows": n_flows,
+                              "unplaced_members": unplaced, "schema": analysis.get("schema")}}
+        fh.write(b'],"otherData":' + enc.encode(other) + b"}\n")
     return PerfettoExport(path=path, ranks=ranks, events=n_events, instances=n_inst, flows=n_flows,
                           unplaced_members=unplaced, path_slices=n_path, finding_slices=len(finds),
                           origin_ns=origin, offsets_ns={r: offsets.get(r, 0) for r in ranks})
 
 
-def _write(path: Path, chunks: list[list[dict[str, Any]]], other: dict[str, Any]) -> None:
-    """The JSON object form, written chunk by chunk (never one string of the whole document)."""
-    enc = msgspec.json.Encoder()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as fh:
-        fh.write(b'{"displayTimeUnit":"ns","traceEvents":[')
-        first = True
-        for c in chunks:
-            if not c:
-                continue
-            body = enc.encode(c)[1:-1]
-            fh.write(body if first else b"," + body)
-            first = False
-        fh.write(b'],"otherData":' + enc.encode(other) + b"}\n")
+def _write_events(fh: Any, enc: msgspec.json.Encoder, chunks: list[list[dict[str, Any]]], first: bool) -> bool:
+    """Append the chunks' events to the open traceEvents array; whether the array is still empty."""
+    for c in chunks:
+        if not c:
+            continue
+        body = enc.encode(c)[1:-1]
+        fh.write(body if first else b"," + body)
+        first = False
+    return first
