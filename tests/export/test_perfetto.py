@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import tracekit
+
 from tests.conftest import REPO, shared_traces_dir
 from tracekit.cli.main import app
 
@@ -286,15 +288,55 @@ def test_runtime_run_from_analysis_folder(tmp_path):
     got = [(exp.rank_of.get(e["pid"]), exp.aligned(e["ts"]), exp.aligned(e["ts"]) + _ns(e["dur"]))
            for e in exp.events({"critical_path"}, ("X",))]
     assert path and sorted(got, key=str) == sorted(path, key=str)
-    # findings: on each rank they name, over that rank's ProfilerStep windows (CPU ranks), from the raw trace
+    # findings, on each rank they name: a finding about an op, that op's log collectives on its dim inside the
+    # rank's ProfilerStep windows; others, the ProfilerStep windows (CPU ranks), both from the raw files
     steps = {r: sorted((e["ts"] - exp.offsets[r], e["ts"] + e["dur"] - exp.offsets[r]) for e in evs
                        if re.fullmatch(r"ProfilerStep#\d+", e["name"])) for r, evs in raw.items()}
+    logs = _log_details(run, base)
+    kinds = set()
     for f in analysis["findings"]:
         label = f"{f['severity']}: {f['kind']}"
         for r in f["ranks"] or sorted(raw):
-            spans = sorted((exp.aligned(e["ts"]), exp.aligned(e["ts"]) + _ns(e["dur"])) for e in exp.events({"finding"}, ("X",))
-                           if e["name"] == label and exp.rank_of[e["pid"]] == r and e["args"]["summary"] == f["summary"])
-            assert spans == steps[r], (label, r)
+            got = sorted((exp.aligned(e["ts"]), exp.aligned(e["ts"]) + _ns(e["dur"])) for e in exp.events({"finding"}, ("X",))
+                         if e["name"] == label and exp.rank_of[e["pid"]] == r and e["args"]["summary"] == f["summary"])
+            want = steps[r]
+            if (f.get("evidence") or {}).get("op"):
+                want = sorted((c - exp.offsets[r], d - exp.offsets[r]) for (rank, op, dim), spans in logs.items()
+                              if rank == r and op == f["evidence"]["op"] and dim == f["dim"] for c, d in spans
+                              if any(s <= c - exp.offsets[r] < e for s, e in steps[r]))
+                assert want
+            assert got == want, (label, r)
+            kinds.add(f["kind"])
+    assert "unoverlapped_collective" in kinds
+    # a straggler finding covers, on its rank, each wait of the others for it: second-to-last arrival to its own
+    fake = dict(analysis, findings=[{"kind": "straggler", "severity": "warning", "ranks": [1], "dim": "tp",
+                                     "summary": "rank 1 arrives last", "evidence": {}, "recommendation": "",
+                                     "est_saving_ns": 0}])
+    exp2 = Export(tracekit.Run(fake, tracekit.open(out).store).export_perfetto(tmp_path / "s.json").path)
+    want = []
+    for members in _log_entries(run, base).values():
+        arrive = sorted((c - exp.offsets[r], r) for r, (c, _) in members.items())
+        if len(arrive) == 2 and arrive[-1][1] == 1 and arrive[0][0] < arrive[1][0] and \
+                any(s <= arrive[1][0] < e for s, e in steps[1]):
+            want.append((arrive[0][0], arrive[1][0]))
+    got = sorted((exp2.aligned(e["ts"]), exp2.aligned(e["ts"]) + _ns(e["dur"])) for e in exp2.events({"finding"}, ("X",)))
+    assert want and got == sorted(want)
+
+
+def _log_details(run: Path, base_ns: dict[int, int]) -> dict[tuple[int, str, str], list[tuple[int, int]]]:
+    """(rank, op, dim) -> [(created, completed)] of the log's collectives on the rank's trace clock; op from
+    the profiling name (gloo:all_gather -> all_gather), dim from the group description (mesh_tp -> tp)."""
+    out: dict[tuple[int, str, str], list[tuple[int, int]]] = defaultdict(list)
+    for f in sorted(run.glob("comms.rank*.jsonl")):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("type") or e.get("is_p2p") or not e.get("collective_seq_id"):
+                continue
+            op = e["profiling_name"].split(":", 1)[1]
+            dim = e["process_group"][1].removeprefix("mesh_")
+            out[(e["rank"], op, dim)].append((e["time_created_ns"] - base_ns[e["rank"]],
+                                              e["time_discovered_completed_ns"] - base_ns[e["rank"]]))
+    return out
 
 
 def _shift_trace(src: Path, dst: Path, shift_ns: int, host: str) -> None:

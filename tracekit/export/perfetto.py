@@ -17,10 +17,14 @@ Layout (Chrome trace event format, JSON object form):
 - per rank, a "critical path" thread: the critical path of every replayed step (section critical_path,
   merged runs of one lane), linked in order by flow arrows (cat "critical_path"); rows on no rank (the
   sync nodes) in the run process;
-- per rank, a "findings" thread: each finding naming the rank (every rank when it names none) as a
-  slice over the time it covers — the rank's analysed step windows (the device window on GPU ranks:
-  first kernel start to last kernel end; the ProfilerStep on CPU ranks), only the steps the evidence
-  names when it names some (`step`/`steps`), the rank's whole trace when it has no step.
+- per rank, a "findings" thread: each finding naming the rank (every rank when it names none) as
+  slices over the time it covers on that rank: a straggler, each stretch a group waited for it (the
+  second-to-last member's arrival to its own, where it arrived last); a finding about an op
+  (unoverlapped_collective: evidence `op`, the finding's dim), the rank's members of that op on that dim;
+  both inside the rank's step windows. Any other finding (or one whose collectives are not matched)
+  covers the rank's step windows (the device window on GPU ranks: first kernel start to last kernel
+  end; the ProfilerStep on CPU ranks), only the steps its evidence names when it names some
+  (`step`/`steps`), the rank's whole trace when it has no step.
 
 Clock: every rank's times are moved onto rank 0's clock by subtracting the offset the clocks analysis
 applied (section clocks, `applied`), the same offsets matching used; times are then written relative
@@ -250,11 +254,15 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def collective_events(matched: MatchedCollectives | None, ranks: set[int], tracks: _Tracks
-                      ) -> tuple[list[dict[str, Any]], int, int, int]:
-    """Member slices, instance slices and one flow per placed member; (events, instances, flows, unplaced)."""
+def placed_instances(matched: MatchedCollectives | None, ranks: set[int]
+                     ) -> tuple[list[tuple[str, list[dict[str, Any]]]], int]:
+    """([(instance key, members)] in order of first arrival, members not placed): each member's rank, op,
+    group, dim and [start, end) on the aligned clock (matching's arrival and end plus the rank's log-to-trace
+    shift; a member whose shift is unknown is not placed)."""
     if matched is None or matched.n_rows == 0:
-        return [], 0, 0, 0
+        return [], 0
+    inst = matched.instances
+    dims = dict(zip(inst["key"].tolist(), inst["dim"].tolist()))
     rows = matched.rows
     shift = matched.trace_shift
     members: dict[str, list[dict[str, Any]]] = {}
@@ -269,10 +277,15 @@ def collective_events(matched: MatchedCollectives | None, ranks: set[int], track
         end = _int(r.end)
         members.setdefault(r.key, []).append({"rank": rank, "start": start, "end": start if end is None else end + s,
                                               "op": r.op, "pg": r.pg_name, "seq": int(r.seq), "source": r.source,
-                                              "bytes": _int(r.bytes)})
+                                              "bytes": _int(r.bytes), "dim": dims.get(r.key)})
+    return sorted(members.items(), key=lambda kv: (min(m["start"] for m in kv[1]), kv[0])), unplaced
+
+
+def collective_events(insts: list[tuple[str, list[dict[str, Any]]]], tracks: _Tracks
+                      ) -> tuple[list[dict[str, Any]], int]:
+    """Member slices, instance slices and one flow per member; (events, flows)."""
     out: list[dict[str, Any]] = []
     flows = 0
-    insts = sorted(members.items(), key=lambda kv: (min(m["start"] for m in kv[1]), kv[0]))
     for key, mem in insts:
         first, last_end = min(m["start"] for m in mem), max(m["end"] for m in mem)
         m0 = mem[0]
@@ -290,7 +303,7 @@ def collective_events(matched: MatchedCollectives | None, ranks: set[int], track
             out += [member, _flow("s", flows, "collective", key, inst, first),
                     _flow("f", flows, "collective", key, member, m["start"])]
     _place_all(tracks, out)
-    return out, len(insts), flows, unplaced
+    return out, flows
 
 
 def path_events(analysis: dict[str, Any], ranks: set[int], tracks: _Tracks, first_flow_id: int
@@ -343,8 +356,33 @@ def _finding_steps(evidence: dict[str, Any]) -> set[int] | None:
     return ok or None
 
 
+def _in_steps(start: int, windows: list[tuple[int, int, int]]) -> bool:
+    return not windows or any(s <= start < e for _, s, e in windows)
+
+
+def collective_ranges(f: dict[str, Any], rank: int, insts: list[tuple[str, list[dict[str, Any]]]],
+                      windows: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """The collective time a finding is about on `rank` (in its step windows): a straggler's, the
+    stretch each group waited for it (second-to-last arrival to its own, where it arrived last); a
+    finding naming an op (unoverlapped_collective), the rank's members of that op on the finding's dim."""
+    ev = f.get("evidence") or {}
+    out = []
+    for _, mem in insts:
+        mine = next((m for m in mem if m["rank"] == rank), None)
+        if mine is None or not _in_steps(mine["start"], windows):
+            continue
+        if f.get("kind") == "straggler":
+            arrivals = sorted(m["start"] for m in mem)
+            if len(mem) > 1 and mine["start"] == arrivals[-1] and arrivals[-2] < arrivals[-1]:
+                out.append((arrivals[-2], arrivals[-1]))
+        elif ev.get("op") and mine["op"] == ev["op"] and (f.get("dim") is None or mine["dim"] == f.get("dim")):
+            out.append((mine["start"], mine["end"]))
+    return out
+
+
 def finding_events(analysis: dict[str, Any], windows: dict[int, list[tuple[int, int, int]]],
-                   spans: dict[int, tuple[int, int]], tracks: _Tracks) -> list[dict[str, Any]]:
+                   spans: dict[int, tuple[int, int]], insts: list[tuple[str, list[dict[str, Any]]]],
+                   tracks: _Tracks) -> list[dict[str, Any]]:
     """Each finding on each rank it names, over the time it covers (module docstring)."""
     out: list[dict[str, Any]] = []
     for f in analysis.get("findings") or []:
@@ -353,9 +391,8 @@ def finding_events(analysis: dict[str, Any], windows: dict[int, list[tuple[int, 
         args = {"summary": f.get("summary"), "recommendation": f.get("recommendation"),
                 "est_saving_ns": f.get("est_saving_ns"), "dim": f.get("dim"), "ranks": f.get("ranks")}
         for r in named:
-            ranges = [(s, e) for st, s, e in windows.get(r, []) if only is None or st in only]
-            if not ranges:
-                ranges = [spans[r]]
+            steps = [w for w in windows.get(r, []) if only is None or w[0] in only]
+            ranges = collective_ranges(f, r, insts, steps) or [(s, e) for _, s, e in steps] or [spans[r]]
             for s, e in ranges:
                 out.append(_slice(f"{f['severity']}: {f['kind']}", "finding",
                                   (r + 1, ("findings",), "findings", ORDER_FINDINGS), s, e, args))
@@ -403,10 +440,12 @@ def export_perfetto(store: RunStore, analysis: dict[str, Any], path: str | Path,
     ranks = store.ranks()
     offsets = applied_offsets(analysis)
     tracks = _Tracks()
-    coll, n_inst, n_flows, unplaced = collective_events(matched, set(ranks), tracks)
+    insts, unplaced = placed_instances(matched, set(ranks))
+    coll, n_flows = collective_events(insts, tracks)
+    n_inst = len(insts)
     cpath, n_path = path_events(analysis, set(ranks), tracks, n_flows)
     spans = _rank_spans(store, offsets)
-    finds = finding_events(analysis, step_windows(store, offsets), spans, tracks)
+    finds = finding_events(analysis, step_windows(store, offsets), spans, insts, tracks)
     starts = [s for s, _ in spans.values()] + [ev["ts"] for c in (coll, cpath, finds) for ev in c]
     origin = min(starts) if starts else 0
     for c in (coll, cpath, finds):
