@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from tracekit.export.perfetto import PerfettoExport
     from tracekit.tables.store import RunStore
 
+KERNEL_SUMMARY_SQL = """
+SELECT rank, kind, name, count(*) AS count, sum(dur) AS total_ns, CAST(round(avg(dur)) AS BIGINT) AS mean_ns,
+       max(dur) AS max_ns
+FROM kernels WHERE dur IS NOT NULL GROUP BY rank, kind, name ORDER BY rank, total_ns DESC, name
+"""
 FINDING_COLUMNS = ["kind", "severity", "ranks", "dim", "summary", "est_saving_ns", "recommendation", "evidence"]
 
 
@@ -151,6 +156,17 @@ class Run:
     def kernels(self) -> pd.DataFrame:
         """The kernels table (GPU kernels, memcpy, memset), when the store has it."""
         return self.table("kernels")
+
+    def kernel_summary(self) -> pd.DataFrame:
+        """One row per rank and kernel name (kind, count, total/mean/max ns): the store's kernel_summary
+        table when it has rows, else summed here from the kernels table (empty without kernels)."""
+        if self.store.has("kernel_summary") and self.store.table("kernel_summary", ["rank"]).num_rows:
+            return self.table("kernel_summary")
+        if not self.store.has("kernels"):
+            import pandas as pd
+
+            return pd.DataFrame()
+        return self.sql(KERNEL_SUMMARY_SQL)
 
     def ops(self) -> pd.DataFrame:
         """The ops table, when the store has it (stores written before it existed do not)."""

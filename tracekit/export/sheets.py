@@ -5,7 +5,8 @@
     collectives.csv  one row per collective instance matched across ranks (skew, transfer, last rank)
     stragglers.csv   one row per rank: arrivals last, delay caused per step
     memory.csv       one row per rank and device: peaks (only when the traces recorded memory events)
-    kernels.csv      one row per (rank, kind, kernel name): count and total/mean/max time in ns (GPU runs)
+    kernels.csv      one row per rank and kernel name: count and total/mean/max time in ns (GPU runs;
+                     the kernel_summary table where the store has one, else summed from the kernels table)
     ops.csv          the ops table, when the run store has one
 
 Values are laid out as the notebook API returns them (tracekit/notebook.py); lists and dicts are written
@@ -22,13 +23,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from tracekit.notebook import Run
-
-KERNEL_SUMMARY_SQL = """
-SELECT rank, kind, name, count(*) AS count, sum(dur) AS total_ns, CAST(round(avg(dur)) AS BIGINT) AS mean_ns,
-       max(dur) AS max_ns
-FROM kernels WHERE dur IS NOT NULL GROUP BY rank, kind, name ORDER BY rank, total_ns DESC, name
-"""
-
 
 def _cell(v: Any) -> Any:
     if isinstance(v, (list, tuple, dict)):
@@ -52,8 +46,7 @@ def sheet_frames(run: Run) -> dict[str, pd.DataFrame]:
     breakdown and findings (an empty findings sheet says there were none)."""
     frames = {"breakdown": run.breakdown(), "findings": run.findings(), "collectives": run.collectives(),
               "stragglers": run.stragglers(), "memory": run.memory()}
-    if run.store.has("kernels"):
-        frames["kernels"] = run.sql(KERNEL_SUMMARY_SQL)
+    frames["kernels"] = run.kernel_summary()
     if run.store.has("ops"):
         frames["ops"] = run.ops()
     return {k: v for k, v in frames.items() if k in ("breakdown", "findings") or len(v)}
