@@ -36,6 +36,8 @@ clock), the applied offsets and their estimated error (the clock estimate's medi
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -233,7 +235,25 @@ def rank_events(store: RunStore, rank: int, offset: int, origin: int, tracks: _T
     rel, durs, slices = ((ts - origin) / 1000).tolist(), (dur / 1000).tolist(), has_dur.tolist()
     cols = [t.column(c).cast(pa.string()).to_pylist() if c in ("name", "cat") else t.column(c).to_pylist()
             for c in ("name", "cat", "correlation", "external_id", "step")]
-    out = []
+    out: list[dict[str, Any]] = []
+    with _gc_paused():  # many small dicts: the cyclic collector would rescan them again and again (DESIGN §9)
+        _build_events(out, cols, slices, pid, tids, rel, durs)
+    return out
+
+
+@contextmanager
+def _gc_paused():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_events(out: list[dict[str, Any]], cols: list[list[Any]], slices: list[bool], pid: int, tids: list[int],
+                  rel: list[float], durs: list[float]) -> None:
     for i, (nm, cat, corr, ext, st) in enumerate(zip(*cols)):
         if slices[i]:
             ev = {"ph": "X", "name": nm or "", "cat": cat or "", "pid": pid, "tid": tids[i], "ts": rel[i], "dur": durs[i]}
@@ -242,7 +262,6 @@ def rank_events(store: RunStore, rank: int, offset: int, origin: int, tracks: _T
         if corr is not None or ext is not None or st is not None:
             ev["args"] = {k: v for k, v in (("correlation", corr), ("external_id", ext), ("step", st)) if v is not None}
         out.append(ev)
-    return out
 
 
 def _int(v: Any) -> int | None:
