@@ -27,7 +27,7 @@ import tracekit
 from tests.conftest import REPO, shared_traces_dir
 from tracekit.cli.main import app
 
-OUR_CATS = {"collective", "collective_instance", "critical_path", "finding"}
+OUR_CATS = {"collective", "critical_path", "finding"}
 METADATA = {"process_name": "name", "process_sort_index": "sort_index", "process_labels": "labels",
             "thread_name": "name", "thread_sort_index": "sort_index"}
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -81,7 +81,7 @@ def validate_chrome_trace(doc: dict) -> None:
         if ph == "X":
             assert isinstance(ev.get("dur"), (int, Decimal)) and ev["dur"] >= 0, ev
             assert isinstance(ev.get("cat"), str), ev
-            slices[(ev["pid"], ev["tid"])].append((_ns(ev["ts"]), _ns(ev["ts"]) + _ns(ev["dur"])))
+            slices[(ev["pid"], ev["tid"])].append((_ns(ev["ts"]), _ns(ev["ts"]) + _ns(ev["dur"]), ev["cat"]))
         elif ph == "i":
             assert ev.get("s", "t") in ("g", "p", "t"), ev
         else:
@@ -93,16 +93,17 @@ def validate_chrome_trace(doc: dict) -> None:
     assert used_threads <= named_threads, f"threads without a name: {used_threads - named_threads}"
     for key, spans in slices.items():  # one thread's slices must nest (else the viewer drops them)
         stack: list[int] = []
-        for s, e in sorted(spans, key=lambda x: (x[0], -x[1])):
+        for s, e, _ in sorted(spans, key=lambda x: (x[0], -x[1])):
             while stack and stack[-1] <= s:
                 stack.pop()
             assert not stack or e <= stack[-1], f"thread {key}: slice [{s}, {e}) overlaps without nesting"
             stack.append(e)
-    for key, evs in flows.items():  # each flow: one start and one end, each inside a slice of its thread
+    for key, evs in flows.items():  # each flow: one start and one end, each bound to a slice of its thread:
         assert sorted(e["ph"] for e in evs) == ["f", "s"], f"flow {key}: {[e['ph'] for e in evs]}"
-        for e in evs:
+        for e in evs:  # a slice of the flow's cat starting at its ts (DevTools' rule; Perfetto: enclosing)
             t = _ns(e["ts"])
-            assert any(s <= t <= end for s, end in slices[(e["pid"], e["tid"])]), f"flow {key} binds to no slice"
+            assert any(s == t and cat == e["cat"] for s, _, cat in slices[(e["pid"], e["tid"])]), \
+                f"flow {key} binds to no slice"
 
 
 def _raw_trace(path: Path) -> tuple[dict, list[dict]]:
@@ -148,7 +149,7 @@ class Export:
     def instances(self) -> dict[int, tuple[dict, list[dict]]]:
         """flow id -> (instance slice, member slice) for the collective flows."""
         by_thread: dict[tuple, list[dict]] = defaultdict(list)
-        for e in self.events({"collective", "collective_instance"}, ("X",)):
+        for e in self.events({"collective"}, ("X",)):
             by_thread[(e["pid"], e["tid"])].append(e)
         flows: dict[int, dict[str, dict]] = defaultdict(dict)
         for e in self.events({"collective"}, ("s", "f")):
@@ -156,7 +157,7 @@ class Export:
 
         def slice_at(ev: dict) -> dict:
             t = _ns(ev["ts"])
-            hits = [x for x in by_thread[(ev["pid"], ev["tid"])] if _ns(x["ts"]) <= t <= _ns(x["ts"]) + _ns(x["dur"])]
+            hits = [x for x in by_thread[(ev["pid"], ev["tid"])] if _ns(x["ts"]) == t]
             assert len(hits) == 1, f"flow {ev['id']} binds to {len(hits)} slices"
             return hits[0]
         return {fid: (slice_at(p["s"]), slice_at(p["f"])) for fid, p in flows.items()}

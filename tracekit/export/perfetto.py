@@ -13,7 +13,8 @@ Layout (Chrome trace event format, JSON object form):
 - per rank, "collectives <group>" threads: each matched collective member (analyze/matching.py's rows)
   from its arrival to its end; in the run process one "instances <group>" thread with each collective
   instance from its first arrival to its last end, and one flow arrow (`ph: s` → `ph: f`, cat
-  "collective") from the instance to each of its members;
+  "collective" like both slices, at their start: DevTools binds a flow event to the slice of equal cat,
+  pid, tid and ts, Perfetto to the enclosing slice) from the instance to each of its members;
 - per rank, a "critical path" thread: the critical path of every replayed step (section critical_path,
   merged runs of one lane), linked in order by flow arrows (cat "critical_path"); rows on no rank (the
   sync nodes) in the run process;
@@ -309,7 +310,8 @@ def collective_events(insts: list[tuple[str, list[dict[str, Any]]]], tracks: _Tr
         first, last_end = min(m["start"] for m in mem), max(m["end"] for m in mem)
         m0 = mem[0]
         label = f"{m0['op']} {m0['pg']}#{m0['seq']}"
-        inst = _slice(label, "collective_instance",
+        # cat "collective" as its flows': DevTools binds a flow event to the slice of equal cat, pid, tid and ts
+        inst = _slice(label, "collective",
                       (RUN_PID, ("instances", m0["pg"]), f"instances {m0['pg']}", ORDER_COLLECTIVES), first, last_end,
                       {"key": key, "members": sorted(m["rank"] for m in mem),
                        "skew_ns": max(m["start"] for m in mem) - first})
