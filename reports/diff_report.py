@@ -135,7 +135,8 @@ def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -
         lines += ["No finding appeared, resolved or changed.", ""]
     colls = [r for r in diff.get("collectives") or [] if isinstance(r, dict) and is_num(r.get("delta_exposed_ns"))]
     if colls:
-        lines += ["| collective (group / op) | exposed base | exposed new | delta |", "|---|---:|---:|---:|"]
+        lines += ["| collective (group / op), exposed time summed over ranks and steps | base | new | delta |",
+                  "|---|---:|---:|---:|"]
         for r in colls[:5]:
             lines.append(f"| {md(r.get('group'))} / {md(r.get('op'))} | {ms(r.get('base_exposed_ns'))} "
                          f"| {ms(r.get('new_exposed_ns'))} | {signed_ms(r.get('delta_exposed_ns'))} |")

@@ -1,4 +1,4 @@
-"""Bandwidth cells (issue 33 papercut): a CPU run's rates (kB/s–MB/s) read as such, never "0.00 GB/s"."""
+"""Report papercuts (issue 33): bandwidth cells in the unit that fits, never "0.00 GB/s"; diff tables that say what they sum."""
 
 from __future__ import annotations
 
@@ -28,3 +28,13 @@ def test_cpu_run_bandwidth_table(analysis_builder):
     shown = {float(v): t for v, t in cells}
     assert shown[0.006777062845562622] == "6.78 MB/s" and shown[0.1056456] == "106 MB/s"
     assert not any(t.startswith("0.00") for _, t in cells)  # the text, not the sort value
+
+
+def test_diff_markdown_says_collective_times_are_totals():
+    """The diff's collectives table sums over ranks and steps (compare/diff.py collective_totals); its
+    Markdown heading says so instead of sitting under the findings' per-step column."""
+    diff = {"base": {"label": "a"}, "new": {"label": "b"}, "findings": [],
+            "collectives": [{"group": "dp", "op": "all_reduce", "base_exposed_ns": 4_000_000,
+                             "new_exposed_ns": 9_000_000, "delta_exposed_ns": 5_000_000}]}
+    text = reports.render_diff_markdown(diff)
+    assert "exposed time summed over ranks and steps" in text
