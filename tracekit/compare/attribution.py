@@ -38,10 +38,12 @@ ATTRIBUTION_SCHEMA = "tracekit.diff.attribution/1"
 EXACT_PLAYERS = 7
 """Up to this many causes with a change: exact Shapley values (2^n replays); above: sampled orders."""
 SAMPLED_ORDERS = 24
-FAMILIES = (("gemm", re.compile(r"gemm|matmul|\bmm\b|aten::mm|addmm|bmm|linear|cutlass|xmma|cublas|sgemm", re.I)),
-            ("attention", re.compile(r"attn|attention|softmax|flash|sdpa|fmha", re.I)),
+FAMILIES = (("attention", re.compile(r"attn|attention|softmax|flash|sdpa|fmha", re.I)),
+            ("gemm", re.compile(r"gemm|gemv|matmul|aten::mm\b|addmm|bmm|linear|cutlass|xmma|cublas|nvjet", re.I)),
             ("norm", re.compile(r"norm", re.I)),
             ("optimizer", re.compile(r"optim|adam|sgd|multi_tensor|foreach", re.I)))
+"""Op families of compute nodes, first match wins (kernel names: cuBLAS `nvjet_*` / `*gemm*`, flash
+attention; CPU op names: `aten::mm`, `aten::_softmax`, `Optimizer.step#AdamW.step`)."""
 SCHEDULE = "schedule"
 
 
@@ -65,29 +67,45 @@ def node_causes(g: StepGraph) -> np.ndarray:
     return out
 
 
-@dataclass
-class _Side:
-    """One run's graph with its per-(cause, rank) duration and per-rank gap totals per step."""
+def _node_keys(g: StepGraph) -> Any:
+    """Per node: (rank, lane, name, step index, category) and its occurrence among the nodes of that key
+    (by start): what names one node in both runs."""
+    import pandas as pd
 
-    g: StepGraph
-    causes: np.ndarray
-    nsteps: int
-    totals: dict[tuple[str, int], float]
-    gaps: dict[int, float]
+    lanes = np.array(list(g.lane_names) + [""], dtype=object)
+    names = g.name if len(g.name) == g.num_nodes else [""] * g.num_nodes
+    steps = np.unique(g.step[g.step >= 0])
+    df = pd.DataFrame({"rank": g.rank.astype(np.int64), "lane": lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))],
+                       "name": names, "step": np.searchsorted(steps, g.step) * (g.step >= 0) - (g.step < 0),
+                       "cat": g.category.astype(np.int64), "start": g.start, "dur": g.dur.astype(np.float64),
+                       "gap": g.gap.astype(np.float64), "node": np.arange(g.num_nodes)})
+    df = df.sort_values(["start", "node"], kind="stable")
+    keys = ["rank", "lane", "name", "step", "cat"]
+    df["occ"] = df.groupby(keys, sort=False).cumcount()
+    df["count"] = df.groupby(keys, sort=False)["node"].transform("size")
+    return df.sort_values("node")
 
 
-def _side(g: StepGraph) -> _Side:
-    causes = node_causes(g)
-    nsteps = max(1, int(np.unique(g.win_step).size))
-    totals: dict[tuple[str, int], float] = {}
-    for c, r, d in zip(causes.tolist(), g.rank.tolist(), g.dur.tolist()):
-        if c:
-            totals[(c, r)] = totals.get((c, r), 0.0) + d / nsteps
-    gaps: dict[int, float] = {}
-    for r, gp in zip(g.rank.tolist(), g.gap.tolist()):
-        if r >= 0:
-            gaps[r] = gaps.get(r, 0.0) + gp / nsteps
-    return _Side(g=g, causes=causes, nsteps=nsteps, totals=totals, gaps=gaps)
+def mapped_times(base_g: StepGraph, new_g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Per node of `base_g`: its duration and gap in the new run. A node whose key (rank, lane, op name,
+    step index, category) holds as many nodes in both runs takes its counterpart's times (by order); a key
+    whose count changed is scaled by the ratio of its totals; a key the new run lacks keeps the base times
+    (what changed in the graph's shape is the `schedule` part)."""
+    keys = ["rank", "lane", "name", "step", "cat"]
+    b, n = _node_keys(base_g), _node_keys(new_g)
+    m = b.merge(n[keys + ["occ", "count", "dur", "gap"]], on=keys + ["occ"], how="left", suffixes=("", "_new"))
+    m = m.sort_values("node")
+    tot_b = b.groupby(keys)[["dur", "gap"]].sum()
+    tot_n = n.groupby(keys)[["dur", "gap"]].sum()
+    ratio = (tot_n / tot_b.replace(0, np.nan)).reindex(tot_b.index)
+    r = ratio.reindex(m.set_index(keys).index)
+    same = (m["count"] == m["count_new"]).to_numpy()
+    dur, gap = b["dur"].to_numpy().copy(), b["gap"].to_numpy().copy()
+    scale_d = np.nan_to_num(r["dur"].to_numpy(), nan=1.0)
+    scale_g = np.nan_to_num(r["gap"].to_numpy(), nan=1.0)
+    dur = np.where(same, m["dur_new"].to_numpy(), dur * scale_d)
+    gap = np.where(same, m["gap_new"].to_numpy(), gap * scale_g)
+    return np.rint(dur).astype(np.int64), np.rint(gap).astype(np.int64)
 
 
 def step_value(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None = None) -> float:
@@ -106,36 +124,28 @@ def measured_value(g: StepGraph) -> float:
     return float(np.mean([meas[g.win_step == s].max() for s in np.unique(g.win_step)]))
 
 
-def _scales(base: _Side, new: _Side) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-    """Per cause: the base graph's durations with that cause at the new run's (and the gaps, for host)."""
-    g = base.g
-    out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    for cause in sorted({c for c, _ in base.totals} | {c for c, _ in new.totals}):
-        factor = np.ones(g.num_nodes)
-        for (c, r), tot in base.totals.items():
-            if c == cause and tot > 0 and (c, r) in new.totals:
-                factor[(base.causes == c) & (g.rank == r)] = new.totals[(c, r)] / tot
-        gap_factor = None
-        if cause == "host":
-            gap_factor = np.ones(g.num_nodes)
-            for r, tot in base.gaps.items():
-                if tot > 0 and r in new.gaps:
-                    gap_factor[g.rank == r] = new.gaps[r] / tot
-        if np.any(factor != 1.0) or (gap_factor is not None and np.any(gap_factor != 1.0)):
-            out[cause] = (factor, gap_factor)
+def _players(base_g: StepGraph, new_g: StepGraph) -> dict[str, np.ndarray]:
+    """Per cause with a change: the base nodes it substitutes (host: also every node's gap)."""
+    causes = node_causes(base_g)
+    dur, gap = mapped_times(base_g, new_g)
+    out = {}
+    for cause in sorted(set(causes.tolist()) - {""}):
+        mask = causes == cause
+        if np.any(dur[mask] != base_g.dur[mask]) or (cause == "host" and np.any(gap != base_g.gap)):
+            out[cause] = mask
+    base_g.__dict__["_mapped"] = (dur, gap)
     return out
 
 
-def _subset_value(g: StepGraph, scales: dict[str, tuple[np.ndarray, np.ndarray | None]], subset: frozenset[str],
+def _subset_value(g: StepGraph, players: dict[str, np.ndarray], subset: frozenset[str],
                   cache: dict[frozenset[str], float]) -> float:
     if subset not in cache:
-        factor, gap_factor = np.ones(g.num_nodes), np.ones(g.num_nodes)
+        new_dur, new_gap = g.__dict__["_mapped"]
+        on = np.zeros(g.num_nodes, bool)
         for p in subset:
-            factor = factor * scales[p][0]
-            if scales[p][1] is not None:
-                gap_factor = gap_factor * scales[p][1]
-        dur = np.rint(g.dur * factor).astype(np.int64)
-        gap = np.rint(g.gap * gap_factor).astype(np.int64)
+            on |= players[p]
+        dur = np.where(on, new_dur, g.dur)
+        gap = new_gap if "host" in subset else g.gap
         cache[subset] = step_value(g, dur, gap)
     return cache[subset]
 
@@ -169,8 +179,7 @@ def shapley(players: list[str], value) -> tuple[dict[str, float], str]:
 def attribute(base_g: StepGraph, new_g: StepGraph) -> dict[str, Any]:
     """The explained step change of `new_g` against `base_g` (see the module doc): per cause its part in
     ns per step, the measured and replayed steps of both runs, and the residual."""
-    base, new = _side(base_g), _side(new_g)
-    scales = _scales(base, new)
+    scales = _players(base_g, new_g)
     cache: dict[frozenset[str], float] = {}
     value = lambda s: _subset_value(base_g, scales, s, cache)  # noqa: E731
     parts, method = shapley(sorted(scales), value)
@@ -190,7 +199,28 @@ def attribute(base_g: StepGraph, new_g: StepGraph) -> dict[str, Any]:
             "parts": rows, "groups": _groups(rows, measured),
             "explained_ns": int(round(total)), "residual_ns": int(round(measured - total)),
             "residual_ratio": ((measured - total) / measured) if measured else None,
-            "steps": {"base": base.nsteps, "new": new.nsteps}}
+            "steps": {"base": _nsteps(base_g), "new": _nsteps(new_g)}, "by_rank": _by_rank(base_g)}
+
+
+def _nsteps(g: StepGraph) -> int:
+    return int(np.unique(g.win_step).size)
+
+
+def _by_rank(g: StepGraph) -> list[dict[str, Any]]:
+    """The duration parts again with ranks as the players (every node and gap of one rank at the new
+    run's): which rank's changes moved the step. Sums to the same v(all) − v(none) as the causes."""
+    ranks = sorted({int(r) for r in g.rank.tolist() if r >= 0})
+    new_dur, new_gap = g.__dict__["_mapped"]
+    cache: dict[frozenset[int], float] = {}
+
+    def value(subset: frozenset[int]) -> float:
+        if subset not in cache:
+            on = np.isin(g.rank, list(subset))
+            cache[subset] = step_value(g, np.where(on, new_dur, g.dur), np.where(on, new_gap, g.gap))
+        return cache[subset]
+
+    parts, _ = shapley(ranks, value)  # type: ignore[arg-type]
+    return [{"rank": r, "delta_ns": int(round(v))} for r, v in sorted(parts.items(), key=lambda kv: -abs(kv[1]))]
 
 
 def _groups(rows: list[dict[str, Any]], measured: float) -> list[dict[str, Any]]:

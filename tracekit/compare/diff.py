@@ -210,8 +210,11 @@ def _describe(analysis: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str = "base",
-                  new_label: str = "new", config: DiffConfig | None = None) -> dict[str, Any]:
-    """The before/after document (`tracekit.diff/1`)."""
+                  new_label: str = "new", config: DiffConfig | None = None,
+                  attribution: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The before/after document (`tracekit.diff/1`). `attribution`: the explained step change
+    (tracekit.compare.attribution, from both runs' stores), None when a run has no store or no step to
+    replay (e.g. an analysis.json alone)."""
     cfg = config or DiffConfig()
     mb, mn = per_step_means(base), per_step_means(new)
     base_by_rank = {r["rank"]: r for r in _ranks(base)}
@@ -239,6 +242,7 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
         "finding_counts": counts,
         "collectives": diff_collectives(base, new),
         "replay": {"base": _replay_summary(base), "new": _replay_summary(new)},
+        "attribution": attribution,
     }
 
 
