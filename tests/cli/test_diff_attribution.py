@@ -185,6 +185,17 @@ def test_attribution_on_a_simulated_slow_gpu(tmp_path: Path) -> None:
     by_rank = {r["rank"]: r["delta_ns"] for r in a["by_rank"]}
     assert by_rank[1] == pytest.approx(expected, rel=1e-6, abs=10)
     assert all(abs(by_rank[r]) <= 10 for r in (0, 2, 3))
+    # the CLI carries it into diff.json, the Markdown summary and the HTML report
+    res = runner.invoke(app, ["diff", str(base), str(new), "--out", str(tmp_path / "d"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert doc["attribution"]["parts"] == a["parts"] and doc["attribution"]["residual_ns"] == 0
+    md = (tmp_path / "d" / "diff.md").read_text()
+    assert "| cause of the step change | ms/step | share |" in md
+    top = a["parts"][0]
+    assert f"| compute: {top['cause'].split(':')[1]} ops | +{top['delta_ns'] / 1e6:,.2f} ms |" in md
+    html = (tmp_path / "d" / "diff.html").read_text()
+    assert '<section id="attribution">' in html and "By rank" in html
 
 
 # --- check --expect -----------------------------------------------------------------------------------
