@@ -83,7 +83,8 @@ def render_diff_html(diff: dict[str, Any]) -> str:
         cols = [Col("status", "status", str, False), Col("kind", "kind", str, False), Col("dim", "dim", _t, False),
                 Col("scope", "scope", str, False), Col("ranks", "ranks", str, False),
                 Col("severity", "severity", str, False), Col("summary", "summary", _t, False),
-                Col("base_saving_ns", "base saving (ms)", _ms), Col("new_saving_ns", "new saving (ms)", _ms)]
+                Col("base_saving_ns", "base saving (ms)", _ms), Col("new_saving_ns", "new saving (ms)", _ms),
+                Col("new_closed_form_saving_ns", "new: the text's estimate (ms)", _ms)]
         parts.append(section("findings", "Findings", table(rows, cols, table_id="diff-findings")))
     else:
         parts.append(section("findings", "Findings", "<p class=note>Neither run has findings.</p>"))
@@ -186,7 +187,7 @@ def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -
         lines += ["| finding | kind | ranks | est. saving / step |", "|---|---|---|---:|"]
         for f in changed:
             rk = f.get("new_ranks") if f.get("new_ranks") is not None else f.get("base_ranks")
-            saving = f"{ms(f.get('base_saving_ns'))} → {ms(f.get('new_saving_ns'))}"
+            saving = f"{ms(f.get('base_saving_ns'))} → {ms(f.get('new_saving_ns'))}" + _saving_basis(f)
             lines.append(f"| {_STATUS_MARK.get(str(f.get('status')), md(f.get('status')))}: {md(f.get('summary'))} "
                          f"| {md(f.get('kind'))} | {md(ranks_text(rk))} | {saving} |")
         lines.append("")
@@ -202,6 +203,16 @@ def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -
         lines.append("")
     lines.append(f"Full before/after report: [{md(report_href)}]({report_href.replace(' ', '%20')})")
     return "\n".join(lines) + "\n"
+
+
+def _saving_basis(f: dict[str, Any]) -> str:
+    """Where the saving comes from when a replay set it: the finding's text states its own closed-form
+    estimate, which the replay of the fix on the dependency graph replaced (they can differ)."""
+    side = "new" if f.get("new_saving_ns") is not None else "base"
+    replayed, closed = f.get(f"{side}_replayed_saving_ns"), f.get(f"{side}_closed_form_saving_ns")
+    if not is_num(replayed) or not is_num(closed) or replayed != f.get(f"{side}_saving_ns"):
+        return ""
+    return f" (replayed; the text's estimate {ms(closed)})" if abs(replayed - closed) >= 50_000 else " (replayed)"
 
 
 def _ms(v: Any) -> str:

@@ -315,3 +315,45 @@ def test_runtime_slow_link_is_explained(runtime_pairs) -> None:
 @pytest.mark.quiet_box
 def test_runtime_more_microbatches_is_explained(runtime_pairs) -> None:
     _check_pair(runtime_pairs["microbatches"], lambda a: {p["cause"]: p["delta_ns"] for p in a["parts"]}["schedule"])
+
+
+# --- papercut: a replayed saving next to a text that states another -----------------------------------
+
+def test_diff_markdown_says_which_saving_it_shows() -> None:
+    from reports import render_diff_markdown
+    from tracekit.compare.diff import diff_analyses
+
+    def doc(findings: list[dict]) -> dict:
+        d = _analysis_doc(100_000_000, 10_000_000)
+        d["findings"] = findings
+        return d
+
+    f = {"kind": "low_bus_bandwidth", "severity": "warning", "ranks": [0, 1], "dim": "tp",
+         "summary": "tp collectives reach 1.000 GB/s ...; 9.0 ms lost per step, 4.3 ms of it exposed",
+         "evidence": {"op": "all_reduce", "closed_form_saving_ns": 4_300_000, "replayed_saving_ns": 22_500_000},
+         "recommendation": "", "est_saving_ns": 22_500_000}
+    d = diff_analyses(doc([]), doc([f]))
+    row = d["findings"][0]
+    assert row["new_closed_form_saving_ns"] == 4_300_000 and row["new_replayed_saving_ns"] == 22_500_000
+    md = render_diff_markdown(d)
+    assert "– → 22.50 ms (replayed; the text's estimate 4.30 ms)" in md
+
+
+def test_bandwidth_fix_moves_bytes_faster_only() -> None:
+    """`dim_bandwidth` at B GB/s: a transfer of S bus bytes takes at most S / B; one already faster and one
+    under MIN_JUDGED_BYTES (latency-bound) keep their time."""
+    from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+    from tracekit.whatif.graph import InstInfo
+
+    g = _graph(10_000, 10_000, 50_000, 2_000)
+    # two members of one all_reduce over n=2 (bus factor 2(n-1)/n = 1): 1 MB at 100 GB/s = 10 µs
+    g.inst_info = InstInfo(key=np.array(["pg#0"], object), pg_name=np.array(["pg"], object),
+                           dim=np.array(["dp"], object), op=np.array(["all_reduce"], object),
+                           bytes=np.array([1e6]), n=np.array([2]), io=[[]])
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], Layout())
+    assert dur[5] == dur[6] == 10_000
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=1.0)], Layout())  # 1 ms at 1 GB/s: slower
+    assert dur[5] == dur[6] == 50_000
+    g.inst_info.bytes[0] = 1000.0  # latency-bound
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], Layout())
+    assert dur[5] == dur[6] == 50_000

@@ -139,6 +139,11 @@ def _replayed(f: dict | None) -> int | None:
     return ev.get("replayed_saving_ns") if isinstance(ev, dict) else None
 
 
+def _closed_form(f: dict | None) -> int | None:
+    ev = (f or {}).get("evidence")
+    return ev.get("closed_form_saving_ns") if isinstance(ev, dict) else None
+
+
 def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) -> list[dict[str, Any]]:
     out = []
     for b, n in _pair_findings(base.get("findings") or [], new.get("findings") or []):
@@ -157,6 +162,8 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
             "base_saving_ns": None if b is None else b.get("est_saving_ns"),
             "new_saving_ns": None if n is None else n.get("est_saving_ns"),
             "base_replayed_saving_ns": _replayed(b), "new_replayed_saving_ns": _replayed(n),
+            # the saving the finding's own text states (before the replay replaced est_saving_ns)
+            "base_closed_form_saving_ns": _closed_form(b), "new_closed_form_saving_ns": _closed_form(n),
             "absorbed_by": (n or {}).get("evidence", {}).get("explained_by") if status == "absorbed" and n else None,
             "summary": ref.get("summary"),
             "base_summary": None if b is None else b.get("summary"),
