@@ -1,5 +1,5 @@
 """Where a step-time change came from: the base run's dependency graph replayed with the new run's
-durations, one cause at a time (docs/metrics.md §9, "explained diff").
+durations, one cause at a time (docs/metrics.md §10).
 
 Causes (players):
  - `compute:<family>`: compute nodes of one op family (gemm, attention, norm, optimizer, other),
@@ -11,8 +11,8 @@ Causes (players):
 Waiting for a peer is no cause of its own: the replay makes the peers wait, so a rank's slower compute
 carries the waiting it causes.
 
-A cause's new durations are mapped onto the base graph per rank: every base node of that (rank, cause)
-is scaled by (its total per step in the new run) / (its total per step in the base run). The value of a
+A base node takes its counterpart's duration and gap in the new run (`mapped_times`: same rank, lane, op
+name, step index and category, same position), or its key's ratio of totals when the counts differ. The value of a
 set S of causes is the replayed step time (slowest rank, mean over the graph's steps) with the causes in S
 at the new durations. Each cause's part is its Shapley value (exact over all subsets up to
 EXACT_PLAYERS causes, else the mean over the forward, reverse and seeded random orders of sequential
@@ -27,7 +27,6 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
