@@ -66,15 +66,46 @@ def node_causes(g: StepGraph) -> np.ndarray:
     return out
 
 
-def _node_keys(g: StepGraph) -> Any:
+def lane_keys(g: StepGraph) -> list[str]:
+    """Per lane of `g`: a name that holds across runs — its kind (the lane name without its rank and ids:
+    "stream", "host thread", "training thread") and its place among the rank's lanes of that kind, busiest
+    first (thread ids and stream numbers differ from one process to the next; the busiest stream is the
+    compute stream, the busiest thread the one launching)."""
+    counts = np.bincount(g.lane[g.lane >= 0], minlength=len(g.lane_names))
+    kinds = [re.sub(r"-?\d+", "#", re.sub(r"^rank\s*\d+\s*", "", n)).strip() for n in g.lane_names]
+    owner = [re.match(r"^rank\s*(\d+)", n) for n in g.lane_names]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, k in enumerate(kinds):
+        groups.setdefault((owner[i].group(1) if owner[i] else "", k), []).append(i)
+    out = [""] * len(g.lane_names)
+    for (_, kind), lanes in groups.items():
+        for place, i in enumerate(sorted(lanes, key=lambda i: (-counts[i], g.lane_names[i]))):
+            out[i] = f"{kind} {place}"
+    return out
+
+
+def rank_map(base_ranks: list[int], new_ranks: list[int]) -> dict[int, int]:
+    """New run's rank → the base rank it stands for: the same rank when both runs hold the same ranks, else
+    the i-th of each (one trace per run recorded on different ranks); ranks without a counterpart map to
+    themselves (their nodes then keep the base times)."""
+    b, n = sorted(set(base_ranks)), sorted(set(new_ranks))
+    if b == n or len(b) != len(n):
+        return {r: r for r in n}
+    return dict(zip(n, b))
+
+
+def _node_keys(g: StepGraph, ranks: dict[int, int] | None = None) -> Any:
     """Per node: (rank, lane, name, step index, category) and its occurrence among the nodes of that key
-    (by start): what names one node in both runs."""
+    (by start): what names one node in both runs. `ranks` relabels the ranks (`rank_map`)."""
     import pandas as pd
 
-    lanes = np.array(list(g.lane_names) + [""], dtype=object)
+    lanes = np.array(lane_keys(g) + [""], dtype=object)
     names = g.name if len(g.name) == g.num_nodes else [""] * g.num_nodes
     steps = np.unique(g.step[g.step >= 0])
-    df = pd.DataFrame({"rank": g.rank.astype(np.int64), "lane": lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))],
+    rank = g.rank.astype(np.int64)
+    if ranks:
+        rank = np.array([ranks.get(r, r) for r in rank.tolist()], np.int64)
+    df = pd.DataFrame({"rank": rank, "lane": lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))],
                        "name": names, "step": np.searchsorted(steps, g.step) * (g.step >= 0) - (g.step < 0),
                        "cat": g.category.astype(np.int64), "start": g.start, "dur": g.dur.astype(np.float64),
                        "gap": g.gap.astype(np.float64), "node": np.arange(g.num_nodes)})
@@ -91,7 +122,8 @@ def mapped_times(base_g: StepGraph, new_g: StepGraph) -> tuple[np.ndarray, np.nd
     whose count changed is scaled by the ratio of its totals; a key the new run lacks keeps the base times
     (what changed in the graph's shape is the `schedule` part)."""
     keys = ["rank", "lane", "name", "step", "cat"]
-    b, n = _node_keys(base_g), _node_keys(new_g)
+    b = _node_keys(base_g)
+    n = _node_keys(new_g, rank_map(base_g.ranks.tolist(), new_g.ranks.tolist()))
     m = b.merge(n[keys + ["occ", "count", "dur", "gap"]], on=keys + ["occ"], how="left", suffixes=("", "_new"))
     m = m.sort_values("node")
     tot_b = b.groupby(keys)[["dur", "gap"]].sum()
