@@ -34,9 +34,9 @@ import numpy as np
 from tracekit.whatif.graph import Category, StepGraph, rank_step_ns, replay
 
 ATTRIBUTION_SCHEMA = "tracekit.diff.attribution/1"
-EXACT_PLAYERS = 7
+EXACT_PLAYERS = 5
 """Up to this many causes with a change: exact Shapley values (2^n replays); above: sampled orders."""
-SAMPLED_ORDERS = 24
+SAMPLED_ORDERS = 8
 FAMILIES = (("attention", re.compile(r"attn|attention|softmax|flash|sdpa|fmha", re.I)),
             ("gemm", re.compile(r"gemm|gemv|matmul|aten::mm\b|addmm|bmm|linear|cutlass|xmma|cublas|nvjet", re.I)),
             ("norm", re.compile(r"norm", re.I)),
