@@ -56,7 +56,11 @@ def register(app: typer.Typer) -> None:
         if stores[0] is not None and stores[1] is not None:
             from tracekit.compare.attribution import attribute_stores
 
-            attribution = attribute_stores(stores[0], stores[1])
+            try:
+                attribution = attribute_stores(stores[0], stores[1])
+            except Exception as exc:  # noqa: BLE001 - the rest of the diff stands without it
+                err.print(f"tracekit diff: the explained change could not be computed ({type(exc).__name__}: {exc})",
+                          highlight=False, markup=False)
         doc = diff_analyses(docs[0], docs[1], base_label=str(base), new_label=str(new), attribution=attribution)
         from reports import render_diff_html, render_diff_markdown
 
