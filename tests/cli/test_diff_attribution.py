@@ -264,7 +264,7 @@ def test_check_expect_against_advice(tmp_path: Path) -> None:
 RUNTIME = ["--steps", "5", "--profile-steps", "3", "--moe-every", "0", "--device-us-per-token", "200",
            "--global-batch-size", "8", "--seq-len", "32"]
 PAIRS = {"slow_rank": (["--dp", "2"], ["--dp", "2", "--slow-rank", "1", "--slow-factor", "2"]),
-         "slow_link": (["--tp", "2"], ["--tp", "2", "--slow-link", "tp=0.003"]),
+         "slow_link": (["--tp", "2"], ["--tp", "2", "--slow-link", "tp=0.01"]),
          "microbatches": (["--pp", "2", "--microbatches", "1"], ["--pp", "2", "--microbatches", "4"])}
 
 
