@@ -401,3 +401,24 @@ def test_attribution_of_a_real_trace_against_itself_is_zero(hta_pair) -> None:
     a = attribute_stores(control, control)
     assert a["measured"]["delta_ns"] == 0 and a["residual_ns"] == 0
     assert all(p["delta_ns"] == 0 for p in a["parts"]) and all(r["delta_ns"] == 0 for r in a["by_rank"])
+
+
+def test_check_expect_picks_the_advice_for_the_runs_layout(tmp_path: Path) -> None:
+    def cand(step: int, **layout: int) -> dict:
+        return {"predicted_step_ns": step, "peak_memory_bytes": 1 << 30, "changes": [], "layout": layout,
+                "breakdown_ns": {"compute": step, "exposed_comm": 0, "idle": 0}}
+
+    advice = tmp_path / "advice.json"
+    advice.write_text(json.dumps({"schema": "tracekit.advice/1", "current": cand(120_000_000, dp=4),
+                                  "ranked": [cand(80_000_000, pp=2, dp=2), cand(90_000_000, tp=2, dp=2)]}))
+    run = _analysis_doc(100_000_000, 0)
+    run["sections"]["layout"] = {"mesh_shape": {"dp": 2, "tp": 2, "pp": 1, "cp": 1, "ep": 1}}
+    exp, src = load_expectations(advice, run=run)
+    assert exp["step_ns"] == 90_000_000 and "#1" in src            # the ranked layout the run has
+    run["sections"]["layout"] = {"mesh_shape": {"dp": 4}}
+    exp, src = load_expectations(advice, run=run)
+    assert exp["step_ns"] == 120_000_000 and "current" in src     # the prediction for the run's own layout
+    run["sections"]["layout"] = {"mesh_shape": {"dp": 8}}
+    exp, src = load_expectations(advice, run=run)
+    assert exp["step_ns"] == 80_000_000 and "none of the advice's" in src
+    assert load_expectations(advice, 1, run)[0]["step_ns"] == 90_000_000

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the check results as JSON here."),
         expect: Optional[Path] = typer.Option(None, "--expect", help="Expectations: an advice.json (tracekit advise) or a previous run's analysis.json (or its analyze output dir).", exists=True, readable=True),
         tolerance: float = typer.Option(0.1, "--tolerance", min=0, help="How much worse than expected a number may be (0.1 = 10%), with --expect."),
-        expect_candidate: Optional[int] = typer.Option(None, "--expect-candidate", min=0, help="With an advice.json: which ranked layout to expect (default the top-ranked, 0)."),
+        expect_candidate: Optional[int] = typer.Option(None, "--expect-candidate", min=0, help="With an advice.json: which ranked layout to expect (default: the one with the run's parallel degrees, else the top-ranked, 0)."),
     ) -> None:
         from rich.console import Console
 
@@ -60,17 +60,6 @@ def register(app: typer.Typer) -> None:
         if not thresholds.any() and expect is None:
             err.print("[red]tracekit check:[/red] give at least one limit (e.g. --max-exposed-comm 0.2) or --expect FILE; see --help")
             raise typer.Exit(2)
-        expected = None
-        if expect is not None:
-            from tracekit.compare.expect import load_expectations
-
-            try:
-                expected = load_expectations(expect, expect_candidate)
-            except (TracekitError, ValueError) as exc:
-                from rich.markup import escape
-
-                err.print(f"[red]tracekit check:[/red] --expect {escape(str(exc))}", highlight=False)
-                raise typer.Exit(2) from None
         try:
             analysis, _ = load_analysis(trace_dir)
         except TracekitError as exc:
@@ -78,6 +67,17 @@ def register(app: typer.Typer) -> None:
 
             err.print(f"[red]tracekit check:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(2) from None
+        expected = None
+        if expect is not None:
+            from tracekit.compare.expect import load_expectations
+
+            try:
+                expected = load_expectations(expect, expect_candidate, analysis)
+            except (TracekitError, ValueError) as exc:
+                from rich.markup import escape
+
+                err.print(f"[red]tracekit check:[/red] --expect {escape(str(exc))}", highlight=False)
+                raise typer.Exit(2) from None
         results = evaluate(analysis, thresholds)
         if expected is not None:
             from tracekit.compare.expect import check_expectations

@@ -51,15 +51,51 @@ def measured(analysis: dict[str, Any]) -> dict[str, float | None]:
             "peak_memory_bytes": float(max(peaks)) if peaks else None}
 
 
-def _from_advice(doc: dict[str, Any], candidate: int | None) -> tuple[dict[str, float | None], str]:
+MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
+
+
+def run_mesh(analysis: dict[str, Any] | None) -> dict[str, int] | None:
+    """The run's parallel degrees from its layout section (fsdp counts as dp), None when unknown."""
+    sec = ((analysis or {}).get("sections") or {}).get("layout")
+    mesh = sec.get("mesh_shape") if isinstance(sec, dict) else None
+    if not isinstance(mesh, dict) or not mesh:
+        return None
+    out = {d: int(mesh.get(d) or 1) for d in MESH_DIMS}
+    if _num(mesh.get("fsdp")):
+        out["dp"] *= int(mesh["fsdp"])
+    return out
+
+
+def _mesh_of(cand: dict[str, Any]) -> dict[str, int]:
+    lay = cand.get("layout") if isinstance(cand.get("layout"), dict) else {}
+    return {d: int(lay.get(d) or 1) for d in MESH_DIMS}
+
+
+def _pick(doc: dict[str, Any], candidate: int | None, mesh: dict[str, int] | None) -> tuple[dict[str, Any] | None, str]:
+    """The advice's candidate to expect: the N-th ranked one when given; else the first (ranked, then the
+    current layout's prediction) with the run's parallel degrees — a run is held to what was predicted for
+    its own layout —, else the top-ranked."""
     ranked = [c for c in doc.get("ranked") or [] if isinstance(c, dict)]
-    if candidate is None:
-        cand = ranked[0] if ranked else None
-        where = "advice's top-ranked layout"
-    else:
+    if candidate is not None:
         if not 0 <= candidate < len(ranked):
             raise ValueError(f"advice has {len(ranked)} ranked layouts; --expect-candidate {candidate} is none of them")
-        cand, where = ranked[candidate], f"advice's ranked layout #{candidate}"
+        return ranked[candidate], f"advice's ranked layout #{candidate}"
+    current = doc.get("current") if isinstance(doc.get("current"), dict) else None
+    if mesh is not None:
+        for i, c in enumerate(ranked):
+            if _mesh_of(c) == mesh:
+                return c, f"advice's ranked layout #{i}, the run's layout"
+        if current is not None and _mesh_of(current) == mesh:
+            return current, "advice's prediction for the run's (current) layout"
+    where = "advice's top-ranked layout"
+    if mesh is not None:
+        where += " (the run's layout " + " ".join(f"{d}{mesh[d]}" for d in MESH_DIMS) + " is none of the advice's)"
+    return (ranked[0] if ranked else None), where
+
+
+def _from_advice(doc: dict[str, Any], candidate: int | None, mesh: dict[str, int] | None = None
+                 ) -> tuple[dict[str, float | None], str]:
+    cand, where = _pick(doc, candidate, mesh)
     if cand is None:
         raise ValueError("advice.json ranks no layout: nothing to expect")
     bd = cand.get("breakdown_ns") if isinstance(cand.get("breakdown_ns"), dict) else {}
@@ -73,9 +109,11 @@ def _from_advice(doc: dict[str, Any], candidate: int | None) -> tuple[dict[str, 
             }, f"{where} ({changes})"
 
 
-def load_expectations(path: str | Path, candidate: int | None = None) -> tuple[dict[str, float | None], str]:
+def load_expectations(path: str | Path, candidate: int | None = None, run: dict[str, Any] | None = None
+                      ) -> tuple[dict[str, float | None], str]:
     """Expected QUANTITIES from an advice.json or an analysis.json (a file, or an analyze output dir
-    holding analysis.json), and where they come from. Raises NothingToAnalyzeError for anything else."""
+    holding analysis.json), and where they come from. `run`: the checked run's analysis (an advice's
+    candidate of its layout is expected, see `_pick`). Raises NothingToAnalyzeError for anything else."""
     path = Path(path)
     if path.is_dir() and (path / "analysis.json").is_file():
         path = path / "analysis.json"
@@ -85,7 +123,7 @@ def load_expectations(path: str | Path, candidate: int | None = None) -> tuple[d
         raise NothingToAnalyzeError(f"{path}: not a readable expectations file ({exc})") from None
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema == "tracekit.advice/1":
-        values, where = _from_advice(doc, candidate)
+        values, where = _from_advice(doc, candidate, run_mesh(run))
         return values, f"{path}: {where}"
     if schema == "tracekit.analysis/1":
         return measured(doc), f"{path}: previous run"
