@@ -9,7 +9,7 @@ from reports.format import is_num, ms, ranks_text, signed_ms
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
 from reports.html_report import page
 
-DIFF_SECTIONS = [("verdict", "Summary"), ("breakdown", "Breakdown"), ("findings", "Findings"),
+DIFF_SECTIONS = [("verdict", "Summary"), ("attribution", "Why it changed"), ("breakdown", "Breakdown"), ("findings", "Findings"),
                  ("collectives", "Collectives"), ("ranks", "Per-rank step time")]
 _STATUS_MARK = {"appeared": "🆕 appeared", "resolved": "✅ resolved", "changed": "🔁 changed", "unchanged": "= unchanged",
                 "absorbed": "↪ absorbed by a bigger finding (not resolved)"}
@@ -63,6 +63,7 @@ def render_diff_html(diff: dict[str, Any]) -> str:
                                 f"{ms((diff.get('max_step') or {}).get('new_ns'))} ({_delta_text(diff.get('max_step'))})"),
     ]))]
 
+    parts.append(_attribution_html(diff.get("attribution"), figs))
     bd = [r for r in diff.get("breakdown") or [] if isinstance(r, dict)]
     if bd:
         data = [{"type": "bar", "name": h(label), "x": [h(r.get("part")) for r in bd],
@@ -82,7 +83,8 @@ def render_diff_html(diff: dict[str, Any]) -> str:
         cols = [Col("status", "status", str, False), Col("kind", "kind", str, False), Col("dim", "dim", _t, False),
                 Col("scope", "scope", str, False), Col("ranks", "ranks", str, False),
                 Col("severity", "severity", str, False), Col("summary", "summary", _t, False),
-                Col("base_saving_ns", "base saving (ms)", _ms), Col("new_saving_ns", "new saving (ms)", _ms)]
+                Col("base_saving_ns", "base saving (ms)", _ms), Col("new_saving_ns", "new saving (ms)", _ms),
+                Col("new_closed_form_saving_ns", "new: the text's estimate (ms)", _ms)]
         parts.append(section("findings", "Findings", table(rows, cols, table_id="diff-findings")))
     else:
         parts.append(section("findings", "Findings", "<p class=note>Neither run has findings.</p>"))
@@ -110,10 +112,68 @@ def render_diff_html(diff: dict[str, Any]) -> str:
     return page("tracekit diff", header, "".join(parts), figs, DIFF_SECTIONS)
 
 
+_CAUSE_TEXT = {"schedule": "schedule (the graph's shape: micro-batches, ops, collectives; the bubble with them)",
+               "host": "host (work between launches, stalls, unexplained gaps)", "other_device": "other device work"}
+
+
+def _cause_text(cause: Any) -> str:
+    c = str(cause)
+    if c in _CAUSE_TEXT:
+        return _CAUSE_TEXT[c]
+    kind, _, what = c.partition(":")
+    return {"compute": f"compute: {what} ops", "comm": f"{what} communication"}.get(kind, c)
+
+
+def _share(v: Any) -> str:
+    return f"{v * 100:+.1f}%" if is_num(v) else "–"
+
+
+def _attribution_note(a: dict[str, Any]) -> str:
+    meas, rep = a.get("measured") or {}, a.get("replayed") or {}
+    return (f"Measured step (slowest rank, mean over steps) {ms(meas.get('base_ns'))} → {ms(meas.get('new_ns'))} "
+            f"({signed_ms(meas.get('delta_ns'))}); the parts ({a.get('method')}, {a.get('replays')} replays of the "
+            f"base run's dependency graph with the new run's durations, one cause at a time) sum to "
+            f"{signed_ms(a.get('explained_ns'))}, residual {signed_ms(a.get('residual_ns'))} "
+            f"({_share(a.get('residual_ratio'))} of the measured change). Waiting for peers is carried by the cause "
+            f"that made them late.")
+
+
+def _attribution_html(a: Any, figs: Figures) -> str:
+    if not isinstance(a, dict) or not a.get("parts"):
+        return section("attribution", "Why it changed", not_available(
+            "The explained change (needs both runs' traces or run stores with replayable steps)"))
+    rows = [{**r, "cause": _cause_text(r.get("cause"))} for r in a["parts"] if isinstance(r, dict)]
+    data = [{"type": "bar", "orientation": "h", "y": [h(r["cause"]) for r in rows][::-1],
+             "x": [(r.get("delta_ns") or 0) / 1e6 for r in rows][::-1], "marker": {"color": "#1565c0"},
+             "hovertemplate": "%{y}: %{x:+.2f} ms/step<extra></extra>"}]
+    fig = figs.add(data, {"xaxis": {"title": {"text": "ms per step added (slowest rank)"}}, "margin": {"l": 320}},
+                   height=80 + 28 * len(rows))
+    cols = [Col("cause", "cause", str, False), Col("delta_ns", "change (ms/step)", _signed),
+            Col("share", "share of measured change", _signed_pct)]
+    by_rank = [r for r in a.get("by_rank") or [] if isinstance(r, dict)]
+    rank_cols = [Col("rank", "rank"), Col("delta_ns", "change from this rank's durations (ms/step)", _signed)]
+    return section("attribution", "Why it changed", f"<p class=note>{h(_attribution_note(a))}</p>" + fig
+                   + table(rows, cols) + ("<h3>By rank (durations and gaps only, without the schedule)</h3>"
+                                          + table(by_rank, rank_cols) if by_rank else ""))
+
+
+def _attribution_markdown(a: Any) -> list[str]:
+    if not isinstance(a, dict) or not a.get("parts"):
+        return []
+    lines = ["| cause of the step change | ms/step | share |", "|---|---:|---:|"]
+    for r in a["parts"]:
+        if isinstance(r, dict) and (r.get("delta_ns") or r.get("cause") == "schedule"):
+            lines.append(f"| {md(_cause_text(r.get('cause')))} | {signed_ms(r.get('delta_ns'))} | {_share(r.get('share'))} |")
+    by_rank = [r for r in a.get("by_rank") or [] if isinstance(r, dict) and is_num(r.get("delta_ns"))]
+    ranks = ", ".join(f"rank {r.get('rank')} {signed_ms(r['delta_ns'])}" for r in by_rank[:4])
+    return lines + ["", md(_attribution_note(a)) + (f" By rank: {md(ranks)}." if ranks else ""), ""]
+
+
 def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -> str:
     """A pull-request comment: headline, breakdown deltas, findings that appeared/resolved/changed."""
     base, new = diff.get("base") or {}, diff.get("new") or {}
     lines = ["## tracekit diff", "", f"**{md(base.get('label'))} → {md(new.get('label'))}:** {md(_headline(diff))}", ""]
+    lines += _attribution_markdown(diff.get("attribution"))
     bd = [r for r in diff.get("breakdown") or [] if isinstance(r, dict)]
     if bd:
         lines += ["| part (mean rank, per step) | base | new | delta |", "|---|---:|---:|---:|"]
@@ -127,7 +187,7 @@ def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -
         lines += ["| finding | kind | ranks | est. saving / step |", "|---|---|---|---:|"]
         for f in changed:
             rk = f.get("new_ranks") if f.get("new_ranks") is not None else f.get("base_ranks")
-            saving = f"{ms(f.get('base_saving_ns'))} → {ms(f.get('new_saving_ns'))}"
+            saving = f"{ms(f.get('base_saving_ns'))} → {ms(f.get('new_saving_ns'))}" + _saving_basis(f)
             lines.append(f"| {_STATUS_MARK.get(str(f.get('status')), md(f.get('status')))}: {md(f.get('summary'))} "
                          f"| {md(f.get('kind'))} | {md(ranks_text(rk))} | {saving} |")
         lines.append("")
@@ -135,13 +195,24 @@ def render_diff_markdown(diff: dict[str, Any], report_href: str = "diff.html") -
         lines += ["No finding appeared, resolved or changed.", ""]
     colls = [r for r in diff.get("collectives") or [] if isinstance(r, dict) and is_num(r.get("delta_exposed_ns"))]
     if colls:
-        lines += ["| collective (group / op) | exposed base | exposed new | delta |", "|---|---:|---:|---:|"]
+        lines += ["| collective (group / op), exposed time summed over ranks and steps | base | new | delta |",
+                  "|---|---:|---:|---:|"]
         for r in colls[:5]:
             lines.append(f"| {md(r.get('group'))} / {md(r.get('op'))} | {ms(r.get('base_exposed_ns'))} "
                          f"| {ms(r.get('new_exposed_ns'))} | {signed_ms(r.get('delta_exposed_ns'))} |")
         lines.append("")
     lines.append(f"Full before/after report: [{md(report_href)}]({report_href.replace(' ', '%20')})")
     return "\n".join(lines) + "\n"
+
+
+def _saving_basis(f: dict[str, Any]) -> str:
+    """Where the saving comes from when a replay set it: the finding's text states its own closed-form
+    estimate, which the replay of the fix on the dependency graph replaced (they can differ)."""
+    side = "new" if f.get("new_saving_ns") is not None else "base"
+    replayed, closed = f.get(f"{side}_replayed_saving_ns"), f.get(f"{side}_closed_form_saving_ns")
+    if not is_num(replayed) or not is_num(closed) or replayed != f.get(f"{side}_saving_ns"):
+        return ""
+    return f" (replayed; the text's estimate {ms(closed)})" if abs(replayed - closed) >= 50_000 else " (replayed)"
 
 
 def _ms(v: Any) -> str:

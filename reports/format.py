@@ -31,6 +31,18 @@ def num(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def bandwidth(gbps: Any) -> str:
+    """A rate given in GB/s (10⁹ bytes/s) as text with three significant digits in the unit that fits
+    (GB/s, MB/s, kB/s, B/s): a CPU run's 0.0121 GB/s reads "12.1 MB/s", never "0.00"."""
+    if not is_num(gbps):
+        return "–"
+    rate = gbps * 1e9
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if abs(rate) >= size:
+            return f"{rate / size:,.3g} {unit}" if rate / size < 1000 else f"{rate / size:,.0f} {unit}"
+    return f"{rate:.3g} B/s"
+
+
 def nbytes(value: Any) -> str:
     if not is_num(value):
         return "–"

@@ -12,7 +12,7 @@ from typing import Any
 
 from reports.assets import CSS, PLOT_JS, SORT_JS, plotly_js_gz_b64
 from reports.escape import h
-from reports.format import is_num, ms, nbytes, num, pct, ranks_text
+from reports.format import bandwidth, is_num, ms, nbytes, num, pct, ranks_text
 from reports.generic import render_generic
 from reports import charts
 from reports.advice import advice_html
@@ -581,8 +581,8 @@ def _bandwidth(ctx: Page) -> str:
         Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
         Col("group_size", "size"), Col("bucket_bytes", "bucket", nbytes), Col("count", "count"),
         Col("bytes_p50", "bytes p50", nbytes), Col("time_ns_p50", "time p50 (ms)", lambda v: ms(v, 3).replace(" ms", "")),
-        Col("algbw_gbps_p50", "algbw p50 (GB/s)"), Col("busbw_gbps_p50", "busbw p50 (GB/s)"),
-        Col("busbw_gbps_max", "busbw max (GB/s)"), Col("reference_gbps", "reference (GB/s)"),
+        Col("algbw_gbps_p50", "algbw p50", bandwidth), Col("busbw_gbps_p50", "busbw p50", bandwidth),
+        Col("busbw_gbps_max", "busbw max", bandwidth), Col("reference_gbps", "reference", bandwidth),
         Col("reference", "reference basis", _txt, False), Col("low", "low", lambda v: "LOW" if v else "", False)],
         table_id="bandwidth-table")
     return section("bandwidth", "Bandwidth", body + _all_numbers(sec, frozenset({"rows"})))

@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from tracekit import analysis
 
         return getattr(analysis, name)
+    if name in ("open", "Run"):  # tracekit.open(DIR): the notebook API (notebook.py)
+        from tracekit import notebook
+
+        return notebook.open_run if name == "open" else notebook.Run
     raise AttributeError(name)

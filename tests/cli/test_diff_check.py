@@ -176,7 +176,9 @@ def test_diff_cli_writes_reports(analysis_files: tuple[Path, Path], tmp_path: Pa
     doc = json.loads((tmp_path / "d" / "diff.json").read_text())
     assert doc == json.loads(json.dumps(diff_analyses(BASE, NEW, base_label=str(base), new_label=str(new))))
     html = (tmp_path / "d" / "diff.html").read_text()
-    assert "appeared" in html and "resolved" in html and html.count("<section") == 5
+    assert "appeared" in html and "resolved" in html and html.count("<section") == 6
+    # analysis.json files alone: no graph to replay, the explained change says so
+    assert doc["attribution"] is None and "Why it changed" in html and "needs both runs&#x27; traces" in html
     md = (tmp_path / "d" / "diff.md").read_text()
     assert md in res.stdout
     assert "🆕 appeared: straggler on \\[0\\]" in md and "✅ resolved: straggler on \\[1\\]" in md

@@ -72,16 +72,16 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, "--model", help="Model preset (tiny, tiny-moe, llama-8b-like, llama-70b-like, moe-8x-like) or a model file: JSON/TOML with the model's shape (a HuggingFace config.json works). Default: the model the run's manifest names (the reference runtime writes it)."),
         cluster: str = typer.Option("1x8-h100", "--cluster", help="Cluster description the calibration starts from."),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="Target GPU count (default: the measured run's)."),
-        hosts: Optional[int] = typer.Option(None, "--hosts"),
-        gpus_per_host: Optional[int] = typer.Option(None, "--gpus-per-host"),
+        hosts: Optional[int] = typer.Option(None, "--hosts", help="Target host count (default: the target GPU count over --gpus-per-host, rounded up)."),
+        gpus_per_host: Optional[int] = typer.Option(None, "--gpus-per-host", help="GPUs per target host (default: the cluster's)."),
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="Device memory, e.g. 80GB."),
         link: Optional[str] = typer.Option(None, "--link", help="Bus bandwidth per tier, e.g. intra=360,inter=45 (GB/s)."),
         global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (kept across layouts)."),
         micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch of the measured run."),
         seq: int = typer.Option(0, "--seq", help="Sequence length (0: the preset's)."),
-        top: int = typer.Option(10, "--top"),
-        out: Path = typer.Option(Path("tracekit-advice"), "--out", "-o"),
-        quiet: bool = typer.Option(False, "--quiet", "-q"),
+        top: int = typer.Option(10, "--top", help="How many of the best layouts to list."),
+        out: Path = typer.Option(Path("tracekit-advice"), "--out", "-o", help="Output directory for advice.json and advice.md (created)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors still print)."),
     ) -> None:
         import dataclasses
 

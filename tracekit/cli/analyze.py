@@ -14,8 +14,9 @@ stragglers, and more, with findings sorted by estimated saving.
 
 TRACE_DIR is a directory of traces and logs (as `tracekit record` or the reference runtime leave
 them), one trace file, or an existing run store (a directory with meta.json, from `tracekit parse`).
-A rank is never assumed: it comes from the trace (distributedInfo) or its name (rank3...); give a lone
-trace that states neither its rank with --rank.
+A trace's rank comes from the trace (distributedInfo) or its name (rank3...). Among several traces, one
+that states neither is skipped; the only trace of a run that states neither is analysed as rank 0 with a
+warning (give its rank with --rank when it is another).
 
 Writes DIR/tables/ (the run store), DIR/analysis.json, DIR/report.html and DIR/summary.md; with --model,
 DIR/advice.json too (the layout advice section, as `tracekit advise` writes it).
@@ -100,6 +101,9 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, "--model", help="Model preset or model file (JSON/TOML; a HuggingFace config.json) for the layout advice section "
                                             "(as `tracekit advise --model`); without it there is no advice."),
         no_advice: bool = typer.Option(False, "--no-advice", help="Skip the layout advice section."),
+        csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the tables users read as CSV files "
+                                           "into this directory: breakdown, findings, collectives, stragglers, "
+                                           "memory, kernels and ops when present (tracekit/export/sheets.py)."),
         explain: bool = typer.Option(False, "--explain-plan", is_eager=True, callback=_explain_plan,
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
         comm_kernel: list[str] = O.COMM_KERNEL,
@@ -130,14 +134,15 @@ def register(app: typer.Typer) -> None:
         try:
             _analyze(trace_dir, out, engine, budget, config, quiet, err,
                      max_decompressed_bytes=max_decompressed_mb * (1 << 20) if max_decompressed_mb else None,
-                     assume_rank=rank, capture=capture, rank_from_name=rank_from_name)
+                     assume_rank=rank, capture=capture, rank_from_name=rank_from_name, csv_dir=csv)
         finally:
             engine.close()
 
 
 def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, quiet: bool, err,
              max_decompressed_bytes: int | None = None, assume_rank: int | None = None,
-             capture: Path | None = None, rank_from_name: str | None = None) -> None:
+             capture: Path | None = None, rank_from_name: str | None = None,
+             csv_dir: Path | None = None) -> None:
     """tracekit.analyze_run on `engine`, then the console: skipped inputs, failures, the summary."""
     import shlex
     import sys
@@ -177,6 +182,8 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(HANG_EXIT_CODE)
     for p in run.problems:
         err.print(f"[yellow]{O.esc(p)}[/yellow]")
+    if csv_dir is not None:
+        _write_csvs(run, csv_dir, quiet, err)
     if not quiet:
         from rich.console import Console
 
@@ -191,11 +198,36 @@ def _print_hang(analysis: dict, out: Path, err) -> None:
     if top is not None:
         err.print(f"[red]critical[/red] hang: {O.esc(top['summary'])}", highlight=False)
     err.print(f"analysis: {O.esc(out / 'analysis.json')}   report: {O.esc(out / 'report.html')}", soft_wrap=True)
+def _write_csvs(run, csv_dir: Path, quiet: bool, err) -> None:
+    from tracekit.export.sheets import write_csvs
+    from tracekit.notebook import Run
+
+    try:
+        paths = write_csvs(Run(run.analysis, run.store, run.out), csv_dir)
+    except OSError as exc:
+        err.print(f"[red]tracekit analyze:[/red] --csv {O.esc(csv_dir)}: {O.esc(exc)}")
+        raise typer.Exit(1) from None
+    if not quiet:
+        err.print(f"sheets: {O.esc(csv_dir)} ({', '.join(p.name for p in paths)})", soft_wrap=True)
 
 
 def _print_skipped(skipped: list[dict[str, str]], err) -> None:
     for s in skipped:
         err.print(f"[yellow]skipped[/yellow] {O.esc(s['file'])}: {O.esc(s['reason'])}")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[16, 17, ..., 47, 50] -> "16–47, 50"."""
+    parts: list[str] = []
+    start = prev = None
+    for r in sorted(ranks) + [None]:
+        if start is not None and r is not None and r == prev + 1:
+            prev = r
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}–{prev}")
+        start = prev = r
+    return ", ".join(parts)
 
 
 def _print_summary(analysis: dict, console) -> None:
@@ -219,6 +251,10 @@ def _print_summary(analysis: dict, console) -> None:
                   pct("compute_ns"), pct("exposed_comm_ns"), pct("sync_wait_ns"), pct("other_ns"), pct("idle_ns"),
                   ov, r["bound"])
     console.print(t)
+    if len(shown) < len(rows):
+        hidden = [r["rank"] for r in rows[16:-16]]
+        console.print(f"{len(hidden)} ranks not shown (ranks {_ranges(hidden)}); every rank is in "
+                      "analysis.json and report.html", highlight=False)
     findings = analysis["findings"]
     if not findings:
         console.print("no findings")

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import typer
 
-HELP = """Compare two runs: step time, breakdown, each finding appeared/resolved/changed, and per-collective
-exposed time.
+HELP = """Compare two runs: step time, breakdown, each finding appeared/resolved/changed, per-collective
+exposed time, and where the step-time change came from: the base run's dependency graph replayed with the
+new run's durations, one cause at a time (compute by op family, each dim's communication, host, the
+schedule), so the parts add up to the change (needs both runs' traces or run stores, not analysis.json
+alone).
 
 BASE and NEW are each a trace directory, a run store (directory with meta.json), an analyze output
 directory (with analysis.json) or an analysis.json file.
@@ -38,17 +41,27 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         out.mkdir(parents=True, exist_ok=True)
-        docs = []
+        docs, stores = [], []
         for label, path in (("base", base), ("new", new)):
             try:
-                analysis, _ = load_analysis(path, out / label / "tables", progress=not quiet)
+                analysis, store = load_analysis(path, out / label / "tables", progress=not quiet)
             except TracekitError as exc:
                 from rich.markup import escape
 
                 err.print(f"[red]tracekit diff:[/red] {label} {escape(str(path))}: {escape(str(exc))}", highlight=False)
                 raise typer.Exit(2) from None
             docs.append(analysis)
-        doc = diff_analyses(docs[0], docs[1], base_label=str(base), new_label=str(new))
+            stores.append(store)
+        attribution = None
+        if stores[0] is not None and stores[1] is not None:
+            from tracekit.compare.attribution import attribute_stores
+
+            try:
+                attribution = attribute_stores(stores[0], stores[1])
+            except Exception as exc:  # noqa: BLE001 - the rest of the diff stands without it
+                err.print(f"tracekit diff: the explained change could not be computed ({type(exc).__name__}: {exc})",
+                          highlight=False, markup=False)
+        doc = diff_analyses(docs[0], docs[1], base_label=str(base), new_label=str(new), attribution=attribution)
         from reports import render_diff_html, render_diff_markdown
 
         (out / "diff.json").write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")

@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise")
+COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise", "export")
 
 app = typer.Typer(
     name="tracekit",
@@ -21,8 +21,9 @@ app = typer.Typer(
 )
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)  # else `tracekit --version` fails with "Missing command"
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the tracekit version and exit.", is_eager=True),
 ) -> None:
     if version:
@@ -30,6 +31,9 @@ def _root(
 
         typer.echo(__version__)
         raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
 
 
 for _name in COMMANDS:

@@ -15,8 +15,8 @@ ADDRESS = typer.Option(None, "--address",
 MAX_MEMORY = typer.Option(None, "--max-memory",
                           help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks.")
 RANK = typer.Option(None, "--rank", min=0,
-                    help="Rank of a lone trace that names none (in distributedInfo or its file name); "
-                         "never assumed otherwise.")
+                    help="Rank of a lone trace that names none (in distributedInfo or its file name); without it "
+                         "such a trace is analysed as rank 0, with a warning.")
 RANK_FROM_NAME = typer.Option(
     None, "--rank-from-name", metavar="REGEX",
     help="Regex giving the rank of files whose name has no rank<N> (its group `rank`, else its first group), "

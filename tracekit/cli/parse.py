@@ -14,8 +14,9 @@ HELP = """Parse a directory of traces into a run store (one Parquet file per tab
 Reads, recursively: Kineto traces (*.json, *.json.gz, *.pt.trace.json.gz), collective logs
 (comms.rank*.jsonl), PyTorch Flight Recorder dumps (JSON or pickle; pickles are only read as
 plain data) and manifest.json. Hidden files (.name) are never read. Each file's rank comes from its content
-(distributedInfo.rank) or its name (rank3, rank-3, rank_3); a file with neither is skipped,
-never assumed to be rank 0. Skipped files are listed with their reasons.
+(distributedInfo.rank) or its name (rank3, rank-3, rank_3); among several traces a file with neither is
+skipped, while the only trace of a run that states neither is read as rank 0 with a warning (--rank gives
+another). Skipped files are listed with their reasons.
 
 The collectives table keeps the rows of every source (kineto, comms-log, flight-recorder):
 filter on `source`. Profiler collectives get their group and sequence number from the log.

@@ -12,6 +12,11 @@ from typing import Any
 from tracekit.analyze.findings import Severity
 
 
+NOT_GATED = ("unstable_verdict",)
+"""Finding kinds `fail_on` never fails on: they say the recorded steps vary too much to trust a verdict
+(noise in the recording, not a fault of the run), so a gate on them fails clean runs at random."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class Thresholds:
     """Limits; None = not checked. Fractions are of the step time (0.2 = 20%)."""
@@ -30,7 +35,7 @@ class Thresholds:
     max_routing_skew: float | None = None
     """MoE routing skew (max / mean tokens per expert), worst layer."""
     fail_on: Severity | None = None
-    """Fail when any finding has at least this severity."""
+    """Fail when any finding has at least this severity (except the kinds in NOT_GATED)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -145,8 +150,12 @@ def evaluate(analysis: dict[str, Any], thresholds: Thresholds) -> list[CheckResu
         out.append(CheckResult(name, limit, value, value is not None and value > limit, detail))
     if thresholds.fail_on is not None:
         level = Severity(thresholds.fail_on).order
-        hits = [f for f in analysis.get("findings") or []
-                if f.get("severity") in {s.value for s in Severity} and Severity(f["severity"]).order >= level]
+        at_level = [f for f in analysis.get("findings") or []
+                    if f.get("severity") in {s.value for s in Severity} and Severity(f["severity"]).order >= level]
+        hits = [f for f in at_level if f.get("kind") not in NOT_GATED]
         detail = "; ".join(f"{f['severity']} {f['kind']}: {f.get('summary', '')}" for f in hits[:5]) or "none"
+        noise = sorted({f["kind"] for f in at_level if f.get("kind") in NOT_GATED})
+        if noise:
+            detail += f" ({', '.join(noise)} not gated: noise in the recording, not a fault of the run)"
         out.append(CheckResult("fail_on", Severity(thresholds.fail_on).value, float(len(hits)), bool(hits), detail))
     return out

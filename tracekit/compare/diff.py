@@ -139,6 +139,11 @@ def _replayed(f: dict | None) -> int | None:
     return ev.get("replayed_saving_ns") if isinstance(ev, dict) else None
 
 
+def _closed_form(f: dict | None) -> int | None:
+    ev = (f or {}).get("evidence")
+    return ev.get("closed_form_saving_ns") if isinstance(ev, dict) else None
+
+
 def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) -> list[dict[str, Any]]:
     out = []
     for b, n in _pair_findings(base.get("findings") or [], new.get("findings") or []):
@@ -157,6 +162,8 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
             "base_saving_ns": None if b is None else b.get("est_saving_ns"),
             "new_saving_ns": None if n is None else n.get("est_saving_ns"),
             "base_replayed_saving_ns": _replayed(b), "new_replayed_saving_ns": _replayed(n),
+            # the saving the finding's own text states (before the replay replaced est_saving_ns)
+            "base_closed_form_saving_ns": _closed_form(b), "new_closed_form_saving_ns": _closed_form(n),
             "absorbed_by": (n or {}).get("evidence", {}).get("explained_by") if status == "absorbed" and n else None,
             "summary": ref.get("summary"),
             "base_summary": None if b is None else b.get("summary"),
@@ -210,8 +217,11 @@ def _describe(analysis: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str = "base",
-                  new_label: str = "new", config: DiffConfig | None = None) -> dict[str, Any]:
-    """The before/after document (`tracekit.diff/1`)."""
+                  new_label: str = "new", config: DiffConfig | None = None,
+                  attribution: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The before/after document (`tracekit.diff/1`). `attribution`: the explained step change
+    (tracekit.compare.attribution, from both runs' stores), None when a run has no store or no step to
+    replay (e.g. an analysis.json alone)."""
     cfg = config or DiffConfig()
     mb, mn = per_step_means(base), per_step_means(new)
     base_by_rank = {r["rank"]: r for r in _ranks(base)}
@@ -239,6 +249,7 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
         "finding_counts": counts,
         "collectives": diff_collectives(base, new),
         "replay": {"base": _replay_summary(base), "new": _replay_summary(new)},
+        "attribution": attribution,
     }
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.bandwidth import bus_factor
+from tracekit.analyze.bandwidth import MIN_JUDGED_BYTES, bus_factor
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
@@ -322,9 +322,13 @@ def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     info = g.inst_info
     factor = bus_factors(info.at("op", g.inst[m]), info.at("n", g.inst[m]))
     size = info.at("bytes", g.inst[m])
-    ok = np.isfinite(size) & (size > 0)
+    # a bandwidth fix moves the bytes faster: it neither slows a transfer already faster than the bandwidth
+    # nor takes the latency out of messages too small to be bandwidth-bound (the analyzer never judges
+    # those: bandwidth.MIN_JUDGED_BYTES), else the replayed saving of a `low_bus_bandwidth` finding counts
+    # every small collective of the dim at zero latency (a TP job's saving far above the time it lost)
+    ok = np.isfinite(size) & (size >= MIN_JUDGED_BYTES)
     t = size * factor / (float(fix.value) * 1e9) * 1e9
-    dur[m[ok]] = np.rint(t[ok]).astype(np.int64)
+    dur[m[ok]] = np.minimum(dur[m[ok]], np.rint(t[ok]).astype(np.int64))
 
 
 INSTANCE_COLS = {"inst": np.int64, "t": np.int64, "ranks": object, "dim": object, "op": object, "bus": np.float64,
