@@ -460,17 +460,27 @@ def _instances_of_ranks(rows: pd.DataFrame, inst: pd.DataFrame) -> dict[int, np.
     return {int(pair[0][a]): pair[1][a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
 
 
+def _member_sets(rows: pd.DataFrame) -> set[tuple[int, ...]]:
+    """The distinct member sets (sorted rank tuples) of the collectives `rows` holds (their ranks per key)."""
+    import pandas as pd
+
+    code = pd.factorize(rows["key"])[0].astype(np.int64)
+    pair = np.unique(np.stack([code, rows["rank"].to_numpy(np.int64)]), axis=1)  # by key, then rank
+    bounds = np.flatnonzero(np.r_[True, pair[0][1:] != pair[0][:-1], True]) if pair.size else np.zeros(1, int)
+    flat = pair[1].tolist()
+    return {tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
 def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], steps: int) -> None:
     """`dominance`: a rank's delay over the largest delay of its peers (ranks it meets in a collective;
     ranks it never meets, e.g. another pipeline stage, are not) that are not late *with* it. Late
     with it (`late_with`): a peer at least half as late whose collectives with this rank hold neither
     back (less than half the smaller delay): the two arrive together, as the ranks of one slow
     data-parallel replica do (a tp or cp group given longer sequences), so neither dominates the other."""
-    members = matched.rows.groupby("key")["rank"].agg(frozenset)
     inst = matched.instances[["key", "last_rank", "delay"]]
     total = {row["rank"]: row["delay_ns_per_step"] for row in rows}
     peers: dict[int, set[int]] = {}
-    for group in set(members):
+    for group in _member_sets(matched.rows):
         for r in group:
             peers.setdefault(int(r), set()).update(int(p) for p in group if p != r)
     of = _instances_of_ranks(matched.rows, inst)

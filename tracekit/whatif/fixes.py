@@ -506,10 +506,13 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
         return
     stage_c = {st: float(np.mean([comp[r] for r in rs])) for st, rs in stages.items()}
     mean = float(np.mean(list(stage_c.values())))
-    for st, rs in stages.items():
-        if stage_c[st] > 0:
-            for r in rs:
-                _scale_rank(g, dur, r, mean / stage_c[st])
+    factor = {r: mean / stage_c[st] for st, rs in stages.items() if stage_c[st] > 0 for r in rs}
+    if factor:  # each rank's compute scaled as `_scale_rank` does, all ranks in one pass over the graph
+        ranks = np.array(list(factor), np.int64)
+        m = (g.category == Category.COMPUTE) & np.isin(g.rank, ranks)
+        at = np.zeros(int(ranks.max()) + 1)
+        at[ranks] = list(factor.values())
+        dur[m] = np.rint(dur[m] * at[g.rank[m]]).astype(np.int64)
 
 
 def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
@@ -573,7 +576,8 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
     ops = g.inst_info.at("op", np.arange(n)).astype(str)
-    return (g.inst >= 0) & np.isin(ops[np.maximum(g.inst, 0)], [op] if isinstance(op, str) else list(op))
+    hit = np.isin(ops, [op] if isinstance(op, str) else list(op))  # per instance, then per node
+    return (g.inst >= 0) & hit[np.maximum(g.inst, 0)]
 
 
 def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:
