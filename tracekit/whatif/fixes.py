@@ -440,11 +440,16 @@ def by_inst(ids: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
 def link_time(inst: Columns, bus: np.ndarray) -> np.ndarray:
     """What moving `bus` bus bytes takes on the links of `inst`'s instances: their lower envelope (of the
     median time per member set, op and size)."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, k in enumerate(zip(inst["ranks"].tolist(), inst["op"].tolist(), inst["bus"].tolist())):
-        groups.setdefault(k, []).append(i)
-    x = np.array([k[2] for k in groups], np.float64)
-    y = np.array([np.median(inst["t"][idx]) for idx in groups.values()], np.float64)
+    if num_rows(inst) == 0:
+        x = y = np.zeros(0, np.float64)
+    else:  # the median per (member set, op, size), sorted once (the envelope depends on the points only)
+        code, _ = group_ids(inst["ranks"], inst["op"], inst["bus"])
+        o = np.lexsort((inst["t"], code))
+        first = np.flatnonzero(np.r_[True, code[o][1:] != code[o][:-1]])
+        n = np.diff(np.r_[first, o.size])
+        t = inst["t"][o].astype(np.float64)
+        x = inst["bus"][o][first].astype(np.float64)
+        y = (t[first + (n - 1) // 2] + t[first + n // 2]) / 2  # np.median: the middle, or the mean of the two
     return envelope_at(*lower_envelope(x, y), bus)
 
 
