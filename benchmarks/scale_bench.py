@@ -333,10 +333,11 @@ def headline_case(data_dir: Path, work: Path, ranks: int, workers: int, source: 
 
 def show_phases(phases: dict, indent: str = "  ") -> None:
     tot = phases.get("total") or {}
-    print(f"{indent}{'phase':<34} {'wall s':>8} {'cpu s':>8}   (main process; total {tot})")
+    print(f"{indent}{'phase':<34} {'wall s':>8} {'cpu s':>8} {'RSS MB':>7} {'peak MB':>7}   (main process; total {tot})")
     for p in phases.get("phases", []):
         if p["wall_s"] >= 0.05:
-            print(f"{indent}{p['phase']:<34} {p['wall_s']:>8} {p['cpu_s']:>8}")
+            print(f"{indent}{p['phase']:<34} {p['wall_s']:>8} {p['cpu_s']:>8} {p.get('rss_mb', ''):>7} "
+                  f"{p.get('peak_rss_mb', ''):>7}")
 
 
 def show_headline(row: dict) -> None:

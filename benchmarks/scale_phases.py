@@ -6,7 +6,8 @@ Runs the `tracekit` command in this process (tracekit.cli.main) after wrapping, 
 parse (`analysis._store_for`), each analyzer (`engine._run_step`, by analyzer name), the critical path's
 replay and rescoring (`critical_path.replay_steps`, `critical_path.rescore`) and the output writing
 (`analysis.write_outputs`). Each phase gets wall seconds and this process's CPU seconds (parse workers
-are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here).
+are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here), and this
+process's resident memory at its end and peak so far.
 PHASES.json is written when `analyze_run` returns.
 """
 
@@ -22,6 +23,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def _memory() -> dict:
+    """This process's resident memory now and its peak so far (MB)."""
+    import os
+    import resource
+
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {"rss_mb": round(rss / 1e6), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3)}
+
+
 def _timed(phases: list[dict], name_of, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -30,7 +41,7 @@ def _timed(phases: list[dict], name_of, fn):
             return fn(*args, **kwargs)
         finally:
             phases.append({"phase": name_of(*args, **kwargs), "wall_s": round(time.perf_counter() - w, 3),
-                           "cpu_s": round(time.process_time() - c, 3)})
+                           "cpu_s": round(time.process_time() - c, 3), **_memory()})
     return wrapper
 
 
