@@ -305,9 +305,11 @@ def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndar
 def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
     """`g` with the dim's gradient buckets (`gradient_buckets`) started by their gradients: each bucket's
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
-    backward); its stream order (the previous bucket's end), its launch and its members stay (cached)."""
+    backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
+    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
     cache = g.__dict__.setdefault("_overlap_graphs", {})
     if dim not in cache:
+        cache.clear()
         arr, _, ready = gradient_buckets(g, dim)
         if arr.size == 0:
             cache[dim] = g
