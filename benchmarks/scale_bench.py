@@ -11,7 +11,15 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
    as the summed PSS of the whole process tree (parent, forkserver, workers; sampled every 50 ms;
    PSS because RSS counts shared libraries once per process, DESIGN §8);
 3. `tracekit parse` with 1 and with W workers on the same run (parse speed-up);
-4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path).
+4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path);
+5. the headline (`--headline-ranks`, default 1,024): `tracekit analyze` of a simulated 5-D run (the GPU of
+   rank ranks//3 slowed 1.3x, answer key with the step re-simulated without the fault) and of a real-derived
+   run (copies of a real multi-rank trace, REAL_SEED, with distinct ranks and shifted clocks,
+   `ensure_real_run`), each beside a plain single-process `json.load` of the same files in the same run:
+   wall, CPU, peak PSS, the per-phase cost (benchmarks/scale_phases.py), whether the analysis took no longer
+   than the json.load and stayed within 1.5 GB, and (simulated) whether the slow GPU is the top finding
+   with its replayed saving within 10% of the answer key's (step with the fault - step without it).
+With `--phases` the rank sweep also prints each rank count's per-phase cost.
 The rank sweep (2) uses `tracekit simulate` (source "sim", the default): a 5-D layout per rank count
 (pp x dp x cp x tp with ep 2 over dp x cp, see SIM_LAYOUTS), the tiny-moe model, the GPU of rank ranks//3 slowed 1.3x;
 simulation wall/CPU seconds, peak PSS and trace events written per CPU-second are printed beside the
@@ -134,6 +142,25 @@ def tracekit(*args: str) -> list[str]:
     return ["nice", sys.executable, "-m", "tracekit", *args]
 
 
+def analyze_phased(run: Path, out: Path, workers: int, phases: Path) -> list[str]:
+    """`tracekit analyze` as the command runs it, its phases timed into `phases` (scale_phases.py)."""
+    return ["nice", sys.executable, str(REPO / "benchmarks" / "scale_phases.py"), str(phases), "analyze", str(run),
+            "--out", str(out), "-j", str(workers), "-q"]
+
+
+JSON_LOAD = """import gzip, json, sys
+for f in sys.argv[1:]:
+    with (gzip.open(f, "rb") if f.endswith(".gz") else open(f, "rb")) as fh:
+        doc = json.load(fh)
+    del doc
+"""
+"""The baseline: each file decompressed and `json.load`ed in turn by one plain Python process."""
+
+
+def json_load_case(files: list[Path]) -> dict:
+    return run_measured(["nice", sys.executable, "-c", JSON_LOAD, *map(str, files)])
+
+
 def ensure_run(data_dir: Path, ranks: int, epr: int, compress: bool = True) -> tuple[Path, dict]:
     d = data_dir / f"r{ranks}_e{epr}{'' if compress else '_plain'}"
     truth_file = d / ".ground_truth.json"
@@ -196,6 +223,141 @@ def ensure_sim_run(data_dir: Path, ranks: int) -> tuple[Path, dict]:
     return d, stats
 
 
+SHARED = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or REPO.parent / "shared" / "traces")
+REAL_SEED = "hta_sampled_2rank"
+"""A real multi-rank Kineto trace (2 ranks of a 128-GPU job, NCCL, ~1.8 MB of JSON per rank): the
+real-derived run is copies of it."""
+COPY_SHIFT_US = 1_013
+"""Each copy's clock is shifted by this many µs more than the previous copy's (an integer: timestamps stay
+exact)."""
+
+
+def ensure_real_run(data_dir: Path, ranks: int, seed: str = REAL_SEED) -> tuple[Path, dict]:
+    """`ranks` ranks made of copies of the real trace `seed`: copy c of its rank r is rank c * n + r of a
+    `ranks`-GPU job (distributedInfo rank and world_size), every timestamp shifted by c * COPY_SHIFT_US."""
+    import gzip
+
+    d = data_dir / f"real_{seed}_r{ranks}"
+    stats_file = d / "real_stats.json"
+    if stats_file.is_file():
+        return d, json.loads(stats_file.read_text())
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    src = sorted(f for f in (SHARED / seed).iterdir() if f.name.endswith((".json", ".json.gz")))
+    docs = []
+    for f in src:
+        with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as fh:
+            docs.append(json.load(fh))
+    docs.sort(key=lambda doc: doc["distributedInfo"]["rank"])
+    n = len(docs)
+    t0 = time.perf_counter()
+    events = complete = size = 0
+    for rank in range(ranks):
+        c, doc = divmod(rank, n)[0], docs[rank % n]
+        shift = c * COPY_SHIFT_US
+        ev = [{**e, "ts": e["ts"] + shift} if isinstance(e.get("ts"), (int, float)) else e for e in doc["traceEvents"]]
+        out = {**doc, "distributedInfo": {**doc["distributedInfo"], "rank": rank, "world_size": ranks},
+               "traceEvents": ev}
+        text = json.dumps(out).encode()
+        size += len(text)
+        events += len(ev)
+        complete += sum(1 for e in ev if e.get("ph") == "X")
+        with gzip.open(d / f"rank{rank:05d}.pt.trace.json.gz", "wb", compresslevel=1) as fh:
+            fh.write(text)
+    stats = {"seed": seed, "seed_ranks": n, "trace_events": events, "complete_events": complete, "json_bytes": size}
+    stats_file.write_text(json.dumps(stats))
+    print(f"  wrote {ranks} real-derived ranks ({seed} x {ranks // n}) in {time.perf_counter() - t0:.1f}s",
+          file=sys.stderr)
+    return d, stats
+
+
+def ensure_sim_keyed(data_dir: Path, ranks: int) -> tuple[Path, dict]:
+    """The simulated run of `ensure_sim_run` with the answer key's step re-simulated without the fault."""
+    d = data_dir / f"sim_r{ranks}_keyed"
+    stats_file = d / "sim_stats.json"
+    if stats_file.is_file():
+        return d, json.loads(stats_file.read_text())
+    shutil.rmtree(d, ignore_errors=True)
+    pp, dp, cp, tp = SIM_LAYOUTS[ranks]
+    slow = ranks // 3
+    m = run_measured(["nice", sys.executable, "-m", "tracekit", "simulate", "--pp", str(pp), "--dp", str(dp),
+                      "--cp", str(cp), "--tp", str(tp), "--ep", "2", "--microbatches", str(2 * pp), "--model",
+                      "tiny-moe", "--fault", f"slow-gpu={slow}:1.3", "--steps", "2", "--out", str(d)])
+    gt = json.loads((d / ".ground_truth.json").read_text())
+    fault = next(f for f in gt["faults"] if f["kind"] == "slow_gpu")
+    files = sorted(d.glob("rank*.pt.trace.json.gz"))
+    stats = {"sim": m, "json_bytes": sum(_gz_size(f) for f in files), "straggler_rank": slow,
+             "layout": {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": 2},
+             "step_ns_with": fault["step_ns_with"], "step_ns_without": fault["step_ns_without"],
+             "saving_ns": fault["step_ns_with"] - fault["step_ns_without"]}
+    stats_file.write_text(json.dumps(stats))
+    return d, stats
+
+
+def _phase_rows(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"phases": [], "total": {}}
+
+
+def headline_case(data_dir: Path, work: Path, ranks: int, workers: int, source: str) -> dict:
+    """`tracekit analyze` beside a plain json.load of the same files, in the same run."""
+    run, stats = ensure_sim_keyed(data_dir, ranks) if source == "sim" else ensure_real_run(data_dir, ranks)
+    files = sorted(f for f in run.iterdir() if f.name.startswith("rank") and f.name.endswith((".json", ".json.gz")))
+    out, phases = work / f"headline_{source}_{ranks}", work / f"headline_{source}_{ranks}.phases.json"
+    shutil.rmtree(out, ignore_errors=True)
+    load = json_load_case(files)
+    ana = run_measured(analyze_phased(run, out, workers, phases))
+    analysis = json.loads((out / "analysis.json").read_text())
+    row = {"source": source, "ranks": ranks, "files": len(files), "json_mb": round(stats["json_bytes"] / MB, 1),
+           "json_load": load, "analyze": ana, "phases": _phase_rows(phases),
+           "ranks_analyzed": len(analysis["ranks"]), "findings": len(analysis["findings"]),
+           "top_findings": [{"kind": f["kind"], "ranks": (f.get("ranks") or [])[:8],
+                             "saving_ns": f.get("est_saving_ns"),
+                             "replayed_saving_ns": (f.get("evidence") or {}).get("replayed_saving_ns")}
+                            for f in analysis["findings"][:5]],
+           "no_slower_than_json_load": ana["wall_s"] <= load["wall_s"],
+           "cpu_no_more_than_json_load": ana["cpu_s"] <= load["cpu_s"],
+           "within_1_5_gb": ana["peak_pss_mb"] <= 1500}
+    if source == "sim":
+        top = analysis["findings"][0] if analysis["findings"] else {}
+        slow = [f for f in analysis["findings"] if f["kind"] == "straggler" and f.get("ranks") == [stats["straggler_rank"]]]
+        got = (slow[0].get("evidence") or {}).get("replayed_saving_ns") if slow else None
+        row.update({"slow_rank": stats["straggler_rank"], "answer_saving_ns": stats["saving_ns"],
+                    "slow_gpu_top": top.get("kind") == "straggler" and top.get("ranks") == [stats["straggler_rank"]],
+                    "slow_gpu_position": next((i for i, f in enumerate(analysis["findings"]) if f in slow), None),
+                    "replayed_saving_ns": got,
+                    "saving_error": (round(abs(got - stats["saving_ns"]) / stats["saving_ns"], 4)
+                                     if got is not None and stats["saving_ns"] else None)})
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def show_phases(phases: dict, indent: str = "  ") -> None:
+    tot = phases.get("total") or {}
+    print(f"{indent}{'phase':<34} {'wall s':>8} {'cpu s':>8} {'RSS MB':>7} {'peak MB':>7}   (main process; total {tot})")
+    for p in phases.get("phases", []):
+        if p["wall_s"] >= 0.05:
+            print(f"{indent}{p['phase']:<34} {p['wall_s']:>8} {p['cpu_s']:>8} {p.get('rss_mb', ''):>7} "
+                  f"{p.get('peak_rss_mb', ''):>7}")
+
+
+def show_headline(row: dict) -> None:
+    a, j = row["analyze"], row["json_load"]
+    print(f"\n{row['source']} {row['ranks']} ranks ({row['files']} files, {row['json_mb']} MB JSON):")
+    print(f"  {'':<22} {'wall s':>8} {'cpu s':>8} {'peak PSS MB':>12} {'load avg':>8}")
+    for label, m in (("json.load (1 process)", j), (f"tracekit analyze", a)):
+        print(f"  {label:<22} {m['wall_s']:>8} {m['cpu_s']:>8} {m['peak_pss_mb']:>12} {m['load_avg_1m']:>8}")
+    print(f"  analyze/json.load: wall {a['wall_s'] / max(j['wall_s'], 1e-9):.2f}x, cpu "
+          f"{a['cpu_s'] / max(j['cpu_s'], 1e-9):.2f}x; no slower than json.load: {row['no_slower_than_json_load']}; "
+          f"within 1.5 GB: {row['within_1_5_gb']}; ranks analyzed {row['ranks_analyzed']}, findings {row['findings']}")
+    for f in row["top_findings"]:
+        print(f"    {f['kind']:<26} ranks {f['ranks']} saving {f['saving_ns']} (replayed {f['replayed_saving_ns']})")
+    if row["source"] == "sim":
+        print(f"  slow GPU rank {row['slow_rank']}: top finding {row['slow_gpu_top']} (position "
+              f"{row['slow_gpu_position']}), replayed saving {row['replayed_saving_ns']} vs answer key "
+              f"{row['answer_saving_ns']} (error {row['saving_error']}; target <= 0.10)")
+    show_phases(row["phases"])
+
+
 def write_rate(ranks: int = 64) -> dict:
     """Trace events written per CPU-second by the simulator's writer alone (JSON text + gzip), and the
     simulation (programs + discrete-event run + key) per CPU-second of events, in this process."""
@@ -216,11 +378,14 @@ def write_rate(ranks: int = 64) -> dict:
             "events_simulated_and_written_per_cpu_s": round(events / (t2 - t0))}
 
 
-def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int, source: str = "synth") -> dict:
+def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int, source: str = "synth",
+                 phases: bool = False) -> dict:
     run, truth = ensure_sim_run(data_dir, ranks) if source == "sim" else ensure_run(data_dir, ranks, epr)
     out = work / f"out_r{ranks}_e{epr}"
     shutil.rmtree(out, ignore_errors=True)
-    m = run_measured(tracekit("analyze", str(run), "--out", str(out), "-j", str(workers), "-q"))
+    ph = work / f"out_r{ranks}_e{epr}.phases.json"
+    m = run_measured(analyze_phased(run, out, workers, ph) if phases else
+                     tracekit("analyze", str(run), "--out", str(out), "-j", str(workers), "-q"))
     analysis = json.loads((out / "analysis.json").read_text())
     stragglers = [f["ranks"] for f in analysis["findings"] if f["kind"] == "straggler"]
     if source == "sim":
@@ -232,6 +397,8 @@ def analyze_case(data_dir: Path, work: Path, ranks: int, epr: int, workers: int,
            "ranks_analyzed": len(analysis["ranks"]),
            "straggler_found": [truth["straggler_rank"]] in stragglers,
            "report_mb": round((out / "report.html").stat().st_size / MB, 2) if (out / "report.html").exists() else None}
+    if phases:
+        row["phases"] = _phase_rows(ph)
     if source == "sim":
         row["simulate"] = {**truth["sim"], "trace_events": truth["trace_events"],
                            "events_per_cpu_s": truth["events_per_cpu_s"], "layout": truth["layout"]}
@@ -326,6 +493,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--speedup-events", type=int, default=20000)
     ap.add_argument("--big-events", type=int, default=1_000_000, help="0 skips the chunked-path case")
     ap.add_argument("--big-budgets", default="256MB,64MB", help="--max-memory values for the chunked path")
+    ap.add_argument("--headline-ranks", type=int, default=1024, help="0 skips the headline (analyze vs json.load)")
+    ap.add_argument("--headline-sources", default="sim,real")
+    ap.add_argument("--phases", action="store_true", help="per-phase cost of each rank count of the sweep")
     ap.add_argument("--data-dir", default="/tmp/tracekit-scale")
     ap.add_argument("--json", default=None, help="write all results here")
     a = ap.parse_args(argv)
@@ -354,10 +524,20 @@ def main(argv: list[str] | None = None) -> None:
                   f"{str(r['straggler_found']):>9} {str(r['report_mb']):>9}")
         print(f"fit wall = fixed + b x events: {_fit(rows)}; cpu: {_fit(rows, 'cpu_s')}")
 
+    if a.headline_ranks:
+        results["headline"] = []
+        for src in [x for x in a.headline_sources.split(",") if x]:
+            results["headline"].append(headline_case(data_dir, work, a.headline_ranks, a.workers, src))
+            show_headline(results["headline"][-1])
+            sys.stdout.flush()
+
     by_ranks = []
     for n in _ints(a.ranks):
-        by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers, a.source))
+        by_ranks.append(analyze_case(data_dir, work, n, a.events_per_rank, a.workers, a.source, a.phases))
         print(json.dumps(by_ranks[-1]), file=sys.stderr)
+        if a.phases:
+            print(f"\nper-phase cost, {n} ranks:")
+            show_phases(by_ranks[-1]["phases"])
     results["by_ranks"] = {"rows": by_ranks, "fit": _fit(by_ranks), "fit_cpu": _fit(by_ranks, "cpu_s")}
     if a.source == "sim":
         show(by_ranks, f"tracekit analyze -j {a.workers} on simulated 5-D runs (tracekit simulate, 2 steps)")

@@ -293,7 +293,12 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
 
     judged = [r for r in table if r["op"] not in NOT_FLAGGED_OPS and r["busbw_gbps_p50"] is not None
               and r["bytes_p50"] >= MIN_JUDGED_BYTES]
-    for row in judged:
+    link_id: dict[Any, int] = {}
+    lid = [link_id.setdefault(links(r["pg_name"]), len(link_id)) for r in judged]
+    by_tier: dict[Any, list[tuple[int, dict[str, Any]]]] = {}
+    for i, r in zip(lid, judged):  # in `judged` order
+        by_tier.setdefault(tiers.get(r["pg_name"]), []).append((i, r))
+    for mine, row in zip(lid, judged):
         peak = peaks.get(row["pg_name"], peaks.get(row["dim"]))
         if peak is not None:
             if row["bucket_bytes"] < PEAK_MIN_BYTES:
@@ -301,8 +306,7 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             ref, why, low_at = float(peak), f"peak given for {row['pg_name'] if row['pg_name'] in peaks else row['dim']}", \
                 LOW_FRACTION_OF_PEAK
         else:
-            others = [r for r in judged if links(r["pg_name"]) != links(row["pg_name"])
-                      and tiers.get(r["pg_name"]) == tiers.get(row["pg_name"])]
+            others = [r for i, r in by_tier[tiers.get(row["pg_name"])] if i != mine]  # other links, same tier
             found = _best_of_run(row, others, device_timed and bool(tiers.get(row["pg_name"])))
             if found is None:
                 continue

@@ -213,9 +213,16 @@ class _Busy:
     idle_labels: dict[str, iv.IntervalSet]
 
 
-def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int]) -> dict[int, _Busy]:
+def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int],
+               seen: dict[int, _Busy] | None = None) -> dict[int, _Busy]:
+    """Per rank of `ranks`: its `_Busy` (those in `seen` taken from it, the others added to it: each rank's
+    events are read once however many stragglers meet it)."""
+    seen = {} if seen is None else seen
     out = {}
     for r in ranks:
+        if r in seen:
+            out[r] = seen[r]
+            continue
         act = activity.get(r)
         ev = _host_events(store, r)
 
@@ -223,8 +230,9 @@ def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int]) -> d
             return iv.union(df["ts"].to_numpy(np.int64), (df["ts"] + df["dur"]).to_numpy(np.int64))
         busy = iv.merge(act.compute, act.comm, act.other)
         labels = ev[ev["label"]]
-        out[r] = _Busy(act, spans(ev[ev["role"].astype(str) == "data_load"]), busy,
-                       {str(nm): iv.subtract(spans(g), busy) for nm, g in labels.groupby(labels["name"].astype(str))})
+        out[r] = seen[r] = _Busy(act, spans(ev[ev["role"].astype(str) == "data_load"]), busy,
+                                 {str(nm): iv.subtract(spans(g), busy)
+                                  for nm, g in labels.groupby(labels["name"].astype(str))})
     return out
 
 
@@ -266,7 +274,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
 
 
 def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
-                     cfg: StragglerConfig) -> tuple[str, dict[str, Any]]:
+                     cfg: StragglerConfig, busy: dict[int, _Busy] | None = None) -> tuple[str, dict[str, Any]]:
     inst = matched.instances
     late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
     rows = matched.rows
@@ -275,7 +283,7 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     if not _trace_shift(members, matched)[1].all():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
-        members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks))
+        members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks, busy))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
                 "host_idle_excess_ns": int(excess["host_idle"]), "idle_labels": labelled,
                 "delay_ns": int(delay_examined), "instances_examined": examined}
@@ -422,8 +430,9 @@ def _late_ranks(matched: MatchedCollectives, steps: int, step_ns: int) -> list[d
     # share of its instances a rank would be last at by chance (1/members per instance)
     chance = (1.0 / matched.rows["key"].map(inst.set_index("key")["n"])).groupby(matched.rows["rank"]).mean()
     rows = []
+    last_of = dict(iter(inst.groupby("last_rank", sort=False)))  # each rank's instances it is last at, in order
     for r, n in counts.items():
-        lasts = inst[inst["last_rank"] == r]
+        lasts = last_of.get(r, inst.iloc[:0])
         by_dim = {str(d): int(g["delay"].sum() / steps) for d, g in lasts.groupby("dim")}
         delay = int(lasts["delay"].sum() / steps)
         rows.append({"rank": int(r), "instances": int(n), "last_count": int(len(lasts)),
@@ -437,27 +446,53 @@ def _late_ranks(matched: MatchedCollectives, steps: int, step_ns: int) -> list[d
     return rows
 
 
+_NONE = np.zeros(0, np.int64)
+
+
+def _instances_of_ranks(rows: pd.DataFrame, inst: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Per rank: the positions (ascending) of the instances of `inst` it is a member of (has a row in)."""
+    import pandas as pd
+
+    at = pd.DataFrame({"key": inst["key"].to_numpy(), "pos": np.arange(len(inst), dtype=np.int64)})
+    both = at.merge(rows[["key", "rank"]], on="key")
+    pair = np.unique(np.stack([both["rank"].to_numpy(np.int64), both["pos"].to_numpy(np.int64)]), axis=1)  # by rank
+    bounds = np.flatnonzero(np.r_[True, pair[0][1:] != pair[0][:-1], True]) if pair.size else np.zeros(1, int)
+    return {int(pair[0][a]): pair[1][a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
+def _member_sets(rows: pd.DataFrame) -> set[tuple[int, ...]]:
+    """The distinct member sets (sorted rank tuples) of the collectives `rows` holds (their ranks per key)."""
+    import pandas as pd
+
+    code = pd.factorize(rows["key"])[0].astype(np.int64)
+    pair = np.unique(np.stack([code, rows["rank"].to_numpy(np.int64)]), axis=1)  # by key, then rank
+    bounds = np.flatnonzero(np.r_[True, pair[0][1:] != pair[0][:-1], True]) if pair.size else np.zeros(1, int)
+    flat = pair[1].tolist()
+    return {tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
 def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], steps: int) -> None:
     """`dominance`: a rank's delay over the largest delay of its peers (ranks it meets in a collective;
     ranks it never meets, e.g. another pipeline stage, are not) that are not late *with* it. Late
     with it (`late_with`): a peer at least half as late whose collectives with this rank hold neither
     back (less than half the smaller delay): the two arrive together, as the ranks of one slow
     data-parallel replica do (a tp or cp group given longer sequences), so neither dominates the other."""
-    members = matched.rows.groupby("key")["rank"].agg(frozenset)
-    inst = matched.instances[["key", "last_rank", "delay"]].assign(members=lambda d: d["key"].map(members))
+    inst = matched.instances[["key", "last_rank", "delay"]]
     total = {row["rank"]: row["delay_ns_per_step"] for row in rows}
     peers: dict[int, set[int]] = {}
-    for group in set(members):
+    for group in _member_sets(matched.rows):
         for r in group:
             peers.setdefault(int(r), set()).update(int(p) for p in group if p != r)
+    of = _instances_of_ranks(matched.rows, inst)
+    last, delay = inst["last_rank"].to_numpy(np.int64), inst["delay"].to_numpy(np.int64)
 
     def late_with(r: int, p: int) -> bool:
         lo = min(total[r], total[p])
         if lo <= 0 or 2 * lo < max(total[r], total[p]):
             return False
-        either = inst[inst["last_rank"].isin((r, p))]
-        both = either[either["members"].map(lambda m: r in m and p in m)]
-        return 2 * int(both["delay"].sum()) < lo * steps
+        both = np.intersect1d(of.get(r, _NONE), of.get(p, _NONE), assume_unique=True)
+        both = both[(last[both] == r) | (last[both] == p)]
+        return 2 * int(delay[both].sum()) < lo * steps
 
     for row in rows:
         r = row["rank"]
@@ -466,8 +501,8 @@ def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], step
         row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
         if together:
             row["late_with"] = together
-            mine = inst[inst["members"].map(lambda m, r=r: r in m)]
-            row["last_share_with"] = round(float(mine["last_rank"].isin([r, *together]).mean()), 4)
+            mine = of.get(r, _NONE)
+            row["last_share_with"] = round(float(np.isin(last[mine], [r, *together]).mean()), 4)
 
 
 def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig,
@@ -548,7 +583,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     one_host = matching.clocks.get("hosts") == 1
     device_timed = bool(matched.gpu_ranks) and set(matched.rows["rank"].unique()) <= matched.gpu_ranks
     activity = activities_of(store, activity)
-    findings, stragglers = [], []
+    findings, stragglers, busy = [], [], {}
     for row in rows:
         frac = row["delay_fraction"] or 0.0
         dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
@@ -557,7 +592,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         enough = row["last_count"] >= min(cfg.min_instances, max(row["instances"], 2))
         if not (frac >= cfg.min_delay_fraction and dominant and enough):
             continue
-        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg)
+        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy)
         stragglers.append({"rank": row["rank"], "cause": cause, "cause_evidence": ev})
         if one_host and _host_may_explain(cause, ev, cfg):
             # no cap: a rank that holds its peers back is a straggler whatever the cause, and its

@@ -23,7 +23,25 @@ ACTIVITY_PREFETCH_BYTES = 1 << 30
 
 def rank_activity_task(store_path: str, rank: int, rank_row: dict[str, Any], dims: dict[str, str]) -> RankActivity:
     defer_pandas()  # a worker's first pyarrow conversion would import pandas (~40 MB per worker) for nothing
-    return load_rank_activity(RunStore(store_path), rank, rank_row, dims)
+    return load_rank_activity(_open_store(store_path), rank, rank_row, dims)
+
+
+_OPEN: dict[str, tuple[tuple[int, int, int], RunStore]] = {}
+
+
+def _open_store(path: str) -> RunStore:
+    """The store at `path`, opened once per process: its Parquet footers and rank index (each as large as the
+    run's ranks) are read once, not once per rank's task. Opened again when its meta.json changed (a store
+    written anew at the same path); one store is held at a time."""
+    import os
+
+    st = os.stat(os.path.join(path, "meta.json"))
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    held = _OPEN.get(path)
+    if held is None or held[0] != key:
+        _OPEN.clear()
+        _OPEN[path] = held = (key, RunStore(path))
+    return held[1]
 
 
 def activity_nbytes(act: RankActivity) -> int:

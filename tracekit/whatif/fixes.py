@@ -139,13 +139,33 @@ def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: Layout) -> tuple[np.
     many stacked one row per peer, position by position (None when no peer's sequence has the same length:
     ranks running one program issue the same ops in the same order)."""
 
+    seqs = rank_sequences(g, mask)
+
     def seq(r: int) -> np.ndarray:
-        v = np.flatnonzero(mask & (g.rank == r))
-        return v[np.lexsort((v, g.start[v], g.lane[v]))]
+        return seqs.get(r, _NO_NODES)
 
     mine = seq(rank)
     same = [s for p in lay.peers(rank, np.unique(g.ranks)) if p != rank and (s := seq(int(p))).size == mine.size]
     return mine, (np.stack(same) if same and mine.size else None)
+
+
+_NO_NODES = np.zeros(0, np.int64)
+
+
+def rank_sequences(g: StepGraph, mask: np.ndarray) -> dict[int, np.ndarray]:
+    """Per rank: its nodes under `mask`, lane by lane in time order (ties by id): one sort of the graph,
+    grouped by rank, not a scan of the graph per rank (cached per graph and mask)."""
+    import hashlib
+
+    key = (mask.size, hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest())
+    cache = g.__dict__.setdefault("_rank_sequences", {})
+    if key not in cache:
+        v = np.flatnonzero(mask)
+        v = v[np.lexsort((v, g.start[v], g.lane[v], g.rank[v]))]
+        r = g.rank[v]
+        bounds = np.flatnonzero(np.r_[True, r[1:] != r[:-1], True]) if v.size else np.zeros(1, np.int64)
+        cache[key] = {int(r[a]): v[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+    return cache[key]
 
 
 def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) -> None:
@@ -155,11 +175,9 @@ def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) ->
     inst = instances(g, g.dur, lay)
     if num_rows(inst) == 0:
         return
-    ordinal = np.array([str(k).rsplit("#", 1)[-1] for k in g.inst_info.at("key", inst["inst"]).tolist()], object)
-    peers = set(lay.peers(rank, np.unique(g.ranks)).tolist()) - {rank}
-    mine = np.array([rank in rs for rs in inst["ranks"]], dtype=bool)
-    others = np.array([rank not in rs and set(rs) <= peers for rs in inst["ranks"]], dtype=bool)
-    code, n = group_ids(inst["dim"], inst["op"], ordinal)  # the same collective on the peers' groups
+    peers = np.setdiff1d(lay.peers(rank, np.unique(g.ranks)), [rank])
+    mine, others = _member_sets(g, lay, rank, peers)
+    code, n = _same_collective(g, lay, inst)  # the same collective on the peers' groups
     bus_peers = group_median(code[others], n, inst["bus"][others])[code]
     t_peers = group_median(code[others], n, inst["t"][others])[code]
     heavy = mine & (inst["bus"] > bus_peers)
@@ -287,9 +305,11 @@ def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndar
 def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
     """`g` with the dim's gradient buckets (`gradient_buckets`) started by their gradients: each bucket's
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
-    backward); its stream order (the previous bucket's end), its launch and its members stay (cached)."""
+    backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
+    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
     cache = g.__dict__.setdefault("_overlap_graphs", {})
     if dim not in cache:
+        cache.clear()
         arr, _, ready = gradient_buckets(g, dim)
         if arr.size == 0:
             cache[dim] = g
@@ -345,25 +365,72 @@ def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> Columns:
     """Per collective / P2P instance `inst` (ascending) with a known size: dim, op, its members `ranks`
     (sorted tuples), bus bytes (bytes × the NCCL-tests factor), transfer time `t` (its shortest member's
     transfer: first end − last arrival, DESIGN §3) under `dur`, and its link tier `inter` (members on
-    several hosts)."""
+    several hosts). All but `t` are the graph's (`_instance_static`, cached)."""
+    st = _instance_static(g, lay)
+    if st is None:
+        return {k: np.zeros(0, dtype=t) for k, t in INSTANCE_COLS.items()}
+    t = np.full(st["size"], np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(t, st["inv"], dur[st["nodes"]])
+    return {"inst": st["cols"]["inst"], "t": t[st["keep"]], **{k: v for k, v in st["cols"].items() if k != "inst"}}
+
+
+def _instance_static(g: StepGraph, lay: Layout) -> dict[str, Any] | None:
+    """What `instances` returns but `t`, with each kept instance's members as flat arrays (`member_pos`:
+    the instance's row, `member_rank`), and the transfer nodes / instance position each came from. Cached
+    per graph and the layout's hosts."""
+    key = tuple(sorted(lay.hosts.items()))
+    cache = g.__dict__.setdefault("_instance_static", {})
+    if key in cache:
+        return cache[key]
     m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
     if m.size == 0 or g.inst_info is None:
-        return {k: np.zeros(0, dtype=t) for k, t in INSTANCE_COLS.items()}
+        cache[key] = None
+        return None
     ids, inv = np.unique(g.inst[m], return_inverse=True)
     inv = inv.reshape(-1)
-    t = np.full(ids.size, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(t, inv, dur[m])
-    members: list[set[int]] = [set() for _ in range(ids.size)]
-    for i, r in zip(inv.tolist(), g.rank[m].tolist()):
-        members[i].add(r)
+    lo, span = int(g.rank[m].min()), int(g.rank[m].max() - g.rank[m].min()) + 1
+    pair = np.unique(inv.astype(np.int64) * span + (g.rank[m].astype(np.int64) - lo))  # by inst, then rank
+    p_inst, p_rank = pair // span, pair % span + lo
+    bounds = np.flatnonzero(np.r_[True, p_inst[1:] != p_inst[:-1], True])
+    flat = p_rank.tolist()
     ranks = np.empty(ids.size, dtype=object)
-    ranks[:] = [tuple(sorted(x)) for x in members]
+    ranks[:] = [tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    uniq, at = np.unique(p_rank, return_inverse=True)
+    hcode = np.unique(np.array([lay.hosts.get(r, "?") for r in uniq.tolist()], object), return_inverse=True)[1]
+    hcode = hcode.reshape(-1)[at.reshape(-1)]
+    inter = np.minimum.reduceat(hcode, bounds[:-1]) != np.maximum.reduceat(hcode, bounds[:-1])
     info = g.inst_info
     op = info.at("op", ids)
     bus = info.at("bytes", ids) * bus_factors(op, info.at("n", ids))
-    inter = np.array([len({lay.hosts.get(r, "?") for r in rs}) > 1 for rs in ranks], dtype=bool)
-    out = {"inst": ids, "t": t, "ranks": ranks, "dim": info.at("dim", ids), "op": op, "bus": bus, "inter": inter}
-    return take(out, np.isfinite(bus) & (bus > 0))
+    keep = np.isfinite(bus) & (bus > 0)
+    row = np.cumsum(keep) - 1
+    sel = keep[p_inst]
+    cols = take({"inst": ids, "ranks": ranks, "dim": info.at("dim", ids), "op": op, "bus": bus, "inter": inter}, keep)
+    cache[key] = {"size": ids.size, "inv": inv, "nodes": m, "keep": keep, "cols": cols,
+                  "member_pos": row[p_inst[sel]], "member_rank": p_rank[sel]}
+    return cache[key]
+
+
+def _member_sets(g: StepGraph, lay: Layout, rank: int, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per instance of `instances`: whether `rank` is a member; whether every member is one of `peers`."""
+    st = _instance_static(g, lay)
+    n = st["cols"]["inst"].size
+    pos, rk = st["member_pos"], st["member_rank"]
+    mine = np.bincount(pos, weights=rk == rank, minlength=n) > 0
+    outside = np.bincount(pos, weights=~np.isin(rk, peers) | (rk == rank), minlength=n) > 0
+    return mine, ~outside
+
+
+def _same_collective(g: StepGraph, lay: Layout, inst: Columns) -> tuple[np.ndarray, int]:
+    """Group ids of `instances` by (dim, op, sequence number of the collective's key): the same collective
+    on each group (cached per graph and the layout's hosts, like `instances`)."""
+    key = tuple(sorted(lay.hosts.items()))
+    cache = g.__dict__.setdefault("_same_collective", {})
+    if key not in cache:
+        ordinal = np.array([str(k).rsplit("#", 1)[-1] for k in g.inst_info.at("key", inst["inst"]).tolist()],
+                           object)
+        cache[key] = group_ids(inst["dim"], inst["op"], ordinal)
+    return cache[key]
 
 
 def by_inst(ids: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -379,11 +446,16 @@ def by_inst(ids: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
 def link_time(inst: Columns, bus: np.ndarray) -> np.ndarray:
     """What moving `bus` bus bytes takes on the links of `inst`'s instances: their lower envelope (of the
     median time per member set, op and size)."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, k in enumerate(zip(inst["ranks"].tolist(), inst["op"].tolist(), inst["bus"].tolist())):
-        groups.setdefault(k, []).append(i)
-    x = np.array([k[2] for k in groups], np.float64)
-    y = np.array([np.median(inst["t"][idx]) for idx in groups.values()], np.float64)
+    if num_rows(inst) == 0:
+        x = y = np.zeros(0, np.float64)
+    else:  # the median per (member set, op, size), sorted once (the envelope depends on the points only)
+        code, _ = group_ids(inst["ranks"], inst["op"], inst["bus"])
+        o = np.lexsort((inst["t"], code))
+        first = np.flatnonzero(np.r_[True, code[o][1:] != code[o][:-1]])
+        n = np.diff(np.r_[first, o.size])
+        t = inst["t"][o].astype(np.float64)
+        x = inst["bus"][o][first].astype(np.float64)
+        y = (t[first + (n - 1) // 2] + t[first + n // 2]) / 2  # np.median: the middle, or the mean of the two
     return envelope_at(*lower_envelope(x, y), bus)
 
 
@@ -445,10 +517,13 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
         return
     stage_c = {st: float(np.mean([comp[r] for r in rs])) for st, rs in stages.items()}
     mean = float(np.mean(list(stage_c.values())))
-    for st, rs in stages.items():
-        if stage_c[st] > 0:
-            for r in rs:
-                _scale_rank(g, dur, r, mean / stage_c[st])
+    factor = {r: mean / stage_c[st] for st, rs in stages.items() if stage_c[st] > 0 for r in rs}
+    if factor:  # each rank's compute scaled as `_scale_rank` does, all ranks in one pass over the graph
+        ranks = np.array(list(factor), np.int64)
+        m = (g.category == Category.COMPUTE) & np.isin(g.rank, ranks)
+        at = np.zeros(int(ranks.max()) + 1)
+        at[ranks] = list(factor.values())
+        dur[m] = np.rint(dur[m] * at[g.rank[m]]).astype(np.int64)
 
 
 def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
@@ -512,7 +587,8 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
     ops = g.inst_info.at("op", np.arange(n)).astype(str)
-    return (g.inst >= 0) & np.isin(ops[np.maximum(g.inst, 0)], [op] if isinstance(op, str) else list(op))
+    hit = np.isin(ops, [op] if isinstance(op, str) else list(op))  # per instance, then per node
+    return (g.inst >= 0) & hit[np.maximum(g.inst, 0)]
 
 
 def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:

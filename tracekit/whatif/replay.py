@@ -262,7 +262,8 @@ def step_span(res: StepResult) -> tuple[int, int]:
     if rows.size == 0:
         return 0, 1
     times = rank_step_ns(g, res.start)
-    begins = [_window_begin(res, int(r)) for r in rows]
+    begin = window_bounds(g, res.start)[0]  # once: a window's begin is `_window_begin`
+    begins = [int(begin[int(r)]) for r in rows]
     return int(min(begins)), int(max(b + int(times[r]) for b, r in zip(begins, rows)))
 
 

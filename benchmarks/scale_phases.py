@@ -1,0 +1,77 @@
+"""`tracekit analyze` exactly as the command runs it, with the wall and CPU seconds of each phase recorded.
+
+    python benchmarks/scale_phases.py PHASES.json analyze TRACE_DIR --out OUT -j 2 -q
+
+Runs the `tracekit` command in this process (tracekit.cli.main) after wrapping, for timing only: the
+parse (`analysis._store_for`), each analyzer (`engine._run_step`, by analyzer name), the critical path's
+replay and rescoring (`critical_path.replay_steps`, `critical_path.rescore`) and the output writing
+(`analysis.write_outputs`). Each phase gets wall seconds and this process's CPU seconds (parse workers
+are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here), and this
+process's resident memory at its end and peak so far.
+PHASES.json is written when `analyze_run` returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _memory() -> dict:
+    """This process's resident memory now and its peak so far (MB)."""
+    import os
+    import resource
+
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {"rss_mb": round(rss / 1e6), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3)}
+
+
+def _timed(phases: list[dict], name_of, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        w, c = time.perf_counter(), time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            phases.append({"phase": name_of(*args, **kwargs), "wall_s": round(time.perf_counter() - w, 3),
+                           "cpu_s": round(time.process_time() - c, 3), **_memory()})
+    return wrapper
+
+
+def main() -> None:
+    out_json, argv = Path(sys.argv[1]), sys.argv[2:]
+    from tracekit import analysis
+    from tracekit.analyze import critical_path, engine
+
+    phases: list[dict] = []
+    analysis._store_for = _timed(phases, lambda *a, **k: "parse", analysis._store_for)
+    analysis.write_outputs = _timed(phases, lambda *a, **k: "write outputs", analysis.write_outputs)
+    engine._run_step = _timed(phases, lambda step, *a, **k: f"analyzer {step.name}", engine._run_step)
+    critical_path.replay_steps = _timed(phases, lambda *a, **k: "  critical_path: build + replay",
+                                        critical_path.replay_steps)
+    critical_path.rescore = _timed(phases, lambda *a, **k: "  critical_path: rescore", critical_path.rescore)
+    run = analysis.analyze_run
+
+    def analyze_run(*args, **kwargs):
+        w, c = time.perf_counter(), time.process_time()
+        res = run(*args, **kwargs)
+        out_json.write_text(json.dumps({"phases": phases, "total": {
+            "wall_s": round(time.perf_counter() - w, 3), "cpu_s": round(time.process_time() - c, 3)}}))
+        return res
+
+    analysis.analyze_run = analyze_run
+    sys.argv = ["tracekit", *argv]
+    from tracekit.cli.main import main as tracekit_main
+
+    tracekit_main()
+
+
+if __name__ == "__main__":
+    main()
