@@ -610,6 +610,7 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     by_end = np.argsort(gr.end, kind="stable")
     hi = np.searchsorted(gr.end[by_end], end, side="right") - 1
     waited = np.where((hi >= 0) & (gr.end[by_end][np.maximum(hi, 0)] >= ts), by_end[np.maximum(hi, 0)], -1)
+    blocking |= queue_full_launches(ts, end, corr, gr, waited)
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
     for t in np.unique(tid):
@@ -627,6 +628,31 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
             buf.edge(done[waited[bw]], back)
+            _launch_edges(buf, corr[bw], back, gr, node)  # a launch that waited for a queue slot
+
+
+QUEUE_WAIT_MIN_NS = 50_000
+"""A launch call at least this long (a launch costs a few µs) that returned within `QUEUE_RETURN_MAX_NS` of
+a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
+the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
+QUEUE_RETURN_MAX_NS = 50_000
+
+
+def queue_full_launches(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, gr: GpuRank, waited: np.ndarray
+                        ) -> np.ndarray:
+    """Per runtime call: a launch that blocked on a full launch queue (CUDA/HIP block a launch while the
+    device holds its maximum of pending work), so it waited for the device: longer than any launch's own
+    cost, busy device all along (the device op that ended last inside the call, `waited`,
+    had started before the call) and returning right after that op ended. A host thread preempted inside a
+    launch returns at no particular device event (and usually finds the device idle)."""
+    dur = end - ts
+    out = np.zeros(ts.size, bool)
+    ok = waited >= 0
+    if not ok.any():
+        return out
+    w = np.maximum(waited, 0)
+    launches = np.isin(corr, gr.correlation) & (corr >= 0)
+    return (ok & launches & (dur >= QUEUE_WAIT_MIN_NS) & (gr.ts[w] <= ts) & (end - gr.end[w] <= QUEUE_RETURN_MAX_NS))
 
 
 def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: GpuRank, node: np.ndarray) -> None:
