@@ -27,12 +27,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analyze.host_bound import excess_ns, host_ops, last_ended_inside, queue_full_launches
 from tracekit.analyze.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask
+from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask, host_lane_mask
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
@@ -48,12 +49,14 @@ class _Buf:
 
     cols: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
         k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio", "step",
-                       "tie")})
+                       "tie", "xgap", "xdur")})
     names: list[str] = field(default_factory=list)
     src: list[np.ndarray] = field(default_factory=list)
     dst: list[np.ndarray] = field(default_factory=list)
     n: int = 0
     lane_names: list[str] = field(default_factory=list)
+    slow: dict[int, Columns] = field(default_factory=dict)
+    """per GPU rank: its slow host ops (`host_bound.excess_ns` > 0: tid, ts, end, excess, runtime; trace clock)"""
 
     def lane(self, name: str) -> int:
         self.lane_names.append(name)
@@ -61,13 +64,15 @@ class _Buf:
 
     def add(self, *, rank: int, lane: Any, category: Any, start: np.ndarray, dur: np.ndarray,
             names: list[str] | str = "", dim: Any = -1, inst: Any = -1, terminal: Any = False,
-            prio: Any = 1, step: Any = -1, tie: Any = None) -> np.ndarray:
-        """`tie`: orders nodes of one lane that start at the same time (default: their start)."""
+            prio: Any = 1, step: Any = -1, tie: Any = None, xgap: Any = 0, xdur: Any = 0) -> np.ndarray:
+        """`tie`: orders nodes of one lane that start at the same time (default: their start); `xgap` /
+        `xdur`: slow host time in the node's gap / its own time (`StepGraph.excess_gap`)."""
         k = len(start)
         for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
                              ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
-                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64)):
+                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64),
+                             ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
             self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         self.names.extend(names if isinstance(names, list) else [names] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
@@ -91,7 +96,8 @@ class _Buf:
                          start=start, dur=np.maximum(c["dur"].astype(np.int64), 0),
                          src=src.astype(np.int64), dst=dst.astype(np.int64), dim=c["dim"].astype(np.int32),
                          inst=c["inst"].astype(np.int32), name=self.names, lane_names=self.lane_names,
-                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64))
+                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64),
+                         excess_gap=c["xgap"].astype(np.int64), excess_dur=c["xdur"].astype(np.int64))
 
 
 @dataclass
@@ -607,23 +613,22 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
     blocking = np.array([any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
     # the device work a blocking call waited for: the kernel that ended last inside it
-    by_end = np.argsort(gr.end, kind="stable")
-    hi = np.searchsorted(gr.end[by_end], end, side="right") - 1
-    waited = np.where((hi >= 0) & (gr.end[by_end][np.maximum(hi, 0)] >= ts), by_end[np.maximum(hi, 0)], -1)
-    blocking |= queue_full_launches(ts, end, corr, gr, waited)
+    waited = last_ended_inside(ts, end, gr.end)
+    blocking |= queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
+    xgap, xdur = slow_host_time(buf.slow.get(rank), tid, ts, end, conv)
     for t in np.unique(tid):
         lane = buf.lane(f"rank {rank} host thread {t}")
         sel = tid == t
         plain = sel & ~w
         ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
-                      names=[names[i] for i in np.flatnonzero(plain)])
+                      names=[names[i] for i in np.flatnonzero(plain)], xgap=xgap[plain], xdur=xdur[plain])
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
             buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw], dur=np.zeros(bw.size, np.int64),
-                    names=[names[i] for i in bw])
+                    names=[names[i] for i in bw], xgap=xgap[bw])
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
@@ -631,28 +636,25 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
             _launch_edges(buf, corr[bw], back, gr, node)  # a launch that waited for a queue slot
 
 
-QUEUE_WAIT_MIN_NS = 50_000
-"""A launch call at least this long (a launch costs a few µs) that returned within `QUEUE_RETURN_MAX_NS` of
-a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
-the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
-QUEUE_RETURN_MAX_NS = 50_000
-
-
-def queue_full_launches(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, gr: GpuRank, waited: np.ndarray
-                        ) -> np.ndarray:
-    """Per runtime call: a launch that blocked on a full launch queue (CUDA/HIP block a launch while the
-    device holds its maximum of pending work), so it waited for the device: longer than any launch's own
-    cost, busy device all along (the device op that ended last inside the call, `waited`,
-    had started before the call) and returning right after that op ended. A host thread preempted inside a
-    launch returns at no particular device event (and usually finds the device idle)."""
-    dur = end - ts
-    out = np.zeros(ts.size, bool)
-    ok = waited >= 0
-    if not ok.any():
-        return out
-    w = np.maximum(waited, 0)
-    launches = np.isin(corr, gr.correlation) & (corr >= 0)
-    return (ok & launches & (dur >= QUEUE_WAIT_MIN_NS) & (gr.ts[w] <= ts) & (end - gr.end[w] <= QUEUE_RETURN_MAX_NS))
+def slow_host_time(slow: Columns | None, tid: np.ndarray, ts: np.ndarray, end: np.ndarray, conv: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per runtime call (common clock): the slow host time (`host_bound.excess_ns`) in the gap before it on
+    its thread (slow ops that ended since the thread's previous call) and in the call itself."""
+    xgap, xdur = np.zeros(ts.size, np.int64), np.zeros(ts.size, np.int64)
+    if slow is None or num_rows(slow) == 0 or ts.size == 0:
+        return xgap, xdur
+    for t in np.unique(tid).tolist():
+        mine = np.flatnonzero(tid == t)
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        s = take(slow, slow["tid"] == t)
+        s_ts, s_end = s["ts"] - conv, s["end"] - conv
+        own = s["runtime"] & np.isin(s_ts, ts[mine])
+        j = np.clip(np.searchsorted(ts[mine], s_ts[own]), 0, max(mine.size - 1, 0))
+        np.add.at(xdur, mine[j], np.where(ts[mine][j] == s_ts[own], s["excess"][own], 0))
+        k = np.searchsorted(ts[mine], s_end[~own], side="left")
+        ok = k < mine.size
+        np.add.at(xgap, mine[k[ok]], s["excess"][~own][ok])
+    return xgap, xdur
 
 
 def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: GpuRank, node: np.ndarray) -> None:
@@ -752,6 +754,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     members = with_sizes(store, step_members(inp, rows, steps, shift))
     dims = sorted(set(inp.dims.values()) | set(strings(members["dim"]).tolist()))
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
+    buf.slow = slow_host_ops(store, [r for r, p in placed.items() if p[0] == "gpu"], steps)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
@@ -778,6 +781,18 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     return g
 
 
+def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> dict[int, Columns]:
+    """Per GPU rank: its slow host ops of `steps` (tid, ts, end, excess, runtime; trace clock), each op
+    judged against the same op on every GPU rank (`host_bound.excess_ns`)."""
+    ops = {r: o for r in ranks if (o := host_ops(store, r)) is not None}
+    out = {}
+    for r, x in excess_ns(ops).items():
+        keep = (x > 0) & np.isin(ops[r]["step"], steps)
+        out[r] = {"tid": ops[r]["tid"][keep], "ts": ops[r]["ts"][keep], "end": ops[r]["end"][keep],
+                  "excess": x[keep], "runtime": ops[r]["runtime"][keep]}
+    return out
+
+
 def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, ...]],
                    host_start: dict[int, int] | None = None) -> None:
     """Per (rank, step): its measured step window (and where its backward began, when known); per rank a pinned start node before its lanes' first nodes
@@ -795,14 +810,24 @@ def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, ...]]
 def infer_stream_waits(g: StepGraph) -> None:
     """A device op that started later than everything the graph makes it wait for (its stream, its launch,
     a collective) waited for another stream of its rank (an event wait the trace does not record): the
-    latest op of the rank's other streams that ended in that gap becomes its predecessor."""
+    latest op of the rank's other streams that ended in that gap becomes its predecessor. So does the
+    latest such op that ended before a launch-bound op (its launch returned last): the late launch hides
+    whether it also waited for that op (a compute kernel consuming an all-reduce's output), and a replay
+    that makes the host faster must not let it start before that op ended."""
     dev = np.flatnonzero(device_lane_mask(g) & (g.rank >= 0))
     if dev.size == 0:
         return
+    low = np.iinfo(np.int64).min
     end = g.start + g.dur
-    ready = np.full(g.num_nodes, np.iinfo(np.int64).min, np.int64)
+    ready, ready_host = np.full(g.num_nodes, low, np.int64), np.full(g.num_nodes, low, np.int64)
     np.maximum.at(ready, g.dst, end[g.src])
-    waiting = dev[(g.start[dev] > ready[dev]) & (ready[dev] > np.iinfo(np.int64).min)]
+    from_host = host_lane_mask(g)[g.src]
+    np.maximum.at(ready_host, g.dst[from_host], end[g.src[from_host]])
+    ready_dev = np.full(g.num_nodes, low, np.int64)
+    np.maximum.at(ready_dev, g.dst[~from_host], end[g.src[~from_host]])
+    launch_bound = (ready_host[dev] >= ready[dev]) & (ready_host[dev] > ready_dev[dev]) & (ready_host[dev] > low)
+    sel = ((g.start[dev] > ready[dev]) & (ready[dev] > low)) | launch_bound
+    waiting, floor = dev[sel], np.where(launch_bound, ready_dev[dev], ready[dev])[sel]
     if waiting.size == 0:
         return
     order = dev[np.lexsort((end[dev], g.rank[dev]))]
@@ -816,7 +841,7 @@ def infer_stream_waits(g: StepGraph) -> None:
         pos[m] = lo[m][0] + np.searchsorted(key_e[lo[m][0]:hi[m][0]], g.start[waiting[m]], side="right") - 1
     ok = pos >= lo
     u = order[np.maximum(pos, 0)]
-    ok &= (end[u] > ready[waiting]) & (g.lane[u] != g.lane[waiting])
+    ok &= (end[u] > floor) & (g.lane[u] != g.lane[waiting])
     g.src = np.r_[g.src, u[ok]]
     g.dst = np.r_[g.dst, waiting[ok]]
     g._plan = None
