@@ -5,7 +5,8 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
   calls (`cpu_op`, CUDA/HIP runtime and driver calls) on every host thread of the rank;
 - **launch wait**: time the device sat idle waiting for a launch: for each kernel, the part of
   [end of all earlier device work, its launch call's end] before the kernel started (the device had
-  finished everything launched so far and the next launch had not returned yet);
+  finished everything launched so far and the next launch had not returned yet); of it, the part the
+  host spent inside ops (**busy**): the rest is the host in a gap, a stall (`host_stalls`' finding);
 - **slow host ops**: host ops whose own time (less their children) is far longer than the same op's
   (same name) median over every rank and step — at least `SLOW_FACTOR` times it and `SLOW_MIN_NS` more:
   a thread that lost its core inside a trivial call (a 29 ms `aten::view`: too few cores for the ranks,
@@ -13,17 +14,17 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
   a full launch queue) and communication calls are waits, never slow;
 - **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
 
-Finding `host_bound` (one for the run, ranks = those whose device waited on launches at least
-`LAUNCH_INFO` of the step): severity from the worst rank's launch-wait share of its step. The cause is
+Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
+least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step. The cause is
 named only from what the trace shows: "starved host thread" when the slow ops' excess covers at least
-half the launch wait, "data loading" when loading does, else "launch overhead" (host dispatch slower than
-the kernels it launches). The closed-form saving is the worst rank's launch wait per step; the critical
+half the busy launch wait, "data loading" when loading does, else "launch overhead" (host dispatch slower
+than the kernels it launches). The closed-form saving is the worst rank's busy launch wait per step; the critical
 path replays the fix (slow ops at their median on every rank: `whatif.fixes` `host_repair`; loading:
 `host_stalls`) and ranks it with the others.
 
 Section `host_bound`:
     {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
-                "slow_ops_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
+                "launch_wait_busy_ns", "slow_ops_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
      "slow_ops": [{"name", "count", "excess_ns", "median_ns", "longest_ns"}],   # over the run, worst first
      "thresholds": {"slow_factor", "slow_min_ns", "info", "warning", "critical"}}
 """
@@ -165,17 +166,18 @@ def excess_ns(ops_by_rank: dict[int, Columns]) -> dict[int, np.ndarray]:
     return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}
 
 
-def launch_wait(k_ts: np.ndarray, k_end: np.ndarray, launch_end: np.ndarray) -> np.ndarray:
-    """Per kernel (any order): time the device sat idle before it waiting for its launch to return: from the
-    end of all device work that started earlier to min(its start, its launch's end); 0 where the launch is
-    unknown (-1) or returned while the device was still busy."""
+def launch_wait(k_ts: np.ndarray, k_end: np.ndarray, launch_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel (any order): the interval [lo, hi) the device sat idle before it waiting for its launch to
+    return: from the end of all device work that started earlier to min(its start, its launch's end);
+    empty (lo = hi) where the launch is unknown (-1) or returned while the device was still busy."""
     o = np.argsort(k_ts, kind="stable")
     prev = np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(k_end[o])[:-1]]
     wait = np.where((launch_end[o] >= 0) & (launch_end[o] > prev) & (prev > np.iinfo(np.int64).min),
                     np.minimum(k_ts[o], launch_end[o]) - prev, 0)
-    out = np.zeros(k_ts.size, np.int64)
-    out[o] = np.maximum(wait, 0)
-    return out
+    lo, hi = np.zeros(k_ts.size, np.int64), np.zeros(k_ts.size, np.int64)
+    lo[o] = np.where(wait > 0, prev, 0)
+    hi[o] = lo[o] + np.maximum(wait, 0)
+    return lo, hi
 
 
 def _launch_ends(kern: Columns, ops: Columns) -> np.ndarray:
@@ -200,17 +202,19 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
     steps = np.unique(kern["step"][kern["step"] >= 0])
     if steps.size == 0:
         return None
-    wait = launch_wait(kern["ts"], kern["end"], _launch_ends(kern, ops))
+    lo, hi = launch_wait(kern["ts"], kern["end"], _launch_ends(kern, ops))
+    busy = iv.union(ops["ts"], ops["end"])
     dl_ts, dl_end, dl_step = _data_load(store, rank)
-    tot = dict.fromkeys(("step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns", "slow_ops_ns",
-                         "data_load_ns"), 0)
+    tot = dict.fromkeys(("step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns", "launch_wait_busy_ns",
+                         "slow_ops_ns", "data_load_ns"), 0)
     slow_count = 0
     for s in steps.tolist():
         k, h, d = kern["step"] == s, ops["step"] == s, dl_step == s
         tot["step_ns"] += int(kern["end"][k].max() - kern["ts"][k].min())
         tot["device_busy_ns"] += iv.total(iv.union(kern["ts"][k], kern["end"][k]))
         tot["host_busy_ns"] += iv.total(iv.union(ops["ts"][h], ops["end"][h]))
-        tot["launch_wait_ns"] += int(wait[k].sum())
+        tot["launch_wait_ns"] += int((hi - lo)[k].sum())
+        tot["launch_wait_busy_ns"] += iv.total(iv.intersect(iv.union(lo[k], hi[k]), busy))
         tot["slow_ops_ns"] += int(excess[h].sum())
         slow_count += int((excess[h] > 0).sum())
         tot["data_load_ns"] += iv.total(iv.union(dl_ts[d], dl_end[d]))
@@ -241,33 +245,33 @@ def _severity(share: float) -> Severity | None:
 
 
 def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:
-    bound = [r for r in rows if r["step_ns"] and r["launch_wait_ns"] >= LAUNCH_INFO * r["step_ns"]]
+    bound = [r for r in rows if r["step_ns"] and r["launch_wait_busy_ns"] >= LAUNCH_INFO * r["step_ns"]]
     if not bound:
         return None
-    worst = max(bound, key=lambda r: r["launch_wait_ns"] / r["step_ns"])
-    share = worst["launch_wait_ns"] / worst["step_ns"]
-    wait = sum(r["launch_wait_ns"] for r in bound)
+    worst = max(bound, key=lambda r: r["launch_wait_busy_ns"] / r["step_ns"])
+    share = worst["launch_wait_busy_ns"] / worst["step_ns"]
+    wait = sum(r["launch_wait_busy_ns"] for r in bound)
     slow_ns, load_ns = sum(r["slow_ops_ns"] for r in bound), sum(r["data_load_ns"] for r in bound)
     cause = ("starved_host" if 2 * slow_ns >= wait else "data_load" if 2 * load_ns >= wait else "launch_overhead")
     named = ", ".join(f"{s['name']} up to {s['longest_ns'] / 1e6:.1f} ms (median {s['median_ns'] / 1e3:.0f} µs)"
                       for s in slow[:2])
     why = {"starved_host": f"host ops far slower than the same op elsewhere ({named}): a starved host thread",
            "data_load": "the host is loading data", "launch_overhead": "launching takes longer than the kernels run"}
-    summary = (f"the device waits for its host's launches {worst['launch_wait_ns'] / 1e6:.2f} ms per step on rank "
+    summary = (f"the device waits for its busy host's launches {worst['launch_wait_busy_ns'] / 1e6:.2f} ms per step on rank "
                f"{worst['rank']} ({share:.0%} of its step; {len(bound)} of {len(rows)} ranks): {why[cause]}")
     rec = {"starved_host": "Give each rank's host thread its own cores (fewer ranks or threads per node, "
                            "OMP_NUM_THREADS, CPU affinity / numactl), keep other work off them, and look for GIL "
                            "contention (data-loader threads, logging) in the training process.",
            "data_load": "Prefetch input: more DataLoader workers, pin_memory, prefetch_factor.",
            "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops."}[cause]
-    ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_ns"]), "share_of_step": round(share, 6),
+    ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_busy_ns"]), "share_of_step": round(share, 6),
           "slow_ops_ns_per_step": {str(r["rank"]): r["slow_ops_ns"] for r in bound}, "slow_ops": slow[:5],
           "data_load_ns_per_step": {str(r["rank"]): r["data_load_ns"] for r in bound},
           "host_busy_ns": {str(r["rank"]): r["host_busy_ns"] for r in bound},
           "device_busy_ns": {str(r["rank"]): r["device_busy_ns"] for r in bound}}
     return Finding(kind=FindingKind.HOST_BOUND, severity=_severity(share), summary=summary,
                    ranks=tuple(int(r["rank"]) for r in bound), evidence=HostBoundEvidence.of(ev),
-                   recommendation=rec, est_saving_ns=int(worst["launch_wait_ns"]))
+                   recommendation=rec, est_saving_ns=int(worst["launch_wait_busy_ns"]))
 
 
 @dataclass(frozen=True)
