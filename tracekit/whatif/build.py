@@ -599,9 +599,10 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
 def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                       node: np.ndarray, done: np.ndarray) -> None:
     ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
-                                           "external_id"])
+                                           "external_id", "lane"])
     gr.backward = launched_by_backward(ev, gr.external_id)
-    ev = ev.filter(pc.is_null(ev["stream"]))
+    # host rows: not the device's (HIP runtime calls carry their `stream` argument: a null stream is no test)
+    ev = ev.filter(pc.fill_null(pc.not_equal(ev["lane"].cast(pa.string()), "device"), True))
     cat = ev.column("cat").cast(pa.string())
     rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
     ev = ev.filter(rt)
@@ -830,7 +831,8 @@ def infer_stream_waits(g: StepGraph) -> None:
     waiting, floor = dev[sel], np.where(launch_bound, ready_dev[dev], ready[dev])[sel]
     if waiting.size == 0:
         return
-    order = dev[np.lexsort((end[dev], g.rank[dev]))]
+    cand = dev[g.dur[dev] > 0]  # a zero-length mark (a collective's arrival) ends where it starts: never its own wait
+    order = cand[np.lexsort((end[cand], g.rank[cand]))]
     key_r, key_e = g.rank[order].astype(np.int64), end[order]
     # per waiting op: the last device op of its rank ending at or before its start
     lo = np.searchsorted(key_r, g.rank[waiting], side="left")
