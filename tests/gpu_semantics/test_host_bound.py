@@ -67,6 +67,10 @@ def test_starved_hosts_are_the_top_finding_with_the_generators_saving(tmp_path, 
     assert top["evidence"]["slow_ops"][0]["name"] == "aten::view"
     # the critical path runs on host threads most of the step: the verdict says host-bound
     cp = a["sections"]["critical_path"]
+    # the what-if rows number findings as the document lists them (host_bound came last before sorting)
+    for w in cp["whatif"]:
+        f = a["findings"][w["finding"]]
+        assert f["kind"] == w["kind"] and f["evidence"]["whatif"] == w["fix"]
     assert cp["verdict"]["bound"] == "host-bound"
     shares = cp["verdict"]["lane_shares"]
     assert shares["host"] == max(shares.values())

@@ -16,7 +16,7 @@ Section `critical_path`:
                 "path": [{"rank", "lane", "category", "name", "start_ns", "end_ns", "ops", "dim"}],
                 "timeline": {"lanes", "intervals": [[rank, lane index, start_ns, end_ns]], "t0_ns",
                              "min_gap_ns", "max_intervals", "truncated_ranks"}}],   # slowest step only
-     "whatif": [{"finding": index in findings, "kind", "fix": label, "step_ns", "saving_ns"}],
+     "whatif": [{"finding": index in the document's findings (sorted), "kind", "fix": label, "step_ns", "saving_ns"}],
      "all_fixes": {"fixes": [label], "step_ns": int, "saving_ns": int} | null,
      "measured_step_ns": int | null,
      "skipped": str | null}             # why there is nothing (no steps, no device work...)
@@ -34,7 +34,7 @@ import numpy as np
 from tracekit.analyze.bandwidth import rank_hosts
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
-from tracekit.analyze.findings import Finding, FindingKind
+from tracekit.analyze.findings import Finding, FindingKind, sort_findings
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, choose_sources, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
@@ -232,6 +232,14 @@ def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str,
             **({"timeline": timeline_json(res, path, timeline_budget)} if timeline_budget else {})}
 
 
+def _numbered_as_reported(findings: list[Finding], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What-if rows with `finding` = the finding's position in the document's order (`sort_findings`, as the
+    engine writes them), not its position before the savings were replayed: the report's "#2 straggler"
+    was finding #8 of its own list."""
+    pos = {id(f): i for i, f in enumerate(sort_findings(findings))}
+    return [{**r, "finding": pos[id(findings[r["finding"]])]} for r in rows]
+
+
 def _measured_run_step(results: list[StepResult]) -> int | None:
     if not results:
         return None
@@ -291,6 +299,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
     rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store))
+    rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals
     steps = [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)]
