@@ -142,9 +142,8 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
         return [Fix("microbatches", value=float(m))]
     if f.kind == FindingKind.EXPERT_ROUTING_SKEW:
         return [Fix("expert_even")]
-    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired, or its data loading
-        # (launch overhead: fewer launches, CUDA graphs — not a change of this graph: the bound stays)
-        return {"data_load": [Fix("host_stalls")], "starved_host": [Fix("host_repair")]}.get(ev.cause, [])
+    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired (launch overhead: fewer
+        return [Fix("host_repair")] if ev.cause == "starved_host" else []  # launches, not a change of this graph)
     if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
         return [Fix("host_stalls", rank=int(r)) for r in f.ranks] if f.ranks else [Fix("host_stalls")]
     return []

@@ -15,12 +15,14 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
 - **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
 
 Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
-least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step. The cause is
-named only from what the trace shows: "starved host thread" when the slow ops' excess covers at least
-half the busy launch wait, "data loading" when loading does, else "launch overhead" (host dispatch slower
-than the kernels it launches). The closed-form saving is the worst rank's busy launch wait per step; the critical
-path replays the fix (slow ops at their median on every rank: `whatif.fixes` `host_repair`; loading:
-`host_stalls`) and ranks it with the others.
+least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step (a step:
+first kernel to the next step's first kernel, DESIGN §3). The cause is named only from what the trace
+shows: "starved host thread" when the slow ops' excess covers at least half the busy launch wait, else
+"launch overhead" (host dispatch slower than the kernels it launches). Data loading is not busy: a device
+waiting on it is `host_stalls`' `idle_host_bound`. A starved host's closed-form saving is the worst
+rank's busy launch wait per step, and the critical path replays its fix (slow ops at their median on
+every rank: `whatif.fixes` `host_repair`); launch overhead has no saving (fewer, larger launches would
+not remove the whole wait, and the graph cannot replay them) and is info: the wait is in the evidence.
 
 Section `host_bound`:
     {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
@@ -55,7 +57,9 @@ LAUNCH_CRITICAL = 0.30
 HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
 RUNTIME_CATS = HOST_CATS[1:]
 DEVICE_WAIT_WORDS = ("Synchronize",)
-BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
+"""Copies that return when the device finished them (HIP's hipMemcpyWithStream is PyTorch's blocking copy on
+ROCm: `.item()`, `.cpu()`)."""
 QUEUE_WAIT_MIN_NS = 50_000
 """A launch call at least this long (a launch costs a few µs) that returned within `QUEUE_RETURN_MAX_NS` of
 a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
@@ -203,14 +207,16 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
     if steps.size == 0:
         return None
     lo, hi = launch_wait(kern["ts"], kern["end"], _launch_ends(kern, ops))
-    busy = iv.union(ops["ts"], ops["end"])
     dl_ts, dl_end, dl_step = _data_load(store, rank)
+    busy = iv.subtract(iv.union(ops["ts"], ops["end"]), iv.union(dl_ts, dl_end))  # loading is idle_host_bound's
+    first = {int(x): int(kern["ts"][kern["step"] == x].min()) for x in steps.tolist()}
     tot = dict.fromkeys(("step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns", "launch_wait_busy_ns",
                          "slow_ops_ns", "data_load_ns"), 0)
     slow_count = 0
     for s in steps.tolist():
         k, h, d = kern["step"] == s, ops["step"] == s, dl_step == s
-        tot["step_ns"] += int(kern["end"][k].max() - kern["ts"][k].min())
+        nxt = [first[x] for x in first if x > s]  # DESIGN §3: to the next step's first kernel (the last: its end)
+        tot["step_ns"] += (min(nxt) if nxt else int(kern["end"][k].max())) - first[s]
         tot["device_busy_ns"] += iv.total(iv.union(kern["ts"][k], kern["end"][k]))
         tot["host_busy_ns"] += iv.total(iv.union(ops["ts"][h], ops["end"][h]))
         tot["launch_wait_ns"] += int((hi - lo)[k].sum())
@@ -251,27 +257,29 @@ def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:
     worst = max(bound, key=lambda r: r["launch_wait_busy_ns"] / r["step_ns"])
     share = worst["launch_wait_busy_ns"] / worst["step_ns"]
     wait = sum(r["launch_wait_busy_ns"] for r in bound)
-    slow_ns, load_ns = sum(r["slow_ops_ns"] for r in bound), sum(r["data_load_ns"] for r in bound)
-    cause = ("starved_host" if 2 * slow_ns >= wait else "data_load" if 2 * load_ns >= wait else "launch_overhead")
+    slow_ns = sum(r["slow_ops_ns"] for r in bound)
+    cause = "starved_host" if 2 * slow_ns >= wait else "launch_overhead"
     named = ", ".join(f"{s['name']} up to {s['longest_ns'] / 1e6:.1f} ms (median {s['median_ns'] / 1e3:.0f} µs)"
                       for s in slow[:2])
     why = {"starved_host": f"host ops far slower than the same op elsewhere ({named}): a starved host thread",
-           "data_load": "the host is loading data", "launch_overhead": "launching takes longer than the kernels run"}
+           "launch_overhead": "launching takes longer than the kernels run"}
     summary = (f"the device waits for its busy host's launches {worst['launch_wait_busy_ns'] / 1e6:.2f} ms per step on rank "
                f"{worst['rank']} ({share:.0%} of its step; {len(bound)} of {len(rows)} ranks): {why[cause]}")
     rec = {"starved_host": "Give each rank's host thread its own cores (fewer ranks or threads per node, "
                            "OMP_NUM_THREADS, CPU affinity / numactl), keep other work off them, and look for GIL "
                            "contention (data-loader threads, logging) in the training process.",
-           "data_load": "Prefetch input: more DataLoader workers, pin_memory, prefetch_factor.",
            "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops."}[cause]
     ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_busy_ns"]), "share_of_step": round(share, 6),
           "slow_ops_ns_per_step": {str(r["rank"]): r["slow_ops_ns"] for r in bound}, "slow_ops": slow[:5],
           "data_load_ns_per_step": {str(r["rank"]): r["data_load_ns"] for r in bound},
           "host_busy_ns": {str(r["rank"]): r["host_busy_ns"] for r in bound},
           "device_busy_ns": {str(r["rank"]): r["device_busy_ns"] for r in bound}}
-    return Finding(kind=FindingKind.HOST_BOUND, severity=_severity(share), summary=summary,
+    # launch overhead: what fewer launches would save is not the whole wait, and the graph cannot replay it
+    saving = int(worst["launch_wait_busy_ns"]) if cause == "starved_host" else 0
+    sev = _severity(share) if cause == "starved_host" else Severity.INFO  # no saving to rank it by
+    return Finding(kind=FindingKind.HOST_BOUND, severity=sev, summary=summary,
                    ranks=tuple(int(r["rank"]) for r in bound), evidence=HostBoundEvidence.of(ev),
-                   recommendation=rec, est_saving_ns=int(worst["launch_wait_busy_ns"]))
+                   recommendation=rec, est_saving_ns=saving)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from tracekit.tables.store import RunStore
 from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask, host_lane_mask
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
-BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
@@ -615,7 +615,8 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     blocking = np.array([any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
     # the device work a blocking call waited for: the kernel that ended last inside it
     waited = last_ended_inside(ts, end, gr.end)
-    blocking |= queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
+    queued = queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
+    blocking |= queued
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
     xgap, xdur = slow_host_time(buf.slow.get(rank), tid, ts, end, conv)
@@ -628,13 +629,17 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
-            buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw], dur=np.zeros(bw.size, np.int64),
-                    names=[names[i] for i in bw], xgap=xgap[bw])
+            issue = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw],
+                            dur=np.zeros(bw.size, np.int64), names=[names[i] for i in bw], xgap=xgap[bw])
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
             buf.edge(done[waited[bw]], back)
-            _launch_edges(buf, corr[bw], back, gr, node)  # a launch that waited for a queue slot
+            # what the call launches: once it returns from waiting for a queue slot, else once issued (a
+            # blocking copy waits for its own op)
+            q = queued[bw]
+            _launch_edges(buf, corr[bw][q], back[q], gr, node)
+            _launch_edges(buf, corr[bw][~q], issue[~q], gr, node)
 
 
 def slow_host_time(slow: Columns | None, tid: np.ndarray, ts: np.ndarray, end: np.ndarray, conv: int
