@@ -11,7 +11,8 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
   (same name) median over every rank and step — at least `SLOW_FACTOR` times it and `SLOW_MIN_NS` more:
   a thread that lost its core inside a trivial call (a 29 ms `aten::view`: too few cores for the ranks,
   GIL contention). Calls that wait for the device (`*Synchronize*`, blocking memcpy, a launch blocked on
-  a full launch queue) and communication calls are waits, never slow;
+  a full launch queue, a call that returned when its own op ended) and communication calls are waits,
+  never slow;
 - **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
 
 Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
@@ -90,6 +91,19 @@ def queue_full_launches(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_ts:
     return ok & launches & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_ts[w] <= ts) & (end - k_end[w] <= QUEUE_RETURN_MAX_NS)
 
 
+def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.ndarray, k_corr: np.ndarray
+                 ) -> np.ndarray:
+    """Per runtime call: a call that returned when the device op it launched (same correlation) ended: a
+    copy that blocks the host (cudaMemcpyAsync from pageable memory), at least QUEUE_WAIT_MIN_NS long, its
+    op ending inside it and at most QUEUE_RETURN_MAX_NS before it returned."""
+    if k_end.size == 0 or ts.size == 0:
+        return np.zeros(ts.size, bool)
+    o = np.argsort(k_corr, kind="stable")
+    j = o[np.clip(np.searchsorted(k_corr[o], corr), 0, o.size - 1)]
+    own = (corr >= 0) & (k_corr[j] == corr)
+    return own & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_end[j] >= ts) & (k_end[j] <= end) & (end - k_end[j] <= QUEUE_RETURN_MAX_NS)
+
+
 def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
     own = (end - ts).astype(np.int64)
@@ -150,7 +164,8 @@ def _waits(ops: Columns, kern: Columns) -> np.ndarray:
     waited = last_ended_inside(ops["ts"], ops["end"], kern["end"])
     queued = ops["runtime"] & queue_full_launches(ops["ts"], ops["end"], ops["corr"], kern["ts"], kern["end"],
                                                   kern["corr"], waited)
-    return sync | queued | ops["comm"]
+    own = ops["runtime"] & own_op_waits(ops["ts"], ops["end"], ops["corr"], kern["end"], kern["corr"])
+    return sync | queued | own | ops["comm"]
 
 
 def excess_ns(ops_by_rank: dict[int, Columns]) -> dict[int, np.ndarray]:

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.host_bound import excess_ns, host_ops, last_ended_inside, queue_full_launches
+from tracekit.analyze.host_bound import excess_ns, host_ops, last_ended_inside, own_op_waits, queue_full_launches
 from tracekit.analyze.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
@@ -616,7 +616,7 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     # the device work a blocking call waited for: the kernel that ended last inside it
     waited = last_ended_inside(ts, end, gr.end)
     queued = queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
-    blocking |= queued
+    blocking |= queued | own_op_waits(ts, end, corr, gr.end, gr.correlation)
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
     xgap, xdur = slow_host_time(buf.slow.get(rank), tid, ts, end, conv)
