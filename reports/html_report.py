@@ -141,8 +141,9 @@ def _sev(sev: Any) -> str:
 
 
 def verdict_text(ctx: Page) -> tuple[str, str]:
-    """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer); none where the
-    trace_kind section says no verdict can be given (a CUDA-graph capture trace), with its reason."""
+    """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer), after the critical
+    path's verdict (`critical_path.verdict`: the lanes holding the path, the ranks the others wait for); none where
+    the trace_kind section says no verdict can be given (a CUDA-graph capture trace), with its reason."""
     tk = ctx.sec("trace_kind") or {}
     if tk.get("no_verdict_reason"):
         return "", f"No verdict: {tk['no_verdict_reason']}"
@@ -159,7 +160,12 @@ def verdict_text(ctx: Page) -> tuple[str, str]:
     label = {"communication": "communication-bound", "compute": "compute-bound", "idle": "idle-bound (host/input)"}
     rest = ", ".join(f"{n} {label.get(k, k)}" for k, n in sorted(counts.items()) if k != top)
     text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.ranks)} ranks"
-    return top, text + (f" ({rest})." if rest else ".")
+    text += f" ({rest})." if rest else "."
+    path = (ctx.sec("critical_path") or {}).get("verdict")
+    if isinstance(path, dict) and path.get("text"):  # the critical path's lanes: what holds the step, whom ranks wait for
+        said = str(path["text"])
+        return top, f"{said[:1].upper()}{said[1:]} By breakdown: {text[0].lower()}{text[1:]}"
+    return top, text
 
 
 def top_fixes(ctx: Page) -> list[dict[str, Any]]:

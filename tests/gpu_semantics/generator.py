@@ -12,6 +12,12 @@ on a rank when that rank's device reaches it (its arrival) and every member's ke
 last member's start + transfer_ns. The host launches each op `host_ahead_ns` before the device starts
 it (host ahead of the device by a fixed amount, causal for any amount ≥ 0).
 
+With `host_independent` the host runs at its own pace instead, as a GPU's host does: per device op an
+`aten::view` (`VIEW_NS`, plus `host_stretch` where the thread was preempted), then the op that launches it,
+then `host_gap_ns`; the host begins `host_ahead_ns` before the device is free, and the device starts each op
+at max(its launch's end, the previous op's end + `gap_ns`) — so the device runs back to back while the host
+is ahead and waits on launches where the host fell behind (a starved host thread).
+
 Everything the tests assert is computed from `Trace.kernels` / `Trace.collectives` (the intervals laid
 here) with integer arithmetic; nothing is read back from tracekit.
 """
@@ -28,6 +34,8 @@ from pathlib import Path
 BASE_US = 1_763_000_000_000_000  # epoch-scale µs: float64 cannot hold these with ns fractions
 HOST_OP_NS = 20_000  # host duration of one aten op (< every kernel's duration)
 HOST_COLL_NS = 40_000
+VIEW_NS = 3_000  # host duration of the aten::view before each launching op (independent host)
+QUEUE_RETURN_NS = 2_000  # a launch blocked on a full queue returns this long after a slot freed
 COMM_STREAM = 20
 COMPUTE_STREAM = 7
 ELEMENT_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Int": 4, "Long": 8, "Double": 8, "Byte": 1}
@@ -78,6 +86,16 @@ class Spec:
     memset_ns: int = 0
     """A memset on the compute stream at the start of every step (other device work)."""
     start_ns: int = 100_000_000
+    host_independent: bool = False
+    """The host runs at its own pace (see the module doc) instead of `host_ahead_ns` before each device op."""
+    host_gap_ns: int = 5_000
+    """Independent host: host time between one launching op's end and the next op's aten::view."""
+    launch_queue: int = 0
+    """Independent host: launches a rank's device may hold pending (0: unbounded); a launch beyond it blocks
+    until the op that many places earlier ended, so the host stays a bounded lead ahead."""
+    host_stretch: dict = field(default_factory=dict)
+    """Independent host: (rank, step, op index in the step) -> ns added to that op's aten::view (the
+    thread lost its core inside it)."""
 
 
 @dataclass
@@ -122,28 +140,55 @@ def simulate(spec: Spec) -> Trace:
             dev[r] += d
     corr = 1000
     seq = 0
-    # per rank: list of (step, kind, device start, device end, op, payload)
+    # per rank: list of (step, kind, device start, correlation, payload, host start, view stretch)
     launches: dict[int, list[tuple]] = {r: [] for r in range(n)}
+    host = {r: dev[r] - spec.host_ahead_ns for r in range(n)}
+
+    dev_ends: dict[int, list[int]] = {r: [] for r in range(n)}
+
+    def launch(r: int, s: int, i: int, kind: str) -> tuple[tuple | None, int]:
+        """Independent host: ((host start of the op's aten::view, its stretch, its launch call's end), that
+        end); else (None, 0). With `launch_queue` Q the call returns only once the rank's device op Q places
+        earlier ended (CUDA's launch queue is full)."""
+        if not spec.host_independent:
+            return None, 0
+        t = host[r]
+        stretch = spec.host_stretch.get((r, s, i), 0)
+        op_t = t + VIEW_NS + stretch
+        call = (6_000, 14_000) if kind == "comm" else (5_000, 10_000)
+        call_end = op_t + call[1]
+        j = len(dev_ends[r])
+        if spec.launch_queue and j >= spec.launch_queue:
+            call_end = max(call_end, dev_ends[r][j - spec.launch_queue] + QUEUE_RETURN_NS)
+        own = HOST_COLL_NS if kind == "comm" else HOST_OP_NS
+        host[r] = call_end + (own - call[1]) + spec.host_gap_ns
+        return (t, stretch, call_end), call_end
+
     for s in range(spec.first_step, spec.first_step + spec.steps):
         if spec.memset_ns:
             for r in range(n):
                 corr += 1
-                st = dev[r] + spec.gap_ns
+                h, ready = launch(r, s, -1, "memset")
+                st = max(dev[r] + spec.gap_ns, ready)
                 kernels.append(Kernel(r, s, "memset", st, st + spec.memset_ns, corr))
-                launches[r].append((s, "memset", st, corr, None))
+                launches[r].append((s, "memset", st, corr, None, h))
                 dev[r] = st + spec.memset_ns
-        for op in spec.step_ops:
+                dev_ends[r].append(dev[r])
+        for i, op in enumerate(spec.step_ops):
             if isinstance(op, Compute):
                 for r in range(n):
                     corr += 1
                     d = int(op.dur_ns * spec.slow.get(r, Fraction(1)))
-                    st = dev[r] + spec.gap_ns
+                    h, ready = launch(r, s, i, "compute")
+                    st = max(dev[r] + spec.gap_ns, ready)
                     kernels.append(Kernel(r, s, "compute", st, st + d, corr))
-                    launches[r].append((s, "compute", st, corr, op))
+                    launches[r].append((s, "compute", st, corr, op, h))
                     dev[r] = st + d
+                    dev_ends[r].append(dev[r])
             else:
                 seq += 1
-                starts = {r: dev[r] + spec.gap_ns for r in range(n)}
+                hosts = {r: launch(r, s, i, "comm") for r in range(n)}
+                starts = {r: max(dev[r] + spec.gap_ns, hosts[r][1]) for r in range(n)}
                 end = max(starts.values()) + op.transfer_ns
                 esize = ELEMENT_BYTES[op.dtype]
                 nbytes = max(op.in_nelems, op.out_nelems) * esize if op.record_dims else None
@@ -151,8 +196,9 @@ def simulate(spec: Spec) -> Trace:
                 for r in range(n):
                     corr += 1
                     kernels.append(Kernel(r, s, "comm", starts[r], end, corr))
-                    launches[r].append((s, "comm", starts[r], corr, (op, seq, end)))
+                    launches[r].append((s, "comm", starts[r], corr, (op, seq, end), hosts[r][0]))
                     dev[r] = end
+                    dev_ends[r].append(end)
     events = {r: _host_events(spec, r, launches[r], kernels) for r in range(n)}
     host_steps = {r: {} for r in range(n)}
     for r, evs in events.items():
@@ -181,29 +227,37 @@ def _host_events(spec: Spec, rank: int, launches: list[tuple], kernels: list[Ker
     ext = 0
     step_first: dict[int, int] = {}
     last_end = 0
-    for s, kind, dstart, corr, payload in launches:
+    for s, kind, dstart, corr, payload, host in launches:
         t = dstart - spec.host_ahead_ns
+        blocked = 0  # how much longer than its own time the launch call took (a full launch queue)
+        if host is not None:  # independent host: the aten::view, then the launching op
+            host_t, stretch, call_end = host
+            step_first.setdefault(s, host_t)
+            ext += 1
+            out.append(_x("cpu_op", "aten::view", pid, tid, host_t, VIEW_NS + stretch, {"External id": ext}))
+            t = host_t + VIEW_NS + stretch
+            blocked = call_end - (t + (14_000 if kind == "comm" else 10_000))
         step_first.setdefault(s, t - 5_000)
         ext += 1
         if kind in ("compute", "memset"):
             name = payload.name if kind == "compute" else "aten::zero_"
-            out.append(_x("cpu_op", name, pid, tid, t, HOST_OP_NS, {"External id": ext}))
+            out.append(_x("cpu_op", name, pid, tid, t, HOST_OP_NS + blocked, {"External id": ext}))
             launch = "cudaLaunchKernel" if kind == "compute" else "cudaMemsetAsync"
-            out.append(_x("cuda_runtime", launch, pid, tid, t + 5_000, 5_000,
+            out.append(_x("cuda_runtime", launch, pid, tid, t + 5_000, 5_000 + blocked,
                           {"External id": ext, "correlation": corr}))
-            last_end = t + HOST_OP_NS
+            last_end = t + HOST_OP_NS + blocked
         else:
             op, seq, _ = payload
             cname, c10d, nccl, _k = OPS[op.op]
             args = _args_for(op, spec.world, seq)
-            out.append(_x("cpu_op", c10d, pid, tid, t, HOST_COLL_NS, {"External id": ext}))
-            out.append(_x("cpu_op", "record_param_comms", pid, tid, t + 2_000, 34_000,
+            out.append(_x("cpu_op", c10d, pid, tid, t, HOST_COLL_NS + blocked, {"External id": ext}))
+            out.append(_x("cpu_op", "record_param_comms", pid, tid, t + 2_000, 34_000 + blocked,
                           {"External id": ext + 1, **args}))
-            out.append(_x("user_annotation", nccl, pid, tid, t + 4_000, 20_000, {"External id": ext + 2}))
-            out.append(_x("cuda_runtime", "cudaLaunchKernelExC", pid, tid, t + 6_000, 8_000,
+            out.append(_x("user_annotation", nccl, pid, tid, t + 4_000, 20_000 + blocked, {"External id": ext + 2}))
+            out.append(_x("cuda_runtime", "cudaLaunchKernelExC", pid, tid, t + 6_000, 8_000 + blocked,
                           {"External id": ext + 2, "correlation": corr}))
             ext += 2
-            last_end = t + HOST_COLL_NS
+            last_end = t + HOST_COLL_NS + blocked
         out.append({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": _ns(t + 5_000), "cat": "ac2g",
                     "name": "ac2g"})
     steps = sorted(step_first)
@@ -216,7 +270,7 @@ def _host_events(spec: Spec, rank: int, launches: list[tuple], kernels: list[Ker
             continue
         dur = k.end - k.ts
         if k.kind == "comm":
-            op, seq = next((p[0], p[1]) for (_s, kd, _d, c, p) in launches if c == k.correlation)
+            op, seq = next((x[4][0], x[4][1]) for x in launches if x[3] == k.correlation)
             name = f"ncclDevKernel_{OPS[op.op][3]}(ncclDevComm*, unsigned long, ncclWork*)"
             args = {"device": rank, "stream": COMM_STREAM, "correlation": k.correlation,
                     **_args_for(op, spec.world, seq)}

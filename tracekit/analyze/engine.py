@@ -55,6 +55,7 @@ ANALYZERS: list[tuple[str, str]] = [
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
     ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
+    ("host_bound", "tracekit.analyze.host_bound:analyze_host_bound"),
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),

@@ -86,6 +86,14 @@ class HostStallEvidence(Evidence):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostBoundEvidence(Evidence):
+    cause: str
+    """starved_host (slow host ops explain the launch wait) | launch_overhead (host_bound.py)."""
+    launch_wait_ns: int
+    """Per step, on the worst rank: time its device sat idle waiting for a launch to return."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class CollectiveEvidence(Evidence):
     """An unoverlapped collective (one op on one dim)."""
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from tracekit.analyze.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, Evidence,
+from tracekit.analyze.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, Evidence, HostBoundEvidence,
                                        HostStallEvidence, PlacementEvidence, RoutingSkewEvidence,
                                        StageImbalanceEvidence, StragglerEvidence)
 
@@ -34,6 +34,7 @@ class FindingKind(str, Enum):
     EXPERT_ROUTING_SKEW = "expert_routing_skew"
     STRAGGLER = "straggler"
     IDLE_HOST_BOUND = "idle_host_bound"
+    HOST_BOUND = "host_bound"
     LOW_BUS_BANDWIDTH = "low_bus_bandwidth"
     PLACEMENT_MISMATCH = "placement_mismatch"
     CLOCK_SKEW = "clock_skew"
@@ -58,6 +59,7 @@ BLOCKING_KINDS = frozenset({FindingKind.HANG})
 EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {
     FindingKind.STRAGGLER: StragglerEvidence,
     FindingKind.IDLE_HOST_BOUND: HostStallEvidence,
+    FindingKind.HOST_BOUND: HostBoundEvidence,
     FindingKind.UNOVERLAPPED_COLLECTIVE: CollectiveEvidence,
     FindingKind.LOW_BUS_BANDWIDTH: BandwidthEvidence,
     FindingKind.PIPELINE_BUBBLE: BubbleEvidence,

@@ -27,9 +27,10 @@ collective ended), compare the straggler with the other members of the instance:
 delay), longer data loading (events.role data_load: PyTorch's own `enumerate(DataLoader)#...`, written
 for every job) → "data_load", more host time with no activity → "host_idle" (a user's
 `record_function` label — whatever its name — is no activity: a sleep
-inside one is host idle as with no label; the label is evidence only: `idle_labels`, the label
-holding the rank's idle time before its late arrivals, named in the cause text when it holds at least
-half of the delay examined); "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
+inside one is host idle as with no label; the label is evidence only: `idle_labels`, the rank's idle
+time inside each label before its late arrivals beyond its peers' idle in the same label, the label
+named in the cause text when that excess is at least half of the delay examined; when nothing sets the
+rank apart, "unknown", said "host-side, cause not visible in the trace"); "uneven_work" when it runs about as many ops as its peers but on more data (FLOPs, or
 tokens its MoE router assigned, ≥ 1.25× the peers' median: counts, which CPU contention cannot fake);
 "contention" when longer compute and idle come with about as many ops as its
 peers and even its size-free ops (views, transposes) run slower — the host is slow (a
@@ -241,14 +242,14 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
                             ) -> tuple[dict[str, float], int, int, dict[str, int]]:
     """The late rank's compute / data-load / idle time before each late arrival minus its peers'
     median, summed; with the delay of the instances examined, their count, and the late rank's idle
-    time inside each of its labels there."""
+    time inside each of its labels there beyond its peers' (`_label_excess`)."""
     excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
     labelled = dict.fromkeys(busy[rank].idle_labels, 0) if rank in busy else {}
     examined = delay_examined = 0
     members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
                              + _trace_shift(members, matched)[0])
     for key, grp in members.groupby("key"):
-        vals, window = {}, None
+        vals, windows = {}, {}
         for row in grp.itertuples():
             p = prev_end_map.get((row.rank, key))
             if p is None:
@@ -258,7 +259,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
             comp = int(iv.covered(b.act.compute, [lo], [hi])[0])
             idle = (hi - lo) - int(iv.covered(b.busy, [lo], [hi])[0])
             vals[row.rank] = (comp, int(iv.covered(b.data_load, [lo], [hi])[0]), idle)
-            window = (lo, hi) if row.rank == rank else window
+            windows[row.rank] = (lo, hi)
         if rank not in vals or len(vals) < 2:
             continue
         others = [v for r, v in vals.items() if r != rank]
@@ -266,11 +267,23 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
         mine = vals[rank]
         for i, k in enumerate(("compute", "data_load", "host_idle")):
             excess[k] += mine[i] - med[i]
-        for name, idle_spans in busy[rank].idle_labels.items():
-            labelled[name] += int(iv.covered(idle_spans, [window[0]], [window[1]])[0])
+        for name in busy[rank].idle_labels:  # idle inside the label beyond its peers' in the same label
+            labelled[name] += _label_excess(busy, windows, rank, name)
         delay_examined += int(late.loc[late["key"] == key, "delay"].iloc[0])
         examined += 1
-    return excess, delay_examined, examined, {k: v for k, v in sorted(labelled.items(), key=lambda kv: -kv[1]) if v}
+    return excess, delay_examined, examined, {k: v for k, v in sorted(labelled.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+def _label_excess(busy: dict[int, _Busy], windows: dict[int, tuple[int, int]], rank: int, name: str) -> int:
+    """The rank's idle time inside the label `name` in its window before the arrival, less the median of its
+    peers' idle time inside the same label in theirs (0 for a peer without it): a label every rank idles
+    in the same way (DDP's forward on an MI300 run) says nothing about why this rank is late."""
+    def idle_in(r: int) -> int:
+        spans = busy[r].idle_labels.get(name)
+        lo, hi = windows[r]
+        return 0 if spans is None else int(iv.covered(spans, [lo], [hi])[0])
+    peers = [idle_in(r) for r in windows if r != rank]
+    return idle_in(rank) - int(np.median(peers)) if peers else idle_in(rank)
 
 
 def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
@@ -534,6 +547,8 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
 def _cause_text(cause: str, ev: dict[str, Any]) -> str:
     """The cause in words; a label holding the rank's idle time (at least half the delay examined) is
     named: it tells what the idle time was, the trace already showed that it was idle."""
+    if cause == "unknown" and ev.get("instances_examined"):
+        return "host-side, cause not visible in the trace"  # nothing before its late arrivals sets it apart
     text = cause.replace("_", " ")
     label, idle = next(iter((ev.get("idle_labels") or {}).items()), (None, 0))
     if cause == "host_idle" and label is not None and 2 * idle >= ev.get("delay_ns", 0) > 0:

@@ -27,15 +27,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.analyze.host_bound import excess_ns, host_ops, last_ended_inside, own_op_waits, queue_full_launches
 from tracekit.analyze.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask
+from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask, host_lane_mask
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
-BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D")
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
@@ -48,13 +49,15 @@ class _Buf:
 
     cols: dict[str, list[np.ndarray]] = field(default_factory=lambda: {
         k: [] for k in ("rank", "lane", "category", "start", "dur", "dim", "inst", "terminal", "prio", "step",
-                       "tie")})
+                       "tie", "xgap", "xdur")})
     names: list[str] = field(default_factory=list)
     src: list[np.ndarray] = field(default_factory=list)
     dst: list[np.ndarray] = field(default_factory=list)
     n: int = 0
     lane_names: list[str] = field(default_factory=list)
     distinct: dict[str, str] = field(default_factory=dict)
+    slow: dict[int, Columns] = field(default_factory=dict)
+    """per GPU rank: its slow host ops (`host_bound.excess_ns` > 0: tid, ts, end, excess, runtime; trace clock)"""
 
     def _name_of(self, name: str) -> str:
         return self.distinct.setdefault(name, name)
@@ -65,13 +68,15 @@ class _Buf:
 
     def add(self, *, rank: int, lane: Any, category: Any, start: np.ndarray, dur: np.ndarray,
             names: list[str] | str = "", dim: Any = -1, inst: Any = -1, terminal: Any = False,
-            prio: Any = 1, step: Any = -1, tie: Any = None) -> np.ndarray:
-        """`tie`: orders nodes of one lane that start at the same time (default: their start)."""
+            prio: Any = 1, step: Any = -1, tie: Any = None, xgap: Any = 0, xdur: Any = 0) -> np.ndarray:
+        """`tie`: orders nodes of one lane that start at the same time (default: their start); `xgap` /
+        `xdur`: slow host time in the node's gap / its own time (`StepGraph.excess_gap`)."""
         k = len(start)
         for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
                              ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
-                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64)):
+                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64),
+                             ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
             self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         # one string object per distinct name (a 1,024-rank graph: 5 M nodes, ~1,000 names)
         self.names.extend(map(self._name_of, names) if isinstance(names, list) else [self._name_of(names)] * k)
@@ -96,7 +101,8 @@ class _Buf:
                          start=start, dur=np.maximum(c["dur"].astype(np.int64), 0),
                          src=src.astype(np.int64), dst=dst.astype(np.int64), dim=c["dim"].astype(np.int32),
                          inst=c["inst"].astype(np.int32), name=self.names, lane_names=self.lane_names,
-                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64))
+                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64),
+                         excess_gap=c["xgap"].astype(np.int64), excess_dur=c["xdur"].astype(np.int64))
 
 
 @dataclass
@@ -598,9 +604,10 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
 def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                       node: np.ndarray, done: np.ndarray) -> None:
     ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
-                                           "external_id"])
+                                           "external_id", "lane"])
     gr.backward = launched_by_backward(ev, gr.external_id)
-    ev = ev.filter(pc.is_null(ev["stream"]))
+    # host rows: not the device's (HIP runtime calls carry their `stream` argument: a null stream is no test)
+    ev = ev.filter(pc.fill_null(pc.not_equal(ev["lane"].cast(pa.string()), "device"), True))
     cat = ev.column("cat").cast(pa.string())
     rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
     ev = ev.filter(rt)
@@ -612,26 +619,53 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
     blocking = np.array([any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
     # the device work a blocking call waited for: the kernel that ended last inside it
-    by_end = np.argsort(gr.end, kind="stable")
-    hi = np.searchsorted(gr.end[by_end], end, side="right") - 1
-    waited = np.where((hi >= 0) & (gr.end[by_end][np.maximum(hi, 0)] >= ts), by_end[np.maximum(hi, 0)], -1)
+    waited = last_ended_inside(ts, end, gr.end)
+    queued = queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
+    blocking |= queued | own_op_waits(ts, end, corr, gr.end, gr.correlation)
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
+    xgap, xdur = slow_host_time(buf.slow.get(rank), tid, ts, end, conv)
     for t in np.unique(tid):
         lane = buf.lane(f"rank {rank} host thread {t}")
         sel = tid == t
         plain = sel & ~w
         ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
-                      names=[names[i] for i in np.flatnonzero(plain)])
+                      names=[names[i] for i in np.flatnonzero(plain)], xgap=xgap[plain], xdur=xdur[plain])
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
-            buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw], dur=np.zeros(bw.size, np.int64),
-                    names=[names[i] for i in bw])
+            issue = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw],
+                            dur=np.zeros(bw.size, np.int64), names=[names[i] for i in bw], xgap=xgap[bw])
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
             buf.edge(done[waited[bw]], back)
+            # what the call launches: once it returns from waiting for a queue slot, else once issued (a
+            # blocking copy waits for its own op)
+            q = queued[bw]
+            _launch_edges(buf, corr[bw][q], back[q], gr, node)
+            _launch_edges(buf, corr[bw][~q], issue[~q], gr, node)
+
+
+def slow_host_time(slow: Columns | None, tid: np.ndarray, ts: np.ndarray, end: np.ndarray, conv: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per runtime call (common clock): the slow host time (`host_bound.excess_ns`) in the gap before it on
+    its thread (slow ops that ended since the thread's previous call) and in the call itself."""
+    xgap, xdur = np.zeros(ts.size, np.int64), np.zeros(ts.size, np.int64)
+    if slow is None or num_rows(slow) == 0 or ts.size == 0:
+        return xgap, xdur
+    for t in np.unique(tid).tolist():
+        mine = np.flatnonzero(tid == t)
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        s = take(slow, slow["tid"] == t)
+        s_ts, s_end = s["ts"] - conv, s["end"] - conv
+        own = s["runtime"] & np.isin(s_ts, ts[mine])
+        j = np.clip(np.searchsorted(ts[mine], s_ts[own]), 0, max(mine.size - 1, 0))
+        np.add.at(xdur, mine[j], np.where(ts[mine][j] == s_ts[own], s["excess"][own], 0))
+        k = np.searchsorted(ts[mine], s_end[~own], side="left")
+        ok = k < mine.size
+        np.add.at(xgap, mine[k[ok]], s["excess"][~own][ok])
+    return xgap, xdur
 
 
 def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: GpuRank, node: np.ndarray) -> None:
@@ -731,6 +765,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     members = with_sizes(store, step_members(inp, rows, steps, shift))
     dims = sorted(set(inp.dims.values()) | set(strings(members["dim"]).tolist()))
     members, placed = _place_members(buf, store, steps, ranks, shift, members)
+    buf.slow = slow_host_ops(store, [r for r, p in placed.items() if p[0] == "gpu"], steps)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
@@ -757,6 +792,18 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     return g
 
 
+def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> dict[int, Columns]:
+    """Per GPU rank: its slow host ops of `steps` (tid, ts, end, excess, runtime; trace clock), each op
+    judged against the same op on every GPU rank (`host_bound.excess_ns`)."""
+    ops = {r: o for r in ranks if (o := host_ops(store, r)) is not None}
+    out = {}
+    for r, x in excess_ns(ops).items():
+        keep = (x > 0) & np.isin(ops[r]["step"], steps)
+        out[r] = {"tid": ops[r]["tid"][keep], "ts": ops[r]["ts"][keep], "end": ops[r]["end"][keep],
+                  "excess": x[keep], "runtime": ops[r]["runtime"][keep]}
+    return out
+
+
 def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, ...]],
                    host_start: dict[int, int] | None = None) -> None:
     """Per (rank, step): its measured step window (and where its backward began, when known); per rank a pinned start node before its lanes' first nodes
@@ -774,17 +821,28 @@ def attach_windows(g: StepGraph, windows: dict[tuple[int, int], tuple[int, ...]]
 def infer_stream_waits(g: StepGraph) -> None:
     """A device op that started later than everything the graph makes it wait for (its stream, its launch,
     a collective) waited for another stream of its rank (an event wait the trace does not record): the
-    latest op of the rank's other streams that ended in that gap becomes its predecessor."""
+    latest op of the rank's other streams that ended in that gap becomes its predecessor. So does the
+    latest such op that ended before a launch-bound op (its launch returned last): the late launch hides
+    whether it also waited for that op (a compute kernel consuming an all-reduce's output), and a replay
+    that makes the host faster must not let it start before that op ended."""
     dev = np.flatnonzero(device_lane_mask(g) & (g.rank >= 0))
     if dev.size == 0:
         return
+    low = np.iinfo(np.int64).min
     end = g.start + g.dur
-    ready = np.full(g.num_nodes, np.iinfo(np.int64).min, np.int64)
+    ready, ready_host = np.full(g.num_nodes, low, np.int64), np.full(g.num_nodes, low, np.int64)
     np.maximum.at(ready, g.dst, end[g.src])
-    waiting = dev[(g.start[dev] > ready[dev]) & (ready[dev] > np.iinfo(np.int64).min)]
+    from_host = host_lane_mask(g)[g.src]
+    np.maximum.at(ready_host, g.dst[from_host], end[g.src[from_host]])
+    ready_dev = np.full(g.num_nodes, low, np.int64)
+    np.maximum.at(ready_dev, g.dst[~from_host], end[g.src[~from_host]])
+    launch_bound = (ready_host[dev] >= ready[dev]) & (ready_host[dev] > ready_dev[dev]) & (ready_host[dev] > low)
+    sel = ((g.start[dev] > ready[dev]) & (ready[dev] > low)) | launch_bound
+    waiting, floor = dev[sel], np.where(launch_bound, ready_dev[dev], ready[dev])[sel]
     if waiting.size == 0:
         return
-    order = dev[np.lexsort((end[dev], g.rank[dev]))]
+    cand = dev[g.dur[dev] > 0]  # a zero-length mark (a collective's arrival) ends where it starts: never its own wait
+    order = cand[np.lexsort((end[cand], g.rank[cand]))]
     key_r, key_e = g.rank[order].astype(np.int64), end[order]
     # per waiting op: the last device op of its rank ending at or before its start
     lo = np.searchsorted(key_r, g.rank[waiting], side="left")
@@ -797,7 +855,7 @@ def infer_stream_waits(g: StepGraph) -> None:
     pos[both[is_wait] - order.size] = np.cumsum(~is_wait)[is_wait] - 1
     ok = pos >= lo
     u = order[np.maximum(pos, 0)]
-    ok &= (end[u] > ready[waiting]) & (g.lane[u] != g.lane[waiting])
+    ok &= (end[u] > floor) & (g.lane[u] != g.lane[waiting])
     g.src = np.r_[g.src, u[ok]]
     g.dst = np.r_[g.dst, waiting[ok]]
     g._plan = None

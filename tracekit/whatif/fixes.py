@@ -30,6 +30,11 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   peers' sequences differ from the rank's, the gap before each step's first host op down to the peers'
   median gap before theirs and other such gaps and data loading to 0 (`_step_leads`); for all ranks at
   once, such gaps and data loading go to 0.
+- `host_repair`: the host threads of GPU ranks (one rank, or all) with every slow host op at its median
+  (analyze/host_bound.py: far slower than the same op on every rank and step — a starved thread): each
+  host node's gap loses the slow time before it and its own time the slow time inside it
+  (`StepGraph.excess_gap` / `excess_dur`, set by the builder); the device then starts each kernel at
+  max(its launch, its stream, its other dependencies) as before.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, 
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls")
+         "microbatches", "host_stalls", "host_repair")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Fix:
             return f"{int(self.value or 0)} micro-batches"
         if self.kind == "host_stalls":
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
+        if self.kind == "host_repair":
+            return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
             self.kind, self.kind)
 
@@ -629,6 +636,12 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
         dur[mine[load]] = 0
 
 
+def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:
+    m = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == int(fix.rank)
+    gap[m] = np.maximum(gap[m] - g.excess_gap[m], 0)
+    dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
+
+
 def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.ndarray:
     """Per node: how much of its gap the peers also have. The gap before the rank's first host op of a
     step keeps the median of its peers' gaps before theirs (the time every rank spends between steps);
@@ -714,6 +727,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray
             pass  # re-scheduled in the replay (replay.predict_all): it needs the replayed pipelined part
         elif fix.kind == "host_stalls":
             _host_stalls(g, dur, gap, fix, lay)
+        elif fix.kind == "host_repair":
+            _host_repair(g, dur, gap, fix)
         else:
             raise ValueError(f"unknown what-if fix {fix.kind!r} (known: {', '.join(KINDS)})")
     return dur, gap

@@ -114,6 +114,10 @@ class StepGraph:
     """per window: the step and the rank's measured step window"""
     win_backward: np.ndarray = None  # type: ignore[assignment]
     """per window: measured start of its first kernel launched by the backward pass (-1: not known)"""
+    excess_gap: np.ndarray = None  # type: ignore[assignment]
+    excess_dur: np.ndarray = None  # type: ignore[assignment]
+    """per node (host threads of GPU ranks): slow host time (ops far slower than the same op elsewhere,
+    analyze/host_bound.py) in the gap before it / in its own time; 0 elsewhere"""
     inst_info: InstInfo | None = None
     """per collective instance (index = inst): key, pg_name, dim, op, bytes, n, io"""
     _plan: "_Plan | None" = None
@@ -123,6 +127,9 @@ class StepGraph:
         for attr, fill in (("dim", -1), ("inst", -1)):
             if getattr(self, attr) is None:
                 setattr(self, attr, np.full(n, fill, dtype=np.int32))
+        for attr in ("excess_gap", "excess_dur"):
+            if getattr(self, attr) is None:
+                setattr(self, attr, np.zeros(n, dtype=np.int64))
         if self.terminal is None:
             self.terminal = np.ones(n, dtype=bool)
         if self.step is None:
@@ -334,6 +341,8 @@ def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.nda
     g.inst = np.r_[g.inst, np.full(k, -1, np.int32)]
     g.terminal = np.r_[g.terminal, np.zeros(k, bool)]
     g.step = np.r_[g.step, np.full(k, -1, np.int64)]
+    g.excess_gap = np.r_[g.excess_gap, np.zeros(k, np.int64)]
+    g.excess_dur = np.r_[g.excess_dur, np.zeros(k, np.int64)]
     if g.name:
         g.name = g.name + [names] * k
     g._plan = None

@@ -166,7 +166,8 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     row = int(rows[g.ranks[rows] == rank][0])
     step_ns = int(rank_step_ns(g, res.start)[row])
     if path.size == 0:
-        return {"step_ns": step_ns, "by_category": {"unattributed": step_ns}, "by_rank": {}, "by_dim": {}}
+        return {"step_ns": step_ns, "by_category": {"unattributed": step_ns}, "by_rank": {}, "by_dim": {},
+                "by_lane": {}}
     begin = _window_begin(res, row)
     start, dur = res.start[path].copy(), g.dur[path].copy()
     if start[0] < begin:  # the path's first op began before the window: count its part inside
@@ -190,7 +191,44 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
             by_dim[g.dims[dims[i]]] = by_dim.get(g.dims[dims[i]], 0) + own
     by_cat["after_path"] = int(begin + step_ns - (start[-1] + dur[-1]))
     by_cat.pop("mark", None)
-    return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank, "by_dim": by_dim}
+    return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank, "by_dim": by_dim,
+            "by_lane": _by_lane(g, path, dur, gaps, by_cat["after_path"])}
+
+
+LANE_KINDS = ("host", "compute_stream", "comm_stream", "waiting")
+"""Where the critical path runs (composition `by_lane`): host threads (their ops and the gaps between
+them), device streams running compute or other device work (and the device's unexplained gaps before
+them), streams running collectives or send/recv, and cross-rank waits (a collective's last arrival)."""
+
+
+def lane_kinds(g: StepGraph) -> np.ndarray:
+    """Per lane of `g` (index as `lane_names`, one more at the end for lane -1): its LANE_KINDS index (see
+    `_lane_kind`; a stream holding any collective / send/recv transfer is a comm stream)."""
+    comm = np.zeros(len(g.lane_names) + 1, bool)
+    xfer = (g.category == Category.TRANSFER) & (g.lane >= 0)
+    comm[g.lane[xfer]] = True
+    kinds = np.array([_lane_kind(n) for n in g.lane_names] + [3], np.int64)
+    kinds[:-1][comm[:-1] & (kinds[:-1] == 1)] = 2
+    return kinds
+
+
+def _lane_kind(name: str) -> int:
+    """A GPU rank's launching thread is host; a CPU rank's training thread is its compute (the host is its
+    device) and its comm lanes communication; a device stream compute until it holds a transfer."""
+    if "host thread" in name:
+        return 0
+    return 2 if " comm " in name else 1
+
+
+def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, after: int) -> dict[str, int]:
+    """The path's time (each node's own time and the gap before it) by the kind of lane it sits on; the
+    stretch after the path's last node goes to that node's lane."""
+    kinds = lane_kinds(g)[np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
+    out = dict.fromkeys(LANE_KINDS, 0)
+    for k, own, gap in zip(kinds.tolist(), dur.tolist(), gaps.tolist()):
+        out[LANE_KINDS[k]] += own + gap
+    out[LANE_KINDS[int(kinds[-1])]] += max(after, 0)
+    return out
 
 
 def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, Any]]:

@@ -1,0 +1,316 @@
+"""Host-side diagnosis of GPU ranks (DESIGN §10 "Hosts starve"): is the device waiting for its host?
+
+Per GPU rank and step (the kernels the step launched, `kernels.step`):
+- **device busy**: union of the step's kernels; **host busy**: union of the step's host ops and runtime
+  calls (`cpu_op`, CUDA/HIP runtime and driver calls) on every host thread of the rank;
+- **launch wait**: time the device sat idle waiting for a launch: for each kernel, the part of
+  [end of all earlier device work, its launch call's end] before the kernel started (the device had
+  finished everything launched so far and the next launch had not returned yet); of it, the part the
+  host spent inside ops (**busy**): the rest is the host in a gap, a stall (`host_stalls`' finding);
+- **slow host ops**: host ops whose own time (less their children) is far longer than the same op's
+  (same name) median over every rank and step — at least `SLOW_FACTOR` times it and `SLOW_MIN_NS` more:
+  a thread that lost its core inside a trivial call (a 29 ms `aten::view`: too few cores for the ranks,
+  GIL contention). Calls that wait for the device (`*Synchronize*`, blocking memcpy, a launch blocked on
+  a full launch queue, a call that returned when its own op ended) and communication calls are waits,
+  never slow;
+- **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
+
+Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
+least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step (a step:
+first kernel to the next step's first kernel, DESIGN §3). The cause is named only from what the trace
+shows: "starved host thread" when the slow ops' excess covers at least half the busy launch wait, else
+"launch overhead" (host dispatch slower than the kernels it launches). Data loading is not busy: a device
+waiting on it is `host_stalls`' `idle_host_bound`. A starved host's closed-form saving is the worst
+rank's busy launch wait per step, and the critical path replays its fix (slow ops at their median on
+every rank: `whatif.fixes` `host_repair`); launch overhead has no saving (fewer, larger launches would
+not remove the whole wait, and the graph cannot replay them) and is info: the wait is in the evidence.
+
+Section `host_bound`:
+    {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
+                "launch_wait_busy_ns", "slow_ops_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
+     "slow_ops": [{"name", "count", "excess_ns", "median_ns", "longest_ns"}],   # over the run, worst first
+     "thresholds": {"slow_factor", "slow_min_ns", "info", "warning", "critical"}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.analyze import intervals as iv
+from tracekit.analyze.base import AnalyzerResult
+from tracekit.analyze.evidence import HostBoundEvidence
+from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.tables.columns import Columns, group_ids, group_median, take
+from tracekit.tables.store import RunStore
+
+SLOW_FACTOR = 10
+SLOW_MIN_NS = 500_000
+"""A host op is slow when its own time is at least SLOW_FACTOR × the op's median and SLOW_MIN_NS more."""
+LAUNCH_INFO = 0.05
+LAUNCH_WARNING = 0.10
+LAUNCH_CRITICAL = 0.30
+"""Launch wait / step for an info, warning and critical finding."""
+HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
+RUNTIME_CATS = HOST_CATS[1:]
+DEVICE_WAIT_WORDS = ("Synchronize",)
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
+"""Copies that return when the device finished them (HIP's hipMemcpyWithStream is PyTorch's blocking copy on
+ROCm: `.item()`, `.cpu()`)."""
+QUEUE_WAIT_MIN_NS = 50_000
+"""A launch call at least this long (a launch costs a few µs) that returned within `QUEUE_RETURN_MAX_NS` of
+a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
+the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
+QUEUE_RETURN_MAX_NS = 50_000
+
+
+def last_ended_inside(ts: np.ndarray, end: np.ndarray, k_end: np.ndarray) -> np.ndarray:
+    """Per call [ts, end]: index of the device op (by `k_end`) that ended last inside it, -1 if none."""
+    by_end = np.argsort(k_end, kind="stable")
+    hi = np.searchsorted(k_end[by_end], end, side="right") - 1
+    j = by_end[np.maximum(hi, 0)] if by_end.size else np.zeros(ts.size, np.int64)
+    return np.where((hi >= 0) & (k_end[j] >= ts), j, -1) if by_end.size else np.full(ts.size, -1, np.int64)
+
+
+def queue_full_launches(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_ts: np.ndarray, k_end: np.ndarray,
+                        k_corr: np.ndarray, waited: np.ndarray) -> np.ndarray:
+    """Per runtime call: a launch that blocked on a full launch queue (CUDA/HIP block a launch while the
+    device holds its maximum of pending work), so it waited for the device: longer than any launch's own
+    cost, busy device all along (the device op that ended last inside the call, `waited`, had started
+    before the call) and returning right after that op ended. A host thread preempted inside a launch
+    returns at no particular device event (and usually finds the device idle)."""
+    ok = waited >= 0
+    if not ok.any():
+        return np.zeros(ts.size, bool)
+    w = np.maximum(waited, 0)
+    launches = np.isin(corr, k_corr) & (corr >= 0)
+    return ok & launches & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_ts[w] <= ts) & (end - k_end[w] <= QUEUE_RETURN_MAX_NS)
+
+
+def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.ndarray, k_corr: np.ndarray
+                 ) -> np.ndarray:
+    """Per runtime call: a call that returned when the device op it launched (same correlation) ended: a
+    copy that blocks the host (cudaMemcpyAsync from pageable memory), at least QUEUE_WAIT_MIN_NS long, its
+    op ending inside it and at most QUEUE_RETURN_MAX_NS before it returned."""
+    if k_end.size == 0 or ts.size == 0:
+        return np.zeros(ts.size, bool)
+    o = np.argsort(k_corr, kind="stable")
+    j = o[np.clip(np.searchsorted(k_corr[o], corr), 0, o.size - 1)]
+    own = (corr >= 0) & (k_corr[j] == corr)
+    return own & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_end[j] >= ts) & (k_end[j] <= end) & (end - k_end[j] <= QUEUE_RETURN_MAX_NS)
+
+
+def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
+    own = (end - ts).astype(np.int64)
+    stack: list[int] = []
+    t, s, e = tid.tolist(), ts.tolist(), end.tolist()
+    for i in range(len(s)):
+        while stack and (t[stack[-1]] != t[i] or e[stack[-1]] <= s[i]):
+            stack.pop()
+        if stack:
+            own[stack[-1]] -= min(e[i], e[stack[-1]]) - s[i]
+        stack.append(i)
+    return np.maximum(own, 0)
+
+
+def _kernels(store: RunStore, rank: int) -> Columns | None:
+    k = store.rank_table("kernels", rank, ["ts", "dur", "correlation", "step"])
+    k = k.filter(pc.is_valid(k["dur"]))
+    if k.num_rows == 0:
+        return None
+    ts = k.column("ts").to_numpy().astype(np.int64)
+    return {"ts": ts, "end": ts + k.column("dur").to_numpy().astype(np.int64),
+            "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
+            "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64)}
+
+
+def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns | None:
+    """The rank's host ops and runtime calls (sorted by thread, start, longest first) with their own time
+    and whether they wait (for the device or for peers); None on a rank without device work."""
+    kern = _kernels(store, rank) if kern is None else kern
+    if kern is None:
+        return None
+    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "step", "role", "lane", "correlation"])
+    cat, role, lane = (t.column(c).cast(pa.string()) for c in ("cat", "role", "lane"))
+    keep = pc.and_(pc.and_(pc.is_in(cat, value_set=pa.array(HOST_CATS)), pc.equal(lane, "host")),
+                   pc.and_(pc.is_valid(t["dur"]), pc.invert(pc.is_in(role, value_set=pa.array(
+                       ["step_annotation", "data_load", "overhead"])))))
+    t = t.filter(pc.fill_null(keep, False))
+    ts = t.column("ts").to_numpy().astype(np.int64)
+    end = ts + t.column("dur").to_numpy().astype(np.int64)
+    tid = t.column("tid").fill_null(-1).to_numpy().astype(np.int64)
+    o = np.lexsort((-end, ts, tid))
+    cols = {"name": np.asarray(t.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+            "tid": tid, "ts": ts, "end": end, "step": t.column("step").fill_null(-1).to_numpy().astype(np.int64),
+            "runtime": np.isin(np.asarray(t.column("cat").cast(pa.string()).to_pylist(), dtype=object), RUNTIME_CATS),
+            "comm": np.asarray(t.column("role").cast(pa.string()).to_pylist(), dtype=object) == "comm",
+            "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
+    cols = take(cols, o)
+    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
+    cols["waits"] = _waits(cols, kern)
+    return cols
+
+
+def _waits(ops: Columns, kern: Columns) -> np.ndarray:
+    """Per op: a call that waits (for the device: synchronize, blocking memcpy, a launch on a full queue;
+    for peers: communication calls)."""
+    names = ops["name"].tolist()
+    sync = np.array([any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    waited = last_ended_inside(ops["ts"], ops["end"], kern["end"])
+    queued = ops["runtime"] & queue_full_launches(ops["ts"], ops["end"], ops["corr"], kern["ts"], kern["end"],
+                                                  kern["corr"], waited)
+    own = ops["runtime"] & own_op_waits(ops["ts"], ops["end"], ops["corr"], kern["end"], kern["corr"])
+    return sync | queued | own | ops["comm"]
+
+
+def excess_ns(ops_by_rank: dict[int, Columns]) -> dict[int, np.ndarray]:
+    """Per rank, per host op: its own time beyond the median of the same op over every rank and step,
+    where far beyond it (`SLOW_FACTOR`, `SLOW_MIN_NS`) and the op does not wait; else 0."""
+    ranks = list(ops_by_rank)
+    if not ranks:
+        return {}
+    names = np.concatenate([ops_by_rank[r]["name"] for r in ranks])
+    own = np.concatenate([ops_by_rank[r]["self_ns"] for r in ranks])
+    waits = np.concatenate([ops_by_rank[r]["waits"] for r in ranks])
+    code, n = group_ids(names)
+    med = np.rint(group_median(code, n, own.astype(np.float64))).astype(np.int64)[code]
+    slow = ~waits & (own >= SLOW_FACTOR * med) & (own - med >= SLOW_MIN_NS)
+    out = np.where(slow, own - med, 0)
+    bounds = np.cumsum([0] + [ops_by_rank[r]["name"].size for r in ranks])
+    return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}
+
+
+def launch_wait(k_ts: np.ndarray, k_end: np.ndarray, launch_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel (any order): the interval [lo, hi) the device sat idle before it waiting for its launch to
+    return: from the end of all device work that started earlier to min(its start, its launch's end);
+    empty (lo = hi) where the launch is unknown (-1) or returned while the device was still busy."""
+    o = np.argsort(k_ts, kind="stable")
+    prev = np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(k_end[o])[:-1]]
+    wait = np.where((launch_end[o] >= 0) & (launch_end[o] > prev) & (prev > np.iinfo(np.int64).min),
+                    np.minimum(k_ts[o], launch_end[o]) - prev, 0)
+    lo, hi = np.zeros(k_ts.size, np.int64), np.zeros(k_ts.size, np.int64)
+    lo[o] = np.where(wait > 0, prev, 0)
+    hi[o] = lo[o] + np.maximum(wait, 0)
+    return lo, hi
+
+
+def _launch_ends(kern: Columns, ops: Columns) -> np.ndarray:
+    rt = np.flatnonzero(ops["runtime"] & (ops["corr"] >= 0))
+    o = rt[np.argsort(ops["corr"][rt], kind="stable")]
+    j = np.clip(np.searchsorted(ops["corr"][o], kern["corr"]), 0, max(o.size - 1, 0))
+    hit = (o.size > 0) & (kern["corr"] >= 0) & (ops["corr"][o[j]] == kern["corr"]) if o.size else np.zeros(
+        kern["corr"].size, bool)
+    return np.where(hit, ops["end"][o[j]] if o.size else 0, -1)
+
+
+def _data_load(store: RunStore, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = store.rank_table("events", rank, ["ts", "dur", "role", "step"])
+    t = t.filter(pc.and_(pc.fill_null(pc.equal(t["role"].cast(pa.string()), "data_load"), False),
+                         pc.is_valid(t["dur"])))
+    ts = t.column("ts").to_numpy().astype(np.int64)
+    return ts, ts + t.column("dur").to_numpy().astype(np.int64), t.column("step").fill_null(-1).to_numpy()
+
+
+def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: np.ndarray) -> dict[str, Any] | None:
+    """Per-step means of one GPU rank (section row), None without a step."""
+    steps = np.unique(kern["step"][kern["step"] >= 0])
+    if steps.size == 0:
+        return None
+    lo, hi = launch_wait(kern["ts"], kern["end"], _launch_ends(kern, ops))
+    dl_ts, dl_end, dl_step = _data_load(store, rank)
+    busy = iv.subtract(iv.union(ops["ts"], ops["end"]), iv.union(dl_ts, dl_end))  # loading is idle_host_bound's
+    first = {int(x): int(kern["ts"][kern["step"] == x].min()) for x in steps.tolist()}
+    tot = dict.fromkeys(("step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns", "launch_wait_busy_ns",
+                         "slow_ops_ns", "data_load_ns"), 0)
+    slow_count = 0
+    for s in steps.tolist():
+        k, h, d = kern["step"] == s, ops["step"] == s, dl_step == s
+        nxt = [first[x] for x in first if x > s]  # DESIGN §3: to the next step's first kernel (the last: its end)
+        tot["step_ns"] += (min(nxt) if nxt else int(kern["end"][k].max())) - first[s]
+        tot["device_busy_ns"] += iv.total(iv.union(kern["ts"][k], kern["end"][k]))
+        tot["host_busy_ns"] += iv.total(iv.union(ops["ts"][h], ops["end"][h]))
+        tot["launch_wait_ns"] += int((hi - lo)[k].sum())
+        tot["launch_wait_busy_ns"] += iv.total(iv.intersect(iv.union(lo[k], hi[k]), busy))
+        tot["slow_ops_ns"] += int(excess[h].sum())
+        slow_count += int((excess[h] > 0).sum())
+        tot["data_load_ns"] += iv.total(iv.union(dl_ts[d], dl_end[d]))
+    n = int(steps.size)
+    return {"rank": rank, "steps": n, **{k: v // n for k, v in tot.items()}, "slow_ops": slow_count}
+
+
+def slow_op_table(ops_by_rank: dict[int, Columns], excess: dict[int, np.ndarray], limit: int = 10) -> list[dict]:
+    """The slow ops by name over the run, most excess first."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r, ops in ops_by_rank.items():
+        for i in np.flatnonzero(excess[r] > 0).tolist():
+            row = rows.setdefault(ops["name"][i], {"name": ops["name"][i], "count": 0, "excess_ns": 0,
+                                                   "median_ns": int(ops["self_ns"][i] - excess[r][i]),
+                                                   "longest_ns": 0})
+            row["count"] += 1
+            row["excess_ns"] += int(excess[r][i])
+            row["longest_ns"] = max(row["longest_ns"], int(ops["self_ns"][i]))
+    return sorted(rows.values(), key=lambda x: -x["excess_ns"])[:limit]
+
+
+def _severity(share: float) -> Severity | None:
+    if share >= LAUNCH_CRITICAL:
+        return Severity.CRITICAL
+    if share >= LAUNCH_WARNING:
+        return Severity.WARNING
+    return Severity.INFO if share >= LAUNCH_INFO else None
+
+
+def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:
+    bound = [r for r in rows if r["step_ns"] and r["launch_wait_busy_ns"] >= LAUNCH_INFO * r["step_ns"]]
+    if not bound:
+        return None
+    worst = max(bound, key=lambda r: r["launch_wait_busy_ns"] / r["step_ns"])
+    share = worst["launch_wait_busy_ns"] / worst["step_ns"]
+    wait = sum(r["launch_wait_busy_ns"] for r in bound)
+    slow_ns = sum(r["slow_ops_ns"] for r in bound)
+    cause = "starved_host" if 2 * slow_ns >= wait else "launch_overhead"
+    named = ", ".join(f"{s['name']} up to {s['longest_ns'] / 1e6:.1f} ms (median {s['median_ns'] / 1e3:.0f} µs)"
+                      for s in slow[:2])
+    why = {"starved_host": f"host ops far slower than the same op elsewhere ({named}): a starved host thread",
+           "launch_overhead": "launching takes longer than the kernels run"}
+    summary = (f"the device waits for its busy host's launches {worst['launch_wait_busy_ns'] / 1e6:.2f} ms per step on rank "
+               f"{worst['rank']} ({share:.0%} of its step; {len(bound)} of {len(rows)} ranks): {why[cause]}")
+    rec = {"starved_host": "Give each rank's host thread its own cores (fewer ranks or threads per node, "
+                           "OMP_NUM_THREADS, CPU affinity / numactl), keep other work off them, and look for GIL "
+                           "contention (data-loader threads, logging) in the training process.",
+           "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops."}[cause]
+    ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_busy_ns"]), "share_of_step": round(share, 6),
+          "slow_ops_ns_per_step": {str(r["rank"]): r["slow_ops_ns"] for r in bound}, "slow_ops": slow[:5],
+          "data_load_ns_per_step": {str(r["rank"]): r["data_load_ns"] for r in bound},
+          "host_busy_ns": {str(r["rank"]): r["host_busy_ns"] for r in bound},
+          "device_busy_ns": {str(r["rank"]): r["device_busy_ns"] for r in bound}}
+    # launch overhead: what fewer launches would save is not the whole wait, and the graph cannot replay it
+    saving = int(worst["launch_wait_busy_ns"]) if cause == "starved_host" else 0
+    sev = _severity(share) if cause == "starved_host" else Severity.INFO  # no saving to rank it by
+    return Finding(kind=FindingKind.HOST_BOUND, severity=sev, summary=summary,
+                   ranks=tuple(int(r["rank"]) for r in bound), evidence=HostBoundEvidence.of(ev),
+                   recommendation=rec, est_saving_ns=saving)
+
+
+@dataclass(frozen=True)
+class HostBoundResult(AnalyzerResult):
+    pass
+
+
+def analyze_host_bound(store: RunStore) -> HostBoundResult:
+    """Section `host_bound` and the `host_bound` finding (GPU ranks only)."""
+    kern = {r: k for r in store.ranks() if (k := _kernels(store, r)) is not None}
+    ops = {r: o for r, k in kern.items() if (o := host_ops(store, r, k)) is not None}
+    excess = excess_ns(ops)
+    rows = [x for r in ops if (x := rank_rows(store, r, kern[r], ops[r], excess[r])) is not None]
+    slow = slow_op_table(ops, excess)
+    finding = _finding(rows, slow)
+    section = {"ranks": rows, "slow_ops": slow,
+               "thresholds": {"slow_factor": SLOW_FACTOR, "slow_min_ns": SLOW_MIN_NS, "info": LAUNCH_INFO,
+                              "warning": LAUNCH_WARNING, "critical": LAUNCH_CRITICAL}}
+    return HostBoundResult(findings=[finding] if finding else [], section=section)
