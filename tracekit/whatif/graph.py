@@ -372,7 +372,18 @@ def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> N
 
 
 def window_of(g: StepGraph) -> np.ndarray:
-    """Per node: index of its (rank, step) window, -1 when none."""
+    """Per node: index of its (rank, step) window, -1 when none (read-only; cached per graph: each what-if
+    replay of a large run asks again)."""
+    key = (g.ranks, g.win_step, g.rank, g.step)  # the arrays it is computed from (replaced, never written to)
+    held = g.__dict__.get("_window_of")
+    if held is None or any(a is not b for a, b in zip(held[0], key)):
+        w = _windows_of_nodes(g)
+        w.flags.writeable = False
+        g.__dict__["_window_of"] = held = (key, w)
+    return held[1]
+
+
+def _windows_of_nodes(g: StepGraph) -> np.ndarray:
     wkey = (g.ranks.astype(np.int64) << 32) | (g.win_step.astype(np.int64) & 0xFFFFFFFF)
     nkey = (g.rank.astype(np.int64) << 32) | (g.step.astype(np.int64) & 0xFFFFFFFF)
     order = np.argsort(wkey)
@@ -421,11 +432,15 @@ def window_span_until(g: StepGraph, begin: np.ndarray, mask: np.ndarray, at: np.
 def _first_gap_removed(g: StepGraph, w: np.ndarray, mine: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """Per window: how much shorter (than measured) the gap before its first op (by measured start) is."""
     out = np.zeros(g.ranks.size, np.int64)
-    idx = np.flatnonzero(mine)
-    if idx.size == 0:
+    key = (w, g.terminal, g.start)  # the first ops are the graph's: found once (`mine` is window_bounds')
+    held = g.__dict__.get("_first_ops")
+    if held is None or any(a is not b for a, b in zip(held[0], key)):
+        idx = np.flatnonzero(mine)
+        idx = idx[np.lexsort((g.start[idx], w[idx]))]
+        g.__dict__["_first_ops"] = held = (key, idx[np.r_[True, w[idx][1:] != w[idx][:-1]]] if idx.size else idx)
+    first = held[1]
+    if first.size == 0:
         return out
-    idx = idx[np.lexsort((g.start[idx], w[idx]))]
-    first = idx[np.r_[True, w[idx][1:] != w[idx][:-1]]]
     out[w[first]] = np.maximum(g.gap[first] - gap[first], 0)
     return out
 
