@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse import kineto as K
-from tracekit.parse.classify import StepWindows, device_windows, kernel_steps, step_number
+from tracekit.parse.classify import StepWindows, accelerator_of, device_windows, kernel_steps, step_number
 from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
 from tracekit.parse.kineto_collectives import classify_collective_names
@@ -304,6 +304,8 @@ class _Context:
     step_negative_dur: int = 0
     num_events: int = 0
     memory: list[pa.Table] = field(default_factory=list)  # each chunk's `[memory]` rows (parse/memory.py)
+    raw_cats: list = field(default_factory=list)  # every raw category seen (classify.accelerator_of)
+    host_names: list = field(default_factory=list)  # every host event name seen (classify.accelerator_of)
 
 
 def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
@@ -537,7 +539,8 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
     if chunks.replaced:
         warnings.append(f"{chunks.replaced} {K.UTF8_REPAIRED}")
     info = dict(full.info, first_ts=first, last_ts=last, num_events=total_rows,
-                trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings)
+                trace_kind="gpu" if kernels.num_rows else "cpu", parse_warnings=warnings,
+                accelerator=accelerator_of(ctx.raw_cats, ctx.host_names, bool(kernels.num_rows)))
     tables = dict(full.tables, events=events, kernels=kernels, steps=device_windows(full.tables["steps"], kernels),
                   memory=_by_time(ctx.memory) if ctx.memory else full.tables["memory"])
     phase_counts = dict(ctx.phase_counts) if ctx.lenient else {"X": 0, "M": 0, **ctx.phase_counts}
@@ -554,6 +557,7 @@ def _pass1(ctx: _Context, chunks: EventChunks) -> None:
         base += ctx.num_events - before
         del chunk  # not alive while the next one is cut
         release_memory()
+    ctx.raw_cats, ctx.host_names = list(cats), list(classes)
 
 
 def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
