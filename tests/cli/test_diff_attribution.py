@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from tracekit.cli.main import app
 from tracekit.compare.attribution import attribute, attribute_stores, op_family, shapley
 from tracekit.compare.expect import check_expectations, load_expectations
+from tracekit.whatif.build import infer_stream_waits
 from tracekit.whatif.graph import Category, StepGraph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +82,33 @@ def test_attribution_splits_an_interaction_evenly() -> None:
     # v({}) = 10, v({0}) = 16, v({1}) = 14, v({0,1}) = 16 (µs): φ0 = ((16-10) + (16-14)) / 2 = 4, φ1 = ((14-10) + 0) / 2 = 2
     assert by_rank == {0: 4_000, 1: 2_000}
     assert {p["cause"]: p["delta_ns"] for p in a["parts"]}["compute:gemm"] == 6_000
+
+
+def _launch_bound(comm: int) -> StepGraph:
+    """One rank: a SendRecv of length `comm` on the comm stream from 0; a launch on the host thread from 0
+    to 5,010 ns, its kernel (1,000 ns) on the compute stream right after it: launch-bound."""
+    return StepGraph(rank=np.zeros(3, np.int32), lane=np.array([2, 0, 1]),
+                     category=np.array([Category.TRANSFER, Category.HOST, Category.COMPUTE], np.int8),
+                     start=np.array([0, 0, 5_010], np.int64), dur=np.array([comm, 5_010, 1_000], np.int64),
+                     src=np.array([1]), dst=np.array([2]), name=["ncclKernel_SendRecv", "cudaLaunchKernel", "aten::mm"],
+                     lane_names=["rank0 host thread 1", "rank0 stream 7", "rank0 stream 21"])
+
+
+def test_attribution_leaves_out_assumed_edges() -> None:
+    """The builder keeps a launch-bound kernel after the other stream's op that ended just before it (an
+    edge the trace does not show). In the new run that op is longer and the kernel ran beside it: the
+    change is the SendRecv's own, none of it the graph's shape."""
+    base, new = _launch_bound(5_000), _launch_bound(9_000)
+    infer_stream_waits(base)
+    infer_stream_waits(new)
+    assert base.assumed_edges.tolist() == [[0, 2]] and new.assumed_edges.tolist() == []
+    # step: from 0 to the last end; base max(5000, 6010) = 6010, new max(9000, 6010) = 9000
+    a = attribute(base, new)
+    assert a["measured"]["delta_ns"] == 2_990
+    parts = {p["cause"]: p["delta_ns"] for p in a["parts"]}
+    # with the assumed edge the base graph at the new durations would run the kernel after the SendRecv
+    # (10,000 ns): a schedule part of -1,000 that neither run shows
+    assert parts == {"comm:unknown": 2_990, "schedule": 0}
 
 
 def test_shapley_sums_exactly_with_sampled_orders() -> None:

@@ -858,4 +858,8 @@ def infer_stream_waits(g: StepGraph) -> None:
     ok &= (end[u] > floor) & (g.lane[u] != g.lane[waiting])
     g.src = np.r_[g.src, u[ok]]
     g.dst = np.r_[g.dst, waiting[ok]]
+    # a launch-bound op's edge from an op that ended before everything else it waited for is assumed: the
+    # trace shows no wait for it (`StepGraph.assumed_edges`)
+    assumed = ok & (end[u] <= ready[waiting])
+    g.assumed_edges = np.r_[g.assumed_edges, np.c_[u[assumed], waiting[assumed]].astype(np.int64)]
     g._plan = None

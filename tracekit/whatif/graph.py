@@ -118,6 +118,10 @@ class StepGraph:
     excess_dur: np.ndarray = None  # type: ignore[assignment]
     """per node (host threads of GPU ranks): slow host time (ops far slower than the same op elsewhere,
     analyze/host_bound.py) in the gap before it / in its own time; 0 elsewhere"""
+    assumed_edges: np.ndarray = None  # type: ignore[assignment]
+    """(k, 2) src, dst: edges the trace does not show, added so that a what-if that makes the host faster
+    keeps a launch-bound op after another stream's op that ended before it (whatif.build.infer_stream_waits);
+    they are also in src / dst"""
     inst_info: InstInfo | None = None
     """per collective instance (index = inst): key, pg_name, dim, op, bytes, n, io"""
     _plan: "_Plan | None" = None
@@ -130,6 +134,8 @@ class StepGraph:
         for attr in ("excess_gap", "excess_dur"):
             if getattr(self, attr) is None:
                 setattr(self, attr, np.zeros(n, dtype=np.int64))
+        if self.assumed_edges is None:
+            self.assumed_edges = np.zeros((0, 2), dtype=np.int64)
         if self.terminal is None:
             self.terminal = np.ones(n, dtype=bool)
         if self.step is None:
