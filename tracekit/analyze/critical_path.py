@@ -67,9 +67,22 @@ def p2p_rows(cols: Columns) -> Columns | None:
     if not is_p2p.any():
         return None
     per_rank, _ = choose_sources(cols)
+    per_rank = {r: timed_p2p_source(cols, is_p2p, r, s) for r, s in per_rank.items()}
     chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
     keep = is_p2p & (cols["source"] == chosen)
     return take(cols, keep) if keep.any() else None
+
+
+def timed_p2p_source(cols: Columns, is_p2p: np.ndarray, rank: int, chosen: str) -> str:
+    """The source of `rank`'s send/recv rows: its matching source `chosen` where that one times them, else
+    the source timing most of them (a comms log holds enqueue times only; the profiler's ops on the same
+    rank carry start and end, which the replay's send/recv links need)."""
+    timed = is_p2p & (cols["rank"] == rank) & cols["ts_ok"] & cols["dur_ok"]
+    sources = strings(cols["source"])[timed]
+    if not sources.size or (sources == chosen).any():
+        return chosen
+    names, counts = np.unique(sources, return_counts=True)
+    return str(names[np.argmax(counts)])
 
 
 def collective_ends(cols: Columns) -> Columns | None:

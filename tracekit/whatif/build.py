@@ -160,8 +160,9 @@ def clock_shift(rows: Columns | None, trace_shift: dict[int, int | None]) -> dic
 def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
     """The step's collective members on the common clock (MEMBER_COLS, `rows`: `matched_columns`) with
     the send/recv pairs after them, and `inst`: each one's instance, numbered in key order."""
-    both = no_members() if rows is None else concat([_matched_members(inp, rows, steps, shift),
-                                                     p2p_members(inp, steps, shift)])
+    # a pure pipeline job matches no collective: its send/recv pairs are the only cross-rank links
+    coll = no_members() if rows is None else _matched_members(inp, rows, steps, shift)
+    both = concat([coll, p2p_members(inp, steps, shift)])
     both["inst"] = group_ids(both["key"])[0]
     return both
 
