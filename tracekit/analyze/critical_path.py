@@ -118,7 +118,13 @@ def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, sto
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
     return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
-                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1))
+                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
+                  stages=pipeline_stages(pipe))
+
+
+def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
+    """rank → its stage: its position in its pipeline's ranks (the pipeline section's, from the P2P graph)."""
+    return {int(r): i for p in pipe.get("pipelines") or [] for i, r in enumerate(p.get("ranks") or [])}
 
 
 def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
