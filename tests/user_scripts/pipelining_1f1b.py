@@ -5,8 +5,8 @@ block count; default: as even as it goes), wrapped in a `PipelineStage`, and tra
 `Schedule1F1B` (or `ScheduleGPipe` with `--schedule gpipe`) over `--microbatches` micro-batches.
 Default process group, gloo, no labels, no record_function annotations, nothing that knows about tracekit.
 
-`--block-ms` stands in for accelerator time per block and micro-batch (a sleep in the block's forward,
-twice that in its backward: on a GPU the stage's kernels run on the device while the host waits; here it
+`--block-ms` stands in for accelerator time per block and micro-batch (an operator that sleeps in the
+block's forward, twice that in its backward: on a GPU the stage's kernels run on the device while the host waits; here it
 keeps four stages on a 2-core box working side by side instead of competing for the cores), so a stage's
 time is proportional to the blocks it holds.
 
@@ -24,19 +24,27 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 
-class _Device(torch.autograd.Function):
-    """Identity whose forward and backward take `ms` and 2·`ms` (the block's device time)."""
+@torch.library.custom_op("userpipe::device_time", mutates_args=())
+def device_time(x: torch.Tensor, ms: float) -> torch.Tensor:
+    """Identity that takes `ms` (the block's device time; an operator, as a kernel launch would be)."""
+    time.sleep(ms / 1e3)
+    return x.clone()
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, ms: float) -> torch.Tensor:  # noqa: D102
-        ctx.ms = ms
-        time.sleep(ms / 1e3)
-        return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: D102
-        time.sleep(2 * ctx.ms / 1e3)
-        return grad, None
+@device_time.register_fake
+def _(x: torch.Tensor, ms: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    return device_time(grad, 2 * ctx.ms), None  # backward twice the forward
+
+
+def _setup(ctx, inputs, output) -> None:
+    ctx.ms = inputs[1]
+
+
+device_time.register_autograd(_backward, setup_context=_setup)
 
 
 class Block(nn.Module):
@@ -46,7 +54,7 @@ class Block(nn.Module):
         self.ms = ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Device.apply(torch.relu(self.lin(x)), self.ms)
+        return device_time(torch.relu(self.lin(x)), self.ms)
 
 
 def split_of(args: argparse.Namespace, world: int) -> list[int]:

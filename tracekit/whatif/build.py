@@ -451,7 +451,8 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    wait = idle_like[own] & _inside_union(p0, p1, a, e)
+    held = ~sends(mem)  # an isend never holds its thread (its record runs on to its wait(), past later work)
+    wait = idle_like[own] & _inside_union(p0, p1, a[held], e[held])
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
@@ -473,6 +474,12 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
     return seg
+
+
+def sends(mem: Columns) -> np.ndarray:
+    """Per member: whether it is the sending side of a send/recv pair."""
+    keys, ops = strings(mem["key"]).tolist(), strings(mem["op"]).tolist()
+    return np.array([k.startswith(P2P_KEY) and "send" in o for k, o in zip(keys, ops)], dtype=bool)
 
 
 def _inside_union(s0: np.ndarray, s1: np.ndarray, a: np.ndarray, e: np.ndarray) -> np.ndarray:
