@@ -446,12 +446,14 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     leaf = _leaf(ts, end)
     idle_like = issue | ~leaf  # per op: its own time is a call or the gap between its children
     at_e = _containing(s0, s1, e, strict=False)
-    blocking = (at_e < 0) | idle_like[owner[np.maximum(at_e, 0)]] if s0.size else np.ones(e.size, bool)
+    # an isend's end releases the thread only where it recorded nothing (its wait()): inside a wait on
+    # another call (a receive) that call released it
+    blocking = (at_e < 0) | (idle_like[owner[np.maximum(at_e, 0)]] & ~sends(mem)) if s0.size else np.ones(e.size, bool)
     p0, p1, piece = cut_intervals(s0, s1, np.concatenate([a, e]))
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    held = ~sends(mem)  # an isend never holds its thread (its record runs on to its wait(), past later work)
+    held = ~sends(mem)  # an isend holds no work (its record runs on to its wait(), past later work)
     wait = idle_like[own] & _inside_union(p0, p1, a[held], e[held])
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
