@@ -236,7 +236,18 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
            "end": end[o], "dim": np.array([inp.dims.get(p, "pp") for p in pg[o].tolist()], dtype=object),
            "op": strings(df["op"][o]), "bytes": np.where(df["bytes_ok"], df["bytes"], np.nan)[o],
            "pg_name": pg[o], "step": df["step"][o].astype(np.float64), "source": strings(df["source"][o])}
-    return take(out, _key_counts(out["key"]) == 2)
+    return _delivered(take(out, _key_counts(out["key"]) == 2))
+
+
+def _delivered(pairs: Columns) -> Columns:
+    """Pairs with each send's end at the earlier of its own and its receive's end: the data was delivered
+    by then. An isend's record runs on to its wait(), which the sender may call much later (after its next
+    micro-batch's work): kept, the replay would hold the pair's transfer, and whoever it releases, that long."""
+    code = group_ids(pairs["key"])[0]
+    first = np.full(int(code.max(initial=-1)) + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, code, pairs["end"])
+    send = np.array(["send" in o for o in strings(pairs["op"]).tolist()], dtype=bool)
+    return {**pairs, "end": np.where(send, first[code], pairs["end"])}
 
 
 def _p2p_times(inp: StepInput, df: Columns, shift: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
