@@ -165,10 +165,26 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     return []
 
 
+PIPELINE_FIXES = ("stage_resplit",)
+"""Fixes whose saving is averaged over the steps after the first (`steady_steps`). Not yet the micro-batch
+fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
+
+
 def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: Layout) -> tuple[int, int]:
+    results = steady_steps(results, fixes)
     pred = [predict_ns(r, fixes, lay) for r in results]
     meas = [r.measured_ns for r in results]
     return int(np.mean(pred)), int(np.mean(meas))
+
+
+def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult]:
+    """The steps a fix's saving is averaged over: all, but for a pipeline re-split the first of several. Its
+    ranks begin staggered by the previous step's drain (the first stage, last to finish its backward, begins
+    last; docs/metrics.md §8), a step outside the graph whose measured starts the replay keeps: that step's
+    prediction carries the unfixed past, the later ones begin where the fixed graph lets them."""
+    if len(results) > 1 and any(f.kind in PIPELINE_FIXES for f in fixes):
+        return results[1:]
+    return results
 
 
 def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
