@@ -143,3 +143,35 @@ def test_resplit_saving_of_a_hand_built_pipeline_is_exact(schedule, tmp_path):
     # resumes after receives (the only time between ops in these traces)
     receives = 2 * m * (P - 1)
     assert step["composition"]["by_category"].get("host_data_stall", 0) <= receives * RESUME
+
+
+def test_send_recv_rows_come_from_the_source_that_times_them():
+    """With a collective in the run the matching source is the comms log, whose send/recv rows hold
+    enqueue times only; the replay's links take each rank's profiler rows then, its log rows where the log
+    times them."""
+    from tests.analyze.analyze_builders import table
+    from tracekit.analyze.critical_path import p2p_rows
+    from tracekit.analyze.matching import COLUMNS
+    from tracekit.tables.columns import arrow_columns, strings
+
+    ms = 1_000_000
+
+    def rows(timed_log: bool) -> list[dict]:
+        out = []
+        for r in (0, 1):
+            out.append({"rank": r, "source": "comms-log", "pg_name": "0", "seq": 1, "op": "all_reduce",
+                        "enqueue_ts": 50 * ms, "step": 1})
+            op, peer = ("send", 1) if r == 0 else ("recv", 0)
+            log = {"rank": r, "source": "comms-log", "pg_name": "0", "op": op, "is_p2p": True, "peer": peer,
+                   "enqueue_ts": 10 * ms, "step": 1}
+            out.append({**log, "ts": 10 * ms, "dur": ms} if timed_log else log)
+            out.append({"rank": r, "source": "kineto", "pg_name": "0", "op": op, "is_p2p": True, "peer": peer,
+                        "enqueue_ts": 10 * ms, "ts": 10 * ms, "dur": 2 * ms, "step": 1})
+        return out
+
+    for timed_log, want in ((False, "kineto"), (True, "comms-log")):
+        cols = arrow_columns(table("collectives", rows(timed_log)).select(COLUMNS))
+        got = p2p_rows(cols)
+        assert got is not None and sorted(got["rank"].tolist()) == [0, 1]
+        assert set(strings(got["source"]).tolist()) == {want}
+        assert got["ts_ok"].all() and got["dur_ok"].all()
