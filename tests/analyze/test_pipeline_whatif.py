@@ -139,10 +139,9 @@ def test_resplit_saving_of_a_hand_built_pipeline_is_exact(schedule, tmp_path):
           f"replayed saving {ev['replayed_saving_ns'] / ms:.3f} ms (closed form {ev['closed_form_saving_ns'] / ms:.1f})")
     assert ev["replayed_saving_ns"] == measured - expect_step
     assert top["est_saving_ns"] == measured - expect_step
-    # waiting for the peer is not a host stall: of the path, host_data_stall holds at most the threads'
-    # resumes after receives (the only time between ops in these traces)
-    receives = 2 * m * (P - 1)
-    assert step["composition"]["by_category"].get("host_data_stall", 0) <= receives * RESUME
+    # waiting for the peer is not a host stall: of the path, host_data_stall holds only the threads' short
+    # times between calls (the resumes after receives, the gloo records' starts), under 1% of the step
+    assert step["composition"]["by_category"].get("host_data_stall", 0) <= 0.01 * measured
 
 
 def test_send_recv_rows_come_from_the_source_that_times_them():

@@ -236,18 +236,18 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
            "end": end[o], "dim": np.array([inp.dims.get(p, "pp") for p in pg[o].tolist()], dtype=object),
            "op": strings(df["op"][o]), "bytes": np.where(df["bytes_ok"], df["bytes"], np.nan)[o],
            "pg_name": pg[o], "step": df["step"][o].astype(np.float64), "source": strings(df["source"][o])}
-    return _delivered(take(out, _key_counts(out["key"]) == 2))
+    return take(out, _key_counts(out["key"]) == 2)
 
 
-def _delivered(pairs: Columns) -> Columns:
-    """Pairs with each send's end at the earlier of its own and its receive's end: the data was delivered
+def delivered(members: Columns) -> np.ndarray:
+    """Per member: its end, but a send's at the earlier of its own and its receive's: the data was delivered
     by then. An isend's record runs on to its wait(), which the sender may call much later (after its next
-    micro-batch's work): kept, the replay would hold the pair's transfer, and whoever it releases, that long."""
-    code = group_ids(pairs["key"])[0]
-    first = np.full(int(code.max(initial=-1)) + 1, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first, code, pairs["end"])
-    send = np.array(["send" in o for o in strings(pairs["op"]).tolist()], dtype=bool)
-    return {**pairs, "end": np.where(send, first[code], pairs["end"])}
+    micro-batch's work): as the transfer's end, the replay would hold the pair, and whoever it releases, that
+    long (the thread's own wait at the record's end stays: `add_cpu_rank`)."""
+    inst, end = members["inst"], members["end"]
+    first = np.full(int(inst.max(initial=-1)) + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, inst, end)
+    return np.where(sends(members), first[inst], end)
 
 
 def _p2p_times(inp: StepInput, df: Columns, shift: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -311,7 +311,7 @@ def add_collectives(buf: _Buf, members: Columns, dims: list[str]) -> dict[str, n
     # previous transfer on the same lane ended (ties on the lane keep that order: by arrival)
     xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
     names = [f"{o} {p}" for o, p in zip(strings(members["op"]).tolist(), strings(members["pg_name"]).tolist())]
-    xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(end - xs, 0),
+    xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(delivered(members) - xs, 0),
                        dim=dim_idx, inst=inst, tie=arrival, names=names, terminal=True,
                        step=np.nan_to_num(members["step"], nan=-1).astype(np.int64))
     buf.edge(arr_ids, sync[inst])
@@ -464,8 +464,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    held = ~sends(mem)  # an isend holds no work (its record runs on to its wait(), past later work)
-    wait = idle_like[own] & _inside_union(p0, p1, a[held], e[held])
+    wait = idle_like[own] & _inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
@@ -487,6 +486,17 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
     return seg
+
+
+def _holding(mem: Columns, p0: np.ndarray, p1: np.ndarray, idle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals in which the members hold the thread (pieces `p0`..`p1`, `idle`: a call's or an op's own
+    time): a collective from arrival to end; an isend only at its record's end, from the thread's last work
+    before it (its wait(): the record runs on past the thread's later work, which it holds nothing of)."""
+    a, e, snd = mem["arrival"].copy(), mem["end"], sends(mem)
+    work_end = p1[~idle]
+    k = np.searchsorted(work_end, e[snd], side="right") - 1
+    a[snd] = np.maximum(a[snd], np.where(k >= 0, work_end[np.maximum(k, 0)], a[snd]))
+    return a, e
 
 
 def sends(mem: Columns) -> np.ndarray:
