@@ -464,7 +464,11 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    wait = idle_like[own] & _inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
+    # under an isend's record the thread's own calls into the library wait (gloo serialises a pair's
+    # messages), the op it runs past does not
+    snd = sends(mem)
+    wait = idle_like[own] & (_inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
+                             | ((issue & ~ann)[own] & _inside_union(p0, p1, a[snd], e[snd])))
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
