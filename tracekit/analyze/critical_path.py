@@ -68,9 +68,22 @@ def p2p_rows(cols: Columns) -> Columns | None:
     if not is_p2p.any():
         return None
     per_rank, _ = choose_sources(cols)
+    per_rank = {r: timed_p2p_source(cols, is_p2p, r, s) for r, s in per_rank.items()}
     chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
     keep = is_p2p & (cols["source"] == chosen)
     return take(cols, keep) if keep.any() else None
+
+
+def timed_p2p_source(cols: Columns, is_p2p: np.ndarray, rank: int, chosen: str) -> str:
+    """The source of `rank`'s send/recv rows: its matching source `chosen` where that one times them, else
+    the source timing most of them (a comms log holds enqueue times only; the profiler's ops on the same
+    rank carry start and end, which the replay's send/recv links need)."""
+    timed = is_p2p & (cols["rank"] == rank) & cols["ts_ok"] & cols["dur_ok"]
+    sources = strings(cols["source"])[timed]
+    if not sources.size or (sources == chosen).any():
+        return chosen
+    names, counts = np.unique(sources, return_counts=True)
+    return str(names[np.argmax(counts)])
 
 
 def collective_ends(cols: Columns) -> Columns | None:
@@ -106,7 +119,13 @@ def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, sto
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
     return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
-                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1))
+                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
+                  stages=pipeline_stages(pipe))
+
+
+def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
+    """rank → its stage: its position in its pipeline's ranks (the pipeline section's, from the P2P graph)."""
+    return {int(r): i for p in pipe.get("pipelines") or [] for i, r in enumerate(p.get("ranks") or [])}
 
 
 def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
@@ -149,8 +168,15 @@ def fix_for(f: Finding, lay: Layout) -> list[Fix]:
     return []
 
 
+PIPELINE_FIXES = ("stage_resplit",)
+"""Fixes whose saving is averaged over the steps after the first (`steady_steps`). Not yet the micro-batch
+fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
+
+
 def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: Layout) -> tuple[int, int]:
-    """(predicted, measured) step time of the run: see `run_step_ns`."""
+    """(predicted, measured) step time of the run: see `run_step_ns`; for a pipeline re-split over the steps
+    after the first (`steady_steps`)."""
+    results = steady_steps(results, fixes)
     one = _one_graph(results)
     if one is None:
         pred = [predict_ns(r, fixes, lay) for r in results]
@@ -174,6 +200,16 @@ def run_step_ns(g: StepGraph, times: np.ndarray, rows: np.ndarray) -> int:
     18.1 ms the run lost."""
     ranks = g.ranks[rows]
     return int(max(float(np.mean(times[rows][ranks == r])) for r in np.unique(ranks)))
+
+
+def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult]:
+    """The steps a fix's saving is averaged over: all, but for a pipeline re-split the first of several. Its
+    ranks begin staggered by the previous step's drain (the first stage, last to finish its backward, begins
+    last; docs/metrics.md §8), a step outside the graph whose measured starts the replay keeps: that step's
+    prediction carries the unfixed past, the later ones begin where the fixed graph lets them."""
+    if len(results) > 1 and any(f.kind in PIPELINE_FIXES for f in fixes):
+        return results[1:]
+    return results
 
 
 def rescore(findings: list[Finding], results: list[StepResult], lay: Layout

@@ -171,8 +171,9 @@ def clock_shift(rows: Columns | None, trace_shift: dict[int, int | None]) -> dic
 def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
     """The step's collective members on the common clock (MEMBER_COLS, `rows`: `matched_columns`) with
     the send/recv pairs after them, and `inst`: each one's instance, numbered in key order."""
-    both = no_members() if rows is None else concat([_matched_members(inp, rows, steps, shift),
-                                                     p2p_members(inp, steps, shift)])
+    # a pure pipeline job matches no collective: its send/recv pairs are the only cross-rank links
+    coll = no_members() if rows is None else _matched_members(inp, rows, steps, shift)
+    both = concat([coll, p2p_members(inp, steps, shift)])
     both["inst"] = group_ids(both["key"])[0]
     return both
 
@@ -249,6 +250,17 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
     return take(out, _key_counts(out["key"]) == 2)
 
 
+def delivered(members: Columns) -> np.ndarray:
+    """Per member: its end, but a send's at the earlier of its own and its receive's: the data was delivered
+    by then. An isend's record runs on to its wait(), which the sender may call much later (after its next
+    micro-batch's work): as the transfer's end, the replay would hold the pair, and whoever it releases, that
+    long (the thread's own wait at the record's end stays: `add_cpu_rank`)."""
+    inst, end = members["inst"], members["end"]
+    first = np.full(int(inst.max(initial=-1)) + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, inst, end)
+    return np.where(sends(members), first[inst], end)
+
+
 def _p2p_times(inp: StepInput, df: Columns, shift: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Arrival (DESIGN §3, as matching.arrival_ns with ts known: the device start on GPU ranks, else the
     enqueue) and end of send/recv rows, on the common clock."""
@@ -310,7 +322,7 @@ def add_collectives(buf: _Buf, members: Columns, dims: list[str]) -> dict[str, n
     # previous transfer on the same lane ended (ties on the lane keep that order: by arrival)
     xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
     names = [f"{o} {p}" for o, p in zip(strings(members["op"]).tolist(), strings(members["pg_name"]).tolist())]
-    xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(end - xs, 0),
+    xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(delivered(members) - xs, 0),
                        dim=dim_idx, inst=inst, tie=arrival, names=names, terminal=True,
                        step=np.nan_to_num(members["step"], nan=-1).astype(np.int64))
     buf.edge(arr_ids, sync[inst])
@@ -456,12 +468,18 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     leaf = _leaf(ts, end)
     idle_like = issue | ~leaf  # per op: its own time is a call or the gap between its children
     at_e = _containing(s0, s1, e, strict=False)
-    blocking = (at_e < 0) | idle_like[owner[np.maximum(at_e, 0)]] if s0.size else np.ones(e.size, bool)
+    # an isend's end releases the thread only where it recorded nothing (its wait()): inside a wait on
+    # another call (a receive) that call released it
+    blocking = (at_e < 0) | (idle_like[owner[np.maximum(at_e, 0)]] & ~sends(mem)) if s0.size else np.ones(e.size, bool)
     p0, p1, piece = cut_intervals(s0, s1, np.concatenate([a, e]))
     own = owner[piece]
     load = np.array([name_role(n) == "data_load" for n in names], dtype=bool)
     cat = np.where(issue, Category.HOST, np.where(load, Category.STALL, Category.COMPUTE)).astype(np.int8)[own]
-    wait = idle_like[own] & _inside_union(p0, p1, a, e)
+    # under an isend's record the thread's own calls into the library wait (gloo serialises a pair's
+    # messages), the op it runs past does not
+    snd = sends(mem)
+    wait = idle_like[own] & (_inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
+                             | ((issue & ~ann)[own] & _inside_union(p0, p1, a[snd], e[snd])))
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
@@ -483,6 +501,23 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
     return seg
+
+
+def _holding(mem: Columns, p0: np.ndarray, p1: np.ndarray, idle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals in which the members hold the thread (pieces `p0`..`p1`, `idle`: a call's or an op's own
+    time): a collective from arrival to end; an isend only at its record's end, from the thread's last work
+    before it (its wait(): the record runs on past the thread's later work, which it holds nothing of)."""
+    a, e, snd = mem["arrival"].copy(), mem["end"], sends(mem)
+    work_end = p1[~idle]
+    k = np.searchsorted(work_end, e[snd], side="right") - 1
+    a[snd] = np.maximum(a[snd], np.where(k >= 0, work_end[np.maximum(k, 0)], a[snd]))
+    return a, e
+
+
+def sends(mem: Columns) -> np.ndarray:
+    """Per member: whether it is the sending side of a send/recv pair."""
+    keys, ops = strings(mem["key"]).tolist(), strings(mem["op"]).tolist()
+    return np.array([k.startswith(P2P_KEY) and "send" in o for k, o in zip(keys, ops)], dtype=bool)
 
 
 def _inside_union(s0: np.ndarray, s1: np.ndarray, a: np.ndarray, e: np.ndarray) -> np.ndarray:

@@ -95,6 +95,8 @@ class Layout:
     """CPU-only ranks (no device work in the trace) → their host: ranks of one host share its cores"""
     hosts: dict[int, str] = field(default_factory=dict)
     """rank → host name (a group within one host uses its links, one spanning hosts the network's)"""
+    stages: dict[int, int] = field(default_factory=dict)
+    """rank → its pipeline stage from the send/recv graph (pipeline section), where `coords` name no pp"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")
@@ -517,7 +519,7 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
     comp = compute_by_rank(g, dur)
     stages: dict[int, list[int]] = {}
     for r in comp:
-        st = lay.coords.get(r, {}).get("pp")
+        st = lay.coords.get(r, {}).get("pp", lay.stages.get(r))
         if st is not None:
             stages.setdefault(st, []).append(r)
     if len(stages) < 2:

@@ -178,12 +178,14 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     cats = [_CAT_NAME[c] for c in g.category[path].tolist()]
     lanes, ranks, dims = g.lane[path].tolist(), g.rank[path].tolist(), g.dim[path].tolist()
     on_thread = ["thread" in name for name in g.lane_names]
+    before_peer = _before_peer_step(res, path, start, rank, row)
     by_cat: dict[str, int] = {}
     by_rank: dict[str, int] = {}
     by_dim: dict[str, int] = {}
     for i, (own, gap) in enumerate(zip(dur.tolist(), gaps.tolist())):
         by_cat[cats[i]] = by_cat.get(cats[i], 0) + own
         key = "host_data_stall" if lanes[i] >= 0 and on_thread[lanes[i]] else "launch_or_idle"
+        key = "waiting_for_peer" if before_peer[i] else key
         by_cat[key] = by_cat.get(key, 0) + gap
         if ranks[i] >= 0:
             by_rank[str(ranks[i])] = by_rank.get(str(ranks[i]), 0) + own + gap
@@ -229,6 +231,19 @@ def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, 
         out[LANE_KINDS[k]] += own + gap
     out[LANE_KINDS[int(kinds[-1])]] += max(after, 0)
     return out
+
+
+def _before_peer_step(res: StepResult, path: np.ndarray, start: np.ndarray, rank: int, row: int) -> np.ndarray:
+    """Per path node: it is another rank's, at or before that rank's window of the step began. The gap before
+    it is the slowest rank waiting for a peer still in its previous step (a pipeline's stages begin a step
+    staggered by the last one's drain), not a stall of its own or of that peer's step."""
+    g = res.graph
+    begin = window_bounds(g, res.start)[0]
+    step = g.win_step[row]
+    peer_begin = {int(r): int(b) for r, s, b in zip(g.ranks.tolist(), g.win_step.tolist(), begin.tolist()) if s == step}
+    ranks = g.rank[path].tolist()
+    return np.array([r >= 0 and r != rank and r in peer_begin and t <= peer_begin[r]
+                     for r, t in zip(ranks, start.tolist())], dtype=bool)
 
 
 def path_rows(res: StepResult, path: np.ndarray, limit: int) -> list[dict[str, Any]]:
