@@ -6,7 +6,7 @@ steps, where a rank's step is the breakdown's step window (one step denominator 
 ranks the device's step, from its first kernel to the next step's first kernel, not the host's
 `ProfilerStep` annotation). FLOPs are the ops' counts in `events.flops` (torch.profiler with_flops=True),
 summed per rank over its steps; achieved FLOP/s = FLOPs / summed step time. MFU = achieved / peak,
-peak from `config.peak_tflops` or the device's dense bf16/fp16 tensor peak in KNOWN_PEAK_TFLOPS
+peak from `config.peak_tflops` or the device's dense bf16/fp16 tensor peak in the device table (analyze/hardware.py)
 (matched on `ranks.device_names`); none for CPU ranks or unknown devices.
 
 Section `throughput` (JSON):
@@ -29,32 +29,17 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
+from tracekit.analyze.hardware import device_peaks
 from tracekit.analyze.layout import LayoutResult
 from tracekit.tables.store import RunStore
 
-# Dense (no sparsity) bf16/fp16 tensor-core peaks per device, TFLOP/s, from the vendors' data sheets.
-# Most specific names first: the first substring found in the device name wins.
-KNOWN_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.0),
-    ("H100 PCIE", 756.0),
-    ("H100", 989.0),          # SXM
-    ("A100", 312.0),
-    ("V100", 125.0),          # SXM2
-    ("MI300X", 1307.0),
-    ("MI250X", 383.0),
-    ("MI250", 362.0),
-)
-
-
 def device_peak_tflops(device_name: str | None) -> float | None:
-    """Known dense bf16/fp16 peak of a device name (case-insensitive substring match), else None."""
-    if not device_name:
+    """Dense bf16 (else fp16) tensor peak of a device name, TFLOP/s, from the one device table
+    (`analyze/hardware.py`, matched on the deviceProperties name), else None."""
+    dev = device_peaks(device_name)
+    if dev is None:
         return None
-    up = device_name.upper()
-    for key, peak in KNOWN_PEAK_TFLOPS:
-        if key in up:
-            return peak
-    return None
+    return dev.peak_tflops("bf16") or dev.peak_tflops("fp16")
 
 
 def _dp_degree(store: RunStore, layout: dict[str, Any]) -> int | None:
