@@ -99,3 +99,12 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Order for reports: a hung job first (BLOCKING_KINDS), then largest estimated saving, then severity."""
     return sorted(findings, key=lambda f: (f.kind not in BLOCKING_KINDS, -int(f.est_saving_ns),
                                            -f.severity.order, f.kind.value))
+
+
+def severity_by_share(share: float, info: float, warning: float, critical: float) -> Severity | None:
+    """The severity a share of the step earns against three ascending thresholds; None below `info`."""
+    if share >= critical:
+        return Severity.CRITICAL
+    if share >= warning:
+        return Severity.WARNING
+    return Severity.INFO if share >= info else None

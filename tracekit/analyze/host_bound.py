@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.evidence import HostBoundEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.findings import Finding, FindingKind, Severity, severity_by_share
 from tracekit.tables.columns import Columns, group_ids, group_median, take
 from tracekit.tables.store import RunStore
 
@@ -258,11 +258,7 @@ def slow_op_table(ops_by_rank: dict[int, Columns], excess: dict[int, np.ndarray]
 
 
 def _severity(share: float) -> Severity | None:
-    if share >= LAUNCH_CRITICAL:
-        return Severity.CRITICAL
-    if share >= LAUNCH_WARNING:
-        return Severity.WARNING
-    return Severity.INFO if share >= LAUNCH_INFO else None
+    return severity_by_share(share, LAUNCH_INFO, LAUNCH_WARNING, LAUNCH_CRITICAL)
 
 
 def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:

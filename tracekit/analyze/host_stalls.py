@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from tracekit.analyze import intervals as iv
 from tracekit.analyze.base import AnalyzerResult
 from tracekit.analyze.evidence import HostStallEvidence
-from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
+from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
 from tracekit.analyze.matching import host_count
 from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
@@ -187,11 +187,7 @@ def _source(name: str) -> str:
 
 
 def _severity(frac: float) -> Severity | None:
-    if frac >= STALL_CRITICAL:
-        return Severity.CRITICAL
-    if frac >= STALL_WARNING:
-        return Severity.WARNING
-    return Severity.INFO if frac >= STALL_INFO else None
+    return severity_by_share(frac, STALL_INFO, STALL_WARNING, STALL_CRITICAL)
 
 
 def _finding(r: dict[str, Any], shared_host: bool) -> Finding | None:
