@@ -20,8 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-BEGIN_CAPTURE = re.compile(r"^(cuda|hip)StreamBeginCapture")
-END_CAPTURE = re.compile(r"^(cuda|hip)StreamEndCapture")
+from tracekit.parse.classify import BEGIN_CAPTURE_RE, END_CAPTURE_RE
+
+BEGIN_CAPTURE, END_CAPTURE = BEGIN_CAPTURE_RE, END_CAPTURE_RE  # one spelling, classify's (trace kinds use it too)
 GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
 KERNEL_LAUNCH = re.compile(r"^(cuda|hip)(Ext)?(Module)?Launch(Cooperative)?Kernel|^cuLaunchKernel|^hipExtLaunchKernel")
 
