@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.simulate import engine
-from tracekit.simulate.engine import MEMORY, Op
+from tracekit.simulate.executor import MEMORY, Op
 from tracekit.simulate.key import RankIntervals, answer_key
 from tracekit.simulate.program import World, build_programs, make_world
 from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec
