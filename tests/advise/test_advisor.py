@@ -20,8 +20,8 @@ from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
 from tracekit.analysis import write_outputs
-from tracekit.flow import analyze_store
 from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec, predict, simulate, step_time, write_traces
 

@@ -12,8 +12,8 @@ from fractions import Fraction
 import pytest
 
 from tests.gpu_semantics import pipeline_gen as gen
-from tracekit.flow import analyze_store
 from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 MS = gen.MS

@@ -56,14 +56,14 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.findings import recommend
+from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.config import AnalysisConfig
-from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of
+from tracekit.derive.topology import LayoutResult, rank_hosts
+from tracekit.findings import recommend
 from tracekit.findings.evidence import BandwidthEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
-from tracekit.derive.topology import LayoutResult, rank_hosts
-from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of
-from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5

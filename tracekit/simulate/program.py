@@ -1,7 +1,7 @@
 """The workload: per rank, the ordered host ops of each training step for a model, layout and faults.
 
 Costs: GEMMs at peak × efficiency, memory-bound kernels at HBM bandwidth, a small seeded jitter per
-kernel; collectives sized from the activations / parameters they move (see engine.py for timing).
+kernel; collectives sized from the activations / parameters they move (see executor.py for timing).
 """
 
 from __future__ import annotations
