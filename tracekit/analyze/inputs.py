@@ -1,12 +1,17 @@
 """What the inputs are worth: skipped files, empty traces, missing ranks, ranks of different runs, and
 ranks whose times are in other units. Each becomes a warning finding and a line in `inputs.warnings`,
-so a partial or mixed folder never yields silent numbers.
+so a partial or mixed folder never yields silent numbers. Ranks read from a collective log only (a partial
+recording: `tracekit record --profile-ranks`, `tracekit simulate --trace-ranks`) are present, not missing:
+`log_only_ranks` lists them and a line in `inputs.warnings` says which ranks the cross-rank numbers
+(matching, stragglers, skew: every rank with a log) and the per-rank breakdowns (traced ranks) cover.
 
 Read from the store only: meta (skipped inputs, parser warnings, world size), `ranks` (per-rank time
 range, epoch, stated world size) and `steps`.
 
 Section `inputs`:
     {"world_size": int | null, "ranks": [int], "missing_ranks": [int], "empty_ranks": [int],
+     "log_only_ranks": [int],   # read from a collective log only (a partial recording: `--profile-ranks`)
+     "traced_ranks": [int],     # ranks with a profiler trace
      "skipped": int, "runs": [{"ranks": [int], "start_ns": int, "end_ns": int}] (wall clock, ns),
      "world_sizes": {str(world size): [rank]},
      "time_scale": {"measure": "step|span", "groups": [{"ranks": [int], "median_ns": int}],
@@ -17,6 +22,7 @@ Section `inputs`:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,10 +132,31 @@ def _check_skipped(skipped: list[dict[str, str]], out: _Report) -> None:
         ), warn=False)
 
 
+_LOG_FILE = re.compile(r"(?:^|[/\\])(?:comms|flight_recorder)\.rank\d+\.jsonl?$")
+
+
+def is_log_only(row: dict[str, Any]) -> bool:
+    """A rank read from a collective log (comms.rank{R}.jsonl, a Flight Recorder dump) and no profiler trace."""
+    return (not row.get("num_events") and not row.get("trace_kind")
+            and (row.get("rank_source") == "comms-log" or bool(_LOG_FILE.search(str(row.get("source_file") or "")))))
+
+
+def _check_log_only(by_rank: dict[int, dict[str, Any]], out: _Report) -> list[int]:
+    """2a. ranks with a collective log and no trace (a partial recording): present, covered by cross-rank numbers only"""
+    log_only = [r for r in sorted(by_rank) if is_log_only(by_rank[r])]
+    if log_only:
+        traced = len(by_rank) - len(log_only)
+        out.warnings.append(
+            f"{len(log_only)} of {len(by_rank)} rank(s) have a collective log and no trace (log-only: ranks "
+            f"{_ranks_text(log_only)}): matching, stragglers and skew cover all {len(by_rank)} ranks from the logs; "
+            f"breakdowns and other per-rank numbers cover the {traced} traced rank(s)")
+    return log_only
+
+
 def _check_empty(by_rank: dict[int, dict[str, Any]], out: _Report) -> list[int]:
     """2. traces without events"""
     empty = [r for r in sorted(by_rank) if not by_rank[r].get("num_events") and by_rank[r].get("source_file")
-             and str(by_rank[r].get("source_file")).endswith((".json", ".json.gz"))]
+             and str(by_rank[r].get("source_file")).endswith((".json", ".json.gz")) and not is_log_only(by_rank[r])]
     if empty:
         msg = f"traces of ranks {_ranks_text(empty)} hold no complete events; those ranks have no breakdown"
         out.add(Finding(
@@ -233,6 +260,7 @@ def analyze_inputs(store: RunStore, thresholds: InputChecksConfig | None = None)
     ranks = sorted(by_rank)
     _check_skipped(store.skipped, out)
     empty = _check_empty(by_rank, out)
+    log_only = _check_log_only(by_rank, out)
     world_size = meta.get("world_size")
     missing = _check_missing(world_size, ranks, out)
     measure, values = _time_measures(store, by_rank)
@@ -247,7 +275,8 @@ def analyze_inputs(store: RunStore, thresholds: InputChecksConfig | None = None)
     _check_runs(runs, stated, out)
     section = {
         "world_size": int(world_size) if world_size else None, "ranks": ranks, "missing_ranks": missing,
-        "empty_ranks": empty, "skipped": len(store.skipped), "runs": runs, "world_sizes": stated,
+        "empty_ranks": empty, "log_only_ranks": log_only,
+        "traced_ranks": [r for r in ranks if not is_log_only(by_rank[r])], "skipped": len(store.skipped), "runs": runs, "world_sizes": stated,
         "time_scale": {"measure": measure, "groups": groups, "suspect_ranks": suspect},
         "warnings": out.warnings,
     }

@@ -23,7 +23,7 @@ Examples:
 
   tracekit record --out traces -- torchrun --nproc-per-node 8 train.py --lr 3e-4
 
-  tracekit record --out traces --wait 10 --warmup 2 --active 3 --ranks 0,8,16 -- torchrun ... train.py
+  tracekit record --out traces --wait 10 --warmup 2 --active 3 --profile-ranks 0-3,12 -- torchrun ... train.py
 
   tracekit record --out traces -- python train.py
 
@@ -76,8 +76,10 @@ def register(app: typer.Typer) -> None:
         repeat: int = typer.Option(1, help="Number of cycles; 0 repeats until the program ends (e.g. --repeat 2)."),
         skip_first: int = typer.Option(0, help="Steps skipped once before the first cycle (e.g. --skip-first 20)."),
         ranks: Optional[str] = typer.Option(
-            None, help="Profile only these global ranks, e.g. --ranks 0,8,16 or --ranks 0-3. The others still "
-                       "log their collectives, so nobody waits on them."),
+            None, "--profile-ranks", "--ranks",
+            help="Partial tracing: run the profiler only on these global ranks, e.g. --profile-ranks 0-3,12 "
+                 "(--ranks is the same option). The others still log their collectives (comms.rank{R}.jsonl), "
+                 "so analyze covers them from the logs (log-only ranks) and nobody waits on them."),
         ranks_per_group: Optional[int] = typer.Option(
             None, help="Profile only the first N local ranks of each launcher group (one torchrun agent = one "
                        "node), e.g. --ranks-per-group 1."),
@@ -188,7 +190,7 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
         if r.get("profiled"):
             bits.append(f"steps {steps}" + (" (partial)" if r.get("trace_partial") else ""))
         else:
-            bits.append("not profiled")
+            bits.append("not profiled (log only)")
         bits.append(f"{r.get('collectives_logged', 0)} collectives logged")
         bits.append(", ".join(sorted(files.values())))
         if r.get("reason"):

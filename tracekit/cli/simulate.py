@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 HELP = """Simulate training steps of a model on a GPU cluster with a parallel layout, and write what
-torch.profiler + NCCL would have written: one rank{R}.pt.trace.json.gz per rank, plus
+torch.profiler + NCCL would have written: one rank{R}.pt.trace.json.gz per rank (with --trace-ranks only on
+those, and comms.rank{R}.jsonl collective logs on every rank, as `tracekit record --profile-ranks` leaves), plus
 .ground_truth.json (a hidden file, never an input: the injected faults and the exact answer key) and manifest.json.
 
 Layout: --dp --tp --pp --cp --ep (ep borrows dp x cp ranks); mesh order pp, dp, cp, tp.
@@ -52,6 +53,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Random seed: the same seed gives the same traces."),
         workers: int = typer.Option(1, "--workers", "-j", help="Processes writing traces."),
         comms_logs: bool = typer.Option(False, "--comms-logs", help="Also write comms.rank{R}.jsonl (Flight Recorder entries)."),
+        trace_ranks: str = typer.Option(
+            "", "--trace-ranks", help="A partial recording: full traces on N ranks spread evenly (e.g. --trace-ranks 32) "
+                                      "or on a rank list (e.g. --trace-ranks 0-3,12), collective logs on all."),
         without: bool = typer.Option(True, "--without/--no-without",
                                      help="Re-simulate without each fault for the answer key."),
     ) -> None:
@@ -80,7 +84,14 @@ def register(app: typer.Typer) -> None:
             t0 = time.perf_counter()
             res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without)
             t1 = time.perf_counter()
-            info = write_traces(res, out, workers=workers, comms_logs=comms_logs)
+            traced = None
+            if trace_ranks:
+                from tracekit.record.config import parse_rank_list
+                from tracekit.simulate.writer import spread_ranks
+
+                traced = (spread_ranks(res.ranks, int(trace_ranks)) if trace_ranks.strip().isdigit()
+                          else parse_rank_list(trace_ranks))
+            info = write_traces(res, out, workers=workers, comms_logs=comms_logs, trace_ranks=traced)
             t2 = time.perf_counter()
         except ValueError as exc:
             typer.echo(f"tracekit simulate: {exc}", err=True)

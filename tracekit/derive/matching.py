@@ -126,9 +126,15 @@ class MatchedCollectives:
 
 
 def gpu_ranks(store: RunStore) -> set[int]:
-    """Ranks whose trace has device kernels (ranks.trace_kind == "gpu")."""
+    """Ranks whose trace has device kernels (ranks.trace_kind == "gpu"), and the ranks without a trace
+    (log-only: a partial recording, `--profile-ranks`) when every traced rank is a GPU rank: one job runs
+    one kind of device, so their logs' start times are the collective's start on the device too (an
+    arrival from the host's enqueue would put them ahead of the traced ranks by the host's lead)."""
     t = store.table("ranks", ["rank", "trace_kind"]).to_pylist()
-    return {r["rank"] for r in t if r["trace_kind"] == "gpu"}
+    gpu = {r["rank"] for r in t if r["trace_kind"] == "gpu"}
+    if gpu and all(r["trace_kind"] in ("gpu", None) for r in t):
+        gpu |= {r["rank"] for r in t if r["trace_kind"] is None}
+    return gpu
 
 
 def _on_ranks(rank: np.ndarray, ranks: set[int]) -> np.ndarray:

@@ -150,6 +150,10 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
         "window": window,
         "ranks": [_rank_summary(records[r]) for r in sorted(records)],
         "missing_ranks": missing,
+        # partial tracing (--profile-ranks): who has a trace, who only a collective log
+        "traced_ranks": sorted(r for r, rec in records.items() if trace_path(out_dir, r).exists()),
+        "log_only_ranks": sorted(r for r in records if not trace_path(out_dir, r).exists()
+                                 and comms_log_path(out_dir, r).exists()),
         "process_groups": sorted(groups.values(), key=lambda g: g.get("name", "")),
         "parallel_layout": parallel_layout(list(groups.values())),
         "clock_anchors": {str(r): records[r].get("clock") for r in sorted(records)},

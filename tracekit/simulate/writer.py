@@ -252,13 +252,28 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.pt.trace.json.gz"
 
 
-def _write_range(res, out_dir: str, ranks: list[int]) -> int:
+def _write_range(res, out_dir: str, ranks: list[int], traced: frozenset[int] | None = None,
+                 comms_logs: bool = False) -> int:
+    """Traces of `ranks` (only those in `traced`, when given) and, with `comms_logs`, every one's log."""
     n = 0
     for r in ranks:
-        data, k = trace_bytes(res, r)
-        Path(out_dir, trace_name(r)).write_bytes(data)
-        n += k
+        if traced is None or r in traced:
+            data, k = trace_bytes(res, r)
+            Path(out_dir, trace_name(r)).write_bytes(data)
+            n += k
+        if comms_logs:
+            write_comms_log(res, out_dir, r)
     return n
+
+
+def spread_ranks(world: int, count: int) -> list[int]:
+    """`count` ranks spread evenly over `world` (rank i * world // count), as a partial recording would
+    pick one rank every few nodes; all of them when count >= world."""
+    if count <= 0:
+        raise ValueError(f"--trace-ranks must be >= 1, got {count}")
+    if count >= world:
+        return list(range(world))
+    return sorted({i * world // count for i in range(count)})
 
 
 def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
@@ -288,27 +303,40 @@ def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
 
 
 def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest: bool = True,
-                 comms_logs: bool = False) -> dict[str, Any]:
+                 comms_logs: bool = False, trace_ranks: list[int] | None = None) -> dict[str, Any]:
     """Write rank{R}.pt.trace.json.gz per rank, the answer key (ANSWER_KEY_FILE), (optionally) manifest.json and the
-    comms.rank{R}.jsonl collective logs. Returns {"files", "events"}."""
+    comms.rank{R}.jsonl collective logs. Returns {"files", "events"}.
+
+    `trace_ranks`: a partial recording (`tracekit record --profile-ranks`): full traces on these ranks only,
+    collective logs on every rank (implies `comms_logs`); the manifest lists the traced ranks."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ranks = list(range(res.ranks))
+    traced = None
+    if trace_ranks is not None:
+        bad = [r for r in trace_ranks if not 0 <= r < res.ranks]
+        if bad:
+            raise ValueError(f"--trace-ranks names ranks outside the world of {res.ranks}: {bad[:8]}")
+        traced, comms_logs = frozenset(trace_ranks), True
     if workers > 1 and len(ranks) > 1:
         import multiprocessing as mp
 
         chunks = [ranks[i::workers] for i in range(workers)]
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-            events = sum(ex.map(_write_range, [res] * workers, [str(out)] * workers, chunks))
+            events = sum(ex.map(_write_range, [res] * workers, [str(out)] * workers, chunks,
+                                [traced] * workers, [comms_logs] * workers))
     else:
-        events = _write_range(res, str(out), ranks)
-    if comms_logs:
-        for r in ranks:
-            write_comms_log(res, out, r)
+        events = _write_range(res, str(out), ranks, traced, comms_logs)
     (out / ANSWER_KEY_FILE).write_text(json.dumps(res.ground_truth(), indent=1))
     if manifest:
-        (out / "manifest.json").write_text(json.dumps(build_manifest(res), indent=1))
-    return {"files": len(ranks), "events": events}
+        man = build_manifest(res)
+        if comms_logs:
+            man["files"]["comms_logs"] = "comms.rank{R}.jsonl"
+        if traced is not None:
+            man["traced_ranks"] = sorted(traced)
+            man["log_only_ranks"] = [r for r in ranks if r not in traced]
+        (out / "manifest.json").write_text(json.dumps(man, indent=1))
+    return {"files": len(ranks) if traced is None else len(traced), "events": events}
 
 
 def build_manifest(res) -> dict[str, Any]:
