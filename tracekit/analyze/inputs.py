@@ -22,12 +22,12 @@ Section `inputs`:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tracekit.derive.matching import is_log_only
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
@@ -130,15 +130,6 @@ def _check_skipped(skipped: list[dict[str, str]], out: _Report) -> None:
             evidence=Evidence(details={"skipped": skipped[:_MAX_LISTED], "num_skipped": len(skipped)}),
             recommendation="Re-export or replace the skipped files; numbers cover only the ranks that were read.",
         ), warn=False)
-
-
-_LOG_FILE = re.compile(r"(?:^|[/\\])(?:comms|flight_recorder)\.rank\d+\.jsonl?$")
-
-
-def is_log_only(row: dict[str, Any]) -> bool:
-    """A rank read from a collective log (comms.rank{R}.jsonl, a Flight Recorder dump) and no profiler trace."""
-    return (not row.get("num_events") and not row.get("trace_kind")
-            and (row.get("rank_source") == "comms-log" or bool(_LOG_FILE.search(str(row.get("source_file") or "")))))
 
 
 def _check_log_only(by_rank: dict[int, dict[str, Any]], out: _Report) -> list[int]:

@@ -125,9 +125,12 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together."""
     out, rows, every = [], [], []
+    held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
-        if not fixes or not results:
+        if not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes):
+            # a fix on a rank the graph does not hold (a log-only rank of a partial recording: no trace to
+            # replay) keeps the finding's closed-form saving
             out.append(f)
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)

@@ -50,6 +50,7 @@ pandas: MatchedCollectives builds its pandas frames when a consumer first reads 
 from __future__ import annotations
 
 from collections import Counter
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,24 @@ class MatchedCollectives:
         unknown), device_timed (both sides on GPU ranks) and transfer (int64 ns, matching clock: the first
         side's end − the last side's arrival, as a collective's transfer); None without P2P to pair."""
         return self._frame("p2p_pairs")
+
+
+_LOG_FILE = re.compile(r"(?:^|[/\\])(?:comms|flight_recorder)\.rank\d+\.jsonl?$")
+
+
+def is_log_only(row: dict[str, Any]) -> bool:
+    """A `ranks` row read from a collective log (comms.rank{R}.jsonl, a Flight Recorder dump) and no profiler
+    trace: a rank of a partial recording (`tracekit record --profile-ranks`)."""
+    return (not row.get("num_events") and not row.get("trace_kind")
+            and (row.get("rank_source") == "comms-log" or bool(_LOG_FILE.search(str(row.get("source_file") or "")))))
+
+
+def log_only_ranks(store: RunStore) -> set[int]:
+    """Ranks with a collective log and no trace (`is_log_only`)."""
+    if not store.has("ranks"):
+        return set()
+    t = store.table("ranks", ["rank", "num_events", "trace_kind", "rank_source", "source_file"]).to_pylist()
+    return {int(r["rank"]) for r in t if is_log_only(r)}
 
 
 def gpu_ranks(store: RunStore) -> set[int]:

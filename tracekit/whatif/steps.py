@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.derive.matching import MatchingResult, choose_sources, matched_of, read_collectives
+from tracekit.derive.matching import MatchingResult, choose_sources, log_only_ranks, matched_of, read_collectives
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
@@ -95,5 +95,9 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
     if not steps:
         return []
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp)
+    # log-only ranks (a partial recording) hold no work to replay: the graph is the traced ranks' (their
+    # collectives with log-only members keep the traced members' measured times)
+    log_only = log_only_ranks(store)
+    ranks = [r for r in store.ranks() if r not in log_only] if log_only else None
+    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, ranks)
     return replay_steps_of(g) if g.ranks.size else []
