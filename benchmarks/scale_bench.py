@@ -19,6 +19,13 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
    wall, CPU, peak PSS, the per-phase cost (benchmarks/scale_phases.py), whether the analysis took no longer
    than the json.load and stayed within 1.5 GB, and (simulated) whether the slow GPU is the top finding
    with its replayed saving within 10% of the answer key's (step with the fault - step without it).
+6. partial tracing (`--partial-ranks`, default 0 = skipped; e.g. `--partial-ranks 10000 --partial-traced 32`):
+   `tracekit simulate --trace-ranks` writes full traces on the traced ranks and collective logs on all, the GPU
+   of an untraced rank (ranks//3) slowed 1.3x; `tracekit analyze` beside a plain json.load of the same files
+   (the traces whole, the logs line by line) in the same run: wall, CPU, peak PSS, per-phase cost, whether it
+   took under 5 minutes, and whether the slow GPU is the top finding with the saving it names beside the
+   answer key's (the key is read here, never by the analysis). Only the headline cases run with
+   `--partial-only`.
 With `--phases` the rank sweep also prints each rank count's per-phase cost.
 The rank sweep (2) uses `tracekit simulate` (source "sim", the default): a 5-D layout per rank count
 (pp x dp x cp x tp with ep 2 over dp x cp, see SIM_LAYOUTS), the tiny-moe model, the GPU of rank ranks//3 slowed 1.3x;
@@ -151,14 +158,26 @@ def analyze_phased(run: Path, out: Path, workers: int, phases: Path) -> list[str
 JSON_LOAD = """import gzip, json, sys
 for f in sys.argv[1:]:
     with (gzip.open(f, "rb") if f.endswith(".gz") else open(f, "rb")) as fh:
-        doc = json.load(fh)
+        if f.endswith(".jsonl"):
+            doc = [json.loads(line) for line in fh]
+        else:
+            doc = json.load(fh)
     del doc
 """
 """The baseline: each file decompressed and `json.load`ed in turn by one plain Python process."""
 
 
 def json_load_case(files: list[Path]) -> dict:
-    return run_measured(["nice", sys.executable, "-c", JSON_LOAD, *map(str, files)])
+    names = [str(f) for f in files]
+    if sum(map(len, names)) > 1_000_000:  # 10,000 ranks: the names through a file, not argv
+        lst = Path(f"/tmp/tracekit-json-load-{os.getpid()}.txt")
+        lst.write_text("\n".join(names))
+        code = JSON_LOAD.replace("sys.argv[1:]", f"open({str(lst)!r}).read().split(chr(10))")
+        try:
+            return run_measured(["nice", sys.executable, "-c", code])
+        finally:
+            lst.unlink(missing_ok=True)
+    return run_measured(["nice", sys.executable, "-c", JSON_LOAD, *names])
 
 
 def ensure_run(data_dir: Path, ranks: int, epr: int, compress: bool = True) -> tuple[Path, dict]:
@@ -292,6 +311,96 @@ def ensure_sim_keyed(data_dir: Path, ranks: int) -> tuple[Path, dict]:
              "saving_ns": fault["step_ns_with"] - fault["step_ns_without"]}
     stats_file.write_text(json.dumps(stats))
     return d, stats
+
+
+PARTIAL_LAYOUTS = {64: (2, 4, 2, 4), 1024: (4, 16, 2, 8), 10_000: (5, 125, 2, 8)}
+"""pp, dp, cp, tp of the partial-tracing case (ep 2 over dp x cp, tiny-moe, micro-batches 2 x pp)."""
+
+
+def ensure_sim_partial(data_dir: Path, ranks: int, traced: int) -> tuple[Path, dict]:
+    """A simulated run of `ranks` GPUs with full traces on `traced` of them (spread evenly) and collective logs
+    on all, the GPU of rank ranks//3 (untraced) slowed 1.3x, the answer key's step re-simulated without it."""
+    d = data_dir / f"sim_r{ranks}_traced{traced}"
+    stats_file = d / "sim_stats.json"
+    if stats_file.is_file():
+        return d, json.loads(stats_file.read_text())
+    pp, dp, cp, tp = PARTIAL_LAYOUTS[ranks]
+    slow = ranks // 3
+    m = None
+    if not (d / ".ground_truth.json").is_file() or not (d / "manifest.json").is_file():
+        shutil.rmtree(d, ignore_errors=True)
+        m = run_measured(["nice", sys.executable, "-m", "tracekit", "simulate", "--pp", str(pp), "--dp", str(dp),
+                          "--cp", str(cp), "--tp", str(tp), "--ep", "2", "--microbatches", str(2 * pp), "--model",
+                          "tiny-moe", "--fault", f"slow-gpu={slow}:1.3", "--steps", "2", "--trace-ranks", str(traced),
+                          "-j", "2", "--out", str(d)])
+    gt = json.loads((d / ".ground_truth.json").read_text())
+    fault = next(f for f in gt["faults"] if f["kind"] == "slow_gpu")
+    traces = sorted(d.glob("rank*.pt.trace.json.gz"))
+    logs = sorted(d.glob("comms.rank*.jsonl"))
+    manifest = json.loads((d / "manifest.json").read_text())
+    stats = {"sim": m, "json_bytes": sum(_gz_size(f) for f in traces) + sum(f.stat().st_size for f in logs),
+             "trace_bytes": sum(_gz_size(f) for f in traces), "log_bytes": sum(f.stat().st_size for f in logs),
+             "traces": len(traces), "logs": len(logs), "straggler_rank": slow,
+             "straggler_traced": slow in manifest.get("traced_ranks", []),
+             "layout": {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": 2},
+             "step_ns_with": fault["step_ns_with"], "step_ns_without": fault["step_ns_without"],
+             "saving_ns": fault["step_ns_with"] - fault["step_ns_without"]}
+    stats_file.write_text(json.dumps(stats))
+    return d, stats
+
+
+def partial_case(data_dir: Path, work: Path, ranks: int, traced: int, workers: int) -> dict:
+    """`tracekit analyze` of a partial recording beside a plain json.load of the same files, in the same run."""
+    run, stats = ensure_sim_partial(data_dir, ranks, traced)
+    files = sorted(f for f in run.iterdir() if (f.name.startswith("rank") and f.name.endswith(".json.gz"))
+                   or (f.name.startswith("comms.rank") and f.name.endswith(".jsonl")))
+    out, phases = work / f"partial_{ranks}_{traced}", work / f"partial_{ranks}_{traced}.phases.json"
+    shutil.rmtree(out, ignore_errors=True)
+    load = json_load_case(files)
+    ana = run_measured(analyze_phased(run, out, workers, phases))
+    analysis = json.loads((out / "analysis.json").read_text())
+    inputs = analysis["sections"].get("inputs") or {}
+    top = analysis["findings"][0] if analysis["findings"] else {}
+    slow = [f for f in analysis["findings"] if f["kind"] == "straggler" and f.get("ranks") == [stats["straggler_rank"]]]
+    named = slow[0].get("est_saving_ns") if slow else None
+    row = {"source": "sim-partial", "ranks": ranks, "traced": traced, "files": len(files),
+           "json_mb": round(stats["json_bytes"] / MB, 1), "trace_mb": round(stats["trace_bytes"] / MB, 1),
+           "log_mb": round(stats["log_bytes"] / MB, 1), "json_load": load, "analyze": ana,
+           "phases": _phase_rows(phases), "ranks_analyzed": len(analysis["ranks"]),
+           "log_only_ranks": len(inputs.get("log_only_ranks") or []), "missing_ranks": len(inputs.get("missing_ranks") or []),
+           "findings": len(analysis["findings"]),
+           "top_findings": [{"kind": f["kind"], "ranks": (f.get("ranks") or [])[:8], "saving_ns": f.get("est_saving_ns"),
+                             "replayed_saving_ns": (f.get("evidence") or {}).get("replayed_saving_ns")}
+                            for f in analysis["findings"][:5]],
+           "under_5_min": ana["wall_s"] < 300, "slow_rank": stats["straggler_rank"],
+           "slow_rank_traced": stats["straggler_traced"], "answer_saving_ns": stats["saving_ns"],
+           "slow_gpu_top": top.get("kind") == "straggler" and top.get("ranks") == [stats["straggler_rank"]],
+           "slow_gpu_position": next((i for i, f in enumerate(analysis["findings"]) if f in slow), None),
+           "named_saving_ns": named,
+           "saving_ratio": round(named / stats["saving_ns"], 3) if named is not None and stats["saving_ns"] else None,
+           "simulate": stats["sim"]}
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def show_partial(row: dict) -> None:
+    a, j = row["analyze"], row["json_load"]
+    print(f"\npartial tracing: {row['ranks']} simulated ranks, traces on {row['traced']}, logs on all "
+          f"({row['files']} files, {row['json_mb']} MB JSON: traces {row['trace_mb']} MB, logs {row['log_mb']} MB):")
+    print(f"  {'':<22} {'wall s':>8} {'cpu s':>8} {'peak PSS MB':>12} {'load avg':>8}")
+    for label, m in (("json.load (1 process)", j), ("tracekit analyze", a)):
+        print(f"  {label:<22} {m['wall_s']:>8} {m['cpu_s']:>8} {m['peak_pss_mb']:>12} {m['load_avg_1m']:>8}")
+    print(f"  analyze/json.load: wall {a['wall_s'] / max(j['wall_s'], 1e-9):.2f}x, cpu "
+          f"{a['cpu_s'] / max(j['cpu_s'], 1e-9):.2f}x; under 5 minutes: {row['under_5_min']}; ranks with a breakdown "
+          f"{row['ranks_analyzed']}, log-only {row['log_only_ranks']}, missing {row['missing_ranks']}, findings {row['findings']}")
+    for f in row["top_findings"]:
+        print(f"    {f['kind']:<26} ranks {f['ranks']} saving {f['saving_ns']} (replayed {f['replayed_saving_ns']})")
+    print(f"  slow GPU rank {row['slow_rank']} (traced: {row['slow_rank_traced']}): top finding {row['slow_gpu_top']} "
+          f"(position {row['slow_gpu_position']}), saving named {row['named_saving_ns']} vs answer key "
+          f"{row['answer_saving_ns']} (ratio {row['saving_ratio']})")
+    if row.get("simulate"):
+        print(f"  simulation: {row['simulate']}")
+    show_phases(row["phases"])
 
 
 def _phase_rows(path: Path) -> dict:
@@ -496,6 +605,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--headline-ranks", type=int, default=1024, help="0 skips the headline (analyze vs json.load)")
     ap.add_argument("--headline-sources", default="sim,real")
     ap.add_argument("--phases", action="store_true", help="per-phase cost of each rank count of the sweep")
+    ap.add_argument("--partial-ranks", type=int, default=0, choices=sorted(PARTIAL_LAYOUTS) + [0],
+                    help="partial tracing case: this many simulated ranks (0 skips it)")
+    ap.add_argument("--partial-traced", type=int, default=32, help="partial tracing case: ranks with a full trace")
+    ap.add_argument("--partial-only", action="store_true", help="run the partial tracing case only")
     ap.add_argument("--data-dir", default="/tmp/tracekit-scale")
     ap.add_argument("--json", default=None, help="write all results here")
     a = ap.parse_args(argv)
@@ -523,6 +636,15 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['cpu_s']:>7} {r['cpu_us_per_event']:>9} {r['peak_pss_mb']:>7} {r['peak_pss_anon_mb']:>7} {r['ranks_analyzed']:>8} "
                   f"{str(r['straggler_found']):>9} {str(r['report_mb']):>9}")
         print(f"fit wall = fixed + b x events: {_fit(rows)}; cpu: {_fit(rows, 'cpu_s')}")
+
+    if a.partial_ranks:
+        results["partial"] = partial_case(data_dir, work, a.partial_ranks, a.partial_traced, a.workers)
+        show_partial(results["partial"])
+        sys.stdout.flush()
+        if a.partial_only:
+            if a.json:
+                Path(a.json).write_text(json.dumps(results, indent=1))
+            return
 
     if a.headline_ranks:
         results["headline"] = []
