@@ -42,7 +42,7 @@ from tracekit.analyze.reconcile import RecommendationsResult
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
-from tracekit.whatif.fixes import Fix, Layout
+from tracekit.whatif.fixes import Fix, RunFacts
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_all, predict_ns,
                                     replay_steps_of, timeline_json)
@@ -114,11 +114,11 @@ def cpu_hosts(store: RunStore | None) -> dict[int, str]:
             if r["host_cpus"] is None or per_host[r["hostname"]] > r["host_cpus"]}
 
 
-def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> Layout:
+def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> RunFacts:
     lay = section_of(layout)
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
-    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
+    return RunFacts(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
                   stages=pipeline_stages(pipe))
 
@@ -138,7 +138,7 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     return replay_steps_of(g) if g.ranks.size else []
 
 
-def fix_for(f: Finding, lay: Layout) -> list[Fix]:
+def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     """The fix a finding recommends, as the graph can apply it ([] when it cannot)."""
     ev = f.evidence
     if isinstance(ev, StragglerEvidence) and f.ranks:
@@ -173,7 +173,7 @@ PIPELINE_FIXES = ("stage_resplit",)
 fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
 
 
-def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: Layout) -> tuple[int, int]:
+def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: RunFacts) -> tuple[int, int]:
     """(predicted, measured) step time of the run: see `run_step_ns`; for a pipeline re-split over the steps
     after the first (`steady_steps`)."""
     results = steady_steps(results, fixes)
@@ -212,7 +212,7 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
+def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together."""
     out, rows, every = [], [], []
