@@ -1,4 +1,4 @@
-"""ParallelLayout advisor on simulated clusters (issue 15): prediction error against re-simulation, the seeds of
+"""Layout advisor on simulated clusters (issue 15): prediction error against re-simulation, the seeds of
 good practice, and the time to advise a 1,024-GPU layout space from a 64-rank trace.
 
     .venv/bin/python benchmarks/advisor_bench.py [--quick]

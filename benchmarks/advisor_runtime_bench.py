@@ -1,4 +1,4 @@
-"""ParallelLayout advisor against the reference runtime (issue 15): measure one 8-rank layout, predict other
+"""Layout advisor against the reference runtime (issue 15): measure one 8-rank layout, predict other
 8-rank layouts from its trace alone, run them all, and compare step times.
 
     .venv/bin/python benchmarks/advisor_runtime_bench.py [--runs DIR] [--steps 8] [--profile-steps 5]

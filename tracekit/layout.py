@@ -144,11 +144,9 @@ class ParallelLayout:
 
     def group_ranks(self, dim: str, rank: int) -> list[int]:
         """The ranks of `rank`'s group in `dim` (any of GROUP_DIMS), in group order."""
-        mine = self.coords(rank)
-        for group in self.groups(dim):
-            if rank in group:
-                return group
-        raise AssertionError(f"rank {rank} ({mine}) in no {dim} group")  # every rank is in one group per dim
+        self.coords(rank)  # validates the rank
+        (group,) = [g for g in self.groups(dim) if rank in g]  # every rank is in exactly one group per dim
+        return group
 
     def groups(self, dim: str | None = None):
         """Every group of `dim` as lists of global ranks (pure arithmetic); without `dim`, a dict of every
@@ -178,6 +176,8 @@ class ParallelLayout:
     def split_layers(self, n_layers: int) -> list[int]:
         """Layers per pipeline stage (`num_stages` counts): `stage_layers` when given, else `even_split`."""
         if self.stage_layers is None:
+            if n_layers < self.num_stages:
+                raise ValueError(f"{n_layers} layers cannot fill {self.num_stages} pipeline stages")
             return even_split(n_layers, self.num_stages)
         if sum(self.stage_layers) != n_layers:
             raise ValueError(f"stage_layers {list(self.stage_layers)} sum to {sum(self.stage_layers)}, "
@@ -206,7 +206,7 @@ def layer_ranges(counts: Sequence[int]) -> list[range]:
     return out
 
 
-def rank_hosts(hosts: Mapping | Sequence | None, rows: Sequence[Mapping] = ()) -> dict[int, str]:
+def rank_to_host(hosts: Mapping | Sequence | None, rows: Sequence[Mapping] = ()) -> dict[int, str]:
     """Rank → host name, from a manifest's `hosts` when it names them ({rank: host}, {host: [ranks]}, or a
     list indexed by rank), else from per-rank rows with `rank` and `hostname` (the ranks table); ranks
     without a name are left out."""

@@ -164,8 +164,8 @@ def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis, tmp_pa
     write_outputs(analysis, None, tmp_path, reports_too=False)
     assert json.loads((tmp_path / "advice.json").read_text()) == json.loads(json.dumps(doc))
     html, md = render_html(analysis), render_markdown(analysis)
-    assert 'id="advice"' in html and "ParallelLayout advice" in html
-    assert "### ParallelLayout advice" in md and f"measured {measured / 1e6:.1f} ms" in md
+    assert 'id="advice"' in html and "Layout advice" in html
+    assert "### Layout advice" in md and f"measured {measured / 1e6:.1f} ms" in md
 
 
 def test_advice_section_says_why_it_is_missing(analysis):
@@ -180,7 +180,7 @@ def test_advice_section_says_why_it_is_missing(analysis):
         sec = analyze_advice(breakdown=breakdown, config=config, **args).section
         assert not sec["available"] and words in sec["reason"] and "\n" not in sec["reason"]
     text = render_markdown(dict(analysis, sections=dict(analysis["sections"], advice=sec)))
-    assert "**ParallelLayout advice:** not available: a single-rank run" in text
+    assert "**Layout advice:** not available: a single-rank run" in text
 
 
 @pytest.mark.parametrize("layout", [ParallelLayout(dp=8, tp=4, ep=2), ParallelLayout(dp=4, cp=2, tp=2, ep=2),

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, ckpt in (("plain", False), ("ckpt", True)):
         # dense blocks, one per stage: the stages differ only by what the schedule keeps in flight
-        cfg = RunConfig(pp=P, microbatches=M, schedule="1f1b", steps=2, profile_steps=1, seq_len=32,
+        cfg = RunConfig.build(pp=P, microbatches=M, schedule="1f1b", steps=2, profile_steps=1, seq_len=32,
                         global_batch_size=M * 2, model=small_model(moe_every=0), activation_checkpointing=ckpt,
                         out=str(base / name))
         trace = run_job(cfg)

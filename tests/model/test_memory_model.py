@@ -9,14 +9,14 @@ from tracekit.model.memory import ModelShape, in_flight_microbatches, predict, s
 def test_stage_parameters_match_the_runtime_modules():
     from instrumented_runtime.config import ModelConfig
     from instrumented_runtime.model import Transformer, count_params
-    from instrumented_runtime.pipeline import build_stage_module, split_layers
+    from instrumented_runtime.pipeline import build_stage_module
 
     cfg = ModelConfig(d_model=32, num_heads=4, num_layers=4, d_ff=64, vocab_size=128, max_seq_len=128, moe_every=0)
     shape = ModelShape(num_layers=4, d_model=32, d_ff=64, num_heads=4, vocab_size=128, seq_len=32,
                        microbatch_size=2, max_seq_len=128)
     full = Transformer(cfg)
     for p in (1, 2, 4):
-        split = split_layers(4, p, None)
+        split = ParallelLayout(pp=p).stage_layer_ids(4)
         for s in range(p):
             module = build_stage_module(full, split[s], s == 0, s == p - 1)
             assert stage_params(shape, ParallelLayout(pp=p), s) == count_params(module), (p, s)

@@ -64,6 +64,7 @@ from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of
 from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
+from tracekit.layout import rank_to_host
 from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5
@@ -424,8 +425,7 @@ def rank_hosts(store: RunStore | None) -> dict[int, str]:
     that name one."""
     if store is None or not store.has("ranks"):
         return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
-            if r["hostname"]}
+    return rank_to_host(None, store.table("ranks", ["rank", "hostname"]).to_pylist())
 
 
 def slow_host(table: list[dict[str, Any]], pg_ranks: dict[str, list[int]], tiers: dict[str, str],
