@@ -138,7 +138,8 @@ def ground_truth_faults(cfg: RunConfig, pd: ParallelDims) -> list[dict[str, Any]
         out.append({"kind": "no_overlap", "dim": "dp", "dp_mode": cfg.layout.dp_mode, "groups": groups["dp_cp"],
                     "ranks": list(range(pd.world_size)),
                     "expected_findings": ["unoverlapped_collective", "communication_bound"],
-                    "description": ("DDP: one bucket, all-reduce after backward, synchronous" if cfg.layout.dp_mode == "ddp"
+                    "description": ("DDP: one bucket, all-reduce after backward, synchronous"
+                                    if cfg.layout.dp_mode == "ddp"
                                     else "FSDP2: no explicit prefetch")})
     if cfg.layout.pp > 1 and cfg.layout.microbatches < cfg.layout.pp:
         out.append({"kind": "too_few_microbatches", "microbatches": cfg.layout.microbatches, "stages": cfg.layout.pp,

@@ -221,7 +221,8 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     f = cfg.faults
     stall_s = f.host_stall_ms / 1e3 if f.host_stall_rank == rank else 0.0
     uneven = f.uneven_seq_rank is not None and pd.layout.coords(f.uneven_seq_rank)["dp"] == coords["dp"]
-    loader = SyntheticLoader(cfg, coords["dp"], coords["cp"] * cfg.layout.tp + coords["tp"], cfg.layout.cp * cfg.layout.tp,
+    lay = cfg.layout
+    loader = SyntheticLoader(cfg, coords["dp"], coords["cp"] * lay.tp + coords["tp"], lay.cp * lay.tp,
                              stall_s=stall_s, seq_factor=f.uneven_seq_factor if uneven else 1)
     parts = build_parts(cfg, pd, rank, comm, meter, seq_len=loader.seq_len, device=device)
     opt = torch.optim.AdamW(parts.params, lr=cfg.lr, weight_decay=0.0)

@@ -348,7 +348,8 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
                       measured=m, predicted_measured_ns=pred, notes=notes)
 
 
-def predicted_step_ns(cal: Calibrated, layout: ParallelLayout, micro_batch_size: int, cluster: ClusterSpec | None = None) -> int:
+def predicted_step_ns(cal: Calibrated, layout: ParallelLayout, micro_batch_size: int,
+                      cluster: ClusterSpec | None = None) -> int:
     """Calibrated prediction of `layout`'s step (ns) at `micro_batch_size` sequences per micro-batch, on
     `cluster` (default: the calibrated one), residual applied."""
     model = dataclasses.replace(cal.model, micro_batch_size=micro_batch_size)

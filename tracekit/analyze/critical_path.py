@@ -39,6 +39,7 @@ from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, choose_sources, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.reconcile import RecommendationsResult
+from tracekit.layout import rank_to_host
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
@@ -109,9 +110,10 @@ def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
     if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
         return {}
-    per_host = Counter(r["hostname"] for r in t)
-    return {int(r["rank"]): str(r["hostname"]) for r in t
-            if r["host_cpus"] is None or per_host[r["hostname"]] > r["host_cpus"]}
+    hosts = rank_to_host(None, t)
+    per_host = Counter(hosts.values())
+    cpus = {int(r["rank"]): r["host_cpus"] for r in t}
+    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r]}
 
 
 def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> RunFacts:

@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         import time
 
-        from tracekit.simulate import ClusterSpec, Faults, ModelSpec, ParallelLayout, parse_fault, simulate, write_traces
+        from tracekit.simulate import (ClusterSpec, Faults, ModelSpec, ParallelLayout, parse_fault, simulate,
+                                       write_traces)
 
         try:
             import dataclasses
@@ -67,8 +68,8 @@ def register(app: typer.Typer) -> None:
                 m = dataclasses.replace(m, micro_batch_size=micro_batch_size)
             if seq:
                 m = dataclasses.replace(m, seq=seq)
-            lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_mode="fsdp" if fsdp else "ddp", schedule=schedule,
-                                 microbatches=microbatches,
+            lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_mode="fsdp" if fsdp else "ddp",
+                                 schedule=schedule, microbatches=microbatches,
                                  virtual_stages=interleave if schedule in ("interleaved", "zb") else 1,
                                  activation_checkpointing=checkpointing)
             if not cluster:

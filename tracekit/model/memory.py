@@ -147,7 +147,8 @@ def tokens_per_microbatch(shape: ModelShape, layout: ParallelLayout) -> int:
     return shape.microbatch_size * shape.seq_len // layout.cp
 
 
-def block_activation_bytes(shape: ModelShape, layout: ParallelLayout, layer: int, checkpointed: bool | None = None) -> float:
+def block_activation_bytes(shape: ModelShape, layout: ParallelLayout, layer: int,
+                           checkpointed: bool | None = None) -> float:
     """Analytic bytes a block keeps for backward per micro-batch (before calibration).
 
     Per token: two norms' inputs and outputs (4 d), q, k, v and the attention output (4 d), the MLP's

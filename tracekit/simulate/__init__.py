@@ -8,5 +8,5 @@ from tracekit.simulate.api import Prediction, SimResult, predict, simulate, step
 from tracekit.simulate.specs import CLUSTER_PRESETS, MODEL_PRESETS, ClusterSpec, Faults, ModelSpec, parse_fault
 from tracekit.simulate.writer import write_traces
 
-__all__ = ["CLUSTER_PRESETS", "MODEL_PRESETS", "ClusterSpec", "Faults", "ParallelLayout", "ModelSpec", "Prediction", "SimResult", "predict",
-           "parse_fault", "simulate", "step_time", "write_traces"]
+__all__ = ["CLUSTER_PRESETS", "MODEL_PRESETS", "ClusterSpec", "Faults", "ModelSpec", "ParallelLayout", "Prediction",
+           "SimResult", "parse_fault", "predict", "simulate", "step_time", "write_traces"]

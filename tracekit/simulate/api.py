@@ -6,11 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracekit.layout import ParallelLayout
 from tracekit.simulate import engine
 from tracekit.simulate.engine import MEMORY, Op
 from tracekit.simulate.key import RankIntervals, answer_key
 from tracekit.simulate.program import World, build_programs, make_world
-from tracekit.layout import ParallelLayout
 from tracekit.simulate.specs import ClusterSpec, Faults, ModelSpec
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24, epoch ns: the first host op of rank 0
