@@ -55,8 +55,14 @@ class SimResult:
 
 def config_dict(res: SimResult) -> dict[str, Any]:
     return {"model": dataclasses.asdict(res.model), "cluster": dataclasses.asdict(res.cluster),
-            "layout": dataclasses.asdict(res.layout), "faults": res.faults.to_dict(), "steps": res.steps,
+            "layout": layout_truth(res.layout), "faults": res.faults.to_dict(), "steps": res.steps,
             "seed": res.seed, "first_profiler_step": res.first_step}
+
+
+def layout_truth(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout as .ground_truth.json lists it: every field, and `fsdp` / `interleave` as the file spelled
+    them before `dp_mode` / `virtual_stages` (keys stay, new ones are added)."""
+    return {**dataclasses.asdict(layout), "fsdp": layout.fsdp, "interleave": layout.virtual_stages}
 
 
 def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[World, list[list[Op]]]:
