@@ -81,6 +81,9 @@ def test_advisor_calibrates_on_unprofiled_steps():
                 "sections": {"recording": {"recorder_overhead": {"ratio": 1.5}}}}
     m = measured_run(analysis)
     assert (m.step_ns, m.compute_ns, m.recorder_overhead) == (100_000_000, 50_000_000, 1.5)
+    from tracekit.compare.expect import measured  # check --expect compares like with like
+
+    assert measured(analysis)["step_ns"] == pytest.approx(100_000_000)
     del analysis["sections"]["recording"]
     m = measured_run(analysis)
     assert (m.step_ns, m.compute_ns, m.recorder_overhead) == (150_000_000, 75_000_000, 1.0)
