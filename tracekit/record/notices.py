@@ -89,4 +89,4 @@ def notices_held(notices: NoticeFilter, spool: Path):
                 for line in held:
                     if notices.keep(line):
                         os.write(2, line)
-            os.unlink(spool)
+            Path(spool).unlink(missing_ok=True)
