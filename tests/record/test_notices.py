@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tracekit.record.notices import NoticeFilter, notice_of, notices_held
 
 NOTICES = [
@@ -66,3 +68,22 @@ def test_runtime_filter_keeps_each_ranks_lines_whole(capsys):
     assert sorted(out) == sorted([USER[0].decode(), USER[1][:10].decode(), USER[5].decode()])
     assert out.index(USER[0].decode()) < out.index(USER[1][:10].decode())
     assert sum(filt.notices.counts.values()) == 2
+
+
+@pytest.mark.slow  # ~10 s alone (torch import, 2 forked ranks that fail at once); 35 s on the loaded box
+def test_a_failing_ranks_traceback_still_reaches_the_terminal(tmp_path):
+    """The reference runtime filters its ranks' stderr: a rank that fails (gloo finds no such interface)
+    still prints its whole traceback, before the runtime's own error line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="tracekit-no-such-if0", PYTHONPATH=str(repo))
+    res = subprocess.run([sys.executable, "-m", "instrumented_runtime", "--dp", "2", "--steps", "3",
+                          "--out", str(tmp_path / "run")], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 1
+    err = res.stderr
+    assert "failed:\nTraceback (most recent call last):" in err and "tracekit-no-such-if0" in err
+    assert err.index("Traceback") < err.index("python -m instrumented_runtime: ranks")
