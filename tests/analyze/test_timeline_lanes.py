@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.analyze.base import AnalysisConfig
+from tracekit.config import AnalysisConfig
 from tracekit.analyze.breakdown import analyze_breakdown
 from tracekit.cli.main import app
 

@@ -13,10 +13,12 @@ from typing import Any
 
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
+from tracekit.advise.predict import model_flops_per_token
+from tracekit.advise.predict import replicas_needed
 from tracekit.advise.space import SearchSpace, enumerate_layouts
 from tracekit.model import memory as mem
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec
-from tracekit.simulate.engine import Deadlock
+from tracekit.simulate.executor import Deadlock
 
 ADVICE_SCHEMA = "tracekit.advice/1"
 MEMORY_RESERVE = 0.1
@@ -106,8 +108,6 @@ def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalib
 
 def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: int) -> float:
     """Closed form for pre-ranking: compute at calibrated efficiency × (1 + bubble) + tp/ep collectives."""
-    from tracekit.advise.predict import model_flops_per_token
-
     m = dataclasses.replace(model, micro_batch_size=mbs)
     flops = model_flops_per_token(m) * tokens_per_step(m, layout) / layout.world
     comp = flops / (cluster.peak_tflops * 1e3 * cluster.efficiency) * (4 / 3 if layout.activation_checkpointing else 1)
@@ -184,8 +184,6 @@ def _degrees(L: Layout) -> tuple[int, ...]:
 
 
 def _simulated_ranks(L: Layout) -> int:
-    from tracekit.advise.predict import replicas_needed
-
     return replicas_needed(L) * L.tp * L.pp * L.cp
 
 

@@ -68,7 +68,7 @@ def _model(name: str | None):
 
 def _explain_plan(value: bool) -> None:
     if value:
-        from tracekit.analyze.engine import explain_plan
+        from tracekit.flow import explain_plan
 
         typer.echo(explain_plan())
         raise typer.Exit(0)
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             help="Ranks the step timeline draws, a lane per kind each, e.g. --timeline-ranks 0-7,12. Default: "
                  "every rank; beyond 8 ranks one row each, with the busiest ranks' lanes in full."),
     ) -> None:
-        from tracekit.analyze.engine import AnalysisConfig
+        from tracekit.config import AnalysisConfig
         from tracekit.record.config import parse_rank_list
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
@@ -186,7 +186,7 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1)
     if hang.get("hung"):
         _print_hang(analysis, out, err)
-        from tracekit.analyze.hang import HANG_EXIT_CODE
+        from tracekit.errors import HANG_EXIT_CODE
 
         raise typer.Exit(HANG_EXIT_CODE)
     for p in run.problems:

@@ -1,7 +1,7 @@
 """The workload: per rank, the ordered host ops of each training step for a model, layout and faults.
 
 Costs: GEMMs at peak × efficiency, memory-bound kernels at HBM bandwidth, a small seeded jitter per
-kernel; collectives sized from the activations / parameters they move (see engine.py for timing).
+kernel; collectives sized from the activations / parameters they move (see executor.py for timing).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tracekit.simulate.engine import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
+from tracekit.simulate.executor import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
 from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec, ring_hops
 from tracekit.simulate.topology import Group, Topology, build_topology, stage_layers
 

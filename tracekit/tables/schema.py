@@ -11,8 +11,12 @@ import pyarrow as pa
 NS = "int64 nanoseconds on the rank's clock"
 
 
-def _f(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+def column(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    """A declared column: its type and its doc (shown by `tracekit query --schema`)."""
     return pa.field(name, typ, nullable=nullable, metadata={"doc": doc})
+
+
+_f = column
 
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
@@ -332,8 +336,13 @@ def conform(name: str, table: pa.Table) -> pa.Table:
 
 def describe(name: str) -> str:
     """Human-readable column listing for `tracekit query --schema`."""
-    lines = [f"{name}:"]
-    for field in TABLES[name]:
+    return describe_schema(f"{name}:", TABLES[name])
+
+
+def describe_schema(title: str, schema: pa.Schema) -> str:
+    """`title`, then one line per column: name, type, doc."""
+    lines = [title]
+    for field in schema:
         doc = (field.metadata or {}).get(b"doc", b"").decode()
         lines.append(f"  {field.name:<16} {str(field.type):<40} {doc}")
     return "\n".join(lines)

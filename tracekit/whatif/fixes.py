@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.bandwidth import MIN_JUDGED_BYTES, bus_factor
+from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
@@ -167,7 +168,7 @@ def rank_sequences(g: StepGraph, mask: np.ndarray) -> dict[int, np.ndarray]:
     import hashlib
 
     key = (mask.size, hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest())
-    cache = g.__dict__.setdefault("_rank_sequences", {})
+    cache = g.cache.rank_sequences
     if key not in cache:
         v = np.flatnonzero(mask)
         v = v[np.lexsort((v, g.start[v], g.lane[v], g.rank[v]))]
@@ -207,7 +208,6 @@ def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, 
     peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
     if not peers or m.size == 0:
         return
-    from tracekit.analyze import intervals as iv
 
     a, b = iv.union(g.start[m] + kept, g.start[m] + g.dur[m])
     if a.size == 0:
@@ -258,7 +258,7 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     while DDP fills its buckets in the last one's: the ready points come early (an optimistic saving).
     Windows whose backward is unknown (CPU ranks, traces without autograd ops)
     have none."""
-    cache = g.__dict__.setdefault("_buckets", {})
+    cache = g.cache.buckets
     if dim not in cache:
         xfer = np.flatnonzero(_transfers(g, dim) & gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
         comp = np.flatnonzero(g.category == Category.COMPUTE)
@@ -316,7 +316,7 @@ def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
     backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
     the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
-    cache = g.__dict__.setdefault("_overlap_graphs", {})
+    cache = g.cache.overlap_graphs
     if dim not in cache:
         cache.clear()
         arr, _, ready = gradient_buckets(g, dim)
@@ -388,7 +388,7 @@ def _instance_static(g: StepGraph, lay: Layout) -> dict[str, Any] | None:
     the instance's row, `member_rank`), and the transfer nodes / instance position each came from. Cached
     per graph and the layout's hosts."""
     key = tuple(sorted(lay.hosts.items()))
-    cache = g.__dict__.setdefault("_instance_static", {})
+    cache = g.cache.instance_static
     if key in cache:
         return cache[key]
     m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
@@ -434,7 +434,7 @@ def _same_collective(g: StepGraph, lay: Layout, inst: Columns) -> tuple[np.ndarr
     """Group ids of `instances` by (dim, op, sequence number of the collective's key): the same collective
     on each group (cached per graph and the layout's hosts, like `instances`)."""
     key = tuple(sorted(lay.hosts.items()))
-    cache = g.__dict__.setdefault("_same_collective", {})
+    cache = g.cache.same_collective
     if key not in cache:
         ordinal = np.array([str(k).rsplit("#", 1)[-1] for k in g.inst_info.at("key", inst["inst"]).tolist()],
                            object)
@@ -696,7 +696,6 @@ def shared_host_idle(g: StepGraph, lay: Layout) -> float:
         hosts.setdefault(h, []).append(r)
     if not hosts or all(len(rs) < 2 for rs in hosts.values()) or g.ranks.size == 0:
         return 1.0
-    from tracekit.analyze import intervals as iv
 
     lo, hi = int(g.win_start.min()), int(g.win_end.max())
     busy = (g.dur > 0) & (g.category != Category.MARK) & (g.rank >= 0)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, Layout, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
                                    shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
@@ -52,7 +53,7 @@ def replay_step(step: int, g: StepGraph) -> StepResult:
 
 def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes)."""
-    cache = g.__dict__.setdefault("_predictions", {})
+    cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:
         dur, gap = apply_fixes(g, fixes, lay)
@@ -94,8 +95,6 @@ def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
 def _busy_ns(g: StepGraph, where: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Per window: the time its rank was busy with the nodes under `where` (no waits or stalls), the longer
     of its host threads' and its device streams' (a GPU rank's host runs ahead of its device)."""
-    from tracekit.analyze import intervals as iv
-
     w = window_of(g)
     work = where & (w >= 0) & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER,
                                                      Category.HOST])
@@ -321,8 +320,6 @@ def step_span(res: StepResult) -> tuple[int, int]:
 
 
 def _merged(s: np.ndarray, e: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
-    from tracekit.analyze import intervals as iv
-
     a, b = iv.union(s.astype(np.int64), e.astype(np.int64))
     if min_gap and a.size > 1:
         new = np.r_[True, a[1:] - b[:-1] >= min_gap]
