@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces
+from tracekit.simulate import ClusterSpec, Faults, ModelSpec, ParallelLayout, simulate, write_traces
 from tracekit.simulate.writer import spread_ranks
 
 SLOW = 21
@@ -19,7 +19,7 @@ SLOW = 21
 @pytest.fixture(scope="module")
 def partial_run(tmp_path_factory):
     res = simulate(ModelSpec.preset("tiny-moe"), ClusterSpec.preset("8x8-h100"),
-                   Layout(pp=2, dp=4, cp=2, tp=4, ep=2, microbatches=4), Faults(slow_gpu={SLOW: 1.3}), steps=2, seed=0)
+                   ParallelLayout(pp=2, dp=4, cp=2, tp=4, ep=2, microbatches=4), Faults(slow_gpu={SLOW: 1.3}), steps=2, seed=0)
     out = tmp_path_factory.mktemp("partial") / "run"
     traced = spread_ranks(res.ranks, 8)
     write_traces(res, out, trace_ranks=traced)

@@ -12,7 +12,8 @@ Section `inputs`:
     {"world_size": int | null, "ranks": [int], "missing_ranks": [int], "empty_ranks": [int],
      "log_only_ranks": [int],   # read from a collective log only (a partial recording: `--profile-ranks`)
      "traced_ranks": [int],     # ranks with a profiler trace
-     "skipped": int, "runs": [{"ranks": [int], "start_ns": int, "end_ns": int}] (wall clock, ns),
+     "skipped": int, "runs": [{"ranks": [int], "start_ns": int, "end_ns": int, "span_ns": int}] (wall clock, ns),
+     "rank_spans": [{"rank", "span_ns"}],   # each rank's first to last event on its own clock
      "world_sizes": {str(world size): [rank]},
      "time_scale": {"measure": "step|span", "groups": [{"ranks": [int], "median_ns": int}],
                     "suspect_ranks": [int]},
@@ -76,6 +77,7 @@ def find_runs(rows: list[dict[str, Any]], gap_ns: int) -> list[dict[str, Any]]:
             runs.append({"ranks": [rank], "start_ns": start, "end_ns": end})
     for run in runs:
         run["ranks"].sort()
+        run["span_ns"] = run["end_ns"] - run["start_ns"]
     return runs
 
 
@@ -268,6 +270,8 @@ def analyze_inputs(store: RunStore, thresholds: InputChecksConfig | None = None)
         "world_size": int(world_size) if world_size else None, "ranks": ranks, "missing_ranks": missing,
         "empty_ranks": empty, "log_only_ranks": log_only,
         "traced_ranks": [r for r in ranks if not is_log_only(by_rank[r])], "skipped": len(store.skipped), "runs": runs, "world_sizes": stated,
+        "rank_spans": [{"rank": r, "span_ns": int(by_rank[r]["last_ts"] - by_rank[r]["first_ts"])} for r in ranks
+                       if by_rank[r].get("first_ts") is not None and by_rank[r].get("last_ts") is not None],
         "time_scale": {"measure": measure, "groups": groups, "suspect_ranks": suspect},
         "warnings": out.warnings,
     }

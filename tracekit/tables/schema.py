@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tracekit.collectives import COLLECTIVE_OPS  # noqa: F401  (the table vocabulary: collectives.op)
+
 NS = "int64 nanoseconds on the rank's clock"
 
 
@@ -302,10 +304,6 @@ PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipe
 # One spelling of the profiler step annotation for the whole project.
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
 
-COLLECTIVE_OPS = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
-    "gather", "scatter", "send", "recv", "barrier", "unknown",
-)
 KERNEL_KINDS = ("compute", "comm", "memcpy", "memset")
 EVENT_ROLES = ("compute", "comm", "memcpy", "memset", "step_annotation", "data_load", "overhead", "other")
 LANES = ("host", "comm_thread", "device")

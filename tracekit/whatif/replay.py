@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.derive import intervals as iv
-from tracekit.whatif.fixes import (Fix, Layout, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
+from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
                                    shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   device_lane_mask, host_lane_mask, rank_step_ns, replay, window_bounds, window_of,
@@ -51,7 +51,7 @@ def replay_step(step: int, g: StepGraph) -> StepResult:
     return res[0]
 
 
-def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
+def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes)."""
     cache = g.cache.predictions
     key = tuple(fixes)
@@ -66,7 +66,7 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     return cache[key]
 
 
-def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
+def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: RunFacts, new_m: int,
                        replayed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """Per window: the step with `new_m` micro-batches of the same batch (docs/metrics.md §8). The pipelined
     part's work that scales with a micro-batch's size shrinks by m / new_m (`shrink_per_sample`: host
@@ -125,7 +125,7 @@ def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, begin: np.nda
     return np.where(sync >= 0, np.minimum(np.maximum(sync, pp), times), times)
 
 
-def predict_ns(res: StepResult, fixes: list[Fix], lay: Layout) -> int:
+def predict_ns(res: StepResult, fixes: list[Fix], lay: RunFacts) -> int:
     """The step time with `fixes` applied, replayed."""
     rows = res.rows if res.rows is not None else np.arange(res.graph.ranks.size)
     return int(predict_all(res.graph, fixes, lay)[rows].max()) if rows.size else 0
