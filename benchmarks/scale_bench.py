@@ -313,7 +313,7 @@ def ensure_sim_keyed(data_dir: Path, ranks: int) -> tuple[Path, dict]:
     return d, stats
 
 
-PARTIAL_LAYOUTS = {64: (2, 4, 2, 4), 1024: (4, 16, 2, 8), 10_000: (5, 125, 2, 8)}
+PARTIAL_LAYOUTS = {64: (2, 4, 2, 4), 1024: (4, 16, 2, 8), 2048: (4, 32, 2, 8), 4096: (4, 64, 2, 8), 10_000: (5, 125, 2, 8)}
 """pp, dp, cp, tp of the partial-tracing case (ep 2 over dp x cp, tiny-moe, micro-batches 2 x pp)."""
 
 
