@@ -19,6 +19,7 @@ from reports.advice import advice_html
 from reports.ops import ops_html
 from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
+from tracekit.document import AnalysisDocument, FindingDoc, RankBreakdown, as_document, to_builtins
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -58,7 +59,7 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     parts = [
         _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang"), ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.sec("ops")), _memory(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.doc.sections.ops), _memory(ctx),
         _advice(ctx),
         _other(ctx),
         _inputs(ctx), _reproduce(ctx),
@@ -74,8 +75,12 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
 
 
 class Page:
-    def __init__(self, analysis: dict[str, Any], store: Any) -> None:
-        self.a = analysis if isinstance(analysis, dict) else {}
+    """What the report's parts read: `doc`, the typed analysis document (tracekit.document), and — for
+    the parts still laid out from plain data — `a`, the same document as dicts and lists."""
+
+    def __init__(self, analysis: AnalysisDocument | dict[str, Any], store: Any) -> None:
+        self.doc = as_document(analysis if isinstance(analysis, (dict, AnalysisDocument)) else None)
+        self.a = to_builtins(self.doc)
         self.store = store
         self.figs = Figures()
         sections = self.a.get("sections")
@@ -127,9 +132,8 @@ def write_parts(path: Any, parts: list[str | bytes]) -> None:
 
 
 def _header(ctx: Page) -> str:
-    a = ctx.a
-    world = len(a.get("inputs", {}).get("ranks") or []) if isinstance(a.get("inputs"), dict) else 0
-    meta = [f"tracekit {a.get('tracekit_version') or '?'}", f"{world} rank(s) analysed",
+    doc = ctx.doc
+    meta = [f"tracekit {doc.tracekit_version or '?'}", f"{len(doc.inputs.ranks)} rank(s) analysed",
             f"generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
     return (f'<header class=tk-head><h1>tracekit report</h1>'
             f'<div class=meta>{" · ".join(h(m) for m in meta)}</div></header>')
@@ -144,41 +148,39 @@ def verdict_text(ctx: Page) -> tuple[str, str]:
     """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer), after the critical
     path's verdict (`critical_path.verdict`: the lanes holding the path, the ranks the others wait for); none where
     the trace_kind section says no verdict can be given (a CUDA-graph capture trace), with its reason."""
-    tk = ctx.sec("trace_kind") or {}
-    if tk.get("no_verdict_reason"):
-        return "", f"No verdict: {tk['no_verdict_reason']}"
+    secs = ctx.doc.sections
+    if secs.trace_kind is not None and secs.trace_kind.no_verdict_reason:
+        return "", f"No verdict: {secs.trace_kind.no_verdict_reason}"
     counts: dict[str, int] = {}
-    for r in ctx.ranks:
-        counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
-    hang = ctx.sec("hang") or {}
-    top_hang = next((f for f in ctx.findings if f.get("kind") == "hang"), None)
-    if hang.get("hung") and top_hang is not None:
-        return "hung", f"This job hung: {str(top_hang.get('summary')).removeprefix('job hung: ')}."
+    for r in ctx.doc.ranks:
+        counts[r.bound] = counts.get(r.bound, 0) + 1
+    top_hang = next((f for f in ctx.doc.findings if f.kind == "hang"), None)
+    if secs.hang is not None and secs.hang.hung and top_hang is not None:
+        return "hung", f"This job hung: {top_hang.summary.removeprefix('job hung: ')}."
     if not counts:
         return "", "No per-rank breakdown is available for this run, so no verdict can be given."
     top = max(counts, key=lambda k: counts[k])
     label = {"communication": "communication-bound", "compute": "compute-bound", "idle": "idle-bound (host/input)"}
     rest = ", ".join(f"{n} {label.get(k, k)}" for k, n in sorted(counts.items()) if k != top)
-    text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.ranks)} ranks"
+    text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.doc.ranks)} ranks"
     text += f" ({rest})." if rest else "."
-    path = (ctx.sec("critical_path") or {}).get("verdict")
-    if isinstance(path, dict) and path.get("text"):  # the critical path's lanes: what holds the step, whom ranks wait for
-        said = str(path["text"])
+    path = secs.critical_path.verdict if secs.critical_path is not None else None
+    if path is not None and path.text:  # the critical path's lanes: what holds the step, whom ranks wait for
+        said = path.text
         return top, f"{said[:1].upper()}{said[1:]} By breakdown: {text[0].lower()}{text[1:]}"
     return top, text
 
 
-def top_fixes(ctx: Page) -> list[dict[str, Any]]:
+def top_fixes(ctx: Page) -> list[FindingDoc]:
     """The three findings worth most (findings arrive sorted by estimated saving)."""
-    return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
+    return [f for f in ctx.doc.findings if f.est_saving_ns > 0][:3]
 
 
-def saving_text(f: dict[str, Any]) -> str:
+def saving_text(f: FindingDoc) -> str:
     """'saves about X per step (replayed)' when the critical path replayed the finding's fix, else the bound."""
-    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
-    if "replayed_saving_ns" in ev:
-        return f"saves about {ms(f.get('est_saving_ns'))} per step (replayed)"
-    return f"saves up to {ms(f.get('est_saving_ns'))} per step"
+    if "replayed_saving_ns" in f.evidence:
+        return f"saves about {ms(f.est_saving_ns)} per step (replayed)"
+    return f"saves up to {ms(f.est_saving_ns)} per step"
 
 
 def _verdict(ctx: Page) -> str:
@@ -188,12 +190,11 @@ def _verdict(ctx: Page) -> str:
     if fixes:
         items = []
         for f in fixes:
-            saving = f.get("est_saving_ns")
-            rec = f.get("recommendation") or ""
+            rec = f.recommendation
             items.append(
-                f"<li>{_sev(f.get('severity', 'info'))} <b>{h(f.get('summary') or f.get('title') or f.get('kind'))}</b>"
+                f"<li>{_sev(f.severity)} <b>{h(f.summary or f.kind)}</b>"
                 + (f" — {h(rec)}" if rec else "")
-                + (f' <span class=saving>{h(saving_text(f))}</span>' if is_num(saving) else "")
+                + f' <span class=saving>{h(saving_text(f))}</span>'
                 + "</li>")
         body += "<h3>The fixes worth most</h3><ol class=fixes>" + "".join(items) + "</ol>"
     else:
@@ -202,20 +203,19 @@ def _verdict(ctx: Page) -> str:
 
 
 def _findings(ctx: Page) -> str:
-    if not ctx.findings:
+    if not ctx.doc.findings:
         return section("findings", "Findings", '<p class=note>No findings: nothing above the analyzers\' thresholds.</p>')
     rows = []
-    for i, f in enumerate(ctx.findings, 1):
-        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    for i, f in enumerate(ctx.doc.findings, 1):
         rows.append(
             f'<tr id="finding-{i}"><td class=n data-v="{i}">{i}</td>'
-            f'<td data-v="{SEVERITY_ORDER.get(str(f.get("severity")), 3)}">{_sev(f.get("severity"))}</td>'
-            f"<td>{h(f.get('kind'))}</td><td>{h(f.get('dim') or '–')}</td>"
-            f"<td>{h(ranks_text(f.get('ranks')))}</td>"
-            f"<td>{h(f.get('summary'))}<details><summary>evidence</summary>{render_generic(ev)}</details></td>"
-            f"<td>{h(f.get('recommendation') or '')}</td>"
-            f'<td class=n data-v="{f.get("est_saving_ns") if is_num(f.get("est_saving_ns")) else ""}">'
-            f"{h(ms(f.get('est_saving_ns')))}</td></tr>")
+            f'<td data-v="{SEVERITY_ORDER.get(f.severity, 3)}">{_sev(f.severity)}</td>'
+            f"<td>{h(f.kind)}</td><td>{h(f.dim or '–')}</td>"
+            f"<td>{h(ranks_text(f.ranks))}</td>"
+            f"<td>{h(f.summary)}<details><summary>evidence</summary>{render_generic(f.evidence)}</details></td>"
+            f"<td>{h(f.recommendation)}</td>"
+            f'<td class=n data-v="{f.est_saving_ns}">'
+            f"{h(ms(f.est_saving_ns))}</td></tr>")
     head = "".join(f"<th scope=col>{t}</th>" for t in
                    ("#", "severity", "kind", "dim", "ranks", "summary", "recommendation", "est. saving / step"))
     return section("findings", "Findings",
@@ -227,7 +227,7 @@ def _findings(ctx: Page) -> str:
 
 
 def steps_text(ctx: Page) -> str:
-    steps = sorted({r.get("steps") for r in ctx.ranks if is_num(r.get("steps"))})
+    steps = sorted({r.steps for r in ctx.doc.ranks})
     if not steps:
         return "–"
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
@@ -259,30 +259,29 @@ def _window_text(ctx: Page) -> str:
 
 def _trace_kind_text(ctx: Page) -> str:
     """The trace_kind section's notes (accelerator, graph capture/replay, inference, carry-over, step rule)."""
-    tk = ctx.sec("trace_kind") or {}
-    notes = [str(n) for n in tk.get("notes") or []]
+    tk = ctx.doc.sections.trace_kind
+    notes = tk.notes if tk is not None else []
     return "; ".join(notes) if notes else "not recorded"
 
 
 def _analyzed(ctx: Page) -> str:
-    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
-    ranks = inputs.get("ranks") or []
-    skipped = inputs.get("skipped") or []
-    layout = ctx.sec("layout")
+    doc = ctx.doc
+    ranks, skipped = doc.inputs.ranks, doc.inputs.skipped
+    layout = doc.sections.layout
     pairs = [
         ("ranks", f"{len(ranks)} ({ranks_text(ranks)})"),
         ("steps per rank", steps_text(ctx)),
         ("time window", _window_text(ctx)),
         ("trace kind", _trace_kind_text(ctx)),
-        ("parallel layout", charts.layout_text(layout) if layout else "not inferred"),
+        ("parallel layout", charts.layout_text(to_builtins(layout)) if layout is not None else "not inferred"),
         ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
-        ("tracekit version", ctx.a.get("tracekit_version") or "?"),
-        ("command", ctx.a.get("command") or "not recorded"),
+        ("tracekit version", doc.tracekit_version or "?"),
+        ("command", doc.command or "not recorded"),
     ]
     body = kv_table(pairs)
-    if layout:
-        body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(layout)
-        groups = _rows(layout, "groups")
+    if layout is not None:
+        body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(to_builtins(layout))
+        groups = layout.groups
         if groups:
             body += ("<details><summary>Process groups</summary>" + table(groups, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -306,23 +305,23 @@ _BREAKDOWN_COLS = [
 ]
 
 
-def _per_step_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _per_step_rows(ranks: list[RankBreakdown]) -> list[dict[str, Any]]:
     """Per-rank totals shown per step (total / steps): a unit change for display."""
     out = []
     for r in ranks:
-        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
-        row = dict(r)
+        steps = r.steps or 1
+        row = to_builtins(r)
         for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "sync_wait_ns", "other_ns", "idle_ns"):
-            if is_num(r.get(k)):
-                row[k] = r[k] / steps
+            if is_num(row.get(k)):  # sync_wait_ns: unset in analyses from before it
+                row[k] = row[k] / steps
         out.append(row)
     return out
 
 
 def _breakdown(ctx: Page) -> str:
-    if not ctx.ranks:
+    if not ctx.doc.ranks:
         return section("breakdown", "Per-rank breakdown", not_available("Per-rank breakdown"))
-    rows = _per_step_rows(ctx.ranks)
+    rows = _per_step_rows(ctx.doc.ranks)
     fig = charts.breakdown_bars(ctx.figs, rows)
     note = ('<p class=note>Exclusive by priority, so the bars sum to the step: compute ▸ communication that '
             'overlaps nothing ▸ other device work ▸ idle. "comm" is all communication, overlapped or not; '
@@ -333,44 +332,43 @@ def _breakdown(ctx: Page) -> str:
 
 
 def _timeline(ctx: Page) -> str:
-    bd = ctx.sec("breakdown") or {}
-    tl = bd.get("timeline")
-    if not has_data(ctx, "timeline"):
+    bd = ctx.doc.sections.breakdown
+    if bd is None or not has_data(ctx, "timeline"):
         return section("timeline", "Step timeline", not_available("Step timeline"))
-    return section("timeline", "Step timeline", charts.timeline(ctx.figs, tl))
+    return section("timeline", "Step timeline", charts.timeline(ctx.figs, to_builtins(bd.timeline)))
 
 
 def has_data(ctx: Page, anchor: str) -> bool:
     """Whether the page section `anchor` has anything to show for this run (summary.md links only those)."""
-    sec = ctx.sec(_SOURCE.get(anchor, anchor)) or {}
+    s = ctx.doc.sections
     if anchor == "breakdown":
-        return bool(ctx.ranks)
+        return bool(ctx.doc.ranks)
     if anchor == "timeline":
-        tl = sec.get("timeline")
-        return isinstance(tl, dict) and bool(tl.get("intervals")) or isinstance(tl, list) and bool(tl)
+        return s.breakdown is not None and bool(s.breakdown.timeline.intervals)
     if anchor == "collectives":
-        return bool(_rows(sec, "by_dim_op") or _rows(sec, "by_rank_dim_op") or _rows(sec, "top_offenders"))
+        un = s.unoverlapped
+        return un is not None and bool(un.by_dim_op or un.by_rank_dim_op or un.top_offenders)
     if anchor == "pipeline":
-        return sec.get("source") is not None or bool(sec.get("diagram")) or bool(_rows(sec, "stages"))
+        pp = s.pipeline
+        return pp is not None and (pp.source is not None or pp.diagram is not None or bool(pp.stages))
     if anchor == "experts":
-        return bool(_rows(sec, "heatmap") or _rows(sec, "layers") or _rows(sec, "ranks"))
+        ex = s.experts
+        return ex is not None and bool(ex.heatmap or ex.layers or ex.ranks)
     if anchor == "stragglers":
-        return bool(_rows(sec, "ranks"))
+        return s.stragglers is not None and bool(s.stragglers.ranks)
     if anchor == "bandwidth":
-        return bool(_rows(sec, "rows"))
+        return s.bandwidth is not None and bool(s.bandwidth.rows)
     if anchor == "throughput":
-        return bool(ctx.sec("throughput") or ctx.sec("placement"))
+        return s.throughput is not None or s.placement is not None
     if anchor in ("memory", "advice", "ops"):
-        return bool(sec.get("available"))
+        sec = getattr(s, anchor)
+        return sec is not None and sec.available
     if anchor == "critical-path":
-        return bool(_rows(sec, "steps"))
+        return s.critical_path is not None and bool(s.critical_path.steps)
     if anchor == "hang":
-        return bool(sec)
+        return s.hang is not None
     return True
 
-
-_SOURCE = {"breakdown": "breakdown", "timeline": "breakdown", "collectives": "unoverlapped",
-           "critical-path": "critical_path"}
 
 
 _CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (after the last member arrived)",
@@ -520,9 +518,9 @@ def _memory(ctx: Page) -> str:
 
 
 def _advice(ctx: Page) -> str:
-    sec = ctx.sec("advice")
-    if not sec or not sec.get("available") or not isinstance(sec.get("advice"), dict):
-        reason = (sec or {}).get("reason") or "the advisor did not run"
+    sec = ctx.doc.sections.advice
+    if sec is None or not sec.available or not isinstance(sec.advice, dict):
+        reason = (sec.reason if sec is not None else None) or "the advisor did not run"
         return section("advice", "Layout advice", not_available("Layout advice", reason))
     return section("advice", "Layout advice", advice_html(ctx.figs, sec))
 

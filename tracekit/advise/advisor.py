@@ -11,9 +11,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
 from tracekit.advise.space import SearchSpace, enumerate_layouts
+from tracekit.document import AnalysisDocument, as_document
 from tracekit.model import memory as mem
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec
 from tracekit.simulate.engine import Deadlock
@@ -84,17 +87,17 @@ def peak_memory(model: ModelSpec, layout: Layout, mbs: int, calib: mem.Calibrati
     return mem.peak_bytes(model_shape(model, mbs), memory_layout(layout), calib)
 
 
-def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalibration:
+def memory_calibration(analysis: AnalysisDocument | dict[str, Any], cal: Calibrated) -> MemoryCalibration:
     """The memory model calibrated on the measured run's memory section (tracekit/analyze/memory.py):
     activation and transient scales from its per-stage peaks and per-micro-batch footprints, static
     memory per parameter from its step base when the counter is absolute (CUDA); predictions always
     count static memory (what a device must hold)."""
-    section = (analysis.get("sections") or {}).get("memory") or {}
-    if not section.get("available"):
+    section = as_document(analysis).sections.memory
+    if section is None or not section.available:
         return MemoryCalibration(mem.Calibration(), False, "uncalibrated (the trace has no memory events)")
     shape = model_shape(cal.model, cal.model.micro_batch_size)
-    try:
-        c = mem.calibrate_from_analysis(shape, memory_layout(cal.measured.layout), section)
+    try:  # the memory model reads the section as analysis.json holds it
+        c = mem.calibrate_from_analysis(shape, memory_layout(cal.measured.layout), msgspec.to_builtins(section))
     except (ValueError, ZeroDivisionError) as exc:
         return MemoryCalibration(mem.Calibration(), False, f"uncalibrated ({exc})")
     static = (f"static {c.static_bytes_per_param:.1f} B per parameter measured" if c.static_bytes_per_param

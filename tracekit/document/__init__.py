@@ -4,11 +4,11 @@
     doc.sections.pipeline.measured_bubble
 """
 
-from tracekit.document.convert import (DocumentMismatch, as_document, decode_document, document_bytes,
+from tracekit.document.convert import (DocumentMismatch, as_document, as_section, decode_document, document_bytes,
                                         document_of, to_builtins)
 from tracekit.document.model import (ANALYSIS_SCHEMA, SECTION_NAMES, AnalysisDocument, FindingDoc,
                                       RankBreakdown, Sections)
 
 __all__ = ["ANALYSIS_SCHEMA", "SECTION_NAMES", "AnalysisDocument", "DocumentMismatch", "FindingDoc",
-           "RankBreakdown", "Sections", "as_document", "decode_document", "document_bytes", "document_of",
+           "RankBreakdown", "Sections", "as_document", "as_section", "decode_document", "document_bytes", "document_of",
            "to_builtins"]

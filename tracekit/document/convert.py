@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, Iterator, TypeVar
 
 import msgspec
 
@@ -21,6 +21,7 @@ from tracekit.document.model import (AnalysisDocument, AnalyzerError, DocumentIn
                                       RankBreakdown, Sections)
 
 _DECODER = msgspec.json.Decoder(AnalysisDocument)
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 class DocumentMismatch(ValueError):
@@ -119,6 +120,17 @@ def _lenient_list(value: Any, type_: Any) -> list[Any]:
         except (msgspec.ValidationError, TypeError):
             continue
     return out
+
+
+def as_section(type_: type[S], value: S | dict[str, Any] | None) -> S | None:
+    """One section (or other struct) for readers: a struct as it is, a dict as analysis.json would hold
+    it (None when its shape does not fit)."""
+    if value is None or isinstance(value, type_):
+        return value
+    try:
+        return msgspec.json.decode(_json_bytes(value), type=type_)
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError):
+        return None
 
 
 def as_document(analysis: AnalysisDocument | dict[str, Any] | bytes | None) -> AnalysisDocument:

@@ -190,6 +190,7 @@ class ClocksSection(Struct):
     hosts: int | None | UnsetType = UNSET
     log_to_trace: list[ClocksLogToTraceRow] = msgspec.field(default_factory=list)
     thresholds: dict[str, Any] | UnsetType = UNSET
+    note: str | UnsetType = UNSET
 
 class BreakdownRankDetailsRowShares(Struct):
     compute: Num = 0
@@ -236,7 +237,7 @@ class BreakdownSection(Struct):
     ranks: list[RankBreakdown] = msgspec.field(default_factory=list)
     rank_details: list[BreakdownRankDetailsRow] = msgspec.field(default_factory=list)
     steps: list[BreakdownStepsRow] = msgspec.field(default_factory=list)
-    unanalyzed_ranks: list[Any] = msgspec.field(default_factory=list)
+    unanalyzed_ranks: list[dict[str, Any]] = msgspec.field(default_factory=list)
     timeline: BreakdownTimeline = msgspec.field(default_factory=BreakdownTimeline)
 
 class RecordingOverheadRow(Struct):
@@ -283,8 +284,8 @@ class TraceKindRanksRow(Struct):
     backward_ops: int = 0
     optimizer_steps: int = 0
     carry_over: TraceKindRanksRowCarryOver = msgspec.field(default_factory=TraceKindRanksRowCarryOver)
-    step_rule: str = ""
-    steps: int = 0
+    step_rule: str | None = None
+    steps: int | None = None
     notes: list[str] = msgspec.field(default_factory=list)
 
 class TraceKindSection(Struct):
@@ -307,6 +308,8 @@ class StragglersRanksRow(Struct):
     delay_fraction: Num = 0
     by_dim: dict[str, int] = msgspec.field(default_factory=dict)
     dominance: Num | None = None
+    late_with: list[int] | UnsetType = UNSET
+    last_share_with: Num | UnsetType = UNSET
 
 class StragglersStragglersRow(Struct):
     rank: int = 0
@@ -413,9 +416,9 @@ class PipelineStagesRow(Struct):
     stage: int = 0
     ranks: list[int] = msgspec.field(default_factory=list)
     compute_ns: int = 0
-    fwd_ns: int = 0
-    bwd_ns: int = 0
-    layers: int = 0
+    fwd_ns: int | None = None
+    bwd_ns: int | None = None
+    layers: int | None = None
 
 class PipelinePipelinesRowStepsRowRanksRow(Struct):
     rank: int = 0
@@ -423,8 +426,8 @@ class PipelinePipelinesRowStepsRowRanksRow(Struct):
     busy_ns: int = 0
     bubble: Num = 0
     bubble_of_step: Num = 0
-    p2p_ns: int = 0
-    p2p_wait_ns: int = 0
+    p2p_ns: int | None = None
+    p2p_wait_ns: int | None = None
 
 class PipelinePipelinesRowStepsRow(Struct):
     step: int = 0
@@ -445,7 +448,7 @@ class PipelinePerMicrobatchRow(Struct):
 class PipelineDiagramIntervalsRow(Struct):
     rank: int = 0
     stage: int = 0
-    microbatch: int = 0
+    microbatch: int | None = None
     phase: str = ""
     start_ns: int = 0
     dur_ns: int = 0
@@ -472,6 +475,12 @@ class PipelineSection(Struct):
     pipelines: list[PipelinePipelinesRow] = msgspec.field(default_factory=list)
     per_microbatch: list[PipelinePerMicrobatchRow] = msgspec.field(default_factory=list)
     diagram: PipelineDiagram | None = None
+    microbatches_source: str | None | UnsetType = UNSET
+    """p2p source only"""
+    busy_source: str | UnsetType = UNSET
+    """p2p source only"""
+    evidence: dict[str, Any] | UnsetType = UNSET
+    """p2p source only"""
 
 class HostStallsRanksRow(Struct):
     step_ns: int = 0
@@ -802,7 +811,7 @@ class AdviceSection(Struct):
     """Section `advice` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""
 
     available: bool = False
-    reason: str = ""
+    reason: str | None = None
     advice: dict[str, Any] | None = None
 
 class RecommendationsRecommendationsRow(Struct):
