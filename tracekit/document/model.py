@@ -81,7 +81,7 @@ class InputsSection(Struct):
 
 class LayoutGroupsRow(Struct):
     pg_name: str = ""
-    pg_desc: str = ""
+    pg_desc: str | None = None
     dim: str = ""
     ranks: list[int] = msgspec.field(default_factory=list)
     size: int = 0
@@ -145,7 +145,7 @@ class MatchingTopSkewRow(Struct):
     op: str = ""
     step: int | None = None
     skew_ns: int = 0
-    transfer_ns: int = 0
+    transfer_ns: int | None = None
     first_rank: int = 0
     last_rank: int = 0
     delay_ns: int = 0
