@@ -632,7 +632,7 @@ class OpsRanksRow(Struct):
     hbm_tbps: Num | None = None
     peak_source: str | None = None
     steps: int = 0
-    step_ns: int = 0
+    step_ns: int | None = None
     time_basis: str = ""
     model_flops: int | None = None
     flops_per_step: Num | None = None
@@ -659,7 +659,7 @@ class OpsTopOpsRow(Struct):
     count: int = 0
     kernel_ns: int = 0
     ranks: list[int] = msgspec.field(default_factory=list)
-    share: Num = 0
+    share: Num | None = None
     flops: int | None = None
     bytes: int | None = None
     peak_tflops: Num | None = None
@@ -678,14 +678,14 @@ class OpsGemm(Struct):
     tflops: Num | None = None
 
 class OpsKernelsRow(Struct):
-    name: str = ""
-    category: str = ""
-    kind: str = ""
+    name: str | None = None
+    category: str | None = None
+    kind: str | None = None
     count: int = 0
     total_ns: int = 0
     max_ns: int = 0
     streams: list[int] = msgspec.field(default_factory=list)
-    mean_ns: Num = 0
+    mean_ns: Num | None = None
     share: Num = 0
 
 class OpsRooflinePointsRow(Struct):
@@ -699,8 +699,8 @@ class OpsRoofline(Struct):
     peak_tflops: Num = 0
     hbm_tbps: Num = 0
     ridge: Num = 0
-    dtype: str = ""
-    device: str = ""
+    dtype: str | None = None
+    device: str | None = None
     points: list[OpsRooflinePointsRow] = msgspec.field(default_factory=list)
 
 class OpsSection(Struct):
