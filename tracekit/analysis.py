@@ -29,7 +29,7 @@ from tracekit.document import AnalysisDocument, DocumentMismatch, as_document, d
 from tracekit.errors import NothingToAnalyzeError
 
 if TYPE_CHECKING:
-    from tracekit.analyze.base import AnalysisConfig
+    from tracekit.config import AnalysisConfig
     from tracekit.tables.store import RunStore
 
 _TEMP_DIRS: list[tempfile.TemporaryDirectory] = []
@@ -159,7 +159,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
 
     Raises NothingToAnalyzeError (its `skipped` lists the inputs left out) when no rank could be read;
     a run whose ranks have no events still gets its analysis.json (its `ranks` is empty)."""
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.engines.rank_tasks import prefetch_rank_activity
 
     path, out = Path(path), (Path(out) if out is not None else None)
@@ -190,3 +190,14 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
     elif mismatch:
         run.problems.append(mismatch)
     return run
+
+
+def analyze_hang_dumps(out_dir: Path) -> tuple[dict[str, Any] | None, Path]:
+    """Analyse `<out>/hang` (the Flight Recorder dumps `tracekit record`'s hang watch collected) into
+    `<out>/hang-analysis`; (the top hang finding or None, where the analysis went)."""
+    from tracekit.record.hang_watch import HANG_DIR
+
+    dest = out_dir / "hang-analysis"
+    run = analyze_run(out_dir / HANG_DIR, dest)
+    top = next((f for f in run.analysis["findings"] if f["kind"] == "hang"), None)
+    return top, dest

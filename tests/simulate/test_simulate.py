@@ -76,7 +76,7 @@ def test_collective_kernels_follow_nccl_semantics(dp_tp_run):
 
 
 def test_tracekit_parses_and_its_breakdown_matches_the_key(dp_tp_run, tmp_path):
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     res, out = dp_tp_run

@@ -994,7 +994,7 @@ class DocumentInputs(Struct):
 
 
 class FindingDoc(Struct):
-    """A finding as analysis.json holds it (tracekit/analyze/findings.py: Finding.to_json)."""
+    """A finding as analysis.json holds it (tracekit/findings/finding.py: Finding.to_json)."""
 
     kind: str = ""
     severity: str = ""
