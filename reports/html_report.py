@@ -19,7 +19,9 @@ from reports.advice import advice_html
 from reports.ops import ops_html
 from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
-from tracekit.document import AnalysisDocument, FindingDoc, RankBreakdown, as_document, to_builtins
+from tracekit.document import (SECTION_NAMES, AnalysisDocument, FindingDoc, RankBreakdown, as_document,
+                               to_builtins)
+from tracekit.document.model import CriticalPathSection
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -57,7 +59,7 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     pieces to write one after the other (`page_parts`)."""
     ctx = Page(analysis, store)
     parts = [
-        _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang"), ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
+        _verdict(ctx), _findings(ctx), hang_html(ctx.doc.sections.hang, ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
         _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.doc.sections.ops), _memory(ctx),
         _advice(ctx),
@@ -80,17 +82,12 @@ class Page:
 
     def __init__(self, analysis: AnalysisDocument | dict[str, Any], store: Any) -> None:
         self.doc = as_document(analysis if isinstance(analysis, (dict, AnalysisDocument)) else None)
-        self.a = to_builtins(self.doc)
         self.store = store
         self.figs = Figures()
-        sections = self.a.get("sections")
-        self.sections: dict[str, Any] = sections if isinstance(sections, dict) else {}
-        self.ranks: list[dict[str, Any]] = [r for r in self.a.get("ranks") or [] if isinstance(r, dict)]
-        self.findings: list[dict[str, Any]] = [f for f in self.a.get("findings") or [] if isinstance(f, dict)]
-
-    def sec(self, name: str) -> dict[str, Any] | None:
-        value = self.sections.get(name)
-        return value if isinstance(value, dict) else None
+        raw = analysis.get("sections") if isinstance(analysis, dict) else None
+        self.extra_sections: dict[str, Any] = {k: v for k, v in raw.items() if k not in SECTION_NAMES} \
+            if isinstance(raw, dict) else {}
+        """Sections of a dict that this version's document does not know (shown as they are)."""
 
 
 def page(title: str, header: str, body: str, figs: Figures,
@@ -235,11 +232,10 @@ def steps_text(ctx: Page) -> str:
 
 def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
-    bd = ctx.sec("breakdown") or {}
-    steps = [r for r in bd["steps"] if isinstance(r, dict)] if isinstance(bd.get("steps"), list) else []
-    numbers = sorted({r["step"] for r in steps if is_num(r.get("step"))})
-    details = [d for d in bd.get("rank_details") or [] if isinstance(d, dict)]
-    rules = sorted({str(d.get("step_rule")) for d in details if d.get("step_rule")})
+    bd = ctx.doc.sections.breakdown
+    steps = bd.steps if bd is not None else []
+    numbers = sorted({r.step for r in steps if r.step is not None})
+    rules = sorted({d.step_rule for d in (bd.rank_details if bd is not None else []) if d.step_rule})
     parts = []
     if numbers and rules in ([], ["profiler_step"]):
         parts.append(f"ProfilerStep {numbers[0]}" + (f"–{numbers[-1]}" if numbers[-1] != numbers[0] else ""))
@@ -380,50 +376,49 @@ _CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (a
 
 
 def _critical_path(ctx: Page) -> str:
-    sec = ctx.sec("critical_path") or {}
+    sec = ctx.doc.sections.critical_path
     title = "Critical path"
-    if not has_data(ctx, "critical-path"):
-        return section("critical-path", title, not_available(title, sec.get("skipped") or "no critical path for this run"))
-    steps = _rows(sec, "steps")
-    shown = next((s for s in steps if isinstance(s.get("timeline"), dict)), steps[-1])
-    comp = shown.get("composition") if isinstance(shown.get("composition"), dict) else {}
-    step_ns = comp.get("step_ns") or shown.get("measured_ns")
-    err = shown.get("replay_error")
-    body = (f"<p>Step {h(shown.get('step'))}: the chain of ops, waits and transfers across ranks that sets the "
-            f"step time ({h(ms(shown.get('measured_ns')))} on rank {h(shown.get('slowest_rank'))}); replaying the "
-            f"unchanged dependency graph gives {h(ms(shown.get('replayed_ns')))}"
+    if sec is None or not has_data(ctx, "critical-path"):
+        skipped = sec.skipped if sec is not None else None
+        return section("critical-path", title, not_available(title, skipped or "no critical path for this run"))
+    shown = next((s for s in sec.steps if s.timeline), sec.steps[-1])
+    comp = shown.composition
+    step_ns = comp.step_ns or shown.measured_ns
+    err = shown.replay_error
+    body = (f"<p>Step {h(shown.step)}: the chain of ops, waits and transfers across ranks that sets the "
+            f"step time ({h(ms(shown.measured_ns))} on rank {h(shown.slowest_rank)}); replaying the "
+            f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
-    if isinstance(shown.get("timeline"), dict):
-        body += charts.timeline(ctx.figs, shown["timeline"])
+    if shown.timeline:
+        body += charts.timeline(ctx.figs, to_builtins(shown.timeline))
     share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731
-    by_cat = comp.get("by_category") if isinstance(comp.get("by_category"), dict) else {}
+    by_cat = comp.by_category
     rows = [{"part": _CATEGORY_TEXT.get(k, k), "time": ms(v), "share of the step": share(v)}
             for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0) if v]
     body += "<h3>Where the path's time goes</h3>" + table(rows, [Col(k, k, str, False) for k in ("part", "time", "share of the step")])
-    by_rank = comp.get("by_rank") if isinstance(comp.get("by_rank"), dict) else {}
-    top = sorted(by_rank.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0)[:8]
+    top = sorted(comp.by_rank.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0)[:8]
     if top:
         body += ("<p>By rank: " + h(", ".join(f"rank {r} {ms(v)} ({share(v)})" for r, v in top)) + "</p>")
-    by_dim = comp.get("by_dim") if isinstance(comp.get("by_dim"), dict) else {}
+    by_dim = comp.by_dim
     if by_dim:
         body += ("<p>Transfers on the path by dim: " + h(", ".join(f"{d} {ms(v)}" for d, v in sorted(by_dim.items()))) + "</p>")
     body += _whatif_table(sec)
     return section("critical-path", title, body)
 
 
-def _whatif_table(sec: dict[str, Any]) -> str:
-    rows = [{"finding": f"#{w.get('finding', 0) + 1} {w.get('kind')}", "fix replayed": w.get("fix"),
-             "step with the fix": ms(w.get("step_ns")), "saving": ms(w.get("saving_ns"))}
-            for w in _rows(sec, "whatif")]
+def _whatif_table(sec: CriticalPathSection) -> str:
+    rows = [{"finding": f"#{w.finding + 1} {w.kind}", "fix replayed": w.fix,
+             "step with the fix": ms(w.step_ns), "saving": ms(w.saving_ns)}
+            for w in sec.whatif]
     if not rows:
         return ""
-    together = sec.get("all_fixes") if isinstance(sec.get("all_fixes"), dict) else None
-    if together:
-        rows.append({"finding": "all of them together", "fix replayed": "; ".join(map(str, together.get("fixes") or [])),
-                     "step with the fix": ms(together.get("step_ns")), "saving": ms(together.get("saving_ns"))})
+    together = sec.all_fixes
+    if together is not None:
+        rows.append({"finding": "all of them together", "fix replayed": "; ".join(together.fixes),
+                     "step with the fix": ms(together.step_ns), "saving": ms(together.saving_ns)})
     cols = [Col(k, k, str, False) for k in ("finding", "fix replayed", "step with the fix", "saving")]
     return (f"<h3>What if: each finding's fix replayed alone, then all together</h3>"
-            f"<p class=note>Measured step (mean over the analyzed steps): {h(ms(sec.get('measured_step_ns')))}. "
+            f"<p class=note>Measured step (mean over the analyzed steps): {h(ms(sec.measured_step_ns))}. "
             "Savings of different fixes overlap; the last line counts each millisecond once.</p>" + table(rows, cols))
 
 
@@ -431,26 +426,21 @@ def _ms_cell_opt(v: Any) -> str:
     return ms(v).replace(" ms", "")
 
 
-def _all_numbers(sec: dict[str, Any], skip: frozenset[str] = frozenset()) -> str:
-    """Everything else the analyzer reported, folded away under the curated view."""
-    body = render_generic(sec, skip=skip)
+def _all_numbers(sec: Any, skip: frozenset[str] = frozenset()) -> str:
+    """Everything else the analyzer reported (a section of the document), folded away under the curated view."""
+    body = render_generic(to_builtins(sec), skip=skip)
     return f"<details class=all><summary>All numbers of this section</summary>{body}</details>" if body else ""
-
-
-def _rows(sec: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = sec.get(key)
-    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 def _collectives(ctx: Page) -> str:
     title = "Collectives: exposed time"
-    sec = ctx.sec("unoverlapped")
-    if not sec or not has_data(ctx, "collectives"):
+    sec = ctx.doc.sections.unoverlapped
+    if sec is None or not has_data(ctx, "collectives"):
         return section("collectives", title, not_available("Collective exposure", "no collectives in this run"))
     body = ('<p class=note>Exposed = the part of a collective covered by no compute on that rank; "transfer '
             'exposed" leaves out time spent waiting for a late peer (that belongs to the straggler).</p>')
-    body += charts.collective_heatmap(ctx.figs, sec)
-    by_dim_op = _rows(sec, "by_dim_op")
+    body += charts.collective_heatmap(ctx.figs, to_builtins(sec))
+    by_dim_op = sec.by_dim_op
     if by_dim_op:
         body += "<h3>By dimension and op</h3>" + table(by_dim_op, [
             Col("dim", "dim", _txt, False), Col("op", "op", _txt, False), Col("instances", "instances"),
@@ -458,7 +448,7 @@ def _collectives(ctx: Page) -> str:
             Col("transfer_exposed_ns", "transfer exposed (ms)", _ms_cell_opt), Col("overlap_ratio", "overlap", pct),
             Col("transfer_exposed_ns_per_step", "exposed transfer / step, worst rank (ms)", _ms_cell_opt),
             Col("share_of_step", "share of step", pct), Col("worst_rank", "worst rank")])
-    top = _rows(sec, "top_offenders")
+    top = sec.top_offenders
     if top:
         body += "<h3>Largest exposed instances</h3>" + table(top, [
             Col("rank", "rank"), Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -470,18 +460,18 @@ def _collectives(ctx: Page) -> str:
 
 
 def _pipeline(ctx: Page) -> str:
-    sec = ctx.sec("pipeline")
-    if not sec or not has_data(ctx, "pipeline"):
+    sec = ctx.doc.sections.pipeline
+    if sec is None or not has_data(ctx, "pipeline"):
         return section("pipeline", "Pipeline schedule", not_available("Pipeline schedule", "no pipeline stages in this run"))
-    pairs = [("schedule", f"{sec.get('schedule') or 'unknown'}"
-                          + (f" (detected {sec['schedule_detected']})" if sec.get("schedule_detected") else "")),
-             ("stages × chunks per rank", f"{num(sec.get('num_stages'))} × {num(sec.get('chunks_per_rank'))}"),
-             ("micro-batches", num(sec.get("num_microbatches"))),
-             ("bubble: measured / theoretical", f"{pct(sec.get('measured_bubble'))} / {pct(sec.get('theoretical_bubble'))}"),
-             ("imbalance (slowest / mean stage compute)", num(sec.get("imbalance"))),
-             ("source", sec.get("source") or "–")]
-    body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, sec)
-    stages = _rows(sec, "stages")
+    pairs = [("schedule", f"{sec.schedule or 'unknown'}"
+                          + (f" (detected {sec.schedule_detected})" if sec.schedule_detected else "")),
+             ("stages × chunks per rank", f"{num(sec.num_stages)} × {num(sec.chunks_per_rank)}"),
+             ("micro-batches", num(sec.num_microbatches)),
+             ("bubble: measured / theoretical", f"{pct(sec.measured_bubble)} / {pct(sec.theoretical_bubble)}"),
+             ("imbalance (slowest / mean stage compute)", num(sec.imbalance)),
+             ("source", sec.source or "–")]
+    body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, to_builtins(sec))
+    stages = sec.stages
     if stages:
         body += "<h3>Stages</h3>" + table(stages, [
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False), Col("compute_ns", "compute (ms)", _ms_cell_opt),
@@ -490,15 +480,16 @@ def _pipeline(ctx: Page) -> str:
 
 
 def _memory(ctx: Page) -> str:
-    sec = ctx.sec("memory")
-    if not sec or not sec.get("available"):
-        reason = (sec or {}).get("reason") or "no memory events in this run"
+    sec = ctx.doc.sections.memory
+    if sec is None or not sec.available:
+        reason = (sec.reason if sec is not None else None) or "no memory events in this run"
         return section("memory", "Memory", not_available("Memory", reason))
     mib = lambda b: "–" if not is_num(b) else f"{b / 2**20:.2f}"  # noqa: E731
-    body = (f"<p class=note>Counter: {h(sec.get('counter') or '–')} (absolute: the CUDA caching allocator; window: "
+    body = (f"<p class=note>Counter: {h(sec.counter or '–')} (absolute: the CUDA caching allocator; window: "
             "the CPU profiler counts only what it saw allocated).</p>")
-    body += charts.memory_timeline(ctx.figs, sec) + charts.memory_split_bars(ctx.figs, sec)
-    ranks = _rows(sec, "ranks")
+    plain = to_builtins(sec)
+    body += charts.memory_timeline(ctx.figs, plain) + charts.memory_split_bars(ctx.figs, plain)
+    ranks = [to_builtins(r) for r in sec.ranks]  # at_peak: a dict the column lays out
     if ranks:
         body += "<h3>Peaks</h3>" + table(ranks, [
             Col("rank", "rank"), Col("device", "device"), Col("peak_allocated", "peak (MiB)", mib),
@@ -506,7 +497,7 @@ def _memory(ctx: Page) -> str:
                 f"{k} {v}" for k, v in (w or {}).items() if v is not None)), False),
             Col("activation_held_bytes", "held activations (MiB)", mib),
             Col("in_flight_measured", "in flight (measured)")])
-    stages = _rows(sec, "stages")
+    stages = sec.stages
     if stages:
         body += "<h3>Pipeline stages</h3>" + table(stages, [
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False),
@@ -526,19 +517,19 @@ def _advice(ctx: Page) -> str:
 
 
 def _experts(ctx: Page) -> str:
-    sec = ctx.sec("experts")
-    if not sec or not has_data(ctx, "experts"):
+    sec = ctx.doc.sections.experts
+    if sec is None or not has_data(ctx, "experts"):
         return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
-    body = f"<p class=note>Source: {h(sec.get('source') or '–')}, granularity {h(sec.get('granularity') or '–')}.</p>"
-    body += charts.expert_heatmap(ctx.figs, sec)
-    layers = _rows(sec, "layers")
+    body = f"<p class=note>Source: {h(sec.source or '–')}, granularity {h(sec.granularity or '–')}.</p>"
+    body += charts.expert_heatmap(ctx.figs, to_builtins(sec))
+    layers = sec.layers
     if layers:
         body += "<h3>Layers</h3>" + table(layers, [
             Col("layer", "layer"), Col("num_experts", "experts"), Col("skew", "skew (max/mean)"),
             Col("skew_max", "worst step skew"), Col("hot_expert", "hot expert"),
             Col("hot_owner_ranks", "owner ranks", ranks_text, False), Col("tokens_total", "tokens"),
             Col("dropped_total", "dropped"), Col("dropped_fraction", "dropped", pct)])
-    ranks = _rows(sec, "ranks")
+    ranks = sec.ranks
     if ranks:
         body += "<h3>All-to-all per rank (per step)</h3>" + table(ranks, [
             Col("rank", "rank"), Col("a2a_ns", "all-to-all (ms)", _ms_cell_opt), Col("a2a_calls", "calls"),
@@ -548,38 +539,38 @@ def _experts(ctx: Page) -> str:
 
 
 def _stragglers(ctx: Page) -> str:
-    sec = ctx.sec("stragglers")
-    if not sec or not has_data(ctx, "stragglers"):
+    sec = ctx.doc.sections.stragglers
+    if sec is None or not has_data(ctx, "stragglers"):
         return section("stragglers", "Stragglers", not_available("Straggler view", "no collectives matched across ranks"))
     body = ("<p class=note>Per rank: how long its groups waited for it beyond the second-to-last member, per step "
-            "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, sec))
-    flagged = _rows(sec, "stragglers")
+            "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, to_builtins(sec)))
+    flagged = sec.stragglers
     if flagged:
         body += "<h3>Stragglers and likely cause</h3>" + table(flagged, [
             Col("rank", "rank"), Col("cause", "cause", _txt, False),
             Col("cause_evidence", "evidence", lambda v: "; ".join(
                 f"{k}={ms(x) if k.endswith('_ns') else x}" for k, x in (v or {}).items()) or "–", False)])
-    body += "<h3>Per rank</h3>" + table(_rows(sec, "ranks"), [
+    body += "<h3>Per rank</h3>" + table(sec.ranks, [
         Col("rank", "rank"), Col("instances", "instances"), Col("last_count", "arrived last"),
         Col("last_share", "last share", pct), Col("delay_ns_per_step", "delay caused (ms/step)", _ms_cell_opt),
         Col("delay_fraction", "of step", pct), Col("dominance", "dominance")], table_id="stragglers-table")
-    clocks = ctx.sec("clocks")
-    if clocks:
-        body += "<h3>Clock alignment</h3>" + kv_table([("method", clocks.get("method") or "–"),
-                                                      ("reference rank", _txt(clocks.get("reference_rank")))])
-        if _rows(clocks, "ranks"):
-            body += table(_rows(clocks, "ranks"), [
+    clocks = ctx.doc.sections.clocks
+    if clocks is not None:
+        body += "<h3>Clock alignment</h3>" + kv_table([("method", clocks.method or "–"),
+                                                      ("reference rank", _txt(clocks.reference_rank))])
+        if clocks.ranks:
+            body += table(clocks.ranks, [
                 Col("rank", "rank"), Col("offset_ns", "offset (ms)", _ms_cell_opt), Col("mad_ns", "MAD (ms)", _ms_cell_opt),
                 Col("instances", "instances"), Col("applied", "applied", _txt, False), Col("status", "status", _txt, False)])
     return section("stragglers", "Stragglers", body + _all_numbers(sec, frozenset({"ranks", "stragglers"})))
 
 
 def _bandwidth(ctx: Page) -> str:
-    sec = ctx.sec("bandwidth")
-    rows = _rows(sec, "rows") if sec else []
-    if not rows:
+    sec = ctx.doc.sections.bandwidth
+    rows = sec.rows if sec is not None else []
+    if sec is None or not rows:
         return section("bandwidth", "Bandwidth", not_available("Bandwidth table", "no collectives with sizes in this run"))
-    body = (f"<p class=note>NCCL-tests convention; time basis: {h(sec.get('time_basis') or '–')}. "
+    body = (f"<p class=note>NCCL-tests convention; time basis: {h(sec.time_basis or '–')}. "
             "GB/s = 10⁹ bytes/s; medians over the instances of each size bucket.</p>")
     body += table(rows, [
         Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
@@ -594,25 +585,25 @@ def _bandwidth(ctx: Page) -> str:
 
 def _throughput(ctx: Page) -> str:
     parts = []
-    tp = ctx.sec("throughput")
-    if tp:
+    tp = ctx.doc.sections.throughput
+    if tp is not None:
         parts.append(kv_table([
-            ("tokens per step", f"{num(tp.get('tokens_per_step'))} (from {tp.get('tokens_source') or 'nowhere'})"),
-            ("step time (slowest rank, mean)", ms(tp.get("step_ns_mean"))),
-            ("tokens/s (job)", num(tp.get("tokens_per_s"))),
-            ("tokens/s per device", num(tp.get("tokens_per_s_per_device"))),
-            ("data-parallel degree", num(tp.get("dp_degree"))), ("world size", num(tp.get("world_size")))]))
-        if _rows(tp, "ranks"):
-            parts.append(table(_rows(tp, "ranks"), [
+            ("tokens per step", f"{num(tp.tokens_per_step)} (from {tp.tokens_source or 'nowhere'})"),
+            ("step time (slowest rank, mean)", ms(tp.step_ns_mean)),
+            ("tokens/s (job)", num(tp.tokens_per_s)),
+            ("tokens/s per device", num(tp.tokens_per_s_per_device)),
+            ("data-parallel degree", num(tp.dp_degree)), ("world size", num(tp.world_size))]))
+        if tp.ranks:
+            parts.append(table(tp.ranks, [
                 Col("rank", "rank"), Col("device", "device", _txt, False), Col("steps", "steps"),
                 Col("step_ns_mean", "step (ms)", _ms_cell_opt), Col("tokens_per_s", "tokens/s"),
                 Col("flops_per_step", "FLOP/step"), Col("achieved_tflops", "achieved TFLOP/s"),
                 Col("peak_tflops", "peak TFLOP/s"), Col("mfu", "MFU", pct)]))
-    pl = ctx.sec("placement")
-    if pl:
-        groups = _rows(pl, "groups")
-        parts.append(f"<h3>Placement</h3><p class=note>{h(pl.get('num_hosts') or 0)} host(s), from "
-                     f"{h(pl.get('host_source') or 'nowhere')}.</p>")
+    pl = ctx.doc.sections.placement
+    if pl is not None:
+        groups = pl.groups
+        parts.append(f"<h3>Placement</h3><p class=note>{h(pl.num_hosts or 0)} host(s), from "
+                     f"{h(pl.host_source or 'nowhere')}.</p>")
         if groups:
             parts.append(table(groups, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -626,18 +617,17 @@ def _throughput(ctx: Page) -> str:
 
 def _other(ctx: Page) -> str:
     parts = []
-    m = ctx.sec("matching")
-    if m:
-        by_group = _rows(m, "by_group")
-        flat = [{**r, **{f"skew_{k}_ns": v for k, v in (r.get("skew_ns") or {}).items()},
-                 **{f"transfer_{k}_ns": v for k, v in (r.get("transfer_ns") or {}).items()}} for r in by_group]
+    m = ctx.doc.sections.matching
+    if m is not None:
+        flat = [{**to_builtins(r), **{f"skew_{k}_ns": v for k, v in to_builtins(r.skew_ns).items()},
+                 **{f"transfer_{k}_ns": v for k, v in to_builtins(r.transfer_ns).items()}} for r in m.by_group]
         parts.append("<h3>Collective matching</h3>" + kv_table([
-            ("source", (m.get("source") or {}).get("method") if isinstance(m.get("source"), dict) else m.get("source")),
-            ("instances / matched / complete", f"{num(m.get('instances'))} / {num(m.get('matched'))} / {num(m.get('complete'))}"),
-            ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped"))),
+            ("source", m.source.method),
+            ("instances / matched / complete", f"{num(m.instances)} / {num(m.matched)} / {num(m.complete)}"),
+            ("op mismatches", num(m.op_mismatches)), ("p2p skipped", num(m.p2p_skipped)),
             ("without a process group: paired by their times / not matched",
-             f"{num(m.get('no_group_paired'))} / {num(m.get('no_group'))}"),
-            ("GPU calls without device time (not matched)", num(m.get("no_device_time")))]))
+             f"{num(m.no_group_paired)} / {num(m.no_group)}"),
+            ("GPU calls without device time (not matched)", num(m.no_device_time))]))
         if flat:
             parts.append(table(flat, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
@@ -645,8 +635,12 @@ def _other(ctx: Page) -> str:
                 Col("skew_max_ns", "skew max (ms)", _ms_cell_opt), Col("transfer_p50_ns", "transfer p50 (ms)", _ms_cell_opt),
                 Col("transfer_max_ns", "transfer max (ms)", _ms_cell_opt)]))
         parts.append(_all_numbers(m, frozenset({"by_group"})))
-    for name, sec in ctx.sections.items():
-        if name not in _KNOWN_SECTIONS and isinstance(sec, dict) and sec:
+    for name in SECTION_NAMES:
+        sec = getattr(ctx.doc.sections, name)
+        if name not in _KNOWN_SECTIONS and sec is not None:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(to_builtins(sec)))
+    for name, sec in ctx.extra_sections.items():  # sections this version does not know (a newer analysis)
+        if isinstance(sec, dict) and sec:
             parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
     if not parts:
         return ""
@@ -664,21 +658,21 @@ def _store_ranks(ctx: Page) -> list[dict[str, Any]]:
 
 
 def _inputs(ctx: Page) -> str:
-    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
-    skipped = [s for s in inputs.get("skipped") or [] if isinstance(s, dict)]
+    inputs = ctx.doc.inputs
+    skipped = inputs.skipped
     body = "<h3>Skipped inputs</h3>"
     if skipped:
         body += table(skipped, [Col("file", "file", str, numeric=False), Col("reason", "reason", str, numeric=False)],
                       table_id="skipped-table")
     else:
         body += "<p class=note>No input was skipped.</p>"
-    warnings = [w for w in inputs.get("warnings") or [] if w]
+    warnings = [w for w in inputs.warnings or [] if w]
     if warnings:  # missing ranks, mixed runs, time units... (tracekit/analyze/inputs.py)
         body += "<h3>Input warnings</h3><ul id=input-warnings>" + "".join(f"<li>{h(w)}</li>" for w in warnings) + "</ul>"
-    errors = [e for e in ctx.a.get("analyzer_errors") or [] if isinstance(e, dict)]
+    errors = ctx.doc.analyzer_errors
     if errors:  # analyzers that failed on this input; their sections are missing from the page
         body += "<h3>Analyzer errors</h3><ul id=analyzer-errors>" + "".join(
-            f"<li>{h(e.get('analyzer'))}: {h(e.get('error'))}</li>" for e in errors) + "</ul>"
+            f"<li>{h(e.analyzer)}: {h(e.error)}</li>" for e in errors) + "</ul>"
     rows = _store_ranks(ctx)
     if rows:
         cols = [Col("rank", "rank"), Col("hostname", "host", _txt, False), Col("backend", "backend", _txt, False),
@@ -695,9 +689,9 @@ def _txt(v: Any) -> str:
 
 
 def _reproduce(ctx: Page) -> str:
-    cmd = ctx.a.get("command")
-    body = (f"<p>tracekit {h(ctx.a.get('tracekit_version') or '?')}, analysis schema "
-            f"<code>{h(ctx.a.get('schema') or '?')}</code>.</p>")
+    cmd = ctx.doc.command
+    body = (f"<p>tracekit {h(ctx.doc.tracekit_version or '?')}, analysis schema "
+            f"<code>{h(ctx.doc.schema or '?')}</code>.</p>")
     body += f"<pre class=cmd>{h(cmd)}</pre>" if cmd else "<p class=note>The command was not recorded.</p>"
     if ctx.store is not None and isinstance(getattr(ctx.store, "manifest", None), dict):
         run_cmd = ctx.store.manifest.get("command")
