@@ -10,6 +10,8 @@ import numpy as np
 from reports.escape import h
 from reports.format import is_num, ranks_text
 from reports.html_parts import Figures, plotly_text, typed
+from tracekit.document.model import (ExpertsSection, MemorySection, PipelineSection, StragglersSection,
+                                     UnoverlappedSection)
 
 COLORS = {"compute": "#2e7d32", "exposed_comm": "#c62828", "comm": "#ef6c00", "other": "#5c6bc0",
           "idle": "#bdbdbd", "fwd": "#1565c0", "bwd": "#6a1b9a", "bwd_input": "#8e24aa", "bwd_weight": "#ab47bc",
@@ -231,17 +233,11 @@ def timeline(figs: Figures, tl: Any) -> str:
 
 # ---------------------------------------------------------------- collectives heatmap
 
-def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+def collective_heatmap(figs: Figures, sec: UnoverlappedSection) -> str:
     """Rank × (dim / op) heatmap of exposed time per step, from the per-rank rows (`by_rank_dim_op`)."""
-    rows = _records(sec, "by_rank_dim_op")
     cells: dict[tuple[Any, str], float] = {}
-    for r in rows:
-        rank = r.get("rank")
-        exposed = _first(r, "exposed_ns", "exposed_comm_ns")
-        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
-        label = f"{_first(r, 'dim', 'pg_desc', 'pg_name') or '?'} / {r.get('op') or '?'}"
-        if is_num(rank) and is_num(exposed):
-            cells[(rank, label)] = exposed / steps / 1e6
+    for r in sec.by_rank_dim_op:
+        cells[(r.rank, f"{r.dim or '?'} / {r.op or '?'}")] = r.exposed_ns / (r.steps or 1) / 1e6
     if not cells:
         return ""
     ranks = sorted({k[0] for k in cells})
@@ -259,30 +255,20 @@ def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- pipeline
 
-def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
+def pipeline_diagram(figs: Figures, sec: PipelineSection) -> str:
     """Stage × time: one bar per (stage, micro-batch, phase) labelled with the micro-batch; every stage row
     carries a shaded band over the step window, so time no bar covers (the bubble) shows shaded."""
-    diagram = sec.get("diagram") if isinstance(sec.get("diagram"), dict) else sec
-    rows = _records(diagram, "intervals")
-    spans = []
-    for r in rows:
-        start = _first(r, "start_ns", "ts")
-        end = _first(r, "end_ns")
-        dur = _first(r, "dur_ns", "dur")
-        if end is None and is_num(start) and is_num(dur):
-            end = start + dur
-        if is_num(start) and is_num(end) and is_num(r.get("stage")):
-            spans.append((int(r["stage"]), str(r.get("phase") or "?"), r.get("microbatch"), _exact(start), _exact(end),
-                          r.get("step", diagram.get("step"))))
-    if not spans:
+    diagram = sec.diagram
+    if diagram is None or not diagram.intervals:
         return ""
+    spans = [(r.stage, r.phase or "?", r.microbatch, _exact(r.start_ns), _exact(r.start_ns + r.dur_ns), diagram.step)
+             for r in diagram.intervals]
     steps = sorted({s[5] for s in spans if s[5] is not None})
     if steps:  # one step is enough to read the schedule; draw the first one shown by the analyzer
         spans = [s for s in spans if s[5] == steps[0]]
     t0 = min(s[3] for s in spans)
     t1 = max(s[4] for s in spans)
-    if is_num(diagram.get("window_ns")):
-        t1 = max(t1, t0 + diagram["window_ns"])
+    t1 = max(t1, t0 + diagram.window_ns)
     stages = sorted({s[0] for s in spans})
     phases = sorted({s[1] for s in spans}, key=lambda p: ["fwd", "bwd", "bwd_input", "bwd_weight"].index(p)
                     if p in ("fwd", "bwd", "bwd_input", "bwd_weight") else 9)
@@ -307,20 +293,18 @@ def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- experts
 
-def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+def expert_heatmap(figs: Figures, sec: ExpertsSection) -> str:
     """Layer × expert heatmap of routed tokens, one per step (a dropdown picks the step), from the experts
     section's `heatmap` rows ({step, layer, tokens: [per expert]})."""
-    rows = _records(sec, "heatmap")
     cells: dict[Any, dict[int, list[Any]]] = {}
-    for r in rows:
-        if is_num(r.get("layer")) and isinstance(r.get("tokens"), list):
-            cells.setdefault(r.get("step"), {})[int(r["layer"])] = r["tokens"]
+    for r in sec.heatmap:
+        cells.setdefault(r.step, {})[r.layer] = r.tokens
     if not cells:
         return ""
     steps = sorted(cells, key=lambda s: (s is None, s if s is not None else 0))[:32]
     layers = sorted({layer for c in cells.values() for layer in c})
     width = max(len(t) for c in cells.values() for t in c.values())
-    unit = "ep rank" if sec.get("granularity") == "ep_rank" else "expert"
+    unit = "ep rank" if sec.granularity == "ep_rank" else "expert"
     xs = [f"{'r' if unit == 'ep rank' else 'e'}{e}" for e in range(width)]
     data = []
     for i, step in enumerate(steps):
@@ -341,14 +325,9 @@ def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- stragglers
 
-def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
+def straggler_bars(figs: Figures, sec: StragglersSection) -> str:
     """Arrival skew attributed to each rank: how long its groups waited for it, per step (stragglers section)."""
-    rows = _records(sec, "ranks")
-    pts = []
-    for r in rows:
-        val = r.get("delay_ns_per_step")
-        if is_num(r.get("rank")) and is_num(val):
-            pts.append((r["rank"], val / 1e6))
+    pts = [(r.rank, r.delay_ns_per_step / 1e6) for r in sec.ranks]
     if not pts:
         return ""
     pts.sort()
@@ -363,17 +342,17 @@ def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- memory
 
-def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
+def memory_timeline(figs: Figures, sec: MemorySection) -> str:
     """Allocated bytes over the profiled steps, one line per rank (its main device). SVG `scatter`, not
     `scattergl`: a browser without WebGL showed the WebGL chart as a grey box."""
     seen: set[Any] = set()
     data = []
-    for r in _records(sec, "ranks"):
-        tl = r.get("timeline")
-        if r.get("rank") in seen or not isinstance(tl, dict) or not tl.get("t_ns"):
+    for r in sec.ranks:
+        tl = r.timeline  # {"t_ns": [...], "allocated": [...]}
+        if r.rank in seen or not tl.get("t_ns"):
             continue
-        seen.add(r.get("rank"))
-        data.append({"type": "scatter", "mode": "lines", "name": f"rank {plotly_text(r.get('rank'))}",
+        seen.add(r.rank)
+        data.append({"type": "scatter", "mode": "lines", "name": f"rank {plotly_text(r.rank)}",
                      "x": typed([t / 1e6 for t in tl["t_ns"]]), "y": typed([b / 2**20 for b in tl["allocated"]]),
                      "line": {"shape": "hv", "width": 1}})
     if not data:
@@ -382,16 +361,15 @@ def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
                            "yaxis": {"title": "allocated (MiB)"}}, height=340)
 
 
-def memory_split_bars(figs: Figures, sec: dict[str, Any]) -> str:
+def memory_split_bars(figs: Figures, sec: MemorySection) -> str:
     """Static vs activation bytes at each rank's peak, stacked."""
-    rows = [r for r in _records(sec, "ranks") if isinstance(r.get("split"), dict)]
     seen: set[Any] = set()
-    rows = [r for r in rows if not (r.get("rank") in seen or seen.add(r.get("rank")))]
+    rows = [r for r in sec.ranks if not (r.rank in seen or seen.add(r.rank))]
     if not rows:
         return ""
-    x = [f"r{plotly_text(r.get('rank'))}" for r in rows]
+    x = [f"r{plotly_text(r.rank)}" for r in rows]
     data = []
     for key, name, color in (("static_bytes", "static", "#5c6bc0"), ("activation_bytes", "activations", "#ef6c00")):
-        y = [(r["split"].get(key) or 0) / 2**20 for r in rows]
+        y = [(getattr(r.split, key) or 0) / 2**20 for r in rows]
         data.append({"type": "bar", "name": name, "x": x, "y": y, "marker": {"color": color}})
     return figs.add(data, {"barmode": "stack", "yaxis": {"title": "MiB at the peak"}}, height=300)

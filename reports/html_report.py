@@ -439,7 +439,7 @@ def _collectives(ctx: Page) -> str:
         return section("collectives", title, not_available("Collective exposure", "no collectives in this run"))
     body = ('<p class=note>Exposed = the part of a collective covered by no compute on that rank; "transfer '
             'exposed" leaves out time spent waiting for a late peer (that belongs to the straggler).</p>')
-    body += charts.collective_heatmap(ctx.figs, to_builtins(sec))
+    body += charts.collective_heatmap(ctx.figs, sec)
     by_dim_op = sec.by_dim_op
     if by_dim_op:
         body += "<h3>By dimension and op</h3>" + table(by_dim_op, [
@@ -470,7 +470,7 @@ def _pipeline(ctx: Page) -> str:
              ("bubble: measured / theoretical", f"{pct(sec.measured_bubble)} / {pct(sec.theoretical_bubble)}"),
              ("imbalance (slowest / mean stage compute)", num(sec.imbalance)),
              ("source", sec.source or "–")]
-    body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, to_builtins(sec))
+    body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, sec)
     stages = sec.stages
     if stages:
         body += "<h3>Stages</h3>" + table(stages, [
@@ -487,8 +487,7 @@ def _memory(ctx: Page) -> str:
     mib = lambda b: "–" if not is_num(b) else f"{b / 2**20:.2f}"  # noqa: E731
     body = (f"<p class=note>Counter: {h(sec.counter or '–')} (absolute: the CUDA caching allocator; window: "
             "the CPU profiler counts only what it saw allocated).</p>")
-    plain = to_builtins(sec)
-    body += charts.memory_timeline(ctx.figs, plain) + charts.memory_split_bars(ctx.figs, plain)
+    body += charts.memory_timeline(ctx.figs, sec) + charts.memory_split_bars(ctx.figs, sec)
     ranks = [to_builtins(r) for r in sec.ranks]  # at_peak: a dict the column lays out
     if ranks:
         body += "<h3>Peaks</h3>" + table(ranks, [
@@ -521,7 +520,7 @@ def _experts(ctx: Page) -> str:
     if sec is None or not has_data(ctx, "experts"):
         return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
     body = f"<p class=note>Source: {h(sec.source or '–')}, granularity {h(sec.granularity or '–')}.</p>"
-    body += charts.expert_heatmap(ctx.figs, to_builtins(sec))
+    body += charts.expert_heatmap(ctx.figs, sec)
     layers = sec.layers
     if layers:
         body += "<h3>Layers</h3>" + table(layers, [
@@ -543,7 +542,7 @@ def _stragglers(ctx: Page) -> str:
     if sec is None or not has_data(ctx, "stragglers"):
         return section("stragglers", "Stragglers", not_available("Straggler view", "no collectives matched across ranks"))
     body = ("<p class=note>Per rank: how long its groups waited for it beyond the second-to-last member, per step "
-            "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, to_builtins(sec)))
+            "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, sec))
     flagged = sec.stragglers
     if flagged:
         body += "<h3>Stragglers and likely cause</h3>" + table(flagged, [
