@@ -14,8 +14,6 @@ Typed: every section's own keys, and the rows the report, diff, check and adviso
 group / root-cause records, and the `advice` section's advice document (tracekit/schemas/advice.schema.json).
 """
 
-from __future__ import annotations
-
 from typing import Any, Union
 
 import msgspec
@@ -576,14 +574,16 @@ class BandwidthRowsRow(Struct):
     bytes_p50: int = 0
     time_ns_p50: int = 0
     algbw_gbps_p50: Num = 0
-    busbw_gbps_p50: Num = 0
-    busbw_gbps_p75: Num = 0
-    busbw_gbps_max: Num = 0
+    busbw_gbps_p50: Num | None = None
+    busbw_gbps_p75: Num | None = None
+    busbw_gbps_max: Num | None = None
     time_ns_per_step: Num = 0
     reference_gbps: Num | None = None
     reference: str | None = None
     low: bool = False
     lost_ns_per_step: Num = 0
+    links: list[dict[str, Any]] | UnsetType = UNSET
+    """sendrecv rows only: [{src, dst, count, busbw_gbps_p50}]"""
 
 class BandwidthUnsizedRow(Struct):
     pg_name: str = ""
