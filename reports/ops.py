@@ -76,9 +76,9 @@ def _rank_text(sec: OpsSection) -> str:
 
 def _svg_roofline(roof: OpsRoofline) -> str:
     """A log-log roofline: the memory slope and compute ceiling, one dot per op group (area ~ time)."""
-    pts = [p for p in roof.points if p.intensity > 0 and p.tflops > 0]
+    pts = [p for p in roof.points if is_num(p.intensity) and is_num(p.tflops) and p.intensity > 0 and p.tflops > 0]
     peak, bw = roof.peak_tflops, roof.hbm_tbps
-    if not pts or peak <= 0 or bw <= 0:
+    if not pts or not is_num(peak) or not is_num(bw) or peak <= 0 or bw <= 0:
         return ""
     xs = [p.intensity for p in pts] + [peak / bw]
     ys = [p.tflops for p in pts] + [peak]

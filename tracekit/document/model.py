@@ -242,7 +242,7 @@ class RecordingOverheadRow(Struct):
     rank: int = 0
     overhead_ns: int = 0
     step_ns: int = 0
-    share: Num = 0
+    share: Num | None = None
     by_name: dict[str, Any] = msgspec.field(default_factory=dict)
 
 class RecordingVerdictStabilityRow(Struct):
@@ -357,19 +357,19 @@ class UnoverlappedByRankDimOpRow(Struct):
     bytes_p50: Num | None = None
 
 class UnoverlappedByDimRow(Struct):
-    key: str = ""
+    key: str | None = None
     instances: int = 0
     exposed_ns: int = 0
     transfer_exposed_ns: int = 0
 
 class UnoverlappedByOpRow(Struct):
-    key: str = ""
+    key: str | None = None
     instances: int = 0
     exposed_ns: int = 0
     transfer_exposed_ns: int = 0
 
 class UnoverlappedBySizeRow(Struct):
-    key: str = ""
+    key: str | None = None
     instances: int = 0
     exposed_ns: int = 0
     transfer_exposed_ns: int = 0
@@ -423,7 +423,7 @@ class PipelinePipelinesRowStepsRowRanksRow(Struct):
     stage_ids: list[int] = msgspec.field(default_factory=list)
     busy_ns: int = 0
     bubble: Num = 0
-    bubble_of_step: Num = 0
+    bubble_of_step: Num | None = None
     p2p_ns: int | None = None
     p2p_wait_ns: int | None = None
 
@@ -530,8 +530,8 @@ class HostBoundSection(Struct):
 class ExpertsLayersRow(Struct):
     layer: int = 0
     num_experts: int = 0
-    skew: Num = 0
-    skew_max: Num = 0
+    skew: Num | None = None
+    skew_max: Num | None = None
     hot_expert: int = 0
     hot_owner_ranks: list[int] = msgspec.field(default_factory=list)
     tokens_total: int = 0
@@ -544,7 +544,7 @@ class ExpertsHeatmapRow(Struct):
     layer: int = 0
     tokens: list[int] = msgspec.field(default_factory=list)
     dropped: list[int] = msgspec.field(default_factory=list)
-    skew: Num = 0
+    skew: Num | None = None
 
 class ExpertsRanksRow(Struct):
     rank: int = 0
@@ -645,7 +645,7 @@ class OpsRanksRow(Struct):
 class OpsCategoriesRow(Struct):
     category: str = ""
     kernel_ns: int = 0
-    share: Num = 0
+    share: Num | None = None
     ops: int = 0
     flops: int = 0
 
@@ -686,13 +686,13 @@ class OpsKernelsRow(Struct):
     max_ns: int = 0
     streams: list[int] = msgspec.field(default_factory=list)
     mean_ns: Num | None = None
-    share: Num = 0
+    share: Num | None = None
 
 class OpsRooflinePointsRow(Struct):
     name: str = ""
     category: str = ""
     intensity: Num = 0
-    tflops: Num = 0
+    tflops: Num | None = None
     kernel_ns: int = 0
 
 class OpsRoofline(Struct):
@@ -725,8 +725,8 @@ class PlacementGroupsRow(Struct):
     hosts: list[str] = msgspec.field(default_factory=list)
     crosses_hosts: bool = False
     heavy: bool = False
-    exposed_ns_per_step: Num = 0
-    exposed_basis: str = ""
+    exposed_ns_per_step: Num | None = None
+    exposed_basis: str | None = None
 
 class PlacementSection(Struct):
     """Section `placement` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""
@@ -769,7 +769,7 @@ class MemoryRanksRow(Struct):
     peak_ts: int = 0
     peak_step: int | None = None
     at_peak: MemoryRanksRowAtPeak = msgspec.field(default_factory=MemoryRanksRowAtPeak)
-    static_bytes: int = 0
+    static_bytes: int | None = None
     activation_peak_bytes: int = 0
     activation_held_bytes: int = 0
     per_microbatch_bytes: int | None = None
@@ -784,11 +784,11 @@ class MemoryStagesRow(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
     activation_peak_bytes: int = 0
     activation_held_bytes: int = 0
-    per_microbatch_bytes: int = 0
+    per_microbatch_bytes: int | None = None
     in_flight_measured: Num = 0
     in_flight_schedule: int = 0
     peak_allocated: int = 0
-    layers: int = 0
+    layers: int | None = None
 
 class MemoryRecomputeRow(Struct):
     rank: int = 0
@@ -895,36 +895,6 @@ class CriticalPathSection(Struct):
     verdict: CriticalPathVerdict | None = None
     measured_step_ns: int | None = None
     skipped: str | None = None
-
-class RanksRow(Struct):
-    rank: int = 0
-    steps: int = 0
-    step_ns: int = 0
-    compute_ns: int = 0
-    comm_ns: int = 0
-    exposed_comm_ns: int = 0
-    other_ns: int = 0
-    idle_ns: int = 0
-    overlap_ratio: Num | None = None
-    bound: str = ""
-    sync_wait_ns: int = 0
-    exposed_transfer_ns: int = 0
-    carry_over_ns: int = 0
-
-class FindingsRow(Struct):
-    kind: str = ""
-    severity: str = ""
-    summary: str = ""
-    ranks: list[int] = msgspec.field(default_factory=list)
-    dim: str | None = None
-    evidence: dict[str, Any] = msgspec.field(default_factory=dict)
-    recommendation: str = ""
-    est_saving_ns: int = 0
-
-class DocInputs(Struct):
-    ranks: list[int] = msgspec.field(default_factory=list)
-    skipped: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    warnings: list[str] = msgspec.field(default_factory=list)
 
 class HangDumps(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
