@@ -10,8 +10,7 @@ or a previous `analyze`). Traces are parsed into `store_dir` (default OUT/tables
 folder that lives until the process ends), the analyzers run on `engine` (tracekit.engines: local
 process pool or Ray; the per-rank activities are its prefetch), and with OUT the outputs are written:
 analysis.json always (encoded from the typed document), report.html and summary.md when there is
-something to report. `tracekit
-analyze`, `diff`, `check` and `advise` all go through here.
+something to report. `tracekit analyze`, `diff`, `check` and `advise` all go through here.
 """
 
 from __future__ import annotations
@@ -131,11 +130,11 @@ def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_
     if advice is not None and advice.available:  # the layout advice also as `tracekit advise` writes it
         (out / "advice.json").write_text(json.dumps(advice.advice, indent=1) + "\n")
     if not reports_too:
-        return None, []
+        return None, problems
     try:
         import reports
     except ImportError as exc:
-        return None, [f"reports not available ({exc}); wrote analysis.json only"]
+        return None, [*problems, f"reports not available ({exc}); wrote analysis.json only"]
     path = None
     try:
         reports.write_parts(out / "report.html", reports.render_html_parts(document, store))  # never one 2 MB string
