@@ -155,3 +155,20 @@ def test_golden_capture_round_trips() -> None:
         assert {k: v for k, v in again.items() if k not in ("tracekit_version", "command")} == golden, f.name
         checked += 1
     assert checked
+
+
+def test_an_analysis_that_does_not_fit_is_written_from_the_dict(analyses: dict[str, dict[str, Any]],
+                                                                  tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside tests a mismatch never loses the analysis: analysis.json holds the dict, the problem says why."""
+    from tracekit.analysis import STRICT_ENV, write_outputs
+
+    analysis = _plain(analyses["tp"]["analysis"])
+    analysis["sections"]["layout"]["a_new_key"] = [1, 2]
+    monkeypatch.delenv(STRICT_ENV, raising=False)
+    _, problems = write_outputs(analysis, None, tmp_path, reports_too=False)
+    assert json.loads((tmp_path / "analysis.json").read_text()) == analysis
+    assert len(problems) == 1 and "a_new_key" in problems[0]
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(DocumentMismatch):
+        write_outputs(analysis, None, tmp_path, reports_too=False)
