@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from reports.escape import h
 from reports.format import is_num, ranks_text
 from reports.html_parts import Figures, plotly_text, typed
-from tracekit.document.model import (ExpertsSection, MemorySection, PipelineSection, StragglersSection,
-                                     UnoverlappedSection)
+from tracekit.document.model import (ExpertsSection, LayoutRanksRow, LayoutSection, MemorySection, PipelineSection,
+                                     StragglersSection, UnoverlappedSection)
 
 COLORS = {"compute": "#2e7d32", "exposed_comm": "#c62828", "comm": "#ef6c00", "other": "#5c6bc0",
           "idle": "#bdbdbd", "fwd": "#1565c0", "bwd": "#6a1b9a", "bwd_input": "#8e24aa", "bwd_weight": "#ab47bc",
@@ -53,20 +54,13 @@ def _records(data: Any, key: str | None = None) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- layout / mesh
 
-def _dims(layout: dict[str, Any]) -> list[tuple[str, int]]:
-    dims = _first(layout, "mesh_shape", "dims", "sizes")
-    names = _first(layout, "mesh_dim_names", "dim_names", "order")
-    if isinstance(dims, dict):
-        order = [n for n in names if n in dims] if isinstance(names, list) else list(dims)
-        return [(str(k), int(dims[k])) for k in order if is_num(dims[k])]
-    if isinstance(dims, list) and isinstance(names, list) and len(dims) == len(names):
-        return [(str(n), int(s)) for n, s in zip(names, dims) if is_num(s)]
-    return []
+def _dims(layout: LayoutSection) -> list[tuple[str, int]]:
+    return [(str(k), int(v)) for k, v in layout.mesh_shape.items() if is_num(v)]
 
 
-def layout_text(layout: dict[str, Any]) -> str:
+def layout_text(layout: LayoutSection) -> str:
     dims = _dims(layout)
-    world = _first(layout, "world_size")
+    world = layout.world_size
     if not dims:
         return "not inferred" + (f" (world size {world})" if world else "")
     return " × ".join(f"{n}{s}" for n, s in dims) + (f" (world size {world})" if world else "")
@@ -76,20 +70,20 @@ _DIM_ORDER = ("pp", "dp", "fsdp", "cp", "ep", "tp")
 _DERIVED_PENALTY = {"ep": 2, "fsdp": 1}
 
 
-def _grid_dims(dims: list[tuple[str, int]], coords: list[dict[str, Any]]) -> list[str]:
+def _grid_dims(dims: list[tuple[str, int]], coords: list[LayoutRanksRow]) -> list[str]:
     """Which dims to draw the mesh over: the largest set whose coordinates place every rank in its own cell
     of a full grid (ep is often a product of dp and cp, so it is left out when the others suffice)."""
     from itertools import combinations
 
     sizes = {n: s for n, s in dims if s > 1}
     names = sorted(sizes, key=lambda n: _DIM_ORDER.index(n) if n in _DIM_ORDER else len(_DIM_ORDER))
-    placed = [c for c in coords if isinstance(c.get("coords"), dict)]
+    placed = coords
     best: tuple[int, int, tuple[str, ...]] | None = None
     for k in range(len(names), 0, -1):
         for combo in combinations(names, k):
             if int(np.prod([sizes[n] for n in combo])) != len(placed):
                 continue
-            keys = {tuple(c["coords"].get(n) for n in combo) for c in placed}
+            keys = {tuple(c.coords.get(n) for n in combo) for c in placed}
             if len(keys) == len(placed) and all(is_num(v) for key in keys for v in key):
                 score = (k, -sum(_DERIVED_PENALTY.get(n, 0) for n in combo), combo)
                 best = score if best is None or score[:2] > best[:2] else best
@@ -98,23 +92,23 @@ def _grid_dims(dims: list[tuple[str, int]], coords: list[dict[str, Any]]) -> lis
     return list(best[2]) if best else names
 
 
-def mesh_html(layout: dict[str, Any]) -> str:
+def mesh_html(layout: LayoutSection) -> str:
     """The mesh as small tables of ranks placed at the coordinates the layout analyzer reports: the last two
     dims as rows × columns, one table per index of the outer dims."""
     dims = _dims(layout)
-    coords = _records(layout, "ranks")
+    coords = layout.ranks
     names = _grid_dims(dims, coords)
     placed: dict[tuple[int, ...], list[Any]] = {}
     for r in coords:
-        c = r.get("coords")
-        if isinstance(c, dict) and names and all(is_num(c.get(n)) for n in names):
-            placed.setdefault(tuple(int(c[n]) for n in names), []).append(r.get("rank"))
+        c = r.coords  # {dim: index}
+        if names and all(is_num(c.get(n)) for n in names):
+            placed.setdefault(tuple(int(c[n]) for n in names), []).append(r.rank)
     if not placed:
-        groups = _records(layout, "groups")
-        if groups:
+        if layout.groups:
             from reports.generic import render_generic
 
-            return '<p class=note>No rank coordinates were inferred; the groups are:</p>' + render_generic(groups)
+            return ('<p class=note>No rank coordinates were inferred; the groups are:</p>'
+                    + render_generic(msgspec.to_builtins(layout.groups)))
         return '<p class=note>No rank mesh was reported.</p>'
     shape = [max(k[i] for k in placed) + 1 for i in range(len(names))]
     if len(names) == 1:

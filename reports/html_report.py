@@ -269,14 +269,14 @@ def _analyzed(ctx: Page) -> str:
         ("steps per rank", steps_text(ctx)),
         ("time window", _window_text(ctx)),
         ("trace kind", _trace_kind_text(ctx)),
-        ("parallel layout", charts.layout_text(to_builtins(layout)) if layout is not None else "not inferred"),
+        ("parallel layout", charts.layout_text(layout) if layout is not None else "not inferred"),
         ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
         ("tracekit version", doc.tracekit_version or "?"),
         ("command", doc.command or "not recorded"),
     ]
     body = kv_table(pairs)
     if layout is not None:
-        body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(to_builtins(layout))
+        body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(layout)
         groups = layout.groups
         if groups:
             body += ("<details><summary>Process groups</summary>" + table(groups, [

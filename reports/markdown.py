@@ -10,7 +10,7 @@ from reports.escape import md
 from reports.format import ms, ranks_text
 from reports.html_report import SECTIONS, Page, steps_text, top_fixes, verdict_text, has_data
 from reports.charts import layout_text
-from tracekit.document import AnalysisDocument, to_builtins
+from tracekit.document import AnalysisDocument
 
 SEVERITY_MARK = {"critical": "🔴 critical", "warning": "🟠 warning", "info": "🔵 info"}
 MAX_FINDINGS = 5
@@ -58,7 +58,7 @@ def render_markdown(analysis: AnalysisDocument | dict[str, Any], report_href: st
     analyzed = [f"{len(ranks)} ranks ({md(ranks_text(ranks))})", f"{md(steps_text(ctx))} steps per rank"]
     layout = doc.sections.layout
     if layout is not None:
-        analyzed.append(f"layout {md(layout_text(to_builtins(layout)))}")
+        analyzed.append(f"layout {md(layout_text(layout))}")
     if step_ms:
         lo, hi = min(step_ms), max(step_ms)
         analyzed.append(f"step time {ms(lo)}" + (f" to {ms(hi)} across ranks" if hi != lo else ""))
