@@ -303,7 +303,7 @@ class StragglersRanksRow(Struct):
     last_share: Num = 0
     last_chance: Num = 0
     delay_ns_per_step: int = 0
-    delay_fraction: Num = 0
+    delay_fraction: Num | None = None
     by_dim: dict[str, int] = msgspec.field(default_factory=dict)
     dominance: Num | None = None
     late_with: list[int] | UnsetType = UNSET
