@@ -172,3 +172,16 @@ def test_an_analysis_that_does_not_fit_is_written_from_the_dict(analyses: dict[s
     monkeypatch.setenv(STRICT_ENV, "1")
     with pytest.raises(DocumentMismatch):
         write_outputs(analysis, None, tmp_path, reports_too=False)
+
+
+def test_reports_import_only_the_document_of_tracekit() -> None:
+    """reports/ lays the typed document out: of tracekit's modules it imports tracekit.document only."""
+    import ast
+
+    found = set()
+    for path in (REPO / "reports").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found |= {(path.name, n) for n in names if n == "tracekit" or n.startswith("tracekit.")}
+    assert found and all(n == "tracekit.document" or n.startswith("tracekit.document.") for _, n in found), found
