@@ -18,7 +18,7 @@ from pathlib import Path
 from tracekit.advise.advisor import advise, layout_name
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
 from tracekit.simulate.topology import build_topology

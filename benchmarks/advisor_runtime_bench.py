@@ -66,7 +66,7 @@ OTHERS = [
 
 
 def analyse(run: Path) -> dict:
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -88,11 +88,11 @@ def bench_synthetic(ranks: int, ops: int, every: int) -> None:
 
 
 def bench_sim(sim_dir: Path | None) -> None:
-    from tracekit.analyze.critical_path import replay_steps, run_layout, step_input
+    from tracekit.whatif.steps import replay_steps, run_layout, step_input
     from tracekit.parse.run import parse_run
     from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces
     from tracekit.tables.store import RunStore
-    from tracekit.whatif.api import prepare
+    from tracekit.assess.whatif import prepare
     from tracekit.whatif.fixes import Fix
     from tracekit.whatif.replay import path_of, predict_ns
 

@@ -1,7 +1,7 @@
 """Fault-removed replay vs re-simulation, one simulated run per fault kind (issue 14; target: within 3%).
 
 Each run is simulated with one fault, written as Kineto traces, parsed, and its steps replayed with the
-fault's fix (the fix a finding of that kind recommends, tracekit.analyze.critical_path.fix_for's mapping,
+fault's fix (the fix a finding of that kind recommends, tracekit.assess.critical_path.fix_for's mapping,
 applied directly here); the answer key's `step_ns_without` is the simulator re-run without the fault.
 
     python benchmarks/whatif_sim.py [--only slow_gpu,...] [--small]
@@ -69,7 +69,7 @@ def fixes_for(truth: dict, layout: Layout):
 
 def run_case(name: str, root: Path, cheap: bool = False) -> dict:
     from tracekit.parse.run import parse_run
-    from tracekit.whatif.api import prepare, run_whatif
+    from tracekit.assess.whatif import prepare, run_whatif
 
     model, layout, faults = small(CASES[name]) if cheap else (ModelSpec.preset(CASES[name][0]), *CASES[name][1:])
     model = dataclasses.replace(model, **MODEL_CHANGES.get(name, {}))

@@ -20,7 +20,8 @@ from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
 from tracekit.analysis import write_outputs
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.flow import analyze_store
+from tracekit.config import AnalysisConfig
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec, predict, simulate, step_time, write_traces
 
@@ -169,7 +170,7 @@ def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis, tmp_pa
 
 
 def test_advice_section_says_why_it_is_missing(analysis):
-    from tracekit.analyze.advice import analyze_advice
+    from tracekit.assess.advice import analyze_advice
     from tracekit.analyze.breakdown import BreakdownResult
 
     two = BreakdownResult(section={"ranks": analysis["ranks"][:2]})

@@ -17,7 +17,7 @@ import pytest
 
 from tests.advise.runtime_layouts import RuntimeModel, layout_name, run_layout, step_times
 from tracekit.advise.calibrate import calibrate, predicted_step_ns
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Layout
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tracekit.advise.advisor import advice_json, advise
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.flow import analyze_store
+from tracekit.config import AnalysisConfig
 from tracekit.parse.run import parse_run
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, write_traces
 from tracekit.simulate.model_file import model_from_file, model_spec

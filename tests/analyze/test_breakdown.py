@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.flow import analyze_store
+from tracekit.config import AnalysisConfig
 
 from tests.analyze.analyze_builders import build_store
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime._runs import RunConfig, run_job, small_model
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.flow import analyze_store
+from tracekit.config import AnalysisConfig
 from tracekit.parse.run import parse_run
 
 P, M = 4, 8

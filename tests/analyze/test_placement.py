@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from tracekit.analyze.unoverlapped import UnoverlappedResult
-from tracekit.analyze.findings import FindingKind, Severity
+from tracekit.findings.finding import FindingKind, Severity
 from tracekit.analyze.placement import analyze_placement
 from tracekit.tables.store import RunStoreWriter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig
+from tracekit.config import AnalysisConfig
 from tracekit.analyze.throughput import analyze_throughput, device_peak_tflops
 
 MS = 1_000_000

@@ -55,7 +55,7 @@ def test_overlapping_buckets_again_gains_little(tmp_path):
     the step stays within 2% of the answer key's (hiding the all-reduces outright saves over half the step)."""
     from tracekit.parse.run import parse_run
     from tracekit.simulate import ClusterSpec, Faults, simulate, write_traces
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
     from tracekit.whatif.fixes import Fix
 
     from benchmarks.whatif_sim import small

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.base import AnalysisConfig
+from tracekit.config import AnalysisConfig
 from tracekit.analyze.breakdown import analyze_breakdown
 from tracekit.parse.run import parse_run
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.scale.conftest import assert_stores_equal
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.engines.local import LocalEngine
 from tracekit.engines.rank_tasks import prefetch_rank_activity
 from tracekit.parse.run import parse_run

@@ -162,7 +162,7 @@ class Runs:
     def get(self, layout_name: str, kind: str, seed: int) -> dict[str, Any]:
         key = (layout_name, kind, seed)
         if key not in self.cache:
-            from tracekit.analyze.engine import analyze_store
+            from tracekit.flow import analyze_store
             from tracekit.parse.run import parse_run
 
             if kind == "clean":

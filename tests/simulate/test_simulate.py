@@ -76,7 +76,7 @@ def test_collective_kernels_follow_nccl_semantics(dp_tp_run):
 
 
 def test_tracekit_parses_and_its_breakdown_matches_the_key(dp_tp_run, tmp_path):
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     res, out = dp_tp_run
@@ -200,7 +200,7 @@ def test_a_bounded_launch_queue_delays_the_host_but_never_deadlocks_a_pipeline(l
     """Pipelines with ring attention: a P2P waiting for the peer stage sits on a comm stream; with one
     launch queue for all streams it held back the compute launches the peer needed (at 1024 launches on
     a 70B-size model; here at 4-64 on a small one). Per stream, each depth replays the unbounded step."""
-    from tracekit.simulate import engine
+    from tracekit.simulate import executor
     from tracekit.simulate.api import T0_NS
     from tracekit.simulate.key import answer_key
     from tracekit.simulate.program import build_programs, make_world
@@ -208,8 +208,8 @@ def test_a_bounded_launch_queue_delays_the_host_but_never_deadlocks_a_pipeline(l
     def step_ns(depth: int) -> int:
         progs = build_programs(make_world(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"), layout,
                                           Faults(), 0), 2)
-        engine.run(progs, T0_NS, depth)
-        engine.finish_colls(progs)
+        executor.run(progs, T0_NS, depth)
+        executor.finish_colls(progs)
         return answer_key(progs, (), 2)["mean_step_ns"]
 
     unbounded = step_ns(10**9)

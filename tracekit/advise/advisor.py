@@ -16,7 +16,7 @@ from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_pe
 from tracekit.advise.space import SearchSpace, enumerate_layouts
 from tracekit.model import memory as mem
 from tracekit.simulate import ClusterSpec, Layout, ModelSpec
-from tracekit.simulate.engine import Deadlock
+from tracekit.simulate.executor import Deadlock
 
 ADVICE_SCHEMA = "tracekit.advice/1"
 MEMORY_RESERVE = 0.1

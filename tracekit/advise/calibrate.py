@@ -28,7 +28,7 @@ import numpy as np
 
 from tracekit.advise.predict import predict_step
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
-from tracekit.simulate import engine
+from tracekit.simulate import executor
 from tracekit.simulate.api import T0_NS
 from tracekit.simulate.key import answer_key
 from tracekit.simulate.program import build_programs, make_world
@@ -303,8 +303,8 @@ def router_skew(analysis: dict[str, Any], experts: int) -> float | None:
 def _simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, steps: int = 2) -> dict[str, Any]:
     w = make_world(model, cluster, layout, Faults(), 0)
     progs = build_programs(w, steps)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     return answer_key(progs, (), steps)
 
 

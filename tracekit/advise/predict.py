@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
-from tracekit.simulate import engine
+from tracekit.simulate import executor
 from tracekit.simulate.api import T0_NS
 from tracekit.simulate.key import answer_key
 from tracekit.simulate.program import build_programs, make_world
@@ -72,8 +72,8 @@ def predict_step(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, step
         w.full_size = {d: n for d, n in size.items() if d in SCALED_DIMS}
     w.full_inter = {d: v for d, v in inter.items() if d in SCALED_DIMS}
     progs = build_programs(w, steps)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     key = answer_key(progs, (), steps)
     return StepPrediction(key["mean_step_ns"], small.world, **_parts(key))
 

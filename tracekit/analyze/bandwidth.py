@@ -56,12 +56,13 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
-from tracekit.analyze.evidence import BandwidthEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
-from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of
+from tracekit.findings import recommend
+from tracekit.config import AnalysisConfig
+from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.findings.evidence import BandwidthEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.derive.topology import LayoutResult, rank_hosts
+from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of
 from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.tables.store import RunStore
 
@@ -431,15 +432,6 @@ def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore,
                            summary=summary, ranks=tuple(ranks), dim=dim, evidence=BandwidthEvidence.of(evidence),
                            recommendation=advice.text, est_saving_ns=int(advice.saving_ns)))
     return out
-
-
-def rank_hosts(store: RunStore | None) -> dict[int, str]:
-    """Rank → host name (ranks table: the trace's host name, else the run manifest's), for the ranks
-    that name one."""
-    if store is None or not store.has("ranks"):
-        return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
-            if r["hostname"]}
 
 
 def slow_host(table: list[dict[str, Any]], pg_ranks: dict[str, list[int]], tiers: dict[str, str],

@@ -42,10 +42,11 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
+from tracekit.config import AnalysisConfig
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.analyze.hardware import device_peaks
 from tracekit.tables.store import RunStore
 

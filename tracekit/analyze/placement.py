@@ -20,12 +20,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalyzerResult, section_of
-from tracekit.analyze.evidence import PlacementEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
+from tracekit.derive import intervals as iv
+from tracekit.findings import recommend
+from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.findings.evidence import PlacementEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.derive.topology import LayoutResult
 from tracekit.analyze.unoverlapped import UnoverlappedResult
 from tracekit.tables.store import RunStore
 

@@ -68,7 +68,7 @@ def _model(name: str | None):
 
 def _explain_plan(value: bool) -> None:
     if value:
-        from tracekit.analyze.engine import explain_plan
+        from tracekit.flow import explain_plan
 
         typer.echo(explain_plan())
         raise typer.Exit(0)
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
         comm_kernel: list[str] = O.COMM_KERNEL,
         comm_kernels: Optional[Path] = O.COMM_KERNELS_FILE,
     ) -> None:
-        from tracekit.analyze.engine import AnalysisConfig
+        from tracekit.config import AnalysisConfig
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
 
@@ -177,7 +177,7 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1)
     if hang.get("hung"):
         _print_hang(analysis, out, err)
-        from tracekit.analyze.hang import HANG_EXIT_CODE
+        from tracekit.errors import HANG_EXIT_CODE
 
         raise typer.Exit(HANG_EXIT_CODE)
     for p in run.problems:

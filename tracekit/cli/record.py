@@ -115,6 +115,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from tracekit.record.config import ProfileSchedule, RecordConfig, parse_rank_list
+        from tracekit.analysis import analyze_hang_dumps
         from tracekit.record.launch import RecordError, run_record
 
         err = Console(stderr=True)
@@ -133,7 +134,7 @@ def register(app: typer.Typer) -> None:
                 clock_barrier=clock_barrier, record_shapes=record_shapes, with_flops=with_flops,
                 with_stack=with_stack, flight_recorder=flight_recorder, profile_memory=profile_memory,
                 memory_history=memory_history, hang_timeout=hang_timeout, hang_action=hang_action)
-            result = run_record(config, list(command or []), overwrite=overwrite)
+            result = run_record(config, list(command or []), overwrite=overwrite, diagnose_hang=analyze_hang_dumps)
         except (ValueError, RecordError) as exc:
             err.print(f"[red]tracekit record:[/red] {exc}")
             raise typer.Exit(2) from None

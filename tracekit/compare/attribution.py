@@ -286,8 +286,8 @@ def _groups(rows: list[dict[str, Any]], measured: float) -> list[dict[str, Any]]
 def attribute_stores(base_store: Any, new_store: Any) -> dict[str, Any] | None:
     """`attribute` on the graphs of two run stores (the last profiled steps each, as `tracekit whatif`
     builds them); None when either run has no replayable step."""
-    from tracekit.analyze.critical_path import replay_steps, step_input
-    from tracekit.whatif.api import prepare
+    from tracekit.whatif.steps import replay_steps, step_input
+    from tracekit.assess.whatif import prepare
 
     graphs = []
     for store in (base_store, new_store):

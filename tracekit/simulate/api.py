@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.simulate import engine
-from tracekit.simulate.engine import MEMORY, Op
+from tracekit.simulate import executor
+from tracekit.simulate.executor import MEMORY, Op
 from tracekit.simulate.key import RankIntervals, answer_key
 from tracekit.simulate.program import World, build_programs, make_world
 from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec
@@ -61,8 +61,8 @@ def config_dict(res: SimResult) -> dict[str, Any]:
 def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[World, list[list[Op]]]:
     w = make_world(model, cluster, layout, faults, seed)
     progs = build_programs(w, steps, first_step)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     return w, progs
 
 

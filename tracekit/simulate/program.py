@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from tracekit.simulate.engine import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
+from tracekit.simulate.executor import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
 from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec, ring_hops
 from tracekit.simulate.topology import Group, Topology, build_topology, stage_layers
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from isal import isal_zlib
 
-from tracekit.simulate.engine import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
+from tracekit.simulate.executor import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
 from tracekit.simulate.key import ANSWER_KEY_FILE
 from tracekit.simulate.program import RPC_NAME
 

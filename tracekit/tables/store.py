@@ -232,9 +232,12 @@ class RunStore:
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
         return con
 
-    def sql(self, query: str) -> pa.Table:
-        """Run a DuckDB SQL query over the store's tables and return an Arrow table."""
+    def sql(self, query: str, extra: dict[str, pa.Table] | None = None) -> pa.Table:
+        """Run a DuckDB SQL query over the store's tables (and `extra` Arrow tables, e.g. derived ones,
+        under their names) and return an Arrow table."""
         con = self.duckdb()
+        for name, table in (extra or {}).items():
+            con.register(name, table)
         try:
             rel = con.sql(query)
             if rel is None:  # a statement without a result (e.g. SET)

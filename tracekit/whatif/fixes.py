@@ -207,7 +207,7 @@ def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, 
     peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
     if not peers or m.size == 0:
         return
-    from tracekit.analyze import intervals as iv
+    from tracekit.derive import intervals as iv
 
     a, b = iv.union(g.start[m] + kept, g.start[m] + g.dur[m])
     if a.size == 0:
@@ -696,7 +696,7 @@ def shared_host_idle(g: StepGraph, lay: Layout) -> float:
         hosts.setdefault(h, []).append(r)
     if not hosts or all(len(rs) < 2 for rs in hosts.values()) or g.ranks.size == 0:
         return 1.0
-    from tracekit.analyze import intervals as iv
+    from tracekit.derive import intervals as iv
 
     lo, hi = int(g.win_start.min()), int(g.win_end.max())
     busy = (g.dur > 0) & (g.category != Category.MARK) & (g.rank >= 0)

@@ -94,7 +94,7 @@ def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
 def _busy_ns(g: StepGraph, where: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Per window: the time its rank was busy with the nodes under `where` (no waits or stalls), the longer
     of its host threads' and its device streams' (a GPU rank's host runs ahead of its device)."""
-    from tracekit.analyze import intervals as iv
+    from tracekit.derive import intervals as iv
 
     w = window_of(g)
     work = where & (w >= 0) & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER,
@@ -321,7 +321,7 @@ def step_span(res: StepResult) -> tuple[int, int]:
 
 
 def _merged(s: np.ndarray, e: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
-    from tracekit.analyze import intervals as iv
+    from tracekit.derive import intervals as iv
 
     a, b = iv.union(s.astype(np.int64), e.astype(np.int64))
     if min_gap and a.size > 1:

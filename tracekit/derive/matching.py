@@ -56,10 +56,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
-from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.derive import intervals as iv
+from tracekit.findings.result import AnalyzerResult
+from tracekit.derive.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
+from tracekit.derive.topology import LayoutResult, dims_of
 from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
                                      equals_any, group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.tables.schema import TABLES
