@@ -78,8 +78,13 @@ def _model_of(model: str | None, manifest: dict | None, micro_batch_size: int, s
     else:
         bsrc = (f"micro-batch {spec.micro_batch_size} sequences {src} (the run does not say its batch: "
                 "pass --micro-batch-size if it differs)")
+    run_seq = manifest.get("seq_len") if isinstance(manifest, dict) else None
     if seq:
         spec = dataclasses.replace(spec, seq=seq)
+        bsrc += f"; sequences of {seq} tokens from --seq"
+    elif isinstance(run_seq, int) and run_seq > 0 and run_seq != spec.seq:
+        bsrc += f"; sequences of {run_seq} tokens from the run's manifest (not the model's {spec.seq})"
+        spec = dataclasses.replace(spec, seq=run_seq)
     sources = {"model": src, "batch": bsrc}
     if global_batch:
         sources["global_batch"] = f"global batch {global_batch} sequences from --global-batch"
@@ -99,7 +104,7 @@ def register(app: typer.Typer) -> None:
         link: Optional[str] = typer.Option(None, "--link", help="Bus bandwidth per tier, e.g. intra=360,inter=45 (GB/s)."),
         global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (kept across layouts)."),
         micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch of the measured run (default: the run's, from its manifest; else the model's)."),
-        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the preset's)."),
+        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the run's, from its manifest; else the model's)."),
         top: int = typer.Option(10, "--top", help="How many of the best layouts to list."),
         out: Path = typer.Option(Path("tracekit-advice"), "--out", "-o", help="Output directory for advice.json and advice.md (created)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors still print)."),
