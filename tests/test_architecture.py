@@ -147,7 +147,8 @@ def test_functions_are_about_a_screen(folder):
 # The layers, bottom to top (DESIGN: capture → parse → tables → derived facts → analyzers → findings →
 # assessment → reports). A package may import those below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tracekit.errors", "tracekit.process_env", "tracekit.config", "tracekit.layout", "tracekit.findings"),
+    ("tracekit.errors", "tracekit.process_env", "tracekit.config", "tracekit.layout", "tracekit.collectives",
+     "tracekit.findings"),
     ("tracekit.tables",),
     ("tracekit.parse", "tracekit.record", "tracekit.model", "tracekit.simulate", "tracekit.advise"),
     ("tracekit.derive",),
@@ -246,3 +247,52 @@ def test_the_layer_checker_sees_an_upward_import():
     assert _layer_of("tracekit.whatif.build")[0] < _layer_of("tracekit.analyze.stragglers")[0]
     assert _layer_of("tracekit.findings.finding")[0] == 0 and _layer_of("tracekit.cli.main")[0] == len(LAYERS) - 1
     assert _layer_of("reports.html_report")[0] < _layer_of("tracekit.analysis")[0]
+
+
+DEGREE_PACKAGES = ("tracekit", "instrumented_runtime")
+"""Where parallel degrees may be declared: the library and the runtime."""
+DEGREES_CLASS = "tracekit/layout.py:ParallelLayout"
+
+
+def _declared_attributes(cls: ast.ClassDef) -> set[str]:
+    """Names a class declares as its data: class-level annotated or plain assignments (dataclass, msgspec
+    and NamedTuple fields, class attributes) and `self.X = ...` / `self.X: T = ...` in its own methods.
+    Properties and methods are not data: a property that reads the one layout is not a second copy."""
+    out: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+                    sub, (ast.AnnAssign, ast.AugAssign)) else []
+                for t in targets:
+                    for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        if (isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name)
+                                and el.value.id == "self"):
+                            out.add(el.attr)
+    return out
+
+
+def degree_classes(trees: dict[str, ast.Module]) -> list[str]:
+    """`path:Class` of every class that declares both a `tp` and a `pp` (a class of parallel degrees)."""
+    return sorted(f"{path}:{node.name}" for path, tree in trees.items() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and {"tp", "pp"} <= _declared_attributes(node))
+
+
+def test_exactly_one_class_of_parallel_degrees():
+    trees = {str(p.relative_to(REPO)): ast.parse(p.read_text(encoding="utf-8"), str(p))
+             for pkg in DEGREE_PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+    assert len(trees) > 100 and "instrumented_runtime/parallel_dims.py" in trees
+    assert degree_classes(trees) == [DEGREES_CLASS]
+
+
+def test_the_degree_rule_sees_fields_attributes_and_assignments():
+    src = ("class A:\n    tp: int = 1\n    pp: int = 1\n"          # dataclass / msgspec fields
+           "class B:\n    def __init__(self):\n        self.tp, self.pp = 1, 1\n"
+           "class C:\n    tp = 1\n    def f(self):\n        self.pp: int = 2\n"
+           "class D:\n    tp: int = 1\n    @property\n    def pp(self):\n        return 1\n"  # a property is not data
+           "class E:\n    def f(self, other):\n        other.tp = other.pp = 1\n")          # not its own
+    assert degree_classes({"x.py": ast.parse(src)}) == ["x.py:A", "x.py:B", "x.py:C"]

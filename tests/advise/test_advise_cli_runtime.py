@@ -21,12 +21,12 @@ import pytest
 
 from tests.advise.runtime_layouts import (RuntimeModel, advise_cli, layout_from_json, layout_name, run_layout,
                                           step_times)
-from tracekit.simulate import Layout
+from tracekit.layout import ParallelLayout
 
 pytestmark = pytest.mark.slow
 
 MODEL = RuntimeModel()
-MEASURED = Layout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)
+MEASURED = ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)
 STEPS, PROFILED = 4, 3
 OTHERS = 3
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from tracekit.advise.advisor import advice_json, advise
-from tracekit.flow import analyze_store
 from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, write_traces
+from tracekit.simulate import ClusterSpec, ParallelLayout, ModelSpec, simulate, write_traces
 from tracekit.simulate.model_file import model_from_file, model_spec
 
 LLAMA_8B_HF = {  # the fields of meta-llama/Llama-3.1-8B's config.json that shape the model
@@ -69,7 +69,7 @@ def test_llama_config_json_gives_the_presets_layouts(tmp_path):
     """`tracekit advise RUN --model config.json` (Llama-3.1-8B's HuggingFace config, nothing else) ranks the
     same layouts with the same predictions as `--model llama-8b-like`, on a run of that model."""
     preset = ModelSpec.preset("llama-8b-like")
-    res = simulate(preset, ClusterSpec.preset("1x8-h100"), Layout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
+    res = simulate(preset, ClusterSpec.preset("1x8-h100"), ParallelLayout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
     write_traces(res, tmp_path / "traces")
     store = parse_run(tmp_path / "traces", tmp_path / "store", workers=1, progress=False).store
     hf = tmp_path / "config.json"
@@ -86,7 +86,7 @@ def test_advise_takes_the_runs_batch_and_flags_a_wrong_model(tmp_path):
     """The demo's simulated cluster at 8 GPUs (tiny-moe, micro-batch 8, dp 4 x 4 micro-batches: 128 sequences
     per step): `advise --model tiny-moe` with no batch option uses the run's 128 sequences, not the preset's
     micro-batch of 2 (32), and says where it came from; a model far from the run (moe-8x-like) is flagged."""
-    L, mbs = Layout(pp=2, dp=4, ep=2, schedule="1f1b", microbatches=4), 8
+    L, mbs = ParallelLayout(pp=2, dp=4, ep=2, schedule="1f1b", microbatches=4), 8
     run_model = dataclasses.replace(ModelSpec.preset("tiny-moe"), micro_batch_size=mbs)
     assert ModelSpec.preset("tiny-moe").micro_batch_size != mbs
     write_traces(simulate(run_model, ClusterSpec.preset("1x8-h100"), L, steps=2, seed=0), tmp_path / "traces")
@@ -129,8 +129,8 @@ def test_model_from_the_runtime_manifest(tmp_path):
     assert json.loads((tmp_path / "adv" / "advice.json").read_text())["ranked"]
 
 
-@pytest.mark.parametrize("layout", [Layout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4),
-                                    Layout(dp=8, ep=4), Layout(dp=2, tp=2, cp=2, ep=4)])
+@pytest.mark.parametrize("layout", [ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4),
+                                    ParallelLayout(dp=8, ep=4), ParallelLayout(dp=2, tp=2, cp=2, ep=4)])
 def test_manifest_model_is_the_runtime_benchmarks_model(layout):
     """The model read from a runtime manifest equals the one benchmarks/advisor_runtime_bench.py describes to
     the advisor by hand for the same flags (tests/advise/runtime_layouts.py: MAE 3.9-5.6% on 8-rank runs)."""

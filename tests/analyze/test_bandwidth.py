@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.bandwidth import analyze_bandwidth, bus_factor
+from tracekit.analyze.bandwidth import analyze_bandwidth
+from tracekit.collectives import bus_factor
 from tracekit.config import AnalysisConfig
 from tracekit.findings.finding import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+from tracekit.whatif.fixes import Fix, RunFacts, apply_fixes
 from tracekit.whatif.graph import (
     SMALL_GRAPH_NODES, Category, StepGraph, add_start_nodes, critical_path, rank_step_ns, replay, topo_levels,
 )
@@ -64,15 +64,15 @@ def test_rank_compute_at_peers_median_matches_arithmetic():
     g = two_rank_allreduce(c0, c1, xfer, after)
     res = replay_step(0, g)
     # rank 1 at its peer's pace: both ranks run the same ops, so each of rank 1's takes rank 0's time
-    assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == c0 + xfer + after
+    assert predict_ns(res, [Fix("rank_compute", rank=1)], RunFacts()) == c0 + xfer + after
     # by a factor: every compute node of rank 1 scaled
     f = Decimal(c0 + after) / Decimal(c1 + after)
     new_c1 = int((Decimal(c1) * f).to_integral_value())
     new_after1 = int((Decimal(after) * f).to_integral_value())
     expect = max(max(c0, new_c1) + xfer + after, max(c0, new_c1) + xfer + new_after1)
-    assert predict_ns(res, [Fix("rank_compute", rank=1, value=float(f))], Layout()) == expect
+    assert predict_ns(res, [Fix("rank_compute", rank=1, value=float(f))], RunFacts()) == expect
     # overlapping the collective removes the transfer and nothing else
-    assert predict_ns(res, [Fix("dim_overlap", dim=None)], Layout()) == c1 + after
+    assert predict_ns(res, [Fix("dim_overlap", dim=None)], RunFacts()) == c1 + after
 
 
 def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_straggler_fixes():
@@ -82,8 +82,8 @@ def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_stra
     res = replay_step(0, g)
     assert res.replayed_ns == res.measured_ns == sleep + c1 + xfer + after
     without = max(c0, c1) + xfer + after  # the same step with rank 1 not sleeping
-    assert predict_ns(res, [Fix("host_stalls", rank=1)], Layout()) == without
-    assert predict_ns(res, [Fix("host_stalls", rank=0)], Layout()) == res.measured_ns  # not rank 0's stall
+    assert predict_ns(res, [Fix("host_stalls", rank=1)], RunFacts()) == without
+    assert predict_ns(res, [Fix("host_stalls", rank=0)], RunFacts()) == res.measured_ns  # not rank 0's stall
 
 
 def test_topological_levels_and_cycles():

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.config import AnalysisConfig
-from tracekit.findings.result import AnalyzerResult
 from tracekit.analyze.runner import ANALYZERS, build_plan
 from tracekit.assess import ASSESSMENT
-from tracekit.flow import analyze_store, explain_plan
+from tracekit.cli.main import app
+from tracekit.config import AnalysisConfig
 from tracekit.findings.evidence import StragglerEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
-from tracekit.cli.main import app
+from tracekit.findings.result import AnalyzerResult
+from tracekit.flow import analyze_store, explain_plan
 from tracekit.tables.store import RunStoreWriter
 
 

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pytest
 
 from tracekit.analyze.breakdown import analyze_breakdown, window_breakdown
+from tracekit.config import AnalysisConfig
 from tracekit.derive.activity import RankActivity, gpu_activity
 from tracekit.flow import analyze_store
-from tracekit.config import AnalysisConfig
 from tracekit.parse.run import parse_run
 
 GPU_TRACES = ("hta_nccl_a100_rank0of2", "hta_allreduce_v100_rank1of2", "hta_trace_diff_control",

@@ -7,10 +7,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from tracekit.analyze.pipeline import analyze_pipeline, theoretical_bubble
 from tracekit.config import AnalysisConfig
 from tracekit.findings.evidence import CollectiveEvidence
 from tracekit.findings.finding import FindingKind
-from tracekit.analyze.pipeline import analyze_pipeline, theoretical_bubble
 from tracekit.findings.recommend import best_contiguous_split
 from tracekit.tables.store import RunStoreWriter
 

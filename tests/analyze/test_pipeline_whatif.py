@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.flow import analyze_store
 from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 US = 1_000  # ns

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tracekit.findings import recommend
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.assess.reconcile import analyze_recommendations, reconcile
 from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.assess.reconcile import analyze_recommendations, reconcile
+from tracekit.findings import recommend
 from tracekit.findings.evidence import (BubbleEvidence, CollectiveEvidence, Evidence, PlacementEvidence,
                                         RoutingSkewEvidence, StageImbalanceEvidence, StragglerEvidence)
 from tracekit.findings.finding import Finding, FindingKind, Severity

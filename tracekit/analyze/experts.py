@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from tracekit.derive.topology import LayoutResult
 from tracekit.findings import recommend
-from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.findings.evidence import RoutingSkewEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
-from tracekit.derive.topology import LayoutResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 SKEW_INFO = 1.25

@@ -40,9 +40,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.findings.result import AnalyzerResult
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 
 SIZE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "scatter", "gather", "unknown"})

@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
-from tracekit.findings.result import AnalyzerResult
+from tracekit.derive.matching import host_count
 from tracekit.findings.evidence import HostStallEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
-from tracekit.derive.matching import host_count
+from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
 

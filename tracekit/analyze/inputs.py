@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.findings.result import AnalyzerResult
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 
 _NS_PER_S = 1_000_000_000

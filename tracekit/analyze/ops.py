@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.config import AnalysisConfig
-from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
+from tracekit.analyze.hardware import device_peaks
+from tracekit.config import AnalysisConfig
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
-from tracekit.analyze.hardware import device_peaks
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 TOP_N = 25

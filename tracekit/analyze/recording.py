@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.derive import intervals as iv
-from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
+from tracekit.derive import intervals as iv
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 Z = 2.0

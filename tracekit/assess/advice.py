@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracekit.analyze.bandwidth import BandwidthResult
-from tracekit.config import AnalysisConfig
-from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
-from tracekit.derive.topology import LayoutResult
 from tracekit.analyze.memory import MemoryResult
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.placement import PlacementResult
+from tracekit.config import AnalysisConfig
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 ADVICE_SIMULATED = (6, 3, 2)

@@ -40,7 +40,7 @@ from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, Layout, copy_direction, memcpy_nodes
+from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -48,7 +48,7 @@ from tracekit.whatif.steps import replay_steps, run_layout, step_input
 MAX_PATH_ROWS = 400
 
 
-def fix_for(f: Finding, lay: Layout) -> list[Fix]:
+def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     """The fix a finding recommends, as the graph can apply it ([] when it cannot)."""
     ev = f.evidence
     if isinstance(ev, StragglerEvidence) and f.ranks:
@@ -85,7 +85,7 @@ PIPELINE_FIXES = ("stage_resplit",)
 fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
 
 
-def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: Layout) -> tuple[int, int]:
+def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: RunFacts) -> tuple[int, int]:
     """(predicted, measured) step time of the run: see `run_step_ns`; for a pipeline re-split over the steps
     after the first (`steady_steps`)."""
     results = steady_steps(results, fixes)
@@ -124,7 +124,7 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
+def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together."""
     out, rows, every = [], [], []

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
-from tracekit.findings.evidence import BandwidthEvidence, CollectiveEvidence
-from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
+from tracekit.findings.evidence import BandwidthEvidence, CollectiveEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
+from tracekit.findings.result import AnalyzerResult, section_of
 
 MOSTLY = 0.5
 """A rank's exposed communication is "mostly" one cause's when that cause's share of its exposed

@@ -21,13 +21,11 @@ import pyarrow as pa
 from tracekit.derive.activity import rank_activities
 from tracekit.derive.matching import MatchingResult, analyze_matching
 from tracekit.derive.topology import LayoutResult, analyze_layout, rank_hosts
+from tracekit.tables.schema import column as _f
+from tracekit.tables.schema import describe_schema
 from tracekit.tables.store import RunStore
 
 NS = "int64 nanoseconds"
-
-
-def _f(name: str, typ: pa.DataType, doc: str) -> pa.Field:
-    return pa.field(name, typ, metadata={"doc": doc})
 
 
 RANK_COORDS = pa.schema([
@@ -198,8 +196,4 @@ def derived_tables(store: RunStore, sql: str | None = None) -> dict[str, pa.Tabl
 
 def describe_derived(name: str) -> str:
     """Column listing for `tracekit query --schema`, like tables.schema.describe."""
-    lines = [f"{name} (derived: {DERIVED[name].doc}):"]
-    for field in DERIVED[name].schema:
-        doc = (field.metadata or {}).get(b"doc", b"").decode()
-        lines.append(f"  {field.name:<16} {str(field.type):<40} {doc}")
-    return "\n".join(lines)
+    return describe_schema(f"{name} (derived: {DERIVED[name].doc}):", DERIVED[name].schema)

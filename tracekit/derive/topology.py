@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.findings.result import AnalyzerResult
+from tracekit.layout import rank_to_host
 from tracekit.parse.classify import dim_from_desc, flattened_from_desc  # the one vocabulary of group names
 from tracekit.tables.store import RunStore
 
@@ -260,8 +261,7 @@ def rank_hosts(store: RunStore | None) -> dict[int, str]:
     that name one."""
     if store is None or not store.has("ranks"):
         return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
-            if r["hostname"]}
+    return rank_to_host(None, store.table("ranks", ["rank", "hostname"]).to_pylist())
 
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
@@ -272,6 +272,7 @@ def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
     if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
         return {}
-    per_host = Counter(r["hostname"] for r in t)
-    return {int(r["rank"]): str(r["hostname"]) for r in t
-            if r["host_cpus"] is None or per_host[r["hostname"]] > r["host_cpus"]}
+    hosts = rank_to_host(None, t)
+    per_host = Counter(hosts.values())
+    cpus = {int(r["rank"]): r["host_cpus"] for r in t}
+    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r]}

@@ -19,7 +19,7 @@ from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import StepInput, build_step_graph
-from tracekit.whatif.fixes import Layout
+from tracekit.whatif.fixes import RunFacts
 from tracekit.whatif.replay import StepResult, replay_steps_of
 
 MAX_STEPS = 8
@@ -75,11 +75,11 @@ def collective_ends(cols: Columns) -> Columns | None:
     return {"rank": c["rank"][first], "pg_name": pg[first], "seq": c["seq"][first], "trace_end": end}
 
 
-def run_layout(layout: LayoutResult | None, pipeline: AnalyzerResult | None, store: RunStore | None = None) -> Layout:
+def run_layout(layout: LayoutResult | None, pipeline: AnalyzerResult | None, store: RunStore | None = None) -> RunFacts:
     lay = section_of(layout)
     pipe = section_of(pipeline)
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
-    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
+    return RunFacts(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
                   stages=pipeline_stages(pipe))
 
