@@ -20,6 +20,9 @@ class AnalysisConfig:
     """Tokens processed per step per data-parallel replica (overrides the manifest)."""
     max_timeline_intervals: int = 20000
     """Down-sampling budget for the timeline section."""
+    timeline_ranks: tuple[int, ...] | None = None
+    """Ranks the step timeline draws, a lane per kind each (`--timeline-ranks 0-7,12`); None: every rank, one
+    summary row each beyond 8 ranks with the busiest ranks in full (analyze/breakdown.py)."""
     advice: bool = True
     """Rank other parallel layouts (the layout advisor) when the run allows it (`--no-advice`: off)."""
     advice_model: Any = None

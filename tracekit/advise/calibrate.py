@@ -73,6 +73,9 @@ class MeasuredRun:
     """Every collective row with known bytes (any size), P2P send/recv pairs as `sendrecv`."""
     cpu_only: bool = False
     """No rank's trace has device work (a gloo CPU run): its collectives' latency is per ring hop."""
+    recorder_overhead: float = 1.0
+    """Profiled / unprofiled step time measured by `tracekit record` (section `recording`); step_ns and
+    compute_ns above are already divided by it."""
 
 
 def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
@@ -144,9 +147,11 @@ def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
         bw.setdefault(dim, []).append(float(row["busbw_gbps_p50"]))
         t = float(row["time_ns_p50"])
         points.setdefault(dim, []).append((float(row["busbw_gbps_p50"]) * t, t))
+    slowed = float(((sec.get("recording") or {}).get("recorder_overhead") or {}).get("ratio") or 1.0)
     return MeasuredRun(layout=layout, world=layout.world_size, hosts=hosts,
-                       step_ns=int(max(_mean_per_step(ranks, "step_ns"))),
-                       compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns"))),
+                       step_ns=int(max(_mean_per_step(ranks, "step_ns")) / slowed),
+                       compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns")) / slowed),
+                       recorder_overhead=slowed,
                        busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points,
                        coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])),
                        cpu_only=_cpu_only(sec))
@@ -330,6 +335,9 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
     """Calibrate `cluster` (the description's figures are the starting point) to the measured run."""
     m = measured_run(analysis)
     notes: list[str] = []
+    if m.recorder_overhead != 1.0:
+        notes.append(f"recorded steps ran x{m.recorder_overhead:.3f} slower than unprofiled ones (tracekit record's "
+                     "timing): step and compute times divided by it before calibrating")
     mb = model.micro_batch_size
     cluster = dataclasses.replace(cluster, hosts=m.hosts, gpus_per_host=-(-m.world // m.hosts))
     sigma = router_skew(analysis, model.experts) if model.experts else None

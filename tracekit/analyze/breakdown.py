@@ -43,7 +43,15 @@ Section `breakdown`:
      "unanalyzed_ranks": [{"rank", "reason"}],
      "timeline": {"lanes": ["compute", "comm:<dim or pg_name>", "comm:calls", ..., "other", "idle"],
                   "intervals": [[rank, lane, start_ns, end_ns], ...],   # lane = a name from "lanes"
-                  "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int]}}
+                  "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int],
+                  "expanded_ranks": [{"rank", "why"}], "summarised_ranks": [int], "chosen_by": "all|busiest|user",
+                  "ranks_not_in_run": [int]}}
+Lanes at scale: up to TIMELINE_ALL_LANES_MAX_RANKS ranks, every rank gets a lane per kind. Beyond, each rank
+gets one row (lanes `summary:compute`, `summary:comm`, `summary:other`, `summary:idle`, exclusive by the
+breakdown's priority: compute ▸ communication not under compute ▸ other ▸ idle) and up to TIMELINE_EXPANDED
+ranks keep a lane per kind: the rank with the most compute, the most exposed communication, the most idle
+time (each once, `why` says which), then the next by compute. `config.timeline_ranks`
+(`analyze --timeline-ranks 0-7,12`) draws exactly those ranks, a lane per kind each (`chosen_by: user`).
 The timeline is down-sampled to at most `config.max_timeline_intervals` intervals by closing gaps
 shorter than `min_gap_ns` (so short idle gaps disappear from the drawing, never from the numbers);
 if even one interval per lane per window is too many, whole ranks are left out (`truncated_ranks`).
@@ -135,7 +143,63 @@ def _close_gaps(a: iv.IntervalSet, gap_ns: int) -> iv.IntervalSet:
     return starts, ends
 
 
-def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) -> dict[str, Any]:
+TIMELINE_ALL_LANES_MAX_RANKS = 8
+"""Up to this many ranks, every rank's timeline has a lane per kind (8 ranks x ~6 lanes stay readable)."""
+TIMELINE_EXPANDED = 4
+"""Beyond that, how many ranks keep a lane per kind next to one summary row per rank."""
+
+
+def _summary_lanes(lanes: dict[str, iv.IntervalSet]) -> dict[str, iv.IntervalSet]:
+    """One row's lanes for a rank: compute, communication not under compute, other, idle (exclusive)."""
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    compute = lanes.get("compute", empty)
+    comm = [a for k, a in lanes.items() if k.startswith("comm")]
+    out = {"summary:compute": compute,
+           "summary:comm": iv.subtract(iv.merge(*comm), compute) if comm else empty,
+           "summary:other": lanes.get("other", empty), "summary:idle": lanes.get("idle", empty)}
+    return {k: v for k, v in out.items() if v[0].size}
+
+
+def _expanded_ranks(totals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks whose lanes are drawn in full at scale, each with why (see the module doc)."""
+    picks: list[dict[str, Any]] = []
+    for key, why in (("compute_ns", "most compute"), ("exposed_comm_ns", "most exposed communication"),
+                     ("idle_ns", "most idle time")):
+        if not totals:
+            break
+        best = max(totals, key=lambda r: (r[key] / max(r["steps"], 1), -r["rank"]))
+        if best[key] > 0 and all(p["rank"] != best["rank"] for p in picks):
+            picks.append({"rank": best["rank"], "why": why})
+    for r in sorted(totals, key=lambda r: (-r["compute_ns"] / max(r["steps"], 1), r["rank"])):
+        if len(picks) >= TIMELINE_EXPANDED:
+            break
+        if all(p["rank"] != r["rank"] for p in picks):
+            picks.append({"rank": r["rank"], "why": "next by compute"})
+    return picks[:TIMELINE_EXPANDED]
+
+
+def _choose_lanes(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], totals: list[dict[str, Any]],
+                  chosen: tuple[int, ...] | None) -> tuple[dict[int, dict[str, iv.IntervalSet]], dict[str, Any]]:
+    """Which ranks the timeline draws and how (a lane per kind, or one summary row)."""
+    if chosen is not None:
+        want = sorted(set(chosen))
+        keep = {r: lanes_by_rank[r] for r in want if r in lanes_by_rank}
+        return keep, {"expanded_ranks": [{"rank": r, "why": "chosen"} for r in keep], "summarised_ranks": [],
+                      "chosen_by": "user", "ranks_not_in_run": [r for r in want if r not in lanes_by_rank]}
+    if len(lanes_by_rank) <= TIMELINE_ALL_LANES_MAX_RANKS:
+        return lanes_by_rank, {"expanded_ranks": [{"rank": r, "why": "all"} for r in sorted(lanes_by_rank)],
+                               "summarised_ranks": [], "chosen_by": "all", "ranks_not_in_run": []}
+    picks = _expanded_ranks([t for t in totals if t["rank"] in lanes_by_rank])
+    full = {p["rank"] for p in picks}
+    out = {r: (lanes if r in full else _summary_lanes(lanes)) for r, lanes in lanes_by_rank.items()}
+    return out, {"expanded_ranks": sorted(picks, key=lambda p: p["rank"]),
+                 "summarised_ranks": sorted(r for r in lanes_by_rank if r not in full),
+                 "chosen_by": "busiest", "ranks_not_in_run": []}
+
+
+def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int,
+              totals: list[dict[str, Any]] | None = None, chosen: tuple[int, ...] | None = None) -> dict[str, Any]:
+    lanes_by_rank, drawn = _choose_lanes(lanes_by_rank, totals or [], chosen)
     gap = 0
     count = lambda: sum(a[0].size for lanes in lanes_by_rank.values() for a in lanes.values())  # noqa: E731
     span = 1
@@ -158,14 +222,15 @@ def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) 
         kept[r] = lanes_by_rank[r]
         used += n
     lane_names = sorted({k for lanes in kept.values() for k in lanes},
-                        key=lambda k: (k != "compute", k == "idle", k == "other", k))
+                        key=lambda k: (k.startswith("summary:"), k.removeprefix("summary:") != "compute",
+                                       k.endswith("idle"), k.endswith("other"), k))
     out = []
     for r, lanes in kept.items():
         for k, (s, e) in lanes.items():
             out.extend([r, k, int(a), int(b)] for a, b in zip(s.tolist(), e.tolist()))
     out.sort(key=lambda x: (x[0], x[2]))
     return {"lanes": lane_names, "intervals": out, "max_intervals": budget, "min_gap_ns": gap,
-            "truncated_ranks": truncated}
+            "truncated_ranks": truncated, **drawn}
 
 
 @dataclass(frozen=True)
@@ -216,7 +281,7 @@ def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching
         "rank_details": details,
         "steps": step_rows,
         "unanalyzed_ranks": unanalyzed,
-        "timeline": _timeline(lanes_by_rank, config.max_timeline_intervals),
+        "timeline": _timeline(lanes_by_rank, config.max_timeline_intervals, ranks_out, config.timeline_ranks),
     }
     return BreakdownResult(findings=[], section=section)
 

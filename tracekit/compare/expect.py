@@ -3,7 +3,9 @@
 run's analysis.json (its measured numbers), and the checks of a run against them.
 
 Quantities (per step, slowest or worst rank, as `tracekit check` measures them):
- - `step_ns`: step time of the slowest rank (mean over its steps),
+ - `step_ns`: step time of the slowest rank (mean over its steps), divided by the recorder's measured
+   overhead when the run has one (section `recording.recorder_overhead`: `advise` predicts the steps the job
+   runs unprofiled, and a previous run is read the same way),
  - `exposed_comm_ns`: exposed communication per step, worst rank,
  - `bubble`: measured pipeline bubble (fraction of the step; advice: its predicted breakdown's bubble / step),
  - `peak_memory_bytes`: peak allocated memory, fullest rank.
@@ -33,14 +35,18 @@ def _num(v: Any) -> bool:
 
 
 def measured(analysis: AnalysisDocument | dict[str, Any]) -> dict[str, float | None]:
-    """The run's values of QUANTITIES from its analysis (None where it has none)."""
+    """The run's values of QUANTITIES from its analysis (None where it has none); a recorded run's step
+    divided by the recorder's measured slowdown (`recording.recorder_overhead.ratio`)."""
     doc = as_document(analysis)
     ranks = [r for r in doc.ranks if r.steps > 0]
     step = [r.step_ns / r.steps for r in ranks]
     exposed = [r.exposed_comm_ns / r.steps for r in ranks]
-    pipe, mem = doc.sections.pipeline, doc.sections.memory
+    pipe, mem, rec = doc.sections.pipeline, doc.sections.memory, doc.sections.recording
     peaks = [r.peak_allocated for r in mem.ranks] if mem is not None else []
     bubble = pipe.measured_bubble if pipe is not None else None
+    slowed = (rec.recorder_overhead or {}).get("ratio") if rec is not None and rec.recorder_overhead else None
+    if _num(slowed) and slowed > 0 and step:
+        step = [v / slowed for v in step]
     return {"step_ns": max(step) if step else None, "exposed_comm_ns": max(exposed) if exposed else None,
             "bubble": float(bubble) if _num(bubble) else None,
             "peak_memory_bytes": float(max(peaks)) if peaks else None}

@@ -54,6 +54,11 @@ class InputsRunsRow(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
     start_ns: int = 0
     end_ns: int = 0
+    span_ns: int = 0
+
+class InputsRankSpansRow(Struct):
+    rank: int = 0
+    span_ns: int = 0
 
 class InputsTimeScaleGroupsRow(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
@@ -74,6 +79,7 @@ class InputsSection(Struct):
     skipped: int = 0
     runs: list[InputsRunsRow] = msgspec.field(default_factory=list)
     world_sizes: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    rank_spans: list[InputsRankSpansRow] = msgspec.field(default_factory=list)
     time_scale: InputsTimeScale = msgspec.field(default_factory=InputsTimeScale)
     warnings: list[str] = msgspec.field(default_factory=list)
 
@@ -261,6 +267,8 @@ class RecordingSection(Struct):
 
     overhead: list[RecordingOverheadRow] = msgspec.field(default_factory=list)
     verdict_stability: list[RecordingVerdictStabilityRow] = msgspec.field(default_factory=list)
+    recorder_overhead: dict[str, Any] | None = None
+    """{ratio, by_rank, profiled_steps, unprofiled_steps, rule}; null when the recorder did not time unprofiled steps"""
 
 class TraceKindRanksRowGraph(Struct):
     mode: str = ""
@@ -638,6 +646,11 @@ class OpsRanksRow(Struct):
     flops_per_step: Num | None = None
     achieved_tflops: Num | None = None
     mfu: Num | None = None
+    hardware_flops: int | None = None
+    recompute_flops: int = 0
+    recompute_ops: int = 0
+    hardware_tflops: Num | None = None
+    hfu: Num | None = None
     kernel_ns: int = 0
     op_kernel_ns: int = 0
     flops_coverage: Num | None = None
