@@ -234,6 +234,12 @@ class BreakdownTimeline(Struct):
     max_intervals: int = 0
     min_gap_ns: int = 0
     truncated_ranks: list[Any] = msgspec.field(default_factory=list)
+    expanded_ranks: list[dict[str, Any]] | UnsetType = UNSET
+    """[{rank, why}]: the ranks drawn lane by lane"""
+    summarised_ranks: list[int] | UnsetType = UNSET
+    chosen_by: str | UnsetType = UNSET
+    """all | busiest | user"""
+    ranks_not_in_run: list[int] | UnsetType = UNSET
 
 class BreakdownSection(Struct):
     """Section `breakdown` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""
