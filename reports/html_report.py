@@ -248,7 +248,7 @@ def _window_text(ctx: Page) -> str:
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
     inp = ctx.doc.sections.inputs
-    spans = [r for r in inp.rank_spans if is_num(r.span_ns)] if inp is not None else []
+    spans = [r for r in inp.rank_spans or [] if is_num(r.span_ns)] if inp is not None else []
     if spans:
         r0 = min(spans, key=lambda r: r.rank)
         parts.append(f"traced span {duration(r0.span_ns)} on rank {r0.rank} (every rank in Inputs)")
@@ -676,7 +676,7 @@ def _inputs(ctx: Page) -> str:
         body += "<h3>Analyzer errors</h3><ul id=analyzer-errors>" + "".join(
             f"<li>{h(e.analyzer)}: {h(e.error)}</li>" for e in errors) + "</ul>"
     inp = ctx.doc.sections.inputs
-    spans = {r.rank: r.span_ns for r in inp.rank_spans} if inp is not None else {}
+    spans = {r.rank: r.span_ns for r in inp.rank_spans or []} if inp is not None else {}
     rows = [{**r, "span_ns": spans.get(r.get("rank"))} for r in _store_ranks(ctx)]
     runs = inp.runs if inp is not None else []
     if len(runs) > 1 or any(is_num(r.start_ns) for r in runs):

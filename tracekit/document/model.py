@@ -7,6 +7,10 @@ null); a key always written has a default only so that a reader can decode a par
 (the generated schema lists it as required). Numbers that may be fractional are `Num` (int | float), so
 an integer stays an integer and a float a float, byte for byte.
 
+Keys added to analysis.json after a section was typed are `UNSET`-optional too (an older analysis.json
+lacks them; the schema does not require them): inputs.rank_spans, inputs.runs[].span_ns, the ops ranks'
+HFU fields, recording.recorder_overhead, the step timeline's drawn / summarised ranks.
+
 Typed: every section's own keys, and the rows the report, diff, check and advisor read. Left as
 `dict[str, Any]` (their keys are data, or vary by finding kind): a finding's `evidence`, a straggler's
 `cause_evidence`, the analyzers' echoed `thresholds`, maps keyed by rank / dim / label / host
@@ -54,7 +58,8 @@ class InputsRunsRow(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
     start_ns: int = 0
     end_ns: int = 0
-    span_ns: int = 0
+    span_ns: int | UnsetType = UNSET
+    """absent in analyses written before it (as the other keys added later: readers see UNSET)"""
 
 class InputsRankSpansRow(Struct):
     rank: int = 0
@@ -79,7 +84,7 @@ class InputsSection(Struct):
     skipped: int = 0
     runs: list[InputsRunsRow] = msgspec.field(default_factory=list)
     world_sizes: dict[str, list[int]] = msgspec.field(default_factory=dict)
-    rank_spans: list[InputsRankSpansRow] = msgspec.field(default_factory=list)
+    rank_spans: list[InputsRankSpansRow] | UnsetType = UNSET
     time_scale: InputsTimeScale = msgspec.field(default_factory=InputsTimeScale)
     warnings: list[str] = msgspec.field(default_factory=list)
 
@@ -273,7 +278,7 @@ class RecordingSection(Struct):
 
     overhead: list[RecordingOverheadRow] = msgspec.field(default_factory=list)
     verdict_stability: list[RecordingVerdictStabilityRow] = msgspec.field(default_factory=list)
-    recorder_overhead: dict[str, Any] | None = None
+    recorder_overhead: dict[str, Any] | None | UnsetType = UNSET
     """{ratio, by_rank, profiled_steps, unprofiled_steps, rule}; null when the recorder did not time unprofiled steps"""
 
 class TraceKindRanksRowGraph(Struct):
@@ -652,11 +657,11 @@ class OpsRanksRow(Struct):
     flops_per_step: Num | None = None
     achieved_tflops: Num | None = None
     mfu: Num | None = None
-    hardware_flops: int | None = None
-    recompute_flops: int = 0
-    recompute_ops: int = 0
-    hardware_tflops: Num | None = None
-    hfu: Num | None = None
+    hardware_flops: int | None | UnsetType = UNSET
+    recompute_flops: int | UnsetType = UNSET
+    recompute_ops: int | UnsetType = UNSET
+    hardware_tflops: Num | None | UnsetType = UNSET
+    hfu: Num | None | UnsetType = UNSET
     kernel_ns: int = 0
     op_kernel_ns: int = 0
     flops_coverage: Num | None = None
