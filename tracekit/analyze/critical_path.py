@@ -34,7 +34,7 @@ import numpy as np
 from tracekit.analyze.bandwidth import rank_hosts
 from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
-from tracekit.analyze.findings import Finding, FindingKind, sort_findings
+from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.layout import LayoutResult, dims_of
 from tracekit.analyze.matching import MatchingResult, choose_sources, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
@@ -228,7 +228,7 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
         # a symptom explained by another finding, or a straggler the host's scheduler made, has no
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
         own = 0 if ev.explained else saving
-        out.append(dataclasses.replace(f, evidence=ev, est_saving_ns=own))
+        out.append(regrade(dataclasses.replace(f, evidence=ev, est_saving_ns=own), saving, meas))
         rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
@@ -239,6 +239,35 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
         step_ns, meas = _mean_prediction(results, every, lay)
         together = {"fixes": [x.label() for x in every], "step_ns": step_ns, "saving_ns": max(0, meas - step_ns)}
     return out, rows, together
+
+
+REGRADE_INFO_SHARE = 0.01
+"""A fix whose replay saves less than this share of the step is worth no more than info ..."""
+REGRADE_WARNING_SHARE = 0.05
+"""... and less than this share no more than a warning: the severity an analyzer gave from its closed form
+(the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
+
+
+def regrade(f: Finding, saving_ns: int, measured_ns: int) -> Finding:
+    """`f` with its severity capped by its replayed saving's share of the measured step (the closed form
+    can count time the step never loses: peers that wait for a late rank inside a collective would
+    otherwise wait for their own hosts), the reason in `evidence.severity_regraded`."""
+    if measured_ns <= 0:
+        return f
+    share = saving_ns / measured_ns
+    cap = (Severity.INFO if share < REGRADE_INFO_SHARE else Severity.WARNING if share < REGRADE_WARNING_SHARE
+           else Severity.CRITICAL)
+    if f.severity.order <= cap.order:
+        return f
+    closed = f.evidence.closed_form_saving_ns
+    reason = (f"the replayed saving of its fix is {saving_ns / 1e6:.2f} ms per step ({100 * share:.1f}% of the "
+              f"{measured_ns / 1e6:.2f} ms step)"
+              + (f" against {closed / 1e6:.2f} ms in closed form" if closed else "")
+              + f": below {100 * (REGRADE_INFO_SHARE if cap is Severity.INFO else REGRADE_WARNING_SHARE):.0f}% "
+              f"of the step a finding is at most {cap.value}")
+    ev = dataclasses.replace(f.evidence, severity_regraded={"from": f.severity.value, "to": cap.value,
+                                                             "reason": reason})
+    return dataclasses.replace(f, severity=cap, evidence=ev)
 
 
 def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[list[Fix]]) -> list[Finding]:
