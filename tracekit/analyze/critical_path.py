@@ -36,7 +36,7 @@ from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
 from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, choose_sources, matched_of, read_collectives
+from tracekit.analyze.matching import MatchingResult, choose_sources, gpu_ranks, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.reconcile import RecommendationsResult
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
@@ -212,9 +212,10 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
+def rescore(findings: list[Finding], results: list[StepResult], lay: Layout, regrade_severity: bool = False
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
-    """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together."""
+    """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together;
+    `regrade_severity`: cap each finding's severity by its replayed saving (`regrade`)."""
     out, rows, every = [], [], []
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
@@ -228,7 +229,8 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout
         # a symptom explained by another finding, or a straggler the host's scheduler made, has no
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
         own = 0 if ev.explained else saving
-        out.append(regrade(dataclasses.replace(f, evidence=ev, est_saving_ns=own), saving, meas))
+        f = dataclasses.replace(f, evidence=ev, est_saving_ns=own)
+        out.append(regrade(f, saving, meas) if regrade_severity else f)
         rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
@@ -246,6 +248,22 @@ REGRADE_INFO_SHARE = 0.01
 REGRADE_WARNING_SHARE = 0.05
 """... and less than this share no more than a warning: the severity an analyzer gave from its closed form
 (the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
+
+
+REGRADE_MAX_REPLAY_ERROR = 0.02
+"""The unchanged replay must reproduce every measured step within this (DESIGN §6) to re-grade by it."""
+
+
+def replay_trusted(store: RunStore, results: list[StepResult]) -> bool:
+    """Severities are re-graded by replayed savings only on GPU runs (every rank has device work: the
+    replay models the device queue, checked on generated, simulated and real GPU traces) whose unchanged
+    replay reproduces each measured step within REGRADE_MAX_REPLAY_ERROR; on CPU runs the host is the
+    device and hand-built or gloo steps replay only as well as their recorded ends allow."""
+    ranks = set(store.ranks())
+    if not results or not ranks or not ranks <= gpu_ranks(store):
+        return False
+    return all(r.measured_ns > 0 and abs(r.replayed_ns - r.measured_ns) <= REGRADE_MAX_REPLAY_ERROR * r.measured_ns
+               for r in results)
 
 
 def regrade(f: Finding, saving_ns: int, measured_ns: int) -> Finding:
@@ -362,7 +380,8 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
-    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store))
+    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
+                                       regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals

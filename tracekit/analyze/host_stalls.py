@@ -13,9 +13,9 @@ parse/classify.py `is_label`) is no host activity by itself — only the ops ins
 or a fetch inside a label is a gap like one with no label. A label only adds evidence: the labels the
 stall time falls in (`stall_labels`), and the one covering most of it is named in the summary.
 Gaps shorter than MIN_GAP_NS are per-op dispatch overhead, not a stall (data loading on GPU traces
-counts whole). A step is only looked at where the profiler recorded something (`_recorded_span`: from
-the rank's first to its last event, step annotations aside): an annotation that outlives the trace
-(HTA's triton example: a 13.3 s ProfilerStep around 1.7 ms of events) is no 13 s stall.
+counts whole). A step is only looked at inside the profiler's own span (`_recorded_span`: its
+`PyTorch Profiler` event): an annotation that outlives the recording (HTA's triton example: a 13.3 s
+ProfilerStep in a 355 ms profile ending 1.7 ms after the step began) is no 13 s stall.
 
 Per rank: stall time per step, how much of it is data loading, the longest gap. A rank whose stall
 recurs — at least STALL_WARNING of the step in every profiled step (the smallest per-step share:
@@ -118,11 +118,11 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
 
 
 def _recorded_span(store: RunStore, rank: int) -> tuple[int, int]:
-    """[first start, last end] of what the profiler recorded on the rank: every event with a duration
-    (host ops, runtime calls, device work, the profiler's own span) but step annotations."""
-    t = store.rank_table("events", rank, ["ts", "dur", "role"])
+    """[start, end] of the profiler's own span on the rank (its `PyTorch Profiler` trace event, cat
+    `trace`), unbounded when the trace has none: time outside it was not recorded."""
+    t = store.rank_table("events", rank, ["ts", "dur", "cat"])
     dur = _np(t["dur"], -1)
-    keep = (dur >= 0) & ~_str_is(t["role"], ("step_annotation",))
+    keep = (dur >= 0) & _str_is(t["cat"], ("trace", "Trace"))
     if not keep.any():
         return np.iinfo(np.int64).min, np.iinfo(np.int64).max
     ts = _np(t["ts"])[keep]
