@@ -215,7 +215,8 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
 def rescore(findings: list[Finding], results: list[StepResult], lay: Layout, regrade_severity: bool = False
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together;
-    `regrade_severity`: cap each finding's severity by its replayed saving (`regrade`)."""
+    `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its
+    replayed saving (`regrade`)."""
     out, rows, every = [], [], []
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
@@ -230,7 +231,7 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout, reg
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
         own = 0 if ev.explained else saving
         f = dataclasses.replace(f, evidence=ev, est_saving_ns=own)
-        out.append(regrade(f, saving, meas) if regrade_severity else f)
+        out.append(regrade(f, saving, meas) if regrade_severity and all(x.kind in CAUSE_REMOVED for x in fixes) else f)
         rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
@@ -250,6 +251,10 @@ REGRADE_WARNING_SHARE = 0.05
 (the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
 
 
+CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair")
+"""Fixes that undo exactly what their finding measured (a rank at its peers' pace, a host's lost time), so
+their replay is the finding's cost and re-grades it. The others replay one remedy among several (overlap a
+collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent."""
 REGRADE_MAX_REPLAY_ERROR = 0.02
 """The unchanged replay must reproduce every measured step within this (DESIGN §6) to re-grade by it."""
 
