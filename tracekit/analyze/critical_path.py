@@ -231,7 +231,8 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: Layout, reg
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
         own = 0 if ev.explained else saving
         f = dataclasses.replace(f, evidence=ev, est_saving_ns=own)
-        out.append(regrade(f, saving, meas) if regrade_severity and all(x.kind in CAUSE_REMOVED for x in fixes) else f)
+        whole = all(x.kind in CAUSE_REMOVED for x in fixes) and not f.evidence.details.get("late_with")
+        out.append(regrade(f, saving, meas) if regrade_severity and whole else f)
         rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
@@ -254,7 +255,9 @@ REGRADE_WARNING_SHARE = 0.05
 CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair")
 """Fixes that undo exactly what their finding measured (a rank at its peers' pace, a host's lost time), so
 their replay is the finding's cost and re-grades it. The others replay one remedy among several (overlap a
-collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent."""
+collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent.
+Nor does a straggler late together with other ranks (`late_with`: one slow replica's ranks): its fix speeds
+up that rank alone, and the others still hold the group back."""
 REGRADE_MAX_REPLAY_ERROR = 0.02
 """The unchanged replay must reproduce every measured step within this (DESIGN §6) to re-grade by it."""
 

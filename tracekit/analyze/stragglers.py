@@ -592,6 +592,7 @@ def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity,
                   "last_count": row["last_count"], "instances": row["instances"],
                   "last_share": row["last_share"], "last_chance": row["last_chance"],
                   "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
+                  **({"late_with": row["late_with"]} if row.get("late_with") else {}),
                   **ev}),
         recommendation=_RECOMMEND[cause].format(r=r),
         est_saving_ns=max(int(row["delay_ns_per_step"]), 0))
