@@ -18,13 +18,13 @@ from pathlib import Path
 from tracekit.advise.advisor import advise, layout_name
 from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate, step_time, write_traces
 from tracekit.simulate.topology import build_topology
 
 
-def measured(model: ModelSpec, cluster: ClusterSpec, layout: Layout, tmp: Path, faults: Faults | None = None) -> dict:
+def measured(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, tmp: Path, faults: Faults | None = None) -> dict:
     res = simulate(model, cluster, layout, faults, steps=2, seed=0, without=False)
     write_traces(res, tmp / "traces")
     store = parse_run(tmp / "traces", tmp / "store", workers=0, progress=False).store
@@ -68,7 +68,7 @@ def error_table(model, true, preset, measured_layout, others, hosts, gph, batch_
     print(f"  mean absolute error {100 * mae:.2f}%   Kendall tau {kendall_tau(pred, truth):.2f}")
 
 
-def _spans(adv, layout: Layout) -> dict[str, int]:
+def _spans(adv, layout: ParallelLayout) -> dict[str, int]:
     """dim -> most hosts one of its groups spans, on the advised cluster."""
     out: dict[str, int] = {}
     for g in build_topology(layout, adv.cluster).groups.values():
@@ -101,16 +101,16 @@ def seeds(quick: bool) -> None:
     slow = dataclasses.replace(ClusterSpec.preset("4x8-h100"), inter_bw_gbs=12.0)
     long_seq = dataclasses.replace(ModelSpec.preset("tiny"), seq=131072, micro_batch_size=1)
     longer_seq = dataclasses.replace(long_seq, seq=524288)
-    cases = [("dense 70B-like, slow inter-host links", ModelSpec.preset("llama-70b-like"), Layout(dp=4, tp=8, pp=1),
+    cases = [("dense 70B-like, slow inter-host links", ModelSpec.preset("llama-70b-like"), ParallelLayout(dp=4, tp=8, pp=1),
               Faults(), [("", dict(simulate_top=6, near_current=3, variants_per_layout=1))], _seed_70b),
-             ("long sequence (128k tokens)", long_seq, Layout(dp=32), Faults(),
+             ("long sequence (128k tokens)", long_seq, ParallelLayout(dp=32), Faults(),
               [("32 sequences per step", dict(simulate_top=10)),
                ("8 sequences per step", dict(simulate_top=10, global_batch=8))], _seed_cp),
              # at 512k tokens one sequence per GPU does not fit (dp32: 282 GiB predicted): cp at the run's
              # own batch (measured 2026-11-29: top dp4 pp2 cp4 zb m8 v2, 81.0 s, 70.8 GiB)
-             ("long sequence (512k tokens)", longer_seq, Layout(dp=32), Faults(),
+             ("long sequence (512k tokens)", longer_seq, ParallelLayout(dp=32), Faults(),
               [("32 sequences per step", dict(simulate_top=10))], _seed_cp),
-             ("skewed MoE", ModelSpec.preset("tiny-moe"), Layout(dp=8, tp=4, ep=8), Faults(router_bias={0: 2.0}),
+             ("skewed MoE", ModelSpec.preset("tiny-moe"), ParallelLayout(dp=8, tp=4, ep=8), Faults(router_bias={0: 2.0}),
               [("", dict(simulate_top=10))], _seed_moe)]
     for title, model, L, faults, runs, check in cases[1:] if quick else cases:
         with tempfile.TemporaryDirectory() as tmp:
@@ -137,7 +137,7 @@ def seeds(quick: bool) -> None:
 def scale() -> None:
     model, cl = ModelSpec.preset("tiny"), ClusterSpec.preset("8x8-h100")
     with tempfile.TemporaryDirectory() as tmp:
-        an = measured(model, cl, Layout(dp=8, tp=4, pp=2, microbatches=4), Path(tmp))
+        an = measured(model, cl, ParallelLayout(dp=8, tp=4, pp=2, microbatches=4), Path(tmp))
     t0 = time.perf_counter()
     c0 = time.process_time()
     adv = advise(an, model, cl, gpus=1024, hosts=128, gpus_per_host=8, global_batch=1024)
@@ -152,12 +152,12 @@ def errors() -> None:
     preset = ClusterSpec.preset("8x8-h100")
     true = dataclasses.replace(preset, efficiency=0.33, intra_bw_gbs=250.0, inter_bw_gbs=30.0)
     print("64 GPUs: calibrated on dp8 tp4 pp2, predicting 8 other layouts")
-    error_table(model, true, preset, Layout(dp=8, tp=4, pp=2, microbatches=4),
-                [Layout(dp=16, tp=2, pp=2, microbatches=4), Layout(dp=8, tp=8, microbatches=2),
-                 Layout(dp=4, tp=4, pp=4, microbatches=8), Layout(dp=8, tp=2, pp=2, cp=2, microbatches=4),
-                 Layout(dp=16, tp=4, microbatches=1, fsdp=True), Layout(dp=8, tp=4, pp=2, microbatches=8, schedule="gpipe"),
-                 Layout(dp=4, tp=4, pp=4, microbatches=8, schedule="interleaved", interleave=2),
-                 Layout(dp=32, tp=2, microbatches=1)], hosts=8, gph=8)
+    error_table(model, true, preset, ParallelLayout(dp=8, tp=4, pp=2, microbatches=4),
+                [ParallelLayout(dp=16, tp=2, pp=2, microbatches=4), ParallelLayout(dp=8, tp=8, microbatches=2),
+                 ParallelLayout(dp=4, tp=4, pp=4, microbatches=8), ParallelLayout(dp=8, tp=2, pp=2, cp=2, microbatches=4),
+                 ParallelLayout(dp=16, tp=4, microbatches=1, dp_mode="fsdp"), ParallelLayout(dp=8, tp=4, pp=2, microbatches=8, schedule="gpipe"),
+                 ParallelLayout(dp=4, tp=4, pp=4, microbatches=8, schedule="interleaved", virtual_stages=2),
+                 ParallelLayout(dp=32, tp=2, microbatches=1)], hosts=8, gph=8)
 
 
 def errors_1024() -> None:
@@ -171,12 +171,12 @@ def errors_1024() -> None:
     preset = ClusterSpec.preset("8x8-h100")
     true = dataclasses.replace(preset, efficiency=0.33, intra_bw_gbs=250.0, inter_bw_gbs=30.0)
     print("1,024 GPUs (128 hosts x 8): calibrated on the 64-GPU dp8 tp4 pp2 run, predicting 8 layouts")
-    error_table(model, true, preset, Layout(dp=8, tp=4, pp=2, microbatches=4),
-                [Layout(dp=128, tp=4, pp=2, microbatches=4), Layout(dp=256, tp=2, pp=2, microbatches=4),
-                 Layout(dp=128, tp=8, microbatches=2), Layout(dp=64, tp=4, pp=4, microbatches=8),
-                 Layout(dp=128, tp=2, pp=2, cp=2, microbatches=4), Layout(dp=256, tp=4, microbatches=1, fsdp=True),
-                 Layout(dp=64, tp=4, pp=4, microbatches=8, schedule="interleaved", interleave=2),
-                 Layout(dp=512, tp=2, microbatches=1)], hosts=128, gph=8, batch_scale=16)
+    error_table(model, true, preset, ParallelLayout(dp=8, tp=4, pp=2, microbatches=4),
+                [ParallelLayout(dp=128, tp=4, pp=2, microbatches=4), ParallelLayout(dp=256, tp=2, pp=2, microbatches=4),
+                 ParallelLayout(dp=128, tp=8, microbatches=2), ParallelLayout(dp=64, tp=4, pp=4, microbatches=8),
+                 ParallelLayout(dp=128, tp=2, pp=2, cp=2, microbatches=4), ParallelLayout(dp=256, tp=4, microbatches=1, dp_mode="fsdp"),
+                 ParallelLayout(dp=64, tp=4, pp=4, microbatches=8, schedule="interleaved", virtual_stages=2),
+                 ParallelLayout(dp=512, tp=2, microbatches=1)], hosts=128, gph=8, batch_scale=16)
 
 
 def main() -> None:

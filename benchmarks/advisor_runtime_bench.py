@@ -44,26 +44,26 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.advisor_bench import kendall_tau  # noqa: E402
 from tests.advise.runtime_layouts import RuntimeModel, layout_name, run_layout, step_times  # noqa: E402
-from tracekit.simulate import Layout  # noqa: E402
+from tracekit.simulate import ParallelLayout  # noqa: E402
 
-MEASURED = Layout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)
+MEASURED = ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)
 OTHERS = [
-    Layout(dp=8, ep=4),
-    Layout(dp=4, tp=2, ep=4),
-    Layout(dp=2, tp=4, ep=2),
-    Layout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=4),
-    Layout(dp=4, pp=2, ep=2, schedule="1f1b", microbatches=2),
-    Layout(dp=2, pp=4, ep=2, schedule="1f1b", microbatches=8),
-    Layout(dp=2, tp=2, cp=2, ep=4),
-    Layout(dp=2, tp=2, pp=2, ep=2, schedule="interleaved", microbatches=4, interleave=2),
-    Layout(dp=8, ep=4, fsdp=True),
-    Layout(dp=2, pp=4, ep=2, schedule="gpipe", microbatches=2),
-    Layout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=1),
+    ParallelLayout(dp=8, ep=4),
+    ParallelLayout(dp=4, tp=2, ep=4),
+    ParallelLayout(dp=2, tp=4, ep=2),
+    ParallelLayout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=4),
+    ParallelLayout(dp=4, pp=2, ep=2, schedule="1f1b", microbatches=2),
+    ParallelLayout(dp=2, pp=4, ep=2, schedule="1f1b", microbatches=8),
+    ParallelLayout(dp=2, tp=2, cp=2, ep=4),
+    ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="interleaved", microbatches=4, virtual_stages=2),
+    ParallelLayout(dp=8, ep=4, dp_mode="fsdp"),
+    ParallelLayout(dp=2, pp=4, ep=2, schedule="gpipe", microbatches=2),
+    ParallelLayout(dp=4, pp=2, ep=4, schedule="gpipe", microbatches=1),
 ]
 
 
 def analyse(run: Path) -> dict:
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +71,7 @@ def analyse(run: Path) -> dict:
         return json.loads(json.dumps(analyze_store(store), default=str))
 
 
-def predictions(model: RuntimeModel, analysis: dict, layouts: list[Layout], spec=None) -> tuple[list[int], object]:
+def predictions(model: RuntimeModel, analysis: dict, layouts: list[ParallelLayout], spec=None) -> tuple[list[int], object]:
     """Each layout's predicted step (ns) from the calibration on `analysis`, and the calibration (`spec`: the
     model as the advisor is told it; default the hand-written RuntimeModel.spec)."""
     from tracekit.advise.calibrate import calibrate, predicted_step_ns
@@ -111,7 +111,7 @@ def compare(model: RuntimeModel, runs: list[Path], profile_steps: int, from_mani
           f"(target ≥ 0.8)   over {len(others)} predicted layouts")
 
 
-def ensure_run(model: RuntimeModel, layout: Layout, root: Path, steps: int, profile_steps: int) -> Path:
+def ensure_run(model: RuntimeModel, layout: ParallelLayout, root: Path, steps: int, profile_steps: int) -> Path:
     out = root / layout_name(layout).replace(" ", "_").replace("/", "")
     if not (out / "train_log.json").exists():
         t0 = time.perf_counter()

@@ -88,11 +88,11 @@ def bench_synthetic(ranks: int, ops: int, every: int) -> None:
 
 
 def bench_sim(sim_dir: Path | None) -> None:
-    from tracekit.analyze.critical_path import replay_steps, run_layout, step_input
+    from tracekit.whatif.steps import replay_steps, run_layout, step_input
     from tracekit.parse.run import parse_run
-    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces
+    from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate, write_traces
     from tracekit.tables.store import RunStore
-    from tracekit.whatif.api import prepare
+    from tracekit.assess.whatif import prepare
     from tracekit.whatif.fixes import Fix
     from tracekit.whatif.replay import path_of, predict_ns
 
@@ -100,7 +100,7 @@ def bench_sim(sim_dir: Path | None) -> None:
     store_dir = root / "store"
     if not (store_dir / "meta.json").is_file():
         t = time.perf_counter()
-        layout = Layout(pp=4, dp=16, cp=2, tp=8, ep=4, microbatches=8)
+        layout = ParallelLayout(pp=4, dp=16, cp=2, tp=8, ep=4, microbatches=8)
         res = simulate(ModelSpec.preset("tiny-moe"), ClusterSpec.preset("128x8-h100"), layout,
                        Faults(slow_gpu={5: 2.0}), steps=2, without=False)
         write_traces(res, root / "traces", workers=2)

@@ -50,7 +50,8 @@ def iter_inputs() -> Iterator[tuple[str, Path]]:
 
 
 def _analyze_legacy(path: Path, out: Path, assume_rank: int | None) -> dict[str, Any]:
-    from tracekit.analyze.engine import AnalysisConfig, analyze_store
+    from tracekit.flow import analyze_store
+    from tracekit.config import AnalysisConfig
     from tracekit.engines.local import LocalEngine
     from tracekit.engines.rank_tasks import prefetch_rank_activity
     from tracekit.parse.run import parse_run

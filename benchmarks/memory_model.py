@@ -25,7 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracekit.model.memory import Layout, ModelShape, calibrate, predict  # noqa: E402
+from tracekit.layout import ParallelLayout  # noqa: E402
+from tracekit.model.memory import ModelShape, calibrate, predict  # noqa: E402
 
 MODEL = ["--d-model", "64", "--num-heads", "4", "--num-layers", "4", "--d-ff", "256", "--vocab-size", "128",
          "--moe-every", "0"]
@@ -50,7 +51,7 @@ def _value(args: list[str], flag: str, default: str) -> str:
     return args[args.index(flag) + 1] if flag in args else default
 
 
-def layout_of(args: list[str]) -> tuple[ModelShape, Layout]:
+def layout_of(args: list[str]) -> tuple[ModelShape, ParallelLayout]:
     dims = {d: int(_value(args, f"--{d}", "1")) for d in ("dp", "tp", "pp", "cp")}
     pp = dims["pp"]
     m = int(_value(args, "--microbatches", str(max(pp, 1))))
@@ -58,7 +59,7 @@ def layout_of(args: list[str]) -> tuple[ModelShape, Layout]:
     shape = ModelShape(num_layers=4, d_model=64, d_ff=256, num_heads=4, vocab_size=128, seq_len=64,
                        microbatch_size=gbs // dims["dp"] // m, max_seq_len=256,
                        ring_attention_saves_probs=True)  # the runtime's hand-written ring (no flash kernel)
-    layout = Layout(dp=dims["dp"], tp=dims["tp"], pp=pp, cp=dims["cp"], dp_mode=_value(args, "--dp-mode", "ddp"),
+    layout = ParallelLayout(dp=dims["dp"], tp=dims["tp"], pp=pp, cp=dims["cp"], dp_mode=_value(args, "--dp-mode", "ddp"),
                     schedule=_value(args, "--schedule", "1f1b") if pp > 1 else "gpipe", microbatches=m,
                     activation_checkpointing="--activation-checkpointing" in args)
     return shape, layout

@@ -361,13 +361,13 @@ def show_headline(row: dict) -> None:
 def write_rate(ranks: int = 64) -> dict:
     """Trace events written per CPU-second by the simulator's writer alone (JSON text + gzip), and the
     simulation (programs + discrete-event run + key) per CPU-second of events, in this process."""
-    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate
+    from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate
     from tracekit.simulate.writer import trace_bytes
 
     pp, dp, cp, tp = SIM_LAYOUTS[ranks]
     t0 = time.process_time()
     res = simulate(ModelSpec.preset("tiny-moe"), ClusterSpec.preset(f"{ranks // 8}x8-h100"),
-                   Layout(pp=pp, dp=dp, cp=cp, tp=tp, ep=2, microbatches=2 * pp), Faults(), steps=2, without=False)
+                   ParallelLayout(pp=pp, dp=dp, cp=cp, tp=tp, ep=2, microbatches=2 * pp), Faults(), steps=2, without=False)
     t1 = time.process_time()
     events = 0
     for r in range(ranks):

@@ -48,12 +48,17 @@ def _timed(phases: list[dict], name_of, fn):
 def main() -> None:
     out_json, argv = Path(sys.argv[1]), sys.argv[2:]
     from tracekit import analysis
-    from tracekit.analyze import critical_path, engine
+    import tracekit.assess as assess
+    from tracekit.analyze import runner
+    from tracekit.assess import critical_path
 
     phases: list[dict] = []
     analysis._store_for = _timed(phases, lambda *a, **k: "parse", analysis._store_for)
     analysis.write_outputs = _timed(phases, lambda *a, **k: "write outputs", analysis.write_outputs)
-    engine._run_step = _timed(phases, lambda step, *a, **k: f"analyzer {step.name}", engine._run_step)
+    runner._run_step = _timed(phases, lambda step, *a, **k: f"analyzer {step.name}", runner._run_step)
+    for name in ("analyze_advice", "analyze_recommendations", "analyze_critical_path"):
+        setattr(assess, name, _timed(phases, lambda *a, n=name, **k: f"assessment {n[len('analyze_'):]}",
+                                     getattr(assess, name)))
     critical_path.replay_steps = _timed(phases, lambda *a, **k: "  critical_path: build + replay",
                                         critical_path.replay_steps)
     critical_path.rescore = _timed(phases, lambda *a, **k: "  critical_path: rescore", critical_path.rescore)

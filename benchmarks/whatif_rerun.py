@@ -88,7 +88,7 @@ PAIRS = {
 
 
 def run_once(args: list[str], out: Path, profile_steps: int) -> tuple[dict, list[int], object]:
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     cmd = [sys.executable, "-m", "instrumented_runtime", "--steps", str(profile_steps + 1),
@@ -120,7 +120,7 @@ def device_imbalance_ns(store) -> float:
 
 def direct_saving(store, whatif: dict) -> int:
     """Replay the fix itself on the faulty run (when no finding carries it)."""
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
     from tracekit.whatif.fixes import Fix
 
     out = run_whatif(store, [Fix(**whatif)])

@@ -1,7 +1,7 @@
 """Fault-removed replay vs re-simulation, one simulated run per fault kind (issue 14; target: within 3%).
 
 Each run is simulated with one fault, written as Kineto traces, parsed, and its steps replayed with the
-fault's fix (the fix a finding of that kind recommends, tracekit.analyze.critical_path.fix_for's mapping,
+fault's fix (the fix a finding of that kind recommends, tracekit.assess.critical_path.fix_for's mapping,
 applied directly here); the answer key's `step_ns_without` is the simulator re-run without the fault.
 
     python benchmarks/whatif_sim.py [--only slow_gpu,...] [--small]
@@ -21,19 +21,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, write_traces  # noqa: E402
+from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate, write_traces  # noqa: E402
 
-BASE = Layout(dp=2, tp=2, pp=2, microbatches=4)
+BASE = ParallelLayout(dp=2, tp=2, pp=2, microbatches=4)
 CASES = {
     "slow_gpu": ("tiny", BASE, Faults(slow_gpu={3: 1.5})),
     "slow_link": ("tiny", BASE, Faults(slow_link={"tp": 4.0})),
     "stage_imbalance": ("tiny", BASE, Faults(stage_layers=(6, 2))),
-    "router_skew": ("tiny-moe", Layout(dp=4, ep=4, tp=2), Faults(router_bias={0: 3.0})),
+    "router_skew": ("tiny-moe", ParallelLayout(dp=4, ep=4, tp=2), Faults(router_bias={0: 3.0})),
     "host_stall": ("tiny", BASE, Faults(host_stall=(5, 20.0, 1))),
     "slow_data_loading": ("tiny", BASE, Faults(slow_data=(2, 20.0))),
-    "uneven_sequence_length": ("tiny", Layout(dp=4, tp=2), Faults(uneven_seq=(1, 2.0))),
-    "no_overlap": ("tiny", Layout(dp=8, tp=2), Faults(no_overlap=True)),
-    "too_few_microbatches": ("tiny", Layout(dp=2, tp=2, pp=4, microbatches=2), Faults()),
+    "uneven_sequence_length": ("tiny", ParallelLayout(dp=4, tp=2), Faults(uneven_seq=(1, 2.0))),
+    "no_overlap": ("tiny", ParallelLayout(dp=8, tp=2), Faults(no_overlap=True)),
+    "too_few_microbatches": ("tiny", ParallelLayout(dp=2, tp=2, pp=4, microbatches=2), Faults()),
 }
 
 
@@ -52,7 +52,7 @@ def small(case: tuple) -> tuple:
     return spec, layout, faults
 
 
-def fixes_for(truth: dict, layout: Layout):
+def fixes_for(truth: dict, layout: ParallelLayout):
     from tracekit.whatif.fixes import Fix
 
     k = truth["kind"]
@@ -69,7 +69,7 @@ def fixes_for(truth: dict, layout: Layout):
 
 def run_case(name: str, root: Path, cheap: bool = False) -> dict:
     from tracekit.parse.run import parse_run
-    from tracekit.whatif.api import prepare, run_whatif
+    from tracekit.assess.whatif import prepare, run_whatif
 
     model, layout, faults = small(CASES[name]) if cheap else (ModelSpec.preset(CASES[name][0]), *CASES[name][1:])
     model = dataclasses.replace(model, **MODEL_CHANGES.get(name, {}))

@@ -11,8 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
-DP_MODES = ("ddp", "fsdp")
+from tracekit.layout import DP_MODES, SCHEDULES, ParallelLayout
+
+LAYOUT_OPTIONS = ("pp", "dp", "cp", "tp", "ep", "dp_mode", "schedule", "microbatches", "virtual_stages",
+                  "activation_checkpointing")
+"""The command line's layout options (ParallelLayout fields), in the order .ground_truth.json lists them."""
 SLOW_LINK_DIMS = ("dp", "tp", "cp", "ep", "pp", "edp")
 ROUTERS = ("learned", "hash")
 
@@ -95,17 +98,9 @@ class FaultConfig:
 class RunConfig:
     """Everything one run needs; identical on every rank."""
 
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-    """Expert-parallel degree; its groups are drawn from the dp x cp ranks (torchtitan style)."""
-    dp_mode: str = "ddp"
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    virtual_stages: int = 2
-    """Model chunks per pipeline rank for the interleaved / zb schedules."""
+    layout: ParallelLayout = field(default_factory=lambda: ParallelLayout(virtual_stages=2))
+    """The parallel layout (--dp --tp --pp --cp --ep --dp-mode --schedule --microbatches --virtual-stages
+    --activation-checkpointing); ep's groups are drawn from the dp x cp ranks (torchtitan style)."""
     steps: int = 4
     profile_steps: int = 2
     """Active profiler steps; they are the last steps of the run, after one warm-up step (0: no profiler)."""
@@ -113,8 +108,6 @@ class RunConfig:
     """Sequences per step over all dp replicas; default dp * microbatches * 2."""
     seq_len: int = 64
     """Tokens per sequence (before context-parallel sharding)."""
-    activation_checkpointing: bool = False
-    """Checkpoint every transformer block: backward re-runs its forward instead of keeping its activations."""
     ddp_bucket_mb: float = 0.1
     """DDP gradient bucket size (MB); small so a tiny model still gets several buckets to overlap."""
     seed: int = 0
@@ -127,34 +120,28 @@ class RunConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp", "cp", "tp", "ep", "microbatches", "steps", "virtual_stages"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.dp_mode not in DP_MODES:
-            raise ValueError(f"--dp-mode must be one of {DP_MODES}, got {self.dp_mode!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+        lay = self.layout
         if self.global_batch_size is None:
-            self.global_batch_size = self.dp * self.microbatches * 2
-        if self.global_batch_size % (self.dp * self.microbatches):
+            self.global_batch_size = lay.dp * lay.microbatches * 2
+        if self.global_batch_size % (lay.dp * lay.microbatches):
             raise ValueError(f"global batch {self.global_batch_size} is not divisible by dp*microbatches"
-                             f" = {self.dp * self.microbatches}")
-        if self.tp > 1 and self.model.num_heads % self.tp:
-            raise ValueError(f"--num-heads {self.model.num_heads} is not divisible by --tp {self.tp}")
-        if self.tp > 1 and self.model.d_ff % self.tp:
-            raise ValueError(f"--d-ff {self.model.d_ff} is not divisible by --tp {self.tp}")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"--ep {self.ep} must divide dp*cp = {self.dp * self.cp} (experts borrow dp x cp ranks)")
-        if self.model.moe_every and self.model.num_experts % self.ep:
-            raise ValueError(f"--num-experts {self.model.num_experts} is not divisible by --ep {self.ep}")
-        if self.seq_len % (self.cp * self.tp):
-            raise ValueError(f"--seq-len {self.seq_len} is not divisible by cp*tp = {self.cp * self.tp}")
-        stages = self.num_stages if self.pp > 1 else 1
+                             f" = {lay.dp * lay.microbatches}")
+        if lay.tp > 1 and self.model.num_heads % lay.tp:
+            raise ValueError(f"--num-heads {self.model.num_heads} is not divisible by --tp {lay.tp}")
+        if lay.tp > 1 and self.model.d_ff % lay.tp:
+            raise ValueError(f"--d-ff {self.model.d_ff} is not divisible by --tp {lay.tp}")
+        if self.model.moe_every and self.model.num_experts % lay.ep:
+            raise ValueError(f"--num-experts {self.model.num_experts} is not divisible by --ep {lay.ep}")
+        if self.seq_len % (lay.cp * lay.tp):
+            raise ValueError(f"--seq-len {self.seq_len} is not divisible by cp*tp = {lay.cp * lay.tp}")
+        stages = lay.num_stages
         layers = self.faults.stage_layers
-        if layers is not None and self.pp > 1 and (len(layers) != stages or sum(layers) != self.model.num_layers
-                                                   or min(layers) < 1):
+        if layers is not None and lay.pp > 1 and (len(layers) != stages or sum(layers) != self.model.num_layers
+                                                  or min(layers) < 1):
             raise ValueError(f"--stage-layers {layers} must list {stages} counts >= 1 summing to "
                              f"{self.model.num_layers} layers")
         if layers is None and self.model.num_layers < stages:
@@ -177,28 +164,29 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
+        return self.layout.world_size
 
     @property
-    def num_stages(self) -> int:
-        """Pipeline stages in total (virtual stages for the multi-chunk schedules)."""
-        return self.pp * self.stages_per_rank
-
-    @property
-    def stages_per_rank(self) -> int:
-        return self.virtual_stages if (self.pp > 1 and self.schedule in ("interleaved", "zb")) else 1
+    def stage_split(self) -> ParallelLayout:
+        """The layout with the stage-imbalance fault's layers per stage (`--stage-layers`, pipelines only)."""
+        layers = self.faults.stage_layers if self.layout.pp > 1 else None
+        return dataclasses.replace(self.layout, stage_layers=None if layers is None else tuple(layers))
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step over the whole job (counting the uneven replica's longer sequences)."""
-        per_replica = self.global_batch_size // self.dp * self.seq_len
-        total = per_replica * self.dp
+        per_replica = self.global_batch_size // self.layout.dp * self.seq_len
+        total = per_replica * self.layout.dp
         if self.faults.uneven_seq_rank is not None:
             total += per_replica * (self.faults.uneven_seq_factor - 1)
         return total
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat, as the command line spells it (the layout's options at the top level): .ground_truth.json
+        and the trip to forked ranks."""
+        d = dataclasses.asdict(self)
+        lay = d.pop("layout")
+        return {**{k: lay[k] for k in LAYOUT_OPTIONS}, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -206,7 +194,14 @@ class RunConfig:
         model = ModelConfig(**d.pop("model", {}))
         faults_d = dict(d.pop("faults", {}))
         faults_d["router_bias"] = {int(k): float(v) for k, v in faults_d.get("router_bias", {}).items()}
-        return cls(model=model, faults=FaultConfig(**faults_d), **d)
+        return cls.build(model=model, faults=FaultConfig(**faults_d), **d)
+
+    @classmethod
+    def build(cls, **kw: Any) -> "RunConfig":
+        """A RunConfig from flat keyword arguments: the layout's options (LAYOUT_OPTIONS; virtual_stages
+        defaults to 2) go into `layout`, the rest are RunConfig's own."""
+        lay = {k: kw.pop(k) for k in LAYOUT_OPTIONS if k in kw}
+        return cls(layout=ParallelLayout(**{"virtual_stages": 2, **lay}), **kw)
 
 
 def _parse_kv(text: str, what: str, key_type: type, allowed: tuple[str, ...] | None = None) -> dict:
@@ -312,7 +307,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         host_stall_ms=a.host_stall_ms if a.host_stall_rank is not None else 0.0,
         uneven_seq_rank=a.uneven_seq_rank, uneven_seq_factor=a.uneven_seq_factor)
     microbatches = a.microbatches if a.microbatches is not None else max(a.pp, 1)
-    return RunConfig(pp=a.pp, dp=a.dp, cp=a.cp, tp=a.tp, ep=a.ep, dp_mode=a.dp_mode, schedule=a.schedule,
+    return RunConfig.build(pp=a.pp, dp=a.dp, cp=a.cp, tp=a.tp, ep=a.ep, dp_mode=a.dp_mode, schedule=a.schedule,
                      microbatches=microbatches, virtual_stages=a.virtual_stages, steps=a.steps,
                      profile_steps=a.profile_steps, global_batch_size=a.global_batch_size, seq_len=a.seq_len,
                      ddp_bucket_mb=a.ddp_bucket_mb, activation_checkpointing=a.activation_checkpointing,

@@ -56,7 +56,7 @@ class SyntheticLoader:
             if self.stall_s > 0:
                 time.sleep(self.stall_s)
             tokens = global_batch(self.cfg, step, self.seq_len)
-            rows = self.cfg.global_batch_size // self.cfg.dp
+            rows = self.cfg.global_batch_size // self.cfg.layout.dp
             tokens = tokens[self.dp_index * rows:(self.dp_index + 1) * rows]
             T = self.seq_len // self.num_shards
             lo = self.shard * T

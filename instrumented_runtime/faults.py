@@ -114,18 +114,18 @@ def mark_block_output(y: torch.Tensor, slow: ComputeSlowdown) -> torch.Tensor:
 def ground_truth_faults(cfg: RunConfig, pd: ParallelDims) -> list[dict[str, Any]]:
     """Every active fault with its parameters and the ranks / groups / stages / experts it affects."""
     f = cfg.faults
-    groups = pd.group_ranks()
-    coords = pd.coords
+    groups = pd.layout.groups()
+    coords = pd.layout.coords
     out: list[dict[str, Any]] = []
     if f.slow_rank is not None and f.slow_factor > 1.0:
         c = coords(f.slow_rank)
         out.append({"kind": "slow_rank", "ranks": [f.slow_rank], "factor": f.slow_factor,
                     "coords": c, "expected_findings": ["straggler"],
                     "description": f"rank {f.slow_rank} does ~{f.slow_factor}x the compute of its peers"})
-    if f.stage_layers is not None and cfg.pp > 1 and len(set(f.stage_layers)) > 1:
+    if f.stage_layers is not None and cfg.layout.pp > 1 and len(set(f.stage_layers)) > 1:
         heavy = max(range(len(f.stage_layers)), key=lambda s: f.stage_layers[s])
         out.append({"kind": "stage_imbalance", "stage_layers": list(f.stage_layers), "stages": [heavy],
-                    "ranks": [r for r in range(pd.world_size) if coords(r)["pp"] == heavy % cfg.pp],
+                    "ranks": [r for r in range(pd.world_size) if coords(r)["pp"] == heavy % cfg.layout.pp],
                     "expected_findings": ["pipeline_imbalance"],
                     "description": f"stage {heavy} holds {f.stage_layers[heavy]} of {sum(f.stage_layers)} layers"})
     if f.router_bias:
@@ -134,17 +134,18 @@ def ground_truth_faults(cfg: RunConfig, pd: ParallelDims) -> list[dict[str, Any]
                     "router_bias": {str(k): v for k, v in sorted(f.router_bias.items())}, "layers": moe_layers,
                     "ranks": list(range(pd.world_size)), "expected_findings": ["expert_routing_skew"],
                     "description": "router logits biased toward experts " + ",".join(map(str, sorted(f.router_bias)))})
-    if f.no_overlap and (cfg.dp * cfg.cp > 1):
-        out.append({"kind": "no_overlap", "dim": "dp", "dp_mode": cfg.dp_mode, "groups": groups["dp_cp"],
+    if f.no_overlap and (cfg.layout.dp * cfg.layout.cp > 1):
+        out.append({"kind": "no_overlap", "dim": "dp", "dp_mode": cfg.layout.dp_mode, "groups": groups["dp_cp"],
                     "ranks": list(range(pd.world_size)),
                     "expected_findings": ["unoverlapped_collective", "communication_bound"],
-                    "description": ("DDP: one bucket, all-reduce after backward, synchronous" if cfg.dp_mode == "ddp"
+                    "description": ("DDP: one bucket, all-reduce after backward, synchronous"
+                                    if cfg.layout.dp_mode == "ddp"
                                     else "FSDP2: no explicit prefetch")})
-    if cfg.pp > 1 and cfg.microbatches < cfg.pp:
-        out.append({"kind": "too_few_microbatches", "microbatches": cfg.microbatches, "stages": cfg.pp,
+    if cfg.layout.pp > 1 and cfg.layout.microbatches < cfg.layout.pp:
+        out.append({"kind": "too_few_microbatches", "microbatches": cfg.layout.microbatches, "stages": cfg.layout.pp,
                     "ranks": list(range(pd.world_size)), "expected_findings": ["pipeline_bubble"],
-                    "theoretical_bubble": (cfg.pp - 1) / (cfg.microbatches + cfg.pp - 1),
-                    "description": f"{cfg.microbatches} micro-batches for {cfg.pp} stages"})
+                    "theoretical_bubble": (cfg.layout.pp - 1) / (cfg.layout.microbatches + cfg.layout.pp - 1),
+                    "description": f"{cfg.layout.microbatches} micro-batches for {cfg.layout.pp} stages"})
     for dim, delay_s in sorted(f.slow_links.items()):
         gdim = "dp_cp" if dim == "dp" else dim
         gs = [g for g in groups.get(gdim, []) if len(g) > 1]

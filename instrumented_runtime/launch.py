@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -34,8 +35,13 @@ def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _child(cfg_dict: dict, rank: int, world_size: int, store_path: str, command: list[str]) -> None:
+def _child(cfg_dict: dict, rank: int, world_size: int, store_path: str, command: list[str],
+           stderr_fds: tuple[int, int] | None = None) -> None:
     code = 0
+    if stderr_fds is not None:  # this rank's stderr goes through the parent's filter (_StderrFilter)
+        os.close(stderr_fds[0])
+        os.dup2(stderr_fds[1], 2)
+        os.close(stderr_fds[1])
     try:
         import torch
         import torch.distributed as dist
@@ -59,6 +65,48 @@ def _child(cfg_dict: dict, rank: int, world_size: int, store_path: str, command:
         os._exit(code)
 
 
+class _StderrFilter(threading.Thread):
+    """Reads each rank's stderr (a pipe per rank, so lines written in pieces do not interleave) and passes
+    every line on to ours, except PyTorch's notices about the profiler the runtime turned on
+    (tracekit.record.notices), which it counts."""
+
+    def __init__(self, read_fds: list[int]) -> None:
+        super().__init__(name="instrumented_runtime-stderr", daemon=True)
+        from tracekit.record.notices import NoticeFilter
+
+        self.read_fds = read_fds
+        self.notices = NoticeFilter()
+
+    def _emit(self, line: bytes) -> None:
+        if self.notices.keep(line):
+            sys.stderr.write(line.decode("utf-8", errors="replace"))
+            sys.stderr.flush()
+
+    def run(self) -> None:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        pending: dict[int, bytes] = {}
+        for fd in self.read_fds:
+            sel.register(fd, selectors.EVENT_READ)
+            pending[fd] = b""
+        while pending:  # until every rank has exited (EOF on each pipe)
+            for key, _ in sel.select():
+                fd = key.fd
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    if pending[fd]:
+                        self._emit(pending[fd])
+                    del pending[fd]
+                    sel.unregister(fd)
+                    os.close(fd)
+                    continue
+                *lines, pending[fd] = (pending[fd] + chunk).split(b"\n")
+                for line in lines:
+                    self._emit(line + b"\n")
+        sel.close()
+
+
 def launch_local(cfg, command: list[str], *, show_progress: bool = True) -> float:
     """Fork cfg.world_size ranks, wait for them, return the wall time in seconds."""
     _warm_parent_imports()
@@ -66,10 +114,17 @@ def launch_local(cfg, command: list[str], *, show_progress: bool = True) -> floa
     tmp = tempfile.mkdtemp(prefix="instrumented_runtime_")
     ctx = mp.get_context("fork")
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=_child, args=(cfg.to_dict(), r, world, os.path.join(tmp, "store"), command))
-             for r in range(world)]
-    for p in procs:
+    procs, read_fds = [], []
+    for r in range(world):  # a pipe per rank, made just before its fork: no rank holds another's write end
+        read_fd, write_fd = os.pipe()
+        p = ctx.Process(target=_child, args=(cfg.to_dict(), r, world, os.path.join(tmp, "store"), command,
+                                             (read_fd, write_fd)))
         p.start()
+        os.close(write_fd)
+        procs.append(p)
+        read_fds.append(read_fd)
+    stderr_filter = _StderrFilter(read_fds)
+    stderr_filter.start()
     failed: list[int] = []
     try:
         _wait(procs, cfg, failed, show_progress)
@@ -81,7 +136,11 @@ def launch_local(cfg, command: list[str], *, show_progress: bool = True) -> floa
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        stderr_filter.join(timeout=10)  # EOF once every rank is gone
         shutil.rmtree(tmp, ignore_errors=True)
+        summary = stderr_filter.notices.summary("instrumented_runtime")
+        if summary:
+            print(summary, file=sys.stderr)
     if failed:
         raise RuntimeError(f"ranks {failed} of {world} failed (see their tracebacks above)")
     return time.perf_counter() - t0

@@ -16,7 +16,7 @@ from typing import Any
 from .config import RunConfig
 from .faults import ground_truth_faults
 from .parallel_dims import ParallelDims
-from .pipeline import effective_schedule, split_layers, stage_indices
+from .pipeline import effective_schedule, stage_indices
 from .profiling import profiled_steps
 
 MANIFEST_SCHEMA = "tracekit.manifest/1"
@@ -47,22 +47,22 @@ def host_cpus(cfg: RunConfig) -> dict[str, int]:
 
 def layout_of(cfg: RunConfig, pd: ParallelDims) -> dict[str, Any]:
     """Parallel layout with every group's rank list, the mesh and the pipeline stage map."""
-    lay = pd.layout()
-    num_stages = cfg.num_stages if cfg.pp > 1 else 1
-    stages = split_layers(cfg.model.num_layers, num_stages, cfg.faults.stage_layers if cfg.pp > 1 else None)
+    lay = pd.manifest_layout()
+    L = cfg.layout
+    stages = cfg.stage_split.stage_layer_ids(cfg.model.num_layers)
     lay.update({
-        "dp_mode": cfg.dp_mode,
-        "schedule": cfg.schedule if cfg.pp > 1 else None,
-        "schedule_effective": effective_schedule(cfg.schedule, cfg.microbatches, cfg.pp) if cfg.pp > 1 else None,
-        "microbatches": cfg.microbatches,
-        "virtual_stages": cfg.stages_per_rank,
-        "num_stages": num_stages,
+        "dp_mode": L.dp_mode,
+        "schedule": L.schedule if L.pp > 1 else None,
+        "schedule_effective": effective_schedule(L.schedule, L.microbatches, L.pp) if L.pp > 1 else None,
+        "microbatches": L.microbatches,
+        "virtual_stages": L.stages_per_rank,
+        "num_stages": L.num_stages,
         "stage_layers": [len(s) for s in stages],
         "stage_layer_ids": [list(s) for s in stages],
-        "stage_pp_rank": {str(s): s % cfg.pp for s in range(num_stages)},
-        "pp_rank_stages": {str(r): stage_indices(r, cfg.pp, cfg.stages_per_rank) for r in range(cfg.pp)},
+        "stage_pp_rank": {str(s): s % L.pp for s in range(L.num_stages)},
+        "pp_rank_stages": {str(r): stage_indices(r, L.pp, L.stages_per_rank) for r in range(L.pp)},
         "mesh_dim_names": ["pp", "dp", "cp", "tp"],
-        "mesh_shape": [cfg.pp, cfg.dp, cfg.cp, cfg.tp],
+        "mesh_shape": [L.pp, L.dp, L.cp, L.tp],
         "ep_from": "dp_cp",
         "moe_layers": [i for i in range(cfg.model.num_layers) if cfg.model.is_moe_layer(i)],
         "num_experts": cfg.model.num_experts,
@@ -93,8 +93,8 @@ def build_manifest(cfg: RunConfig, pd: ParallelDims, *, command: list[str], back
         "tokens_per_step": cfg.tokens_per_step,
         "global_batch_size": cfg.global_batch_size,
         "seq_len": cfg.seq_len,
-        "microbatches": cfg.microbatches,
-        "schedule": cfg.schedule if cfg.pp > 1 else None,
+        "microbatches": cfg.layout.microbatches,
+        "schedule": cfg.layout.schedule if cfg.layout.pp > 1 else None,
         "steps": cfg.steps,
         "profiled_steps": profiled_steps(cfg),
         "model": cfg.to_dict()["model"],

@@ -46,7 +46,7 @@ def blocks(model: Transformer) -> list[Block]:
 
 def apply_tp(model: Transformer, pd: ParallelDims, tp_rank: int) -> None:
     """Megatron column/row parallel attention and MLP, with sequence parallelism around them."""
-    n = pd.tp
+    n = pd.layout.tp
     for b in blocks(model):
         for lin in (b.attn.wq, b.attn.wk, b.attn.wv):
             _shard_rows(lin, tp_rank, n)      # column parallel: this rank's heads
@@ -61,7 +61,7 @@ def apply_tp(model: Transformer, pd: ParallelDims, tp_rank: int) -> None:
 
 def apply_cp(model: Transformer, pd: ParallelDims) -> None:
     """Context parallelism: attention becomes B2's ring attention over the cp group."""
-    model.par.cp = pd.cp
+    model.par.cp = pd.layout.cp
     model.par.cp_group = pd.get_group("cp")
 
 
@@ -89,7 +89,7 @@ def set_aux_loss_scale(model: Transformer, pd: ParallelDims, microbatches: int) 
     """Each MoE's aux loss is computed per routing call; weight it so the calls of one step average to one."""
     for b in blocks(model):
         # DDP/FSDP divide gradients by dp*cp, so the dp*cp factor cancels; tp ranks and micro-batches remain.
-        b.aux_loss_scale = 1.0 / (pd.tp * microbatches)
+        b.aux_loss_scale = 1.0 / (pd.layout.tp * microbatches)
 
 
 # ---- data parallel ---------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def apply_ddp(module: nn.Module, pd: ParallelDims, comm: Comm, *, no_overlap: bo
     group = pd.get_group("dp_cp")
     ddp = DDP(module, process_group=group,
               bucket_cap_mb=10_000 if no_overlap else bucket_mb)
-    ddp.register_comm_hook((comm, group, pd.dp_cp, no_overlap), _ddp_hook)
+    ddp.register_comm_hook((comm, group, pd.layout.dp_cp, no_overlap), _ddp_hook)
     return ddp
 
 
@@ -201,16 +201,16 @@ def sync_extra_grads(params: list[nn.Parameter], pd: ParallelDims, comm: Comm) -
     """tp-sum of sequence-parallel-replicated grads; edp-sum / (dp*cp) of expert grads."""
     if pd.world_size == 1:
         return
-    if pd.tp_enabled:
+    if pd.layout.enabled("tp"):
         replicated = [p for p in params if not getattr(p, TP_SHARDED, False)]
         _flat_all_reduce(replicated, comm, pd.get_group("tp"), "tp:sp_grad_all_reduce", 1.0)
     experts = [p for p in params if getattr(p, EXPERT, False)]
-    if pd.edp > 1:
-        _flat_all_reduce(experts, comm, pd.get_group("edp"), "ep:edp_grad_all_reduce", 1.0 / pd.dp_cp)
-    elif pd.dp_cp > 1:
+    if pd.layout.edp > 1:
+        _flat_all_reduce(experts, comm, pd.get_group("edp"), "ep:edp_grad_all_reduce", 1.0 / pd.layout.dp_cp)
+    elif pd.layout.dp_cp > 1:
         for p in experts:
             if p.grad is not None:
-                p.grad.div_(pd.dp_cp)
+                p.grad.div_(pd.layout.dp_cp)
 
 
 def barrier_world(comm: Comm) -> None:

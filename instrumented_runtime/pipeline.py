@@ -30,25 +30,6 @@ SCHEDULE_CLASSES = {
 }
 
 
-def split_layers(num_layers: int, num_stages: int, stage_layers: list[int] | None) -> list[range]:
-    """Layer ids of each stage: `stage_layers` if given (must sum to num_layers), else as even as possible."""
-    if stage_layers is not None:
-        if len(stage_layers) != num_stages or sum(stage_layers) != num_layers or min(stage_layers) < 1:
-            raise ValueError(f"--stage-layers {stage_layers} must list {num_stages} counts >= 1 summing to "
-                             f"{num_layers}")
-        counts = stage_layers
-    else:
-        if num_layers < num_stages:
-            raise ValueError(f"{num_layers} layers cannot fill {num_stages} pipeline stages")
-        base, extra = divmod(num_layers, num_stages)
-        counts = [base + (1 if s < extra else 0) for s in range(num_stages)]
-    out, start = [], 0
-    for c in counts:
-        out.append(range(start, start + c))
-        start += c
-    return out
-
-
 def stage_indices(pp_rank: int, pp: int, stages_per_rank: int) -> list[int]:
     return [pp_rank + k * pp for k in range(stages_per_rank)]
 

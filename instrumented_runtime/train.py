@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
+from tracekit.layout import ParallelLayout
 from tracekit.record.commlog import CommLog, comms_log_path
 
 from . import parallelize as par
@@ -33,7 +34,7 @@ from .manifest import ANSWER_KEY_FILE, build_ground_truth, build_manifest, clock
 from .model import Transformer, token_loss_sum
 from .parallel_dims import ParallelDims
 from .pipeline import (LabelledPipelineStage, build_schedule, build_stage_module, route_pipeline_p2p_through,
-                       split_layers, stage_indices)
+                       stage_indices)
 from .profiling import make_profiler, profiled_steps
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -70,36 +71,36 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
                 device: torch.device = torch.device("cpu")) -> Parts:
     """This rank's model part(s), parallelized and wrapped; `seq_len` is this replica's sequence length."""
     full = build_full_model(cfg).to(device)
-    coords = pd.coords(rank)
-    if pd.pp_enabled:
-        stage_ids = stage_indices(coords["pp"], cfg.pp, cfg.stages_per_rank)
-        layer_split = split_layers(cfg.model.num_layers, cfg.num_stages, cfg.faults.stage_layers)
-        raw = [build_stage_module(full, layer_split[s], s == 0, s == cfg.num_stages - 1) for s in stage_ids]
+    coords = pd.layout.coords(rank)
+    if pd.layout.enabled("pp"):
+        stage_ids = stage_indices(coords["pp"], cfg.layout.pp, cfg.layout.stages_per_rank)
+        layer_split = cfg.stage_split.stage_layer_ids(cfg.model.num_layers)
+        raw = [build_stage_module(full, layer_split[s], s == 0, s == cfg.layout.num_stages - 1) for s in stage_ids]
     else:
         stage_ids, raw = [0], [full]
     for m in raw:
-        m.par.seq_shard_index = coords["cp"] * cfg.tp + coords["tp"]
-        if pd.tp_enabled:
+        m.par.seq_shard_index = coords["cp"] * cfg.layout.tp + coords["tp"]
+        if pd.layout.enabled("tp"):
             par.apply_tp(m, pd, coords["tp"])
-        if pd.cp_enabled:
+        if pd.layout.enabled("cp"):
             par.apply_cp(m, pd)
-        if pd.ep_enabled:
+        if pd.layout.enabled("ep"):
             par.apply_ep(m, pd)
         par.mark_expert_params(m)
         for b in par.blocks(m):
-            b.checkpoint = cfg.activation_checkpointing
-        par.set_aux_loss_scale(m, pd, cfg.microbatches)
+            b.checkpoint = cfg.layout.activation_checkpointing
+        par.set_aux_loss_scale(m, pd, cfg.layout.microbatches)
     tags = [{n: {t for t in (par.TP_SHARDED, par.EXPERT) if getattr(p, t, False)} for n, p in m.named_parameters()}
             for m in raw]
     modules: list[nn.Module] = list(raw)
-    if pd.dp_cp > 1:
+    if pd.layout.dp_cp > 1:
         assert comm is not None
-        if cfg.dp_mode == "ddp":
+        if cfg.layout.dp_mode == "ddp":
             modules = [par.apply_ddp(m, pd, comm, no_overlap=cfg.faults.no_overlap,
                                      bucket_mb=cfg.ddp_bucket_mb) for m in raw]
         else:
             modules = [par.apply_fsdp(m, pd, comm, no_overlap=cfg.faults.no_overlap,
-                                      reshard_after_forward=not pd.pp_enabled) for m in raw]
+                                      reshard_after_forward=not pd.layout.enabled("pp")) for m in raw]
     for m, tag in zip(modules, tags):
         # fully_shard replaces parameters (DTensors): carry the tp-sharded / expert tags over by name.
         for n, p in m.named_parameters():
@@ -107,22 +108,22 @@ def build_parts(cfg: RunConfig, pd: ParallelDims, rank: int, comm: Comm | None,
                 setattr(p, t, True)
     parts = Parts(modules=modules, raw=raw, stage_ids=stage_ids)
     parts.params = [p for m in modules for p in m.parameters()]
-    if pd.pp_enabled:
+    if pd.layout.enabled("pp"):
         assert comm is not None
         route_pipeline_p2p_through(comm)
         # Static stage shapes: pipelining then skips its metadata inference (a real forward/backward on
         # uninitialised tensors, collectives included) and never calls the loss function outside a step.
-        mb = cfg.global_batch_size // cfg.dp // cfg.microbatches
-        T = seq_len // (cfg.cp * cfg.tp)
+        mb = cfg.global_batch_size // cfg.layout.dp // cfg.layout.microbatches
+        T = seq_len // (cfg.layout.cp * cfg.layout.tp)
         dtype = DTYPES[cfg.dtype]
         hidden = torch.empty(mb, T, cfg.model.d_model, dtype=dtype, device="meta", requires_grad=True)
         tokens = torch.empty(mb, T, dtype=torch.int64, device="meta")
         logits = torch.empty(mb, T, cfg.model.vocab_size, dtype=dtype, device="meta", requires_grad=True)
-        stages = [LabelledPipelineStage(m, s, cfg.num_stages, device, group=pd.get_group("pp"),
+        stages = [LabelledPipelineStage(m, s, cfg.layout.num_stages, device, group=pd.get_group("pp"),
                                         input_args=tokens if s == 0 else hidden,
-                                        output_args=logits if s == cfg.num_stages - 1 else hidden)
+                                        output_args=logits if s == cfg.layout.num_stages - 1 else hidden)
                   for m, s in zip(modules, stage_ids)]
-        parts.schedule = build_schedule(cfg.schedule, stages, cfg.microbatches, loss_fn, cfg.pp)
+        parts.schedule = build_schedule(cfg.layout.schedule, stages, cfg.layout.microbatches, loss_fn, cfg.layout.pp)
     return parts
 
 
@@ -150,13 +151,13 @@ def _train_step(cfg: RunConfig, pd: ParallelDims, parts: Parts, batch: Any, mete
                 comm: Comm | None) -> None:
     if parts.schedule is not None:
         kwargs: dict[str, Any] = {}
-        if parts.stage_ids[-1] == cfg.num_stages - 1:
+        if parts.stage_ids[-1] == cfg.layout.num_stages - 1:
             kwargs.update(target=batch.targets, losses=[])
         args = (batch.inputs,) if parts.stage_ids[0] == 0 else ()
         parts.schedule.step(*args, **kwargs)
     else:
         (module,) = parts.modules
-        M = cfg.microbatches
+        M = cfg.layout.microbatches
         for mb, (x, y) in enumerate(zip(batch.inputs.chunk(M), batch.targets.chunk(M))):
             last = mb == M - 1
             _set_grad_sync(module, last)
@@ -206,9 +207,9 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
     else:
         device = torch.device("cpu")
     pd.build_mesh(device.type)
-    coords = pd.coords(rank)
+    coords = pd.layout.coords(rank)
     log = CommLog(comms_log_path(out, rank), rank, world_size,
-                  pg_config={dim: groups for dim, groups in pd.group_ranks().items()})
+                  pg_config={dim: groups for dim, groups in pd.layout.groups().items()})
     slow_groups = {f"mesh_{'dp_cp' if d == 'dp' else d}": s for d, s in cfg.faults.slow_links.items()}
     comm = Comm(log, rank, slow_groups)
     set_comm(comm)
@@ -216,11 +217,12 @@ def train_rank(cfg: RunConfig, rank: int, world_size: int, *, command: list[str]
 
     dtype = DTYPES[cfg.dtype]
     torch.set_default_dtype(dtype)
-    meter = LossMeter(scale=pd.dp_cp / cfg.tokens_per_step)
+    meter = LossMeter(scale=pd.layout.dp_cp / cfg.tokens_per_step)
     f = cfg.faults
     stall_s = f.host_stall_ms / 1e3 if f.host_stall_rank == rank else 0.0
-    uneven = f.uneven_seq_rank is not None and pd.coords(f.uneven_seq_rank)["dp"] == coords["dp"]
-    loader = SyntheticLoader(cfg, coords["dp"], coords["cp"] * cfg.tp + coords["tp"], cfg.cp * cfg.tp,
+    uneven = f.uneven_seq_rank is not None and pd.layout.coords(f.uneven_seq_rank)["dp"] == coords["dp"]
+    lay = cfg.layout
+    loader = SyntheticLoader(cfg, coords["dp"], coords["cp"] * lay.tp + coords["tp"], lay.cp * lay.tp,
                              stall_s=stall_s, seq_factor=f.uneven_seq_factor if uneven else 1)
     parts = build_parts(cfg, pd, rank, comm, meter, seq_len=loader.seq_len, device=device)
     opt = torch.optim.AdamW(parts.params, lr=cfg.lr, weight_decay=0.0)
@@ -306,7 +308,7 @@ def run_reference(cfg: RunConfig) -> list[float]:
     torch.set_default_dtype(DTYPES[cfg.dtype])
     try:
         model = build_full_model(cfg)
-        ref_pd = ParallelDims(pp=1, dp=1, cp=1, tp=1, ep=1, world_size=1)
+        ref_pd = ParallelDims(layout=ParallelLayout(), world_size=1)
         par.set_aux_loss_scale(model, ref_pd, 1)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         losses = []

@@ -201,17 +201,21 @@ def timeline(figs: Figures, tl: Any) -> str:
     order = [str(x) for x in meta.get("lanes") or []] if isinstance(meta, dict) else []
     lanes = sorted({s[1] for s in spans}, key=lambda n: (order.index(n) if n in order else len(order), n))
     ranks = sorted({s[0] for s in spans}, key=lambda r: (not is_num(r), r if is_num(r) else str(r)))
-    # y categories: every (rank, lane) that has intervals, ranks top to bottom
+    # y categories: every (rank, lane) that has intervals, ranks top to bottom; a rank's `summary:` lanes
+    # (the analysis summarised it) share one row
+    row = lambda r, lane: f"r{r}" if lane.startswith(SUMMARY) else f"r{r} · {plotly_text(lane)}"  # noqa: E731
     present = {(s[0], s[1]) for s in spans}
-    cats = [f"r{r} · {plotly_text(lane)}" for r in ranks for lane in lanes if (r, lane) in present]
+    cats = list(dict.fromkeys(row(r, lane) for r in ranks for lane in lanes if (r, lane) in present))
     data = []
     for i, lane in enumerate(lanes):
         sel = [s for s in spans if s[1] == lane]
-        y = [f"r{s[0]} · {plotly_text(lane)}" for s in sel]
+        y = [row(s[0], lane) for s in sel]
         base = [(s[2] - t0) / 1e6 for s in sel]
         width = [(s[3] - s[2]) / 1e6 for s in sel]
-        data.append({"type": "bar", "orientation": "h", "name": plotly_text(lane), "y": y, "base": typed(base, "f4"),
-                     "x": typed(width, "f4"), "marker": {"color": _color(lane, i), "line": {"width": 0}},
+        kind = lane.removeprefix(SUMMARY)
+        name = f"{kind} (a rank's row)" if lane.startswith(SUMMARY) else lane
+        data.append({"type": "bar", "orientation": "h", "name": plotly_text(name), "y": y, "base": typed(base, "f4"),
+                     "x": typed(width, "f4"), "marker": {"color": _color(kind, i), "line": {"width": 0}},
                      "hovertemplate": "%{y}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>"})
     height = min(160 + 18 * len(cats), 2400)
     layout = {"barmode": "overlay", "bargap": 0.15,
@@ -226,7 +230,31 @@ def timeline(figs: Figures, tl: Any) -> str:
             notes.append(f"ranks {ranks_text(meta['truncated_ranks'])} left out to stay within "
                          f"{meta.get('max_intervals', '?')} intervals")
     note = f'<p class=note>Down-sampled for display: {h("; ".join(notes))}.</p>' if notes else ""
-    return note + figs.add(data, layout, height=height)
+    return note + _lanes_note(meta) + figs.add(data, layout, height=height)
+
+
+SUMMARY = "summary:"
+"""Lanes the analysis drew as one row per rank (analyze/breakdown.py)."""
+
+
+def _lanes_note(meta: Any) -> str:
+    """Which ranks have a lane per kind and which one row, as the analysis chose them."""
+    if not isinstance(meta, dict):
+        return ""
+    full = [e for e in meta.get("expanded_ranks") or [] if isinstance(e, dict)]
+    rows = meta.get("summarised_ranks") or []
+    missing = meta.get("ranks_not_in_run") or []
+    text = ""
+    if rows:
+        why = ", ".join(f"rank {e.get('rank')} ({e.get('why')})" for e in full)
+        text = (f"{len(rows)} ranks are drawn as one row each (compute, then communication not under compute, "
+                f"other, idle); lanes in full for {why or 'no rank'}. Pick ranks with "
+                f"tracekit analyze --timeline-ranks 0-7,12.")
+    elif meta.get("chosen_by") == "user":
+        text = f"Ranks chosen with --timeline-ranks: {ranks_text([e.get('rank') for e in full])}."
+    if missing:
+        text += f" Not in the run: {ranks_text(missing)}."
+    return f"<p class=note>{h(text.strip())}</p>" if text else ""
 
 
 # ---------------------------------------------------------------- collectives heatmap

@@ -17,6 +17,43 @@ def ms(ns: Any, digits: int = 2) -> str:
     return f"{ns / 1e6:,.{digits}f} ms"
 
 
+def duration(ns: Any) -> str:
+    """A duration in nanoseconds as text in the unit that fits: "12.35 ms", "3.20 µs", "850 ns"."""
+    if not is_num(ns):
+        return "–"
+    a = abs(ns)
+    if a >= 1e6:
+        return f"{ns / 1e6:,.2f} ms"
+    if a >= 1e3:
+        return f"{ns / 1e3:,.2f} µs"
+    return f"{ns:,.0f} ns"
+
+
+def wall_time(ns: Any) -> str:
+    """Nanoseconds since the Unix epoch (a wall-clock reading) as UTC date and time to the millisecond."""
+    if not is_num(ns):
+        return "–"
+    import datetime as _dt
+
+    t = _dt.datetime.fromtimestamp(int(ns) // 1_000_000 / 1e3, tz=_dt.timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{t.microsecond // 1000:03d} UTC"
+
+
+CLOCK_KEYS = ("ts", "t0_ns")
+"""Keys (and any key ending `_ts`) that hold a clock reading in ns (a rank's trace clock), not a duration:
+generic tables leave them out (analysis.json has them); times are shown relative where the analysis
+gives them (`*_since_*`, `span_ns`)."""
+
+
+def is_clock_key(key: str) -> bool:
+    return key in CLOCK_KEYS or key.endswith("_ts")
+
+
+def is_ns_key(key: str) -> bool:
+    """A key whose numbers are durations in ns by analysis.json's naming (`_ns`, `_ns_per_step`, `ns`)."""
+    return (key == "ns" or key.endswith("_ns") or key.endswith("_ns_per_step")) and not is_clock_key(key)
+
+
 def pct(ratio: Any, digits: int = 1) -> str:
     if not is_num(ratio):
         return "–"

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from reports.escape import h, json_for_script
-from reports.format import is_num, ms, nbytes, num, pct
+from reports.format import duration, is_clock_key, is_ns_key, is_num, ms, nbytes, num, pct
 
 
 @dataclass(frozen=True)
@@ -25,23 +25,42 @@ class Col:
 def auto_col(key: str) -> Col:
     """A column formatted by the naming convention of analysis.json (`_ns` → ms, `_bytes` → MB, ratios → %)."""
     title = key.replace("_", " ")
-    if key.endswith("_ns"):
-        return Col(key, title[:-3] + " (ms)", lambda v: ms(v).replace(" ms", ""))
+    if key.endswith("_ns_per_step"):
+        return Col(key, title[:-len(" ns per step")] + " per step", _ns_text)
+    if is_ns_key(key):
+        return Col(key, title[:-3] if key.endswith("_ns") else "time", _ns_text)
     if key.endswith("_bytes") or key == "bytes":
         return Col(key, title, nbytes)
-    if key.endswith("ratio") or key.endswith("_frac") or key.endswith("_share"):
+    if key.endswith("ratio") or key.endswith("_frac") or key.endswith("_share") or key == "share" \
+            or key.startswith("share_of_"):
         return Col(key, title, pct)
     return Col(key, title, cell_text, numeric=False)
 
 
-def cell_text(value: Any) -> str:
+def _entry_text(key: str, value: Any, ns: bool) -> str:
+    """A dict entry's value, by its own key's naming convention (else as its parent said)."""
+    if is_num(value) and not ns:
+        fmt = auto_col(key).fmt
+        if fmt is not cell_text:
+            return fmt(value)
+    return cell_text(value, ns or is_ns_key(key))
+
+
+def _ns_text(value: Any) -> str:
+    return cell_text(value, ns=True)
+
+
+def cell_text(value: Any, ns: bool = False) -> str:
+    """A value as text; `ns`: its numbers are durations in ns (a dict under a key such as `by_dim_ns`).
+    A dict's entries are formatted by their own keys' naming convention (`x_ns=1.20 ms`)."""
     if isinstance(value, (list, tuple)):
-        text = ", ".join(cell_text(v) for v in value[:32])
+        text = ", ".join(cell_text(v, ns) for v in value[:32])
         return text + (f", … ({len(value)})" if len(value) > 32 else "")
     if isinstance(value, dict):
-        return ", ".join(f"{k}={cell_text(v)}" for k, v in list(value.items())[:16])
+        return ", ".join(f"{k}={_entry_text(str(k), v, ns)}" for k, v in list(value.items())[:16]
+                         if not is_clock_key(str(k)))
     if is_num(value):
-        return num(value)
+        return duration(value) if ns else num(value)
     return "–" if value is None else str(value)
 
 

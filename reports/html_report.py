@@ -12,7 +12,7 @@ from typing import Any
 
 from reports.assets import CSS, PLOT_JS, SORT_JS, plotly_js_gz_b64
 from reports.escape import h
-from reports.format import bandwidth, is_num, ms, nbytes, num, pct, ranks_text
+from reports.format import bandwidth, duration, is_num, ms, nbytes, num, pct, ranks_text, wall_time
 from reports.generic import render_generic
 from reports import charts
 from reports.advice import advice_html
@@ -46,6 +46,8 @@ SECTIONS: list[tuple[str, str]] = [
 ]
 
 # Sections with a dedicated view; anything else in analysis["sections"] goes to "Other analyzer output".
+_SHOWN_ELSEWHERE = {"inputs": frozenset({"runs", "rank_spans"})}
+"""Parts of otherwise generic sections laid out by their own table (Inputs: runs, traced spans)."""
 _KNOWN_SECTIONS = {"layout", "breakdown", "unoverlapped", "matching", "stragglers", "clocks", "pipeline",
                    "experts", "bandwidth", "throughput", "placement", "recommendations", "memory", "critical_path",
                    "advice", "ops", "hang"}
@@ -249,11 +251,10 @@ def _window_text(ctx: Page) -> str:
         parts.append("first to last device event (no ProfilerStep annotations, no repeats found)")
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
-    rows = [r for r in _store_ranks(ctx) if is_num(r.get("first_ts")) and is_num(r.get("last_ts"))]
-    if rows:
-        r0 = min(rows, key=lambda r: r["rank"] if is_num(r.get("rank")) else 1 << 62)
-        parts.append(f"traced span {ms(r0['last_ts'] - r0['first_ts'])} on rank {r0['rank']} "
-                     f"(from {r0['first_ts']} ns on its clock; every rank in Inputs)")
+    spans = [r for r in (ctx.sec("inputs") or {}).get("rank_spans") or [] if isinstance(r, dict) and is_num(r.get("span_ns"))]
+    if spans:
+        r0 = min(spans, key=lambda r: r["rank"] if is_num(r.get("rank")) else 1 << 62)
+        parts.append(f"traced span {duration(r0['span_ns'])} on rank {r0['rank']} (every rank in Inputs)")
     return "; ".join(parts) or "not recorded"
 
 
@@ -649,7 +650,7 @@ def _other(ctx: Page) -> str:
         parts.append(_all_numbers(m, frozenset({"by_group"})))
     for name, sec in ctx.sections.items():
         if name not in _KNOWN_SECTIONS and isinstance(sec, dict) and sec:
-            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec, skip=_SHOWN_ELSEWHERE.get(name, frozenset())))
     if not parts:
         return ""
     return section("other-sections", "Other analyzer output", "".join(parts))
@@ -681,11 +682,18 @@ def _inputs(ctx: Page) -> str:
     if errors:  # analyzers that failed on this input; their sections are missing from the page
         body += "<h3>Analyzer errors</h3><ul id=analyzer-errors>" + "".join(
             f"<li>{h(e.get('analyzer'))}: {h(e.get('error'))}</li>" for e in errors) + "</ul>"
-    rows = _store_ranks(ctx)
+    spans = {r.get("rank"): r.get("span_ns") for r in (ctx.sec("inputs") or {}).get("rank_spans") or []
+             if isinstance(r, dict)}
+    rows = [{**r, "span_ns": spans.get(r.get("rank"))} for r in _store_ranks(ctx)]
+    runs = [r for r in (ctx.sec("inputs") or {}).get("runs") or [] if isinstance(r, dict)]
+    if len(runs) > 1 or any(is_num(r.get("start_ns")) for r in runs):
+        body += "<h3>Runs (ranks whose traces overlap in time)</h3>" + table(runs, [
+            Col("ranks", "ranks", ranks_text, False), Col("start_ns", "started (wall clock)", wall_time, False),
+            Col("span_ns", "span", duration)], table_id="runs-table")
     if rows:
         cols = [Col("rank", "rank"), Col("hostname", "host", _txt, False), Col("backend", "backend", _txt, False),
                 Col("trace_kind", "kind", _txt, False), Col("source_file", "file", _txt, False),
-                Col("num_events", "events"), Col("first_ts", "first ts (ns)"), Col("last_ts", "last ts (ns)"),
+                Col("num_events", "events"), Col("span_ns", "traced span", duration),
                 Col("clock_offset_ns", "clock offset (ms)", ms),
                 Col("parse_warnings", "parse warnings", lambda v: "; ".join(map(str, v or [])) or "–", False)]
         body += "<h3>Analysed traces</h3>" + table(rows, cols, table_id="inputs-table")

@@ -97,7 +97,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_import_graph_has_no_cycles():
     g = import_graph()
-    assert len(g) > 50 and "tracekit.analyze.matching" in g["tracekit.analyze.stragglers"]
+    assert len(g) > 50 and "tracekit.derive.matching" in g["tracekit.analyze.stragglers"]
     try:
         graphlib.TopologicalSorter(g).prepare()
     except graphlib.CycleError as exc:
@@ -142,3 +142,157 @@ def _long_functions(folder: str) -> list[str]:
 @pytest.mark.parametrize("folder", LENGTH_CHECKED)
 def test_functions_are_about_a_screen(folder):
     assert _long_functions(folder) == []
+
+
+# The layers, bottom to top (DESIGN: capture → parse → tables → derived facts → analyzers → findings →
+# assessment → reports). A package may import those below it, never one above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("tracekit.errors", "tracekit.process_env", "tracekit.config", "tracekit.layout", "tracekit.collectives",
+     "tracekit.findings"),
+    ("tracekit.tables",),
+    ("tracekit.parse", "tracekit.record", "tracekit.model", "tracekit.simulate", "tracekit.advise"),
+    ("tracekit.derive",),
+    ("tracekit.whatif",),
+    ("tracekit.analyze",),
+    ("tracekit.assess",),
+    ("tracekit.flow", "tracekit.engines", "tracekit.document"),
+    ("reports",),
+    ("tracekit.analysis", "tracekit.compare", "tracekit.export", "tracekit.notebook"),
+    ("tracekit.cli",),
+)
+SAME_LAYER_ALLOWED = {("tracekit.advise", "tracekit.simulate"), ("tracekit.advise", "tracekit.model"),
+                      ("tracekit.simulate", "tracekit.model"), ("tracekit.record", "tracekit.parse"),
+                      ("tracekit.findings", "tracekit.errors"), ("tracekit.layout", "tracekit.errors"),
+                      ("tracekit.parse", "tracekit.record"), ("tracekit.analysis", "tracekit.compare"),
+                      ("tracekit.compare", "tracekit.analysis"), ("tracekit.notebook", "tracekit.analysis"),
+                      ("tracekit.notebook", "tracekit.export"), ("tracekit.export", "tracekit.analysis"),
+                      ("tracekit.simulate", "tracekit.record"), ("tracekit.flow", "tracekit.engines"),
+                      ("tracekit.engines", "tracekit.flow")}
+"""Imports between packages of one layer that the design allows (the advisor runs the simulator on the
+memory model; recording writes what the parser reads and reads its discovery rules, the simulator writes
+the recorder's comms-log format; the top-level entry points call each other). `reports` reads only the
+analysis document and imports nothing of tracekit's."""
+
+
+def _layer_of(module: str) -> tuple[int, str] | None:
+    for i, layer in enumerate(LAYERS):
+        for pkg in layer:
+            if module == pkg or module.startswith(pkg + "."):
+                return i, pkg
+    return None
+
+
+def _layer_violations() -> list[str]:
+    bad = []
+    for module, deps in import_graph().items():
+        src = _layer_of(module)
+        for dep in deps:
+            dst = _layer_of(dep)
+            if src is None or dst is None or src[1] == dst[1]:
+                continue
+            if dst[0] > src[0] or (dst[0] == src[0] and (src[1], dst[1]) not in SAME_LAYER_ALLOWED):
+                bad.append(f"{module} (layer {src[0]}, {src[1]}) imports {dep} (layer {dst[0]}, {dst[1]})")
+    return sorted(bad)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in SOURCES if m.startswith("tracekit.") and _layer_of(m) is None
+            and m not in ("tracekit.__main__",)] == []
+
+
+def test_no_package_imports_a_layer_above_it():
+    assert _layer_violations() == []
+
+
+def test_the_named_lower_layers_never_import_the_analyzers():
+    lower = ("tracekit.whatif", "tracekit.simulate", "tracekit.model", "tracekit.advise", "tracekit.tables",
+             "tracekit.parse", "tracekit.record", "tracekit.derive", "tracekit.findings")
+    bad = [f"{m} imports {d}" for m, deps in import_graph().items() if m.startswith(lower)
+           for d in deps if d == "tracekit.analyze" or d.startswith(("tracekit.analyze.", "tracekit.assess"))]
+    assert bad == []
+
+
+def test_findings_import_nothing_of_ours_but_errors():
+    bad = [f"{m} imports {d}" for m, deps in import_graph().items() if m.startswith("tracekit.findings")
+           for d in deps if not d.startswith(("tracekit.findings", "tracekit.errors"))]
+    assert bad == []
+
+
+def _all_imports() -> dict[str, set[str]]:
+    """module -> modules of ours it imports in any form (annotation-only imports included)."""
+    g: dict[str, set[str]] = {}
+    for module, (path, tree) in SOURCES.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, node, is_pkg)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in SOURCES else base for a in node.names]
+            for t in targets:
+                dst = _ours(t)
+                if dst and dst != module and not module.startswith(dst + "."):
+                    g.setdefault(module, set()).add(dst)
+    return g
+
+
+def test_no_two_modules_import_each_other_even_for_annotations():
+    g = _all_imports()
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in g.items() for b in deps if a in g.get(b, set())})
+    assert pairs == []
+
+
+def test_the_layer_checker_sees_an_upward_import():
+    assert _layer_of("tracekit.whatif.build")[0] < _layer_of("tracekit.analyze.stragglers")[0]
+    assert _layer_of("tracekit.findings.finding")[0] == 0 and _layer_of("tracekit.cli.main")[0] == len(LAYERS) - 1
+    assert _layer_of("reports.html_report")[0] < _layer_of("tracekit.analysis")[0]
+
+
+DEGREE_PACKAGES = ("tracekit", "instrumented_runtime")
+"""Where parallel degrees may be declared: the library and the runtime."""
+DEGREES_CLASS = "tracekit/layout.py:ParallelLayout"
+
+
+def _declared_attributes(cls: ast.ClassDef) -> set[str]:
+    """Names a class declares as its data: class-level annotated or plain assignments (dataclass, msgspec
+    and NamedTuple fields, class attributes) and `self.X = ...` / `self.X: T = ...` in its own methods.
+    Properties and methods are not data: a property that reads the one layout is not a second copy."""
+    out: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
+                    sub, (ast.AnnAssign, ast.AugAssign)) else []
+                for t in targets:
+                    for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        if (isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name)
+                                and el.value.id == "self"):
+                            out.add(el.attr)
+    return out
+
+
+def degree_classes(trees: dict[str, ast.Module]) -> list[str]:
+    """`path:Class` of every class that declares both a `tp` and a `pp` (a class of parallel degrees)."""
+    return sorted(f"{path}:{node.name}" for path, tree in trees.items() for node in ast.walk(tree)
+                  if isinstance(node, ast.ClassDef) and {"tp", "pp"} <= _declared_attributes(node))
+
+
+def test_exactly_one_class_of_parallel_degrees():
+    trees = {str(p.relative_to(REPO)): ast.parse(p.read_text(encoding="utf-8"), str(p))
+             for pkg in DEGREE_PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+    assert len(trees) > 100 and "instrumented_runtime/parallel_dims.py" in trees
+    assert degree_classes(trees) == [DEGREES_CLASS]
+
+
+def test_the_degree_rule_sees_fields_attributes_and_assignments():
+    src = ("class A:\n    tp: int = 1\n    pp: int = 1\n"          # dataclass / msgspec fields
+           "class B:\n    def __init__(self):\n        self.tp, self.pp = 1, 1\n"
+           "class C:\n    tp = 1\n    def f(self):\n        self.pp: int = 2\n"
+           "class D:\n    tp: int = 1\n    @property\n    def pp(self):\n        return 1\n"  # a property is not data
+           "class E:\n    def f(self, other):\n        other.tp = other.pp = 1\n")          # not its own
+    assert degree_classes({"x.py": ast.parse(src)}) == ["x.py:A", "x.py:B", "x.py:C"]

@@ -25,7 +25,7 @@ import msgspec
 from tracekit.errors import NothingToAnalyzeError
 
 if TYPE_CHECKING:
-    from tracekit.analyze.base import AnalysisConfig
+    from tracekit.config import AnalysisConfig
     from tracekit.tables.store import RunStore
 
 _TEMP_DIRS: list[tempfile.TemporaryDirectory] = []
@@ -124,7 +124,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
 
     Raises NothingToAnalyzeError (its `skipped` lists the inputs left out) when no rank could be read;
     a run whose ranks have no events still gets its analysis.json (its `ranks` is empty)."""
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.engines.rank_tasks import prefetch_rank_activity
 
     path, out = Path(path), (Path(out) if out is not None else None)
@@ -152,3 +152,14 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
         run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(
             analysis["ranks"] or (analysis.get("sections") or {}).get("hang")))
     return run
+
+
+def analyze_hang_dumps(out_dir: Path) -> tuple[dict[str, Any] | None, Path]:
+    """Analyse `<out>/hang` (the Flight Recorder dumps `tracekit record`'s hang watch collected) into
+    `<out>/hang-analysis`; (the top hang finding or None, where the analysis went)."""
+    from tracekit.record.hang_watch import HANG_DIR
+
+    dest = out_dir / "hang-analysis"
+    run = analyze_run(out_dir / HANG_DIR, dest)
+    top = next((f for f in run.analysis["findings"] if f["kind"] == "hang"), None)
+    return top, dest

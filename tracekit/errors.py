@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+HANG_EXIT_CODE = 3
+"""`tracekit analyze` (and `tracekit record` after a hang) exit with this when the run is diagnosed hung."""
+
 
 class TracekitError(Exception):
     """Root of every error tracekit raises on purpose."""

@@ -24,7 +24,7 @@ from tracekit.errors import StoreError, TracekitError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from tracekit.analyze.matching import MatchedCollectives
+    from tracekit.derive.matching import MatchedCollectives
     from tracekit.export.perfetto import PerfettoExport
     from tracekit.tables.store import RunStore
 
@@ -88,10 +88,10 @@ class Run:
         return pd.DataFrame(rows)
 
     def matched(self) -> MatchedCollectives | None:
-        """Matching's instances (analyze/matching.py), computed once from the store."""
+        """Matching's instances (derive/matching.py), computed once from the store."""
         if not self._matched_done:
-            from tracekit.analyze.layout import analyze_layout
-            from tracekit.analyze.matching import analyze_matching
+            from tracekit.derive.topology import analyze_layout
+            from tracekit.derive.matching import analyze_matching
 
             self._matched = analyze_matching(self.store, analyze_layout(self.store)).matched
             self._matched_done = True
@@ -136,12 +136,12 @@ class Run:
         return df
 
     def whatif(self, **fixes: Any) -> pd.DataFrame:
-        """Replay the steps with fixes (keywords of `tracekit.whatif.api.parse_fixes`, e.g.
+        """Replay the steps with fixes (keywords of `tracekit.assess.whatif.parse_fixes`, e.g.
         `rank_compute=["1=median"]`, `no_host_stalls=True`): one row per step (measured, replayed,
         predicted ns)."""
         import pandas as pd
 
-        from tracekit.whatif.api import parse_fixes, run_whatif
+        from tracekit.assess.whatif import parse_fixes, run_whatif
 
         out = run_whatif(self.store, parse_fixes(**fixes))
         return pd.DataFrame(out.get("steps") or [])

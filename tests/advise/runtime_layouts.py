@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracekit.simulate import Layout, ModelSpec
+from tracekit.simulate import ParallelLayout, ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ class RuntimeModel:
                 "--moe-every", "1", "--num-experts", str(self.experts), "--top-k", str(self.top_k),
                 "--global-batch-size", str(self.global_batch), "--device-us-per-token", str(self.us_per_token)]
 
-    def spec(self, layout: Layout) -> ModelSpec:
+    def spec(self, layout: ParallelLayout) -> ModelSpec:
         """The model as the advisor sees it, at the micro-batch size `layout` runs (global batch kept);
         float32 like the runtime's default dtype, a two-matrix MLP of d_ff (the simulator's three-matrix
         MLP at 2/3 of the width has its FLOPs), the runtime's default expert capacity factor, attention
@@ -52,31 +52,31 @@ class RuntimeModel:
                          top_k=self.top_k, moe_every=1, dtype_bytes=4, capacity_factor=1.25, packed_attention=False,
                          micro_batch_size=self.micro_batch(layout))
 
-    def micro_batch(self, layout: Layout) -> int:
+    def micro_batch(self, layout: ParallelLayout) -> int:
         return self.global_batch // (layout.dp * layout.microbatches)
 
 
-def layout_args(layout: Layout) -> list[str]:
+def layout_args(layout: ParallelLayout) -> list[str]:
     out = ["--dp", str(layout.dp), "--tp", str(layout.tp), "--pp", str(layout.pp), "--cp", str(layout.cp),
            "--ep", str(layout.ep), "--microbatches", str(layout.microbatches),
            "--dp-mode", "fsdp" if layout.fsdp else "ddp"]
     if layout.pp > 1:
         out += ["--schedule", layout.schedule]
-        if layout.virtual > 1:
-            out += ["--virtual-stages", str(layout.virtual)]
+        if layout.stages_per_rank > 1:
+            out += ["--virtual-stages", str(layout.stages_per_rank)]
     if layout.activation_checkpointing:
         out.append("--activation-checkpointing")
     return out
 
 
-def layout_name(layout: Layout) -> str:
+def layout_name(layout: ParallelLayout) -> str:
     s = f"dp{layout.dp} tp{layout.tp} pp{layout.pp} cp{layout.cp} ep{layout.ep}"
     if layout.pp > 1:
-        s += f" {layout.schedule}{'/v' + str(layout.virtual) if layout.virtual > 1 else ''} m{layout.microbatches}"
+        s += f" {layout.schedule}{'/v' + str(layout.stages_per_rank) if layout.stages_per_rank > 1 else ''} m{layout.microbatches}"
     return s + (" fsdp" if layout.fsdp else "")
 
 
-def run_layout(model: RuntimeModel, layout: Layout, out: Path, *, steps: int, profile_steps: int) -> Path:
+def run_layout(model: RuntimeModel, layout: ParallelLayout, out: Path, *, steps: int, profile_steps: int) -> Path:
     """Run the runtime at `layout` into `out` (traces, logs, train_log.json); raise with its stderr on failure."""
     cmd = [sys.executable, "-m", "instrumented_runtime", *layout_args(layout), *model.args(),
            "--steps", str(steps), "--profile-steps", str(profile_steps), "--out", str(out)]

@@ -20,17 +20,18 @@ from tracekit.advise.calibrate import calibrate
 from tracekit.advise.predict import predict_step
 from tracekit.advise.schema import advice_schema
 from tracekit.analysis import write_outputs
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec, predict, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, ParallelLayout, ModelSpec, predict, simulate, step_time, write_traces
 
 MODEL = ModelSpec.preset("tiny")
 PRESET = ClusterSpec.preset("4x8-h100")
 TRUE = dataclasses.replace(PRESET, efficiency=0.31, intra_bw_gbs=240.0, inter_bw_gbs=28.0)
-MEASURED = Layout(dp=4, tp=4, pp=2, microbatches=4)
-OTHERS = [Layout(dp=8, tp=2, pp=2, microbatches=4), Layout(dp=4, tp=8, microbatches=2),
-          Layout(dp=2, tp=4, pp=4, microbatches=8), Layout(dp=4, tp=2, pp=2, cp=2, microbatches=4),
-          Layout(dp=8, tp=4, microbatches=1, fsdp=True)]
+MEASURED = ParallelLayout(dp=4, tp=4, pp=2, microbatches=4)
+OTHERS = [ParallelLayout(dp=8, tp=2, pp=2, microbatches=4), ParallelLayout(dp=4, tp=8, microbatches=2),
+          ParallelLayout(dp=2, tp=4, pp=4, microbatches=8), ParallelLayout(dp=4, tp=2, pp=2, cp=2, microbatches=4),
+          ParallelLayout(dp=8, tp=4, microbatches=1, dp_mode="fsdp")]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def cal(analysis):
     return calibrate(analysis, MODEL, PRESET)
 
 
-def _same_tokens(layout: Layout) -> ModelSpec:
+def _same_tokens(layout: ParallelLayout) -> ModelSpec:
     """The measured run's global batch (dp 4 × 4 micro-batches × the preset's micro-batch size)."""
     batch = MEASURED.dp * MEASURED.microbatches * MODEL.micro_batch_size
     return dataclasses.replace(MODEL, micro_batch_size=batch // (layout.dp * layout.microbatches))
@@ -79,12 +80,12 @@ def test_a_1024_gpu_prediction_within_5_percent_of_simulating_every_rank(cal):
     """From the 32-GPU run, a 1,024-GPU layout at 32x the global batch: the predictor simulates 2 of its
     64 data-parallel replicas and rescales dp's collectives; the truth simulates all 1,024 ranks on the true
     cluster (benchmarks/advisor_bench.py --part errors1024 does 8 layouts)."""
-    layout = Layout(dp=64, tp=4, pp=4, microbatches=8)
+    layout = ParallelLayout(dp=64, tp=4, pp=4, microbatches=8)
     batch = 32 * MEASURED.dp * MEASURED.microbatches * MODEL.micro_batch_size
     model = dataclasses.replace(MODEL, micro_batch_size=batch // (layout.dp * layout.microbatches))
     p = predict_step(model, dataclasses.replace(cal.cluster, hosts=128, gpus_per_host=8), layout)
     t = step_time(model, dataclasses.replace(TRUE, hosts=128, gpus_per_host=8), layout, steps=2)
-    assert p.simulated_ranks < layout.world // 16
+    assert p.simulated_ranks < layout.world_size // 16
     assert abs(p.step_ns * cal.residual - t) / t <= 0.05, (p.step_ns * cal.residual / 1e6, t / 1e6)
 
 
@@ -93,7 +94,7 @@ def test_a_sequence_too_long_for_one_gpu_brings_in_context_parallelism(tmp_path)
     """Nothing in the advisor names cp: at 512k tokens one sequence per GPU (dp32) does not fit in 80 GB, and
     the fastest layout that fits at the run's own 32 sequences per step splits the sequence (cp > 1)."""
     model = dataclasses.replace(MODEL, seq=524288, micro_batch_size=1)
-    res = simulate(model, PRESET, Layout(dp=32), steps=2, seed=0, without=False)
+    res = simulate(model, PRESET, ParallelLayout(dp=32), steps=2, seed=0, without=False)
     write_traces(res, tmp_path / "traces")
     store = parse_run(tmp_path / "traces", tmp_path / "store", workers=0, progress=False).store
     adv = advise(analyze_store(store), model, PRESET, top=3, simulate_top=4)
@@ -133,8 +134,8 @@ def test_memory_model_calibrated_on_the_measured_run_predicts_other_layouts(anal
     model predicts the simulator's peak of other layouts within 15% (issue 16's bar)."""
     mc = memory_calibration(analysis, cal)
     assert mc.calibrated and mc.calibration.static_bytes_per_param, mc.note
-    for layout in [*OTHERS, Layout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
-                   Layout(dp=4, tp=4, pp=2, microbatches=8, schedule="gpipe")]:
+    for layout in [*OTHERS, ParallelLayout(dp=4, tp=4, pp=2, microbatches=4, activation_checkpointing=True),
+                   ParallelLayout(dp=4, tp=4, pp=2, microbatches=8, schedule="gpipe")]:
         model = _same_tokens(layout)
         truth = predict(model, TRUE, layout, steps=1).max_memory_bytes
         got = peak_memory(MODEL, layout, model.micro_batch_size, mc.calibration)
@@ -169,7 +170,7 @@ def test_analyze_has_an_advice_section_that_the_reports_lay_out(analysis, tmp_pa
 
 
 def test_advice_section_says_why_it_is_missing(analysis):
-    from tracekit.analyze.advice import analyze_advice
+    from tracekit.assess.advice import analyze_advice
     from tracekit.analyze.breakdown import BreakdownResult
 
     two = BreakdownResult(section={"ranks": analysis["ranks"][:2]})
@@ -183,8 +184,8 @@ def test_advice_section_says_why_it_is_missing(analysis):
     assert "**Layout advice:** not available: a single-rank run" in text
 
 
-@pytest.mark.parametrize("layout", [Layout(dp=8, tp=4, ep=2), Layout(dp=4, cp=2, tp=2, ep=2),
-                                    Layout(dp=8, tp=4, ep=8)], ids=["edp4", "edp4-cp", "edp1"])
+@pytest.mark.parametrize("layout", [ParallelLayout(dp=8, tp=4, ep=2), ParallelLayout(dp=4, cp=2, tp=2, ep=2),
+                                    ParallelLayout(dp=8, tp=4, ep=8)], ids=["edp4", "edp4-cp", "edp1"])
 def test_reduced_world_prediction_equals_simulating_every_rank_with_experts(layout):
     """Few dp replicas stand for all (advise.predict); an expert-data-parallel group (dp·cp/ep members)
     must survive the reduction, or the expert-gradient all-reduce vanishes: dp8 tp4 ep2 on slow inter-host

@@ -17,16 +17,16 @@ import pytest
 
 from tests.advise.runtime_layouts import RuntimeModel, layout_name, run_layout, step_times
 from tracekit.advise.calibrate import calibrate, predicted_step_ns
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout
+from tracekit.simulate import ClusterSpec, ParallelLayout
 
 pytestmark = pytest.mark.slow
 
 MODEL = RuntimeModel(global_batch=8, us_per_token=300.0)
-MEASURED = Layout(dp=2, tp=2, ep=2)
-OTHERS = [Layout(dp=4, ep=4), Layout(dp=2, pp=2, ep=2, schedule="1f1b", microbatches=2),
-          Layout(tp=2, pp=2, schedule="gpipe", microbatches=4)]
+MEASURED = ParallelLayout(dp=2, tp=2, ep=2)
+OTHERS = [ParallelLayout(dp=4, ep=4), ParallelLayout(dp=2, pp=2, ep=2, schedule="1f1b", microbatches=2),
+          ParallelLayout(tp=2, pp=2, schedule="gpipe", microbatches=4)]
 STEPS, PROFILED = 4, 3
 
 

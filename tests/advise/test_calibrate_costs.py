@@ -72,7 +72,7 @@ def test_per_hop_latency_recovered_from_groups_of_several_sizes():
 def test_simulated_collective_pays_its_groups_hops_when_latency_is_per_hop():
     import dataclasses
 
-    from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
+    from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec
     from tracekit.simulate.program import make_world
 
     model = ModelSpec("m", layers=2, hidden=64, heads=4, ffn=128, seq=32, vocab=128)
@@ -81,7 +81,7 @@ def test_simulated_collective_pays_its_groups_hops_when_latency_is_per_hop():
         cl = dataclasses.replace(cluster, coll_lat_per_hop=per_hop)
         got = []
         for dp in (2, 8):
-            w = make_world(model, cl, Layout(dp=dp), Faults(), 0)
+            w = make_world(model, cl, ParallelLayout(dp=dp), Faults(), 0)
             g = w.topo.group(0, "dp")
             got.append(w.link(g, "all_gather")[0] / 1000)
         assert tuple(got) == want_us, (per_hop, got)

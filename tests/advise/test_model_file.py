@@ -9,9 +9,10 @@ import json
 import pytest
 
 from tracekit.advise.advisor import advice_json, advise
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, write_traces
+from tracekit.simulate import ClusterSpec, ParallelLayout, ModelSpec, simulate, write_traces
 from tracekit.simulate.model_file import model_from_file, model_spec
 
 LLAMA_8B_HF = {  # the fields of meta-llama/Llama-3.1-8B's config.json that shape the model
@@ -51,7 +52,7 @@ def test_tracekit_fields_in_toml_and_errors(tmp_path):
 @pytest.mark.slow
 def test_config_file_gives_the_presets_advice(tmp_path):
     preset = ModelSpec.preset("tiny")
-    res = simulate(preset, ClusterSpec.preset("1x8-h100"), Layout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
+    res = simulate(preset, ClusterSpec.preset("1x8-h100"), ParallelLayout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
     write_traces(res, tmp_path / "traces")
     from tracekit.simulate.model_file import model_from_manifest
 
@@ -101,8 +102,8 @@ def test_model_from_the_runtime_manifest(tmp_path):
     assert json.loads((tmp_path / "adv" / "advice.json").read_text())["ranked"]
 
 
-@pytest.mark.parametrize("layout", [Layout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4),
-                                    Layout(dp=8, ep=4), Layout(dp=2, tp=2, cp=2, ep=4)])
+@pytest.mark.parametrize("layout", [ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4),
+                                    ParallelLayout(dp=8, ep=4), ParallelLayout(dp=2, tp=2, cp=2, ep=4)])
 def test_manifest_model_is_the_runtime_benchmarks_model(layout):
     """The model read from a runtime manifest equals the one benchmarks/advisor_runtime_bench.py describes to
     the advisor by hand for the same flags (tests/advise/runtime_layouts.py: MAE 3.9-5.6% on 8-rank runs)."""

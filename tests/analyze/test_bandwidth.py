@@ -5,9 +5,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.bandwidth import analyze_bandwidth, bus_factor
-from tracekit.analyze.engine import AnalysisConfig
-from tracekit.analyze.findings import FindingKind, Severity
+from tracekit.analyze.bandwidth import analyze_bandwidth
+from tracekit.collectives import bus_factor
+from tracekit.config import AnalysisConfig
+from tracekit.findings.finding import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter
 
 MS = 1_000_000
@@ -142,7 +143,7 @@ def test_real_nccl_trace_matches_independent_reading(shared_traces, tmp_path):
     from decimal import Decimal
     from statistics import median
 
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     path = shared_traces / "hta_nccl_a100_rank0of2"

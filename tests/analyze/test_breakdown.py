@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 
 from tests.analyze.analyze_builders import build_store
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 
 from tests.analyze.analyze_builders import build_store
 

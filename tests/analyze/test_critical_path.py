@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+from tracekit.whatif.fixes import Fix, RunFacts, apply_fixes
 from tracekit.whatif.graph import (
     SMALL_GRAPH_NODES, Category, StepGraph, add_start_nodes, critical_path, rank_step_ns, replay, topo_levels,
 )
@@ -64,15 +64,15 @@ def test_rank_compute_at_peers_median_matches_arithmetic():
     g = two_rank_allreduce(c0, c1, xfer, after)
     res = replay_step(0, g)
     # rank 1 at its peer's pace: both ranks run the same ops, so each of rank 1's takes rank 0's time
-    assert predict_ns(res, [Fix("rank_compute", rank=1)], Layout()) == c0 + xfer + after
+    assert predict_ns(res, [Fix("rank_compute", rank=1)], RunFacts()) == c0 + xfer + after
     # by a factor: every compute node of rank 1 scaled
     f = Decimal(c0 + after) / Decimal(c1 + after)
     new_c1 = int((Decimal(c1) * f).to_integral_value())
     new_after1 = int((Decimal(after) * f).to_integral_value())
     expect = max(max(c0, new_c1) + xfer + after, max(c0, new_c1) + xfer + new_after1)
-    assert predict_ns(res, [Fix("rank_compute", rank=1, value=float(f))], Layout()) == expect
+    assert predict_ns(res, [Fix("rank_compute", rank=1, value=float(f))], RunFacts()) == expect
     # overlapping the collective removes the transfer and nothing else
-    assert predict_ns(res, [Fix("dim_overlap", dim=None)], Layout()) == c1 + after
+    assert predict_ns(res, [Fix("dim_overlap", dim=None)], RunFacts()) == c1 + after
 
 
 def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_straggler_fixes():
@@ -82,8 +82,8 @@ def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_stra
     res = replay_step(0, g)
     assert res.replayed_ns == res.measured_ns == sleep + c1 + xfer + after
     without = max(c0, c1) + xfer + after  # the same step with rank 1 not sleeping
-    assert predict_ns(res, [Fix("host_stalls", rank=1)], Layout()) == without
-    assert predict_ns(res, [Fix("host_stalls", rank=0)], Layout()) == res.measured_ns  # not rank 0's stall
+    assert predict_ns(res, [Fix("host_stalls", rank=1)], RunFacts()) == without
+    assert predict_ns(res, [Fix("host_stalls", rank=0)], RunFacts()) == res.measured_ns  # not rank 0's stall
 
 
 def test_topological_levels_and_cycles():
@@ -151,7 +151,7 @@ def _profiler_steps_ns(path: Path) -> dict[int, int]:
 
 @pytest.mark.parametrize("fixture", ["pp_1f1b", "faults", "pp_interleaved"])
 def test_unchanged_replay_reproduces_runtime_steps(fixture, tmp_path):
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     store = parse_run(REPO / "fixtures" / fixture, tmp_path / "store", progress=False).store
@@ -178,7 +178,7 @@ def test_whatif_cli_prints_prediction_and_exports_perfetto(tmp_path):
     from typer.testing import CliRunner
 
     from tracekit.cli.main import app
-    from tracekit.whatif.api import parse_bandwidth_gbps
+    from tracekit.assess.whatif import parse_bandwidth_gbps
 
     assert parse_bandwidth_gbps("150GB/s") == 150 and parse_bandwidth_gbps("800 Gbit/s") == 100
     with pytest.raises(ValueError):
@@ -241,7 +241,7 @@ def _gpu_steps_ns(path: Path) -> dict[int, int]:
                                    "shared:hta_nccl_a100_rank0of2/nccl_data.json.gz"])
 def test_unchanged_replay_reproduces_real_gpu_steps(trace, shared_traces, tmp_path):
     from tracekit.parse.run import parse_run
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
 
     path = shared_traces / trace.removeprefix("shared:") if trace.startswith("shared:") else REPO / trace
     store = parse_run(path, tmp_path / "store", progress=False, assume_rank=0).store
@@ -287,7 +287,7 @@ def test_diff_marks_findings_absorbed_by_a_bigger_one_not_resolved():
 
 
 def test_collective_advice_fits_the_evidence():
-    from tracekit.analyze.recommend import advise_collective
+    from tracekit.findings.recommend import advise_collective
 
     # a single 84-byte DDP bucket that already overlaps: no "issue it asynchronously", fewer/larger messages
     ddp = advise_collective(dim="dp", op="all_reduce", overlap_ratio=0.55, bytes_p50=84, calls_per_step=1)
@@ -310,7 +310,7 @@ def test_ranks_share_a_host_only_beyond_its_recorded_cpu_cores(tmp_path):
     or its cores are unknown."""
     import shutil
 
-    from tracekit.analyze.critical_path import cpu_hosts
+    from tracekit.derive.topology import cpu_hosts
     from tracekit.parse.run import parse_run
 
     src = REPO / "fixtures" / "faults"
@@ -335,7 +335,7 @@ def test_a_wait_in_a_collective_is_one_node_released_by_its_end(tmp_path):
     the op it waits in, their parents' own time) is one zero-length node, never a chain whose later nodes
     carry the earlier ones' waiting as a fixed gap no fix could release."""
     from tracekit.parse.run import parse_run
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
 
     store = parse_run(REPO / "fixtures" / "ep", tmp_path / "store", progress=False).store
     res = run_whatif(store, [])["results"]

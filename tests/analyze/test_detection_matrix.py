@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.analyze._runtime_models import NO_OVERLAP_MODEL
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 pytestmark = pytest.mark.slow

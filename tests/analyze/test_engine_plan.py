@@ -10,11 +10,14 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
-from tracekit.analyze.engine import ANALYZERS, analyze_store, build_plan, explain_plan
-from tracekit.analyze.evidence import StragglerEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.analyze.runner import ANALYZERS, build_plan
+from tracekit.assess import ASSESSMENT
 from tracekit.cli.main import app
+from tracekit.config import AnalysisConfig
+from tracekit.findings.evidence import StragglerEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
+from tracekit.flow import analyze_store, explain_plan
 from tracekit.tables.store import RunStoreWriter
 
 
@@ -95,9 +98,8 @@ def test_the_real_plan_orders_every_analyzer_after_what_its_signature_names():
         declared = [p for p in inspect.signature(s.fn).parameters if p in names and p != s.name]
         assert list(s.inputs) == declared
         assert all(order.index(d) < order.index(s.name) for d in declared)
-    # the passes that take every finding (recommendations, critical_path) come after all the others
-    gatherers = [i for i, s in enumerate(plan) if s.takes_findings]
-    assert gatherers and min(gatherers) > max(i for i, s in enumerate(plan) if not s.takes_findings)
+    # the passes that take every finding (recommendations, critical_path) are the assessment's, not the plan's
+    assert not {s.name for s in ASSESSMENT} & names
     assert all(s.result_type.endswith("Result") or s.result_type == "RankActivities" for s in plan)
 
 
@@ -106,6 +108,9 @@ def test_explain_plan_command_prints_the_graph():
     assert res.exit_code == 0, res.output
     assert res.output.strip() == explain_plan().strip()
     lines = {ln.split(".", 1)[1].split()[0]: ln for ln in res.output.splitlines() if ln[:4].strip().rstrip(".").isdigit()}
-    assert set(lines) == {n for n, _ in ANALYZERS}
+    assert set(lines) == {n for n, _ in ANALYZERS} | {s.name for s in ASSESSMENT}
+    numbers = [int(ln.split(".")[0]) for ln in res.output.splitlines() if ln[:4].strip().rstrip(".").isdigit()]
+    assert numbers == list(range(1, len(ANALYZERS) + len(ASSESSMENT) + 1))
+    assert "recommendations, findings of every analyzer" in lines["critical_path"]
     assert "<- matching, breakdown, activity" in lines["stragglers"]
     assert "=> StragglersResult" in lines["stragglers"]

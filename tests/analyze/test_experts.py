@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from tracekit.analyze.experts import analyze_experts, owners
-from tracekit.analyze.findings import FindingKind, Severity
+from tracekit.findings.finding import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter
 
 MS = 1_000_000

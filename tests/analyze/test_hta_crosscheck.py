@@ -30,8 +30,10 @@ import warnings
 import pyarrow.compute as pc
 import pytest
 
-from tracekit.analyze.breakdown import RankActivity, analyze_breakdown, gpu_activity, window_breakdown
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.analyze.breakdown import analyze_breakdown, window_breakdown
+from tracekit.config import AnalysisConfig
+from tracekit.derive.activity import RankActivity, gpu_activity
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 GPU_TRACES = ("hta_nccl_a100_rank0of2", "hta_allreduce_v100_rank1of2", "hta_trace_diff_control",

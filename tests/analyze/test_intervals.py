@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analyze import intervals as iv
+from tracekit.derive import intervals as iv
 
 SPAN = 60
 ivl = st.lists(st.tuples(st.integers(0, SPAN), st.integers(0, 20)), max_size=12)

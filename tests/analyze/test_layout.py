@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.layout import analyze_layout, dim_from_desc
+from tracekit.derive.topology import analyze_layout, dim_from_desc
 
 from tests.analyze.analyze_builders import build_store
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.analyze.matching import COLUMNS, _aggregate_instances, _instances_frame, fill_log_ends
+from tracekit.derive.matching import COLUMNS, _aggregate_instances, _instances_frame, fill_log_ends
 from tracekit.tables.columns import arrow_columns
 
 from tests.analyze.analyze_builders import table

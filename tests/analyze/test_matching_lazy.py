@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tracekit.analyze.matching import match_collectives
+from tracekit.derive.matching import match_collectives
 
 from tests.analyze.analyze_builders import build_store
 
@@ -26,7 +26,7 @@ def _store(tmp_path, ranks):
 def test_a_single_rank_is_matched_without_importing_pandas(tmp_path):
     store = _store(tmp_path, [0])
     code = ("import sys\nfrom tracekit.tables.store import RunStore\n"
-            "from tracekit.analyze.matching import match_collectives\n"
+            "from tracekit.derive.matching import match_collectives\n"
             f"m, _, section = match_collectives(RunStore({str(store.path)!r}), {{}})\n"
             "assert m.n_rows == 0 and m.n_instances == 0 and section['instances'] == 0\n"
             "print('pandas' in sys.modules)\n")

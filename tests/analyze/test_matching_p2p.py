@@ -3,7 +3,7 @@ and the side posted first waits until the other side is posted (a late peer, not
 
 from __future__ import annotations
 
-from tracekit.analyze.matching import COLUMNS, _pair_p2p
+from tracekit.derive.matching import COLUMNS, _pair_p2p
 from tracekit.tables.columns import arrow_columns
 
 from tests.analyze.analyze_builders import table

@@ -6,7 +6,7 @@ of matching (`no_group`), as before. Expected waits are worked out by hand from 
 
 from __future__ import annotations
 
-from tracekit.analyze.matching import UNNAMED_GROUP, match_collectives
+from tracekit.derive.matching import UNNAMED_GROUP, match_collectives
 
 from tests.analyze.analyze_builders import build_store
 

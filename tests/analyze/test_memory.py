@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.runtime._runs import RunConfig, run_job, small_model
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 P, M = 4, 8
@@ -32,7 +33,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, ckpt in (("plain", False), ("ckpt", True)):
         # dense blocks, one per stage: the stages differ only by what the schedule keeps in flight
-        cfg = RunConfig(pp=P, microbatches=M, schedule="1f1b", steps=2, profile_steps=1, seq_len=32,
+        cfg = RunConfig.build(pp=P, microbatches=M, schedule="1f1b", steps=2, profile_steps=1, seq_len=32,
                         global_batch_size=M * 2, model=small_model(moe_every=0), activation_checkpointing=ckpt,
                         out=str(base / name))
         trace = run_job(cfg)
@@ -98,14 +99,15 @@ def test_traces_without_memory_events_are_reported_and_analysis_goes_on(runs, tm
 
 
 def test_model_calibrated_on_the_plain_run_predicts_the_checkpointed_run(runs):
-    from tracekit.model.memory import Layout, ModelShape, calibrate_from_analysis, predict
+    from tracekit.layout import ParallelLayout
+    from tracekit.model.memory import ModelShape, calibrate_from_analysis, predict
 
     shape = ModelShape(num_layers=4, d_model=32, d_ff=64, num_heads=4, vocab_size=128, seq_len=32,
                        microbatch_size=2, max_seq_len=128)
-    layout = Layout(pp=P, schedule="1f1b", microbatches=M)
+    layout = ParallelLayout(pp=P, schedule="1f1b", microbatches=M)
     calib = calibrate_from_analysis(shape, layout, runs["plain"]["analysis"]["sections"]["memory"])
     assert not calib.counts_static  # CPU: the profiler's counter started with the window
-    predicted = predict(shape, Layout(pp=P, schedule="1f1b", microbatches=M, activation_checkpointing=True), calib)
+    predicted = predict(shape, ParallelLayout(pp=P, schedule="1f1b", microbatches=M, activation_checkpointing=True), calib)
     for st in runs["ckpt"]["analysis"]["sections"]["memory"]["stages"]:
         measured = st["peak_allocated"]
         assert abs(predicted[st["stage"]].peak - measured) / measured <= 0.15, (st, predicted[st["stage"]])
@@ -131,11 +133,12 @@ def test_real_h100_trace_peak_split_and_headroom(tmp_path):
 
 def test_simulated_gpu_pipeline_peaks_are_the_answer_keys(tmp_path):
     from tracekit.simulate.api import simulate
-    from tracekit.simulate.specs import ClusterSpec, Layout as SimLayout, ModelSpec
+    from tracekit.layout import ParallelLayout
+    from tracekit.simulate.specs import ClusterSpec, ModelSpec
     from tracekit.simulate.writer import write_traces
 
     res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"),
-                   SimLayout(pp=4, schedule="1f1b", microbatches=8), steps=2, seed=3, without=False)
+                   ParallelLayout(pp=4, schedule="1f1b", microbatches=8), steps=2, seed=3, without=False)
     write_traces(res, tmp_path / "sim")
     truth = json.loads((tmp_path / "sim" / ".ground_truth.json").read_text())["memory"]["peak_allocated_bytes"]
     mem = _analyze(tmp_path / "sim", tmp_path / "store")["sections"]["memory"]

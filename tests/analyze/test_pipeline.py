@@ -7,11 +7,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig
-from tracekit.analyze.evidence import CollectiveEvidence
-from tracekit.analyze.findings import FindingKind
 from tracekit.analyze.pipeline import analyze_pipeline, theoretical_bubble
-from tracekit.analyze.recommend import best_contiguous_split
+from tracekit.config import AnalysisConfig
+from tracekit.findings.evidence import CollectiveEvidence
+from tracekit.findings.finding import FindingKind
+from tracekit.findings.recommend import best_contiguous_split
 from tracekit.tables.store import RunStoreWriter
 
 MS = 1_000_000
@@ -264,9 +264,9 @@ def test_unlabelled_counts_microbatches_from_first_stage_sends(tmp_path):
 
 def test_exposed_p2p_of_an_inferred_pipeline_is_the_bubble_not_communication():
     """On the default group (dim world) send/recv of ranks in a p2p-inferred pipeline are its idle time."""
-    from tracekit.analyze.findings import Finding, Severity
+    from tracekit.findings.finding import Finding, Severity
     from tracekit.analyze.pipeline import PipelineResult
-    from tracekit.analyze.reconcile import reconcile
+    from tracekit.assess.reconcile import reconcile
     from tracekit.analyze.unoverlapped import UnoverlappedResult
 
     pipe = PipelineResult(section={"source": "p2p", "pipelines": [{"ranks": [0, 1]}]})

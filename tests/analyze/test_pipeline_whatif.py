@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 US = 1_000  # ns
@@ -149,8 +150,8 @@ def test_send_recv_rows_come_from_the_source_that_times_them():
     enqueue times only; the replay's links take each rank's profiler rows then, its log rows where the log
     times them."""
     from tests.analyze.analyze_builders import table
-    from tracekit.analyze.critical_path import p2p_rows
-    from tracekit.analyze.matching import COLUMNS
+    from tracekit.whatif.steps import p2p_rows
+    from tracekit.derive.matching import COLUMNS
     from tracekit.tables.columns import arrow_columns, strings
 
     ms = 1_000_000

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.unoverlapped import UnoverlappedResult
-from tracekit.analyze.findings import FindingKind, Severity
 from tracekit.analyze.placement import analyze_placement
+from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.findings.finding import FindingKind, Severity
 from tracekit.tables.store import RunStoreWriter
 
 MS = 1_000_000

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tracekit.analyze import recommend
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.analyze.reconcile import analyze_recommendations, reconcile
 from tracekit.analyze.unoverlapped import UnoverlappedResult
-from tracekit.analyze.evidence import (BubbleEvidence, CollectiveEvidence, Evidence, PlacementEvidence,
-                                       RoutingSkewEvidence, StageImbalanceEvidence, StragglerEvidence)
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.assess.reconcile import analyze_recommendations, reconcile
+from tracekit.findings import recommend
+from tracekit.findings.evidence import (BubbleEvidence, CollectiveEvidence, Evidence, PlacementEvidence,
+                                        RoutingSkewEvidence, StageImbalanceEvidence, StragglerEvidence)
+from tracekit.findings.finding import Finding, FindingKind, Severity
 
 MS = 1_000_000
 

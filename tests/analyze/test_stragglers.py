@@ -12,7 +12,7 @@ import json
 
 import jsonschema
 
-from tracekit.analyze.engine import analyze_store
+from tracekit.flow import analyze_store
 
 from tests.analyze.analyze_builders import build_store
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig
 from tracekit.analyze.throughput import analyze_throughput, device_peak_tflops
+from tracekit.config import AnalysisConfig
 
 MS = 1_000_000
 

@@ -3,12 +3,13 @@ here nanosecond by nanosecond with Python sets (no interval code of tracekit's).
 
 from __future__ import annotations
 
-from tracekit.analyze.base import AnalysisConfig
-from tracekit.analyze.breakdown import analyze_breakdown, rank_activities
-from tracekit.analyze.findings import FindingKind, Severity
-from tracekit.analyze.layout import analyze_layout
-from tracekit.analyze.matching import analyze_matching
+from tracekit.analyze.breakdown import analyze_breakdown
 from tracekit.analyze.unoverlapped import analyze_unoverlapped
+from tracekit.config import AnalysisConfig
+from tracekit.derive.activity import rank_activities
+from tracekit.derive.matching import analyze_matching
+from tracekit.derive.topology import analyze_layout
+from tracekit.findings.finding import FindingKind, Severity
 
 from tests.analyze.analyze_builders import build_store
 

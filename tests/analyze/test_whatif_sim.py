@@ -41,12 +41,12 @@ def test_link_envelope_keeps_the_fast_links_line():
 
 def test_fixes_without_collectives_leave_the_step_unchanged():
     from tests.analyze.test_critical_path import two_rank_allreduce
-    from tracekit.whatif.fixes import Fix, Layout
+    from tracekit.whatif.fixes import Fix, RunFacts
     from tracekit.whatif.replay import predict_ns, replay_step
 
     res = replay_step(0, two_rank_allreduce(c0=10_000, c1=25_000, xfer=3_000, after=4_000))
     for fix in (Fix("expert_even"), Fix("slow_link", dim="tp")):  # no sized instances to act on
-        assert predict_ns(res, [fix], Layout()) == res.measured_ns
+        assert predict_ns(res, [fix], RunFacts()) == res.measured_ns
 
 
 def test_overlapping_buckets_again_gains_little(tmp_path):
@@ -55,7 +55,7 @@ def test_overlapping_buckets_again_gains_little(tmp_path):
     the step stays within 2% of the answer key's (hiding the all-reduces outright saves over half the step)."""
     from tracekit.parse.run import parse_run
     from tracekit.simulate import ClusterSpec, Faults, simulate, write_traces
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
     from tracekit.whatif.fixes import Fix
 
     from benchmarks.whatif_sim import small

@@ -375,7 +375,7 @@ def test_diff_markdown_says_which_saving_it_shows() -> None:
 def test_bandwidth_fix_moves_bytes_faster_only() -> None:
     """`dim_bandwidth` at B GB/s: a transfer of S bus bytes takes at most S / B; one already faster and one
     under MIN_JUDGED_BYTES (latency-bound) keep their time."""
-    from tracekit.whatif.fixes import Fix, Layout, apply_fixes
+    from tracekit.whatif.fixes import Fix, RunFacts, apply_fixes
     from tracekit.whatif.graph import InstInfo
 
     g = _graph(10_000, 10_000, 50_000, 2_000)
@@ -383,12 +383,12 @@ def test_bandwidth_fix_moves_bytes_faster_only() -> None:
     g.inst_info = InstInfo(key=np.array(["pg#0"], object), pg_name=np.array(["pg"], object),
                            dim=np.array(["dp"], object), op=np.array(["all_reduce"], object),
                            bytes=np.array([1e6]), n=np.array([2]), io=[[]])
-    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], Layout())
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], RunFacts())
     assert dur[5] == dur[6] == 10_000
-    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=1.0)], Layout())  # 1 ms at 1 GB/s: slower
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=1.0)], RunFacts())  # 1 ms at 1 GB/s: slower
     assert dur[5] == dur[6] == 50_000
     g.inst_info.bytes[0] = 1000.0  # latency-bound
-    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], Layout())
+    dur, _ = apply_fixes(g, [Fix("dim_bandwidth", dim="dp", value=100.0)], RunFacts())
     assert dur[5] == dur[6] == 50_000
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.comm_kernels import COMM_KERNELS, ENV_VAR, match_comm_kernel, parse_user_pattern, user_patterns_env
 from tracekit.parse.run import parse_run
 

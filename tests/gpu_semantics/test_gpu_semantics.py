@@ -13,7 +13,8 @@ from fractions import Fraction
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 from tests.gpu_semantics.generator import BASE_US, Coll, Compute, Spec, covered, simulate, write

@@ -12,7 +12,8 @@ from fractions import Fraction
 import pytest
 
 from tests.gpu_semantics import pipeline_gen as gen
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 MS = gen.MS
@@ -105,10 +106,10 @@ def test_reference_orders_come_from_torch_schedules():
 def test_simulated_replicas_and_interleaving(tmp_path, schedule, v):
     """tracekit.simulate's NCCL traces (pp=4 × dp=2, m=8): one pipeline per data-parallel replica, in the
     simulator's own pp groups' order, and v chunks per rank from the ring's lighter wrap link."""
-    from tracekit.analyze.pipeline_graph import infer_pipelines, load_p2p
-    from tracekit.simulate import ClusterSpec, Layout, ModelSpec, simulate, write_traces
+    from tracekit.derive.pipeline_graph import infer_pipelines, load_p2p
+    from tracekit.simulate import ClusterSpec, ModelSpec, ParallelLayout, simulate, write_traces
 
-    layout = Layout(pp=4, dp=2, schedule=schedule, microbatches=8, interleave=v)
+    layout = ParallelLayout(pp=4, dp=2, schedule=schedule, microbatches=8, virtual_stages=v)
     res = simulate(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"), layout, steps=2, without=False)
     write_traces(res, tmp_path / "t")
     store = parse_run(tmp_path / "t", tmp_path / "s", progress=False).store

@@ -16,7 +16,8 @@ from decimal import Decimal
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 FOLDER = "amdhpc_cifar_resnet_ddp4_mi300_merged"

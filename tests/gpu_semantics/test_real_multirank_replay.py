@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.assess.whatif import run_whatif
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
-from tracekit.whatif.api import run_whatif
 from tracekit.whatif.graph import replay, window_bounds
 
 MERGED = "amdhpc_cifar_resnet_ddp4_mi300_merged/merged_all_events.json.gz"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyze.bandwidth import analyze_bandwidth
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 from tests.gpu_semantics.generator import covered

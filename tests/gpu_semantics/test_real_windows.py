@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze.base import AnalysisConfig
 from tracekit.analyze.breakdown import analyze_breakdown
+from tracekit.config import AnalysisConfig
 from tracekit.parse.run import parse_run
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}

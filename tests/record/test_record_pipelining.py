@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.record.conftest import assert_job_ok, load_trace, run_record, torchrun
-from tracekit.analyze.engine import AnalysisConfig, analyze_store
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "pipelining_1f1b.py"

@@ -138,8 +138,8 @@ def test_every_profiled_collective_is_in_the_log_with_its_group(recordings, name
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp", "tp_sp"])
 def test_our_ranges_are_overhead_not_compute(recordings, analyses, name):
-    from tracekit.analyze import intervals as iv
-    from tracekit.analyze.breakdown import load_rank_activity
+    from tracekit.derive import intervals as iv
+    from tracekit.derive.activity import load_rank_activity
 
     out = recordings[name]
     analysis, store = analyses(name)

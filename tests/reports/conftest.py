@@ -156,7 +156,7 @@ def _candidate(dp: int, tp: int, step_ms: float, peak_gib: float, changes: list[
 
 
 def _advice_section(dp: int, tp: int, note: str) -> dict[str, Any]:
-    """The layout advice of tracekit/analyze/advice.py (advice.json's shape), with `note` in a calibration note."""
+    """The layout advice of tracekit/assess/advice.py (advice.json's shape), with `note` in a calibration note."""
     cur = dict(_candidate(dp, tp, 95.0, 30.0, [], "", current=True), measured_step_ns=96_000_000)
     ranked = [_candidate(dp * tp, 1, 80.0, 50.0, [f"tp {tp}→1", f"dp {dp}→{dp * tp}"], "exposed communication −15.0 ms"),
               cur, _candidate(dp // 2 or 1, tp * 2, 99.0, 20.0, [f"tp {tp}→{tp * 2}"], "compute +4.0 ms"),

@@ -259,7 +259,15 @@ def test_inputs_table_from_the_store(tmp_path) -> None:
     w.skip("rank2.json", "truncated")
     store = w.close()
     analysis = build_analysis(num_ranks=2)
+    # the spans come from the analysis (inputs.rank_spans: last - first event), the report only lays them out
+    analysis.setdefault("sections", {})["inputs"] = {
+        "rank_spans": [{"rank": 0, "span_ns": 5_000_000}, {"rank": 1, "span_ns": 9_000_000}],
+        "runs": [{"ranks": [0, 1], "start_ns": 1_764_000_000_000_000_000, "end_ns": 1_764_000_000_009_002_000,
+                  "span_ns": 9_002_000}]}
     html = render_html(analysis, store)
     inputs = re.search(r'<table class="tk sortable" id="inputs-table">(.*?)</table>', html, re.S).group(1)
     assert inputs.count("<tr>") == 3 and "&lt;img src=x" in inputs and "<img" not in inputs
     assert "traced span 5.00 ms on rank 0" in html
+    assert ">9.00 ms<" in inputs and "5,001,000" not in html  # units, never the clock readings
+    runs = re.search(r'id="runs-table">(.*?)</table>', html, re.S).group(1)
+    assert "2025-11-24 16:00:00.000 UTC" in runs and "9.00 ms" in runs  # 1.764e18 ns after the epoch

@@ -37,7 +37,8 @@ def test_failing_analyzer_is_listed_and_the_rest_runs(tmp_path, monkeypatch, cle
 def test_isolation_can_be_turned_off_for_debugging(tmp_path, monkeypatch):
     import pytest
 
-    from tracekit.analyze.engine import AnalysisConfig, analyze_store
+    from tracekit.flow import analyze_store
+    from tracekit.config import AnalysisConfig
     from tracekit.parse.run import parse_run
 
     def boom(store):

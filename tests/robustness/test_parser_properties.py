@@ -171,7 +171,7 @@ def test_mutated_rank_never_takes_the_run_down(doc, damage, where):
     import jsonschema
 
     import reports
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     d = _small_pair_dir()
@@ -196,7 +196,7 @@ def test_mutated_rank_never_takes_the_run_down(doc, damage, where):
 
 
 def _base_rank0() -> dict:
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     d = _small_pair_dir()

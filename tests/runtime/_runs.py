@@ -29,7 +29,7 @@ def numerics_config(out: Path, **kw: Any) -> RunConfig:
     exactly the single-process function, so losses agree to rounding (the aux loss is per routing call, i.e.
     per shard, and capacity is per routing call too; both legitimately differ from one process's)."""
     model = small_model(capacity_factor=4.0, aux_loss_weight=0.0)
-    return RunConfig(model=model, dtype="float64", steps=3, profile_steps=0, seq_len=32, global_batch_size=8,
+    return RunConfig.build(model=model, dtype="float64", steps=3, profile_steps=0, seq_len=32, global_batch_size=8,
                      out=str(out), **kw)
 
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _cfg(out: Path, *, moe: bool = True, num_layers: int = 4, **kw) -> RunConfig:
     model = small_model(d_model=64, d_ff=128, vocab_size=256, moe_every=2 if moe else 0, num_layers=num_layers)
-    return RunConfig(model=model, steps=4, profile_steps=2, seq_len=64, out=str(out), **kw)
+    return RunConfig.build(model=model, steps=4, profile_steps=2, seq_len=64, out=str(out), **kw)
 
 
 def _faults(out: Path) -> dict:

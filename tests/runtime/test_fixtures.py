@@ -60,9 +60,9 @@ def test_files_and_manifest(run):
     assert len([f for f in files if f.endswith(".pt.trace.json.gz")]) == run.world
     assert sum(p.stat().st_size for p in run.dir.iterdir()) < 300 * 1024
     m = run.manifest
-    assert run.world == run.cfg.pp * run.cfg.dp * run.cfg.cp * run.cfg.tp
+    assert run.world == run.cfg.layout.pp * run.cfg.layout.dp * run.cfg.layout.cp * run.cfg.layout.tp
     pd = ParallelDims.from_config(run.cfg, run.world)
-    assert m["layout"]["groups"] == json.loads(json.dumps(pd.group_ranks()))
+    assert m["layout"]["groups"] == json.loads(json.dumps(pd.layout.groups()))
     assert set(m["clock_anchors"]) == {str(r) for r in range(run.world)} == set(m["hosts"])
     for a in m["clock_anchors"].values():
         assert a["post_barrier"]["time_ns"] >= a["start"]["time_ns"]
@@ -125,7 +125,7 @@ def test_routing_counts_add_up(run):
     if not (run.dir / "routing.rank0.jsonl").exists():
         pytest.skip("no MoE")
     k = run.cfg.model.top_k
-    tokens_per_rank = run.cfg.global_batch_size // run.cfg.dp * run.cfg.seq_len // (run.cfg.cp * run.cfg.tp)
+    tokens_per_rank = run.cfg.global_batch_size // run.cfg.layout.dp * run.cfg.seq_len // (run.cfg.layout.cp * run.cfg.layout.tp)
     stage_of_layer = {lid: s for s, ids in enumerate(run.manifest["layout"]["stage_layer_ids"]) for lid in ids}
     for r in range(run.world):
         rows = load_jsonl(run.dir / f"routing.rank{r}.jsonl")
@@ -133,14 +133,14 @@ def test_routing_counts_add_up(run):
         for row in rows:
             per[(row["step"], row["layer"])].append(row)
             assert 0 <= row["dropped"] <= row["tokens"]
-        pp_rank = ParallelDims.from_config(run.cfg, run.world).coords(r)["pp"]
-        mine = [lid for lid in moe_layers if stage_of_layer[lid] % run.cfg.pp == pp_rank]
+        pp_rank = run.cfg.layout.coords(r)["pp"]
+        mine = [lid for lid in moe_layers if stage_of_layer[lid] % run.cfg.layout.pp == pp_rank]
         assert sorted({key[1] for key in per}) == mine
         for (step, layer), rs in per.items():
             assert sorted(x["expert"] for x in rs) == list(range(run.cfg.model.num_experts))
             assert sum(x["tokens"] for x in rs) == tokens_per_rank * k
-            cap = math.ceil(run.cfg.model.capacity_factor * tokens_per_rank / run.cfg.microbatches * k
-                            / run.cfg.model.num_experts) * run.cfg.microbatches
+            cap = math.ceil(run.cfg.model.capacity_factor * tokens_per_rank / run.cfg.layout.microbatches * k
+                            / run.cfg.model.num_experts) * run.cfg.layout.microbatches
             assert {x["capacity"] for x in rs} == {cap}
 
 
@@ -164,7 +164,7 @@ def test_each_dimension_shows_its_collectives(name):
 
 def test_pipeline_labels_cover_every_microbatch():
     run = Run("pp_1f1b")
-    m = run.cfg.microbatches
+    m = run.cfg.layout.microbatches
     for r in range(run.world):
         names = {e["name"] for e in run.trace(r).named("pp:")}
         assert names == {f"pp:stage{r}:mb{i}:{ph}" for i in range(m) for ph in ("fwd", "bwd")}

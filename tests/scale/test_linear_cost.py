@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.whatif.fixes import Layout, aligned, instances
+from tracekit.whatif.fixes import RunFacts, aligned, instances
 from tracekit.whatif.graph import Category, InstInfo, StepGraph
 
 
@@ -36,7 +36,7 @@ def _seq(g: StepGraph, mask: np.ndarray, r: int) -> np.ndarray:
 def test_aligned_equals_a_scan_per_peer():
     rng = np.random.default_rng(7)
     g = _graph(rng)
-    lay = Layout(coords={r: {"pp": r % 2} for r in range(0, 12, 1) if r != 5})
+    lay = RunFacts(coords={r: {"pp": r % 2} for r in range(0, 12, 1) if r != 5})
     stacked = 0
     for mask in (g.category == Category.COMPUTE, g.category == Category.HOST, g.rank >= 0):
         for r in range(12):
@@ -56,7 +56,7 @@ def test_aligned_equals_a_scan_per_peer():
 def test_instances_equal_a_scan_per_instance():
     rng = np.random.default_rng(11)
     g = _graph(rng)
-    lay = Layout(hosts={r: f"h{r // 4}" for r in range(12) if r != 9})  # rank 9's host unknown
+    lay = RunFacts(hosts={r: f"h{r // 4}" for r in range(12) if r != 9})  # rank 9's host unknown
     dur = g.dur + rng.integers(0, 100, g.num_nodes)
     got = instances(g, dur, lay)
     rows = []

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from tests.scale.conftest import assert_stores_equal
-from tracekit.analyze.engine import analyze_store
 from tracekit.engines.local import LocalEngine
 from tracekit.engines.rank_tasks import prefetch_rank_activity
+from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 pytestmark = pytest.mark.ray

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate, step_time, write_traces
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +35,10 @@ pytestmark = pytest.mark.slow
 # expert; 2 layers (1 per pipeline stage) keep the 64-rank runs small
 MODEL = ModelSpec("matrix-moe", layers=2, hidden=2048, heads=16, seq=4096, vocab=8192, experts=4, top_k=1,
                   micro_batch_size=8)
-LAYOUTS: dict[str, tuple[Layout, str, ModelSpec]] = {
-    "dp4xtp2": (Layout(dp=4, tp=2, ep=4), "1x8-h100", MODEL),
-    "pp2xdp4": (Layout(pp=2, dp=4, ep=4, microbatches=4), "1x8-h100", MODEL),
-    "5d-64": (Layout(pp=2, dp=8, cp=2, tp=2, ep=4, microbatches=4), "8x8-h100", MODEL),
+LAYOUTS: dict[str, tuple[ParallelLayout, str, ModelSpec]] = {
+    "dp4xtp2": (ParallelLayout(dp=4, tp=2, ep=4), "1x8-h100", MODEL),
+    "pp2xdp4": (ParallelLayout(pp=2, dp=4, ep=4, microbatches=4), "1x8-h100", MODEL),
+    "5d-64": (ParallelLayout(pp=2, dp=8, cp=2, tp=2, ep=4, microbatches=4), "8x8-h100", MODEL),
 }
 SEEDS = (0, 1, 2)
 FAULT_KINDS = ("slow_gpu", "slow_link", "slow_nic", "stage_imbalance", "router_skew", "host_stall",
@@ -64,11 +64,11 @@ it costs < 1% however it runs), ep kept inside a host; the pipeline needs severa
 to overlap anything."""
 
 
-def _dims(layout: Layout) -> list[str]:
+def _dims(layout: ParallelLayout) -> list[str]:
     return [d for d in ("tp", "dp", "cp", "ep") if getattr(layout, d) > 1]
 
 
-def _with_dp_sync(layout_name: str, made: tuple[Layout, Faults, ModelSpec]) -> tuple[Layout, Faults, ModelSpec, str]:
+def _with_dp_sync(layout_name: str, made: tuple[ParallelLayout, Faults, ModelSpec]) -> tuple[ParallelLayout, Faults, ModelSpec, str]:
     layout, faults, model = made
     cluster_name = LAYOUTS[layout_name][1]
     if faults.no_overlap or "dp" in faults.slow_link:
@@ -91,17 +91,17 @@ def _clean_step_ns(layout_name: str, seed: int) -> int:
     return _CLEAN_STEP[(layout_name, seed)]
 
 
-def fault_for(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, ModelSpec, str] | None:
+def fault_for(kind: str, layout_name: str, seed: int) -> tuple[ParallelLayout, Faults, ModelSpec, str] | None:
     """The fault of this kind for a layout and seed (layout, faults, model, cluster preset), or None where
     the layout cannot have it."""
     made = _fault(kind, layout_name, seed)
     return None if made is None else _with_dp_sync(layout_name, made)
 
 
-def _fault(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, ModelSpec] | None:
+def _fault(kind: str, layout_name: str, seed: int) -> tuple[ParallelLayout, Faults, ModelSpec] | None:
     layout, cluster_name, model = LAYOUTS[layout_name]
     cluster = ClusterSpec.preset(cluster_name)
-    world = layout.world
+    world = layout.world_size
     rank = (5 + 11 * seed) % world
     hosts = -(-world // cluster.gpus_per_host)
     dims = _dims(layout)
@@ -146,7 +146,7 @@ def _fault(kind: str, layout_name: str, seed: int) -> tuple[Layout, Faults, Mode
 def _possible(kind: str, layout_name: str) -> bool:
     """Whether the layout can have this fault (decided without simulating anything)."""
     layout, cluster_name, _ = LAYOUTS[layout_name]
-    multi_host = layout.world > ClusterSpec.preset(cluster_name).gpus_per_host
+    multi_host = layout.world_size > ClusterSpec.preset(cluster_name).gpus_per_host
     return {"slow_nic": multi_host, "stage_imbalance": layout.pp > 1, "too_few_microbatches": layout.pp > 1,
             "groups_span_hosts": layout.tp > 1 and multi_host}.get(kind, True)
 
@@ -162,7 +162,7 @@ class Runs:
     def get(self, layout_name: str, kind: str, seed: int) -> dict[str, Any]:
         key = (layout_name, kind, seed)
         if key not in self.cache:
-            from tracekit.analyze.engine import analyze_store
+            from tracekit.flow import analyze_store
             from tracekit.parse.run import parse_run
 
             if kind == "clean":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, simulate, step_time, write_traces
+from tracekit.simulate import ClusterSpec, Faults, ParallelLayout, ModelSpec, simulate, step_time, write_traces
 
 TINY = ModelSpec.preset("tiny")
 C8 = ClusterSpec.preset("1x8-h100")
@@ -19,7 +19,7 @@ C8 = ClusterSpec.preset("1x8-h100")
 
 @pytest.fixture(scope="module")
 def dp_tp_run(tmp_path_factory):
-    res = simulate(TINY, ClusterSpec.preset("2x4-h100"), Layout(dp=4, tp=2), Faults(slow_gpu={3: 1.5}), steps=3, seed=1)
+    res = simulate(TINY, ClusterSpec.preset("2x4-h100"), ParallelLayout(dp=4, tp=2), Faults(slow_gpu={3: 1.5}), steps=3, seed=1)
     out = tmp_path_factory.mktemp("sim") / "dp_tp"
     write_traces(res, out)
     return res, out
@@ -35,12 +35,12 @@ def _ns(us: Decimal) -> int:
 
 
 def test_deterministic_per_seed():
-    a = simulate(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5, without=False)
-    b = simulate(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5, without=False)
-    c = simulate(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=6, without=False)
+    a = simulate(TINY, C8, ParallelLayout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5, without=False)
+    b = simulate(TINY, C8, ParallelLayout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5, without=False)
+    c = simulate(TINY, C8, ParallelLayout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=6, without=False)
     assert a.ground_truth() == b.ground_truth()
     assert a.key["step_ns"] != c.key["step_ns"]
-    assert step_time(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5) == a.mean_step_ns
+    assert step_time(TINY, C8, ParallelLayout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=5) == a.mean_step_ns
 
 
 def test_collective_kernels_follow_nccl_semantics(dp_tp_run):
@@ -76,7 +76,7 @@ def test_collective_kernels_follow_nccl_semantics(dp_tp_run):
 
 
 def test_tracekit_parses_and_its_breakdown_matches_the_key(dp_tp_run, tmp_path):
-    from tracekit.analyze.engine import analyze_store
+    from tracekit.flow import analyze_store
     from tracekit.parse.run import parse_run
 
     res, out = dp_tp_run
@@ -101,7 +101,7 @@ def test_hta_temporal_breakdown_matches_the_key(tmp_path):
     import logging
     import warnings
 
-    res = simulate(TINY, ClusterSpec.preset("2x2-h100"), Layout(dp=2, pp=2, microbatches=2),
+    res = simulate(TINY, ClusterSpec.preset("2x2-h100"), ParallelLayout(dp=2, pp=2, microbatches=2),
                    Faults(slow_gpu={1: 1.4}), steps=3, seed=2, without=False)
     write_traces(res, tmp_path)
     logging.disable(logging.WARNING)
@@ -149,7 +149,7 @@ def test_comms_logs_parse_as_flight_recorder_entries(tmp_path):
     from tracekit.parse.run import parse_run
     from tracekit.simulate.writer import BASE_NS
 
-    res = simulate(TINY, C8, Layout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=3, without=False)
+    res = simulate(TINY, C8, ParallelLayout(dp=2, tp=2, pp=2, microbatches=2), steps=2, seed=3, without=False)
     write_traces(res, tmp_path, comms_logs=True)
     store = parse_run(tmp_path, tmp_path / "store", progress=False).store
     rows = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "ts", "dur", "is_p2p"]).to_pylist()
@@ -170,14 +170,14 @@ def test_predict_matches_the_full_simulation_and_orders_layouts():
     trades memory for time; halving tp at the same global batch costs memory per GPU."""
     from tracekit.simulate import predict
 
-    lay = Layout(dp=2, tp=4)
+    lay = ParallelLayout(dp=2, tp=4)
     full = simulate(TINY, C8, lay, steps=2, seed=4, without=False)
     p = predict(TINY, C8, lay, steps=2, seed=4)
     assert p.step_ns == full.mean_step_ns
     assert p.peak_memory_bytes == [full.peak_memory(r) for r in range(full.ranks)]
-    ckpt = predict(TINY, C8, Layout(dp=2, tp=4, activation_checkpointing=True), steps=2, seed=4)
+    ckpt = predict(TINY, C8, ParallelLayout(dp=2, tp=4, activation_checkpointing=True), steps=2, seed=4)
     assert ckpt.max_memory_bytes < p.max_memory_bytes and ckpt.step_ns > p.step_ns
-    assert predict(TINY, C8, Layout(dp=4, tp=2), steps=2, seed=4).max_memory_bytes > p.max_memory_bytes
+    assert predict(TINY, C8, ParallelLayout(dp=4, tp=2), steps=2, seed=4).max_memory_bytes > p.max_memory_bytes
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb", 1), ("zb", 2)])
@@ -186,21 +186,21 @@ def test_pipeline_schedules_finish_and_the_bubble_falls_with_microbatches(schedu
     asynchronous to the host, as NCCL's), and more micro-batches shrink the non-compute share of stage 0."""
     share = {}
     for m in (4, 8):
-        res = simulate(TINY, C8, Layout(pp=4, dp=2, schedule=schedule, interleave=v, microbatches=m), steps=1,
+        res = simulate(TINY, C8, ParallelLayout(pp=4, dp=2, schedule=schedule, virtual_stages=v, microbatches=m), steps=1,
                        seed=0, without=False)
         k = res.key["ranks"][0]["total"]
         share[m] = 1 - k["compute_ns"] / k["window_ns"]
     assert share[8] < share[4]
 
 
-@pytest.mark.parametrize("layout", [Layout(pp=2, cp=4, schedule="zb", microbatches=4, interleave=2),
-                                    Layout(pp=2, cp=2, schedule="interleaved", microbatches=4, interleave=2)],
+@pytest.mark.parametrize("layout", [ParallelLayout(pp=2, cp=4, schedule="zb", microbatches=4, virtual_stages=2),
+                                    ParallelLayout(pp=2, cp=2, schedule="interleaved", microbatches=4, virtual_stages=2)],
                          ids=["zb-cp4", "interleaved-cp2"])
 def test_a_bounded_launch_queue_delays_the_host_but_never_deadlocks_a_pipeline(layout):
     """Pipelines with ring attention: a P2P waiting for the peer stage sits on a comm stream; with one
     launch queue for all streams it held back the compute launches the peer needed (at 1024 launches on
     a 70B-size model; here at 4-64 on a small one). Per stream, each depth replays the unbounded step."""
-    from tracekit.simulate import engine
+    from tracekit.simulate import executor
     from tracekit.simulate.api import T0_NS
     from tracekit.simulate.key import answer_key
     from tracekit.simulate.program import build_programs, make_world
@@ -208,8 +208,8 @@ def test_a_bounded_launch_queue_delays_the_host_but_never_deadlocks_a_pipeline(l
     def step_ns(depth: int) -> int:
         progs = build_programs(make_world(ModelSpec.preset("tiny"), ClusterSpec.preset("1x8-h100"), layout,
                                           Faults(), 0), 2)
-        engine.run(progs, T0_NS, depth)
-        engine.finish_colls(progs)
+        executor.run(progs, T0_NS, depth)
+        executor.finish_colls(progs)
         return answer_key(progs, (), 2)["mean_step_ns"]
 
     unbounded = step_ns(10**9)

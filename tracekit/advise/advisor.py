@@ -13,10 +13,13 @@ from typing import Any
 
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
+from tracekit.advise.predict import model_flops_per_token
+from tracekit.advise.predict import replicas_needed
 from tracekit.advise.space import SearchSpace, enumerate_layouts
 from tracekit.model import memory as mem
-from tracekit.simulate import ClusterSpec, Layout, ModelSpec
-from tracekit.simulate.engine import Deadlock
+from tracekit.layout import ParallelLayout
+from tracekit.simulate import ClusterSpec, ModelSpec
+from tracekit.simulate.executor import Deadlock
 
 ADVICE_SCHEMA = "tracekit.advice/1"
 MEMORY_RESERVE = 0.1
@@ -25,7 +28,7 @@ MEMORY_RESERVE = 0.1
 
 @dataclass(frozen=True)
 class Candidate:
-    layout: Layout
+    layout: ParallelLayout
     micro_batch_size: int
     step_ns: int
     """Predicted step time, calibrated (residual applied)."""
@@ -73,15 +76,8 @@ def model_shape(model: ModelSpec, micro_batch_size: int) -> mem.ModelShape:
                           bytes_per_value=model.dtype_bytes)
 
 
-def memory_layout(layout: Layout) -> mem.Layout:
-    return mem.Layout(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
-                      dp_mode="fsdp" if layout.fsdp else "ddp", schedule=layout.schedule,
-                      microbatches=layout.microbatches, virtual_stages=layout.virtual,
-                      activation_checkpointing=layout.activation_checkpointing)
-
-
-def peak_memory(model: ModelSpec, layout: Layout, mbs: int, calib: mem.Calibration = mem.Calibration()) -> int:
-    return mem.peak_bytes(model_shape(model, mbs), memory_layout(layout), calib)
+def peak_memory(model: ModelSpec, layout: ParallelLayout, mbs: int, calib: mem.Calibration = mem.Calibration()) -> int:
+    return mem.peak_bytes(model_shape(model, mbs), layout, calib)
 
 
 def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalibration:
@@ -94,7 +90,7 @@ def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalib
         return MemoryCalibration(mem.Calibration(), False, "uncalibrated (the trace has no memory events)")
     shape = model_shape(cal.model, cal.model.micro_batch_size)
     try:
-        c = mem.calibrate_from_analysis(shape, memory_layout(cal.measured.layout), section)
+        c = mem.calibrate_from_analysis(shape, cal.measured.layout, section)
     except (ValueError, ZeroDivisionError) as exc:
         return MemoryCalibration(mem.Calibration(), False, f"uncalibrated ({exc})")
     static = (f"static {c.static_bytes_per_param:.1f} B per parameter measured" if c.static_bytes_per_param
@@ -104,14 +100,12 @@ def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalib
                              f"head ×{c.head_scale:.2f}, transients ×{c.transient_scale:.2f}, {static}")
 
 
-def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: int) -> float:
+def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, mbs: int) -> float:
     """Closed form for pre-ranking: compute at calibrated efficiency × (1 + bubble) + tp/ep collectives."""
-    from tracekit.advise.predict import model_flops_per_token
-
     m = dataclasses.replace(model, micro_batch_size=mbs)
-    flops = model_flops_per_token(m) * tokens_per_step(m, layout) / layout.world
+    flops = model_flops_per_token(m) * tokens_per_step(m, layout) / layout.world_size
     comp = flops / (cluster.peak_tflops * 1e3 * cluster.efficiency) * (4 / 3 if layout.activation_checkpointing else 1)
-    p, v, mb = layout.pp, layout.virtual, layout.microbatches
+    p, v, mb = layout.pp, layout.stages_per_rank, layout.microbatches
     bubble = (p - 1) / (v * mb + p - 1) * (0.5 if layout.schedule == "zb" else 1.0)
     tp_bw = cluster.intra_bw_gbs if layout.tp * layout.cp <= cluster.gpus_per_host else cluster.inter_bw_gbs
     tokens = m.seq * mbs // layout.cp
@@ -119,7 +113,7 @@ def rough_step_ns(model: ModelSpec, cluster: ClusterSpec, layout: Layout, mbs: i
     return comp / (1 - bubble) + tp_bytes / tp_bw
 
 
-def _changes(cur: Layout, new: Layout) -> list[str]:
+def _changes(cur: ParallelLayout, new: ParallelLayout) -> list[str]:
     """What differs from the measured layout."""
     out = [f"{k} {getattr(cur, k)}→{getattr(new, k)}" for k in ("tp", "pp", "cp", "ep", "dp")
            if getattr(cur, k) != getattr(new, k)]
@@ -149,7 +143,7 @@ def _why(cur: Candidate | None, new: Candidate) -> str:
     return ", ".join(f"{name} {'+' if d > 0 else '−'}{abs(d) / 1e6:.1f} ms" for name, d in moved)
 
 
-def _predicted(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, picks: list[tuple[Layout, int]],
+def _predicted(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, picks: list[tuple[ParallelLayout, int]],
                capacity: int | None, cur: Candidate | None, skipped: list[str]) -> list[Candidate]:
     """A candidate per pick; a layout the simulator cannot run is left out and named in `skipped`."""
     out = []
@@ -161,40 +155,38 @@ def _predicted(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, pic
     return out
 
 
-def layout_name(L: Layout) -> str:
-    return (f"dp{L.dp} tp{L.tp} pp{L.pp} cp{L.cp} ep{L.ep}" + (f" {L.schedule} m{L.microbatches} v{L.virtual}"
+def layout_name(L: ParallelLayout) -> str:
+    return (f"dp{L.dp} tp{L.tp} pp{L.pp} cp{L.cp} ep{L.ep}" + (f" {L.schedule} m{L.microbatches} v{L.stages_per_rank}"
             if L.pp > 1 else "") + (" fsdp" if L.fsdp else "") + (" ac" if L.activation_checkpointing else ""))
 
 
-def _candidate(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, layout: Layout, mbs: int,
+def _candidate(cal: Calibrated, mcal: mem.Calibration, cluster: ClusterSpec, layout: ParallelLayout, mbs: int,
                capacity: int | None, cur: Candidate | None) -> Candidate:
     model = dataclasses.replace(cal.model, micro_batch_size=mbs)
     pred = predict_step(model, cluster, layout)
     step = int(pred.step_ns * cal.residual)
     peak = peak_memory(cal.model, layout, mbs, mcal)
     fits = capacity is None or peak <= capacity * (1 - MEMORY_RESERVE)
-    tps = tokens_per_step(model, layout) / (step * 1e-9) / layout.world
+    tps = tokens_per_step(model, layout) / (step * 1e-9) / layout.world_size
     c = Candidate(layout, mbs, step, pred, peak, fits, tps, mfu(model, cluster, layout, step),
                   changes=_changes(cal.measured.layout, layout))
     return dataclasses.replace(c, why=_why(cur, c))
 
 
-def _degrees(L: Layout) -> tuple[int, ...]:
+def _degrees(L: ParallelLayout) -> tuple[int, ...]:
     return (L.dp, L.tp, L.pp, L.cp, L.ep)
 
 
-def _simulated_ranks(L: Layout) -> int:
-    from tracekit.advise.predict import replicas_needed
-
+def _simulated_ranks(L: ParallelLayout) -> int:
     return replicas_needed(L) * L.tp * L.pp * L.cp
 
 
-def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], n: int,
-               current: Layout | None, near: int) -> list[tuple[Layout, int]]:
+def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[ParallelLayout, int]], n: int,
+               current: ParallelLayout | None, near: int) -> list[tuple[ParallelLayout, int]]:
     """The closed form's best variant of each (dp, tp, pp, cp, ep), best first: the simulator sees every
     degree combination the closed form ranks high, not 24 variants of one; then the best `near` of the
     others that change one or two degrees of the current layout (the changes a user would try first)."""
-    best: dict[tuple[int, ...], tuple[float, Layout, int]] = {}
+    best: dict[tuple[int, ...], tuple[float, ParallelLayout, int]] = {}
     for L, mbs in pool:
         est = rough_step_ns(model, cluster, L, mbs)
         k = _degrees(L)
@@ -208,8 +200,8 @@ def _shortlist(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, 
     return [(L, mbs) for _, L, mbs in picked if L != current]
 
 
-def _variants(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[Layout, int]], groups: set, done: set,
-              per_group: int) -> list[tuple[Layout, int]]:
+def _variants(model: ModelSpec, cluster: ClusterSpec, pool: list[tuple[ParallelLayout, int]], groups: set, done: set,
+              per_group: int) -> list[tuple[ParallelLayout, int]]:
     """More schedule / micro-batch / FSDP / checkpointing variants of the best degree combinations."""
     out = []
     for g in groups:
@@ -246,7 +238,7 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
     capacity = gpu_memory_bytes or int(target.hbm_gb * (1 << 30))
     space = space or SearchSpace(gpus=n, global_batch=batch)
     current = None
-    if m.layout.world == n and batch % (m.layout.dp * m.layout.microbatches) == 0:
+    if m.layout.world_size == n and batch % (m.layout.dp * m.layout.microbatches) == 0:
         mbs_cur = batch // (m.layout.dp * m.layout.microbatches)
         current = _candidate(cal, mc.calibration, target, m.layout, mbs_cur, capacity, None)
     options = list(enumerate_layouts(cal.model, space))
@@ -268,10 +260,10 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
                   skipped)
 
 
-def layout_json(layout: Layout) -> dict[str, Any]:
+def layout_json(layout: ParallelLayout) -> dict[str, Any]:
     return {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep,
             "fsdp": layout.fsdp, "schedule": layout.schedule if layout.pp > 1 else None,
-            "microbatches": layout.microbatches, "interleave": layout.virtual,
+            "microbatches": layout.microbatches, "interleave": layout.stages_per_rank,
             "activation_checkpointing": layout.activation_checkpointing}
 
 

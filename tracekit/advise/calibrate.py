@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from tracekit.advise.predict import predict_step
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
-from tracekit.simulate import engine
+from tracekit.layout import SCHEDULES, ParallelLayout
+from tracekit.simulate import ClusterSpec, Faults, ModelSpec
+from tracekit.simulate import executor
 from tracekit.simulate.api import T0_NS
 from tracekit.simulate.key import answer_key
 from tracekit.simulate.program import build_programs, make_world
@@ -57,7 +58,7 @@ class CollPoint:
 class MeasuredRun:
     """What the analysis says about the run the advice starts from."""
 
-    layout: Layout
+    layout: ParallelLayout
     world: int
     hosts: int
     step_ns: int
@@ -72,6 +73,9 @@ class MeasuredRun:
     """Every collective row with known bytes (any size), P2P send/recv pairs as `sendrecv`."""
     cpu_only: bool = False
     """No rank's trace has device work (a gloo CPU run): its collectives' latency is per ring hop."""
+    recorder_overhead: float = 1.0
+    """Profiled / unprofiled step time measured by `tracekit record` (section `recording`); step_ns and
+    compute_ns above are already divided by it."""
 
 
 def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
@@ -105,7 +109,7 @@ def coll_points(rows: list[dict[str, Any]]) -> tuple[CollPoint, ...]:
     return tuple(out)
 
 
-def measured_layout(analysis: dict[str, Any]) -> Layout:
+def measured_layout(analysis: dict[str, Any]) -> ParallelLayout:
     sec = analysis.get("sections", {})
     shape = (sec.get("layout") or {}).get("mesh_shape") or {}
     pipe = sec.get("pipeline") or {}
@@ -122,9 +126,9 @@ def measured_layout(analysis: dict[str, Any]) -> Layout:
     known = dims["tp"] * dims["pp"] * dims["cp"]
     if "dp" not in shape and world % known == 0:
         dims["dp"] = world // known
-    return Layout(dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], cp=dims["cp"], ep=dims["ep"], fsdp=_fsdp(rows),
-                  schedule=schedule if schedule in ("gpipe", "1f1b", "interleaved", "zb") else "1f1b",
-                  microbatches=m, interleave=v)
+    return ParallelLayout(dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], cp=dims["cp"], ep=dims["ep"],
+                          dp_mode="fsdp" if _fsdp(rows) else "ddp",
+                          schedule=schedule if schedule in SCHEDULES else "1f1b", microbatches=m, virtual_stages=v)
 
 
 def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
@@ -143,9 +147,11 @@ def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
         bw.setdefault(dim, []).append(float(row["busbw_gbps_p50"]))
         t = float(row["time_ns_p50"])
         points.setdefault(dim, []).append((float(row["busbw_gbps_p50"]) * t, t))
-    return MeasuredRun(layout=layout, world=layout.world, hosts=hosts,
-                       step_ns=int(max(_mean_per_step(ranks, "step_ns"))),
-                       compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns"))),
+    slowed = float(((sec.get("recording") or {}).get("recorder_overhead") or {}).get("ratio") or 1.0)
+    return MeasuredRun(layout=layout, world=layout.world_size, hosts=hosts,
+                       step_ns=int(max(_mean_per_step(ranks, "step_ns")) / slowed),
+                       compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns")) / slowed),
+                       recorder_overhead=slowed,
                        busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points,
                        coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])),
                        cpu_only=_cpu_only(sec))
@@ -300,11 +306,11 @@ def router_skew(analysis: dict[str, Any], experts: int) -> float | None:
     return (lo + hi) / 2
 
 
-def _simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, steps: int = 2) -> dict[str, Any]:
+def _simulate(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, steps: int = 2) -> dict[str, Any]:
     w = make_world(model, cluster, layout, Faults(), 0)
     progs = build_programs(w, steps)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     return answer_key(progs, (), steps)
 
 
@@ -329,6 +335,9 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
     """Calibrate `cluster` (the description's figures are the starting point) to the measured run."""
     m = measured_run(analysis)
     notes: list[str] = []
+    if m.recorder_overhead != 1.0:
+        notes.append(f"recorded steps ran x{m.recorder_overhead:.3f} slower than unprofiled ones (tracekit record's "
+                     "timing): step and compute times divided by it before calibrating")
     mb = model.micro_batch_size
     cluster = dataclasses.replace(cluster, hosts=m.hosts, gpus_per_host=-(-m.world // m.hosts))
     sigma = router_skew(analysis, model.experts) if model.experts else None
@@ -347,7 +356,8 @@ def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) 
                       measured=m, predicted_measured_ns=pred, notes=notes)
 
 
-def predicted_step_ns(cal: Calibrated, layout: Layout, micro_batch_size: int, cluster: ClusterSpec | None = None) -> int:
+def predicted_step_ns(cal: Calibrated, layout: ParallelLayout, micro_batch_size: int,
+                      cluster: ClusterSpec | None = None) -> int:
     """Calibrated prediction of `layout`'s step (ns) at `micro_batch_size` sequences per micro-batch, on
     `cluster` (default: the calibrated one), residual applied."""
     model = dataclasses.replace(cal.model, micro_batch_size=micro_batch_size)

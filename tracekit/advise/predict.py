@@ -12,8 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec
-from tracekit.simulate import engine
+from tracekit.layout import ParallelLayout
+from tracekit.simulate import ClusterSpec, Faults, ModelSpec
+from tracekit.simulate import executor
 from tracekit.simulate.api import T0_NS
 from tracekit.simulate.key import answer_key
 from tracekit.simulate.program import build_programs, make_world
@@ -33,7 +34,7 @@ class StepPrediction:
     """Per step, mean over ranks: the parts of the step (GPU breakdown) that a layout change moves."""
 
 
-def replicas_needed(layout: Layout, max_dp: int = 2) -> int:
+def replicas_needed(layout: ParallelLayout, max_dp: int = 2) -> int:
     """Fewest dp replicas (a divisor of dp, at least min(dp, max_dp)) that keep ep's groups whole and keep
     an expert-data-parallel group (dp·cp/ep members) where the full layout has one: without it the reduced
     world has no expert-gradient all-reduce at all, which `full_size` can only rescale, not create
@@ -50,7 +51,7 @@ def replicas_needed(layout: Layout, max_dp: int = 2) -> int:
     return layout.dp
 
 
-def _full_scale(layout: Layout, cluster: ClusterSpec) -> tuple[dict[str, int], dict[str, bool]]:
+def _full_scale(layout: ParallelLayout, cluster: ClusterSpec) -> tuple[dict[str, int], dict[str, bool]]:
     """Group size and whether groups span hosts, per dim, at full scale (largest group of the dim)."""
     topo = build_topology(layout, cluster)
     size: dict[str, int] = {}
@@ -61,7 +62,7 @@ def _full_scale(layout: Layout, cluster: ClusterSpec) -> tuple[dict[str, int], d
     return size, inter
 
 
-def predict_step(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, steps: int = 2, seed: int = 0,
+def predict_step(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, *, steps: int = 2, seed: int = 0,
                  max_dp: int = 2) -> StepPrediction:
     """Mean step time (slowest rank's GPU step window) of `layout` on `cluster`, fault-free."""
     dp_sim = replicas_needed(layout, max_dp)
@@ -72,10 +73,10 @@ def predict_step(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, step
         w.full_size = {d: n for d, n in size.items() if d in SCALED_DIMS}
     w.full_inter = {d: v for d, v in inter.items() if d in SCALED_DIMS}
     progs = build_programs(w, steps)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     key = answer_key(progs, (), steps)
-    return StepPrediction(key["mean_step_ns"], small.world, **_parts(key))
+    return StepPrediction(key["mean_step_ns"], small.world_size, **_parts(key))
 
 
 def _parts(key: dict) -> dict[str, int]:
@@ -84,7 +85,7 @@ def _parts(key: dict) -> dict[str, int]:
     return {k: int(sum(s[k] for s in rows) / n) for k in ("compute_ns", "exposed_comm_ns", "idle_ns")}
 
 
-def tokens_per_step(model: ModelSpec, layout: Layout) -> int:
+def tokens_per_step(model: ModelSpec, layout: ParallelLayout) -> int:
     """Tokens one training step consumes over the whole job."""
     return model.seq * model.micro_batch_size * layout.microbatches * layout.dp
 
@@ -102,7 +103,7 @@ def model_flops_per_token(model: ModelSpec) -> float:
     return 6.0 * active + 6.0 * model.layers * model.hidden * model.seq
 
 
-def mfu(model: ModelSpec, cluster: ClusterSpec, layout: Layout, step_ns: int) -> float:
+def mfu(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, step_ns: int) -> float:
     flops = model_flops_per_token(model) * tokens_per_step(model, layout)
-    gpus = layout.world
+    gpus = layout.world_size
     return flops / (step_ns * 1e-9) / (gpus * cluster.peak_tflops * 1e12) if step_ns > 0 else math.nan

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from tracekit.simulate import Layout, ModelSpec
+from tracekit.layout import ParallelLayout
+from tracekit.simulate import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def pipeline_options(space: SearchSpace, pp: int, per_replica: int) -> Iterator[
             yield s, m, (2 if s in ("interleaved", "zb") else 1)
 
 
-def enumerate_layouts(model: ModelSpec, space: SearchSpace) -> Iterator[tuple[Layout, int]]:
+def enumerate_layouts(model: ModelSpec, space: SearchSpace) -> Iterator[tuple[ParallelLayout, int]]:
     """Every valid (layout, micro-batch size in sequences) of the space."""
     for dp, tp, pp, cp in degrees(model, space):
         per_replica = space.global_batch // dp
@@ -77,5 +78,6 @@ def enumerate_layouts(model: ModelSpec, space: SearchSpace) -> Iterator[tuple[La
                     if fsdp and dp * cp == 1:
                         continue
                     for ac in space.checkpointing:
-                        yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, fsdp=fsdp, schedule=schedule,
-                                     microbatches=m, interleave=v, activation_checkpointing=ac), per_replica // m
+                        yield ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_mode="fsdp" if fsdp else "ddp",
+                                             schedule=schedule, microbatches=m, virtual_stages=v,
+                                             activation_checkpointing=ac), per_replica // m

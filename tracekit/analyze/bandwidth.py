@@ -56,13 +56,15 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
-from tracekit.analyze.evidence import BandwidthEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
-from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of
 from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
+from tracekit.config import AnalysisConfig
+from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of
+from tracekit.derive.topology import LayoutResult, rank_hosts
+from tracekit.findings import recommend
+from tracekit.findings.evidence import BandwidthEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5
@@ -73,8 +75,6 @@ group of the same link tier (all members on one host, or spanning hosts): a heal
 tier moves as many bytes in about the same time; half its speed is a slow link, not noise (the 3x of
 `LOW_RATIO_OF_BEST` allows for gloo threads sharing CPU cores with compute)."""
 PEAK_MIN_BYTES = 1 << 20
-MIN_JUDGED_BYTES = 4096
-"""Smaller messages are pure latency: tabulated, never judged."""
 SAVING_INFO = 0.01
 """Lost time / step time below which a low-bandwidth group is not reported."""
 SAVING_WARNING = 0.05
@@ -82,19 +82,6 @@ SAVING_CRITICAL = 0.20
 NOT_FLAGGED_OPS = ("send", "recv", "barrier", "unknown")
 UNSIZED_REASON = ("message size not recorded in the trace (e.g. a bucketed all-reduce over a TensorList "
                   "whose dims the profiler did not keep): no bandwidth figure")
-
-
-def bus_factor(op: str, n: int) -> float | None:
-    """NCCL-tests bus-bandwidth factor for `op` over `n` ranks (None for ops without one)."""
-    if n < 1:
-        return None
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    if op in ("broadcast", "reduce", "send", "recv", "sendrecv"):
-        return 1.0
-    return None
 
 
 def _bucket(nbytes: int) -> int:
@@ -431,15 +418,6 @@ def _findings(table: list[dict[str, Any]], step_ns: float, store: RunStore,
                            summary=summary, ranks=tuple(ranks), dim=dim, evidence=BandwidthEvidence.of(evidence),
                            recommendation=advice.text, est_saving_ns=int(advice.saving_ns)))
     return out
-
-
-def rank_hosts(store: RunStore | None) -> dict[int, str]:
-    """Rank → host name (ranks table: the trace's host name, else the run manifest's), for the ranks
-    that name one."""
-    if store is None or not store.has("ranks"):
-        return {}
-    return {int(r["rank"]): str(r["hostname"]) for r in store.table("ranks", ["rank", "hostname"]).to_pylist()
-            if r["hostname"]}
 
 
 def slow_host(table: list[dict[str, Any]], pg_ranks: dict[str, list[int]], tiers: dict[str, str],

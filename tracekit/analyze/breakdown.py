@@ -48,7 +48,15 @@ Section `breakdown`:
      "unanalyzed_ranks": [{"rank", "reason"}],
      "timeline": {"lanes": ["compute", "comm:<dim or pg_name>", "comm:calls", ..., "other", "idle"],
                   "intervals": [[rank, lane, start_ns, end_ns], ...],   # lane = a name from "lanes"
-                  "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int]}}
+                  "max_intervals": int, "min_gap_ns": int, "truncated_ranks": [int],
+                  "expanded_ranks": [{"rank", "why"}], "summarised_ranks": [int], "chosen_by": "all|busiest|user",
+                  "ranks_not_in_run": [int]}}
+Lanes at scale: up to TIMELINE_ALL_LANES_MAX_RANKS ranks, every rank gets a lane per kind. Beyond, each rank
+gets one row (lanes `summary:compute`, `summary:comm`, `summary:other`, `summary:idle`, exclusive by the
+breakdown's priority: compute ▸ communication not under compute ▸ other ▸ idle) and up to TIMELINE_EXPANDED
+ranks keep a lane per kind: the rank with the most compute, the most exposed communication, the most idle
+time (each once, `why` says which), then the next by compute. `config.timeline_ranks`
+(`analyze --timeline-ranks 0-7,12`) draws exactly those ranks, a lane per kind each (`chosen_by: user`).
 The timeline is down-sampled to at most `config.max_timeline_intervals` intervals by closing gaps
 shorter than `min_gap_ns` (so short idle gaps disappear from the drawing, never from the numbers);
 if even one interval per lane per window is too many, whole ranks are left out (`truncated_ranks`).
@@ -56,261 +64,17 @@ if even one interval per lane per window is too many, whole ranks are left out (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
-from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, matched_of
+from tracekit.config import AnalysisConfig
+from tracekit.derive import intervals as iv
+from tracekit.derive.activity import RankActivities, RankActivity, activities_of
+from tracekit.derive.matching import MatchingResult, matched_of
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-
-ACTIVITY_CACHE_MAX_RANKS = 256
-
-
-@dataclass
-class RankActivity:
-    """A rank's busy intervals (disjoint sets, ns on its clock) and analysis windows."""
-
-    rank: int
-    trace_kind: str
-    windows: list[tuple[int | None, int, int]]
-    window_source: str
-    compute: iv.IntervalSet
-    comm: iv.IntervalSet
-    other: iv.IntervalSet
-    comm_by_group: dict[str, iv.IntervalSet] = field(default_factory=dict)
-    comm_source: str = "none"
-    carry_over_ns: int = 0
-    """GPU: device time of kernels left over from before profiling (no launch in the trace, before the
-    first linked kernel): in no step, not in the windows' busy sets."""
-    step_rule: str = "profiler_step"
-    """How the windows were found: profiler_step | optimizer_step | graph_launch | repeated_ops (steps),
-    device_span (GPU, no steps: first to last device event) or trace (CPU, no steps)."""
-
-
-def _np(table: pa.Table, col: str) -> np.ndarray:
-    return table.column(col).to_numpy(zero_copy_only=False)
-
-
-def _starts_ends(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    table = table.filter(pc.is_valid(table["dur"]))
-    ts = _np(table, "ts").astype(np.int64)
-    return ts, ts + _np(table, "dur").astype(np.int64)
-
-
-def _leaf_mask(ops: pa.Table) -> np.ndarray:
-    """Ops with no other op starting inside them on the same thread (host ops nest properly per thread)."""
-    n = ops.num_rows
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    tid = np.nan_to_num(ops.column("tid").to_numpy(zero_copy_only=False).astype(float), nan=-1.0)
-    ts = ops.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
-    end = ts + ops.column("dur").to_numpy(zero_copy_only=False).astype(np.int64)
-    order = np.lexsort((-end, ts, tid))  # by thread, start, longest first (parent before child)
-    t_s, s_s, e_s = tid[order], ts[order], end[order]
-    leaf_sorted = np.ones(n, dtype=bool)
-    leaf_sorted[:-1] = (t_s[1:] != t_s[:-1]) | (s_s[1:] >= e_s[:-1])
-    leaf = np.empty(n, dtype=bool)
-    leaf[order] = leaf_sorted
-    return leaf
-
-
-def _is(table: pa.Table, col: str, value: str) -> pa.ChunkedArray:
-    """Rows whose dictionary column `col` (events.role / lane / cat, set by the parser) equals `value`."""
-    return pc.fill_null(pc.equal(table.column(col).cast(pa.string()), value), False)
-
-
-def gpu_step_windows(steps: list[dict[str, Any]]) -> list[tuple[int | None, int, int]]:
-    """GPU step windows (DESIGN §3) from `steps` rows with device_ts/device_dur (the first start and
-    last end of the kernels the step's CPU ops launched, kernels.step): step N spans from its first
-    kernel to the next step's first kernel; the last step to its last kernel's end."""
-    dev = sorted((s["device_ts"], s["step"], s["device_ts"] + s["device_dur"]) for s in steps
-                 if s.get("device_ts") is not None and s.get("device_dur") is not None)
-    wins = []
-    for i, (lo, step, last_end) in enumerate(dev):
-        hi = dev[i + 1][0] if i + 1 < len(dev) else last_end
-        if hi > lo:
-            wins.append((step, lo, hi))
-    return wins
-
-
-def _windows(store: RunStore, rank: int, rank_row: dict[str, Any], busy_bounds: tuple[int, int] | None,
-             gpu: bool = False) -> tuple[list[tuple[int | None, int, int]], str, str]:
-    """(windows, window source, step rule). The step rule says how the steps were found (`steps.rule`:
-    profiler_step, or iterations where a trace without ProfilerStep repeats: optimizer_step |
-    graph_launch | repeated_ops); without steps, a GPU rank is one window from its first to its last
-    device event (`device_span`: host-only time outside it is not idle) and a CPU rank one from its
-    first to its last event (`trace`)."""
-    have = set(store.columns("steps"))
-    cols = ["step", "ts", "dur"] + [c for c in ("device_ts", "device_dur", "rule") if c in have]
-    steps = store.rank_table("steps", rank, cols).to_pylist()
-    rule = next((s.get("rule") for s in steps if s.get("rule")), "profiler_step")
-    if gpu:
-        wins = gpu_step_windows(steps)
-        if wins:
-            return wins, "gpu_steps", rule
-        if busy_bounds is not None and not steps:
-            lo, hi = busy_bounds  # first to last device event (carry-over excluded, as from the busy sets)
-            return ([(None, int(lo), int(hi))] if hi > lo else []), "device_span", "device_span"
-    wins = [(s["step"], s["ts"], s["ts"] + s["dur"]) for s in steps if s["dur"] and s["dur"] > 0]
-    if wins:
-        return sorted(wins, key=lambda w: w[1]), "steps", rule
-    lo, hi = rank_row.get("first_ts"), rank_row.get("last_ts")
-    if lo is None or hi is None:
-        if busy_bounds is None:
-            return [], "none", "none"
-        lo, hi = busy_bounds
-    return ([(None, int(lo), int(hi))] if hi > lo else []), "trace", "trace"
-
-
-def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
-                 ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet]]:
-    """compute / comm / other (memcpy+memset) sets and comm per lane from kernel rows (ts, dur, kind, pg_name)."""
-    dims = dims or {}
-    kind = kernels.column("kind").cast(pa.string())
-    sel = lambda m: kernels.filter(pc.fill_null(m, False))  # noqa: E731
-    compute = iv.union(*_starts_ends(sel(pc.equal(kind, "compute"))))
-    comm_rows = sel(pc.equal(kind, "comm"))
-    comm_rows = comm_rows.filter(pc.is_valid(comm_rows["dur"]))
-    comm = iv.union(*_starts_ends(comm_rows))
-    other = iv.union(*_starts_ends(sel(pc.is_in(kind, pa.array(["memcpy", "memset"])))))
-    comm_by_group: dict[str, iv.IntervalSet] = {}
-    if comm_rows.num_rows:
-        s, e = _starts_ends(comm_rows)
-        keys = np.array([_lane_key(g, dims) for g in comm_rows.column("pg_name").to_pylist()], dtype=object)
-        for key in sorted(set(keys.tolist())):
-            m = keys == key
-            comm_by_group[key] = iv.union(s[m], e[m])
-    return compute, comm, other, comm_by_group
-
-
-def cpu_activity(store: RunStore, rank: int, dims: dict[str, str]
-                 ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet], str]:
-    """A CPU rank's compute / comm / other intervals, comm per lane, and where comm came from."""
-    comm_by_group: dict[str, iv.IntervalSet] = {}
-    ev = store.rank_table("events", rank, ["cat", "ts", "dur", "tid", "stream", "role", "lane"])
-    ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-    on_comm_thread = _is(ev, "lane", "comm_thread")
-    issue = _is(ev, "role", "comm")  # ops that issue or wait for communication (c10d::, comm:, ...)
-    train = pc.invert(on_comm_thread)
-    ops = ev.filter(pc.and_(_is(ev, "cat", "cpu_op"), train))
-    leaf = _leaf_mask(ops)
-    # a step annotation, data loading or tracekit's own work is never compute
-    not_issue = _is(ops, "role", "compute").to_numpy(zero_copy_only=False)
-    s_ops, e_ops = _starts_ends(ops)
-    compute_all = iv.union(s_ops[not_issue], e_ops[not_issue])
-    compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])
-    other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
-    coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
-    coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
-                               pc.is_valid(coll["dur"])))
-    if coll.num_rows:
-        s, e = _starts_ends(coll)
-        comm = iv.union(s, e)
-        keys = np.array([_lane_key(g, dims) for g in coll.column("pg_name").to_pylist()], dtype=object)
-        for key in sorted(set(keys.tolist())):
-            m = keys == key
-            comm_by_group[key] = iv.union(s[m], e[m])
-        comm_source = "collectives(kineto)"
-    else:
-        s, e = _starts_ends(ev.filter(on_comm_thread))
-        comm = iv.union(s, e)
-        if s.size:
-            comm_by_group["comm"] = comm
-        comm_source = "comm-thread events" if s.size else "none"
-    # the training thread inside a communication call (issuing it, or blocked in a synchronous
-    # one before/while the worker runs it) is communicating too; CPU traces have no "other" work
-    calls = iv.subtract(other_all, comm)
-    if calls[0].size:
-        comm_by_group["comm:calls"] = calls
-        comm_source += " + comm calls on training threads"
-    comm = iv.merge(comm, other_all)
-    other = iv.empty()
-    # inside an op that issues/waits for communication only leaf ops count as compute: the ops
-    # enclosing it (e.g. an autograd node running a synchronous comm hook) span a blocked wait
-    compute = iv.merge(iv.subtract(compute_all, other_all), iv.intersect(compute_leaf, other_all))
-    return compute, comm, other, comm_by_group, comm_source
-
-
-def load_rank_activity(store: RunStore, rank: int, rank_row: dict[str, Any],
-                       dims: dict[str, str] | None = None) -> RankActivity:
-    """Read one rank's tables and build its compute / comm / other interval sets."""
-    dims = dims or {}
-    kcols = set(store.columns("kernels"))
-    kernels = store.rank_table("kernels", rank, ["ts", "dur", "kind", "pg_name"]
-                               + (["carry_over"] if "carry_over" in kcols else []))
-    comm_by_group: dict[str, iv.IntervalSet] = {}
-    carry_ns = 0
-    if kernels.num_rows:
-        if "carry_over" in kernels.column_names:
-            carry = pc.fill_null(kernels["carry_over"], False)
-            carried = kernels.filter(carry)
-            carry_ns = iv.total(iv.union(*_starts_ends(carried)))
-            kernels = kernels.filter(pc.invert(carry))
-        compute, comm, other, comm_by_group = gpu_activity(kernels, dims)
-        trace_kind, comm_source = "gpu", "kernels"
-    else:
-        trace_kind = "cpu"
-        compute, comm, other, comm_by_group, comm_source = cpu_activity(store, rank, dims)
-    bounds = None
-    allb = iv.merge(compute, comm, other)
-    if allb[0].size:
-        bounds = (int(allb[0][0]), int(allb[1][-1]))
-    windows, wsrc, rule = _windows(store, rank, rank_row, bounds, gpu=trace_kind == "gpu")
-    return RankActivity(rank=rank, trace_kind=trace_kind, windows=windows, window_source=wsrc,
-                        compute=compute, comm=comm, other=other, comm_by_group=comm_by_group,
-                        comm_source=comm_source, carry_over_ns=carry_ns, step_rule=rule)
-
-
-def _lane_key(pg_name: str | None, dims: dict[str, str]) -> str:
-    if pg_name is None:
-        return "comm"
-    dim = dims.get(pg_name)
-    if dim and dim != "unknown":
-        return f"comm:{dim}"
-    return f"comm:{pg_name}"
-
-
-def rank_rows(store: RunStore) -> dict[int, dict[str, Any]]:
-    return {r["rank"]: r for r in store.table("ranks").to_pylist()}
-
-
-@dataclass(frozen=True)
-class RankActivities(AnalyzerResult):
-    """Every rank's activity, on demand: those computed ahead (an engine's prefetch) are held, the
-    others are loaded from the store when asked for and kept while the run is small enough."""
-
-    store: RunStore | None = None
-    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """The `ranks` table row of each rank."""
-    dims: dict[str, str] = field(default_factory=dict)
-    """pg_name -> dim (from the layout)."""
-    held: dict[int, RankActivity] = field(default_factory=dict)
-    max_held: int = ACTIVITY_CACHE_MAX_RANKS
-
-    def get(self, rank: int) -> RankActivity:
-        if rank in self.held:
-            return self.held[rank]
-        act = load_rank_activity(self.store, rank, self.rows.get(rank, {}), self.dims)
-        if len(self.held) < self.max_held:
-            self.held[rank] = act
-        return act
-
-
-def rank_activities(store: RunStore, layout: LayoutResult | None) -> RankActivities:
-    """The `activity` analyzer: ranks' activities, computed when first asked for (no section)."""
-    return RankActivities(store=store, rows=rank_rows(store), dims=dims_of(layout))
-
-
-def activities_of(store: RunStore, activity: RankActivities | None) -> RankActivities:
-    """`activity`, or an on-demand one without the layout's group names when it is missing."""
-    return activity if activity is not None else rank_activities(store, None)
-
 
 @dataclass
 class WindowBreakdown:
@@ -410,7 +174,63 @@ def _close_gaps(a: iv.IntervalSet, gap_ns: int) -> iv.IntervalSet:
     return starts, ends
 
 
-def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) -> dict[str, Any]:
+TIMELINE_ALL_LANES_MAX_RANKS = 8
+"""Up to this many ranks, every rank's timeline has a lane per kind (8 ranks x ~6 lanes stay readable)."""
+TIMELINE_EXPANDED = 4
+"""Beyond that, how many ranks keep a lane per kind next to one summary row per rank."""
+
+
+def _summary_lanes(lanes: dict[str, iv.IntervalSet]) -> dict[str, iv.IntervalSet]:
+    """One row's lanes for a rank: compute, communication not under compute, other, idle (exclusive)."""
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    compute = lanes.get("compute", empty)
+    comm = [a for k, a in lanes.items() if k.startswith("comm")]
+    out = {"summary:compute": compute,
+           "summary:comm": iv.subtract(iv.merge(*comm), compute) if comm else empty,
+           "summary:other": lanes.get("other", empty), "summary:idle": lanes.get("idle", empty)}
+    return {k: v for k, v in out.items() if v[0].size}
+
+
+def _expanded_ranks(totals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks whose lanes are drawn in full at scale, each with why (see the module doc)."""
+    picks: list[dict[str, Any]] = []
+    for key, why in (("compute_ns", "most compute"), ("exposed_comm_ns", "most exposed communication"),
+                     ("idle_ns", "most idle time")):
+        if not totals:
+            break
+        best = max(totals, key=lambda r: (r[key] / max(r["steps"], 1), -r["rank"]))
+        if best[key] > 0 and all(p["rank"] != best["rank"] for p in picks):
+            picks.append({"rank": best["rank"], "why": why})
+    for r in sorted(totals, key=lambda r: (-r["compute_ns"] / max(r["steps"], 1), r["rank"])):
+        if len(picks) >= TIMELINE_EXPANDED:
+            break
+        if all(p["rank"] != r["rank"] for p in picks):
+            picks.append({"rank": r["rank"], "why": "next by compute"})
+    return picks[:TIMELINE_EXPANDED]
+
+
+def _choose_lanes(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], totals: list[dict[str, Any]],
+                  chosen: tuple[int, ...] | None) -> tuple[dict[int, dict[str, iv.IntervalSet]], dict[str, Any]]:
+    """Which ranks the timeline draws and how (a lane per kind, or one summary row)."""
+    if chosen is not None:
+        want = sorted(set(chosen))
+        keep = {r: lanes_by_rank[r] for r in want if r in lanes_by_rank}
+        return keep, {"expanded_ranks": [{"rank": r, "why": "chosen"} for r in keep], "summarised_ranks": [],
+                      "chosen_by": "user", "ranks_not_in_run": [r for r in want if r not in lanes_by_rank]}
+    if len(lanes_by_rank) <= TIMELINE_ALL_LANES_MAX_RANKS:
+        return lanes_by_rank, {"expanded_ranks": [{"rank": r, "why": "all"} for r in sorted(lanes_by_rank)],
+                               "summarised_ranks": [], "chosen_by": "all", "ranks_not_in_run": []}
+    picks = _expanded_ranks([t for t in totals if t["rank"] in lanes_by_rank])
+    full = {p["rank"] for p in picks}
+    out = {r: (lanes if r in full else _summary_lanes(lanes)) for r, lanes in lanes_by_rank.items()}
+    return out, {"expanded_ranks": sorted(picks, key=lambda p: p["rank"]),
+                 "summarised_ranks": sorted(r for r in lanes_by_rank if r not in full),
+                 "chosen_by": "busiest", "ranks_not_in_run": []}
+
+
+def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int,
+              totals: list[dict[str, Any]] | None = None, chosen: tuple[int, ...] | None = None) -> dict[str, Any]:
+    lanes_by_rank, drawn = _choose_lanes(lanes_by_rank, totals or [], chosen)
     gap = 0
     count = lambda: sum(a[0].size for lanes in lanes_by_rank.values() for a in lanes.values())  # noqa: E731
     span = 1
@@ -433,14 +253,15 @@ def _timeline(lanes_by_rank: dict[int, dict[str, iv.IntervalSet]], budget: int) 
         kept[r] = lanes_by_rank[r]
         used += n
     lane_names = sorted({k for lanes in kept.values() for k in lanes},
-                        key=lambda k: (k != "compute", k == "idle", k == "other", k))
+                        key=lambda k: (k.startswith("summary:"), k.removeprefix("summary:") != "compute",
+                                       k.endswith("idle"), k.endswith("other"), k))
     out = []
     for r, lanes in kept.items():
         for k, (s, e) in lanes.items():
             out.extend([r, k, int(a), int(b)] for a, b in zip(s.tolist(), e.tolist()))
     out.sort(key=lambda x: (x[0], x[2]))
     return {"lanes": lane_names, "intervals": out, "max_intervals": budget, "min_gap_ns": gap,
-            "truncated_ranks": truncated}
+            "truncated_ranks": truncated, **drawn}
 
 
 @dataclass(frozen=True)
@@ -497,7 +318,7 @@ def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching
         "rank_details": details,
         "steps": step_rows,
         "unanalyzed_ranks": unanalyzed,
-        "timeline": _timeline(lanes_by_rank, config.max_timeline_intervals),
+        "timeline": _timeline(lanes_by_rank, config.max_timeline_intervals, ranks_out, config.timeline_ranks),
     }
     return BreakdownResult(findings=[], section=section)
 

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalyzerResult, section_of
-from tracekit.analyze.evidence import RoutingSkewEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings import recommend
+from tracekit.findings.evidence import RoutingSkewEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 SKEW_INFO = 1.25

@@ -40,13 +40,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 
-HANG_EXIT_CODE = 3
-"""`tracekit analyze` (and `tracekit record` after a hang) exit with this when the run is diagnosed hung."""
 SIZE_FREE_OPS = frozenset({"all_to_all", "send", "recv", "scatter", "gather", "unknown"})
 """Ops whose sizes may differ across ranks by design (uneven all_to_all splits, P2P pairs, the root's
 list of a scatter or gather)."""

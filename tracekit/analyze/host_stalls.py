@@ -42,11 +42,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.evidence import HostStallEvidence
-from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
-from tracekit.analyze.matching import host_count
+from tracekit.derive import intervals as iv
+from tracekit.derive.matching import host_count
+from tracekit.findings.evidence import HostStallEvidence
+from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
+from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
 

@@ -7,7 +7,8 @@ range, epoch, stated world size) and `steps`.
 
 Section `inputs`:
     {"world_size": int | null, "ranks": [int], "missing_ranks": [int], "empty_ranks": [int],
-     "skipped": int, "runs": [{"ranks": [int], "start_ns": int, "end_ns": int}] (wall clock, ns),
+     "skipped": int, "runs": [{"ranks": [int], "start_ns": int, "end_ns": int, "span_ns": int}] (wall clock, ns),
+     "rank_spans": [{"rank", "span_ns"}],   # each rank's first to last event on its own clock
      "world_sizes": {str(world size): [rank]},
      "time_scale": {"measure": "step|span", "groups": [{"ranks": [int], "median_ns": int}],
                     "suspect_ranks": [int]},
@@ -22,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 
 _NS_PER_S = 1_000_000_000
@@ -70,6 +71,7 @@ def find_runs(rows: list[dict[str, Any]], gap_ns: int) -> list[dict[str, Any]]:
             runs.append({"ranks": [rank], "start_ns": start, "end_ns": end})
     for run in runs:
         run["ranks"].sort()
+        run["span_ns"] = run["end_ns"] - run["start_ns"]
     return runs
 
 
@@ -248,6 +250,8 @@ def analyze_inputs(store: RunStore, thresholds: InputChecksConfig | None = None)
     section = {
         "world_size": int(world_size) if world_size else None, "ranks": ranks, "missing_ranks": missing,
         "empty_ranks": empty, "skipped": len(store.skipped), "runs": runs, "world_sizes": stated,
+        "rank_spans": [{"rank": r, "span_ns": int(by_rank[r]["last_ts"] - by_rank[r]["first_ts"])} for r in ranks
+                       if by_rank[r].get("first_ts") is not None and by_rank[r].get("last_ts") is not None],
         "time_scale": {"measure": measure, "groups": groups, "suspect_ranks": suspect},
         "warnings": out.warnings,
     }

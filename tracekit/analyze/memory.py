@@ -54,11 +54,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.pipeline import PipelineResult
+from tracekit.config import AnalysisConfig
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.model.memory import in_flight_chunks
 from tracekit.tables.store import RunStore
 

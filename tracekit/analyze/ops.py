@@ -37,11 +37,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
 from tracekit.analyze.hardware import device_peaks
+from tracekit.config import AnalysisConfig
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 TOP_N = 25

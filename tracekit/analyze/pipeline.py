@@ -48,12 +48,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult
-from tracekit.analyze.evidence import BubbleEvidence, StageImbalanceEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.pipeline_graph import InferredPipeline, P2POp, infer_pipelines, load_p2p
+from tracekit.config import AnalysisConfig
+from tracekit.derive import intervals as iv
+from tracekit.derive.pipeline_graph import InferredPipeline, P2POp, infer_pipelines, load_p2p
+from tracekit.findings import recommend
+from tracekit.findings.evidence import BubbleEvidence, StageImbalanceEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 
 COMPUTE_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight")

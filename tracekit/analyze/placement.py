@@ -20,13 +20,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze import recommend
-from tracekit.analyze.base import AnalyzerResult, section_of
-from tracekit.analyze.evidence import PlacementEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.unoverlapped import UnoverlappedResult
+from tracekit.derive import intervals as iv
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings import recommend
+from tracekit.findings.evidence import PlacementEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.layout import rank_to_host
 from tracekit.tables.store import RunStore
 
 HEAVY_DIMS = ("tp", "cp", "ep")
@@ -37,20 +38,10 @@ CRITICAL_SHARE = 0.05
 
 def hosts_by_rank(store: RunStore) -> tuple[dict[int, str], str | None]:
     """rank → host name from the manifest (`hosts`), else from the ranks table; ({}, None) if unknown."""
-    man = store.manifest or {}
-    hosts = man.get("hosts")
-    if isinstance(hosts, dict) and hosts:
-        out: dict[int, str] = {}
-        for k, v in hosts.items():
-            if isinstance(v, list):  # host → ranks
-                out.update({int(r): str(k) for r in v})
-            else:
-                out[int(k)] = str(v)
+    out = rank_to_host((store.manifest or {}).get("hosts"))
+    if out:
         return out, "manifest"
-    if isinstance(hosts, list) and hosts:
-        return {i: str(h) for i, h in enumerate(hosts)}, "manifest"
-    rows = store.table("ranks", ["rank", "hostname"]).to_pylist()
-    out = {r["rank"]: r["hostname"] for r in rows if r["hostname"]}
+    out = rank_to_host(None, store.table("ranks", ["rank", "hostname"]).to_pylist())
     return (out, "ranks") if out else ({}, None)
 
 

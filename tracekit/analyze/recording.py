@@ -14,8 +14,15 @@ with the measured spread, n* = ceil((Z · sd(m) / mean(m))²) (at least n + 1). 
 `MIN_STEPS` steps cannot show a spread at all: then the verdict is unstable unless every step
 agrees with it by a margin of at least `CLEAR_MARGIN` of its own time.
 
+Recorder overhead: `tracekit record` times each rank's steps at its step boundaries, profiled against
+unprofiled ones (record/step_timing.py), and writes the ratio to manifest.json; this section carries it as
+`recorder_overhead` ({"ratio", "by_rank", "profiled_steps", "unprofiled_steps", "rule"}; null when the run
+was not recorded that way or no unprofiled step was timed). `tracekit advise` divides the step and compute
+times it calibrates on by `ratio`.
+
 Section `recording`:
     {"overhead": [{"rank", "overhead_ns", "step_ns", "share", "by_name": {name: ns}}],
+     "recorder_overhead": {...} | null,
      "verdict_stability": [{"rank", "bound", "runner_up", "steps", "margin_share", "margin_sd_share",
                             "stable" (null: one step, cannot be judged), "steps_needed", "note"}]}
 A single step shows no spread: its stability is not judged (`stable: null`, note "1 step: cannot judge
@@ -34,11 +41,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
-from tracekit.analyze.evidence import Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
+from tracekit.derive import intervals as iv
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 Z = 2.0
@@ -62,7 +69,20 @@ def analyze_recording(store: RunStore, breakdown: BreakdownResult | None) -> Rec
     overhead = [_overhead(store, rank, rows) for rank, rows in sorted(by_rank.items())]
     stability = [_stability(rank, rows) for rank, rows in sorted(by_rank.items()) if rows[0]["step"] is not None]
     findings = _finding([s for s in stability if s["stable"] is not None])
-    return RecordingResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability})
+    return RecordingResult(findings=findings, section={"overhead": overhead, "verdict_stability": stability,
+                                                       "recorder_overhead": recorder_overhead(store.manifest)})
+
+
+def recorder_overhead(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The recorder's own timing of profiled vs unprofiled steps, from `tracekit record`'s manifest (at the
+    top, or under `tracekit_record` when the program wrote its own manifest)."""
+    if not isinstance(manifest, dict):
+        return None
+    inner = manifest.get("tracekit_record")
+    found = manifest.get("recording_overhead") or (inner.get("recording_overhead") if isinstance(inner, dict) else None)
+    if not isinstance(found, dict) or not isinstance(found.get("ratio"), (int, float)) or found["ratio"] <= 0:
+        return None
+    return found
 
 
 def _parts(row: dict[str, Any]) -> dict[str, int]:

@@ -61,12 +61,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.breakdown import BreakdownResult, RankActivities, activities_of, breakdown_ranks
-from tracekit.analyze.evidence import StragglerEvidence
-from tracekit.analyze.findings import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
-from tracekit.analyze.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
+from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
+from tracekit.derive import intervals as iv
+from tracekit.derive.activity import RankActivities, activities_of
+from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
+from tracekit.findings.evidence import StragglerEvidence
+from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
+from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
 from tracekit.tables.store import RunStore
 

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.analyze.hardware import device_peaks
-from tracekit.analyze.layout import LayoutResult
+from tracekit.config import AnalysisConfig
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 def device_peak_tflops(device_name: str | None) -> float | None:

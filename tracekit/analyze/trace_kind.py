@@ -26,8 +26,8 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.parse.classify import graph_mode, workload_of
 from tracekit.tables.store import RunStore
 

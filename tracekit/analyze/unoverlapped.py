@@ -35,14 +35,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.breakdown import BreakdownResult, RankActivities, RankActivity, activities_of, breakdown_ranks
-from tracekit.analyze.evidence import CollectiveEvidence, Evidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity
-from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, matched_of
-from tracekit.analyze.recommend import advise_collective
+from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
+from tracekit.derive import intervals as iv
+from tracekit.derive.activity import RankActivities, RankActivity, activities_of
+from tracekit.derive.matching import MatchingResult, matched_of
+from tracekit.derive.topology import LayoutResult, dims_of
+from tracekit.findings.evidence import CollectiveEvidence, Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity
+from tracekit.findings.recommend import advise_collective
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.columns import argsort_desc
 from tracekit.tables.store import RunStore
 

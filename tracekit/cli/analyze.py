@@ -68,7 +68,7 @@ def _model(name: str | None):
 
 def _explain_plan(value: bool) -> None:
     if value:
-        from tracekit.analyze.engine import explain_plan
+        from tracekit.flow import explain_plan
 
         typer.echo(explain_plan())
         raise typer.Exit(0)
@@ -108,15 +108,24 @@ def register(app: typer.Typer) -> None:
                                      help="Print the analyzers' dependency graph (run order, what each consumes) and exit."),
         comm_kernel: list[str] = O.COMM_KERNEL,
         comm_kernels: Optional[Path] = O.COMM_KERNELS_FILE,
+        timeline_ranks: Optional[str] = typer.Option(
+            None, "--timeline-ranks", metavar="RANKS",
+            help="Ranks the step timeline draws, a lane per kind each, e.g. --timeline-ranks 0-7,12. Default: "
+                 "every rank; beyond 8 ranks one row each, with the busiest ranks' lanes in full."),
     ) -> None:
-        from tracekit.analyze.engine import AnalysisConfig
+        from tracekit.config import AnalysisConfig
+        from tracekit.record.config import parse_rank_list
         from tracekit.engines.options import engine_from_options
         from tracekit.errors import TracekitError
 
         err = O.LazyConsole(stderr=True)
         O.use_comm_kernel_patterns(comm_kernel, comm_kernels)
+        try:
+            chosen = tuple(parse_rank_list(timeline_ranks, "--timeline-ranks")) if timeline_ranks is not None else None
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--timeline-ranks") from None
         config = AnalysisConfig(peak_gbps=_peaks(peak_gbps), advice=not no_advice, advice_model=_model(model),
-                                peak_tflops=peak_tflops, peak_bandwidth_tbps=peak_bandwidth)
+                                peak_tflops=peak_tflops, peak_bandwidth_tbps=peak_bandwidth, timeline_ranks=chosen)
         from tracekit.parse.discover import compile_rank_pattern
 
         try:
@@ -177,7 +186,7 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         raise typer.Exit(1)
     if hang.get("hung"):
         _print_hang(analysis, out, err)
-        from tracekit.analyze.hang import HANG_EXIT_CODE
+        from tracekit.errors import HANG_EXIT_CODE
 
         raise typer.Exit(HANG_EXIT_CODE)
     for p in run.problems:

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
-        from tracekit.analyze.findings import Severity
+        from tracekit.findings.finding import Severity
         from tracekit.compare.check import Thresholds, evaluate
         from tracekit.compare.diff import load_analysis
         from tracekit.errors import TracekitError

@@ -16,8 +16,11 @@ HELP = """Run DuckDB SQL over a run store written by `tracekit parse` (or `trace
 
 Every table is a view named after it: ranks, process_groups, events, kernels, collectives,
 steps, routing, pipeline, memory, memory_segments, ops (one row per CPU op that launched kernels:
-device time, FLOPs, bytes, GEMM M/N/K) and kernel_summary (per kernel name and stream). Times are
-int64 nanoseconds. `--schema` lists the columns.
+device time, FLOPs, bytes, GEMM M/N/K) and kernel_summary (per kernel name and stream). The derived
+facts the analyzers read are tables too, built when a query names them: rank_coords, group_dims,
+matched_collectives (each member's arrival and wait for the last arrival), clock_offsets, activity
+(compute / comm / other intervals) and step_windows. Times are int64 nanoseconds. `--schema` lists
+the columns.
 
 Examples:
 
@@ -30,6 +33,10 @@ Examples:
 
   tracekit query store "SELECT pg_name, op, avg(dur)/1e6 AS ms FROM collectives
       WHERE source = 'kineto' GROUP BY ALL ORDER BY ms DESC" --format csv
+
+  tracekit query store "SELECT c.rank AS late_rank, sum(w.wait_ns)/1e6 AS others_waited_ms
+      FROM matched_collectives c JOIN matched_collectives w USING (pg_name, seq)
+      WHERE c.is_last AND w.rank <> c.rank GROUP BY ALL ORDER BY 2 DESC"
 """
 
 
@@ -59,6 +66,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.markup import escape
 
+        from tracekit.derive.tables import DERIVED, derived_tables, describe_derived
         from tracekit.errors import TracekitError
         from tracekit.tables.schema import TABLES, describe
         from tracekit.tables.store import RunStore
@@ -70,7 +78,7 @@ def register(app: typer.Typer) -> None:
             err.print(f"[red]tracekit query:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
         if schema:
-            typer.echo("\n\n".join(describe(name) for name in TABLES))
+            typer.echo("\n\n".join([*(describe(name) for name in TABLES), *(describe_derived(n) for n in DERIVED)]))
             if sql is None:
                 return
         if sql is None:
@@ -79,7 +87,7 @@ def register(app: typer.Typer) -> None:
         import duckdb
 
         try:
-            result = store.sql(sql)
+            result = store.sql(sql, extra=derived_tables(store, sql))
         except duckdb.Error as exc:
             err.print(f"[red]tracekit query:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None

@@ -15,9 +15,12 @@ profiled window, Flight Recorder entry schema), flight_recorder.rank{R}.json, re
 
 Steps are counted at each optimizer.step() (the first optimizer that steps), or at tracekit.step()
 calls if the program makes them. Step 0 is start-up plus the first iteration, so --wait + --skip-first
-must be at least 1. With the defaults the trace starts at step 3 (ProfilerStep#3) and holds at least 3
-steps, more when steps are short: enough for --min-window-ms (1000 ms) at the fastest warmup step's
-duration, at most --max-active (100); every rank keeps the same steps. --active N keeps exactly N.
+must be at least 1. With the defaults the trace starts at step 3 (ProfilerStep#3) and holds
+max(8, ceil(--min-window-ms / fastest warmup step)) steps, at most --max-active (100): 8 steps of
+200-800 ms steps, 1 s of 10 ms steps (100 steps); every rank keeps the same steps. --active N keeps
+exactly N. The recorder also times a few unprofiled steps (after the window, else before it) against the
+profiled ones and writes the ratio to manifest.json (`recording_overhead`); `tracekit advise` calibrates
+on the steps without it.
 
 Examples:
 
@@ -39,7 +42,11 @@ tracekit analyze traces --out tracekit-out
 """
 
 
-DEFAULT_ACTIVE = 3
+DEFAULT_ACTIVE = 8
+"""The fewest steps a default window keeps, whatever their length. `analyze` calls a verdict stable when the
+mean per-step margin clears 2 standard errors (analyze/recording.py), i.e. with n steps when the margin's
+spread (sd / mean) is below sqrt(n) / 2: 0.87 with 3 steps, 1.41 with 8. A 3-step floor kept 3-6 steps of a
+user's 200-800 ms steps (issue 33), too few for that; 8 steps of 800 ms is 6.4 s of trace."""
 DEFAULT_MIN_WINDOW_MS = 1000
 """A 3-step window of a few-ms steps (the DDP tutorial loop) gave the same verdict in 1 of 5 recordings;
 300 ms (from the first profiled step's time, which runs slow) in 4 of 5 on a loaded 2-core box
@@ -66,7 +73,7 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(DEFAULT_WARMUP, help="Steps traced then discarded before the kept ones "
                                                         "(e.g. --warmup 1)."),
         active: Optional[int] = typer.Option(
-            None, help="Steps kept in the trace per cycle, exactly (e.g. --active 3). Default: at least 3, "
+            None, help="Steps kept in the trace per cycle, exactly (e.g. --active 3). Default: at least 8, "
                        "and as many as --min-window-ms needs at the measured step time."),
         min_window_ms: int = typer.Option(
             DEFAULT_MIN_WINDOW_MS, help="Without --active: make the window hold at least this much time, from "
@@ -115,6 +122,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from tracekit.record.config import ProfileSchedule, RecordConfig, parse_rank_list
+        from tracekit.analysis import analyze_hang_dumps
         from tracekit.record.launch import RecordError, run_record
 
         err = Console(stderr=True)
@@ -133,7 +141,7 @@ def register(app: typer.Typer) -> None:
                 clock_barrier=clock_barrier, record_shapes=record_shapes, with_flops=with_flops,
                 with_stack=with_stack, flight_recorder=flight_recorder, profile_memory=profile_memory,
                 memory_history=memory_history, hang_timeout=hang_timeout, hang_action=hang_action)
-            result = run_record(config, list(command or []), overwrite=overwrite)
+            result = run_record(config, list(command or []), overwrite=overwrite, diagnose_hang=analyze_hang_dumps)
         except (ValueError, RecordError) as exc:
             err.print(f"[red]tracekit record:[/red] {exc}")
             raise typer.Exit(2) from None
@@ -197,6 +205,21 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
         console.print(f"  [yellow]missing ranks[/yellow] (no record at all): {manifest['missing_ranks']}")
     if manifest.get("parallel_layout"):
         console.print(f"  parallel layout: {manifest['parallel_layout']}")
+    over = manifest.get("recording_overhead")
+    if over:
+        console.print(f"  recording overhead in the window: steps x{over['ratio']:.3f} "
+                      f"({over['profiled_steps']} profiled vs {over['unprofiled_steps']} unprofiled steps, median "
+                      "over ranks; `tracekit advise` calibrates on the steps without it)")
+    elif any(r.get("profiled") for r in ranks):
+        console.print("  recording overhead: not measured (no unprofiled step besides step 0 before or after the "
+                      "window; run a few more steps after it)")
+    from tracekit.record.notices import NoticeFilter
+
+    held = NoticeFilter()
+    for r in ranks:
+        held.counts.update(r.get("notices_held") or {})
+    if held.summary():
+        console.print("  " + held.summary(), markup=False, highlight=False)
     console.print(f"  manifest: {out / 'manifest.json'}")
     if not problem:
         console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")

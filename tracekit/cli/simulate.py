@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         import time
 
-        from tracekit.simulate import ClusterSpec, Faults, Layout, ModelSpec, parse_fault, simulate, write_traces
+        from tracekit.simulate import (ClusterSpec, Faults, ModelSpec, ParallelLayout, parse_fault, simulate,
+                                       write_traces)
 
         try:
             import dataclasses
@@ -67,12 +68,13 @@ def register(app: typer.Typer) -> None:
                 m = dataclasses.replace(m, micro_batch_size=micro_batch_size)
             if seq:
                 m = dataclasses.replace(m, seq=seq)
-            lay = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, fsdp=fsdp, schedule=schedule, microbatches=microbatches,
-                         interleave=interleave if schedule in ("interleaved", "zb") else 1,
-                         activation_checkpointing=checkpointing)
+            lay = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_mode="fsdp" if fsdp else "ddp",
+                                 schedule=schedule, microbatches=microbatches,
+                                 virtual_stages=interleave if schedule in ("interleaved", "zb") else 1,
+                                 activation_checkpointing=checkpointing)
             if not cluster:
                 per = 8
-                cluster = f"{max(1, -(-lay.world // per))}x{min(per, lay.world)}-h100"
+                cluster = f"{max(1, -(-lay.world_size // per))}x{min(per, lay.world_size)}-h100"
             c = ClusterSpec.preset(cluster)
             f = Faults()
             for text in fault:

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from rich.console import Console
 
-        from tracekit.whatif.api import parse_fixes
+        from tracekit.assess.whatif import parse_fixes
 
         err = Console(stderr=True)
         try:
@@ -74,7 +74,7 @@ def _open_store(traces: Path, store_dir: Path | None, err):
 
 
 def _run(store, fixes, export: Path | None, export_step: int | None, as_json: bool, err) -> None:
-    from tracekit.whatif.api import run_whatif
+    from tracekit.assess.whatif import run_whatif
     from tracekit.whatif.export import export_step as export_doc
     from tracekit.whatif.replay import path_of
 

@@ -33,7 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.assess.whatif import prepare
 from tracekit.whatif.graph import Category, StepGraph, rank_step_ns, replay
+from tracekit.whatif.graph import measured_step_ns
+from tracekit.whatif.steps import replay_steps, step_input
 
 ATTRIBUTION_SCHEMA = "tracekit.diff.attribution/1"
 EXACT_PLAYERS = 5
@@ -151,14 +154,13 @@ def step_value(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | No
 
 def measured_value(g: StepGraph) -> float:
     """The measured step time by the same rule (slowest rank of each step, mean over steps)."""
-    from tracekit.whatif.graph import measured_step_ns
-
     meas = measured_step_ns(g)
     return float(np.mean([meas[g.win_step == s].max() for s in np.unique(g.win_step)]))
 
 
-def _players(base_g: StepGraph, new_g: StepGraph) -> dict[str, np.ndarray]:
-    """Per cause with a change: the base nodes it substitutes (host: also every node's gap)."""
+def _players(base_g: StepGraph, new_g: StepGraph) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Per cause with a change: the base nodes it substitutes (host: also every node's gap); and the new
+    run's (durations, gaps) mapped onto the base graph's nodes."""
     causes = node_causes(base_g)
     dur, gap = mapped_times(base_g, new_g)
     out = {}
@@ -166,14 +168,13 @@ def _players(base_g: StepGraph, new_g: StepGraph) -> dict[str, np.ndarray]:
         mask = causes == cause
         if np.any(dur[mask] != base_g.dur[mask]) or (cause == "host" and np.any(gap != base_g.gap)):
             out[cause] = mask
-    base_g.__dict__["_mapped"] = (dur, gap)
-    return out
+    return out, (dur, gap)
 
 
-def _subset_value(g: StepGraph, players: dict[str, np.ndarray], subset: frozenset[str],
-                  cache: dict[frozenset[str], float]) -> float:
+def _subset_value(g: StepGraph, players: dict[str, np.ndarray], mapped: tuple[np.ndarray, np.ndarray],
+                  subset: frozenset[str], cache: dict[frozenset[str], float]) -> float:
     if subset not in cache:
-        new_dur, new_gap = g.__dict__["_mapped"]
+        new_dur, new_gap = mapped
         on = np.zeros(g.num_nodes, bool)
         for p in subset:
             on |= players[p]
@@ -230,9 +231,9 @@ def attribute(base_g: StepGraph, new_g: StepGraph) -> dict[str, Any]:
     ns per step, the measured and replayed steps of both runs, and the residual. Both graphs are replayed
     without their assumed edges (`observed`)."""
     base_g, new_g = observed(base_g), observed(new_g)
-    scales = _players(base_g, new_g)
+    scales, mapped = _players(base_g, new_g)
     cache: dict[frozenset[str], float] = {}
-    value = lambda s: _subset_value(base_g, scales, s, cache)  # noqa: E731
+    value = lambda s: _subset_value(base_g, scales, mapped, s, cache)  # noqa: E731
     parts, method = shapley(sorted(scales), value)
     replayed_base = value(frozenset())
     replayed_new = step_value(new_g)
@@ -250,18 +251,18 @@ def attribute(base_g: StepGraph, new_g: StepGraph) -> dict[str, Any]:
             "parts": rows, "groups": _groups(rows, measured),
             "explained_ns": int(round(total)), "residual_ns": int(round(measured - total)),
             "residual_ratio": ((measured - total) / measured) if measured else None,
-            "steps": {"base": _nsteps(base_g), "new": _nsteps(new_g)}, "by_rank": _by_rank(base_g)}
+            "steps": {"base": _nsteps(base_g), "new": _nsteps(new_g)}, "by_rank": _by_rank(base_g, mapped)}
 
 
 def _nsteps(g: StepGraph) -> int:
     return int(np.unique(g.win_step).size)
 
 
-def _by_rank(g: StepGraph) -> list[dict[str, Any]]:
+def _by_rank(g: StepGraph, mapped: tuple[np.ndarray, np.ndarray]) -> list[dict[str, Any]]:
     """The duration parts again with ranks as the players (every node and gap of one rank at the new
     run's): which rank's changes moved the step. Sums to the same v(all) − v(none) as the causes."""
     ranks = sorted({int(r) for r in g.rank.tolist() if r >= 0})
-    new_dur, new_gap = g.__dict__["_mapped"]
+    new_dur, new_gap = mapped
     cache: dict[frozenset[int], float] = {}
 
     def value(subset: frozenset[int]) -> float:
@@ -286,9 +287,6 @@ def _groups(rows: list[dict[str, Any]], measured: float) -> list[dict[str, Any]]
 def attribute_stores(base_store: Any, new_store: Any) -> dict[str, Any] | None:
     """`attribute` on the graphs of two run stores (the last profiled steps each, as `tracekit whatif`
     builds them); None when either run has no replayable step."""
-    from tracekit.analyze.critical_path import replay_steps, step_input
-    from tracekit.whatif.api import prepare
-
     graphs = []
     for store in (base_store, new_store):
         inputs = prepare(store)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tracekit.analyze.findings import Severity
+from tracekit.findings.finding import Severity
 
 
 NOT_GATED = ("unstable_verdict",)

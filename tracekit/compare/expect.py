@@ -3,7 +3,9 @@
 run's analysis.json (its measured numbers), and the checks of a run against them.
 
 Quantities (per step, slowest or worst rank, as `tracekit check` measures them):
- - `step_ns`: step time of the slowest rank (mean over its steps),
+ - `step_ns`: step time of the slowest rank (mean over its steps), divided by the recorder's measured
+   overhead when the run has one (section `recording.recorder_overhead`: `advise` predicts the steps the job
+   runs unprofiled, and a previous run is read the same way),
  - `exposed_comm_ns`: exposed communication per step, worst rank,
  - `bubble`: measured pipeline bubble (fraction of the step; advice: its predicted breakdown's bubble / step),
  - `peak_memory_bytes`: peak allocated memory, fullest rank.
@@ -46,6 +48,9 @@ def measured(analysis: dict[str, Any]) -> dict[str, float | None]:
     pipe = sections.get("pipeline") if isinstance(sections.get("pipeline"), dict) else {}
     mem = sections.get("memory") if isinstance(sections.get("memory"), dict) else {}
     peaks = [r["peak_allocated"] for r in mem.get("ranks") or [] if isinstance(r, dict) and _num(r.get("peak_allocated"))]
+    slowed = ((sections.get("recording") or {}).get("recorder_overhead") or {}).get("ratio")
+    if _num(slowed) and slowed > 0 and step:
+        step = [v / slowed for v in step]
     return {"step_ns": max(step) if step else None, "exposed_comm_ns": max(exposed) if exposed else None,
             "bubble": float(pipe["measured_bubble"]) if _num(pipe.get("measured_bubble")) else None,
             "peak_memory_bytes": float(max(peaks)) if peaks else None}

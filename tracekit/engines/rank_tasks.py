@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tracekit.analyze.breakdown import RankActivities, RankActivity, load_rank_activity, rank_activities
-from tracekit.analyze.layout import LayoutResult
+from tracekit.derive.activity import RankActivities, RankActivity, load_rank_activity, rank_activities
+from tracekit.derive.topology import LayoutResult
 from tracekit.tables.arrow_env import defer_pandas
 from tracekit.tables.store import RunStore
 

@@ -10,7 +10,7 @@ Layout (Chrome trace event format, JSON object form):
   table as a complete event (`ph: X`; an event without a valid duration as an instant `ph: i`). Slices
   that overlap without nesting (which the trace-event format cannot show on one thread) go to an extra
   thread "<name> (overlap k)" instead of being dropped;
-- per rank, "collectives <group>" threads: each matched collective member (analyze/matching.py's rows)
+- per rank, "collectives <group>" threads: each matched collective member (derive/matching.py's rows)
   from its arrival to its end; in the run process one "instances <group>" thread with each collective
   instance from its first arrival to its last end, and one flow arrow (`ph: s` → `ph: f`, cat
   "collective" like both slices, at their start: DevTools binds a flow event to the slice of equal cat,
@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from tracekit.analyze.matching import MatchedCollectives
+    from tracekit.derive.matching import MatchedCollectives
     from tracekit.tables.store import RunStore
 
 RUN_PID = 1_000_000_000

@@ -25,6 +25,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
+from tracekit.layout import ParallelLayout
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelShape:
@@ -59,29 +61,8 @@ class ModelShape:
     """Under tensor + sequence parallelism the column-parallel layers keep their all-gathered input (2 d
     per token, not divided by tp); False: they keep the sequence-parallel shard and gather it again in
     backward (Megatron-LM, the simulator)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Layout:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    dp_mode: str = "ddp"
-    """ddp (replicated parameters) or fsdp (parameters, gradients, optimizer state sharded over dp·cp)."""
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    virtual_stages: int = 1
-    activation_checkpointing: bool = False
-    stage_layers: tuple[int, ...] | None = None
-    """Layers per pipeline stage; None splits evenly (the first stages take the remainder)."""
     optimizer_states: int = 2
     """State tensors per parameter (Adam/AdamW 2, SGD with momentum 1)."""
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.virtual_stages
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,20 +119,11 @@ def in_flight_chunks(schedule: str, p: int, m: int, rank: int, v: int) -> int:
     return max(1, min(m * v, (p - rank - 1) * 2 + (v - 1) * p + 1))
 
 
-def split_layers(num_layers: int, num_stages: int, stage_layers: tuple[int, ...] | None = None) -> list[int]:
-    if stage_layers is not None:
-        return list(stage_layers)
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if s < extra else 0) for s in range(num_stages)]
+def _layers(layout: ParallelLayout, shape: ModelShape, stage: int) -> range:
+    return layout.stage_layer_ids(shape.num_layers)[stage]
 
 
-def _layers(shape: ModelShape, layout: Layout, stage: int) -> range:
-    counts = split_layers(shape.num_layers, layout.num_stages, layout.stage_layers)
-    first = sum(counts[:stage])
-    return range(first, first + counts[stage])
-
-
-def block_params(shape: ModelShape, layout: Layout, layer: int) -> int:
+def block_params(shape: ModelShape, layout: ParallelLayout, layer: int) -> int:
     """Parameters of one block on one rank: attention and dense MLP divided by tp, experts by ep."""
     d, f, k = shape.d_model, shape.d_ff, shape.mlp_matrices
     ffn = (d * shape.num_experts + k * d * f * shape.num_experts // layout.ep if layer in shape.moe_layers
@@ -159,9 +131,9 @@ def block_params(shape: ModelShape, layout: Layout, layer: int) -> int:
     return 4 * d * d // layout.tp + 4 * d + ffn
 
 
-def stage_params(shape: ModelShape, layout: Layout, stage: int) -> int:
+def stage_params(shape: ModelShape, layout: ParallelLayout, stage: int) -> int:
     """Parameters held by the rank of `stage` before FSDP sharding (embeddings on the first, head last)."""
-    n = sum(block_params(shape, layout, i) for i in _layers(shape, layout, stage))
+    n = sum(block_params(shape, layout, i) for i in _layers(layout, shape, stage))
     vocab = local_vocab(shape, layout) * shape.d_model
     if stage == 0:
         n += vocab + (shape.max_seq_len or 0) * shape.d_model
@@ -170,12 +142,13 @@ def stage_params(shape: ModelShape, layout: Layout, stage: int) -> int:
     return n
 
 
-def tokens_per_microbatch(shape: ModelShape, layout: Layout) -> int:
+def tokens_per_microbatch(shape: ModelShape, layout: ParallelLayout) -> int:
     """Tokens of one micro-batch on one rank (context parallelism divides the sequence)."""
     return shape.microbatch_size * shape.seq_len // layout.cp
 
 
-def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int, checkpointed: bool | None = None) -> float:
+def block_activation_bytes(shape: ModelShape, layout: ParallelLayout, layer: int,
+                           checkpointed: bool | None = None) -> float:
     """Analytic bytes a block keeps for backward per micro-batch (before calibration).
 
     Per token: two norms' inputs and outputs (4 d), q, k, v and the attention output (4 d), the MLP's
@@ -198,32 +171,32 @@ def block_activation_bytes(shape: ModelShape, layout: Layout, layer: int, checkp
     return float(t * width * b)
 
 
-def head_activation_bytes(shape: ModelShape, layout: Layout) -> float:
+def head_activation_bytes(shape: ModelShape, layout: ParallelLayout) -> float:
     """Final norm, logits and the loss's softmax per micro-batch (last stage)."""
     t = tokens_per_microbatch(shape, layout)
     return float(t * (2 * shape.d_model + 2 * local_vocab(shape, layout)) * shape.bytes_per_value)
 
 
-def local_vocab(shape: ModelShape, layout: Layout) -> int:
+def local_vocab(shape: ModelShape, layout: ParallelLayout) -> int:
     """Vocabulary entries (embedding rows, logits) on one rank."""
     return shape.vocab_size // (layout.tp if shape.vocab_parallel else 1)
 
 
-def _activations(shape: ModelShape, layout: Layout, stage: int, calib: "Calibration") -> float:
+def _activations(shape: ModelShape, layout: ParallelLayout, stage: int, calib: "Calibration") -> float:
     t, b = tokens_per_microbatch(shape, layout), shape.bytes_per_value
-    blocks = sum(block_activation_bytes(shape, layout, i) for i in _layers(shape, layout, stage))
+    blocks = sum(block_activation_bytes(shape, layout, i) for i in _layers(layout, shape, stage))
     if stage == 0:
         blocks += t * shape.d_model * b  # the embedding output (block 0's input)
     head = head_activation_bytes(shape, layout) if stage == layout.num_stages - 1 else 0.0
     return blocks * calib.block_scale + head * calib.head_scale
 
 
-def _transient(shape: ModelShape, layout: Layout, stage: int, calib: "Calibration") -> float:
+def _transient(shape: ModelShape, layout: ParallelLayout, stage: int, calib: "Calibration") -> float:
     """Backward working set at the peak plus what the layout adds for a moment (see the module doc)."""
     t, b = tokens_per_microbatch(shape, layout), shape.bytes_per_value
     last = stage == layout.num_stages - 1
     work = 2 * t * (local_vocab(shape, layout) if last else shape.d_ff / layout.tp) * b * calib.transient_scale
-    layers = _layers(shape, layout, stage)
+    layers = _layers(layout, shape, stage)
     if layout.activation_checkpointing and len(layers):
         work += max(block_activation_bytes(shape, layout, i, checkpointed=False) for i in layers) * calib.block_scale
     if layout.dp_mode == "fsdp" and layout.dp * layout.cp > 1 and len(layers):
@@ -233,21 +206,21 @@ def _transient(shape: ModelShape, layout: Layout, stage: int, calib: "Calibratio
     return work
 
 
-def _grads_at_peak(layout: Layout, flight: int) -> bool:
+def _grads_at_peak(layout: ParallelLayout, flight: int) -> bool:
     """Whether a backward ran before the stage's peak: 1F1B past its warm-up (m > in flight)."""
     return layout.pp > 1 and layout.schedule != "gpipe" and layout.microbatches > flight
 
 
-def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration()) -> list[StageMemory]:
+def predict(shape: ModelShape, layout: ParallelLayout, calib: Calibration = Calibration()) -> list[StageMemory]:
     """Predicted memory of each pipeline stage's rank (one entry when there is no pipeline)."""
     out = []
     shard = layout.dp * layout.cp if layout.dp_mode == "fsdp" else 1
     b = shape.bytes_per_value
     for s in range(layout.num_stages):
         params = rank_params(shape, layout, s % layout.pp) * b // shard  # all the rank's model chunks
-        opt = params * layout.optimizer_states
+        opt = params * shape.optimizer_states
         flight = in_flight_microbatches(layout.schedule, layout.pp, layout.microbatches, s % layout.pp,
-                                        layout.virtual_stages)
+                                        layout.stages_per_rank)
         per_mb = _activations(shape, layout, s, calib)
         transient = _transient(shape, layout, s, calib)
         if calib.static_bytes_per_param is None:
@@ -263,7 +236,7 @@ def predict(shape: ModelShape, layout: Layout, calib: Calibration = Calibration(
     return out
 
 
-def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microbatch: list[int | None],
+def calibrate(shape: ModelShape, layout: ParallelLayout, *, peaks: list[int], per_microbatch: list[int | None],
               counts_static: bool, static_bytes_per_param: float | None = None) -> Calibration:
     """Scales from one measured run's stages: the block scale from the per-micro-batch footprint of stages
     without the head, the head scale from the last stage's, the transient scale from what the peaks hold
@@ -286,12 +259,12 @@ def calibrate(shape: ModelShape, layout: Layout, *, peaks: list[int], per_microb
     return replace(partial, transient_scale=max(0.0, statistics.median(scales)) if scales else 1.0)
 
 
-def peak_bytes(shape: ModelShape, layout: Layout, calib: Calibration = Calibration()) -> int:
+def peak_bytes(shape: ModelShape, layout: ParallelLayout, calib: Calibration = Calibration()) -> int:
     """The largest predicted peak over the layout's pipeline stages (the rank that limits the layout)."""
     return max(s.peak for s in predict(shape, layout, calib))
 
 
-def fits(shape: ModelShape, layout: Layout, capacity_bytes: int, calib: Calibration = Calibration(),
+def fits(shape: ModelShape, layout: ParallelLayout, capacity_bytes: int, calib: Calibration = Calibration(),
          reserve_fraction: float = 0.1) -> bool:
     """Whether every rank's predicted peak stays below the device memory less a reserve (allocator
     fragmentation, workspace, the CUDA context); for the layout advisor to rule layouts out.
@@ -302,7 +275,7 @@ def fits(shape: ModelShape, layout: Layout, capacity_bytes: int, calib: Calibrat
     return peak_bytes(shape, layout, calib) <= capacity_bytes * (1 - reserve_fraction)
 
 
-def calibrate_from_analysis(shape: ModelShape, layout: Layout, memory_section: dict) -> Calibration:
+def calibrate_from_analysis(shape: ModelShape, layout: ParallelLayout, memory_section: dict) -> Calibration:
     """A calibration from an analysis.json `memory` section (tracekit/analyze/memory.py) of a run of
     `layout`: per-stage peaks and per-micro-batch footprints (per rank when there is no pipeline); the
     section's counter says whether parameters and optimizer state are in the measured peaks."""
@@ -321,7 +294,7 @@ def calibrate_from_analysis(shape: ModelShape, layout: Layout, memory_section: d
                      static_bytes_per_param=measured_static_per_param(shape, layout, memory_section) if absolute else None)
 
 
-def measured_static_per_param(shape: ModelShape, layout: Layout, memory_section: dict) -> float | None:
+def measured_static_per_param(shape: ModelShape, layout: ParallelLayout, memory_section: dict) -> float | None:
     """Median over ranks of the measured step base (what outlives a step; an absolute counter) per
     parameter the rank holds (its pipeline rank's stages from the section's `stages`; the main device)."""
     pp_rank = {r: s["stage"] % layout.pp for s in memory_section.get("stages") or [] for r in s.get("ranks") or []}
@@ -334,6 +307,6 @@ def measured_static_per_param(shape: ModelShape, layout: Layout, memory_section:
     return statistics.median(ratios) if ratios else None
 
 
-def rank_params(shape: ModelShape, layout: Layout, pp_rank: int) -> int:
+def rank_params(shape: ModelShape, layout: ParallelLayout, pp_rank: int) -> int:
     """Parameters a pipeline rank holds before FSDP sharding: its stages (one, or v on interleaved schedules)."""
     return sum(stage_params(shape, layout, s) for s in range(pp_rank, layout.num_stages, layout.pp))

@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.tables.schema import EVENT_ROLES as ROLES
 from tracekit.tables.schema import KERNEL_KINDS, LANES, STEP_PATTERN
 
@@ -336,8 +337,6 @@ DEVICE_ROW_KINDS = {"kernel": 0, "gpu_memcpy": 2, "gpu_memset": 3}  # comm kerne
 def classify_events(events: pa.Table) -> pa.Table:
     """`events` with `role` and `lane` computed from name / cat / thread_name by the parser's rules
     (device rows: comm kernels by their NCCL/RCCL name, memcpy/memset by category)."""
-    from tracekit.parse.collective_names import is_comm_kernel_name
-
     names = _dict(events.column("name"))
     cats = events.column("cat").cast(pa.string()).to_pylist()
     threads = _dict(events.column("thread_name"))

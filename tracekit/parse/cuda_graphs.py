@@ -20,7 +20,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.errors import TracekitError
 from tracekit.parse.classify import BEGIN_CAPTURE_RE, END_CAPTURE_RE
+from tracekit.parse.kineto import is_kineto_trace, parse_kineto
 
 BEGIN_CAPTURE, END_CAPTURE = BEGIN_CAPTURE_RE, END_CAPTURE_RE  # one spelling, classify's (trace kinds use it too)
 GRAPH_LAUNCH = re.compile(r"^(cuda|hip)GraphLaunch")
@@ -137,9 +139,6 @@ def load_captured_graphs(path: Path, max_decompressed_bytes: int | None = None
                          ) -> tuple[list[list[CapturedNode]], list[str]]:
     """The graphs of every Kineto trace at `path` (a file, or the trace files of a folder), and notes on
     what could not be read or held no capture."""
-    from tracekit.errors import TracekitError
-    from tracekit.parse.kineto import is_kineto_trace, parse_kineto
-
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and is_kineto_trace(p))
     graphs: list[list[CapturedNode]] = []
     notes: list[str] = []

@@ -21,6 +21,7 @@ from pathlib import Path
 from isal import isal_zlib
 
 from tracekit.parse.gz import GZIP_MAGIC, decompressed_budget
+from tracekit.parse.merged import looks_merged
 from tracekit.parse.safe_pickle import looks_like_pickle
 
 KINETO = "kineto"
@@ -179,8 +180,6 @@ def _contains(path: Path, needle: bytes) -> bool:
 
 def is_merged_kineto(path: Path) -> bool:
     """A Kineto file holding several ranks' events (TraceLens TraceFusion's marker in its first bytes)."""
-    from tracekit.parse.merged import looks_merged
-
     try:
         return looks_merged(_head(path))
     except OSError:

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from tracekit.errors import TraceFormatError
+from tracekit.errors import InputTooLargeError
 from tracekit.parse.collective_names import dtype_bytes
 from tracekit.parse.collective_names import normalize_op as _normalize_name
 from tracekit.parse.safe_pickle import load_plain_data, looks_like_pickle
@@ -284,8 +285,6 @@ def read_flight_recorder_doc(path: str | Path, max_bytes: int | None = None) -> 
         doc = load_plain_data(path, max_bytes=max_bytes)
     else:
         if max_bytes is not None and path.stat().st_size > max_bytes:
-            from tracekit.errors import InputTooLargeError
-
             raise InputTooLargeError(str(path), f"dump is over the {max_bytes}-byte budget")
         try:
             doc = json.loads(path.read_bytes())

@@ -39,8 +39,8 @@ from tracekit.parse.classify import (
 )
 from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, normalize_op
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
-from tracekit.parse.memory import is_memory_event, memory_table
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
+from tracekit.parse.memory import is_memory_event, memory_table
 from tracekit.tables.schema import conform
 
 RANK_UNKNOWN = -1
@@ -130,7 +130,7 @@ before the next is decoded (bounded object memory, cache-resident structs)."""
 
 def parse_kineto(
     path: str | Path, *, rank: int | None = None, max_decompressed_bytes: int | None = None,
-    columns: "Columns | None" = None,
+    columns: "EventColumns | None" = None,
 ) -> KinetoParse:
     """Parse one Kineto trace file. Raises TraceFormatError (or a subclass) for unreadable input.
     `columns`: the file's events already decoded (by several processes: parse/split.py)."""
@@ -166,11 +166,11 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def decode_columns(blocks, exact_close: bool = False) -> "Columns | None":
+def decode_columns(blocks, exact_close: bool = False) -> "EventColumns | None":
     """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
     UTF-8). `exact_close`: see `decode.decode_event_chunks`."""
-    cols = Columns(None)
+    cols = EventColumns(None)
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
 
@@ -383,7 +383,7 @@ def _dict_column(values: list, n: int) -> pa.DictionaryArray:
 # build
 
 
-class Columns:
+class EventColumns:
     """Per-event columns accumulated over decoded chunks (one chunk for the whole-document path)."""
 
     def __init__(self, top: Any, lenient: bool = False) -> None:
@@ -432,7 +432,7 @@ def _intern(index: _CodeBook, values: list) -> np.ndarray:
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
 
-def _count_phases(cols: Columns, events: list, x_class: type, num_x: int) -> None:
+def _count_phases(cols: EventColumns, events: list, x_class: type, num_x: int) -> None:
     """Phase counts (and metadata events) of one decoded chunk."""
     counts = cols.phase_counts
     counts["X"] += num_x
@@ -449,7 +449,7 @@ def _count_phases(cols: Columns, events: list, x_class: type, num_x: int) -> Non
             counts[tag] = counts.get(tag, 0) + k
 
 
-def _add_typed(cols: Columns, events: list) -> None:
+def _add_typed(cols: EventColumns, events: list) -> None:
     """Add one decoded list of tagged-union events (D.X structs)."""
     X = D.X
     xs = [e for e in events if e.__class__ is X]
@@ -457,14 +457,14 @@ def _add_typed(cols: Columns, events: list) -> None:
     _add_x(cols, xs)
 
 
-def _add_rows(cols: Columns, events: list, rows: list) -> None:
+def _add_rows(cols: EventColumns, events: list, rows: list) -> None:
     """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS)."""
     _count_phases(cols, events, D.row_capture().row_class, len(rows))
     if rows:
         _add_fields(cols, *zip(*rows))
 
 
-def _add_x(cols: Columns, xs: list) -> None:
+def _add_x(cols: EventColumns, xs: list) -> None:
     """Add complete-event structs (typed or lenient)."""
     fields = [list(map(attrgetter(f), xs)) for f in D.ROW_FIELDS[:7]]
     args = fields[6]
@@ -474,7 +474,7 @@ def _add_x(cols: Columns, xs: list) -> None:
     _add_fields(cols, *fields)
 
 
-def _add_names(cols: Columns, names: list) -> np.ndarray:
+def _add_names(cols: EventColumns, names: list) -> np.ndarray:
     """Codes of event names, new names getting the next codes and their keep-args flag."""
     known = len(cols.names)
     codes = _intern(cols.names, names)
@@ -485,7 +485,7 @@ def _add_names(cols: Columns, names: list) -> np.ndarray:
     return codes
 
 
-def merge_columns(parts: list[Columns], top: Any) -> Columns:
+def merge_columns(parts: list[EventColumns], top: Any) -> EventColumns:
     """The columns of consecutive runs of one trace's events as one (the first part, extended): the
     same columns a single decode of all the runs gives (names and categories coded in first-occurrence
     order, rows numbered from the first part's)."""
@@ -514,7 +514,7 @@ def merge_columns(parts: list[Columns], top: Any) -> Columns:
     return out
 
 
-def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
+def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
                 flops, coll, launch, *shapes) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
     collective candidates."""
@@ -563,7 +563,7 @@ def _add_fields(cols: Columns, names, cats, ts, dur, pids, tids, args, ext, ext_
     cols.n += n
 
 
-def _add_shapes(cols: Columns, shapes: tuple, n: int) -> None:
+def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
     """Code the shape texts of the rows that have `Input Dims` (record_shapes CPU ops; the others, most
     rows of most traces, cost one length check)."""
     with_dims = np.flatnonzero(np.fromiter(map(len, shapes[0]), np.int64, n)) if n else np.zeros(0, np.int64)
@@ -583,7 +583,7 @@ def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | N
     if not isinstance(events, list):
         raise TraceFormatError(path, "traceEvents is not a list")
     trace.traceEvents = None
-    cols = Columns(trace, lenient)
+    cols = EventColumns(trace, lenient)
     if lenient:
         xs = [e for e in events if e.ph == "X"]
         cols.ms = [e for e in events if e.ph == "M"]
@@ -652,7 +652,7 @@ class _Rows:
         return np.isin(self.cat_codes, codes) if codes else np.zeros(self.n, bool)
 
 
-def _joined_rows(cols: Columns) -> _Rows:
+def _joined_rows(cols: EventColumns) -> _Rows:
     return _Rows(
         n=cols.n, ts=_concat(cols.ts, np.int64), ts_ok=_concat(cols.ts_ok, bool), dur=_concat(cols.dur, np.int64),
         dur_ok=_concat(cols.dur_ok, bool), name_codes=_concat(cols.name_codes, np.int32),
@@ -664,7 +664,7 @@ def _joined_rows(cols: Columns) -> _Rows:
         **_shape_dictionaries(cols))
 
 
-def _shape_dictionaries(cols: Columns) -> dict[str, list]:
+def _shape_dictionaries(cols: EventColumns) -> dict[str, list]:
     """Each shape field's codes and texts, the texts compact JSON (a pretty-printed trace's indentation
     dropped: the same shapes give the same text whatever the file's layout)."""
     codes, texts = [], []
@@ -921,7 +921,7 @@ def _trace_identity(trace: Any, rank_arg: int | None, warnings: list[str]) -> tu
     return di, trace_rank, world_size, table_rank
 
 
-def tables_from_columns(path: str, cols: Columns, rank_arg: int | None,
+def tables_from_columns(path: str, cols: EventColumns, rank_arg: int | None,
                         step_windows: StepWindows | None = None) -> KinetoParse:
     """The tables of one trace from its decoded columns (either driver's: whole file or chunks);
     `step_windows`: steps to use instead of the document's own (the chunked parser's iterations, found over

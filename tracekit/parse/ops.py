@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from tracekit.parse.cuda_graphs import CapturedNode, graph_launches, match_replay
 from tracekit.parse.op_shapes import OpCost, kernel_category, load_json, op_cost
 from tracekit.tables.schema import conform
+from tracekit.tables.schema import OPS
 
 _OP_COLUMNS = ("name", "cat", "ts", "dur", "external_id", "correlation", "step", "input_dims", "input_types",
                "concrete_inputs")
@@ -152,8 +153,6 @@ def _op_rows(ops: pa.Table, kernels: pa.Table) -> list[dict[str, Any]]:
 
 
 def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
-    from tracekit.tables.schema import OPS
-
     cols = {f.name: [r.get(f.name) for r in rows] for f in OPS if f.name != "rank"}
     return pa.table({"rank": pa.array(np.full(len(rows), rank, np.int32)),
                      **{k: pa.array(v, OPS.field(k).type.value_type if pa.types.is_dictionary(OPS.field(k).type)

@@ -32,14 +32,14 @@ from tracekit.errors import RankIdentityError, TraceFormatError, TracekitError
 from tracekit.parse import discover as disc
 from tracekit.parse.classify import group_dim
 from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
+from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
-from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
 from tracekit.parse.ops import OpCollector
 from tracekit.parse.spilled import table_parts
-from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.arrow_env import pandas_deferred
+from tracekit.tables.schema import PIPELINE, ROUTING, conform
 from tracekit.tables.store import RunStore, RunStoreWriter
 
 # `record_function` labels of pipeline phases, e.g. "pp:stage1:mb3:fwd" (stage = virtual stage).

@@ -14,6 +14,7 @@ import pickletools
 from pathlib import Path
 
 from tracekit.errors import UnsafeInputError
+from tracekit.errors import InputTooLargeError
 
 # Opcodes that import a global, call a callable or build/extend a class instance.
 FORBIDDEN_OPCODES = frozenset({
@@ -65,8 +66,6 @@ def load_plain_data(path: str | Path, max_bytes: int | None = None) -> object:
     """Read and safely unpickle the file at `path` (optionally refusing files over `max_bytes`)."""
     path = Path(path)
     if max_bytes is not None and path.stat().st_size > max_bytes:
-        from tracekit.errors import InputTooLargeError
-
         raise InputTooLargeError(str(path), f"pickle is {path.stat().st_size} bytes, over the {max_bytes}-byte budget")
     return loads_plain_data(path.read_bytes(), str(path))
 

@@ -31,7 +31,7 @@ import msgspec
 
 from tracekit.parse import decode as D
 from tracekit.parse.gz import StreamProblem, decompressed_budget, is_gzip, iter_trace_blocks, json_size_bytes
-from tracekit.parse.kineto import CHUNK_BYTES, Columns, decode_columns, gc_paused, merge_columns
+from tracekit.parse.kineto import CHUNK_BYTES, EventColumns, decode_columns, gc_paused, merge_columns
 
 CHILD_PATIENCE = 10
 CHILD_GRACE_S = 10.0
@@ -56,7 +56,7 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(os, "memfd_create")
 
 
-def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int | None = None) -> Columns | None:
+def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int | None = None) -> EventColumns | None:
     """The file's columns decoded by up to `processes` processes; None: decode it in one instead."""
     if processes < 2 or not can_fork():
         return None
@@ -75,7 +75,7 @@ def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int 
     return merge_columns(cols, top)
 
 
-def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) -> list[Callable[[], Columns | None]]:
+def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) -> list[Callable[[], EventColumns | None]]:
     """One decoder per part, cut near evenly spaced offsets of the (inflated) document."""
     gz = is_gzip(path)
     json_size = json_size_bytes(path)  # gzip: the trailer's size, None when it cannot be trusted
@@ -96,7 +96,7 @@ def _has_cuts(path: str, offsets: list[int]) -> bool:
         return all(D.event_cut(os.pread(f.fileno(), D.CUT_WINDOW, at)) is not None for at in offsets)
 
 
-def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None) -> Columns | None:
+def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None) -> EventColumns | None:
     """Columns of the events from the boundary at offset `lo` (None: the document's start) to the
     boundary at `hi` (None: its end); None when that is not a run of whole events."""
     blocks = _part_blocks(_Stream(path, 0 if gz or lo is None else lo, max_bytes), lo, hi)
@@ -168,7 +168,7 @@ class _Stream:
             yield block
 
 
-def _decode_parts(parts: list[Callable[[], Columns | None]]) -> list[Columns] | None:
+def _decode_parts(parts: list[Callable[[], EventColumns | None]]) -> list[EventColumns] | None:
     """Each part's columns, the first decoded here and the others in forked children."""
     pending: list[tuple[int, int]] = []
     try:
@@ -187,7 +187,7 @@ def _decode_parts(parts: list[Callable[[], Columns | None]]) -> list[Columns] | 
     return None if cols[-1] is None else cols
 
 
-def _fork(part: Callable[[], Columns | None]) -> tuple[int, int]:
+def _fork(part: Callable[[], EventColumns | None]) -> tuple[int, int]:
     """(pid, memory file) of a child that runs `part` and writes the pickled columns into the memory
     file (a pipe would block the child until this process reads it)."""
     fd = os.memfd_create("tracekit-part", os.MFD_CLOEXEC)
@@ -207,7 +207,7 @@ def _fork(part: Callable[[], Columns | None]) -> tuple[int, int]:
     return pid, fd
 
 
-def _receive(pid: int, fd: int, deadline: float) -> Columns | None:
+def _receive(pid: int, fd: int, deadline: float) -> EventColumns | None:
     """A child's columns once it has exited (None when it failed, found no run of whole events, or is
     still running at `deadline`: then it is stopped)."""
     status = _wait(pid, deadline)

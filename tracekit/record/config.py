@@ -167,8 +167,8 @@ def config_from_env(environ: dict[str, str] | None = None) -> RecordConfig | Non
     return RecordConfig.from_json(text)
 
 
-def parse_rank_list(text: str) -> list[int]:
-    """'0,8,16' or '0-3,8' -> sorted unique ints; raises ValueError naming the bad part."""
+def parse_rank_list(text: str, flag: str = "--ranks") -> list[int]:
+    """'0,8,16' or '0-3,8' -> sorted unique ints; raises ValueError naming the bad part (and `flag`)."""
     out: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -179,15 +179,15 @@ def parse_rank_list(text: str) -> list[int]:
             try:
                 a, b = int(lo), int(hi)
             except ValueError:
-                raise ValueError(f"bad rank range {part!r} in --ranks {text!r}") from None
+                raise ValueError(f"bad rank range {part!r} in {flag} {text!r}") from None
             if b < a:
-                raise ValueError(f"empty rank range {part!r} in --ranks {text!r}")
+                raise ValueError(f"empty rank range {part!r} in {flag} {text!r}")
             out.update(range(a, b + 1))
         else:
             try:
                 out.add(int(part))
             except ValueError:
-                raise ValueError(f"bad rank {part!r} in --ranks {text!r}") from None
+                raise ValueError(f"bad rank {part!r} in {flag} {text!r}") from None
     if not out:
-        raise ValueError(f"--ranks {text!r} names no rank")
+        raise ValueError(f"{flag} {text!r} names no rank")
     return sorted(out)

@@ -216,13 +216,3 @@ def _mtime(p: Path) -> float:
         return p.stat().st_mtime
     except OSError:
         return -1.0
-
-
-def analyze_hang_dumps(out_dir: Path) -> tuple[dict[str, Any] | None, Path]:
-    """Analyse `<out>/hang` (the dumps) into `<out>/hang-analysis`; (the top hang finding or None, out path)."""
-    from tracekit.analysis import analyze_run
-
-    dest = out_dir / "hang-analysis"
-    run = analyze_run(out_dir / HANG_DIR, dest)
-    top = next((f for f in run.analysis["findings"] if f["kind"] == "hang"), None)
-    return top, dest

@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tracekit.errors import TracekitError
 from tracekit.process_env import user_environ
@@ -105,8 +105,13 @@ def route_program_output(command: list[str], out_dir: Path) -> list[str]:
     return [*command, "--out", str(out_dir)]
 
 
-def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = False) -> RecordResult:
-    """Run `command` under the recorder and return its exit code and the manifest."""
+def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = False,
+               diagnose_hang: Callable[[Path], tuple[dict[str, Any] | None, Path]] | None = None) -> RecordResult:
+    """Run `command` under the recorder and return its exit code and the manifest.
+
+    `diagnose_hang(out_dir)`: analyses the hang dumps the watch collected into (top hang finding or None,
+    where the analysis went) — `tracekit.analysis.analyze_hang_dumps`, passed in by the CLI (recording sits
+    below analysis); without it the dumps are kept for `tracekit analyze OUT/hang`."""
     if not command:
         raise RecordError("no COMMAND given: put it after `--`, e.g. `tracekit record -- python train.py`")
     out_dir = config.out_path
@@ -138,7 +143,7 @@ def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = Fa
             forwarded[sig] = signal.signal(sig, _forward)
         forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
         if config.hang_timeout > 0:
-            rc, hang = _wait_watching(proc, config)
+            rc, hang = _wait_watching(proc, config, diagnose_hang)
         else:
             rc, hang = proc.wait(), None
     finally:
@@ -147,7 +152,7 @@ def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = Fa
         site.cleanup()
     exit_code = 128 - rc if rc < 0 else rc
     if hang is not None and hang["detected"] and config.hang_action == "stop":
-        from tracekit.analyze.hang import HANG_EXIT_CODE
+        from tracekit.errors import HANG_EXIT_CODE
 
         exit_code = HANG_EXIT_CODE  # we stopped the job: its own status (a signal) would mislead
     manifest = write_manifest(out_dir, command=command, config=config, exit_code=exit_code,
@@ -155,7 +160,8 @@ def run_record(config: RecordConfig, command: list[str], *, overwrite: bool = Fa
     return RecordResult(exit_code=exit_code, manifest=manifest, out_dir=out_dir, hang=hang)
 
 
-def _wait_watching(proc: Any, config: RecordConfig) -> tuple[int, dict[str, Any] | None]:
+def _wait_watching(proc: Any, config: RecordConfig, diagnose: Callable[[Path], Any] | None
+                   ) -> tuple[int, dict[str, Any] | None]:
     """Wait for the job while the hang watch polls; on a hang: dumps, analysis, then stop (or report)."""
     import sys
 
@@ -174,7 +180,7 @@ def _wait_watching(proc: Any, config: RecordConfig) -> tuple[int, dict[str, Any]
             print(f"tracekit record: no rank progressed for {config.hang_timeout:g} s: the job is hung; "
                   f"collecting every rank's Flight Recorder dump", file=sys.stderr, flush=True)
             watch.request_dumps()
-            report = _hang_report(watch, detected=True)
+            report = _hang_report(watch, True, diagnose)
             print(f"tracekit record: {report.get('summary') or 'no stuck collective found in the dumps'}",
                   file=sys.stderr, flush=True)
             if config.hang_action == "stop":
@@ -184,17 +190,15 @@ def _wait_watching(proc: Any, config: RecordConfig) -> tuple[int, dict[str, Any]
                 rc = proc.wait()
                 return rc, report
     if detected:
-        return rc, _hang_report(watch, detected=True)
+        return rc, _hang_report(watch, True, diagnose)
     if rc == 0 and not watch.dead_ranks():
         watch.clean()
         return rc, None
-    return rc, (_hang_report(watch, detected=False) if watch.has_dumps() or watch.dead_ranks() else None)
+    return rc, (_hang_report(watch, False, diagnose) if watch.has_dumps() or watch.dead_ranks() else None)
 
 
-def _hang_report(watch: Any, detected: bool) -> dict[str, Any]:
-    """Mark dead ranks in their dumps, analyse the dumps, and say what was found."""
-    from tracekit.record.hang_watch import analyze_hang_dumps
-
+def _hang_report(watch: Any, detected: bool, diagnose: Callable[[Path], Any] | None) -> dict[str, Any]:
+    """Mark dead ranks in their dumps, analyse the dumps (with `diagnose`), and say what was found."""
     watch.fill_from_call_logs()
     dead, later = watch.first_dead()
     watch.mark_dead(dead, "died")
@@ -202,8 +206,11 @@ def _hang_report(watch: Any, detected: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"detected": detected, "dead_ranks": dead, "stopped_ranks": later,
                               "exited_ranks": watch.exited_ranks(),
                               "dumps": str(watch.out_dir / "hang"), "summary": None, "analysis": None}
+    if diagnose is None:
+        report["summary"] = f"(dumps kept; analyse them with `tracekit analyze {watch.out_dir / 'hang'}`)"
+        return report
     try:
-        top, where = analyze_hang_dumps(watch.out_dir)
+        top, where = diagnose(watch.out_dir)
         report["analysis"] = str(where)
         if top is not None:
             report["summary"] = top["summary"]

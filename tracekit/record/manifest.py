@@ -17,6 +17,7 @@ from typing import Any
 
 from tracekit.record.commlog import comms_log_path
 from tracekit.record.config import RecordConfig
+from tracekit.record.step_timing import recording_overhead
 from tracekit.record.trace_files import (
     MANIFEST,
     list_parts,
@@ -153,6 +154,7 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
         "process_groups": sorted(groups.values(), key=lambda g: g.get("name", "")),
         "parallel_layout": parallel_layout(list(groups.values())),
         "clock_anchors": {str(r): records[r].get("clock") for r in sorted(records)},
+        "recording_overhead": recording_overhead(records),
     }
     manifest["files_by_rank"] = files_by_rank(out_dir)
     program = _program_manifest(out_dir)
@@ -243,5 +245,5 @@ def _rank_summary(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("rank", "world_size", "rank_source", "local_rank", "group_rank", "host", "pid", "status",
             "reason", "profiled", "profiled_steps", "trace_steps", "logged_steps", "trace_partial",
             "comms_complete", "collectives_logged", "dispatch_errors", "last_dispatch_error", "files",
-            "notes", "backend", "first_step", "last_step", "window_choice")
+            "notes", "backend", "first_step", "last_step", "window_choice", "step_timing", "notices_held")
     return {k: rec.get(k) for k in keys}

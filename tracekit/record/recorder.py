@@ -23,6 +23,8 @@ from typing import Any
 from tracekit.record import clock
 from tracekit.record.commlog import CommLog, comms_log_path
 from tracekit.record.config import RecordConfig
+from tracekit.record.notices import NoticeFilter, notices_held
+from tracekit.record.step_timing import StepTimer
 from tracekit.record.trace_files import (
     PARTS_DIR,
     RANK_RECORD_SCHEMA,
@@ -104,6 +106,9 @@ class RankRecorder:
         self._warmup_started_ns: int | None = None
         self._warmup_steps_ns: list[int] = []
         self.window_choice: dict[str, Any] | None = None
+        self.step_timer = StepTimer()
+        self.notices = NoticeFilter()
+        """PyTorch's notices printed by our own profiler calls (start/step/stop), held back and counted."""
         self.comm_log: CommLog | None = None
         self.cycle = 0
         self.cycle_steps: list[list[int]] = []
@@ -153,12 +158,30 @@ class RankRecorder:
         if self.prof is None and self.log_mode is None and not self.finalized and self.pid == os.getpid():
             phase = self.config.schedule.phase
             if phase(step + 1) == "none" and phase(step) == "none":
+                if self.step_timer.wants():
+                    self.step_timer.boundary(self._step_kind(step))
                 self.step_num = step + 1
                 return True
         return False
 
+    def _step_kind(self, step: int) -> str:
+        """profiled | unprofiled | other, for step_timing (see there)."""
+        phase = self.config.schedule.phase
+        if phase(step) in ("active", "active_last"):
+            return "profiled" if self.profiled and self.prof is not None else "other"
+        if step >= 1 and phase(step) == "none" and phase(step - 1) == "none":
+            return "unprofiled"
+        return "other"
+
+    def _held(self):
+        """Our own profiler calls, with PyTorch's notices about them held back (tracekit.record.notices)."""
+        rank = self.identity.rank
+        return notices_held(self.notices, self.out_dir / f".stderr-held.rank{rank if rank is not None else self.pid}")
+
     def _advance(self) -> None:
         if True:
+            if self.step_timer.wants():
+                self.step_timer.boundary(self._step_kind(self.step_num))
             if self.log_mode is not None:
                 self._flush_log()
             if self._warmup_started_ns is not None:
@@ -167,10 +190,12 @@ class RankRecorder:
                 if self.config.schedule.phase(self.step_num + 1) in ("active", "active_last"):
                     self._choose_window()
             if self.prof is not None:
-                self.prof.step()  # may export a cycle (calls _on_trace_ready)
+                with self._held():
+                    self.prof.step()  # may export a cycle (calls _on_trace_ready)
             self.step_num += 1
             if self.prof is not None and self._schedule_done(self.step_num):
-                self.prof.stop()  # no cycle left: drop the profiler so later steps cost nothing
+                with self._held():
+                    self.prof.stop()  # no cycle left: drop the profiler so later steps cost nothing
                 self.prof = None
             self._enter_step(self.step_num)
 
@@ -255,7 +280,8 @@ class RankRecorder:
             self.notes.append("another profiler was already running: this rank was not profiled")
             self.profiled = False
             return
-        prof.start()
+        with self._held():
+            prof.start()
         self.prof = prof
         if self.config.memory_history:
             from tracekit.record.memory_history import start_memory_history
@@ -371,7 +397,8 @@ class RankRecorder:
                     self.notes.append(f"program ended inside the profiled window at step {self.step_num}")
                     self.trace_partial = True
                 try:
-                    self.prof.stop()  # exports the open cycle if it was recording
+                    with self._held():
+                        self.prof.stop()  # exports the open cycle if it was recording
                 except Exception as exc:
                     self.notes.append(f"profiler stop failed: {type(exc).__name__}: {exc}")
                 self.prof = None
@@ -455,6 +482,7 @@ class RankRecorder:
             "profiled_steps": [s for c in self.cycle_steps for s in c],
             "logged_steps": list(self.logged_steps),
             "trace_partial": self.trace_partial, "files": files, "window_choice": self.window_choice,
+            "step_timing": self.step_timer.summary(), "notices_held": dict(self.notices.counts),
             "collectives_logged": self._collectives_logged,
             "dispatch_errors": self._dispatch_errors,
             "last_dispatch_error": self._last_dispatch_error,

@@ -6,11 +6,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.simulate import engine
-from tracekit.simulate.engine import MEMORY, Op
+from tracekit.layout import ParallelLayout
+from tracekit.simulate import executor
+from tracekit.simulate.executor import MEMORY, Op
 from tracekit.simulate.key import RankIntervals, answer_key
 from tracekit.simulate.program import World, build_programs, make_world
-from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec
+from tracekit.simulate.specs import ClusterSpec, Faults, ModelSpec
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24, epoch ns: the first host op of rank 0
 GROUND_TRUTH_SCHEMA = "tracekit.ground_truth/1"
@@ -20,7 +21,7 @@ GROUND_TRUTH_SCHEMA = "tracekit.ground_truth/1"
 class SimResult:
     model: ModelSpec
     cluster: ClusterSpec
-    layout: Layout
+    layout: ParallelLayout
     faults: Faults
     steps: int
     seed: int
@@ -54,19 +55,25 @@ class SimResult:
 
 def config_dict(res: SimResult) -> dict[str, Any]:
     return {"model": dataclasses.asdict(res.model), "cluster": dataclasses.asdict(res.cluster),
-            "layout": dataclasses.asdict(res.layout), "faults": res.faults.to_dict(), "steps": res.steps,
+            "layout": layout_truth(res.layout), "faults": res.faults.to_dict(), "steps": res.steps,
             "seed": res.seed, "first_profiler_step": res.first_step}
+
+
+def layout_truth(layout: ParallelLayout) -> dict[str, Any]:
+    """The layout as .ground_truth.json lists it: every field, and `fsdp` / `interleave` as the file spelled
+    them before `dp_mode` / `virtual_stages` (keys stay, new ones are added)."""
+    return {**dataclasses.asdict(layout), "fsdp": layout.fsdp, "interleave": layout.virtual_stages}
 
 
 def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[World, list[list[Op]]]:
     w = make_world(model, cluster, layout, faults, seed)
     progs = build_programs(w, steps, first_step)
-    engine.run(progs, T0_NS)
-    engine.finish_colls(progs)
+    executor.run(progs, T0_NS)
+    executor.finish_colls(progs)
     return w, progs
 
 
-def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+def simulate(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
              steps: int = 3, seed: int = 0, without: bool = True) -> SimResult:
     """Simulate `steps` training steps; the key holds the exact breakdown and, with `without`, the step time
     with each injected fault removed (re-simulated)."""
@@ -83,7 +90,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Fau
     return res
 
 
-def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+def step_time(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
               steps: int = 2, seed: int = 0) -> int:
     """Fast path: mean step time (ns, slowest rank's step window) without writing traces or a full key."""
     w, progs = _run(model, cluster, layout, faults or Faults(), steps, seed)
@@ -102,7 +109,7 @@ class Prediction:
         return max(self.peak_memory_bytes)
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults | None = None, *,
+def predict(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
             steps: int = 2, seed: int = 0) -> Prediction:
     """Fast path for the layout advisor / what-if: step time and per-rank peak memory, no traces."""
     w, progs = _run(model, cluster, layout, faults or Faults(), steps, seed)
@@ -117,7 +124,7 @@ _FIELD_OF_KIND = {"slow_gpu": "slow_gpu", "slow_link": "slow_link", "slow_nic": 
                   "no_overlap": "no_overlap", "groups_span_hosts": "tp_across_hosts"}
 
 
-def _removed(res: SimResult, kind: str) -> tuple[ModelSpec, Layout, Faults]:
+def _removed(res: SimResult, kind: str) -> tuple[ModelSpec, ParallelLayout, Faults]:
     if kind == "too_few_microbatches":
         L = res.layout
         m2 = max(L.pp, L.microbatches)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.simulate.engine import COLL, KERNEL, Op
+from tracekit.simulate.executor import COLL, KERNEL, Op
 
 ANSWER_KEY_FILE = ".ground_truth.json"
 """Where the writer puts the answer key: a hidden file, which trace discovery never reads."""

@@ -1,11 +1,12 @@
 """The workload: per rank, the ordered host ops of each training step for a model, layout and faults.
 
 Costs: GEMMs at peak × efficiency, memory-bound kernels at HBM bandwidth, a small seeded jitter per
-kernel; collectives sized from the activations / parameters they move (see engine.py for timing).
+kernel; collectives sized from the activations / parameters they move (see executor.py for timing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -14,16 +15,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from tracekit.simulate.engine import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
-from tracekit.simulate.specs import ClusterSpec, Faults, Layout, ModelSpec, ring_hops
-from tracekit.simulate.topology import Group, Topology, build_topology, stage_layers
+from tracekit.collectives import bus_factor
+from tracekit.layout import ParallelLayout
+from tracekit.simulate.executor import COLL, COMPUTE_STREAM, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Coll, Op
+from tracekit.simulate.specs import ClusterSpec, Faults, ModelSpec, ring_hops, validate_layout
+from tracekit.simulate.topology import Group, Topology, build_topology
 
 US = 1000
 STREAMS = {"tp": 13, "cp": 15, "dp": 19, "dp_cp": 19, "fsdp": 21, "ep": 23, "edp": 25, "pp": 27, "world": 29}
 P2P_STREAMS = {("cp", "send", "next"): 41, ("cp", "recv", "prev"): 43}
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-              "send": lambda n: 1.0, "recv": lambda n: 1.0, "broadcast": lambda n: 1.0}
 RPC_NAME = {"all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
             "all_to_all": "all_to_allv", "send": "send", "recv": "recv", "broadcast": "broadcast"}
 DTYPE_NAME = {2: "BFloat16", 4: "Float", 1: "Float8_e4m3fn"}
@@ -78,7 +78,7 @@ class World:
 
     model: ModelSpec
     cluster: ClusterSpec
-    layout: Layout
+    layout: ParallelLayout
     faults: Faults
     seed: int
     topo: Topology
@@ -183,7 +183,7 @@ class Rank:
         c.nelems[self.r] = (nbytes_in // dtype_b, nbytes_out // dtype_b)
         if splits is not None:
             c.splits[self.r] = splits
-        bb = bus_bytes if bus_bytes is not None else max(nbytes_in, nbytes_out) * BUS_FACTOR[op](n)
+        bb = bus_bytes if bus_bytes is not None else max(nbytes_in, nbytes_out) * bus_factor(op, n)
         if bb > c.bytes:
             c.bytes = bb
         st = stream if stream is not None else STREAMS[dim]
@@ -481,7 +481,7 @@ def build_step(w: World, rk: Rank, step: int, profiler_step: int) -> None:
         rk.host("", f.host_stall[1] * 1e6, cat="")  # a stall that leaves no event (GC, a checkpoint write)
     T = tokens(w, rk)
     rk.memcpy("aten::copy_", MEMCPY_H2D, L.microbatches * T * 8)
-    v = L.virtual
+    v = L.stages_per_rank
     stages = w.stages
     acts = schedule_actions(L.schedule, L.pp, v, L.microbatches, rk.pp_i)
     last_stage = L.num_stages - 1
@@ -644,11 +644,12 @@ def local_params(w: World, rank: int) -> int:
     return n
 
 
-def make_world(model: ModelSpec, cluster: ClusterSpec, layout: Layout, faults: Faults, seed: int) -> World:
-    layout.validate(model)
+def make_world(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults, seed: int) -> World:
+    validate_layout(layout, model)
     topo = build_topology(layout, cluster, faults.tp_across_hosts)
     w = World(model, cluster, layout, faults, seed, topo)
-    w.stages = stage_layers(model.layers, layout.num_stages, faults.stage_layers)
+    split = dataclasses.replace(layout, stage_layers=faults.stage_layers)  # the stage-imbalance fault's split
+    w.stages = tuple(tuple(layers) for layers in split.stage_layer_ids(model.layers))
     return w
 
 

@@ -1,10 +1,11 @@
-"""What a simulation is made of: the model, the cluster, the parallel layout and the injected faults.
+"""What a simulation is made of: the model, the cluster, the parallel layout (`tracekit.layout.ParallelLayout`)
+and the injected faults.
 
 Plain dataclasses with named presets, so the layout advisor and what-if replay can build them in code:
 
-    from tracekit.simulate import ModelSpec, ClusterSpec, Layout, Faults, simulate
+    from tracekit.simulate import ModelSpec, ClusterSpec, ParallelLayout, Faults, simulate
     res = simulate(ModelSpec.preset("llama-8b-like"), ClusterSpec.preset("4x8-h100"),
-                   Layout(dp=4, tp=8), Faults(slow_gpu={13: 1.3}), steps=3, seed=0)
+                   ParallelLayout(dp=4, tp=8), Faults(slow_gpu={13: 1.3}), steps=3, seed=0)
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+from tracekit.layout import MULTI_CHUNK_SCHEDULES, ParallelLayout
+
 
 
 @dataclass(frozen=True)
@@ -146,60 +148,16 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
 }
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Parallel degrees (mesh order pp, dp, cp, tp; tp innermost) and how each dimension runs.
-
-    ep borrows the flattened dp × cp ranks (consecutive blocks of `ep`). `fsdp` shards parameters over
-    dp × cp (all-gather before use, reduce-scatter of gradients) instead of DDP all-reduce buckets."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    fsdp: bool = False
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    interleave: int = 1  # virtual stages per pp rank (interleaved / zb)
-    activation_checkpointing: bool = False
-    sequence_parallel: bool = True
-    bucket_mb: float = 25.0
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-    def validate(self, model: ModelSpec) -> None:
-        for k in ("dp", "tp", "pp", "cp", "ep", "microbatches", "interleave"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule {self.schedule!r} not one of {SCHEDULES}")
-        if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"ep {self.ep} must divide dp*cp = {self.dp * self.cp}")
-        if self.ep > 1 and (model.experts == 0 or model.experts % self.ep):
-            raise ValueError(f"ep {self.ep} needs a MoE model whose experts ({model.experts}) it divides")
-        if model.heads % self.tp:
-            raise ValueError(f"tp {self.tp} must divide heads {model.heads}")
-        if self.num_stages > model.layers:
-            raise ValueError(f"{self.num_stages} pipeline stages for {model.layers} layers")
-        if self.schedule in ("interleaved", "zb") and self.pp > 1 and self.microbatches % self.pp:
-            raise ValueError(f"schedule {self.schedule} needs microbatches ({self.microbatches}) a multiple of pp")
-
-    def tokens_per_step(self, model: ModelSpec) -> int:
-        """Global tokens per optimizer step: every dp replica runs `microbatches` micro-batches of
-        `model.micro_batch_size` sequences (cp shards each sequence; tp and pp do not add tokens).
-        Compare layouts at equal tokens per step (scale microbatches or micro_batch_size)."""
-        return self.dp * self.microbatches * model.micro_batch_size * model.seq
-
-    @property
-    def virtual(self) -> int:
-        return self.interleave if self.schedule in ("interleaved", "zb") and self.pp > 1 else 1
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.virtual
+def validate_layout(layout: ParallelLayout, model: ModelSpec) -> None:
+    """What the simulator needs of a layout beyond its own validation: a model it can split that way."""
+    if layout.ep > 1 and (model.experts == 0 or model.experts % layout.ep):
+        raise ValueError(f"ep {layout.ep} needs a MoE model whose experts ({model.experts}) it divides")
+    if model.heads % layout.tp:
+        raise ValueError(f"tp {layout.tp} must divide heads {model.heads}")
+    if layout.num_stages > model.layers:
+        raise ValueError(f"{layout.num_stages} pipeline stages for {model.layers} layers")
+    if layout.schedule in MULTI_CHUNK_SCHEDULES and layout.pp > 1 and layout.microbatches % layout.pp:
+        raise ValueError(f"schedule {layout.schedule} needs microbatches ({layout.microbatches}) a multiple of pp")
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 
 from isal import isal_zlib
 
-from tracekit.simulate.engine import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
+from tracekit.simulate.executor import COLL, HOST, KERNEL, MARK, MEMORY, SYNC, WAIT, Op
 from tracekit.simulate.key import ANSWER_KEY_FILE
 from tracekit.simulate.program import RPC_NAME
 
@@ -319,7 +319,7 @@ def build_manifest(res) -> dict[str, Any]:
         "ranks_per_host": res.cluster.gpus_per_host,
         "layout": {"mesh_dim_names": ["pp", "dp", "cp", "tp"], "mesh_shape": [L.pp, L.dp, L.cp, L.tp],
                    "ep": L.ep, "ep_from": "dp_cp", "schedule": L.schedule if L.pp > 1 else None,
-                   "microbatches": L.microbatches, "virtual_stages": L.virtual, "num_stages": L.num_stages,
+                   "microbatches": L.microbatches, "virtual_stages": L.stages_per_rank, "num_stages": L.num_stages,
                    "stage_layers": [len(s) for s in res.world.stages], "fsdp": L.fsdp,
                    "num_experts": res.model.experts},
         "microbatches": L.microbatches, "schedule": L.schedule if L.pp > 1 else None, "steps": res.steps,

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tracekit.collectives import COLLECTIVE_OPS  # noqa: F401  (the table vocabulary: collectives.op)
+
 NS = "int64 nanoseconds on the rank's clock"
 
 
-def _f(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+def column(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    """A declared column: its type and its doc (shown by `tracekit query --schema`)."""
     return pa.field(name, typ, nullable=nullable, metadata={"doc": doc})
+
+
+_f = column
 
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
@@ -298,10 +304,6 @@ PER_RANK_TABLES = ("events", "kernels", "collectives", "steps", "routing", "pipe
 # One spelling of the profiler step annotation for the whole project.
 STEP_PATTERN = r"^ProfilerStep#(\d+)$"
 
-COLLECTIVE_OPS = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
-    "gather", "scatter", "send", "recv", "barrier", "unknown",
-)
 KERNEL_KINDS = ("compute", "comm", "memcpy", "memset")
 EVENT_ROLES = ("compute", "comm", "memcpy", "memset", "step_annotation", "data_load", "overhead", "other")
 LANES = ("host", "comm_thread", "device")
@@ -332,8 +334,13 @@ def conform(name: str, table: pa.Table) -> pa.Table:
 
 def describe(name: str) -> str:
     """Human-readable column listing for `tracekit query --schema`."""
-    lines = [f"{name}:"]
-    for field in TABLES[name]:
+    return describe_schema(f"{name}:", TABLES[name])
+
+
+def describe_schema(title: str, schema: pa.Schema) -> str:
+    """`title`, then one line per column: name, type, doc."""
+    lines = [title]
+    for field in schema:
         doc = (field.metadata or {}).get(b"doc", b"").decode()
         lines.append(f"  {field.name:<16} {str(field.type):<40} {doc}")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracekit.errors import StoreError
 from tracekit.tables.schema import TABLES, conform
 
 STORE_SCHEMA = "tracekit.store/1"
@@ -89,20 +90,18 @@ class RunStore:
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
-            from tracekit.errors import StoreError
-
             raise StoreError(f"{self.path}: not a tracekit run store (no meta.json)")
         try:
             meta = json.loads(meta_path.read_text())
         except (ValueError, OSError) as exc:  # a store cut off mid-write, or not ours
-            from tracekit.errors import StoreError
-
             raise StoreError(f"{meta_path}: unreadable run store metadata ({exc})") from None
         if not isinstance(meta, dict):
-            from tracekit.errors import StoreError
-
             raise StoreError(f"{meta_path}: run store metadata is not a JSON object")
         self.meta: dict[str, Any] = meta
+        self._files: dict[str, pq.ParquetFile] = {}
+        """Open Parquet files, footer read once (`_parquet_file`)."""
+        self._rank_index: dict[str, tuple[pq.ParquetFile, dict[int, list[int]]] | None] = {}
+        """Table -> (file, rank -> row groups), or None when row groups mix ranks (`_rank_row_groups`)."""
 
     def file(self, name: str) -> Path:
         return self.path / f"{name}.parquet"
@@ -149,7 +148,7 @@ class RunStore:
 
     def _parquet_file(self, name: str) -> pq.ParquetFile:
         """The table's open Parquet file (footer read once per store)."""
-        files = self.__dict__.setdefault("_files", {})
+        files = self._files
         if name not in files:
             files[name] = pq.ParquetFile(self.file(name))
         return files[name]
@@ -190,7 +189,7 @@ class RunStore:
         """(open file, rank -> row-group indices) from the footer statistics, cached; None when a row
         group mixes ranks or lacks statistics. Reading by index keeps per-rank reads O(1) in the
         number of ranks (a filtered dataset scan checks every row group's statistics each time)."""
-        cache = self.__dict__.setdefault("_rank_index", {})
+        cache = self._rank_index
         if name not in cache:
             cache[name] = None
             if self.has(name):
@@ -232,9 +231,12 @@ class RunStore:
                 con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{path}')")
         return con
 
-    def sql(self, query: str) -> pa.Table:
-        """Run a DuckDB SQL query over the store's tables and return an Arrow table."""
+    def sql(self, query: str, extra: dict[str, pa.Table] | None = None) -> pa.Table:
+        """Run a DuckDB SQL query over the store's tables (and `extra` Arrow tables, e.g. derived ones,
+        under their names) and return an Arrow table."""
         con = self.duckdb()
+        for name, table in (extra or {}).items():
+            con.register(name, table)
         try:
             rel = con.sql(query)
             if rel is None:  # a statement without a result (e.g. SET)

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.host_bound import excess_ns, host_ops, last_ended_inside, own_op_waits, queue_full_launches
-from tracekit.analyze.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
+from tracekit.derive.host_ops import excess_ns, host_ops, last_ended_inside, own_op_waits, queue_full_launches
+from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)

@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.bandwidth import MIN_JUDGED_BYTES, bus_factor
+from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
+from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
@@ -81,8 +82,10 @@ class Fix:
 
 
 @dataclass
-class Layout:
-    """What the fixes need to know about the run's layout (from the layout/pipeline sections)."""
+class RunFacts:
+    """What the fixes need to know about the measured run (from the layout/pipeline sections and the ranks
+    table): each rank's mesh coordinates as measured, its host, its pipeline stage and how the pipeline ran.
+    Not a parallel layout (`tracekit.layout.ParallelLayout` is the one): measured, possibly partial."""
 
     coords: dict[int, dict[str, int]] = field(default_factory=dict)
     """rank → {dim: coordinate}"""
@@ -116,7 +119,7 @@ def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None
     dur[m] = np.rint(dur[m] * factor).astype(np.int64)
 
 
-def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.ndarray | None = None) -> None:
+def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts, gap: np.ndarray | None = None) -> None:
     r = int(fix.rank)
     comp = compute_by_rank(g, dur)
     own = comp.get(r, 0)
@@ -143,8 +146,8 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout, gap: np.
         _free_shared_cpu(g, dur, gap, r, lay, m, np.rint(g.dur[m] * factor).astype(np.int64))
 
 
-def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: Layout) -> tuple[np.ndarray, np.ndarray | None]:
-    """The rank's nodes under `mask`, lane by lane in time order, and its peers' (`Layout.peers`) with as
+def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: RunFacts) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rank's nodes under `mask`, lane by lane in time order, and its peers' (`RunFacts.peers`) with as
     many stacked one row per peer, position by position (None when no peer's sequence has the same length:
     ranks running one program issue the same ops in the same order)."""
 
@@ -167,7 +170,7 @@ def rank_sequences(g: StepGraph, mask: np.ndarray) -> dict[int, np.ndarray]:
     import hashlib
 
     key = (mask.size, hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest())
-    cache = g.__dict__.setdefault("_rank_sequences", {})
+    cache = g.cache.rank_sequences
     if key not in cache:
         v = np.flatnonzero(mask)
         v = v[np.lexsort((v, g.start[v], g.lane[v], g.rank[v]))]
@@ -177,7 +180,7 @@ def rank_sequences(g: StepGraph, mask: np.ndarray) -> dict[int, np.ndarray]:
     return cache[key]
 
 
-def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) -> None:
+def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: RunFacts) -> None:
     """The rank's collectives that move more bytes than the same collective (dim, op, sequence number) on
     its peers' groups take the peers' median transfer time: a rank with more tokens (longer sequences) also
     sends bigger activations, which its peers' pace does not include."""
@@ -195,7 +198,7 @@ def _heavier_transfers(g: StepGraph, dur: np.ndarray, rank: int, lay: Layout) ->
     dur[v] = np.maximum(dur[v] - np.rint(by_inst(inst["inst"][heavy], cut, g.inst[v])).astype(np.int64), 0)
 
 
-def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, lay: Layout, m: np.ndarray,
+def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, lay: RunFacts, m: np.ndarray,
                      kept: np.ndarray) -> None:
     """CPU-only ranks that share a host share its cores: while `rank` ran the compute the fix removes
     (of each of its compute ops `m`, what runs past `kept`, measured), a peer on the same host that recorded
@@ -207,7 +210,6 @@ def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, 
     peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
     if not peers or m.size == 0:
         return
-    from tracekit.analyze import intervals as iv
 
     a, b = iv.union(g.start[m] + kept, g.start[m] + g.dur[m])
     if a.size == 0:
@@ -258,7 +260,7 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     while DDP fills its buckets in the last one's: the ready points come early (an optimistic saving).
     Windows whose backward is unknown (CPU ranks, traces without autograd ops)
     have none."""
-    cache = g.__dict__.setdefault("_buckets", {})
+    cache = g.cache.buckets
     if dim not in cache:
         xfer = np.flatnonzero(_transfers(g, dim) & gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
         comp = np.flatnonzero(g.category == Category.COMPUTE)
@@ -316,7 +318,7 @@ def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
     backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
     the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
-    cache = g.__dict__.setdefault("_overlap_graphs", {})
+    cache = g.cache.overlap_graphs
     if dim not in cache:
         cache.clear()
         arr, _, ready = gradient_buckets(g, dim)
@@ -353,7 +355,7 @@ def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     size = info.at("bytes", g.inst[m])
     # a bandwidth fix moves the bytes faster: it neither slows a transfer already faster than the bandwidth
     # nor takes the latency out of messages too small to be bandwidth-bound (the analyzer never judges
-    # those: bandwidth.MIN_JUDGED_BYTES), else the replayed saving of a `low_bus_bandwidth` finding counts
+    # those: collectives.MIN_JUDGED_BYTES), else the replayed saving of a `low_bus_bandwidth` finding counts
     # every small collective of the dim at zero latency (a TP job's saving far above the time it lost)
     ok = np.isfinite(size) & (size >= MIN_JUDGED_BYTES)
     t = size * factor / (float(fix.value) * 1e9) * 1e9
@@ -370,7 +372,7 @@ def bus_factors(op: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.array([bus_factor(str(o), int(k)) or 1.0 for o, k in zip(op.tolist(), n.tolist())], np.float64)
 
 
-def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> Columns:
+def instances(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> Columns:
     """Per collective / P2P instance `inst` (ascending) with a known size: dim, op, its members `ranks`
     (sorted tuples), bus bytes (bytes × the NCCL-tests factor), transfer time `t` (its shortest member's
     transfer: first end − last arrival, DESIGN §3) under `dur`, and its link tier `inter` (members on
@@ -383,12 +385,12 @@ def instances(g: StepGraph, dur: np.ndarray, lay: Layout) -> Columns:
     return {"inst": st["cols"]["inst"], "t": t[st["keep"]], **{k: v for k, v in st["cols"].items() if k != "inst"}}
 
 
-def _instance_static(g: StepGraph, lay: Layout) -> dict[str, Any] | None:
+def _instance_static(g: StepGraph, lay: RunFacts) -> dict[str, Any] | None:
     """What `instances` returns but `t`, with each kept instance's members as flat arrays (`member_pos`:
     the instance's row, `member_rank`), and the transfer nodes / instance position each came from. Cached
     per graph and the layout's hosts."""
     key = tuple(sorted(lay.hosts.items()))
-    cache = g.__dict__.setdefault("_instance_static", {})
+    cache = g.cache.instance_static
     if key in cache:
         return cache[key]
     m = np.flatnonzero((g.category == Category.TRANSFER) & (g.inst >= 0))
@@ -420,7 +422,7 @@ def _instance_static(g: StepGraph, lay: Layout) -> dict[str, Any] | None:
     return cache[key]
 
 
-def _member_sets(g: StepGraph, lay: Layout, rank: int, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _member_sets(g: StepGraph, lay: RunFacts, rank: int, peers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per instance of `instances`: whether `rank` is a member; whether every member is one of `peers`."""
     st = _instance_static(g, lay)
     n = st["cols"]["inst"].size
@@ -430,11 +432,11 @@ def _member_sets(g: StepGraph, lay: Layout, rank: int, peers: np.ndarray) -> tup
     return mine, ~outside
 
 
-def _same_collective(g: StepGraph, lay: Layout, inst: Columns) -> tuple[np.ndarray, int]:
+def _same_collective(g: StepGraph, lay: RunFacts, inst: Columns) -> tuple[np.ndarray, int]:
     """Group ids of `instances` by (dim, op, sequence number of the collective's key): the same collective
     on each group (cached per graph and the layout's hosts, like `instances`)."""
     key = tuple(sorted(lay.hosts.items()))
-    cache = g.__dict__.setdefault("_same_collective", {})
+    cache = g.cache.same_collective
     if key not in cache:
         ordinal = np.array([str(k).rsplit("#", 1)[-1] for k in g.inst_info.at("key", inst["inst"]).tolist()],
                            object)
@@ -497,7 +499,7 @@ def envelope_at(hx: np.ndarray, hy: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.where(q > hx[-1], hy[-1] + (q - hx[-1]) * (hi if hi > 0 else hy[-1] / hx[-1]), out)
 
 
-def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
+def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     """Each of the dim's instances no slower than its peers' links move as many bus bytes: the lower
     envelope of the other member sets' instances (any dim, P2P included) on the same link tier."""
     inst = instances(g, g.dur, lay)
@@ -515,7 +517,7 @@ def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: Layout) -> None:
     dur[m] = np.maximum(dur[m] - cut, 0)
 
 
-def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
+def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     comp = compute_by_rank(g, dur)
     stages: dict[int, list[int]] = {}
     for r in comp:
@@ -535,7 +537,7 @@ def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
         dur[m] = np.rint(dur[m] * at[g.rank[m]]).astype(np.int64)
 
 
-def _expert_even(g: StepGraph, dur: np.ndarray, lay: Layout) -> None:
+def _expert_even(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     """Per MoE layer pass (`moe_passes`): each member's expert compute (its compute between the dispatch's
     end and the combine's arrival) at the members' mean load (what it received in the dispatch), at the
     per-token cost the members' times show (their fit of time against load: a host that dispatches each
@@ -600,7 +602,7 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     return (g.inst >= 0) & hit[np.maximum(g.inst, 0)]
 
 
-def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layout) -> None:
+def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunFacts) -> None:
     """Each all_to_all's transfer as long as its links (the lower envelope of the instances on its link
     tier) take to move the even share: the members' mean received bytes (= mean sent) in place of the
     largest member's (its bus bytes scale by mean / largest); unchanged when sizes are unknown."""
@@ -620,7 +622,7 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: Layo
     dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
 
 
-def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Layout) -> None:
+def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     host = host_lane_mask(g)
     if fix.rank is None:
         gap[host & (gap >= lay.stall_min_ns)] = 0
@@ -644,7 +646,7 @@ def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> No
     dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
 
 
-def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.ndarray:
+def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: RunFacts) -> np.ndarray:
     """Per node: how much of its gap the peers also have. The gap before the rank's first host op of a
     step keeps the median of its peers' gaps before theirs (the time every rank spends between steps);
     any other gap keeps 0. Used when the peers' op sequences differ from the rank's."""
@@ -663,7 +665,7 @@ def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: Layout) -> np.nd
     return keep
 
 
-def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndarray, ratio: float) -> np.ndarray:
+def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: RunFacts, where: np.ndarray, ratio: float) -> np.ndarray:
     """`dur` with the work under `where` that scales with a micro-batch's samples at `ratio` of its size:
     compute, memcpy and other device work scaled; transfers of every dim but the gradient ones (activations:
     tp, cp, ep, pp) lose what moving the fewer bytes saves on their link tier's lower envelope (latency +
@@ -686,7 +688,7 @@ def shrink_per_sample(g: StepGraph, dur: np.ndarray, lay: Layout, where: np.ndar
     return out
 
 
-def shared_host_idle(g: StepGraph, lay: Layout) -> float:
+def shared_host_idle(g: StepGraph, lay: RunFacts) -> float:
     """CPU-only ranks sharing a host: the largest share, over hosts, of the analyzed steps in which none of
     the host's ranks ran anything (op, transfer). A rank in its pipeline bubble gives its core to the
     other stage's ranks on the host, so more micro-batches can only recover time the whole host sat idle
@@ -696,7 +698,6 @@ def shared_host_idle(g: StepGraph, lay: Layout) -> float:
         hosts.setdefault(h, []).append(r)
     if not hosts or all(len(rs) < 2 for rs in hosts.values()) or g.ranks.size == 0:
         return 1.0
-    from tracekit.analyze import intervals as iv
 
     lo, hi = int(g.win_start.min()), int(g.win_end.max())
     busy = (g.dur > 0) & (g.category != Category.MARK) & (g.rank >= 0)
@@ -708,7 +709,7 @@ def shared_host_idle(g: StepGraph, lay: Layout) -> float:
     return best
 
 
-def apply_fixes(g: StepGraph, fixes: list[Fix], lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarray, np.ndarray]:
     """Durations and gaps with the fixes applied (all but micro-batches, which `replay` re-schedules)."""
     dur = g.dur.copy()
     gap = g.gap.copy()

@@ -82,6 +82,26 @@ class InstInfo:
 
 
 @dataclass
+class GraphCache:
+    """What the replays of one graph compute once and reuse (each what-if of a large run asks again): read
+    through the functions that fill them, never directly. A graph made from another (dataclasses.replace)
+    starts with an empty one."""
+
+    window_of: tuple | None = None
+    """(the arrays it was computed from, per node its window): graph.window_of"""
+    first_ops: tuple | None = None
+    """(the arrays they were found from, per window its first op): graph._first_gap_removed"""
+    predictions: dict = field(default_factory=dict)
+    """fixes -> per window the replayed step time: replay.predict_all"""
+    rank_sequences: dict = field(default_factory=dict)
+    buckets: dict = field(default_factory=dict)
+    overlap_graphs: dict = field(default_factory=dict)
+    instance_static: dict = field(default_factory=dict)
+    same_collective: dict = field(default_factory=dict)
+    """whatif/fixes.py's per-graph facts (keyed as each function there documents)"""
+
+
+@dataclass
 class StepGraph:
     """Nodes (parallel int arrays) and edges of one step; times are int64 ns on one common clock."""
 
@@ -125,8 +145,11 @@ class StepGraph:
     inst_info: InstInfo | None = None
     """per collective instance (index = inst): key, pg_name, dim, op, bytes, n, io"""
     _plan: "_Plan | None" = None
+    cache: GraphCache = field(init=False, repr=False, compare=False)
+    """Facts of this graph its replays reuse (empty for a graph made with dataclasses.replace)."""
 
     def __post_init__(self) -> None:
+        self.cache = GraphCache()
         n = len(self.start)
         for attr, fill in (("dim", -1), ("inst", -1)):
             if getattr(self, attr) is None:
@@ -381,11 +404,11 @@ def window_of(g: StepGraph) -> np.ndarray:
     """Per node: index of its (rank, step) window, -1 when none (read-only; cached per graph: each what-if
     replay of a large run asks again)."""
     key = (g.ranks, g.win_step, g.rank, g.step)  # the arrays it is computed from (replaced, never written to)
-    held = g.__dict__.get("_window_of")
+    held = g.cache.window_of
     if held is None or any(a is not b for a, b in zip(held[0], key)):
         w = _windows_of_nodes(g)
         w.flags.writeable = False
-        g.__dict__["_window_of"] = held = (key, w)
+        g.cache.window_of = held = (key, w)
     return held[1]
 
 
@@ -439,11 +462,11 @@ def _first_gap_removed(g: StepGraph, w: np.ndarray, mine: np.ndarray, gap: np.nd
     """Per window: how much shorter (than measured) the gap before its first op (by measured start) is."""
     out = np.zeros(g.ranks.size, np.int64)
     key = (w, g.terminal, g.start)  # the first ops are the graph's: found once (`mine` is window_bounds')
-    held = g.__dict__.get("_first_ops")
+    held = g.cache.first_ops
     if held is None or any(a is not b for a, b in zip(held[0], key)):
         idx = np.flatnonzero(mine)
         idx = idx[np.lexsort((g.start[idx], w[idx]))]
-        g.__dict__["_first_ops"] = held = (key, idx[np.r_[True, w[idx][1:] != w[idx][:-1]]] if idx.size else idx)
+        g.cache.first_ops = held = (key, idx[np.r_[True, w[idx][1:] != w[idx][:-1]]] if idx.size else idx)
     first = held[1]
     if first.size == 0:
         return out

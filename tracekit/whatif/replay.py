@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.whatif.fixes import (Fix, Layout, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
+from tracekit.derive import intervals as iv
+from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
                                    shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   device_lane_mask, host_lane_mask, rank_step_ns, replay, window_bounds, window_of,
@@ -50,9 +51,9 @@ def replay_step(step: int, g: StepGraph) -> StepResult:
     return res[0]
 
 
-def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
+def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes)."""
-    cache = g.__dict__.setdefault("_predictions", {})
+    cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:
         dur, gap = apply_fixes(g, fixes, lay)
@@ -65,7 +66,7 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: Layout) -> np.ndarray:
     return cache[key]
 
 
-def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
+def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: RunFacts, new_m: int,
                        replayed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """Per window: the step with `new_m` micro-batches of the same batch (docs/metrics.md §8). The pipelined
     part's work that scales with a micro-batch's size shrinks by m / new_m (`shrink_per_sample`: host
@@ -94,8 +95,6 @@ def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: Layout, new_m: int,
 def _busy_ns(g: StepGraph, where: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Per window: the time its rank was busy with the nodes under `where` (no waits or stalls), the longer
     of its host threads' and its device streams' (a GPU rank's host runs ahead of its device)."""
-    from tracekit.analyze import intervals as iv
-
     w = window_of(g)
     work = where & (w >= 0) & np.isin(g.category, [Category.COMPUTE, Category.OTHER, Category.TRANSFER,
                                                      Category.HOST])
@@ -126,7 +125,7 @@ def pipelined_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray, begin: np.nda
     return np.where(sync >= 0, np.minimum(np.maximum(sync, pp), times), times)
 
 
-def predict_ns(res: StepResult, fixes: list[Fix], lay: Layout) -> int:
+def predict_ns(res: StepResult, fixes: list[Fix], lay: RunFacts) -> int:
     """The step time with `fixes` applied, replayed."""
     rows = res.rows if res.rows is not None else np.arange(res.graph.ranks.size)
     return int(predict_all(res.graph, fixes, lay)[rows].max()) if rows.size else 0
@@ -321,8 +320,6 @@ def step_span(res: StepResult) -> tuple[int, int]:
 
 
 def _merged(s: np.ndarray, e: np.ndarray, min_gap: int) -> list[tuple[int, int]]:
-    from tracekit.analyze import intervals as iv
-
     a, b = iv.union(s.astype(np.int64), e.astype(np.int64))
     if min_gap and a.size > 1:
         new = np.r_[True, a[1:] - b[:-1] >= min_gap]

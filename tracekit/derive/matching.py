@@ -56,10 +56,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from tracekit.analyze import intervals as iv
-from tracekit.analyze.base import AnalyzerResult
-from tracekit.analyze.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
-from tracekit.analyze.layout import LayoutResult, dims_of
+from tracekit.derive import intervals as iv
+from tracekit.derive.clocks import ClockConfig, MatchedEnds, estimate_offsets, log_to_trace_shift
+from tracekit.derive.topology import LayoutResult, dims_of
+from tracekit.findings.result import AnalyzerResult
+from tracekit.layout import rank_to_host
 from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
                                      equals_any, group_extreme, group_ids, group_order, lookup, not_null, take)
 from tracekit.tables.schema import TABLES
@@ -186,13 +187,11 @@ def _stats(x: np.ndarray) -> dict[str, int]:
 
 def host_count(store: RunStore) -> int | None:
     """Distinct hosts of the run's ranks (ranks table, else manifest), None when unknown."""
-    names = store.table("ranks", ["hostname"]).column("hostname").to_pylist()
-    if names and all(names):
-        return len(set(names))
-    hosts = (store.manifest or {}).get("hosts")
-    if isinstance(hosts, dict) and hosts:
-        return len(set(hosts.values()))
-    return None
+    rows = store.table("ranks", ["rank", "hostname"]).to_pylist()
+    named = rank_to_host(None, rows)
+    if rows and len(named) == len(rows):
+        return len(set(named.values()))
+    return len(set(rank_to_host((store.manifest or {}).get("hosts")).values())) or None
 
 
 def _trace_shifts(store: RunStore, cols: Columns, per_rank: dict[int, str]

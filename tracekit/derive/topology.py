@@ -20,13 +20,15 @@ Section `layout`:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.analyze.base import AnalyzerResult
+from tracekit.findings.result import AnalyzerResult
+from tracekit.layout import rank_to_host
 from tracekit.parse.classify import dim_from_desc, flattened_from_desc  # the one vocabulary of group names
 from tracekit.tables.store import RunStore
 
@@ -252,3 +254,25 @@ def group_dims(layout: dict[str, Any] | None) -> dict[str, str]:
     if not layout:
         return {}
     return {g["pg_name"]: g["dim"] for g in layout.get("groups", [])}
+
+
+def rank_hosts(store: RunStore | None) -> dict[int, str]:
+    """Rank → host name (ranks table: the trace's host name, else the run manifest's), for the ranks
+    that name one."""
+    if store is None or not store.has("ranks"):
+        return {}
+    return rank_to_host(None, store.table("ranks", ["rank", "hostname"]).to_pylist())
+
+
+def cpu_hosts(store: RunStore | None) -> dict[int, str]:
+    """CPU-only ranks (no kernel in the trace) → hostname (ranks table), on hosts whose ranks share cores:
+    more ranks than the host's recorded CPU cores, or cores unknown. Empty when any rank has a device."""
+    if store is None or not store.has("ranks"):
+        return {}
+    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
+    if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
+        return {}
+    hosts = rank_to_host(None, t)
+    per_host = Counter(hosts.values())
+    cpus = {int(r["rank"]): r["host_cpus"] for r in t}
+    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r]}

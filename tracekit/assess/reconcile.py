@@ -4,7 +4,7 @@ It takes every other analyzer's findings (the engine's `findings` argument) and
 - marks symptoms whose cause another finding names (e.g. an unoverlapped collective whose exposure
   at the reference bandwidth of its slow link stays minor): info severity, no saving of their own, the
   cause in `explained_by` (the original severity and saving stay in the evidence), see `reconcile`;
-Its findings are the document's (engine.FINAL_FINDINGS).
+Its findings are the document's when the critical path (the next step) does not run.
 
 Section `recommendations` (JSON):
 {"recommendations": [{"kind", "severity", "ranks": [..], "dim", "summary", "recommendation",
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from tracekit.analyze.base import AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
-from tracekit.analyze.evidence import BandwidthEvidence, CollectiveEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
+from tracekit.findings.evidence import BandwidthEvidence, CollectiveEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
+from tracekit.findings.result import AnalyzerResult, section_of
 
 MOSTLY = 0.5
 """A rank's exposed communication is "mostly" one cause's when that cause's share of its exposed

@@ -1,16 +1,9 @@
-"""What every analyzer shares: the user's analysis settings and the result every analyzer returns.
-
-An analyzer is a function `analyze_x(store, <inputs>, config) -> XResult` (see engine.py): its
-result type is a frozen dataclass deriving from `AnalyzerResult` that adds the typed data later
-analyzers consume; `section` is its JSON-ready part of analysis.json, `findings` its conclusions.
-"""
+"""The user's analysis settings: what `tracekit analyze` flags set, read by analyzers and assessment steps."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-from tracekit.analyze.findings import Finding
 
 
 @dataclass(kw_only=True)
@@ -27,6 +20,9 @@ class AnalysisConfig:
     """Tokens processed per step per data-parallel replica (overrides the manifest)."""
     max_timeline_intervals: int = 20000
     """Down-sampling budget for the timeline section."""
+    timeline_ranks: tuple[int, ...] | None = None
+    """Ranks the step timeline draws, a lane per kind each (`--timeline-ranks 0-7,12`); None: every rank, one
+    summary row each beyond 8 ranks with the busiest ranks in full (analyze/breakdown.py)."""
     advice: bool = True
     """Rank other parallel layouts (the layout advisor) when the run allows it (`--no-advice`: off)."""
     advice_model: Any = None
@@ -37,19 +33,3 @@ class AnalysisConfig:
     isolate_analyzer_errors: bool = True
     """An analyzer that fails on odd input is listed in `analyzer_errors` and the others still run
     (False: the exception propagates, for debugging)."""
-
-
-@dataclass(frozen=True)
-class AnalyzerResult:
-    """Base of every analyzer's result: its findings and its section of analysis.json (None: none)."""
-
-    findings: list[Finding] = field(default_factory=list)
-    section: dict[str, Any] | None = None
-
-    def section_or_empty(self) -> dict[str, Any]:
-        return self.section or {}
-
-
-def section_of(result: AnalyzerResult | None) -> dict[str, Any]:
-    """The section of an input that may be missing (its analyzer failed or was not given): {} then."""
-    return (result.section or {}) if result is not None else {}

@@ -10,7 +10,7 @@ path replaces each bound by the replayed saving of the finding's fix.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
@@ -21,7 +21,7 @@ TARGET_BUBBLE = 0.2
 
 
 @dataclass(frozen=True)
-class Advice:
+class Remedy:
     text: str
     saving_ns: float
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -32,7 +32,7 @@ def _bubble(p: int, m: int, v: int) -> float:
 
 
 def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubble: float, window_ns: float,
-                  stage_compute_ns: Sequence[float] | None = None, max_microbatches: int | None = None) -> Advice:
+                  stage_compute_ns: Sequence[float] | None = None, max_microbatches: int | None = None) -> Remedy:
     """More micro-batches (or an interleaved schedule) when the theoretical bubble exceeds TARGET_BUBBLE.
 
     m' = the smallest micro-batch count whose theoretical bubble is ≤ TARGET_BUBBLE (capped by the batch;
@@ -44,7 +44,7 @@ def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubb
     """
     b_now = _bubble(p, m, v) if p > 1 else 0.0
     if p < 2 or b_now <= TARGET_BUBBLE:
-        return Advice(text="", saving_ns=0.0, evidence={
+        return Remedy(text="", saving_ns=0.0, evidence={
             "saving_formula": f"none: theoretical bubble {b_now:.0%} is within the {TARGET_BUBBLE:.0%} target"})
     need = math.ceil((p - 1) * (1 - TARGET_BUBBLE) / (TARGET_BUBBLE * v))
     m_new = need if max_microbatches is None else min(need, max_microbatches)
@@ -52,7 +52,7 @@ def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubb
     if m_new <= m:
         m_new = m
         if v > 1:
-            return Advice(text="", saving_ns=0.0, evidence={
+            return Remedy(text="", saving_ns=0.0, evidence={
                 "saving_formula": "none: micro-batch count is at the batch limit and the schedule interleaved"})
         v_new, sched_new = 2, "interleaved"
     b_pred = _bubble(p, m_new, v_new)
@@ -74,7 +74,7 @@ def advise_bubble(*, p: int, m: int, v: int, schedule: str | None, measured_bubb
             f"{measured_bubble:.0%}); if micro-batches get too small to keep the device busy, raise the "
             "global batch instead")
     text = text[0].upper() + text[1:]
-    return Advice(text=text, saving_ns=saving, evidence={
+    return Remedy(text=text, saving_ns=saving, evidence={
         "recommended_microbatches": m_new, "recommended_chunks_per_rank": v_new,
         "recommended_schedule": sched_new, "predicted_bubble": b_pred, "saving_formula": formula})
 
@@ -118,7 +118,7 @@ def fit_layer_cost(stage_compute_ns: Sequence[float], stage_layers: Sequence[int
 
 
 def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequence[int] | None,
-                     num_microbatches: int) -> Advice:
+                     num_microbatches: int) -> Remedy:
     """A layer re-split for unequal stages.
 
     Step time ≈ (m−1)/m·max_s c_s + Σ_s c_s/m (c_s: a stage's compute per step), so levelling stages
@@ -144,7 +144,7 @@ def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequenc
                                       f"c' = {fixed:.0f} + {per_layer:.0f}·layers; upper bound (all stages at "
                                       f"the mean) {bound:.0f}")})
         if list(new) == list(stage_layers) or max(new_cost) >= cmax:
-            return Advice(text="", saving_ns=0.0, evidence=ev)
+            return Remedy(text="", saving_ns=0.0, evidence=ev)
         old_pre, pre = [0], [0]
         for a, b in zip(stage_layers, new):
             old_pre.append(old_pre[-1] + a)
@@ -159,11 +159,11 @@ def advise_imbalance(*, stage_compute_ns: Sequence[float], stage_layers: Sequenc
         text = (f"Re-split the layers over the stages: move {', '.join(moves)} "
                 f"(layers per stage {','.join(map(str, stage_layers))} → {','.join(map(str, new))}); "
                 f"predicted slowest stage {max(new_cost) / 1e6:.1f} ms instead of {cmax / 1e6:.1f} ms per step")
-        return Advice(text=text, saving_ns=saving, evidence=ev)
+        return Remedy(text=text, saving_ns=saving, evidence=ev)
     ev["saving_formula"] = f"(m−1)/m·(c_max−c_mean) = ({m}−1)/{m}·({cmax:.0f}−{cmean:.0f})"
     text = (f"Stage {slow} is the slowest: move work off it to the faster stages so every stage computes "
             f"about {cmean / 1e6:.1f} ms per step")
-    return Advice(text=text, saving_ns=bound, evidence=ev)
+    return Remedy(text=text, saving_ns=bound, evidence=ev)
 
 
 def _span(a: int, b: int) -> str:
@@ -175,7 +175,7 @@ def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert
                         mean_rank_expert_ns: float | None, aux_loss_weight: float | None,
                         capacity_factor: float | None, dropped_fraction: float | None,
                         forward_only: bool = True, hot_rank_a2a_ns: float | None = None,
-                        recv_mean_over_max: float | None = None) -> Advice:
+                        recv_mean_over_max: float | None = None) -> Remedy:
     """Load balancing for a hot expert.
 
     Every rank waits for the hottest expert-parallel rank at the combine all-to-all, so balanced routing
@@ -206,7 +206,7 @@ def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert
     if dropped_fraction:
         text += f" (already {dropped_fraction:.0%} of its tokens are dropped)"
     ev["recommended_aux_loss_weight"] = aux_loss_weight * 10 if aux_loss_weight else None
-    return Advice(text=text, saving_ns=saving, evidence=ev)
+    return Remedy(text=text, saving_ns=saving, evidence=ev)
 
 
 _COMM_ADVICE = {
@@ -235,7 +235,7 @@ SP_ACTIVATION_OPS = ("all_gather", "reduce_scatter")
 
 def advise_collective(*, dim: str | None, op: str | None, overlap_ratio: float | None,
                       bytes_p50: float | None, calls_per_step: float | None = None) -> str:
-    """Advice that fits what the evidence shows about a collective: already asynchronous (DDP/FSDP overlap
+    """The remedy that fits what the evidence shows about a collective: already asynchronous (DDP/FSDP overlap
     part of it), latency-bound (small messages), or sequence-parallel activations (tp all-gather /
     reduce-scatter: not gradients), else the dim's general advice."""
     parts = []
@@ -266,19 +266,19 @@ def advise_collective(*, dim: str | None, op: str | None, overlap_ratio: float |
 
 
 def advise_placement(*, dim: str, group_ranks: Sequence[int], hosts: Sequence[str], exposed_ns: float,
-                     light_dims_inside: Sequence[str]) -> Advice:
+                     light_dims_inside: Sequence[str]) -> Remedy:
     """Remap ranks so a communication-heavy group stays inside one host."""
     swap = (f" and let {'/'.join(light_dims_inside)} (light traffic) span the hosts instead"
             if light_dims_inside else "")
     text = (f"The {dim.upper()} group {list(group_ranks)} spans hosts {', '.join(hosts)}: order the device mesh "
             f"so {dim} is the innermost dimension (its ranks consecutive on one host){swap}")
-    return Advice(text=text, saving_ns=max(0.0, float(exposed_ns)), evidence={
+    return Remedy(text=text, saving_ns=max(0.0, float(exposed_ns)), evidence={
         "saving_formula": f"exposed time of the group's collectives per step = {exposed_ns:.0f} (upper bound)"})
 
 
 def advise_bandwidth(*, group: str, dim: str | None, busbw_gbps: float, reference_gbps: float,
-                     reference: str, lost_ns: float, exposed_bound_ns: float | None = None) -> Advice:
-    """Advice for a group whose collectives are slower than the run (or the user's peak) shows possible.
+                     reference: str, lost_ns: float, exposed_bound_ns: float | None = None) -> Remedy:
+    """The remedy for a group whose collectives are slower than the run (or the user's peak) shows possible.
     The saving is the time lost against the reference, at most the exposed transfer time when known."""
     text = (f"Collectives of group {group} ({dim or 'unknown dim'}) reach {busbw_gbps:.2f} GB/s bus bandwidth vs "
             f"{reference_gbps:.2f} GB/s ({reference}): check that group's links/NIC, its transport "
@@ -288,4 +288,4 @@ def advise_bandwidth(*, group: str, dim: str | None, busbw_gbps: float, referenc
     if exposed_bound_ns is not None:
         saving = min(saving, float(exposed_bound_ns))
         formula = f"min({formula}, exposed transfer time per step = {exposed_bound_ns:.0f})"
-    return Advice(text=text, saving_ns=max(0.0, saving), evidence={"saving_formula": formula})
+    return Remedy(text=text, saving_ns=max(0.0, saving), evidence={"saving_formula": formula})

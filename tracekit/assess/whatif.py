@@ -13,14 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.analyze.base import AnalysisConfig
+from tracekit.analyze.pipeline import analyze_pipeline
+from tracekit.config import AnalysisConfig
+from tracekit.derive.matching import analyze_matching
+from tracekit.derive.topology import analyze_layout
 from tracekit.tables.store import RunStore
 from tracekit.whatif.fixes import Fix
 from tracekit.whatif.replay import predict_ns
+from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
 if TYPE_CHECKING:
-    from tracekit.analyze.layout import LayoutResult
-    from tracekit.analyze.matching import MatchingResult
+    from tracekit.derive.topology import LayoutResult
+    from tracekit.derive.matching import MatchingResult
     from tracekit.analyze.pipeline import PipelineResult
 
 _BW = re.compile(r"^\s*([0-9.]+)\s*(GB/s|GBps|Gbit/s|MB/s)?\s*$", re.IGNORECASE)
@@ -74,18 +78,12 @@ class ReplayInputs:
 
 def prepare(store: RunStore) -> ReplayInputs:
     """The analyzers the replay reads, run once: layout, matching (arrival, clocks), pipeline (stages)."""
-    from tracekit.analyze.layout import analyze_layout
-    from tracekit.analyze.matching import analyze_matching
-    from tracekit.analyze.pipeline import analyze_pipeline
-
     layout = analyze_layout(store)
     return ReplayInputs(layout=layout, matching=analyze_matching(store, layout),
                         pipeline=analyze_pipeline(store, AnalysisConfig()))
 
 
 def run_whatif(store: RunStore, fixes: list[Fix], inputs: ReplayInputs | None = None) -> dict[str, Any]:
-    from tracekit.analyze.critical_path import replay_steps, run_layout, step_input
-
     inputs = inputs or prepare(store)
     results = replay_steps(store, step_input(store, inputs.layout, inputs.matching))
     lay = run_layout(inputs.layout, inputs.pipeline, store)

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from tracekit.analyze.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, Evidence, HostBoundEvidence,
-                                       HostStallEvidence, PlacementEvidence, RoutingSkewEvidence,
-                                       StageImbalanceEvidence, StragglerEvidence)
+from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, Evidence,
+                                        HostBoundEvidence, HostStallEvidence, PlacementEvidence, RoutingSkewEvidence,
+                                        StageImbalanceEvidence, StragglerEvidence)
 
 
 SHARED_HOST_CAVEAT = ("every rank runs on one host: CPU cores shared by several ranks (a preempted or "

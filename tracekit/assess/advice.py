@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracekit.analyze.bandwidth import BandwidthResult
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
 from tracekit.analyze.breakdown import BreakdownResult
-from tracekit.analyze.layout import LayoutResult
 from tracekit.analyze.memory import MemoryResult
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.placement import PlacementResult
+from tracekit.config import AnalysisConfig
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 ADVICE_SIMULATED = (6, 3, 2)
@@ -57,7 +58,7 @@ def analyze_advice(store: RunStore, layout: LayoutResult | None, breakdown: Brea
     from tracekit.advise.advisor import advice_json, advise
     from tracekit.advise.schema import validate_advice
     from tracekit.simulate import ClusterSpec
-    from tracekit.simulate.engine import Deadlock
+    from tracekit.simulate.executor import Deadlock
 
     shortlist, near, variants = ADVICE_SIMULATED
     try:

@@ -25,120 +25,29 @@ Section `critical_path`:
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tracekit.analyze.bandwidth import rank_hosts
-from tracekit.analyze.base import AnalysisConfig, AnalyzerResult, section_of
-from tracekit.analyze.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
-from tracekit.analyze.findings import Finding, FindingKind, Severity, sort_findings
-from tracekit.analyze.layout import LayoutResult, dims_of
-from tracekit.analyze.matching import MatchingResult, choose_sources, gpu_ranks, matched_of, read_collectives
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.analyze.reconcile import RecommendationsResult
-from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
+from tracekit.assess.reconcile import RecommendationsResult
+from tracekit.config import AnalysisConfig
+from tracekit.derive.matching import MatchingResult, gpu_ranks
+from tracekit.derive.topology import LayoutResult
+from tracekit.findings.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
+from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
+from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.build import StepInput, build_step_graph
-from tracekit.whatif.fixes import Fix, Layout
+from tracekit.whatif.fixes import Fix, RunFacts
 from tracekit.whatif.graph import StepGraph, measured_step_ns
-from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_all, predict_ns,
-                                    replay_steps_of, timeline_json)
+from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
+from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
-MAX_STEPS = 8
-"""Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
 MAX_PATH_ROWS = 400
 
 
-def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
-    """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
-    p2p = ends = None
-    if store.has("collectives"):
-        cols = arrow_columns(read_collectives(store))
-        ends = collective_ends(cols)
-        p2p = p2p_rows(cols)
-    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
-
-
-def p2p_rows(cols: Columns) -> Columns | None:
-    """The send/recv rows of the collectives table `cols` from each rank's matching source, None if none."""
-    is_p2p = cols["is_p2p"] | np.isin(strings(cols["op"]), ["send", "recv"])
-    if not is_p2p.any():
-        return None
-    per_rank, _ = choose_sources(cols)
-    per_rank = {r: timed_p2p_source(cols, is_p2p, r, s) for r, s in per_rank.items()}
-    chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
-    keep = is_p2p & (cols["source"] == chosen)
-    return take(cols, keep) if keep.any() else None
-
-
-def timed_p2p_source(cols: Columns, is_p2p: np.ndarray, rank: int, chosen: str) -> str:
-    """The source of `rank`'s send/recv rows: its matching source `chosen` where that one times them, else
-    the source timing most of them (a comms log holds enqueue times only; the profiler's ops on the same
-    rank carry start and end, which the replay's send/recv links need)."""
-    timed = is_p2p & (cols["rank"] == rank) & cols["ts_ok"] & cols["dur_ok"]
-    sources = strings(cols["source"])[timed]
-    if not sources.size or (sources == chosen).any():
-        return chosen
-    names, counts = np.unique(sources, return_counts=True)
-    return str(names[np.argmax(counts)])
-
-
-def collective_ends(cols: Columns) -> Columns | None:
-    """Per (rank, pg_name, seq): the latest trace-clock end `trace_end` (ts + dur) any source records (a
-    comms log holds enqueue times only; the profiler's op or kernel on the same rank gives the end)."""
-    ok = cols["ts_ok"] & cols["dur_ok"] & cols["seq_ok"] & np.array([p is not None for p in cols["pg_name"]], bool)
-    if not ok.any():
-        return None
-    c = take(cols, ok)
-    pg = strings(c["pg_name"])
-    code, n = group_ids(c["rank"], pg, c["seq"])
-    end = np.full(n, np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(end, code, c["ts"] + c["dur"])
-    first = first_of_group(code, n)
-    return {"rank": c["rank"][first], "pg_name": pg[first], "seq": c["seq"][first], "trace_end": end}
-
-
-def cpu_hosts(store: RunStore | None) -> dict[int, str]:
-    """CPU-only ranks (no kernel in the trace) → hostname (ranks table), on hosts whose ranks share cores:
-    more ranks than the host's recorded CPU cores, or cores unknown. Empty when any rank has a device."""
-    if store is None or not store.has("ranks"):
-        return {}
-    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
-    if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
-        return {}
-    per_host = Counter(r["hostname"] for r in t)
-    return {int(r["rank"]): str(r["hostname"]) for r in t
-            if r["host_cpus"] is None or per_host[r["hostname"]] > r["host_cpus"]}
-
-
-def run_layout(layout: LayoutResult | None, pipeline: PipelineResult | None, store: RunStore | None = None) -> Layout:
-    lay = section_of(layout)
-    pipe = section_of(pipeline)
-    coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
-    return Layout(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
-                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
-                  stages=pipeline_stages(pipe))
-
-
-def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
-    """rank → its stage: its position in its pipeline's ranks (the pipeline section's, from the P2P graph)."""
-    return {int(r): i for p in pipe.get("pipelines") or [] for i, r in enumerate(p.get("ranks") or [])}
-
-
-def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
-    """The last MAX_STEPS profiled steps as one graph (a fix that shortens a step lets the next begin
-    earlier), one result per step."""
-    steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
-    if not steps:
-        return []
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp)
-    return replay_steps_of(g) if g.ranks.size else []
-
-
-def fix_for(f: Finding, lay: Layout) -> list[Fix]:
+def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     """The fix a finding recommends, as the graph can apply it ([] when it cannot)."""
     ev = f.evidence
     if isinstance(ev, StragglerEvidence) and f.ranks:
@@ -173,7 +82,7 @@ PIPELINE_FIXES = ("stage_resplit",)
 fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
 
 
-def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: Layout) -> tuple[int, int]:
+def _mean_prediction(results: list[StepResult], fixes: list[Fix], lay: RunFacts) -> tuple[int, int]:
     """(predicted, measured) step time of the run: see `run_step_ns`; for a pipeline re-split over the steps
     after the first (`steady_steps`)."""
     results = steady_steps(results, fixes)
@@ -212,7 +121,7 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: Layout, regrade_severity: bool = False
+def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, regrade_severity: bool = False
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together;
     `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its

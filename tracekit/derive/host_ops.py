@@ -1,0 +1,145 @@
+"""Each GPU rank's host ops with their own time and whether they wait, and which of them ran far slower
+than the same op elsewhere: the derived fact the `host_bound` analyzer measures and the what-if replay
+(whatif/build.py) repairs. Definitions are in analyze/host_bound.py's docstring.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracekit.tables.columns import Columns, group_ids, group_median, take
+from tracekit.tables.store import RunStore
+
+SLOW_FACTOR = 10
+SLOW_MIN_NS = 500_000
+"""A host op is slow when its own time is at least SLOW_FACTOR × the op's median and SLOW_MIN_NS more."""
+HOST_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
+RUNTIME_CATS = HOST_CATS[1:]
+DEVICE_WAIT_WORDS = ("Synchronize",)
+BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
+"""Copies that return when the device finished them (HIP's hipMemcpyWithStream is PyTorch's blocking copy on
+ROCm: `.item()`, `.cpu()`)."""
+QUEUE_WAIT_MIN_NS = 50_000
+"""A launch call at least this long (a launch costs a few µs) that returned within `QUEUE_RETURN_MAX_NS` of
+a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
+the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
+QUEUE_RETURN_MAX_NS = 50_000
+
+
+def last_ended_inside(ts: np.ndarray, end: np.ndarray, k_end: np.ndarray) -> np.ndarray:
+    """Per call [ts, end]: index of the device op (by `k_end`) that ended last inside it, -1 if none."""
+    by_end = np.argsort(k_end, kind="stable")
+    hi = np.searchsorted(k_end[by_end], end, side="right") - 1
+    j = by_end[np.maximum(hi, 0)] if by_end.size else np.zeros(ts.size, np.int64)
+    return np.where((hi >= 0) & (k_end[j] >= ts), j, -1) if by_end.size else np.full(ts.size, -1, np.int64)
+
+
+def queue_full_launches(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_ts: np.ndarray, k_end: np.ndarray,
+                        k_corr: np.ndarray, waited: np.ndarray) -> np.ndarray:
+    """Per runtime call: a launch that blocked on a full launch queue (CUDA/HIP block a launch while the
+    device holds its maximum of pending work), so it waited for the device: longer than any launch's own
+    cost, busy device all along (the device op that ended last inside the call, `waited`, had started
+    before the call) and returning right after that op ended. A host thread preempted inside a launch
+    returns at no particular device event (and usually finds the device idle)."""
+    ok = waited >= 0
+    if not ok.any():
+        return np.zeros(ts.size, bool)
+    w = np.maximum(waited, 0)
+    launches = np.isin(corr, k_corr) & (corr >= 0)
+    return ok & launches & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_ts[w] <= ts) & (end - k_end[w] <= QUEUE_RETURN_MAX_NS)
+
+
+def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.ndarray, k_corr: np.ndarray
+                 ) -> np.ndarray:
+    """Per runtime call: a call that returned when the device op it launched (same correlation) ended: a
+    copy that blocks the host (cudaMemcpyAsync from pageable memory), at least QUEUE_WAIT_MIN_NS long, its
+    op ending inside it and at most QUEUE_RETURN_MAX_NS before it returned."""
+    if k_end.size == 0 or ts.size == 0:
+        return np.zeros(ts.size, bool)
+    o = np.argsort(k_corr, kind="stable")
+    j = o[np.clip(np.searchsorted(k_corr[o], corr), 0, o.size - 1)]
+    own = (corr >= 0) & (k_corr[j] == corr)
+    return own & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_end[j] >= ts) & (k_end[j] <= end) & (end - k_end[j] <= QUEUE_RETURN_MAX_NS)
+
+
+def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
+    own = (end - ts).astype(np.int64)
+    stack: list[int] = []
+    t, s, e = tid.tolist(), ts.tolist(), end.tolist()
+    for i in range(len(s)):
+        while stack and (t[stack[-1]] != t[i] or e[stack[-1]] <= s[i]):
+            stack.pop()
+        if stack:
+            own[stack[-1]] -= min(e[i], e[stack[-1]]) - s[i]
+        stack.append(i)
+    return np.maximum(own, 0)
+
+
+def device_ops(store: RunStore, rank: int) -> Columns | None:
+    k = store.rank_table("kernels", rank, ["ts", "dur", "correlation", "step"])
+    k = k.filter(pc.is_valid(k["dur"]))
+    if k.num_rows == 0:
+        return None
+    ts = k.column("ts").to_numpy().astype(np.int64)
+    return {"ts": ts, "end": ts + k.column("dur").to_numpy().astype(np.int64),
+            "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
+            "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64)}
+
+
+def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns | None:
+    """The rank's host ops and runtime calls (sorted by thread, start, longest first) with their own time
+    and whether they wait (for the device or for peers); None on a rank without device work."""
+    kern = device_ops(store, rank) if kern is None else kern
+    if kern is None:
+        return None
+    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "step", "role", "lane", "correlation"])
+    cat, role, lane = (t.column(c).cast(pa.string()) for c in ("cat", "role", "lane"))
+    keep = pc.and_(pc.and_(pc.is_in(cat, value_set=pa.array(HOST_CATS)), pc.equal(lane, "host")),
+                   pc.and_(pc.is_valid(t["dur"]), pc.invert(pc.is_in(role, value_set=pa.array(
+                       ["step_annotation", "data_load", "overhead"])))))
+    t = t.filter(pc.fill_null(keep, False))
+    ts = t.column("ts").to_numpy().astype(np.int64)
+    end = ts + t.column("dur").to_numpy().astype(np.int64)
+    tid = t.column("tid").fill_null(-1).to_numpy().astype(np.int64)
+    o = np.lexsort((-end, ts, tid))
+    cols = {"name": np.asarray(t.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+            "tid": tid, "ts": ts, "end": end, "step": t.column("step").fill_null(-1).to_numpy().astype(np.int64),
+            "runtime": np.isin(np.asarray(t.column("cat").cast(pa.string()).to_pylist(), dtype=object), RUNTIME_CATS),
+            "comm": np.asarray(t.column("role").cast(pa.string()).to_pylist(), dtype=object) == "comm",
+            "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
+    cols = take(cols, o)
+    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
+    cols["waits"] = _waits(cols, kern)
+    return cols
+
+
+def _waits(ops: Columns, kern: Columns) -> np.ndarray:
+    """Per op: a call that waits (for the device: synchronize, blocking memcpy, a launch on a full queue;
+    for peers: communication calls)."""
+    names = ops["name"].tolist()
+    sync = np.array([any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    waited = last_ended_inside(ops["ts"], ops["end"], kern["end"])
+    queued = ops["runtime"] & queue_full_launches(ops["ts"], ops["end"], ops["corr"], kern["ts"], kern["end"],
+                                                  kern["corr"], waited)
+    own = ops["runtime"] & own_op_waits(ops["ts"], ops["end"], ops["corr"], kern["end"], kern["corr"])
+    return sync | queued | own | ops["comm"]
+
+
+def excess_ns(ops_by_rank: dict[int, Columns]) -> dict[int, np.ndarray]:
+    """Per rank, per host op: its own time beyond the median of the same op over every rank and step,
+    where far beyond it (`SLOW_FACTOR`, `SLOW_MIN_NS`) and the op does not wait; else 0."""
+    ranks = list(ops_by_rank)
+    if not ranks:
+        return {}
+    names = np.concatenate([ops_by_rank[r]["name"] for r in ranks])
+    own = np.concatenate([ops_by_rank[r]["self_ns"] for r in ranks])
+    waits = np.concatenate([ops_by_rank[r]["waits"] for r in ranks])
+    code, n = group_ids(names)
+    med = np.rint(group_median(code, n, own.astype(np.float64))).astype(np.int64)[code]
+    slow = ~waits & (own >= SLOW_FACTOR * med) & (own - med >= SLOW_MIN_NS)
+    out = np.where(slow, own - med, 0)
+    bounds = np.cumsum([0] + [ops_by_rank[r]["name"].size for r in ranks])
+    return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}

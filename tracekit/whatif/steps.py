@@ -1,0 +1,99 @@
+"""The replay's inputs taken from the derived facts, and the replay of a run's last steps.
+
+`step_input` gathers what the graph builder (whatif/build.py) reads — matched collectives, the group →
+dim map, each rank's send/recv rows and collective ends —, `run_layout` the layout the fixes act on
+(mesh coordinates, hosts, pipeline stages), and `replay_steps` builds and replays the last `MAX_STEPS`
+profiled steps as one graph. The critical path (assess/critical_path.py), `tracekit whatif`
+(assess/whatif.py) and the explained diff (compare/attribution.py) all start here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tracekit.derive.matching import MatchingResult, choose_sources, matched_of, read_collectives
+from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
+from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
+from tracekit.tables.store import RunStore
+from tracekit.whatif.build import StepInput, build_step_graph
+from tracekit.whatif.fixes import RunFacts
+from tracekit.whatif.replay import StepResult, replay_steps_of
+
+MAX_STEPS = 8
+"""Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
+
+
+def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
+    """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
+    p2p = ends = None
+    if store.has("collectives"):
+        cols = arrow_columns(read_collectives(store))
+        ends = collective_ends(cols)
+        p2p = p2p_rows(cols)
+    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
+
+
+def p2p_rows(cols: Columns) -> Columns | None:
+    """The send/recv rows of the collectives table `cols` from each rank's matching source, None if none."""
+    is_p2p = cols["is_p2p"] | np.isin(strings(cols["op"]), ["send", "recv"])
+    if not is_p2p.any():
+        return None
+    per_rank, _ = choose_sources(cols)
+    per_rank = {r: timed_p2p_source(cols, is_p2p, r, s) for r, s in per_rank.items()}
+    chosen = np.array([per_rank.get(r) for r in cols["rank"].tolist()], dtype=object)
+    keep = is_p2p & (cols["source"] == chosen)
+    return take(cols, keep) if keep.any() else None
+
+
+def timed_p2p_source(cols: Columns, is_p2p: np.ndarray, rank: int, chosen: str) -> str:
+    """The source of `rank`'s send/recv rows: its matching source `chosen` where that one times them, else
+    the source timing most of them (a comms log holds enqueue times only; the profiler's ops on the same
+    rank carry start and end, which the replay's send/recv links need)."""
+    timed = is_p2p & (cols["rank"] == rank) & cols["ts_ok"] & cols["dur_ok"]
+    sources = strings(cols["source"])[timed]
+    if not sources.size or (sources == chosen).any():
+        return chosen
+    names, counts = np.unique(sources, return_counts=True)
+    return str(names[np.argmax(counts)])
+
+
+def collective_ends(cols: Columns) -> Columns | None:
+    """Per (rank, pg_name, seq): the latest trace-clock end `trace_end` (ts + dur) any source records (a
+    comms log holds enqueue times only; the profiler's op or kernel on the same rank gives the end)."""
+    ok = cols["ts_ok"] & cols["dur_ok"] & cols["seq_ok"] & np.array([p is not None for p in cols["pg_name"]], bool)
+    if not ok.any():
+        return None
+    c = take(cols, ok)
+    pg = strings(c["pg_name"])
+    code, n = group_ids(c["rank"], pg, c["seq"])
+    end = np.full(n, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(end, code, c["ts"] + c["dur"])
+    first = first_of_group(code, n)
+    return {"rank": c["rank"][first], "pg_name": pg[first], "seq": c["seq"][first], "trace_end": end}
+
+
+def run_layout(layout: LayoutResult | None, pipeline: AnalyzerResult | None, store: RunStore | None = None) -> RunFacts:
+    lay = section_of(layout)
+    pipe = section_of(pipeline)
+    coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
+    return RunFacts(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
+                  microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
+                  stages=pipeline_stages(pipe))
+
+
+def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
+    """rank → its stage: its position in its pipeline's ranks (the pipeline section's, from the P2P graph)."""
+    return {int(r): i for p in pipe.get("pipelines") or [] for i, r in enumerate(p.get("ranks") or [])}
+
+
+def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
+    """The last MAX_STEPS profiled steps as one graph (a fix that shortens a step lets the next begin
+    earlier), one result per step."""
+    steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
+    if not steps:
+        return []
+    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp)
+    return replay_steps_of(g) if g.ranks.size else []
