@@ -61,13 +61,25 @@ def advice_table(advice: dict[str, Any], rows: int | None = None) -> list[str]:
                         f"simulated" + (f"; {more} more ranked in the report." if more else ".")]
 
 
+def _inputs(advice: dict[str, Any]) -> list[str]:
+    """The model the advice used and where it and the batch came from."""
+    m, src = advice["model"], advice.get("inputs") or {}
+    moe = f", {m['experts']} experts top-{m['top_k']}" if m.get("experts") else ""
+    line = (f"Model used: {md(str(m['name']))} ({m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, "
+            f"ffn {m['ffn'] or 4 * m['hidden']}, vocab {m['vocab']}, seq {m['seq']}{moe}, micro-batch "
+            f"{m['micro_batch_size']})")
+    line += f", {md(src['model'])}." if src.get("model") else "."
+    parts = [md(src[k]) for k in ("batch", "global_batch") if src.get(k)]
+    return [line, ""] + (["Batch: " + "; ".join(parts) + ".", ""] if parts else [])
+
+
 def render_advice_markdown(advice: dict[str, Any]) -> str:
     t, cal = advice["target"], advice["calibration"]
     warn = [f"> **Warning:** {md(w)}" for w in advice.get("warnings") or []]
     lines = ["## tracekit layout advice", ""] + [x for w in warn for x in (w, "")] + [
              f"Target: {t['gpus']} GPUs ({t['hosts']} hosts × {t['gpus_per_host']}), global batch "
              f"{t['global_batch']} sequences of {advice['model']['seq']} tokens, "
-             f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", "",
+             f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", ""] + _inputs(advice) + [
              "Calibrated from the measured run: " + md("; ".join(cal["notes"])) + ".", "",
              md(memory_text(advice)), ""]
     if advice.get("current"):

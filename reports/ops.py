@@ -58,12 +58,16 @@ def _rank_text(sec: dict[str, Any]) -> str:
         Col("hbm_tbps", "HBM TB/s", lambda v: num(v, 2)), Col("steps", "steps"),
         Col("step_ns", "step time (ms)", _ms), Col("flops_per_step", "model FLOP/step", lambda v: f"{v:.3e}" if is_num(v) else "–"),
         Col("achieved_tflops", "achieved TFLOP/s", _tf), Col("mfu", "MFU", pct),
+        Col("recompute_flops", "recomputed FLOP", lambda v: f"{v:.3e}" if is_num(v) and v else "–"),
+        Col("hfu", "HFU", pct),
         Col("flops_coverage", "op time with a FLOP count", pct)])
     return ("<h3>Model FLOPs utilisation</h3><p class=note>MFU = the FLOPs of the ops inside the analyzed steps "
             "(counted from their recorded shapes: GEMM 2·M·N·K, attention, convolution, elementwise…; see "
             "docs/metrics.md) ÷ the summed step time ÷ the device's dense peak for the dtype carrying most "
             "GEMM/attention FLOPs. Ops without a formula (Triton kernels) add no FLOPs: the last column says how "
-            "much op time is counted. Peaks come from the device table or --peak-tflops / --peak-bandwidth.</p>"
+            "much op time is counted. Peaks come from the device table or --peak-tflops / --peak-bandwidth. "
+            "HFU (hardware FLOPs utilisation) also counts the forward ops re-run inside backward (activation "
+            "checkpointing, found in the op tree): MFU leaves them out, so HFU = MFU without recomputation.</p>"
             + body)
 
 
@@ -160,7 +164,9 @@ def ops_summary_lines(sec: dict[str, Any] | None, href: str, top: int = 5) -> li
     for r in (sec.get("top_ops") or [])[:top]:
         lines.append(f"| {md(r.get('name'))} | {md(_shape(r))} | {ms(r.get('kernel_ns'), 3)} | {pct(r.get('share'))} "
                      f"| {_tf(r.get('tflops'))} | {pct(r.get('pct_of_roof'))} |")
-    mfu = [f"rank {r['rank']} {pct(r['mfu'])}" for r in sec.get("ranks") or [] if is_num(r.get("mfu"))]
+    mfu = [f"rank {r['rank']} {pct(r['mfu'])}" + (f" (HFU {pct(r['hfu'])})" if is_num(r.get("hfu")) and
+                                                   r.get("recompute_flops") else "")
+           for r in sec.get("ranks") or [] if is_num(r.get("mfu"))]
     gemm = sec.get("gemm") or {}
     extra = []
     if mfu:

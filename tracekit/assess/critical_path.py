@@ -36,10 +36,11 @@ from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
 from tracekit.findings.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
-from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, RunFacts
+from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -72,6 +73,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [Fix("expert_even")]
     if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired (launch overhead: fewer
         return [Fix("host_repair")] if ev.cause == "starved_host" else []  # launches, not a change of this graph)
+    if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
+        return [Fix("memcpy_overlap")]
     if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
         return [Fix("host_stalls", rank=int(r)) for r in f.ranks] if f.ranks else [Fix("host_stalls")]
     return []
@@ -291,12 +294,60 @@ class CriticalPathResult(AnalyzerResult):
     """Each replayed step (graph, replay, path)."""
 
 
+MEMCPY_PATH_SHARE = (0.05, 0.10, 0.25)
+"""Share of the step that device copies take on the critical path for an info / warning / critical finding."""
+
+
+def memcpy_finding(results: list[StepResult]) -> Finding | None:
+    """Device copies (memcpy H2D / D2H / D2D) the critical path runs through: their own time on the path of
+    each step (the slowest rank's), mean over the steps, when it is at least 5% of the step. The saving is
+    replayed by `rescore` with every copy overlapped (`memcpy_overlap`); the closed form is their path time."""
+    if not results:
+        return None
+    per_dir: dict[str, float] = {}
+    on_path, counts, ranks, shares = [], [], set(), []
+    for res in results:
+        path, rank = path_of(res)
+        g = res.graph
+        mc = path[memcpy_nodes(g)[path]] if path.size else path
+        mc = mc[g.dur[mc] > 0]
+        t = int(g.dur[mc].sum())
+        on_path.append(t)
+        counts.append(int(mc.size))
+        shares.append(t / res.measured_ns if res.measured_ns else 0.0)
+        if mc.size:
+            ranks.add(rank)
+        for i in mc.tolist():
+            d = copy_direction(g.name[i])
+            per_dir[d] = per_dir.get(d, 0) + int(g.dur[i]) / len(results)
+    ns, share = int(np.mean(on_path)), float(np.mean(shares))
+    sev = severity_by_share(share, *MEMCPY_PATH_SHARE)
+    if sev is None or ns <= 0:
+        return None
+    parts = ", ".join(f"{d} {v / 1e6:.2f} ms" for d, v in sorted(per_dir.items(), key=lambda kv: -kv[1]))
+    return Finding(
+        kind=FindingKind.MEMCPY_ON_CRITICAL_PATH, severity=sev, ranks=tuple(sorted(ranks)),
+        summary=f"device copies lie on the critical path: {ns / 1e6:.2f} ms per step ({share:.0%} of the step; "
+                f"{parts}), on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}",
+        evidence=Evidence(details={"on_path_ns_per_step": ns, "share_of_step": share,
+                                   "copies_on_path_per_step": float(np.mean(counts)),
+                                   "by_direction_ns_per_step": {d: int(v) for d, v in per_dir.items()}}),
+        recommendation="Overlap the copies with compute instead of waiting for them: host-to-device from pinned "
+                       "memory with non_blocking=True on a side stream, the next batch prefetched "
+                       "(DataLoader(pin_memory=True)); no .item() / .cpu() / print of a device tensor inside the "
+                       "step (each is a device-to-host copy the host waits for); device-to-device copies from "
+                       ".contiguous() / clone() only where a view cannot serve.",
+        est_saving_ns=ns)
+
+
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
                           pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
                           findings: list[Finding], config: AnalysisConfig) -> CriticalPathResult:
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
+    copies = memcpy_finding(results)
+    final = final + [copies] if copies is not None else final
     rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
                                        regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
