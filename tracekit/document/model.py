@@ -52,6 +52,9 @@ class RankBreakdown(Struct):
     """exposed_comm_ns - sync_wait_ns"""
     carry_over_ns: int | UnsetType = UNSET
     """device time of kernels left over from before profiling (in no step)"""
+    waited_for: dict[str, int] | UnsetType = UNSET
+    """sync_wait_ns split by the rank waited for (key: that rank; a collective's last arrival, a P2P op's
+    peer); sums to sync_wait_ns"""
 
 
 class InputsRunsRow(Struct):
@@ -246,10 +249,20 @@ class BreakdownTimeline(Struct):
     """all | busiest | user"""
     ranks_not_in_run: list[int] | UnsetType = UNSET
 
+class BreakdownOwedWaitRow(Struct):
+    rank: int = 0
+    owed_ns: int = 0
+    owed_ns_per_step: int = 0
+    by_rank: dict[str, int] = msgspec.field(default_factory=dict)
+    """waiting rank -> the wait this rank caused on it"""
+
+
 class BreakdownSection(Struct):
     """Section `breakdown` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""
 
     ranks: list[RankBreakdown] = msgspec.field(default_factory=list)
+    owed_wait: list[BreakdownOwedWaitRow] | UnsetType = UNSET
+    """per late rank: the wait it caused on the others, most owed first"""
     rank_details: list[BreakdownRankDetailsRow] = msgspec.field(default_factory=list)
     steps: list[BreakdownStepsRow] = msgspec.field(default_factory=list)
     unanalyzed_ranks: list[dict[str, Any]] = msgspec.field(default_factory=list)
