@@ -8,6 +8,7 @@ from typing import Any
 
 from reports.escape import h, md
 from reports.html_parts import Col, Figures, plotly_text, table
+from tracekit.document.model import AdviceSection
 
 MAX_SUMMARY_ROWS = 5
 
@@ -61,13 +62,25 @@ def advice_table(advice: dict[str, Any], rows: int | None = None) -> list[str]:
                         f"simulated" + (f"; {more} more ranked in the report." if more else ".")]
 
 
+def _inputs(advice: dict[str, Any]) -> list[str]:
+    """The model the advice used and where it and the batch came from."""
+    m, src = advice["model"], advice.get("inputs") or {}
+    moe = f", {m['experts']} experts top-{m['top_k']}" if m.get("experts") else ""
+    line = (f"Model used: {md(str(m['name']))} ({m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, "
+            f"ffn {m['ffn'] or 4 * m['hidden']}, vocab {m['vocab']}, seq {m['seq']}{moe}, micro-batch "
+            f"{m['micro_batch_size']})")
+    line += f", {md(src['model'])}." if src.get("model") else "."
+    parts = [md(src[k]) for k in ("batch", "global_batch") if src.get(k)]
+    return [line, ""] + (["Batch: " + "; ".join(parts) + ".", ""] if parts else [])
+
+
 def render_advice_markdown(advice: dict[str, Any]) -> str:
     t, cal = advice["target"], advice["calibration"]
     warn = [f"> **Warning:** {md(w)}" for w in advice.get("warnings") or []]
     lines = ["## tracekit layout advice", ""] + [x for w in warn for x in (w, "")] + [
              f"Target: {t['gpus']} GPUs ({t['hosts']} hosts × {t['gpus_per_host']}), global batch "
              f"{t['global_batch']} sequences of {advice['model']['seq']} tokens, "
-             f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", "",
+             f"{t['gpu_memory_bytes'] / 2**30:.0f} GiB per GPU.", ""] + _inputs(advice) + [
              "Calibrated from the measured run: " + md("; ".join(cal["notes"])) + ".", "",
              md(memory_text(advice)), ""]
     if advice.get("current"):
@@ -75,13 +88,13 @@ def render_advice_markdown(advice: dict[str, Any]) -> str:
     return "\n".join(lines + advice_table(advice)) + "\n"
 
 
-def summary_lines(section: dict[str, Any] | None, href: str) -> list[str]:
+def summary_lines(section: AdviceSection | None, href: str) -> list[str]:
     """summary.md's advice: the top rows of the ranked table, or the one line saying why there is none."""
-    if not section:
+    if section is None:
         return []
-    if not section.get("available"):
-        return [f"**Layout advice:** not available: {md(section.get('reason') or 'unknown')}.", ""]
-    advice = section["advice"]
+    if not section.available or section.advice is None:
+        return [f"**Layout advice:** not available: {md(section.reason or 'unknown')}.", ""]
+    advice = section.advice  # the advice document (tracekit.advice/1, advice.schema.json)
     return ([f"### Layout advice ([report]({href}#advice))", "", md(current_text(advice)), ""]
             + advice_table(advice, MAX_SUMMARY_ROWS) + [""])
 
@@ -123,9 +136,9 @@ def _gib(b: Any) -> str:
     return f"{b / 2**30:.1f}"
 
 
-def advice_html(figs: Figures, section: dict[str, Any]) -> str:
+def advice_html(figs: Figures, section: AdviceSection) -> str:
     """The body of report.html's "Layout advice" section (the section's availability is checked by the caller)."""
-    advice = section["advice"]
+    advice = section.advice  # the advice document (tracekit.advice/1): laid out as advice.json holds it
     cal = advice["calibration"]
     rows = [dict(c, rank_text=label, changes_text=changes_text(c)) for label, c in labelled_rows(advice)]
     body = "".join(f"<p class=na><strong>Warning:</strong> {h(w)}</p>" for w in advice.get("warnings") or [])

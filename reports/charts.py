@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from reports.escape import h
 from reports.format import is_num, ranks_text
 from reports.html_parts import Figures, plotly_text, typed
+from tracekit.document.model import (ExpertsSection, LayoutRanksRow, LayoutSection, MemorySection, PipelineSection,
+                                     StragglersSection, UnoverlappedSection)
 
 COLORS = {"compute": "#2e7d32", "exposed_comm": "#c62828", "comm": "#ef6c00", "other": "#5c6bc0",
           "idle": "#bdbdbd", "fwd": "#1565c0", "bwd": "#6a1b9a", "bwd_input": "#8e24aa", "bwd_weight": "#ab47bc",
@@ -51,20 +54,13 @@ def _records(data: Any, key: str | None = None) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- layout / mesh
 
-def _dims(layout: dict[str, Any]) -> list[tuple[str, int]]:
-    dims = _first(layout, "mesh_shape", "dims", "sizes")
-    names = _first(layout, "mesh_dim_names", "dim_names", "order")
-    if isinstance(dims, dict):
-        order = [n for n in names if n in dims] if isinstance(names, list) else list(dims)
-        return [(str(k), int(dims[k])) for k in order if is_num(dims[k])]
-    if isinstance(dims, list) and isinstance(names, list) and len(dims) == len(names):
-        return [(str(n), int(s)) for n, s in zip(names, dims) if is_num(s)]
-    return []
+def _dims(layout: LayoutSection) -> list[tuple[str, int]]:
+    return [(str(k), int(v)) for k, v in layout.mesh_shape.items() if is_num(v)]
 
 
-def layout_text(layout: dict[str, Any]) -> str:
+def layout_text(layout: LayoutSection) -> str:
     dims = _dims(layout)
-    world = _first(layout, "world_size")
+    world = layout.world_size
     if not dims:
         return "not inferred" + (f" (world size {world})" if world else "")
     return " × ".join(f"{n}{s}" for n, s in dims) + (f" (world size {world})" if world else "")
@@ -74,20 +70,20 @@ _DIM_ORDER = ("pp", "dp", "fsdp", "cp", "ep", "tp")
 _DERIVED_PENALTY = {"ep": 2, "fsdp": 1}
 
 
-def _grid_dims(dims: list[tuple[str, int]], coords: list[dict[str, Any]]) -> list[str]:
+def _grid_dims(dims: list[tuple[str, int]], coords: list[LayoutRanksRow]) -> list[str]:
     """Which dims to draw the mesh over: the largest set whose coordinates place every rank in its own cell
     of a full grid (ep is often a product of dp and cp, so it is left out when the others suffice)."""
     from itertools import combinations
 
     sizes = {n: s for n, s in dims if s > 1}
     names = sorted(sizes, key=lambda n: _DIM_ORDER.index(n) if n in _DIM_ORDER else len(_DIM_ORDER))
-    placed = [c for c in coords if isinstance(c.get("coords"), dict)]
+    placed = coords
     best: tuple[int, int, tuple[str, ...]] | None = None
     for k in range(len(names), 0, -1):
         for combo in combinations(names, k):
             if int(np.prod([sizes[n] for n in combo])) != len(placed):
                 continue
-            keys = {tuple(c["coords"].get(n) for n in combo) for c in placed}
+            keys = {tuple(c.coords.get(n) for n in combo) for c in placed}
             if len(keys) == len(placed) and all(is_num(v) for key in keys for v in key):
                 score = (k, -sum(_DERIVED_PENALTY.get(n, 0) for n in combo), combo)
                 best = score if best is None or score[:2] > best[:2] else best
@@ -96,23 +92,23 @@ def _grid_dims(dims: list[tuple[str, int]], coords: list[dict[str, Any]]) -> lis
     return list(best[2]) if best else names
 
 
-def mesh_html(layout: dict[str, Any]) -> str:
+def mesh_html(layout: LayoutSection) -> str:
     """The mesh as small tables of ranks placed at the coordinates the layout analyzer reports: the last two
     dims as rows × columns, one table per index of the outer dims."""
     dims = _dims(layout)
-    coords = _records(layout, "ranks")
+    coords = layout.ranks
     names = _grid_dims(dims, coords)
     placed: dict[tuple[int, ...], list[Any]] = {}
     for r in coords:
-        c = r.get("coords")
-        if isinstance(c, dict) and names and all(is_num(c.get(n)) for n in names):
-            placed.setdefault(tuple(int(c[n]) for n in names), []).append(r.get("rank"))
+        c = r.coords  # {dim: index}
+        if names and all(is_num(c.get(n)) for n in names):
+            placed.setdefault(tuple(int(c[n]) for n in names), []).append(r.rank)
     if not placed:
-        groups = _records(layout, "groups")
-        if groups:
+        if layout.groups:
             from reports.generic import render_generic
 
-            return '<p class=note>No rank coordinates were inferred; the groups are:</p>' + render_generic(groups)
+            return ('<p class=note>No rank coordinates were inferred; the groups are:</p>'
+                    + render_generic(msgspec.to_builtins(layout.groups)))
         return '<p class=note>No rank mesh was reported.</p>'
     shape = [max(k[i] for k in placed) + 1 for i in range(len(names))]
     if len(names) == 1:
@@ -259,17 +255,11 @@ def _lanes_note(meta: Any) -> str:
 
 # ---------------------------------------------------------------- collectives heatmap
 
-def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+def collective_heatmap(figs: Figures, sec: UnoverlappedSection) -> str:
     """Rank × (dim / op) heatmap of exposed time per step, from the per-rank rows (`by_rank_dim_op`)."""
-    rows = _records(sec, "by_rank_dim_op")
     cells: dict[tuple[Any, str], float] = {}
-    for r in rows:
-        rank = r.get("rank")
-        exposed = _first(r, "exposed_ns", "exposed_comm_ns")
-        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
-        label = f"{_first(r, 'dim', 'pg_desc', 'pg_name') or '?'} / {r.get('op') or '?'}"
-        if is_num(rank) and is_num(exposed):
-            cells[(rank, label)] = exposed / steps / 1e6
+    for r in sec.by_rank_dim_op:
+        cells[(r.rank, f"{r.dim or '?'} / {r.op or '?'}")] = r.exposed_ns / (r.steps or 1) / 1e6
     if not cells:
         return ""
     ranks = sorted({k[0] for k in cells})
@@ -287,30 +277,20 @@ def collective_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- pipeline
 
-def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
+def pipeline_diagram(figs: Figures, sec: PipelineSection) -> str:
     """Stage × time: one bar per (stage, micro-batch, phase) labelled with the micro-batch; every stage row
     carries a shaded band over the step window, so time no bar covers (the bubble) shows shaded."""
-    diagram = sec.get("diagram") if isinstance(sec.get("diagram"), dict) else sec
-    rows = _records(diagram, "intervals")
-    spans = []
-    for r in rows:
-        start = _first(r, "start_ns", "ts")
-        end = _first(r, "end_ns")
-        dur = _first(r, "dur_ns", "dur")
-        if end is None and is_num(start) and is_num(dur):
-            end = start + dur
-        if is_num(start) and is_num(end) and is_num(r.get("stage")):
-            spans.append((int(r["stage"]), str(r.get("phase") or "?"), r.get("microbatch"), _exact(start), _exact(end),
-                          r.get("step", diagram.get("step"))))
-    if not spans:
+    diagram = sec.diagram
+    if diagram is None or not diagram.intervals:
         return ""
+    spans = [(r.stage, r.phase or "?", r.microbatch, _exact(r.start_ns), _exact(r.start_ns + r.dur_ns), diagram.step)
+             for r in diagram.intervals]
     steps = sorted({s[5] for s in spans if s[5] is not None})
     if steps:  # one step is enough to read the schedule; draw the first one shown by the analyzer
         spans = [s for s in spans if s[5] == steps[0]]
     t0 = min(s[3] for s in spans)
     t1 = max(s[4] for s in spans)
-    if is_num(diagram.get("window_ns")):
-        t1 = max(t1, t0 + diagram["window_ns"])
+    t1 = max(t1, t0 + diagram.window_ns)
     stages = sorted({s[0] for s in spans})
     phases = sorted({s[1] for s in spans}, key=lambda p: ["fwd", "bwd", "bwd_input", "bwd_weight"].index(p)
                     if p in ("fwd", "bwd", "bwd_input", "bwd_weight") else 9)
@@ -335,20 +315,18 @@ def pipeline_diagram(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- experts
 
-def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
+def expert_heatmap(figs: Figures, sec: ExpertsSection) -> str:
     """Layer × expert heatmap of routed tokens, one per step (a dropdown picks the step), from the experts
     section's `heatmap` rows ({step, layer, tokens: [per expert]})."""
-    rows = _records(sec, "heatmap")
     cells: dict[Any, dict[int, list[Any]]] = {}
-    for r in rows:
-        if is_num(r.get("layer")) and isinstance(r.get("tokens"), list):
-            cells.setdefault(r.get("step"), {})[int(r["layer"])] = r["tokens"]
+    for r in sec.heatmap:
+        cells.setdefault(r.step, {})[r.layer] = r.tokens
     if not cells:
         return ""
     steps = sorted(cells, key=lambda s: (s is None, s if s is not None else 0))[:32]
     layers = sorted({layer for c in cells.values() for layer in c})
     width = max(len(t) for c in cells.values() for t in c.values())
-    unit = "ep rank" if sec.get("granularity") == "ep_rank" else "expert"
+    unit = "ep rank" if sec.granularity == "ep_rank" else "expert"
     xs = [f"{'r' if unit == 'ep rank' else 'e'}{e}" for e in range(width)]
     data = []
     for i, step in enumerate(steps):
@@ -369,14 +347,9 @@ def expert_heatmap(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- stragglers
 
-def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
+def straggler_bars(figs: Figures, sec: StragglersSection) -> str:
     """Arrival skew attributed to each rank: how long its groups waited for it, per step (stragglers section)."""
-    rows = _records(sec, "ranks")
-    pts = []
-    for r in rows:
-        val = r.get("delay_ns_per_step")
-        if is_num(r.get("rank")) and is_num(val):
-            pts.append((r["rank"], val / 1e6))
+    pts = [(r.rank, r.delay_ns_per_step / 1e6) for r in sec.ranks]
     if not pts:
         return ""
     pts.sort()
@@ -391,17 +364,17 @@ def straggler_bars(figs: Figures, sec: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- memory
 
-def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
+def memory_timeline(figs: Figures, sec: MemorySection) -> str:
     """Allocated bytes over the profiled steps, one line per rank (its main device). SVG `scatter`, not
     `scattergl`: a browser without WebGL showed the WebGL chart as a grey box."""
     seen: set[Any] = set()
     data = []
-    for r in _records(sec, "ranks"):
-        tl = r.get("timeline")
-        if r.get("rank") in seen or not isinstance(tl, dict) or not tl.get("t_ns"):
+    for r in sec.ranks:
+        tl = r.timeline  # {"t_ns": [...], "allocated": [...]}
+        if r.rank in seen or not tl.get("t_ns"):
             continue
-        seen.add(r.get("rank"))
-        data.append({"type": "scatter", "mode": "lines", "name": f"rank {plotly_text(r.get('rank'))}",
+        seen.add(r.rank)
+        data.append({"type": "scatter", "mode": "lines", "name": f"rank {plotly_text(r.rank)}",
                      "x": typed([t / 1e6 for t in tl["t_ns"]]), "y": typed([b / 2**20 for b in tl["allocated"]]),
                      "line": {"shape": "hv", "width": 1}})
     if not data:
@@ -410,16 +383,15 @@ def memory_timeline(figs: Figures, sec: dict[str, Any]) -> str:
                            "yaxis": {"title": "allocated (MiB)"}}, height=340)
 
 
-def memory_split_bars(figs: Figures, sec: dict[str, Any]) -> str:
+def memory_split_bars(figs: Figures, sec: MemorySection) -> str:
     """Static vs activation bytes at each rank's peak, stacked."""
-    rows = [r for r in _records(sec, "ranks") if isinstance(r.get("split"), dict)]
     seen: set[Any] = set()
-    rows = [r for r in rows if not (r.get("rank") in seen or seen.add(r.get("rank")))]
+    rows = [r for r in sec.ranks if not (r.rank in seen or seen.add(r.rank))]
     if not rows:
         return ""
-    x = [f"r{plotly_text(r.get('rank'))}" for r in rows]
+    x = [f"r{plotly_text(r.rank)}" for r in rows]
     data = []
     for key, name, color in (("static_bytes", "static", "#5c6bc0"), ("activation_bytes", "activations", "#ef6c00")):
-        y = [(r["split"].get(key) or 0) / 2**20 for r in rows]
+        y = [(getattr(r.split, key) or 0) / 2**20 for r in rows]
         data.append({"type": "bar", "name": name, "x": x, "y": y, "marker": {"color": color}})
     return figs.add(data, {"barmode": "stack", "yaxis": {"title": "MiB at the peak"}}, height=300)

@@ -13,6 +13,8 @@ from typing import Any
 from reports.escape import h
 from reports.format import is_num, ranks_text
 from reports.html_parts import Col, cell_text, kv_table, plotly_text, section, table
+from tracekit.document import as_section
+from tracekit.document.model import HangSection
 
 _KIND = {"missing": "never entered the collective", "dead": "process died", "no_dump": "left no dump",
          "mismatch": "entered it with another op, size or dtype"}
@@ -29,9 +31,9 @@ def _collective_text(c: dict[str, Any] | None) -> str:
             f"in {c.get('in_sizes') or '?'} out {c.get('out_sizes') or '?'} {c.get('dtype') or ''}")
 
 
-def _roots(sec: dict[str, Any]) -> str:
+def _roots(sec: HangSection) -> str:
     parts = []
-    for i, r in enumerate(sec.get("root_causes") or [], 1):
+    for i, r in enumerate(sec.root_causes, 1):
         if not isinstance(r, dict):
             continue
         parts.append(f"<h4>Root cause {i}: rank(s) {h(ranks_text(r.get('ranks')))} — {h(_KIND.get(r.get('kind'), r.get('kind')))}</h4>")
@@ -49,9 +51,9 @@ def _roots(sec: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _stuck_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
+def _stuck_rows(sec: HangSection) -> list[dict[str, Any]]:
     rows = []
-    for g in sec.get("groups") or []:
+    for g in sec.groups:
         st = g.get("stuck") if isinstance(g, dict) else None
         if isinstance(st, dict):
             rows.append({"pg_name": g.get("pg_name"), "pg_desc": g.get("pg_desc"), "op": st.get("op"),
@@ -60,10 +62,10 @@ def _stuck_rows(sec: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _last_entered_chart(figs: Any, sec: dict[str, Any]) -> str:
+def _last_entered_chart(figs: Any, sec: HangSection) -> str:
     """One marker per rank at the time it entered its last collective (ms after the earliest of them)."""
-    rows = [r for r in sec.get("last_entered") or [] if isinstance(r, dict) and is_num(r.get("enqueue_ts"))]
-    none = [r.get("rank") for r in sec.get("last_entered") or [] if isinstance(r, dict) and not is_num(r.get("enqueue_ts"))]
+    rows = [r for r in sec.last_entered if is_num(r.get("enqueue_ts"))]
+    none = [r.get("rank") for r in sec.last_entered if not is_num(r.get("enqueue_ts"))]
     if not rows or figs is None:
         return ""
     t0 = min(r["enqueue_ts"] for r in rows)
@@ -79,16 +81,18 @@ def _last_entered_chart(figs: Any, sec: dict[str, Any]) -> str:
             + figs.add(data, layout, height=min(140 + 18 * len(rows), 1200)) + note)
 
 
-def hang_html(sec: dict[str, Any] | None, figs: Any = None) -> str:
-    """The section, or "" when the run has no dumps."""
-    if not isinstance(sec, dict) or not sec:
+def hang_html(sec: HangSection | dict[str, Any] | None, figs: Any = None) -> str:
+    """The section, or "" when the run has no dumps. The groups' and root causes' records are laid out
+    as analysis.json holds them (dicts: analyze/hang.py)."""
+    sec = as_section(HangSection, sec) if sec != {} else None
+    if sec is None:
         return ""
-    dumps = sec.get("dumps") or {}
-    head = kv_table([("verdict", "hung" if sec.get("hung") else "no hang: no pending collective lacks a rank"),
-                     ("ranks with a dump", ranks_text(dumps.get("ranks"))),
-                     ("dumps with no entries", ranks_text(dumps.get("empty")) or "–"),
-                     ("group members without a dump", ranks_text(dumps.get("no_dump")) or "–"),
-                     ("ranks whose process died", ranks_text(dumps.get("dead")) or "–")])
+    dumps = sec.dumps
+    head = kv_table([("verdict", "hung" if sec.hung else "no hang: no pending collective lacks a rank"),
+                     ("ranks with a dump", ranks_text(dumps.ranks)),
+                     ("dumps with no entries", ranks_text(dumps.empty) or "–"),
+                     ("group members without a dump", ranks_text(dumps.no_dump) or "–"),
+                     ("ranks whose process died", ranks_text(dumps.dead) or "–")])
     body = head + _roots(sec) + _last_entered_chart(figs, sec)
     stuck = _stuck_rows(sec)
     if stuck:
@@ -97,19 +101,19 @@ def hang_html(sec: dict[str, Any] | None, figs: Any = None) -> str:
             Col("op", "op", _txt, False), Col("seq", "seq", _txt, False), Col("in_sizes", "in sizes", _txt, False),
             Col("dtype", "dtype", _txt, False), Col("entered", "entered", _txt, False),
             Col("missing", "missing", _txt, False), Col("no_dump", "no dump", _txt, False)], table_id="hang-groups")
-    mism = [{"pg_name": g.get("pg_name"), **m} for g in sec.get("groups") or [] if isinstance(g, dict)
+    mism = [{"pg_name": g.get("pg_name"), **m} for g in sec.groups
             for m in g.get("mismatches") or [] if isinstance(m, dict)]
     if mism:
         body += "<h3>Mismatched calls (same sequence number, other op/size/dtype)</h3>" + table(mism, [
             Col("pg_name", "group", _txt, False), Col("seq", "seq", _txt, False), Col("expected", "most ranks", _txt, False),
             Col("ranks", "mismatched ranks", _txt, False), Col("entries", "their calls", _txt, False)])
-    p2p = sec.get("p2p_unmatched") or []
+    p2p = sec.p2p_unmatched
     if p2p:
         body += "<h3>Unpaired send/recv</h3>" + table(p2p, [
             Col("waiting_rank", "waiting rank", _txt, False), Col("op", "op", _txt, False),
             Col("peer", "peer (absent)", _txt, False), Col("pg_name", "group", _txt, False),
             Col("in_sizes", "sizes", _txt, False)])
-    members = [{"pg_name": g.get("pg_name"), **m} for g in sec.get("groups") or [] if isinstance(g, dict) and g.get("stuck")
+    members = [{"pg_name": g.get("pg_name"), **m} for g in sec.groups if g.get("stuck")
                for m in g.get("members") or [] if isinstance(m, dict)]
     if members:
         body += ("<details><summary>Last collective each member of a stuck group enqueued / started / completed"

@@ -6,6 +6,7 @@ import base64
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import msgspec
 import numpy as np
 
 from reports.escape import h, json_for_script
@@ -64,16 +65,25 @@ def cell_text(value: Any, ns: bool = False) -> str:
     return "–" if value is None else str(value)
 
 
-def table(rows: Iterable[dict[str, Any]], cols: list[Col], *, table_id: str | None = None,
+def _cell(row: Any, key: str) -> Any:
+    """A row's field: a dict's key, or a document struct's attribute (unset: None)."""
+    if isinstance(row, dict):
+        return row.get(key)
+    value = getattr(row, key, None)
+    return None if value is msgspec.UNSET else value
+
+
+def table(rows: Iterable[Any], cols: list[Col], *, table_id: str | None = None,
           max_rows: int = 5000) -> str:
-    """A sortable table; every cell's text is escaped. Rows beyond `max_rows` are cut with a note."""
+    """A sortable table of dicts or document structs (tracekit.document); every cell's text is escaped.
+    Rows beyond `max_rows` are cut with a note."""
     rows = list(rows)
     head = "".join(f"<th scope=col>{h(c.title)}</th>" for c in cols)
     body = []
     for row in rows[:max_rows]:
         cells = []
         for c in cols:
-            value = row.get(c.key)
+            value = _cell(row, c.key)
             text = h(c.fmt(value))
             if c.numeric and is_num(value):
                 cells.append(f'<td class=n data-v="{value!r}">{text}</td>')

@@ -19,6 +19,9 @@ from reports.advice import advice_html
 from reports.ops import ops_html
 from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
+from tracekit.document import (SECTION_NAMES, AnalysisDocument, FindingDoc, RankBreakdown, as_document,
+                               to_builtins)
+from tracekit.document.model import CriticalPathSection
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -58,9 +61,9 @@ def render_html_parts(analysis: dict[str, Any], store: Any = None) -> list[str |
     pieces to write one after the other (`page_parts`)."""
     ctx = Page(analysis, store)
     parts = [
-        _verdict(ctx), _findings(ctx), hang_html(ctx.sec("hang"), ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
+        _verdict(ctx), _findings(ctx), hang_html(ctx.doc.sections.hang, ctx.figs), _analyzed(ctx), _breakdown(ctx), _timeline(ctx), _critical_path(ctx),
         _collectives(ctx),
-        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.sec("ops")), _memory(ctx),
+        _pipeline(ctx), _experts(ctx), _stragglers(ctx), _bandwidth(ctx), _throughput(ctx), ops_html(ctx.doc.sections.ops), _memory(ctx),
         _advice(ctx),
         _other(ctx),
         _inputs(ctx), _reproduce(ctx),
@@ -76,18 +79,17 @@ def render_html(analysis: dict[str, Any], store: Any = None) -> str:
 
 
 class Page:
-    def __init__(self, analysis: dict[str, Any], store: Any) -> None:
-        self.a = analysis if isinstance(analysis, dict) else {}
+    """What the report's parts read: `doc`, the typed analysis document (tracekit.document), and — for
+    the parts still laid out from plain data — `a`, the same document as dicts and lists."""
+
+    def __init__(self, analysis: AnalysisDocument | dict[str, Any], store: Any) -> None:
+        self.doc = as_document(analysis if isinstance(analysis, (dict, AnalysisDocument)) else None)
         self.store = store
         self.figs = Figures()
-        sections = self.a.get("sections")
-        self.sections: dict[str, Any] = sections if isinstance(sections, dict) else {}
-        self.ranks: list[dict[str, Any]] = [r for r in self.a.get("ranks") or [] if isinstance(r, dict)]
-        self.findings: list[dict[str, Any]] = [f for f in self.a.get("findings") or [] if isinstance(f, dict)]
-
-    def sec(self, name: str) -> dict[str, Any] | None:
-        value = self.sections.get(name)
-        return value if isinstance(value, dict) else None
+        raw = analysis.get("sections") if isinstance(analysis, dict) else None
+        self.extra_sections: dict[str, Any] = {k: v for k, v in raw.items() if k not in SECTION_NAMES} \
+            if isinstance(raw, dict) else {}
+        """Sections of a dict that this version's document does not know (shown as they are)."""
 
 
 def page(title: str, header: str, body: str, figs: Figures,
@@ -129,9 +131,8 @@ def write_parts(path: Any, parts: list[str | bytes]) -> None:
 
 
 def _header(ctx: Page) -> str:
-    a = ctx.a
-    world = len(a.get("inputs", {}).get("ranks") or []) if isinstance(a.get("inputs"), dict) else 0
-    meta = [f"tracekit {a.get('tracekit_version') or '?'}", f"{world} rank(s) analysed",
+    doc = ctx.doc
+    meta = [f"tracekit {doc.tracekit_version or '?'}", f"{len(doc.inputs.ranks)} rank(s) analysed",
             f"generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
     return (f'<header class=tk-head><h1>tracekit report</h1>'
             f'<div class=meta>{" · ".join(h(m) for m in meta)}</div></header>')
@@ -146,41 +147,39 @@ def verdict_text(ctx: Page) -> tuple[str, str]:
     """(css class, sentence) from the ranks' `bound` labels (set by the breakdown analyzer), after the critical
     path's verdict (`critical_path.verdict`: the lanes holding the path, the ranks the others wait for); none where
     the trace_kind section says no verdict can be given (a CUDA-graph capture trace), with its reason."""
-    tk = ctx.sec("trace_kind") or {}
-    if tk.get("no_verdict_reason"):
-        return "", f"No verdict: {tk['no_verdict_reason']}"
+    secs = ctx.doc.sections
+    if secs.trace_kind is not None and secs.trace_kind.no_verdict_reason:
+        return "", f"No verdict: {secs.trace_kind.no_verdict_reason}"
     counts: dict[str, int] = {}
-    for r in ctx.ranks:
-        counts[str(r.get("bound"))] = counts.get(str(r.get("bound")), 0) + 1
-    hang = ctx.sec("hang") or {}
-    top_hang = next((f for f in ctx.findings if f.get("kind") == "hang"), None)
-    if hang.get("hung") and top_hang is not None:
-        return "hung", f"This job hung: {str(top_hang.get('summary')).removeprefix('job hung: ')}."
+    for r in ctx.doc.ranks:
+        counts[r.bound] = counts.get(r.bound, 0) + 1
+    top_hang = next((f for f in ctx.doc.findings if f.kind == "hang"), None)
+    if secs.hang is not None and secs.hang.hung and top_hang is not None:
+        return "hung", f"This job hung: {top_hang.summary.removeprefix('job hung: ')}."
     if not counts:
         return "", "No per-rank breakdown is available for this run, so no verdict can be given."
     top = max(counts, key=lambda k: counts[k])
     label = {"communication": "communication-bound", "compute": "compute-bound", "idle": "idle-bound (host/input)"}
     rest = ", ".join(f"{n} {label.get(k, k)}" for k, n in sorted(counts.items()) if k != top)
-    text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.ranks)} ranks"
+    text = f"This run is {label.get(top, top)} on {counts[top]} of {len(ctx.doc.ranks)} ranks"
     text += f" ({rest})." if rest else "."
-    path = (ctx.sec("critical_path") or {}).get("verdict")
-    if isinstance(path, dict) and path.get("text"):  # the critical path's lanes: what holds the step, whom ranks wait for
-        said = str(path["text"])
+    path = secs.critical_path.verdict if secs.critical_path is not None else None
+    if path is not None and path.text:  # the critical path's lanes: what holds the step, whom ranks wait for
+        said = path.text
         return top, f"{said[:1].upper()}{said[1:]} By breakdown: {text[0].lower()}{text[1:]}"
     return top, text
 
 
-def top_fixes(ctx: Page) -> list[dict[str, Any]]:
+def top_fixes(ctx: Page) -> list[FindingDoc]:
     """The three findings worth most (findings arrive sorted by estimated saving)."""
-    return [f for f in ctx.findings if is_num(f.get("est_saving_ns")) and f.get("est_saving_ns", 0) > 0][:3]
+    return [f for f in ctx.doc.findings if f.est_saving_ns > 0][:3]
 
 
-def saving_text(f: dict[str, Any]) -> str:
+def saving_text(f: FindingDoc) -> str:
     """'saves about X per step (replayed)' when the critical path replayed the finding's fix, else the bound."""
-    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
-    if "replayed_saving_ns" in ev:
-        return f"saves about {ms(f.get('est_saving_ns'))} per step (replayed)"
-    return f"saves up to {ms(f.get('est_saving_ns'))} per step"
+    if "replayed_saving_ns" in f.evidence:
+        return f"saves about {ms(f.est_saving_ns)} per step (replayed)"
+    return f"saves up to {ms(f.est_saving_ns)} per step"
 
 
 def _verdict(ctx: Page) -> str:
@@ -190,12 +189,11 @@ def _verdict(ctx: Page) -> str:
     if fixes:
         items = []
         for f in fixes:
-            saving = f.get("est_saving_ns")
-            rec = f.get("recommendation") or ""
+            rec = f.recommendation
             items.append(
-                f"<li>{_sev(f.get('severity', 'info'))} <b>{h(f.get('summary') or f.get('title') or f.get('kind'))}</b>"
+                f"<li>{_sev(f.severity)} <b>{h(f.summary or f.kind)}</b>"
                 + (f" — {h(rec)}" if rec else "")
-                + (f' <span class=saving>{h(saving_text(f))}</span>' if is_num(saving) else "")
+                + f' <span class=saving>{h(saving_text(f))}</span>'
                 + "</li>")
         body += "<h3>The fixes worth most</h3><ol class=fixes>" + "".join(items) + "</ol>"
     else:
@@ -204,20 +202,19 @@ def _verdict(ctx: Page) -> str:
 
 
 def _findings(ctx: Page) -> str:
-    if not ctx.findings:
+    if not ctx.doc.findings:
         return section("findings", "Findings", '<p class=note>No findings: nothing above the analyzers\' thresholds.</p>')
     rows = []
-    for i, f in enumerate(ctx.findings, 1):
-        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    for i, f in enumerate(ctx.doc.findings, 1):
         rows.append(
             f'<tr id="finding-{i}"><td class=n data-v="{i}">{i}</td>'
-            f'<td data-v="{SEVERITY_ORDER.get(str(f.get("severity")), 3)}">{_sev(f.get("severity"))}</td>'
-            f"<td>{h(f.get('kind'))}</td><td>{h(f.get('dim') or '–')}</td>"
-            f"<td>{h(ranks_text(f.get('ranks')))}</td>"
-            f"<td>{h(f.get('summary'))}<details><summary>evidence</summary>{render_generic(ev)}</details></td>"
-            f"<td>{h(f.get('recommendation') or '')}</td>"
-            f'<td class=n data-v="{f.get("est_saving_ns") if is_num(f.get("est_saving_ns")) else ""}">'
-            f"{h(ms(f.get('est_saving_ns')))}</td></tr>")
+            f'<td data-v="{SEVERITY_ORDER.get(f.severity, 3)}">{_sev(f.severity)}</td>'
+            f"<td>{h(f.kind)}</td><td>{h(f.dim or '–')}</td>"
+            f"<td>{h(ranks_text(f.ranks))}</td>"
+            f"<td>{h(f.summary)}<details><summary>evidence</summary>{render_generic(f.evidence)}</details></td>"
+            f"<td>{h(f.recommendation)}</td>"
+            f'<td class=n data-v="{f.est_saving_ns}">'
+            f"{h(ms(f.est_saving_ns))}</td></tr>")
     head = "".join(f"<th scope=col>{t}</th>" for t in
                    ("#", "severity", "kind", "dim", "ranks", "summary", "recommendation", "est. saving / step"))
     return section("findings", "Findings",
@@ -229,7 +226,7 @@ def _findings(ctx: Page) -> str:
 
 
 def steps_text(ctx: Page) -> str:
-    steps = sorted({r.get("steps") for r in ctx.ranks if is_num(r.get("steps"))})
+    steps = sorted({r.steps for r in ctx.doc.ranks})
     if not steps:
         return "–"
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
@@ -237,11 +234,10 @@ def steps_text(ctx: Page) -> str:
 
 def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
-    bd = ctx.sec("breakdown") or {}
-    steps = [r for r in bd["steps"] if isinstance(r, dict)] if isinstance(bd.get("steps"), list) else []
-    numbers = sorted({r["step"] for r in steps if is_num(r.get("step"))})
-    details = [d for d in bd.get("rank_details") or [] if isinstance(d, dict)]
-    rules = sorted({str(d.get("step_rule")) for d in details if d.get("step_rule")})
+    bd = ctx.doc.sections.breakdown
+    steps = bd.steps if bd is not None else []
+    numbers = sorted({r.step for r in steps if r.step is not None})
+    rules = sorted({d.step_rule for d in (bd.rank_details if bd is not None else []) if d.step_rule})
     parts = []
     if numbers and rules in ([], ["profiler_step"]):
         parts.append(f"ProfilerStep {numbers[0]}" + (f"–{numbers[-1]}" if numbers[-1] != numbers[0] else ""))
@@ -251,39 +247,39 @@ def _window_text(ctx: Page) -> str:
         parts.append("first to last device event (no ProfilerStep annotations, no repeats found)")
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
-    spans = [r for r in (ctx.sec("inputs") or {}).get("rank_spans") or [] if isinstance(r, dict) and is_num(r.get("span_ns"))]
+    inp = ctx.doc.sections.inputs
+    spans = [r for r in inp.rank_spans or [] if is_num(r.span_ns)] if inp is not None else []
     if spans:
-        r0 = min(spans, key=lambda r: r["rank"] if is_num(r.get("rank")) else 1 << 62)
-        parts.append(f"traced span {duration(r0['span_ns'])} on rank {r0['rank']} (every rank in Inputs)")
+        r0 = min(spans, key=lambda r: r.rank)
+        parts.append(f"traced span {duration(r0.span_ns)} on rank {r0.rank} (every rank in Inputs)")
     return "; ".join(parts) or "not recorded"
 
 
 def _trace_kind_text(ctx: Page) -> str:
     """The trace_kind section's notes (accelerator, graph capture/replay, inference, carry-over, step rule)."""
-    tk = ctx.sec("trace_kind") or {}
-    notes = [str(n) for n in tk.get("notes") or []]
+    tk = ctx.doc.sections.trace_kind
+    notes = tk.notes if tk is not None else []
     return "; ".join(notes) if notes else "not recorded"
 
 
 def _analyzed(ctx: Page) -> str:
-    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
-    ranks = inputs.get("ranks") or []
-    skipped = inputs.get("skipped") or []
-    layout = ctx.sec("layout")
+    doc = ctx.doc
+    ranks, skipped = doc.inputs.ranks, doc.inputs.skipped
+    layout = doc.sections.layout
     pairs = [
         ("ranks", f"{len(ranks)} ({ranks_text(ranks)})"),
         ("steps per rank", steps_text(ctx)),
         ("time window", _window_text(ctx)),
         ("trace kind", _trace_kind_text(ctx)),
-        ("parallel layout", charts.layout_text(layout) if layout else "not inferred"),
+        ("parallel layout", charts.layout_text(layout) if layout is not None else "not inferred"),
         ("inputs skipped", f"{len(skipped)} (see Inputs)" if skipped else "none"),
-        ("tracekit version", ctx.a.get("tracekit_version") or "?"),
-        ("command", ctx.a.get("command") or "not recorded"),
+        ("tracekit version", doc.tracekit_version or "?"),
+        ("command", doc.command or "not recorded"),
     ]
     body = kv_table(pairs)
-    if layout:
+    if layout is not None:
         body += "<h3>Parallel layout (mesh)</h3>" + charts.mesh_html(layout)
-        groups = _rows(layout, "groups")
+        groups = layout.groups
         if groups:
             body += ("<details><summary>Process groups</summary>" + table(groups, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -307,23 +303,23 @@ _BREAKDOWN_COLS = [
 ]
 
 
-def _per_step_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _per_step_rows(ranks: list[RankBreakdown]) -> list[dict[str, Any]]:
     """Per-rank totals shown per step (total / steps): a unit change for display."""
     out = []
     for r in ranks:
-        steps = r.get("steps") if is_num(r.get("steps")) and r.get("steps") else 1
-        row = dict(r)
+        steps = r.steps or 1
+        row = to_builtins(r)
         for k in ("step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "sync_wait_ns", "other_ns", "idle_ns"):
-            if is_num(r.get(k)):
-                row[k] = r[k] / steps
+            if is_num(row.get(k)):  # sync_wait_ns: unset in analyses from before it
+                row[k] = row[k] / steps
         out.append(row)
     return out
 
 
 def _breakdown(ctx: Page) -> str:
-    if not ctx.ranks:
+    if not ctx.doc.ranks:
         return section("breakdown", "Per-rank breakdown", not_available("Per-rank breakdown"))
-    rows = _per_step_rows(ctx.ranks)
+    rows = _per_step_rows(ctx.doc.ranks)
     fig = charts.breakdown_bars(ctx.figs, rows)
     note = ('<p class=note>Exclusive by priority, so the bars sum to the step: compute ▸ communication that '
             'overlaps nothing ▸ other device work ▸ idle. "comm" is all communication, overlapped or not; '
@@ -334,44 +330,43 @@ def _breakdown(ctx: Page) -> str:
 
 
 def _timeline(ctx: Page) -> str:
-    bd = ctx.sec("breakdown") or {}
-    tl = bd.get("timeline")
-    if not has_data(ctx, "timeline"):
+    bd = ctx.doc.sections.breakdown
+    if bd is None or not has_data(ctx, "timeline"):
         return section("timeline", "Step timeline", not_available("Step timeline"))
-    return section("timeline", "Step timeline", charts.timeline(ctx.figs, tl))
+    return section("timeline", "Step timeline", charts.timeline(ctx.figs, to_builtins(bd.timeline)))
 
 
 def has_data(ctx: Page, anchor: str) -> bool:
     """Whether the page section `anchor` has anything to show for this run (summary.md links only those)."""
-    sec = ctx.sec(_SOURCE.get(anchor, anchor)) or {}
+    s = ctx.doc.sections
     if anchor == "breakdown":
-        return bool(ctx.ranks)
+        return bool(ctx.doc.ranks)
     if anchor == "timeline":
-        tl = sec.get("timeline")
-        return isinstance(tl, dict) and bool(tl.get("intervals")) or isinstance(tl, list) and bool(tl)
+        return s.breakdown is not None and bool(s.breakdown.timeline.intervals)
     if anchor == "collectives":
-        return bool(_rows(sec, "by_dim_op") or _rows(sec, "by_rank_dim_op") or _rows(sec, "top_offenders"))
+        un = s.unoverlapped
+        return un is not None and bool(un.by_dim_op or un.by_rank_dim_op or un.top_offenders)
     if anchor == "pipeline":
-        return sec.get("source") is not None or bool(sec.get("diagram")) or bool(_rows(sec, "stages"))
+        pp = s.pipeline
+        return pp is not None and (pp.source is not None or pp.diagram is not None or bool(pp.stages))
     if anchor == "experts":
-        return bool(_rows(sec, "heatmap") or _rows(sec, "layers") or _rows(sec, "ranks"))
+        ex = s.experts
+        return ex is not None and bool(ex.heatmap or ex.layers or ex.ranks)
     if anchor == "stragglers":
-        return bool(_rows(sec, "ranks"))
+        return s.stragglers is not None and bool(s.stragglers.ranks)
     if anchor == "bandwidth":
-        return bool(_rows(sec, "rows"))
+        return s.bandwidth is not None and bool(s.bandwidth.rows)
     if anchor == "throughput":
-        return bool(ctx.sec("throughput") or ctx.sec("placement"))
+        return s.throughput is not None or s.placement is not None
     if anchor in ("memory", "advice", "ops"):
-        return bool(sec.get("available"))
+        sec = getattr(s, anchor)
+        return sec is not None and sec.available
     if anchor == "critical-path":
-        return bool(_rows(sec, "steps"))
+        return s.critical_path is not None and bool(s.critical_path.steps)
     if anchor == "hang":
-        return bool(sec)
+        return s.hang is not None
     return True
 
-
-_SOURCE = {"breakdown": "breakdown", "timeline": "breakdown", "collectives": "unoverlapped",
-           "critical-path": "critical_path"}
 
 
 _CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (after the last member arrived)",
@@ -383,50 +378,49 @@ _CATEGORY_TEXT = {"compute": "compute", "exposed_transfer": "exposed transfer (a
 
 
 def _critical_path(ctx: Page) -> str:
-    sec = ctx.sec("critical_path") or {}
+    sec = ctx.doc.sections.critical_path
     title = "Critical path"
-    if not has_data(ctx, "critical-path"):
-        return section("critical-path", title, not_available(title, sec.get("skipped") or "no critical path for this run"))
-    steps = _rows(sec, "steps")
-    shown = next((s for s in steps if isinstance(s.get("timeline"), dict)), steps[-1])
-    comp = shown.get("composition") if isinstance(shown.get("composition"), dict) else {}
-    step_ns = comp.get("step_ns") or shown.get("measured_ns")
-    err = shown.get("replay_error")
-    body = (f"<p>Step {h(shown.get('step'))}: the chain of ops, waits and transfers across ranks that sets the "
-            f"step time ({h(ms(shown.get('measured_ns')))} on rank {h(shown.get('slowest_rank'))}); replaying the "
-            f"unchanged dependency graph gives {h(ms(shown.get('replayed_ns')))}"
+    if sec is None or not has_data(ctx, "critical-path"):
+        skipped = sec.skipped if sec is not None else None
+        return section("critical-path", title, not_available(title, skipped or "no critical path for this run"))
+    shown = next((s for s in sec.steps if s.timeline), sec.steps[-1])
+    comp = shown.composition
+    step_ns = comp.step_ns or shown.measured_ns
+    err = shown.replay_error
+    body = (f"<p>Step {h(shown.step)}: the chain of ops, waits and transfers across ranks that sets the "
+            f"step time ({h(ms(shown.measured_ns))} on rank {h(shown.slowest_rank)}); replaying the "
+            f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
-    if isinstance(shown.get("timeline"), dict):
-        body += charts.timeline(ctx.figs, shown["timeline"])
+    if shown.timeline:
+        body += charts.timeline(ctx.figs, to_builtins(shown.timeline))
     share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731
-    by_cat = comp.get("by_category") if isinstance(comp.get("by_category"), dict) else {}
+    by_cat = comp.by_category
     rows = [{"part": _CATEGORY_TEXT.get(k, k), "time": ms(v), "share of the step": share(v)}
             for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0) if v]
     body += "<h3>Where the path's time goes</h3>" + table(rows, [Col(k, k, str, False) for k in ("part", "time", "share of the step")])
-    by_rank = comp.get("by_rank") if isinstance(comp.get("by_rank"), dict) else {}
-    top = sorted(by_rank.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0)[:8]
+    top = sorted(comp.by_rank.items(), key=lambda kv: -kv[1] if is_num(kv[1]) else 0)[:8]
     if top:
         body += ("<p>By rank: " + h(", ".join(f"rank {r} {ms(v)} ({share(v)})" for r, v in top)) + "</p>")
-    by_dim = comp.get("by_dim") if isinstance(comp.get("by_dim"), dict) else {}
+    by_dim = comp.by_dim
     if by_dim:
         body += ("<p>Transfers on the path by dim: " + h(", ".join(f"{d} {ms(v)}" for d, v in sorted(by_dim.items()))) + "</p>")
     body += _whatif_table(sec)
     return section("critical-path", title, body)
 
 
-def _whatif_table(sec: dict[str, Any]) -> str:
-    rows = [{"finding": f"#{w.get('finding', 0) + 1} {w.get('kind')}", "fix replayed": w.get("fix"),
-             "step with the fix": ms(w.get("step_ns")), "saving": ms(w.get("saving_ns"))}
-            for w in _rows(sec, "whatif")]
+def _whatif_table(sec: CriticalPathSection) -> str:
+    rows = [{"finding": f"#{w.finding + 1} {w.kind}", "fix replayed": w.fix,
+             "step with the fix": ms(w.step_ns), "saving": ms(w.saving_ns)}
+            for w in sec.whatif]
     if not rows:
         return ""
-    together = sec.get("all_fixes") if isinstance(sec.get("all_fixes"), dict) else None
-    if together:
-        rows.append({"finding": "all of them together", "fix replayed": "; ".join(map(str, together.get("fixes") or [])),
-                     "step with the fix": ms(together.get("step_ns")), "saving": ms(together.get("saving_ns"))})
+    together = sec.all_fixes
+    if together is not None:
+        rows.append({"finding": "all of them together", "fix replayed": "; ".join(together.fixes),
+                     "step with the fix": ms(together.step_ns), "saving": ms(together.saving_ns)})
     cols = [Col(k, k, str, False) for k in ("finding", "fix replayed", "step with the fix", "saving")]
     return (f"<h3>What if: each finding's fix replayed alone, then all together</h3>"
-            f"<p class=note>Measured step (mean over the analyzed steps): {h(ms(sec.get('measured_step_ns')))}. "
+            f"<p class=note>Measured step (mean over the analyzed steps): {h(ms(sec.measured_step_ns))}. "
             "Savings of different fixes overlap; the last line counts each millisecond once.</p>" + table(rows, cols))
 
 
@@ -434,26 +428,21 @@ def _ms_cell_opt(v: Any) -> str:
     return ms(v).replace(" ms", "")
 
 
-def _all_numbers(sec: dict[str, Any], skip: frozenset[str] = frozenset()) -> str:
-    """Everything else the analyzer reported, folded away under the curated view."""
-    body = render_generic(sec, skip=skip)
+def _all_numbers(sec: Any, skip: frozenset[str] = frozenset()) -> str:
+    """Everything else the analyzer reported (a section of the document), folded away under the curated view."""
+    body = render_generic(to_builtins(sec), skip=skip)
     return f"<details class=all><summary>All numbers of this section</summary>{body}</details>" if body else ""
-
-
-def _rows(sec: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = sec.get(key)
-    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 def _collectives(ctx: Page) -> str:
     title = "Collectives: exposed time"
-    sec = ctx.sec("unoverlapped")
-    if not sec or not has_data(ctx, "collectives"):
+    sec = ctx.doc.sections.unoverlapped
+    if sec is None or not has_data(ctx, "collectives"):
         return section("collectives", title, not_available("Collective exposure", "no collectives in this run"))
     body = ('<p class=note>Exposed = the part of a collective covered by no compute on that rank; "transfer '
             'exposed" leaves out time spent waiting for a late peer (that belongs to the straggler).</p>')
     body += charts.collective_heatmap(ctx.figs, sec)
-    by_dim_op = _rows(sec, "by_dim_op")
+    by_dim_op = sec.by_dim_op
     if by_dim_op:
         body += "<h3>By dimension and op</h3>" + table(by_dim_op, [
             Col("dim", "dim", _txt, False), Col("op", "op", _txt, False), Col("instances", "instances"),
@@ -461,7 +450,7 @@ def _collectives(ctx: Page) -> str:
             Col("transfer_exposed_ns", "transfer exposed (ms)", _ms_cell_opt), Col("overlap_ratio", "overlap", pct),
             Col("transfer_exposed_ns_per_step", "exposed transfer / step, worst rank (ms)", _ms_cell_opt),
             Col("share_of_step", "share of step", pct), Col("worst_rank", "worst rank")])
-    top = _rows(sec, "top_offenders")
+    top = sec.top_offenders
     if top:
         body += "<h3>Largest exposed instances</h3>" + table(top, [
             Col("rank", "rank"), Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -473,18 +462,18 @@ def _collectives(ctx: Page) -> str:
 
 
 def _pipeline(ctx: Page) -> str:
-    sec = ctx.sec("pipeline")
-    if not sec or not has_data(ctx, "pipeline"):
+    sec = ctx.doc.sections.pipeline
+    if sec is None or not has_data(ctx, "pipeline"):
         return section("pipeline", "Pipeline schedule", not_available("Pipeline schedule", "no pipeline stages in this run"))
-    pairs = [("schedule", f"{sec.get('schedule') or 'unknown'}"
-                          + (f" (detected {sec['schedule_detected']})" if sec.get("schedule_detected") else "")),
-             ("stages × chunks per rank", f"{num(sec.get('num_stages'))} × {num(sec.get('chunks_per_rank'))}"),
-             ("micro-batches", num(sec.get("num_microbatches"))),
-             ("bubble: measured / theoretical", f"{pct(sec.get('measured_bubble'))} / {pct(sec.get('theoretical_bubble'))}"),
-             ("imbalance (slowest / mean stage compute)", num(sec.get("imbalance"))),
-             ("source", sec.get("source") or "–")]
+    pairs = [("schedule", f"{sec.schedule or 'unknown'}"
+                          + (f" (detected {sec.schedule_detected})" if sec.schedule_detected else "")),
+             ("stages × chunks per rank", f"{num(sec.num_stages)} × {num(sec.chunks_per_rank)}"),
+             ("micro-batches", num(sec.num_microbatches)),
+             ("bubble: measured / theoretical", f"{pct(sec.measured_bubble)} / {pct(sec.theoretical_bubble)}"),
+             ("imbalance (slowest / mean stage compute)", num(sec.imbalance)),
+             ("source", sec.source or "–")]
     body = kv_table(pairs) + charts.pipeline_diagram(ctx.figs, sec)
-    stages = _rows(sec, "stages")
+    stages = sec.stages
     if stages:
         body += "<h3>Stages</h3>" + table(stages, [
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False), Col("compute_ns", "compute (ms)", _ms_cell_opt),
@@ -493,15 +482,15 @@ def _pipeline(ctx: Page) -> str:
 
 
 def _memory(ctx: Page) -> str:
-    sec = ctx.sec("memory")
-    if not sec or not sec.get("available"):
-        reason = (sec or {}).get("reason") or "no memory events in this run"
+    sec = ctx.doc.sections.memory
+    if sec is None or not sec.available:
+        reason = (sec.reason if sec is not None else None) or "no memory events in this run"
         return section("memory", "Memory", not_available("Memory", reason))
     mib = lambda b: "–" if not is_num(b) else f"{b / 2**20:.2f}"  # noqa: E731
-    body = (f"<p class=note>Counter: {h(sec.get('counter') or '–')} (absolute: the CUDA caching allocator; window: "
+    body = (f"<p class=note>Counter: {h(sec.counter or '–')} (absolute: the CUDA caching allocator; window: "
             "the CPU profiler counts only what it saw allocated).</p>")
     body += charts.memory_timeline(ctx.figs, sec) + charts.memory_split_bars(ctx.figs, sec)
-    ranks = _rows(sec, "ranks")
+    ranks = [to_builtins(r) for r in sec.ranks]  # at_peak: a dict the column lays out
     if ranks:
         body += "<h3>Peaks</h3>" + table(ranks, [
             Col("rank", "rank"), Col("device", "device"), Col("peak_allocated", "peak (MiB)", mib),
@@ -509,7 +498,7 @@ def _memory(ctx: Page) -> str:
                 f"{k} {v}" for k, v in (w or {}).items() if v is not None)), False),
             Col("activation_held_bytes", "held activations (MiB)", mib),
             Col("in_flight_measured", "in flight (measured)")])
-    stages = _rows(sec, "stages")
+    stages = sec.stages
     if stages:
         body += "<h3>Pipeline stages</h3>" + table(stages, [
             Col("stage", "stage"), Col("ranks", "ranks", ranks_text, False),
@@ -521,27 +510,27 @@ def _memory(ctx: Page) -> str:
 
 
 def _advice(ctx: Page) -> str:
-    sec = ctx.sec("advice")
-    if not sec or not sec.get("available") or not isinstance(sec.get("advice"), dict):
-        reason = (sec or {}).get("reason") or "the advisor did not run"
+    sec = ctx.doc.sections.advice
+    if sec is None or not sec.available or not isinstance(sec.advice, dict):
+        reason = (sec.reason if sec is not None else None) or "the advisor did not run"
         return section("advice", "Layout advice", not_available("Layout advice", reason))
     return section("advice", "Layout advice", advice_html(ctx.figs, sec))
 
 
 def _experts(ctx: Page) -> str:
-    sec = ctx.sec("experts")
-    if not sec or not has_data(ctx, "experts"):
+    sec = ctx.doc.sections.experts
+    if sec is None or not has_data(ctx, "experts"):
         return section("experts", "Expert load", not_available("Expert load", "no expert routing recorded in this run"))
-    body = f"<p class=note>Source: {h(sec.get('source') or '–')}, granularity {h(sec.get('granularity') or '–')}.</p>"
+    body = f"<p class=note>Source: {h(sec.source or '–')}, granularity {h(sec.granularity or '–')}.</p>"
     body += charts.expert_heatmap(ctx.figs, sec)
-    layers = _rows(sec, "layers")
+    layers = sec.layers
     if layers:
         body += "<h3>Layers</h3>" + table(layers, [
             Col("layer", "layer"), Col("num_experts", "experts"), Col("skew", "skew (max/mean)"),
             Col("skew_max", "worst step skew"), Col("hot_expert", "hot expert"),
             Col("hot_owner_ranks", "owner ranks", ranks_text, False), Col("tokens_total", "tokens"),
             Col("dropped_total", "dropped"), Col("dropped_fraction", "dropped", pct)])
-    ranks = _rows(sec, "ranks")
+    ranks = sec.ranks
     if ranks:
         body += "<h3>All-to-all per rank (per step)</h3>" + table(ranks, [
             Col("rank", "rank"), Col("a2a_ns", "all-to-all (ms)", _ms_cell_opt), Col("a2a_calls", "calls"),
@@ -551,38 +540,38 @@ def _experts(ctx: Page) -> str:
 
 
 def _stragglers(ctx: Page) -> str:
-    sec = ctx.sec("stragglers")
-    if not sec or not has_data(ctx, "stragglers"):
+    sec = ctx.doc.sections.stragglers
+    if sec is None or not has_data(ctx, "stragglers"):
         return section("stragglers", "Stragglers", not_available("Straggler view", "no collectives matched across ranks"))
     body = ("<p class=note>Per rank: how long its groups waited for it beyond the second-to-last member, per step "
             "(arrival skew attributed to the late rank).</p>" + charts.straggler_bars(ctx.figs, sec))
-    flagged = _rows(sec, "stragglers")
+    flagged = sec.stragglers
     if flagged:
         body += "<h3>Stragglers and likely cause</h3>" + table(flagged, [
             Col("rank", "rank"), Col("cause", "cause", _txt, False),
             Col("cause_evidence", "evidence", lambda v: "; ".join(
                 f"{k}={ms(x) if k.endswith('_ns') else x}" for k, x in (v or {}).items()) or "–", False)])
-    body += "<h3>Per rank</h3>" + table(_rows(sec, "ranks"), [
+    body += "<h3>Per rank</h3>" + table(sec.ranks, [
         Col("rank", "rank"), Col("instances", "instances"), Col("last_count", "arrived last"),
         Col("last_share", "last share", pct), Col("delay_ns_per_step", "delay caused (ms/step)", _ms_cell_opt),
         Col("delay_fraction", "of step", pct), Col("dominance", "dominance")], table_id="stragglers-table")
-    clocks = ctx.sec("clocks")
-    if clocks:
-        body += "<h3>Clock alignment</h3>" + kv_table([("method", clocks.get("method") or "–"),
-                                                      ("reference rank", _txt(clocks.get("reference_rank")))])
-        if _rows(clocks, "ranks"):
-            body += table(_rows(clocks, "ranks"), [
+    clocks = ctx.doc.sections.clocks
+    if clocks is not None:
+        body += "<h3>Clock alignment</h3>" + kv_table([("method", clocks.method or "–"),
+                                                      ("reference rank", _txt(clocks.reference_rank))])
+        if clocks.ranks:
+            body += table(clocks.ranks, [
                 Col("rank", "rank"), Col("offset_ns", "offset (ms)", _ms_cell_opt), Col("mad_ns", "MAD (ms)", _ms_cell_opt),
                 Col("instances", "instances"), Col("applied", "applied", _txt, False), Col("status", "status", _txt, False)])
     return section("stragglers", "Stragglers", body + _all_numbers(sec, frozenset({"ranks", "stragglers"})))
 
 
 def _bandwidth(ctx: Page) -> str:
-    sec = ctx.sec("bandwidth")
-    rows = _rows(sec, "rows") if sec else []
-    if not rows:
+    sec = ctx.doc.sections.bandwidth
+    rows = sec.rows if sec is not None else []
+    if sec is None or not rows:
         return section("bandwidth", "Bandwidth", not_available("Bandwidth table", "no collectives with sizes in this run"))
-    body = (f"<p class=note>NCCL-tests convention; time basis: {h(sec.get('time_basis') or '–')}. "
+    body = (f"<p class=note>NCCL-tests convention; time basis: {h(sec.time_basis or '–')}. "
             "GB/s = 10⁹ bytes/s; medians over the instances of each size bucket.</p>")
     body += table(rows, [
         Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
@@ -597,25 +586,25 @@ def _bandwidth(ctx: Page) -> str:
 
 def _throughput(ctx: Page) -> str:
     parts = []
-    tp = ctx.sec("throughput")
-    if tp:
+    tp = ctx.doc.sections.throughput
+    if tp is not None:
         parts.append(kv_table([
-            ("tokens per step", f"{num(tp.get('tokens_per_step'))} (from {tp.get('tokens_source') or 'nowhere'})"),
-            ("step time (slowest rank, mean)", ms(tp.get("step_ns_mean"))),
-            ("tokens/s (job)", num(tp.get("tokens_per_s"))),
-            ("tokens/s per device", num(tp.get("tokens_per_s_per_device"))),
-            ("data-parallel degree", num(tp.get("dp_degree"))), ("world size", num(tp.get("world_size")))]))
-        if _rows(tp, "ranks"):
-            parts.append(table(_rows(tp, "ranks"), [
+            ("tokens per step", f"{num(tp.tokens_per_step)} (from {tp.tokens_source or 'nowhere'})"),
+            ("step time (slowest rank, mean)", ms(tp.step_ns_mean)),
+            ("tokens/s (job)", num(tp.tokens_per_s)),
+            ("tokens/s per device", num(tp.tokens_per_s_per_device)),
+            ("data-parallel degree", num(tp.dp_degree)), ("world size", num(tp.world_size))]))
+        if tp.ranks:
+            parts.append(table(tp.ranks, [
                 Col("rank", "rank"), Col("device", "device", _txt, False), Col("steps", "steps"),
                 Col("step_ns_mean", "step (ms)", _ms_cell_opt), Col("tokens_per_s", "tokens/s"),
                 Col("flops_per_step", "FLOP/step"), Col("achieved_tflops", "achieved TFLOP/s"),
                 Col("peak_tflops", "peak TFLOP/s"), Col("mfu", "MFU", pct)]))
-    pl = ctx.sec("placement")
-    if pl:
-        groups = _rows(pl, "groups")
-        parts.append(f"<h3>Placement</h3><p class=note>{h(pl.get('num_hosts') or 0)} host(s), from "
-                     f"{h(pl.get('host_source') or 'nowhere')}.</p>")
+    pl = ctx.doc.sections.placement
+    if pl is not None:
+        groups = pl.groups
+        parts.append(f"<h3>Placement</h3><p class=note>{h(pl.num_hosts or 0)} host(s), from "
+                     f"{h(pl.host_source or 'nowhere')}.</p>")
         if groups:
             parts.append(table(groups, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False),
@@ -629,18 +618,17 @@ def _throughput(ctx: Page) -> str:
 
 def _other(ctx: Page) -> str:
     parts = []
-    m = ctx.sec("matching")
-    if m:
-        by_group = _rows(m, "by_group")
-        flat = [{**r, **{f"skew_{k}_ns": v for k, v in (r.get("skew_ns") or {}).items()},
-                 **{f"transfer_{k}_ns": v for k, v in (r.get("transfer_ns") or {}).items()}} for r in by_group]
+    m = ctx.doc.sections.matching
+    if m is not None:
+        flat = [{**to_builtins(r), **{f"skew_{k}_ns": v for k, v in to_builtins(r.skew_ns).items()},
+                 **{f"transfer_{k}_ns": v for k, v in to_builtins(r.transfer_ns).items()}} for r in m.by_group]
         parts.append("<h3>Collective matching</h3>" + kv_table([
-            ("source", (m.get("source") or {}).get("method") if isinstance(m.get("source"), dict) else m.get("source")),
-            ("instances / matched / complete", f"{num(m.get('instances'))} / {num(m.get('matched'))} / {num(m.get('complete'))}"),
-            ("op mismatches", num(m.get("op_mismatches"))), ("p2p skipped", num(m.get("p2p_skipped"))),
+            ("source", m.source.method),
+            ("instances / matched / complete", f"{num(m.instances)} / {num(m.matched)} / {num(m.complete)}"),
+            ("op mismatches", num(m.op_mismatches)), ("p2p skipped", num(m.p2p_skipped)),
             ("without a process group: paired by their times / not matched",
-             f"{num(m.get('no_group_paired'))} / {num(m.get('no_group'))}"),
-            ("GPU calls without device time (not matched)", num(m.get("no_device_time")))]))
+             f"{num(m.no_group_paired)} / {num(m.no_group)}"),
+            ("GPU calls without device time (not matched)", num(m.no_device_time))]))
         if flat:
             parts.append(table(flat, [
                 Col("dim", "dim", _txt, False), Col("pg_name", "group", _txt, False), Col("op", "op", _txt, False),
@@ -648,9 +636,14 @@ def _other(ctx: Page) -> str:
                 Col("skew_max_ns", "skew max (ms)", _ms_cell_opt), Col("transfer_p50_ns", "transfer p50 (ms)", _ms_cell_opt),
                 Col("transfer_max_ns", "transfer max (ms)", _ms_cell_opt)]))
         parts.append(_all_numbers(m, frozenset({"by_group"})))
-    for name, sec in ctx.sections.items():
-        if name not in _KNOWN_SECTIONS and isinstance(sec, dict) and sec:
-            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec, skip=_SHOWN_ELSEWHERE.get(name, frozenset())))
+    for name in SECTION_NAMES:
+        sec = getattr(ctx.doc.sections, name)
+        if name not in _KNOWN_SECTIONS and sec is not None:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(to_builtins(sec),
+                                                                skip=_SHOWN_ELSEWHERE.get(name, frozenset())))
+    for name, sec in ctx.extra_sections.items():  # sections this version does not know (a newer analysis)
+        if isinstance(sec, dict) and sec:
+            parts.append(f"<h3>{h(name)}</h3>" + render_generic(sec))
     if not parts:
         return ""
     return section("other-sections", "Other analyzer output", "".join(parts))
@@ -667,26 +660,26 @@ def _store_ranks(ctx: Page) -> list[dict[str, Any]]:
 
 
 def _inputs(ctx: Page) -> str:
-    inputs = ctx.a.get("inputs") if isinstance(ctx.a.get("inputs"), dict) else {}
-    skipped = [s for s in inputs.get("skipped") or [] if isinstance(s, dict)]
+    inputs = ctx.doc.inputs
+    skipped = inputs.skipped
     body = "<h3>Skipped inputs</h3>"
     if skipped:
         body += table(skipped, [Col("file", "file", str, numeric=False), Col("reason", "reason", str, numeric=False)],
                       table_id="skipped-table")
     else:
         body += "<p class=note>No input was skipped.</p>"
-    warnings = [w for w in inputs.get("warnings") or [] if w]
+    warnings = [w for w in inputs.warnings or [] if w]
     if warnings:  # missing ranks, mixed runs, time units... (tracekit/analyze/inputs.py)
         body += "<h3>Input warnings</h3><ul id=input-warnings>" + "".join(f"<li>{h(w)}</li>" for w in warnings) + "</ul>"
-    errors = [e for e in ctx.a.get("analyzer_errors") or [] if isinstance(e, dict)]
+    errors = ctx.doc.analyzer_errors
     if errors:  # analyzers that failed on this input; their sections are missing from the page
         body += "<h3>Analyzer errors</h3><ul id=analyzer-errors>" + "".join(
-            f"<li>{h(e.get('analyzer'))}: {h(e.get('error'))}</li>" for e in errors) + "</ul>"
-    spans = {r.get("rank"): r.get("span_ns") for r in (ctx.sec("inputs") or {}).get("rank_spans") or []
-             if isinstance(r, dict)}
+            f"<li>{h(e.analyzer)}: {h(e.error)}</li>" for e in errors) + "</ul>"
+    inp = ctx.doc.sections.inputs
+    spans = {r.rank: r.span_ns for r in inp.rank_spans or []} if inp is not None else {}
     rows = [{**r, "span_ns": spans.get(r.get("rank"))} for r in _store_ranks(ctx)]
-    runs = [r for r in (ctx.sec("inputs") or {}).get("runs") or [] if isinstance(r, dict)]
-    if len(runs) > 1 or any(is_num(r.get("start_ns")) for r in runs):
+    runs = inp.runs if inp is not None else []
+    if len(runs) > 1 or any(is_num(r.start_ns) for r in runs):
         body += "<h3>Runs (ranks whose traces overlap in time)</h3>" + table(runs, [
             Col("ranks", "ranks", ranks_text, False), Col("start_ns", "started (wall clock)", wall_time, False),
             Col("span_ns", "span", duration)], table_id="runs-table")
@@ -705,9 +698,9 @@ def _txt(v: Any) -> str:
 
 
 def _reproduce(ctx: Page) -> str:
-    cmd = ctx.a.get("command")
-    body = (f"<p>tracekit {h(ctx.a.get('tracekit_version') or '?')}, analysis schema "
-            f"<code>{h(ctx.a.get('schema') or '?')}</code>.</p>")
+    cmd = ctx.doc.command
+    body = (f"<p>tracekit {h(ctx.doc.tracekit_version or '?')}, analysis schema "
+            f"<code>{h(ctx.doc.schema or '?')}</code>.</p>")
     body += f"<pre class=cmd>{h(cmd)}</pre>" if cmd else "<p class=note>The command was not recorded.</p>"
     if ctx.store is not None and isinstance(getattr(ctx.store, "manifest", None), dict):
         run_cmd = ctx.store.manifest.get("command")

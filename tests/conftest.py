@@ -13,6 +13,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+os.environ.setdefault("TRACEKIT_STRICT_DOCUMENT", "1")
+"""Under test, an analysis that does not fit the typed document (tracekit/document) raises instead of
+being written from the dict with a problem noted: a key or a null the structs lack fails the test that
+produced it."""
+
 
 def shared_traces_dir() -> Path:
     env = os.environ.get("TRACEKIT_SHARED_TRACES")

@@ -1,20 +1,22 @@
 """`tracekit.analyze_run`: the one library path from traces to an analysis.
 
     run = tracekit.analyze_run("traces/", out="tracekit-out")
-    run.analysis["findings"]            # the analysis.json document
+    run.analysis["findings"]            # the analysis.json document, as the engine's dict
+    run.document.findings               # the same, typed (tracekit.document.AnalysisDocument)
     run.store                           # the run store (tables) it was computed from
 
 PATH is a trace folder, one trace file, or a run store (a folder with meta.json, from `tracekit parse`
 or a previous `analyze`). Traces are parsed into `store_dir` (default OUT/tables, else a temporary
 folder that lives until the process ends), the analyzers run on `engine` (tracekit.engines: local
 process pool or Ray; the per-rank activities are its prefetch), and with OUT the outputs are written:
-analysis.json always, report.html and summary.md when there is something to report. `tracekit
-analyze`, `diff`, `check` and `advise` all go through here.
+analysis.json always (encoded from the typed document), report.html and summary.md when there is
+something to report. `tracekit analyze`, `diff`, `check` and `advise` all go through here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tracekit.document import AnalysisDocument, DocumentMismatch, as_document, document_bytes, document_of
 from tracekit.errors import NothingToAnalyzeError
 
 if TYPE_CHECKING:
@@ -41,7 +44,30 @@ class AnalysisRun:
     report: Path | None = None
     """OUT/report.html when it was written."""
     problems: list[str] = field(default_factory=list)
-    """Outputs that could not be written (a renderer failing never loses the analysis)."""
+    """Outputs that could not be written (a renderer failing never loses the analysis), and the typed
+    document's mismatch when the analysis did not fit it."""
+    document: AnalysisDocument | None = None
+    """The analysis as the typed document (what analysis.json is encoded from)."""
+
+    def __post_init__(self) -> None:
+        if self.document is None:
+            self.document = as_document(self.analysis)
+
+
+STRICT_ENV = "TRACEKIT_STRICT_DOCUMENT"
+"""Set (to anything but 0/empty): an analysis that does not fit the typed document raises
+DocumentMismatch (tests) instead of being written from the dict with a problem noted."""
+
+
+def typed_document(analysis: dict[str, Any]) -> tuple[AnalysisDocument, str | None]:
+    """(the analysis as the typed document, None) or, when it does not fit (a key the structs lack),
+    (a lenient document for the readers, the mismatch) — raised instead under TRACEKIT_STRICT_DOCUMENT."""
+    try:
+        return document_of(analysis), None
+    except DocumentMismatch as exc:
+        if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+            raise
+        return as_document(analysis), str(exc)
 
 
 def _store_for(path: Path, store_dir: Path | None, out: Path | None, engine: Any, **parse: Any) -> RunStore:
@@ -87,28 +113,36 @@ def _json_document(doc: dict[str, Any]) -> bytes:
         return json.dumps(doc, indent=1, default=str).encode("ascii")
 
 
-def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_too: bool = True
-                  ) -> tuple[Path | None, list[str]]:
-    """OUT/analysis.json, and report.html + summary.md (reports/); (report path, problems)."""
+def write_outputs(analysis: dict[str, Any], store: RunStore, out: Path, reports_too: bool = True,
+                  document: AnalysisDocument | None = None) -> tuple[Path | None, list[str]]:
+    """OUT/analysis.json (encoded from the typed document; from the dict when it does not fit the
+    document, the mismatch then among the problems), and report.html + summary.md (reports/);
+    (report path, problems)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_bytes(_json_document(analysis))
-    advice = (analysis.get("sections") or {}).get("advice") or {}
-    if advice.get("available"):  # the layout advice also as `tracekit advise` writes it
-        (out / "advice.json").write_text(json.dumps(advice["advice"], indent=1) + "\n")
+    problems: list[str] = []
+    if document is None:
+        document, mismatch = typed_document(analysis)
+        problems += [mismatch] if mismatch else []
+    else:
+        mismatch = None
+    (out / "analysis.json").write_bytes(_json_document(analysis) if mismatch else document_bytes(document))
+    advice = document.sections.advice
+    if advice is not None and advice.available:  # the layout advice also as `tracekit advise` writes it
+        (out / "advice.json").write_text(json.dumps(advice.advice, indent=1) + "\n")
     if not reports_too:
-        return None, []
+        return None, problems
     try:
         import reports
     except ImportError as exc:
-        return None, [f"reports not available ({exc}); wrote analysis.json only"]
-    path, problems = None, []
+        return None, [*problems, f"reports not available ({exc}); wrote analysis.json only"]
+    path = None
     try:
-        reports.write_parts(out / "report.html", reports.render_html_parts(analysis, store))  # never one 2 MB string
+        reports.write_parts(out / "report.html", reports.render_html_parts(document, store))  # never one 2 MB string
         path = out / "report.html"
     except Exception as exc:  # a renderer bug must not lose the analysis
         problems.append(f"report.html failed: {type(exc).__name__}: {exc}")
     try:
-        (out / "summary.md").write_text(reports.render_markdown(analysis), encoding="utf-8")
+        (out / "summary.md").write_text(reports.render_markdown(document), encoding="utf-8")
     except Exception as exc:
         problems.append(f"summary.md failed: {type(exc).__name__}: {exc}")
     return path, problems
@@ -147,10 +181,13 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
     finally:
         if own:
             engine.close()
-    run = AnalysisRun(analysis=analysis, store=store, out=out)
+    document, mismatch = typed_document(analysis)
+    run = AnalysisRun(analysis=analysis, store=store, out=out, document=document)
     if out is not None:
         run.report, run.problems = write_outputs(analysis, store, out, write_reports and bool(
-            analysis["ranks"] or (analysis.get("sections") or {}).get("hang")))
+            document.ranks or document.sections.hang is not None), document=document if not mismatch else None)
+    elif mismatch:
+        run.problems.append(mismatch)
     return run
 
 

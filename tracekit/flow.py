@@ -11,13 +11,12 @@ from typing import Any, Callable
 from tracekit.analyze.runner import ANALYZERS, PlanStep, build_plan, measure
 from tracekit.assess import ASSESSMENT, assess
 from tracekit.config import AnalysisConfig
+from tracekit.document.model import ANALYSIS_SCHEMA
 from tracekit.findings.finding import sort_findings
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
 
 __all__ = ["ANALYSIS_SCHEMA", "analyze_store", "explain_plan"]
-
-ANALYSIS_SCHEMA = "tracekit.analysis/1"
 
 
 def explain_plan(plan: list[PlanStep] | None = None) -> str:

@@ -91,3 +91,24 @@ def step_times(out: Path, profile_steps: int) -> list[int]:
     per_rank = json.loads((out / "train_log.json").read_text())["step_ns"]
     steps = zip(*per_rank.values())
     return [max(s) for s in list(steps)[-profile_steps:]]
+
+
+def layout_from_json(lay: dict) -> ParallelLayout:
+    """An advice.json layout (tracekit/advise/advisor.py layout_json) as a layout the runtime can run."""
+    return ParallelLayout(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], cp=lay["cp"], ep=lay["ep"],
+                          dp_mode="fsdp" if lay["fsdp"] else "ddp", schedule=lay["schedule"] or "1f1b",
+                          microbatches=lay["microbatches"], virtual_stages=lay["interleave"],
+                          activation_checkpointing=lay["activation_checkpointing"])
+
+
+def advise_cli(run: Path, out: Path, *extra: str) -> tuple[dict, str]:
+    """`tracekit advise RUN --out OUT` as a user runs it (no --model: the model comes from the run); the advice
+    document and what the command printed."""
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    res = CliRunner().invoke(app, ["advise", str(run), "--out", str(out), "-q", *extra])
+    if res.exit_code != 0:
+        raise RuntimeError(f"tracekit advise {run} exited {res.exit_code}:\n{res.output}")
+    return json.loads((out / "advice.json").read_text()), res.output

@@ -49,33 +49,60 @@ def test_tracekit_fields_in_toml_and_errors(tmp_path):
         model_spec("no-such-model")
 
 
+def _advise(run, out, *args):
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    res = CliRunner().invoke(app, ["advise", str(run), "--out", str(out), "-q", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads((out / "advice.json").read_text()), " ".join(res.output.split())
+
+
+def _ranked(doc):
+    return [(json.dumps(r["layout"], sort_keys=True), r["micro_batch_size"], r["predicted_step_ns"])
+            for r in doc["ranked"]]
+
+
 @pytest.mark.slow
-def test_config_file_gives_the_presets_advice(tmp_path):
-    preset = ModelSpec.preset("tiny")
+def test_llama_config_json_gives_the_presets_layouts(tmp_path):
+    """`tracekit advise RUN --model config.json` (Llama-3.1-8B's HuggingFace config, nothing else) ranks the
+    same layouts with the same predictions as `--model llama-8b-like`, on a run of that model."""
+    preset = ModelSpec.preset("llama-8b-like")
     res = simulate(preset, ClusterSpec.preset("1x8-h100"), ParallelLayout(dp=2, tp=4, microbatches=2), steps=2, seed=0)
     write_traces(res, tmp_path / "traces")
-    from tracekit.simulate.model_file import model_from_manifest
-
-    from_run, source = model_from_manifest(json.loads((tmp_path / "traces" / "manifest.json").read_text()))
-    assert _same(from_run, preset) and "global batch 8 sequences" in source  # dp 2 x 2 micro-batches x 2
     store = parse_run(tmp_path / "traces", tmp_path / "store", workers=1, progress=False).store
-    analysis = analyze_store(store, AnalysisConfig(advice=False))
     hf = tmp_path / "config.json"
-    hf.write_text(json.dumps({"num_hidden_layers": 8, "hidden_size": 2048, "num_attention_heads": 16,
-                              "max_position_embeddings": 4096, "vocab_size": 8192, "torch_dtype": "bfloat16",
-                              "micro_batch_size": 2}))
-    cluster = ClusterSpec.preset("1x8-h100")
-    a = advice_json(advise(analysis, preset, cluster, top=5))
-    b = advice_json(advise(analysis, model_from_file(hf), cluster, top=5))
-    def ranked(doc):
-        return [(json.dumps(r["layout"], sort_keys=True), r["predicted_step_ns"]) for r in doc["ranked"]]
+    hf.write_text(json.dumps(LLAMA_8B_HF))
+    a, _ = _advise(store.path, tmp_path / "a", "--model", "llama-8b-like", "--top", "5")
+    b, printed = _advise(store.path, tmp_path / "b", "--model", str(hf), "--top", "5")
+    assert _ranked(a) == _ranked(b) and len(_ranked(a)) >= 3 and all(r[2] > 0 for r in _ranked(a))
+    assert "model used: llama: 32 layers, hidden 4096, 32 heads (8 kv), ffn 14336" in printed
+    assert a["warnings"] == [] == b["warnings"]  # the run's own model calibrates plausibly
 
-    assert ranked(a) == ranked(b)
-    assert len(ranked(a)) >= 3 and all(ns > 0 for _, ns in ranked(a))
-    assert a["warnings"] == []  # the run's own model calibrates plausibly
-    wrong = advice_json(advise(analysis, ModelSpec.preset("llama-70b-like"), cluster, top=1, simulate_top=1,
-                               variants_per_layout=0, near_current=0))
+
+@pytest.mark.slow
+def test_advise_takes_the_runs_batch_and_flags_a_wrong_model(tmp_path):
+    """The demo's simulated cluster at 8 GPUs (tiny-moe, micro-batch 8, dp 4 x 4 micro-batches: 128 sequences
+    per step): `advise --model tiny-moe` with no batch option uses the run's 128 sequences, not the preset's
+    micro-batch of 2 (32), and says where it came from; a model far from the run (moe-8x-like) is flagged."""
+    L, mbs = ParallelLayout(pp=2, dp=4, ep=2, schedule="1f1b", microbatches=4), 8
+    run_model = dataclasses.replace(ModelSpec.preset("tiny-moe"), micro_batch_size=mbs)
+    assert ModelSpec.preset("tiny-moe").micro_batch_size != mbs
+    write_traces(simulate(run_model, ClusterSpec.preset("1x8-h100"), L, steps=2, seed=0), tmp_path / "traces")
+    store = parse_run(tmp_path / "traces", tmp_path / "store", workers=1, progress=False).store
+    doc, printed = _advise(store.path, tmp_path / "a", "--model", "tiny-moe")
+    assert doc["target"]["global_batch"] == L.dp * L.microbatches * mbs == 128
+    assert doc["model"]["micro_batch_size"] == mbs and doc["current"]["micro_batch_size"] == mbs
+    assert "batch: micro-batch 8 sequences from the run's manifest: global batch 128" in printed
+    assert "manifest" in doc["inputs"]["batch"] and doc["warnings"] == []
+    assert 0 < doc["calibration"]["efficiency"] <= 1 and 0.5 <= doc["calibration"]["residual"] <= 2
+    md = (tmp_path / "a" / "advice.md").read_text()
+    assert "Batch: micro-batch 8 sequences from the run" in md and "Model used: tiny-moe" in md
+    wrong, printed = _advise(store.path, tmp_path / "b", "--model", "moe-8x-like")
     assert wrong["warnings"] and any("outside (0, 1]" in w or "off (residual" in w for w in wrong["warnings"])
+    assert "warning:" in printed
+    assert (tmp_path / "b" / "advice.md").read_text().split("\n")[2].startswith("> **Warning:**")
 
 
 def test_model_from_the_runtime_manifest(tmp_path):

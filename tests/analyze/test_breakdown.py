@@ -31,7 +31,8 @@ def test_gpu_breakdown_is_exclusive_and_sums_to_the_step(tmp_path):
     a = analyze_store(store)
     assert a["ranks"] == [{"rank": 0, "steps": 1, "step_ns": 1000, "compute_ns": 400, "comm_ns": 250,
                            "exposed_comm_ns": 200, "other_ns": 150, "idle_ns": 250, "overlap_ratio": 0.2,
-                           "bound": "compute", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0}]
+                           "bound": "compute", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0,
+                           "waited_for": {}}]
     step = a["sections"]["breakdown"]["steps"][0]
     assert step["step"] == 3 and step["ts"] == 0
     lanes = {(i[1], i[2], i[3]) for i in a["sections"]["breakdown"]["timeline"]["intervals"]}
@@ -93,7 +94,8 @@ def test_gpu_trace_without_steps_is_one_window_first_to_last_device_event(tmp_pa
     a = analyze_store(store)
     assert a["ranks"] == [{"rank": 5, "steps": 1, "step_ns": 700, "compute_ns": 500, "comm_ns": 400,
                            "exposed_comm_ns": 200, "other_ns": 0, "idle_ns": 0, "overlap_ratio": 0.5,
-                           "bound": "compute", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0}]
+                           "bound": "compute", "sync_wait_ns": 0, "exposed_transfer_ns": 200, "carry_over_ns": 0,
+                           "waited_for": {}}]
     assert a["sections"]["breakdown"]["steps"][0]["step"] is None
     detail = a["sections"]["breakdown"]["rank_details"][0]
     assert (detail["windows"], detail["step_rule"]) == ("device_span", "device_span")

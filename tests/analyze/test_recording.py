@@ -14,6 +14,8 @@ MS = 1_000_000
 
 
 class _NoEvents:
+    manifest: dict = {}  # a run store's manifest (none recorded: no recorder overhead measured)
+
     def rank_table(self, name, rank, columns):
         import pyarrow as pa
 

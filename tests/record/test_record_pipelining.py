@@ -7,9 +7,9 @@ On the faulty run `pipeline_imbalance` on rank 1 is the top finding at warning o
 saving ("re-split stages evenly") is within 25% of the measured difference between the faulty run's step
 time and the clean runs' (each run's step: per profiled step the longest `ProfilerStep#` of the four ranks,
 read here with plain gzip/json/Decimal; mean over the steps), wherever that difference exceeds the spread
-of the two clean runs. The clean runs have no warning that names a fault (the bubble of 4 stages at 4
-micro-batches, (p−1)/(m+p−1) = 43%, is the configuration's, and `unstable_verdict` a caveat on the
-measurement: neither names a fault).
+of the two clean runs. The clean runs have no warning that names a fault: the bubble of 4 stages at 4
+micro-batches, (p−1)/(m+p−1) = 43%, is the configuration's (m ≥ p), so `pipeline_bubble` stays info unless
+the idle exceeds it; `unstable_verdict` is a caveat on the measurement.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ STAGES = 4
 WORK = ("--layers", "12", "--microbatches", "4", "--block-ms", "10", "--steps", "5")
 RECORD_OPTS = ("--wait", "1", "--warmup", "1", "--active", "2")  # profile steps 2 and 3 of 0..4
 SPLITS = {"clean": "3,3,3,3", "faulty": "2,6,2,2", "clean2": "3,3,3,3"}
-NOT_A_FAULT = {"pipeline_bubble", "unstable_verdict"}
+NOT_A_FAULT = {"unstable_verdict"}
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,8 @@ def test_clean_runs_name_no_fault(runs):
         assert warn == [], (name, warn)
         imb = [f for f in analysis["findings"] if f["kind"] == "pipeline_imbalance"]
         assert all(f["severity"] == "info" for f in imb)
+        for f in analysis["findings"]:
+            if f["kind"] == "pipeline_bubble":
+                ev = f["evidence"]
+                print(f"\n{name}: bubble {ev['measured_bubble']:.3f} (theory {ev['theoretical_bubble']:.3f}), "
+                      f"beyond it {ev['excess_over_schedule_ns'] / 1e6:.1f} ms of a {ev['step_ns'] / 1e6:.1f} ms step")

@@ -212,7 +212,10 @@ def test_missing_ranks_warned_in_json_html_and_markdown(tmp_path, clean_docs, cl
     assert "mixed_runs" not in _kinds(analysis)
     clean = {r["rank"]: r for r in clean_pair_analysis["ranks"]}
     for row in analysis["ranks"]:
-        assert {k: v for k, v in row.items() if k != "rank"} == {k: v for k, v in clean[row["rank"] % 2].items() if k != "rank"}
+        # waited_for names the ranks waited for, which are this run's (its copies of the clean pair's ranks)
+        mine = ("rank", "waited_for")
+        assert {k: v for k, v in row.items() if k not in mine} == {k: v for k, v in clean[row["rank"] % 2].items() if k not in mine}
+        assert sum(row["waited_for"].values()) == row["sync_wait_ns"]
     report = (tmp_path / "out" / "report.html").read_text()
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert html.escape(missing[0]["summary"]) in report
@@ -315,11 +318,15 @@ def test_clock_skew_between_hosts_is_aligned(tmp_path, clean_docs):
         assert r["last_count"] == clean_s[r["rank"]]["last_count"]
         assert abs(r["delay_ns_per_step"] - clean_s[r["rank"]]["delay_ns_per_step"]) <= 100_000 + per_step * residual
     # the waiting part of exposed comm rests on the matched arrivals too; everything else is unchanged
-    waits = ("sync_wait_ns", "exposed_transfer_ns")
+    waits = ("sync_wait_ns", "exposed_transfer_ns", "waited_for")
     for row, clean_row in zip(analysis["ranks"], ref["ranks"], strict=True):
         assert {k: v for k, v in row.items() if k not in waits} == {k: v for k, v in clean_row.items() if k not in waits}
-        for k in waits:
+        for k in waits[:2]:
             assert abs(row[k] - clean_row[k]) <= 100_000 + row["steps"] * per_step * residual
+        assert set(row["waited_for"]) <= set(clean_row["waited_for"]) | {"0", "1"}
+        for peer in set(row["waited_for"]) | set(clean_row["waited_for"]):
+            got, want = row["waited_for"].get(peer, 0), clean_row["waited_for"].get(peer, 0)
+            assert abs(got - want) <= 100_000 + row["steps"] * per_step * residual
 
 
 def test_inconsistent_clock_skew_is_warned(tmp_path, clean_docs):

@@ -19,6 +19,8 @@ REAL = [  # (file, chunk bytes): chunks small enough to cut every file several t
     ("hta_gloo_cpu_rank34of300/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 2_000),  # gloo CPU
     ("kineto_resnet50_2021_workers0/worker0.1623143089861.pt.trace.json.gz", 1_000_000),  # 2021 schema
     ("hta_triton/triton_example.json.gz", 2_000),
+    # no ProfilerStep: the iterations the one-shot parser finds (repeated top-level ops) over the whole trace
+    ("hta_cuda_event_sync_multi_stream/event_sync_trace.json.gz", 2_000),
 ]
 
 
@@ -39,6 +41,20 @@ def test_chunked_equals_one_shot_on_real_traces(shared_traces, rel, chunk_bytes)
     path = shared_traces / rel
     assert sum(1 for _ in EventChunks(str(path), chunk_bytes)) > 2
     _assert_same(path, chunk_bytes)
+
+
+def test_chunked_finds_the_iterations_of_a_trace_without_profiler_step(shared_traces):
+    """Each chunk alone repeats too little (or differently): the iterations are found over the whole trace's
+    host ops, and every chunk's events take their steps from them (issue 32: the chunked parse found none)."""
+    path = shared_traces / "hta_cuda_event_sync_multi_stream/event_sync_trace.json.gz"
+    raw = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    assert not [e for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")]
+    a = parse_kineto(path).tables["steps"].to_pylist()
+    b = parse_kineto_chunked(path, max_memory_bytes=12_000, chunk_bytes=2_000).tables["steps"].to_pylist()
+    assert len(a) >= 2 and {s["rule"] for s in a} == {"repeated_ops"}
+    assert b == a
+    ev = parse_kineto_chunked(path, max_memory_bytes=12_000, chunk_bytes=2_000).tables["events"]
+    assert ev.column("step").null_count < ev.num_rows  # the events carry the steps too
 
 
 def test_chunked_equals_one_shot_on_generated_trace(synth_run_16):

@@ -11,11 +11,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
 from tracekit.advise.predict import model_flops_per_token
 from tracekit.advise.predict import replicas_needed
 from tracekit.advise.space import SearchSpace, enumerate_layouts
+from tracekit.document import AnalysisDocument, as_document
 from tracekit.model import memory as mem
 from tracekit.layout import ParallelLayout
 from tracekit.simulate import ClusterSpec, ModelSpec
@@ -62,6 +65,8 @@ class Advice:
     layouts_simulated: int
     skipped: list[str] = field(default_factory=list)
     """Shortlisted layouts the simulator could not run (with its reason)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where the model and the batch came from (`model`, `batch`, `global_batch`: one line each)."""
 
 
 def model_shape(model: ModelSpec, micro_batch_size: int) -> mem.ModelShape:
@@ -80,17 +85,17 @@ def peak_memory(model: ModelSpec, layout: ParallelLayout, mbs: int, calib: mem.C
     return mem.peak_bytes(model_shape(model, mbs), layout, calib)
 
 
-def memory_calibration(analysis: dict[str, Any], cal: Calibrated) -> MemoryCalibration:
+def memory_calibration(analysis: AnalysisDocument | dict[str, Any], cal: Calibrated) -> MemoryCalibration:
     """The memory model calibrated on the measured run's memory section (tracekit/analyze/memory.py):
     activation and transient scales from its per-stage peaks and per-micro-batch footprints, static
     memory per parameter from its step base when the counter is absolute (CUDA); predictions always
     count static memory (what a device must hold)."""
-    section = (analysis.get("sections") or {}).get("memory") or {}
-    if not section.get("available"):
+    section = as_document(analysis).sections.memory
+    if section is None or not section.available:
         return MemoryCalibration(mem.Calibration(), False, "uncalibrated (the trace has no memory events)")
     shape = model_shape(cal.model, cal.model.micro_batch_size)
-    try:
-        c = mem.calibrate_from_analysis(shape, cal.measured.layout, section)
+    try:  # the memory model reads the section as analysis.json holds it
+        c = mem.calibrate_from_analysis(shape, cal.measured.layout, msgspec.to_builtins(section))
     except (ValueError, ZeroDivisionError) as exc:
         return MemoryCalibration(mem.Calibration(), False, f"uncalibrated ({exc})")
     static = (f"static {c.static_bytes_per_param:.1f} B per parameter measured" if c.static_bytes_per_param
@@ -224,7 +229,7 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
            hosts: int | None = None, gpus_per_host: int | None = None, global_batch: int | None = None,
            gpu_memory_bytes: int | None = None, top: int = 10, simulate_top: int = 16,
            space: SearchSpace | None = None, max_simulated_ranks: int = 64, variants_per_layout: int = 4,
-           near_current: int = 4) -> Advice:
+           near_current: int = 4, sources: dict[str, str] | None = None) -> Advice:
     """Rank the layouts for the target GPU count from the measured run described by `analysis`: the
     closed form's best `simulate_top` degree combinations and `near_current` more that change one or two
     of the current layout's degrees, then `variants_per_layout` schedule / micro-batch / FSDP /
@@ -256,8 +261,12 @@ def advise(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, *, 
     ranked += _predicted(cal, mc.calibration, target, extra, capacity, current, skipped)
     ranked += [current] if current else []
     ranked.sort(key=lambda c: (not c.fits, c.step_ns))
+    src = dict(sources or {})
+    if global_batch is None and "batch" not in src:
+        src["global_batch"] = (f"global batch {batch} sequences = the measured run's dp {m.layout.dp} x "
+                                   f"{m.layout.microbatches} micro-batches x micro-batch {model.micro_batch_size}")
     return Advice(cal, mc, target, n, batch, current, ranked[:top], len(options), len(picked) + len(extra),
-                  skipped)
+                  skipped, src)
 
 
 def layout_json(layout: ParallelLayout) -> dict[str, Any]:
@@ -313,6 +322,7 @@ def advice_json(a: Advice) -> dict[str, Any]:
         "target": {"gpus": a.gpus, "hosts": a.cluster.hosts, "gpus_per_host": a.cluster.gpus_per_host,
                    "global_batch": a.global_batch, "gpu_memory_bytes": int(a.cluster.hbm_gb * (1 << 30))},
         "model": dataclasses.asdict(a.calibration.model),
+        "inputs": dict(a.sources),
         "calibration": {"measured_layout": layout_json(m.layout), "measured_step_ns": m.step_ns,
                         "measured_compute_ns": m.compute_ns, "busbw_gbps": m.busbw_gbps,
                         "efficiency": a.calibration.cluster.efficiency,

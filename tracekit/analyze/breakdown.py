@@ -3,7 +3,10 @@
 Definitions (DESIGN §3, written down in docs/metrics.md), exclusive by priority so the parts sum to
 the step window: compute ▸ communication overlapping no compute ("exposed") ▸ other device work ▸ idle.
 Exposed communication splits into sync wait (waiting for late peers: before the group's last arrival,
-from matching.py's wait intervals) and exposed transfer (the rest). Overlap ratio = |comm ∩ compute| /
+from matching.py's wait intervals) and exposed transfer (the rest). Waiting is charged to whoever was
+waited for: each rank's sync wait is split by the rank it waited for (`waited_for`: a collective's last
+arrival, a P2P op's peer; where waits overlap, the one ending last), and `owed_wait` turns it around:
+per late rank, the wait it caused on the others (the straggler finding's evidence). Overlap ratio = |comm ∩ compute| /
 |comm| (HTA's definition; null when a rank has no comm).
 
 Where "busy" comes from:
@@ -34,7 +37,9 @@ step; see docs/metrics.md and tests/analyze/test_hta_crosscheck.py).
 Section `breakdown`:
     {"ranks": [{"rank", "steps", "step_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "other_ns",
                 "idle_ns", "overlap_ratio", "bound": "compute|communication|sync_wait|idle",
-                "sync_wait_ns", "exposed_transfer_ns", "carry_over_ns"}],   # analysis.json "ranks" (§7)
+                "sync_wait_ns", "exposed_transfer_ns", "carry_over_ns",
+                "waited_for": {rank: ns}}],   # analysis.json "ranks" (§7)
+     "owed_wait": [{"rank", "owed_ns", "owed_ns_per_step", "by_rank": {waiting rank: ns}}],  # most owed first
      "rank_details": [{"rank", "trace_kind": "gpu|cpu", "comm_source", "windows": "gpu_steps|steps|device_span|trace",
                        "step_rule": "profiler_step|optimizer_step|graph_launch|repeated_ops|device_span|trace",
                        "shares": {"compute", "exposed_comm", "other", "idle"}, "verdict_evidence": str}],
@@ -105,6 +110,32 @@ def window_breakdown(act: RankActivity, lo: int, hi: int, wait: iv.IntervalSet |
     if wait is not None and wait[0].size:
         sync = iv.total(iv.intersect(iv.subtract(m, c), iv.clip(wait, lo, hi)))
     return WindowBreakdown(compute_ns, comm_ns, overlapped, exposed, other_ns, max(idle, 0), span, sync)
+
+
+def window_waited_for(act: RankActivity, lo: int, hi: int, by_peer: dict[int, iv.IntervalSet] | None
+                      ) -> dict[int, int]:
+    """The window's sync wait split by whom the rank waited for (matching.py `wait_by_peer`: disjoint
+    sets, so the parts sum to `window_breakdown`'s `sync_wait_ns`)."""
+    if not by_peer:
+        return {}
+    exposed = iv.subtract(iv.clip(act.comm, lo, hi), iv.clip(act.compute, lo, hi))
+    out = {peer: iv.total(iv.intersect(exposed, iv.clip(w, lo, hi))) for peer, w in by_peer.items()}
+    return {peer: int(ns) for peer, ns in out.items() if ns > 0}
+
+
+def owed_wait(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank that others waited for: the wait it caused on them (their `waited_for` entries naming it),
+    in total over each waiter's analyzed steps, per step (each waiter's total / its steps, summed) and by
+    waiter; most owed first."""
+    owed: dict[int, dict[int, int]] = {}
+    per_step: dict[int, float] = {}
+    for row in ranks:
+        for peer, ns in (row.get("waited_for") or {}).items():
+            owed.setdefault(int(peer), {})[row["rank"]] = int(ns)
+            per_step[int(peer)] = per_step.get(int(peer), 0.0) + ns / max(row["steps"], 1)
+    out = [{"rank": late, "owed_ns": sum(by.values()), "owed_ns_per_step": int(per_step[late]),
+            "by_rank": {str(w): ns for w, ns in sorted(by.items())}} for late, by in owed.items()]
+    return sorted(out, key=lambda x: (-x["owed_ns"], x["rank"]))
 
 
 def verdict(compute_ns: int, exposed_ns: int, other_ns: int, idle_ns: int,
@@ -252,19 +283,24 @@ def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching
     lanes_by_rank: dict[int, dict[str, iv.IntervalSet]] = {}
     matched = matched_of(matching)
     waits = matched.wait_intervals if matched is not None else {}
+    by_peer = matched.wait_by_peer if matched is not None else {}
     for rank in store.ranks():
         act = activity.get(rank)
         if not act.windows:
             unanalyzed.append({"rank": rank, "reason": "no events with durations in the trace"})
             continue
         tot = WindowBreakdown(0, 0, 0, 0, 0, 0, 0)
+        waited: dict[int, int] = {}
         for step, lo, hi in act.windows:
             w = window_breakdown(act, lo, hi, waits.get(rank))
+            for peer, ns in window_waited_for(act, lo, hi, by_peer.get(rank)).items():
+                waited[peer] = waited.get(peer, 0) + ns
             row = _row(rank, 1, w)
             del row["steps"]
             step_rows.append({"rank": rank, "step": step, "ts": int(lo), **{k: v for k, v in row.items() if k != "rank"}})
             tot = WindowBreakdown(*(a + b for a, b in zip(vars(tot).values(), vars(w).values())))
-        ranks_out.append({**_row(rank, len(act.windows), tot), "carry_over_ns": int(act.carry_over_ns)})
+        ranks_out.append({**_row(rank, len(act.windows), tot), "carry_over_ns": int(act.carry_over_ns),
+                          "waited_for": {str(p): ns for p, ns in sorted(waited.items())}})
         span = max(tot.span_ns, 1)
         bound, why = verdict(tot.compute_ns, tot.exposed_comm_ns, tot.other_ns, tot.idle_ns, tot.sync_wait_ns)
         details.append({
@@ -278,6 +314,7 @@ def analyze_breakdown(store: RunStore, activity: RankActivities | None, matching
         lanes_by_rank[rank] = _rank_lanes(act)
     section = {
         "ranks": ranks_out,
+        "owed_wait": owed_wait(ranks_out),
         "rank_details": details,
         "steps": step_rows,
         "unanalyzed_ranks": unanalyzed,

@@ -13,7 +13,9 @@ parse/classify.py `is_label`) is no host activity by itself — only the ops ins
 or a fetch inside a label is a gap like one with no label. A label only adds evidence: the labels the
 stall time falls in (`stall_labels`), and the one covering most of it is named in the summary.
 Gaps shorter than MIN_GAP_NS are per-op dispatch overhead, not a stall (data loading on GPU traces
-counts whole).
+counts whole). A step is only looked at inside the profiler's own span (`_recorded_span`: its
+`PyTorch Profiler` event): an annotation that outlives the recording (HTA's triton example: a 13.3 s
+ProfilerStep in a 355 ms profile ending 1.7 ms after the step began) is no 13 s stall.
 
 Per rank: stall time per step, how much of it is data loading, the longest gap. A rank whose stall
 recurs — at least STALL_WARNING of the step in every profiled step (the smallest per-step share:
@@ -115,6 +117,18 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     return iv.union(starts, kts + kd[ok])
 
 
+def _recorded_span(store: RunStore, rank: int) -> tuple[int, int]:
+    """[start, end] of the profiler's own span on the rank (its `PyTorch Profiler` trace event, cat
+    `trace`), unbounded when the trace has none: time outside it was not recorded."""
+    t = store.rank_table("events", rank, ["ts", "dur", "cat"])
+    dur = _np(t["dur"], -1)
+    keep = (dur >= 0) & _str_is(t["cat"], ("trace", "Trace"))
+    if not keep.any():
+        return np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    ts = _np(t["ts"])[keep]
+    return int(ts.min()), int((ts + dur[keep]).max())
+
+
 def _comm_busy(store: RunStore, rank: int) -> iv.IntervalSet:
     t = store.rank_table("collectives", rank, ["ts", "dur", "enqueue_ts", "enqueue_dur"])
     sets = []
@@ -151,11 +165,16 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     host = _host_events(store, rank)
     queued = _device_queued(store, rank)
     comm = _comm_busy(store, rank) if queued is None else None
+    seen_lo, seen_hi = _recorded_span(store, rank)
     tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
     in_labels = dict.fromkeys(host.labels, 0)
     per_step = []
     for s in steps:
-        lo, hi = s["ts"], s["ts"] + s["dur"]
+        # a step annotation reaching past everything the profiler recorded (a 13 s ProfilerStep around
+        # a 1.5 ms trace) holds no observed time there: the window ends with the rank's last record
+        lo, hi = max(s["ts"], seen_lo), min(s["ts"] + s["dur"], seen_hi)
+        if hi <= lo:
+            continue
         stall, gap_part = _step_stall(host, queued, comm, lo, hi)
         tot["step_ns"] += hi - lo
         tot["stall_ns"] += iv.total(stall)
@@ -166,7 +185,9 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
             tot["longest_gap_ns"] = max(tot["longest_gap_ns"], int(np.max(gap_part[1] - gap_part[0])))
         for name, spans in host.labels.items():
             in_labels[name] += iv.total(iv.intersect(stall, spans))
-    n = len(steps)
+    n = len(per_step)
+    if n == 0:
+        return None
     out = {k: int(v // n) if k != "longest_gap_ns" else int(v) for k, v in tot.items()}
     out.update(rank=rank, steps=n, device="gpu" if queued is not None else "cpu",
                stall_fraction=tot["stall_ns"] / tot["step_ns"] if tot["step_ns"] else 0.0,

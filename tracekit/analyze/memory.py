@@ -475,11 +475,23 @@ def _nesting(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> tuple[np.ndarr
 
 def recompute_of_rank(store: RunStore, rank: int, events: pa.Table | None = None) -> dict[str, Any] | None:
     """Forward ops re-run inside backward on this rank, with their time per step; None when none."""
+    spans = recompute_spans(store, rank, events)
+    if not spans:
+        return None
+    steps = max(1, store.rank_table("steps", rank, columns=["step"]).num_rows)
+    total_ns = int(sum(e - t for t, e, _, _ in spans))
+    return {"rank": rank, "recompute_ns_per_step": total_ns // steps, "ops_per_step": len(spans) / steps,
+            "names": sorted({n for _, _, _, n in spans})[:12]}
+
+
+def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) -> list[tuple[int, int, int, str]]:
+    """(start ns, end ns, tid, name) of each outermost forward op re-run inside backward on this rank (module
+    docstring: Recomputation), in start order; [] when none."""
     ev = events if events is not None else store.rank_table("events", rank, columns=EVENT_COLUMNS)
     ev = ev.filter(pc.equal(pc.cast(ev.column("cat"), pa.string()), "cpu_op"))
     if not ev.num_rows or not pc.any(pc.starts_with(pc.unique(pc.cast(ev.column("name"), pa.string())),
                                                     _BACKWARD_REGION)).as_py():
-        return None  # no autograd engine events: no backward to look into
+        return []  # no autograd engine events: no backward to look into
     names = pc.cast(ev.column("name"), pa.string()).to_pylist()
     compute = pc.fill_null(pc.equal(pc.cast(ev.column("role"), pa.string()), "compute"), True).to_numpy(
         zero_copy_only=False)
@@ -509,12 +521,7 @@ def recompute_of_rank(store: RunStore, rank: int, events: pa.Table | None = None
     for i in top:
         by_node[_backward_root(i, parent, names)].append(i)
     top = [i for group in by_node.values() if len({names[j] for j in group}) >= 2 for i in group]
-    if not top:
-        return None
-    steps = max(1, store.rank_table("steps", rank, columns=["step"]).num_rows)
-    total_ns = int(sum(int(end[i] - ts[i]) for i in top))
-    return {"rank": rank, "recompute_ns_per_step": total_ns // steps, "ops_per_step": len(top) / steps,
-            "names": sorted({names[i] for i in top})[:12]}
+    return sorted((int(ts[i]), int(end[i]), int(tid[i]), names[i]) for i in top)
 
 
 def _backward_root(i: int, parent: np.ndarray, names: list[str]) -> int:

@@ -7,14 +7,17 @@ intensity = FLOPs / bytes, and the roofline: attainable = min(peak FLOP/s of the
 bandwidth); bound = compute when intensity ≥ ridge (peak FLOP/s / peak bandwidth) else memory; % of roof
 = achieved / attainable. Peaks come from `--peak-tflops` / `--peak-bandwidth` or the device table
 (analyze/hardware.py) matched on the rank's deviceProperties name. Per rank: model FLOPs = the ops'
-FLOPs inside the breakdown's step windows; achieved = model FLOPs / summed step time; MFU = achieved /
-the peak of the dtype carrying most GEMM/attention FLOPs. FLOPs of ops without a formula (Triton
+FLOPs inside the breakdown's step windows, less those of ops launched inside a forward op re-run in backward
+(activation checkpointing: analyze/memory.py recompute_spans); achieved = model FLOPs / summed step time;
+MFU = achieved / the peak of the dtype carrying most GEMM/attention FLOPs; HFU the same with the recomputed
+FLOPs counted (hardware FLOPs: what the device ran). FLOPs of ops without a formula (Triton
 kernels, unknown ops) are not counted: `flops_coverage` says what share of op time has a count.
 
 Section `ops`:
 {"available": bool, "reason": str | null, "top_n": int,
  "ranks": [{"rank", "device", "device_match", "peak_dtype", "peak_tflops", "hbm_tbps", "peak_source",
             "steps", "step_ns", "time_basis", "model_flops", "flops_per_step", "achieved_tflops", "mfu",
+            "hardware_flops", "recompute_flops", "recompute_ops", "hardware_tflops", "hfu",
             "kernel_ns", "op_kernel_ns", "flops_coverage"}],
  "categories": [{"category", "kernel_ns", "share", "ops", "flops"}],
  "top_ops": [{"name", "category", "dtype", "input_dims", "gemm": [batch, M, N, K] | null, "formula",
@@ -37,6 +40,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.analyze.hardware import device_peaks
 from tracekit.config import AnalysisConfig
@@ -55,7 +60,7 @@ TINY_LAUNCHES_PER_STEP = 50
 TINY_LAUNCH_SHARE = 0.20
 MODEL_CATEGORIES = ("gemm", "attention", "conv")
 _OP_COLUMNS = ["rank", "step", "name", "category", "dtype", "input_dims", "kernel_count", "kernel_ns", "flops",
-               "bytes", "gemm_batch", "gemm_m", "gemm_n", "gemm_k", "formula", "launch"]
+               "bytes", "gemm_batch", "gemm_m", "gemm_n", "gemm_k", "formula", "launch", "ts"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,29 @@ def _step_windows(breakdown: dict[str, Any]) -> dict[int, tuple[set | None, int,
     return out
 
 
+def mark_recompute(store: RunStore, ops_by_rank: dict[int, list[dict[str, Any]]]) -> None:
+    """Set `recompute` on each op row whose host start lies inside a forward op re-run in backward
+    (activation checkpointing: analyze/memory.py recompute_spans, from the rank's op tree). Ranks with no
+    FLOPs counted are not looked into."""
+    from tracekit.analyze.memory import recompute_spans
+
+    for rk, rows in ops_by_rank.items():
+        for r in rows:
+            r["recompute"] = False
+        if not any(r["flops"] for r in rows):
+            continue
+        spans = recompute_spans(store, rk)
+        if not spans:
+            continue
+        starts = np.array([t for t, _, _, _ in spans], np.int64)
+        ends = np.maximum.accumulate(np.array([e for _, e, _, _ in spans], np.int64))
+        for r in rows:
+            if r["ts"] is None:
+                continue
+            j = int(np.searchsorted(starts, r["ts"], side="right")) - 1
+            r["recompute"] = j >= 0 and r["ts"] < ends[j]
+
+
 def _mfu_dtype(ops: list[dict[str, Any]]) -> str | None:
     by = Counter()
     for r in ops:
@@ -183,19 +211,25 @@ def _rank_rows(ops_by_rank: dict[int, list], peaks: dict[int, RankPeaks], window
         mine = ops_by_rank.get(rk, [])
         steps, num_steps, step_ns = windows.get(rk, (None, 0, 0))
         inside = [r for r in mine if steps is None or r["step"] in steps]
-        flops = sum(r["flops"] or 0 for r in inside)
+        hw_flops = sum(r["flops"] or 0 for r in inside)
+        rec_flops = sum(r["flops"] or 0 for r in inside if r.get("recompute"))
+        flops = hw_flops - rec_flops
         op_ns = sum(r["kernel_ns"] or 0 for r in mine)
         counted_ns = sum(r["kernel_ns"] or 0 for r in mine if r["flops"] is not None)
         dtype = _mfu_dtype(mine)
         p = peaks[rk]
         peak = p.peak(dtype)
         achieved = flops / step_ns / 1e3 if step_ns and flops else None
+        hw_achieved = hw_flops / step_ns / 1e3 if step_ns and hw_flops else None
         out.append({"rank": rk, "device": p.device, "device_match": p.device_match, "peak_dtype": dtype,
                     "peak_tflops": peak, "hbm_tbps": p.hbm_tbps, "peak_source": p.source,
                     "steps": num_steps, "step_ns": step_ns or None,
                     "time_basis": "whole trace" if steps is None else "steps", "model_flops": flops or None,
                     "flops_per_step": flops / num_steps if flops and num_steps else None,
                     "achieved_tflops": achieved, "mfu": achieved / peak if achieved and peak else None,
+                    "hardware_flops": hw_flops or None, "recompute_flops": rec_flops,
+                    "recompute_ops": sum(1 for r in inside if r.get("recompute")),
+                    "hardware_tflops": hw_achieved, "hfu": hw_achieved / peak if hw_achieved and peak else None,
                     "kernel_ns": kernel_ns.get(rk, 0), "op_kernel_ns": op_ns,
                     "flops_coverage": counted_ns / op_ns if op_ns else None})
     return out
@@ -367,6 +401,7 @@ def analyze_ops(store: RunStore, breakdown: BreakdownResult | None, config: Anal
     ops_by_rank: dict[int, list] = defaultdict(list)
     for r in ops:
         ops_by_rank[r["rank"]].append(r)
+    mark_recompute(store, ops_by_rank)
     kernel_ns = {rk: sum(r["total_ns"] for r in rows) for rk, rows in kernels_by_rank.items()}
     op_ns = sum(r["kernel_ns"] or 0 for r in ops)
     rows = _group_rows(_groups(ops), peaks, op_ns)

@@ -10,6 +10,10 @@ which is exactly `(p−1)/(m+p−1)` for GPipe/1F1B with equal stage times and f
 schedules, where it is an upper bound: they fill part of it with weight-gradient work). Imbalance = slowest stage compute /
 mean stage compute (stage compute = summed phase durations per step). The window excludes the
 optimizer, data loading and gradient sync; `bubble_of_step` reports the same idle time over the step.
+A `pipeline_bubble` finding's severity: from what more micro-batches would save where the schedule has
+fewer micro-batches than stages (m < p: the pipeline never fills, the "too few micro-batches" fault);
+with m ≥ p the bubble the schedule implies is the configuration working as designed, so the severity
+comes from the idle beyond it only (`excess_over_schedule_ns` = (measured − theoretical) × window).
 
 With no `pipeline` rows (unlabelled traces) the stages come from the pp groups and the send/recv
 structure: the idle time is the p2p time not covered by anything else on the rank (`source: "p2p"`).
@@ -343,12 +347,26 @@ def _bubble_finding(section: dict[str, Any], base: list[tuple[int, float, int]],
                                      window_ns=window, stage_compute_ns=comp,
                                      max_microbatches=_max_microbatches(man, m))
     sev = _severity(advice.saving_ns, step_ns)
+    theory = section["theoretical_bubble"]
+    excess_ns = max(0.0, measured - theory) * window if theory is not None else 0.0
+    sev_excess = _severity(excess_ns, step_ns)
+    if m >= p and sev.order > sev_excess.order:
+        # enough micro-batches to fill the pipeline: the schedule's own bubble is the configuration working
+        # as designed, not a fault; only idle beyond it (late sends, stalls, uneven stages) can be one
+        schedule_note = (f"the bubble the schedule implies ({theory:.0%} for p={p}, m={m}) is no fault; idle "
+                         f"beyond it is {excess_ns / 1e6:.2f} ms per step ({excess_ns / step_ns:.1%} of the step)")
+        sev = sev_excess
+    else:
+        schedule_note = None
     ranks = tuple(sorted({r for g in pipelines for r in g}))
     summary = (f"pipeline bubble {measured:.0%} of the schedule window (theory {section['theoretical_bubble']:.0%}"
                f" for {section['schedule']}, p={p}, m={m}" + (f", v={v}" if v > 1 else "") + ")")
     evidence = {"measured_bubble": measured, "theoretical_bubble": section["theoretical_bubble"],
                 "num_stages": p, "num_microbatches": m, "chunks_per_rank": v, "schedule": section["schedule"],
-                "window_ns": int(window), "step_ns": int(step_ns), **advice.evidence}
+                "window_ns": int(window), "step_ns": int(step_ns), "excess_over_schedule_ns": int(excess_ns),
+                "too_few_microbatches": m < p, **advice.evidence}
+    if schedule_note is not None:
+        evidence["severity_note"] = schedule_note
     if comp and v == 1 and len(comp) == p:
         model = ((m - 1) * max(comp) + sum(comp)) / m
         evidence["model_window_ns"] = int(model)  # equal-share pipeline model with the measured stage times

@@ -47,7 +47,8 @@ Section `stragglers`:
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
                      "idle_labels": {label: ns}, "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
-                     "work_ratio", "work_measure": "flops|routed_tokens|null"}}],
+                     "work_ratio", "work_measure": "flops|routed_tokens|null",
+                     "owed_wait_ns_per_step", "owed_wait_by_rank": {rank: ns}}}],   # breakdown.owed_wait
      "thresholds": {...}}
 """
 
@@ -163,14 +164,15 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
     kept = inst[keep]
     rows = matched.rows[matched.rows["key"].isin(kept["key"])]
     return (MatchedCollectives(rows=rows, instances=kept, trace_shift=matched.trace_shift,
-                               wait_intervals=matched.wait_intervals, gpu_ranks=matched.gpu_ranks),
+                               wait_intervals=matched.wait_intervals, gpu_ranks=matched.gpu_ranks,
+                               wait_by_peer=matched.wait_by_peer),
             {"outside_steps": outside, "warmup_step": warm, "outside_profiled_steps": unprofiled})
 
 
 def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
     ev = store.rank_table("events", rank, ["name", "cat", "role", "ts", "dur", "stream"])
     ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-    df = ev.select(["name", "role", "ts", "dur"]).to_pandas()
+    df = ev.select(["name", "cat", "role", "ts", "dur"]).to_pandas()
     df["label"] = label_rows(ev["cat"], ev["role"])
     return df
 
@@ -212,7 +214,11 @@ class _Busy:
     act: Any
     data_load: iv.IntervalSet
     busy: iv.IntervalSet
+    """Device work, and on a GPU rank also its host's activity (ops and runtime calls on any thread): a
+    device idle while its host launches (an autograd thread running the backward) is no host idle."""
     idle_labels: dict[str, iv.IntervalSet]
+    device_busy: iv.IntervalSet = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    """Device work only (equal to `busy` on a CPU rank)."""
 
 
 def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int],
@@ -230,11 +236,15 @@ def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int],
 
         def spans(df: pd.DataFrame) -> iv.IntervalSet:
             return iv.union(df["ts"].to_numpy(np.int64), (df["ts"] + df["dur"]).to_numpy(np.int64))
-        busy = iv.merge(act.compute, act.comm, act.other)
+        device = busy = iv.merge(act.compute, act.comm, act.other)
         labels = ev[ev["label"]]
-        out[r] = seen[r] = _Busy(act, spans(ev[ev["role"].astype(str) == "data_load"]), busy,
+        role = ev["role"].astype(str)
+        if act.trace_kind == "gpu":  # the host's own activity: ops and runtime calls, not annotations
+            host = ev[~ev["label"] & ~role.isin(["step_annotation", "data_load"]) & (ev["cat"].astype(str) != "trace")]
+            busy = iv.merge(device, spans(host))
+        out[r] = seen[r] = _Busy(act, spans(ev[role == "data_load"]), busy,
                                  {str(nm): iv.subtract(spans(g), busy)
-                                  for nm, g in labels.groupby(labels["name"].astype(str))})
+                                  for nm, g in labels.groupby(labels["name"].astype(str))}, device)
     return out
 
 
@@ -244,7 +254,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
     """The late rank's compute / data-load / idle time before each late arrival minus its peers'
     median, summed; with the delay of the instances examined, their count, and the late rank's idle
     time inside each of its labels there beyond its peers' (`_label_excess`)."""
-    excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0}
+    excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0, "device_idle": 0.0}
     labelled = dict.fromkeys(busy[rank].idle_labels, 0) if rank in busy else {}
     examined = delay_examined = 0
     members = members.assign(arrival_trace=members["arrival_raw"].to_numpy(dtype=np.int64)
@@ -259,14 +269,15 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
             b = busy[row.rank]
             comp = int(iv.covered(b.act.compute, [lo], [hi])[0])
             idle = (hi - lo) - int(iv.covered(b.busy, [lo], [hi])[0])
-            vals[row.rank] = (comp, int(iv.covered(b.data_load, [lo], [hi])[0]), idle)
+            device_idle = (hi - lo) - int(iv.covered(b.device_busy, [lo], [hi])[0])
+            vals[row.rank] = (comp, int(iv.covered(b.data_load, [lo], [hi])[0]), idle, device_idle)
             windows[row.rank] = (lo, hi)
         if rank not in vals or len(vals) < 2:
             continue
         others = [v for r, v in vals.items() if r != rank]
-        med = [float(np.median([o[i] for o in others])) for i in range(3)]
+        med = [float(np.median([o[i] for o in others])) for i in range(4)]
         mine = vals[rank]
-        for i, k in enumerate(("compute", "data_load", "host_idle")):
+        for i, k in enumerate(("compute", "data_load", "host_idle", "device_idle")):
             excess[k] += mine[i] - med[i]
         for name in busy[rank].idle_labels:  # idle inside the label beyond its peers' in the same label
             labelled[name] += _label_excess(busy, windows, rank, name)
@@ -299,7 +310,8 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
         members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks, busy))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
-                "host_idle_excess_ns": int(excess["host_idle"]), "idle_labels": labelled,
+                "host_idle_excess_ns": int(excess["host_idle"]), "device_idle_excess_ns": int(excess["device_idle"]),
+                "idle_labels": labelled,
                 "delay_ns": int(delay_examined), "instances_examined": examined}
     if examined == 0 or delay_examined <= 0:
         return "unknown", evidence
@@ -573,11 +585,15 @@ def _finding(row: dict[str, Any], cause: str, ev: dict[str, Any], sev: Severity,
         kind=FindingKind.STRAGGLER, severity=sev, ranks=(r,), dim=dim,
         summary=(f"rank {r} arrives last at {row['last_count']} of {row['instances']} collectives and "
                  f"holds its groups back {row['delay_ns_per_step'] / 1e6:.2f} ms per step "
-                 f"({100 * frac:.1f}% of the step); cause: {_cause_text(cause, ev)}"),
+                 f"({100 * frac:.1f}% of the step)"
+                 + (f"; its peers wait for it {ev['owed_wait_ns_per_step'] / 1e6:.2f} ms per step in all"
+                    if ev.get("owed_wait_ns_per_step") else "")
+                 + f"; cause: {_cause_text(cause, ev)}"),
         evidence=StragglerEvidence(cause=cause, delay_ns_per_step=row["delay_ns_per_step"], details={
                   "last_count": row["last_count"], "instances": row["instances"],
                   "last_share": row["last_share"], "last_chance": row["last_chance"],
                   "mean_step_ns": step_ns, "dominance": row["dominance"], "by_dim": row["by_dim"],
+                  **({"late_with": row["late_with"]} if row.get("late_with") else {}),
                   **ev}),
         recommendation=_RECOMMEND[cause].format(r=r),
         est_saving_ns=max(int(row["delay_ns_per_step"]), 0))
@@ -599,6 +615,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     one_host = matching.clocks.get("hosts") == 1
     device_timed = bool(matched.gpu_ranks) and set(matched.rows["rank"].unique()) <= matched.gpu_ranks
     activity = activities_of(store, activity)
+    owed = {o["rank"]: o for o in ((breakdown.section or {}).get("owed_wait", []) if breakdown is not None else [])}
     findings, stragglers, busy = [], [], {}
     for row in rows:
         frac = row["delay_fraction"] or 0.0
@@ -609,6 +626,9 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         if not (frac >= cfg.min_delay_fraction and dominant and enough):
             continue
         cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy)
+        if row["rank"] in owed:  # the wait it caused on the others (breakdown: their sync wait charged to it)
+            ev = {**ev, "owed_wait_ns_per_step": owed[row["rank"]]["owed_ns_per_step"],
+                  "owed_wait_by_rank": owed[row["rank"]]["by_rank"]}
         stragglers.append({"rank": row["rank"], "cause": cause, "cause_evidence": ev})
         if one_host and _host_may_explain(cause, ev, cfg):
             # no cap: a rank that holds its peers back is a straggler whatever the cause, and its

@@ -60,10 +60,19 @@ def analyze_advice(store: RunStore, layout: LayoutResult | None, breakdown: Brea
     from tracekit.simulate import ClusterSpec
     from tracekit.simulate.executor import Deadlock
 
+    import dataclasses
+
+    from tracekit.simulate.model_file import run_batch
+
+    model, sources = config.advice_model, {"model": "from --model"}
+    batch = run_batch(store.manifest)
+    if batch is not None:  # the batch the run trained with, not the preset's
+        model = dataclasses.replace(model, micro_batch_size=batch[0])
+        sources["batch"] = f"micro-batch {batch[0]} sequences from {batch[2]}"
     shortlist, near, variants = ADVICE_SIMULATED
     try:
-        adv = advise(analysis, config.advice_model, ClusterSpec.preset(config.advice_cluster), top=ADVICE_TOP,
-                     simulate_top=shortlist, near_current=near, variants_per_layout=variants)
+        adv = advise(analysis, model, ClusterSpec.preset(config.advice_cluster), top=ADVICE_TOP,
+                     simulate_top=shortlist, near_current=near, variants_per_layout=variants, sources=sources)
     except (ValueError, KeyError, Deadlock) as exc:
         return _unavailable(f"the measured layout cannot be calibrated: {exc}")
     doc = advice_json(adv)

@@ -33,13 +33,14 @@ import numpy as np
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.assess.reconcile import RecommendationsResult
 from tracekit.config import AnalysisConfig
-from tracekit.derive.matching import MatchingResult
+from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
 from tracekit.findings.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
-from tracekit.findings.finding import Finding, FindingKind, sort_findings
+from tracekit.findings.evidence import Evidence
+from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, RunFacts
+from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -72,6 +73,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [Fix("expert_even")]
     if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired (launch overhead: fewer
         return [Fix("host_repair")] if ev.cause == "starved_host" else []  # launches, not a change of this graph)
+    if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
+        return [Fix("memcpy_overlap")]
     if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
         return [Fix("host_stalls", rank=int(r)) for r in f.ranks] if f.ranks else [Fix("host_stalls")]
     return []
@@ -121,9 +124,11 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts
+def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, regrade_severity: bool = False
             ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
-    """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together."""
+    """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together;
+    `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its
+    replayed saving (`regrade`)."""
     out, rows, every = [], [], []
     held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
     for i, f in enumerate(findings):
@@ -140,7 +145,9 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts
         # a symptom explained by another finding, or a straggler the host's scheduler made, has no
         # saving of its own (recommend.reconcile, stragglers): the replay goes to the evidence only
         own = 0 if ev.explained else saving
-        out.append(dataclasses.replace(f, evidence=ev, est_saving_ns=own))
+        f = dataclasses.replace(f, evidence=ev, est_saving_ns=own)
+        whole = all(x.kind in CAUSE_REMOVED for x in fixes) and not f.evidence.details.get("late_with")
+        out.append(regrade(f, saving, meas) if regrade_severity and whole else f)
         rows.append({"finding": i, "kind": f.kind.value, "fix": ev.whatif, "step_ns": step_ns,
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
@@ -151,6 +158,57 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts
         step_ns, meas = _mean_prediction(results, every, lay)
         together = {"fixes": [x.label() for x in every], "step_ns": step_ns, "saving_ns": max(0, meas - step_ns)}
     return out, rows, together
+
+
+REGRADE_INFO_SHARE = 0.01
+"""A fix whose replay saves less than this share of the step is worth no more than info ..."""
+REGRADE_WARNING_SHARE = 0.05
+"""... and less than this share no more than a warning: the severity an analyzer gave from its closed form
+(the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
+
+
+CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair")
+"""Fixes that undo exactly what their finding measured (a rank at its peers' pace, a host's lost time), so
+their replay is the finding's cost and re-grades it. The others replay one remedy among several (overlap a
+collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent.
+Nor does a straggler late together with other ranks (`late_with`: one slow replica's ranks): its fix speeds
+up that rank alone, and the others still hold the group back."""
+REGRADE_MAX_REPLAY_ERROR = 0.02
+"""The unchanged replay must reproduce every measured step within this (DESIGN §6) to re-grade by it."""
+
+
+def replay_trusted(store: RunStore, results: list[StepResult]) -> bool:
+    """Severities are re-graded by replayed savings only on GPU runs (every rank has device work: the
+    replay models the device queue, checked on generated, simulated and real GPU traces) whose unchanged
+    replay reproduces each measured step within REGRADE_MAX_REPLAY_ERROR; on CPU runs the host is the
+    device and hand-built or gloo steps replay only as well as their recorded ends allow."""
+    ranks = set(store.ranks())
+    if not results or not ranks or not ranks <= gpu_ranks(store):
+        return False
+    return all(r.measured_ns > 0 and abs(r.replayed_ns - r.measured_ns) <= REGRADE_MAX_REPLAY_ERROR * r.measured_ns
+               for r in results)
+
+
+def regrade(f: Finding, saving_ns: int, measured_ns: int) -> Finding:
+    """`f` with its severity capped by its replayed saving's share of the measured step (the closed form
+    can count time the step never loses: peers that wait for a late rank inside a collective would
+    otherwise wait for their own hosts), the reason in `evidence.severity_regraded`."""
+    if measured_ns <= 0:
+        return f
+    share = saving_ns / measured_ns
+    cap = (Severity.INFO if share < REGRADE_INFO_SHARE else Severity.WARNING if share < REGRADE_WARNING_SHARE
+           else Severity.CRITICAL)
+    if f.severity.order <= cap.order:
+        return f
+    closed = f.evidence.closed_form_saving_ns
+    reason = (f"the replayed saving of its fix is {saving_ns / 1e6:.2f} ms per step ({100 * share:.1f}% of the "
+              f"{measured_ns / 1e6:.2f} ms step)"
+              + (f" against {closed / 1e6:.2f} ms in closed form" if closed else "")
+              + f": below {100 * (REGRADE_INFO_SHARE if cap is Severity.INFO else REGRADE_WARNING_SHARE):.0f}% "
+              f"of the step a finding is at most {cap.value}")
+    ev = dataclasses.replace(f.evidence, severity_regraded={"from": f.severity.value, "to": cap.value,
+                                                             "reason": reason})
+    return dataclasses.replace(f, severity=cap, evidence=ev)
 
 
 def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[list[Fix]]) -> list[Finding]:
@@ -239,13 +297,62 @@ class CriticalPathResult(AnalyzerResult):
     """Each replayed step (graph, replay, path)."""
 
 
+MEMCPY_PATH_SHARE = (0.05, 0.10, 0.25)
+"""Share of the step that device copies take on the critical path for an info / warning / critical finding."""
+
+
+def memcpy_finding(results: list[StepResult]) -> Finding | None:
+    """Device copies (memcpy H2D / D2H / D2D) the critical path runs through: their own time on the path of
+    each step (the slowest rank's), mean over the steps, when it is at least 5% of the step. The saving is
+    replayed by `rescore` with every copy overlapped (`memcpy_overlap`); the closed form is their path time."""
+    if not results:
+        return None
+    per_dir: dict[str, float] = {}
+    on_path, counts, ranks, shares = [], [], set(), []
+    for res in results:
+        path, rank = path_of(res)
+        g = res.graph
+        mc = path[memcpy_nodes(g)[path]] if path.size else path
+        mc = mc[g.dur[mc] > 0]
+        t = int(g.dur[mc].sum())
+        on_path.append(t)
+        counts.append(int(mc.size))
+        shares.append(t / res.measured_ns if res.measured_ns else 0.0)
+        if mc.size:
+            ranks.add(rank)
+        for i in mc.tolist():
+            d = copy_direction(g.name[i])
+            per_dir[d] = per_dir.get(d, 0) + int(g.dur[i]) / len(results)
+    ns, share = int(np.mean(on_path)), float(np.mean(shares))
+    sev = severity_by_share(share, *MEMCPY_PATH_SHARE)
+    if sev is None or ns <= 0:
+        return None
+    parts = ", ".join(f"{d} {v / 1e6:.2f} ms" for d, v in sorted(per_dir.items(), key=lambda kv: -kv[1]))
+    return Finding(
+        kind=FindingKind.MEMCPY_ON_CRITICAL_PATH, severity=sev, ranks=tuple(sorted(ranks)),
+        summary=f"device copies lie on the critical path: {ns / 1e6:.2f} ms per step ({share:.0%} of the step; "
+                f"{parts}), on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}",
+        evidence=Evidence(details={"on_path_ns_per_step": ns, "share_of_step": share,
+                                   "copies_on_path_per_step": float(np.mean(counts)),
+                                   "by_direction_ns_per_step": {d: int(v) for d, v in per_dir.items()}}),
+        recommendation="Overlap the copies with compute instead of waiting for them: host-to-device from pinned "
+                       "memory with non_blocking=True on a side stream, the next batch prefetched "
+                       "(DataLoader(pin_memory=True)); no .item() / .cpu() / print of a device tensor inside the "
+                       "step (each is a device-to-host copy the host waits for); device-to-device copies from "
+                       ".contiguous() / clone() only where a view cannot serve.",
+        est_saving_ns=ns)
+
+
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
                           pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
                           findings: list[Finding], config: AnalysisConfig) -> CriticalPathResult:
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
-    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store))
+    copies = memcpy_finding(results)
+    final = final + [copies] if copies is not None else final
+    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
+                                       regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals

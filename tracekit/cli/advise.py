@@ -53,16 +53,42 @@ def _analysis(traces: Path, quiet: bool) -> tuple[dict, dict | None]:
     return run.analysis, run.store.manifest
 
 
-def _model_of(model: str | None, manifest: dict | None, err) -> "ModelSpec":
-    from tracekit.simulate.model_file import model_from_manifest, model_spec
+def _model_of(model: str | None, manifest: dict | None, micro_batch_size: int, seq: int,
+              global_batch: int | None) -> tuple["ModelSpec", dict[str, str]]:
+    """The model the advice uses, and where it and the batch came from: --model (a preset or a file), else
+    the run's manifest; the micro-batch from --micro-batch-size, else the run (its manifest: the batch the
+    run trained with, whatever the model was named from), else the preset's / file's."""
+    import dataclasses
+
+    from tracekit.simulate.model_file import model_from_manifest, model_spec, run_batch
 
     if model is not None:
-        return model_spec(model)
-    spec, source = model_from_manifest(manifest)
-    if spec is None:
-        raise ValueError(f"no --model given and {source}: pass --model PRESET or --model config.json")
-    err.print(source, markup=False, highlight=False)
-    return spec
+        spec, src = model_spec(model), f"from --model {model}"
+    else:
+        spec, src = model_from_manifest(manifest)
+        if spec is None:
+            raise ValueError(f"no --model given and {src}: pass --model PRESET or --model config.json")
+    batch = run_batch(manifest)
+    if micro_batch_size:
+        spec = dataclasses.replace(spec, micro_batch_size=micro_batch_size)
+        bsrc = f"micro-batch {micro_batch_size} sequences from --micro-batch-size"
+    elif batch is not None:
+        spec = dataclasses.replace(spec, micro_batch_size=batch[0])
+        bsrc = f"micro-batch {batch[0]} sequences from {batch[2]}"
+    else:
+        bsrc = (f"micro-batch {spec.micro_batch_size} sequences {src} (the run does not say its batch: "
+                "pass --micro-batch-size if it differs)")
+    run_seq = manifest.get("seq_len") if isinstance(manifest, dict) else None
+    if seq:
+        spec = dataclasses.replace(spec, seq=seq)
+        bsrc += f"; sequences of {seq} tokens from --seq"
+    elif isinstance(run_seq, int) and run_seq > 0 and run_seq != spec.seq:
+        bsrc += f"; sequences of {run_seq} tokens from the run's manifest (not the model's {spec.seq})"
+        spec = dataclasses.replace(spec, seq=run_seq)
+    sources = {"model": src, "batch": bsrc}
+    if global_batch:
+        sources["global_batch"] = f"global batch {global_batch} sequences from --global-batch"
+    return spec, sources
 
 
 def register(app: typer.Typer) -> None:
@@ -77,8 +103,8 @@ def register(app: typer.Typer) -> None:
         gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="Device memory, e.g. 80GB."),
         link: Optional[str] = typer.Option(None, "--link", help="Bus bandwidth per tier, e.g. intra=360,inter=45 (GB/s)."),
         global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Sequences per step (kept across layouts)."),
-        micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch of the measured run."),
-        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the preset's)."),
+        micro_batch_size: int = typer.Option(0, "--micro-batch-size", help="Sequences per micro-batch of the measured run (default: the run's, from its manifest; else the model's)."),
+        seq: int = typer.Option(0, "--seq", help="Sequence length (0: the run's, from its manifest; else the model's)."),
         top: int = typer.Option(10, "--top", help="How many of the best layouts to list."),
         out: Path = typer.Option(Path("tracekit-advice"), "--out", "-o", help="Output directory for advice.json and advice.md (created)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary (errors still print)."),
@@ -91,15 +117,18 @@ def register(app: typer.Typer) -> None:
         from tracekit.advise.advisor import advice_json, advise
         from tracekit.advise.schema import validate_advice
         from tracekit.simulate import ClusterSpec
+        from tracekit.simulate.model_file import model_text
 
         err = Console(stderr=True)
         try:
             c = dataclasses.replace(ClusterSpec.preset(cluster), **_links(link))
             analysis, manifest = _analysis(traces, quiet)
-            m = _model_of(model, manifest, err)
-            m = dataclasses.replace(m, **{k: v for k, v in (("micro_batch_size", micro_batch_size), ("seq", seq)) if v})
+            m, sources = _model_of(model, manifest, micro_batch_size, seq, global_batch)
+            err.print(f"model used: {model_text(m)} ({sources['model']})", markup=False, highlight=False)
+            err.print(f"batch: {sources['batch']}", markup=False, highlight=False)
             adv = advise(analysis, m, c, gpus=gpus, hosts=hosts, gpus_per_host=gpus_per_host,
-                         global_batch=global_batch, gpu_memory_bytes=_bytes(gpu_memory) if gpu_memory else None, top=top)
+                         global_batch=global_batch, gpu_memory_bytes=_bytes(gpu_memory) if gpu_memory else None, top=top,
+                         sources=sources)
         except (ValueError, OSError, KeyError) as exc:
             err.print(f"[red]cannot advise:[/red] {exc}", markup=True, highlight=False)
             raise typer.Exit(1)

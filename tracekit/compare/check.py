@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tracekit.document import AnalysisDocument, as_document
 from tracekit.findings.finding import Severity
 
 
@@ -71,75 +72,72 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _worst_rank_fraction(analysis: dict[str, Any], key: str) -> tuple[float | None, str]:
+def _worst_rank_fraction(doc: AnalysisDocument, key: str) -> tuple[float | None, str]:
     best: tuple[float, int] | None = None
-    for r in analysis.get("ranks") or []:
-        if _num(r.get(key)) and _num(r.get("step_ns")) and r["step_ns"] > 0:
-            frac = r[key] / r["step_ns"]
+    for r in doc.ranks:
+        value = getattr(r, key)
+        if _num(value) and r.step_ns > 0:
+            frac = value / r.step_ns
             if best is None or frac > best[0]:
-                best = (frac, r["rank"])
+                best = (frac, r.rank)
     return (None, "no per-rank breakdown") if best is None else (best[0], f"rank {best[1]}")
 
 
-def _exposed_transfer(analysis: dict[str, Any]) -> tuple[float | None, str]:
+def _exposed_transfer(doc: AnalysisDocument) -> tuple[float | None, str]:
     """Exposed transfer share, worst rank (exposed comm when the analysis predates the split)."""
-    ranks = analysis.get("ranks") or []
-    split = bool(ranks) and all(_num(r.get("exposed_transfer_ns")) for r in ranks)
-    value, where = _worst_rank_fraction(analysis, "exposed_transfer_ns" if split else "exposed_comm_ns")
+    split = bool(doc.ranks) and all(_num(r.exposed_transfer_ns) for r in doc.ranks)
+    value, where = _worst_rank_fraction(doc, "exposed_transfer_ns" if split else "exposed_comm_ns")
     if value is None or not split:
         return value, where
     return value, f"{where} (exposed transfer; waiting for late peers excluded)"
 
 
-def _slowest_step_ms(analysis: dict[str, Any]) -> tuple[float | None, str]:
+def _slowest_step_ms(doc: AnalysisDocument) -> tuple[float | None, str]:
     best: tuple[float, int] | None = None
-    for r in analysis.get("ranks") or []:
-        if _num(r.get("step_ns")) and _num(r.get("steps")) and r["steps"] > 0:
-            v = r["step_ns"] / r["steps"] / 1e6
+    for r in doc.ranks:
+        if r.steps > 0:
+            v = r.step_ns / r.steps / 1e6
             if best is None or v > best[0]:
-                best = (v, r["rank"])
+                best = (v, r.rank)
     return (None, "no per-rank breakdown") if best is None else (best[0], f"rank {best[1]}")
 
 
-def _section(analysis: dict[str, Any], name: str) -> dict[str, Any]:
-    sec = (analysis.get("sections") or {}).get(name)
-    return sec if isinstance(sec, dict) else {}
-
-
-def _bubble(analysis: dict[str, Any]) -> tuple[float | None, str]:
-    sec = _section(analysis, "pipeline")
-    v = sec.get("measured_bubble")
-    if not _num(v):
+def _bubble(doc: AnalysisDocument) -> tuple[float | None, str]:
+    sec = doc.sections.pipeline
+    if sec is None or not _num(sec.measured_bubble):
         return None, "no pipeline parallelism found"
-    return float(v), f"{sec.get('schedule') or 'pipeline'}, theoretical {sec.get('theoretical_bubble')}"
+    return float(sec.measured_bubble), f"{sec.schedule or 'pipeline'}, theoretical {sec.theoretical_bubble}"
 
 
-def _worst(rows: Any, key: str, label: str, none_reason: str) -> tuple[float | None, str]:
-    """The largest numeric `key` among the section's rows, named by the row's `label` field."""
-    rows = [r for r in rows or [] if isinstance(r, dict) and _num(r.get(key))]
+def _worst(rows: list[tuple[Any, Any]], label: str, none_reason: str) -> tuple[float | None, str]:
+    """The largest numeric value among (value, name) rows, named `label name`."""
+    rows = [r for r in rows if _num(r[0])]
     if not rows:
         return None, none_reason
-    worst = max(rows, key=lambda r: r[key])
-    return float(worst[key]), f"{label} {worst.get(label)}"
+    worst = max(rows, key=lambda r: r[0])
+    return float(worst[0]), f"{label} {worst[1]}"
 
 
-def _skew(analysis: dict[str, Any]) -> tuple[float | None, str]:
-    return _worst(_section(analysis, "stragglers").get("ranks"), "delay_fraction", "rank", "no matched collectives")
+def _skew(doc: AnalysisDocument) -> tuple[float | None, str]:
+    sec = doc.sections.stragglers
+    return _worst([(r.delay_fraction, r.rank) for r in (sec.ranks if sec else [])], "rank", "no matched collectives")
 
 
-def _routing_skew(analysis: dict[str, Any]) -> tuple[float | None, str]:
-    return _worst(_section(analysis, "experts").get("layers"), "skew", "layer", "no expert routing recorded")
+def _routing_skew(doc: AnalysisDocument) -> tuple[float | None, str]:
+    sec = doc.sections.experts
+    return _worst([(r.skew, r.layer) for r in (sec.layers if sec else [])], "layer", "no expert routing recorded")
 
 
-def evaluate(analysis: dict[str, Any], thresholds: Thresholds) -> list[CheckResult]:
-    """One result per threshold given, in option order."""
+def evaluate(analysis: AnalysisDocument | dict[str, Any], thresholds: Thresholds) -> list[CheckResult]:
+    """One result per threshold given, in option order (`analysis`: the typed document, or a dict)."""
+    doc = as_document(analysis)
     measures = {
-        "max_exposed_comm": lambda: _exposed_transfer(analysis),
-        "max_bubble": lambda: _bubble(analysis),
-        "max_idle": lambda: _worst_rank_fraction(analysis, "idle_ns"),
-        "max_step_ms": lambda: _slowest_step_ms(analysis),
-        "max_skew": lambda: _skew(analysis),
-        "max_routing_skew": lambda: _routing_skew(analysis),
+        "max_exposed_comm": lambda: _exposed_transfer(doc),
+        "max_bubble": lambda: _bubble(doc),
+        "max_idle": lambda: _worst_rank_fraction(doc, "idle_ns"),
+        "max_step_ms": lambda: _slowest_step_ms(doc),
+        "max_skew": lambda: _skew(doc),
+        "max_routing_skew": lambda: _routing_skew(doc),
     }
     out: list[CheckResult] = []
     for name, measure in measures.items():
@@ -150,11 +148,11 @@ def evaluate(analysis: dict[str, Any], thresholds: Thresholds) -> list[CheckResu
         out.append(CheckResult(name, limit, value, value is not None and value > limit, detail))
     if thresholds.fail_on is not None:
         level = Severity(thresholds.fail_on).order
-        at_level = [f for f in analysis.get("findings") or []
-                    if f.get("severity") in {s.value for s in Severity} and Severity(f["severity"]).order >= level]
-        hits = [f for f in at_level if f.get("kind") not in NOT_GATED]
-        detail = "; ".join(f"{f['severity']} {f['kind']}: {f.get('summary', '')}" for f in hits[:5]) or "none"
-        noise = sorted({f["kind"] for f in at_level if f.get("kind") in NOT_GATED})
+        at_level = [f for f in doc.findings
+                    if f.severity in {s.value for s in Severity} and Severity(f.severity).order >= level]
+        hits = [f for f in at_level if f.kind not in NOT_GATED]
+        detail = "; ".join(f"{f.severity} {f.kind}: {f.summary}" for f in hits[:5]) or "none"
+        noise = sorted({f.kind for f in at_level if f.kind in NOT_GATED})
         if noise:
             detail += f" ({', '.join(noise)} not gated: noise in the recording, not a fault of the run)"
         out.append(CheckResult("fail_on", Severity(thresholds.fail_on).value, float(len(hits)), bool(hits), detail))

@@ -13,8 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracekit.document import AnalysisDocument, FindingDoc, RankBreakdown, as_document
+
 if TYPE_CHECKING:
     from tracekit.tables.store import RunStore
+
+Analysis = AnalysisDocument | dict[str, Any]
+"""What the comparisons take: the typed document, or an analysis dict (read as the document)."""
 
 DIFF_SCHEMA = "tracekit.diff/1"
 BREAKDOWN_PARTS = ("compute_ns", "comm_ns", "exposed_comm_ns", "sync_wait_ns", "other_ns", "idle_ns")
@@ -38,19 +43,19 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _ranks(analysis: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in analysis.get("ranks") or [] if isinstance(r, dict) and _num(r.get("steps")) and r["steps"] > 0]
+def _ranks(doc: AnalysisDocument) -> list[RankBreakdown]:
+    return [r for r in doc.ranks if r.steps > 0]
 
 
-def per_step_means(analysis: dict[str, Any]) -> dict[str, float | None]:
+def per_step_means(analysis: Analysis) -> dict[str, float | None]:
     """Mean per-rank, per-step time of each breakdown part and the step; `max_step_ns` is the slowest rank's."""
-    ranks = _ranks(analysis)
-    steps = sum(r["steps"] for r in ranks)
+    ranks = _ranks(as_document(analysis))
+    steps = sum(r.steps for r in ranks)
     out: dict[str, float | None] = {}
     for key in ("step_ns",) + BREAKDOWN_PARTS:
-        vals = [r[key] for r in ranks if _num(r.get(key))]
+        vals = [getattr(r, key) for r in ranks if _num(getattr(r, key))]  # sync_wait_ns: unset in older analyses
         out[key] = (sum(vals) / steps) if ranks and len(vals) == len(ranks) else None
-    per_rank = [r["step_ns"] / r["steps"] for r in ranks if _num(r.get("step_ns"))]
+    per_rank = [r.step_ns / r.steps for r in ranks]
     out["max_step_ns"] = max(per_rank) if per_rank else None
     return out
 
@@ -61,28 +66,29 @@ def _delta(base: float | None, new: float | None) -> dict[str, float | None]:
     return {"base_ns": base, "new_ns": new, "delta_ns": d, "delta_ratio": ratio}
 
 
-def finding_scope(f: dict[str, Any]) -> tuple[str, ...]:
+def finding_scope(f: FindingDoc) -> tuple[str, ...]:
     """What a finding is about, beyond its kind and dim: the group / op / layer / stage its evidence names."""
-    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    ev = f.evidence
     return tuple(f"{k}={ev[k]}" for k in _SCOPE_KEYS if k in ev and isinstance(ev[k], (str, int)))
 
 
-def _identity(f: dict[str, Any], with_ranks: bool) -> tuple:
-    key = (str(f.get("kind")), str(f.get("dim")), finding_scope(f))
-    return key + (tuple(sorted(f.get("ranks") or ())),) if with_ranks else key
+def _identity(f: FindingDoc, with_ranks: bool) -> tuple:
+    key = (str(f.kind), str(f.dim), finding_scope(f))
+    return key + (tuple(sorted(f.ranks)),) if with_ranks else key
 
 
-def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None, dict | None]]:
+def _pair_findings(base: list[FindingDoc], new: list[FindingDoc]
+                   ) -> list[tuple[FindingDoc | None, FindingDoc | None]]:
     """Match findings: first on full identity incl. ranks, then leftovers on identity without ranks
     (except RANK_SUBJECT_KINDS, where other ranks make another finding)."""
-    pairs: list[tuple[dict | None, dict | None]] = []
+    pairs: list[tuple[FindingDoc | None, FindingDoc | None]] = []
     left_new = list(new)
-    left_base: list[dict] = []
+    left_base: list[FindingDoc] = []
     for with_ranks in (True, False):
         pool = list(base) if with_ranks else left_base
         left_base = []
         for b in pool:
-            if not with_ranks and b.get("kind") in RANK_SUBJECT_KINDS:
+            if not with_ranks and b.kind in RANK_SUBJECT_KINDS:
                 left_base.append(b)
                 continue
             key = _identity(b, with_ranks)
@@ -90,28 +96,27 @@ def _pair_findings(base: list[dict], new: list[dict]) -> list[tuple[dict | None,
             if match is None:
                 left_base.append(b)
             else:
-                left_new.remove(match)
+                left_new.remove(next(i for i in left_new if i is match))
                 pairs.append((b, match))
     pairs += [(b, None) for b in left_base]
     pairs += [(None, n) for n in left_new]
     return pairs
 
 
-def _explained(f: dict | None) -> bool:
-    ev = (f or {}).get("evidence")
-    return isinstance(ev, dict) and bool(ev.get("explained_by"))
+def _explained(f: FindingDoc | None) -> bool:
+    return f is not None and bool(f.evidence.get("explained_by"))
 
 
-def _finding_status(b: dict | None, n: dict | None, cfg: DiffConfig) -> str:
+def _finding_status(b: FindingDoc | None, n: FindingDoc | None, cfg: DiffConfig) -> str:
     if b is None:
         return "appeared"
     if n is None:
         return "resolved"
     if _explained(n) and not _explained(b):
         return "absorbed"
-    if b.get("severity") != n.get("severity") or sorted(b.get("ranks") or ()) != sorted(n.get("ranks") or ()):
+    if b.severity != n.severity or sorted(b.ranks) != sorted(n.ranks):
         return "changed"
-    sb, sn = b.get("est_saving_ns") or 0, n.get("est_saving_ns") or 0
+    sb, sn = b.est_saving_ns, n.est_saving_ns
     change = abs(sn - sb)
     if change > cfg.min_saving_change_ns and change > cfg.min_saving_change_ratio * max(sb, sn):
         return "changed"
@@ -121,32 +126,30 @@ def _finding_status(b: dict | None, n: dict | None, cfg: DiffConfig) -> str:
 _STATUS_ORDER = {"appeared": 0, "changed": 1, "absorbed": 2, "resolved": 3, "unchanged": 4}
 
 
-def _still_exposed(b: dict, base: dict[str, Any], new: dict[str, Any]) -> bool:
+def _still_exposed(b: FindingDoc, base: AnalysisDocument, new: AnalysisDocument) -> bool:
     """A communication finding is not resolved while its dim's exposed time did not fall."""
-    if b.get("kind") not in ("unoverlapped_collective", "communication_bound", "low_bus_bandwidth"):
+    if b.kind not in ("unoverlapped_collective", "communication_bound", "low_bus_bandwidth"):
         return False
-    ev = b.get("evidence") if isinstance(b.get("evidence"), dict) else {}
-    op = ev.get("op")
+    op = b.evidence.get("op")
     before = sum(v["exposed_ns"] for (d, o), v in collective_totals(base).items()
-                 if d == str(b.get("dim")) and (op is None or o == op))
+                 if d == str(b.dim) and (op is None or o == op))
     after = sum(v["exposed_ns"] for (d, o), v in collective_totals(new).items()
-                if d == str(b.get("dim")) and (op is None or o == op))
+                if d == str(b.dim) and (op is None or o == op))
     return after > 0 and after >= before
 
 
-def _replayed(f: dict | None) -> int | None:
-    ev = (f or {}).get("evidence")
-    return ev.get("replayed_saving_ns") if isinstance(ev, dict) else None
+def _replayed(f: FindingDoc | None) -> int | None:
+    return None if f is None else f.evidence.get("replayed_saving_ns")
 
 
-def _closed_form(f: dict | None) -> int | None:
-    ev = (f or {}).get("evidence")
-    return ev.get("closed_form_saving_ns") if isinstance(ev, dict) else None
+def _closed_form(f: FindingDoc | None) -> int | None:
+    return None if f is None else f.evidence.get("closed_form_saving_ns")
 
 
-def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) -> list[dict[str, Any]]:
+def diff_findings(base: Analysis, new: Analysis, cfg: DiffConfig) -> list[dict[str, Any]]:
+    base, new = as_document(base), as_document(new)
     out = []
-    for b, n in _pair_findings(base.get("findings") or [], new.get("findings") or []):
+    for b, n in _pair_findings(base.findings, new.findings):
         ref = n or b
         assert ref is not None
         status = _finding_status(b, n, cfg)
@@ -154,45 +157,38 @@ def diff_findings(base: dict[str, Any], new: dict[str, Any], cfg: DiffConfig) ->
             status = "absorbed"  # gone from the list, but the time it named did not fall: a bigger one covers it
         out.append({
             "status": status,
-            "kind": ref.get("kind"), "dim": ref.get("dim"), "scope": list(finding_scope(ref)),
-            "base_ranks": None if b is None else list(b.get("ranks") or []),
-            "new_ranks": None if n is None else list(n.get("ranks") or []),
-            "base_severity": None if b is None else b.get("severity"),
-            "new_severity": None if n is None else n.get("severity"),
-            "base_saving_ns": None if b is None else b.get("est_saving_ns"),
-            "new_saving_ns": None if n is None else n.get("est_saving_ns"),
+            "kind": ref.kind, "dim": ref.dim, "scope": list(finding_scope(ref)),
+            "base_ranks": None if b is None else list(b.ranks),
+            "new_ranks": None if n is None else list(n.ranks),
+            "base_severity": None if b is None else b.severity,
+            "new_severity": None if n is None else n.severity,
+            "base_saving_ns": None if b is None else b.est_saving_ns,
+            "new_saving_ns": None if n is None else n.est_saving_ns,
             "base_replayed_saving_ns": _replayed(b), "new_replayed_saving_ns": _replayed(n),
             # the saving the finding's own text states (before the replay replaced est_saving_ns)
             "base_closed_form_saving_ns": _closed_form(b), "new_closed_form_saving_ns": _closed_form(n),
-            "absorbed_by": (n or {}).get("evidence", {}).get("explained_by") if status == "absorbed" and n else None,
-            "summary": ref.get("summary"),
-            "base_summary": None if b is None else b.get("summary"),
+            "absorbed_by": n.evidence.get("explained_by") if status == "absorbed" and n else None,
+            "summary": ref.summary,
+            "base_summary": None if b is None else b.summary,
         })
     out.sort(key=lambda d: (_STATUS_ORDER[d["status"]], -max(d["base_saving_ns"] or 0, d["new_saving_ns"] or 0)))
     return out
 
 
-def collective_totals(analysis: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
+def collective_totals(analysis: Analysis) -> dict[tuple[str, str], dict[str, float]]:
     """Per (dim, op): instances, communication and exposed time summed over ranks and steps, from the
     `unoverlapped` section's per-rank rows (empty when the section is missing)."""
-    sec = (analysis.get("sections") or {}).get("unoverlapped")
-    rows: list[Any] = []
-    if isinstance(sec, dict) and isinstance(sec.get("by_rank_dim_op"), list):
-        rows = sec["by_rank_dim_op"]
+    sec = as_document(analysis).sections.unoverlapped
     out: dict[tuple[str, str], dict[str, float]] = {}
-    for r in rows:
-        if not isinstance(r, dict):
-            continue
-        group = str(r.get("dim") or "?")
-        op = str(r.get("op") or "?")
-        acc = out.setdefault((group, op), {"count": 0, "comm_ns": 0, "exposed_ns": 0})
-        for k, src in (("count", "instances"), ("comm_ns", "comm_ns"), ("exposed_ns", "exposed_ns")):
-            if _num(r.get(src)):
-                acc[k] += r[src]
+    for r in sec.by_rank_dim_op if sec is not None else []:
+        acc = out.setdefault((r.dim or "?", r.op or "?"), {"count": 0, "comm_ns": 0, "exposed_ns": 0})
+        acc["count"] += r.instances
+        acc["comm_ns"] += r.comm_ns
+        acc["exposed_ns"] += r.exposed_ns
     return out
 
 
-def diff_collectives(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def diff_collectives(base: Analysis, new: Analysis) -> list[dict[str, Any]]:
     b, n = collective_totals(base), collective_totals(new)
     rows = []
     for key in sorted(set(b) | set(n)):
@@ -209,30 +205,30 @@ def diff_collectives(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str
     return rows
 
 
-def _describe(analysis: dict[str, Any], label: str) -> dict[str, Any]:
-    inputs = analysis.get("inputs") if isinstance(analysis.get("inputs"), dict) else {}
-    return {"label": label, "tracekit_version": analysis.get("tracekit_version"),
-            "command": analysis.get("command"), "ranks": len(inputs.get("ranks") or []),
-            "skipped": len(inputs.get("skipped") or []), "findings": len(analysis.get("findings") or [])}
+def _describe(doc: AnalysisDocument, label: str) -> dict[str, Any]:
+    return {"label": label, "tracekit_version": doc.tracekit_version or None,
+            "command": doc.command, "ranks": len(doc.inputs.ranks),
+            "skipped": len(doc.inputs.skipped), "findings": len(doc.findings)}
 
 
-def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str = "base",
+def diff_analyses(base: Analysis, new: Analysis, *, base_label: str = "base",
                   new_label: str = "new", config: DiffConfig | None = None,
                   attribution: dict[str, Any] | None = None) -> dict[str, Any]:
     """The before/after document (`tracekit.diff/1`). `attribution`: the explained step change
     (tracekit.compare.attribution, from both runs' stores), None when a run has no store or no step to
     replay (e.g. an analysis.json alone)."""
     cfg = config or DiffConfig()
+    base, new = as_document(base), as_document(new)
     mb, mn = per_step_means(base), per_step_means(new)
-    base_by_rank = {r["rank"]: r for r in _ranks(base)}
-    new_by_rank = {r["rank"]: r for r in _ranks(new)}
+    base_by_rank = {r.rank: r for r in _ranks(base)}
+    new_by_rank = {r.rank: r for r in _ranks(new)}
     ranks = []
     for rank in sorted(set(base_by_rank) | set(new_by_rank)):
         b, n = base_by_rank.get(rank), new_by_rank.get(rank)
-        bs = b["step_ns"] / b["steps"] if b and _num(b.get("step_ns")) else None
-        ns = n["step_ns"] / n["steps"] if n and _num(n.get("step_ns")) else None
+        bs = b.step_ns / b.steps if b else None
+        ns = n.step_ns / n.steps if n else None
         ranks.append({"rank": rank, **_delta(bs, ns),
-                      "base_bound": b.get("bound") if b else None, "new_bound": n.get("bound") if n else None})
+                      "base_bound": b.bound if b else None, "new_bound": n.bound if n else None})
     findings = diff_findings(base, new, cfg)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in _STATUS_ORDER}
     if not counts["absorbed"]:
@@ -253,14 +249,15 @@ def diff_analyses(base: dict[str, Any], new: dict[str, Any], *, base_label: str 
     }
 
 
-def _replay_summary(analysis: dict[str, Any]) -> dict[str, Any] | None:
+def _replay_summary(doc: AnalysisDocument) -> dict[str, Any] | None:
     """The critical-path section's measured step and the saving of all fixes together (replayed)."""
-    sec = (analysis.get("sections") or {}).get("critical_path")
-    if not isinstance(sec, dict):
+    sec = doc.sections.critical_path
+    if sec is None:
         return None
-    together = sec.get("all_fixes") if isinstance(sec.get("all_fixes"), dict) else {}
-    return {"measured_step_ns": sec.get("measured_step_ns"), "all_fixes_saving_ns": together.get("saving_ns"),
-            "all_fixes_step_ns": together.get("step_ns")}
+    together = sec.all_fixes
+    return {"measured_step_ns": sec.measured_step_ns,
+            "all_fixes_saving_ns": together.saving_ns if together is not None else None,
+            "all_fixes_step_ns": together.step_ns if together is not None else None}
 
 
 def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, progress: bool = False
@@ -282,7 +279,7 @@ def load_analysis(path: str | Path, store_dir: str | Path | None = None, *, prog
         return _read_analysis(path / "analysis.json"), store
     run = analyze_run(path, store_dir=store_dir, progress=progress,
                       command=shlex.join(["tracekit", "analyze", str(path)]))
-    if not run.analysis.get("ranks"):
+    if not run.document.ranks:
         raise NothingToAnalyzeError(f"{path}: no rank had events to analyse")
     return run.analysis, run.store
 

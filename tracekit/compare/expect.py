@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.compare.check import CheckResult
+from tracekit.document import AnalysisDocument, as_document
 from tracekit.errors import NothingToAnalyzeError
 
 QUANTITIES = ("step_ns", "exposed_comm_ns", "bubble", "peak_memory_bytes")
@@ -33,37 +34,32 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _per_step(r: dict[str, Any], key: str) -> float | None:
-    if _num(r.get(key)) and _num(r.get("steps")) and r["steps"] > 0:
-        return r[key] / r["steps"]
-    return None
-
-
-def measured(analysis: dict[str, Any]) -> dict[str, float | None]:
-    """The run's values of QUANTITIES from its analysis.json (None where it has none)."""
-    ranks = [r for r in analysis.get("ranks") or [] if isinstance(r, dict)]
-    step = [v for r in ranks if (v := _per_step(r, "step_ns")) is not None]
-    exposed = [v for r in ranks if (v := _per_step(r, "exposed_comm_ns")) is not None]
-    sections = analysis.get("sections") or {}
-    pipe = sections.get("pipeline") if isinstance(sections.get("pipeline"), dict) else {}
-    mem = sections.get("memory") if isinstance(sections.get("memory"), dict) else {}
-    peaks = [r["peak_allocated"] for r in mem.get("ranks") or [] if isinstance(r, dict) and _num(r.get("peak_allocated"))]
-    slowed = ((sections.get("recording") or {}).get("recorder_overhead") or {}).get("ratio")
+def measured(analysis: AnalysisDocument | dict[str, Any]) -> dict[str, float | None]:
+    """The run's values of QUANTITIES from its analysis (None where it has none); a recorded run's step
+    divided by the recorder's measured slowdown (`recording.recorder_overhead.ratio`)."""
+    doc = as_document(analysis)
+    ranks = [r for r in doc.ranks if r.steps > 0]
+    step = [r.step_ns / r.steps for r in ranks]
+    exposed = [r.exposed_comm_ns / r.steps for r in ranks]
+    pipe, mem, rec = doc.sections.pipeline, doc.sections.memory, doc.sections.recording
+    peaks = [r.peak_allocated for r in mem.ranks] if mem is not None else []
+    bubble = pipe.measured_bubble if pipe is not None else None
+    slowed = (rec.recorder_overhead or {}).get("ratio") if rec is not None and rec.recorder_overhead else None
     if _num(slowed) and slowed > 0 and step:
         step = [v / slowed for v in step]
     return {"step_ns": max(step) if step else None, "exposed_comm_ns": max(exposed) if exposed else None,
-            "bubble": float(pipe["measured_bubble"]) if _num(pipe.get("measured_bubble")) else None,
+            "bubble": float(bubble) if _num(bubble) else None,
             "peak_memory_bytes": float(max(peaks)) if peaks else None}
 
 
 MESH_DIMS = ("dp", "tp", "pp", "cp", "ep")
 
 
-def run_mesh(analysis: dict[str, Any] | None) -> dict[str, int] | None:
+def run_mesh(analysis: AnalysisDocument | dict[str, Any] | None) -> dict[str, int] | None:
     """The run's parallel degrees from its layout section (fsdp counts as dp), None when unknown."""
-    sec = ((analysis or {}).get("sections") or {}).get("layout")
-    mesh = sec.get("mesh_shape") if isinstance(sec, dict) else None
-    if not isinstance(mesh, dict) or not mesh:
+    sec = as_document(analysis).sections.layout
+    mesh = sec.mesh_shape if sec is not None else None
+    if not mesh:
         return None
     out = {d: int(mesh.get(d) or 1) for d in MESH_DIMS}
     if _num(mesh.get("fsdp")):

@@ -86,7 +86,8 @@ class MatchedCollectives:
 
     def __init__(self, rows: pd.DataFrame | LazyFrame, instances: pd.DataFrame | LazyFrame,
                  trace_shift: dict[int, int | None], wait_intervals: dict[int, iv.IntervalSet],
-                 gpu_ranks: set[int] | None = None, p2p_pairs: pd.DataFrame | LazyFrame | None = None) -> None:
+                 gpu_ranks: set[int] | None = None, p2p_pairs: pd.DataFrame | LazyFrame | None = None,
+                 wait_by_peer: dict[int, dict[int, iv.IntervalSet]] | None = None) -> None:
         self._frames: dict[str, Any] = {"rows": rows, "instances": instances, "p2p_pairs": p2p_pairs}
         self.n_rows: int = len(rows)
         """len(rows), without building the frame."""
@@ -97,6 +98,8 @@ class MatchedCollectives:
         self.wait_intervals = wait_intervals
         """Per rank, trace clock: waiting for the group's last arrival, or for a P2P op's peer to post the
         other side (ranks with a known shift only)."""
+        self.wait_by_peer: dict[int, dict[int, iv.IntervalSet]] = wait_by_peer if wait_by_peer is not None else {}
+        """Per rank: `wait_intervals` split by whom it waited for (rank -> disjoint sets; `charge_waits`)."""
         self.gpu_ranks: set[int] = gpu_ranks if gpu_ranks is not None else set()
         """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
 
@@ -568,9 +571,12 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     inst = _aggregate_instances(rows, dims)
     _summarise(section, rows, inst, dims)
     section["warnings"] = integrity_warnings(section)
-    waits = {k: np.concatenate([rows[k], p2p_waits[k]]) for k in ("rank", "source", "arrival_raw", "wait")}
+    rows["waited_for"] = inst["last_rank"][rows["inst"]].astype(np.int64)
+    waits = {k: np.concatenate([rows[k], p2p_waits[k]]) for k in ("rank", "source", "arrival_raw", "wait", "waited_for")}
+    wait_sets, wait_by_peer = _wait_intervals(waits, shifts)
     matched = MatchedCollectives(rows=_rows_frame(rows), instances=_instances_frame(inst), trace_shift=shifts,
-                                 wait_intervals=_wait_intervals(waits, shifts), gpu_ranks=on_gpu, p2p_pairs=pairs)
+                                 wait_intervals=wait_sets, gpu_ranks=on_gpu, p2p_pairs=pairs,
+                                 wait_by_peer=wait_by_peer)
     return matched, clocks, section
 
 
@@ -650,13 +656,14 @@ def _p2p_sides(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]) -> Colum
 def _pair_p2p(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]
               ) -> tuple[Columns, dict[str, int], LazyFrame | None]:
     """Pair sends with receives (k-th send src->dst on a group <-> k-th recv at dst from src) and give
-    each side its wait for the other: rows (rank, source, arrival_raw, wait), counts, and the pairs'
+    each side its wait for the other: rows (rank, source, arrival_raw, wait, waited_for), counts, and the pairs'
     transfers (`MatchedCollectives.p2p_pairs`; None without P2P rows that can pair)."""
     total = int(p2p["rank"].size)
     p = _p2p_sides(p2p, offsets, on_gpu)
     if p["rank"].size == 0:
         empty = {"rank": np.zeros(0, np.int64), "source": np.zeros(0, object),
-                 "arrival_raw": np.zeros(0, np.int64), "wait": np.zeros(0, np.int64)}
+                 "arrival_raw": np.zeros(0, np.int64), "wait": np.zeros(0, np.int64),
+                 "waited_for": np.zeros(0, np.int64)}
         return empty, {"pairs": 0, "unpaired": total, "wait_ns": 0}, None
     ids, n = group_ids(p["src"], p["dst"], p["pg_name"], p["k"])
     sends, recvs = np.flatnonzero(p["send"]), np.flatnonzero(~p["send"])
@@ -668,7 +675,9 @@ def _pair_p2p(p2p: Columns, offsets: dict[int, int], on_gpu: set[int]
     waits = {"rank": np.concatenate([p["rank"][s], p["rank"][r]]),
              "source": np.concatenate([p["source"][s], p["source"][r]]),
              "arrival_raw": np.concatenate([p["arrival_raw"][s], p["arrival_raw"][r]]),
-             "wait": np.concatenate([last - p["arrival"][s], last - p["arrival"][r]])}
+             "wait": np.concatenate([last - p["arrival"][s], last - p["arrival"][r]]),
+             # each side waits for the other (a zero wait, the later side's, is charged to no one)
+             "waited_for": np.concatenate([p["rank"][r], p["rank"][s]])}
     return waits, {"pairs": int(s.size), "unpaired": total - 2 * int(s.size),
                    "wait_ns": int(waits["wait"].sum())}, _pair_transfers(take(p, s), take(p, r), last)
 
@@ -695,21 +704,47 @@ def row_trace_shift(rank: np.ndarray, source: np.ndarray, shifts: dict[int, int 
     return np.where(kineto, 0, shift), kineto | known
 
 
-def _wait_intervals(rows: Columns, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
-    """Per rank, on its trace clock: the time between its arrival and the last member's arrival."""
+def _wait_intervals(rows: Columns, shifts: dict[int, int | None]
+                    ) -> tuple[dict[int, iv.IntervalSet], dict[int, dict[int, iv.IntervalSet]]]:
+    """Per rank, on its trace clock: the time between its arrival and the last member's arrival (a P2P
+    side: the other side's), and the same time split by whom it waited for (`waited_for`: the
+    instance's last arrival, the P2P peer) into disjoint sets (`charge_waits`)."""
     out: dict[int, iv.IntervalSet] = {}
+    by_peer: dict[int, dict[int, iv.IntervalSet]] = {}
     rank = rows["rank"].astype(np.int64)
     shift, ok = row_trace_shift(rank, rows["source"], shifts)
     start = rows["arrival_raw"].astype(np.int64) + shift
     wait = rows["wait"].astype(np.int64)
+    peer = rows["waited_for"].astype(np.int64)
     order = np.argsort(rank, kind="stable")
     bounds = np.flatnonzero(np.diff(rank[order])) + 1
     for idx in np.split(order, bounds):
         idx = idx[ok[idx]]
         if idx.size == 0:
             continue
-        out[int(rank[idx[0]])] = iv.union(start[idx], start[idx] + wait[idx])
-    return out
+        r = int(rank[idx[0]])
+        out[r] = iv.union(start[idx], start[idx] + wait[idx])
+        idx = idx[wait[idx] > 0]
+        by_peer[r] = charge_waits(start[idx], start[idx] + wait[idx], peer[idx])
+    return out, by_peer
+
+
+def charge_waits(starts: np.ndarray, ends: np.ndarray, peers: np.ndarray) -> dict[int, iv.IntervalSet]:
+    """One rank's wait intervals [starts, ends) split by whom each waited for (`peers`), as disjoint sets
+    whose union is the union of the intervals: where waits overlap (collectives in flight on several
+    streams), the time goes to the wait that ends last, the arrival that holds the rank longest."""
+    if starts.size == 0:
+        return {}
+    o = np.lexsort((-ends, starts))
+    s, e, p = starts[o], ends[o], peers[o]
+    top = np.maximum.accumulate(e)  # the latest end among the waits begun so far ...
+    holder = np.maximum.accumulate(np.where(e == top, np.arange(e.size), 0))  # ... and whose it is
+    cuts = np.unique(np.concatenate([s, e]))
+    seg_lo, seg_hi = cuts[:-1], cuts[1:]
+    at = np.searchsorted(s, seg_lo, side="right") - 1
+    covered = (at >= 0) & (top[np.maximum(at, 0)] > seg_lo)
+    seg_lo, seg_hi, who = seg_lo[covered], seg_hi[covered], p[holder[at[covered]]]
+    return {int(q): iv.union(seg_lo[who == q], seg_hi[who == q]) for q in np.unique(who).tolist()}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ class Evidence:
     replayed_step_ns: int | None = _later()
     whatif: str | None = _later()
     absorbed_by: Mapping[str, Any] | None = _later()
+    severity_regraded: Mapping[str, Any] | None = _later()
+    """Set when the replayed saving lowered the analyzer's severity: {"from", "to", "reason"}
+    (critical_path.regrade)."""
 
     @classmethod
     def of(cls: type[E], values: Mapping[str, Any]) -> E:

@@ -49,6 +49,7 @@ class FindingKind(str, Enum):
     UNSTABLE_VERDICT = "unstable_verdict"
     LOW_OP_EFFICIENCY = "low_op_efficiency"
     LAUNCH_BOUND_KERNELS = "launch_bound_kernels"
+    MEMCPY_ON_CRITICAL_PATH = "memcpy_on_critical_path"
     HANG = "hang"
 
 

@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse import kineto as K
-from tracekit.parse.classify import StepWindows, accelerator_of, device_windows, kernel_steps, step_number
+from tracekit.parse.classify import (GRAPH_LAUNCH_NAMES, ITERATION_OP_CATS, StepWindows, accelerator_of,
+                                     device_windows, iteration_windows, kernel_steps, step_number)
 from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
 from tracekit.parse.kineto_collectives import classify_collective_names
@@ -65,6 +66,7 @@ class _ScanEvent(msgspec.Struct, gc=False):
     cat: Any = None
     ts: msgspec.Raw = D.NO_RAW
     dur: msgspec.Raw = D.NO_RAW
+    tid: Any = None
     args: Union[_ScanArgs, None] = _NO_ARGS
 
 
@@ -306,6 +308,11 @@ class _Context:
     memory: list[pa.Table] = field(default_factory=list)  # each chunk's `[memory]` rows (parse/memory.py)
     raw_cats: list = field(default_factory=list)  # every raw category seen (classify.accelerator_of)
     host_names: list = field(default_factory=list)  # every host event name seen (classify.accelerator_of)
+    # what classify.iteration_windows reads, for a trace without ProfilerStep: host op / graph launch rows
+    it_names: dict = field(default_factory=dict)  # name -> code
+    it_tids: dict = field(default_factory=dict)  # raw tid -> code
+    it_rows: list = field(default_factory=list)  # (name code, ts, end, tid code, is an op)
+    span: list = field(default_factory=list)  # [first ts, last end] of every timed complete event
 
 
 def _name_class(cache: dict[str, str | None], nm: str) -> str | None:
@@ -352,6 +359,16 @@ def _scan_complete_events(ctx: _Context, xs: list, raws: list, index: list[int],
             ctx.steps.append((index[j], bytes(raws[j])))
             ctx.step_missing_dur += int(not dur_ok[j])
             ctx.step_negative_dur += int(bool(dur_ok[j]) and dur[j] < 0)
+        end = int(ts[j]) + (int(dur[j]) if dur_ok[j] and dur[j] > 0 else 0)
+        if ctx.span:
+            ctx.span[0], ctx.span[1] = min(ctx.span[0], int(ts[j])), max(ctx.span[1], end)
+        else:
+            ctx.span = [int(ts[j]), end]
+        is_op = cat in ITERATION_OP_CATS
+        if not gpu and (is_op or nm in GRAPH_LAUNCH_NAMES):
+            code = ctx.it_names.setdefault(nm, len(ctx.it_names))
+            tid = ctx.it_tids.setdefault(e.tid if isinstance(e.tid, (int, str)) else str(e.tid), len(ctx.it_tids))
+            ctx.it_rows.append((code, int(ts[j]), end, tid, is_op))
         corr = K.to_int(a.correlation)
         corr = corr if corr is not None and corr >= 0 else -1
         if cat in _KERNEL_CATS:
@@ -446,12 +463,13 @@ def _decoder(lenient: bool):
     return D.LENIENT_DECODER if lenient else D.TYPED_DECODER
 
 
-def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
-    """The parser's own path for a document: chunked typed decode, else whole-document (typed or lenient)."""
+def _build_bytes(path: str, data: bytes, lenient: bool, step_windows: StepWindows | None = None) -> Any:
+    """The parser's own path for a document: chunked typed decode, else whole-document (typed or lenient);
+    `step_windows`: the steps to use instead of the document's own (iterations found over the whole trace)."""
     if not lenient:
         cols = K.decode_columns(data)
         if cols is not None:
-            return K.tables_from_columns(path, cols, None)
+            return K.tables_from_columns(path, cols, None, step_windows)
     try:
         trace = _decoder(lenient).decode(data)
     except msgspec.ValidationError as exc:
@@ -462,7 +480,7 @@ def _build_bytes(path: str, data: bytes, lenient: bool) -> Any:
         if _is_utf8_error(exc):
             raise _BadUtf8() from exc
         raise TraceFormatError(path, f"invalid JSON: {exc}") from None
-    return K.tables_from_document(path, trace, lenient, None)
+    return K.tables_from_document(path, trace, lenient, None, step_windows)
 
 
 def parse_kineto_chunked(path: str | Path, *, max_memory_bytes: int, max_decompressed_bytes: int | None = None,
@@ -497,18 +515,37 @@ def _parse_chunks(path: str, chunks: EventChunks, spill_dir: str | None, lazy_ev
         if _is_utf8_error(exc):
             raise _BadUtf8() from exc
         raise TraceFormatError(path, f"invalid JSON: {exc}") from None
+    iterations = _iterations(ctx)
     launches = _LaunchMap.build(ctx)
     need = set(launches.idx[np.isin(launches.corr, np.fromiter(ctx.comm_corr, np.int64, len(ctx.comm_corr)))].tolist())
     try:
-        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
+        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events, iterations)
     except _NeedLenient:
         ctx.lenient = True  # like the one-shot parser: one event fails the typed decode, all go lenient
-        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events)
+        return _parse_passes(path, ctx, chunks, launches, need, spill_dir, lazy_events, iterations)
+
+
+def _iterations(ctx: _Context) -> StepWindows | None:
+    """A trace without ProfilerStep but with device work: the iterations the one-shot parser finds where the
+    whole trace repeats (classify.iteration_windows over every chunk's host ops), so that every chunk's
+    events, the collectives and the steps table take their steps from them; None otherwise."""
+    rows, ctx.it_rows = ctx.it_rows, []
+    if ctx.steps or not ctx.kernel_ts or not ctx.span:
+        return None
+    names = [""] * len(ctx.it_names)
+    for nm, code in ctx.it_names.items():
+        names[code] = nm
+    arr = np.array([r[:4] for r in rows], np.int64).reshape(-1, 4)
+    ops = np.flatnonzero(np.array([r[4] for r in rows], bool)) if rows else np.zeros(0, np.int64)
+    order = np.argsort(arr[:, 1], kind="stable")  # file order is not time order across threads
+    arr, ops = arr[order], np.flatnonzero(np.isin(order, ops))
+    return iteration_windows(names, arr[:, 0], ops, arr[:, 1], arr[:, 2], arr[:, 3], (ctx.span[0], ctx.span[1]))
 
 
 def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_LaunchMap", need: set[int],
-                  spill_dir: str | None, lazy_events: bool = False) -> Any:
-    """Pass 2 and the context parse (typed, or lenient on the retry)."""
+                  spill_dir: str | None, lazy_events: bool = False, iterations: StepWindows | None = None) -> Any:
+    """Pass 2 and the context parse (typed, or lenient on the retry); `iterations`: the steps of a trace
+    without ProfilerStep, found over the whole trace (`_iterations`), given to every partial parse."""
     head, tail = chunks.head or b"{", chunks.tail or b"}"
     meta_part = b",".join(r for _, r in ctx.meta)
     step_part = b",".join(r for _, r in ctx.steps)
@@ -518,12 +555,17 @@ def _parse_passes(path: str, ctx: _Context, chunks: EventChunks, launches: "_Lau
         workdir = tempfile.mkdtemp(prefix="tracekit-chunks-", dir=spill_dir)
         handed_over = False
         try:
-            steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
+            if iterations is None:
+                steps_only = _build_bytes(path, _wrap(head, tail, [step_part]), ctx.lenient).tables["steps"]
+                windows = StepWindows.from_table(steps_only)
+            else:
+                windows = iterations
             ev_files, kernel_parts, counts, total_rows, first, last = _pass2(
-                path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches,
-                StepWindows.from_table(steps_only), workdir)
+                path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, windows, workdir,
+                iterations)
             context_events = sorted(ctx.meta + ctx.coll + ctx.steps + picked)
-            full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient)
+            full = _build_bytes(path, _wrap(head, tail, [b",".join(_dedupe(context_events))]), ctx.lenient,
+                                iterations)
             if lazy_events:
                 events = SpilledTable(ev_files, full.tables["events"].schema, total_rows, workdir)
                 handed_over = True
@@ -569,7 +611,8 @@ def _dedupe(items: list[tuple[int, bytes]]) -> list[bytes]:
     return out
 
 
-def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, windows, workdir):
+def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, launches, windows, workdir,
+           iterations=None):
     """Parse every chunk with the metadata in front and the steps behind; spill its events."""
     ctx.memory.clear()
     counts: dict[str, int] = {}
@@ -588,7 +631,7 @@ def _pass2(path, ctx, chunks, head, tail, meta_part, step_part, need, picked, la
                     picked.append((base + i, bytes(raws[i])))
             base += len(raws)
             del raws
-        kp = _build_bytes(path, _wrap(head, tail, [meta_part, chunk, step_part]), ctx.lenient)
+        kp = _build_bytes(path, _wrap(head, tail, [meta_part, chunk, step_part]), ctx.lenient, iterations)
         for w in kp.info["parse_warnings"]:
             m = _COUNT_WARNING.match(w)
             if m:

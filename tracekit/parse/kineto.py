@@ -576,8 +576,9 @@ def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
         shape_codes.append(codes)
 
 
-def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None) -> KinetoParse:
-    """Tables from a whole-document decode (typed or lenient)."""
+def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None,
+                         step_windows: StepWindows | None = None) -> KinetoParse:
+    """Tables from a whole-document decode (typed or lenient); `step_windows`: see `tables_from_columns`."""
     events = trace.traceEvents
     if not isinstance(events, list):
         raise TraceFormatError(path, "traceEvents is not a list")
@@ -599,7 +600,7 @@ def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | N
     else:
         _add_typed(cols, events)
         del events
-    return tables_from_columns(path, cols, rank_arg)
+    return tables_from_columns(path, cols, rank_arg, step_windows)
 
 
 def _concat(parts: list, dtype) -> np.ndarray:
@@ -920,8 +921,11 @@ def _trace_identity(trace: Any, rank_arg: int | None, warnings: list[str]) -> tu
     return di, trace_rank, world_size, table_rank
 
 
-def tables_from_columns(path: str, cols: EventColumns, rank_arg: int | None) -> KinetoParse:
-    """The tables of one trace from its decoded columns (either driver's: whole file or chunks)."""
+def tables_from_columns(path: str, cols: EventColumns, rank_arg: int | None,
+                        step_windows: StepWindows | None = None) -> KinetoParse:
+    """The tables of one trace from its decoded columns (either driver's: whole file or chunks);
+    `step_windows`: steps to use instead of the document's own (the chunked parser's iterations, found over
+    the whole trace, for a part of it)."""
     trace, warnings = cols.top, list(cols.warnings)
     di, trace_rank, world_size, table_rank = _trace_identity(trace, rank_arg, warnings)
     rows = _joined_rows(cols)
@@ -933,7 +937,7 @@ def tables_from_columns(path: str, cols: EventColumns, rank_arg: int | None) -> 
     _name_and_category_columns(rows, name_list, raw_cat_list, dropped, warnings)
     thread_names, process_labels = _metadata_names(ms)
     thread_col = _thread_name_column(rows.pid, rows.tid, thread_names, tid_text, rows.n)
-    windows = _step_windows(rows)
+    windows = step_windows if step_windows is not None else _step_windows(rows)
     kr = _kernel_rows(rows, windows)
     coll = build_collectives(CollectiveInputs(
         path=path, name_dict=rows.name_dict, name_codes=rows.name_codes, cat_codes=rows.cat_codes,

@@ -115,3 +115,29 @@ def model_from_manifest(manifest: dict[str, Any] | None) -> tuple[ModelSpec | No
               + (f", {spec.experts} experts top-{spec.top_k} every {spec.moe_every} layers" if spec.experts else "")
               + f"; micro-batch {spec.micro_batch_size} = global batch {gbs} / (dp {dp} x {mb} micro-batches)")
     return spec, source
+
+
+def run_batch(manifest: dict[str, Any] | None) -> tuple[int, int, str] | None:
+    """(micro-batch size, global batch, where from) of the run a manifest describes: its
+    `global_batch_size` over (dp × micro-batches) from its layout; None when the manifest does not say."""
+    if not isinstance(manifest, dict):
+        return None
+    lay = manifest.get("layout") if isinstance(manifest.get("layout"), dict) else {}
+    gbs, mb = manifest.get("global_batch_size"), manifest.get("microbatches") or lay.get("microbatches") or 1
+    dp = lay.get("dp")
+    if dp is None and isinstance(lay.get("mesh_dim_names"), list) and "dp" in lay["mesh_dim_names"]:
+        dp = lay["mesh_shape"][lay["mesh_dim_names"].index("dp")]
+    if not all(isinstance(x, int) and x > 0 for x in (gbs, mb, dp)) or gbs % (dp * mb):
+        return None
+    mbs = gbs // (dp * mb)
+    return mbs, gbs, (f"the run's manifest: global batch {gbs} sequences = dp {dp} x {mb} micro-batches x "
+                      f"micro-batch {mbs}")
+
+
+def model_text(spec: ModelSpec) -> str:
+    """The model the advisor uses, in one line."""
+    moe = f", {spec.experts} experts top-{spec.top_k} every {spec.moe_every} layers" if spec.experts else ""
+    kv = f" ({spec.kv_heads} kv)" if spec.kv_heads and spec.kv_heads != spec.heads else ""
+    return (f"{spec.name}: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads{kv}, ffn {spec.ffn_dim}, "
+            f"vocab {spec.vocab}, seq {spec.seq}{moe}, {spec.dtype_bytes}-byte values, micro-batch "
+            f"{spec.micro_batch_size} sequences")

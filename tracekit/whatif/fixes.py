@@ -30,6 +30,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   peers' sequences differ from the rank's, the gap before each step's first host op down to the peers'
   median gap before theirs and other such gaps and data loading to 0 (`_step_leads`); for all ranks at
   once, such gaps and data loading go to 0.
+- `memcpy_overlap`: every device copy (memcpy H2D / D2H / D2D / P2P nodes, `memcpy_nodes`) of every rank
+  (or one) hidden behind other work: length 0 (an asynchronous copy on a side stream, prefetched; whoever
+  waited for it still starts after what preceded it). An upper bound of what overlapping the copies saves.
 - `host_repair`: the host threads of GPU ranks (one rank, or all) with every slow host op at its median
   (analyze/host_bound.py: far slower than the same op on every rank and step — a starved thread): each
   host node's gap loses the slow time before it and its own time the slow time inside it
@@ -40,6 +43,7 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +55,7 @@ from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, 
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class Fix:
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
+        if self.kind == "memcpy_overlap":
+            return "device copies overlapped" + ("" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
             self.kind, self.kind)
 
@@ -709,6 +715,29 @@ def shared_host_idle(g: StepGraph, lay: RunFacts) -> float:
     return best
 
 
+_MEMCPY_NAME = re.compile(r"memcpy|^copy(host|device)to|^\[?memcpy", re.IGNORECASE)
+_COPY_DIRECTION = re.compile(r"HtoD|DtoH|DtoD|PtoP|HostToDevice|DeviceToHost|DeviceToDevice", re.IGNORECASE)
+_DIRECTION_NAME = {"hosttodevice": "HtoD", "devicetohost": "DtoH", "devicetodevice": "DtoD"}
+
+
+def memcpy_nodes(g: StepGraph) -> np.ndarray:
+    """Device copy nodes (memcpy kernels: other device work named `Memcpy HtoD (...)`, `CopyHostToDevice`...)."""
+    other = np.flatnonzero(g.category == Category.OTHER)
+    out = np.zeros(g.category.size, bool)
+    if g.name:
+        out[other] = [bool(_MEMCPY_NAME.search(g.name[i] or "")) for i in other.tolist()]
+    return out
+
+
+def copy_direction(name: str) -> str:
+    """HtoD / DtoH / DtoD / PtoP of a memcpy kernel's name, "other" when the name does not say."""
+    m = _COPY_DIRECTION.search(name or "")
+    if m is None:
+        return "other"
+    d = m.group(0)
+    return _DIRECTION_NAME.get(d.lower(), d[0].upper() + "to" + d[-1].upper())
+
+
 def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarray, np.ndarray]:
     """Durations and gaps with the fixes applied (all but micro-batches, which `replay` re-schedules)."""
     dur = g.dur.copy()
@@ -732,6 +761,9 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _host_stalls(g, dur, gap, fix, lay)
         elif fix.kind == "host_repair":
             _host_repair(g, dur, gap, fix)
+        elif fix.kind == "memcpy_overlap":
+            m = memcpy_nodes(g)
+            dur[m & ((g.rank == fix.rank) if fix.rank is not None else True)] = 0
         else:
             raise ValueError(f"unknown what-if fix {fix.kind!r} (known: {', '.join(KINDS)})")
     return dur, gap
