@@ -8,7 +8,8 @@ null); a key always written has a default only so that a reader can decode a par
 an integer stays an integer and a float a float, byte for byte.
 
 Keys added to analysis.json after a section was typed are `UNSET`-optional too (an older analysis.json
-lacks them; the schema does not require them): inputs.rank_spans, inputs.runs[].span_ns, the ops ranks'
+lacks them; the schema does not require them): inputs.rank_spans, inputs.log_only_ranks,
+inputs.traced_ranks, inputs.runs[].span_ns, the ops ranks'
 HFU fields, recording.recorder_overhead, the step timeline's drawn / summarised ranks.
 
 Typed: every section's own keys, and the rows the report, diff, check and advisor read. Left as
@@ -84,6 +85,8 @@ class InputsSection(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)
     missing_ranks: list[int] = msgspec.field(default_factory=list)
     empty_ranks: list[int] = msgspec.field(default_factory=list)
+    log_only_ranks: list[int] | UnsetType = UNSET
+    traced_ranks: list[int] | UnsetType = UNSET
     skipped: int = 0
     runs: list[InputsRunsRow] = msgspec.field(default_factory=list)
     world_sizes: dict[str, list[int]] = msgspec.field(default_factory=dict)
@@ -584,8 +587,8 @@ class ExpertsRanksRow(Struct):
     a2a_calls: Num | None = None
     a2a_recv_elems: Num | None = None
     a2a_bytes: Num | None = None
-    tokens_received: Num = 0
-    expert_ns: Num = 0
+    tokens_received: Num | None = 0  # null on a rank with all-to-alls and no routing or expert kernels (a log-only rank)
+    expert_ns: Num | None = 0
 
 class ExpertsSection(Struct):
     """Section `experts` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""
