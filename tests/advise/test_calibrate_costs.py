@@ -13,7 +13,7 @@ from tracekit.advise.calibrate import CollPoint, coll_points, expected_skew, fit
 def _row(op, size, nbytes, t_ns, count, pg="1", dim="tp"):
     factor = {"all_gather": (size - 1) / size, "all_reduce": 2 * (size - 1) / size}.get(op, 1.0)
     return {"pg_name": pg, "dim": dim, "op": op, "group_size": size, "bucket_bytes": nbytes, "count": count,
-            "bytes_p50": nbytes, "time_ns_p50": t_ns, "busbw_gbps_p50": nbytes * factor / t_ns}
+            "bytes_p50": nbytes, "time_ns_p50": int(t_ns), "busbw_gbps_p50": nbytes * factor / t_ns}
 
 
 def test_latency_and_bandwidth_recovered_from_sizes_that_differ():

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.advise.predict import predict_step
+from tracekit.document import AnalysisDocument, as_document, as_section
+from tracekit.document.model import BandwidthRowsRow, PipelineSection, RankBreakdown
 from tracekit.layout import SCHEDULES, ParallelLayout
 from tracekit.simulate import ClusterSpec, Faults, ModelSpec
 from tracekit.simulate import executor
@@ -78,88 +80,91 @@ class MeasuredRun:
     compute_ns above are already divided by it."""
 
 
-def _mean_per_step(ranks: list[dict[str, Any]], key: str) -> list[float]:
-    return [r[key] / r["steps"] for r in ranks if r.get("steps")]
+def _mean_per_step(ranks: list[RankBreakdown], key: str) -> list[float]:
+    return [getattr(r, key) / r.steps for r in ranks if r.steps]
 
 
-def _fsdp(bandwidth_rows: list[dict[str, Any]]) -> bool:
-    ops = {r.get("op") for r in bandwidth_rows if r.get("dim") in ("dp", "fsdp", "dp_cp")}
+def _fsdp(bandwidth_rows: list[BandwidthRowsRow]) -> bool:
+    ops = {r.op for r in bandwidth_rows if r.dim in ("dp", "fsdp", "dp_cp")}
     return "reduce_scatter" in ops and "all_gather" in ops
 
 
-def coll_points(rows: list[dict[str, Any]]) -> tuple[CollPoint, ...]:
-    """Collective rows as points; a P2P row pair (send and recv of one group and size) becomes one
-    `sendrecv` point at the lesser of the two sides' median times (either side may include waiting for
-    the other, the lesser bounds the transfer)."""
+def _bandwidth_rows(doc: AnalysisDocument) -> list[BandwidthRowsRow]:
+    return doc.sections.bandwidth.rows if doc.sections.bandwidth is not None else []
+
+
+def coll_points(rows: list[BandwidthRowsRow | dict[str, Any]]) -> tuple[CollPoint, ...]:
+    """Collective rows (the bandwidth section's) as points; a P2P row pair (send and recv of one group and
+    size) becomes one `sendrecv` point at the lesser of the two sides' median times (either side may include
+    waiting for the other, the lesser bounds the transfer)."""
     out: list[CollPoint] = []
-    p2p: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if not r.get("time_ns_p50") or not r.get("bytes_p50"):
+    p2p: dict[tuple, list[BandwidthRowsRow]] = defaultdict(list)
+    for r in (row if isinstance(row, BandwidthRowsRow) else as_section(BandwidthRowsRow, row) for row in rows):
+        if r is None or not r.time_ns_p50 or not r.bytes_p50:
             continue
-        if r.get("op") in ("send", "recv"):
-            p2p[(r.get("pg_name"), r.get("bucket_bytes"), r.get("dim"))].append(r)
-        elif r.get("op") in SIM_OPS and r.get("busbw_gbps_p50"):
-            out.append(CollPoint(r.get("dim") or "unknown", r["op"], int(r.get("group_size") or 2),
-                                 float(r["busbw_gbps_p50"]) * float(r["time_ns_p50"]), float(r["time_ns_p50"]),
-                                 int(r.get("count") or 1)))
+        if r.op in ("send", "recv"):
+            p2p[(r.pg_name, r.bucket_bytes, r.dim)].append(r)
+        elif r.op in SIM_OPS and r.busbw_gbps_p50:
+            out.append(CollPoint(r.dim or "unknown", r.op, int(r.group_size or 2),
+                                 float(r.busbw_gbps_p50) * float(r.time_ns_p50), float(r.time_ns_p50),
+                                 int(r.count or 1)))
     for (_, _, dim), pair in p2p.items():
-        best = min(pair, key=lambda r: r["time_ns_p50"])
-        out.append(CollPoint(dim or "unknown", "sendrecv", 2, float(best["bytes_p50"]), float(best["time_ns_p50"]),
-                             min(int(r.get("count") or 1) for r in pair)))
+        best = min(pair, key=lambda r: r.time_ns_p50)
+        out.append(CollPoint(dim or "unknown", "sendrecv", 2, float(best.bytes_p50), float(best.time_ns_p50),
+                             min(int(r.count or 1) for r in pair)))
     return tuple(out)
 
 
-def measured_layout(analysis: dict[str, Any]) -> ParallelLayout:
-    sec = analysis.get("sections", {})
-    shape = (sec.get("layout") or {}).get("mesh_shape") or {}
-    pipe = sec.get("pipeline") or {}
-    rows = (sec.get("bandwidth") or {}).get("rows", [])
+def measured_layout(analysis: AnalysisDocument | dict[str, Any]) -> ParallelLayout:
+    doc = as_document(analysis)
+    lay, pipe = doc.sections.layout, doc.sections.pipeline or PipelineSection()
+    shape = (lay.mesh_shape if lay is not None else None) or {}
     dims = {d: int(shape.get(d, 1)) for d in ("dp", "tp", "pp", "cp", "ep")}
-    if dims["pp"] == 1 and pipe.get("num_stages"):
-        dims["pp"] = int(pipe["num_stages"]) // max(1, int(pipe.get("chunks_per_rank") or 1))
-    v = int(pipe.get("chunks_per_rank") or 1)
-    schedule = pipe.get("schedule_detected") or pipe.get("schedule") or "1f1b"
+    if dims["pp"] == 1 and pipe.num_stages:
+        dims["pp"] = int(pipe.num_stages) // max(1, int(pipe.chunks_per_rank or 1))
+    v = int(pipe.chunks_per_rank or 1)
+    schedule = pipe.schedule_detected or pipe.schedule or "1f1b"
     if v > 1 and schedule not in ("interleaved", "zb"):
         schedule = "interleaved"
-    m = int(pipe.get("num_microbatches") or 1)
-    world = int((sec.get("layout") or {}).get("world_size") or len(analysis.get("ranks", [])) or 1)
+    m = int(pipe.num_microbatches or 1)
+    world = int((lay.world_size if lay is not None else None) or len(doc.ranks) or 1)
     known = dims["tp"] * dims["pp"] * dims["cp"]
     if "dp" not in shape and world % known == 0:
         dims["dp"] = world // known
     return ParallelLayout(dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], cp=dims["cp"], ep=dims["ep"],
-                          dp_mode="fsdp" if _fsdp(rows) else "ddp",
+                          dp_mode="fsdp" if _fsdp(_bandwidth_rows(doc)) else "ddp",
                           schedule=schedule if schedule in SCHEDULES else "1f1b", microbatches=m, virtual_stages=v)
 
 
-def measured_run(analysis: dict[str, Any]) -> MeasuredRun:
-    sec = analysis.get("sections", {})
-    ranks = analysis.get("ranks", [])
+def measured_run(analysis: AnalysisDocument | dict[str, Any]) -> MeasuredRun:
+    doc = as_document(analysis)
+    sec, ranks = doc.sections, doc.ranks
     if not ranks:
         raise ValueError("the analysis has no per-rank breakdown to calibrate from")
-    layout = measured_layout(analysis)
-    hosts = int((sec.get("placement") or {}).get("num_hosts") or 1)
+    layout = measured_layout(doc)
+    hosts = int((sec.placement.num_hosts if sec.placement is not None else None) or 1)
     bw: dict[str, list[float]] = {}
     points: dict[str, list[tuple[float, float]]] = {}
-    for row in (sec.get("bandwidth") or {}).get("rows", []):
-        if row.get("op") in P2P_OPS or not row.get("busbw_gbps_p50") or (row.get("bytes_p50") or 0) < LARGE_BYTES:
+    for row in _bandwidth_rows(doc):
+        if row.op in P2P_OPS or not row.busbw_gbps_p50 or (row.bytes_p50 or 0) < LARGE_BYTES:
             continue
-        dim = row.get("dim") or "unknown"
-        bw.setdefault(dim, []).append(float(row["busbw_gbps_p50"]))
-        t = float(row["time_ns_p50"])
-        points.setdefault(dim, []).append((float(row["busbw_gbps_p50"]) * t, t))
-    slowed = float(((sec.get("recording") or {}).get("recorder_overhead") or {}).get("ratio") or 1.0)
+        dim = row.dim or "unknown"
+        bw.setdefault(dim, []).append(float(row.busbw_gbps_p50))
+        t = float(row.time_ns_p50)
+        points.setdefault(dim, []).append((float(row.busbw_gbps_p50) * t, t))
+    overhead = (sec.recording.recorder_overhead if sec.recording is not None else None) or {}
+    slowed = float(overhead.get("ratio") or 1.0)
     return MeasuredRun(layout=layout, world=layout.world_size, hosts=hosts,
                        step_ns=int(max(_mean_per_step(ranks, "step_ns")) / slowed),
                        compute_ns=int(statistics.mean(_mean_per_step(ranks, "compute_ns")) / slowed),
                        recorder_overhead=slowed,
                        busbw_gbps={d: statistics.median(v) for d, v in bw.items()}, transfers=points,
-                       coll_points=coll_points((sec.get("bandwidth") or {}).get("rows", [])),
-                       cpu_only=_cpu_only(sec))
+                       coll_points=coll_points(_bandwidth_rows(doc)), cpu_only=_cpu_only(doc))
 
 
-def _cpu_only(sec: dict[str, Any]) -> bool:
-    kinds = {r.get("trace_kind") for r in (sec.get("breakdown") or {}).get("rank_details", [])}
-    return kinds == {"cpu"}
+def _cpu_only(doc: AnalysisDocument) -> bool:
+    details = doc.sections.breakdown.rank_details if doc.sections.breakdown is not None else []
+    return {r.trace_kind for r in details} == {"cpu"}
 
 
 @dataclass(frozen=True)
@@ -287,16 +292,16 @@ def expected_skew(sigma: float, experts: int, routed: int, samples: int = 2000, 
     return float(np.mean(counts.max(axis=1) / counts.mean(axis=1)))
 
 
-def router_skew(analysis: dict[str, Any], experts: int) -> float | None:
+def router_skew(analysis: AnalysisDocument | dict[str, Any], experts: int) -> float | None:
     """ModelSpec.router_skew that reproduces the run's routing skew (mean over its MoE layers of the
     per-step max/mean tokens per expert), by bisection on `expected_skew`; None without routing data."""
-    layers = [x for x in ((analysis.get("sections") or {}).get("experts") or {}).get("layers", [])
-              if x.get("skew") and x.get("num_experts") == experts]
-    heat = ((analysis.get("sections") or {}).get("experts") or {}).get("heatmap", [])
+    ex = as_document(analysis).sections.experts
+    layers = [x for x in (ex.layers if ex is not None else []) if x.skew and x.num_experts == experts]
+    heat = ex.heatmap if ex is not None else []
     if not layers or not heat:
         return None
-    target = statistics.mean(x["skew"] for x in layers)
-    routed = int(statistics.median(sum(h["tokens"]) for h in heat))
+    target = statistics.mean(x.skew for x in layers)
+    routed = int(statistics.median(sum(h.tokens) for h in heat))
     lo, hi = 0.0, 4.0
     if expected_skew(lo, experts, routed) >= target:
         return 0.0
@@ -331,8 +336,10 @@ def _with_compute(m: MeasuredRun, model: ModelSpec, cluster: ClusterSpec, rounds
     return cluster
 
 
-def calibrate(analysis: dict[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Calibrated:
-    """Calibrate `cluster` (the description's figures are the starting point) to the measured run."""
+def calibrate(analysis: AnalysisDocument | dict[str, Any], model: ModelSpec, cluster: ClusterSpec) -> Calibrated:
+    """Calibrate `cluster` (the description's figures are the starting point) to the measured run (the
+    typed analysis document, or a dict analysis.json holds: read as the document)."""
+    analysis = as_document(analysis)
     m = measured_run(analysis)
     notes: list[str] = []
     if m.recorder_overhead != 1.0:

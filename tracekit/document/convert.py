@@ -28,13 +28,21 @@ class DocumentMismatch(ValueError):
     """The analysis dict does not fit the typed document (a struct lacks a key, or a type differs)."""
 
 
+def _plain(value: Any) -> Any:
+    """A value JSON has no type for: a numpy scalar as its number, anything else as its text."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "shape", None) == ():
+        return item()
+    return str(value)
+
+
 def _json_bytes(analysis: dict[str, Any]) -> bytes:
     """The dict as compact JSON (what analysis.json held before the document existed); ASCII with
     escapes where a text holds what UTF-8 cannot (a file name's undecodable bytes)."""
     try:
-        return msgspec.json.encode(analysis, enc_hook=str)
+        return msgspec.json.encode(analysis, enc_hook=_plain)
     except UnicodeEncodeError:
-        return json.dumps(analysis, default=str).encode("ascii")
+        return json.dumps(analysis, default=_plain).encode("ascii")
 
 
 def _builtins_of(data: bytes) -> Any:
