@@ -391,25 +391,9 @@ class UnoverlappedByRankDimOpRow(Struct):
     step_ns: int = 0
     bytes_p50: Num | None = None
 
-class UnoverlappedByDimRow(Struct):
-    key: str | None = None
-    instances: int = 0
-    exposed_ns: int = 0
-    transfer_exposed_ns: int = 0
+class UnoverlappedGroupRow(Struct):
+    """One group of `by_dim`, `by_op`, `by_size` or `by_caller`: its key and what its instances exposed."""
 
-class UnoverlappedByOpRow(Struct):
-    key: str | None = None
-    instances: int = 0
-    exposed_ns: int = 0
-    transfer_exposed_ns: int = 0
-
-class UnoverlappedBySizeRow(Struct):
-    key: str | None = None
-    instances: int = 0
-    exposed_ns: int = 0
-    transfer_exposed_ns: int = 0
-
-class UnoverlappedByCallerRow(Struct):
     key: str | None = None
     instances: int = 0
     exposed_ns: int = 0
@@ -438,10 +422,10 @@ class UnoverlappedSection(Struct):
     transfer_exposed_ns: int = 0
     by_dim_op: list[UnoverlappedByDimOpRow] = msgspec.field(default_factory=list)
     by_rank_dim_op: list[UnoverlappedByRankDimOpRow] = msgspec.field(default_factory=list)
-    by_dim: list[UnoverlappedByDimRow] = msgspec.field(default_factory=list)
-    by_op: list[UnoverlappedByOpRow] = msgspec.field(default_factory=list)
-    by_size: list[UnoverlappedBySizeRow] = msgspec.field(default_factory=list)
-    by_caller: list[UnoverlappedByCallerRow] = msgspec.field(default_factory=list)
+    by_dim: list[UnoverlappedGroupRow] = msgspec.field(default_factory=list)
+    by_op: list[UnoverlappedGroupRow] = msgspec.field(default_factory=list)
+    by_size: list[UnoverlappedGroupRow] = msgspec.field(default_factory=list)
+    by_caller: list[UnoverlappedGroupRow] = msgspec.field(default_factory=list)
     top_offenders: list[UnoverlappedTopOffendersRow] = msgspec.field(default_factory=list)
     thresholds: dict[str, Any] = msgspec.field(default_factory=dict)
 
