@@ -11,7 +11,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
@@ -94,8 +93,8 @@ def memory_calibration(analysis: AnalysisDocument | dict[str, Any], cal: Calibra
     if section is None or not section.available:
         return MemoryCalibration(mem.Calibration(), False, "uncalibrated (the trace has no memory events)")
     shape = model_shape(cal.model, cal.model.micro_batch_size)
-    try:  # the memory model reads the section as analysis.json holds it
-        c = mem.calibrate_from_analysis(shape, cal.measured.layout, msgspec.to_builtins(section))
+    try:
+        c = mem.calibrate_from_analysis(shape, cal.measured.layout, section)
     except (ValueError, ZeroDivisionError) as exc:
         return MemoryCalibration(mem.Calibration(), False, f"uncalibrated ({exc})")
     static = (f"static {c.static_bytes_per_param:.1f} B per parameter measured" if c.static_bytes_per_param

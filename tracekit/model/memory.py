@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
+from typing import Any
 
+from tracekit.document import as_section
+from tracekit.document.model import MemoryRanksRow, MemorySection, MemoryStagesRow
 from tracekit.layout import ParallelLayout
 
 
@@ -275,35 +278,44 @@ def fits(shape: ModelShape, layout: ParallelLayout, capacity_bytes: int, calib: 
     return peak_bytes(shape, layout, calib) <= capacity_bytes * (1 - reserve_fraction)
 
 
-def calibrate_from_analysis(shape: ModelShape, layout: ParallelLayout, memory_section: dict) -> Calibration:
-    """A calibration from an analysis.json `memory` section (tracekit/analyze/memory.py) of a run of
-    `layout`: per-stage peaks and per-micro-batch footprints (per rank when there is no pipeline); the
-    section's counter says whether parameters and optimizer state are in the measured peaks."""
-    stages = memory_section.get("stages") or []
-    if stages:
-        by_stage = {s["stage"]: s for s in stages}
-        rows = [by_stage.get(s, {}) for s in range(layout.num_stages)]
+def _memory_section(memory_section: MemorySection | dict[str, Any]) -> MemorySection:
+    if isinstance(memory_section, MemorySection):
+        return memory_section
+    return as_section(MemorySection, memory_section) or MemorySection()
+
+
+def calibrate_from_analysis(shape: ModelShape, layout: ParallelLayout,
+                            memory_section: MemorySection | dict[str, Any]) -> Calibration:
+    """A calibration from an analysis' `memory` section (tracekit/analyze/memory.py; typed, or as analysis.json
+    holds it) of a run of `layout`: per-stage peaks and per-micro-batch footprints (per rank when there is no
+    pipeline); the section's counter says whether parameters and optimizer state are in the measured peaks."""
+    sec = _memory_section(memory_section)
+    if sec.stages:
+        by_stage = {s.stage: s for s in sec.stages}
+        rows = [by_stage.get(s, MemoryStagesRow()) for s in range(layout.num_stages)]
     else:
-        rows = [max(memory_section.get("ranks") or [{}], key=lambda r: r.get("peak_allocated") or 0)]
-    peaks = [int(r.get("peak_allocated") or 0) for r in rows]
+        rows = [max(sec.ranks or [MemoryRanksRow()], key=lambda r: r.peak_allocated or 0)]
+    peaks = [int(r.peak_allocated or 0) for r in rows]
     if not all(peaks):
         raise ValueError("the memory section has no peak for every stage of the layout")
-    absolute = memory_section.get("counter") == "absolute"
-    return calibrate(shape, layout, peaks=peaks, per_microbatch=[r.get("per_microbatch_bytes") for r in rows],
+    absolute = sec.counter == "absolute"
+    return calibrate(shape, layout, peaks=peaks, per_microbatch=[r.per_microbatch_bytes for r in rows],
                      counts_static=absolute,
-                     static_bytes_per_param=measured_static_per_param(shape, layout, memory_section) if absolute else None)
+                     static_bytes_per_param=measured_static_per_param(shape, layout, sec) if absolute else None)
 
 
-def measured_static_per_param(shape: ModelShape, layout: ParallelLayout, memory_section: dict) -> float | None:
+def measured_static_per_param(shape: ModelShape, layout: ParallelLayout,
+                              memory_section: MemorySection | dict[str, Any]) -> float | None:
     """Median over ranks of the measured step base (what outlives a step; an absolute counter) per
     parameter the rank holds (its pipeline rank's stages from the section's `stages`; the main device)."""
-    pp_rank = {r: s["stage"] % layout.pp for s in memory_section.get("stages") or [] for r in s.get("ranks") or []}
+    sec = _memory_section(memory_section)
+    pp_rank = {r: s.stage % layout.pp for s in sec.stages for r in s.ranks}
     shard = layout.dp * layout.cp if layout.dp_mode == "fsdp" else 1
-    main: dict[int, dict] = {}
-    for r in memory_section.get("ranks") or []:  # sorted with each rank's main device first
-        main.setdefault(r["rank"], r)
-    ratios = [r["static_bytes"] * shard / rank_params(shape, layout, pp_rank.get(k, 0))
-              for k, r in main.items() if r.get("static_bytes")]
+    main: dict[int, MemoryRanksRow] = {}
+    for r in sec.ranks:  # sorted with each rank's main device first
+        main.setdefault(r.rank, r)
+    ratios = [r.static_bytes * shard / rank_params(shape, layout, pp_rank.get(k, 0))
+              for k, r in main.items() if r.static_bytes]
     return statistics.median(ratios) if ratios else None
 
 
