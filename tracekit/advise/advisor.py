@@ -11,7 +11,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from tracekit.advise.calibrate import Calibrated, calibrate
 from tracekit.advise.predict import StepPrediction, mfu, predict_step, tokens_per_step
 from tracekit.advise.predict import model_flops_per_token
