@@ -64,6 +64,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
             return [Fix("slow_link", dim=d) for d in ev.slow_dims]
         ref = ev.reference_gbps
         return [Fix("dim_bandwidth", dim=f.dim, value=float(ref))] if ref else [Fix("slow_link", dim=f.dim)]
+    if f.kind == FindingKind.PLACEMENT_MISMATCH and f.dim:  # the heavy dim's groups moved inside a host
+        return [Fix("dim_inside_host", dim=f.dim)]
     if f.kind == FindingKind.PIPELINE_IMBALANCE:
         return [Fix("stage_resplit")]
     if isinstance(ev, BubbleEvidence) and lay.microbatches:

@@ -16,6 +16,10 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `slow_link`: a dim's transfers (collectives and P2P) no slower than the lower envelope of transfer time
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
+- `dim_inside_host`: a dim's transfers among members on several hosts no slower than the lower envelope of
+  the run's transfers within one host (any dim, P2P included): the group placed inside a host, at the speed
+  this run's intra-host links show (a `placement_mismatch` remapped); nothing changes when no transfer
+  stays inside a host.
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
 - `expert_even`: per MoE layer pass (an ep all_to_all dispatch and the combine mirroring it) each member's
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
@@ -55,7 +59,7 @@ from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, 
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair", "memcpy_overlap")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class Fix:
             return f"{self.dim} collectives overlapped"
         if self.kind == "slow_link":
             return f"slow {self.dim} link at its peers' speed"
+        if self.kind == "dim_inside_host":
+            return f"{self.dim} groups inside one host"
         if self.kind == "microbatches":
             return f"{int(self.value or 0)} micro-batches"
         if self.kind == "host_stalls":
@@ -523,6 +529,23 @@ def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     dur[m] = np.maximum(dur[m] - cut, 0)
 
 
+def _dim_inside_host(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+    """Each of the dim's instances across hosts no slower than the run's intra-host links move as many bus
+    bytes (the lower envelope of the instances whose members share a host, any dim)."""
+    inst = instances(g, g.dur, lay)
+    if num_rows(inst) == 0:
+        return
+    mine = (inst["dim"] == fix.dim) & inst["inter"]
+    intra = ~inst["inter"]
+    if not mine.any() or not intra.any():
+        return
+    excess = np.zeros(num_rows(inst))
+    excess[mine] = np.maximum(inst["t"][mine] - link_time(take(inst, intra), inst["bus"][mine]), 0)
+    m = np.flatnonzero(_transfers(g, fix.dim))
+    cut = np.rint(by_inst(inst["inst"], excess, g.inst[m])).astype(np.int64)
+    dur[m] = np.maximum(dur[m] - cut, 0)
+
+
 def _stage_resplit(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     comp = compute_by_rank(g, dur)
     stages: dict[int, list[int]] = {}
@@ -751,6 +774,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _dim_overlap(g, dur, fix)
         elif fix.kind == "slow_link":
             _slow_link(g, dur, fix, lay)
+        elif fix.kind == "dim_inside_host":
+            _dim_inside_host(g, dur, fix, lay)
         elif fix.kind == "stage_resplit":
             _stage_resplit(g, dur, lay)
         elif fix.kind == "expert_even":
