@@ -35,7 +35,8 @@ from tracekit.assess.reconcile import RecommendationsResult
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
-from tracekit.findings.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
+from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, HostBoundEvidence,
+                                        StragglerEvidence)
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
@@ -57,6 +58,9 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         # busy host distorts (under CI load a 50 ms sleep got a compute-only fix); the fix must not hang on it.
         # The idle_host_bound finding of the same stalls is then its symptom (`_absorbed`)
         return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
+    if isinstance(ev, CollectiveEvidence) and f.kind == FindingKind.UNOVERLAPPED_COLLECTIVE:
+        # one op of the dim: its own transfers (the dim's other ops have their own findings, each its own saving)
+        return [Fix("dim_overlap", dim=f.dim, op=ev.op)]
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if isinstance(ev, BandwidthEvidence):

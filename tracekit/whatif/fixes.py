@@ -8,8 +8,9 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
-- `dim_overlap`: a dim's transfers overlapped with compute. Gradient buckets (`gradient_buckets`: the dim's
-  all-reduces / reduce-scatters issued after backward began) keep their length but start as soon as
+- `dim_overlap`: a dim's transfers (or only those of one collective op, `op`) overlapped with compute.
+  Gradient buckets (`gradient_buckets`: the dim's all-reduces / reduce-scatters issued after backward
+  began) keep their length but start as soon as
   backward produced their gradients, one after the other on their stream, once every member is ready
   (`overlap_graph` rewires their start); the dim's other transfers are fully hidden (length 0; members
   still wait for each other).
@@ -69,6 +70,8 @@ class Fix:
     dim: str | None = None
     value: float | None = None
     """rank_compute: factor (None = peers' median); dim_bandwidth: GB/s; microbatches: new m"""
+    op: str | None = None
+    """dim_overlap: only this collective op of the dim (None = all of them)"""
 
     def label(self) -> str:
         if self.kind == "rank_compute":
@@ -76,7 +79,7 @@ class Fix:
         if self.kind == "dim_bandwidth":
             return f"{self.dim} collectives at {self.value:g} GB/s bus bandwidth"
         if self.kind == "dim_overlap":
-            return f"{self.dim} collectives overlapped"
+            return f"{self.dim} {self.op + 's' if self.op else 'collectives'} overlapped"
         if self.kind == "slow_link":
             return f"slow {self.dim} link at its peers' speed"
         if self.kind == "dim_inside_host":
@@ -325,36 +328,44 @@ def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndar
     return list(zip(arr[late].tolist(), xfer[late].tolist(), ready[late].tolist()))
 
 
-def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
+def overlap_graph(g: StepGraph, dim: str | None, op: str | None = None) -> StepGraph:
     """`g` with the dim's gradient buckets (`gradient_buckets`) started by their gradients: each bucket's
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
     backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
-    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
+    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's). With
+    `op`, only that op's buckets."""
     cache = g.cache.overlap_graphs
-    if dim not in cache:
+    key = (dim, op)
+    if key not in cache:
         cache.clear()
-        arr, _, ready = gradient_buckets(g, dim)
+        arr, xfer, ready = gradient_buckets(g, dim)
+        if op is not None:
+            keep = _op_is(g, op)[xfer]
+            arr, ready = arr[keep], ready[keep]
         if arr.size == 0:
-            cache[dim] = g
+            cache[key] = g
         else:
             dev = device_lane_mask(g)
             drop = np.isin(g.dst, arr) & dev[g.src] & (g.lane[g.src] != g.lane[g.dst])
-            cache[dim] = dataclasses.replace(g, src=np.r_[g.src[~drop], ready], dst=np.r_[g.dst[~drop], arr],
+            cache[key] = dataclasses.replace(g, src=np.r_[g.src[~drop], ready], dst=np.r_[g.dst[~drop], arr],
                                              _plan=None)
-    return cache[dim]
+    return cache[key]
 
 
 def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
     """The graph the fixes replay on: `g`, or with edges a fix moves (`overlap_graph`; one dim at a time)."""
     for fix in fixes:
-        if fix.kind == "dim_overlap":
-            return overlap_graph(g, fix.dim)
+        if fix.kind == "dim_overlap":  # the dim's ops several fixes overlap together: all of its buckets
+            ops = {x.op for x in fixes if x.kind == "dim_overlap" and x.dim == fix.dim}
+            return overlap_graph(g, fix.dim, fix.op if len(ops) == 1 else None)
     return g
 
 
 def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     m = _transfers(g, fix.dim)
-    m[gradient_buckets(g, fix.dim)[1]] = False
+    if fix.op is not None:
+        m &= _op_is(g, fix.op)
+    m[gradient_buckets(g, fix.dim)[1]] = False  # rewired (`overlap_graph`), or another op's: left as they are
     dur[m] = 0
 
 
