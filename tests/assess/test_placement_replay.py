@@ -97,3 +97,22 @@ def test_each_unoverlapped_op_claims_its_own_saving(run):
     want = slow["step_ns_with"] - run["tp_free"]
     got = sum(f["est_saving_ns"] for f in tp)
     assert want > 0 and want <= got <= 1.25 * want, (got, want)
+
+
+def test_partial_recording_keeps_the_closed_form_where_the_graph_lacks_the_groups(tmp_path):
+    """Full traces on one host only (logs on all): every cp / ep group has one traced member, so the graph
+    shows no transfer across hosts to replay; the finding keeps its closed-form saving (not a replayed 0)."""
+    from tracekit.flow import analyze_store
+    from tracekit.parse.run import parse_run
+
+    res = simulate(ModelSpec.preset("tiny-moe"), ClusterSpec.preset(CLUSTER), LAYOUT, Faults(slow_gpu={SLOW: 1.3}),
+                   steps=2, seed=0, without=False)
+    out = tmp_path / "run"
+    write_traces(res, out, trace_ranks=list(range(8)))
+    store = parse_run(out, Path(f"{out}.store"), progress=False).store
+    analysis = json.loads(json.dumps(analyze_store(store), default=str))
+    for dim in ("ep", "cp"):
+        f = _placement(analysis, dim)
+        assert f["est_saving_ns"] > 0
+        assert f["est_saving_ns"] == f["evidence"]["exposed_ns_per_step"]
+        assert f["evidence"].get("replayed_saving_ns") is None

@@ -41,7 +41,7 @@ from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes
+from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -139,9 +139,10 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
-        if not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes):
+        if (not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes)
+                or not all(replayable(results[0].graph, x, lay) for x in fixes)):
             # a fix on a rank the graph does not hold (a log-only rank of a partial recording: no trace to
-            # replay) keeps the finding's closed-form saving
+            # replay), or on groups it does not hold, keeps the finding's closed-form saving
             out.append(f)
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)

@@ -540,6 +540,18 @@ def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     dur[m] = np.maximum(dur[m] - cut, 0)
 
 
+def replayable(g: StepGraph, fix: Fix, lay: RunFacts) -> bool:
+    """Whether the graph holds what the fix changes. `dim_inside_host` needs one of the dim's instances
+    across hosts and one instance within a host (a partial recording's graph holds the traced ranks only: a
+    group with one traced member shows no transfer across hosts); the other fixes are always replayed."""
+    if fix.kind != "dim_inside_host":
+        return True
+    inst = instances(g, g.dur, lay)
+    if num_rows(inst) == 0:
+        return False
+    return bool(((inst["dim"] == fix.dim) & inst["inter"]).any() and (~inst["inter"]).any())
+
+
 def _dim_inside_host(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     """Each of the dim's instances across hosts no slower than the run's intra-host links move as many bus
     bytes (the lower envelope of the instances whose members share a host, any dim)."""
