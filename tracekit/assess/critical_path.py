@@ -41,7 +41,7 @@ from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes, replayable
+from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -60,7 +60,7 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
     if isinstance(ev, CollectiveEvidence) and f.kind == FindingKind.UNOVERLAPPED_COLLECTIVE:
         # one op of the dim: its own transfers (the dim's other ops have their own findings, each its own saving)
-        return [Fix("dim_overlap", dim=f.dim, op=ev.op)]
+        return [Fix("dim_overlap", dim=f.dim, op="send" if ev.op in P2P_OPS else ev.op)]  # P2P: both sides
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if isinstance(ev, BandwidthEvidence):

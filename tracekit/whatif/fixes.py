@@ -59,6 +59,16 @@ from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
+P2P_OPS = ("send", "recv", "sendrecv")
+"""A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
+one side only leaves the other waiting for it)."""
+
+
+def op_family(op: str) -> str | tuple[str, ...]:
+    """The ops a `dim_overlap` of `op` overlaps (`P2P_OPS`)."""
+    return P2P_OPS if op in P2P_OPS else op
+
+
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
          "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host")
 
@@ -71,7 +81,8 @@ class Fix:
     value: float | None = None
     """rank_compute: factor (None = peers' median); dim_bandwidth: GB/s; microbatches: new m"""
     op: str | None = None
-    """dim_overlap: only this collective op of the dim (None = all of them)"""
+    """dim_overlap: only this collective op of the dim (None = all of them; send, recv or sendrecv: the dim's
+    point-to-point transfers, one transfer seen from its two sides)"""
 
     def label(self) -> str:
         if self.kind == "rank_compute":
@@ -79,7 +90,8 @@ class Fix:
         if self.kind == "dim_bandwidth":
             return f"{self.dim} collectives at {self.value:g} GB/s bus bandwidth"
         if self.kind == "dim_overlap":
-            return f"{self.dim} {self.op + 's' if self.op else 'collectives'} overlapped"
+            what = ("send/recv" if self.op in P2P_OPS else f"{self.op}s") if self.op else "collectives"
+            return f"{self.dim} {what} overlapped"
         if self.kind == "slow_link":
             return f"slow {self.dim} link at its peers' speed"
         if self.kind == "dim_inside_host":
@@ -340,7 +352,7 @@ def overlap_graph(g: StepGraph, dim: str | None, op: str | None = None) -> StepG
         cache.clear()
         arr, xfer, ready = gradient_buckets(g, dim)
         if op is not None:
-            keep = _op_is(g, op)[xfer]
+            keep = _op_is(g, op_family(op))[xfer]
             arr, ready = arr[keep], ready[keep]
         if arr.size == 0:
             cache[key] = g
@@ -356,7 +368,7 @@ def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
     """The graph the fixes replay on: `g`, or with edges a fix moves (`overlap_graph`; one dim at a time)."""
     for fix in fixes:
         if fix.kind == "dim_overlap":  # the dim's ops several fixes overlap together: all of its buckets
-            ops = {x.op for x in fixes if x.kind == "dim_overlap" and x.dim == fix.dim}
+            ops = {x.op and op_family(x.op) for x in fixes if x.kind == "dim_overlap" and x.dim == fix.dim}
             return overlap_graph(g, fix.dim, fix.op if len(ops) == 1 else None)
     return g
 
@@ -364,7 +376,7 @@ def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
 def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     m = _transfers(g, fix.dim)
     if fix.op is not None:
-        m &= _op_is(g, fix.op)
+        m &= _op_is(g, op_family(fix.op))
     m[gradient_buckets(g, fix.dim)[1]] = False  # rewired (`overlap_graph`), or another op's: left as they are
     dur[m] = 0
 
