@@ -35,12 +35,13 @@ from tracekit.assess.reconcile import RecommendationsResult
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
-from tracekit.findings.evidence import BandwidthEvidence, BubbleEvidence, HostBoundEvidence, StragglerEvidence
+from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, HostBoundEvidence,
+                                        StragglerEvidence)
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
-from tracekit.whatif.fixes import Fix, RunFacts, copy_direction, memcpy_nodes
+from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -57,6 +58,9 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         # busy host distorts (under CI load a 50 ms sleep got a compute-only fix); the fix must not hang on it.
         # The idle_host_bound finding of the same stalls is then its symptom (`_absorbed`)
         return [x for r in f.ranks for x in (Fix("rank_compute", rank=int(r)), Fix("host_stalls", rank=int(r)))]
+    if isinstance(ev, CollectiveEvidence) and f.kind == FindingKind.UNOVERLAPPED_COLLECTIVE:
+        # one op of the dim: its own transfers (the dim's other ops have their own findings, each its own saving)
+        return [Fix("dim_overlap", dim=f.dim, op="send" if ev.op in P2P_OPS else ev.op)]  # P2P: both sides
     if f.kind in (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND):
         return [Fix("dim_overlap", dim=f.dim)]
     if isinstance(ev, BandwidthEvidence):
@@ -64,6 +68,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
             return [Fix("slow_link", dim=d) for d in ev.slow_dims]
         ref = ev.reference_gbps
         return [Fix("dim_bandwidth", dim=f.dim, value=float(ref))] if ref else [Fix("slow_link", dim=f.dim)]
+    if f.kind == FindingKind.PLACEMENT_MISMATCH and f.dim:  # the heavy dim's groups moved inside a host
+        return [Fix("dim_inside_host", dim=f.dim)]
     if f.kind == FindingKind.PIPELINE_IMBALANCE:
         return [Fix("stage_resplit")]
     if isinstance(ev, BubbleEvidence) and lay.microbatches:
@@ -133,9 +139,10 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
-        if not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes):
+        if (not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes)
+                or not all(replayable(results[0].graph, x, lay) for x in fixes)):
             # a fix on a rank the graph does not hold (a log-only rank of a partial recording: no trace to
-            # replay) keeps the finding's closed-form saving
+            # replay), or on groups it does not hold, keeps the finding's closed-form saving
             out.append(f)
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)

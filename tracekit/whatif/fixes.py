@@ -8,14 +8,19 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
-- `dim_overlap`: a dim's transfers overlapped with compute. Gradient buckets (`gradient_buckets`: the dim's
-  all-reduces / reduce-scatters issued after backward began) keep their length but start as soon as
+- `dim_overlap`: a dim's transfers (or only those of one collective op, `op`) overlapped with compute.
+  Gradient buckets (`gradient_buckets`: the dim's all-reduces / reduce-scatters issued after backward
+  began) keep their length but start as soon as
   backward produced their gradients, one after the other on their stream, once every member is ready
   (`overlap_graph` rewires their start); the dim's other transfers are fully hidden (length 0; members
   still wait for each other).
 - `slow_link`: a dim's transfers (collectives and P2P) no slower than the lower envelope of transfer time
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
+- `dim_inside_host`: a dim's transfers among members on several hosts no slower than the lower envelope of
+  the run's transfers within one host (any dim, P2P included): the group placed inside a host, at the speed
+  this run's intra-host links show (a `placement_mismatch` remapped); nothing changes when no transfer
+  stays inside a host.
 - `stage_resplit`: every pipeline stage's compute set to the mean stage compute (layers re-split evenly).
 - `expert_even`: per MoE layer pass (an ep all_to_all dispatch and the combine mirroring it) each member's
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
@@ -54,8 +59,18 @@ from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
 from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
 
+P2P_OPS = ("send", "recv", "sendrecv")
+"""A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
+one side only leaves the other waiting for it)."""
+
+
+def op_family(op: str) -> str | tuple[str, ...]:
+    """The ops a `dim_overlap` of `op` overlaps (`P2P_OPS`)."""
+    return P2P_OPS if op in P2P_OPS else op
+
+
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair", "memcpy_overlap")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host")
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,9 @@ class Fix:
     dim: str | None = None
     value: float | None = None
     """rank_compute: factor (None = peers' median); dim_bandwidth: GB/s; microbatches: new m"""
+    op: str | None = None
+    """dim_overlap: only this collective op of the dim (None = all of them; send, recv or sendrecv: the dim's
+    point-to-point transfers, one transfer seen from its two sides)"""
 
     def label(self) -> str:
         if self.kind == "rank_compute":
@@ -72,9 +90,12 @@ class Fix:
         if self.kind == "dim_bandwidth":
             return f"{self.dim} collectives at {self.value:g} GB/s bus bandwidth"
         if self.kind == "dim_overlap":
-            return f"{self.dim} collectives overlapped"
+            what = ("send/recv" if self.op in P2P_OPS else f"{self.op}s") if self.op else "collectives"
+            return f"{self.dim} {what} overlapped"
         if self.kind == "slow_link":
             return f"slow {self.dim} link at its peers' speed"
+        if self.kind == "dim_inside_host":
+            return f"{self.dim} groups inside one host"
         if self.kind == "microbatches":
             return f"{int(self.value or 0)} micro-batches"
         if self.kind == "host_stalls":
@@ -319,36 +340,44 @@ def _ready_points(g: StepGraph, arr: np.ndarray, xfer: np.ndarray, comp: np.ndar
     return list(zip(arr[late].tolist(), xfer[late].tolist(), ready[late].tolist()))
 
 
-def overlap_graph(g: StepGraph, dim: str | None) -> StepGraph:
+def overlap_graph(g: StepGraph, dim: str | None, op: str | None = None) -> StepGraph:
     """`g` with the dim's gradient buckets (`gradient_buckets`) started by their gradients: each bucket's
     arrival follows its ready compute node instead of the other streams' work it waited for (the end of
     backward); its stream order (the previous bucket's end), its launch and its members stay (cached for
-    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's)."""
+    the last dim asked: each such graph has its own edges and replay plan, as large as the graph's). With
+    `op`, only that op's buckets."""
     cache = g.cache.overlap_graphs
-    if dim not in cache:
+    key = (dim, op)
+    if key not in cache:
         cache.clear()
-        arr, _, ready = gradient_buckets(g, dim)
+        arr, xfer, ready = gradient_buckets(g, dim)
+        if op is not None:
+            keep = _op_is(g, op_family(op))[xfer]
+            arr, ready = arr[keep], ready[keep]
         if arr.size == 0:
-            cache[dim] = g
+            cache[key] = g
         else:
             dev = device_lane_mask(g)
             drop = np.isin(g.dst, arr) & dev[g.src] & (g.lane[g.src] != g.lane[g.dst])
-            cache[dim] = dataclasses.replace(g, src=np.r_[g.src[~drop], ready], dst=np.r_[g.dst[~drop], arr],
+            cache[key] = dataclasses.replace(g, src=np.r_[g.src[~drop], ready], dst=np.r_[g.dst[~drop], arr],
                                              _plan=None)
-    return cache[dim]
+    return cache[key]
 
 
 def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
     """The graph the fixes replay on: `g`, or with edges a fix moves (`overlap_graph`; one dim at a time)."""
     for fix in fixes:
-        if fix.kind == "dim_overlap":
-            return overlap_graph(g, fix.dim)
+        if fix.kind == "dim_overlap":  # the dim's ops several fixes overlap together: all of its buckets
+            ops = {x.op and op_family(x.op) for x in fixes if x.kind == "dim_overlap" and x.dim == fix.dim}
+            return overlap_graph(g, fix.dim, fix.op if len(ops) == 1 else None)
     return g
 
 
 def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
     m = _transfers(g, fix.dim)
-    m[gradient_buckets(g, fix.dim)[1]] = False
+    if fix.op is not None:
+        m &= _op_is(g, op_family(fix.op))
+    m[gradient_buckets(g, fix.dim)[1]] = False  # rewired (`overlap_graph`), or another op's: left as they are
     dur[m] = 0
 
 
@@ -518,6 +547,35 @@ def _slow_link(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
         own, peers = mine & (inst["inter"] == inter) & same, (inst["inter"] == inter) & ~same
         if peers.any():
             excess[own] = np.maximum(inst["t"][own] - link_time(take(inst, peers), inst["bus"][own]), 0)
+    m = np.flatnonzero(_transfers(g, fix.dim))
+    cut = np.rint(by_inst(inst["inst"], excess, g.inst[m])).astype(np.int64)
+    dur[m] = np.maximum(dur[m] - cut, 0)
+
+
+def replayable(g: StepGraph, fix: Fix, lay: RunFacts) -> bool:
+    """Whether the graph holds what the fix changes. `dim_inside_host` needs one of the dim's instances
+    across hosts and one instance within a host (a partial recording's graph holds the traced ranks only: a
+    group with one traced member shows no transfer across hosts); the other fixes are always replayed."""
+    if fix.kind != "dim_inside_host":
+        return True
+    inst = instances(g, g.dur, lay)
+    if num_rows(inst) == 0:
+        return False
+    return bool(((inst["dim"] == fix.dim) & inst["inter"]).any() and (~inst["inter"]).any())
+
+
+def _dim_inside_host(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+    """Each of the dim's instances across hosts no slower than the run's intra-host links move as many bus
+    bytes (the lower envelope of the instances whose members share a host, any dim)."""
+    inst = instances(g, g.dur, lay)
+    if num_rows(inst) == 0:
+        return
+    mine = (inst["dim"] == fix.dim) & inst["inter"]
+    intra = ~inst["inter"]
+    if not mine.any() or not intra.any():
+        return
+    excess = np.zeros(num_rows(inst))
+    excess[mine] = np.maximum(inst["t"][mine] - link_time(take(inst, intra), inst["bus"][mine]), 0)
     m = np.flatnonzero(_transfers(g, fix.dim))
     cut = np.rint(by_inst(inst["inst"], excess, g.inst[m])).astype(np.int64)
     dur[m] = np.maximum(dur[m] - cut, 0)
@@ -751,6 +809,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _dim_overlap(g, dur, fix)
         elif fix.kind == "slow_link":
             _slow_link(g, dur, fix, lay)
+        elif fix.kind == "dim_inside_host":
+            _dim_inside_host(g, dur, fix, lay)
         elif fix.kind == "stage_resplit":
             _stage_resplit(g, dur, lay)
         elif fix.kind == "expert_even":
