@@ -28,7 +28,8 @@ step's outermost forward ops and that do work (they nest more than view ops) are
 (activation checkpointing); their time per step is the recompute cost. Not those under a custom autograd
 Function's backward (a Python `Function`'s node, named without a formula number: `_RingAttentionBackward`),
 which are that Function's own backward formula (ring attention's backward re-runs its matmuls), unless it
-is the reentrant checkpoint's `CheckpointFunctionBackward`.
+is the reentrant checkpoint's `CheckpointFunctionBackward`; nor FSDP's own `fsdp::` ops (the parameters
+all-gathered again for backward).
 
 Section `memory`:
   {"available": bool, "reason": str | null, "counter": "absolute" | "window" | null,
@@ -515,7 +516,8 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     # when a forward is re-run
     nodes = {_op_key(m.group(1)) for m in map(_NODE_RE.match, set(names)) if m}
     forward = {names[i] for i in np.flatnonzero((parent < 0) & ~in_bwd & works).tolist()
-               if names[i] not in _VIEW_OPS and _op_key(names[i]) not in nodes}
+               if names[i] not in _VIEW_OPS and _op_key(names[i]) not in nodes
+               and not names[i].startswith(_NOT_MODEL_OPS)}
     cand = np.array([in_bwd[i] and compute[i] and names[i] in forward for i in range(len(ts))], bool)
     top = [i for i in np.flatnonzero(cand).tolist() if not _has_candidate_ancestor(i, parent, cand)]
     # a re-run forward is a run of several forward ops under one backward node (a checkpointed block);
@@ -532,6 +534,10 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     return sorted((int(ts[i]), int(end[i]), int(tid[i]), names[i]) for i in top)
 
 
+_NOT_MODEL_OPS = ("fsdp::",)
+"""Op namespaces that are a wrapper's machinery, not the model's forward: FSDP2 all-gathers a resharded
+module's parameters again before its backward (`fsdp::all_gather_copy_in`, `fsdp::split_with_sizes_copy`),
+which is no recompute."""
 _CUSTOM_BACKWARD_RE = re.compile(r"^(\w+)Backward$")
 _CHECKPOINT_FUNCTIONS = frozenset({"CheckpointFunction"})
 
