@@ -17,7 +17,7 @@ M, N, K = 2048, 4096, 1024
 BF16 = "c10::BFloat16"
 
 
-def _trace(checkpointed: bool) -> dict:
+def _trace(checkpointed: bool, node: str = "CheckpointFunction") -> dict:
     ev: list[dict] = []
     ids = {"ext": 1, "dev": 1_000_100}
 
@@ -54,8 +54,8 @@ def _trace(checkpointed: bool) -> dict:
     # backward on the autograd thread: the checkpoint's node re-runs the forward, then each GEMM's backward
     bt = 1_000_100
     if checkpointed:
-        op("autograd::engine::evaluate_function: CheckpointFunctionBackward", bt, 40, 2,
-           [lambda: op("CheckpointFunctionBackward", bt + 1, 38, 2, [lambda: block(bt + 2, 2)])])
+        op(f"autograd::engine::evaluate_function: {node}Backward", bt, 40, 2,
+           [lambda: op(f"{node}Backward", bt + 1, 38, 2, [lambda: block(bt + 2, 2)])])
     bt += 50
     op("autograd::engine::evaluate_function: MmBackward0", bt, 30, 2,
        [lambda: op("MmBackward0", bt + 1, 28, 2,
@@ -70,10 +70,10 @@ def _trace(checkpointed: bool) -> dict:
             "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": ev}
 
 
-def _analyze(tmp_path_factory, checkpointed: bool):
+def _analyze(tmp_path_factory, checkpointed: bool, node: str = "CheckpointFunction"):
     d = tmp_path_factory.mktemp("hfu")
     (d / "trace").mkdir()
-    (d / "trace" / "rank0.json").write_text(json.dumps(_trace(checkpointed)))
+    (d / "trace" / "rank0.json").write_text(json.dumps(_trace(checkpointed, node)))
     return tracekit.analyze_run(d / "trace", d / "out")
 
 
@@ -99,6 +99,18 @@ def test_without_recompute_hfu_equals_mfu(runs):
     (r,) = runs[False].analysis["sections"]["ops"]["ranks"]
     assert r["recompute_flops"] == 0 and r["recompute_ops"] == 0
     assert r["hfu"] == r["mfu"] and r["model_flops"] == r["hardware_flops"]
+
+
+def test_a_custom_functions_own_backward_is_not_a_recompute(runs, tmp_path_factory):
+    """The same forward-named ops inside a custom autograd Function's backward (ring attention's
+    `_RingAttentionBackward` runs matmuls of its own; no checkpointing in this run): that Function's
+    backward formula, not a re-run forward (the runtime demo, cp=2 without --activation-checkpointing,
+    reported a `recompute` finding)."""
+    run = _analyze(tmp_path_factory, True, node="_RingAttention")
+    (r,) = run.analysis["sections"]["ops"]["ranks"]
+    assert r["recompute_flops"] == 0 and r["recompute_ops"] == 0 and r["hfu"] == r["mfu"]
+    assert "recompute" not in {f["kind"] for f in run.analysis["findings"]}
+    assert "recompute" in {f["kind"] for f in runs[True].analysis["findings"]}  # the checkpoint's re-run is one
 
 
 def test_the_report_shows_hfu_beside_mfu(runs):

@@ -25,7 +25,11 @@ kind (`Optimizer.step#<Name>.step`: Adam/AdamW keep two state tensors per parame
 Recomputation: a forward op run again inside backward. Backward regions are the autograd engine's
 `autograd::engine::evaluate_function:` events; inside them the outermost ops whose names are the
 step's outermost forward ops and that do work (they nest more than view ops) are recomputed forward
-(activation checkpointing); their time per step is the recompute cost.
+(activation checkpointing); their time per step is the recompute cost. Not those under a custom autograd
+Function's backward (a Python `Function`'s node, named without a formula number: `_RingAttentionBackward`),
+which are that Function's own backward formula (ring attention's backward re-runs its matmuls), unless it
+is the reentrant checkpoint's `CheckpointFunctionBackward`; nor FSDP's own `fsdp::` ops (the parameters
+all-gathered again for backward).
 
 Section `memory`:
   {"available": bool, "reason": str | null, "counter": "absolute" | "window" | null,
@@ -512,7 +516,8 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     # when a forward is re-run
     nodes = {_op_key(m.group(1)) for m in map(_NODE_RE.match, set(names)) if m}
     forward = {names[i] for i in np.flatnonzero((parent < 0) & ~in_bwd & works).tolist()
-               if names[i] not in _VIEW_OPS and _op_key(names[i]) not in nodes}
+               if names[i] not in _VIEW_OPS and _op_key(names[i]) not in nodes
+               and not names[i].startswith(_NOT_MODEL_OPS)}
     cand = np.array([in_bwd[i] and compute[i] and names[i] in forward for i in range(len(ts))], bool)
     top = [i for i in np.flatnonzero(cand).tolist() if not _has_candidate_ancestor(i, parent, cand)]
     # a re-run forward is a run of several forward ops under one backward node (a checkpointed block);
@@ -520,8 +525,28 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     by_node: dict[int, list[int]] = defaultdict(list)
     for i in top:
         by_node[_backward_root(i, parent, names)].append(i)
-    top = [i for group in by_node.values() if len({names[j] for j in group}) >= 2 for i in group]
+    # ... but not under a custom autograd Function's backward (`_RingAttentionBackward`: a Python
+    # Function's node has no formula number, built-in ones do: MmBackward0): there the forward-named ops are
+    # that Function's own backward (ring attention re-runs its matmuls per ring step), not a checkpoint's
+    # re-run; the reentrant checkpoint's own Function (CheckpointFunctionBackward) is a re-run
+    top = [i for root, group in by_node.items() if len({names[j] for j in group}) >= 2
+           and not (root >= 0 and _custom_function_backward(names[root])) for i in group]
     return sorted((int(ts[i]), int(end[i]), int(tid[i]), names[i]) for i in top)
+
+
+_NOT_MODEL_OPS = ("fsdp::",)
+"""Op namespaces that are a wrapper's machinery, not the model's forward: FSDP2 all-gathers a resharded
+module's parameters again before its backward (`fsdp::all_gather_copy_in`, `fsdp::split_with_sizes_copy`),
+which is no recompute."""
+_CUSTOM_BACKWARD_RE = re.compile(r"^(\w+)Backward$")
+_CHECKPOINT_FUNCTIONS = frozenset({"CheckpointFunction"})
+
+
+def _custom_function_backward(name: str) -> bool:
+    """An autograd engine event of a Python `torch.autograd.Function`'s backward (no formula number), other
+    than the reentrant checkpoint's."""
+    m = _CUSTOM_BACKWARD_RE.match(name.removeprefix(_BACKWARD_REGION).strip())
+    return bool(m) and m.group(1) not in _CHECKPOINT_FUNCTIONS
 
 
 def _backward_root(i: int, parent: np.ndarray, names: list[str]) -> int:

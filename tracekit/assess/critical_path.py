@@ -226,12 +226,21 @@ def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[l
     out = list(findings)
     for i, a in saving.items():
         for j, b in saving.items():
-            if i != j and set(fixes[i]) < set(fixes[j]) and a <= b and a > 0:
+            # one replay is credited once: of two findings with the same fix (the all_gather and the
+            # reduce_scatter of one tp group: "tp collectives overlapped"), the first listed keeps the saving
+            same = set(fixes[i]) == set(fixes[j]) and _credit_order(findings[j], j) < _credit_order(findings[i], i)
+            if i != j and (set(fixes[i]) < set(fixes[j]) or same) and a <= b and a > 0:
                 ev = dataclasses.replace(out[i].evidence, absorbed_by={"kind": findings[j].kind.value,
                                                                         "ranks": list(findings[j].ranks or [])})
                 out[i] = dataclasses.replace(out[i], evidence=ev, est_saving_ns=0)
                 break
     return out
+
+
+def _credit_order(f: Finding, i: int) -> tuple[int, int, int]:
+    """Which of two findings with one fix keeps its saving: the more severe, then the larger closed form,
+    then the first found."""
+    return (-f.severity.order, -int(f.evidence.closed_form_saving_ns or 0), i)
 
 
 def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.analyze.unoverlapped import UnoverlappedConfig, UnoverlappedResult
-from tracekit.findings.evidence import BandwidthEvidence, CollectiveEvidence
+from tracekit.findings.evidence import BandwidthEvidence, CollectiveEvidence, StragglerEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, sort_findings
 from tracekit.findings.result import AnalyzerResult, section_of
 
@@ -55,6 +55,8 @@ class _Causes:
     """Per rank and dim: share of the rank's exposed transfer time."""
     slow_link_lost: dict[str | None, int] = field(default_factory=dict)
     """Per dim of a low bus bandwidth (≥ warning): time lost per step against the reference bandwidth."""
+    upstream: dict[int, int] = field(default_factory=dict)
+    """Per downstream straggler (≥ warning): the straggler whose delay it inherits (`downstream_stragglers`)."""
 
     def mostly_pipeline(self, ranks: set[int]) -> bool:
         return bool(ranks) and all(self.pp_share.get(r, 0.0) >= MOSTLY for r in ranks)
@@ -88,7 +90,7 @@ def _causes(findings: list[Finding], pipeline: PipelineResult | None, breakdown:
                    analyzed={r["rank"] for r in breakdown_ranks(breakdown)},
                    hot_owners=hot, slow_stage=slow, misplaced=misplaced,
                    dim_share=(exposed_share_by_dim(unoverlapped) if (misplaced or hot) else {}),
-                   slow_link_lost=slow_links)
+                   slow_link_lost=slow_links, upstream=downstream_stragglers(findings, breakdown))
 
 
 def _explained_by(f: Finding, c: _Causes) -> str | None:
@@ -115,9 +117,71 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
     if (straggler and c.hot_owners and ranks <= c.hot_owners
             and (not c.analyzed or c.hot_owners < c.analyzed)):  # all ranks holding it (ep=1) explains nothing
         return "expert_routing_skew (the rank holds the hot expert)"
+    if straggler and len(ranks) == 1 and next(iter(ranks)) in c.upstream:
+        return (f"straggler rank {c.upstream[next(iter(ranks))]} (downstream: this rank arrives late because it "
+                f"waits, directly or through its peers, for rank {c.upstream[next(iter(ranks))]}; nothing of its "
+                "own sets it apart)")
     if straggler and c.labelled and f.dim == "pp":
         return "pipeline schedule (stages reach stage-to-stage transfers at different times)"
     return None
+
+
+DOWNSTREAM_EDGE = 0.5
+"""`downstream_stragglers` follows a rank's waits that are at least this share of its largest one."""
+
+
+def waits_per_step(breakdown: BreakdownResult | None) -> dict[int, dict[int, float]]:
+    """Per waiting rank: the sync wait it spends per step waiting for each late rank (breakdown.owed_wait
+    turned around)."""
+    out: dict[int, dict[int, float]] = {}
+    for o in section_of(breakdown).get("owed_wait", []):
+        per_step = o["owed_ns_per_step"] / o["owed_ns"] if o.get("owed_ns") else 0.0
+        for waiter, ns in (o.get("by_rank") or {}).items():
+            out.setdefault(int(waiter), {})[int(o["rank"])] = float(ns) * per_step
+    return out
+
+
+def downstream_stragglers(findings: list[Finding], breakdown: BreakdownResult | None) -> dict[int, int]:
+    """Stragglers (≥ warning) late only because they waited for another straggler: per such rank, that one.
+
+    A straggler is downstream when nothing of its own sets it apart (cause "unknown": no compute, data,
+    idle or work excess before its late arrivals, stragglers.py), the sync wait it spends per step waiting
+    for others is at least the delay it causes (its lateness is accounted for by waiting), and its waits
+    lead to a root straggler (≥ warning, not downstream itself): followed breadth-first along each rank's
+    waits of at least `DOWNSTREAM_EDGE` of its largest (a stage-1 rank waits for its stage-0 peer, which
+    waits for the slow GPU in its tp group). One slow GPU then gives one warning, not one per rank that
+    waited for it (the demo: rank 13's slow GPU made ranks 40-47 each a warning straggler)."""
+    strag = {f.ranks[0]: f for f in findings
+             if _at_least_warning(f, FindingKind.STRAGGLER) and len(f.ranks) == 1
+             and isinstance(f.evidence, StragglerEvidence)}
+    if len(strag) < 2:
+        return {}
+    waits = waits_per_step(breakdown)
+    inherited = {r for r, f in strag.items() if f.evidence.cause == "unknown"
+                 and sum(waits.get(r, {}).values()) >= f.evidence.delay_ns_per_step > 0}
+    roots = set(strag) - inherited
+    out: dict[int, int] = {}
+    for r in sorted(inherited):
+        seen, frontier, found = {r}, [r], None
+        while frontier and found is None:
+            nxt = []
+            for x in frontier:
+                w = waits.get(x, {})
+                top = max(w.values(), default=0.0)
+                for p, ns in sorted(w.items(), key=lambda kv: (-kv[1], kv[0])):
+                    if ns <= 0 or ns < DOWNSTREAM_EDGE * top or p in seen:
+                        continue
+                    if p in roots:
+                        found = p
+                        break
+                    seen.add(p)
+                    nxt.append(p)
+                if found is not None:
+                    break
+            frontier = nxt
+        if found is not None:
+            out[r] = found
+    return out
 
 
 def _op(f: Finding) -> str | None:
@@ -151,6 +215,7 @@ def reconcile(findings: list[Finding], pipeline: PipelineResult | None = None,
     - exposed send/recv of a pipeline (labelled, or inferred from the p2p graph) is its idle time, which
       `pipeline_bubble` / `pipeline_imbalance` already count (hiding it needs a schedule change);
     - a straggler that owns the hot expert of a routing skew (≥ warning) is late because of the skew;
+    - a straggler late only because it waited for another straggler is that one's (`downstream_stragglers`);
     - exposed communication mostly of groups a placement mismatch names, or mostly all-to-all
       behind a routing skew, is that cause's.
     The original severity and saving stay in the evidence.
