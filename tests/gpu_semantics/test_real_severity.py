@@ -70,3 +70,25 @@ def test_host_bound_with_no_replayed_saving_is_regraded_to_info(shared_traces, t
     assert ev["replayed_saving_ns"] < 0.01 * step
     assert f["severity"] == "info" and ev["severity_regraded"]["from"] == "critical"
     assert ev["severity_regraded"]["to"] == "info" and "replayed saving" in ev["severity_regraded"]["reason"]
+
+
+def test_ranks_that_stall_alike_keep_the_severity_of_fixing_them_all(shared_traces, tmp_path):
+    """HTA's sampled 2-rank run: both ranks stall inside '## backward ##' and meet at collectives, so removing
+    one rank's stalls saves almost nothing (the other still holds the collectives) while removing both saves
+    a large part of the step. Each finding's severity follows the joint replay, its own saving stays its own."""
+    analysis = _analyze(shared_traces, "hta_sampled_2rank", tmp_path)
+    steps = {}
+    for path in sorted((shared_traces / "hta_sampled_2rank").glob("*.json.gz")):
+        events = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)["traceEvents"]
+        steps[path.name] = [_ns(e["dur"]) for e in events
+                            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    longest_step = max(max(v) for v in steps.values())
+    stalls = [f for f in analysis["findings"] if f["kind"] == "idle_host_bound"]
+    assert sorted(r for f in stalls for r in f["ranks"]) == [0, 1]
+    joint = {f["evidence"]["joint_replayed_saving_ns"] for f in stalls}
+    assert len(joint) == 1
+    (joint_ns,) = joint
+    own = [f["evidence"]["replayed_saving_ns"] for f in stalls]
+    assert joint_ns > 10 * max(own) and joint_ns >= 0.05 * longest_step  # together they matter, alone they do not
+    assert joint_ns <= sum(f["evidence"]["stall_ns"] for f in stalls)  # never more than the stalls removed
+    assert all(f["severity"] == "warning" and f["est_saving_ns"] == f["evidence"]["replayed_saving_ns"] for f in stalls)

@@ -657,7 +657,9 @@ def _activation_findings(section: dict, capacity: int | None, faster: list[str])
         free = capacity - top["peak_reserved"]
         out.append(Finding(
             kind=FindingKind.MEMORY_HEADROOM, severity=Severity.INFO, ranks=(top["rank"],),
-            summary=f"the fullest rank leaves {_mib(free)} ({free / capacity:.0%}) of the device unused at its peak",
+            summary=(f"PyTorch's allocator on the fullest rank (rank {top['rank']}) held at most {_mib(top['peak_reserved'])} "
+                     f"of the device's {_mib(capacity)}: {_mib(free)} ({free / capacity:.0%}) it never held (memory "
+                     "outside the allocator, such as the CUDA context, NCCL buffers or other processes, is not in the trace)"),
             evidence=Evidence(details={"capacity_bytes": capacity, "peak_reserved": top["peak_reserved"]}),
             recommendation="Spend the headroom on speed: " + "; or ".join(faster) + "."))
     return out

@@ -251,8 +251,9 @@ def pp_exposed_share(unoverlapped: UnoverlappedResult | None, pipe_ranks: set[in
     return {r: pp.get(r, 0.0) / t for r, t in tot.items() if t > 0}
 
 
-TRAINING_ONLY = (FindingKind.RECOMPUTE, FindingKind.ACTIVATION_DOMINATED_PEAK)
-"""Findings whose advice is for training (activation checkpointing, recompute): not given on inference ranks."""
+TRAINING_ONLY = (FindingKind.RECOMPUTE, FindingKind.ACTIVATION_DOMINATED_PEAK, FindingKind.MEMORY_HEADROOM)
+"""Findings whose advice is for training (activation checkpointing, recompute, a larger micro-batch for the
+memory left over): not given on inference ranks."""
 INPUT_KINDS = (FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
                FindingKind.TIME_UNIT_MISMATCH)
 """Findings about the inputs themselves, kept on any trace kind."""

@@ -45,6 +45,9 @@ class Evidence:
     replayed_step_ns: int | None = _later()
     whatif: str | None = _later()
     absorbed_by: Mapping[str, Any] | None = _later()
+    joint_replayed_saving_ns: int | None = _later()
+    """Replayed saving of this finding's fix together with those of every finding of its kind (critical path:
+    ranks that share a cause and meet at collectives save nothing fixed one at a time)."""
     severity_regraded: Mapping[str, Any] | None = _later()
     """Set when the replayed saving lowered the analyzer's severity: {"from", "to", "reason"}
     (critical_path.regrade)."""
