@@ -160,6 +160,9 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     from tracekit.errors import NothingToAnalyzeError, TracekitError
 
     command = shlex.join(["tracekit", *sys.argv[1:]]) if sys.argv else None
+    watch = getattr(engine, "budget", None)  # --max-memory: the process tree's peak, sampled
+    if watch is not None:
+        watch.start()
     try:
         run = analyze_run(trace_dir, out, config, engine=engine, max_memory_bytes=budget, progress=not quiet,
                           max_decompressed_bytes=max_decompressed_bytes, assume_rank=assume_rank, command=command,
@@ -174,6 +177,13 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
     except TracekitError as exc:
         err.print(f"[red]tracekit analyze:[/red] {O.esc(exc)}")
         raise typer.Exit(1) from None
+    finally:
+        if watch is not None:
+            watch.stop()
+    if watch is not None and watch.exceeded:
+        err.print(f"[yellow]warning[/yellow] {O.esc(watch.report())}", soft_wrap=True)
+    elif watch is not None and not quiet:
+        err.print(O.esc(watch.report()), soft_wrap=True)
     analysis = run.analysis
     _print_skipped(run.store.skipped, err)
     if run.store.meta.get("rank_assumed"):
@@ -200,6 +210,9 @@ def _analyze(trace_dir: Path, out: Path, engine, budget: int | None, config, qui
         # paths never wrapped: they are copied from the terminal
         err.print(f"analysis: {O.esc(out / 'analysis.json')}" + (f"   report: {O.esc(run.report)}" if run.report else ""),
                   soft_wrap=True)
+        where = getattr(engine, "describe", lambda: None)()  # e.g. the Ray nodes that ran the tasks
+        if where:
+            err.print(O.esc(where), soft_wrap=True, highlight=False)
 
 
 def _print_hang(analysis: dict, out: Path, err) -> None:

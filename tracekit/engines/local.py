@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -11,6 +12,8 @@ from tracekit.parse.pool import memory_workers, parse_kineto_files, pool_context
 if TYPE_CHECKING:  # concurrent.futures (and the logging it loads, ~15 ms) only when a pool starts
     from concurrent.futures import ProcessPoolExecutor
 
+    from tracekit.engines.budget import MemoryBudget
+
 
 @dataclass
 class LocalEngine:
@@ -19,11 +22,13 @@ class LocalEngine:
     auto: bool = False
     """The count is a default, not the user's: parsing uses no more workers than files, nor more
     than the free memory holds (`memory_workers`)."""
+    budget: MemoryBudget | None = None
+    """--max-memory for this process and its workers: fewer workers, each parse within its share."""
     _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def warm_up(self) -> None:
         """Start the worker pool's fork server early (nothing to do with one worker)."""
-        if self.workers > 1:
+        if self.workers > 1 and self.budget is None:  # under --max-memory the plan may choose one worker
             from tracekit.parse.pool import start_pool_server
 
             start_pool_server()
@@ -31,7 +36,15 @@ class LocalEngine:
     def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
                            max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
         workers = processes = self.workers
-        if self.auto:
+        if self.budget is not None and paths:
+            from tracekit.parse.gz import json_size_bytes
+            from tracekit.parse.pool import NORMAL_PATH_MEMORY_FACTOR
+
+            largest = max(json_size_bytes(p) or 4 * os.path.getsize(p) for p in paths)
+            workers, max_memory_bytes = self.budget.parse_plan(min(workers, len(paths)), largest,
+                                                               NORMAL_PATH_MEMORY_FACTOR)
+            processes = self.workers = workers  # the per-rank tasks too
+        elif self.auto:
             processes = max(1, min(workers, memory_workers(paths, max_memory_bytes)))
             workers = min(processes, len(paths))
         return parse_kineto_files(paths, workers=workers, max_decompressed_bytes=max_decompressed_bytes,

@@ -43,4 +43,9 @@ def engine_from_options(engine: str, *, workers: int, address: str | None, max_m
         raise ValueError(f"--workers must be 0 (one per core) or more, got {workers}")
     budget = parse_memory_size(max_memory) if max_memory is not None else None
     auto = workers == AUTO_WORKERS
-    return make_engine(engine, workers=available_cores() if auto else workers, address=address, auto=auto), budget
+    made = make_engine(engine, workers=available_cores() if auto else workers, address=address, auto=auto)
+    if budget is not None:
+        from tracekit.engines.budget import MemoryBudget
+
+        made.budget = MemoryBudget(budget)
+    return made, budget

@@ -49,9 +49,13 @@ def activity_nbytes(act: RankActivity) -> int:
     return sum(a.nbytes for s in sets for a in s if isinstance(a, np.ndarray))
 
 
-def prefetch_rank_activity(engine: Any, max_bytes: int = ACTIVITY_PREFETCH_BYTES
+def prefetch_rank_activity(engine: Any, max_bytes: int | None = None
                            ) -> Callable[[RunStore, LayoutResult | None], RankActivities]:
-    """An `activity` analyzer (analyze_store's `prefetch`) that computes ranks' activities on `engine`."""
+    """An `activity` analyzer (analyze_store's `prefetch`) that computes ranks' activities on `engine`;
+    at most `max_bytes` of them held (default: ACTIVITY_PREFETCH_BYTES, less under the engine's --max-memory)."""
+    if max_bytes is None:
+        budget = getattr(engine, "budget", None)
+        max_bytes = min(ACTIVITY_PREFETCH_BYTES, budget.prefetch_bytes) if budget is not None else ACTIVITY_PREFETCH_BYTES
 
     def prefetched_activities(store: RunStore, layout: LayoutResult | None) -> RankActivities:
         acts = rank_activities(store, layout)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -26,8 +26,28 @@ class RayEngineError(TracekitError):
     """Ray is missing or the cluster cannot be reached."""
 
 
-def _call(fn: Callable[..., Any], args: tuple) -> Any:
-    return fn(*args)
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _call(fn: Callable[..., Any], args: tuple) -> tuple[str, Any]:
+    """(the node that ran it, fn(*args))."""
+    return _node_id(), fn(*args)
+
+
+def _parse(job: ParseJob) -> tuple[str, Any]:
+    return _node_id(), run_job(job)
+
+
+_STANDARD_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def node_label(node: dict[str, Any]) -> str:
+    """A node of `ray.nodes()` by its custom resources (`node1`), else by address and id."""
+    custom = sorted(k for k in node.get("Resources", {}) if k not in _STANDARD_RESOURCES and ":" not in k)
+    return "+".join(custom) if custom else f"{node.get('NodeManagerAddress', '?')}/{node.get('NodeID', '?')[:8]}"
 
 
 @dataclass
@@ -39,6 +59,11 @@ class RayEngine:
     workers: int = field(default=0, init=False)
     _started: bool = field(default=False, init=False, repr=False)
     _remote: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    budget: Any = None
+    """--max-memory (MemoryBudget): bounds this process (the prefetched activities); each parse task on
+    the cluster gets the whole budget as its own."""
+    tasks_by_node: Counter = field(default_factory=Counter, init=False)
+    """Tasks run per node id (parse and per-rank tasks): which nodes did the work."""
     pandas_free = False
     """Ray's own code may import pandas while it runs our jobs (parse_run keeps it importable)."""
 
@@ -62,7 +87,7 @@ class RayEngine:
                     "with RAY_AUTH_MODE=disabled") from None
             self._started = True
         self.workers = max(int(ray.cluster_resources().get("CPU", 1)), 1)
-        self._remote["parse"] = ray.remote(num_cpus=1, max_retries=1)(run_job)
+        self._remote["parse"] = ray.remote(num_cpus=1, max_retries=1)(_parse)
         self._remote["call"] = ray.remote(num_cpus=1, max_retries=1)(_call)
 
     def _start_local(self, ray: Any, attempts: int = 3) -> None:
@@ -87,11 +112,29 @@ class RayEngine:
             if len(pending) >= 2 * self.workers:
                 break
         while pending:
-            result = self._ray.get(pending.popleft())
+            node, result = self._ray.get(pending.popleft())
+            self.tasks_by_node[node] += 1
             nxt = next(todo, None)
             if nxt is not None:
                 pending.append(submit(nxt))
             yield result
+
+    def tasks_by_node_label(self) -> dict[str, int]:
+        """`tasks_by_node` keyed by node label (node_label), every node of the cluster listed."""
+        labels = {n["NodeID"]: node_label(n) for n in self._ray.nodes() if n.get("Alive", True)}
+        out = {label: 0 for label in sorted(labels.values())}
+        for node, n in self.tasks_by_node.items():
+            key = labels.get(node, node[:8])
+            out[key] = out.get(key, 0) + n
+        return out
+
+    def describe(self) -> str | None:
+        """One line for the console: tasks per node (JSON), or None before any task ran."""
+        if not self.tasks_by_node:
+            return None
+        import json
+
+        return f"ray tasks by node: {json.dumps(self.tasks_by_node_label())}"
 
     def parse_kineto_files(self, paths: list[str], *, max_decompressed_bytes: int | None = None,
                            max_memory_bytes: int | None = None) -> Iterator[tuple[str, Any, str | None]]:
