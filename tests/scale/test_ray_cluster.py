@@ -36,11 +36,19 @@ def cluster():
         assert not c.pids(), "processes of the test's Ray cluster outlived it"
 
 
-def _tracekit(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "tracekit", *args], env={**env, "PYTHONPATH": str(REPO)},
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return p
+def _tracekit(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tracekit", *args], env={**env, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _done(p: subprocess.Popen) -> str:
+    """The command's stderr; it must have succeeded."""
+    try:
+        _, err = p.communicate(timeout=600)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err[-3000:]
+    return err
 
 
 def _independent(run: Path) -> dict[int, Counter]:
@@ -63,11 +71,13 @@ def test_three_node_cluster_gives_the_local_tables_and_analysis(cluster, tmp_pat
     env = cluster.env()
     assert env["RAY_ADDRESS"] == cluster.address
     ray_out, local_out = tmp_path / "ray", tmp_path / "local"
-    p = _tracekit(["analyze", str(run), "--out", str(ray_out), "--engine", "ray", "--address", "auto"], env)
-    _tracekit(["analyze", str(run), "--out", str(local_out), "-j", "1", "-q"], dict(os.environ))
+    ray = _tracekit(["analyze", str(run), "--out", str(ray_out), "--engine", "ray", "--address", "auto"], env)
+    local = _tracekit(["analyze", str(run), "--out", str(local_out), "-j", "1", "-q"], dict(os.environ))
+    stderr = _done(ray)
+    _done(local)
 
-    by_node = node_of_tasks(p.stderr)
-    assert set(by_node) == {"node0", "node1", "node2"}, p.stderr[-2000:]  # the cluster's three nodes
+    by_node = node_of_tasks(stderr)
+    assert set(by_node) == {"node0", "node1", "node2"}, stderr[-2000:]  # the cluster's three nodes
     assert sum(by_node.values()) == 2 * 16  # a parse task and an activity task per rank
     assert sum(1 for n in by_node.values() if n > 0) >= 2, by_node  # the work was spread
 

@@ -134,7 +134,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc), param_hint="--rank-from-name") from None
         out.mkdir(parents=True, exist_ok=True)
         try:
-            engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory)
+            engine, budget = engine_from_options(engine_name, workers=workers, address=address, max_memory=max_memory,
+                                                 whole_command=True)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         except TracekitError as exc:

@@ -13,7 +13,10 @@ ENGINE = typer.Option("local", "--engine", help="Where per-rank work runs: local
 ADDRESS = typer.Option(None, "--address",
                        help="Ray cluster address for --engine ray (default: start a local Ray with --workers CPUs).")
 MAX_MEMORY = typer.Option(None, "--max-memory",
-                          help="Memory budget per parse worker (e.g. 2GB); larger traces are parsed in chunks.")
+                          help="Memory budget (e.g. 2GB). parse: each trace's parse (larger traces are parsed in "
+                               "chunks). analyze: the whole command, this process and its local workers (fewer "
+                               "workers, parses in chunks within their share; the peak is watched and said when the "
+                               "cross-rank analysis needs more).")
 RANK = typer.Option(None, "--rank", min=0,
                     help="Rank of a lone trace that names none (in distributedInfo or its file name); without it "
                          "such a trace is analysed as rank 0, with a warning.")

@@ -33,8 +33,12 @@ def available_cores() -> int:
         return max(os.cpu_count() or 1, 1)
 
 
-def engine_from_options(engine: str, *, workers: int, address: str | None, max_memory: str | None):
-    """(Engine, max_memory_bytes) from CLI options; ValueError with a user-facing message when invalid."""
+def engine_from_options(engine: str, *, workers: int, address: str | None, max_memory: str | None,
+                        whole_command: bool = False):
+    """(Engine, max_memory_bytes) from CLI options; ValueError with a user-facing message when invalid.
+    `whole_command` (tracekit analyze): the budget is the whole command's, this process and its workers
+    (the engine gets a MemoryBudget that plans and watches it, engines/budget.py); otherwise it is each
+    parse's (tracekit parse: a file whose parse would exceed it is parsed in chunks)."""
     from tracekit.engines import ENGINES, make_engine
 
     if engine not in ENGINES:
@@ -44,7 +48,7 @@ def engine_from_options(engine: str, *, workers: int, address: str | None, max_m
     budget = parse_memory_size(max_memory) if max_memory is not None else None
     auto = workers == AUTO_WORKERS
     made = make_engine(engine, workers=available_cores() if auto else workers, address=address, auto=auto)
-    if budget is not None:
+    if budget is not None and whole_command:
         from tracekit.engines.budget import MemoryBudget
 
         made.budget = MemoryBudget(budget)
