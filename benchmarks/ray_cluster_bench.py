@@ -9,8 +9,8 @@ NCCL trace with distinct ranks and shifted clocks, `ensure_real_run`); `sim` its
 The cluster (benchmarks/ray_cluster.py): a head and nodes-1 worker nodes, each its own `ray start`
 with 1 CPU, its own resource `nodeN`, ports, object store; the files on this machine's disk are
 their shared storage. Cases, each a fresh `tracekit analyze` process (nice'd), measured for wall,
-CPU (the process tree's), the peak summed PSS of the process tree and of the driver alone (PSS
-sampled every 0.3 s):
+CPU (the process tree's, sampled every 0.5 s), the peak summed PSS of the process tree and of the driver
+alone (PSS sampled every second):
 - ray: `--engine ray --address auto` with RAY_ADDRESS naming the cluster; the tasks each node ran
   (tracekit's `ray tasks by node:` line) and the cluster's own peak PSS (its raylets, workers, GCS)
   are printed: proof that every node worked;
@@ -58,22 +58,24 @@ def measured(cmd: list[str], env: dict[str, str], extra_pids=None) -> dict:
     cpu: dict[int, int] = {}
     done = threading.Event()
 
-    def sample() -> None:
-        n = 0
+    def sample() -> None:  # cheap: the box is shared, and this runs beside the measured command
+        n, extra = 0, []
         while not done.is_set():
             pids = _tree(proc.pid)
             for p in pids:
                 t = _cpu_ticks(p)
                 if t is not None:
                     cpu[p] = max(cpu.get(p, 0), t)
-            if n % 3 == 0:
+            if n % 2 == 0:  # PSS every second (smaps_rollup walks the page tables)
                 vals = {p: _pss_kb(p).get("Pss", 0) for p in pids}
                 peak["tree"] = max(peak["tree"], sum(vals.values()))
                 peak["driver"] = max(peak["driver"], vals.get(proc.pid, 0))
                 if extra_pids is not None:
-                    peak["cluster"] = max(peak["cluster"], sum(_pss_kb(p).get("Pss", 0) for p in extra_pids()))
+                    if n % 30 == 0:  # the cluster's processes (a /proc scan) every 15 s
+                        extra = extra_pids()
+                    peak["cluster"] = max(peak["cluster"], sum(_pss_kb(p).get("Pss", 0) for p in extra))
             n += 1
-            done.wait(0.1)
+            done.wait(0.5)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()

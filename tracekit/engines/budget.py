@@ -74,7 +74,7 @@ def _mb(n: int) -> str:
 class MemoryBudget:
     total: int
     """Bytes for this process and its local workers together."""
-    interval_s: float = 0.25
+    interval_s: float = 0.5
     peak: int = 0
     peak_own: int = 0
     peak_workers: int = 0
