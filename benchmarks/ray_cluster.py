@@ -160,6 +160,8 @@ class RayCluster:
             last = out.strip().splitlines()[-1] if out.strip() else f"exit {rc}"
             if "timed out during startup" not in out:
                 break
+            if i == 0:  # a head that missed the wait may have left its GCS running: a retry must not meet it
+                self._kill()
             cmd = [RAY, "start", *args, *self._node_args(i)]  # fresh ports for the retry
         raise ClusterStartError(f"`ray start` of node{i} failed: {last}")
 
@@ -215,7 +217,13 @@ class RayCluster:
         return sorted(found)
 
     def stop(self, grace_s: float = 3.0) -> int:
-        """Terminate this cluster's processes (SIGTERM, then SIGKILL after `grace_s`); the count."""
+        """Terminate this cluster's processes (SIGTERM, then SIGKILL after `grace_s`) and remove its
+        temp dir; the count of processes."""
+        n = self._kill(grace_s)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return n
+
+    def _kill(self, grace_s: float = 3.0) -> int:
         seen: set[int] = set()
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             pids = self.pids()
@@ -230,7 +238,6 @@ class RayCluster:
                 time.sleep(0.2)
             if not self.pids():
                 break
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
         return len(seen)
 
     def __enter__(self) -> RayCluster:
