@@ -4,7 +4,7 @@ and dispatched with `dist.all_to_all_single` using per-peer input/output split s
 exchanged first with an all_to_all of one int per expert), the experts (small MLPs, E / world of them
 per rank) run on the tokens they received, and a second all_to_all brings the outputs back (combine).
 The token all_to_alls are an autograd Function, so backward sends the gradients the other way.
-2 MoE layers (each a dense pre-projection, then the MoE), 8 experts, gloo on CPU, one thread per rank.
+2 MoE layers (each a dense pre-projection, then a pre-norm MoE), 8 experts, gloo on CPU, one thread per rank.
 It knows nothing of tracekit; run it with `torchrun --nproc-per-node 2 moe_ep.py`.
 
 Knobs for tests (the analyzers never see them): `--hot-expert E --hot-frac F` biases every router so
@@ -96,7 +96,7 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList()
         for _ in range(args.moe_layers):
             self.blocks.append(nn.ModuleDict({
-                "dense": nn.Linear(args.dim, args.dim),
+                "dense": nn.Linear(args.dim, args.dim), "norm": nn.LayerNorm(args.dim),
                 "moe": MoELayer(args.dim, args.hidden, args.experts, args.top_k, world, rank,
                                 args.hot_expert, args.hot_frac)}))
         self.head = nn.Linear(args.dim, 1)
@@ -105,7 +105,7 @@ class Model(nn.Module):
         h = self.embed(x)
         for b in self.blocks:
             h = h + b["dense"](h).relu()
-            h = h + b["moe"](h)
+            h = h + b["moe"](b["norm"](h))  # pre-norm, as transformer blocks do
         return self.head(h)
 
 

@@ -3,9 +3,14 @@
 Definitions (DESIGN §3): routing skew = max tokens per expert / mean tokens per expert, per layer and
 step (mean over all the layer's experts, idle ones included). Tokens come from the `routing` table
 (tokens counted on the rank that routed them, summed over ranks, global expert ids). Without routing
-statistics the dispatch all-to-all split sizes stand in: elements sent to each expert-parallel rank,
-the k-th dispatch of a step being MoE call k (`granularity: "ep_rank"`). Expert owners: expert e of E
-lives on rank `ranks[e // (E / n)]` of each ep group of size n.
+statistics the dispatch all-to-all split sizes stand in: elements sent to each expert-parallel rank
+(`granularity: "ep_rank"`; which expert on a rank is hot is not in the trace, so the finding names "the
+experts on rank R", R the member of the dispatch's group the split points at). Dispatches labelled as such
+are taken in order, one per layer; otherwise they are found from the sizes (`moe_passes_of`): an
+all_to_all with split sizes followed by one mirroring them (the combine) is a layer's pass, and when the
+second half of a step's passes mirrors the first (backward sends the combine's gradient out like the
+dispatch) it is backward: 2 MoE layers give 8 such all_to_alls a step (and 2 split-size exchanges),
+layers 0 and 1. Expert owners: expert e of E lives on rank `ranks[e // (E / n)]` of each ep group of size n.
 
 Section `experts` (JSON):
 {
