@@ -50,16 +50,18 @@ class Expert(nn.Module):
 
 
 class MoELayer(nn.Module):
-    def __init__(self, dim, hidden, num_experts, top_k, world, rank, hot_expert=None, hot_frac=0.0):
+    def __init__(self, dim, hidden, num_experts, top_k, world, rank, hot_expert=None, hot_frac=0.0, noise=1.0):
         super().__init__()
         self.num_experts, self.top_k, self.world, self.rank = num_experts, top_k, world, rank
         self.local = num_experts // world
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(dim, hidden) for _ in range(self.local))
-        self.hot_expert, self.hot_frac = hot_expert, hot_frac
+        self.hot_expert, self.hot_frac, self.noise = hot_expert, hot_frac, noise
 
     def forward(self, x):
         logits = self.gate(x)
+        if self.training and self.noise:  # noisy top-k gating (Shazeer et al. 2017): spreads a fresh router's load
+            logits = logits + self.noise * torch.randn_like(logits)
         if self.hot_expert is not None and self.hot_frac > 0:
             hot = torch.rand(x.shape[0]) < self.hot_frac
             bias = torch.zeros_like(logits)
@@ -98,7 +100,7 @@ class Model(nn.Module):
             self.blocks.append(nn.ModuleDict({
                 "dense": nn.Linear(args.dim, args.dim), "norm": nn.LayerNorm(args.dim),
                 "moe": MoELayer(args.dim, args.hidden, args.experts, args.top_k, world, rank,
-                                args.hot_expert, args.hot_frac)}))
+                                args.hot_expert, args.hot_frac, args.router_noise)}))
         self.head = nn.Linear(args.dim, 1)
 
     def forward(self, x):
@@ -120,6 +122,7 @@ def main():
     ap.add_argument("--moe-layers", type=int, default=2)
     ap.add_argument("--hot-expert", type=int, default=None)
     ap.add_argument("--hot-frac", type=float, default=0.0)
+    ap.add_argument("--router-noise", type=float, default=1.0)
     straggler_knobs.add_args(ap)
     args = ap.parse_args()
 
