@@ -529,6 +529,7 @@ class HostBoundRanksRow(Struct):
     launch_wait_ns: int = 0
     launch_wait_busy_ns: int = 0
     slow_ops_ns: int = 0
+    first_launch_ns: int | UnsetType = UNSET
     data_load_ns: int = 0
     slow_ops: int = 0
 
