@@ -26,6 +26,8 @@ QUEUE_WAIT_MIN_NS = 50_000
 a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
 the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
 QUEUE_RETURN_MAX_NS = 50_000
+MODULE_KINDS = ("compute", "comm")
+"""Device ops that run a kernel from a loaded module (`kernels.kind`; copies and memsets do not)."""
 
 
 def last_ended_inside(ts: np.ndarray, end: np.ndarray, k_end: np.ndarray) -> np.ndarray:
@@ -79,7 +81,7 @@ def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def device_ops(store: RunStore, rank: int) -> Columns | None:
-    k = store.rank_table("kernels", rank, ["name", "ts", "dur", "correlation", "step"])
+    k = store.rank_table("kernels", rank, ["name", "kind", "ts", "dur", "correlation", "step"])
     k = k.filter(pc.is_valid(k["dur"]))
     if k.num_rows == 0:
         return None
@@ -87,7 +89,9 @@ def device_ops(store: RunStore, rank: int) -> Columns | None:
     return {"ts": ts, "end": ts + k.column("dur").to_numpy().astype(np.int64),
             "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
             "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64),
-            "name": np.asarray(k.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object)}
+            "name": np.asarray(k.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+            "module": np.isin(np.asarray(k.column("kind").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+                              MODULE_KINDS)}
 
 
 def first_launches(kern: Columns) -> np.ndarray:
@@ -99,6 +103,7 @@ def first_launches(kern: Columns) -> np.ndarray:
     if not stepped.any():
         return np.zeros(0, np.int64)
     o = np.argsort(kern["ts"], kind="stable")
+    o = o[kern["module"][o]]  # kernels (a copy or memset loads no module)
     _, first = np.unique(kern["name"][o], return_index=True)
     i = o[first]
     return kern["corr"][i[(kern["step"][i] == kern["step"][stepped].min()) & (kern["corr"][i] >= 0)]]
