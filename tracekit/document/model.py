@@ -329,6 +329,7 @@ class TraceKindSection(Struct):
     no_verdict_reason: str | None = None
     capture_only_ranks: list[int] = msgspec.field(default_factory=list)
     inference_ranks: list[int] = msgspec.field(default_factory=list)
+    communication_ranks: list[int] | UnsetType = UNSET
     notes: list[str] = msgspec.field(default_factory=list)
 
 class StragglersRanksRow(Struct):
