@@ -286,6 +286,7 @@ class RecordingVerdictStabilityRow(Struct):
     margin_share: Num | None = None
     margin_sd_share: Num | None = None
     stable: bool | None = None
+    tie: bool | UnsetType = UNSET
     steps_needed: int = 0
     note: str = ""
 
