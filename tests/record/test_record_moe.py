@@ -92,7 +92,7 @@ def layer_skews(traces: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 @pytest.mark.quiet_box
-def test_hot_experts_are_top_with_the_measured_saving(runs):
+def test_hot_experts_are_the_top_finding(runs):
     traces, analysis = runs["hot"]
     top = analysis["findings"][0]
     assert top["kind"] == "expert_routing_skew" and top["severity"] in ("warning", "critical"), [
@@ -108,8 +108,19 @@ def test_hot_experts_are_top_with_the_measured_saving(runs):
     assert [x["layer"] for x in sec["layers"]] == list(range(LAYERS))
     assert [x["skew"] for x in sec["layers"]] == pytest.approx([truth[k] for k in range(LAYERS)], rel=1e-12)
     assert all(x["hot_owner_ranks"] == [HOT_RANK] for x in sec["layers"])
-    saving = ev["replayed_saving_ns"]
-    assert top["est_saving_ns"] == saving > 0
+    assert top["est_saving_ns"] == ev["replayed_saving_ns"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.quiet_box
+def test_replayed_saving_is_within_25pct_of_the_measured_difference(runs):
+    """Issue 32's must-show. Measured on the loaded 2-core box (other jobs beside it, load 7-19): the
+    balanced-routing replay fell on both sides of the difference (181.5 for 274, 210 for 404, 140 for 127,
+    157 for 51 ms), and one quieter pair read 45 for 84; see docs/metrics.md §8."""
+    traces, analysis = runs["hot"]
+    top = analysis["findings"][0]
+    assert top["kind"] == "expert_routing_skew"
+    saving = top["evidence"]["replayed_saving_ns"]
     clean = [step_ns(runs[n][0]) for n in ("clean", "clean2")]
     hot = step_ns(traces)
     diff, spread = hot - sum(clean) // 2, max(clean) - min(clean)

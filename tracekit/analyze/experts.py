@@ -232,7 +232,11 @@ def moe_passes_of(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], in
     return pairs, m
 
 
-def _splits_layers(rows: list[dict[str, Any]]) -> tuple[dict[tuple[int, int], list[int]], dict[tuple[int, int], list[int]], str]:
+Layered = dict[tuple[int, int], list[int]]
+"""(step, MoE layer) -> one number per member of the layer's group"""
+
+
+def _splits_layers(rows: list[dict[str, Any]]) -> tuple[Layered, Layered, str]:
     """(step, MoE layer) -> elements sent to each member of the dispatch's group (summed over the senders),
     (step, layer) -> the group's ranks, and the rule used. Dispatches labelled as such (`DISPATCH_LABEL` in
     the caller) are taken in order, one per layer; otherwise `moe_passes_of` finds them from the sizes."""

@@ -201,7 +201,8 @@ def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert
     cf = f" (now {capacity_factor:g})" if capacity_factor is not None else ""
     new_w = f" to about {aux_loss_weight * 10:g}" if aux_loss_weight else ""
     hot = hot_label or f"Expert {expert}"  # a rank's experts where the trace does not show which one is hot
-    text = (f"{hot} of MoE layer {layer} receive{'s' if hot_label is None else ''} {skew:.1f}x the mean tokens: raise the load-balancing "
+    verb = "receives" if hot_label is None else "receive"
+    text = (f"{hot} of MoE layer {layer} {verb} {skew:.1f}x the mean tokens: raise the load-balancing "
             f"aux-loss weight{w}{new_w}, check the router's bias/initialisation, or lower the capacity "
             f"factor{cf} to cap the hot expert")
     if dropped_fraction:
