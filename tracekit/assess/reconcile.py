@@ -110,6 +110,9 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
         return f"placement_mismatch (the {f.dim} group spans hosts)"
     if comm_bound and c.misplaced and c.mostly(ranks, c.misplaced):
         return "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
+    if unoverlapped and c.hot_owners and _op(f) == "all_to_all" and ranks and not ranks & c.hot_owners:
+        # a rank without the hot experts: its exposed all_to_all is mostly the wait for the rank that has them
+        return "expert_routing_skew: the exposed all-to-all on this rank is mostly waiting on the hot experts' rank"
     if comm_bound and c.hot_owners and c.mostly(ranks, {"ep"}):
         return "expert_routing_skew: the exposed communication is mostly all-to-all waiting on the hot expert"
     if straggler and c.slow_stage and ranks <= c.slow_stage:
@@ -254,6 +257,8 @@ def pp_exposed_share(unoverlapped: UnoverlappedResult | None, pipe_ranks: set[in
 TRAINING_ONLY = (FindingKind.RECOMPUTE, FindingKind.ACTIVATION_DOMINATED_PEAK, FindingKind.MEMORY_HEADROOM)
 """Findings whose advice is for training (activation checkpointing, recompute, a larger micro-batch for the
 memory left over): not given on inference ranks."""
+OVERLAP_ADVICE = (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND)
+"""Findings whose advice is to overlap collectives with compute: none on communication-only ranks."""
 INPUT_KINDS = (FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
                FindingKind.TIME_UNIT_MISMATCH)
 """Findings about the inputs themselves, kept on any trace kind."""
@@ -266,6 +271,7 @@ def fit_trace_kind(findings: list[Finding], trace_kind: TraceKindResult | None) 
     if trace_kind is None:
         return findings
     capture, inference = trace_kind.capture_only(), trace_kind.inference()
+    comm_only = trace_kind.communication_only()
     all_capture = trace_kind.section is not None and trace_kind.section.get("verdict") is None
     out = []
     for f in findings:
@@ -274,6 +280,11 @@ def fit_trace_kind(findings: list[Finding], trace_kind: TraceKindResult | None) 
             continue
         if f.kind in TRAINING_ONLY and inference and (ranks <= inference if ranks else True):
             continue
+        if f.kind in OVERLAP_ADVICE and comm_only and (ranks <= comm_only if ranks else True):
+            if f.kind is not FindingKind.COMMUNICATION_BOUND:
+                continue
+            f = replace(f, severity=Severity.INFO, est_saving_ns=0, summary=(
+                f"{f.summary}; the steps have no compute (a communication-only loop): nothing to overlap it with"))
         out.append(f)
     return out
 
