@@ -1,0 +1,209 @@
+"""The user-script detection matrix (issue 32): every scenario of `SCENARIOS` recorded with
+`tracekit record -- torchrun` faulty and clean, `--runs` times each (default 3), with a busy process
+beside them (a `python -c` CPU burner at normal priority for the whole matrix), then `tracekit analyze`d.
+
+Per faulty run it prints the top finding (kind, severity, ranks), its replayed saving, the measured
+difference (the run's step minus the mean clean step: per profiled step the longest `ProfilerStep#N` of
+the ranks, read with plain gzip/json/Decimal, mean over the steps), the clean runs' spread (max − min of
+their steps), and PASS/FAIL: the injected cause is the top finding at warning or above, and wherever the
+difference exceeds the clean spread, its replayed saving is within 25% of the difference. Per clean run it
+prints the warnings that name a fault (any is a FAIL).
+
+    python benchmarks/user_scripts_matrix.py [--runs 3] [--only NAME ...] [--out DIR] [--no-busy]
+
+Scenarios are declared in `SCENARIOS` (one `Scenario` each): another script's scenario is one more entry.
+Exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "user_scripts"
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    script: str
+    nproc: int
+    args: tuple[str, ...]          # both runs
+    fault: tuple[str, ...]         # added to the faulty run only
+    cause: str                     # what was injected, in words
+    accept: dict[str, set[str] | None]
+    """kind -> the causes accepted for it (evidence.cause; None: any) — the top finding's kind must be one."""
+    ranks: tuple[int, ...] = (1,)  # the top finding's ranks must be these
+    record: tuple[str, ...] = ("--wait", "1", "--warmup", "1", "--active", "2")
+    steps: int = 6
+    timeout_s: int = 300
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+HOST = {"idle_host_bound": None, "host_bound": None, "host_stall": None}
+# The DDP toy model made to compute for real (~15-20 ms a step at 1x on this box): 2x the batch is work,
+# not noise. FSDP2's as in tests/record/test_user_scripts.py.
+DDP_WORK = ("--hidden", "2048", "--batch", "1024")
+FSDP2_WORK = ("--dim", "256", "--seq", "256", "--batch", "8", "--vocab", "256")
+
+SCENARIOS: list[Scenario] = [
+    Scenario("ddp_sleep", "ddp_loop.py", 2, (), ("--slow-rank", "1", "--sleep-ms", "40"),
+             "rank 1 sleeps 40 ms a step", {"straggler": {"host_idle", "unknown", "contention"}, **HOST}),
+    Scenario("ddp_batch2", "ddp_loop.py", 2, DDP_WORK, ("--slow-rank", "1", "--batch-mult", "2"),
+             "rank 1 has 2x the batch", {"straggler": {"compute", "uneven_work"}}),
+    Scenario("ddp_no_sync_batch2", "ddp_no_sync.py", 2, (*DDP_WORK, "--accum", "2"),
+             ("--slow-rank", "1", "--batch-mult", "2"),
+             "rank 1 has 2x the batch (no_sync accumulation)", {"straggler": {"compute", "uneven_work"}}),
+    Scenario("fsdp2_batch3", "fsdp2_clip.py", 2, FSDP2_WORK, ("--slow-rank", "1", "--batch-mult", "3"),
+             "rank 1 has 3x the batch", {"straggler": {"compute", "uneven_work"}}),
+    Scenario("dataloader_stall", "ddp_dataloader.py", 2, (), ("--slow-rank", "1", "--loader-sleep-ms", "40"),
+             "rank 1's Dataset sleeps 40 ms a batch", {"straggler": {"data_load"}, **HOST}),
+    Scenario("pipeline_2_6_2_2", "pipelining_1f1b.py", 4,
+             ("--layers", "12", "--microbatches", "4", "--block-ms", "10"), ("--split", "2,6,2,2"),
+             "stage 1 holds 3x the blocks", {"pipeline_imbalance": None}, steps=5),
+]
+NOT_A_FAULT = {"unstable_verdict"}
+TOLERANCE = 0.25
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def record(sc: Scenario, faulty: bool, out: Path) -> None:
+    cmd = [PY, "-m", "tracekit", "record", "--out", str(out), *sc.record, "--",
+           PY, "-m", "torch.distributed.run", "--nproc-per-node", str(sc.nproc), "--max-restarts", "0",
+           "--master-port", str(free_port()), str(SCRIPTS / sc.script), "--steps", str(sc.steps), *sc.args,
+           *(sc.fault if faulty else ())]
+    res = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=sc.timeout_s)
+    ok = res.returncode == 0 or all(json.loads(p.read_text()).get("status") == "ok"
+                                    for p in out.glob("record.rank*.json"))  # gloo's teardown abort
+    if not ok:
+        raise RuntimeError(f"record {sc.name} failed: {res.stderr[-2000:]}")
+
+
+def analyze(traces: Path, out: Path) -> dict:
+    res = subprocess.run([PY, "-m", "tracekit", "analyze", str(traces), "--out", str(out), "-q"],
+                         env=child_env(), capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"analyze {traces} failed: {res.stderr[-2000:]}")
+    return json.loads((out / "analysis.json").read_text())
+
+
+def step_ns(traces: Path) -> int:
+    """Mean over the profiled steps of the longest ProfilerStep#N among the ranks (integer ns, plain json)."""
+    per_step: dict[int, int] = {}
+    for path in sorted(traces.glob("rank*.pt.trace.json.gz")):
+        with gzip.open(path, "rt") as fh:
+            trace = json.loads(fh.read(), parse_float=Decimal)
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                step = int(e["name"].split("#")[1])
+                per_step[step] = max(per_step.get(step, 0), int(Decimal(str(e["dur"])) * 1000))
+    return sum(per_step.values()) // max(1, len(per_step))
+
+
+def _saving(f: dict) -> int:
+    ev = f.get("evidence") or {}
+    return int(ev.get("replayed_saving_ns") if ev.get("replayed_saving_ns") is not None else f.get("est_saving_ns") or 0)
+
+
+def _accepts(sc: Scenario, f: dict) -> bool:
+    if f["kind"] not in sc.accept or f["severity"] not in ("warning", "critical"):
+        return False
+    causes = sc.accept[f["kind"]]
+    return tuple(f.get("ranks") or ()) == sc.ranks and (causes is None or (f.get("evidence") or {}).get("cause") in causes)
+
+
+def fault_warnings(analysis: dict) -> list[str]:
+    return [f"{f['kind']}{f['ranks']}" for f in analysis["findings"]
+            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT]
+
+
+def run_scenario(sc: Scenario, runs: int, root: Path) -> tuple[list[str], bool]:
+    clean, faulty = [], []
+    for i in range(runs):  # interleaved: the box's load drifts alike over both
+        for kind, bucket in (("clean", clean), ("faulty", faulty)):
+            traces = root / f"{sc.name}_{kind}{i}"
+            record(sc, kind == "faulty", traces)
+            bucket.append((traces, analyze(traces, root / f"{sc.name}_{kind}{i}_out")))
+    steps = [step_ns(t) for t, _ in clean]
+    mean_clean, spread = sum(steps) // len(steps), max(steps) - min(steps)
+    lines, ok = [], True
+    for i, (traces, analysis) in enumerate(faulty):
+        top = analysis["findings"][0] if analysis["findings"] else None
+        diff = step_ns(traces) - mean_clean
+        saving = _saving(top) if top else 0
+        hit = top is not None and _accepts(sc, top)
+        close = diff <= spread or abs(saving - diff) <= TOLERANCE * diff
+        ok &= hit and close
+        desc = "none" if top is None else (f"{top['kind']}/{top['severity']} ranks {top['ranks']} "
+                                           f"cause {(top.get('evidence') or {}).get('cause')}")
+        off = f"{(saving - diff) / diff:+.0%}" if diff > 0 else "n/a"
+        lines.append(f"  faulty {i}: top {desc}; saving {saving / 1e6:.1f} ms, difference {diff / 1e6:.1f} ms "
+                     f"({off}), clean spread {spread / 1e6:.1f} ms -> {'PASS' if hit and close else 'FAIL'}"
+                     + ("" if hit else " (top is not the injected cause)")
+                     + ("" if close else " (saving off by more than 25%)"))
+    for i, (_, analysis) in enumerate(clean):
+        warn = fault_warnings(analysis)
+        ok &= not warn
+        lines.append(f"  clean {i}: step {steps[i] / 1e6:.1f} ms; warnings naming a fault: {warn or 'none'}"
+                     f" -> {'FAIL' if warn else 'PASS'}")
+    return lines, ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-busy", action="store_true", help="no CPU burner beside the recordings")
+    args = ap.parse_args()
+    root = Path(args.out or tempfile.mkdtemp(prefix="user_scripts_matrix_"))
+    root.mkdir(parents=True, exist_ok=True)
+    busy = None if args.no_busy else subprocess.Popen([PY, "-c", "while True: pass"])
+    ok_all = True
+    try:
+        for sc in SCENARIOS:
+            if args.only and sc.name not in args.only:
+                continue
+            t0 = time.monotonic()
+            try:
+                lines, ok = run_scenario(sc, args.runs, root)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                lines, ok = [f"  error: {exc}"], False
+            ok_all &= ok
+            print(f"{sc.name}: {sc.cause} ({sc.script}, {sc.nproc} ranks; {time.monotonic() - t0:.0f} s)"
+                  f" -> {'PASS' if ok else 'FAIL'}")
+            print("\n".join(lines), flush=True)
+    finally:
+        if busy is not None:
+            busy.terminate()
+            busy.wait()
+    print(f"recordings under {root}")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
