@@ -54,13 +54,15 @@ class Scenario:
 
 
 HOST = {"idle_host_bound": None, "host_bound": None, "host_stall": None}
-# The DDP toy model made to compute for real (~15-20 ms a step at 1x on this box): 2x the batch is work,
-# not noise. FSDP2's as in tests/record/test_user_scripts.py.
+# The DDP toy model made to compute for real (~25-55 ms a step at 1x on this box, loaded): 2x the batch is
+# work, not noise, and the step is not only gloo's all-reduce (the toy default computes ~1 ms a step, and
+# beside a busy process its 165-float all-reduce took 4-7 ms: exposed communication, which the analysis
+# reports, is then most of a clean step). FSDP2's as in tests/record/test_user_scripts.py.
 DDP_WORK = ("--hidden", "2048", "--batch", "1024")
 FSDP2_WORK = ("--dim", "256", "--seq", "256", "--batch", "8", "--vocab", "256")
 
 SCENARIOS: list[Scenario] = [
-    Scenario("ddp_sleep", "ddp_loop.py", 2, (), ("--slow-rank", "1", "--sleep-ms", "40"),
+    Scenario("ddp_sleep", "ddp_loop.py", 2, DDP_WORK, ("--slow-rank", "1", "--sleep-ms", "40"),
              "rank 1 sleeps 40 ms a step", {"straggler": {"host_idle", "unknown", "contention"}, **HOST}),
     Scenario("ddp_batch2", "ddp_loop.py", 2, DDP_WORK, ("--slow-rank", "1", "--batch-mult", "2"),
              "rank 1 has 2x the batch", {"straggler": {"compute", "uneven_work"}}),
@@ -69,8 +71,11 @@ SCENARIOS: list[Scenario] = [
              "rank 1 has 2x the batch (no_sync accumulation)", {"straggler": {"compute", "uneven_work"}}),
     Scenario("fsdp2_batch3", "fsdp2_clip.py", 2, FSDP2_WORK, ("--slow-rank", "1", "--batch-mult", "3"),
              "rank 1 has 3x the batch", {"straggler": {"compute", "uneven_work"}}),
-    Scenario("dataloader_stall", "ddp_dataloader.py", 2, (), ("--slow-rank", "1", "--loader-sleep-ms", "40"),
-             "rank 1's Dataset sleeps 40 ms a batch", {"straggler": {"data_load"}, **HOST}),
+    Scenario("dataloader_stall", "ddp_dataloader.py", 2, DDP_WORK, ("--slow-rank", "1", "--loader-sleep-ms", "40"),
+             "rank 1's DataLoader sleeps 40 ms a batch", {"straggler": {"data_load"}, **HOST}),
+    Scenario("dataloader_stall_workers", "ddp_dataloader.py", 2, (*DDP_WORK, "--workers", "1"),
+             ("--slow-rank", "1", "--loader-sleep-ms", "40"),
+             "rank 1's DataLoader (1 worker process) sleeps 40 ms a batch", {"straggler": {"data_load"}, **HOST}),
     Scenario("pipeline_2_6_2_2", "pipelining_1f1b.py", 4,
              ("--layers", "12", "--microbatches", "4", "--block-ms", "10"), ("--split", "2,6,2,2"),
              "stage 1 holds 3x the blocks", {"pipeline_imbalance": None}, steps=5),

@@ -4,8 +4,8 @@ two-layer model, MSE loss, SGD. It knows nothing of tracekit; run it with
 `torchrun --nproc-per-node 2 ddp_dataloader.py` (gloo on CPU).
 
 Knobs that a test uses to make one rank's data loading slow (the analyzers never see them):
-`--slow-rank R` with `--loader-sleep-ms MS` (rank R's Dataset sleeps MS ms per batch, spread over the
-items it loads in `__getitem__`), `--workers N` (DataLoader worker processes; 0 loads in the training
+`--slow-rank R` with `--loader-sleep-ms MS` (rank R's DataLoader sleeps MS ms per batch in its
+`collate_fn`, a slow decoder / augmentation), `--workers N` (DataLoader worker processes; 0 loads in the training
 process), and the shared `--batch-mult` / `--sleep-ms` knobs (straggler_knobs.py).
 """
 
@@ -18,26 +18,35 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 from torch.utils.data.distributed import DistributedSampler
 
 
 class RandomRegression(Dataset):
-    """`size` (input, target) pairs; each `__getitem__` may sleep `item_sleep_s` (a slow disk / decoder)."""
+    """`size` (input, target) pairs."""
 
-    def __init__(self, size: int, item_sleep_s: float = 0.0):
+    def __init__(self, size: int):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(size, 10, generator=g)
         self.y = torch.randn(size, 5, generator=g)
-        self.item_sleep_s = item_sleep_s
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        if self.item_sleep_s:
-            time.sleep(self.item_sleep_s)
         return self.x[i], self.y[i]
+
+
+class SlowCollate:
+    """default_collate, after sleeping `sleep_s` (a slow decoder / augmentation on the batch)."""
+
+    def __init__(self, sleep_s: float = 0.0):
+        self.sleep_s = sleep_s
+
+    def __call__(self, items):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return default_collate(items)
 
 
 class ToyModel(nn.Module):
@@ -67,10 +76,10 @@ def main():
     torch.manual_seed(0)
     slow = rank == args.slow_rank
     batch = args.batch * (args.batch_mult if slow else 1)
-    item_sleep = args.loader_sleep_ms / 1000 / batch if slow else 0.0
-    dataset = RandomRegression(batch * dist.get_world_size() * args.steps, item_sleep)
+    dataset = RandomRegression(batch * dist.get_world_size() * args.steps)
     sampler = DistributedSampler(dataset)
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=args.workers)
+    collate = SlowCollate(args.loader_sleep_ms / 1000 if slow else 0.0)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=args.workers, collate_fn=collate)
     model = ToyModel(args.hidden)
     ddp_model = DDP(model)
     loss_fn = nn.MSELoss()
