@@ -28,8 +28,10 @@ from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "ddp_dataloader.py"
-# a model that computes for real (~25 ms a step at 1x here): the step is not only gloo's all-reduce
-WORK = ("--hidden", "1024", "--batch", "1024", "--steps", "6")
+# A model that computes for real (~15 ms a step here): the step is not only gloo's all-reduce. 256 wide samples
+# a batch: at 1024 samples, each fetched by its own `__getitem__` call and stacked by default_collate, the
+# clean run's loading took 10 ms a step (16%) beside a busy process, a real data-loading cost, reported.
+WORK = ("--hidden", "4096", "--batch", "256", "--steps", "6")
 RECORD_OPTS = ("--wait", "1", "--warmup", "1", "--active", "3")  # profile steps 2, 3, 4 of 0..5
 FAULT = ("--slow-rank", "1", "--loader-sleep-ms", "40")
 NOT_A_FAULT = {"unstable_verdict"}
@@ -107,9 +109,24 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
         assert abs(saving - diff) <= 0.25 * diff, (saving, diff)
 
 
+def box_slowed(f: dict) -> bool:
+    """A straggler the box made (as test_user_scripts.py's symmetric runs allow, issue 12 item 12: no severity cap
+    for one host): a cause that blames no work and no data loading — host-side, or longer compute on the same
+    ops and counted work — said with the one-host caveat. The busy process beside the job descheduled a rank."""
+    ev = f["evidence"]
+    if f["kind"] != "straggler" or "caveat" not in ev:
+        return False
+    if ev.get("cause") == "compute":
+        return (ev.get("op_count_ratio") or 0.0) < 1.1 and (ev.get("work_ratio") or 0.0) < 1.1
+    return ev.get("cause") in ("contention", "host_idle", "unknown")
+
+
 @pytest.mark.slow
 def test_clean_run_names_no_fault(runs):
     analysis = runs["clean"][1]
     warn = [(f["kind"], f["ranks"], f["summary"]) for f in analysis["findings"]
-            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT]
+            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT and not box_slowed(f)]
     assert warn == [], warn
+    # no data loading is blamed on either rank of the clean run, at any severity
+    assert not [f for f in analysis["findings"] if f["evidence"].get("cause") == "data_load"
+                and f["severity"] in ("warning", "critical")]

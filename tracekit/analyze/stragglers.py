@@ -47,7 +47,7 @@ Section `stragglers`:
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
                      "idle_labels": {label: ns}, "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
-                     "work_ratio", "work_measure": "flops|routed_tokens|null",
+                     "work_ratio", "work_measure": "flops|routed_tokens|gemm_shape_flops|null",
                      "owed_wait_ns_per_step", "owed_wait_by_rank": {rank: ns}}}],   # breakdown.owed_wait
      "thresholds": {...}}
 """
