@@ -9,7 +9,9 @@ their steps), and PASS/FAIL: the injected cause is the top finding at warning or
 difference exceeds the clean spread, its replayed saving is within 25% of the difference. Per clean run it
 prints the warnings that name a fault (any is a FAIL).
 
-    python benchmarks/user_scripts_matrix.py [--runs 3] [--only NAME ...] [--out DIR] [--no-busy]
+    python benchmarks/user_scripts_matrix.py [--runs 3] [--only NAME ...] [--out DIR] [--no-busy] [--reuse]
+
+`--reuse` analyzes the recordings already under `--out` again (after a change to the analysis).
 
 Scenarios are declared in `SCENARIOS` (one `Scenario` each): another script's scenario is one more entry.
 Exits 1 when a check fails.
@@ -171,12 +173,13 @@ def clean_warnings(analysis: dict) -> tuple[list[str], list[str]]:
     return [name(f) for f in warn if not box_slowed(f)], [name(f) for f in warn if box_slowed(f)]
 
 
-def run_scenario(sc: Scenario, runs: int, root: Path) -> tuple[list[str], bool]:
+def run_scenario(sc: Scenario, runs: int, root: Path, reuse: bool = False) -> tuple[list[str], bool]:
     clean, faulty = [], []
     for i in range(runs):  # interleaved: the box's load drifts alike over both
         for kind, bucket in (("clean", clean), ("faulty", faulty)):
             traces = root / f"{sc.name}_{kind}{i}"
-            record(sc, kind == "faulty", traces)
+            if not (reuse and (traces / "manifest.json").exists()):
+                record(sc, kind == "faulty", traces)
             bucket.append((traces, analyze(traces, root / f"{sc.name}_{kind}{i}_out")))
     steps = [step_ns(t) for t, _ in clean]
     mean_clean, spread = sum(steps) // len(steps), max(steps) - min(steps)
@@ -210,10 +213,11 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-busy", action="store_true", help="no CPU burner beside the recordings")
+    ap.add_argument("--reuse", action="store_true", help="re-analyze the recordings already under --out")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="user_scripts_matrix_"))
     root.mkdir(parents=True, exist_ok=True)
-    busy = None if args.no_busy else subprocess.Popen([PY, "-c", "while True: pass"])
+    busy = None if args.no_busy or args.reuse else subprocess.Popen([PY, "-c", "while True: pass"])
     ok_all = True
     try:
         for sc in SCENARIOS:
@@ -221,7 +225,7 @@ def main() -> int:
                 continue
             t0 = time.monotonic()
             try:
-                lines, ok = run_scenario(sc, args.runs, root)
+                lines, ok = run_scenario(sc, args.runs, root, args.reuse)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 lines, ok = [f"  error: {exc}"], False
             ok_all &= ok
