@@ -160,6 +160,8 @@ def box_slowed(f: dict) -> bool:
     """A straggler the box made (tests/record/test_user_scripts.py's rule for symmetric runs; issue 12 item 12:
     no severity cap for one host): a cause blaming no work and no data loading, with the one-host caveat."""
     ev = f.get("evidence") or {}
+    if f["kind"] == "idle_host_bound":  # gaps with no op running on a shared host: a descheduled process
+        return ev.get("cause") == "host_gap" and "caveat" in ev
     if f["kind"] != "straggler" or "caveat" not in ev:
         return False
     if ev.get("cause") == "compute":
