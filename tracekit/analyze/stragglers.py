@@ -13,8 +13,8 @@ host: a rank that holds its peers back is a straggler whatever the cause, with i
 as the saving; when every rank shares one host a cause that is not counted work (host idle, contention,
 unknown, longer compute on no more ops) carries a caveat (`caveat`: CPU cores shared by several ranks can
 make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
-against the noise: "data_load" (PyTorch's own DataLoader ranges on it) needs no last-share, and "uneven_work" (counted
-FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
+against the noise: "data_load" (PyTorch's own DataLoader ranges on it) and "uneven_work" (counted
+FLOPs/tokens) need no last-share and warn from 10% of the step. Where every rank's arrivals are device times (GPU traces:
 the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
 running ahead of the device: warning from 10% of the step at 2x dominance, last at over half of its
 collectives (`device_warning_*`). Dominance is over a rank's peers (ranks it meets in a collective) that
@@ -106,8 +106,9 @@ class StragglerConfig:
     """Same ops (op count ratio below `more_work_ratio`) with at least this many times the peers' FLOPs
     or routed tokens is "uneven_work" (longer sequences, a bigger shard)."""
     uneven_work_warning_delay_fraction: float = 0.10
-    """Warning threshold for an "uneven_work" straggler: the work excess is counted, not timed, so the
-    box's timing noise floor (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
+    """Warning threshold for an "uneven_work" or "data_load" straggler: the work excess is counted and the
+    loading measured on the rank, not timed against its peers, so the box's timing noise floor
+    (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
     device_warning_delay_fraction: float = 0.10
     """Warning threshold where every rank's arrivals are device times (GPU traces: the collective
     kernel's start). There the host's timing noise (a descheduled process on a shared CPU box) is
@@ -597,7 +598,10 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
         (row["dominance"] is None or row["dominance"] >= dominance)
         and (last_share >= (cfg.device_warning_last_share if device_timed else cfg.warning_last_share)
              or evidenced))
-    warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
+    # data loading is measured on the rank too (its DataLoader ranges beyond its peers'), as the host-stall
+    # finding of the same loading warns from 10%: beside other jobs (1-minute load 12-18 on the 2 cores) a
+    # 40 ms DataLoader stall held its peer back 24% of a step the box had stretched to 150 ms (info at 25%)
+    warn_frac = (cfg.uneven_work_warning_delay_fraction if cause in _MEASURED_ON_RANK
                  else cfg.device_warning_delay_fraction if device_timed else cfg.warning_delay_fraction)
     if strong and frac >= cfg.critical_delay_fraction:
         return Severity.CRITICAL
