@@ -88,6 +88,10 @@ SCENARIOS: list[Scenario] = [
              ("--slow-rank", "1", "--loader-sleep-ms", "120"),
              "rank 1's DataLoader (1 worker process) sleeps 120 ms a batch", {"straggler": {"data_load"}, **HOST},
              default=False),
+    # tests/record/test_record_moe.py's job (s-users2): 60% of the tokens choose expert 5 (on rank 1) first
+    Scenario("moe_hot_expert", "moe_ep.py", 2, (), ("--hot-expert", "5", "--hot-frac", "0.6"),
+             "the router sends 60% of the tokens to expert 5 (rank 1)", {"expert_routing_skew": None},
+             record=("--wait", "1", "--warmup", "1", "--active", "3")),
     Scenario("pipeline_2_6_2_2", "pipelining_1f1b.py", 4,
              ("--layers", "12", "--microbatches", "4", "--block-ms", "10"), ("--split", "2,6,2,2"),
              "stage 1 holds 3x the blocks", {"pipeline_imbalance": None},
