@@ -13,8 +13,8 @@ host: a rank that holds its peers back is a straggler whatever the cause, with i
 as the saving; when every rank shares one host a cause that is not counted work (host idle, contention,
 unknown, longer compute on no more ops) carries a caveat (`caveat`: CPU cores shared by several ranks can
 make a rank late too), never a lower severity. Two causes are measured on the rank itself rather than timed
-against the noise: "data_load" (PyTorch's own DataLoader ranges on it) needs no last-share, and "uneven_work" (counted
-FLOPs/tokens) warns from 10% of the step. Where every rank's arrivals are device times (GPU traces:
+against the noise: "data_load" (PyTorch's own DataLoader ranges on it) and "uneven_work" (counted
+FLOPs/tokens) need no last-share and warn from 10% of the step. Where every rank's arrivals are device times (GPU traces:
 the collective kernel's start, `device_timed` in the section) the host's noise is absorbed by the host
 running ahead of the device: warning from 10% of the step at 2x dominance, last at over half of its
 collectives (`device_warning_*`). Dominance is over a rank's peers (ranks it meets in a collective) that
@@ -47,7 +47,7 @@ Section `stragglers`:
      "stragglers": [{"rank", "cause": "compute|uneven_work|contention|data_load|host_idle|unknown",
                      "cause_evidence": {"compute_excess_ns", "data_load_excess_ns", "host_idle_excess_ns",
                      "idle_labels": {label: ns}, "delay_ns", "instances_examined", "op_count_ratio", "shape_free_op_slowdown",
-                     "work_ratio", "work_measure": "flops|routed_tokens|null",
+                     "work_ratio", "work_measure": "flops|routed_tokens|gemm_shape_flops|null",
                      "owed_wait_ns_per_step", "owed_wait_by_rank": {rank: ns}}}],   # breakdown.owed_wait
      "thresholds": {...}}
 """
@@ -69,6 +69,7 @@ from tracekit.findings.evidence import StragglerEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
+from tracekit.parse.op_shapes import gemm_cost, load_json, tensors
 from tracekit.tables.store import RunStore
 
 if TYPE_CHECKING:  # pandas is imported where matched instances exist (a run without any never needs it)
@@ -105,8 +106,9 @@ class StragglerConfig:
     """Same ops (op count ratio below `more_work_ratio`) with at least this many times the peers' FLOPs
     or routed tokens is "uneven_work" (longer sequences, a bigger shard)."""
     uneven_work_warning_delay_fraction: float = 0.10
-    """Warning threshold for an "uneven_work" straggler: the work excess is counted, not timed, so the
-    box's timing noise floor (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
+    """Warning threshold for an "uneven_work" or "data_load" straggler: the work excess is counted and the
+    loading measured on the rank, not timed against its peers, so the box's timing noise floor
+    (`warning_delay_fraction`) does not apply, nor does `warning_last_share`."""
     device_warning_delay_fraction: float = 0.10
     """Warning threshold where every rank's arrivals are device times (GPU traces: the collective
     kernel's start). There the host's timing noise (a descheduled process on a shared CPU box) is
@@ -182,9 +184,12 @@ def _trace_shift(rows: pd.DataFrame, matched: MatchedCollectives) -> tuple[np.nd
     return row_trace_shift(rows["rank"].to_numpy(np.int64), rows["source"].to_numpy(object), matched.trace_shift)
 
 
-def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives
-                   ) -> dict[tuple[int, str], int | None]:
-    """(rank, key) -> end of the rank's previous collective before that arrival, on its trace clock."""
+def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives,
+                   step_starts: dict[int, np.ndarray] | None = None) -> dict[tuple[int, str], int | None]:
+    """(rank, key) -> end of the rank's previous collective before that arrival, on its trace clock; for a
+    rank's first collective in the window (none before it was recorded), the start of its step holding
+    the arrival (`step_starts`: each rank's sorted step starts, trace clock), where known."""
+    step_starts = step_starts or {}
     # previous end of each rank's collectives, raw clock: interval before arrival
     allrows = rows[rows["rank"].isin(ranks)].sort_values(["rank", "arrival_raw"])
     prev_end_map: dict[tuple[int, str], int | None] = {}
@@ -201,9 +206,25 @@ def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollect
         keys = np.asarray(grp["key"].tolist(), dtype=object)[order]
         arr, ends = arr[order], ends[order]
         prev = np.concatenate(([lo], np.maximum.accumulate(ends)[:-1]))
+        # A previous collective still in flight at this arrival (gloo runs an async all-reduce on its own
+        # thread and ends it after the rank has moved on: DDP's bucket all-reduce ended 57 us after the
+        # same rank's next arrival) leaves the rank no time before the arrival: an empty window, which
+        # counts (no compute, loading or idle there), where dropping the rank left a 2-rank instance with
+        # no peer to compare the late rank with and the cause "unknown".
+        starts = step_starts.get(int(r), np.zeros(0, np.int64))
         for k, a, p in zip(keys.tolist(), arr.tolist(), prev.tolist()):
-            prev_end_map[(r, k)] = int(p) if lo < p < a else None
+            if p == lo:  # no collective before it: its step's start (DDP's one bucket a step, 2 steps profiled)
+                i = int(np.searchsorted(starts, a, side="right")) - 1
+                p = int(starts[i]) if i >= 0 else lo
+            prev_end_map[(r, k)] = int(min(p, a)) if lo < p else None
     return prev_end_map
+
+
+def _step_starts(store: RunStore, ranks: list[int]) -> dict[int, np.ndarray]:
+    """Each rank's profiled step starts (the steps table, trace clock), sorted."""
+    t = store.table("steps", ["rank", "ts"]).to_pandas()
+    t = t[t["rank"].isin(ranks) & t["ts"].notna()]
+    return {int(r): np.sort(g["ts"].to_numpy(np.int64)) for r, g in t.groupby("rank")}
 
 
 @dataclass(frozen=True)
@@ -308,7 +329,8 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     if not _trace_shift(members, matched)[1].all():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
-        members, late, rank, matched, _previous_ends(rows, ranks, matched), _rank_busy(store, activity, ranks, busy))
+        members, late, rank, matched, _previous_ends(rows, ranks, matched, _step_starts(store, ranks)),
+        _rank_busy(store, activity, ranks, busy))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
                 "host_idle_excess_ns": int(excess["host_idle"]), "device_idle_excess_ns": int(excess["device_idle"]),
                 "idle_labels": labelled,
@@ -385,10 +407,17 @@ def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int]) -> flo
     return round(mine / float(np.median(theirs)), 3)
 
 
+LEAF_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+"""The GEMM ops that do the multiply (aten::linear and aten::matmul call them: counting those too would count
+one GEMM twice)."""
+
+
 def _work_ratio(store: RunStore, rank: int, peers: list[int]) -> tuple[float | None, str | None]:
     """Load-independent work of the rank in its steps / the peers' median: the FLOPs of its ops when the
     profiler recorded them (with_flops), else the tokens its router assigned (MoE `routing` table:
-    tokens × top-k per layer, so tokens processed). None when neither is there for every rank."""
+    tokens × top-k per layer, so tokens processed), else its GEMMs' FLOPs from their recorded shapes
+    (`LEAF_GEMM_OPS`, op_shapes.gemm_cost: PyTorch 2.13's CPU profiler writes no FLOPs into the trace, so a
+    CPU rank with 2x the batch had no counted work). None when none is there for every rank."""
     ranks = [rank, *peers]
 
     def flops(r: int) -> float | None:
@@ -400,7 +429,23 @@ def _work_ratio(store: RunStore, rank: int, peers: list[int]) -> tuple[float | N
         t = store.rank_table("routing", r, ["step", "tokens"]).to_pandas()
         return float(t.groupby("step")["tokens"].sum().median()) if len(t) else None
 
-    for measure, fn in (("flops", flops), ("routed_tokens", tokens)):
+    def gemm_flops(r: int) -> float | None:  # the GEMMs' FLOPs from their recorded shapes (record_shapes)
+        ev = store.rank_table("events", r, ["name", "cat", "step", "input_dims", "input_types", "concrete_inputs"])
+        keep = pc.and_(pc.and_(pc.is_valid(ev["step"]), pc.is_valid(ev["input_dims"])),
+                       pc.is_in(ev["name"].cast(pa.string()), value_set=pa.array(LEAF_GEMM_OPS)))
+        ev = ev.filter(pc.fill_null(keep, False))
+        if not ev.num_rows:
+            return None
+        total, costs = 0, {}
+        cols = [ev[c].cast(pa.string()).to_pylist() for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+        for key in zip(*cols):
+            if key not in costs:
+                cost = gemm_cost(key[0], tensors(load_json(key[1]), load_json(key[2]), load_json(key[3])))
+                costs[key] = cost.flops if cost is not None and cost.flops else 0
+            total += costs[key]
+        return float(total) or None
+
+    for measure, fn in (("flops", flops), ("routed_tokens", tokens), ("gemm_shape_flops", gemm_flops)):
         vals = [fn(r) for r in ranks]
         if all(v is not None and v > 0 for v in vals):
             return round(vals[0] / float(np.median(vals[1:])), 4), measure
@@ -531,13 +576,18 @@ def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], step
             row["last_share_with"] = round(float(np.isin(last[mine], [r, *together]).mean()), 4)
 
 
+_MEASURED_ON_RANK = ("data_load", "uneven_work")
+"""Causes measured on the rank itself (PyTorch's DataLoader ranges on it, its counted FLOPs / routed tokens),
+not timed against its peers' noise."""
+
+
 def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: StragglerConfig,
               device_timed: bool = False) -> Severity:
     """`device_timed`: every rank's arrivals are device times (see `device_warning_delay_fraction`)."""
     frac = row["delay_fraction"] or 0.0
     # a cause measured on the rank itself (PyTorch's DataLoader ranges on it, its counted work) needs no
     # "last at most collectives" guard against timing noise; counted work not the noise floor either
-    evidenced = cause in ("data_load", "uneven_work")
+    evidenced = cause in _MEASURED_ON_RANK
     # "compute" with more ops than its peers is counted extra work too (CPU contention cannot add
     # ops); being last at most collectives is then no fair test either: in a size-2 group a rank is
     # last half the time by chance, so a real straggler in small groups stays well under 75%
@@ -548,7 +598,10 @@ def _severity(row: dict[str, Any], cause: str, ev: dict[str, Any], cfg: Straggle
         (row["dominance"] is None or row["dominance"] >= dominance)
         and (last_share >= (cfg.device_warning_last_share if device_timed else cfg.warning_last_share)
              or evidenced))
-    warn_frac = (cfg.uneven_work_warning_delay_fraction if cause == "uneven_work"
+    # data loading is measured on the rank too (its DataLoader ranges beyond its peers'), as the host-stall
+    # finding of the same loading warns from 10%: beside other jobs (1-minute load 12-18 on the 2 cores) a
+    # 40 ms DataLoader stall held its peer back 24% of a step the box had stretched to 150 ms (info at 25%)
+    warn_frac = (cfg.uneven_work_warning_delay_fraction if cause in _MEASURED_ON_RANK
                  else cfg.device_warning_delay_fraction if device_timed else cfg.warning_delay_fraction)
     if strong and frac >= cfg.critical_delay_fraction:
         return Severity.CRITICAL
@@ -562,6 +615,8 @@ def _cause_text(cause: str, ev: dict[str, Any]) -> str:
     named: it tells what the idle time was, the trace already showed that it was idle."""
     if cause == "unknown" and ev.get("instances_examined"):
         return "host-side, cause not visible in the trace"  # nothing before its late arrivals sets it apart
+    if cause == "data_load":  # the role is PyTorch's own DataLoader ranges (enumerate(DataLoader)#...)
+        return "data loader (longer inside PyTorch's DataLoader than its peers)"
     text = cause.replace("_", " ")
     label, idle = next(iter((ev.get("idle_labels") or {}).items()), (None, 0))
     if cause == "host_idle" and label is not None and 2 * idle >= ev.get("delay_ns", 0) > 0:
@@ -623,9 +678,15 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         # a rank last at every one of its (at least two) collectives needs no more of them: a short
         # profiled window (2 steps of a one-bucket DDP job) holds only that many
         enough = row["last_count"] >= min(cfg.min_instances, max(row["instances"], 2))
-        if not (frac >= cfg.min_delay_fraction and dominant and enough):
+        if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] > 0):
             continue
         cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy)
+        # Too few late arrivals to tell a straggler from timing noise, unless the cause is measured on the
+        # rank itself (its DataLoader ranges, its counted work), which noise cannot fake: one DDP bucket a
+        # step over 2 profiled steps, the rank with 2x the batch last at 1 of 2 (a busy process beside
+        # delayed its peer at the other) holding its peer back 32% of the step, 13x its peer's delay.
+        if not enough and cause not in _MEASURED_ON_RANK:
+            continue
         if row["rank"] in owed:  # the wait it caused on the others (breakdown: their sync wait charged to it)
             ev = {**ev, "owed_wait_ns_per_step": owed[row["rank"]]["owed_ns_per_step"],
                   "owed_wait_by_rank": owed[row["rank"]]["by_rank"]}

@@ -1,0 +1,140 @@
+"""A DDP job fed by a real `torch.utils.data.DataLoader` (tests/user_scripts/ddp_dataloader.py, 2 gloo ranks,
+knows nothing of tracekit) recorded with `tracekit record -- torchrun` clean and then with rank 1's
+DataLoader sleeping 40 ms a batch in its collate_fn, back to back (issue 32).
+
+On the faulty run the data-loader stall of rank 1 is the top finding at warning or above, named as data
+loading (a `straggler` whose cause is the data loader, or a host/data stall finding of rank 1), and its
+replayed saving is within 25% of the measured difference: the faulty run's step minus the clean run's
+(each: per profiled step the longest `ProfilerStep#N` of the ranks, read with plain gzip/json/Decimal, mean
+over the steps) wherever that difference exceeds the runs' spread (max − min of each run's steps). The time
+rank 1 spends inside PyTorch's `enumerate(DataLoader)#...` ranges beyond rank 0's, read from the same raw
+files, is the injected stall. The clean run has no warning that names a fault.
+
+Before the fix the cause read "unknown": gloo ends DDP's bucket all-reduce on its own thread after the rank
+has already arrived at the next step's, so the peer was dropped from the comparison (no window before its
+arrival) and a 2-rank instance had no peer left; the first collective of the window had no window at all.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tests.record.conftest import assert_job_ok, load_trace, run_record, torchrun
+from tracekit.config import AnalysisConfig
+from tracekit.flow import analyze_store
+from tracekit.parse.run import parse_run
+
+SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "ddp_dataloader.py"
+# A model that computes for real (~15 ms a step here): the step is not only gloo's all-reduce. 256 wide samples
+# a batch: at 1024 samples, each fetched by its own `__getitem__` call and stacked by default_collate, the
+# clean run's loading took 10 ms a step (16%) beside a busy process, a real data-loading cost, reported.
+WORK = ("--hidden", "4096", "--batch", "256", "--steps", "6")
+RECORD_OPTS = ("--wait", "1", "--warmup", "1", "--active", "3")  # profile steps 2, 3, 4 of 0..5
+FAULT = ("--slow-rank", "1", "--loader-sleep-ms", "40")
+NOT_A_FAULT = {"unstable_verdict"}
+HOST_STALL_KINDS = {"idle_host_bound", "host_bound", "host_stall"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """name -> (traces dir, analysis): clean, then faulty, recorded back to back."""
+    out = {}
+    for name, extra in (("clean", ()), ("faulty", FAULT)):
+        tmp = tmp_path_factory.mktemp(f"dataloader_{name}")
+        res = run_record(tmp / "traces", torchrun(SCRIPT, 2, *WORK, *extra), *RECORD_OPTS, timeout=240)
+        assert_job_ok(res, tmp / "traces")
+        store = parse_run(tmp / "traces", tmp / "store", progress=False).store
+        out[name] = (tmp / "traces", analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False)))
+    return out
+
+
+def _ns(x) -> int:
+    return int(Decimal(str(x)) * 1000)
+
+
+def _events(traces: Path, rank: int) -> list[dict]:
+    return [e for e in load_trace(traces / f"rank{rank}.pt.trace.json.gz")["traceEvents"] if e.get("ph") == "X"]
+
+
+def step_ns(traces: Path) -> dict[int, int]:
+    """Per profiled step the longest ProfilerStep#N among the ranks (integer ns)."""
+    per_step: dict[int, int] = {}
+    for rank in (0, 1):
+        for e in _events(traces, rank):
+            if str(e.get("name", "")).startswith("ProfilerStep#"):
+                step = int(e["name"].split("#")[1])
+                per_step[step] = max(per_step.get(step, 0), _ns(e["dur"]))
+    assert sorted(per_step) == [2, 3, 4], per_step
+    return per_step
+
+
+def loader_ns_per_step(traces: Path, rank: int) -> float:
+    """The rank's time inside PyTorch's `enumerate(DataLoader)#...` ranges within its profiled steps, per step."""
+    ev = _events(traces, rank)
+    steps = [(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in ev if e["name"].startswith("ProfilerStep#")]
+    total = 0
+    for e in ev:
+        if e["name"].startswith("enumerate(DataLoader)#"):
+            lo, hi = _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])
+            total += sum(max(0, min(hi, b) - max(lo, a)) for a, b in steps)
+    return total / len(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.quiet_box  # compares a replayed saving with a step difference measured on the box
+def test_data_loader_stall_is_top_with_the_measured_saving(runs):
+    traces, analysis = runs["faulty"]
+    stall = loader_ns_per_step(traces, 1) - loader_ns_per_step(traces, 0)
+    assert stall >= 35e6, stall  # the injected 40 ms a batch is there, inside the DataLoader's ranges
+    top = analysis["findings"][0]
+    rows = [(f["kind"], f["severity"], f["ranks"], f["est_saving_ns"], f["evidence"].get("cause"))
+            for f in analysis["findings"][:5]]
+    assert top["severity"] in ("warning", "critical") and top["ranks"] == [1], rows
+    if top["kind"] == "straggler":
+        assert top["evidence"]["cause"] == "data_load" and "data loader" in top["summary"], rows
+    else:
+        assert top["kind"] in HOST_STALL_KINDS and top["evidence"].get("cause") == "data_load", rows
+    saving = top["evidence"].get("replayed_saving_ns")
+    assert saving is not None and top["est_saving_ns"] == saving > 0, top
+    clean_steps, faulty_steps = step_ns(runs["clean"][0]), step_ns(traces)
+    clean = sum(clean_steps.values()) / len(clean_steps)
+    diff = sum(faulty_steps.values()) / len(faulty_steps) - clean
+    # the box's noise: one clean run (the suite's time budget) shows its steps' spread only, so the faulty
+    # run's own step-to-step spread counts too (loaded beside other jobs: faulty steps 142/104/96 ms, clean
+    # 87/85/79: the mean difference 30 ms carries one step preempted 40 ms)
+    spread = max(max(s.values()) - min(s.values()) for s in (clean_steps, faulty_steps))
+    print(f"\ndata loader +40 ms on rank 1: steps {[s / 1e6 for s in faulty_steps.values()]} vs clean "
+          f"{[s / 1e6 for s in clean_steps.values()]} ms; difference {diff / 1e6:.1f} ms (clean spread "
+          f"{spread / 1e6:.1f}), stall in the DataLoader {stall / 1e6:.1f} ms, replayed saving {saving / 1e6:.1f} ms")
+    if diff > spread:
+        assert abs(saving - diff) <= 0.25 * diff, (saving, diff)
+
+
+def box_slowed(f: dict) -> bool:
+    """A straggler or host stall the box made (as test_user_scripts.py's symmetric runs allow, issue 12 item 12: no
+    severity cap for one host): a cause that blames no work and no data loading — host gaps, host-side, or longer
+    compute on the same ops and counted work — said with the one-host caveat. The box descheduled a rank: beside
+    other sessions' jobs (a 1-minute load of 20 on the 2 cores) a clean run's rank stalled 17 ms a step in gaps."""
+    ev = f["evidence"]
+    if f["kind"] == "idle_host_bound":  # gaps with no op running on a shared host: a descheduled process
+        return ev.get("cause") == "host_gap" and "caveat" in ev
+    if f["kind"] != "straggler" or "caveat" not in ev:
+        return False
+    if ev.get("cause") == "compute":
+        return (ev.get("op_count_ratio") or 0.0) < 1.1 and (ev.get("work_ratio") or 0.0) < 1.1
+    return ev.get("cause") in ("contention", "host_idle", "unknown")
+
+
+@pytest.mark.slow
+@pytest.mark.quiet_box
+def test_clean_run_names_no_fault(runs):
+    analysis = runs["clean"][1]
+    warn = [(f["kind"], f["ranks"], f["summary"]) for f in analysis["findings"]
+            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT and not box_slowed(f)]
+    assert warn == [], warn
+    # no data loading is blamed on either rank of the clean run, at any severity
+    assert not [f for f in analysis["findings"] if f["evidence"].get("cause") == "data_load"
+                and f["severity"] in ("warning", "critical")]
