@@ -257,7 +257,9 @@ def ensure_real_run(data_dir: Path, ranks: int, seed: str = REAL_SEED) -> tuple[
     import gzip
 
     d = data_dir / f"real_{seed}_r{ranks}"
-    stats_file = d / "real_stats.json"
+    stats_file = d / ".real_stats.json"  # hidden, like .ground_truth.json: not an input of the analysis
+    if (d / "real_stats.json").is_file():  # where earlier versions wrote it (analyze skipped it: input_skipped)
+        (d / "real_stats.json").rename(stats_file)
     if stats_file.is_file():
         return d, json.loads(stats_file.read_text())
     shutil.rmtree(d, ignore_errors=True)
@@ -302,7 +304,9 @@ def ensure_sim_keyed(data_dir: Path, ranks: int) -> tuple[Path, dict]:
     re-simulated without the fault."""
     pp, dp, cp, tp = HEADLINE_LAYOUTS[ranks]
     d = data_dir / f"sim_r{ranks}_keyed_pp{pp}dp{dp}cp{cp}tp{tp}"
-    stats_file = d / "sim_stats.json"
+    stats_file = d / ".sim_stats.json"  # hidden, like .ground_truth.json: not an input of the analysis
+    if (d / "sim_stats.json").is_file():
+        (d / "sim_stats.json").rename(stats_file)
     if stats_file.is_file():
         return d, json.loads(stats_file.read_text())
     shutil.rmtree(d, ignore_errors=True)

@@ -66,16 +66,18 @@ def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.nd
 
 def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
-    own = (end - ts).astype(np.int64)
+    own = (end - ts).astype(np.int64).tolist()  # Python ints: an element update in numpy costs ~10x
     stack: list[int] = []
     t, s, e = tid.tolist(), ts.tolist(), end.tolist()
     for i in range(len(s)):
-        while stack and (t[stack[-1]] != t[i] or e[stack[-1]] <= s[i]):
+        ti, si = t[i], s[i]
+        while stack and (t[stack[-1]] != ti or e[stack[-1]] <= si):
             stack.pop()
         if stack:
-            own[stack[-1]] -= min(e[i], e[stack[-1]]) - s[i]
+            p = stack[-1]
+            own[p] -= min(e[i], e[p]) - si
         stack.append(i)
-    return np.maximum(own, 0)
+    return np.maximum(np.array(own, dtype=np.int64).reshape(-1), 0)
 
 
 def device_ops(store: RunStore, rank: int) -> Columns | None:
@@ -116,11 +118,18 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     return cols
 
 
+def names_where(names: list[str], test) -> np.ndarray:
+    """Per name: test(name), asked once per distinct name (a rank's few hundred op names repeat over its
+    thousands of ops)."""
+    seen: dict[str, bool] = {}
+    return np.fromiter((seen[n] if n in seen else seen.setdefault(n, bool(test(n))) for n in names), bool,
+                       len(names))
+
+
 def _waits(ops: Columns, kern: Columns) -> np.ndarray:
     """Per op: a call that waits (for the device: synchronize, blocking memcpy, a launch on a full queue;
     for peers: communication calls)."""
-    names = ops["name"].tolist()
-    sync = np.array([any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    sync = names_where(ops["name"].tolist(), lambda n: any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY)
     waited = last_ended_inside(ops["ts"], ops["end"], kern["end"])
     queued = ops["runtime"] & queue_full_launches(ops["ts"], ops["end"], ops["corr"], kern["ts"], kern["end"],
                                                   kern["corr"], waited)
