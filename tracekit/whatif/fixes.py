@@ -218,8 +218,8 @@ def peer_medians(g: StepGraph, mask: np.ndarray, rank: int, lay: RunFacts):
         if name not in sorted_by:
             stack = values[np.stack([seqs[p] for p in members])]
             order = np.argsort(stack, axis=0, kind="stable")
-            where = np.empty(order.shape, np.int64)
-            np.put_along_axis(where, order, np.arange(len(members))[:, None], axis=0)
+            where = np.empty(order.shape, np.int32)
+            np.put_along_axis(where, order, np.arange(len(members), dtype=np.int32)[:, None], axis=0)
             sorted_by[name] = (np.take_along_axis(stack, order, axis=0), where)
         col, where = sorted_by[name]
         j = where[row]  # where the rank's own value sits in each position's order

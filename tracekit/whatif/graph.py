@@ -345,18 +345,20 @@ share of the graph; past it the level-by-level `replay` (~50 ns a node) is cheap
 def _base_replay(g: StepGraph) -> tuple:
     """The unchanged replay's starts and ends, the plan's position of each node and the out-edges as CSR
     (cached per graph: every what-if of a large run starts from them)."""
-    key = (g.start, g.dur, g.src, g.dst, g._plan)
+    plan = g.plan
+    key = (g.start, g.dur, g.src, g.dst, plan)
     held = g.cache.base
     if held is None or any(a is not b for a, b in zip(held[0], key)):
-        plan = g.plan
         start = replay(g)
-        pos = np.empty(g.num_nodes, np.int64)
-        pos[plan.order] = np.arange(g.num_nodes)
+        small = np.int32 if g.num_nodes < 2**31 - 1 else np.int64  # ids: half the memory of a large graph's
+        pos = np.empty(g.num_nodes, small)
+        pos[plan.order] = np.arange(g.num_nodes, dtype=small)
         o = np.argsort(g.src, kind="stable")
-        out_ptr = np.searchsorted(g.src[o], np.arange(g.num_nodes + 1))
-        for a in (start, pos, out_ptr):
+        out_ptr = np.searchsorted(g.src[o], np.arange(g.num_nodes + 1)).astype(small)
+        out_dst = g.dst[o].astype(small)
+        for a in (start, pos, out_ptr, out_dst):
             a.flags.writeable = False
-        g.cache.base = held = (key, start, start + g.dur, pos, out_ptr, g.dst[o])
+        g.cache.base = held = (key, start, pos, out_ptr, out_dst)
     return held[1:]
 
 
@@ -371,9 +373,9 @@ def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.n
 
     if dur.dtype != np.int64 or gap.dtype != np.int64 or g.plan.narrow:
         return None
-    start0, end0, pos, out_ptr, out_dst = _base_replay(g)
+    start0, pos, out_ptr, out_dst = _base_replay(g)
     changed = np.flatnonzero((dur != g.dur) | (gap != g.gap))
-    start, end = start0.copy(), end0.copy()
+    start, end = start0.copy(), start0 + g.dur
     if changed.size == 0:
         return start, changed
     limit = max(int(CHANGED_SHARE * g.num_nodes), 64)
@@ -382,7 +384,8 @@ def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.n
     plan = g.plan
     in_ptr, in_src = memoryview(plan.in_ptr), memoryview(plan.in_src)
     opt, odst, posv = memoryview(out_ptr), memoryview(out_dst), memoryview(pos)
-    st, en, du, gp = memoryview(start), memoryview(end), memoryview(dur), memoryview(gap)
+    st, en = memoryview(start), memoryview(end)
+    du, gp = memoryview(np.ascontiguousarray(dur)), memoryview(np.ascontiguousarray(gap))
     heap = [(p, v) for p, v in zip(pos[changed].tolist(), changed.tolist())]
     heapq.heapify(heap)
     queued = set(changed.tolist())
@@ -570,8 +573,8 @@ def _replayed_extremes(g: StepGraph, w: np.ndarray, mine: np.ndarray) -> tuple[n
     base = g.cache.base
     held = g.cache.extremes.get("replayed")
     if held is None or held[0] is not base:
-        start, end = base[1], base[2]
-        held = (base, *_extremes(g, w, mine, start, end))
+        start = base[1]
+        held = (base, *_extremes(g, w, mine, start, start + g.dur))
         g.cache.extremes["replayed"] = held
     return held[1], held[2]
 
