@@ -16,8 +16,8 @@ from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
                                    shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
-                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, replay_changed, window_bounds, window_of,
-                                  window_span_until)
+                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
+                                  window_of, window_span_until)
 
 
 @dataclass
