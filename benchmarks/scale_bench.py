@@ -12,8 +12,9 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
    PSS because RSS counts shared libraries once per process, DESIGN §8);
 3. `tracekit parse` with 1 and with W workers on the same run (parse speed-up);
 4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path);
-5. the headline (`--headline-ranks`, default 1,024): `tracekit analyze` of a simulated 5-D run (the GPU of
-   rank ranks//3 slowed 1.3x, answer key with the step re-simulated without the fault) and of a real-derived
+5. the headline (`--headline-ranks`, default 1,024; `--headline-only` runs nothing else): `tracekit analyze`
+   of a simulated 5-D run (HEADLINE_LAYOUTS: tp, cp and ep groups inside a host; the GPU of rank ranks//3
+   slowed 1.3x, answer key with the step re-simulated without the fault) and of a real-derived
    run (copies of a real multi-rank trace, REAL_SEED, with distinct ranks and shifted clocks,
    `ensure_real_run`), each beside a plain single-process `json.load` of the same files in the same run:
    wall, CPU, peak PSS, the per-phase cost (benchmarks/scale_phases.py), whether the analysis took no longer
