@@ -1,13 +1,15 @@
 """The what-if fixes' per-rank lookups (grouped once per graph, issue 28) give what a scan of the whole graph
 per rank gives: each rank's node sequence and its peers', and each collective instance's members, link tier
-and shortest transfer, computed here by brute force on random graphs."""
+and shortest transfer, computed here by brute force on random graphs; a replay of only the nodes a change
+reaches gives the whole replay's starts and step times, each rank's peer medians numpy's median of the
+stacked peers, and the run's step time the per-rank mean."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from tracekit.whatif.fixes import RunFacts, aligned, instances
-from tracekit.whatif.graph import Category, InstInfo, StepGraph
+from tracekit.whatif.graph import Category, InstInfo, StepGraph, replay
 
 
 def _graph(rng: np.random.Generator, ranks: int = 12, nodes: int = 600) -> StepGraph:
@@ -74,3 +76,110 @@ def test_instances_equal_a_scan_per_instance():
     assert np.allclose(got["bus"], [r[4] for r in rows])
     again = instances(g, g.dur, lay)  # the graph's part is reused; the times follow `dur`
     assert again["t"].tolist() == [int(g.dur[(g.category == Category.TRANSFER) & (g.inst == r[0])].min()) for r in rows]
+
+
+def _dag(rng: np.random.Generator, ranks: int = 48, per_rank: int = 60, cross: int = 8) -> StepGraph:
+    """Wide enough to replay level by level: a chain per rank, `cross` collective points joining random rank
+    pairs (an edge each way from the nodes before), two steps per rank."""
+    n = ranks * per_rank
+    rank = np.repeat(np.arange(ranks), per_rank)
+    dur = rng.integers(1, 9, n).astype(np.int64) * 1000
+    start = np.zeros(n, np.int64)
+    chain = np.arange(n).reshape(ranks, per_rank)
+    src, dst = [chain[:, :-1].ravel()], [chain[:, 1:].ravel()]
+    for c in np.sort(rng.choice(np.arange(2, per_rank - 1), cross, replace=False)):
+        a, b = rng.permutation(ranks)[:2]
+        src += [np.array([chain[a, c - 1], chain[b, c - 1]])]
+        dst += [np.array([chain[b, c], chain[a, c]])]
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    g0 = StepGraph(rank=rank, lane=rank.astype(np.int64), category=np.full(n, Category.HOST, np.int8),
+                   start=start, dur=dur, src=src, dst=dst, lane_names=[f"r{r} thread" for r in range(ranks)])
+    gap = rng.integers(0, 4, n).astype(np.int64) * 500
+    s = replay(g0, dur, gap)  # measured: a replay with random gaps, so the graph's gaps are those
+    step = (np.arange(n) % per_rank >= per_rank // 2).astype(np.int64)
+    ranks_w = np.repeat(np.arange(ranks), 2).astype(np.int64)
+    win_step = np.tile([0, 1], ranks).astype(np.int64)
+    first = s[chain[:, 0]]
+    mid = s[chain[:, per_rank // 2]]
+    last = (s + dur)[chain[:, -1]]
+    win_start = np.column_stack([first, mid]).ravel()
+    win_end = np.column_stack([mid, last]).ravel()
+    return StepGraph(rank=rank, lane=rank.astype(np.int64), category=np.full(n, Category.HOST, np.int8),
+                     start=s, dur=dur, src=src, dst=dst, lane_names=[f"r{r} thread" for r in range(ranks)],
+                     step=step, ranks=ranks_w, win_step=win_step, win_start=win_start, win_end=win_end)
+
+
+def test_replay_of_changed_nodes_equals_the_whole_replay():
+    """replay_changed re-times only what a change reaches: the starts of the whole level-by-level replay, the
+    nodes it reports are exactly those whose start or end moved, and the windows' step times from them equal
+    those computed over every node."""
+    from tracekit.whatif.graph import rank_step_ns, replay_changed
+
+    rng = np.random.default_rng(3)
+    g = _dag(rng)
+    assert not g.plan.narrow
+    base = replay(g)
+    assert np.array_equal(base, g.start)  # the graph's gaps are its measured ones
+    checked = partial = 0
+    for trial in range(40):
+        dur, gap = g.dur.copy(), g.gap.copy()
+        r = int(rng.integers(0, 48))
+        nodes = np.flatnonzero(g.rank == r)[rng.integers(0, 60, 5)]
+        if trial % 2:
+            dur[nodes] = np.maximum(dur[nodes] - rng.integers(0, 8000, nodes.size), 0)
+        else:
+            gap[nodes] = np.maximum(gap[nodes] - 1000, 0) + (trial % 4 == 0) * 3000
+        got = replay_changed(g, dur, gap)
+        want = replay(g, dur, gap)
+        if got is None:  # the change reached too much of the graph: the caller replays it whole
+            continue
+        start, touched = got
+        assert np.array_equal(start, want)
+        moved = np.flatnonzero((want != base) | (want + dur != base + g.dur))
+        assert np.array_equal(np.sort(touched), moved)
+        partial += moved.size < g.num_nodes // 4
+        assert np.array_equal(rank_step_ns(g, start, dur, gap, touched), rank_step_ns(g, want, dur, gap))
+        checked += 1
+    assert checked >= 30 and partial >= 10
+    dur = g.dur.copy()
+    dur[::2] += 1  # half the graph changes: over CHANGED_SHARE, left to the whole replay
+    assert replay_changed(g, dur, g.gap.copy()) is None
+    assert replay_changed(g, g.dur.astype(np.float64), g.gap.copy()) is None  # float durations: whole replay
+
+
+def test_peer_medians_equal_numpy_median_of_the_peers():
+    """peer_medians gives, per rank, np.median over its peers' aligned sequences (`aligned`'s ref) of the
+    measured gaps and durations, from each group's values sorted once."""
+    from tracekit.whatif.fixes import peer_medians
+
+    rng = np.random.default_rng(5)
+    g = _dag(rng, ranks=13, per_rank=40)
+    g.dur[rng.integers(0, g.num_nodes, 200)] = 3000  # many ties
+    lay = RunFacts(coords={r: {"pp": r % 3} for r in range(13) if r != 4})  # rank 4: every rank is its peer
+    host = g.category == Category.HOST
+    seen = 0
+    for r in range(13):
+        mine, ref = aligned(g, host, r, lay)
+        got = peer_medians(g, host, r, lay)
+        if ref is None:
+            assert got is None
+            continue
+        assert np.array_equal(got[0], mine)
+        for i, values in ((1, g.gap), (2, g.dur)):
+            want = np.median(values[ref], axis=0)
+            assert got[i]().dtype == want.dtype and np.array_equal(got[i](), want)
+        seen += 1
+    assert seen >= 10
+
+
+def test_run_step_time_equals_the_mean_rank_by_rank():
+    from tracekit.assess.critical_path import run_step_ns
+
+    rng = np.random.default_rng(9)
+    g = _dag(rng, ranks=20, per_rank=30)
+    times = rng.integers(10**8, 10**9, g.ranks.size).astype(np.int64)
+    rows = np.arange(g.ranks.size)
+    want = int(max(float(np.mean(times[rows][g.ranks[rows] == r])) for r in np.unique(g.ranks)))
+    assert run_step_ns(g, times, rows) == want
+    rows = rows[g.win_step == 1]
+    assert run_step_ns(g, times, rows) == int(max(float(times[rows][g.ranks[rows] == r][0]) for r in range(20)))

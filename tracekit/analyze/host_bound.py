@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
-from tracekit.derive.host_ops import SLOW_FACTOR, SLOW_MIN_NS, device_ops, excess_ns, host_ops
+from tracekit.derive.host_ops import SLOW_FACTOR, SLOW_MIN_NS, device_ops, excess_ns, host_ops, remember_slow
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
@@ -185,6 +185,7 @@ def analyze_host_bound(store: RunStore) -> HostBoundResult:
     kern = {r: k for r in store.ranks() if (k := device_ops(store, r)) is not None}
     ops = {r: o for r, k in kern.items() if (o := host_ops(store, r, k)) is not None}
     excess, first = excess_ns(ops), excess_ns(ops, first_launch=True)
+    remember_slow(store, ops, excess)  # for the what-if build (whatif.build.slow_host_ops)
     rows = [x for r in ops if (x := rank_rows(store, r, kern[r], ops[r], excess[r], first[r])) is not None]
     slow = slow_op_table(ops, excess)
     finding = _finding(rows, slow)

@@ -5,6 +5,8 @@ than the same op elsewhere: the derived fact the `host_bound` analyzer measures 
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,16 +70,18 @@ def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.nd
 
 def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
-    own = (end - ts).astype(np.int64)
+    own = (end - ts).astype(np.int64).tolist()  # Python ints: an element update in numpy costs ~10x
     stack: list[int] = []
     t, s, e = tid.tolist(), ts.tolist(), end.tolist()
     for i in range(len(s)):
-        while stack and (t[stack[-1]] != t[i] or e[stack[-1]] <= s[i]):
+        ti, si = t[i], s[i]
+        while stack and (t[stack[-1]] != ti or e[stack[-1]] <= si):
             stack.pop()
         if stack:
-            own[stack[-1]] -= min(e[i], e[stack[-1]]) - s[i]
+            p = stack[-1]
+            own[p] -= min(e[i], e[p]) - si
         stack.append(i)
-    return np.maximum(own, 0)
+    return np.maximum(np.array(own, dtype=np.int64).reshape(-1), 0)
 
 
 def device_ops(store: RunStore, rank: int) -> Columns | None:
@@ -137,11 +141,18 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     return cols
 
 
+def names_where(names: list[str], test) -> np.ndarray:
+    """Per name: test(name), asked once per distinct name (a rank's few hundred op names repeat over its
+    thousands of ops)."""
+    seen: dict[str, bool] = {}
+    return np.fromiter((seen[n] if n in seen else seen.setdefault(n, bool(test(n))) for n in names), bool,
+                       len(names))
+
+
 def _waits(ops: Columns, kern: Columns) -> np.ndarray:
     """Per op: a call that waits (for the device: synchronize, blocking memcpy, a launch on a full queue;
     for peers: communication calls)."""
-    names = ops["name"].tolist()
-    sync = np.array([any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    sync = names_where(ops["name"].tolist(), lambda n: any(w in n for w in DEVICE_WAIT_WORDS) or n in BLOCKING_MEMCPY)
     waited = last_ended_inside(ops["ts"], ops["end"], kern["end"])
     queued = ops["runtime"] & queue_full_launches(ops["ts"], ops["end"], ops["corr"], kern["ts"], kern["end"],
                                                   kern["corr"], waited)
@@ -166,3 +177,43 @@ def excess_ns(ops_by_rank: dict[int, Columns], *, first_launch: bool = False) ->
     out = np.where(slow, own - med, 0)
     bounds = np.cumsum([0] + [ops_by_rank[r]["name"].size for r in ranks])
     return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}
+
+
+_SLOW: "weakref.WeakKeyDictionary[RunStore, dict[frozenset, dict[int, Columns]]]" = weakref.WeakKeyDictionary()
+"""Per store, per set of GPU ranks: each rank's slow host ops (`remember_slow`)."""
+
+SLOW_COLUMNS = ("tid", "ts", "end", "runtime", "step")
+
+
+def remember_slow(store: RunStore, ops_by_rank: dict[int, Columns], excess: dict[int, np.ndarray]) -> None:
+    """Keep, for this store and these ranks, each rank's ops with an excess (`excess_ns` > 0: a few of its
+    thousands) so that the what-if build (`slow_ops_of`) does not derive every rank's host ops again."""
+    slow = {}
+    for r, x in excess.items():
+        keep = x > 0
+        slow[r] = {**{c: ops_by_rank[r][c][keep] for c in SLOW_COLUMNS}, "excess": x[keep]}
+    try:
+        _SLOW.setdefault(store, {})[frozenset(ops_by_rank)] = slow
+    except TypeError:  # a store that cannot be weakly referenced: derived again when asked
+        pass
+
+
+def _has_device_ops(store: RunStore, rank: int) -> bool:
+    """device_ops(store, rank) is not None, from the durations alone."""
+    dur = store.rank_table("kernels", rank, ["dur"]).column("dur")
+    return len(dur) - dur.null_count > 0
+
+
+def slow_ops_of(store: RunStore, ranks: list[int]) -> dict[int, Columns]:
+    """Per rank of `ranks` with host ops (a GPU rank): its ops with an excess (`excess_ns` > 0 over these
+    ranks) as `remember_slow` kept them, or derived now."""
+    gpu = [r for r in ranks if _has_device_ops(store, r)]  # the ranks host_ops derives (device_ops not None)
+    try:
+        held = _SLOW.get(store, {}).get(frozenset(gpu))
+    except TypeError:
+        held = None
+    if held is not None:
+        return held
+    ops = {r: o for r in gpu if (o := host_ops(store, r)) is not None}
+    excess = excess_ns(ops)
+    return {r: {**{c: ops[r][c][x > 0] for c in SLOW_COLUMNS}, "excess": x[x > 0]} for r, x in excess.items()}

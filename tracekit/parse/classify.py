@@ -387,15 +387,22 @@ def accelerator_of(raw_categories: list, names: list, has_device_rows: bool) -> 
     return "rocm" if any(isinstance(n, str) and n.startswith("hip") for n in names) else "cuda"
 
 
+def _matches(names: list[str], test) -> list[bool]:
+    """Per name: whether `test` (a compiled pattern's match / search) finds it, asked once per distinct name."""
+    seen: dict[str, bool] = {}
+    return [seen[n] if n in seen else seen.setdefault(n, test(n) is not None) for n in names]
+
+
 def graph_mode(names: list[str], ts: np.ndarray, end: np.ndarray, num_kernels: int) -> dict:
     """CUDA/HIP graph use of one rank from its host events (names, start/end ns): capture intervals
     (BeginCapture .. EndCapture), kernel launches inside them (captured: recorded, not run), graph launches
     (replays). mode: `capture_only` (launches captured, no graph replayed, fewer kernels ran than were
     captured), `graph_replay` (graph launches present), else `eager`."""
-    begins = sorted(int(t) for nm, t in zip(names, ts) if BEGIN_CAPTURE_RE.match(nm))
-    ends = sorted(int(e) for nm, e in zip(names, end) if END_CAPTURE_RE.match(nm))
+    begin, finish, launch = (_matches(names, rx.match) for rx in (BEGIN_CAPTURE_RE, END_CAPTURE_RE, LAUNCH_RE))
+    begins = sorted(int(t) for hit, t in zip(begin, ts) if hit)
+    ends = sorted(int(e) for hit, e in zip(finish, end) if hit)
     spans = [(b, next((e for e in ends if e >= b), b)) for b in begins]
-    launches = [int(t) for nm, t in zip(names, ts) if LAUNCH_RE.match(nm)]
+    launches = [int(t) for hit, t in zip(launch, ts) if hit] if spans else []
     captured = sum(1 for t in launches if any(lo <= t <= hi for lo, hi in spans))
     replays = sum(1 for nm in names if nm in GRAPH_LAUNCH_NAMES)
     if spans and captured and not replays and num_kernels < captured:
@@ -411,7 +418,7 @@ def graph_mode(names: list[str], ts: np.ndarray, end: np.ndarray, num_kernels: i
 def workload_of(names: list[str], num_host_ops: int) -> dict:
     """training when the host ran autograd backward nodes or an optimizer step, inference when it ran ops
     but neither, unknown without host ops."""
-    backward = sum(1 for nm in names if BACKWARD_RE.search(nm))
-    optimizer = sum(1 for nm in names if OPTIMIZER_RE.match(nm))
+    backward = sum(_matches(names, BACKWARD_RE.search))
+    optimizer = sum(_matches(names, OPTIMIZER_RE.match))
     kind = "training" if backward or optimizer else ("inference" if num_host_ops else "unknown")
     return {"workload": kind, "backward_ops": backward, "optimizer_steps": optimizer}

@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.derive.host_ops import excess_ns, host_ops, last_ended_inside, own_op_waits, queue_full_launches
+from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
+                                     queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
@@ -653,7 +654,7 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
     corr = np.nan_to_num(_arr(ev, "correlation", float), nan=-2).astype(np.int64)
     names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
-    blocking = np.array([any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY for n in names], bool)
+    blocking = names_where(names, lambda n: any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY)
     # the device work a blocking call waited for: the kernel that ended last inside it
     waited = last_ended_inside(ts, end, gr.end)
     queued = queue_full_launches(ts, end, corr, gr.ts, gr.end, gr.correlation, waited)
@@ -879,12 +880,11 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
 def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> dict[int, Columns]:
     """Per GPU rank: its slow host ops of `steps` (tid, ts, end, excess, runtime; trace clock), each op
     judged against the same op on every GPU rank (`host_bound.excess_ns`)."""
-    ops = {r: o for r in ranks if (o := host_ops(store, r)) is not None}
     out = {}
-    for r, x in excess_ns(ops).items():
-        keep = (x > 0) & np.isin(ops[r]["step"], steps)
-        out[r] = {"tid": ops[r]["tid"][keep], "ts": ops[r]["ts"][keep], "end": ops[r]["end"][keep],
-                  "excess": x[keep], "runtime": ops[r]["runtime"][keep]}
+    for r, o in slow_ops_of(store, ranks).items():  # as the host_bound analyzer found them, when it ran
+        keep = np.isin(o["step"], steps)
+        out[r] = {"tid": o["tid"][keep], "ts": o["ts"][keep], "end": o["end"][keep],
+                  "excess": o["excess"][keep], "runtime": o["runtime"][keep]}
     return out
 
 

@@ -191,12 +191,60 @@ def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: RunFacts) -> tuple[n
 _NO_NODES = np.zeros(0, np.int64)
 
 
+def peer_medians(g: StepGraph, mask: np.ndarray, rank: int, lay: RunFacts):
+    """`aligned`'s sequence of the rank's nodes under `mask` and, position by position, the median over its
+    peers' of the measured gap and duration (as `np.median(g.gap[ref], axis=0)` of `aligned`'s `ref`, the same
+    values), each a function computing it; None when `aligned`'s `ref` is None. The peers of one rank are the
+    other members of its group (`RunFacts.peers` with sequences as long): each group's values are sorted once
+    per position (cached per graph and mask) and a rank's medians come from that order without its own value,
+    so every rank of a large run costs its own sequence, not a stack of its peers' (quadratic in ranks)."""
+    seqs = rank_sequences(g, mask)
+    mine = seqs.get(rank, _NO_NODES)
+    if mine.size == 0:
+        return None
+    ranks = np.unique(g.ranks)
+    stage = lay.coords.get(rank, {}).get("pp")
+    key = (id(seqs), stage, mine.size)
+    cache = g.cache.peer_groups
+    if key not in cache or cache[key][0] is not seqs:
+        members = [int(p) for p in lay.peers(rank, ranks) if seqs.get(int(p), _NO_NODES).size == mine.size]
+        cache[key] = (seqs, members, {})
+    _, members, sorted_by = cache[key]
+    if len(members) < 2 or rank not in members:
+        return None
+    row = members.index(rank)
+
+    def median(values: np.ndarray, name: str) -> np.ndarray:
+        if name not in sorted_by:
+            stack = values[np.stack([seqs[p] for p in members])]
+            order = np.argsort(stack, axis=0, kind="stable")
+            where = np.empty(order.shape, np.int32)
+            np.put_along_axis(where, order, np.arange(len(members), dtype=np.int32)[:, None], axis=0)
+            sorted_by[name] = (np.take_along_axis(stack, order, axis=0), where)
+        col, where = sorted_by[name]
+        j = where[row]  # where the rank's own value sits in each position's order
+        m = len(members) - 1  # its peers
+
+        def kth(k: int) -> np.ndarray:  # the k-th smallest of the peers' values, per position
+            return np.where(k < j, col[k], col[min(k + 1, m)])
+
+        if m % 2:
+            return kth(m // 2).astype(np.float64)
+        return (kth(m // 2 - 1).astype(np.float64) + kth(m // 2).astype(np.float64)) / 2
+
+    return mine, (lambda: median(g.gap, "gap")), (lambda: median(g.dur, "dur"))
+
+
 def rank_sequences(g: StepGraph, mask: np.ndarray) -> dict[int, np.ndarray]:
     """Per rank: its nodes under `mask`, lane by lane in time order (ties by id): one sort of the graph,
     grouped by rank, not a scan of the graph per rank (cached per graph and mask)."""
     import hashlib
 
-    key = (mask.size, hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest())
+    key = next((k for m, k in g.cache.mask_keys if m is mask), None)
+    if key is None:
+        key = (mask.size, hashlib.blake2b(np.packbits(mask).tobytes(), digest_size=16).digest())
+        if not mask.flags.writeable:  # a cached mask (host_lane_mask): the same object is the same mask
+            g.cache.mask_keys.append((mask, key))
     cache = g.cache.rank_sequences
     if key not in cache:
         v = np.flatnonzero(mask)
@@ -694,12 +742,14 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
         gap[host & (gap >= lay.stall_min_ns)] = 0
         dur[g.category == Category.STALL] = 0
         return
-    mine, ref = aligned(g, host, int(fix.rank), lay)
+    peer = peer_medians(g, host, int(fix.rank), lay)
+    mine = peer[0] if peer is not None else aligned(g, host, int(fix.rank), lay)[0]
     stall = gap[mine] >= lay.stall_min_ns
     load = g.category[mine] == Category.STALL
-    if ref is not None:
-        gap[mine[stall]] = np.minimum(gap[mine[stall]], np.median(g.gap[ref], axis=0)[stall].astype(np.int64))
-        dur[mine[load]] = np.minimum(dur[mine[load]], np.median(g.dur[ref], axis=0)[load].astype(np.int64))
+    if peer is not None:
+        gap_med, dur_med = peer[1](), peer[2]()
+        gap[mine[stall]] = np.minimum(gap[mine[stall]], gap_med[stall].astype(np.int64))
+        dur[mine[load]] = np.minimum(dur[mine[load]], dur_med[load].astype(np.int64))
     else:
         lead = _step_leads(g, host, int(fix.rank), lay)
         gap[mine[stall]] = np.minimum(gap[mine[stall]], lead[mine[stall]])

@@ -94,11 +94,23 @@ class GraphCache:
     predictions: dict = field(default_factory=dict)
     """fixes -> per window the replayed step time: replay.predict_all"""
     rank_sequences: dict = field(default_factory=dict)
+    mask_keys: list = field(default_factory=list)
+    """[(a read-only mask, its rank_sequences key)]: a cached mask (host_lane_mask) is not hashed again"""
+    peer_groups: dict = field(default_factory=dict)
+    """(sequences, stage, length) -> (the group's ranks, their values sorted per position): fixes.peer_medians"""
     buckets: dict = field(default_factory=dict)
     overlap_graphs: dict = field(default_factory=dict)
     instance_static: dict = field(default_factory=dict)
     same_collective: dict = field(default_factory=dict)
     """whatif/fixes.py's per-graph facts (keyed as each function there documents)"""
+    lane_masks: dict = field(default_factory=dict)
+    """"device" / "host" -> (the arrays it was computed from, per node the mask): device_lane_mask, host_lane_mask"""
+    base: tuple | None = None
+    """(the arrays it was computed from, the unchanged replay's starts and ends, edges out of each node as CSR):
+    replay_changed"""
+    extremes: dict = field(default_factory=dict)
+    """per-window extremes of terminal nodes (measured; of the unchanged replay) and the terminal nodes grouped
+    by window: window_bounds"""
 
 
 @dataclass
@@ -325,6 +337,80 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     return start
 
 
+CHANGED_SHARE = 1 / 32
+"""`replay_changed` re-times node by node (~1-2 µs each, in Python) while the nodes it revisits stay under this
+share of the graph; past it the level-by-level `replay` (~50 ns a node) is cheaper."""
+
+
+def _base_replay(g: StepGraph) -> tuple:
+    """The unchanged replay's starts and ends, the plan's position of each node and the out-edges as CSR
+    (cached per graph: every what-if of a large run starts from them)."""
+    plan = g.plan
+    key = (g.start, g.dur, g.src, g.dst, plan)
+    held = g.cache.base
+    if held is None or any(a is not b for a, b in zip(held[0], key)):
+        start = replay(g)
+        small = np.int32 if g.num_nodes < 2**31 - 1 else np.int64  # ids: half the memory of a large graph's
+        pos = np.empty(g.num_nodes, small)
+        pos[plan.order] = np.arange(g.num_nodes, dtype=small)
+        o = np.argsort(g.src, kind="stable")
+        out_ptr = np.searchsorted(g.src[o], np.arange(g.num_nodes + 1)).astype(small)
+        out_dst = g.dst[o].astype(small)
+        for a in (start, pos, out_ptr, out_dst):
+            a.flags.writeable = False
+        g.cache.base = held = (key, start, pos, out_ptr, out_dst)
+    return held[1:]
+
+
+def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """`replay(g, dur, gap)` (the same starts, exactly) and the nodes whose start or end differ from the
+    unchanged replay's, re-timing only the nodes downstream of a changed duration or gap, in the plan's order,
+    and stopping where a node's start comes out as before (a rank's earlier op that still waits for its peers
+    at the next collective): a fix on one rank of a large run re-times that rank, not the run. None (replay the
+    whole graph) when the durations or gaps are not integers, or when more than CHANGED_SHARE of the nodes
+    would be re-timed."""
+    import heapq
+
+    if dur.dtype != np.int64 or gap.dtype != np.int64 or g.plan.narrow:
+        return None
+    start0, pos, out_ptr, out_dst = _base_replay(g)
+    changed = np.flatnonzero((dur != g.dur) | (gap != g.gap))
+    start, end = start0.copy(), start0 + g.dur
+    if changed.size == 0:
+        return start, changed
+    limit = max(int(CHANGED_SHARE * g.num_nodes), 64)
+    if changed.size > limit:
+        return None
+    plan = g.plan
+    in_ptr, in_src = memoryview(plan.in_ptr), memoryview(plan.in_src)
+    opt, odst, posv = memoryview(out_ptr), memoryview(out_dst), memoryview(pos)
+    st, en = memoryview(start), memoryview(end)
+    du, gp = memoryview(np.ascontiguousarray(dur)), memoryview(np.ascontiguousarray(gap))
+    heap = [(p, v) for p, v in zip(pos[changed].tolist(), changed.tolist())]
+    heapq.heapify(heap)
+    queued = set(changed.tolist())
+    touched = []
+    visits = 0
+    while heap:
+        _, v = heapq.heappop(heap)
+        visits += 1
+        if visits > limit:
+            return None
+        a, b = in_ptr[v], in_ptr[v + 1]
+        s = max([en[in_src[k]] for k in range(a, b)]) + gp[v] if b > a else st[v]
+        e = s + du[v]
+        if s == st[v] and e == en[v]:
+            continue
+        st[v], en[v] = s, e
+        touched.append(v)
+        for k in range(opt[v], opt[v + 1]):
+            w = odst[k]
+            if w not in queued:
+                queued.add(w)
+                heapq.heappush(heap, (posv[w], w))
+    return start, np.array(touched, np.int64)
+
+
 def _replay_by_node(g: StepGraph, plan: _Plan, dur: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """replay's result, one node at a time in level order (numpy's casts: a start is truncated to int64
     when stored, its end keeps the untruncated sum)."""
@@ -423,22 +509,32 @@ def _windows_of_nodes(g: StepGraph) -> np.ndarray:
 
 
 def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,
-                  gap: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  gap: np.ndarray | None = None, touched: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each window's (begin, end) in a replay: it begins at its first op (less the measured lead before it)
     and ends at its last op (plus the measured tail after it); one with nothing of its own stays put.
     The lead (step marker to first op: a sleep, a data wait before the step's first op) shrinks by what a
     fix removed from the first op's gap (`gap` against the measured one), so a stall is removed wherever
-    it sits relative to the step boundary."""
+    it sits relative to the step boundary. `touched`: the only nodes whose start or end differ from the
+    unchanged replay's (`replay_changed`): the other windows keep that replay's extremes."""
     dur = g.dur if dur is None else dur
     w = window_of(g)
     mine = g.terminal & (w >= 0)
-    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    meas, now = np.full(g.ranks.size, low, np.int64), np.full(g.ranks.size, low, np.int64)
-    np.maximum.at(meas, w[mine], (g.start + g.dur)[mine])
-    np.maximum.at(now, w[mine], (start + dur)[mine])
-    first_meas, first_now = np.full(g.ranks.size, high, np.int64), np.full(g.ranks.size, high, np.int64)
-    np.minimum.at(first_meas, w[mine], g.start[mine])
-    np.minimum.at(first_now, w[mine], start[mine])
+    low = np.iinfo(np.int64).min
+    meas, first_meas, by_window = _measured_extremes(g, w, mine)
+    if touched is None:
+        now, first_now = _extremes(g, w, mine, start, start + dur)
+    else:
+        now, first_now = _replayed_extremes(g, w, mine)
+        now, first_now = now.copy(), first_now.copy()
+        hit = w[touched[mine[touched]]]
+        if hit.size:
+            nodes, bounds = by_window
+            hit = np.unique(hit)
+            lo, hi = bounds[hit], bounds[hit + 1]
+            idx = np.concatenate([nodes[a:b] for a, b in zip(lo.tolist(), hi.tolist())])
+            seg = np.r_[0, np.cumsum(hi - lo)[:-1]]
+            now[hit] = np.maximum.reduceat(start[idx] + dur[idx], seg)
+            first_now[hit] = np.minimum.reduceat(start[idx], seg)
     has = meas > low
     lead = first_meas - g.win_start
     if gap is not None:
@@ -446,6 +542,41 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     begin = np.where(has, first_now - lead, g.win_start)
     end = np.where(has, now + (g.win_end - meas), g.win_end)
     return begin, end
+
+
+def _extremes(g: StepGraph, w: np.ndarray, mine: np.ndarray, start: np.ndarray, end: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per window: the latest end and the earliest start of its terminal nodes (`mine`)."""
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    last, first = np.full(g.ranks.size, low, np.int64), np.full(g.ranks.size, high, np.int64)
+    np.maximum.at(last, w[mine], end[mine])
+    np.minimum.at(first, w[mine], start[mine])
+    return last, first
+
+
+def _measured_extremes(g: StepGraph, w: np.ndarray, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """`_extremes` of the measured graph and the terminal nodes grouped by window (node ids, per window the
+    slice bounds), cached per graph."""
+    key = (g.start, g.dur, g.terminal, w)
+    held = g.cache.extremes.get("measured")
+    if held is None or any(a is not b for a, b in zip(held[0], key)):
+        last, first = _extremes(g, w, mine, g.start, g.start + g.dur)
+        nodes = np.flatnonzero(mine)
+        nodes = nodes[np.argsort(w[nodes], kind="stable")]
+        bounds = np.searchsorted(w[nodes], np.arange(g.ranks.size + 1))
+        g.cache.extremes["measured"] = held = (key, last, first, (nodes, bounds))
+    return held[1], held[2], held[3]
+
+
+def _replayed_extremes(g: StepGraph, w: np.ndarray, mine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_extremes` of the unchanged replay (`replay_changed`'s base), cached per graph."""
+    base = g.cache.base
+    held = g.cache.extremes.get("replayed")
+    if held is None or held[0] is not base:
+        start = base[1]
+        held = (base, *_extremes(g, w, mine, start, start + g.dur))
+        g.cache.extremes["replayed"] = held
+    return held[1], held[2]
 
 
 def window_span_until(g: StepGraph, begin: np.ndarray, mask: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -475,11 +606,11 @@ def _first_gap_removed(g: StepGraph, w: np.ndarray, mine: np.ndarray, gap: np.nd
 
 
 def rank_step_ns(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,
-                 gap: np.ndarray | None = None) -> np.ndarray:
+                 gap: np.ndarray | None = None, touched: np.ndarray | None = None) -> np.ndarray:
     """Each window's step time (aligned with g.ranks / g.win_step), as the answer key and DESIGN §3 count a
     GPU step: from the window's start to the next step's start on the same rank (the last step: to its
-    end); see `window_bounds`."""
-    begin, end = window_bounds(g, start, dur, gap)
+    end); see `window_bounds` (and `touched` there)."""
+    begin, end = window_bounds(g, start, dur, gap, touched)
     nxt = _next_window(g)
     return np.where(nxt >= 0, begin[np.maximum(nxt, 0)], end) - begin
 
@@ -500,12 +631,21 @@ def measured_step_ns(g: StepGraph) -> np.ndarray:
 
 
 def device_lane_mask(g: StepGraph) -> np.ndarray:
-    """Per node: it sits on a device stream."""
-    dev_lanes = np.array(["stream" in n for n in g.lane_names] + [False], dtype=bool)
-    return dev_lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
+    """Per node: it sits on a device stream (read-only; cached per graph)."""
+    return _lane_mask(g, "stream")
 
 
 def host_lane_mask(g: StepGraph) -> np.ndarray:
-    """Per node: it sits on a host thread (training thread, launching thread)."""
-    host_lanes = np.array(["thread" in n for n in g.lane_names] + [False], dtype=bool)
-    return host_lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
+    """Per node: it sits on a host thread (training thread, launching thread) (read-only; cached per graph)."""
+    return _lane_mask(g, "thread")
+
+
+def _lane_mask(g: StepGraph, word: str) -> np.ndarray:
+    key = (g.lane, tuple(g.lane_names))
+    held = g.cache.lane_masks.get(word)
+    if held is None or held[0][0] is not key[0] or held[0][1] != key[1]:
+        lanes = np.array([word in n for n in g.lane_names] + [False], dtype=bool)
+        m = lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
+        m.flags.writeable = False
+        g.cache.lane_masks[word] = held = (key, m)
+    return held[1]

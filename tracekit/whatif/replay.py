@@ -16,8 +16,8 @@ from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
                                    shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
-                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, window_bounds, window_of,
-                                  window_span_until)
+                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
+                                  window_of, window_span_until)
 
 
 @dataclass
@@ -57,8 +57,15 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     key = tuple(fixes)
     if key not in cache:
         dur, gap = apply_fixes(g, fixes, lay)
-        start = replay(replay_graph(g, fixes), dur, gap)
-        times = rank_step_ns(g, start, dur, gap)
+        rg = replay_graph(g, fixes)
+        # the same graph: re-time only what the fixes change (a fix on one rank of a large run)
+        done = replay_changed(g, dur, gap) if rg is g else None
+        if done is not None:
+            start, touched = done
+            times = rank_step_ns(g, start, dur, gap, touched)
+        else:
+            start = replay(rg, dur, gap)
+            times = rank_step_ns(g, start, dur, gap)
         more = [f for f in fixes if f.kind == "microbatches"]
         if more:
             times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
