@@ -120,8 +120,9 @@ def _notes(row: dict[str, Any], kind: str | None) -> list[str]:
     if row["workload"] == "inference":
         notes.append("inference (no backward, no optimizer step): no training advice")
     elif row["workload"] == "communication":
-        notes.append("communication only (collectives and no compute in its steps: a collective benchmark or "
-                     "test loop): no overlap advice, there is no compute to hide them behind")
+        notes.append("communication only (collectives and no compute in its steps: a collective benchmark, or a "
+                     "trace filtered to its collectives): no overlap advice, the trace has no compute to hide them "
+                     "behind")
     c = row["carry_over"]
     if c["kernels"]:
         notes.append(f"{c['kernels']} kernel(s) launched before profiling began ran for {c['ns'] / 1e6:.3f} ms "
