@@ -252,6 +252,15 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.pt.trace.json.gz"
 
 
+_FORKED: list = []
+"""The SimResult a forked writer reads (inherited from the parent, never pickled: at 10,000 ranks the
+programs are gigabytes)."""
+
+
+def _write_forked(out_dir: str, ranks: list[int], traced: frozenset[int] | None, comms_logs: bool) -> int:
+    return _write_range(_FORKED[0], out_dir, ranks, traced, comms_logs)
+
+
 def _write_range(res, out_dir: str, ranks: list[int], traced: frozenset[int] | None = None,
                  comms_logs: bool = False) -> int:
     """Traces of `ranks` (only those in `traced`, when given) and, with `comms_logs`, every one's log."""
@@ -322,9 +331,13 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
         import multiprocessing as mp
 
         chunks = [ranks[i::workers] for i in range(workers)]
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-            events = sum(ex.map(_write_range, [res] * workers, [str(out)] * workers, chunks,
-                                [traced] * workers, [comms_logs] * workers))
+        _FORKED[:] = [res]
+        try:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+                events = sum(ex.map(_write_forked, [str(out)] * workers, chunks, [traced] * workers,
+                                    [comms_logs] * workers))
+        finally:
+            _FORKED.clear()
     else:
         events = _write_range(res, str(out), ranks, traced, comms_logs)
     (out / ANSWER_KEY_FILE).write_text(json.dumps(res.ground_truth(), indent=1))
