@@ -287,7 +287,8 @@ def spread_ranks(world: int, count: int) -> list[int]:
 
 def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
     """comms.rank{R}.jsonl in the Flight Recorder entry schema (as `tracekit record` writes it): created =
-    the host's enqueue, started / completed = the NCCL kernel's start and end on the device."""
+    the host's enqueue, started / completed = the NCCL kernel's start and end on the device; step = the
+    profiler step (the trace's `ProfilerStep#N`), as `tracekit record` logs it."""
     from tracekit.record.commlog import CommLog, comms_log_path
 
     topo = res.world.topo
@@ -306,7 +307,8 @@ def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
         log.record(pg_name=g.name, pg_desc=g.desc, profiling_name=f"nccl:{name}", time_created_ns=op.h0,
                    time_started_ns=op.d0, time_completed_ns=op.d1, input_sizes=[[n_in]], input_dtypes=[dt],
                    output_sizes=[[n_out]], output_dtypes=[dt], is_p2p=p2p, peer=op.peer[1] if p2p else None,
-                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out, step=op.step,
+                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out,
+                   step=op.step + res.first_step,
                    seq=None if p2p else c.seq, pg_id=int(g.name))
     log.close()
 

@@ -102,9 +102,7 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
     if not steps:
         return []
-    # log-only ranks (a partial recording) hold no work to replay: the graph is the traced ranks' (their
-    # collectives with log-only members keep the traced members' measured times)
-    log_only = log_only_ranks(store)
-    ranks = [r for r in store.ranks() if r not in log_only] if log_only else None
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, ranks)
+    # log-only ranks (a partial recording) are chains of their logged collectives: work between them, then
+    # each arrival (build.add_log_rank), so a fix on one of them (a slow GPU no trace covers) is replayed
+    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, log_only=log_only_ranks(store))
     return replay_steps_of(g) if g.ranks.size else []
