@@ -377,6 +377,10 @@ def partial_case(data_dir: Path, work: Path, ranks: int, traced: int, workers: i
            "slow_gpu_top": top.get("kind") == "straggler" and top.get("ranks") == [stats["straggler_rank"]],
            "slow_gpu_position": next((i for i, f in enumerate(analysis["findings"]) if f in slow), None),
            "named_saving_ns": named,
+           "replayed_saving_ns": (slow[0].get("evidence") or {}).get("replayed_saving_ns") if slow else None,
+           "closed_form_saving_ns": (slow[0].get("evidence") or {}).get("closed_form_saving_ns") if slow else None,
+           "slow_gpu_straggler_rank": next((i for i, f in enumerate(s for s in analysis["findings"]
+                                                                    if s["kind"] == "straggler") if f in slow), None),
            "saving_ratio": round(named / stats["saving_ns"], 3) if named is not None and stats["saving_ns"] else None,
            "simulate": stats["sim"]}
     shutil.rmtree(out, ignore_errors=True)
@@ -396,8 +400,10 @@ def show_partial(row: dict) -> None:
     for f in row["top_findings"]:
         print(f"    {f['kind']:<26} ranks {f['ranks']} saving {f['saving_ns']} (replayed {f['replayed_saving_ns']})")
     print(f"  slow GPU rank {row['slow_rank']} (traced: {row['slow_rank_traced']}): top finding {row['slow_gpu_top']} "
-          f"(position {row['slow_gpu_position']}), saving named {row['named_saving_ns']} vs answer key "
-          f"{row['answer_saving_ns']} (ratio {row['saving_ratio']})")
+          f"(position {row['slow_gpu_position']}; among stragglers {row.get('slow_gpu_straggler_rank')}), saving "
+          f"named {row['named_saving_ns']} (replayed {row.get('replayed_saving_ns')}, closed form "
+          f"{row.get('closed_form_saving_ns')}) vs answer key {row['answer_saving_ns']} (ratio {row['saving_ratio']}, "
+          f"within 10%: {row['saving_ratio'] is not None and abs(row['saving_ratio'] - 1) <= 0.10})")
     if row.get("simulate"):
         print(f"  simulation: {row['simulate']}")
     show_phases(row["phases"])

@@ -860,8 +860,8 @@ def add_log_rank(buf: _Buf, rank: int, mem: Columns, ids: dict[str, np.ndarray]
     stream waited for them: a collective's end releases the next work after it); an end that falls after the
     next arrival (an asynchronous collective, overlapped) releases the work after that arrival. The nodes sit
     on no lane (`_place_members`): explicit edges chain arrival i - 1 → work → arrival i in the log's order
-    (lane order would sort collectives arriving at one instant by node id, against the chain). Replaying the unchanged chain gives back the logged times; a fix that
-    scales the rank's compute (`whatif.fixes._rank_compute`: each work node at its peers' median, the ranks
+    (lane order would sort collectives arriving at one instant by node id, against the chain). Replaying the
+    unchanged chain gives back the logged times; a fix that scales the rank's compute (`whatif.fixes._rank_compute`: each work node at its peers' median, the ranks
     of its stage running the same program) moves its arrivals and so its peers' collectives.
     Returns its windows: per step, from its first node's start to its last node's end."""
     a, e = mem["arrival"], mem["end"]
