@@ -77,3 +77,34 @@ def test_sync_wait_is_its_own_part_of_the_verdict():
     rows = [_row(0, s, 4 * MS, 6 * MS, 0, sync=5 * MS) for s in range(2, 8)]
     [st] = analyze_recording(_NoEvents(), _ctx(rows)).section["verdict_stability"]
     assert st["bound"] == "sync_wait" and st["runner_up"] == "compute"
+
+
+def test_a_small_steady_margin_is_a_near_tie_not_noise():
+    # compute 5.15 / 4.9 ms in turn against idle 5.0 ms, eight steps: the mean margin (0.25% of the step) is
+    # within noise, but its 2-standard-error band stays under TIE_SHARE: info, both parts named, no recording
+    # advice
+    from tracekit.analyze.recording import TIE_SHARE
+
+    rows = [_row(0, s, 5_150_000 if s % 2 else 4_900_000, 0, 5_000_000) for s in range(2, 10)]
+    margins = [r["compute_ns"] - r["idle_ns"] for r in rows]
+    n, mean = len(margins), Fraction(sum(margins), len(margins))
+    sd = math.sqrt(float(sum((Fraction(m) - mean) ** 2 for m in margins) / (n - 1)))
+    step = Fraction(sum(r["step_ns"] for r in rows), n)
+    assert float(mean) < Z * sd / math.sqrt(n)  # unstable by the margin rule ...
+    assert float(abs(mean)) + Z * sd / math.sqrt(n) < TIE_SHARE * float(step)  # ... but known to be small
+    res = analyze_recording(_NoEvents(), _ctx(rows))
+    [st] = res.section["verdict_stability"]
+    assert st["stable"] is False and st["tie"] is True and "near tie" in st["note"]
+    [f] = res.findings
+    assert f.severity.value == "info" and "near tie" in f.summary and "--active" not in f.recommendation
+
+
+def test_a_margin_no_recording_can_settle_says_so():
+    # a 1% mean margin against a ~30% spread over three steps: tens of thousands of steps to settle
+    steps = [(8 * MS, 0, 2 * MS), (2 * MS, 0, 8 * MS), (5_200_000, 0, 4_900_000)]
+    rows = [_row(0, i + 2, *s) for i, s in enumerate(steps)]
+    res = analyze_recording(_NoEvents(), _ctx(rows))
+    [st] = res.section["verdict_stability"]
+    assert st["stable"] is False and not st["tie"] and st["steps_needed"] > 1000
+    [f] = res.findings
+    assert f.severity.value == "warning" and "near tie" in f.recommendation and "--active" not in f.recommendation

@@ -3,9 +3,8 @@
 - HTA's triton example: its `ProfilerStep#1` annotation lasts 13.3 s while the profiler recorded 355 ms
   (its `PyTorch Profiler` span) and the step's events end 1.67 ms after it began; host stalls are looked
   for only inside the profiler's span, so there is no 13 s "stall" on a 1.76 µs step.
-- HTA's MI250 example: one `hipLaunchKernel` takes 6.5 ms (the device waits on it), a critical
-  `host_bound` by its closed form, but the replay of its fix (slow host ops at their median) saves
-  nothing: a finding whose replayed saving is ~0 is re-graded to info, saying why in its evidence.
+- HTA's MI250 example (one `hipLaunchKernel` of 6.5 ms, the first launch of its kernel: a warm-up) is
+  tests/gpu_semantics/test_backward_thread.py's.
 Expected values are read from the raw JSON (plain json, Decimal µs → integer ns).
 """
 
@@ -56,20 +55,6 @@ def test_a_step_annotation_outliving_the_profile_is_no_stall(shared_traces, tmp_
     gaps.append(prof_hi - reach)
     assert max(gaps) < 1_000_000
     assert r["stall_ns"] == 0 and not [f for f in a["findings"] if f["kind"] == "idle_host_bound"]
-
-
-def test_host_bound_with_no_replayed_saving_is_regraded_to_info(shared_traces, tmp_path):
-    raw = [e for e in _raw(shared_traces, "hta_amd_mi250") if e.get("ph") == "X"]
-    longest = max(_ns(e["dur"]) for e in raw if e["name"] == "hipLaunchKernel")
-    assert longest > 6_000_000  # one launch call holds the host 6.5 ms
-    a = _analyze(shared_traces, "hta_amd_mi250", tmp_path)
-    (f,) = [f for f in a["findings"] if f["kind"] == "host_bound"]
-    ev = f["evidence"]
-    assert ev["closed_form_saving_ns"] >= longest  # the device waited on that launch (and others)
-    step = a["sections"]["critical_path"]["measured_step_ns"]
-    assert ev["replayed_saving_ns"] < 0.01 * step
-    assert f["severity"] == "info" and ev["severity_regraded"]["from"] == "critical"
-    assert ev["severity_regraded"]["to"] == "info" and "replayed saving" in ev["severity_regraded"]["reason"]
 
 
 def test_ranks_that_stall_alike_keep_the_severity_of_fixing_them_all(shared_traces, tmp_path):

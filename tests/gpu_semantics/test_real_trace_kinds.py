@@ -176,3 +176,21 @@ def test_throughput_and_breakdown_share_one_step_time(shared_traces, tmp_path):
     steps = a["sections"]["breakdown"]["steps"]
     mean = sum(r["step_ns"] for r in steps) / len(steps)
     assert a["sections"]["throughput"]["step_ns_mean"] == pytest.approx(mean)
+
+
+def test_a_collective_loop_gets_no_overlap_advice(shared_traces, tmp_path):
+    """hta_gloo_cpu_rank34of300: one rank of a 300-rank gloo job whose step holds collectives and allocations
+    only (read here from the raw JSON): no compute to hide them behind, so no `unoverlapped_collective`, and
+    `communication_bound` is info with nothing to save (it was critical)."""
+    (path,) = sorted((shared_traces / "hta_gloo_cpu_rank34of300").glob("*.json.gz"))
+    ev = [e for e in _events(path) if e.get("ph") == "X"]
+    (step,) = [e for e in ev if str(e["name"]).startswith("ProfilerStep#")]
+    inside = [e for e in ev if e is not step and _ns(step["ts"]) <= _ns(e["ts"]) <= _ns(step["ts"]) + _ns(step["dur"])]
+    comm = [e for e in inside if str(e["name"]).startswith("gloo:")]
+    assert comm and {e["name"] for e in inside if e not in comm} <= {"aten::empty"}  # nothing but collectives
+    a = _analyze(shared_traces / "hta_gloo_cpu_rank34of300", tmp_path)
+    (rank,) = a["sections"]["trace_kind"]["ranks"]
+    assert rank["workload"] == "communication" and a["sections"]["trace_kind"]["communication_ranks"] == [34]
+    assert not [f for f in a["findings"] if f["kind"] == "unoverlapped_collective"]
+    (cb,) = [f for f in a["findings"] if f["kind"] == "communication_bound"]
+    assert cb["severity"] == "info" and cb["est_saving_ns"] == 0 and "nothing to overlap" in cb["summary"]

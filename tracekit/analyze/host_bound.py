@@ -12,14 +12,16 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
   a thread that lost its core inside a trivial call (a 29 ms `aten::view`: too few cores for the ranks,
   GIL contention). Calls that wait for the device (`*Synchronize*`, blocking memcpy, a launch blocked on
   a full launch queue, a call that returned when its own op ended) and communication calls are waits,
-  never slow;
+  never slow; nor is the first launch, in the rank's first step, of a kernel the trace had not run before
+  (CUDA/HIP load its module then: a warm-up, counted apart as **first-launch** time);
 - **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
 
 Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
 least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step (a step:
 first kernel to the next step's first kernel, DESIGN §3). The cause is named only from what the trace
 shows: "starved host thread" when the slow ops' excess covers at least half the busy launch wait, else
-"launch overhead" (host dispatch slower than the kernels it launches). Data loading is not busy: a device
+"first launch" when first launches' excess does (a warm-up: info, no saving), else "launch overhead" (host
+dispatch slower than the kernels it launches). Data loading is not busy: a device
 waiting on it is `host_stalls`' `idle_host_bound`. A starved host's closed-form saving is the worst
 rank's busy launch wait per step, and the critical path replays its fix (slow ops at their median on
 every rank: `whatif.fixes` `host_repair`); launch overhead has no saving (fewer, larger launches would
@@ -27,7 +29,7 @@ not remove the whole wait, and the graph cannot replay them) and is info: the wa
 
 Section `host_bound`:
     {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
-                "launch_wait_busy_ns", "slow_ops_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
+                "launch_wait_busy_ns", "slow_ops_ns", "first_launch_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
      "slow_ops": [{"name", "count", "excess_ns", "median_ns", "longest_ns"}],   # over the run, worst first
      "thresholds": {"slow_factor", "slow_min_ns", "info", "warning", "critical"}}
 """
@@ -85,7 +87,8 @@ def _data_load(store: RunStore, rank: int) -> tuple[np.ndarray, np.ndarray, np.n
     return ts, ts + t.column("dur").to_numpy().astype(np.int64), t.column("step").fill_null(-1).to_numpy()
 
 
-def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: np.ndarray) -> dict[str, Any] | None:
+def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: np.ndarray,
+              first_excess: np.ndarray | None = None) -> dict[str, Any] | None:
     """Per-step means of one GPU rank (section row), None without a step."""
     steps = np.unique(kern["step"][kern["step"] >= 0])
     if steps.size == 0:
@@ -94,8 +97,9 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
     dl_ts, dl_end, dl_step = _data_load(store, rank)
     busy = iv.subtract(iv.union(ops["ts"], ops["end"]), iv.union(dl_ts, dl_end))  # loading is idle_host_bound's
     first = {int(x): int(kern["ts"][kern["step"] == x].min()) for x in steps.tolist()}
+    first_excess = np.zeros(excess.size, np.int64) if first_excess is None else first_excess
     tot = dict.fromkeys(("step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns", "launch_wait_busy_ns",
-                         "slow_ops_ns", "data_load_ns"), 0)
+                         "slow_ops_ns", "first_launch_ns", "data_load_ns"), 0)
     slow_count = 0
     for s in steps.tolist():
         k, h, d = kern["step"] == s, ops["step"] == s, dl_step == s
@@ -106,6 +110,7 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
         tot["launch_wait_ns"] += int((hi - lo)[k].sum())
         tot["launch_wait_busy_ns"] += iv.total(iv.intersect(iv.union(lo[k], hi[k]), busy))
         tot["slow_ops_ns"] += int(excess[h].sum())
+        tot["first_launch_ns"] += int(first_excess[h].sum())
         slow_count += int((excess[h] > 0).sum())
         tot["data_load_ns"] += iv.total(iv.union(dl_ts[d], dl_end[d]))
     n = int(steps.size)
@@ -138,23 +143,31 @@ def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:
     share = worst["launch_wait_busy_ns"] / worst["step_ns"]
     wait = sum(r["launch_wait_busy_ns"] for r in bound)
     slow_ns = sum(r["slow_ops_ns"] for r in bound)
-    cause = "starved_host" if 2 * slow_ns >= wait else "launch_overhead"
+    first_ns = sum(r.get("first_launch_ns", 0) for r in bound)
+    cause = ("starved_host" if 2 * slow_ns >= wait else "first_launch" if 2 * first_ns >= wait
+             else "launch_overhead")
     named = ", ".join(f"{s['name']} up to {s['longest_ns'] / 1e6:.1f} ms (median {s['median_ns'] / 1e3:.0f} µs)"
                       for s in slow[:2])
     why = {"starved_host": f"host ops far slower than the same op elsewhere ({named}): a starved host thread",
+           "first_launch": (f"first launches of kernels the trace had not run before took "
+                            f"{first_ns / 1e6:.2f} ms beyond a launch's median: the runtime loads a kernel's "
+                            "module on its first launch, a warm-up cost that later steps do not pay"),
            "launch_overhead": "launching takes longer than the kernels run"}
     summary = (f"the device waits for its busy host's launches {worst['launch_wait_busy_ns'] / 1e6:.2f} ms per step on rank "
                f"{worst['rank']} ({share:.0%} of its step; {len(bound)} of {len(rows)} ranks): {why[cause]}")
     rec = {"starved_host": "Give each rank's host thread its own cores (fewer ranks or threads per node, "
                            "OMP_NUM_THREADS, CPU affinity / numactl), keep other work off them, and look for GIL "
                            "contention (data-loader threads, logging) in the training process.",
+           "first_launch": "Profile steps after warm-up (the profiler schedule's wait/warmup steps), or load "
+                           "modules eagerly (CUDA_MODULE_LOADING=EAGER; HIP_ENABLE_DEFERRED_LOADING=0 on ROCm).",
            "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops."}[cause]
     ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_busy_ns"]), "share_of_step": round(share, 6),
           "slow_ops_ns_per_step": {str(r["rank"]): r["slow_ops_ns"] for r in bound}, "slow_ops": slow[:5],
           "data_load_ns_per_step": {str(r["rank"]): r["data_load_ns"] for r in bound},
           "host_busy_ns": {str(r["rank"]): r["host_busy_ns"] for r in bound},
           "device_busy_ns": {str(r["rank"]): r["device_busy_ns"] for r in bound}}
-    # launch overhead: what fewer launches would save is not the whole wait, and the graph cannot replay it
+    # launch overhead: what fewer launches would save is not the whole wait, and the graph cannot replay it;
+    # first launches: a warm-up the run's later steps do not pay
     saving = int(worst["launch_wait_busy_ns"]) if cause == "starved_host" else 0
     sev = _severity(share) if cause == "starved_host" else Severity.INFO  # no saving to rank it by
     return Finding(kind=FindingKind.HOST_BOUND, severity=sev, summary=summary,
@@ -171,8 +184,8 @@ def analyze_host_bound(store: RunStore) -> HostBoundResult:
     """Section `host_bound` and the `host_bound` finding (GPU ranks only)."""
     kern = {r: k for r in store.ranks() if (k := device_ops(store, r)) is not None}
     ops = {r: o for r, k in kern.items() if (o := host_ops(store, r, k)) is not None}
-    excess = excess_ns(ops)
-    rows = [x for r in ops if (x := rank_rows(store, r, kern[r], ops[r], excess[r])) is not None]
+    excess, first = excess_ns(ops), excess_ns(ops, first_launch=True)
+    rows = [x for r in ops if (x := rank_rows(store, r, kern[r], ops[r], excess[r], first[r])) is not None]
     slow = slow_op_table(ops, excess)
     finding = _finding(rows, slow)
     section = {"ranks": rows, "slow_ops": slow,

@@ -12,7 +12,11 @@ With few, uneven steps that margin is within noise: the verdict is called unstab
 mean(m) < Z · sd(m) / sqrt(n), and the steps needed are the n at which it would clear that bar
 with the measured spread, n* = ceil((Z · sd(m) / mean(m))²) (at least n + 1). Fewer than
 `MIN_STEPS` steps cannot show a spread at all: then the verdict is unstable unless every step
-agrees with it by a margin of at least `CLEAR_MARGIN` of its own time.
+agrees with it by a margin of at least `CLEAR_MARGIN` of its own time. An unstable verdict whose margin is
+known to be small — |mean(m)| + Z · sd(m) / sqrt(n) below `TIE_SHARE` of the mean step, with at least
+`MIN_STEPS` steps — is a **near tie** (`tie: true`): the two parts take about the same time, and more steps
+would only confirm it (n* grows without bound as the margin goes to 0: 14,239 steps were asked of the
+MI300 DDP run for a 0.9% margin); the finding is then info and names both parts, with no recording advice.
 
 Recorder overhead: `tracekit record` times each rank's steps at its step boundaries, profiled against
 unprofiled ones (record/step_timing.py), and writes the ratio to manifest.json; this section carries it as
@@ -24,12 +28,13 @@ Section `recording`:
     {"overhead": [{"rank", "overhead_ns", "step_ns", "share", "by_name": {name: ns}}],
      "recorder_overhead": {...} | null,
      "verdict_stability": [{"rank", "bound", "runner_up", "steps", "margin_share", "margin_sd_share",
-                            "stable" (null: one step, cannot be judged), "steps_needed", "note"}]}
+                            "stable" (null: one step, cannot be judged), "tie", "steps_needed", "note"}]}
 A single step shows no spread: its stability is not judged (`stable: null`, note "1 step: cannot judge
 stability") and no `unstable_verdict` is raised from it. The note states the rule that decided, with the
 numbers it compared (with 2 steps: each step's own lead against CLEAR_MARGIN; with 3 or more: the mean
 margin against Z standard errors).
-Finding `unstable_verdict` (warning) lists the ranks whose verdict does not hold and the steps to record.
+Finding `unstable_verdict` (warning) lists the ranks whose verdict does not hold and the steps to record; near
+ties get an info `unstable_verdict` (`evidence.tie`) naming both parts, without recording advice.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ Z = 2.0
 """Standard errors the mean margin must clear (about 95% one-sided for a few steps)."""
 MIN_STEPS = 3
 CLEAR_MARGIN = 0.25
+TIE_SHARE = 0.05
+PRACTICAL_STEPS = 1000
+"""Beyond this many steps to settle a verdict, the finding says a near tie rather than asking for them."""
+"""An unstable verdict whose margin is, within Z standard errors, under this share of the step is a near tie."""
 """With fewer than MIN_STEPS steps, each step's own margin must be at least this share of its time."""
 _PARTS = ("compute", "communication", "sync_wait", "idle")
 
@@ -121,10 +130,14 @@ def _stability(rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
         var = float(margins.var(ddof=1))
         needed = max(n + 1, MIN_STEPS, math.ceil(Z * Z * var / (mean_m * mean_m)))
     min_step = float(np.min(margins / spans))
+    tie = not stable and n >= MIN_STEPS and abs(mean_m) + Z * sd / math.sqrt(n) < TIE_SHARE * mean_t
+    note = _why(n, mean_m / mean_t, sd / mean_t, min_step, bool(stable))
+    if tie:
+        note += (f"; a near tie: the margin is under {100 * TIE_SHARE:.0f}% of the step within {Z:g} standard "
+                 "errors, more steps would not separate them")
     return {"rank": rank, "bound": bound, "runner_up": runner, "steps": n,
             "margin_share": mean_m / mean_t, "margin_sd_share": sd / mean_t,
-            "stable": bool(stable), "steps_needed": int(needed),
-            "note": _why(n, mean_m / mean_t, sd / mean_t, min_step, bool(stable))}
+            "stable": bool(stable), "tie": bool(tie), "steps_needed": int(needed), "note": note}
 
 
 def _why(n: int, margin: float, sd: float, min_step: float, stable: bool) -> str:
@@ -138,15 +151,22 @@ def _why(n: int, margin: float, sd: float, min_step: float, stable: bool) -> str
 
 
 def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
-    bad = [s for s in stability if not s["stable"]]
+    ties = [s for s in stability if s.get("tie")]
+    bad = [s for s in stability if not s["stable"] and not s.get("tie")]
+    out = _tie_finding(ties) if ties else []
     if not bad:
-        return []
+        return out
     need = max(s["steps_needed"] for s in bad)
     have = max(s["steps"] for s in bad)
     worst = min(bad, key=lambda s: s["margin_share"] - Z * s["margin_sd_share"])
     summary = (f"the verdict may not hold on {len(bad)} rank(s): '{worst['bound']}' does not clearly lead "
                f"'{worst['runner_up']}' (rank {worst['rank']}, {worst['note']})")
     rec = (f"record at least {need} steps (e.g. tracekit record --active {need}); {have} were analyzed")
+    if need > PRACTICAL_STEPS:  # a small margin against a wide spread: no recording settles it
+        rec = (f"'{worst['bound']}' leads '{worst['runner_up']}' by {100 * worst['margin_share']:.1f}% of the step "
+               f"against a step-to-step spread of {100 * worst['margin_sd_share']:.1f}%: about {need} steps would "
+               f"settle it, so read the two as a near tie; recording {4 * have} or more steps shows whether the "
+               f"spread narrows ({have} were analyzed)")
     return [Finding(kind=FindingKind.UNSTABLE_VERDICT, severity=Severity.WARNING, summary=summary,
                     ranks=tuple(s["rank"] for s in bad),
                     evidence=Evidence(details={
@@ -154,7 +174,23 @@ def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
                         "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
                                                                          "margin_sd_share", "steps_needed")}
                                      for s in bad}}),
-                    recommendation=rec)]
+                    recommendation=rec)] + out
+
+
+def _tie_finding(ties: list[dict[str, Any]]) -> list[Finding]:
+    """Info: ranks whose two largest parts take about the same time (a near tie, not noise to record away)."""
+    worst = max(ties, key=lambda s: abs(s["margin_share"]))
+    summary = (f"'{worst['bound']}' and '{worst['runner_up']}' take about the same time on {len(ties)} rank(s) "
+               f"(rank {worst['rank']}: {worst['note']}): the verdict is a near tie, both matter")
+    return [Finding(kind=FindingKind.UNSTABLE_VERDICT, severity=Severity.INFO, summary=summary,
+                    ranks=tuple(s["rank"] for s in ties),
+                    evidence=Evidence(details={
+                        "tie": True, "tie_share": TIE_SHARE, "z": Z,
+                        "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
+                                                                         "margin_sd_share", "steps")}
+                                     for s in ties}}),
+                    recommendation=(f"Read both: '{worst['bound']}' and '{worst['runner_up']}' each hold about "
+                                    "half of what the verdict weighs; shrinking either pays."))]
 
 
 def _overhead(store: RunStore, rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:

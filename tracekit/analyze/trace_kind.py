@@ -6,17 +6,20 @@ Kineto's accelerator categories) live in parse/classify.py.
 Consequences, applied by the recommendations pass (reconcile.py):
 - capture-only ranks (kernels captured into a graph, almost none run): their timing is the capture's,
   not the workload's, so there is no verdict (`verdict: null` with the reason) and no finding on them;
-- inference ranks (no backward, no optimizer): no training advice (activation checkpointing, recompute).
+- inference ranks (no backward, no optimizer): no training advice (activation checkpointing, recompute);
+- communication-only ranks (collectives in their steps, no compute, no backward or optimizer: a collective
+  benchmark or test loop): no overlap advice — there is no compute to hide the collectives behind
+  (`unoverlapped_collective` is not given; `communication_bound` is info and says so).
 
 Section `trace_kind`:
     {"ranks": [{"rank", "accelerator": str | null, "device_categories": {cat: rows},
                 "graph": {"mode": "capture_only|graph_replay|eager", "captures", "captured_launches",
                           "graph_launches", "kernels_run"},
-                "workload": "training|inference|unknown", "backward_ops", "optimizer_steps",
+                "workload": "training|inference|communication|unknown", "backward_ops", "optimizer_steps",
                 "carry_over": {"kernels", "ns", "share_of_kernel_time"},
                 "step_rule": str | null, "steps": int | null, "notes": [str]}],
      "verdict": "given" | null, "no_verdict_reason": str | null,
-     "capture_only_ranks": [int], "inference_ranks": [int], "notes": [str]}
+     "capture_only_ranks": [int], "inference_ranks": [int], "communication_ranks": [int], "notes": [str]}
 """
 
 from __future__ import annotations
@@ -46,18 +49,23 @@ class TraceKindResult(AnalyzerResult):
     def inference(self) -> set[int]:
         return set((self.section or {}).get("inference_ranks") or [])
 
+    def communication_only(self) -> set[int]:
+        return set((self.section or {}).get("communication_ranks") or [])
+
 
 def analyze_trace_kind(store: RunStore, breakdown: BreakdownResult | None) -> TraceKindResult:
     bd = section_of(breakdown)
     details = {d["rank"]: d for d in bd.get("rank_details") or []}
     steps = {r["rank"]: r.get("steps") for r in bd.get("ranks") or []}
     carried = {r["rank"]: r.get("carry_over_ns") or 0 for r in bd.get("ranks") or []}
+    comm_only = {r["rank"] for r in bd.get("ranks") or [] if not r.get("compute_ns") and r.get("comm_ns")}
     have = set(store.columns("ranks"))
     rows = store.table("ranks", ["rank"] + [c for c in ("accelerator",) if c in have]).to_pylist()
     out = [_rank(store, r["rank"], r.get("accelerator"), details.get(r["rank"], {}), steps.get(r["rank"]),
-                 carried.get(r["rank"], 0)) for r in rows]
+                 carried.get(r["rank"], 0), r["rank"] in comm_only) for r in rows]
     capture = [x["rank"] for x in out if x["graph"]["mode"] == "capture_only"]
     inference = [x["rank"] for x in out if x["workload"] == "inference"]
+    communication = [x["rank"] for x in out if x["workload"] == "communication"]
     reason = None
     if out and len(capture) == len(out):
         g = out[0]["graph"]
@@ -66,12 +74,13 @@ def analyze_trace_kind(store: RunStore, breakdown: BreakdownResult | None) -> Tr
                   "capture's, not the workload's, so no verdict is given. Profile the graph's replays instead.")
     notes = sorted({n for x in out for n in x["notes"]})
     section = {"ranks": out, "verdict": None if reason else "given", "no_verdict_reason": reason,
-               "capture_only_ranks": capture, "inference_ranks": inference, "notes": notes}
+               "capture_only_ranks": capture, "inference_ranks": inference, "communication_ranks": communication,
+               "notes": notes}
     return TraceKindResult(findings=[], section=section)
 
 
 def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str, Any], steps: int | None,
-          carry_ns: int) -> dict[str, Any]:
+          carry_ns: int, comm_only: bool = False) -> dict[str, Any]:
     ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "lane"])
     ev = ev.filter(pc.invert(pc.fill_null(pc.equal(ev["lane"].cast("string"), "device"), False)))
     names = [n or "" for n in ev["name"].cast("string").to_pylist()]
@@ -82,6 +91,8 @@ def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str,
     graph = graph_mode(names, ts, end, k.num_rows)
     host_ops = sum(1 for c in ev["cat"].cast("string").to_pylist() if c == "cpu_op")
     work = workload_of(names, host_ops)
+    if comm_only and work["workload"] != "training":  # collectives and nothing else in its steps
+        work["workload"] = "communication"
     total_k = int(pc.sum(k["dur"].fill_null(0)).as_py() or 0) if k.num_rows else 0
     n_carry = int(pc.sum(k["carry_over"].fill_null(False).cast("int64")).as_py() or 0) if "carry_over" in k.column_names else 0
     carry = {"kernels": n_carry, "ns": int(carry_ns), "share_of_kernel_time": carry_ns / total_k if total_k else 0.0}
@@ -108,6 +119,9 @@ def _notes(row: dict[str, Any], kind: str | None) -> list[str]:
         notes.append(f"CUDA-graph replay: {g['graph_launches']} graph launch(es); their kernels are timed on the device")
     if row["workload"] == "inference":
         notes.append("inference (no backward, no optimizer step): no training advice")
+    elif row["workload"] == "communication":
+        notes.append("communication only (collectives and no compute in its steps: a collective benchmark or "
+                     "test loop): no overlap advice, there is no compute to hide them behind")
     c = row["carry_over"]
     if c["kernels"]:
         notes.append(f"{c['kernels']} kernel(s) launched before profiling began ran for {c['ns'] / 1e6:.3f} ms "

@@ -254,6 +254,8 @@ def pp_exposed_share(unoverlapped: UnoverlappedResult | None, pipe_ranks: set[in
 TRAINING_ONLY = (FindingKind.RECOMPUTE, FindingKind.ACTIVATION_DOMINATED_PEAK, FindingKind.MEMORY_HEADROOM)
 """Findings whose advice is for training (activation checkpointing, recompute, a larger micro-batch for the
 memory left over): not given on inference ranks."""
+OVERLAP_ADVICE = (FindingKind.UNOVERLAPPED_COLLECTIVE, FindingKind.COMMUNICATION_BOUND)
+"""Findings whose advice is to overlap collectives with compute: none on communication-only ranks."""
 INPUT_KINDS = (FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
                FindingKind.TIME_UNIT_MISMATCH)
 """Findings about the inputs themselves, kept on any trace kind."""
@@ -266,6 +268,7 @@ def fit_trace_kind(findings: list[Finding], trace_kind: TraceKindResult | None) 
     if trace_kind is None:
         return findings
     capture, inference = trace_kind.capture_only(), trace_kind.inference()
+    comm_only = trace_kind.communication_only()
     all_capture = trace_kind.section is not None and trace_kind.section.get("verdict") is None
     out = []
     for f in findings:
@@ -274,6 +277,11 @@ def fit_trace_kind(findings: list[Finding], trace_kind: TraceKindResult | None) 
             continue
         if f.kind in TRAINING_ONLY and inference and (ranks <= inference if ranks else True):
             continue
+        if f.kind in OVERLAP_ADVICE and comm_only and (ranks <= comm_only if ranks else True):
+            if f.kind is not FindingKind.COMMUNICATION_BOUND:
+                continue
+            f = replace(f, severity=Severity.INFO, est_saving_ns=0, summary=(
+                f"{f.summary}; the steps have no compute (a communication-only loop): nothing to overlap it with"))
         out.append(f)
     return out
 

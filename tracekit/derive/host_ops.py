@@ -26,6 +26,8 @@ QUEUE_WAIT_MIN_NS = 50_000
 a device op's end, the device busy with that op since before the call, waited for a launch-queue slot (when
 the queue stays full, every launch does: no median of the rank's launches tells them apart)."""
 QUEUE_RETURN_MAX_NS = 50_000
+MODULE_KINDS = ("compute", "comm")
+"""Device ops that run a kernel from a loaded module (`kernels.kind`; copies and memsets do not)."""
 
 
 def last_ended_inside(ts: np.ndarray, end: np.ndarray, k_end: np.ndarray) -> np.ndarray:
@@ -79,14 +81,32 @@ def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def device_ops(store: RunStore, rank: int) -> Columns | None:
-    k = store.rank_table("kernels", rank, ["ts", "dur", "correlation", "step"])
+    k = store.rank_table("kernels", rank, ["name", "kind", "ts", "dur", "correlation", "step"])
     k = k.filter(pc.is_valid(k["dur"]))
     if k.num_rows == 0:
         return None
     ts = k.column("ts").to_numpy().astype(np.int64)
     return {"ts": ts, "end": ts + k.column("dur").to_numpy().astype(np.int64),
             "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
-            "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64)}
+            "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64),
+            "name": np.asarray(k.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+            "module": np.isin(np.asarray(k.column("kind").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+                              MODULE_KINDS)}
+
+
+def first_launches(kern: Columns) -> np.ndarray:
+    """Correlation ids of the launches, in the rank's first step, of a kernel (by name) that the trace had not
+    run before: CUDA and HIP load a kernel's module on its first launch (lazy loading, the default since CUDA
+    11.7 / ROCm's deferred loading), so that launch can take milliseconds once — a warm-up cost, not a host
+    that lost its core."""
+    stepped = kern["step"] >= 0
+    if not stepped.any():
+        return np.zeros(0, np.int64)
+    o = np.argsort(kern["ts"], kind="stable")
+    o = o[kern["module"][o]]  # kernels (a copy or memset loads no module)
+    _, first = np.unique(kern["name"][o], return_index=True)
+    i = o[first]
+    return kern["corr"][i[(kern["step"][i] == kern["step"][stepped].min()) & (kern["corr"][i] >= 0)]]
 
 
 def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns | None:
@@ -113,6 +133,7 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     cols = take(cols, o)
     cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
     cols["waits"] = _waits(cols, kern)
+    cols["first_launch"] = cols["runtime"] & np.isin(cols["corr"], first_launches(kern)) & (cols["corr"] >= 0)
     return cols
 
 
@@ -128,18 +149,20 @@ def _waits(ops: Columns, kern: Columns) -> np.ndarray:
     return sync | queued | own | ops["comm"]
 
 
-def excess_ns(ops_by_rank: dict[int, Columns]) -> dict[int, np.ndarray]:
+def excess_ns(ops_by_rank: dict[int, Columns], *, first_launch: bool = False) -> dict[int, np.ndarray]:
     """Per rank, per host op: its own time beyond the median of the same op over every rank and step,
-    where far beyond it (`SLOW_FACTOR`, `SLOW_MIN_NS`) and the op does not wait; else 0."""
+    where far beyond it (`SLOW_FACTOR`, `SLOW_MIN_NS`), the op does not wait and is no kernel's first launch
+    (`first_launches`: a warm-up); else 0. `first_launch=True`: the same excess of the first launches only."""
     ranks = list(ops_by_rank)
     if not ranks:
         return {}
     names = np.concatenate([ops_by_rank[r]["name"] for r in ranks])
     own = np.concatenate([ops_by_rank[r]["self_ns"] for r in ranks])
     waits = np.concatenate([ops_by_rank[r]["waits"] for r in ranks])
+    first = np.concatenate([ops_by_rank[r]["first_launch"] for r in ranks])
     code, n = group_ids(names)
     med = np.rint(group_median(code, n, own.astype(np.float64))).astype(np.int64)[code]
-    slow = ~waits & (own >= SLOW_FACTOR * med) & (own - med >= SLOW_MIN_NS)
+    slow = ~waits & (first == first_launch) & (own >= SLOW_FACTOR * med) & (own - med >= SLOW_MIN_NS)
     out = np.where(slow, own - med, 0)
     bounds = np.cumsum([0] + [ops_by_rank[r]["name"].size for r in ranks])
     return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}

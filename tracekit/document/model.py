@@ -286,6 +286,7 @@ class RecordingVerdictStabilityRow(Struct):
     margin_share: Num | None = None
     margin_sd_share: Num | None = None
     stable: bool | None = None
+    tie: bool | UnsetType = UNSET
     steps_needed: int = 0
     note: str = ""
 
@@ -329,6 +330,7 @@ class TraceKindSection(Struct):
     no_verdict_reason: str | None = None
     capture_only_ranks: list[int] = msgspec.field(default_factory=list)
     inference_ranks: list[int] = msgspec.field(default_factory=list)
+    communication_ranks: list[int] | UnsetType = UNSET
     notes: list[str] = msgspec.field(default_factory=list)
 
 class StragglersRanksRow(Struct):
@@ -529,6 +531,7 @@ class HostBoundRanksRow(Struct):
     launch_wait_ns: int = 0
     launch_wait_busy_ns: int = 0
     slow_ops_ns: int = 0
+    first_launch_ns: int | UnsetType = UNSET
     data_load_ns: int = 0
     slow_ops: int = 0
 

@@ -94,7 +94,8 @@ class HostStallEvidence(Evidence):
 @dataclass(frozen=True, kw_only=True)
 class HostBoundEvidence(Evidence):
     cause: str
-    """starved_host (slow host ops explain the launch wait) | launch_overhead (host_bound.py)."""
+    """starved_host (slow host ops explain the launch wait) | first_launch (a kernel's first launch in the
+    trace: module loading, a warm-up) | launch_overhead (host_bound.py)."""
     launch_wait_ns: int
     """Per step, on the worst rank: time its device sat idle waiting for a launch to return."""
 

@@ -646,6 +646,7 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
                                            "external_id", "lane"])
     gr.backward = launched_by_backward(ev, gr.external_id)
+    engine_tids = autograd_threads(ev)
     # host rows: not the device's (HIP runtime calls carry their `stream` argument: a null stream is no test)
     ev = ev.filter(pc.fill_null(pc.not_equal(ev["lane"].cast(pa.string()), "device"), True))
     cat = ev.column("cat").cast(pa.string())
@@ -665,12 +666,15 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     waited = np.where(blocking, waited, -1)
     w = waited >= 0
     xgap, xdur = slow_host_time(buf.slow.get(rank), tid, ts, end, conv)
+    first = np.full(ts.size, -1, np.int64)  # per call: its node that starts it / that ends it
+    last = np.full(ts.size, -1, np.int64)
     for t in np.unique(tid):
         lane = buf.lane(f"rank {rank} host thread {t}")
         sel = tid == t
         plain = sel & ~w
         ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
                       names=[names[i] for i in np.flatnonzero(plain)], xgap=xgap[plain], xdur=xdur[plain])
+        first[plain] = last[plain] = ids
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
@@ -679,12 +683,57 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
+            first[bw], last[bw] = issue, back
             buf.edge(done[waited[bw]], back)
             # what the call launches: once it returns from waiting for a queue slot, else once issued (a
             # blocking copy waits for its own op)
             q = queued[bw]
             _launch_edges(buf, corr[bw][q], back[q], gr, node)
             _launch_edges(buf, corr[bw][~q], issue[~q], gr, node)
+    launches = np.isin(corr, gr.correlation[gr.correlation >= 0]) & (corr >= 0)
+    src, dst = backward_joins(tid, ts, end, engine_tids, launches)
+    buf.edge(last[src], first[dst])
+
+
+def autograd_threads(ev: pa.Table) -> np.ndarray:
+    """Threads of a rank's events `ev` that ran autograd's engine (`autograd::engine::evaluate_function: ...`
+    ops): PyTorch runs a device's backward on its own engine thread, and the thread that called `backward()`
+    blocks until the engine is done."""
+    ops = ev.filter(pc.fill_null(pc.starts_with(ev["name"].cast(pa.string()), "autograd::engine::"), False))
+    return np.unique(np.nan_to_num(_arr(ops, "tid", float), nan=-1).astype(np.int64))
+
+
+def backward_joins(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, engine: np.ndarray, launches: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (runtime-call indices) from autograd's engine threads back to the thread that waited for them.
+
+    A thread that launches kernels and is not an engine thread, silent between two of its calls while an engine
+    thread made calls that all started and ended inside that silence, was blocked in `backward()`: its next call
+    follows the engine's last call there (its gap after it stays). A call of the engine thread that began before
+    the silence is no such burst (the threads ran side by side)."""
+    src: list[int] = []
+    dst: list[int] = []
+    callers = [t for t in np.unique(tid[launches]).tolist() if t not in set(engine.tolist())]
+    for e in engine.tolist():
+        eng = np.flatnonzero(tid == e)
+        eng = eng[np.argsort(ts[eng], kind="stable")]
+        if eng.size == 0:
+            continue
+        for t in callers:
+            mine = np.flatnonzero(tid == t)
+            mine = mine[np.argsort(ts[mine], kind="stable")]
+            if mine.size < 2:
+                continue
+            silent_from, silent_to = end[mine[:-1]], ts[mine[1:]]
+            # the engine's calls inside each silence: first starting at/after its start, last ending by its end
+            lo = np.searchsorted(ts[eng], silent_from, side="left")
+            hi = np.searchsorted(ts[eng], silent_to, side="left") - 1
+            for g in np.flatnonzero(hi >= lo).tolist():
+                burst = eng[lo[g]:hi[g] + 1]
+                if end[burst].max() <= silent_to[g] and (lo[g] == 0 or end[eng[lo[g] - 1]] <= silent_from[g]):
+                    src.append(int(burst[np.argmax(end[burst])]))
+                    dst.append(int(mine[g + 1]))
+    return np.asarray(src, np.int64), np.asarray(dst, np.int64)
 
 
 def slow_host_time(slow: Columns | None, tid: np.ndarray, ts: np.ndarray, end: np.ndarray, conv: int
