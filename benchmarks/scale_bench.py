@@ -23,9 +23,10 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
    `tracekit simulate --trace-ranks` writes full traces on the traced ranks and collective logs on all, the GPU
    of an untraced rank (ranks//3) slowed 1.3x; `tracekit analyze` beside a plain json.load of the same files
    (the traces whole, the logs line by line) in the same run: wall, CPU, peak PSS, per-phase cost, whether it
-   took under 5 minutes, and whether the slow GPU is the top finding with the saving it names beside the
-   answer key's (the key is read here, never by the analysis). Only the headline cases run with
-   `--partial-only`.
+   took under 5 minutes, and whether the slow GPU is the top finding (and its place among the stragglers)
+   with the saving it names beside the answer key's (the key is read here, never by the analysis): replayed,
+   the untraced rank a chain of its logged collectives in the graph (whatif/build.add_log_rank), its closed
+   form (the delay it caused) beside it. Only this case runs with `--partial-only`.
 With `--phases` the rank sweep also prints each rank count's per-phase cost.
 The rank sweep (2) uses `tracekit simulate` (source "sim", the default): a 5-D layout per rank count
 (pp x dp x cp x tp with ep 2 over dp x cp, see SIM_LAYOUTS), the tiny-moe model, the GPU of rank ranks//3 slowed 1.3x;
