@@ -13,7 +13,7 @@ instant events follow Kineto's memory-event format. Times: µs with ns decimals,
 from __future__ import annotations
 
 import dataclasses
-
+import gc
 import json
 import os
 from collections import defaultdict, deque
@@ -329,19 +329,30 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
         if bad:
             raise ValueError(f"--trace-ranks names ranks outside the world of {res.ranks}: {bad[:8]}")
         traced, comms_logs = frozenset(trace_ranks), True
+    logs_here = traced is not None and workers > 1
+    if logs_here:
+        # a partial recording: the workers write the few traces, this process every rank's log (a worker
+        # reading every rank's ops copies the whole simulation into itself: twice the memory at 256 ranks)
+        ranks = sorted(traced)
     if workers > 1 and len(ranks) > 1:
         import multiprocessing as mp
 
         chunks = [ranks[i::workers] for i in range(workers)]
         _FORKED[:] = [res]
+        gc.freeze()  # a collection in a worker would write to every object's header: a copy of the whole heap
         try:
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
                 events = sum(ex.map(_write_forked, [str(out)] * workers, chunks, [traced] * workers,
-                                    [comms_logs] * workers))
+                                    [comms_logs and not logs_here] * workers))
         finally:
+            gc.unfreeze()
             _FORKED.clear()
     else:
-        events = _write_range(res, str(out), ranks, traced, comms_logs)
+        events = _write_range(res, str(out), ranks, traced, comms_logs and not logs_here)
+    ranks = list(range(res.ranks))
+    if logs_here:
+        for r in ranks:
+            write_comms_log(res, out, r)
     (out / ANSWER_KEY_FILE).write_text(json.dumps(res.ground_truth(), indent=1))
     if manifest:
         man = build_manifest(res)
