@@ -14,7 +14,6 @@ import gzip
 import json
 from decimal import Decimal
 
-import pytest
 
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store

@@ -110,6 +110,9 @@ def _explained_by(f: Finding, c: _Causes) -> str | None:
         return f"placement_mismatch (the {f.dim} group spans hosts)"
     if comm_bound and c.misplaced and c.mostly(ranks, c.misplaced):
         return "placement_mismatch: the exposed communication is mostly that of groups spanning hosts"
+    if unoverlapped and c.hot_owners and _op(f) == "all_to_all" and ranks and not ranks & c.hot_owners:
+        # a rank without the hot experts: its exposed all_to_all is mostly the wait for the rank that has them
+        return "expert_routing_skew: the exposed all-to-all on this rank is mostly waiting on the hot experts' rank"
     if comm_bound and c.hot_owners and c.mostly(ranks, {"ep"}):
         return "expert_routing_skew: the exposed communication is mostly all-to-all waiting on the hot expert"
     if straggler and c.slow_stage and ranks <= c.slow_stage:

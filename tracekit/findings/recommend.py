@@ -175,7 +175,7 @@ def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert
                         mean_rank_expert_ns: float | None, aux_loss_weight: float | None,
                         capacity_factor: float | None, dropped_fraction: float | None,
                         forward_only: bool = True, hot_rank_a2a_ns: float | None = None,
-                        recv_mean_over_max: float | None = None) -> Remedy:
+                        recv_mean_over_max: float | None = None, hot_label: str | None = None) -> Remedy:
     """Load balancing for a hot expert.
 
     Every rank waits for the hottest expert-parallel rank at the combine all-to-all, so balanced routing
@@ -200,7 +200,9 @@ def advise_routing_skew(*, layer: int, expert: int, skew: float, hot_rank_expert
     w = f" (now {aux_loss_weight:g})" if aux_loss_weight is not None else ""
     cf = f" (now {capacity_factor:g})" if capacity_factor is not None else ""
     new_w = f" to about {aux_loss_weight * 10:g}" if aux_loss_weight else ""
-    text = (f"Expert {expert} of MoE layer {layer} receives {skew:.1f}x the mean tokens: raise the load-balancing "
+    hot = hot_label or f"Expert {expert}"  # a rank's experts where the trace does not show which one is hot
+    verb = "receives" if hot_label is None else "receive"
+    text = (f"{hot} of MoE layer {layer} {verb} {skew:.1f}x the mean tokens: raise the load-balancing "
             f"aux-loss weight{w}{new_w}, check the router's bias/initialisation, or lower the capacity "
             f"factor{cf} to cap the hot expert")
     if dropped_fraction:

@@ -610,6 +610,8 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     the time it waited for the hot ones (on a CPU run the graph keeps that wait as a fixed gap).
     And the all_to_alls moving the even share (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
+    if xfer.size == 0:  # no ep group named (a job that moves its tokens over the world group): its all_to_alls
+        xfer = np.flatnonzero(_transfers(g, None) & _op_is(g, "all_to_all"))
     if xfer.size == 0:
         return
     for parts, load in moe_passes(g, xfer).values():
