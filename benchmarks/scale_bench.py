@@ -24,9 +24,10 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
    `tracekit simulate --trace-ranks` writes full traces on the traced ranks and collective logs on all, the GPU
    of an untraced rank (ranks//3) slowed 1.3x; `tracekit analyze` beside a plain json.load of the same files
    (the traces whole, the logs line by line) in the same run: wall, CPU, peak PSS, per-phase cost, whether it
-   took under 5 minutes, and whether the slow GPU is the top finding with the saving it names beside the
-   answer key's (the key is read here, never by the analysis). Only the headline cases run with
-   `--partial-only`.
+   took under 5 minutes, and whether the slow GPU is the top finding (and its place among the stragglers)
+   with the saving it names beside the answer key's (the key is read here, never by the analysis): replayed,
+   the untraced rank a chain of its logged collectives in the graph (whatif/build.add_log_rank), its closed
+   form (the delay it caused) beside it. Only this case runs with `--partial-only`.
 With `--phases` the rank sweep also prints each rank count's per-phase cost.
 The rank sweep (2) uses `tracekit simulate` (source "sim", the default): a 5-D layout per rank count
 (pp x dp x cp x tp with ep 2 over dp x cp, see SIM_LAYOUTS), the tiny-moe model, the GPU of rank ranks//3 slowed 1.3x;
@@ -390,6 +391,10 @@ def partial_case(data_dir: Path, work: Path, ranks: int, traced: int, workers: i
            "slow_gpu_top": top.get("kind") == "straggler" and top.get("ranks") == [stats["straggler_rank"]],
            "slow_gpu_position": next((i for i, f in enumerate(analysis["findings"]) if f in slow), None),
            "named_saving_ns": named,
+           "replayed_saving_ns": (slow[0].get("evidence") or {}).get("replayed_saving_ns") if slow else None,
+           "closed_form_saving_ns": (slow[0].get("evidence") or {}).get("closed_form_saving_ns") if slow else None,
+           "slow_gpu_straggler_rank": next((i for i, f in enumerate(s for s in analysis["findings"]
+                                                                    if s["kind"] == "straggler") if f in slow), None),
            "saving_ratio": round(named / stats["saving_ns"], 3) if named is not None and stats["saving_ns"] else None,
            "simulate": stats["sim"]}
     shutil.rmtree(out, ignore_errors=True)
@@ -409,8 +414,10 @@ def show_partial(row: dict) -> None:
     for f in row["top_findings"]:
         print(f"    {f['kind']:<26} ranks {f['ranks']} saving {f['saving_ns']} (replayed {f['replayed_saving_ns']})")
     print(f"  slow GPU rank {row['slow_rank']} (traced: {row['slow_rank_traced']}): top finding {row['slow_gpu_top']} "
-          f"(position {row['slow_gpu_position']}), saving named {row['named_saving_ns']} vs answer key "
-          f"{row['answer_saving_ns']} (ratio {row['saving_ratio']})")
+          f"(position {row['slow_gpu_position']}; among stragglers {row.get('slow_gpu_straggler_rank')}), saving "
+          f"named {row['named_saving_ns']} (replayed {row.get('replayed_saving_ns')}, closed form "
+          f"{row.get('closed_form_saving_ns')}) vs answer key {row['answer_saving_ns']} (ratio {row['saving_ratio']}, "
+          f"within 10%: {row['saving_ratio'] is not None and abs(row['saving_ratio'] - 1) <= 0.10})")
     if row.get("simulate"):
         print(f"  simulation: {row['simulate']}")
     show_phases(row["phases"])

@@ -83,16 +83,18 @@ def register(app: typer.Typer) -> None:
             f = Faults()
             for text in fault:
                 f = parse_fault(text, f)
-            t0 = time.perf_counter()
-            res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without)
-            t1 = time.perf_counter()
             traced = None
             if trace_ranks:
                 from tracekit.record.config import parse_rank_list
                 from tracekit.simulate.writer import spread_ranks
 
-                traced = (spread_ranks(res.ranks, int(trace_ranks)) if trace_ranks.strip().isdigit()
+                traced = (spread_ranks(lay.world_size, int(trace_ranks)) if trace_ranks.strip().isdigit()
                           else parse_rank_list(trace_ranks))
+            t0 = time.perf_counter()
+            # with --trace-ranks the untraced ranks keep their collectives only, once the answer key is read
+            res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without,
+                           trace_ranks=[r for r in traced if 0 <= r < lay.world_size] if traced else None)
+            t1 = time.perf_counter()
             info = write_traces(res, out, workers=workers, comms_logs=comms_logs, trace_ranks=traced)
             t2 = time.perf_counter()
         except ValueError as exc:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tracekit.layout import ParallelLayout
 from tracekit.simulate import executor
-from tracekit.simulate.executor import MEMORY, Op
+from tracekit.simulate.executor import COLL, MEMORY, Op
 from tracekit.simulate.key import RankIntervals, answer_key
 from tracekit.simulate.program import World, build_programs, make_world
 from tracekit.simulate.specs import ClusterSpec, Faults, ModelSpec
@@ -30,6 +30,10 @@ class SimResult:
     key: dict[str, Any] = field(default_factory=dict)
     faults_truth: list[dict[str, Any]] = field(default_factory=list)
     first_step: int = 1
+    peak_memory_bytes: list[int] | None = None
+    """per rank, once `prune` dropped the ops it was read from"""
+    pruned: frozenset[int] = frozenset()
+    """ranks whose programs hold their collective ops only (`prune`: a partial recording writes their log)"""
 
     @property
     def ranks(self) -> int:
@@ -40,10 +44,25 @@ class SimResult:
         return self.key["mean_step_ns"]
 
     def intervals(self, rank: int) -> RankIntervals:
+        if rank in self.pruned:
+            raise ValueError(f"rank {rank}'s program was pruned to its collectives (a log-only rank)")
         return RankIntervals(self.programs[rank])
 
     def peak_memory(self, rank: int) -> int:
-        return max((o.extra[1] for o in self.programs[rank] if o.kind == MEMORY), default=0)
+        if self.peak_memory_bytes is not None:
+            return self.peak_memory_bytes[rank]
+        return _peak_memory(self.programs[rank])
+
+    def prune(self, keep: set[int] | frozenset[int]) -> None:
+        """Drop every op but the collectives from the programs of the ranks not in `keep` (what a log-only
+        rank of a partial recording writes is its collective log): the answer key and the memory peaks are
+        read before. At 10,000 ranks the programs are most of the simulator's memory."""
+        if self.peak_memory_bytes is None:
+            self.peak_memory_bytes = [_peak_memory(p) for p in self.programs]
+        drop = [r for r in range(self.ranks) if r not in keep and r not in self.pruned]
+        for r in drop:
+            self.programs[r] = [o for o in self.programs[r] if o.kind == COLL]
+        self.pruned = self.pruned | frozenset(drop)
 
     def ground_truth(self) -> dict[str, Any]:
         return {
@@ -51,6 +70,10 @@ class SimResult:
             "config": config_dict(self), "faults": self.faults_truth, "key": self.key,
             "memory": {"peak_allocated_bytes": {str(r): self.peak_memory(r) for r in range(self.ranks)}},
         }
+
+
+def _peak_memory(prog: list[Op]) -> int:
+    return max((o.extra[1] for o in prog if o.kind == MEMORY), default=0)
 
 
 def config_dict(res: SimResult) -> dict[str, Any]:
@@ -65,8 +88,9 @@ def layout_truth(layout: ParallelLayout) -> dict[str, Any]:
     return {**dataclasses.asdict(layout), "fsdp": layout.fsdp, "interleave": layout.virtual_stages}
 
 
-def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[World, list[list[Op]]]:
-    w = make_world(model, cluster, layout, faults, seed)
+def _run(model, cluster, layout, faults, steps, seed, first_step=1, w: World | None = None
+         ) -> tuple[World, list[list[Op]]]:
+    w = w or make_world(model, cluster, layout, faults, seed)
     progs = build_programs(w, steps, first_step)
     executor.run(progs, T0_NS)
     executor.finish_colls(progs)
@@ -74,19 +98,28 @@ def _run(model, cluster, layout, faults, steps, seed, first_step=1) -> tuple[Wor
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
-             steps: int = 3, seed: int = 0, without: bool = True) -> SimResult:
+             steps: int = 3, seed: int = 0, without: bool = True, trace_ranks: list[int] | None = None) -> SimResult:
     """Simulate `steps` training steps; the key holds the exact breakdown and, with `without`, the step time
-    with each injected fault removed (re-simulated)."""
+    with each injected fault removed (re-simulated).
+
+    `trace_ranks` (a partial recording): the programs of the other ranks keep their collectives only once the
+    key is read (`SimResult.prune`). The runs without each fault go first, each freed before the next: one
+    simulation's memory at a time (at 10,000 ranks two at once did not fit 23 GB)."""
     faults = faults or Faults()
-    w, progs = _run(model, cluster, layout, faults, steps, seed)
-    res = SimResult(model, cluster, layout, faults, steps, seed, w, progs)
-    res.key = answer_key(progs, w.colls.values(), steps)
+    w = make_world(model, cluster, layout, faults, seed)
+    res = SimResult(model, cluster, layout, faults, steps, seed, w, [])
     res.faults_truth = describe_faults(res)
     if without:
         for f in res.faults_truth:
             m2, l2, f2 = _removed(res, f["kind"])
             f["step_ns_without"] = step_time(m2, cluster, l2, f2, steps=steps, seed=seed)
+    _, res.programs = _run(model, cluster, layout, faults, steps, seed, w=w)
+    res.key = answer_key(res.programs, w.colls.values(), steps)
+    if without:
+        for f in res.faults_truth:
             f["step_ns_with"] = res.mean_step_ns
+    if trace_ranks is not None:
+        res.prune(set(trace_ranks))
     return res
 
 

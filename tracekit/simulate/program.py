@@ -65,7 +65,9 @@ MEMCPY_D2H = "Memcpy DtoH (Device -> Pinned)"
 DATA_LOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
 
+@lru_cache(maxsize=None)
 def nccl_kernel(op: str, dtype: str) -> str:
+    """(cached: one string object per kernel name, not one per collective op)"""
     short = DTYPE_SHORT.get(dtype, "bf16")
     base = {"all_reduce": f"AllReduce_Sum_{short}_RING_LL", "all_gather": "AllGather_RING_LL",
             "reduce_scatter": f"ReduceScatter_Sum_{short}_RING_LL", "broadcast": "Broadcast_RING_LL"}.get(op, "SendRecv")

@@ -13,7 +13,7 @@ instant events follow Kineto's memory-event format. Times: µs with ns decimals,
 from __future__ import annotations
 
 import dataclasses
-
+import gc
 import json
 import os
 from collections import defaultdict, deque
@@ -252,6 +252,15 @@ def trace_name(rank: int) -> str:
     return f"rank{rank}.pt.trace.json.gz"
 
 
+_FORKED: list = []
+"""The SimResult a forked writer reads (inherited from the parent, never pickled: at 10,000 ranks the
+programs are gigabytes)."""
+
+
+def _write_forked(out_dir: str, ranks: list[int], traced: frozenset[int] | None, comms_logs: bool) -> int:
+    return _write_range(_FORKED[0], out_dir, ranks, traced, comms_logs)
+
+
 def _write_range(res, out_dir: str, ranks: list[int], traced: frozenset[int] | None = None,
                  comms_logs: bool = False) -> int:
     """Traces of `ranks` (only those in `traced`, when given) and, with `comms_logs`, every one's log."""
@@ -278,7 +287,8 @@ def spread_ranks(world: int, count: int) -> list[int]:
 
 def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
     """comms.rank{R}.jsonl in the Flight Recorder entry schema (as `tracekit record` writes it): created =
-    the host's enqueue, started / completed = the NCCL kernel's start and end on the device."""
+    the host's enqueue, started / completed = the NCCL kernel's start and end on the device; step = the
+    profiler step (the trace's `ProfilerStep#N`), as `tracekit record` logs it."""
     from tracekit.record.commlog import CommLog, comms_log_path
 
     topo = res.world.topo
@@ -297,7 +307,8 @@ def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
         log.record(pg_name=g.name, pg_desc=g.desc, profiling_name=f"nccl:{name}", time_created_ns=op.h0,
                    time_started_ns=op.d0, time_completed_ns=op.d1, input_sizes=[[n_in]], input_dtypes=[dt],
                    output_sizes=[[n_out]], output_dtypes=[dt], is_p2p=p2p, peer=op.peer[1] if p2p else None,
-                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out, step=op.step,
+                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out,
+                   step=op.step + res.first_step,
                    seq=None if p2p else c.seq, pg_id=int(g.name))
     log.close()
 
@@ -318,15 +329,30 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
         if bad:
             raise ValueError(f"--trace-ranks names ranks outside the world of {res.ranks}: {bad[:8]}")
         traced, comms_logs = frozenset(trace_ranks), True
+    logs_here = traced is not None and workers > 1
+    if logs_here:
+        # a partial recording: the workers write the few traces, this process every rank's log (a worker
+        # reading every rank's ops copies the whole simulation into itself: twice the memory at 256 ranks)
+        ranks = sorted(traced)
     if workers > 1 and len(ranks) > 1:
         import multiprocessing as mp
 
         chunks = [ranks[i::workers] for i in range(workers)]
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
-            events = sum(ex.map(_write_range, [res] * workers, [str(out)] * workers, chunks,
-                                [traced] * workers, [comms_logs] * workers))
+        _FORKED[:] = [res]
+        gc.freeze()  # a collection in a worker would write to every object's header: a copy of the whole heap
+        try:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+                events = sum(ex.map(_write_forked, [str(out)] * workers, chunks, [traced] * workers,
+                                    [comms_logs and not logs_here] * workers))
+        finally:
+            gc.unfreeze()
+            _FORKED.clear()
     else:
-        events = _write_range(res, str(out), ranks, traced, comms_logs)
+        events = _write_range(res, str(out), ranks, traced, comms_logs and not logs_here)
+    ranks = list(range(res.ranks))
+    if logs_here:
+        for r in ranks:
+            write_comms_log(res, out, r)
     (out / ANSWER_KEY_FILE).write_text(json.dumps(res.ground_truth(), indent=1))
     if manifest:
         man = build_manifest(res)

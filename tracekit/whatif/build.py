@@ -169,22 +169,27 @@ def clock_shift(rows: Columns | None, trace_shift: dict[int, int | None]) -> dic
     return {r: o + int(trace_shift.get(r) or 0) for r, o in zip(ranks.tolist(), off.tolist())}
 
 
-def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
+def step_members(inp: StepInput, rows: Columns | None, steps: tuple[int, ...], shift: dict[int, int],
+                 log_only: set[int] | frozenset[int] = frozenset()) -> Columns:
     """The step's collective members on the common clock (MEMBER_COLS, `rows`: `matched_columns`) with
-    the send/recv pairs after them, and `inst`: each one's instance, numbered in key order."""
+    the send/recv pairs after them, and `inst`: each one's instance, numbered in key order. A log-only rank's
+    rows (`log_only`) are on its log's clock: no trace to shift them to."""
     # a pure pipeline job matches no collective: its send/recv pairs are the only cross-rank links
-    coll = no_members() if rows is None else _matched_members(inp, rows, steps, shift)
+    coll = no_members() if rows is None else _matched_members(inp, rows, steps, shift, log_only)
     both = concat([coll, p2p_members(inp, steps, shift)])
     both["inst"] = group_ids(both["key"])[0]
     return both
 
 
-def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shift: dict[int, int]) -> Columns:
+def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shift: dict[int, int],
+                     log_only: set[int] | frozenset[int] = frozenset()) -> Columns:
     """The step's members of instances matched on two ranks or more, with a known end (their own or the
-    trace's, `_trace_ends`) and a known clock."""
+    trace's, `_trace_ends`) and a known clock (a log-only rank's: its log's)."""
     rows = take(rows, np.isin(rows["step"], steps))
     trace_end, has_trace_end = _trace_ends(rows, inp.ends)
     rs, known = row_trace_shift(rows["rank"], rows["source"], inp.matched.trace_shift)
+    if log_only:
+        known = known | np.isin(rows["rank"], np.fromiter(log_only, np.int64, len(log_only)))
     keep = (rows["end_ok"] | has_trace_end) & known
     rows, trace_end, rs = take(rows, keep), trace_end[keep], rs[keep]
     conv = lookup(rows["rank"], shift)[0]
@@ -788,8 +793,10 @@ def rows_by(values: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: list[int], shift: dict[int, int],
-                   members: Columns) -> tuple[Columns, dict[int, Any]]:
-    """Decide each rank's kind (GPU: its kernels; CPU: its training thread) and where its members sit."""
+                   members: Columns, log_only: set[int] | frozenset[int] = frozenset()
+                   ) -> tuple[Columns, dict[int, Any]]:
+    """Decide each rank's kind (GPU: its kernels; CPU: its training thread; log: a log-only rank's chain of
+    collectives, `add_log_rank`) and where its members sit."""
     arrival = members["arrival"].copy()
     arr_lane = np.full(arrival.size, -1, np.int64)
     xfer_lane = np.full(arrival.size, -1, np.int64)
@@ -799,6 +806,11 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
     placed: dict[int, Any] = {}
     for r in ranks:
         rows = by_rank.get(r, np.zeros(0, np.int64))
+        if r in log_only:
+            if rows.size:  # on no lane: add_log_rank chains them (its arrivals tie where lane order would not)
+                arr_lane[rows] = _LOG_LANE
+                placed[r] = ("log", None, None)
+            continue
         gr = load_gpu_rank(buf, store, r, steps, shift.get(r, 0))
         if gr is not None:
             kidx = match_gpu_members(gr, members["end"][rows])
@@ -817,7 +829,9 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
         for name in np.unique(pg[coll]):
             xfer_lane[coll[pg[coll] == name]] = buf.lane(f"rank {r} comm {name}")
         placed[r] = ("cpu", host, None)
-    members = take({**members, "arrival": arrival, "arr_lane": arr_lane, "xfer_lane": xfer_lane}, arr_lane >= 0)
+    members = take({**members, "arrival": arrival, "arr_lane": arr_lane, "xfer_lane": xfer_lane},
+                   (arr_lane >= 0) | (arr_lane == _LOG_LANE))
+    members["arr_lane"] = np.where(members["arr_lane"] == _LOG_LANE, -1, members["arr_lane"])
     members["inst"] = group_ids(members["key"])[0]
     return members, placed
 
@@ -839,17 +853,19 @@ def instance_info(members: Columns) -> InstInfo:
 
 
 def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInput,
-                     ranks: list[int] | None = None) -> StepGraph:
+                     ranks: list[int] | None = None, log_only: set[int] | frozenset[int] = frozenset()
+                     ) -> StepGraph:
     """The dependency graph of `steps` (consecutive profiled steps, one graph: a fix that shortens one step
-    lets the next start earlier) across `ranks` (default: every rank in the store)."""
+    lets the next start earlier) across `ranks` (default: every rank in the store); the ranks in `log_only`
+    (a partial recording's ranks without a trace) as chains of their logged collectives (`add_log_rank`)."""
     steps = (steps,) if isinstance(steps, int) else tuple(steps)
     ranks = sorted(store.ranks() if ranks is None else ranks)
     buf = _Buf()
     rows = matched_columns(inp.matched)
     shift = clock_shift(rows, inp.matched.trace_shift if inp.matched is not None else {})
-    members = with_sizes(store, step_members(inp, rows, steps, shift))
+    members = with_sizes(store, step_members(inp, rows, steps, shift, log_only))
     dims = sorted(set(inp.dims.values()) | set(strings(members["dim"]).tolist()))
-    members, placed = _place_members(buf, store, steps, ranks, shift, members)
+    members, placed = _place_members(buf, store, steps, ranks, shift, members, log_only)
     buf.slow = slow_host_ops(store, [r for r, p in placed.items() if p[0] == "gpu"], steps)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -867,6 +883,8 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
             marks = _cpu_windows(store, r, steps, conv)  # the host's step began before its first launch
             if marks:
                 host_start[r] = min(b for b, _ in marks.values())
+        elif kind == "log":
+            windows.update(add_log_rank(buf, r, mem, sub_ids))
         else:
             add_cpu_rank(buf, store, r, steps, conv, mem, sub_ids, obj)
             windows.update(_cpu_windows(store, r, steps, conv))
@@ -875,6 +893,64 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     g.inst_info = instance_info(members)
     attach_windows(g, windows, host_start)
     return g
+
+
+_LOG_LANE = -2
+"""`_place_members`: a log-only rank's member (kept, on no lane)"""
+LOG_WORK = "work (from the collective log)"
+"""name of a log-only rank's work segment"""
+
+
+def add_log_rank(buf: _Buf, rank: int, mem: Columns, ids: dict[str, np.ndarray]
+                 ) -> dict[tuple[int, int], tuple[int, int]]:
+    """A log-only rank (a partial recording: its collective log, no trace) as a chain of nodes: before each
+    of its collectives' arrivals a work node (COMPUTE) for its device's time since it last waited, then the
+    arrival. The log gives, per collective, the arrival and the end on the device; the work before arrival i
+    begins at the previous arrival or, later, at the end of the collectives that ended between the two (the
+    stream waited for them: a collective's end releases the next work after it); an end that falls after the
+    next arrival (an asynchronous collective, overlapped) releases the work after that arrival. The nodes sit
+    on no lane (`_place_members`): explicit edges chain arrival i - 1 → work → arrival i in the log's order
+    (lane order would sort collectives arriving at one instant by node id, against the chain). Replaying the
+    unchanged chain gives back the logged times; a fix that scales the rank's compute (`whatif.fixes._rank_compute`: each work node at its peers' median, the ranks
+    of its stage running the same program) moves its arrivals and so its peers' collectives.
+    Returns its windows: per step, from its first node's start to its last node's end."""
+    a, e = mem["arrival"], mem["end"]
+    if a.size == 0:
+        return {}
+    step = mem["step"].copy()
+    order = np.lexsort((ids["arrival"], a))
+    a, e, step = a[order], e[order], step[order]
+    arr_ids, xfer_ids = ids["arrival"][order], ids["transfer"][order]
+    # a member without a step takes the step of the one before it (the first: the next known one)
+    known = ~np.isnan(step)
+    if not known.any():
+        return {}
+    idx = np.where(known, np.arange(step.size), -1)
+    np.maximum.accumulate(idx, out=idx)
+    first_known = int(np.flatnonzero(known)[0])
+    step = np.where(idx >= 0, step[np.maximum(idx, 0)], step[first_known]).astype(np.int64)
+    n = a.size
+    # the work before arrival i (i >= 1) follows arrival i - 1 and the collectives released into it
+    rel = np.maximum(np.searchsorted(a, e, side="left"), np.arange(n) + 1)  # first arrival at or after the end
+    ok = rel < n
+    begin = np.r_[a[0], a[:-1]].copy()
+    np.maximum.at(begin, rel[ok], e[ok])
+    begin = np.minimum(begin, a)  # (ends after an arrival never release it: rel is past it)
+    w = np.arange(1, n)
+    work = buf.add(rank=rank, lane=-1, category=Category.COMPUTE, start=begin[w], dur=a[w] - begin[w],
+                   names=LOG_WORK, terminal=True, step=step[w])
+    buf.edge(arr_ids[w - 1], work)  # work node k is the work before arrival k + 1
+    buf.edge(work, arr_ids[w])
+    buf.edge(xfer_ids[ok], work[rel[ok] - 1])
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    node_start = np.r_[begin[w], a[:1]]
+    node_end = np.r_[a[w], e[:1]]
+    node_step = np.r_[step[w], step[:1]]
+    for s in np.unique(step).tolist():
+        m = node_step == s
+        mx = e[step == s]
+        out[(rank, int(s))] = (int(node_start[m].min()), int(max(node_end[m].max(), mx.max())))
+    return out
 
 
 def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> dict[int, Columns]:

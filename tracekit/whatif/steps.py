@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.derive.matching import MatchingResult, choose_sources, log_only_ranks, matched_of, read_collectives
+from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
+                                      read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
@@ -102,9 +103,12 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
     if not steps:
         return []
-    # log-only ranks (a partial recording) hold no work to replay: the graph is the traced ranks' (their
-    # collectives with log-only members keep the traced members' measured times)
+    # log-only ranks (a partial recording) of a GPU run are chains of their logged collectives: work between
+    # them, then each arrival (build.add_log_rank), so a fix on one of them (a slow GPU no trace covers) is
+    # replayed. Their logs time the device (matching.gpu_ranks); a CPU run's logs time the host's enqueue and
+    # completion, which the chain does not model: there the graph is the traced ranks'
     log_only = log_only_ranks(store)
-    ranks = [r for r in store.ranks() if r not in log_only] if log_only else None
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, ranks)
+    chained = log_only if log_only and log_only <= gpu_ranks(store) else set()
+    ranks = [r for r in store.ranks() if r not in log_only or r in chained] if log_only else None
+    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, ranks, log_only=chained)
     return replay_steps_of(g) if g.ranks.size else []
