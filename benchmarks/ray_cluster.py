@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracekit.engines.budget import child_pids
+
 RAY = str(Path(sys.executable).with_name("ray"))
 
 NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
@@ -88,17 +90,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 @dataclass
@@ -210,7 +201,7 @@ class RayCluster:
                 pass
         todo = list(found)
         while todo:
-            for c in _children(todo.pop()):
+            for c in child_pids(todo.pop()):
                 if c not in found and _alive(c):
                     found.add(c)
                     todo.append(c)

@@ -53,19 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.synth import DEFAULT_MIX, MIX_SEED_TRACE, SynthConfig, generate_run, measure_mix  # noqa: E402
+from tracekit.engines.budget import child_pids  # noqa: E402
 
 MB = 1_000_000
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 def _tree(pid: int) -> list[int]:
@@ -73,7 +63,7 @@ def _tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         seen.append(p)
-        todo += _children(p)
+        todo += child_pids(p)
     return seen
 
 

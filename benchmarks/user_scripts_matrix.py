@@ -33,6 +33,9 @@ from decimal import Decimal
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.record.conftest import box_made  # noqa: E402  (the rule the tests use for box-made warnings)
+
 SCRIPTS = REPO / "tests" / "user_scripts"
 PY = sys.executable
 
@@ -160,25 +163,12 @@ def _accepts(sc: Scenario, f: dict) -> bool:
     return tuple(f.get("ranks") or ()) == sc.ranks and (causes is None or cause in causes)
 
 
-def box_slowed(f: dict) -> bool:
-    """A straggler the box made (tests/record/test_user_scripts.py's rule for symmetric runs; issue 12 item 12:
-    no severity cap for one host): a cause blaming no work and no data loading, with the one-host caveat."""
-    ev = f.get("evidence") or {}
-    if f["kind"] == "idle_host_bound":  # gaps with no op running on a shared host: a descheduled process
-        return ev.get("cause") == "host_gap" and "caveat" in ev
-    if f["kind"] != "straggler" or "caveat" not in ev:
-        return False
-    if ev.get("cause") == "compute":
-        return (ev.get("op_count_ratio") or 0.0) < 1.1 and (ev.get("work_ratio") or 0.0) < 1.1
-    return ev.get("cause") in ("contention", "host_idle", "unknown")
-
-
 def clean_warnings(analysis: dict) -> tuple[list[str], list[str]]:
     """(warnings that name a fault, stragglers the busy box made) of a clean run."""
     warn = [f for f in analysis["findings"]
             if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT]
     name = lambda f: f"{f['kind']}{f['ranks']}({(f.get('evidence') or {}).get('cause')})"  # noqa: E731
-    return [name(f) for f in warn if not box_slowed(f)], [name(f) for f in warn if box_slowed(f)]
+    return [name(f) for f in warn if not box_made(f)], [name(f) for f in warn if box_made(f)]
 
 
 def run_scenario(sc: Scenario, runs: int, root: Path, reuse: bool = False) -> tuple[list[str], bool]:

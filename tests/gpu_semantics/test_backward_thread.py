@@ -113,11 +113,12 @@ def test_mi250s_slow_launch_is_the_first_of_its_kernel(shared_traces, tmp_path):
     kernels = sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: _ns(e["ts"]))
     (k,) = [e for e in kernels if e["args"].get("correlation") == slow["args"]["correlation"]]
     assert not [e for e in kernels if e["name"] == k["name"] and _ns(e["ts"]) < _ns(k["ts"])]  # its first launch
-    steps = [e for e in ev if str(e["name"]).startswith("ProfilerStep#")]
+    # ... in the first step: inside the earliest ProfilerStep annotation
+    first = min((e for e in ev if str(e["name"]).startswith("ProfilerStep#")), key=lambda e: _ns(e["ts"]))
+    assert _ns(first["ts"]) <= _ns(slow["ts"]) <= _ns(first["ts"]) + _ns(first["dur"])
     a = _analyze_dir(shared_traces / "hta_amd_mi250", tmp_path)
     (f,) = [f for f in a["findings"] if f["kind"] == "host_bound"]
     assert f["evidence"]["cause"] == "first_launch" and f["severity"] == "info" and f["est_saving_ns"] == 0
-    assert a["ranks"][0]["steps"] == 1 and len({e["name"] for e in steps}) >= 1
     (row,) = a["sections"]["host_bound"]["ranks"]
     assert row["slow_ops_ns"] == 0 and row["first_launch_ns"] >= _ns(slow["dur"]) - 100_000
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.record.conftest import assert_job_ok, run_record, torchrun
+from tests.record.conftest import assert_job_ok, box_made, run_record, torchrun
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
@@ -100,20 +100,6 @@ def test_hot_experts_are_the_top_finding(runs):
     assert top["est_saving_ns"] == ev["replayed_saving_ns"] > 0
 
 
-def box_straggler(f: dict) -> bool:
-    """A straggler the box made (tests/record/test_user_scripts.py's rule): every rank shares one host (the
-    caveat says so) and the cause is not counted work (host-side, contention, or longer compute on the same
-    ops and no more counted work). A clean run beside busy processes had one (rank 1 last at 47 of 55
-    collectives, its shape-free ops 0.55x its peer's time: the box, not the job)."""
-    ev = f["evidence"]
-    if f["kind"] != "straggler" or "caveat" not in ev:
-        return False
-    cause = ev.get("cause")
-    if cause == "compute":
-        return (ev.get("op_count_ratio") or 0.0) < 1.1 and (ev.get("work_ratio") or 0.0) < 1.1
-    return cause in ("contention", "host_idle", "unknown")
-
-
 @pytest.mark.slow
 @pytest.mark.quiet_box
 def test_clean_runs_name_no_fault(runs):
@@ -121,7 +107,7 @@ def test_clean_runs_name_no_fault(runs):
         analysis = runs[name][1]
         warn = [(f["kind"], f["ranks"], f["evidence"].get("cause")) for f in analysis["findings"]
                 if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT
-                and not box_straggler(f)]
+                and not box_made(f)]
         assert warn == [], (name, warn)
         sec = analysis["sections"]["experts"]
         truth = layer_skews(runs[name][0])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.record.conftest import assert_job_ok, load_trace, run_record, torchrun
+from tests.record.conftest import assert_job_ok, box_made, load_trace, run_record, torchrun
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
@@ -113,27 +113,12 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
         assert abs(saving - diff) <= 0.25 * diff, (saving, diff)
 
 
-def box_slowed(f: dict) -> bool:
-    """A straggler or host stall the box made (as test_user_scripts.py's symmetric runs allow, issue 12 item 12: no
-    severity cap for one host): a cause that blames no work and no data loading — host gaps, host-side, or longer
-    compute on the same ops and counted work — said with the one-host caveat. The box descheduled a rank: beside
-    other sessions' jobs (a 1-minute load of 20 on the 2 cores) a clean run's rank stalled 17 ms a step in gaps."""
-    ev = f["evidence"]
-    if f["kind"] == "idle_host_bound":  # gaps with no op running on a shared host: a descheduled process
-        return ev.get("cause") == "host_gap" and "caveat" in ev
-    if f["kind"] != "straggler" or "caveat" not in ev:
-        return False
-    if ev.get("cause") == "compute":
-        return (ev.get("op_count_ratio") or 0.0) < 1.1 and (ev.get("work_ratio") or 0.0) < 1.1
-    return ev.get("cause") in ("contention", "host_idle", "unknown")
-
-
 @pytest.mark.slow
 @pytest.mark.quiet_box
 def test_clean_run_names_no_fault(runs):
     analysis = runs["clean"][1]
     warn = [(f["kind"], f["ranks"], f["summary"]) for f in analysis["findings"]
-            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT and not box_slowed(f)]
+            if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT and not box_made(f)]
     assert warn == [], warn
     # no data loading is blamed on either rank of the clean run, at any severity
     assert not [f for f in analysis["findings"] if f["evidence"].get("cause") == "data_load"

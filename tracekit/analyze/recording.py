@@ -171,9 +171,7 @@ def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
                     ranks=tuple(s["rank"] for s in bad),
                     evidence=Evidence(details={
                         "steps_analyzed": have, "steps_needed": need, "z": Z,
-                        "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
-                                                                         "margin_sd_share", "steps_needed")}
-                                     for s in bad}}),
+                        "per_rank": _per_rank(bad, "steps_needed")}),
                     recommendation=rec)] + out
 
 
@@ -186,11 +184,15 @@ def _tie_finding(ties: list[dict[str, Any]]) -> list[Finding]:
                     ranks=tuple(s["rank"] for s in ties),
                     evidence=Evidence(details={
                         "tie": True, "tie_share": TIE_SHARE, "z": Z,
-                        "per_rank": {str(s["rank"]): {k: s[k] for k in ("bound", "runner_up", "margin_share",
-                                                                         "margin_sd_share", "steps")}
-                                     for s in ties}}),
-                    recommendation=(f"Read both: '{worst['bound']}' and '{worst['runner_up']}' each hold about "
-                                    "half of what the verdict weighs; shrinking either pays."))]
+                        "per_rank": _per_rank(ties, "steps")}),
+                    recommendation=(f"Read both: '{worst['bound']}' and '{worst['runner_up']}' take about the same "
+                                    "time; shrinking either pays."))]
+
+
+def _per_rank(rows: list[dict[str, Any]], steps_key: str) -> dict[str, dict[str, Any]]:
+    """The finding's evidence per rank: the verdict, its runner-up, the margin and its spread, and `steps_key`."""
+    keys = ("bound", "runner_up", "margin_share", "margin_sd_share", steps_key)
+    return {str(s["rank"]): {k: s[k] for k in keys} for s in rows}
 
 
 def _overhead(store: RunStore, rank: int, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def _pss_bytes(pid: int) -> int:
     return 0
 
 
-def _children(pid: int) -> list[int]:
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process `pid` (every thread's `/proc/<pid>/task/<tid>/children`); [] when gone."""
     out: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -58,11 +59,11 @@ def tree_pss_bytes(pid: int | None = None) -> tuple[int, int]:
     """(PSS of process `pid` (default: this one), PSS of all its descendants)."""
     pid = os.getpid() if pid is None else pid
     own = _pss_bytes(pid)
-    rest, todo = 0, _children(pid)
+    rest, todo = 0, child_pids(pid)
     while todo:
         p = todo.pop()
         rest += _pss_bytes(p)
-        todo += _children(p)
+        todo += child_pids(p)
     return own, rest
 
 
