@@ -76,3 +76,53 @@ def test_ranks_that_stall_alike_keep_the_severity_of_fixing_them_all(shared_trac
     assert joint_ns > 10 * max(own) and joint_ns >= 0.05 * longest_step  # together they matter, alone they do not
     assert joint_ns <= sum(f["evidence"]["stall_ns"] for f in stalls)  # never more than the stalls removed
     assert all(f["severity"] == "warning" and f["est_saving_ns"] == f["evidence"]["replayed_saving_ns"] for f in stalls)
+
+
+def _union(iv: list[tuple[int, int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _uncovered(lo: int, hi: int, cover: list[list[int]]) -> list[tuple[int, int]]:
+    out, cur = [], lo
+    for a, b in cover:
+        if b <= cur or a >= hi:
+            continue
+        if a > cur:
+            out.append((cur, a))
+        cur = max(cur, b)
+    if cur < hi:
+        out.append((cur, hi))
+    return out
+
+
+def test_sampled_2rank_host_stalls_equal_a_plain_json_count(shared_traces, tmp_path):
+    """The stall each rank's headline states ('rank 1 stalls 103.1 ms per step'), by docs/metrics.md §7 computed
+    here from the raw files: per ProfilerStep (inside the profiler's span), the host's gaps of at least 1 ms with
+    no cpu_op or runtime call on any thread, less the time device work was queued ([launch, kernel end])."""
+    analysis = _analyze(shared_traces, "hta_sampled_2rank", tmp_path)
+    got = {r["rank"]: r["stall_ns"] for r in analysis["sections"]["host_stalls"]["ranks"]}
+    for rank in (0, 1):
+        ev = [e for e in json.loads(gzip.decompress((shared_traces / "hta_sampled_2rank" / f"sampled_rank-{rank}.json.gz")
+                                                    .read_bytes()), parse_float=Decimal)["traceEvents"]
+              if e.get("ph") == "X"]
+        launch = {e["args"]["correlation"]: _ns(e["ts"]) for e in ev
+                  if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        queued = _union([(launch.get(e["args"].get("correlation"), _ns(e["ts"])), _ns(e["ts"]) + _ns(e["dur"]))
+                         for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")])
+        host = _union([(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in ev
+                       if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")])
+        (prof,) = [e for e in ev if str(e["name"]).startswith("PyTorch Profiler")]
+        p0, p1 = _ns(prof["ts"]), _ns(prof["ts"]) + _ns(prof["dur"])
+        stalls = []
+        for s in (e for e in ev if str(e["name"]).startswith("ProfilerStep#")):
+            lo, hi = max(_ns(s["ts"]), p0), min(_ns(s["ts"]) + _ns(s["dur"]), p1)
+            gaps = [g for g in _uncovered(lo, hi, host) if g[1] - g[0] >= 1_000_000]
+            stalls.append(sum(b - a for g in gaps for a, b in _uncovered(g[0], g[1], queued)))
+        assert len(stalls) == 2
+        assert got[rank] == sum(stalls) // len(stalls)
