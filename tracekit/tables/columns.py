@@ -173,8 +173,18 @@ def first_of_group(code: np.ndarray, n: int) -> np.ndarray:
 
 
 def group_median(code: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
-    """Per group (0..n-1): the median of its rows' `values` (NaN for a group without rows)."""
+    """Per group (0..n-1): the median of its rows' `values` (NaN for a group without rows): np.median's
+    value, the middle of the sorted values or the mean of the two middle ones, for every group in one sort
+    (a group holding NaN: NaN, as np.median gives, group by group)."""
     out = np.full(n, np.nan)
+    v = np.asarray(values)
+    if code.size and not (v.dtype.kind == "f" and np.isnan(v).any()):
+        order = np.lexsort((v, code))
+        c, x = code[order], v[order].astype(np.float64)
+        first = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+        count = np.diff(np.r_[first, c.size])
+        out[c[first]] = (x[first + (count - 1) // 2] + x[first + count // 2]) / 2
+        return out
     order = np.argsort(code, kind="stable")
     bounds = np.flatnonzero(np.diff(code[order])) + 1
     for idx in np.split(order, bounds) if order.size else ():
