@@ -118,9 +118,10 @@ def _rank_devices(store: RunStore) -> dict[int, str | None]:
     return {r["rank"]: (r["device_names"] or [None])[0] if r["device_names"] else None for r in rows}
 
 
-def _groups(ops: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """Op rows grouped by (name, input dims, dtype): counts, times, FLOPs, bytes, ranks."""
-    out: dict[tuple, dict[str, Any]] = {}
+def _groups(ops: list[dict[str, Any]], out: dict[tuple, dict[str, Any]] | None = None
+            ) -> dict[tuple, dict[str, Any]]:
+    """Op rows grouped by (name, input dims, dtype): counts, times, FLOPs, bytes, ranks (added to `out`)."""
+    out = {} if out is None else out
     for r in ops:
         key = (r["name"], r["input_dims"], r["dtype"])
         g = out.get(key)
@@ -196,27 +197,36 @@ def mark_recompute(store: RunStore, ops_by_rank: dict[int, list[dict[str, Any]]]
             r["recompute"] = j >= 0 and r["ts"] < ends[j]
 
 
-def _mfu_dtype(ops: list[dict[str, Any]]) -> str | None:
-    by = Counter()
+def _mfu_dtype(ops: list[dict[str, Any]], by: Counter | None = None) -> str | None:
+    """The dtype carrying most GEMM / attention / conv FLOPs (`by`: the FLOPs per dtype so far, added to)."""
+    by = Counter() if by is None else by
     for r in ops:
         if r["category"] in MODEL_CATEGORIES and r["flops"] and r["dtype"]:
             by[r["dtype"]] += r["flops"]
     return by.most_common(1)[0][0] if by else None
 
 
-def _rank_rows(ops_by_rank: dict[int, list], peaks: dict[int, RankPeaks], windows: dict, kernel_ns: dict
+def _rank_totals(mine: list[dict[str, Any]], window: tuple[set | None, int, int]) -> dict[str, Any]:
+    """One rank's op rows (`recompute` marked) summed for its `ranks` row of the section (`_rank_rows`)."""
+    steps = window[0]
+    inside = [r for r in mine if steps is None or r["step"] in steps]
+    return {"hw_flops": sum(r["flops"] or 0 for r in inside),
+            "rec_flops": sum(r["flops"] or 0 for r in inside if r.get("recompute")),
+            "recompute_ops": sum(1 for r in inside if r.get("recompute")),
+            "op_ns": sum(r["kernel_ns"] or 0 for r in mine),
+            "counted_ns": sum(r["kernel_ns"] or 0 for r in mine if r["flops"] is not None),
+            "dtype": _mfu_dtype(mine)}
+
+
+def _rank_rows(totals: dict[int, dict[str, Any]], peaks: dict[int, RankPeaks], windows: dict, kernel_ns: dict
                ) -> list[dict[str, Any]]:
     out = []
     for rk in sorted(peaks):
-        mine = ops_by_rank.get(rk, [])
         steps, num_steps, step_ns = windows.get(rk, (None, 0, 0))
-        inside = [r for r in mine if steps is None or r["step"] in steps]
-        hw_flops = sum(r["flops"] or 0 for r in inside)
-        rec_flops = sum(r["flops"] or 0 for r in inside if r.get("recompute"))
+        t = totals.get(rk) or _rank_totals([], (steps, num_steps, step_ns))
+        hw_flops, rec_flops = t["hw_flops"], t["rec_flops"]
         flops = hw_flops - rec_flops
-        op_ns = sum(r["kernel_ns"] or 0 for r in mine)
-        counted_ns = sum(r["kernel_ns"] or 0 for r in mine if r["flops"] is not None)
-        dtype = _mfu_dtype(mine)
+        op_ns, counted_ns, dtype = t["op_ns"], t["counted_ns"], t["dtype"]
         p = peaks[rk]
         peak = p.peak(dtype)
         achieved = flops / step_ns / 1e3 if step_ns and flops else None
@@ -228,20 +238,22 @@ def _rank_rows(ops_by_rank: dict[int, list], peaks: dict[int, RankPeaks], window
                     "flops_per_step": flops / num_steps if flops and num_steps else None,
                     "achieved_tflops": achieved, "mfu": achieved / peak if achieved and peak else None,
                     "hardware_flops": hw_flops or None, "recompute_flops": rec_flops,
-                    "recompute_ops": sum(1 for r in inside if r.get("recompute")),
+                    "recompute_ops": t["recompute_ops"],
                     "hardware_tflops": hw_achieved, "hfu": hw_achieved / peak if hw_achieved and peak else None,
                     "kernel_ns": kernel_ns.get(rk, 0), "op_kernel_ns": op_ns,
                     "flops_coverage": counted_ns / op_ns if op_ns else None})
     return out
 
 
-def _categories(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    acc: dict[str, list] = defaultdict(lambda: [0, 0, 0])
+def _add_categories(acc: dict[str, list], ops: list[dict[str, Any]]) -> None:
     for r in ops:
-        a = acc[r["category"]]
+        a = acc.setdefault(r["category"], [0, 0, 0])
         a[0] += r["kernel_ns"] or 0
         a[1] += 1
         a[2] += r["flops"] or 0
+
+
+def _categories(acc: dict[str, list]) -> list[dict[str, Any]]:
     total = sum(a[0] for a in acc.values()) or 1
     return sorted(({"category": c, "kernel_ns": a[0], "share": a[0] / total, "ops": a[1], "flops": a[2]}
                    for c, a in acc.items()), key=lambda x: -x["kernel_ns"])
@@ -290,18 +302,30 @@ def _roofline_section(rows: list[dict[str, Any]], peaks: dict[int, RankPeaks], d
             "device": p.device_match or p.device, "points": points}
 
 
-def _graph_notes(ops: list[dict[str, Any]]) -> list[str]:
-    total = sum(r["kernel_ns"] or 0 for r in ops) or 1
+GRAPH_LAUNCHES = ("graph_unmatched", "graph")
+
+
+def _add_graph_launches(acc: dict[str, list], ops: list[dict[str, Any]]) -> None:
+    """Per graph launch kind: [op rows, their kernel time, their kernels] (added to `acc`)."""
+    for r in ops:
+        launch = r.get("launch")
+        if launch in GRAPH_LAUNCHES:
+            a = acc.setdefault(launch, [0, 0, 0])
+            a[0] += 1
+            a[1] += r["kernel_ns"] or 0
+            a[2] += r["kernel_count"] or 0
+
+
+def _graph_notes(acc: dict[str, list], op_ns: int) -> list[str]:
+    total = op_ns or 1
     out = []
     for launch, text in (("graph_unmatched", "ran from CUDA/HIP-graph replays whose capture is not here: grouped "
                                              "under their graph launch; pass --capture CAPTURE_DIR (the capture "
                                              "trace) to name them by the ops that captured them"),
                          ("graph", "ran from CUDA/HIP-graph replays and are named by the ops of the capture trace")):
-        rows = [r for r in ops if r.get("launch") == launch]
+        rows, ns, kernels = acc.get(launch, (0, 0, 0))
         if rows:
-            ns = sum(r["kernel_ns"] or 0 for r in rows)
-            out.append(f"{sum(r['kernel_count'] or 0 for r in rows)} kernels ({ns / total:.0%} of op device time) "
-                       + text)
+            out.append(f"{kernels} kernels ({ns / total:.0%} of op device time) " + text)
     return out
 
 
@@ -388,31 +412,59 @@ def _launch_findings(kernels_by_rank: dict[int, list], windows: dict) -> list[Fi
     return out
 
 
+def _op_chunks(store: RunStore) -> Any:
+    """The ops table's rows (dicts) in file order, one rank's rows at a time when each rank's rows are
+    contiguous (what the writer does): memory holds one rank's rows, not a 1,024-rank run's (~0.7 GB as
+    dicts). Else (or a store lacking a column) the whole table in one chunk."""
+    ranks = store.table("ops", ["rank"]).column("rank").to_numpy()
+    if ranks.size == 0:
+        return
+    first = ranks[np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])]
+    if np.unique(first).size == first.size and set(_OP_COLUMNS) <= set(store.columns("ops")):
+        for rk in first.tolist():
+            yield store.rank_table("ops", rk, _OP_COLUMNS).to_pylist()
+        return
+    yield store.table("ops", _OP_COLUMNS).to_pylist()
+
+
 def analyze_ops(store: RunStore, breakdown: BreakdownResult | None, config: AnalysisConfig) -> OpsResult:
     """Section `ops` and its findings (module docstring)."""
     if not store.has("ops"):
         return OpsResult(section={"available": False, "reason": "the run store has no ops table (parsed by "
                                   "an older tracekit: parse the traces again)", "top_n": TOP_N})
-    ops = store.table("ops", _OP_COLUMNS).to_pylist()
     kernels, kernels_by_rank = _kernels(store, TOP_N)
     devices = _rank_devices(store)
     peaks = {rk: rank_peaks(dev, config) for rk, dev in devices.items()}
     windows = _step_windows(section_of(breakdown))
-    ops_by_rank: dict[int, list] = defaultdict(list)
-    for r in ops:
-        ops_by_rank[r["rank"]].append(r)
-    mark_recompute(store, ops_by_rank)
+    groups: dict[tuple, dict[str, Any]] = {}
+    categories: dict[str, list] = {}
+    graph_launches: dict[str, list] = {}
+    mfu_flops: Counter = Counter()
+    totals: dict[int, dict[str, Any]] = {}
+    op_ns = n_ops = 0
+    for chunk in _op_chunks(store):  # every sum below runs over the rows in the table's order
+        n_ops += len(chunk)
+        op_ns += sum(r["kernel_ns"] or 0 for r in chunk)
+        _groups(chunk, groups)
+        _add_categories(categories, chunk)
+        _add_graph_launches(graph_launches, chunk)
+        _mfu_dtype(chunk, mfu_flops)
+        ops_by_rank: dict[int, list] = defaultdict(list)
+        for r in chunk:
+            ops_by_rank[r["rank"]].append(r)
+        mark_recompute(store, ops_by_rank)
+        for rk, mine in ops_by_rank.items():
+            totals[rk] = _rank_totals(mine, windows.get(rk, (None, 0, 0)))
     kernel_ns = {rk: sum(r["total_ns"] for r in rows) for rk, rows in kernels_by_rank.items()}
-    op_ns = sum(r["kernel_ns"] or 0 for r in ops)
-    rows = _group_rows(_groups(ops), peaks, op_ns)
-    rank_rows = _rank_rows(ops_by_rank, peaks, windows, kernel_ns)
+    rows = _group_rows(groups, peaks, op_ns)
+    rank_rows = _rank_rows(totals, peaks, windows, kernel_ns)
     heavy = [r for r in rows if (r["share"] or 0) >= HEAVY_SHARE and r["pct_of_roof"] is not None]
     section = {
-        "available": bool(ops), "reason": None if ops else "no CPU op launched device work (CPU trace, or "
-                                                           "kernels without launches)",
-        "top_n": TOP_N, "ranks": rank_rows, "categories": _categories(ops), "top_ops": rows[:TOP_N],
+        "available": bool(n_ops), "reason": None if n_ops else "no CPU op launched device work (CPU trace, or "
+                                                               "kernels without launches)",
+        "top_n": TOP_N, "ranks": rank_rows, "categories": _categories(categories), "top_ops": rows[:TOP_N],
         "gemm": _gemm_summary(rows), "kernels": kernels,
-        "roofline": _roofline_section(rows, peaks, _mfu_dtype(ops)),
+        "roofline": _roofline_section(rows, peaks, mfu_flops.most_common(1)[0][0] if mfu_flops else None),
         "worst": sorted(heavy, key=lambda r: r["pct_of_roof"])[:5],
-        "notes": _graph_notes(ops) + _notes(rank_rows, peaks)}
-    return OpsResult(findings=_findings(rows, kernels_by_rank, windows) if ops else [], section=section)
+        "notes": _graph_notes(graph_launches, op_ns) + _notes(rank_rows, peaks)}
+    return OpsResult(findings=_findings(rows, kernels_by_rank, windows) if n_ops else [], section=section)
