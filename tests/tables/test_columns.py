@@ -23,6 +23,23 @@ def test_group_median_leaves_groups_without_rows_nan():
     assert out[0] == 2.0 and np.isnan(out[1]) and out[2] == 7.0
 
 
+def test_group_median_is_numpys_median_group_by_group():
+    """One sort for every group gives np.median's value of each: the middle, or the mean of the two middle
+    values (even counts), int64 beyond float64's exact range included, NaN for a group holding NaN."""
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(rng.integers(1, 9))
+        code = rng.integers(0, n, int(rng.integers(0, 40)))
+        values = (rng.integers(2**60, 2**62, code.size) if trial % 3 == 0 else rng.integers(0, 4, code.size)
+                  if trial % 3 == 1 else rng.normal(size=code.size) * 1e9)
+        if trial % 5 == 4 and code.size:
+            values = values.astype(np.float64)
+            values[0] = np.nan
+        got = group_median(code, n, values)
+        want = [np.median(values[code == k]) if (code == k).any() else np.nan for k in range(n)]
+        assert np.array_equal(got, np.array(want, np.float64), equal_nan=True)
+
+
 def test_match_rows_is_a_left_join_on_the_first_match():
     left = [np.array([0, 1, 2]), np.array(["x", "y", "x"], dtype=object)]
     right = [np.array([2, 1, 1]), np.array(["x", "y", "y"], dtype=object)]
