@@ -111,10 +111,11 @@ def _cost_ordered_files():  # noqa: ANN202
     class CostOrderedFiles(LoadFileScheduling):
         """xdist's loadfile with two changes. Files go out longest first, by their measured seconds
         (`COSTS`; a file not measured yet goes last, in collection order): xdist's own order (most tests
-        first) handed out the files of a few long tests (an 8-rank advise run, the recorded jobs) last,
-        one worker running them alone at the end. And a file named in `split` (its tests each build their
-        own run; the module fixture only caches) goes out as that many parts, its tests dealt round-robin,
-        so one long file does not hold one worker for most of the run."""
+        first) handed out the files of a few long tests late (of 137 files, the 8-rank advise run 88th, the
+        recorded pipelining jobs 119th, the Ray cluster 135th), so the run ended with one worker on them and
+        the other idle. And a file named in `split` (its tests each build their own run; the module fixture
+        only caches) goes out as that many parts, its tests dealt round-robin, so one long file (the GPU
+        matrix: a third of the suite's time) does not hold one worker for most of the run."""
 
         _parts: dict[str, str] | None = None
         _ordered = False
