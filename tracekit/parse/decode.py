@@ -55,6 +55,7 @@ ARG_FIELDS: tuple[tuple[str, str | None, Any], ...] = (
     ("input_type", "Input type", Raw),
     ("input_strides", "Input Strides", Raw),
     ("concrete_inputs", "Concrete Inputs", Raw),
+    ("rank", None, Any),  # TraceFusion's merged multi-rank files (parse/merged_ranks.py)
 )
 
 
@@ -77,6 +78,7 @@ EMPTY_ARGS = XArgs()
 class MArgs(msgspec.Struct, gc=False):
     name: Any = None
     labels: Any = None
+    rank: Any = None  # TraceFusion's merged multi-rank files (parse/merged_ranks.py)
 
 
 class X(msgspec.Struct, tag="X", tag_field="ph", gc=False):

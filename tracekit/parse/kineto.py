@@ -41,6 +41,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, norm
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.parse.memory import is_memory_event, memory_table
+from tracekit.parse.merged import event_rank
 from tracekit.tables.schema import conform
 
 RANK_UNKNOWN = -1
@@ -166,11 +167,14 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def decode_columns(blocks, exact_close: bool = False) -> "EventColumns | None":
+def decode_columns(blocks, exact_close: bool = False, event_ranks: bool = False) -> "EventColumns | None":
     """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
-    UTF-8). `exact_close`: see `decode.decode_event_chunks`."""
+    UTF-8). `exact_close`: see `decode.decode_event_chunks`. `event_ranks`: also keep each complete
+    event's rank in a merged multi-rank file (`EventColumns.event_ranks`, parse/merged_ranks.py)."""
     cols = EventColumns(None)
+    if event_ranks:
+        cols.event_ranks = []
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
 
@@ -417,6 +421,8 @@ class EventColumns:
         self.memory: list = []  # the profiler's `[memory]` instant events (parse/memory.py)
         self.phase_counts: dict[str, int] = {"X": 0, "M": 0}
         self.warnings: list[str] = []
+        self.event_ranks: list[np.ndarray] | None = None
+        """Only when asked (merged multi-rank files): each complete event's rank, merged.event_rank."""
 
 
 class _CodeBook(dict):
@@ -509,6 +515,8 @@ def merge_columns(parts: list[EventColumns], top: Any) -> EventColumns:
             ids.stream_ids |= more.stream_ids
         for tag, k in p.phase_counts.items():
             out.phase_counts[tag] = out.phase_counts.get(tag, 0) + k
+        if out.event_ranks is not None:
+            out.event_ranks.extend(p.event_ranks)
         out.warnings.extend(p.warnings)
         out.n += p.n
     return out
@@ -560,6 +568,8 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
     keep[has_coll] = True
     cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
+    if cols.event_ranks is not None:
+        cols.event_ranks.append(np.fromiter(map(event_rank, map(attrgetter("rank"), args), pids), np.int64, n))
     cols.n += n
 
 
