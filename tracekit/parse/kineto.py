@@ -581,9 +581,21 @@ def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
     for book, shape_codes, texts in zip(cols.shape_books, cols.shape_codes, shapes):
         codes = np.zeros(n, np.int32)
         if pick:
-            codes[with_dims] = np.fromiter(map(book.__getitem__, map(bytes, map(texts.__getitem__, pick))),
-                                           np.int32, len(pick))
+            codes[with_dims] = _text_codes(book, list(map(texts.__getitem__, pick)))
         shape_codes.append(codes)
+
+
+def _text_codes(book: _CodeBook, raws: list) -> np.ndarray:
+    """Codes of JSON texts (msgspec.Raw) in `book`, new texts getting the next codes in order of first
+    occurrence: the texts are hashed in Arrow (one dictionary encode), only the distinct ones in Python."""
+    lens = np.fromiter(map(len, raws), np.int64, len(raws))
+    offsets = np.zeros(len(raws) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    texts = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(raws), [None, pa.py_buffer(offsets),
+                                                                           pa.py_buffer(b"".join(raws))])
+    enc = texts.dictionary_encode()
+    distinct = enc.dictionary.to_pylist()
+    return np.fromiter(map(book.__getitem__, distinct), np.int32, len(distinct))[enc.indices.to_numpy()]
 
 
 def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None,
