@@ -97,20 +97,44 @@ class OpCollector:
 
 
 def _kernel_groups(kernels: pa.Table) -> dict[int, dict[str, Any]]:
-    """External id → its kernels' count, summed duration, first start, last end, step, kinds, names."""
+    """External id → its kernels' count, summed duration, first start, last end, step, kinds, names
+    (a null duration counts 0; the step is the smallest non-null one; kinds and names distinct)."""
     k = kernels.filter(pc.is_valid(kernels.column("external_id")))
     if not k.num_rows:
         return {}
-    dur = pc.fill_null(k.column("dur"), 0)
-    t = pa.table({"external_id": k.column("external_id"), "dur": dur, "ts": k.column("ts"),
-                  "end": pc.add(k.column("ts"), dur), "step": k.column("step"),
-                  "kind": k.column("kind").cast(pa.string()), "name": k.column("name").cast(pa.string())})
-    g = t.group_by("external_id").aggregate([("dur", "sum"), ("dur", "count"), ("ts", "min"), ("end", "max"),
-                                             ("step", "min"), ("kind", "distinct"), ("name", "distinct")])
-    cols = {c: g.column(c).to_pylist() for c in g.column_names}
-    return {e: {"kernel_ns": cols["dur_sum"][i], "kernel_count": cols["dur_count"][i], "kernel_ts": cols["ts_min"][i],
-                "kernel_end": cols["end_max"][i], "step": cols["step_min"][i], "kinds": cols["kind_distinct"][i],
-                "names": cols["name_distinct"][i]} for i, e in enumerate(cols["external_id"])}
+    ext = k.column("external_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    exts, group = np.unique(ext, return_inverse=True)
+    group = group.reshape(-1)
+    num = len(exts)
+    dur = pc.fill_null(k.column("dur"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = k.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
+    total = np.zeros(num, np.int64)
+    np.add.at(total, group, dur)
+    first = np.full(num, np.iinfo(np.int64).max)
+    np.minimum.at(first, group, ts)
+    last = np.full(num, np.iinfo(np.int64).min)
+    np.maximum.at(last, group, ts + dur)
+    steps = pc.fill_null(k.column("step").cast(pa.int64()), np.iinfo(np.int64).max).to_numpy(zero_copy_only=False)
+    step = np.full(num, np.iinfo(np.int64).max)
+    np.minimum.at(step, group, steps)
+    count = np.bincount(group, minlength=num)
+    kinds, names = _distinct_per_group(group, k.column("kind"), num), _distinct_per_group(group, k.column("name"), num)
+    no_step = np.iinfo(np.int64).max
+    return {e: {"kernel_ns": t, "kernel_count": c, "kernel_ts": f, "kernel_end": l, "step": None if s == no_step else s,
+                "kinds": kd, "names": nm}
+            for e, t, c, f, l, s, kd, nm in zip(exts.tolist(), total.tolist(), count.tolist(), first.tolist(),
+                                                last.tolist(), step.tolist(), kinds, names)}
+
+
+def _distinct_per_group(group: np.ndarray, col: Any, num: int) -> list[list]:
+    """Per group, the distinct non-null values of `col` in its rows."""
+    codes, values = _codes(col)
+    pairs = np.unique(group * (len(values) + 1) + codes)
+    out: list[list] = [[] for _ in range(num)]
+    for g, c in zip((pairs // (len(values) + 1)).tolist(), (pairs % (len(values) + 1)).tolist()):
+        if values[c] is not None:
+            out[g].append(values[c])
+    return out
 
 
 def _innermost(ops: pa.Table) -> dict[int, int]:
@@ -161,34 +185,80 @@ def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
 
 def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Table:
     """One row per (kernel name, stream) of a rank's kernels table (`op_categories`: per kernel row, the
-    category of the op that launched it, None when no op did)."""
+    category of the op that launched it, None when no op did), heaviest first (ties: first seen first):
+    count, total / mean / max ns (a null duration counts 0), share of the rank's kernel time, and the kind
+    and category that hold most of its time (each kernel weighing its duration + 1; ties: first seen)."""
     if not kernels.num_rows:
         return pa.table({"rank": pa.array([], pa.int32())})
-    names = _strings(kernels.column("name"))
-    kinds = _strings(kernels.column("kind"))
-    streams = kernels.column("stream").to_pylist()
-    durs = pc.fill_null(kernels.column("dur"), 0).to_pylist()
-    acc: dict[tuple, list] = {}
-    for name, kind, stream, op_cat, dur in zip(names, kinds, streams, op_categories, durs):
-        a = acc.setdefault((name, stream), [0, 0, 0, Counter(), Counter()])
-        a[0] += 1
-        a[1] += dur
-        a[2] = max(a[2], dur)
-        a[3][kind] += dur + 1
-        a[4][_kernel_cat(name, kind, op_cat)] += dur + 1
-    total = sum(durs) or 1
-    rows = sorted(acc.items(), key=lambda kv: -kv[1][1])
+    name_codes, names = _codes(kernels.column("name"))
+    kind_codes, kinds = _codes(kernels.column("kind"))
+    stream_codes, streams = _codes(kernels.column("stream"))
+    durs = pc.fill_null(kernels.column("dur"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    group, first = _first_seen_groups(name_codes, stream_codes)
+    num = len(first)
+    count = np.bincount(group, minlength=num).astype(np.int64)
+    total = np.zeros(num, np.int64)
+    np.add.at(total, group, durs)
+    top = np.zeros(num, np.int64)
+    np.maximum.at(top, group, durs)
+    op_cat_codes, op_cats = _codes(pa.array(op_categories, pa.string()))
+    triple, triple_first = _first_seen_groups(name_codes, kind_codes, op_cat_codes)
+    cat_of_triple = [_kernel_cat(names[name_codes[r]], kinds[kind_codes[r]], op_cats[op_cat_codes[r]])
+                     for r in triple_first.tolist()]
+    cat_codes, cat_values = _codes(pa.array(cat_of_triple, pa.string()).take(pa.array(triple)))
+    weight = durs + 1
+    kind_of = _heaviest(group, kind_codes, weight, num)
+    cat_of = _heaviest(group, cat_codes, weight, num)
+    order = np.argsort(-total, kind="stable")
+    grand = int(durs.sum()) or 1
+    name_col = [names[c] for c in name_codes[first[order]].tolist()]
+    stream_col = [streams[c] for c in stream_codes[first[order]].tolist()]
     return pa.table({
-        "rank": pa.array(np.full(len(rows), rank, np.int32)),
-        "name": [k[0] for k, _ in rows], "stream": pa.array([k[1] for k, _ in rows], pa.int32()),
-        "kind": [a[3].most_common(1)[0][0] for _, a in rows],
-        "category": [a[4].most_common(1)[0][0] for _, a in rows],
-        "count": pa.array([a[0] for _, a in rows], pa.int64()),
-        "total_ns": pa.array([a[1] for _, a in rows], pa.int64()),
-        "mean_ns": pa.array([a[1] / a[0] for _, a in rows], pa.float64()),
-        "max_ns": pa.array([a[2] for _, a in rows], pa.int64()),
-        "share": pa.array([a[1] / total for _, a in rows], pa.float64()),
+        "rank": pa.array(np.full(num, rank, np.int32)),
+        "name": name_col, "stream": pa.array(stream_col, pa.int32()),
+        "kind": [kinds[c] for c in kind_of[order].tolist()],
+        "category": [cat_values[c] for c in cat_of[order].tolist()],
+        "count": pa.array(count[order], pa.int64()),
+        "total_ns": pa.array(total[order], pa.int64()),
+        "mean_ns": pa.array(total[order] / count[order], pa.float64()),
+        "max_ns": pa.array(top[order], pa.int64()),
+        "share": pa.array(total[order] / grand, pa.float64()),
     })
+
+
+def _codes(col: Any) -> tuple[np.ndarray, list]:
+    """(code per row, value per code) of a column, codes in order of first occurrence, null a value (None)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):  # its dictionary may hold values no row uses
+        col = col.cast(col.type.value_type)
+    enc = pc.dictionary_encode(col, null_encoding="encode")
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
+
+
+def _first_seen_groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group per row, first row of each group) of the rows' code tuples, groups numbered in order of
+    first occurrence."""
+    key = np.zeros(len(codes[0]), np.int64)
+    for c in codes:
+        key = key * (int(c.max()) + 1 if len(c) else 1) + c
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank_of = np.empty(len(first), np.int64)
+    rank_of[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank_of[inverse.reshape(-1)], np.sort(first)
+
+
+def _heaviest(group: np.ndarray, value: np.ndarray, weight: np.ndarray, num: int) -> np.ndarray:
+    """Per group, the value with the largest summed weight (ties: the value first seen in the group)."""
+    pair, first = _first_seen_groups(group, value)
+    pair_weight = np.zeros(len(first), np.int64)
+    np.add.at(pair_weight, pair, weight)
+    pair_group = group[first]
+    best = np.lexsort((first, -pair_weight, pair_group))  # by group, heaviest first, then first seen
+    starts = np.flatnonzero(np.r_[True, pair_group[best][1:] != pair_group[best][:-1]])
+    out = np.zeros(num, np.int64)
+    out[pair_group[best][starts]] = value[first[best][starts]]
+    return out
 
 
 def _kernel_cat(name: str | None, kind: str | None, op_category: str | None) -> str:
