@@ -12,7 +12,7 @@ the kernel's name's.
 
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,15 +74,16 @@ class OpCollector:
             kernels = kernels.set_column(kernels.column_names.index("external_id"), "external_id", ext)
         kernels = self._kernels_with_launch_ext(kernels, graph)
         ops = pa.concat_tables(self.op_parts) if self.op_parts else None
-        op_rows = _op_rows(ops, kernels) if ops is not None else []
-        by_ext = {r["external_id"]: r["category"] for r in op_rows}
+        direct = _direct_ops(ops, kernels, rank) if ops is not None else _ops_table([], rank)
+        by_ext = dict(zip(direct.column("external_id").to_pylist(), direct.column("category").to_pylist()))
         cats = [by_ext.get(e) for e in kernels.column("external_id").to_pylist()] if kernels.num_rows else []
+        parts = [direct]
         if graph is not None:
             graph_rows, graph_cats = _graph_op_rows(kernels, graph, self.graph_calls, self.captured)
-            op_rows += graph_rows
+            parts.append(_ops_table(graph_rows, rank))
             for i, c in graph_cats.items():
                 cats[i] = c
-        return {"ops": conform("ops", _ops_table(op_rows, rank)),
+        return {"ops": conform("ops", pa.concat_tables(parts)),
                 "kernel_summary": conform("kernel_summary", kernel_summary(kernels, cats, rank))}
 
     def _kernels_with_launch_ext(self, k: pa.Table, graph: Any) -> pa.Table:
@@ -96,12 +97,26 @@ class OpCollector:
         return k.set_column(k.column_names.index("external_id"), "external_id", pa.array(filled, pa.int64()))
 
 
-def _kernel_groups(kernels: pa.Table) -> dict[int, dict[str, Any]]:
-    """External id → its kernels' count, summed duration, first start, last end, step, kinds, names
-    (a null duration counts 0; the step is the smallest non-null one; kinds and names distinct)."""
+@dataclass
+class _KernelGroups:
+    """The kernels of each External id (`ext`, sorted): count, summed duration, first start, last end,
+    smallest step (None where all are null), distinct kinds and names (nulls not counted)."""
+
+    ext: np.ndarray
+    count: np.ndarray
+    total: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    step: list
+    kinds: list[list]
+    names: list[list]
+
+
+def _kernel_groups(kernels: pa.Table) -> _KernelGroups | None:
+    """The kernels grouped by External id (a null duration counts 0); None when none has one."""
     k = kernels.filter(pc.is_valid(kernels.column("external_id")))
     if not k.num_rows:
-        return {}
+        return None
     ext = k.column("external_id").to_numpy(zero_copy_only=False).astype(np.int64)
     exts, group = np.unique(ext, return_inverse=True)
     group = group.reshape(-1)
@@ -114,16 +129,14 @@ def _kernel_groups(kernels: pa.Table) -> dict[int, dict[str, Any]]:
     np.minimum.at(first, group, ts)
     last = np.full(num, np.iinfo(np.int64).min)
     np.maximum.at(last, group, ts + dur)
-    steps = pc.fill_null(k.column("step").cast(pa.int64()), np.iinfo(np.int64).max).to_numpy(zero_copy_only=False)
-    step = np.full(num, np.iinfo(np.int64).max)
-    np.minimum.at(step, group, steps)
-    count = np.bincount(group, minlength=num)
-    kinds, names = _distinct_per_group(group, k.column("kind"), num), _distinct_per_group(group, k.column("name"), num)
     no_step = np.iinfo(np.int64).max
-    return {e: {"kernel_ns": t, "kernel_count": c, "kernel_ts": f, "kernel_end": l, "step": None if s == no_step else s,
-                "kinds": kd, "names": nm}
-            for e, t, c, f, l, s, kd, nm in zip(exts.tolist(), total.tolist(), count.tolist(), first.tolist(),
-                                                last.tolist(), step.tolist(), kinds, names)}
+    steps = pc.fill_null(k.column("step").cast(pa.int64()), no_step).to_numpy(zero_copy_only=False)
+    step = np.full(num, no_step)
+    np.minimum.at(step, group, steps)
+    return _KernelGroups(exts, np.bincount(group, minlength=num), total, first, last,
+                         [None if s == no_step else s for s in step.tolist()],
+                         _distinct_per_group(group, k.column("kind"), num),
+                         _distinct_per_group(group, k.column("name"), num))
 
 
 def _distinct_per_group(group: np.ndarray, col: Any, num: int) -> list[list]:
@@ -137,43 +150,79 @@ def _distinct_per_group(group: np.ndarray, col: Any, num: int) -> list[list]:
     return out
 
 
-def _innermost(ops: pa.Table) -> dict[int, int]:
-    """External id → row of the CPU op it names (the latest-starting one if several share it)."""
-    best: dict[int, tuple[int, int]] = {}
-    for i, (e, ts) in enumerate(zip(ops.column("external_id").to_pylist(), ops.column("ts").to_pylist())):
-        if e not in best or ts >= best[e][0]:
-            best[e] = (ts, i)
-    return {e: i for e, (_, i) in best.items()}
+def _innermost(ext: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Per External id, the row of the CPU op it names (the latest-starting one if several share it, the
+    last of those if they start together), in order of the id's first row."""
+    n = len(ext)
+    order = np.lexsort((np.arange(n), ts, ext))
+    last = order[np.r_[ext[order][1:] != ext[order][:-1], True]] if n else order
+    _, first = np.unique(ext, return_index=True)  # both sorted by External id
+    return last[np.argsort(first, kind="stable")]
 
 
-def _op_rows(ops: pa.Table, kernels: pa.Table) -> list[dict[str, Any]]:
+_COST_FIELDS = ("category", "dtype", "flops", "bytes", "formula", "gemm_batch", "gemm_m", "gemm_n", "gemm_k")
+
+
+def _direct_ops(ops: pa.Table, kernels: pa.Table, rank: int) -> pa.Table:
+    """The ops table's rows of the CPU ops that launched kernels (launch `direct`), ordered by their first
+    kernel's start: one per External id that names kernels (its innermost op), with the kernels' totals
+    and what its shapes say (`op_cost`, once per distinct name, shapes, kinds and first four kernel
+    names: the op whose id comes first in the events gives it)."""
     groups = _kernel_groups(kernels)
-    rows_of = _innermost(ops)
-    cols = {c: _strings(ops.column(c)) for c in ops.column_names}
-    costs: dict[tuple, OpCost] = {}
-    out = []
-    for ext, i in rows_of.items():
-        g = groups.get(ext)
-        if g is None:
-            continue
-        name = cols["name"][i] or ""
-        key = (name, cols["input_dims"][i], cols["input_types"][i], cols["concrete_inputs"][i],
-               tuple(sorted(g["kinds"])), tuple(sorted(g["names"])[:4]))
-        cost = costs.get(key)
-        if cost is None:
-            cost = costs[key] = op_cost(name, load_json(key[1]), load_json(key[2]), load_json(key[3]),
-                                        set(g["kinds"]), sorted(g["names"]))
-        step = cols["step"][i] if cols["step"][i] is not None else g["step"]
-        out.append({"step": step, "name": name, "category": cost.category, "ts": cols["ts"][i],
-                    "dur": cols["dur"][i], "external_id": ext, "dtype": cost.dtype, "input_dims": key[1],
-                    "input_types": key[2], "concrete_inputs": key[3], "kernel_count": g["kernel_count"],
-                    "kernel_ns": g["kernel_ns"], "kernel_ts": g["kernel_ts"], "kernel_end": g["kernel_end"],
-                    "flops": cost.flops, "bytes": cost.bytes, "formula": cost.formula,
-                    **dict(zip(("gemm_batch", "gemm_m", "gemm_n", "gemm_k"), cost.gemm or (None,) * 4))})
-    for r in out:
-        r["launch"] = "direct"
-    out.sort(key=lambda r: (r["kernel_ts"], r["external_id"]))
-    return out
+    if groups is None or not ops.num_rows:
+        return _ops_table([], rank)
+    ext = ops.column("external_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = _innermost(ext, ops.column("ts").to_numpy(zero_copy_only=False).astype(np.int64))
+    at = np.searchsorted(groups.ext, ext[rows])
+    found = (at < len(groups.ext)) & (groups.ext[np.minimum(at, len(groups.ext) - 1)] == ext[rows])
+    rows, g = rows[found], at[found]
+    if not len(rows):
+        return _ops_table([], rank)
+    op = ops.take(pa.array(rows))
+    texts = [_codes(op.column(c)) for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+    texts[0] = (texts[0][0], [v or "" for v in texts[0][1]])
+    lists: dict[tuple, int] = {}
+    list_codes = np.fromiter((lists.setdefault((tuple(sorted(groups.kinds[j])), tuple(sorted(groups.names[j])[:4])),
+                                               len(lists)) for j in g.tolist()), np.int64, len(g))
+    key, key_first = _first_seen_groups(*(c for c, _ in texts), list_codes)
+    costs = []
+    for r in key_first.tolist():
+        j = int(g[r])
+        name, dims, types, concrete = (values[codes[r]] for codes, values in texts)
+        cost = op_cost(name, load_json(dims), load_json(types), load_json(concrete), set(groups.kinds[j]),
+                       sorted(groups.names[j]))
+        costs.append((cost.category, cost.dtype, cost.flops, cost.bytes, cost.formula, *(cost.gemm or (None,) * 4)))
+    order = np.lexsort((ext[rows], groups.first[g]))
+    key, g = pa.array(key[order]), g[order]
+    op = op.take(pa.array(order))
+    op_step = op.column("step").to_pylist()
+    step = [s if s is not None else groups.step[j] for s, j in zip(op_step, g.tolist())]
+    cols: dict[str, Any] = {
+        "step": step, "name": pa.array([texts[0][1][c] for c in texts[0][0][order].tolist()], pa.string()),
+        "ts": op.column("ts"), "dur": op.column("dur"), "external_id": op.column("external_id"),
+        "input_dims": op.column("input_dims"), "input_types": op.column("input_types"),
+        "concrete_inputs": op.column("concrete_inputs"), "kernel_count": groups.count[g], "kernel_ns": groups.total[g],
+        "kernel_ts": groups.first[g], "kernel_end": groups.last[g], "launch": ["direct"] * len(g),
+        "graph_correlation": pa.nulls(len(g), pa.int64())}
+    for i, f in enumerate(_COST_FIELDS):
+        cols[f] = pa.array([c[i] for c in costs], _value_type(f)).take(key)
+    return pa.table({"rank": pa.array(np.full(len(g), rank, np.int32)),
+                     **{f.name: _as(cols[f.name], f.name) for f in OPS if f.name != "rank"}})
+
+
+def _value_type(name: str) -> pa.DataType:
+    t = OPS.field(name).type
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _as(values: Any, name: str) -> pa.Array:
+    """A column of the ops table in the type _ops_table gives it (dictionaries as their plain values)."""
+    t = _value_type(name)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values.cast(t) if values.type != t else values
+    return pa.array(values, t)
 
 
 def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
@@ -240,8 +289,8 @@ def _first_seen_groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(group per row, first row of each group) of the rows' code tuples, groups numbered in order of
     first occurrence."""
     key = np.zeros(len(codes[0]), np.int64)
-    for c in codes:
-        key = key * (int(c.max()) + 1 if len(c) else 1) + c
+    for c in codes:  # renumbered after each column, so the combined key stays below the row count
+        key = np.unique(key * (int(c.max()) + 1 if len(c) else 1) + c, return_inverse=True)[1].reshape(-1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     rank_of = np.empty(len(first), np.int64)
     rank_of[np.argsort(first, kind="stable")] = np.arange(len(first))
