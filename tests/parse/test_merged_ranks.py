@@ -105,7 +105,8 @@ def test_one_decode_gives_the_split_documents_store(tmp_path):
     assert all(sum(e["name"] == "spans" for e in events if e["rank"] == r) == 1 for r in (0, 1))
     assert {e["thread_name"] for e in events if e["rank"] == 1 and e["name"] == "aten::relu"} == {"main r1"}
     names = {r: [e["name"] for e in events if e["rank"] == r] for r in (0, 1)}
-    assert names[1][:3] == ["ProfilerStep#3", "aten::mul", "cudaLaunchKernel"]
+    assert names[1][:4] == ["ProfilerStep#3", "record_param_comms", "aten::mul", "cudaLaunchKernel"]
+    assert names[0][-1] == names[1][-1] == "spans"  # the event of no rank, after the rank's own
     ranks = once.store.table("ranks", ["rank", "world_size"]).to_pylist()
     assert ranks == [{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}]
 
