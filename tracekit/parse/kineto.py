@@ -569,8 +569,18 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     keep[has_coll] = True
     cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
     if cols.event_ranks is not None:
-        cols.event_ranks.append(np.fromiter(map(event_rank, map(attrgetter("rank"), args), pids), np.int64, n))
+        cols.event_ranks.append(_event_ranks(list(map(attrgetter("rank"), args)), pids, n))
     cols.n += n
+
+
+def _event_ranks(given: list, pids: list, n: int) -> np.ndarray:
+    """merged.event_rank of each event from its args.rank and pid (one conversion when every event
+    states a non-negative integer rank, as TraceFusion writes them)."""
+    if set(map(type, given)) == {int}:
+        ranks = np.fromiter(given, np.int64, n)
+        if (ranks >= 0).all():
+            return ranks
+    return np.fromiter(map(event_rank, given, pids), np.int64, n)
 
 
 def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
