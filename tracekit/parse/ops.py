@@ -52,15 +52,15 @@ class OpCollector:
             return
         self.graph_calls.update(graph_launches(events))
         cols = [c for c in _OP_COLUMNS if c in events.column_names]
-        cat = events.column("cat").cast(pa.string())
-        ops = events.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(events.column("external_id"),
-                                                                       value_set=self.wanted)))
+        cat = events.column("cat")
+        ops = events.filter(pc.and_(_text_test(cat, pc.equal, "cpu_op"),
+                                    pc.is_in(events.column("external_id"), value_set=self.wanted)))
         if ops.num_rows:
             self.op_parts.append(ops.select(cols))
         if self.corr_wanted is not None and len(self.corr_wanted):
             runtime = pc.and_(pc.is_in(events.column("correlation"), value_set=self.corr_wanted),
                               pc.is_valid(events.column("external_id")))
-            launch = events.filter(pc.and_(runtime, pc.not_equal(cat, "kernel")))
+            launch = events.filter(pc.and_(runtime, _text_test(cat, pc.not_equal, "kernel")))
             if launch.num_rows:
                 self.launch_parts.append(launch.select(["correlation", "external_id"]))
 
@@ -276,13 +276,27 @@ def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Tabl
 
 
 def _codes(col: Any) -> tuple[np.ndarray, list]:
-    """(code per row, value per code) of a column, codes in order of first occurrence, null a value (None)."""
+    """(code per row, value per code) of a column: one code per distinct value, null a value (None); a
+    dictionary column keeps its own codes when its dictionary holds each value once."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if pa.types.is_dictionary(col.type):  # its dictionary may hold values no row uses
+    if pa.types.is_dictionary(col.type):
+        values = col.dictionary.to_pylist()
+        if len(set(values)) == len(values) and None not in values:
+            codes = col.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
+            return codes, values + [None]
         col = col.cast(col.type.value_type)
     enc = pc.dictionary_encode(col, null_encoding="encode")
     return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
+
+
+def _text_test(col: Any, test: Any, text: str) -> Any:
+    """test(col as text, text) (e.g. pc.equal), for a dictionary column computed on its dictionary once."""
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([_text_test(c, test, text) for c in col.chunks], pa.bool_())
+    if pa.types.is_dictionary(col.type):
+        return test(col.dictionary.cast(pa.string()), text).take(col.indices)
+    return test(col.cast(pa.string()), text)
 
 
 def _first_seen_groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
