@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.parse.cuda_graphs import CapturedNode, graph_launches, match_replay
+from tracekit.parse.dict_columns import codes, text_test
 from tracekit.parse.op_shapes import OpCost, kernel_category, load_json, op_cost
 from tracekit.tables.schema import conform
 from tracekit.tables.schema import OPS
@@ -53,16 +54,17 @@ class OpCollector:
         self.graph_calls.update(graph_launches(events))
         cols = [c for c in _OP_COLUMNS if c in events.column_names]
         cat = events.column("cat")
-        ops = events.filter(pc.and_(_text_test(cat, pc.equal, "cpu_op"),
-                                    pc.is_in(events.column("external_id"), value_set=self.wanted)))
+        ops = events.select(cols).filter(pc.and_(text_test(cat, pc.equal, "cpu_op"),
+                                                 pc.is_in(events.column("external_id"), value_set=self.wanted)))
         if ops.num_rows:
-            self.op_parts.append(ops.select(cols))
+            self.op_parts.append(ops)
         if self.corr_wanted is not None and len(self.corr_wanted):
             runtime = pc.and_(pc.is_in(events.column("correlation"), value_set=self.corr_wanted),
                               pc.is_valid(events.column("external_id")))
-            launch = events.filter(pc.and_(runtime, _text_test(cat, pc.not_equal, "kernel")))
+            launch = events.select(["correlation", "external_id"]).filter(
+                pc.and_(runtime, text_test(cat, pc.not_equal, "kernel")))
             if launch.num_rows:
-                self.launch_parts.append(launch.select(["correlation", "external_id"]))
+                self.launch_parts.append(launch)
 
     def tables(self, rank: int) -> dict[str, pa.Table]:
         kernels = self.kernels
@@ -141,8 +143,8 @@ def _kernel_groups(kernels: pa.Table) -> _KernelGroups | None:
 
 def _distinct_per_group(group: np.ndarray, col: Any, num: int) -> list[list]:
     """Per group, the distinct non-null values of `col` in its rows."""
-    codes, values = _codes(col)
-    pairs = np.unique(group * (len(values) + 1) + codes)
+    row_codes, values = codes(col)
+    pairs = np.unique(group * (len(values) + 1) + row_codes)
     out: list[list] = [[] for _ in range(num)]
     for g, c in zip((pairs // (len(values) + 1)).tolist(), (pairs % (len(values) + 1)).tolist()):
         if values[c] is not None:
@@ -179,7 +181,7 @@ def _direct_ops(ops: pa.Table, kernels: pa.Table, rank: int) -> pa.Table:
     if not len(rows):
         return _ops_table([], rank)
     op = ops.take(pa.array(rows))
-    texts = [_codes(op.column(c)) for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+    texts = [codes(op.column(c)) for c in ("name", "input_dims", "input_types", "concrete_inputs")]
     texts[0] = (texts[0][0], [v or "" for v in texts[0][1]])
     lists: dict[tuple, int] = {}
     list_codes = np.fromiter((lists.setdefault((tuple(sorted(groups.kinds[j])), tuple(sorted(groups.names[j])[:4])),
@@ -188,7 +190,7 @@ def _direct_ops(ops: pa.Table, kernels: pa.Table, rank: int) -> pa.Table:
     costs = []
     for r in key_first.tolist():
         j = int(g[r])
-        name, dims, types, concrete = (values[codes[r]] for codes, values in texts)
+        name, dims, types, concrete = (values[row_codes[r]] for row_codes, values in texts)
         cost = op_cost(name, load_json(dims), load_json(types), load_json(concrete), set(groups.kinds[j]),
                        sorted(groups.names[j]))
         costs.append((cost.category, cost.dtype, cost.flops, cost.bytes, cost.formula, *(cost.gemm or (None,) * 4)))
@@ -239,9 +241,9 @@ def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Tabl
     and category that hold most of its time (each kernel weighing its duration + 1; ties: first seen)."""
     if not kernels.num_rows:
         return pa.table({"rank": pa.array([], pa.int32())})
-    name_codes, names = _codes(kernels.column("name"))
-    kind_codes, kinds = _codes(kernels.column("kind"))
-    stream_codes, streams = _codes(kernels.column("stream"))
+    name_codes, names = codes(kernels.column("name"))
+    kind_codes, kinds = codes(kernels.column("kind"))
+    stream_codes, streams = codes(kernels.column("stream"))
     durs = pc.fill_null(kernels.column("dur"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     group, first = _first_seen_groups(name_codes, stream_codes)
     num = len(first)
@@ -250,11 +252,11 @@ def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Tabl
     np.add.at(total, group, durs)
     top = np.zeros(num, np.int64)
     np.maximum.at(top, group, durs)
-    op_cat_codes, op_cats = _codes(pa.array(op_categories, pa.string()))
+    op_cat_codes, op_cats = codes(pa.array(op_categories, pa.string()))
     triple, triple_first = _first_seen_groups(name_codes, kind_codes, op_cat_codes)
     cat_of_triple = [_kernel_cat(names[name_codes[r]], kinds[kind_codes[r]], op_cats[op_cat_codes[r]])
                      for r in triple_first.tolist()]
-    cat_codes, cat_values = _codes(pa.array(cat_of_triple, pa.string()).take(pa.array(triple)))
+    cat_codes, cat_values = codes(pa.array(cat_of_triple, pa.string()).take(pa.array(triple)))
     weight = durs + 1
     kind_of = _heaviest(group, kind_codes, weight, num)
     cat_of = _heaviest(group, cat_codes, weight, num)
@@ -273,30 +275,6 @@ def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Tabl
         "max_ns": pa.array(top[order], pa.int64()),
         "share": pa.array(total[order] / grand, pa.float64()),
     })
-
-
-def _codes(col: Any) -> tuple[np.ndarray, list]:
-    """(code per row, value per code) of a column: one code per distinct value, null a value (None); a
-    dictionary column keeps its own codes when its dictionary holds each value once."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    if pa.types.is_dictionary(col.type):
-        values = col.dictionary.to_pylist()
-        if len(set(values)) == len(values) and None not in values:
-            codes = col.indices.fill_null(len(values)).to_numpy(zero_copy_only=False).astype(np.int64)
-            return codes, values + [None]
-        col = col.cast(col.type.value_type)
-    enc = pc.dictionary_encode(col, null_encoding="encode")
-    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
-
-
-def _text_test(col: Any, test: Any, text: str) -> Any:
-    """test(col as text, text) (e.g. pc.equal), for a dictionary column computed on its dictionary once."""
-    if isinstance(col, pa.ChunkedArray):
-        return pa.chunked_array([_text_test(c, test, text) for c in col.chunks], pa.bool_())
-    if pa.types.is_dictionary(col.type):
-        return test(col.dictionary.cast(pa.string()), text).take(col.indices)
-    return test(col.cast(pa.string()), text)
 
 
 def _first_seen_groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
