@@ -99,6 +99,44 @@ class OpCollector:
         return k.set_column(k.column_names.index("external_id"), "external_id", pa.array(filled, pa.int64()))
 
 
+class _Distinct:
+    """The distinct non-null values of a text column in each group of rows: in sorted order (`of(j)`), the
+    first four as value ranks (`first4`, -1 padded), and a code per group equal for equal sets (`sig()`)."""
+
+    def __init__(self, group: np.ndarray, col: Any, num: int) -> None:
+        row_codes, values = codes(col)
+        known = [c for c, v in enumerate(values) if v is not None]
+        ordered = sorted(known, key=values.__getitem__)
+        lex = np.full(len(values), -1, np.int64)
+        lex[ordered] = np.arange(len(ordered))
+        self.sorted_values = [values[c] for c in ordered]
+        row_lex = lex[row_codes]
+        ok = row_lex >= 0
+        width = len(ordered) + 1
+        pairs = np.unique(group[ok] * width + row_lex[ok])  # by group, then value order
+        self.pair_group, self.pair_lex = pairs // width, pairs % width
+        self.bounds = np.searchsorted(self.pair_group, np.arange(num + 1))
+        rank_in_group = np.arange(len(pairs)) - self.bounds[self.pair_group]
+        first4 = np.full((num, 4), -1, np.int64)
+        keep = rank_in_group < 4
+        first4[self.pair_group[keep], rank_in_group[keep]] = self.pair_lex[keep]
+        self.first4 = first4
+        self.num = num
+
+    def sig(self) -> np.ndarray:
+        """Per group, a code equal for groups with the same set of values (a bit per value when they fit)."""
+        if len(self.sorted_values) <= 62:
+            mask = np.zeros(self.num, np.int64)
+            np.bitwise_or.at(mask, self.pair_group, np.left_shift(1, self.pair_lex))
+            return mask
+        runs = [self.pair_lex[lo:hi].tobytes() for lo, hi in zip(self.bounds[:-1].tolist(), self.bounds[1:].tolist())]
+        seen: dict[bytes, int] = {}
+        return np.fromiter((seen.setdefault(r, len(seen)) for r in runs), np.int64, self.num)
+
+    def of(self, j: int) -> list:
+        return [self.sorted_values[v] for v in self.pair_lex[self.bounds[j]:self.bounds[j + 1]].tolist()]
+
+
 @dataclass
 class _KernelGroups:
     """The kernels of each External id (`ext`, sorted): count, summed duration, first start, last end,
@@ -110,8 +148,8 @@ class _KernelGroups:
     first: np.ndarray
     last: np.ndarray
     step: list
-    kinds: list[list]
-    names: list[list]
+    kinds: _Distinct
+    names: _Distinct
 
 
 def _kernel_groups(kernels: pa.Table) -> _KernelGroups | None:
@@ -137,19 +175,7 @@ def _kernel_groups(kernels: pa.Table) -> _KernelGroups | None:
     np.minimum.at(step, group, steps)
     return _KernelGroups(exts, np.bincount(group, minlength=num), total, first, last,
                          [None if s == no_step else s for s in step.tolist()],
-                         _distinct_per_group(group, k.column("kind"), num),
-                         _distinct_per_group(group, k.column("name"), num))
-
-
-def _distinct_per_group(group: np.ndarray, col: Any, num: int) -> list[list]:
-    """Per group, the distinct non-null values of `col` in its rows."""
-    row_codes, values = codes(col)
-    pairs = np.unique(group * (len(values) + 1) + row_codes)
-    out: list[list] = [[] for _ in range(num)]
-    for g, c in zip((pairs // (len(values) + 1)).tolist(), (pairs % (len(values) + 1)).tolist()):
-        if values[c] is not None:
-            out[g].append(values[c])
-    return out
+                         _Distinct(group, k.column("kind"), num), _Distinct(group, k.column("name"), num))
 
 
 def _innermost(ext: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -183,16 +209,14 @@ def _direct_ops(ops: pa.Table, kernels: pa.Table, rank: int) -> pa.Table:
     op = ops.take(pa.array(rows))
     texts = [codes(op.column(c)) for c in ("name", "input_dims", "input_types", "concrete_inputs")]
     texts[0] = (texts[0][0], [v or "" for v in texts[0][1]])
-    lists: dict[tuple, int] = {}
-    list_codes = np.fromiter((lists.setdefault((tuple(sorted(groups.kinds[j])), tuple(sorted(groups.names[j])[:4])),
-                                               len(lists)) for j in g.tolist()), np.int64, len(g))
-    key, key_first = _first_seen_groups(*(c for c, _ in texts), list_codes)
+    names4 = groups.names.first4[g]
+    key, key_first = _first_seen_groups(*(c for c, _ in texts), groups.kinds.sig()[g], *(names4[:, i] + 1 for i in range(4)))
     costs = []
     for r in key_first.tolist():
         j = int(g[r])
         name, dims, types, concrete = (values[row_codes[r]] for row_codes, values in texts)
-        cost = op_cost(name, load_json(dims), load_json(types), load_json(concrete), set(groups.kinds[j]),
-                       sorted(groups.names[j]))
+        cost = op_cost(name, load_json(dims), load_json(types), load_json(concrete), set(groups.kinds.of(j)),
+                       groups.names.of(j))
         costs.append((cost.category, cost.dtype, cost.flops, cost.bytes, cost.formula, *(cost.gemm or (None,) * 4)))
     order = np.lexsort((ext[rows], groups.first[g]))
     key, g = pa.array(key[order]), g[order]
