@@ -283,7 +283,7 @@ def _stable_id(text: str) -> int:
     return -(zlib.crc32(text.encode("utf-8", "replace")) + 1)
 
 
-class _Ids:
+class IdCodes:
     """Normalise pid/tid values that may be ints, numeric strings, "stream N" or free text."""
 
     def __init__(self) -> None:
@@ -394,8 +394,8 @@ class EventColumns:
         self.top = top
         self.lenient = lenient
         self.n = 0
-        self.names = _CodeBook()  # name → code, in first-occurrence order
-        self.cats = _CodeBook()  # raw category (None included) → code
+        self.names = CodeBook()  # name → code, in first-occurrence order
+        self.cats = CodeBook()  # raw category (None included) → code
         self.keep_name: list[bool] = []  # per name code: rows whose full args collectives may read
         self.name_codes: list[np.ndarray] = []
         self.cat_codes: list[np.ndarray] = []
@@ -405,8 +405,8 @@ class EventColumns:
         self.dur_ok: list[np.ndarray] = []
         self.pid: list[np.ndarray] = []
         self.tid: list[np.ndarray] = []
-        self.pid_ids = _Ids()
-        self.tid_ids = _Ids()
+        self.pid_ids = IdCodes()
+        self.tid_ids = IdCodes()
         self.ext: list[pa.Array] = []
         self.corr: list[pa.Array] = []
         self.stream: list[pa.Array] = []
@@ -414,7 +414,7 @@ class EventColumns:
         self.flops: list[pa.Array] = []
         self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
         self.launch_kernel: dict[int, Any] = {}  # row → args["kernel"] (a runtime launch's kernel) where present
-        self.shape_books = tuple(_CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
+        self.shape_books = tuple(CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
         self.shape_codes: tuple[list[np.ndarray], ...] = tuple([] for _ in D.SHAPE_FIELDS)
         self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
         self.ms: list = []
@@ -425,7 +425,7 @@ class EventColumns:
         """Only when asked (merged multi-rank files): each complete event's rank, merged.event_rank."""
 
 
-class _CodeBook(dict):
+class CodeBook(dict):
     """value → code; an unseen value gets the next code (so codes follow first occurrence)."""
 
     def __missing__(self, value: Any) -> int:
@@ -433,7 +433,7 @@ class _CodeBook(dict):
         return code
 
 
-def _intern(index: _CodeBook, values: list) -> np.ndarray:
+def _intern(index: CodeBook, values: list) -> np.ndarray:
     """Codes of `values`, adding new values to `index` (one C-level pass; Python only for new values)."""
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
@@ -595,7 +595,7 @@ def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
         shape_codes.append(codes)
 
 
-def _text_codes(book: _CodeBook, raws: list) -> np.ndarray:
+def _text_codes(book: CodeBook, raws: list) -> np.ndarray:
     """Codes of JSON texts (msgspec.Raw) in `book`, new texts getting the next codes in order of first
     occurrence: the texts are hashed in Arrow (one dictionary encode), only the distinct ones in Python."""
     lens = np.fromiter(map(len, raws), np.int64, len(raws))
@@ -790,7 +790,7 @@ def _metadata_names(ms: list) -> tuple[dict[tuple[int, int], str], dict[int, str
     """Thread names by (pid, tid) and process labels by pid, from the metadata (`M`) events."""
     thread_names: dict[tuple[int, int], str] = {}
     process_labels: dict[int, str] = {}
-    m_pid, m_tid = _Ids(), _Ids()
+    m_pid, m_tid = IdCodes(), IdCodes()
     for m in ms:
         a = m.args
         if a is None:

@@ -29,7 +29,7 @@ from tracekit.errors import TraceFormatError, TracekitError
 from tracekit.parse import decode as D
 from tracekit.parse.gz import StreamProblem, iter_trace_blocks
 from tracekit.parse.kineto import (
-    CHUNK_BYTES, EventColumns, KinetoParse, _CodeBook, _Ids, decode_columns, gc_paused, tables_from_columns,
+    CHUNK_BYTES, EventColumns, KinetoParse, CodeBook, IdCodes, decode_columns, gc_paused, tables_from_columns,
 )
 from tracekit.parse.merged import event_rank
 from tracekit.parse.split import decode_columns_split
@@ -98,8 +98,8 @@ def _first_occurrence(codes: np.ndarray, size: int, keep_zero: bool = False) -> 
     return remap, order.tolist()
 
 
-def _book(keys: list, order: list[int]) -> _CodeBook:
-    return _CodeBook(zip([keys[c] for c in order], range(len(order))))
+def _book(keys: list, order: list[int]) -> CodeBook:
+    return CodeBook(zip([keys[c] for c in order], range(len(order))))
 
 
 def _joined(parts: list, dtype) -> np.ndarray:
@@ -169,7 +169,7 @@ def _rank_columns(m: MergedRanks, rank: int, top: Any) -> EventColumns:
         codes.append([remap[rank_codes]])
     out.shape_books, out.shape_codes = tuple(books), tuple(codes)
     out.pid_ids = c.pid_ids
-    out.tid_ids = _Ids()
+    out.tid_ids = IdCodes()
     if c.tid_ids.text_of or c.tid_ids.stream_ids:
         present = set(np.unique(out.tid[0]).tolist())
         out.tid_ids.text_of = {t: s for t, s in c.tid_ids.text_of.items() if t in present}
