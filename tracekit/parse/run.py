@@ -432,7 +432,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
 def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any, *, progress: bool,
                  max_decompressed_bytes: int | None, max_memory_bytes: int | None,
                  assume_rank: int | None, capture: str | Path | None = None) -> ParseRunResult:
-    if len(found.of_kind(disc.KINETO)) > 1:
+    merged_here = _merged_processes(engine, max_memory_bytes) is not None
+    if sum(not (merged_here and disc.is_merged_kineto(f.path)) for f in found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     advance, stop = _progress(progress, sum(f.kind != disc.MANIFEST for f in found.inputs))
     run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
