@@ -486,6 +486,10 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     snd = sends(mem)
     wait = idle_like[own] & (_inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
                              | ((issue & ~ann)[own] & _inside_union(p0, p1, a[snd], e[snd])))
+    # the op that waited for a blocking collective resumes after the collective's end: its own time from that
+    # end to its next child (or its own end) recorded nothing and is the rest of the wait (the thread
+    # waking up, on a loaded box 1-9 ms after gloo's record ended), not work: a gap after the release
+    wait |= idle_like[own] & np.isin(p0, e[blocking])
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
