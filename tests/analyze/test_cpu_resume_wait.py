@@ -34,14 +34,24 @@ def _x(name: str, cat: str, ts: int, dur: int, tid: int = 7) -> dict:
             "args": {}}
 
 
-def _write_run(root: Path) -> Path:
+AR_END = 5 * MS  # an asynchronous all_reduce issued at the step's start ends inside the mm's own time
+MM_AT = 200 * US  # where the mm starts when the all_reduce is there, its child copy_ 100 µs long
+
+
+def _write_run(root: Path, async_all_reduce: bool = False) -> Path:
     for rank in (0, 1):
         evs = []
         for k in range(3):
             t, work, tail = k * STEP, WORK[rank], TAIL[rank]
-            evs += [_x(f"ProfilerStep#{k + 1}", "user_annotation", t, STEP),
-                    _x("aten::mm", "cpu_op", t, work),
-                    _x("AllToAll", "cpu_op", t + work, GLOO_END + tail - work),
+            evs.append(_x(f"ProfilerStep#{k + 1}", "user_annotation", t, STEP))
+            if async_all_reduce:
+                evs += [_x("c10d::allreduce_", "cpu_op", t, 100 * US),
+                        _x("gloo:all_reduce", "user_annotation", t + 50 * US, AR_END - 50 * US, tid=10),
+                        _x("aten::mm", "cpu_op", t + MM_AT, work - MM_AT),
+                        _x("aten::copy_", "cpu_op", t + MM_AT, 100 * US)]
+            else:
+                evs.append(_x("aten::mm", "cpu_op", t, work))
+            evs += [_x("AllToAll", "cpu_op", t + work, GLOO_END + tail - work),
                     _x("c10d::alltoall_base_", "cpu_op", t + work + 10 * US, 100 * US),
                     _x("gloo:all_to_all", "user_annotation", t + work + 50 * US, GLOO_END - work - 50 * US, tid=9),
                     _x("aten::add", "cpu_op", t + GLOO_END + tail + AFTER, ADD)]
@@ -69,6 +79,27 @@ def test_a_wrappers_time_after_its_collective_ended_is_a_gap_not_compute(tmp_pat
         add = mine[[g.name[i] == "aten::add" for i in mine.tolist()]]
         # the add follows the collective's release: its gap is the wrapper's tail and the 50 µs after it
         assert g.gap[add].tolist() == [TAIL[rank] + AFTER] * 3, rank
+
+
+def test_an_op_running_when_an_asynchronous_collective_ends_keeps_its_own_time_as_compute(tmp_path):
+    """An all_reduce issued at the step's start (a DDP bucket's kind) ends inside a later matmul's own time
+    (the matmul has a child): the matmul did not issue it nor wait for it, so its own time after that end
+    is its work (before the end it is waiting, as for any op's own time while a collective is outstanding)."""
+    from tracekit.assess.whatif import run_whatif
+    from tracekit.parse.run import parse_run
+    from tracekit.whatif.graph import Category
+
+    store = parse_run(_write_run(tmp_path, async_all_reduce=True), tmp_path / "s", progress=False).store
+    out = run_whatif(store, [])
+    assert [(s["measured_ns"], s["replayed_ns"]) for s in out["steps"]] == [(STEP, STEP)] * 3
+    g = out["results"][0].graph
+    for rank in (0, 1):
+        mine = np.flatnonzero((g.rank == rank) & (g.category == Category.COMPUTE))
+        mm = mine[[g.name[i] == "aten::mm" for i in mine.tolist()]]
+        # the mm's own time from the all_reduce's end to its own end, each step
+        assert sorted(g.dur[mm].tolist()) == [WORK[rank] - AR_END] * 3, rank
+        # per step: the copy_, the mm after the all_reduce's end, the wrapper before its call, the add
+        assert int(g.dur[mine].sum()) == 3 * (100 * US + WORK[rank] - AR_END + 10 * US + ADD), rank
 
 
 def _root_and_symptom(root_sev: Severity, symptom_sev: Severity) -> list[Finding]:
