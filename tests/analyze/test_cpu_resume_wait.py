@@ -112,7 +112,7 @@ def _root_and_symptom(root_sev: Severity, symptom_sev: Severity) -> list[Finding
     return [root, symptom]
 
 
-def test_the_root_of_an_absorbed_symptom_is_at_least_as_severe():
+def test_the_root_of_an_absorbed_warning_is_at_least_a_warning():
     """A straggler (info: a host-side cause late by 12% of the step, under the 25% timing-noise guard) whose
     fix holds its idle_host_bound's (warning: host gaps of 12% of every step, measured on the rank) and
     saves as much absorbs it: the root on top is a warning, the symptom keeps its own and saves 0."""
@@ -121,15 +121,19 @@ def test_the_root_of_an_absorbed_symptom_is_at_least_as_severe():
 
     fixes = [[Fix("rank_compute", rank=1), Fix("host_stalls", rank=1)], [Fix("host_stalls", rank=1)]]
     rows = [{"finding": i, "saving_ns": 16 * MS, "counted": True} for i in (0, 1)]
-    root, symptom = _absorbed(_root_and_symptom(Severity.INFO, Severity.WARNING), rows, fixes)
-    assert (root.severity, root.est_saving_ns) == (Severity.WARNING, 14 * MS)
-    assert root.evidence.details["severity_from_absorbed"] == {"from": "info", "to": "warning",
-                                                               "symptom": "idle_host_bound"}
-    assert (symptom.severity, symptom.est_saving_ns) == (Severity.WARNING, 0)
-    assert symptom.evidence.absorbed_by == {"kind": "straggler", "ranks": [1]}
-    # a root already more severe stays as it is
-    root, _ = _absorbed(_root_and_symptom(Severity.CRITICAL, Severity.WARNING), rows, fixes)
-    assert root.severity == Severity.CRITICAL and "severity_from_absorbed" not in root.evidence.details
+    for symptom_sev in (Severity.WARNING, Severity.CRITICAL):
+        root, symptom = _absorbed(_root_and_symptom(Severity.INFO, symptom_sev), rows, fixes)
+        assert (root.severity, root.est_saving_ns) == (Severity.WARNING, 14 * MS)
+        assert root.evidence.details["severity_from_absorbed"] == {"from": "info", "to": "warning",
+                                                                   "symptom": "idle_host_bound"}
+        assert (symptom.severity, symptom.est_saving_ns) == (symptom_sev, 0)
+        assert symptom.evidence.absorbed_by == {"kind": "straggler", "ranks": [1]}
+    # a root at warning stays as it is (each kind judges warning and critical on its own scale); so does an
+    # info root whose symptom is info
+    root, _ = _absorbed(_root_and_symptom(Severity.WARNING, Severity.CRITICAL), rows, fixes)
+    assert root.severity == Severity.WARNING and "severity_from_absorbed" not in root.evidence.details
+    root, _ = _absorbed(_root_and_symptom(Severity.INFO, Severity.INFO), rows, fixes)
+    assert root.severity == Severity.INFO
     # a symptom that saves more than the root is not absorbed: nothing moves
     rows[1]["saving_ns"] = 20 * MS
     root, symptom = _absorbed(_root_and_symptom(Severity.INFO, Severity.WARNING), rows, fixes)
