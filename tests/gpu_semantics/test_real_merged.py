@@ -54,9 +54,56 @@ def test_split_into_four_ranks(raw, analysis):
     got = Counter(k["rank"] for k in kernels if k["name"].startswith("ncclDevKernel"))
     assert got == {r: len(v) for r, v in raw.items()}
     # the file holding only the same ranks' RCCL kernels is skipped, saying which file was kept
-    skipped = {s["file"].rsplit("/", 1)[-1]: s["reason"] for s in res.skipped}
+    skipped = {s["file"].rsplit("/", 1)[-1]: s for s in res.skipped}
     assert set(skipped) == {f"merged_nccl_only.json.gz#rank{r}" for r in range(4)}
-    assert all("kept" in why and "merged_all_events" in why for why in skipped.values())
+    assert all("merged_all_events" in s["reason"] for s in skipped.values())
+
+
+def _complete_events(path) -> dict[int, Counter]:
+    doc = json.loads(gzip.decompress(path.read_bytes()), parse_float=Decimal)
+    out: dict[int, Counter] = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and "ts" in e:
+            key = (e.get("name", ""), _ns(e["ts"]), _ns(e["dur"]) if "dur" in e else None)
+            out.setdefault(e["args"]["rank"], Counter())[key] += 1
+    return out
+
+
+def test_a_contained_duplicate_is_skipped_at_info(shared_traces, analysis):
+    """merged_nccl_only.json.gz holds, for each rank, events that merged_all_events.json.gz holds too (checked
+    here from the raw JSON): skipping it loses nothing, so it is marked a duplicate and is no warning."""
+    res, a = analysis
+    kept = _complete_events(shared_traces / FOLDER / "merged_all_events.json.gz")
+    dup = _complete_events(shared_traces / FOLDER / "merged_nccl_only.json.gz")
+    assert sorted(dup) == [0, 1, 2, 3]
+    for r, events in dup.items():
+        assert not events - kept[r], f"rank {r}: the nccl-only file has events the kept file lacks"
+    for s in res.skipped:
+        r = int(s["file"].rsplit("#rank", 1)[1])
+        assert s["duplicate_of"].endswith(f"merged_all_events.json.gz#rank{r}")
+        assert f"{sum(dup[r].values())} complete events" in s["reason"]
+    skips = [f for f in a["findings"] if f["kind"] == "input_skipped"]
+    assert [(f["severity"], f["evidence"]["num_skipped"]) for f in skips] == [("info", 4)]
+
+
+def test_a_duplicate_rank_with_events_of_its_own_stays_a_warning(tmp_path):
+    """Two files name rank 0; the second holds one event the first lacks: it is skipped, and that loses data."""
+    def trace(events):
+        return json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": ts, "dur": 2} for n, ts in events]})
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a_rank0.json").write_text(trace([("aten::mm", 10), ("aten::add", 20)]))
+    (tmp_path / "in" / "b_rank0.json").write_text(trace([("aten::mm", 10), ("aten::relu", 30)]))
+    (tmp_path / "in" / "c_rank0.json").write_text(trace([("aten::add", 20)]))
+    res = parse_run(tmp_path / "in", tmp_path / "store", progress=False)
+    why = {s["file"].rsplit("/", 1)[-1]: s for s in res.skipped}
+    assert set(why) == {"b_rank0.json", "c_rank0.json"}
+    assert "duplicate_of" not in why["b_rank0.json"]
+    assert why["c_rank0.json"]["duplicate_of"].endswith("a_rank0.json")
+    a = analyze_store(res.store, AnalysisConfig(isolate_analyzer_errors=False, advice=False))
+    skips = sorted((f["severity"], f["evidence"]["num_skipped"]) for f in a["findings"]
+                   if f["kind"] == "input_skipped")
+    assert skips == [("info", 1), ("warning", 1)]
 
 
 def test_21_rccl_collectives_matched_and_the_last_arrival_named(raw, analysis):

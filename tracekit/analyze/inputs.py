@@ -124,13 +124,24 @@ class _Report:
 
 def _check_skipped(skipped: list[dict[str, str]], out: _Report) -> None:
     """1. files that were not used"""
-    if skipped:
-        first = skipped[0]
+    lost = [s for s in skipped if not s.get("duplicate_of")]
+    if lost:
+        first = lost[0]
         out.add(Finding(
             kind=FindingKind.INPUT_SKIPPED, severity=Severity.WARNING,
-            summary=(f"{len(skipped)} input file(s) skipped, e.g. {first['file']}: {first['reason']}"),
-            evidence=Evidence(details={"skipped": skipped[:_MAX_LISTED], "num_skipped": len(skipped)}),
+            summary=(f"{len(lost)} input file(s) skipped, e.g. {first['file']}: {first['reason']}"),
+            evidence=Evidence(details={"skipped": lost[:_MAX_LISTED], "num_skipped": len(lost)}),
             recommendation="Re-export or replace the skipped files; numbers cover only the ranks that were read.",
+        ), warn=False)
+    dups = [s for s in skipped if s.get("duplicate_of")]
+    if dups:  # parse/run.py: every event of the file is in the one kept for its rank
+        first = dups[0]
+        out.add(Finding(
+            kind=FindingKind.INPUT_SKIPPED, severity=Severity.INFO,
+            summary=(f"{len(dups)} input file(s) skipped as duplicates (nothing lost), e.g. {first['file']}: "
+                     f"{first['reason']}"),
+            evidence=Evidence(details={"skipped": dups[:_MAX_LISTED], "num_skipped": len(dups)}),
+            recommendation="Nothing to do: every event of these files is analysed from the file kept for their rank.",
         ), warn=False)
 
 

@@ -982,6 +982,8 @@ SECTION_NAMES: tuple[str, ...] = Sections.__struct_fields__
 class SkippedInput(Struct):
     file: str = ""
     reason: str = ""
+    duplicate_of: str | UnsetType = UNSET
+    """the file kept for the same rank, which holds every event of this one (nothing lost)"""
 
 
 class DocumentInputs(Struct):

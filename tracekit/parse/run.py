@@ -19,7 +19,7 @@ import json
 import re
 import tempfile
 from contextlib import nullcontext
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -384,6 +384,9 @@ class _Run:
     join_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
     partial_logs: list[str] = field(default_factory=list)
     rank_rows: list[dict[str, Any]] = field(default_factory=list)
+    kept_events: dict[int, tuple[str, pa.Table]] = field(default_factory=dict)
+    """rank -> (file, its events' (name, ts, dur)) for ranks that two Kineto files name: a later file of the
+    rank is compared with the kept one (a duplicate whose events are all kept loses nothing)."""
     captured: list = field(default_factory=list)
     """CUDA-graph capture nodes (parse/cuda_graphs.py) naming graph replays' kernels."""
     deferred_ops: list = field(default_factory=list)
@@ -605,7 +608,34 @@ def _take_capture(kp: Any, path: str, run: _Run) -> bool:
     return True
 
 
+_EVENT_KEY = ("name", "ts", "dur")
+
+
+def _event_keys(kp: Any) -> pa.Table:
+    events = kp.tables["events"]
+    return pa.table({"name": pc.fill_null(events["name"].cast(pa.string()), ""), "ts": events["ts"],
+                     "dur": pc.fill_null(events["dur"], -1)})
+
+
+def _mark_duplicate(run: _Run, rank: int, path: str, kp: Any) -> None:
+    """`path` lost rank `rank` to a file kept before it: when every complete event of `path` is also in the
+    kept file (same name, start and duration), say so on its skipped entry: a duplicate loses nothing."""
+    kept = run.kept_events.get(rank)
+    if kept is None:
+        return
+    first, kept_keys = kept
+    mine = _event_keys(kp)
+    missing = mine.join(kept_keys, keys=list(_EVENT_KEY), join_type="left anti").num_rows if mine.num_rows else 0
+    if missing:
+        return
+    entry = run.skipped[-1]
+    entry["reason"] += (f"; {first} holds every one of this file's {mine.num_rows} complete events (same name, "
+                        "start and duration): a duplicate, nothing lost")
+    entry["duplicate_of"] = first
+
+
 def _add_kineto_ranks(results: Any, name_ranks: dict[str, int | None], run: _Run, assume_rank: int | None) -> None:
+    contested = {r for r, n in Counter(r for r in name_ranks.values() if r is not None).items() if n > 1}
     for path, kp, error in results:
         run.advance(Path(path).name)
         if error is not None:
@@ -615,9 +645,14 @@ def _add_kineto_ranks(results: Any, name_ranks: dict[str, int | None], run: _Run
             continue
         local: list[str] = []
         known = _kineto_rank(kp, path, name_ranks[path], len(name_ranks), run, assume_rank, local)
-        if known is None or not run.claim("kineto", known[0], path, "Kineto trace"):
+        if known is None:
+            continue
+        if not run.claim("kineto", known[0], path, "Kineto trace"):
+            _mark_duplicate(run, known[0], path, kp)
             continue
         rank, source = known
+        if rank in contested:
+            run.kept_events[rank] = (path, _event_keys(kp).combine_chunks())
         if kp.world_size:
             run.world_sizes[rank] = kp.world_size
         run.groups.add(kp.process_groups, rank)
