@@ -32,6 +32,10 @@ def shared_traces() -> Path:
     return path
 
 
+_held: list = []
+"""The open lock file of the test running in this worker (while it runs): `quiet_section` converts its lock."""
+
+
 @contextmanager
 def _box_lock(exclusive: bool) -> Iterator[None]:
     """Under pytest-xdist, a lock all workers of this run share: every test holds it shared, a test marked
@@ -42,10 +46,31 @@ def _box_lock(exclusive: bool) -> Iterator[None]:
         return
     with open(Path(tempfile.gettempdir()) / f"tracekit-tests-{uid}.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        _held.append((fh, exclusive))
         try:
             yield
         finally:
+            _held.pop()
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextmanager
+def quiet_section() -> Iterator[None]:
+    """Inside a test (its fixtures included), the box alone for the `with` block only: for a test whose
+    timing-sensitive part is a recording (a job whose measured steps it compares) and whose parse and
+    analysis after it are not. The worker's shared lock becomes exclusive (the other worker finishes its
+    current test, then waits), and shared again after the block, so the other worker runs beside the
+    analysis. A test marked `quiet_box` holds the box alone throughout already; one process: nothing runs
+    beside it anyway."""
+    if not _held or _held[-1][1]:
+        yield
+        return
+    fh = _held[-1][0]
+    fcntl.flock(fh, fcntl.LOCK_EX)  # a conversion: Linux drops the shared lock, then waits for the box alone
+    try:
+        yield
+    finally:
+        fcntl.flock(fh, fcntl.LOCK_SH)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,6 +78,71 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Each test's setup (module fixtures' recordings included), call and teardown under `_box_lock`: a
     test that compares a replayed saving with a delay it measured on the box runs with no other test's
     multi-process job beside it (a clean-clone CI run read -18.6% against its 15% bound with the other
-    worker's recordings running; alone or beside a busy loop it holds)."""
+    worker's recordings running; alone or beside a busy loop it holds). A test whose analysis need not be
+    alone takes the box only while it records (`quiet_section`)."""
     with _box_lock(item.get_closest_marker("quiet_box") is not None):
         yield
+
+
+COSTS = Path(__file__).with_name("test_costs.json")
+"""Seconds each test file took in a measured run (scripts/test_costs.py writes it from a JUnit XML), and the
+files whose tests share no expensive fixture and may be split into parts: the order in which
+`CostOrderedFiles` hands out files."""
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
+    """`--dist loadfile` (scripts/test.sh): whole files to one worker (their module fixtures are built once),
+    longest first (`CostOrderedFiles`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return _cost_ordered_files()(config, log)
+
+
+def _cost_ordered_files():  # noqa: ANN202
+    import json
+
+    from xdist.scheduler import LoadFileScheduling
+
+    costs = json.loads(COSTS.read_text()) if COSTS.is_file() else {}
+    seconds: dict[str, float] = costs.get("seconds", {})
+    split: dict[str, int] = costs.get("split", {})
+
+    class CostOrderedFiles(LoadFileScheduling):
+        """xdist's loadfile with two changes. Files go out longest first, by their measured seconds
+        (`COSTS`; a file not measured yet goes last, in collection order): xdist's own order (most tests
+        first) handed out the files of a few long tests late (of 137 files, the 8-rank advise run 88th, the
+        recorded pipelining jobs 119th, the Ray cluster 135th), so the run ended with one worker on them and
+        the other idle. And a file named in `split` (its tests each build their own run; the module fixture
+        only caches) goes out as that many parts, its tests dealt round-robin, so one long file (the GPU
+        matrix: a third of the suite's time) does not hold one worker for most of the run."""
+
+        _parts: dict[str, str] | None = None
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module not in split:
+                return module
+            if self._parts is None:
+                self._parts, seen = {}, {}
+                for nid in self.collection or []:
+                    mod = nid.split("::", 1)[0]
+                    if mod in split:
+                        i = seen[mod] = seen.get(mod, -1) + 1
+                        self._parts[nid] = f"{mod}::part{i % split[mod]}"
+            return self._parts.get(nodeid, module)
+
+        def _cost(self, scope: str) -> float:
+            module = scope.split("::", 1)[0]
+            return seconds.get(module, 0.0) / (split.get(module, 1) if module != scope else 1)
+
+        def _assign_work_unit(self, node) -> None:  # noqa: ANN001
+            if not self._ordered:  # the first call: every file is queued, none handed out
+                ordered = sorted(self.workqueue.items(), key=lambda kv: -self._cost(kv[0]))
+                self.workqueue.clear()
+                self.workqueue.update(ordered)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return CostOrderedFiles

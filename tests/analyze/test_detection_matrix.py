@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.analyze._runtime_models import NO_OVERLAP_MODEL
+from tests.conftest import quiet_section
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
@@ -77,6 +79,9 @@ RUNS: dict[str, list[str]] = {
     "1f1b_m4": PP_MODEL + PP_DEVICE + ["--microbatches", "4"],
     "1f1b_m8": PP_MODEL + PP_DEVICE + ["--microbatches", "8"],
 }
+QUIET_RUNS = {"clean"}
+"""Recorded with no other test beside it (`quiet_section`; parsed and analysed beside other tests): see
+test_clean_run_has_nothing_at_warning."""
 # second runs of the re-run pairs, taken in A, B, A, B order so a load change on the shared box hits both
 for _name in ("rerun_gpipe_m1", "rerun_gpipe_m4", "rerun_router_skew", "rerun_router_balanced"):
     RUNS[_name + "#2"] = RUNS[_name]
@@ -118,7 +123,8 @@ class Runs:
         if name not in self.cache:
             out = self.root / name.replace("#", "_")
             cmd = [sys.executable, "-m", "instrumented_runtime", "--steps", "3", *RUNS[name], "--out", str(out)]
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+            with quiet_section() if name in QUIET_RUNS else nullcontext():
+                proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
             if proc.returncode != 0:
                 raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
             store = parse_run(out, Path(f"{out}.store"), progress=False).store
@@ -202,9 +208,8 @@ def test_top_finding_names_the_injected_fault(runtime_runs, name, fault_kind, ki
         assert top["dim"] == fault["dim"]
 
 
-@pytest.mark.quiet_box
 def test_clean_run_has_nothing_at_warning(runtime_runs):
-    """Recorded with no other test beside it (`quiet_box`): DDP's bucket all-reduces overlap backward by
+    """Recorded with no other test beside it (`QUIET_RUNS`): DDP's bucket all-reduces overlap backward by
     40-41% here alone and 11-35% beside one other run, but a clean-clone CI run, the other worker's jobs beside it,
     read 2% overlapped and 14.4% of the step exposed, which is rightly a warning about that trace."""
     run = runtime_runs.get("clean")

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import quiet_section
 from tracekit.cli.main import app
 from tracekit.compare.attribution import attribute, attribute_stores, op_family, shapley
 from tracekit.compare.expect import check_expectations, load_expectations
@@ -297,20 +298,24 @@ PAIRS = {"slow_rank": (["--dp", "2"], ["--dp", "2", "--slow-rank", "1", "--slow-
 
 
 def _record_pairs(root: Path) -> dict[str, tuple[Path, Path, dict]]:
+    """Each pair's runs back to back, all six with the box alone (`quiet_section`: the other test worker's
+    jobs beside them slow the ranks unevenly); their parse and attribution after, beside other tests."""
     import os
 
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    recorded = {}
+    with quiet_section():
+        for name, (base_args, new_args) in PAIRS.items():
+            for side, args in (("base", base_args), ("new", new_args)):  # back to back
+                d = root / f"{name}_{side}"
+                res = subprocess.run([sys.executable, "-m", "instrumented_runtime", *RUNTIME, *args, "--out", str(d)],
+                                     cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                assert res.returncode == 0, res.stderr[-2000:]
+                recorded.setdefault(name, []).append(d)
     out = {}
-    for name, (base_args, new_args) in PAIRS.items():
-        dirs = []
-        for side, args in (("base", base_args), ("new", new_args)):  # back to back
-            d = root / f"{name}_{side}"
-            res = subprocess.run([sys.executable, "-m", "instrumented_runtime", *RUNTIME, *args, "--out", str(d)],
-                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-            assert res.returncode == 0, res.stderr[-2000:]
-            dirs.append(d)
-        a = attribute_stores(_parse(dirs[0], root / f"{name}_sb"), _parse(dirs[1], root / f"{name}_sn"))
-        out[name] = (dirs[0], dirs[1], a)
+    for name, (base, new) in recorded.items():
+        a = attribute_stores(_parse(base, root / f"{name}_sb"), _parse(new, root / f"{name}_sn"))
+        out[name] = (base, new, a)
     return out
 
 
@@ -336,7 +341,6 @@ def _check_pair(name: str, pair: tuple[Path, Path, dict], cause: str, cause_ns) 
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_runtime_pairs_are_explained(tmp_path: Path) -> None:
     """One test (so xdist records the pairs once): 6 runs back to back, ~2 min on the loaded 2-core box."""
     pairs = _record_pairs(tmp_path)

@@ -28,14 +28,27 @@ def _ns(v) -> int:
 
 
 @pytest.fixture(scope="module")
-def raw(shared_traces):
+def raw_scan(shared_traces):
+    """Per rank: RCCL kernels (start, collective name) in start order; complete events (count, summed
+    non-negative duration in ns); the rank of an event is its `args.rank`."""
     doc = json.loads(gzip.decompress((shared_traces / FOLDER / "merged_all_events.json.gz").read_bytes()),
                      parse_float=Decimal)
     by_rank: dict[int, list[tuple[int, str]]] = {}
+    count, dur = Counter(), Counter()
     for e in doc["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") == "kernel" and str(e["name"]).startswith("ncclDevKernel"):
-            by_rank.setdefault(e["args"]["rank"], []).append((_ns(e["ts"]), e["args"].get("Collective name")))
-    return {r: sorted(v) for r, v in by_rank.items()}
+        if e.get("ph") != "X":
+            continue
+        r = e["args"]["rank"]
+        count[r] += 1
+        dur[r] += _ns(e["dur"]) if "dur" in e and e["dur"] >= 0 else 0
+        if e.get("cat") == "kernel" and str(e["name"]).startswith("ncclDevKernel"):
+            by_rank.setdefault(r, []).append((_ns(e["ts"]), e["args"].get("Collective name")))
+    return {r: sorted(v) for r, v in by_rank.items()}, count, dur
+
+
+@pytest.fixture(scope="module")
+def raw(raw_scan):
+    return raw_scan[0]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +117,19 @@ def test_a_duplicate_rank_with_events_of_its_own_stays_a_warning(tmp_path):
     skips = sorted((f["severity"], f["evidence"]["num_skipped"]) for f in a["findings"]
                    if f["kind"] == "input_skipped")
     assert skips == [("info", 1), ("warning", 1)]
+
+
+def test_each_rank_holds_its_own_complete_events(raw_scan, analysis):
+    """The file is decoded once and its columns cut per rank (parse/merged_ranks.py): each rank's events
+    table holds exactly that rank's complete events, durations exact to the ns."""
+    _, count, dur = raw_scan
+    res, _ = analysis
+    events = res.store.table("events", ["rank", "dur"]).to_pylist()
+    assert Counter(e["rank"] for e in events) == count
+    got = Counter()
+    for e in events:
+        got[e["rank"]] += e["dur"] or 0
+    assert got == dur
 
 
 def test_21_rccl_collectives_matched_and_the_last_arrival_named(raw, analysis):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import quiet_section
 from tests.record.conftest import assert_job_ok, box_made, run_record, torchrun
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
@@ -40,13 +41,15 @@ NOT_A_FAULT = {"unstable_verdict"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """name -> (traces dir, analysis), recorded back to back."""
+    """name -> (traces dir, analysis), recorded back to back with the box alone (`quiet_section`: the
+    other test worker's jobs beside them would make their ranks stragglers; the analysis runs beside them)."""
     out = {}
-    for name, extra in RUNS.items():
-        tmp = tmp_path_factory.mktemp(f"moe_{name}")
-        res = run_record(tmp / "traces", torchrun(SCRIPT, RANKS, *WORK, *extra), *RECORD_OPTS, timeout=300)
-        assert_job_ok(res, tmp / "traces")
-        out[name] = tmp / "traces"
+    with quiet_section():
+        for name, extra in RUNS.items():
+            tmp = tmp_path_factory.mktemp(f"moe_{name}")
+            res = run_record(tmp / "traces", torchrun(SCRIPT, RANKS, *WORK, *extra), *RECORD_OPTS, timeout=300)
+            assert_job_ok(res, tmp / "traces")
+            out[name] = tmp / "traces"
     analyses = {}
     for name, traces in out.items():
         store = parse_run(traces, traces.parent / "store", progress=False).store
@@ -80,7 +83,6 @@ def layer_skews(traces: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_hot_experts_are_the_top_finding(runs):
     traces, analysis = runs["hot"]
     top = analysis["findings"][0]
@@ -101,7 +103,6 @@ def test_hot_experts_are_the_top_finding(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_clean_runs_name_no_fault(runs):
     for name in ("clean", "clean2"):
         analysis = runs[name][1]

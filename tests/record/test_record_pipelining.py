@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import quiet_section
 from tests.record.conftest import assert_job_ok, load_trace, run_record, torchrun
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
@@ -34,13 +35,16 @@ NOT_A_FAULT = {"unstable_verdict"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """name -> (traces dir, analysis), recorded back to back."""
+    """name -> (traces dir, analysis), recorded back to back with the box alone (`quiet_section`: the steps
+    are compared with the replayed saving), analysed after, beside other tests."""
     out = {}
-    for name, split in SPLITS.items():
-        tmp = tmp_path_factory.mktemp(f"pipelining_{name}")
-        res = run_record(tmp / "traces", torchrun(SCRIPT, STAGES, *WORK, "--split", split), *RECORD_OPTS, timeout=300)
-        assert_job_ok(res, tmp / "traces")
-        out[name] = tmp / "traces"
+    with quiet_section():
+        for name, split in SPLITS.items():
+            tmp = tmp_path_factory.mktemp(f"pipelining_{name}")
+            res = run_record(tmp / "traces", torchrun(SCRIPT, STAGES, *WORK, "--split", split), *RECORD_OPTS,
+                             timeout=300)
+            assert_job_ok(res, tmp / "traces")
+            out[name] = tmp / "traces"
     analyses = {}
     for name, traces in out.items():
         store = parse_run(traces, traces.parent / "store", progress=False).store
@@ -61,7 +65,6 @@ def step_ns(traces: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_stage_imbalance_is_top_with_the_measured_saving(runs):
     traces, analysis = runs["faulty"]
     sec = analysis["sections"]["pipeline"]
@@ -82,7 +85,6 @@ def test_stage_imbalance_is_top_with_the_measured_saving(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_clean_runs_name_no_fault(runs):
     for name in ("clean", "clean2"):
         analysis = runs[name][1]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import quiet_section
 from tests.record.conftest import assert_job_ok, box_made, load_trace, run_record, torchrun
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
@@ -40,11 +41,14 @@ HOST_STALL_KINDS = {"idle_host_bound", "host_bound", "host_stall"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """name -> (traces dir, analysis): clean, then faulty, recorded back to back."""
+    """name -> (traces dir, analysis): clean, then faulty, recorded back to back with the box alone
+    (`quiet_section`: the test compares a replayed saving with a step difference measured on the box; the
+    parse and analysis run beside other tests)."""
     out = {}
     for name, extra in (("clean", ()), ("faulty", FAULT)):
         tmp = tmp_path_factory.mktemp(f"dataloader_{name}")
-        res = run_record(tmp / "traces", torchrun(SCRIPT, 2, *WORK, *extra), *RECORD_OPTS, timeout=240)
+        with quiet_section():
+            res = run_record(tmp / "traces", torchrun(SCRIPT, 2, *WORK, *extra), *RECORD_OPTS, timeout=240)
         assert_job_ok(res, tmp / "traces")
         store = parse_run(tmp / "traces", tmp / "store", progress=False).store
         out[name] = (tmp / "traces", analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False)))
@@ -84,7 +88,6 @@ def loader_ns_per_step(traces: Path, rank: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box  # compares a replayed saving with a step difference measured on the box
 def test_data_loader_stall_is_top_with_the_measured_saving(runs):
     traces, analysis = runs["faulty"]
     stall = loader_ns_per_step(traces, 1) - loader_ns_per_step(traces, 0)
@@ -114,7 +117,6 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_box
 def test_clean_run_names_no_fault(runs):
     analysis = runs["clean"][1]
     warn = [(f["kind"], f["ranks"], f["summary"]) for f in analysis["findings"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import quiet_section
 from tests.scale.conftest import REPO, assert_stores_equal
 from tracekit.tables.store import RunStore
 
@@ -29,7 +30,8 @@ def cluster():
 
     c = RayCluster(nodes=3, cpus_per_node=1)
     try:
-        c.start()  # stops what it started itself if a node fails
+        with quiet_section():  # `ray start` waits a fixed time for its raylet: not beside the other worker's jobs
+            c.start()  # stops what it started itself if a node fails
         yield c
     finally:
         c.stop()

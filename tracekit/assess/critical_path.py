@@ -273,8 +273,23 @@ def _absorbed(findings: list[Finding], rows: list[dict[str, Any]], fixes: list[l
                 ev = dataclasses.replace(out[i].evidence, absorbed_by={"kind": findings[j].kind.value,
                                                                         "ranks": list(findings[j].ranks or [])})
                 out[i] = dataclasses.replace(out[i], evidence=ev, est_saving_ns=0)
+                out[j] = _at_least_as_severe(out[j], out[i])
                 break
     return out
+
+
+def _at_least_as_severe(root: Finding, symptom: Finding) -> Finding:
+    """The root of an absorbed symptom at warning or above is at least a warning: its fix holds the
+    symptom's and saves no less, so it is as actionable. (A 40 ms sleep on a rank sharing the box's cores:
+    its idle_host_bound, measured on the rank itself, warned at 12% of the step in host gaps, and the
+    straggler that absorbed it stayed info — the timing-noise guard of a late arrival, 25% for a host-side
+    cause — on top of the list.) Only info is raised: warning and critical are judged on each kind's own
+    scale (a stall's share of the step, a late arrival's), which one kind's finding does not set for another."""
+    if root.severity is not Severity.INFO or symptom.severity is Severity.INFO:
+        return root
+    ev = dataclasses.replace(root.evidence, details={**root.evidence.details, "severity_from_absorbed": {
+        "from": root.severity.value, "to": Severity.WARNING.value, "symptom": symptom.kind.value}})
+    return dataclasses.replace(root, severity=Severity.WARNING, evidence=ev)
 
 
 def _credit_order(f: Finding, i: int) -> tuple[int, int, int]:

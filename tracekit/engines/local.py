@@ -25,6 +25,8 @@ class LocalEngine:
     budget: MemoryBudget | None = None
     """--max-memory for this process and its workers: fewer workers, each parse within its share."""
     _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
+    parses_locally = True
+    """Its processes run on this machine (parse_run may decode a merged file here with as many)."""
 
     def warm_up(self) -> None:
         """Start the worker pool's fork server early (nothing to do with one worker)."""

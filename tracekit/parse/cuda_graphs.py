@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from tracekit.errors import TracekitError
 from tracekit.parse.classify import BEGIN_CAPTURE_RE, END_CAPTURE_RE
+from tracekit.parse.dict_columns import text_test
 from tracekit.parse.kineto import is_kineto_trace, parse_kineto
 
 BEGIN_CAPTURE, END_CAPTURE = BEGIN_CAPTURE_RE, END_CAPTURE_RE  # one spelling, classify's (trace kinds use it too)
@@ -99,10 +100,8 @@ def captured_graphs(events: pa.Table) -> list[list[CapturedNode]]:
 
 def graph_launches(events: pa.Table) -> dict[int, str]:
     """Correlation id → name of each graph launch call in a (replay) trace's events."""
-    cat = events.column("cat").cast(pa.string())
-    names = events.column("name").cast(pa.string())
-    hit = pc.and_(pc.equal(cat, "cuda_runtime"), pc.fill_null(pc.match_substring_regex(names, GRAPH_LAUNCH.pattern),
-                                                              False))
+    hit = pc.and_(text_test(events.column("cat"), pc.equal, "cuda_runtime"),
+                  pc.fill_null(text_test(events.column("name"), pc.match_substring_regex, GRAPH_LAUNCH.pattern), False))
     rows = events.filter(hit).select(["name", "correlation"]).to_pylist()
     return {r["correlation"]: r["name"] for r in rows if r["correlation"] is not None}
 

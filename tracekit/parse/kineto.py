@@ -41,6 +41,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, norm
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.parse.memory import is_memory_event, memory_table
+from tracekit.parse.merged import event_rank
 from tracekit.tables.schema import conform
 
 RANK_UNKNOWN = -1
@@ -166,11 +167,14 @@ def parse_kineto(
             raise TraceFormatError(path, f"malformed Kineto content: {type(exc).__name__}: {exc}") from exc
 
 
-def decode_columns(blocks, exact_close: bool = False) -> "EventColumns | None":
+def decode_columns(blocks, exact_close: bool = False, event_ranks: bool = False) -> "EventColumns | None":
     """Columns of a well-formed, typed trace given as byte blocks, decoded chunk by chunk; None means:
     use the whole-document path (it reports errors precisely and handles lenient typing and invalid
-    UTF-8). `exact_close`: see `decode.decode_event_chunks`."""
+    UTF-8). `exact_close`: see `decode.decode_event_chunks`. `event_ranks`: also keep each complete
+    event's rank in a merged multi-rank file (`EventColumns.event_ranks`, parse/merged_ranks.py)."""
     cols = EventColumns(None)
+    if event_ranks:
+        cols.event_ranks = []
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
 
@@ -279,7 +283,7 @@ def _stable_id(text: str) -> int:
     return -(zlib.crc32(text.encode("utf-8", "replace")) + 1)
 
 
-class _Ids:
+class IdCodes:
     """Normalise pid/tid values that may be ints, numeric strings, "stream N" or free text."""
 
     def __init__(self) -> None:
@@ -390,8 +394,8 @@ class EventColumns:
         self.top = top
         self.lenient = lenient
         self.n = 0
-        self.names = _CodeBook()  # name → code, in first-occurrence order
-        self.cats = _CodeBook()  # raw category (None included) → code
+        self.names = CodeBook()  # name → code, in first-occurrence order
+        self.cats = CodeBook()  # raw category (None included) → code
         self.keep_name: list[bool] = []  # per name code: rows whose full args collectives may read
         self.name_codes: list[np.ndarray] = []
         self.cat_codes: list[np.ndarray] = []
@@ -401,8 +405,8 @@ class EventColumns:
         self.dur_ok: list[np.ndarray] = []
         self.pid: list[np.ndarray] = []
         self.tid: list[np.ndarray] = []
-        self.pid_ids = _Ids()
-        self.tid_ids = _Ids()
+        self.pid_ids = IdCodes()
+        self.tid_ids = IdCodes()
         self.ext: list[pa.Array] = []
         self.corr: list[pa.Array] = []
         self.stream: list[pa.Array] = []
@@ -410,16 +414,18 @@ class EventColumns:
         self.flops: list[pa.Array] = []
         self.coll_name: dict[int, Any] = {}  # row → args["Collective name"] where present
         self.launch_kernel: dict[int, Any] = {}  # row → args["kernel"] (a runtime launch's kernel) where present
-        self.shape_books = tuple(_CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
+        self.shape_books = tuple(CodeBook({b"": 0}) for _ in D.SHAPE_FIELDS)  # JSON text → code (0: absent)
         self.shape_codes: tuple[list[np.ndarray], ...] = tuple([] for _ in D.SHAPE_FIELDS)
         self.args_keep: dict[int, Any] = {}  # row → full args, for collective candidates only
         self.ms: list = []
         self.memory: list = []  # the profiler's `[memory]` instant events (parse/memory.py)
         self.phase_counts: dict[str, int] = {"X": 0, "M": 0}
         self.warnings: list[str] = []
+        self.event_ranks: list[np.ndarray] | None = None
+        """Only when asked (merged multi-rank files): each complete event's rank, merged.event_rank."""
 
 
-class _CodeBook(dict):
+class CodeBook(dict):
     """value → code; an unseen value gets the next code (so codes follow first occurrence)."""
 
     def __missing__(self, value: Any) -> int:
@@ -427,7 +433,7 @@ class _CodeBook(dict):
         return code
 
 
-def _intern(index: _CodeBook, values: list) -> np.ndarray:
+def _intern(index: CodeBook, values: list) -> np.ndarray:
     """Codes of `values`, adding new values to `index` (one C-level pass; Python only for new values)."""
     return np.fromiter(map(index.__getitem__, values), np.int32, len(values))
 
@@ -509,6 +515,8 @@ def merge_columns(parts: list[EventColumns], top: Any) -> EventColumns:
             ids.stream_ids |= more.stream_ids
         for tag, k in p.phase_counts.items():
             out.phase_counts[tag] = out.phase_counts.get(tag, 0) + k
+        if out.event_ranks is not None:
+            out.event_ranks.extend(p.event_ranks)
         out.warnings.extend(p.warnings)
         out.n += p.n
     return out
@@ -560,7 +568,19 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
     keep[has_coll] = True
     cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
+    if cols.event_ranks is not None:
+        cols.event_ranks.append(_event_ranks(list(map(attrgetter("rank"), args)), pids, n))
     cols.n += n
+
+
+def _event_ranks(given: list, pids: list, n: int) -> np.ndarray:
+    """merged.event_rank of each event from its args.rank and pid (one conversion when every event
+    states a non-negative integer rank, as TraceFusion writes them)."""
+    if set(map(type, given)) == {int}:
+        ranks = np.fromiter(given, np.int64, n)
+        if (ranks >= 0).all():
+            return ranks
+    return np.fromiter(map(event_rank, given, pids), np.int64, n)
 
 
 def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
@@ -571,9 +591,21 @@ def _add_shapes(cols: EventColumns, shapes: tuple, n: int) -> None:
     for book, shape_codes, texts in zip(cols.shape_books, cols.shape_codes, shapes):
         codes = np.zeros(n, np.int32)
         if pick:
-            codes[with_dims] = np.fromiter(map(book.__getitem__, map(bytes, map(texts.__getitem__, pick))),
-                                           np.int32, len(pick))
+            codes[with_dims] = _text_codes(book, list(map(texts.__getitem__, pick)))
         shape_codes.append(codes)
+
+
+def _text_codes(book: CodeBook, raws: list) -> np.ndarray:
+    """Codes of JSON texts (msgspec.Raw) in `book`, new texts getting the next codes in order of first
+    occurrence: the texts are hashed in Arrow (one dictionary encode), only the distinct ones in Python."""
+    lens = np.fromiter(map(len, raws), np.int64, len(raws))
+    offsets = np.zeros(len(raws) + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    texts = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(raws), [None, pa.py_buffer(offsets),
+                                                                           pa.py_buffer(b"".join(raws))])
+    enc = texts.dictionary_encode()
+    distinct = enc.dictionary.to_pylist()
+    return np.fromiter(map(book.__getitem__, distinct), np.int32, len(distinct))[enc.indices.to_numpy()]
 
 
 def tables_from_document(path: str, trace: Any, lenient: bool, rank_arg: int | None,
@@ -758,7 +790,7 @@ def _metadata_names(ms: list) -> tuple[dict[tuple[int, int], str], dict[int, str
     """Thread names by (pid, tid) and process labels by pid, from the metadata (`M`) events."""
     thread_names: dict[tuple[int, int], str] = {}
     process_labels: dict[int, str] = {}
-    m_pid, m_tid = _Ids(), _Ids()
+    m_pid, m_tid = IdCodes(), IdCodes()
     for m in ms:
         a = m.args
         if a is None:

@@ -51,28 +51,42 @@ def memory_table(events: list, rank: int, step_at: Callable[[np.ndarray], np.nda
     if not events:
         return empty("memory")
     ts, ts_ok = D.raws_to_ns([e.ts for e in events])
-    values = {f: [_int_or_none(getattr(e.args, f, None)) for e in events] for f in _INT_FIELDS}
-    ok = ts_ok & np.array([b is not None and t is not None
-                           for b, t in zip(values["bytes"], values["total_allocated"])], bool)
+    args = [e.args for e in events]
+    values = {f: _int_column(args, f) for f in _INT_FIELDS}
+    ok = ts_ok & values["bytes"].is_valid().to_numpy(zero_copy_only=False) \
+        & values["total_allocated"].is_valid().to_numpy(zero_copy_only=False)
     bad = int(len(events) - ok.sum())
     if bad:
         warnings.append(f"{bad} [memory] events without an integer time, Bytes or Total Allocated were dropped")
     keep = np.flatnonzero(ok)
     order = keep[np.argsort(ts[keep], kind="stable")]
-    pick = lambda f: [values[f][i] for i in order]  # noqa: E731
+    take = pa.array(order, pa.int64())
+    pick = lambda f, t: values[f].take(take).cast(t)  # noqa: E731
     step = step_at(ts[order])
     table = pa.table({
         "rank": np.full(len(order), rank, np.int32),
         "ts": ts[order],
-        "device_type": pa.array(pick("device_type"), pa.int32()),
-        "device": pa.array(pick("device_id"), pa.int32()),
-        "bytes": pa.array(pick("bytes"), pa.int64()),
-        "total_allocated": pa.array(pick("total_allocated"), pa.int64()),
-        "total_reserved": pa.array(pick("total_reserved"), pa.int64()),
-        "addr": pa.array(pick("addr"), pa.int64()),
+        "device_type": pick("device_type", pa.int32()),
+        "device": pick("device_id", pa.int32()),
+        "bytes": pick("bytes", pa.int64()),
+        "total_allocated": pick("total_allocated", pa.int64()),
+        "total_reserved": pick("total_reserved", pa.int64()),
+        "addr": pick("addr", pa.int64()),
         "step": pa.array(np.where(step >= 0, step, 0), pa.int32(), mask=step < 0),
     })
     return conform("memory", table)
+
+
+def _int_column(args: list, field: str) -> pa.Array:
+    """The events' `field` as int64, null where it is not an integer (`_int_or_none`): one Arrow conversion
+    when every value is an int or missing, else value by value."""
+    vals = [getattr(a, field, None) for a in args]
+    if set(map(type, vals)) <= {int, type(None)}:
+        try:
+            return pa.array(vals, pa.int64())
+        except (pa.ArrowInvalid, OverflowError):
+            pass  # beyond int64: value by value below (pyarrow refuses it there too)
+    return pa.array([_int_or_none(v) for v in vals], pa.int64())
 
 
 # ----------------------------------------------------------------------------------------------

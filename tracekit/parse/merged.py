@@ -48,12 +48,18 @@ def _rank_of(raw: msgspec.Raw) -> int | None:
         e = _EVENT.decode(raw)
     except msgspec.DecodeError:
         return None
-    r = e.args.get("rank") if isinstance(e.args, dict) else None
-    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
-        return r
-    if isinstance(e.pid, int) and not isinstance(e.pid, bool) and e.pid >= 0:
-        return e.pid // PID_STRIDE
-    return None
+    r = event_rank(e.args.get("rank") if isinstance(e.args, dict) else None, e.pid)
+    return None if r < 0 else r
+
+
+def event_rank(rank_arg: Any, pid: Any) -> int:
+    """An event's rank in a merged file: its `args.rank`, else its pid // 1e8; -1 when neither is a
+    non-negative integer (such an event belongs to every rank)."""
+    if rank_arg.__class__ is int and rank_arg >= 0:
+        return rank_arg
+    if pid.__class__ is int and pid >= 0:
+        return pid // PID_STRIDE
+    return -1
 
 
 def split_merged(path: str | Path, out_dir: Path, max_decompressed_bytes: int | None = None) -> dict[int, Path]:

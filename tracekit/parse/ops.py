@@ -12,7 +12,7 @@ the kernel's name's.
 
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.parse.cuda_graphs import CapturedNode, graph_launches, match_replay
+from tracekit.parse.dict_columns import codes, text_test
 from tracekit.parse.op_shapes import OpCost, kernel_category, load_json, op_cost
 from tracekit.tables.schema import conform
 from tracekit.tables.schema import OPS
@@ -52,17 +53,18 @@ class OpCollector:
             return
         self.graph_calls.update(graph_launches(events))
         cols = [c for c in _OP_COLUMNS if c in events.column_names]
-        cat = events.column("cat").cast(pa.string())
-        ops = events.filter(pc.and_(pc.equal(cat, "cpu_op"), pc.is_in(events.column("external_id"),
-                                                                       value_set=self.wanted)))
+        cat = events.column("cat")
+        ops = events.select(cols).filter(pc.and_(text_test(cat, pc.equal, "cpu_op"),
+                                                 pc.is_in(events.column("external_id"), value_set=self.wanted)))
         if ops.num_rows:
-            self.op_parts.append(ops.select(cols))
+            self.op_parts.append(ops)
         if self.corr_wanted is not None and len(self.corr_wanted):
             runtime = pc.and_(pc.is_in(events.column("correlation"), value_set=self.corr_wanted),
                               pc.is_valid(events.column("external_id")))
-            launch = events.filter(pc.and_(runtime, pc.not_equal(cat, "kernel")))
+            launch = events.select(["correlation", "external_id"]).filter(
+                pc.and_(runtime, text_test(cat, pc.not_equal, "kernel")))
             if launch.num_rows:
-                self.launch_parts.append(launch.select(["correlation", "external_id"]))
+                self.launch_parts.append(launch)
 
     def tables(self, rank: int) -> dict[str, pa.Table]:
         kernels = self.kernels
@@ -74,15 +76,16 @@ class OpCollector:
             kernels = kernels.set_column(kernels.column_names.index("external_id"), "external_id", ext)
         kernels = self._kernels_with_launch_ext(kernels, graph)
         ops = pa.concat_tables(self.op_parts) if self.op_parts else None
-        op_rows = _op_rows(ops, kernels) if ops is not None else []
-        by_ext = {r["external_id"]: r["category"] for r in op_rows}
+        direct = _direct_ops(ops, kernels, rank) if ops is not None else _ops_table([], rank)
+        by_ext = dict(zip(direct.column("external_id").to_pylist(), direct.column("category").to_pylist()))
         cats = [by_ext.get(e) for e in kernels.column("external_id").to_pylist()] if kernels.num_rows else []
+        parts = [direct]
         if graph is not None:
             graph_rows, graph_cats = _graph_op_rows(kernels, graph, self.graph_calls, self.captured)
-            op_rows += graph_rows
+            parts.append(_ops_table(graph_rows, rank))
             for i, c in graph_cats.items():
                 cats[i] = c
-        return {"ops": conform("ops", _ops_table(op_rows, rank)),
+        return {"ops": conform("ops", pa.concat_tables(parts)),
                 "kernel_summary": conform("kernel_summary", kernel_summary(kernels, cats, rank))}
 
     def _kernels_with_launch_ext(self, k: pa.Table, graph: Any) -> pa.Table:
@@ -96,60 +99,156 @@ class OpCollector:
         return k.set_column(k.column_names.index("external_id"), "external_id", pa.array(filled, pa.int64()))
 
 
-def _kernel_groups(kernels: pa.Table) -> dict[int, dict[str, Any]]:
-    """External id → its kernels' count, summed duration, first start, last end, step, kinds, names."""
+class _Distinct:
+    """The distinct non-null values of a text column in each group of rows: in sorted order (`of(j)`), the
+    first four as value ranks (`first4`, -1 padded), and a code per group equal for equal sets (`sig()`)."""
+
+    def __init__(self, group: np.ndarray, col: Any, num: int) -> None:
+        row_codes, values = codes(col)
+        known = [c for c, v in enumerate(values) if v is not None]
+        ordered = sorted(known, key=values.__getitem__)
+        lex = np.full(len(values), -1, np.int64)
+        lex[ordered] = np.arange(len(ordered))
+        self.sorted_values = [values[c] for c in ordered]
+        row_lex = lex[row_codes]
+        ok = row_lex >= 0
+        width = len(ordered) + 1
+        pairs = np.unique(group[ok] * width + row_lex[ok])  # by group, then value order
+        self.pair_group, self.pair_lex = pairs // width, pairs % width
+        self.bounds = np.searchsorted(self.pair_group, np.arange(num + 1))
+        rank_in_group = np.arange(len(pairs)) - self.bounds[self.pair_group]
+        first4 = np.full((num, 4), -1, np.int64)
+        keep = rank_in_group < 4
+        first4[self.pair_group[keep], rank_in_group[keep]] = self.pair_lex[keep]
+        self.first4 = first4
+        self.num = num
+
+    def sig(self) -> np.ndarray:
+        """Per group, a code equal for groups with the same set of values (a bit per value when they fit)."""
+        if len(self.sorted_values) <= 62:
+            mask = np.zeros(self.num, np.int64)
+            np.bitwise_or.at(mask, self.pair_group, np.left_shift(1, self.pair_lex))
+            return mask
+        runs = [self.pair_lex[lo:hi].tobytes() for lo, hi in zip(self.bounds[:-1].tolist(), self.bounds[1:].tolist())]
+        seen: dict[bytes, int] = {}
+        return np.fromiter((seen.setdefault(r, len(seen)) for r in runs), np.int64, self.num)
+
+    def of(self, j: int) -> list:
+        return [self.sorted_values[v] for v in self.pair_lex[self.bounds[j]:self.bounds[j + 1]].tolist()]
+
+
+@dataclass
+class _KernelGroups:
+    """The kernels of each External id (`ext`, sorted): count, summed duration, first start, last end,
+    smallest step (None where all are null), distinct kinds and names (nulls not counted)."""
+
+    ext: np.ndarray
+    count: np.ndarray
+    total: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+    step: list
+    kinds: _Distinct
+    names: _Distinct
+
+
+def _kernel_groups(kernels: pa.Table) -> _KernelGroups | None:
+    """The kernels grouped by External id (a null duration counts 0); None when none has one."""
     k = kernels.filter(pc.is_valid(kernels.column("external_id")))
     if not k.num_rows:
-        return {}
-    dur = pc.fill_null(k.column("dur"), 0)
-    t = pa.table({"external_id": k.column("external_id"), "dur": dur, "ts": k.column("ts"),
-                  "end": pc.add(k.column("ts"), dur), "step": k.column("step"),
-                  "kind": k.column("kind").cast(pa.string()), "name": k.column("name").cast(pa.string())})
-    g = t.group_by("external_id").aggregate([("dur", "sum"), ("dur", "count"), ("ts", "min"), ("end", "max"),
-                                             ("step", "min"), ("kind", "distinct"), ("name", "distinct")])
-    cols = {c: g.column(c).to_pylist() for c in g.column_names}
-    return {e: {"kernel_ns": cols["dur_sum"][i], "kernel_count": cols["dur_count"][i], "kernel_ts": cols["ts_min"][i],
-                "kernel_end": cols["end_max"][i], "step": cols["step_min"][i], "kinds": cols["kind_distinct"][i],
-                "names": cols["name_distinct"][i]} for i, e in enumerate(cols["external_id"])}
+        return None
+    ext = k.column("external_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    exts, group = np.unique(ext, return_inverse=True)
+    group = group.reshape(-1)
+    num = len(exts)
+    dur = pc.fill_null(k.column("dur"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = k.column("ts").to_numpy(zero_copy_only=False).astype(np.int64)
+    total = np.zeros(num, np.int64)
+    np.add.at(total, group, dur)
+    first = np.full(num, np.iinfo(np.int64).max)
+    np.minimum.at(first, group, ts)
+    last = np.full(num, np.iinfo(np.int64).min)
+    np.maximum.at(last, group, ts + dur)
+    no_step = np.iinfo(np.int64).max
+    steps = pc.fill_null(k.column("step").cast(pa.int64()), no_step).to_numpy(zero_copy_only=False)
+    step = np.full(num, no_step)
+    np.minimum.at(step, group, steps)
+    return _KernelGroups(exts, np.bincount(group, minlength=num), total, first, last,
+                         [None if s == no_step else s for s in step.tolist()],
+                         _Distinct(group, k.column("kind"), num), _Distinct(group, k.column("name"), num))
 
 
-def _innermost(ops: pa.Table) -> dict[int, int]:
-    """External id → row of the CPU op it names (the latest-starting one if several share it)."""
-    best: dict[int, tuple[int, int]] = {}
-    for i, (e, ts) in enumerate(zip(ops.column("external_id").to_pylist(), ops.column("ts").to_pylist())):
-        if e not in best or ts >= best[e][0]:
-            best[e] = (ts, i)
-    return {e: i for e, (_, i) in best.items()}
+def _innermost(ext: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Per External id, the row of the CPU op it names (the latest-starting one if several share it, the
+    last of those if they start together), in order of the id's first row."""
+    n = len(ext)
+    order = np.lexsort((np.arange(n), ts, ext))
+    last = order[np.r_[ext[order][1:] != ext[order][:-1], True]] if n else order
+    _, first = np.unique(ext, return_index=True)  # both sorted by External id
+    return last[np.argsort(first, kind="stable")]
 
 
-def _op_rows(ops: pa.Table, kernels: pa.Table) -> list[dict[str, Any]]:
+_COST_FIELDS = ("category", "dtype", "flops", "bytes", "formula", "gemm_batch", "gemm_m", "gemm_n", "gemm_k")
+
+
+def _direct_ops(ops: pa.Table, kernels: pa.Table, rank: int) -> pa.Table:
+    """The ops table's rows of the CPU ops that launched kernels (launch `direct`), ordered by their first
+    kernel's start: one per External id that names kernels (its innermost op), with the kernels' totals
+    and what its shapes say (`op_cost`, once per distinct name, shapes, kinds and first four kernel
+    names: the op whose id comes first in the events gives it)."""
     groups = _kernel_groups(kernels)
-    rows_of = _innermost(ops)
-    cols = {c: _strings(ops.column(c)) for c in ops.column_names}
-    costs: dict[tuple, OpCost] = {}
-    out = []
-    for ext, i in rows_of.items():
-        g = groups.get(ext)
-        if g is None:
-            continue
-        name = cols["name"][i] or ""
-        key = (name, cols["input_dims"][i], cols["input_types"][i], cols["concrete_inputs"][i],
-               tuple(sorted(g["kinds"])), tuple(sorted(g["names"])[:4]))
-        cost = costs.get(key)
-        if cost is None:
-            cost = costs[key] = op_cost(name, load_json(key[1]), load_json(key[2]), load_json(key[3]),
-                                        set(g["kinds"]), sorted(g["names"]))
-        step = cols["step"][i] if cols["step"][i] is not None else g["step"]
-        out.append({"step": step, "name": name, "category": cost.category, "ts": cols["ts"][i],
-                    "dur": cols["dur"][i], "external_id": ext, "dtype": cost.dtype, "input_dims": key[1],
-                    "input_types": key[2], "concrete_inputs": key[3], "kernel_count": g["kernel_count"],
-                    "kernel_ns": g["kernel_ns"], "kernel_ts": g["kernel_ts"], "kernel_end": g["kernel_end"],
-                    "flops": cost.flops, "bytes": cost.bytes, "formula": cost.formula,
-                    **dict(zip(("gemm_batch", "gemm_m", "gemm_n", "gemm_k"), cost.gemm or (None,) * 4))})
-    for r in out:
-        r["launch"] = "direct"
-    out.sort(key=lambda r: (r["kernel_ts"], r["external_id"]))
-    return out
+    if groups is None or not ops.num_rows:
+        return _ops_table([], rank)
+    ext = ops.column("external_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = _innermost(ext, ops.column("ts").to_numpy(zero_copy_only=False).astype(np.int64))
+    at = np.searchsorted(groups.ext, ext[rows])
+    found = (at < len(groups.ext)) & (groups.ext[np.minimum(at, len(groups.ext) - 1)] == ext[rows])
+    rows, g = rows[found], at[found]
+    if not len(rows):
+        return _ops_table([], rank)
+    op = ops.take(pa.array(rows))
+    texts = [codes(op.column(c)) for c in ("name", "input_dims", "input_types", "concrete_inputs")]
+    texts[0] = (texts[0][0], [v or "" for v in texts[0][1]])
+    names4 = groups.names.first4[g]
+    key, key_first = _first_seen_groups(*(c for c, _ in texts), groups.kinds.sig()[g], *(names4[:, i] + 1 for i in range(4)))
+    costs = []
+    for r in key_first.tolist():
+        j = int(g[r])
+        name, dims, types, concrete = (values[row_codes[r]] for row_codes, values in texts)
+        cost = op_cost(name, load_json(dims), load_json(types), load_json(concrete), set(groups.kinds.of(j)),
+                       groups.names.of(j))
+        costs.append((cost.category, cost.dtype, cost.flops, cost.bytes, cost.formula, *(cost.gemm or (None,) * 4)))
+    order = np.lexsort((ext[rows], groups.first[g]))
+    key, g = pa.array(key[order]), g[order]
+    op = op.take(pa.array(order))
+    op_step = op.column("step").to_pylist()
+    step = [s if s is not None else groups.step[j] for s, j in zip(op_step, g.tolist())]
+    cols: dict[str, Any] = {
+        "step": step, "name": pa.array([texts[0][1][c] for c in texts[0][0][order].tolist()], pa.string()),
+        "ts": op.column("ts"), "dur": op.column("dur"), "external_id": op.column("external_id"),
+        "input_dims": op.column("input_dims"), "input_types": op.column("input_types"),
+        "concrete_inputs": op.column("concrete_inputs"), "kernel_count": groups.count[g], "kernel_ns": groups.total[g],
+        "kernel_ts": groups.first[g], "kernel_end": groups.last[g], "launch": ["direct"] * len(g),
+        "graph_correlation": pa.nulls(len(g), pa.int64())}
+    for i, f in enumerate(_COST_FIELDS):
+        cols[f] = pa.array([c[i] for c in costs], _value_type(f)).take(key)
+    return pa.table({"rank": pa.array(np.full(len(g), rank, np.int32)),
+                     **{f.name: _as(cols[f.name], f.name) for f in OPS if f.name != "rank"}})
+
+
+def _value_type(name: str) -> pa.DataType:
+    t = OPS.field(name).type
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _as(values: Any, name: str) -> pa.Array:
+    """A column of the ops table in the type _ops_table gives it (dictionaries as their plain values)."""
+    t = _value_type(name)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if isinstance(values, pa.Array):
+        return values.cast(t) if values.type != t else values
+    return pa.array(values, t)
 
 
 def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
@@ -161,34 +260,70 @@ def _ops_table(rows: list[dict[str, Any]], rank: int) -> pa.Table:
 
 def kernel_summary(kernels: pa.Table, op_categories: list, rank: int) -> pa.Table:
     """One row per (kernel name, stream) of a rank's kernels table (`op_categories`: per kernel row, the
-    category of the op that launched it, None when no op did)."""
+    category of the op that launched it, None when no op did), heaviest first (ties: first seen first):
+    count, total / mean / max ns (a null duration counts 0), share of the rank's kernel time, and the kind
+    and category that hold most of its time (each kernel weighing its duration + 1; ties: first seen)."""
     if not kernels.num_rows:
         return pa.table({"rank": pa.array([], pa.int32())})
-    names = _strings(kernels.column("name"))
-    kinds = _strings(kernels.column("kind"))
-    streams = kernels.column("stream").to_pylist()
-    durs = pc.fill_null(kernels.column("dur"), 0).to_pylist()
-    acc: dict[tuple, list] = {}
-    for name, kind, stream, op_cat, dur in zip(names, kinds, streams, op_categories, durs):
-        a = acc.setdefault((name, stream), [0, 0, 0, Counter(), Counter()])
-        a[0] += 1
-        a[1] += dur
-        a[2] = max(a[2], dur)
-        a[3][kind] += dur + 1
-        a[4][_kernel_cat(name, kind, op_cat)] += dur + 1
-    total = sum(durs) or 1
-    rows = sorted(acc.items(), key=lambda kv: -kv[1][1])
+    name_codes, names = codes(kernels.column("name"))
+    kind_codes, kinds = codes(kernels.column("kind"))
+    stream_codes, streams = codes(kernels.column("stream"))
+    durs = pc.fill_null(kernels.column("dur"), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    group, first = _first_seen_groups(name_codes, stream_codes)
+    num = len(first)
+    count = np.bincount(group, minlength=num).astype(np.int64)
+    total = np.zeros(num, np.int64)
+    np.add.at(total, group, durs)
+    top = np.zeros(num, np.int64)
+    np.maximum.at(top, group, durs)
+    op_cat_codes, op_cats = codes(pa.array(op_categories, pa.string()))
+    triple, triple_first = _first_seen_groups(name_codes, kind_codes, op_cat_codes)
+    cat_of_triple = [_kernel_cat(names[name_codes[r]], kinds[kind_codes[r]], op_cats[op_cat_codes[r]])
+                     for r in triple_first.tolist()]
+    cat_codes, cat_values = codes(pa.array(cat_of_triple, pa.string()).take(pa.array(triple)))
+    weight = durs + 1
+    kind_of = _heaviest(group, kind_codes, weight, num)
+    cat_of = _heaviest(group, cat_codes, weight, num)
+    order = np.argsort(-total, kind="stable")
+    grand = int(durs.sum()) or 1
+    name_col = [names[c] for c in name_codes[first[order]].tolist()]
+    stream_col = [streams[c] for c in stream_codes[first[order]].tolist()]
     return pa.table({
-        "rank": pa.array(np.full(len(rows), rank, np.int32)),
-        "name": [k[0] for k, _ in rows], "stream": pa.array([k[1] for k, _ in rows], pa.int32()),
-        "kind": [a[3].most_common(1)[0][0] for _, a in rows],
-        "category": [a[4].most_common(1)[0][0] for _, a in rows],
-        "count": pa.array([a[0] for _, a in rows], pa.int64()),
-        "total_ns": pa.array([a[1] for _, a in rows], pa.int64()),
-        "mean_ns": pa.array([a[1] / a[0] for _, a in rows], pa.float64()),
-        "max_ns": pa.array([a[2] for _, a in rows], pa.int64()),
-        "share": pa.array([a[1] / total for _, a in rows], pa.float64()),
+        "rank": pa.array(np.full(num, rank, np.int32)),
+        "name": name_col, "stream": pa.array(stream_col, pa.int32()),
+        "kind": [kinds[c] for c in kind_of[order].tolist()],
+        "category": [cat_values[c] for c in cat_of[order].tolist()],
+        "count": pa.array(count[order], pa.int64()),
+        "total_ns": pa.array(total[order], pa.int64()),
+        "mean_ns": pa.array(total[order] / count[order], pa.float64()),
+        "max_ns": pa.array(top[order], pa.int64()),
+        "share": pa.array(total[order] / grand, pa.float64()),
     })
+
+
+def _first_seen_groups(*codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(group per row, first row of each group) of the rows' code tuples, groups numbered in order of
+    first occurrence."""
+    key = np.zeros(len(codes[0]), np.int64)
+    for c in codes:  # renumbered after each column, so the combined key stays below the row count
+        key = np.unique(key * (int(c.max()) + 1 if len(c) else 1) + c, return_inverse=True)[1].reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    rank_of = np.empty(len(first), np.int64)
+    rank_of[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank_of[inverse.reshape(-1)], np.sort(first)
+
+
+def _heaviest(group: np.ndarray, value: np.ndarray, weight: np.ndarray, num: int) -> np.ndarray:
+    """Per group, the value with the largest summed weight (ties: the value first seen in the group)."""
+    pair, first = _first_seen_groups(group, value)
+    pair_weight = np.zeros(len(first), np.int64)
+    np.add.at(pair_weight, pair, weight)
+    pair_group = group[first]
+    best = np.lexsort((first, -pair_weight, pair_group))  # by group, heaviest first, then first seen
+    starts = np.flatnonzero(np.r_[True, pair_group[best][1:] != pair_group[best][:-1]])
+    out = np.zeros(num, np.int64)
+    out[pair_group[best][starts]] = value[first[best][starts]]
+    return out
 
 
 def _kernel_cat(name: str | None, kind: str | None, op_category: str | None) -> str:

@@ -223,6 +223,9 @@ class PoolParser:
     """parse_run's engine when none is given: Kineto files on a local process pool of `workers`
     (tracekit.engines.LocalEngine adds automatic sizing and per-rank analysis tasks)."""
 
+    parses_locally = True
+    """Its processes run on this machine (parse_run may decode a merged file here with as many)."""
+
     def __init__(self, workers: int = 1) -> None:
         self.workers = workers
 

@@ -21,6 +21,7 @@ import tempfile
 from contextlib import nullcontext
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +38,7 @@ from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_rec
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
 from tracekit.parse.ops import OpCollector
+from tracekit.parse.merged_ranks import decode_merged, rank_document_path
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.arrow_env import pandas_deferred
 from tracekit.tables.schema import PIPELINE, ROUTING, conform
@@ -430,7 +432,8 @@ def parse_run(trace_dir: str | Path, store_dir: str | Path, *, workers: int = 1,
 def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any, *, progress: bool,
                  max_decompressed_bytes: int | None, max_memory_bytes: int | None,
                  assume_rank: int | None, capture: str | Path | None = None) -> ParseRunResult:
-    if len(found.of_kind(disc.KINETO)) > 1:
+    merged_here = _merged_processes(engine, max_memory_bytes) is not None
+    if sum(not (merged_here and disc.is_merged_kineto(f.path)) for f in found.of_kind(disc.KINETO)) > 1:
         getattr(engine, "warm_up", lambda: None)()  # the pool's start-up overlaps reading the logs
     advance, stop = _progress(progress, sum(f.kind != disc.MANIFEST for f in found.inputs))
     run = _Run(writer=RunStoreWriter(Path(store_dir)), skipped=list(found.skipped), advance=advance,
@@ -447,10 +450,12 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
                 _read_side_input(f, run, max_decompressed_bytes)
         kineto = found.of_kind(disc.KINETO)  # 2. Kineto traces, one rank at a time
         with tempfile.TemporaryDirectory(prefix="tracekit-split-") as tmp:  # merged multi-rank files, split
-            paths, name_ranks, shown = _split_merged_files(kineto, Path(tmp), run, max_decompressed_bytes)
-            results = engine.parse_kineto_files(paths, max_decompressed_bytes=max_decompressed_bytes,
-                                                max_memory_bytes=max_memory_bytes)
-            _add_kineto_ranks(((shown.get(p, p), kp, err) for p, kp, err in results),
+            paths, name_ranks, shown, decoded = _split_merged_files(kineto, Path(tmp), run, max_decompressed_bytes,
+                                                                    _merged_processes(engine, max_memory_bytes))
+            rest = [p for p in paths if p not in decoded]
+            results = engine.parse_kineto_files(rest, max_decompressed_bytes=max_decompressed_bytes,
+                                                max_memory_bytes=max_memory_bytes) if rest else iter(())
+            _add_kineto_ranks(((shown.get(p, p), kp, err) for p, kp, err in _in_order(paths, decoded, results)),
                               {shown.get(p, p): r for p, r in name_ranks.items()}, run, assume_rank)
         for rank, rl in sorted(run.logs.items()):  # 3. ranks that only have logs
             if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline:
@@ -460,24 +465,53 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
     return ParseRunResult(store=_close_run(run), skipped=run.skipped)
 
 
-def _split_merged_files(kineto: list, tmp: Path, run: _Run, max_decompressed_bytes: int | None
-                        ) -> tuple[list[str], dict[str, int | None], dict[str, str]]:
-    """The Kineto paths to parse, with each merged multi-rank file (TraceFusion) replaced by one file per
-    rank in `tmp` (parse/merged.py); each path's rank from its name; the name each split file is shown by
-    (`<file>#rank<R>`)."""
+def _merged_processes(engine: Any, max_memory_bytes: int | None) -> int | None:
+    """Processes that decode a merged file in this process's place (parse/merged_ranks.py), or None: split
+    merged files into per-rank files for the engine instead (a memory budget, whose chunked parse is per
+    file; or an engine other than the local one)."""
+    if max_memory_bytes is not None or getattr(engine, "budget", None) is not None:
+        return None
+    workers = getattr(engine, "workers", None)
+    return max(1, workers) if getattr(engine, "parses_locally", False) and isinstance(workers, int) else None
+
+
+def _in_order(paths: list[str], decoded: dict[str, Callable[[], Any]], results: Any):
+    """(path, KinetoParse | None, error) for `paths` in order: a decoded merged file's ranks from here,
+    the others from the engine's `results` (in the order they were given)."""
+    results = iter(results)
+    for p in paths:
+        yield decoded.pop(p)() if p in decoded else next(results)
+
+
+def _split_merged_files(kineto: list, tmp: Path, run: _Run, max_decompressed_bytes: int | None,
+                        processes: int | None = None
+                        ) -> tuple[list[str], dict[str, int | None], dict[str, str], dict[str, Callable[[], Any]]]:
+    """The Kineto paths to parse, with each merged multi-rank file (TraceFusion) replaced by one path per
+    rank; each path's rank from its name; the name each rank's path is shown by (`<file>#rank<R>`); and
+    the ranks parsed here: with `processes`, a merged file is decoded once (by that many processes) and
+    each rank's parse comes from its columns (parse/merged_ranks.py: {path: () -> (path, parse, error)});
+    otherwise, or when that decode declines the file, it is split into per-rank files in `tmp` for the
+    engine (parse/merged.py)."""
     from tracekit.parse.merged import split_merged
 
     paths: list[str] = []
     name_ranks: dict[str, int | None] = {}
     shown: dict[str, str] = {}
+    decoded: dict[str, Callable[[], Any]] = {}
     for i, f in enumerate(kineto):
-        parts: dict[int, Path] = {}
+        parts: dict[int, Path | str] = {}
         if disc.is_merged_kineto(f.path):
-            try:
-                parts = split_merged(f.path, tmp / str(i), max_decompressed_bytes)
-            except (TracekitError, ValueError) as exc:
-                run.skipped.append({"file": str(f.path), "reason": f"merged multi-rank file could not be split: {exc}"})
-                continue
+            merged = decode_merged(str(f.path), max_decompressed_bytes, processes) if processes else None
+            if merged is not None:
+                parts = {r: rank_document_path(tmp / str(i), f.path, r) for r in merged.ranks}
+                decoded.update((p, partial(_merged_rank, merged, r, p)) for r, p in parts.items())
+            else:
+                try:
+                    parts = split_merged(f.path, tmp / str(i), max_decompressed_bytes)
+                except (TracekitError, ValueError) as exc:
+                    run.skipped.append({"file": str(f.path),
+                                        "reason": f"merged multi-rank file could not be split: {exc}"})
+                    continue
         if not parts:
             paths.append(str(f.path))
             name_ranks[str(f.path)] = f.name_rank
@@ -488,7 +522,19 @@ def _split_merged_files(kineto: list, tmp: Path, run: _Run, max_decompressed_byt
             paths.append(str(p))
             name_ranks[str(p)] = r
             shown[str(p)] = f"{f.path}#rank{r}"
-    return paths, name_ranks, shown
+    return paths, name_ranks, shown, decoded
+
+
+def _merged_rank(merged: Any, rank: int, path: str) -> tuple[str, Any, str | None]:
+    """One rank of a decoded merged file, as the engine reports a parse (errors as the reason)."""
+    try:
+        return path, merged.parse(rank, path), None
+    except TraceFormatError as exc:
+        return path, None, exc.reason
+    except TracekitError as exc:
+        return path, None, str(exc)
+    except Exception as exc:  # a parser bug on one rank must not lose the whole run; it is reported
+        return path, None, f"could not be parsed ({type(exc).__name__}: {exc})"
 
 
 def _read_manifest(found: Any, run: _Run) -> None:

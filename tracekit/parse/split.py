@@ -56,12 +56,14 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(os, "memfd_create")
 
 
-def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int | None = None) -> EventColumns | None:
-    """The file's columns decoded by up to `processes` processes; None: decode it in one instead."""
+def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int | None = None,
+                         event_ranks: bool = False) -> EventColumns | None:
+    """The file's columns decoded by up to `processes` processes; None: decode it in one instead.
+    `event_ranks`: see `kineto.decode_columns`."""
     if processes < 2 or not can_fork():
         return None
     try:
-        parts = plan_parts(path, processes, max_decompressed_bytes)
+        parts = plan_parts(path, processes, max_decompressed_bytes, event_ranks)
     except OSError:
         return None
     if len(parts) < 2:
@@ -75,7 +77,8 @@ def decode_columns_split(path: str, processes: int, max_decompressed_bytes: int 
     return merge_columns(cols, top)
 
 
-def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) -> list[Callable[[], EventColumns | None]]:
+def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None,
+               event_ranks: bool = False) -> list[Callable[[], EventColumns | None]]:
     """One decoder per part, cut near evenly spaced offsets of the (inflated) document."""
     gz = is_gzip(path)
     json_size = json_size_bytes(path)  # gzip: the trailer's size, None when it cannot be trusted
@@ -86,7 +89,8 @@ def plan_parts(path: str, processes: int, max_decompressed_bytes: int | None) ->
     bounds = [None] + [json_size * i // n for i in range(1, n)] + [None]
     if not gz and not _has_cuts(path, bounds[1:-1]):
         return []  # e.g. megabytes of whitespace: known before any process starts
-    return [partial(decode_part, path, lo, hi, gz, max_decompressed_bytes) for lo, hi in zip(bounds, bounds[1:])]
+    return [partial(decode_part, path, lo, hi, gz, max_decompressed_bytes, event_ranks)
+            for lo, hi in zip(bounds, bounds[1:])]
 
 
 def _has_cuts(path: str, offsets: list[int]) -> bool:
@@ -96,11 +100,12 @@ def _has_cuts(path: str, offsets: list[int]) -> bool:
         return all(D.event_cut(os.pread(f.fileno(), D.CUT_WINDOW, at)) is not None for at in offsets)
 
 
-def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None) -> EventColumns | None:
+def decode_part(path: str, lo: int | None, hi: int | None, gz: bool, max_bytes: int | None,
+                event_ranks: bool = False) -> EventColumns | None:
     """Columns of the events from the boundary at offset `lo` (None: the document's start) to the
     boundary at `hi` (None: its end); None when that is not a run of whole events."""
     blocks = _part_blocks(_Stream(path, 0 if gz or lo is None else lo, max_bytes), lo, hi)
-    return decode_columns(D.squeeze_whitespace(blocks), exact_close=hi is not None)
+    return decode_columns(D.squeeze_whitespace(blocks), exact_close=hi is not None, event_ranks=event_ranks)
 
 
 def _part_blocks(s: "_Stream", lo: int | None, hi: int | None):

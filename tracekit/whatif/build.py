@@ -486,6 +486,7 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     snd = sends(mem)
     wait = idle_like[own] & (_inside_union(p0, p1, *_holding(mem, p0, p1, idle_like[own]))
                              | ((issue & ~ann)[own] & _inside_union(p0, p1, a[snd], e[snd])))
+    wait |= _resumes(p0, own, idle_like, ts, s0, owner, at_e, a, e, blocking)
     # a run of waiting pieces (the comm call, the op it waits in, their parents' own time) is one wait, kept
     # as its first piece: the time of the others is waiting too, released by the collective's end, not gaps
     first = ~(wait & np.r_[False, wait[:-1]])
@@ -507,6 +508,28 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     ok = nxt < p0.size
     buf.edge(ids["transfer"][blocking][ok], seg[nxt[ok]])
     return seg
+
+
+def _resumes(p0: np.ndarray, own: np.ndarray, idle_like: np.ndarray, ts: np.ndarray, s0: np.ndarray,
+             owner: np.ndarray, at_e: np.ndarray, a: np.ndarray, e: np.ndarray, blocking: np.ndarray) -> np.ndarray:
+    """Per piece: the op that issued a blocking collective and waited for it (it began before the arrival and
+    holds the collective's end in its own time) resuming after the collective's end: its own time from that
+    end to its next child (or its own end) recorded nothing and is the rest of the wait — the thread waking
+    up, on a loaded box 1-9 ms after gloo's record ended (a user's autograd Function around
+    `all_to_all_single`) — not work: a gap after the release. Not an op that only happened to run when an
+    asynchronous collective issued elsewhere ended (a DDP bucket's record ending inside the next forward's
+    matmul): that op's own time is its work."""
+    out = np.zeros(p0.size, bool)
+    if s0.size == 0 or e.size == 0:
+        return out
+    o = owner[np.maximum(at_e, 0)]
+    waited = blocking & (at_e >= 0) & idle_like[o] & (ts[o] <= a)
+    if not waited.any():
+        return out
+    resume = set(zip(e[waited].tolist(), o[waited].tolist()))
+    cand = np.flatnonzero(np.isin(p0, e[waited]) & idle_like[own])
+    out[cand] = [(int(t), int(w)) in resume for t, w in zip(p0[cand].tolist(), own[cand].tolist())]
+    return out
 
 
 def _holding(mem: Columns, p0: np.ndarray, p1: np.ndarray, idle: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
