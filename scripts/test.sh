@@ -6,9 +6,7 @@ bash scripts/setup.sh
 bash scripts/install_chromium.sh
 export TRACEKIT_SHARED_TRACES=${TRACEKIT_SHARED_TRACES:-$(cd .. && pwd)/shared/traces}
 # Two xdist workers (the target box has 2 cores); whole files go to one worker (--dist loadfile) so a
-# file's module/session fixtures (e.g. the detection matrix's runtime runs) are built once. tests/conftest.py
-# hands the files out longest first (seconds in tests/test_costs.json; refresh them with scripts/test_costs.py
-# from a run's --junitxml) and deals the files listed there as `split` into parts.
+# file's module/session fixtures (e.g. the detection matrix's runtime runs) are built once.
 # TRACEKIT_TEST_WORKERS=0 runs serially.
 exec .venv/bin/python -m pytest -q -rsx -p no:cacheprovider -n "${TRACEKIT_TEST_WORKERS:-2}" --dist loadfile \
     --durations=25 "$@"
