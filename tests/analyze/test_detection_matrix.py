@@ -72,7 +72,10 @@ RUNS: dict[str, list[str]] = {
     # contention once made rank 1 a straggler at 25.5% of a CPU-only step (38 ms, above the placement's
     # exposed tp time); with 40 us/token a step is ~3x longer and such contention stays under the warning line
     "tp_across_hosts": ["--tp", "2", "--ranks-per-host", "1", "--device-us-per-token", "40"],
-    "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3"],
+    # with device time per token, as uneven_sequence_length: on CPU time alone a CI run beside other jobs had
+    # rank 0 preempted into the last arrival at 57% of collectives, rank 1 (3x compute) last at 43% and held
+    # under the straggler line; a slower accelerator's kernel time is what CPU load does not stretch
+    "slow_rank": ["--dp", "2", "--slow-rank", "1", "--slow-factor", "3", "--device-us-per-token", "20"],
     "no_overlap": ["--dp", "2", "--no-overlap", *NO_OVERLAP_MODEL],
     # the bubble against theory, with device time: two CPU stages side by side slow each other here
     "1f1b_m2": PP_MODEL + PP_DEVICE + ["--microbatches", "2"],
