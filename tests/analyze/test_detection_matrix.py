@@ -12,6 +12,7 @@ that starts each run the first time a test asks for it. Timing figures go to std
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -115,8 +116,15 @@ class Run:
         return sorted(per.values())
 
 
+def _same_run(a: str, b: str) -> bool:
+    """Whether two RUNS entries are one run: the same flags, and neither a second run ("#2", which
+    benchmarks/detection_matrix_timing.py takes A, B, A, B) of the other."""
+    return RUNS[a] == RUNS[b] and a.partition("#")[2] == b.partition("#")[2]
+
+
 class Runs:
-    """Runs the reference runtime on demand, once per configuration per session."""
+    """Runs the reference runtime on demand, once per configuration per session (RUNS entries with the
+    same flags share one run: `_same_run`)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -124,6 +132,10 @@ class Runs:
 
     def get(self, name: str) -> Run:
         if name not in self.cache:
+            same = [n for n in self.cache if _same_run(n, name)]
+            if same:  # the same flags under another name (router_skew is rerun_router_skew): run once
+                self.cache[name] = dataclasses.replace(self.cache[same[0]], name=name)
+                return self.cache[name]
             out = self.root / name.replace("#", "_")
             cmd = [sys.executable, "-m", "instrumented_runtime", "--steps", "3", *RUNS[name], "--out", str(out)]
             with quiet_section() if name in QUIET_RUNS else nullcontext():
