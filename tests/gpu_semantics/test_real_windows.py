@@ -10,6 +10,7 @@ profiling), so its shares, not its spans, are compared: within 1 percentage poin
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from decimal import Decimal
@@ -67,6 +68,17 @@ def _device_events(doc: dict) -> list[tuple[int, int, bool]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _facts(path: Path) -> tuple[bool, tuple[tuple[int, int, bool], ...], bool]:
+    """Whether the file is a JSON object, its device events (`_device_events`) and whether it has a
+    ProfilerStep: each file read once for the module (the list test reads them all, each folder's test its one)."""
+    doc = _doc(path)
+    if not isinstance(doc, dict):
+        return False, (), False
+    dev = tuple(_device_events(doc))
+    return True, dev, bool(dev) and _has_profiler_step(doc)  # a file with device events has traceEvents
+
+
 def _covered(iv: list[tuple[int, int]]) -> int:
     total, cur = 0, None
     for a, b in sorted(iv):
@@ -89,8 +101,8 @@ def test_the_list_is_every_single_gpu_set(shared_traces):
     for d in sorted(p for p in shared_traces.iterdir() if p.is_dir()):
         gpu = []
         for f in sorted(d.glob("*.json.gz")):
-            doc = _doc(f)
-            if isinstance(doc, dict) and _device_events(doc):
+            is_dict, dev, _ = _facts(f)
+            if is_dict and dev:
                 gpu.append(f.name)
         if len(gpu) == 1 and not d.name.endswith("_merged"):
             found[d.name] = gpu[0]
@@ -99,8 +111,7 @@ def test_the_list_is_every_single_gpu_set(shared_traces):
 
 @pytest.mark.parametrize("folder", sorted(SINGLE_GPU))
 def test_breakdown_within_1pp_of_first_to_last_device_event(shared_traces, tmp_path, folder):
-    doc = _doc(shared_traces / folder / SINGLE_GPU[folder])
-    dev = _device_events(doc)
+    _, dev, has_profiler_step = _facts(shared_traces / folder / SINGLE_GPU[folder])
     lo, hi = min(a for a, _, _ in dev), max(b for _, b, _ in dev)
     span = hi - lo
     busy = _covered([(a, b) for a, b, _ in dev])
@@ -112,7 +123,7 @@ def test_breakdown_within_1pp_of_first_to_last_device_event(shared_traces, tmp_p
     assert abs(row["idle_ns"] / row["step_ns"] - (span - busy) / span) < 0.01
     assert abs(row["compute_ns"] / row["step_ns"] - compute / span) < 0.01
     # the rule is said, and is the one the trace supports
-    if _has_profiler_step(doc):
+    if has_profiler_step:
         assert detail["step_rule"] == "profiler_step"
     else:
         assert detail["step_rule"] in ("device_span", "optimizer_step", "graph_launch", "repeated_ops")
