@@ -19,8 +19,8 @@ for cp: ring-attention P2P hides a cp link at 1/8 entirely), sequences 1.5x long
 one of 4 experts (~2.8x the mean tokens). Faults of the dp gradient sync (no overlap, a slow dp link) run on
 the configuration where that sync matters (DP_SYNC: dp across hosts, one sequence per micro-batch).
 Each run is simulated, written, parsed and analyzed once per module. Cost, measured on the shared 2-core box: ~1 s
-CPU per 8-rank run and ~6-8 s per 64-rank run (parse + analysis of 64 files dominate): 78 runs, ~150 s CPU
-(all seeds: 99 runs, ~320 s); the marker `slow` selects it.
+CPU per 8-rank run and ~6-8 s per 64-rank run (parse + analysis of 64 files dominate): 78 runs, ~185 s CPU
+(all seeds: 99 runs, ~325 s); the marker `slow` selects it.
 """
 
 from __future__ import annotations
