@@ -77,8 +77,10 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [Fix("microbatches", value=float(m))]
     if f.kind == FindingKind.EXPERT_ROUTING_SKEW:
         return [Fix("expert_even")]
-    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired (launch overhead: fewer
-        return [Fix("host_repair")] if ev.cause == "starved_host" else []  # launches, not a change of this graph)
+    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired; launch overhead: the
+        if ev.cause == "starved_host":     # named ranks' launches ahead of their devices (an upper bound)
+            return [Fix("host_repair")]
+        return [Fix("host_ahead", rank=int(r)) for r in f.ranks] if ev.cause == "launch_overhead" else []
     if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
         return [Fix("memcpy_overlap")]
     if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
@@ -181,7 +183,7 @@ REGRADE_WARNING_SHARE = 0.05
 (the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
 
 
-CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair")
+CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair", "host_ahead")
 """Fixes that undo exactly what their finding measured (a rank at its peers' pace, a host's lost time), so
 their replay is the finding's cost and re-grades it. The others replay one remedy among several (overlap a
 collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent.
