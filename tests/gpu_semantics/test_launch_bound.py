@@ -51,3 +51,21 @@ def test_a_host_ahead_of_its_device_has_no_launch_overhead(tmp_path):
     """The same ops with the host a lead ahead: the device never waits for a launch, no host_bound finding."""
     _, a = run(tmp_path, _spec(host_ahead_ns=200 * US))
     assert not [f for f in a["findings"] if f["kind"] == "host_bound"]
+
+
+def test_whatif_launches_ahead_gives_the_generators_upper_bound(tmp_path):
+    """`tracekit whatif TRACES --launches-ahead --json`: the run's predicted step against the measured one."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tracekit.cli.main import app
+
+    trace, _ = run(tmp_path, _spec(host_independent=True))
+    ahead = simulate(_spec(host_ahead_ns=200 * US))
+    expect = Fraction(_last_end(trace) - _last_end(ahead), STEPS)
+    res = CliRunner().invoke(app, ["whatif", str(tmp_path / "store"), "--launches-ahead", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["fixes"] == ["launches ahead of the device (no launch cost) on every GPU rank"]
+    assert out["measured_ns"] - out["predicted_ns"] == pytest.approx(float(expect), rel=0.05)
