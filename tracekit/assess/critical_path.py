@@ -42,7 +42,7 @@ from tracekit.findings.finding import Finding, FindingKind, Severity, severity_b
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
-from tracekit.whatif.graph import StepGraph, measured_step_ns
+from tracekit.whatif.graph import Category, StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
@@ -144,14 +144,15 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its
     replayed saving (`regrade`)."""
     out, rows, every = [], [], []
-    held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
+    held = worked_ranks(results[0].graph) if results else set()
     joint = _joint_savings(findings, results, lay, held) if regrade_severity else {}
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
         if (not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes)
                 or not all(replayable(results[0].graph, x, lay) for x in fixes)):
-            # a fix on a rank the graph does not hold (a log-only rank of a partial recording: no trace to
-            # replay), or on groups it does not hold, keeps the finding's closed-form saving
+            # a fix on a rank the graph holds no work of (a log-only rank of a partial recording: no trace to
+            # replay; a rank whose only ops ran on threads the graph does not model), or on groups it does not
+            # hold, keeps the finding's closed-form saving
             out.append(f)
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)
@@ -174,6 +175,14 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
         step_ns, meas = _mean_prediction(results, every, lay)
         together = {"fixes": [x.label() for x in every], "step_ns": step_ns, "saving_ns": max(0, meas - step_ns)}
     return out, rows, together
+
+
+def worked_ranks(g: StepGraph) -> set[int]:
+    """Ranks with at least one node of work in the graph (not only their step-start marks): a fix on any other
+    rank changes nothing the replay can see, so its replayed saving would read 0 without meaning it (HTA's
+    gloo rank 34 of 300: two asynchronous all-reduces on side threads, nothing on the training thread, and a
+    31.3 ms host-gap warning that replayed to 0.00 ms)."""
+    return {int(r) for r in np.unique(g.rank[(g.category != Category.MARK) & (g.rank >= 0)])}
 
 
 REGRADE_INFO_SHARE = 0.01
