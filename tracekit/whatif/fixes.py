@@ -63,7 +63,7 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
+from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -779,10 +779,7 @@ def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> No
 
 
 def _host_ahead(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
-    lanes = np.array(["host thread" in n for n in g.lane_names] + [False], dtype=bool)
-    m = lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))] & (g.rank >= 0)
-    if fix.rank is not None:
-        m &= g.rank == int(fix.rank)
+    m = launch_lane_mask(g) & ((g.rank >= 0) if fix.rank is None else (g.rank == int(fix.rank)))
     calls = m & (g.category == Category.HOST)
     dur[calls] = 0
     short = m & (gap < lay.stall_min_ns)
