@@ -335,9 +335,11 @@ def _measured_run_step(results: list[StepResult]) -> int | None:
 
 
 BOUND_OF_LANE = {"host": "host-bound", "compute_stream": "compute-bound", "comm_stream": "communication-bound",
-                 "waiting": "waiting-bound"}
+                 "waiting": "waiting-bound", "device_idle": "device-idle-bound"}
 LANE_WORDS = {"host": "host threads (launching work, host ops, stalls)", "compute_stream": "compute streams",
-              "comm_stream": "communication (collective transfers)", "waiting": "waiting for peers"}
+              "comm_stream": "communication (collective transfers)", "waiting": "waiting for peers",
+              "device_idle": "device idle (waiting for something the trace does not show: launched, ready, "
+                             "yet not started)"}
 PATH_RANK_SHARE = 0.10
 """A rank holding at least this share of the path is named as one the others wait for."""
 
