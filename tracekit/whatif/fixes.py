@@ -663,36 +663,67 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     expert's ops pays a fixed part whatever the load); the members' mean time when sizes are unknown. Only
     the hot members shrink: the pass ends with its slowest member, and a cold member's extra work fits in
     the time it waited for the hot ones (on a CPU run the graph keeps that wait as a fixed gap).
-    And the all_to_alls moving the even share (`_even_all_to_all`)."""
+    Members that share one host's cores (`RunFacts.cpu_hosts`) are the exception (`_shared_cores_target`):
+    there the cold member's wait gave its core to the hot ones, and balanced routing gives it work that
+    takes a core back. And the all_to_alls moving the even share (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
     if xfer.size == 0:  # no ep group named (a job that moves its tokens over the world group): its all_to_alls
         xfer = np.flatnonzero(_transfers(g, None) & _op_is(g, "all_to_all"))
     if xfer.size == 0:
         return
-    for parts, load in moe_passes(g, xfer).values():
+    for parts, load, ranks in moe_passes(g, xfer).values():
         own = np.array([dur[p].sum() for p in parts], np.float64)
-        if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
-            target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
-        else:
-            target = np.full(own.size, own.mean())
-        target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
+        target = _shared_cores_target(own, load, ranks, lay)
+        if target is None:
+            if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
+                target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
+            else:
+                target = np.full(own.size, own.mean())
+            target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
         for p, o, t in zip(parts, own, target):
             if o > 0:
                 dur[p] = np.rint(dur[p] * (max(t, 0.0) / o)).astype(np.int64)
     _even_all_to_all(g, dur, xfer, lay)
 
 
-def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarray], np.ndarray]]:
-    """Dispatch instance → (each member's expert compute nodes, each member's load). A rank's all_to_alls
-    pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
-    as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
+def _shared_cores_target(own: np.ndarray, load: np.ndarray, ranks: np.ndarray, lay: RunFacts) -> np.ndarray | None:
+    """Each member's expert time with routing balanced, where the pass's members are CPU ranks of one host
+    that share its cores (`RunFacts.cpu_hosts`); None elsewhere (or when sizes are unknown or even).
+
+    Processor sharing (docs/metrics.md §8): while every member computes, each runs at the pace the host
+    gives n runnable ranks; a member that finished waits inside the combine holding no core, so the hot
+    member's tail runs faster, alone. The least-loaded member computed the whole pass beside the others:
+    its time per token is the pace of n ranks at once, and with the load even every member computes its
+    mean share at that pace from start to end. So every member's time becomes the least-loaded member's
+    time scaled to the mean load (the cold members grow: their extra tokens take a core back from the hot
+    ones). The fit of time against load across members (used elsewhere) reads the hot member's cheaper
+    alone-pace tail as the per-token cost and its intercept as fixed work: on 9 hot runs of
+    tests/user_scripts/moe_ep.py it replayed 81.5 ms a step on average for a measured 22.5 ms (this 26.1).
+    The fixed part per pass is taken as 0 (the trace does not separate it from the cold member's own
+    time): the saving is the lower end; a fixed part f would add f × (mean / least − 1)."""
+    if not (np.isfinite(load).all() and np.ptp(load) > 0) or ranks.size < 2:
+        return None
+    hosts = {lay.cpu_hosts.get(int(r)) for r in ranks.tolist()}
+    if len(hosts) != 1 or None in hosts:
+        return None
+    cold = int(np.argmin(load))
+    if load[cold] <= 0 or own[cold] <= 0:
+        return None
+    return np.full(own.size, own[cold] * load.mean() / load[cold])
+
+
+def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarray], np.ndarray, np.ndarray]]:
+    """Dispatch instance → (each member's expert compute nodes, each member's load, each member's rank). A
+    rank's all_to_alls pair up in its order as dispatch and combine, the combine mirroring the dispatch's
+    sizes (others, such as a split-size exchange, are skipped); the expert compute is the rank's compute
+    between them."""
     sizes = g.inst_info.io if g.inst_info is not None else []
     io = {(int(r), i): (a, b) for i, rows in enumerate(sizes) for r, a, b in rows}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)
     comp = comp[np.lexsort((g.start[comp], g.rank[comp]))]
-    out: dict[int, tuple[list[np.ndarray], list[float]]] = {}
+    out: dict[int, tuple[list[np.ndarray], list[float], list[int]]] = {}
     for r in np.unique(g.rank[xfer]).tolist():
         mine = xfer[g.rank[xfer] == r]
         mine = mine[np.argsort(g.start[mine], kind="stable")].tolist()
@@ -706,11 +737,12 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
                 i += 1
                 continue
             a, b = g.start[d] + g.dur[d], arr_of.get((r, int(g.inst[c])), g.start[c])
-            parts, loads = out.setdefault(int(g.inst[d]), ([], []))
+            parts, loads, who = out.setdefault(int(g.inst[d]), ([], [], []))
             parts.append(cs[(g.start[cs] >= a) & (g.start[cs] + g.dur[cs] <= b)])
             loads.append(float(a_out))
+            who.append(r)
             i += 2
-    return {k: (p, np.array(x, np.float64)) for k, (p, x) in out.items()}
+    return {k: (p, np.array(x, np.float64), np.array(w, np.int64)) for k, (p, x, w) in out.items()}
 
 
 def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
