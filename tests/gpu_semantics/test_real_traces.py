@@ -165,3 +165,33 @@ def test_real_h100_device_a_step_behind_is_binned_by_launch(stores):
         c = covered(compute, lo, hi)
         assert rows[s]["compute_ns"] == c
         assert rows[s]["other_ns"] == covered(compute + other, lo, hi) - c
+
+
+def test_the_critical_path_composition_sums_to_the_step_where_a_step_outlasts_its_window(shared_traces, stores):
+    """HTA's 16-rank all_to_all trace (rank 0): from the raw JSON, a kernel launched inside ProfilerStep N ends
+    after the first kernel launched inside step N+1 began (GPU step windows tile: first kernel to the next
+    step's first kernel). The path to the step's last node then runs past its window; the verdict read
+    "compute streams 120% of the step ... through rank 0 (152%)". Each step's composition now sums to the step
+    (`by_lane`, `by_category`) and the verdict's lane shares to the whole."""
+    name = "hta_alltoall_a100_rank0of16"
+    ev = [e for e in _events(shared_traces / name / OLD_SCHEMA[name]) if e.get("ph") == "X"]
+    host_steps = [(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), int(e["name"].split("#")[1])) for e in ev
+                  if str(e.get("name", "")).startswith("ProfilerStep#")]
+    launch_step = {}
+    for e in ev:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime") and "correlation" in e.get("args", {}):
+            t = _ns(e["ts"])
+            launch_step[e["args"]["correlation"]] = next((s for lo, hi, s in host_steps if lo <= t < hi), None)
+    kern = [(_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]), launch_step.get(e["args"].get("correlation")))
+            for e in ev if e.get("cat") in ("kernel", "Kernel")]
+    steps = sorted({s for *_, s in kern if s is not None})
+    first = {s: min(a for a, _, k in kern if k == s) for s in steps}
+    past = [s for s, n in zip(steps, steps[1:]) if max(b for _, b, k in kern if k == s) > first[n]]
+    assert past, "no step whose kernels outlast the next step's first kernel"
+    a = analyze_store(stores[name], AnalysisConfig(isolate_analyzer_errors=False, advice=False))
+    cp = a["sections"]["critical_path"]
+    for st in cp["steps"]:
+        c = st["composition"]
+        assert sum(c["by_lane"].values()) == c["step_ns"] == sum(c["by_category"].values()), st["step"]
+        assert all(v <= c["step_ns"] for v in c["by_rank"].values())
+    assert sum(cp["verdict"]["lane_shares"].values()) == pytest.approx(1.0, abs=1e-3)

@@ -44,6 +44,12 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   host node's gap loses the slow time before it and its own time the slow time inside it
   (`StepGraph.excess_gap` / `excess_dur`, set by the builder); the device then starts each kernel at
   max(its launch, its stream, its other dependencies) as before.
+- `host_ahead`: the launching threads of GPU ranks (one rank, or all) kept ahead of the device, as CUDA graphs
+  (or torch.compile's) keep them: every runtime call costs nothing and the dispatch time between calls
+  (a gap shorter than `stall_min_ns`) goes; a longer gap is a stall (`host_stalls`' to remove) and stays, and
+  so does data loading and every wait for the device. Each kernel then starts at max(its stream, its other
+  dependencies, the waits before its launch): an upper bound of what fewer, larger launches save
+  (analyze/host_bound.py's `launch_overhead`).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
+from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -71,7 +77,7 @@ def op_family(op: str) -> str | tuple[str, ...]:
 
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host", "host_ahead")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,9 @@ class Fix:
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
+        if self.kind == "host_ahead":
+            return ("launches ahead of the device (no launch cost)"
+                    + (" on every GPU rank" if self.rank is None else f" on rank {self.rank}"))
         if self.kind == "memcpy_overlap":
             return "device copies overlapped" + ("" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
@@ -817,6 +826,14 @@ def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> No
     dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
 
 
+def _host_ahead(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+    m = launch_lane_mask(g) & ((g.rank >= 0) if fix.rank is None else (g.rank == int(fix.rank)))
+    calls = m & (g.category == Category.HOST)
+    dur[calls] = 0
+    short = m & (gap < lay.stall_min_ns)
+    gap[short] = np.minimum(gap[short], 0)  # a negative gap (calls overlapping on the clock) stays as measured
+
+
 def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: RunFacts) -> np.ndarray:
     """Per node: how much of its gap the peers also have. The gap before the rank's first host op of a
     step keeps the median of its peers' gaps before theirs (the time every rank spends between steps);
@@ -928,6 +945,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _host_stalls(g, dur, gap, fix, lay)
         elif fix.kind == "host_repair":
             _host_repair(g, dur, gap, fix)
+        elif fix.kind == "host_ahead":
+            _host_ahead(g, dur, gap, fix, lay)
         elif fix.kind == "memcpy_overlap":
             m = memcpy_nodes(g)
             dur[m & ((g.rank == fix.rank) if fix.rank is not None else True)] = 0

@@ -179,6 +179,14 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     if start[0] < begin:  # the path's first op began before the window: count its part inside
         dur[0] -= begin - start[0]
         start[0] = begin
+    inside = np.flatnonzero(start < begin + step_ns)
+    if inside.size < path.size or start[-1] + dur[-1] > begin + step_ns:
+        # the step's last node ends past the window (kernels of a step still running after the next step's
+        # first kernel began: a device a step behind its host, CUDA-graph replays): count its part inside, so
+        # the parts sum to the step (HTA's 16-rank all_to_all trace read "compute streams 120% of the step")
+        keep = inside[-1] + 1 if inside.size else 1
+        path, start, dur = path[:keep], start[:keep], dur[:keep]
+        dur[-1] = max(min(dur[-1], begin + step_ns - start[-1]), 0)
     prev_end = np.r_[begin, (start + dur)[:-1]]
     gaps = start - prev_end
     cats = [_CAT_NAME[c] for c in g.category[path].tolist()]
