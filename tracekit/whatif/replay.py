@@ -250,10 +250,17 @@ def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, 
     out = dict.fromkeys(LANE_KINDS, 0)
     device = (LANE_KINDS.index("compute_stream"), LANE_KINDS.index("comm_stream"))
     gpu = {int(r) for r in np.unique(g.rank[launch_lane_mask(g)])}  # ranks with a device apart from the host
-    for k, own, gap, r in zip(kinds.tolist(), dur.tolist(), gaps.tolist(), g.rank[path].tolist()):
-        idle = k in device and gap > 0 and r in gpu
-        out[LANE_KINDS[k]] += own if idle else own + gap
-        out["device_idle"] += gap if idle else 0
+    thread = np.array(["thread" in n for n in g.lane_names] + [False], bool)[
+        np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
+    for k, own, gap, r, on_thread in zip(kinds.tolist(), dur.tolist(), gaps.tolist(), g.rank[path].tolist(),
+                                         thread.tolist()):
+        out[LANE_KINDS[k]] += own
+        if gap > 0 and k in device and r in gpu and not on_thread:
+            out["device_idle"] += gap
+        elif gap > 0 and on_thread:  # a CPU rank's training thread idle: a host stall, not its compute
+            out["host"] += gap
+        else:
+            out[LANE_KINDS[k]] += gap
     out[LANE_KINDS[int(kinds[-1])]] += max(after, 0)
     return out
 
