@@ -83,6 +83,13 @@ class Fix:
     op: str | None = None
     """dim_overlap: only this collective op of the dim (None = all of them; send, recv or sendrecv: the dim's
     point-to-point transfers, one transfer seen from its two sides)"""
+    ranks: tuple[int, ...] | None = None
+    """host_stalls: these ranks' stalls removed together, as for all ranks at once (ranks that stall alike:
+    analyze/host_stalls.py `group_alike`; their peers' median stalls as much, so the one-rank fix removes nothing)"""
+
+    def touched_ranks(self) -> list[int]:
+        """The ranks the fix changes when it names any (else [], every rank or none in particular)."""
+        return [int(self.rank)] if self.rank is not None else [int(r) for r in self.ranks or ()]
 
     def label(self) -> str:
         if self.kind == "rank_compute":
@@ -99,6 +106,8 @@ class Fix:
         if self.kind == "microbatches":
             return f"{int(self.value or 0)} micro-batches"
         if self.kind == "host_stalls":
+            if self.ranks:
+                return f"host stalls removed on {len(self.ranks)} ranks ({_ranks_text(self.ranks)})"
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
@@ -106,6 +115,12 @@ class Fix:
             return "device copies overlapped" + ("" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
             self.kind, self.kind)
+
+
+def _ranks_text(ranks: tuple[int, ...], shown: int = 8) -> str:
+    """The first `shown` ranks, then how many more."""
+    head = ", ".join(map(str, ranks[:shown]))
+    return head + (f", ... {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
 @dataclass
@@ -745,6 +760,11 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     host = host_lane_mask(g)
+    if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
+        mine = np.flatnonzero(np.isin(g.rank, np.asarray(fix.ranks, np.int64)))
+        gap[mine[host[mine] & (gap[mine] >= lay.stall_min_ns)]] = 0
+        dur[mine[g.category[mine] == Category.STALL]] = 0
+        return
     if fix.rank is None:
         gap[host & (gap >= lay.stall_min_ns)] = 0
         dur[g.category == Category.STALL] = 0
