@@ -102,13 +102,33 @@ def _real_derived(out: Path, copies: int) -> int:
     return n
 
 
-@pytest.mark.skipif(not SEED.is_dir(), reason="shared trace corpus not available")
-def test_real_derived_ranks_that_stall_alike_are_one_finding_with_one_replay(tmp_path):
+@pytest.fixture(scope="module")
+def real_derived(tmp_path_factory):
+    """An 8-rank real-derived run analyzed once: (analysis.json, seed ranks, the replayed steps, the run facts)."""
+    if not SEED.is_dir():
+        pytest.skip("shared trace corpus not available")
     from tracekit.analysis import analyze_run
+    from tracekit.assess import critical_path
 
-    n = _real_derived(tmp_path / "run", copies=4)
-    analyze_run(tmp_path / "run", tmp_path / "out", write_reports=False)
-    doc = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    tmp = tmp_path_factory.mktemp("alike")
+    n = _real_derived(tmp / "run", copies=4)
+    seen = {}
+    rescore = critical_path.rescore
+
+    def spy(findings, results, lay, regrade_severity=False):
+        seen.update(results=results, lay=lay)
+        return rescore(findings, results, lay, regrade_severity)
+
+    critical_path.rescore = spy
+    try:
+        analyze_run(tmp / "run", tmp / "out", write_reports=False)
+    finally:
+        critical_path.rescore = rescore
+    return json.loads((tmp / "out" / "analysis.json").read_text()), n, seen["results"], seen["lay"]
+
+
+def test_real_derived_ranks_that_stall_alike_are_one_finding_with_one_replay(real_derived):
+    doc, n, _, _ = real_derived
     rows = {r["rank"]: r for r in doc["sections"]["host_stalls"]["ranks"]}
     assert sorted(rows) == list(range(4 * n))
     for r in rows:  # every copy of a rank stalls as the rank does
@@ -133,3 +153,31 @@ def test_real_derived_ranks_that_stall_alike_are_one_finding_with_one_replay(tmp
     mine = next(w for w in rows_w if w["fix"] == ev["whatif"])
     assert mine["fix"].startswith(f"host stalls removed on {len(alike)} ranks")
     assert mine["saving_ns"] == ev["replayed_saving_ns"] == group["est_saving_ns"] > 0
+
+
+def test_sparse_whatifs_equal_the_dense_replay_on_a_real_graph(real_derived):
+    """A fix on named ranks (host stalls, slow host ops) is applied as overlays and re-timed where it reaches
+    (whatif/fixes.apply_fixes_sparse, graph.replay_changed): each window's step time equals the whole graph's
+    replay with the dense arrays, rank by rank and for several ranks together."""
+    import numpy as np
+
+    from tracekit.whatif import graph as graph_mod
+    from tracekit.whatif.fixes import Fix, apply_fixes, apply_fixes_sparse
+    from tracekit.whatif.replay import predict_all
+
+    _, _, results, lay = real_derived
+    g = results[0].graph
+    ranks = [int(r) for r in np.unique(g.ranks)]
+    cases = ([[Fix("host_stalls", rank=r)] for r in ranks] + [[Fix("host_repair", rank=r)] for r in ranks]
+             + [[Fix("host_stalls", ranks=tuple(ranks[:3]))], [Fix("host_stalls", ranks=tuple(ranks))],
+                [Fix("host_stalls", rank=ranks[0]), Fix("host_repair", rank=ranks[1])]])
+    sparse = 0
+    for fixes in cases:
+        g.cache.predictions.clear()
+        got = predict_all(g, fixes, lay)
+        dur, gap = apply_fixes(g, fixes, lay)
+        assert np.array_equal(got, graph_mod.rank_step_ns(g, graph_mod.replay(g, dur, gap), dur, gap)), fixes
+        ov = apply_fixes_sparse(g, fixes, lay)
+        assert ov is not None and np.array_equal(ov[0].dense(), dur) and np.array_equal(ov[1].dense(), gap)
+        sparse += graph_mod.replay_changed(g, *ov) is not None
+    assert sparse >= len(ranks)  # the one-rank fixes stayed local (re-timed without a whole replay)

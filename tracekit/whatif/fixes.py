@@ -57,7 +57,7 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask
+from tracekit.whatif.graph import Category, Overlay, StepGraph, device_lane_mask, host_lane_mask, rank_nodes
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -761,7 +761,7 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     host = host_lane_mask(g)
     if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
-        mine = np.flatnonzero(np.isin(g.rank, np.asarray(fix.ranks, np.int64)))
+        mine = np.concatenate([rank_nodes(g, int(r)) for r in fix.ranks])
         gap[mine[host[mine] & (gap[mine] >= lay.stall_min_ns)]] = 0
         dur[mine[g.category[mine] == Category.STALL]] = 0
         return
@@ -784,7 +784,7 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
 
 
 def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:
-    m = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == int(fix.rank)
+    m = np.ones(g.num_nodes, bool) if fix.rank is None else rank_nodes(g, int(fix.rank))
     gap[m] = np.maximum(gap[m] - g.excess_gap[m], 0)
     dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
 
@@ -873,6 +873,25 @@ def copy_direction(name: str) -> str:
         return "other"
     d = m.group(0)
     return _DIRECTION_NAME.get(d.lower(), d[0].upper() + "to" + d[-1].upper())
+
+
+LOCAL_FIXES = ("host_stalls", "host_repair")
+"""Fixes that, naming ranks (`Fix.touched_ranks`), change only those ranks' nodes: `apply_fixes_sparse`."""
+
+
+def apply_fixes_sparse(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[Overlay, Overlay] | None:
+    """`apply_fixes`' durations and gaps as overlays of the graph's (`graph.Overlay`: only the changed
+    values held) when every fix is one of LOCAL_FIXES on named ranks; None otherwise. The same fix
+    functions write into them: the values are `apply_fixes`' exactly."""
+    if not fixes or not all(f.kind in LOCAL_FIXES and f.touched_ranks() for f in fixes):
+        return None
+    dur, gap = Overlay(g.dur), Overlay(g.gap)
+    for fix in fixes:
+        if fix.kind == "host_stalls":
+            _host_stalls(g, dur, gap, fix, lay)  # type: ignore[arg-type]
+        else:
+            _host_repair(g, dur, gap, fix)  # type: ignore[arg-type]
+    return dur, gap
 
 
 def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarray, np.ndarray]:
