@@ -23,7 +23,9 @@ data loading, syncs and sleeps come back each step, a one-off hiccup such as a p
 does not) — gets an `idle_host_bound` finding (critical from STALL_CRITICAL, info from STALL_INFO);
 the estimated saving is the mean stall time per step (the device would have had work; an upper
 bound, since the data must still be produced somewhere). Host gaps on CPU-only ranks that share one
-host's cores carry a caveat (`caveat`: a preempted process leaves the same gaps), never a cap.
+host's cores carry a caveat (`caveat`: a preempted process leaves the same gaps), never a cap. Ranks that
+stall alike (`group_alike`: at least ALIKE_MIN_RANKS, same severity, cause, label and device, within
+ALIKE_SPREAD) are one finding listing them, each rank's numbers in its evidence (`per_rank`).
 
 Section `host_stalls`:
     {"ranks": [{"rank", "steps", "step_ns", "stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns",
