@@ -170,6 +170,12 @@ def verdict_text(ctx: Page) -> tuple[str, str]:
     return top, text
 
 
+def analysis_caveats(ctx: Page) -> list[FindingDoc]:
+    """Findings about the analysis itself (inputs skipped, ranks missing, a verdict that may not hold) at warning
+    or above: the findings table lists them after the run's findings, the verdict names them as caveats."""
+    return [f for f in ctx.doc.findings if f.about_analysis and f.severity in ("warning", "critical")]
+
+
 def top_fixes(ctx: Page) -> list[FindingDoc]:
     """The three findings worth most (findings arrive sorted by estimated saving)."""
     return [f for f in ctx.doc.findings if f.est_saving_ns > 0][:3]
@@ -186,6 +192,12 @@ def _verdict(ctx: Page) -> str:
     bound, text = verdict_text(ctx)
     fixes = top_fixes(ctx)
     body = f'<div class="verdict {h(bound)}">{h(text)}</div>'
+    caveats = analysis_caveats(ctx)
+    if caveats:
+        pos = {id(f): i for i, f in enumerate(ctx.doc.findings, 1)}
+        body += ("<h3>Caveats about this analysis</h3><ul class=caveats>" + "".join(
+            f'<li>{_sev(f.severity)} <a href="#finding-{pos[id(f)]}">{h(f.kind)}</a>: {h(f.summary)}</li>'
+            for f in caveats) + "</ul>")
     if fixes:
         items = []
         for f in fixes:
@@ -220,7 +232,8 @@ def _findings(ctx: Page) -> str:
     return section("findings", "Findings",
                    '<p class=note>Sorted by estimated saving: the step time recovered when the finding\'s fix is '
                    'applied to the measured step\'s cross-rank dependency graph and the step is replayed '
-                   '(see Critical path); the closed-form bound stays in the evidence.</p>'
+                   '(see Critical path); the closed-form bound stays in the evidence. Findings about the analysis '
+                   'itself (inputs skipped, ranks missing, a verdict that may not hold) come after the run\'s.</p>'
                    f'<div class=tbl-wrap><table class="tk sortable"><thead><tr>{head}</tr></thead>'
                    f"<tbody>{''.join(rows)}</tbody></table></div>")
 

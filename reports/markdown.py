@@ -8,7 +8,7 @@ from reports.advice import summary_lines
 from reports.ops import ops_summary_lines
 from reports.escape import md
 from reports.format import ms, ranks_text
-from reports.html_report import SECTIONS, Page, steps_text, top_fixes, verdict_text, has_data
+from reports.html_report import SECTIONS, Page, analysis_caveats, steps_text, top_fixes, verdict_text, has_data
 from reports.charts import layout_text
 from tracekit.document import AnalysisDocument
 
@@ -23,6 +23,9 @@ def render_markdown(analysis: AnalysisDocument | dict[str, Any], report_href: st
     href = report_href.replace(" ", "%20").replace(")", "%29").replace("(", "%28")
     _, verdict = verdict_text(ctx)
     lines = ["## tracekit summary", "", f"**Verdict:** {md(verdict)} ([report]({href}#verdict))", ""]
+    caveats = analysis_caveats(ctx)
+    if caveats:
+        lines += ["**Caveats about this analysis:**"] + [f"- {md(f.kind)}: {md(f.summary)}" for f in caveats] + [""]
     kind_notes = doc.sections.trace_kind.notes if doc.sections.trace_kind is not None else []
     if kind_notes:
         lines += [f"**Trace kind:** {md('; '.join(kind_notes))}", ""]

@@ -167,10 +167,11 @@ SAME_LAYER_ALLOWED = {("tracekit.advise", "tracekit.simulate"), ("tracekit.advis
                       ("tracekit.compare", "tracekit.analysis"), ("tracekit.notebook", "tracekit.analysis"),
                       ("tracekit.notebook", "tracekit.export"), ("tracekit.export", "tracekit.analysis"),
                       ("tracekit.simulate", "tracekit.record"), ("tracekit.flow", "tracekit.engines"),
-                      ("tracekit.engines", "tracekit.flow")}
+                      ("tracekit.engines", "tracekit.flow"), ("tracekit.document", "tracekit.findings")}
 """Imports between packages of one layer that the design allows (the advisor runs the simulator on the
 memory model; recording writes what the parser reads and reads its discovery rules, the simulator writes
-the recorder's comms-log format; the top-level entry points call each other). `reports` reads only the
+the recorder's comms-log format; the top-level entry points call each other; the document reads which finding kinds
+are about the analysis from the findings' declaration). `reports` reads only the
 analysis document (tracekit.document) and imports nothing else of tracekit's."""
 
 

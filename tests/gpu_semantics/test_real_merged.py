@@ -296,3 +296,28 @@ def test_late_rank_straggler_is_graded_by_what_removing_it_saves(device, analysi
     assert ev["cause"] != "host_idle" and "host-side, cause not visible" in f["summary"]
     assert ev["device_idle_excess_ns"] > ev["host_idle_excess_ns"]
 
+
+
+def test_the_run_s_findings_come_first_and_the_analysis_caveats_beside_the_verdict(raw, analysis):
+    """The report used to open with "the verdict may not hold on 3 ranks" (unstable_verdict, a warning about the
+    analysis over 3 ProfilerSteps) above the host-bound launches that hold the step. Findings about the analysis
+    (its inputs, how far its verdict holds) follow the run's findings; those at warning or above are named as
+    caveats beside the verdict in the Markdown summary and the HTML report."""
+    from reports.html_report import render_html
+    from reports.markdown import render_markdown
+    from tracekit.findings.finding import ANALYSIS_KINDS
+
+    about = {k.value for k in ANALYSIS_KINDS}
+    _, a = analysis
+    kinds = [f["kind"] for f in a["findings"]]
+    first_about = next(i for i, k in enumerate(kinds) if k in about)
+    assert first_about > 0 and all(k in about for k in kinds[first_about:]), kinds
+    # the compute-vs-idle lead is not clear on every step: a caveat to show
+    caveats = [f for f in a["findings"] if f["kind"] in about and f["severity"] in ("warning", "critical")]
+    assert [f["kind"] for f in caveats] == ["unstable_verdict"]
+    summary = render_markdown(a)
+    head = summary.split("**Fixes worth most:**")[0].split("### Findings")[0]
+    assert "**Caveats about this analysis:**" in head and "the verdict may not hold" in head
+    html = render_html(a)
+    verdict = html.split('id="verdict"', 1)[1].split("</section>", 1)[0]
+    assert "Caveats about this analysis" in verdict and "unstable_verdict" in verdict

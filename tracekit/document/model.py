@@ -24,6 +24,10 @@ from typing import Any, Union
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from tracekit.findings.finding import ANALYSIS_KINDS
+
+ANALYSIS_KIND_NAMES = frozenset(k.value for k in ANALYSIS_KINDS)
+
 ANALYSIS_SCHEMA = "tracekit.analysis/1"
 
 Num = Union[int, float]
@@ -1003,6 +1007,12 @@ class FindingDoc(Struct):
     evidence: dict[str, Any] = msgspec.field(default_factory=dict)
     recommendation: str = ""
     est_saving_ns: int = 0
+
+    @property
+    def about_analysis(self) -> bool:
+        """A finding about the analysis itself (its inputs, how far its verdict holds), not about the run
+        (tracekit/findings/finding.py ANALYSIS_KINDS): reports show it as a caveat beside the verdict."""
+        return self.kind in ANALYSIS_KIND_NAMES
 
 
 class AnalyzerError(Struct):

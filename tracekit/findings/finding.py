@@ -56,6 +56,13 @@ class FindingKind(str, Enum):
 BLOCKING_KINDS = frozenset({FindingKind.HANG})
 """Findings about a job that stopped: they come before every step-time saving (a hung job has no step)."""
 
+ANALYSIS_KINDS = frozenset({FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
+                            FindingKind.TIME_UNIT_MISMATCH, FindingKind.CLOCK_SKEW, FindingKind.UNSTABLE_VERDICT})
+"""Findings about the analysis itself (what it read, how far its verdict holds), not about the run: they follow the
+run's findings, so the first finding is always a cause in the run (the MI300 DDP report opened with "the verdict
+may not hold on 3 ranks" above the host-bound launches that hold its step). Reports show them as caveats beside the
+verdict (`analysis_caveats`)."""
+
 
 EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {
     FindingKind.STRAGGLER: StragglerEvidence,
@@ -97,9 +104,10 @@ class Finding:
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Order for reports: a hung job first (BLOCKING_KINDS), then largest estimated saving, then severity."""
-    return sorted(findings, key=lambda f: (f.kind not in BLOCKING_KINDS, -int(f.est_saving_ns),
-                                           -f.severity.order, f.kind.value))
+    """Order for reports: a hung job first (BLOCKING_KINDS), then the run's findings by largest estimated saving,
+    then severity, then the findings about the analysis (ANALYSIS_KINDS) in the same order."""
+    return sorted(findings, key=lambda f: (f.kind not in BLOCKING_KINDS, f.kind in ANALYSIS_KINDS,
+                                           -int(f.est_saving_ns), -f.severity.order, f.kind.value))
 
 
 def severity_by_share(share: float, info: float, warning: float, critical: float) -> Severity | None:
