@@ -169,6 +169,7 @@ def test_sparse_whatifs_equal_the_dense_replay_on_a_real_graph(real_derived):
     g = results[0].graph
     ranks = [int(r) for r in np.unique(g.ranks)]
     cases = ([[Fix("host_stalls", rank=r)] for r in ranks] + [[Fix("host_repair", rank=r)] for r in ranks]
+             + [[Fix("host_ahead", rank=r)] for r in ranks[:2]]
              + [[Fix("host_stalls", ranks=tuple(ranks[:3]))], [Fix("host_stalls", ranks=tuple(ranks))],
                 [Fix("host_stalls", rank=ranks[0]), Fix("host_repair", rank=ranks[1])]])
     sparse = 0

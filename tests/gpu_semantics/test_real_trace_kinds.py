@@ -194,3 +194,25 @@ def test_a_collective_loop_gets_no_overlap_advice(shared_traces, tmp_path):
     assert not [f for f in a["findings"] if f["kind"] == "unoverlapped_collective"]
     (cb,) = [f for f in a["findings"] if f["kind"] == "communication_bound"]
     assert cb["severity"] == "info" and cb["est_saving_ns"] == 0 and "nothing to overlap" in cb["summary"]
+
+
+def test_a_host_gap_the_graph_cannot_replay_keeps_its_closed_form(shared_traces, tmp_path):
+    """hta_gloo_cpu_rank34of300's step holds two asynchronous gloo all-reduces on side threads and nothing on
+    its training thread: the replay graph holds no work of the rank, so "host stalls removed" replayed to 0.00
+    ms under a warning. The finding now keeps its closed form, the step's time with no collective in flight
+    (from the raw JSON: the step window less the union of the collectives inside it), and no replayed saving."""
+    (path,) = sorted((shared_traces / "hta_gloo_cpu_rank34of300").glob("*.json.gz"))
+    ev = [e for e in _events(path) if e.get("ph") == "X"]
+    (step,) = [e for e in ev if str(e["name"]).startswith("ProfilerStep#")]
+    lo, hi = _ns(step["ts"]), _ns(step["ts"]) + _ns(step["dur"])
+    spans = sorted((max(_ns(e["ts"]), lo), min(_ns(e["ts"]) + _ns(e["dur"]), hi)) for e in ev
+                   if str(e["name"]).startswith("gloo:") and _ns(e["ts"]) < hi and _ns(e["ts"]) + _ns(e["dur"]) > lo)
+    covered, end = 0, lo
+    for a, b in spans:
+        covered += max(0, b - max(a, end))
+        end = max(end, b)
+    gap = (hi - lo) - covered
+    a = _analyze(shared_traces / "hta_gloo_cpu_rank34of300", tmp_path)
+    (f,) = [f for f in a["findings"] if f["kind"] == "idle_host_bound"]
+    assert f["ranks"] == [34] and abs(f["evidence"]["stall_ns"] - gap) <= 1
+    assert "replayed_saving_ns" not in f["evidence"] and abs(f["est_saving_ns"] - gap) <= 1

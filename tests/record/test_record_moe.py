@@ -85,7 +85,10 @@ def layer_skews(traces: Path) -> dict[int, float]:
 @pytest.mark.slow
 def test_hot_experts_are_the_top_finding(runs):
     traces, analysis = runs["hot"]
-    top = analysis["findings"][0]
+    # the top finding at warning or above (as the detection matrix's `_top`): findings are sorted by saving,
+    # and an info finding about the box's own exposed all_to_all (on clean runs too) can save more on paper
+    top = next(f for f in analysis["findings"] if f["severity"] in ("warning", "critical")
+               and f["kind"] not in NOT_A_FAULT and not box_made(f))
     assert top["kind"] == "expert_routing_skew" and top["severity"] in ("warning", "critical"), [
         (f["kind"], f["severity"], f["ranks"]) for f in analysis["findings"]]
     assert top["ranks"] == [HOT_RANK]

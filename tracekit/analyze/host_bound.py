@@ -22,10 +22,12 @@ first kernel to the next step's first kernel, DESIGN §3). The cause is named on
 shows: "starved host thread" when the slow ops' excess covers at least half the busy launch wait, else
 "first launch" when first launches' excess does (a warm-up: info, no saving), else "launch overhead" (host
 dispatch slower than the kernels it launches). Data loading is not busy: a device
-waiting on it is `host_stalls`' `idle_host_bound`. A starved host's closed-form saving is the worst
-rank's busy launch wait per step, and the critical path replays its fix (slow ops at their median on
-every rank: `whatif.fixes` `host_repair`); launch overhead has no saving (fewer, larger launches would
-not remove the whole wait, and the graph cannot replay them) and is info: the wait is in the evidence.
+waiting on it is `host_stalls`' `idle_host_bound`. The closed-form saving of a starved host or of launch
+overhead is the worst rank's busy launch wait per step; the critical path replays the fix and re-grades the
+finding by it: slow ops at their median on every rank (`whatif.fixes` `host_repair`), or the named ranks'
+launches ahead of their devices as CUDA graphs keep them (`host_ahead`: launch calls and dispatch time
+between them cost nothing; stalls, data loading and waits for the device stay), an upper bound of what
+fewer, larger launches save.
 
 Section `host_bound`:
     {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
@@ -161,16 +163,18 @@ def _finding(rows: list[dict[str, Any]], slow: list[dict]) -> Finding | None:
                            "contention (data-loader threads, logging) in the training process.",
            "first_launch": "Profile steps after warm-up (the profiler schedule's wait/warmup steps), or load "
                            "modules eagerly (CUDA_MODULE_LOADING=EAGER; HIP_ENABLE_DEFERRED_LOADING=0 on ROCm).",
-           "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops."}[cause]
+           "launch_overhead": "Launch fewer, larger kernels: CUDA graphs, torch.compile, fused ops (the replayed "
+                              "saving is their upper bound: launches that cost the host nothing)."}[cause]
     ev = {"cause": cause, "launch_wait_ns": int(worst["launch_wait_busy_ns"]), "share_of_step": round(share, 6),
           "slow_ops_ns_per_step": {str(r["rank"]): r["slow_ops_ns"] for r in bound}, "slow_ops": slow[:5],
           "data_load_ns_per_step": {str(r["rank"]): r["data_load_ns"] for r in bound},
           "host_busy_ns": {str(r["rank"]): r["host_busy_ns"] for r in bound},
           "device_busy_ns": {str(r["rank"]): r["device_busy_ns"] for r in bound}}
-    # launch overhead: what fewer launches would save is not the whole wait, and the graph cannot replay it;
-    # first launches: a warm-up the run's later steps do not pay
-    saving = int(worst["launch_wait_busy_ns"]) if cause == "starved_host" else 0
-    sev = _severity(share) if cause == "starved_host" else Severity.INFO  # no saving to rank it by
+    # the busy launch wait in closed form; the critical path replays the fix (starved host: slow ops at their
+    # median; launch overhead: launches ahead of the device, an upper bound) and re-grades by it. First
+    # launches: a warm-up the run's later steps do not pay
+    saving = 0 if cause == "first_launch" else int(worst["launch_wait_busy_ns"])
+    sev = Severity.INFO if cause == "first_launch" else _severity(share)
     return Finding(kind=FindingKind.HOST_BOUND, severity=sev, summary=summary,
                    ranks=tuple(int(r["rank"]) for r in bound), evidence=HostBoundEvidence.of(ev),
                    recommendation=rec, est_saving_ns=saving)

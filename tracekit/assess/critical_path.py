@@ -42,7 +42,7 @@ from tracekit.findings.finding import Finding, FindingKind, Severity, severity_b
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
 from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
-from tracekit.whatif.graph import StepGraph, measured_step_ns
+from tracekit.whatif.graph import Category, StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
@@ -77,8 +77,10 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [Fix("microbatches", value=float(m))]
     if f.kind == FindingKind.EXPERT_ROUTING_SKEW:
         return [Fix("expert_even")]
-    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired (launch overhead: fewer
-        return [Fix("host_repair")] if ev.cause == "starved_host" else []  # launches, not a change of this graph)
+    if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired; launch overhead: the
+        if ev.cause == "starved_host":     # named ranks' launches ahead of their devices (an upper bound)
+            return [Fix("host_repair")]
+        return [Fix("host_ahead", rank=int(r)) for r in f.ranks] if ev.cause == "launch_overhead" else []
     if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
         return [Fix("memcpy_overlap")]
     if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank the finding names, or of the ranks that
@@ -144,14 +146,15 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its
     replayed saving (`regrade`)."""
     out, rows, every = [], [], []
-    held = {int(r) for r in np.unique(results[0].graph.rank)} if results else set()
+    held = worked_ranks(results[0].graph) if results else set()
     joint = _joint_savings(findings, results, lay, held) if regrade_severity else {}
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
         if (not fixes or not results or any(r not in held for x in fixes for r in x.touched_ranks())
                 or not all(replayable(results[0].graph, x, lay) for x in fixes)):
-            # a fix on a rank the graph does not hold (a log-only rank of a partial recording: no trace to
-            # replay), or on groups it does not hold, keeps the finding's closed-form saving
+            # a fix on a rank the graph holds no work of (a log-only rank of a partial recording: no trace to
+            # replay; a rank whose only ops ran on threads the graph does not model), or on groups it does not
+            # hold, keeps the finding's closed-form saving
             out.append(f)
             continue
         step_ns, meas = _mean_prediction(results, fixes, lay)
@@ -176,6 +179,14 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     return out, rows, together
 
 
+def worked_ranks(g: StepGraph) -> set[int]:
+    """Ranks with at least one node of work in the graph (not only their step-start marks): a fix on any other
+    rank changes nothing the replay can see, so its replayed saving would read 0 without meaning it (HTA's
+    gloo rank 34 of 300: two asynchronous all-reduces on side threads, nothing on the training thread, and a
+    31.3 ms host-gap warning that replayed to 0.00 ms)."""
+    return {int(r) for r in np.unique(g.rank[(g.category != Category.MARK) & (g.rank >= 0)])}
+
+
 REGRADE_INFO_SHARE = 0.01
 """A fix whose replay saves less than this share of the step is worth no more than info ..."""
 REGRADE_WARNING_SHARE = 0.05
@@ -183,7 +194,7 @@ REGRADE_WARNING_SHARE = 0.05
 (the wait a straggler causes, the launch wait a host causes) is capped by what removing the cause saves."""
 
 
-CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair")
+CAUSE_REMOVED = ("rank_compute", "host_stalls", "host_repair", "host_ahead")
 """Fixes that undo exactly what their finding measured (a rank at its peers' pace, a host's lost time), so
 their replay is the finding's cost and re-grades it. The others replay one remedy among several (overlap a
 collective, more micro-batches): a small saving there says that remedy is weak, not that the cost is absent.
@@ -326,9 +337,11 @@ def _measured_run_step(results: list[StepResult]) -> int | None:
 
 
 BOUND_OF_LANE = {"host": "host-bound", "compute_stream": "compute-bound", "comm_stream": "communication-bound",
-                 "waiting": "waiting-bound"}
+                 "waiting": "waiting-bound", "device_idle": "device-idle-bound"}
 LANE_WORDS = {"host": "host threads (launching work, host ops, stalls)", "compute_stream": "compute streams",
-              "comm_stream": "communication (collective transfers)", "waiting": "waiting for peers"}
+              "comm_stream": "communication (collective transfers)", "waiting": "waiting for peers",
+              "device_idle": "device idle (waiting for something the trace does not show: launched, ready, "
+                             "yet not started)"}
 PATH_RANK_SHARE = 0.10
 """A rank holding at least this share of the path is named as one the others wait for."""
 

@@ -41,7 +41,8 @@ def parse_bandwidth_gbps(text: str) -> float:
 
 def parse_fixes(*, rank_compute: list[str] = (), dim_bandwidth: list[str] = (), overlap: list[str] = (),
                 slow_link: list[str] = (), stage_resplit: bool = False, expert_even: bool = False,
-                microbatches: int | None = None, no_host_stalls: bool = False) -> list[Fix]:
+                microbatches: int | None = None, no_host_stalls: bool = False, launches_ahead: bool = False
+                ) -> list[Fix]:
     fixes: list[Fix] = []
     for spec in rank_compute:
         rank, _, how = spec.partition("=")
@@ -64,6 +65,8 @@ def parse_fixes(*, rank_compute: list[str] = (), dim_bandwidth: list[str] = (), 
         fixes.append(Fix("microbatches", value=float(microbatches)))
     if no_host_stalls:
         fixes.append(Fix("host_stalls"))
+    if launches_ahead:
+        fixes.append(Fix("host_ahead"))
     return fixes
 
 

@@ -19,6 +19,8 @@ Examples:
 
   tracekit whatif traces --dim-bandwidth tp=150GB/s --overlap dp
 
+  tracekit whatif traces --launches-ahead   (what CUDA graphs could save at most)
+
   tracekit whatif out/tables --microbatches 8 --export-step 3 --export step3.json   (open in ui.perfetto.dev)
 """
 
@@ -36,6 +38,7 @@ def register(app: typer.Typer) -> None:
         expert_even: bool = typer.Option(False, "--expert-even", help="Expert load even across expert-parallel ranks."),
         microbatches: Optional[int] = typer.Option(None, "--microbatches", min=1, help="Pipeline micro-batches per step."),
         no_host_stalls: bool = typer.Option(False, "--no-host-stalls", help="Host stalls (data loading, long host gaps) removed."),
+        launches_ahead: bool = typer.Option(False, "--launches-ahead", help="GPU ranks' launches cost the host nothing (the upper bound of CUDA graphs / torch.compile)."),
         export_step: Optional[int] = typer.Option(None, "--export-step", help="Step to export with --export (default: the last analyzed)."),
         export: Optional[Path] = typer.Option(None, "--export", help="Write the step as Chrome-trace/Perfetto JSON, critical path marked."),
         store_dir: Optional[Path] = typer.Option(None, "--store", help="Where to parse TRACES (default: a temporary folder)."),
@@ -49,7 +52,8 @@ def register(app: typer.Typer) -> None:
         try:
             fixes = parse_fixes(rank_compute=rank_compute, dim_bandwidth=dim_bandwidth, overlap=overlap,
                                 slow_link=slow_link, stage_resplit=stage_resplit, expert_even=expert_even,
-                                microbatches=microbatches, no_host_stalls=no_host_stalls)
+                                microbatches=microbatches, no_host_stalls=no_host_stalls,
+                                launches_ahead=launches_ahead)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         store = _open_store(traces, store_dir, err)

@@ -25,7 +25,8 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `expert_even`: per MoE layer pass (an ep all_to_all dispatch and the combine mirroring it) each member's
   expert compute (between the two) moved to the members' mean load (bytes it received in the dispatch) at
   the per-token cost their times show, and each all_to_all as long as its link tier takes to move the
-  members' mean bytes.
+  members' mean bytes. Members that share one host's cores: every member at the least-loaded member's pace
+  (`_shared_cores_target`, processor sharing).
 - `microbatches`: the same batch in more, smaller micro-batches: the pipelined part's per-sample work
   shrinks (`shrink_per_sample`) and is replayed, and each added micro-batch adds the busiest rank's time
   per micro-batch (`replay._more_microbatches`).
@@ -43,6 +44,12 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   host node's gap loses the slow time before it and its own time the slow time inside it
   (`StepGraph.excess_gap` / `excess_dur`, set by the builder); the device then starts each kernel at
   max(its launch, its stream, its other dependencies) as before.
+- `host_ahead`: the launching threads of GPU ranks (one rank, or all) kept ahead of the device, as CUDA graphs
+  (or torch.compile's) keep them: every runtime call costs nothing and the dispatch time between calls
+  (a gap shorter than `stall_min_ns`) goes; a longer gap is a stall (`host_stalls`' to remove) and stays, and
+  so does data loading and every wait for the device. Each kernel then starts at max(its stream, its other
+  dependencies, the waits before its launch): an upper bound of what fewer, larger launches save
+  (analyze/host_bound.py's `launch_overhead`).
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import Category, Overlay, StepGraph, device_lane_mask, host_lane_mask, rank_nodes
+from tracekit.whatif.graph import (Category, Overlay, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask,
+                                  rank_nodes)
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -70,7 +78,7 @@ def op_family(op: str) -> str | tuple[str, ...]:
 
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host", "host_ahead")
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,9 @@ class Fix:
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
+        if self.kind == "host_ahead":
+            return ("launches ahead of the device (no launch cost)"
+                    + (" on every GPU rank" if self.rank is None else f" on rank {self.rank}"))
         if self.kind == "memcpy_overlap":
             return "device copies overlapped" + ("" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
@@ -678,27 +689,70 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
     expert's ops pays a fixed part whatever the load); the members' mean time when sizes are unknown. Only
     the hot members shrink: the pass ends with its slowest member, and a cold member's extra work fits in
     the time it waited for the hot ones (on a CPU run the graph keeps that wait as a fixed gap).
-    And the all_to_alls moving the even share (`_even_all_to_all`)."""
+    Members that share one host's cores (`RunFacts.cpu_hosts`) are the exception (`_shared_cores_target`):
+    there the cold member's wait gave its core to the hot ones, and balanced routing gives it work that
+    takes a core back. And the all_to_alls moving the even share (`_even_all_to_all`)."""
     xfer = np.flatnonzero(_transfers(g, "ep") & _op_is(g, "all_to_all"))
     if xfer.size == 0:  # no ep group named (a job that moves its tokens over the world group): its all_to_alls
         xfer = np.flatnonzero(_transfers(g, None) & _op_is(g, "all_to_all"))
     if xfer.size == 0:
         return
-    for parts, load in moe_passes(g, xfer).values():
+    for parts, load, ranks, begin, end in moe_passes(g, xfer).values():
         own = np.array([dur[p].sum() for p in parts], np.float64)
-        if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
-            target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
-        else:
-            target = np.full(own.size, own.mean())
-        target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
+        target = _shared_cores_target(own, begin, end, load, ranks, lay)
+        if target is None:
+            if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
+                target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
+            else:
+                target = np.full(own.size, own.mean())
+            target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
         for p, o, t in zip(parts, own, target):
             if o > 0:
                 dur[p] = np.rint(dur[p] * (max(t, 0.0) / o)).astype(np.int64)
     _even_all_to_all(g, dur, xfer, lay)
 
 
-def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarray], np.ndarray]]:
-    """Dispatch instance → (each member's expert compute nodes, each member's load). A rank's all_to_alls
+def _shared_cores_target(own: np.ndarray, begin: np.ndarray, end: np.ndarray, load: np.ndarray, ranks: np.ndarray,
+                         lay: RunFacts) -> np.ndarray | None:
+    """Each member's expert compute time with routing balanced, where the pass's members are CPU ranks of one
+    host that share its cores (`RunFacts.cpu_hosts`); None elsewhere (or when sizes are unknown or even).
+    `own`: each member's compute in the pass; `begin`, `end`: the dispatch's end and its arrival at the
+    combine on its thread (measured ns): its span between is its compute and the gaps between, where it was
+    preempted or ran Python.
+
+    Processor sharing (docs/metrics.md §8): while every member computes, each runs at the pace the host
+    gives n runnable ranks; a member that finished waits inside the combine holding no core, so the hot
+    member's tail runs faster, alone. The least-loaded member computed the whole pass beside the others: its
+    wall time per token is the pace of n ranks at once, and with the load even every member computes its
+    mean share at that pace from start to end. So every member's span becomes the least-loaded member's span
+    scaled to the mean load (the cold members grow: their extra tokens take a core back from the hot ones),
+    its compute changed by as much. The fit of time against load across members (used elsewhere) reads the
+    hot member's cheaper alone-pace tail as the per-token cost. The model bounds the pass: alone a rank runs
+    no slower than beside the others and at most n times faster (1 ≤ s₁/sₙ ≤ n), so the balanced pass is no
+    longer than the measured one and no shorter than the fit's; the least-loaded member's single pass is the
+    box's (a 0.3 ms op preempted for 4-13 ms), and the bounds hold it to what the model allows. No member
+    arrives at the combine later than the last one did (a member whose thread woke late from the dispatch
+    has less room: the pass's work, not its start, is what moves). The fixed
+    part of a pass (work that does not grow with tokens) is taken as 0: the trace does not separate it from
+    the least-loaded member's own time."""
+    if not (np.isfinite(load).all() and np.ptp(load) > 0) or ranks.size < 2:
+        return None
+    hosts = {lay.cpu_hosts.get(int(r)) for r in ranks.tolist()}
+    if len(hosts) != 1 or None in hosts:
+        return None
+    cold = int(np.argmin(load))
+    span = end - begin
+    if load[cold] <= 0 or span[cold] <= 0:
+        return None
+    fit = np.minimum(span + max(float(np.polyfit(load, span, 1)[0]), 0.0) * (load.mean() - load), span)
+    pass_ns = np.clip(span[cold] * load.mean() / load[cold], fit.max(), span.max())
+    return np.maximum(own + (np.minimum(pass_ns, end.max() - begin) - span), 0.0)
+
+
+def moe_passes(g: StepGraph, xfer: np.ndarray
+               ) -> dict[int, tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Dispatch instance → (each member's expert compute nodes, each member's load, each member's rank, and
+    per member the dispatch's end and its arrival at the combine, measured ns). A rank's all_to_alls
     pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
     as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
     sizes = g.inst_info.io if g.inst_info is not None else []
@@ -707,7 +761,7 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)
     comp = comp[np.lexsort((g.start[comp], g.rank[comp]))]
-    out: dict[int, tuple[list[np.ndarray], list[float]]] = {}
+    out: dict[int, tuple[list[np.ndarray], list[float], list[int], list[float], list[float]]] = {}
     for r in np.unique(g.rank[xfer]).tolist():
         mine = xfer[g.rank[xfer] == r]
         mine = mine[np.argsort(g.start[mine], kind="stable")].tolist()
@@ -721,11 +775,15 @@ def moe_passes(g: StepGraph, xfer: np.ndarray) -> dict[int, tuple[list[np.ndarra
                 i += 1
                 continue
             a, b = g.start[d] + g.dur[d], arr_of.get((r, int(g.inst[c])), g.start[c])
-            parts, loads = out.setdefault(int(g.inst[d]), ([], []))
+            parts, loads, who, begins, ends = out.setdefault(int(g.inst[d]), ([], [], [], [], []))
             parts.append(cs[(g.start[cs] >= a) & (g.start[cs] + g.dur[cs] <= b)])
             loads.append(float(a_out))
+            who.append(r)
+            begins.append(float(a))
+            ends.append(float(b))
             i += 2
-    return {k: (p, np.array(x, np.float64)) for k, (p, x) in out.items()}
+    return {k: (p, np.array(x, np.float64), np.array(w, np.int64), np.array(t0, np.float64), np.array(t1, np.float64))
+            for k, (p, x, w, t0, t1) in out.items()}
 
 
 def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
@@ -787,6 +845,17 @@ def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> No
     m = np.ones(g.num_nodes, bool) if fix.rank is None else rank_nodes(g, int(fix.rank))
     gap[m] = np.maximum(gap[m] - g.excess_gap[m], 0)
     dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
+
+
+def _host_ahead(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+    if fix.rank is None:
+        m = np.flatnonzero(launch_lane_mask(g) & (g.rank >= 0))
+    else:  # the rank's nodes from one sort of the graph (a fix per rank of a large run: not a scan each)
+        m = rank_nodes(g, int(fix.rank))
+        m = m[launch_lane_mask(g)[m]]
+    dur[m[g.category[m] == Category.HOST]] = 0
+    short = m[gap[m] < lay.stall_min_ns]
+    gap[short] = np.minimum(gap[short], 0)  # a negative gap (calls overlapping on the clock) stays as measured
 
 
 def _step_leads(g: StepGraph, host: np.ndarray, rank: int, lay: RunFacts) -> np.ndarray:
@@ -875,20 +944,26 @@ def copy_direction(name: str) -> str:
     return _DIRECTION_NAME.get(d.lower(), d[0].upper() + "to" + d[-1].upper())
 
 
-LOCAL_FIXES = ("host_stalls", "host_repair")
+LOCAL_FIXES = ("host_stalls", "host_repair", "host_ahead")
 """Fixes that, naming ranks (`Fix.touched_ranks`), change only those ranks' nodes: `apply_fixes_sparse`."""
+SPARSE_MAX_FIXES = 8
+"""More fixes than this (one per rank of a finding naming many ranks) are applied to whole arrays: each
+write into an overlay merges into all it holds, and they would reach too much of the graph anyway."""
 
 
 def apply_fixes_sparse(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[Overlay, Overlay] | None:
     """`apply_fixes`' durations and gaps as overlays of the graph's (`graph.Overlay`: only the changed
     values held) when every fix is one of LOCAL_FIXES on named ranks; None otherwise. The same fix
     functions write into them: the values are `apply_fixes`' exactly."""
-    if not fixes or not all(f.kind in LOCAL_FIXES and f.touched_ranks() for f in fixes):
+    if not fixes or len(fixes) > SPARSE_MAX_FIXES or not all(f.kind in LOCAL_FIXES and f.touched_ranks()
+                                                              for f in fixes):
         return None
     dur, gap = Overlay(g.dur), Overlay(g.gap)
     for fix in fixes:
         if fix.kind == "host_stalls":
             _host_stalls(g, dur, gap, fix, lay)  # type: ignore[arg-type]
+        elif fix.kind == "host_ahead":
+            _host_ahead(g, dur, gap, fix, lay)  # type: ignore[arg-type]
         else:
             _host_repair(g, dur, gap, fix)  # type: ignore[arg-type]
     return dur, gap
@@ -919,6 +994,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _host_stalls(g, dur, gap, fix, lay)
         elif fix.kind == "host_repair":
             _host_repair(g, dur, gap, fix)
+        elif fix.kind == "host_ahead":
+            _host_ahead(g, dur, gap, fix, lay)
         elif fix.kind == "memcpy_overlap":
             m = memcpy_nodes(g)
             dur[m & ((g.rank == fix.rank) if fix.rank is not None else True)] = 0

@@ -770,6 +770,11 @@ def host_lane_mask(g: StepGraph) -> np.ndarray:
     return _lane_mask(g, "thread")
 
 
+def launch_lane_mask(g: StepGraph) -> np.ndarray:
+    """Per node: it sits on a GPU rank's launching host thread (read-only; cached per graph)."""
+    return _lane_mask(g, "host thread")
+
+
 def _lane_mask(g: StepGraph, word: str) -> np.ndarray:
     key = (g.lane, tuple(g.lane_names))
     held = g.cache.lane_masks.get(word)

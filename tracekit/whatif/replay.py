@@ -16,7 +16,7 @@ from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, apply_fixes_sparse, gradient_dims, replay_graph,
                                    shared_host_idle, shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
-                                  device_lane_mask, host_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
+                                  device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
                                   window_of, window_span_until)
 
 
@@ -186,8 +186,19 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
     if start[0] < begin:  # the path's first op began before the window: count its part inside
         dur[0] -= begin - start[0]
         start[0] = begin
-    prev_end = np.r_[begin, (start + dur)[:-1]]
-    gaps = start - prev_end
+    # nodes count only inside the window: the step's last nodes may end past it (kernels of a step still
+    # running after the next step's first kernel began: a device a step behind its host, CUDA-graph replays;
+    # HTA's 16-rank all_to_all trace read "compute streams 120% of the step"), so the parts sum to the step
+    inside = np.flatnonzero(start < begin + step_ns)
+    keep = inside[-1] + 1 if inside.size else 1
+    path, start = path[:keep], np.minimum(start[:keep], begin + step_ns)
+    ends = np.minimum(start + dur[:keep], begin + step_ns)
+    # each instant of the window counted once, in path order: a node that began before the path's previous
+    # nodes ended (a kernel that starts before its launch call returns) owns only the time after them
+    # (hta_triton's one-kernel step read "host threads 133% of the step", its kernel -33%)
+    covered = np.maximum.accumulate(np.r_[begin, ends[:-1]])
+    gaps = np.maximum(start - covered, 0)
+    dur = np.maximum(ends - np.maximum(start, covered), 0)
     cats = [_CAT_NAME[c] for c in g.category[path].tolist()]
     lanes, ranks, dims = g.lane[path].tolist(), g.rank[path].tolist(), g.dim[path].tolist()
     on_thread = ["thread" in name for name in g.lane_names]
@@ -204,16 +215,20 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
             by_rank[str(ranks[i])] = by_rank.get(str(ranks[i]), 0) + own + gap
         if dims[i] >= 0:
             by_dim[g.dims[dims[i]]] = by_dim.get(g.dims[dims[i]], 0) + own
-    by_cat["after_path"] = int(begin + step_ns - (start[-1] + dur[-1]))
+    by_cat["after_path"] = int(begin + step_ns - max(int(ends.max()), begin))
     by_cat.pop("mark", None)
     return {"step_ns": step_ns, "by_category": by_cat, "by_rank": by_rank, "by_dim": by_dim,
             "by_lane": _by_lane(g, path, dur, gaps, by_cat["after_path"])}
 
 
-LANE_KINDS = ("host", "compute_stream", "comm_stream", "waiting")
+LANE_KINDS = ("host", "compute_stream", "comm_stream", "waiting", "device_idle")
 """Where the critical path runs (composition `by_lane`): host threads (their ops and the gaps between
-them), device streams running compute or other device work (and the device's unexplained gaps before
-them), streams running collectives or send/recv, and cross-rank waits (a collective's last arrival)."""
+them), device streams running compute or other device work, streams running collectives or send/recv,
+cross-rank waits (a collective's last arrival), and device idle: the gap before a device node on the path,
+which started later than its launch, its stream and every dependency the trace shows allow (a wait the
+trace does not show: an event from another stream, a CUDA graph's internal order, the driver). Counted
+with its stream before, such idle made HTA's 16-rank all_to_all trace "compute-bound" at 77% of the step
+while its device idled 64% of it."""
 
 
 def lane_kinds(g: StepGraph) -> np.ndarray:
@@ -240,8 +255,19 @@ def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, 
     stretch after the path's last node goes to that node's lane."""
     kinds = lane_kinds(g)[np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
     out = dict.fromkeys(LANE_KINDS, 0)
-    for k, own, gap in zip(kinds.tolist(), dur.tolist(), gaps.tolist()):
-        out[LANE_KINDS[k]] += own + gap
+    device = (LANE_KINDS.index("compute_stream"), LANE_KINDS.index("comm_stream"))
+    gpu = {int(r) for r in np.unique(g.rank[launch_lane_mask(g)])}  # ranks with a device apart from the host
+    thread = np.array(["thread" in n for n in g.lane_names] + [False], bool)[
+        np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
+    for k, own, gap, r, on_thread in zip(kinds.tolist(), dur.tolist(), gaps.tolist(), g.rank[path].tolist(),
+                                         thread.tolist()):
+        out[LANE_KINDS[k]] += own
+        if gap > 0 and k in device and r in gpu and not on_thread:
+            out["device_idle"] += gap
+        elif gap > 0 and on_thread:  # a CPU rank's training thread idle: a host stall, not its compute
+            out["host"] += gap
+        else:
+            out[LANE_KINDS[k]] += gap
     out[LANE_KINDS[int(kinds[-1])]] += max(after, 0)
     return out
 
