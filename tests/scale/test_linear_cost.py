@@ -183,3 +183,67 @@ def test_run_step_time_equals_the_mean_rank_by_rank():
     assert run_step_ns(g, times, rows) == want
     rows = rows[g.win_step == 1]
     assert run_step_ns(g, times, rows) == int(max(float(times[rows][g.ranks[rows] == r][0]) for r in range(20)))
+
+
+def test_overlay_reads_and_writes_as_the_array():
+    """graph.Overlay (a fix's changes without a copy of the graph's arrays) against a numpy copy: random writes
+    by id arrays (repeated ids: the last wins), boolean masks and float values (cast as numpy casts them)."""
+    from tracekit.whatif.graph import Overlay
+
+    rng = np.random.default_rng(11)
+    base = rng.integers(0, 10**12, 500).astype(np.int64)
+    base.flags.writeable = False
+    arr, ov = base.copy(), Overlay(base)
+    for trial in range(60):
+        if trial % 3 == 0:
+            m = rng.random(500) < 0.05
+            v = rng.integers(0, 10**9, int(m.sum()))
+            arr[m] = v
+            ov[m] = v
+        elif trial % 3 == 1:
+            i = rng.integers(0, 500, 20)  # repeats
+            v = rng.random(20) * 1e6  # floats into int64: truncated
+            arr[i] = v
+            ov[i] = v
+        else:
+            i = rng.integers(0, 500, 10)
+            arr[i] = 0
+            ov[i] = 0
+        q = rng.integers(0, 500, 50)
+        assert np.array_equal(ov[q], arr[q])
+    assert np.array_equal(ov.dense(), arr)
+    assert np.array_equal(ov.changed(), np.flatnonzero(arr != base))
+    assert np.array_equal(base, base.copy())  # never written
+
+
+def test_sparse_replay_of_changed_nodes_equals_the_whole_replay():
+    """replay_changed with overlays (nothing of the graph copied) gives the whole replay's starts, the same
+    moved nodes and the same windows' step times as the dense arrays."""
+    from tracekit.whatif.graph import Overlay, rank_step_ns, replay_changed
+
+    rng = np.random.default_rng(5)
+    g = _dag(rng)
+    base = replay(g)
+    checked = 0
+    for trial in range(40):
+        dur, gap = Overlay(g.dur), Overlay(g.gap)
+        r = int(rng.integers(0, 48))
+        nodes = np.flatnonzero(g.rank == r)[rng.integers(0, 60, 5)]
+        if trial % 2:
+            dur[nodes] = np.maximum(dur[nodes] - rng.integers(0, 8000, nodes.size), 0)
+        else:
+            gap[nodes] = np.maximum(gap[nodes] - 1000, 0) + (trial % 4 == 0) * 3000
+        want = replay(g, dur.dense(), gap.dense())
+        got = replay_changed(g, dur, gap)
+        dense = replay_changed(g, dur.dense(), gap.dense())
+        assert (got is None) == (dense is None)
+        if got is None:
+            continue
+        start, touched = got
+        assert isinstance(start, Overlay) and np.array_equal(start.dense(), want)
+        assert np.array_equal(np.sort(touched), np.sort(dense[1]))
+        moved = np.flatnonzero((want != base) | (want + dur.dense() != base + g.dur))
+        assert np.array_equal(np.sort(touched), moved)
+        assert np.array_equal(rank_step_ns(g, start, dur, gap, touched), rank_step_ns(g, want, dur.dense(), gap.dense()))
+        checked += 1
+    assert checked >= 30

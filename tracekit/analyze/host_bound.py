@@ -46,11 +46,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
-from tracekit.derive.host_ops import SLOW_FACTOR, SLOW_MIN_NS, device_ops, excess_ns, host_ops, remember_slow
+from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, candidate_excess, device_ops, host_ops,
+                                      name_medians, remember_slow_summaries, summarize_ops)
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
-from tracekit.tables.columns import Columns
+from tracekit.tables.columns import Columns, num_rows
 from tracekit.tables.store import RunStore
 
 LAUNCH_INFO = 0.05
@@ -185,13 +186,34 @@ class HostBoundResult(AnalyzerResult):
 
 
 def analyze_host_bound(store: RunStore) -> HostBoundResult:
-    """Section `host_bound` and the `host_bound` finding (GPU ranks only)."""
-    kern = {r: k for r in store.ranks() if (k := device_ops(store, r)) is not None}
-    ops = {r: o for r, k in kern.items() if (o := host_ops(store, r, k)) is not None}
-    excess, first = excess_ns(ops), excess_ns(ops, first_launch=True)
-    remember_slow(store, ops, excess)  # for the what-if build (whatif.build.slow_host_ops)
-    rows = [x for r in ops if (x := rank_rows(store, r, kern[r], ops[r], excess[r], first[r])) is not None]
-    slow = slow_op_table(ops, excess)
+    """Section `host_bound` and the `host_bound` finding (GPU ranks only). One rank's kernels and host ops
+    in memory at a time: each rank's row is measured as it is read, with the slow-op parts (which need every
+    rank's medians) added once all are read, from a per-rank summary (`OpSummary`)."""
+    summ: dict[int, OpSummary] = {}
+    partial: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
+    for r in store.ranks():
+        kern = device_ops(store, r)
+        ops = host_ops(store, r, kern) if kern is not None else None
+        if ops is None:
+            continue
+        summ[r] = summarize_ops(ops)
+        row = rank_rows(store, r, kern, ops, np.zeros(num_rows(ops), np.int64))
+        if row is not None:
+            partial[r] = (row, np.unique(kern["step"][kern["step"] >= 0]))
+        del kern, ops
+    med = name_medians(summ)
+    excess = {r: candidate_excess(s, med[r]) for r, s in summ.items()}
+    first = {r: candidate_excess(s, med[r], first_launch=True) for r, s in summ.items()}
+    remember_slow_summaries(store, summ, excess)  # for the what-if build (whatif.build.slow_host_ops)
+    rows = []
+    for r, (row, steps) in partial.items():  # rank_rows' slow-op sums, from the candidates (0 elsewhere)
+        in_steps = np.isin(summ[r].cand["step"], steps)
+        n = int(steps.size)
+        row["slow_ops_ns"] = int(excess[r][in_steps].sum()) // n
+        row["first_launch_ns"] = int(first[r][in_steps].sum()) // n
+        row["slow_ops"] = int((excess[r][in_steps] > 0).sum())
+        rows.append(row)
+    slow = slow_op_table({r: s.cand for r, s in summ.items()}, excess)
     finding = _finding(rows, slow)
     section = {"ranks": rows, "slow_ops": slow,
                "thresholds": {"slow_factor": SLOW_FACTOR, "slow_min_ns": SLOW_MIN_NS, "info": LAUNCH_INFO,

@@ -23,7 +23,9 @@ data loading, syncs and sleeps come back each step, a one-off hiccup such as a p
 does not) — gets an `idle_host_bound` finding (critical from STALL_CRITICAL, info from STALL_INFO);
 the estimated saving is the mean stall time per step (the device would have had work; an upper
 bound, since the data must still be produced somewhere). Host gaps on CPU-only ranks that share one
-host's cores carry a caveat (`caveat`: a preempted process leaves the same gaps), never a cap.
+host's cores carry a caveat (`caveat`: a preempted process leaves the same gaps), never a cap. Ranks that
+stall alike (`group_alike`: at least ALIKE_MIN_RANKS, same severity, cause, label and device, within
+ALIKE_SPREAD) are one finding listing them, each rank's numbers in its evidence (`per_rank`).
 
 Section `host_stalls`:
     {"ranks": [{"rank", "steps", "step_ns", "stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns",
@@ -35,6 +37,7 @@ Section `host_stalls`:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,19 +214,25 @@ def _severity(frac: float) -> Severity | None:
     return severity_by_share(frac, STALL_INFO, STALL_WARNING, STALL_CRITICAL)
 
 
+def _what(r: dict[str, Any]) -> tuple[bool, str | None, str]:
+    """(the stall is mostly data loading, the label holding most of it if most, where the device stands)."""
+    loading = r["data_load_ns"] >= r["stall_ns"] / 2
+    label = next(iter(r["stall_labels"]), None)  # evidence: the label holding most of the stall, if most
+    if label is not None and 2 * r["stall_labels"][label] < r["stall_ns"]:
+        label = None
+    where = ("with no device work queued" if r["device"] == "gpu"
+             else "(no op running, no collective in flight)")
+    return loading, label, where
+
+
 def _finding(r: dict[str, Any], shared_host: bool) -> Finding | None:
     """`shared_host`: several CPU-only ranks on one host's cores (a host gap there may be preemption:
     a caveat on the cause, never a lower severity)."""
     sev = _severity(r["recurring_fraction"])
     if sev is None:
         return None
-    loading = r["data_load_ns"] >= r["stall_ns"] / 2
-    what = "loading data" if loading else "in host gaps"
-    label = next(iter(r["stall_labels"]), None)  # evidence: the label holding most of the stall, if most
-    if label is not None and 2 * r["stall_labels"][label] >= r["stall_ns"]:
-        what += f" inside the label {label!r}"
-    where = ("with no device work queued" if r["device"] == "gpu"
-             else "(no op running, no collective in flight)")
+    loading, label, where = _what(r)
+    what = ("loading data" if loading else "in host gaps") + (f" inside the label {label!r}" if label else "")
     summary = (f"rank {r['rank']} stalls {r['stall_ns'] / 1e6:.1f} ms per step ({r['stall_fraction']:.0%} of the "
                f"step) {what} {where}")
     rec = ("Feed the device ahead of time: more DataLoader workers, pin_memory and prefetch_factor, or move "
@@ -240,6 +249,73 @@ def _finding(r: dict[str, Any], shared_host: bool) -> Finding | None:
                    dim=None, evidence=HostStallEvidence.of(ev), recommendation=rec, est_saving_ns=int(r["stall_ns"]))
 
 
+ALIKE_MIN_RANKS = 4
+"""At least this many ranks that stall alike get one finding naming them all (`group_alike`), not one each:
+a reader compares two or three findings side by side, while a thousand ranks of one job stalling the same
+way are one fact (one cause, one fix on all of them), and a list of them buries the rank that is different."""
+ALIKE_SPREAD = 0.10
+"""Ranks stall alike when their stall per step is within this share above the smallest of them (same
+severity, cause, label and device): a rank stalling more than that stands apart, with its own finding."""
+
+
+def group_alike(findings: list[Finding], rows: dict[int, dict[str, Any]]) -> list[Finding]:
+    """`findings` (one per rank) with each set of at least ALIKE_MIN_RANKS ranks that stall alike
+    (ALIKE_SPREAD) replaced by one finding listing them (`_group_finding`): its fix is the stall removed on
+    every one of them, replayed together (what fixing the cause saves: ranks that stall alike and meet at
+    collectives wait for each other, so fixing one of them alone saves nothing). Order: as `findings`, each
+    group where its first rank's finding was."""
+    keys: dict[tuple, list[int]] = {}
+    for i, f in enumerate(findings):
+        loading, label, _ = _what(rows[f.ranks[0]])
+        key = (f.severity, loading, label, f.evidence.details.get("device"), f.evidence.details.get("caveat"))
+        keys.setdefault(key, []).append(i)
+    group_of: dict[int, list[int]] = {}
+    for idx in keys.values():
+        idx = sorted(idx, key=lambda i: (findings[i].evidence.stall_ns, findings[i].ranks[0]))
+        a = 0
+        while a < len(idx):
+            lo = findings[idx[a]].evidence.stall_ns
+            b = a
+            while b < len(idx) and findings[idx[b]].evidence.stall_ns <= lo + ALIKE_SPREAD * lo:
+                b += 1
+            if b - a >= ALIKE_MIN_RANKS:
+                members = sorted(idx[a:b])
+                group_of[members[0]] = members
+                group_of.update({i: [] for i in members[1:]})
+            a = b
+    out = []
+    for i, f in enumerate(findings):
+        members = group_of.get(i)
+        if members is None:
+            out.append(f)
+        elif members:
+            out.append(_group_finding([findings[j] for j in members], [rows[findings[j].ranks[0]] for j in members]))
+    return out
+
+
+def _group_finding(members: list[Finding], rows: list[dict[str, Any]]) -> Finding:
+    """One finding for ranks that stall alike: the evidence of the rank stalling most (`representative_rank`)
+    and each rank's numbers (`per_rank`); the closed-form saving is the longest stall (they stall side by
+    side: removing every one saves at most that)."""
+    top = max(range(len(rows)), key=lambda i: (rows[i]["stall_ns"], -rows[i]["rank"]))
+    f, r = members[top], rows[top]
+    ranks = tuple(sorted(int(x["rank"]) for x in rows))
+    loading, label, where = _what(r)
+    what = ("loading data" if loading else "in host gaps") + (f" inside the label {label!r}" if label else "")
+    lo, hi = min(x["stall_ns"] for x in rows) / 1e6, r["stall_ns"] / 1e6
+    flo, fhi = min(x["stall_fraction"] for x in rows), max(x["stall_fraction"] for x in rows)
+    size = f"{hi:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
+    share = f"{fhi:.0%}" if f"{flo:.0%}" == f"{fhi:.0%}" else f"{flo:.0%}-{fhi:.0%}"
+    shown = ", ".join(map(str, ranks[:8])) + (f", ... ({len(ranks)} ranks)" if len(ranks) > 8 else "")
+    summary = (f"{len(ranks)} ranks stall alike, {size} ms per step ({share} of the step) each, {what} {where}: "
+               f"ranks {shown}")
+    per_rank = [{k: x[k] for k in ("rank", "stall_ns", "data_load_ns", "gap_ns", "longest_gap_ns", "step_ns",
+                                   "stall_fraction", "recurring_fraction")} for x in sorted(rows, key=lambda x: x["rank"])]
+    ev = dataclasses.replace(f.evidence, details={**f.evidence.details, "representative_rank": int(r["rank"]),
+                                                  "alike_ranks": len(ranks), "per_rank": per_rank})
+    return dataclasses.replace(f, ranks=ranks, summary=summary, evidence=ev)
+
+
 @dataclass(frozen=True)
 class HostStallsResult(AnalyzerResult):
     pass
@@ -250,6 +326,7 @@ def analyze_host_stalls(store: RunStore) -> HostStallsResult:
     ranks = [r for r in (rank_stalls(store, rank) for rank in store.ranks()) if r is not None]
     shared_host = len(ranks) > 1 and host_count(store) == 1
     findings = [f for f in (_finding(r, shared_host) for r in ranks) if f is not None]
+    findings = group_alike(findings, {r["rank"]: r for r in ranks})
     section = {"ranks": ranks, "thresholds": {"min_gap_ns": MIN_GAP_NS, "info": STALL_INFO,
                                               "warning": STALL_WARNING, "critical": STALL_CRITICAL}}
     return HostStallsResult(findings=findings, section=section)

@@ -83,7 +83,9 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         return [Fix("host_ahead", rank=int(r)) for r in f.ranks] if ev.cause == "launch_overhead" else []
     if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
         return [Fix("memcpy_overlap")]
-    if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank(s) the finding names
+    if f.kind == FindingKind.IDLE_HOST_BOUND:  # the stall of the rank the finding names, or of the ranks that
+        if len(f.ranks) > 1:  # stall alike (host_stalls.group_alike): removed on all of them together
+            return [Fix("host_stalls", ranks=tuple(sorted(int(r) for r in f.ranks)))]
         return [Fix("host_stalls", rank=int(r)) for r in f.ranks] if f.ranks else [Fix("host_stalls")]
     return []
 
@@ -148,7 +150,7 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     joint = _joint_savings(findings, results, lay, held) if regrade_severity else {}
     for i, f in enumerate(findings):
         fixes = fix_for(f, lay)
-        if (not fixes or not results or any(x.rank is not None and int(x.rank) not in held for x in fixes)
+        if (not fixes or not results or any(r not in held for x in fixes for r in x.touched_ranks())
                 or not all(replayable(results[0].graph, x, lay) for x in fixes)):
             # a fix on a rank the graph holds no work of (a log-only rank of a partial recording: no trace to
             # replay; a rank whose only ops ran on threads the graph does not model), or on groups it does not
@@ -226,7 +228,7 @@ def _joint_savings(findings: list[Finding], results: list[StepResult], lay: RunF
     for f in findings:
         fixes = fix_for(f, lay)
         if (f.kind is FindingKind.STRAGGLER or not fixes or not all(x.kind in CAUSE_REMOVED for x in fixes)
-                or any(x.rank is not None and int(x.rank) not in held for x in fixes)):
+                or any(r not in held for x in fixes for r in x.touched_ranks())):
             continue
         count[f.kind] = count.get(f.kind, 0) + 1
         by_kind.setdefault(f.kind, []).extend(x for x in fixes if x not in by_kind.get(f.kind, []))

@@ -6,6 +6,7 @@ than the same op elsewhere: the derived fact the `host_bound` analyzer measures 
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -179,6 +180,68 @@ def excess_ns(ops_by_rank: dict[int, Columns], *, first_launch: bool = False) ->
     return {r: out[bounds[i]:bounds[i + 1]] for i, r in enumerate(ranks)}
 
 
+@dataclass
+class OpSummary:
+    """What the run-wide slow-op test needs of one rank's host ops (`host_ops`), kept while the other ranks
+    are read: each op's name (as a code into the rank's distinct names) and own time, and the few ops that
+    can be slow at all (not waiting, own time at least SLOW_MIN_NS: a median is never negative) with what
+    the analyzer and the what-if build read of them. About 12 bytes per op instead of every op column."""
+
+    names: np.ndarray
+    """the rank's distinct op names (object array, sorted)"""
+    code: np.ndarray
+    """per op: index into `names` (int32)"""
+    self_ns: np.ndarray
+    """per op: own time"""
+    cand: Columns
+    """the ops that can be slow, in the rank's op order: SLOW_COLUMNS, name, self_ns, first_launch, code"""
+
+
+def summarize_ops(ops: Columns) -> OpSummary:
+    names, code = np.unique(ops["name"], return_inverse=True)
+    keep = ~ops["waits"] & (ops["self_ns"] >= SLOW_MIN_NS)
+    cand = {c: ops[c][keep] for c in (*SLOW_COLUMNS, "name", "self_ns", "first_launch")}
+    cand["code"] = code.reshape(-1)[keep]
+    return OpSummary(names=names, code=code.reshape(-1).astype(np.int32), self_ns=ops["self_ns"].copy(), cand=cand)
+
+
+def name_medians(summaries: dict[int, OpSummary]) -> dict[int, np.ndarray]:
+    """Per rank: for each of its distinct op names, the rounded median of that op's own time over every rank
+    and step (`excess_ns`' median), computed from the summaries."""
+    ranks = list(summaries)
+    if not ranks:
+        return {}
+    glob, inv = np.unique(np.concatenate([summaries[r].names for r in ranks]), return_inverse=True)
+    inv = inv.reshape(-1)
+    off = np.cumsum([0] + [summaries[r].names.size for r in ranks])
+    codes = np.concatenate([inv[off[i]:off[i + 1]][summaries[r].code] for i, r in enumerate(ranks)])
+    own = np.concatenate([summaries[r].self_ns for r in ranks])
+    med = np.rint(group_median(codes, glob.size, own.astype(np.float64))).astype(np.int64)
+    return {r: med[inv[off[i]:off[i + 1]]] for i, r in enumerate(ranks)}
+
+
+def candidate_excess(s: OpSummary, med: np.ndarray, *, first_launch: bool = False) -> np.ndarray:
+    """`excess_ns` of the rank's candidate ops (`OpSummary.cand`; every other op's is 0), `med` its names'
+    medians (`name_medians`)."""
+    c = s.cand
+    m = med[c["code"]]
+    own = c["self_ns"]
+    slow = (c["first_launch"] == first_launch) & (own >= SLOW_FACTOR * m) & (own - m >= SLOW_MIN_NS)
+    return np.where(slow, own - m, 0)
+
+
+def remember_slow_summaries(store: RunStore, summaries: dict[int, OpSummary], excess: dict[int, np.ndarray]) -> None:
+    """`remember_slow` from the summaries and their candidates' excess (`candidate_excess`)."""
+    slow = {}
+    for r, x in excess.items():
+        keep = x > 0
+        slow[r] = {**{c: summaries[r].cand[c][keep] for c in SLOW_COLUMNS}, "excess": x[keep]}
+    try:
+        _SLOW.setdefault(store, {})[frozenset(summaries)] = slow
+    except TypeError:  # a store that cannot be weakly referenced: derived again when asked
+        pass
+
+
 _SLOW: "weakref.WeakKeyDictionary[RunStore, dict[frozenset, dict[int, Columns]]]" = weakref.WeakKeyDictionary()
 """Per store, per set of GPU ranks: each rank's slow host ops (`remember_slow`)."""
 
@@ -214,6 +277,10 @@ def slow_ops_of(store: RunStore, ranks: list[int]) -> dict[int, Columns]:
         held = None
     if held is not None:
         return held
-    ops = {r: o for r in gpu if (o := host_ops(store, r)) is not None}
-    excess = excess_ns(ops)
-    return {r: {**{c: ops[r][c][x > 0] for c in SLOW_COLUMNS}, "excess": x[x > 0]} for r, x in excess.items()}
+    summ = {r: summarize_ops(o) for r in gpu if (o := host_ops(store, r)) is not None}  # one rank's ops at a time
+    med = name_medians(summ)
+    out = {}
+    for r, sm in summ.items():
+        x = candidate_excess(sm, med[r])
+        out[r] = {**{c: sm.cand[c][x > 0] for c in SLOW_COLUMNS}, "excess": x[x > 0]}
+    return out

@@ -90,7 +90,11 @@ class _Buf:
         self.dst.append(np.asarray(dst, dtype=np.int64))
 
     def finish(self, dims: list[str]) -> StepGraph:
-        c = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in self.cols.items()}
+        c = {}
+        for k in list(self.cols):  # each column's pieces freed once joined (a large run's graph: not twice at once)
+            v = self.cols.pop(k)
+            c[k] = np.concatenate(v) if v else np.zeros(0)
+            del v
         lane, start, prio = c["lane"].astype(np.int64), c["start"].astype(np.int64), c["prio"]
         chained = np.flatnonzero(lane >= 0)
         tie = c["tie"].astype(np.int64)
@@ -98,12 +102,14 @@ class _Buf:
         same = lane[order[1:]] == lane[order[:-1]]
         src = np.concatenate(self.src + [order[:-1][same]]) if self.src or len(order) else np.zeros(0, np.int64)
         dst = np.concatenate(self.dst + [order[1:][same]]) if self.dst or len(order) else np.zeros(0, np.int64)
-        return StepGraph(rank=c["rank"].astype(np.int32), lane=lane, category=c["category"].astype(np.int8),
-                         start=start, dur=np.maximum(c["dur"].astype(np.int64), 0),
-                         src=src.astype(np.int64), dst=dst.astype(np.int64), dim=c["dim"].astype(np.int32),
-                         inst=c["inst"].astype(np.int32), name=self.names, lane_names=self.lane_names,
-                         dims=dims, terminal=c["terminal"].astype(bool), step=c["step"].astype(np.int64),
-                         excess_gap=c["xgap"].astype(np.int64), excess_dur=c["xdur"].astype(np.int64))
+        as_ = {"copy": False}  # the joined columns are the graph's own (no second copy of a large graph)
+        return StepGraph(rank=c["rank"].astype(np.int32, **as_), lane=lane, category=c["category"].astype(np.int8, **as_),
+                         start=start, dur=np.maximum(c["dur"].astype(np.int64, **as_), 0),
+                         src=src.astype(np.int64, **as_), dst=dst.astype(np.int64, **as_),
+                         dim=c["dim"].astype(np.int32, **as_), inst=c["inst"].astype(np.int32, **as_), name=self.names,
+                         lane_names=self.lane_names, dims=dims, terminal=c["terminal"].astype(bool, **as_),
+                         step=c["step"].astype(np.int64, **as_), excess_gap=c["xgap"].astype(np.int64, **as_),
+                         excess_dur=c["xdur"].astype(np.int64, **as_))
 
 
 @dataclass
@@ -602,8 +608,10 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     stream = np.nan_to_num(_arr(k, "stream", float), nan=-1).astype(np.int64)[order]
     lanes = {int(s): buf.lane(f"rank {rank} stream {int(s)}") for s in np.unique(stream)}
     corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
-    kind = [str(x) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
-    names = [str(x) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    # one string object per distinct value (the builder's names: `_Buf._name_of`): a 1,024-rank run holds
+    # every rank's kernels at once while its graph is placed, ~1 M kernels with a few hundred names
+    kind = [buf._name_of(str(x)) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    names = [buf._name_of(str(x)) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
                    names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
@@ -911,6 +919,8 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
         else:
             add_cpu_rank(buf, store, r, steps, conv, mem, sub_ids, obj)
             windows.update(_cpu_windows(store, r, steps, conv))
+        placed[r] = (kind, None, None)  # the rank's kernels are in the graph now: freed as the graph grows
+        del obj
     g = buf.finish(dims)
     infer_stream_waits(g)
     g.inst_info = instance_info(members)

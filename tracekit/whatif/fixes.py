@@ -64,7 +64,8 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import Category, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask
+from tracekit.whatif.graph import (Category, Overlay, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask,
+                                  rank_nodes)
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -90,6 +91,13 @@ class Fix:
     op: str | None = None
     """dim_overlap: only this collective op of the dim (None = all of them; send, recv or sendrecv: the dim's
     point-to-point transfers, one transfer seen from its two sides)"""
+    ranks: tuple[int, ...] | None = None
+    """host_stalls: these ranks' stalls removed together, as for all ranks at once (ranks that stall alike:
+    analyze/host_stalls.py `group_alike`; their peers' median stalls as much, so the one-rank fix removes nothing)"""
+
+    def touched_ranks(self) -> list[int]:
+        """The ranks the fix changes when it names any (else [], every rank or none in particular)."""
+        return [int(self.rank)] if self.rank is not None else [int(r) for r in self.ranks or ()]
 
     def label(self) -> str:
         if self.kind == "rank_compute":
@@ -106,6 +114,8 @@ class Fix:
         if self.kind == "microbatches":
             return f"{int(self.value or 0)} micro-batches"
         if self.kind == "host_stalls":
+            if self.ranks:
+                return f"host stalls removed on {len(self.ranks)} ranks ({_ranks_text(self.ranks)})"
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
@@ -116,6 +126,12 @@ class Fix:
             return "device copies overlapped" + ("" if self.rank is None else f" on rank {self.rank}")
         return {"stage_resplit": "pipeline stages re-split evenly", "expert_even": "expert load even"}.get(
             self.kind, self.kind)
+
+
+def _ranks_text(ranks: tuple[int, ...], shown: int = 8) -> str:
+    """The first `shown` ranks, then how many more."""
+    head = ", ".join(map(str, ranks[:shown]))
+    return head + (f", ... {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
 @dataclass
@@ -802,6 +818,11 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     host = host_lane_mask(g)
+    if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
+        mine = np.concatenate([rank_nodes(g, int(r)) for r in fix.ranks])
+        gap[mine[host[mine] & (gap[mine] >= lay.stall_min_ns)]] = 0
+        dur[mine[g.category[mine] == Category.STALL]] = 0
+        return
     if fix.rank is None:
         gap[host & (gap >= lay.stall_min_ns)] = 0
         dur[g.category == Category.STALL] = 0
@@ -821,16 +842,19 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
 
 
 def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:
-    m = np.ones(g.num_nodes, bool) if fix.rank is None else g.rank == int(fix.rank)
+    m = np.ones(g.num_nodes, bool) if fix.rank is None else rank_nodes(g, int(fix.rank))
     gap[m] = np.maximum(gap[m] - g.excess_gap[m], 0)
     dur[m] = np.maximum(dur[m] - g.excess_dur[m], 0)
 
 
 def _host_ahead(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
-    m = launch_lane_mask(g) & ((g.rank >= 0) if fix.rank is None else (g.rank == int(fix.rank)))
-    calls = m & (g.category == Category.HOST)
-    dur[calls] = 0
-    short = m & (gap < lay.stall_min_ns)
+    if fix.rank is None:
+        m = np.flatnonzero(launch_lane_mask(g) & (g.rank >= 0))
+    else:  # the rank's nodes from one sort of the graph (a fix per rank of a large run: not a scan each)
+        m = rank_nodes(g, int(fix.rank))
+        m = m[launch_lane_mask(g)[m]]
+    dur[m[g.category[m] == Category.HOST]] = 0
+    short = m[gap[m] < lay.stall_min_ns]
     gap[short] = np.minimum(gap[short], 0)  # a negative gap (calls overlapping on the clock) stays as measured
 
 
@@ -918,6 +942,31 @@ def copy_direction(name: str) -> str:
         return "other"
     d = m.group(0)
     return _DIRECTION_NAME.get(d.lower(), d[0].upper() + "to" + d[-1].upper())
+
+
+LOCAL_FIXES = ("host_stalls", "host_repair", "host_ahead")
+"""Fixes that, naming ranks (`Fix.touched_ranks`), change only those ranks' nodes: `apply_fixes_sparse`."""
+SPARSE_MAX_FIXES = 8
+"""More fixes than this (one per rank of a finding naming many ranks) are applied to whole arrays: each
+write into an overlay merges into all it holds, and they would reach too much of the graph anyway."""
+
+
+def apply_fixes_sparse(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[Overlay, Overlay] | None:
+    """`apply_fixes`' durations and gaps as overlays of the graph's (`graph.Overlay`: only the changed
+    values held) when every fix is one of LOCAL_FIXES on named ranks; None otherwise. The same fix
+    functions write into them: the values are `apply_fixes`' exactly."""
+    if not fixes or len(fixes) > SPARSE_MAX_FIXES or not all(f.kind in LOCAL_FIXES and f.touched_ranks()
+                                                              for f in fixes):
+        return None
+    dur, gap = Overlay(g.dur), Overlay(g.gap)
+    for fix in fixes:
+        if fix.kind == "host_stalls":
+            _host_stalls(g, dur, gap, fix, lay)  # type: ignore[arg-type]
+        elif fix.kind == "host_ahead":
+            _host_ahead(g, dur, gap, fix, lay)  # type: ignore[arg-type]
+        else:
+            _host_repair(g, dur, gap, fix)  # type: ignore[arg-type]
+    return dur, gap
 
 
 def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarray, np.ndarray]:

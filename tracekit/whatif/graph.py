@@ -108,6 +108,8 @@ class GraphCache:
     base: tuple | None = None
     """(the arrays it was computed from, the unchanged replay's starts and ends, edges out of each node as CSR):
     replay_changed"""
+    rank_nodes: tuple | None = None
+    """(the rank array it was computed from, node ids sorted by rank, their ranks): graph.rank_nodes"""
     extremes: dict = field(default_factory=dict)
     """per-window extremes of terminal nodes (measured; of the unchanged replay) and the terminal nodes grouped
     by window: window_bounds"""
@@ -340,6 +342,70 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     return start
 
 
+class Overlay:
+    """A node array of the graph (`base`, never written) with some values replaced: the durations or gaps a
+    fix on a few ranks changes, without a copy of the graph's arrays per what-if (whatif/fixes.py
+    `apply_fixes_sparse`). Read and written by node ids (an integer array or a boolean mask over the nodes)
+    as the array would be, numpy's casting included; `dense()` is the array itself."""
+
+    def __init__(self, base: np.ndarray, ids: np.ndarray | None = None, vals: np.ndarray | None = None):
+        self.base = base
+        self.ids = np.zeros(0, np.int64) if ids is None else ids
+        """replaced node ids, sorted, unique"""
+        self.vals = np.zeros(0, base.dtype) if vals is None else vals
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.base.dtype
+
+    @property
+    def size(self) -> int:
+        return self.base.size
+
+    def _ids(self, idx: Any) -> np.ndarray:
+        idx = np.asarray(idx)
+        return np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64, copy=False)
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        i = self._ids(idx)
+        out = self.base[i]
+        if self.ids.size and i.size:
+            loc = np.minimum(np.searchsorted(self.ids, i), self.ids.size - 1)
+            hit = self.ids[loc] == i
+            out[hit] = self.vals[loc[hit]]
+        return out
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        i = self._ids(idx).reshape(-1)
+        v = np.empty(i.size, self.base.dtype)
+        v[...] = value  # as `array[idx] = value` casts
+        ids, vals = np.concatenate([self.ids, i]), np.concatenate([self.vals, v])
+        o = np.argsort(ids, kind="stable")  # a later write of a node wins, as on an array
+        ids, vals = ids[o], vals[o]
+        last = np.r_[ids[1:] != ids[:-1], True] if ids.size else np.zeros(0, bool)
+        self.ids, self.vals = ids[last], vals[last]
+
+    def changed(self) -> np.ndarray:
+        """The node ids whose value differs from the base's."""
+        return self.ids[self.vals != self.base[self.ids]]
+
+    def dense(self) -> np.ndarray:
+        out = self.base.copy()
+        out[self.ids] = self.vals
+        return out
+
+
+def rank_nodes(g: StepGraph, rank: int) -> np.ndarray:
+    """The node ids of `rank`, ascending (one sort of the graph by rank, cached; not a scan per rank)."""
+    held = g.cache.rank_nodes
+    if held is None or held[0] is not g.rank:
+        order = np.argsort(g.rank, kind="stable")
+        g.cache.rank_nodes = held = (g.rank, order, g.rank[order])
+    _, order, by = held
+    a, b = np.searchsorted(by, [rank, rank + 1])
+    return order[a:b]
+
+
 CHANGED_SHARE = 1 / 128
 """`replay_changed` re-times node by node (~3 µs each, in Python) while the nodes it revisits stay under this
 share of the graph; past it the level-by-level `replay` (~45 ns a node) is cheaper. Measured on 256 simulated
@@ -362,10 +428,17 @@ def _base_replay(g: StepGraph) -> tuple:
         o = np.argsort(g.src, kind="stable")
         out_ptr = np.searchsorted(g.src[o], np.arange(g.num_nodes + 1)).astype(small)
         out_dst = g.dst[o].astype(small)
-        for a in (start, pos, out_ptr, out_dst):
+        end = start + g.dur
+        for a in (start, pos, out_ptr, out_dst, end):
             a.flags.writeable = False
-        g.cache.base = held = (key, start, pos, out_ptr, out_dst)
-    return held[1:]
+        g.cache.base = held = (key, start, pos, out_ptr, out_dst, end)
+    return held[1:5]
+
+
+def _base_ends(g: StepGraph) -> np.ndarray:
+    """The unchanged replay's node ends (`_base_replay`'s)."""
+    _base_replay(g)
+    return g.cache.base[5]
 
 
 def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -374,24 +447,41 @@ def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.n
     and stopping where a node's start comes out as before (a rank's earlier op that still waits for its peers
     at the next collective): a fix on one rank of a large run re-times that rank, not the run. None (replay the
     whole graph) when the durations or gaps are not integers, or when more than CHANGED_SHARE of the nodes
-    would be re-timed."""
+    would be re-timed.
+    With `Overlay` durations and gaps (a fix on a few ranks, `apply_fixes_sparse`) nothing of the graph's
+    size is copied or compared: the changed nodes are the overlays', the starts come back as an Overlay of
+    the unchanged replay's."""
     import heapq
 
+    sparse = isinstance(dur, Overlay)
     if dur.dtype != np.int64 or gap.dtype != np.int64 or g.plan.narrow:
         return None
     start0, pos, out_ptr, out_dst = _base_replay(g)
-    changed = np.flatnonzero((dur != g.dur) | (gap != g.gap))
-    start, end = start0.copy(), start0 + g.dur
+    if sparse:
+        changed = np.union1d(dur.changed(), gap.changed())
+        start = end = None
+    else:
+        changed = np.flatnonzero((dur != g.dur) | (gap != g.gap))
+        start, end = start0.copy(), start0 + g.dur
     if changed.size == 0:
-        return start, changed
+        return (Overlay(start0) if sparse else start), changed
     limit = max(int(CHANGED_SHARE * g.num_nodes), 64)
     if changed.size > limit:
         return None
     plan = g.plan
     in_ptr, in_src = memoryview(plan.in_ptr), memoryview(plan.in_src)
     opt, odst, posv = memoryview(out_ptr), memoryview(out_dst), memoryview(pos)
-    st, en = memoryview(start), memoryview(end)
-    du, gp = memoryview(np.ascontiguousarray(dur)), memoryview(np.ascontiguousarray(gap))
+    if sparse:  # the base arrays read through, the new values in dicts
+        st, en = memoryview(start0), memoryview(_base_ends(g))
+        du, gp = memoryview(np.ascontiguousarray(g.dur)), memoryview(np.ascontiguousarray(g.gap))
+        new_d = dict(zip(dur.ids.tolist(), dur.vals.tolist()))
+        new_g = dict(zip(gap.ids.tolist(), gap.vals.tolist()))
+    else:
+        st, en = memoryview(start), memoryview(end)
+        du, gp = memoryview(np.ascontiguousarray(dur)), memoryview(np.ascontiguousarray(gap))
+        new_d, new_g = {}, {}
+    new_s: dict[int, int] = {}
+    new_e: dict[int, int] = {}
     heap = [(p, v) for p, v in zip(pos[changed].tolist(), changed.tolist())]
     heapq.heapify(heap)
     queued = set(changed.tolist())
@@ -403,18 +493,27 @@ def replay_changed(g: StepGraph, dur: np.ndarray, gap: np.ndarray) -> tuple[np.n
         if visits > limit:
             return None
         a, b = in_ptr[v], in_ptr[v + 1]
-        s = max([en[in_src[k]] for k in range(a, b)]) + gp[v] if b > a else st[v]
-        e = s + du[v]
-        if s == st[v] and e == en[v]:
+        if b > a:
+            s = max([new_e.get(u, en[u]) for u in (in_src[k] for k in range(a, b))]) + new_g.get(v, gp[v])
+        else:
+            s = new_s.get(v, st[v])
+        e = s + new_d.get(v, du[v])
+        if s == new_s.get(v, st[v]) and e == new_e.get(v, en[v]):
             continue
-        st[v], en[v] = s, e
+        new_s[v], new_e[v] = s, e
         touched.append(v)
         for k in range(opt[v], opt[v + 1]):
             w = odst[k]
             if w not in queued:
                 queued.add(w)
                 heapq.heappush(heap, (posv[w], w))
-    return start, np.array(touched, np.int64)
+    touched_ids = np.array(touched, np.int64)
+    if sparse:
+        ids = np.sort(touched_ids)
+        return Overlay(start0, ids, np.array([new_s[v] for v in ids.tolist()], np.int64)), touched_ids
+    if touched:
+        start[touched_ids] = [new_s[v] for v in touched]
+    return start, touched_ids
 
 
 def _replay_by_node(g: StepGraph, plan: _Plan, dur: np.ndarray, gap: np.ndarray) -> np.ndarray:
@@ -524,7 +623,7 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     unchanged replay's (`replay_changed`): the other windows keep that replay's extremes."""
     dur = g.dur if dur is None else dur
     w = window_of(g)
-    mine = g.terminal & (w >= 0)
+    mine = _terminal_in_window(g, w)
     low = np.iinfo(np.int64).min
     meas, first_meas, by_window = _measured_extremes(g, w, mine)
     if touched is None:
@@ -548,6 +647,16 @@ def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None
     begin = np.where(has, first_now - lead, g.win_start)
     end = np.where(has, now + (g.win_end - meas), g.win_end)
     return begin, end
+
+
+def _terminal_in_window(g: StepGraph, w: np.ndarray) -> np.ndarray:
+    """Per node: terminal and in a window (read-only; cached per graph: every what-if asks again)."""
+    held = g.cache.extremes.get("mine")
+    if held is None or held[0][0] is not g.terminal or held[0][1] is not w:
+        m = g.terminal & (w >= 0)
+        m.flags.writeable = False
+        g.cache.extremes["mine"] = held = ((g.terminal, w), m)
+    return held[1]
 
 
 def _extremes(g: StepGraph, w: np.ndarray, mine: np.ndarray, start: np.ndarray, end: np.ndarray

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.derive import intervals as iv
-from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, gradient_dims, replay_graph, shared_host_idle,
-                                   shrink_per_sample)
+from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, apply_fixes_sparse, gradient_dims, replay_graph,
+                                   shared_host_idle, shrink_per_sample)
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
                                   window_of, window_span_until)
@@ -56,10 +56,17 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:
-        dur, gap = apply_fixes(g, fixes, lay)
+        sparse = apply_fixes_sparse(g, fixes, lay)
+        if sparse is not None:  # a fix on a few ranks: re-time what it reaches, nothing copied of the graph
+            done = replay_changed(g, *sparse)
+            if done is not None:
+                cache[key] = rank_step_ns(g, done[0], sparse[0], sparse[1], done[1])
+                return cache[key]
+        dur, gap = (sparse[0].dense(), sparse[1].dense()) if sparse is not None else apply_fixes(g, fixes, lay)
         rg = replay_graph(g, fixes)
-        # the same graph: re-time only what the fixes change (a fix on one rank of a large run)
-        done = replay_changed(g, dur, gap) if rg is g else None
+        # the same graph: re-time only what the fixes change (a fix on one rank of a large run; the sparse
+        # attempt above already gave up when it reached too much)
+        done = replay_changed(g, dur, gap) if rg is g and sparse is None else None
         if done is not None:
             start, touched = done
             times = rank_step_ns(g, start, dur, gap, touched)
