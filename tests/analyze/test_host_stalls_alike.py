@@ -65,7 +65,7 @@ def test_alike_ranks_become_one_finding_and_a_distinct_rank_keeps_its_own():
 def test_too_few_or_spread_out_ranks_keep_one_finding_each():
     """Three alike ranks (below ALIKE_MIN_RANKS), or four whose stalls step up by more than ALIKE_SPREAD each,
     stay one finding per rank, unchanged."""
-    few = [_row(r, 20.0) for r in range(ALIKE_MIN_RANKS - 1)]
+    few = [_row(r, 20.0) for r in range(ALIKE_MIN_RANKS - 1)] + [_row(ALIKE_MIN_RANKS - 1, 1.0)]  # one without
     assert [f.ranks for f in _grouped(few)] == [(r,) for r in range(ALIKE_MIN_RANKS - 1)]
     spread = [_row(r, 20.0 * (1 + 1.5 * ALIKE_SPREAD) ** r) for r in range(4)]
     out = _grouped(spread)
@@ -182,3 +182,10 @@ def test_sparse_whatifs_equal_the_dense_replay_on_a_real_graph(real_derived):
         assert ov is not None and np.array_equal(ov[0].dense(), dur) and np.array_equal(ov[1].dense(), gap)
         sparse += graph_mod.replay_changed(g, *ov) is not None
     assert sparse >= len(ranks)  # the one-rank fixes stayed local (re-timed without a whole replay)
+
+
+def test_every_rank_of_the_run_stalling_alike_is_one_finding_however_few():
+    """Two ranks, both stalling alike (20.0 and 21.5 ms): no peer without the stall, so one finding for both."""
+    out = _grouped([_row(0, 20.0), _row(1, 21.5)])
+    assert [f.ranks for f in out] == [(0, 1)] and "2 ranks stall alike" in out[0].summary
+    assert [f.ranks for f in _grouped([_row(0, 20.0)])] == [(0,)]  # one rank is no group

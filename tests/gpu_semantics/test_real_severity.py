@@ -56,10 +56,11 @@ def test_a_step_annotation_outliving_the_profile_is_no_stall(shared_traces, tmp_
     assert r["stall_ns"] == 0 and not [f for f in a["findings"] if f["kind"] == "idle_host_bound"]
 
 
-def test_ranks_that_stall_alike_keep_the_severity_of_fixing_them_all(shared_traces, tmp_path):
+def test_ranks_that_stall_alike_are_one_finding_with_the_saving_of_fixing_them_all(shared_traces, tmp_path):
     """HTA's sampled 2-rank run: both ranks stall inside '## backward ##' and meet at collectives, so removing
     one rank's stalls saves almost nothing (the other still holds the collectives) while removing both saves
-    a large part of the step. Each finding's severity follows the joint replay, its own saving stays its own."""
+    a large part of the step. Both ranks of the run stall alike: one finding names them, its saving the
+    replay of fixing both (before: two warnings saving 4.17 and 0 ms, beneath an info finding)."""
     analysis = _analyze(shared_traces, "hta_sampled_2rank", tmp_path)
     steps = {}
     for path in sorted((shared_traces / "hta_sampled_2rank").glob("*.json.gz")):
@@ -67,15 +68,13 @@ def test_ranks_that_stall_alike_keep_the_severity_of_fixing_them_all(shared_trac
         steps[path.name] = [_ns(e["dur"]) for e in events
                             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
     longest_step = max(max(v) for v in steps.values())
-    stalls = [f for f in analysis["findings"] if f["kind"] == "idle_host_bound"]
-    assert sorted(r for f in stalls for r in f["ranks"]) == [0, 1]
-    joint = {f["evidence"]["joint_replayed_saving_ns"] for f in stalls}
-    assert len(joint) == 1
-    (joint_ns,) = joint
-    own = [f["evidence"]["replayed_saving_ns"] for f in stalls]
-    assert joint_ns > 10 * max(own) and joint_ns >= 0.05 * longest_step  # together they matter, alone they do not
-    assert joint_ns <= sum(f["evidence"]["stall_ns"] for f in stalls)  # never more than the stalls removed
-    assert all(f["severity"] == "warning" and f["est_saving_ns"] == f["evidence"]["replayed_saving_ns"] for f in stalls)
+    (f,) = [f for f in analysis["findings"] if f["kind"] == "idle_host_bound"]
+    assert f["ranks"] == [0, 1] and "2 ranks stall alike" in f["summary"]
+    assert analysis["findings"][0] is f
+    saving = f["evidence"]["replayed_saving_ns"]
+    assert saving >= 0.05 * longest_step  # together they matter
+    assert saving <= sum(p["stall_ns"] for p in f["evidence"]["per_rank"])  # never more than the stalls removed
+    assert f["severity"] == "warning" and f["est_saving_ns"] == saving
 
 
 def _union(iv: list[tuple[int, int]]) -> list[list[int]]:
