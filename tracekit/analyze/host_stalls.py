@@ -252,10 +252,9 @@ def _finding(r: dict[str, Any], shared_host: bool) -> Finding | None:
 ALIKE_MIN_RANKS = 4
 """At least this many ranks that stall alike get one finding naming them all (`group_alike`), not one each:
 a reader compares two or three findings side by side, while a thousand ranks of one job stalling the same
-way are one fact (one cause, one fix on all of them), and a list of them buries the rank that is different."""
-"""Fewer ranks group too when they are every rank of the run: no peer without the stall sets a pace for one
-rank's fix, so fixing one alone saves nothing (HTA's sampled 2-rank run: rank 0's and rank 1's stalls saved
-0 and 4.17 ms alone, as two warnings beneath an info finding, and 135.27 ms on both)."""
+way are one fact (one cause, one fix on all of them), and a list of them buries the rank that is different.
+Fewer ranks group too when they are every rank of the run: no peer without the stall sets a pace for one
+rank's fix, so fixing one alone saves nothing and only the fix on all of them shows the cost."""
 ALIKE_SPREAD = 0.10
 """Ranks stall alike when their stall per step is within this share above the smallest of them (same
 severity, cause, label and device): a rank stalling more than that stands apart, with its own finding."""

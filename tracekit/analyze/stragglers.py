@@ -276,7 +276,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
     median, summed; with the delay of the instances examined, their count, and the late rank's idle
     time inside each of its labels there beyond its peers' (the median of their idle time inside the same
     label in their windows, 0 for a peer without it: a label every rank idles in the same way, DDP's forward
-    on an MI300 run, says nothing about why this rank is late). Each member's window
+    on every rank, says nothing about why this rank is late). Each member's window
     (previous end to arrival) is measured against its rank's intervals in one vectorised pass per rank
     (not one pass per member per instance: a 1,024-rank run's groups have hundreds of members)."""
     excess = {"compute": 0.0, "data_load": 0.0, "host_idle": 0.0, "device_idle": 0.0}

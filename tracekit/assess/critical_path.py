@@ -181,9 +181,8 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
 
 def worked_ranks(g: StepGraph) -> set[int]:
     """Ranks with at least one node of work in the graph (not only their step-start marks): a fix on any other
-    rank changes nothing the replay can see, so its replayed saving would read 0 without meaning it (HTA's
-    gloo rank 34 of 300: two asynchronous all-reduces on side threads, nothing on the training thread, and a
-    31.3 ms host-gap warning that replayed to 0.00 ms)."""
+    rank changes nothing the replay can see, so its replayed saving would read 0 without meaning it (a rank
+    whose step holds only asynchronous collectives on side threads and nothing on its training thread)."""
     return {int(r) for r in np.unique(g.rank[(g.category != Category.MARK) & (g.rank >= 0)])}
 
 

@@ -59,9 +59,9 @@ BLOCKING_KINDS = frozenset({FindingKind.HANG})
 ANALYSIS_KINDS = frozenset({FindingKind.INPUT_SKIPPED, FindingKind.MISSING_RANKS, FindingKind.MIXED_RUNS,
                             FindingKind.TIME_UNIT_MISMATCH, FindingKind.CLOCK_SKEW, FindingKind.UNSTABLE_VERDICT})
 """Findings about the analysis itself (what it read, how far its verdict holds), not about the run: they follow the
-run's findings, so the first finding is always a cause in the run (the MI300 DDP report opened with "the verdict
-may not hold on 3 ranks" above the host-bound launches that hold its step). Reports show them as caveats beside the
-verdict (`analysis_caveats`)."""
+run's findings, so the first finding is always about the run (a zero-saving "the verdict may not hold" warning
+otherwise outranks every zero-saving cause). Reports show them as caveats beside the verdict
+(`analysis_caveats`)."""
 
 
 EVIDENCE_TYPES: dict[FindingKind, type[Evidence]] = {

@@ -187,15 +187,15 @@ def composition(res: StepResult, path: np.ndarray, rank: int) -> dict[str, Any]:
         dur[0] -= begin - start[0]
         start[0] = begin
     # nodes count only inside the window: the step's last nodes may end past it (kernels of a step still
-    # running after the next step's first kernel began: a device a step behind its host, CUDA-graph replays;
-    # HTA's 16-rank all_to_all trace read "compute streams 120% of the step"), so the parts sum to the step
+    # running after the next step's first kernel began: a device a step behind its host, CUDA-graph replays),
+    # so the parts sum to the step and no share exceeds it (docs/metrics.md §7b)
     inside = np.flatnonzero(start < begin + step_ns)
     keep = inside[-1] + 1 if inside.size else 1
     path, start = path[:keep], np.minimum(start[:keep], begin + step_ns)
     ends = np.minimum(start + dur[:keep], begin + step_ns)
     # each instant of the window counted once, in path order: a node that began before the path's previous
-    # nodes ended (a kernel that starts before its launch call returns) owns only the time after them
-    # (hta_triton's one-kernel step read "host threads 133% of the step", its kernel -33%)
+    # nodes ended (a kernel that starts before its launch call returns) owns only the time after them, so no
+    # part is negative
     covered = np.maximum.accumulate(np.r_[begin, ends[:-1]])
     gaps = np.maximum(start - covered, 0)
     dur = np.maximum(ends - np.maximum(start, covered), 0)
@@ -226,9 +226,8 @@ LANE_KINDS = ("host", "compute_stream", "comm_stream", "waiting", "device_idle")
 them), device streams running compute or other device work, streams running collectives or send/recv,
 cross-rank waits (a collective's last arrival), and device idle: the gap before a device node on the path,
 which started later than its launch, its stream and every dependency the trace shows allow (a wait the
-trace does not show: an event from another stream, a CUDA graph's internal order, the driver). Counted
-with its stream before, such idle made HTA's 16-rank all_to_all trace "compute-bound" at 77% of the step
-while its device idled 64% of it."""
+trace does not show: an event from another stream, a CUDA graph's internal order, the driver), counted
+apart so that a device idling most of its step is not read as compute-bound (docs/metrics.md §7b)."""
 
 
 def lane_kinds(g: StepGraph) -> np.ndarray:
