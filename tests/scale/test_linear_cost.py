@@ -109,6 +109,17 @@ def _dag(rng: np.random.Generator, ranks: int = 48, per_rank: int = 60, cross: i
                      step=step, ranks=ranks_w, win_step=win_step, win_start=win_start, win_end=win_end)
 
 
+def _change_one_rank(g, rng, trial: int, dur, gap) -> None:
+    """Shorten five nodes of one random rank: their durations on odd trials, else their gaps (every fourth
+    trial lengthens them by 3 µs instead)."""
+    r = int(rng.integers(0, 48))
+    nodes = np.flatnonzero(g.rank == r)[rng.integers(0, 60, 5)]
+    if trial % 2:
+        dur[nodes] = np.maximum(dur[nodes] - rng.integers(0, 8000, nodes.size), 0)
+    else:
+        gap[nodes] = np.maximum(gap[nodes] - 1000, 0) + (trial % 4 == 0) * 3000
+
+
 def test_replay_of_changed_nodes_equals_the_whole_replay():
     """replay_changed re-times only what a change reaches: the starts of the whole level-by-level replay, the
     nodes it reports are exactly those whose start or end moved, and the windows' step times from them equal
@@ -123,12 +134,7 @@ def test_replay_of_changed_nodes_equals_the_whole_replay():
     checked = partial = 0
     for trial in range(40):
         dur, gap = g.dur.copy(), g.gap.copy()
-        r = int(rng.integers(0, 48))
-        nodes = np.flatnonzero(g.rank == r)[rng.integers(0, 60, 5)]
-        if trial % 2:
-            dur[nodes] = np.maximum(dur[nodes] - rng.integers(0, 8000, nodes.size), 0)
-        else:
-            gap[nodes] = np.maximum(gap[nodes] - 1000, 0) + (trial % 4 == 0) * 3000
+        _change_one_rank(g, rng, trial, dur, gap)
         got = replay_changed(g, dur, gap)
         want = replay(g, dur, gap)
         if got is None:  # the change reached too much of the graph: the caller replays it whole
@@ -227,12 +233,7 @@ def test_sparse_replay_of_changed_nodes_equals_the_whole_replay():
     checked = 0
     for trial in range(40):
         dur, gap = Overlay(g.dur), Overlay(g.gap)
-        r = int(rng.integers(0, 48))
-        nodes = np.flatnonzero(g.rank == r)[rng.integers(0, 60, 5)]
-        if trial % 2:
-            dur[nodes] = np.maximum(dur[nodes] - rng.integers(0, 8000, nodes.size), 0)
-        else:
-            gap[nodes] = np.maximum(gap[nodes] - 1000, 0) + (trial % 4 == 0) * 3000
+        _change_one_rank(g, rng, trial, dur, gap)
         want = replay(g, dur.dense(), gap.dense())
         got = replay_changed(g, dur, gap)
         dense = replay_changed(g, dur.dense(), gap.dense())
