@@ -256,8 +256,7 @@ def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, 
     out = dict.fromkeys(LANE_KINDS, 0)
     device = (LANE_KINDS.index("compute_stream"), LANE_KINDS.index("comm_stream"))
     gpu = {int(r) for r in np.unique(g.rank[launch_lane_mask(g)])}  # ranks with a device apart from the host
-    thread = np.array(["thread" in n for n in g.lane_names] + [False], bool)[
-        np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
+    thread = host_lane_mask(g)[path]
     for k, own, gap, r, on_thread in zip(kinds.tolist(), dur.tolist(), gaps.tolist(), g.rank[path].tolist(),
                                          thread.tolist()):
         out[LANE_KINDS[k]] += own
