@@ -149,6 +149,22 @@ def step_ns(traces: Path) -> int:
     return sum(per_step.values()) // max(1, len(per_step))
 
 
+def cpu_pace(traces: Path) -> str:
+    """The ranks' CPU time per profiled step and their threads' run-queue wait share, from the manifest's
+    `cpu_window`s (tracekit record, plain json): the same work taking more CPU time in one run than in
+    another is the box's pace (a VM's stolen time, memory bandwidth), which the difference carries too."""
+    try:
+        ranks = json.loads((traces / "manifest.json").read_text()).get("ranks") or []
+    except (OSError, ValueError):
+        return ""
+    wins = [(r["cpu_window"], len(r.get("profiled_steps") or []) or 1) for r in ranks if r.get("cpu_window")]
+    if not wins:
+        return ""
+    cpu = sum(w["cpu_ns"] / n for w, n in wins) / 1e6
+    wait = sum(w["wait_ns"] for w, _ in wins) / max(1, sum(w["wait_ns"] + w["cpu_ns"] for w, _ in wins))
+    return f"; ranks' CPU {cpu:.0f} ms/step, core wait {wait:.0%}"
+
+
 def _saving(f: dict) -> int:
     ev = f.get("evidence") or {}
     replayed = ev.get("replayed_saving_ns")
@@ -193,13 +209,14 @@ def run_scenario(sc: Scenario, runs: int, root: Path, reuse: bool = False) -> tu
                                            f"cause {(top.get('evidence') or {}).get('cause')}")
         off = f"{(saving - diff) / diff:+.0%}" if diff > 0 else "n/a"
         lines.append(f"  faulty {i}: top {desc}; saving {saving / 1e6:.1f} ms, difference {diff / 1e6:.1f} ms "
-                     f"({off}), clean spread {spread / 1e6:.1f} ms -> {'PASS' if hit and close else 'FAIL'}"
+                     f"({off}), clean spread {spread / 1e6:.1f} ms{cpu_pace(traces)} -> {'PASS' if hit and close else 'FAIL'}"
                      + ("" if hit else " (top is not the injected cause)")
                      + ("" if close else " (saving off by more than 25%)"))
-    for i, (_, analysis) in enumerate(clean):
+    for i, (traces, analysis) in enumerate(clean):
         warn, box = clean_warnings(analysis)
         ok &= not warn
-        lines.append(f"  clean {i}: step {steps[i] / 1e6:.1f} ms; warnings naming a fault: {warn or 'none'}"
+        lines.append(f"  clean {i}: step {steps[i] / 1e6:.1f} ms{cpu_pace(traces)}; warnings naming a fault: "
+                     f"{warn or 'none'}"
                      + (f"; stragglers the box made (caveat): {box}" if box else "")
                      + f" -> {'FAIL' if warn else 'PASS'}")
     return lines, ok
