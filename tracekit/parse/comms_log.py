@@ -20,7 +20,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.errors import TraceFormatError
 from tracekit.parse.flight_recorder import (COLLECTIVE_COLUMNS, _typed, entries_to_collectives_skipping_bad,
-                                            entry_row, pg_config_groups)
+                                            entry_row, pg_config_groups, size_columns)
 from tracekit.tables.schema import conform
 
 SOURCE_COMMS_LOG = "comms-log"
@@ -184,11 +184,18 @@ class _Entry(msgspec.Struct):
 
 
 _ENTRIES = msgspec.json.Decoder(list[_Entry])
-_STATIC = ("process_group", "profiling_name", "is_p2p", "peer", "group_ranks", "input_sizes", "output_sizes",
-           "input_dtypes", "output_dtypes", "in_split_sizes", "out_split_sizes", "caller")
-"""The fields a row's columns other than seq / times / state / step come from."""
-_PER_ENTRY = ("seq", "seq_source", "ts", "dur", "enqueue_ts", "state", "step")
-_FROM_STATIC = tuple(c for c in COLLECTIVE_COLUMNS if c not in _PER_ENTRY)
+
+
+def _duration(e: _Entry) -> int | None:
+    """`flight_recorder._times`'s duration: the measured one (ms) when started, else completed - started."""
+    started = e.time_discovered_started_ns or None
+    if started is None:
+        return None
+    measured = e.duration if e.duration_ms is UNSET else e.duration_ms
+    if measured is not None and measured is not UNSET and measured > 0:
+        return int(round(float(measured) * 1e6))
+    completed = e.time_discovered_completed_ns or None
+    return completed - started if completed is not None else None
 
 
 def _bulk_decode(lines: list[bytes]) -> tuple[dict[str, Any], dict[str, Any] | None, list[_Entry]] | None:
@@ -224,42 +231,45 @@ def _plain(e: _Entry) -> dict[str, Any]:
 def _bulk_collectives(header: dict[str, Any], entries: list[_Entry], rank: int | None) -> pa.Table | None:
     """The `collectives` rows of decoded entries, the same as `entry_row`'s; None when one is malformed.
 
-    The columns that come from `_STATIC` fields are built once per distinct value and taken by index."""
+    The columns of an entry's group, op, peer and caller come from `entry_row` once per distinct value and
+    are taken by index; those of its shapes and dtypes once per distinct shapes (`size_columns`, as
+    `entry_row` computes them); split sizes (which differ per all_to_all) are copied as they are."""
     try:
         row_rank = _row_rank(header, rank)
         group_ranks = _group_ranks(header)
         index: dict[tuple, int] = {}
         uniques: list[dict[str, Any]] = []
         rows: list[int] = []
-        cols: dict[str, list[Any]] = {k: [] for k in _PER_ENTRY}
-        seq, seq_source, ts, dur, enq, state, step = cols.values()
+        sizes: dict[tuple, tuple] = {}
+        size_rows: list[tuple] = []
         for e in entries:
-            key = (e.process_group, e.profiling_name, e.is_p2p, e.peer, e.group_ranks, e.input_sizes,
-                   e.output_sizes, e.input_dtypes, e.output_dtypes, e.in_split_sizes, e.out_split_sizes, e.caller)
+            key = (e.process_group, e.profiling_name, e.is_p2p, e.peer, e.group_ranks, e.caller)
             i = index.get(key)
             if i is None:
                 i = index[key] = len(uniques)
                 uniques.append(entry_row(_plain(e), rank=row_rank, source=SOURCE_COMMS_LOG, group_ranks=group_ranks))
             rows.append(i)
-            s = e.p2p_seq_id if uniques[i]["is_p2p"] else e.collective_seq_id
-            seq.append(s)
-            seq_source.append("log" if s is not None else None)
-            started = e.time_discovered_started_ns or None
-            completed = e.time_discovered_completed_ns or None
-            measured = e.duration if e.duration_ms is UNSET else e.duration_ms
-            if started is not None and measured is not None and measured is not UNSET and measured > 0:
-                d = int(round(float(measured) * 1e6))
-            elif started is not None and completed is not None:
-                d = completed - started
-            else:
-                d = None
-            ts.append(started)
-            dur.append(d)
-            enq.append(e.time_created_ns or None)
-            state.append(e.state or "unknown")
-            step.append(e.step)
+            key = (e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+            got = sizes.get(key)
+            if got is None:
+                got = sizes[key] = size_columns(*key)
+            size_rows.append(got)
+        p2p = [u["is_p2p"] for u in uniques]
+        seq = [e.p2p_seq_id if p2p[i] else e.collective_seq_id for e, i in zip(entries, rows)]
+        cols = {
+            "seq": seq, "seq_source": ["log" if s is not None else None for s in seq],
+            "in_split_sizes": [None if e.in_split_sizes is None else list(e.in_split_sizes) for e in entries],
+            "out_split_sizes": [None if e.out_split_sizes is None else list(e.out_split_sizes) for e in entries],
+            "ts": [e.time_discovered_started_ns or None for e in entries],
+            "dur": [_duration(e) for e in entries],
+            "enqueue_ts": [e.time_created_ns or None for e in entries],
+            "state": [e.state or "unknown" for e in entries],
+            "step": [e.step for e in entries],
+        }
+        for j, c in enumerate(("in_nelems", "out_nelems", "dtype", "bytes")):
+            cols[c] = [x[j] for x in size_rows]
         take = pa.array(rows, type=pa.int32())
-        static = _typed({c: [u[c] for u in uniques] for c in _FROM_STATIC})
+        static = _typed({c: [u[c] for u in uniques] for c in COLLECTIVE_COLUMNS if c not in cols})
         per_entry = _typed(cols)
         columns = {c: (static[c].take(take) if c in static else per_entry[c]) for c in COLLECTIVE_COLUMNS}
         return conform("collectives", pa.table(columns))
