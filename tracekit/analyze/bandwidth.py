@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze.unoverlapped import UnoverlappedResult
@@ -114,7 +115,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     dims = _group_dims(store, layout)
     t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
                                     "group_size", "dur", "step"])
-    all_rows = [r for r in t.to_pylist() if r["dur"] is not None and r["dur"] > 0]
+    t = t.filter(pc.greater(t["dur"], 0))  # (null durations dropped too)
     out: list[dict[str, Any]] = []
     unsized: dict[tuple[str, str], int] = defaultdict(int)
     if matched is not None and matched.n_instances:
@@ -136,7 +137,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
                         "n": n, "bytes": int(b), "time_ns": int(t_ns),
                         "step": None if step != step or step is None else int(step)})
         basis = "transfer"
-        rows = [r for r in all_rows if r["is_p2p"] or r["op"] in ("send", "recv")]
+        rows = t.filter(_p2p_mask(t)).to_pylist()
         pairs = _p2p_pair_instances(matched, dims)
         if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
             out.extend(pairs)
@@ -144,11 +145,17 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
         # else (host-timed P2P) tabulate it from row durations, never judged
     else:
         basis = "min_duration"
-        rows = all_rows
+        rows = t.to_pylist()
     out.extend(_unmatched_instances(rows, dims, unsized))
     unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
                for (pg, op), c in sorted(unsized.items())]
     return out, basis, unknown
+
+
+def _p2p_mask(t) -> Any:
+    """Rows that are P2P: flagged so, or a send / recv (a null flag or op counts as no)."""
+    return pc.or_(pc.fill_null(t["is_p2p"], False),
+                  pc.fill_null(pc.is_in(t["op"], pa.array(["send", "recv"])), False))
 
 
 def _p2p_pair_instances(matched: MatchedCollectives, dims: dict[str, str]) -> list[dict[str, Any]] | None:
