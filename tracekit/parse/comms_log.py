@@ -19,8 +19,9 @@ import pyarrow as pa
 from msgspec import UNSET, UnsetType
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse.flight_recorder import (COLLECTIVE_COLUMNS, _typed, entries_to_collectives_skipping_bad,
-                                            entry_row, pg_config_groups, size_columns)
+from tracekit.parse.flight_recorder import (COLLECTIVE_COLUMNS, collective_arrays,
+                                            entries_to_collectives_skipping_bad, entry_row, pg_config_groups,
+                                            size_columns)
 from tracekit.tables.schema import conform
 
 SOURCE_COMMS_LOG = "comms-log"
@@ -269,8 +270,8 @@ def _bulk_collectives(header: dict[str, Any], entries: list[_Entry], rank: int |
         for j, c in enumerate(("in_nelems", "out_nelems", "dtype", "bytes")):
             cols[c] = [x[j] for x in size_rows]
         take = pa.array(rows, type=pa.int32())
-        static = _typed({c: [u[c] for u in uniques] for c in COLLECTIVE_COLUMNS if c not in cols})
-        per_entry = _typed(cols)
+        static = collective_arrays({c: [u[c] for u in uniques] for c in COLLECTIVE_COLUMNS if c not in cols})
+        per_entry = collective_arrays(cols)
         columns = {c: (static[c].take(take) if c in static else per_entry[c]) for c in COLLECTIVE_COLUMNS}
         return conform("collectives", pa.table(columns))
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,

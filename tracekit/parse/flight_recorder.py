@@ -174,7 +174,7 @@ def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, s
     for e in entries:
         for k, v in entry_row(e, rank=rank, source=source, group_ranks=group_ranks or {}).items():
             cols[k].append(v)
-    return conform("collectives", pa.table(_typed(cols)))
+    return conform("collectives", pa.table(collective_arrays(cols)))
 
 
 def _p2p_peer(e: Mapping[str, Any], is_p2p: bool, ranks_of_group: list[int] | None) -> int | None:
@@ -246,7 +246,8 @@ def _int_list(value: Any) -> list[int] | None:
     return [int(v) for v in value] if value is not None else None
 
 
-def _typed(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
+def collective_arrays(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
+    """Python column lists of the `collectives` table as Arrow arrays of its types."""
     types = {
         "rank": pa.int32(), "source": pa.string(), "pg_name": pa.string(), "pg_desc": pa.string(),
         "seq": pa.int64(), "seq_source": pa.string(), "op": pa.string(), "is_p2p": pa.bool_(),
