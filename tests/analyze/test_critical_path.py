@@ -387,3 +387,22 @@ def test_a_wait_in_a_collective_is_one_node_released_by_its_end(tmp_path):
     same_lane = g.lane[thread][1:] == g.lane[thread][:-1]
     assert waits.sum() > 0
     assert not (waits[1:] & waits[:-1] & same_lane).any()
+
+
+def test_a_lone_rank_with_unknown_cores_shares_them_only_where_untraced_ranks_may_sit_beside_it(tmp_path):
+    """Cores unknown: a host of several CPU ranks shares them; a complete run's lone rank on its host shares with no
+    peer (a busy neighbour would show as its recorded wait for a core); a partial run's lone rank may have
+    untraced peers on its host, so it still counts as sharing."""
+    from tests.analyze.analyze_builders import build_store
+
+    from tracekit.derive.topology import cpu_hosts
+
+    def hosts_of(name: str, hostnames: tuple[str, ...], world: int) -> dict[int, str]:
+        ranks = [{"rank": r, "world_size": world, "hostname": h, "trace_kind": "cpu", "first_ts": 0, "last_ts": 1}
+                 for r, h in enumerate(hostnames)]
+        return cpu_hosts(build_store(tmp_path / name, {"ranks": ranks}))
+
+    assert hosts_of("apart", ("a", "b"), 2) == {}
+    assert hosts_of("together", ("a", "a"), 2) == {0: "a", 1: "a"}
+    assert hosts_of("mixed", ("a", "a", "b"), 3) == {0: "a", 1: "a"}
+    assert hosts_of("partial", ("a", "b"), 8) == {0: "a", 1: "b"}

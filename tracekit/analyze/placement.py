@@ -4,7 +4,10 @@ Hosts come from the manifest (`hosts`: rank → host, e.g. the runtime's `--rank
 hosts) or else `ranks.hostname`. TP, CP and EP groups move activations every layer (heavy); DP and PP
 move gradients once per step or one activation per micro-batch (light). A heavy group spanning
 several hosts is a `placement_mismatch`; it is a warning or critical when some light group of size > 1
-sits inside one host — swapping the mesh order would put the heavy traffic on the fast links.
+sits inside one host — swapping the mesh order would put the heavy traffic on the fast links. Where the
+dim's groups would not fit in a host beside the heavy groups already inside one (`_displaced`: tp 8 filling
+an 8-GPU host), the remap pushes another heavy dim across hosts: a trade the trace cannot price, so the
+finding is info with no saving (`displaced_dims`).
 Exposed time of the dim = its transfer time covered by no compute (the `unoverlapped` section, worst
 rank per step) or, without it, the group's communication time per step (an upper bound).
 
@@ -16,7 +19,7 @@ Section `placement` (JSON):
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +96,30 @@ def _comm_time_by_group(store: RunStore) -> dict[str, float]:
     return out
 
 
+def _displaced(groups: list[dict[str, Any]], hosts: dict[int, str], dim: str, first: list[int]) -> list[str]:
+    """The heavy dims whose groups sit inside a host now and would not fit in one host beside `dim`'s groups:
+    the ranks that must share a host once `dim` is inside one — `first` (one of its groups) closed under
+    `dim`'s groups and those heavy groups (each must stay whole on one host) — outnumber a host's ranks.
+    Placing `dim` inside a host then pushes one of them across hosts: a trade between heavy traffic, not a free
+    remap. [] when they fit."""
+    per_host = max(Counter(hosts.values()).values(), default=0)
+    inside = {g["dim"] for g in groups if g["heavy"] and g["dim"] != dim and not g["crosses_hosts"]}
+    if not inside:
+        return []
+    of_rank: dict[int, list[list[int]]] = defaultdict(list)
+    for g in groups:
+        if g["dim"] == dim or g["dim"] in inside:
+            for r in g["ranks"]:
+                of_rank[r].append(g["ranks"])
+    block, todo = set(first), list(first)
+    while todo and len(block) <= per_host:
+        for ranks in of_rank.get(todo.pop(), ()):
+            new = [r for r in ranks if r not in block]
+            block.update(new)
+            todo += new
+    return sorted(inside) if len(block) > per_host else []
+
+
 @dataclass(frozen=True)
 class PlacementResult(AnalyzerResult):
     pass
@@ -131,10 +158,14 @@ def analyze_placement(store: RunStore, layout: LayoutResult | None,
     for dim, gs in by_dim.items():
         exposed = max((g["exposed_ns_per_step"] or 0.0) for g in gs)
         worst = max(gs, key=lambda g: g["exposed_ns_per_step"] or 0.0)
+        displaced = _displaced(groups, hosts, dim, worst["ranks"])
         advice = recommend.advise_placement(dim=dim, group_ranks=worst["ranks"], hosts=worst["hosts"],
-                                            exposed_ns=exposed, light_dims_inside=light_inside)
+                                            exposed_ns=exposed, light_dims_inside=light_inside,
+                                            displaced=displaced)
         share = exposed / step_ns if step_ns else 0.0
-        if light_inside:
+        if displaced:  # a trade between heavy dims the trace cannot price: no saving claimed
+            sev = Severity.INFO
+        elif light_inside:
             sev = Severity.CRITICAL if share >= CRITICAL_SHARE else Severity.WARNING
         else:
             sev = Severity.WARNING if share >= CRITICAL_SHARE else Severity.INFO
@@ -144,7 +175,7 @@ def analyze_placement(store: RunStore, layout: LayoutResult | None,
                    + (f" while {'/'.join(light_inside)} groups stay inside one host" if light_inside else "")
                    + f"; {exposed / 1e6:.1f} ms exposed {dim} communication per step")
         evidence = {"groups": [{"pg_name": g["pg_name"], "ranks": g["ranks"], "hosts": g["hosts"]} for g in gs],
-                    "light_dims_inside_host": light_inside, "exposed_ns_per_step": int(exposed),
+                    "light_dims_inside_host": light_inside, "displaced_dims": displaced, "exposed_ns_per_step": int(exposed),
                     "exposed_basis": worst["exposed_basis"], "step_ns": int(step_ns), **advice.evidence}
         findings.append(Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=sev, summary=summary,
                                 ranks=tuple(ranks), dim=dim, evidence=PlacementEvidence.of(evidence), recommendation=advice.text,

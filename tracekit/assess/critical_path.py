@@ -69,7 +69,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
         ref = ev.reference_gbps
         return [Fix("dim_bandwidth", dim=f.dim, value=float(ref))] if ref else [Fix("slow_link", dim=f.dim)]
     if f.kind == FindingKind.PLACEMENT_MISMATCH and f.dim:  # the heavy dim's groups moved inside a host
-        return [Fix("dim_inside_host", dim=f.dim)]
+        # unless that pushes another heavy dim across hosts (`displaced_dims`): a trade the graph cannot price
+        return [] if f.evidence.details.get("displaced_dims") else [Fix("dim_inside_host", dim=f.dim)]
     if f.kind == FindingKind.PIPELINE_IMBALANCE:
         return [Fix("stage_resplit")]
     if isinstance(ev, BubbleEvidence) and lay.microbatches:

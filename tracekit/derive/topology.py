@@ -273,11 +273,14 @@ third for one thread too many on 2 cores; a thread with a free core waits only f
 
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     """CPU-only ranks (no kernel in the trace) → hostname (ranks table), on hosts whose ranks share cores:
-    more ranks than the host's recorded CPU cores, cores unknown, or a rank of the host recorded waiting for
-    a core (`CORE_WAIT_SHARE`: a busy process beside a core per rank). Empty when any rank has a device."""
+    more ranks than the host's recorded CPU cores, cores unknown (unless the run is complete and the rank is
+    its host's only one: it shares with no peer, and a busy neighbour shows as its recorded wait), or a rank
+    of the host recorded waiting for a core (`CORE_WAIT_SHARE`: a busy process beside a core per rank).
+    Empty when any rank has a device."""
     if store is None or not store.has("ranks"):
         return {}
-    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus", "cpu_wait_share"]).to_pylist()
+    t = store.table("ranks", ["rank", "world_size", "hostname", "trace_kind", "host_cpus",
+                              "cpu_wait_share"]).to_pylist()
     if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
         return {}
     hosts = rank_to_host(None, t)
@@ -285,4 +288,7 @@ def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     cpus = {int(r["rank"]): r["host_cpus"] for r in t}
     waited = {hosts[int(r["rank"])] for r in t if int(r["rank"]) in hosts
               and (r["cpu_wait_share"] or 0.0) >= CORE_WAIT_SHARE}
-    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r] or h in waited}
+    complete = len(t) >= max((r["world_size"] or 0) for r in t)  # no untraced rank could share a host with it
+    return {r: h for r, h in hosts.items()
+            if (cpus[r] is None and (per_host[h] > 1 or not complete))
+            or (cpus[r] is not None and per_host[h] > cpus[r]) or h in waited}

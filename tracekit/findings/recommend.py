@@ -268,8 +268,17 @@ def advise_collective(*, dim: str | None, op: str | None, overlap_ratio: float |
 
 
 def advise_placement(*, dim: str, group_ranks: Sequence[int], hosts: Sequence[str], exposed_ns: float,
-                     light_dims_inside: Sequence[str]) -> Remedy:
-    """Remap ranks so a communication-heavy group stays inside one host."""
+                     light_dims_inside: Sequence[str], displaced: Sequence[str] = ()) -> Remedy:
+    """Remap ranks so a communication-heavy group stays inside one host; with `displaced` (heavy dims inside a
+    host now that would no longer fit beside it) a trade whose saving the trace cannot price: none claimed."""
+    if displaced:
+        other = "/".join(displaced)
+        text = (f"The {dim.upper()} group {list(group_ranks)} spans hosts {', '.join(hosts)}, but a host is full "
+                f"with {other} groups: putting {dim} inside a host would push {other} across hosts. Compare the "
+                f"two dims' traffic (or try a smaller {other} degree) before remapping; no saving is claimed")
+        return Remedy(text=text, saving_ns=0.0, evidence={
+            "saving_formula": f"0: a trade with {other} traffic the trace cannot price "
+                              f"(exposed {dim} time per step = {exposed_ns:.0f})"})
     swap = (f" and let {'/'.join(light_dims_inside)} (light traffic) span the hosts instead"
             if light_dims_inside else "")
     text = (f"The {dim.upper()} group {list(group_ranks)} spans hosts {', '.join(hosts)}: order the device mesh "
