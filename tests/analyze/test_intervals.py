@@ -40,6 +40,7 @@ def test_set_operations_match_boolean_timeline(a, b, lo, hi):
     assert np.array_equal(set_mask(A), ma)
     assert iv.total(A) == ma.sum()
     assert np.array_equal(set_mask(iv.intersect(A, B)), ma & mb)
+    assert iv.overlap(A, B) == (ma & mb).sum()
     assert np.array_equal(set_mask(iv.subtract(A, B)), ma & ~mb)
     assert np.array_equal(set_mask(iv.merge(A, B)), ma | mb)
     lo, hi = min(lo, hi), max(lo, hi)

@@ -230,7 +230,13 @@ def _names(top: dict[str, Any], fault: dict[str, Any]) -> str | None:
     ranks, want = set(top["ranks"] or []), set(fault["ranks"])
     kind = fault["kind"]
     if kind in ("slow_gpu", "host_stall", "slow_data_loading"):
-        return None if ranks == want else f"ranks {sorted(ranks)} != {sorted(want)}"
+        if ranks != want:
+            return f"ranks {sorted(ranks)} != {sorted(want)}"
+        cause = (top.get("evidence") or {}).get("cause")
+        if kind == "slow_gpu" and top["kind"] == "straggler" and cause not in ("compute", "contention"):
+            # the same kernels running longer on one GPU: its compute before each late arrival is longer
+            return f"cause {cause!r}: a slower GPU computes longer before its late arrivals"
+        return None
     if not ranks or not ranks <= want:
         return f"ranks {sorted(ranks)[:12]} not within {sorted(want)[:12]}"
     ev = top.get("evidence") or {}

@@ -94,8 +94,12 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
     ops = host & ~data & ~label & ~_str_is(t["role"], ("step_annotation",))
     ts, end = _np(t["ts"]), _np(t["ts"]) + dur
     names = np.asarray(t["name"].cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
-    labels = {str(nm): iv.union(ts[label & (names == nm)], end[label & (names == nm)])
-              for nm in sorted(set(names[label].tolist()))}
+    at = np.flatnonzero(label)  # each label's rows, grouped once (not one scan of the rank's events per label)
+    uniq, inv = np.unique(names[at].astype(str), return_inverse=True) if at.size else (np.array([], str), at)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
+    labels = {str(nm): iv.union(ts[at[order[bounds[i]:bounds[i + 1]]]], end[at[order[bounds[i]:bounds[i + 1]]]])
+              for i, nm in enumerate(uniq.tolist())}
     return _HostEvents(act=iv.union(ts[ops], end[ops]), loading=iv.union(ts[data], end[data]),
                        data_names=sorted(set(names[data].tolist())), labels=labels)
 
@@ -182,12 +186,12 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
         tot["step_ns"] += hi - lo
         tot["stall_ns"] += iv.total(stall)
         per_step.append(iv.total(stall) / max(hi - lo, 1))
-        tot["data_load_ns"] += iv.total(iv.intersect(stall, host.loading))
+        tot["data_load_ns"] += iv.overlap(stall, host.loading)
         tot["gap_ns"] += iv.total(gap_part)
         if len(gap_part[0]):
             tot["longest_gap_ns"] = max(tot["longest_gap_ns"], int(np.max(gap_part[1] - gap_part[0])))
         for name, spans in host.labels.items():
-            in_labels[name] += iv.total(iv.intersect(stall, spans))
+            in_labels[name] += iv.overlap(stall, spans)
     n = len(per_step)
     if n == 0:
         return None

@@ -22,7 +22,9 @@ are not late with it (`late_with`: the ranks of one slow replica arrive together
 last; `last_share_with` counts their turns as one).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
-collective ended), compare the straggler with the other members of the instance: longer compute →
+collective ended; an arrival with no such interval, queued behind its own previous collective, is not
+examined: its delay is the previous one's), compare the straggler with the other members of the instance:
+longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
 delay), longer data loading (events.role data_load: PyTorch's own `enumerate(DataLoader)#...`, written
 for every job) → "data_load", more host time with no activity → "host_idle" (a user's
@@ -310,6 +312,10 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
         # each rank's last member row of the instance (as a dict of rows by rank would keep)
         at = {int(rks[i]): i for i in grp.index.tolist() if ok[i]}
         if rank not in at or len(at) < 2:
+            continue
+        if hi[at[rank]] <= lo[at[rank]]:
+            # no window: the rank reached this collective as its previous one ended (queued behind it on its
+            # stream), so nothing before the arrival can say why it was late; the delay is the previous one's
             continue
         others = [i for r, i in at.items() if r != rank]
         med = np.median(vals[others], axis=0)

@@ -71,6 +71,13 @@ def covered(a: IntervalSet, starts, ends) -> np.ndarray:
     return _covered_before(a, qe) - _covered_before(a, qs)
 
 
+def overlap(a: IntervalSet, b: IntervalSet) -> int:
+    """Summed length of the intersection of two disjoint sets (`total(intersect(a, b))` without building it)."""
+    if a[0].size == 0 or b[0].size == 0:
+        return 0
+    return int(covered(b, a[0], a[1]).sum())
+
+
 def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     """Intersection of two disjoint sets."""
     if a[0].size == 0 or b[0].size == 0:

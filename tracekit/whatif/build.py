@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.derive import intervals as iv
 from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
@@ -588,13 +589,24 @@ class GpuRank:
 
 
 def launched_by_backward(ev: pa.Table, external_id: np.ndarray) -> np.ndarray:
-    """Per kernel (by external id): the CPU op of the rank's events `ev` that launched it is autograd's (its
-    name says backward, as PyTorch names them: `aten::*_backward*`, `autograd::engine::evaluate_function:
-    MmBackward0`, ...)."""
-    ev = ev.filter(pc.and_(pc.fill_null(pc.equal(ev["cat"].cast(pa.string()), "cpu_op"), False),
-                           pc.is_valid(ev["external_id"])))
+    """Per kernel (by external id): the CPU op of the rank's events `ev` that launched it is autograd's: its
+    name says backward, as PyTorch names them (`aten::*_backward*`, `autograd::engine::evaluate_function:
+    MmBackward0`, ...), or it runs inside such an op on the same thread (a kernel's external id is its innermost
+    op's: `MmBackward0`'s `aten::mm`, a checkpointed block's recomputed forward)."""
+    ev = ev.filter(pc.fill_null(pc.equal(ev["cat"].cast(pa.string()), "cpu_op"), False))
     names = pc.utf8_lower(ev.column("name").cast(pa.string()))
-    bwd = _arr(ev.filter(pc.fill_null(pc.match_substring(names, "backward"), False)), "external_id")
+    named = pc.fill_null(pc.match_substring(names, "backward"), False).to_numpy(zero_copy_only=False)
+    ts = _arr(ev, "ts")
+    end = ts + np.nan_to_num(_arr(ev, "dur", float), nan=0).astype(np.int64)
+    tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
+    inside = named.copy()
+    for t in np.unique(tid[named]).tolist():
+        lo, hi = iv.union(ts[named & (tid == t)], end[named & (tid == t)])
+        mine = np.flatnonzero(tid == t)
+        at = np.searchsorted(lo, ts[mine], side="right") - 1
+        inside[mine] |= (at >= 0) & (ts[mine] < hi[np.maximum(at, 0)])
+    ext = np.nan_to_num(_arr(ev, "external_id", float), nan=-1).astype(np.int64)
+    bwd = ext[inside & (ext >= 0)]
     return np.isin(external_id, bwd) & (external_id >= 0)
 
 
@@ -807,13 +819,28 @@ def _cpu_windows(store: RunStore, rank: int, steps: tuple[int, ...], conv: int) 
 
 
 def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int, int]]:
-    """Per (rank, step): first kernel start, last kernel end, first backward kernel's start (-1: none)."""
+    """Per (rank, step): first kernel start, last kernel end, and where its last backward pass began (-1: no
+    backward): its first backward kernel after the last forward compute kernel that precedes its last backward
+    kernel (`last_backward_start`)."""
     out = {}
+    compute = np.array([KIND_CATEGORY.get(k, Category.OTHER) == Category.COMPUTE for k in gr.kind], bool)
     for s in np.unique(gr.step):
         m = gr.step == s
-        bwd = gr.ts[m & gr.backward] if gr.backward is not None else gr.ts[:0]
-        out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()), int(bwd.min()) if bwd.size else -1)
+        start = last_backward_start(gr.ts[m], gr.backward[m], compute[m]) if gr.backward is not None else -1
+        out[(rank, int(s))] = (int(gr.ts[m].min()), int(gr.end[m].max()), start)
     return out
+
+
+def last_backward_start(ts: np.ndarray, backward: np.ndarray, compute: np.ndarray) -> int:
+    """Start of the last backward pass among kernels (`ts`; launched by backward; compute kernels): a step that
+    runs several forward/backward passes (gradient accumulation, pipeline micro-batches) finishes its
+    gradients, and DDP fills its buckets, in the last one. -1 when no kernel is backward's."""
+    if not backward.any():
+        return -1
+    last = ts[backward].max()
+    fwd = ts[compute & ~backward & (ts < last)]
+    after = ts[backward & (ts > fwd.max())] if fwd.size else ts[backward]
+    return int(after.min())
 
 
 def rows_by(values: np.ndarray) -> dict[int, np.ndarray]:

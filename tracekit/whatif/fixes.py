@@ -351,16 +351,17 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     """The dim's gradient buckets (reductions of a data-parallel dim) that backward could have started earlier: per bucket its arrival node,
     its transfer node and the compute node after which its gradients exist (cached per graph and dim).
 
-    The trace shows backward's kernels (launched by autograd's ops, `StepGraph.win_backward`) and each
-    bucket's size, not which kernel produced which gradient. Model (trace only): backward produces the
-    gradients in reverse layer order at a steady rate, and buckets are issued in the order they fill, so
-    bucket k (cumulative bytes B_k of the step's buckets B) is ready once the rank's backward compute, from
-    backward's first kernel to the last bucket (issued once backward is done), has run the same share
-    B_k / B of its time; the last bucket at backward's end. A bucket that already started before that point (DDP overlapping as
-    designed) is left alone. Under pipeline parallelism the span starts at the first micro-batch's backward,
-    while DDP fills its buckets in the last one's: the ready points come early (an optimistic saving).
-    Windows whose backward is unknown (CPU ranks, traces without autograd ops)
-    have none."""
+    The trace shows backward's kernels (launched by autograd's ops) and each bucket's size, not which kernel
+    produced which gradient. Model (trace only): backward produces the gradients in reverse layer order at a
+    steady rate, and buckets are issued in the order they fill, so bucket k (cumulative bytes B_k of the
+    step's buckets B) is ready once the rank's backward compute, from the start of its last backward pass
+    (`StepGraph.win_backward`: after the last forward kernel; gradients are final, and DDP fills its buckets,
+    in the last pass of a step that accumulates micro-batches or runs a pipeline) to the last bucket (issued
+    once backward is done), has run the same share B_k / B of its time; the last bucket at backward's end. A
+    bucket that already started before that point (DDP overlapping as designed) is left alone. In a 1F1B
+    pipeline's first stage the last forward comes before the last few backward passes: the span starts
+    there, and its ready points come early (an optimistic saving). Windows whose backward is unknown (CPU
+    ranks, traces without autograd ops) have none."""
     cache = g.cache.buckets
     if dim not in cache:
         xfer = np.flatnonzero(_transfers(g, dim) & gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))

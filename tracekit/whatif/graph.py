@@ -147,7 +147,7 @@ class StepGraph:
     win_end: np.ndarray = None  # type: ignore[assignment]
     """per window: the step and the rank's measured step window"""
     win_backward: np.ndarray = None  # type: ignore[assignment]
-    """per window: measured start of its first kernel launched by the backward pass (-1: not known)"""
+    """per window: measured start of its last backward pass (`build.last_backward_start`; -1: not known)"""
     excess_gap: np.ndarray = None  # type: ignore[assignment]
     excess_dur: np.ndarray = None  # type: ignore[assignment]
     """per node (host threads of GPU ranks): slow host time (ops far slower than the same op elsewhere,
