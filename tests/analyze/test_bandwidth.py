@@ -189,3 +189,27 @@ def test_slow_host_is_the_one_in_every_low_inter_host_group_and_no_fine_one():
     assert slow_host([row("a", True), row("b", True)], members, tiers, hosts) is None
     # host names unknown: nothing to name
     assert slow_host(table, members, tiers, {}) is None
+
+
+def test_best_of_tier_matches_a_scan_of_the_other_links() -> None:
+    """`_TierBest` (sorted prefixes / suffixes) picks the row a plain scan of the tier's other links picks:
+    fastest median time among rows moving at least as many bus bytes, best median busbw among those moving
+    fewer, the first in order on ties (few distinct values, so ties and shared links are common)."""
+    import random
+
+    from tracekit.analyze.bandwidth import _TierBest
+
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(1, 30)
+        rows = [(rng.randint(0, 5), {"bus_bytes_p50": rng.choice([1e3, 2e3, 4e3, 8e3]),
+                                     "time_ns_p50": rng.choice([10, 20, 30]),
+                                     "busbw_gbps_p50": rng.choice([1.0, 2.0, 3.0]), "n": i}) for i in range(n)]
+        tb = _TierBest(rows)
+        for mine, row in rows:
+            others = [r for i, r in rows if i != mine]
+            better = [r for r in others if r["bus_bytes_p50"] >= row["bus_bytes_p50"]]
+            smaller = [r for r in others if r["bus_bytes_p50"] < row["bus_bytes_p50"]]
+            want = (min(better, key=lambda r: r["time_ns_p50"]) if better else None,
+                    max(smaller, key=lambda r: r["busbw_gbps_p50"]) if smaller else None)
+            assert tb.best(row["bus_bytes_p50"], mine) == want

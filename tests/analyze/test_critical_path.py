@@ -332,27 +332,67 @@ def test_collective_advice_fits_the_evidence():
 def test_ranks_share_a_host_only_beyond_its_recorded_cpu_cores(tmp_path):
     """The manifest's host_cpus (keyed by the traces' host name) reaches the ranks table; CPU ranks count as
     sharing their host's cores (the shared-host replay rules) where the host holds more ranks than cores,
-    or its cores are unknown."""
+    or its cores are unknown, or (a busy process beside a core per rank) a rank's threads were recorded
+    waiting for a core: `tracekit record`'s per-rank `cpu_window` (run-queue wait and CPU time over the
+    profiled steps), its share wait / (wait + CPU) in `ranks.cpu_wait_share`."""
     import shutil
 
-    from tracekit.derive.topology import cpu_hosts
+    from tracekit.derive.topology import CORE_WAIT_SHARE, cpu_hosts
     from tracekit.parse.run import parse_run
+
+    def window(wait_ms: int, cpu_ms: int) -> dict:
+        return {"wall_ns": 400_000_000, "cpu_ns": cpu_ms * 1_000_000, "wait_ns": wait_ms * 1_000_000, "threads": 5}
 
     src = REPO / "fixtures" / "faults"
     out, host = {}, None
-    for name, cores in (("unknown", None), ("enough", 2), ("one_short", 1)):
+    # (cores, each rank's (run-queue wait, CPU) ms over the window): 2 ranks on 2 cores waited 150 of 450
+    # runnable ms (a third: one runnable thread too many) in "busy_beside", 4 of 404 ms in "quiet"
+    cases = (("unknown", None, None), ("enough", 2, None), ("one_short", 1, None),
+             ("quiet", 2, [(4, 400), (3, 380)]), ("busy_beside", 2, [(150, 300), (2, 300)]))
+    for name, cores, waits in cases:
         run = tmp_path / name
         shutil.copytree(src, run)
+        man = json.loads((run / "manifest.json").read_text())
         if cores is not None:
-            man = json.loads((run / "manifest.json").read_text())
-            (run / "manifest.json").write_text(json.dumps({**man, "host_cpus": {host: cores}}))
+            man["host_cpus"] = {host: cores}
+        if waits is not None:
+            man["ranks"] = [{"rank": r, "host_cpus": cores, "cpu_window": window(*w)} for r, w in enumerate(waits)]
+        (run / "manifest.json").write_text(json.dumps(man))
         store = parse_run(run, tmp_path / f"{name}.store", progress=False).store
-        rows = store.table("ranks", ["rank", "hostname", "host_cpus"]).to_pylist()
+        rows = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share"]).to_pylist()
         host = rows[0]["hostname"]
         assert len(rows) == 2 and {r["hostname"] for r in rows} == {host}  # the fixture: 2 ranks, one machine
         assert [r["host_cpus"] for r in rows] == [cores, cores]
+        assert [r["cpu_wait_share"] for r in rows] == ([None, None] if waits is None
+                                                       else [pytest.approx(w / (w + c)) for w, c in waits])
         out[name] = cpu_hosts(store)
-    assert out == {"unknown": {0: host, 1: host}, "enough": {}, "one_short": {0: host, 1: host}}
+    assert 4 / 404 < CORE_WAIT_SHARE <= 150 / 450
+    assert out == {"unknown": {0: host, 1: host}, "enough": {}, "one_short": {0: host, 1: host}, "quiet": {},
+                   "busy_beside": {0: host, 1: host}}
+
+
+def test_record_writes_host_cpus_and_the_run_queue_wait_of_the_profiled_steps(tmp_path):
+    """`tracekit record`'s manifest: host name → the fewest cores any of its ranks may run on, and each
+    rank's `cpu_window` as its record has it (record/cpu_share.py reads /proc/self/task/*/schedstat)."""
+    from tracekit.record import cpu_share
+    from tracekit.record.manifest import host_cpus
+
+    recs = {0: {"host": "a", "host_cpus": 4}, 1: {"host": "a", "host_cpus": 2}, 2: {"host": "b", "host_cpus": 8},
+            3: {"host": "c"}}
+    assert host_cpus(recs) == {"a": 2, "b": 8}
+    begin = {"wall_ns": 10, "cpu_ns": 100, "wait_ns": 5, "threads": 3}
+    end = {"wall_ns": 1010, "cpu_ns": 700, "wait_ns": 305, "threads": 4}
+    once = cpu_share.add_span(None, begin, end)
+    assert once == {"wall_ns": 1000, "cpu_ns": 600, "wait_ns": 300, "threads": 4}
+    assert cpu_share.add_span(once, begin, end) == {"wall_ns": 2000, "cpu_ns": 1200, "wait_ns": 600, "threads": 4}
+    assert cpu_share.add_span(once, None, end) == once
+    now = cpu_share.sample()
+    if Path("/proc/self/task").is_dir():  # Linux: this process's threads, CPU time only grows
+        assert now is not None and now["threads"] >= 1 and now["cpu_ns"] > 0
+        sum(range(200_000))
+        later = cpu_share.sample()
+        assert later["cpu_ns"] >= now["cpu_ns"] and later["wait_ns"] >= now["wait_ns"]
+    assert cpu_share.host_cpus() >= 1
 
 
 def test_a_wait_in_a_collective_is_one_node_released_by_its_end(tmp_path):

@@ -116,3 +116,58 @@ def test_real_job_logs_match_what_was_issued(rank: int) -> None:
     assert [(r["op"], r["pg_name"], r["is_p2p"], r["step"]) for r in rows] == \
         [(o["op"], o["pg_name"], o["is_p2p"], o["step"]) for o in issued]
     assert [(r["enqueue_ts"], r["ts"] + r["dur"]) for r in rows] == [(o["created"], o["done"]) for o in issued]
+
+
+def _repeating_log(tmp_path: Path, steps: int = 3) -> Path:
+    """The same collectives every step (as a training loop logs them): entries that differ only in times,
+    sequence numbers and step, which the bulk reader turns into columns once per distinct entry."""
+    log = CommLog(comms_log_path(tmp_path, 3), rank=3, world_size=4, pg_config=PG_CONFIG)
+    t = 10_000
+    for step in range(steps):
+        log.record(pg_name="0", pg_desc="default_pg", profiling_name="nccl:all_reduce", time_created_ns=t,
+                   time_started_ns=t + 50 + step, time_completed_ns=t + 900 + 7 * step, input_sizes=[[4, 8]],
+                   input_dtypes=["BFloat16"], output_sizes=[[4, 8]], output_dtypes=["BFloat16"], step=step)
+        log.record(pg_name="5", pg_desc="mesh_tp", profiling_name="nccl:recv 0<-1", time_created_ns=t + 1_000,
+                   time_started_ns=t + 1_010, time_completed_ns=t + 1_500 + step, input_sizes=[[3]],
+                   input_dtypes=["Float"], output_sizes=[[3]], output_dtypes=["Float"], is_p2p=True, peer=2,
+                   group_ranks=[2, 3], step=step)
+        t += 10_000
+    log.close()
+    return comms_log_path(tmp_path, 3)
+
+
+def test_repeated_entries_keep_their_own_times_and_seq(tmp_path: Path) -> None:
+    path = _repeating_log(tmp_path)
+    # A Flight Recorder duration on one entry (as `prefer_flight_recorder` writes it): the measured time wins.
+    lines = path.read_text().splitlines()
+    fr = json.loads(lines[3])
+    fr["duration_ms"] = 0.25
+    lines[3] = json.dumps(fr)
+    path.write_text("\n".join(lines) + "\n")
+    parsed = parse_comms_log(path)
+    assert parsed.warnings == [] and parsed.collectives.num_rows == 6
+    entries = [json.loads(x) for x in lines[1:-1]]
+    rows = parsed.collectives.to_pylist()
+    for e, r in zip(entries, rows):
+        assert r["seq"] == (e["p2p_seq_id"] if e["is_p2p"] else e["collective_seq_id"])
+        assert (r["ts"], r["enqueue_ts"], r["step"]) == (e["time_discovered_started_ns"], e["time_created_ns"], e["step"])
+        want = (250_000 if "duration_ms" in e else e["time_discovered_completed_ns"] - e["time_discovered_started_ns"])
+        assert r["dur"] == want
+        assert r["peer"] == e["peer"]
+        assert r["bytes"] == (3 * 4 if e["is_p2p"] else 4 * 8 * 2)
+    assert [r["seq"] for r in rows] == [1, 1, 2, 2, 3, 3]
+    assert [r["dur"] for r in rows][:4] == [850, 490, 250_000, 491]
+
+
+def test_a_malformed_entry_is_skipped_the_rest_kept(tmp_path: Path) -> None:
+    path = _repeating_log(tmp_path)
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["input_sizes"] = "not shapes"
+    lines[2] = json.dumps(bad)
+    path.write_text("\n".join(lines) + "\n")
+    parsed = parse_comms_log(path)
+    assert parsed.collectives.num_rows == 5
+    assert any("1 malformed entries skipped" in w for w in parsed.warnings)
+    kept = [json.loads(x) for i, x in enumerate(lines[1:-1], start=1) if i != 2]
+    assert parsed.collectives.column("enqueue_ts").to_pylist() == [e["time_created_ns"] for e in kept]

@@ -48,12 +48,14 @@ Section `bandwidth` (JSON):
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.analyze.unoverlapped import UnoverlappedResult
@@ -114,7 +116,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     dims = _group_dims(store, layout)
     t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
                                     "group_size", "dur", "step"])
-    all_rows = [r for r in t.to_pylist() if r["dur"] is not None and r["dur"] > 0]
+    t = t.filter(pc.greater(t["dur"], 0))  # (null durations dropped too)
     out: list[dict[str, Any]] = []
     unsized: dict[tuple[str, str], int] = defaultdict(int)
     if matched is not None and matched.n_instances:
@@ -136,7 +138,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
                         "n": n, "bytes": int(b), "time_ns": int(t_ns),
                         "step": None if step != step or step is None else int(step)})
         basis = "transfer"
-        rows = [r for r in all_rows if r["is_p2p"] or r["op"] in ("send", "recv")]
+        rows = t.filter(_p2p_mask(t)).to_pylist()
         pairs = _p2p_pair_instances(matched, dims)
         if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
             out.extend(pairs)
@@ -144,11 +146,17 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
         # else (host-timed P2P) tabulate it from row durations, never judged
     else:
         basis = "min_duration"
-        rows = all_rows
+        rows = t.to_pylist()
     out.extend(_unmatched_instances(rows, dims, unsized))
     unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
                for (pg, op), c in sorted(unsized.items())]
     return out, basis, unknown
+
+
+def _p2p_mask(t) -> Any:
+    """Rows that are P2P: flagged so, or a send / recv (a null flag or op counts as no)."""
+    return pc.or_(pc.fill_null(t["is_p2p"], False),
+                  pc.fill_null(pc.is_in(t["op"], pa.array(["send", "recv"])), False))
 
 
 def _p2p_pair_instances(matched: MatchedCollectives, dims: dict[str, str]) -> list[dict[str, Any]] | None:
@@ -285,6 +293,7 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
     by_tier: dict[Any, list[tuple[int, dict[str, Any]]]] = {}
     for i, r in zip(lid, judged):  # in `judged` order
         by_tier.setdefault(tiers.get(r["pg_name"]), []).append((i, r))
+    best_in = {tier: _TierBest(rows) for tier, rows in by_tier.items()}
     for mine, row in zip(lid, judged):
         peak = peaks.get(row["pg_name"], peaks.get(row["dim"]))
         if peak is not None:
@@ -293,8 +302,9 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             ref, why, low_at = float(peak), f"peak given for {row['pg_name'] if row['pg_name'] in peaks else row['dim']}", \
                 LOW_FRACTION_OF_PEAK
         else:
-            others = [r for i, r in by_tier[tiers.get(row["pg_name"])] if i != mine]  # other links, same tier
-            found = _best_of_run(row, others, device_timed and bool(tiers.get(row["pg_name"])))
+            # other links of the same tier
+            better, smaller = best_in[tiers.get(row["pg_name"])].best(row["bus_bytes_p50"], mine)
+            found = _best_of_run(row, better, smaller if device_timed and tiers.get(row["pg_name"]) else None)
             if found is None:
                 continue
             ref, why = found
@@ -308,22 +318,57 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
             row["lost_ns_per_step"] = lost / nsteps
 
 
-def _best_of_run(row: dict[str, Any], others: list[dict[str, Any]], smaller_too: bool
+class _TierBest:
+    """Over the judged rows of one link tier (each with its link id, in `judged` order): for a row moving
+    `x` bus bytes on link `mine`, the other links' row with the fastest median time among those moving at
+    least `x` and the one with the best median busbw among those moving fewer, the first in order on a tie
+    (as min / max over the list would pick). Rows sorted by bus bytes once, each prefix / suffix keeping
+    its best two rows of distinct links: O(rows log rows) where a scan of the tier per row was quadratic
+    (thousands of groups at thousands of ranks)."""
+
+    def __init__(self, rows: list[tuple[int, dict[str, Any]]]) -> None:
+        order = sorted(range(len(rows)), key=lambda j: -rows[j][1]["bus_bytes_p50"])
+        self.neg_bytes = [-rows[j][1]["bus_bytes_p50"] for j in order]  # ascending
+        self.prefix, top = [], ()
+        for j in order:
+            top = _push_best(top, ((rows[j][1]["time_ns_p50"], j), rows[j][0], rows[j][1]))
+            self.prefix.append(top)
+        self.suffix, top = [()] * (len(order) + 1), ()
+        for k in range(len(order) - 1, -1, -1):
+            j = order[k]
+            top = _push_best(top, ((-rows[j][1]["busbw_gbps_p50"], j), rows[j][0], rows[j][1]))
+            self.suffix[k] = top
+
+    def best(self, x: float, mine: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        k = bisect.bisect_right(self.neg_bytes, -x)  # rows [0, k) move >= x bus bytes
+        at_least = self.prefix[k - 1] if k else ()
+        return (next((r for _, link, r in at_least if link != mine), None),
+                next((r for _, link, r in self.suffix[k] if link != mine), None))
+
+
+def _push_best(top: tuple, cand: tuple) -> tuple:
+    """The best (smallest key) entry of each of the two best links, after adding `cand` (key, link, row)."""
+    same = [e for e in top if e[1] == cand[1]]
+    if same:
+        keep = [e for e in top if e[1] != cand[1]] + [min(same[0], cand, key=lambda e: e[0])]
+    else:
+        keep = [*top, cand]
+    return tuple(sorted(keep, key=lambda e: e[0])[:2])
+
+
+def _best_of_run(row: dict[str, Any], best: dict[str, Any] | None, smaller_best: dict[str, Any] | None
                  ) -> tuple[float, str] | None:
     """Reference bandwidth for a row from other groups' rows: the fastest median time any of them took to
-    move at least as many bus bytes; with `smaller_too` (device-timed, same link tier) also the best
-    median busbw of those moving fewer (bus bandwidth grows with message size on one NCCL link, so a
-    smaller message's is a lower bound for a larger one's: this judges the dim that moves the most)."""
+    move at least as many bus bytes (`best`); when given (device-timed, same link tier) also the best
+    median busbw of those moving fewer (`smaller_best`: bus bandwidth grows with message size on one NCCL
+    link, so a smaller message's is a lower bound for a larger one's: this judges the dim that moves the most)."""
     refs = []
-    better = [r for r in others if r["bus_bytes_p50"] >= row["bus_bytes_p50"]]
-    if better:
-        best = min(better, key=lambda r: r["time_ns_p50"])
+    if best is not None:
         refs.append((row["bus_bytes_p50"] / best["time_ns_p50"],
                      f"best of the run: {best['pg_name']} {best['op']} moved ≥ as many bus bytes "
                      f"({best['bytes_p50']} B) in {best['time_ns_p50'] / 1e3:.0f} µs"))
-    smaller = [r for r in others if r["bus_bytes_p50"] < row["bus_bytes_p50"]] if smaller_too else []
-    if smaller:
-        best = max(smaller, key=lambda r: r["busbw_gbps_p50"])
+    if smaller_best is not None:
+        best = smaller_best
         refs.append((best["busbw_gbps_p50"], f"best of the run: {best['pg_name']} {best['op']} reached "
                      f"{best['busbw_gbps_p50']:.1f} GB/s with fewer bus bytes ({best['bytes_p50']} B) on the same link tier"))
     return max(refs, key=lambda x: x[0]) if refs else None

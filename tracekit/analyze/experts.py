@@ -105,9 +105,7 @@ class ExpertsResult(AnalyzerResult):
 def analyze_experts(store: RunStore, layout: LayoutResult | None) -> ExpertsResult:
     """Experts section and `expert_routing_skew` finding for the most skewed layer."""
     ep_groups = _ep_groups(store, section_of(layout))
-    a2a = store.table("collectives", ["rank", "step", "op", "dur", "out_nelems", "out_split_sizes",
-                                      "in_split_sizes", "bytes", "caller", "group_ranks", "seq", "source", "pg_name"])
-    a2a_rows = _dedupe([r for r in a2a.to_pylist() if r["op"] == "all_to_all" and r["step"] is not None])
+    a2a_rows = _dedupe(_all_to_alls(store))
     routing = [r for r in store.table("routing").to_pylist() if r["tokens"] is not None]
     expert_ns = _per_rank_step_sum(store, EXPERT_LABEL)
 
@@ -162,6 +160,14 @@ def analyze_experts(store: RunStore, layout: LayoutResult | None) -> ExpertsResu
     section = {"source": source, "granularity": gran, "layers": layer_out, "heatmap": heat, "ranks": rank_out}
     findings = _skew_finding(store, layer_out, rank_out, gran, rule)
     return ExpertsResult(findings=findings, section=section)
+
+
+def _all_to_alls(store: RunStore) -> list[dict[str, Any]]:
+    """The all_to_all rows with a step, selected in Arrow (every collective as a dict costs seconds at
+    thousands of ranks)."""
+    a2a = store.table("collectives", ["rank", "step", "op", "dur", "out_nelems", "out_split_sizes",
+                                      "in_split_sizes", "bytes", "caller", "group_ranks", "seq", "source", "pg_name"])
+    return a2a.filter(pc.and_(pc.equal(a2a["op"], "all_to_all"), pc.is_valid(a2a["step"]))).to_pylist()
 
 
 def _hot_owners(hot: int, E: int, ep_groups: list[list[int]], gran: str, layer_ranks: set[int]) -> list[int]:

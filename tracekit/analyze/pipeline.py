@@ -180,6 +180,8 @@ def _step_windows(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, i
 def _p2p_intervals(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, int], iv.IntervalSet]:
     """Union of send/recv intervals per (rank, step)."""
     t = store.table("collectives", ["rank", "step", "is_p2p", "op", "ts", "dur"])
+    t = t.filter(pc.or_(pc.fill_null(t["is_p2p"], False),
+                        pc.fill_null(pc.is_in(t["op"], pa.array(["send", "recv"])), False)))
     acc: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     for c in t.to_pylist():
         p2p = c["is_p2p"] or c["op"] in ("send", "recv")

@@ -567,13 +567,28 @@ def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], step
     of = _instances_of_ranks(matched.rows, inst)
     last, delay = inst["last_rank"].to_numpy(np.int64), inst["delay"].to_numpy(np.int64)
 
+    by_last: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def held_by(r: int, p: int) -> int:
+        """Summed delay of r's instances that p arrived last at (p is then a member too)."""
+        got = by_last.get(r)
+        if got is None:
+            mine = of.get(r, _NONE)
+            lasts, delays = last[mine], delay[mine]
+            order = np.argsort(lasts, kind="stable")
+            lasts, delays = lasts[order], delays[order]
+            starts = np.flatnonzero(np.r_[True, lasts[1:] != lasts[:-1]]) if lasts.size else _NONE
+            got = by_last[r] = (lasts[starts], np.add.reduceat(delays, starts) if starts.size else _NONE)
+        uq, sums = got
+        i = int(np.searchsorted(uq, p))
+        return int(sums[i]) if i < uq.size and uq[i] == p else 0
+
     def late_with(r: int, p: int) -> bool:
         lo = min(total[r], total[p])
         if lo <= 0 or 2 * lo < max(total[r], total[p]):
             return False
-        both = np.intersect1d(of.get(r, _NONE), of.get(p, _NONE), assume_unique=True)
-        both = both[(last[both] == r) | (last[both] == p)]
-        return 2 * int(delay[both].sum()) < lo * steps
+        # the collectives of both that r or p held back: those r was last at (p a member) and those p was
+        return 2 * (held_by(r, p) + held_by(p, r)) < lo * steps
 
     for row in rows:
         r = row["rank"]

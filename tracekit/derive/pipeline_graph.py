@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.tables.store import RunStore
 
@@ -64,14 +66,18 @@ def load_p2p(store: RunStore) -> dict[int, list[P2POp]]:
     log's rows of the same op and step; otherwise the log's rows."""
     cols = ["rank", "source", "op", "peer", "ts", "dur", "enqueue_ts", "enqueue_dur", "step"]
     t = store.table("collectives", cols)
+    t = t.filter(pc.fill_null(pc.is_in(t["op"], pa.array(P2P_OPS)), False))
     by_src: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    sources: dict[int, list[str]] = defaultdict(list)  # per rank, its sources in order of first row
     for r in t.to_pylist():
-        if r["op"] in P2P_OPS:
-            by_src[(r["rank"], r["source"] or "kineto")].append(r)
+        key = (r["rank"], r["source"] or "kineto")
+        if key not in by_src:
+            sources[key[0]].append(key[1])
+        by_src[key].append(r)
     out: dict[int, list[P2POp]] = {}
-    for rank in sorted({k[0] for k in by_src}):
+    for rank in sorted(sources):
         rows = by_src.get((rank, "kineto"))
-        logs = [by_src[k] for k in by_src if k[0] == rank and k[1] != "kineto"]
+        logs = [by_src[(rank, s)] for s in sources[rank] if s != "kineto"]
         log = max(logs, key=len) if logs else []
         if rows is None:
             rows, log = log, []

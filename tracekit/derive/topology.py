@@ -264,15 +264,25 @@ def rank_hosts(store: RunStore | None) -> dict[int, str]:
     return rank_to_host(None, store.table("ranks", ["rank", "hostname"]).to_pylist())
 
 
+CORE_WAIT_SHARE = 0.10
+"""A rank whose threads waited for a core at least this share of their runnable time over the profiled
+steps (`ranks.cpu_wait_share`) did not have a core of its own, whatever the host's core count: another
+process took cores (processor sharing: n runnable threads on c < n cores wait (n − c) / n of the time, a
+third for one thread too many on 2 cores; a thread with a free core waits only for its wake-ups)."""
+
+
 def cpu_hosts(store: RunStore | None) -> dict[int, str]:
     """CPU-only ranks (no kernel in the trace) → hostname (ranks table), on hosts whose ranks share cores:
-    more ranks than the host's recorded CPU cores, or cores unknown. Empty when any rank has a device."""
+    more ranks than the host's recorded CPU cores, cores unknown, or a rank of the host recorded waiting for
+    a core (`CORE_WAIT_SHARE`: a busy process beside a core per rank). Empty when any rank has a device."""
     if store is None or not store.has("ranks"):
         return {}
-    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus"]).to_pylist()
+    t = store.table("ranks", ["rank", "hostname", "trace_kind", "host_cpus", "cpu_wait_share"]).to_pylist()
     if not t or any(r["trace_kind"] != "cpu" or not r["hostname"] for r in t):
         return {}
     hosts = rank_to_host(None, t)
     per_host = Counter(hosts.values())
     cpus = {int(r["rank"]): r["host_cpus"] for r in t}
-    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r]}
+    waited = {hosts[int(r["rank"])] for r in t if int(r["rank"]) in hosts
+              and (r["cpu_wait_share"] or 0.0) >= CORE_WAIT_SHARE}
+    return {r: h for r, h in hosts.items() if cpus[r] is None or per_host[h] > cpus[r] or h in waited}

@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
+from msgspec import UNSET, UnsetType
 
 from tracekit.errors import TraceFormatError
-from tracekit.parse.flight_recorder import entries_to_collectives_skipping_bad, pg_config_groups
+from tracekit.parse.flight_recorder import (COLLECTIVE_COLUMNS, collective_arrays,
+                                            entries_to_collectives_skipping_bad, entry_row, pg_config_groups,
+                                            size_columns)
+from tracekit.tables.schema import conform
 
 SOURCE_COMMS_LOG = "comms-log"
 COMMS_LOG_NAME = re.compile(r"^comms\.rank(\d+)\.jsonl$")
@@ -51,14 +56,30 @@ def read_comms_log_header(path: str | Path) -> dict[str, Any] | None:
 
 
 def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogParse:
-    """Parse one comms log; the rank is `rank=`, else the header's, else None (caller decides)."""
+    """Parse one comms log; the rank is `rank=`, else the header's, else None (caller decides).
+
+    A well-formed log (header line, entries of the types `tracekit record` writes, optional footer) is
+    decoded in bulk (`_bulk_decode`); anything else goes line by line, keeping what it can."""
     path = Path(path)
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    bulk = _bulk_decode(lines)
+    if bulk is not None:
+        header, footer, entries = bulk
+        table = _bulk_collectives(header, entries, rank)
+        if table is not None:
+            warnings: list[str] = []
+            _footer_warnings(path, footer, len(entries), warnings)
+            return _result(path, rank, header, footer, table, warnings)
+    return _parse_lines(path, lines, rank)
+
+
+def _parse_lines(path: Path, lines: list[bytes], rank: int | None) -> CommsLogParse:
+    """The line-by-line reader: every line on its own, bad ones skipped with a warning."""
     warnings: list[str] = []
     header: dict[str, Any] | None = None
     footer: dict[str, Any] | None = None
     entries: list[dict[str, Any]] = []
-    with open(path, "rb") as fh:
-        lines = fh.read().split(b"\n")
     # A file written to the end finishes with "\n", leaving one empty last element.
     last_index = len(lines) - 1
     for i, raw in enumerate(lines):
@@ -88,23 +109,171 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
             entries.append(obj)
     if header is None:
         raise TraceFormatError(str(path), "not a tracekit comms log (no header line)")
+    row_rank = _row_rank(header, rank)
+    _footer_warnings(path, footer, len(entries), warnings)
+    table = entries_to_collectives_skipping_bad(entries, rank=row_rank, source=SOURCE_COMMS_LOG,
+                                                group_ranks=_group_ranks(header), warnings=warnings,
+                                                what=path.name)
+    return _result(path, rank, header, footer, table, warnings)
+
+
+def _row_rank(header: dict[str, Any], rank: int | None) -> int:
+    """The rank the rows carry: `rank=`, else the header's, else -1."""
+    if rank is not None:
+        return rank
+    return int(header["rank"]) if header.get("rank") is not None else -1
+
+
+def _group_ranks(header: dict[str, Any]) -> dict[str, list[int]]:
+    return {g["pg_name"]: g["ranks"] for g in pg_config_groups(header.get("pg_config")) if g["ranks"]}
+
+
+def _footer_warnings(path: Path, footer: dict[str, Any] | None, num_entries: int, warnings: list[str]) -> None:
+    if footer is None:
+        warnings.append(f"{path.name}: no footer, the log is partial (rank did not close it)")
+    elif footer.get("entries") is not None and int(footer["entries"]) != num_entries:
+        warnings.append(f"{path.name}: footer counts {footer['entries']} entries, file holds {num_entries}")
+    if footer is not None and footer.get("status") not in (None, "ok"):
+        warnings.append(f"{path.name}: closed with status {footer.get('status')!r}")
+
+
+def _result(path: Path, rank: int | None, header: dict[str, Any], footer: dict[str, Any] | None,
+            table: pa.Table, warnings: list[str]) -> CommsLogParse:
     rank_source = "argument" if rank is not None else None
     if rank is None and header.get("rank") is not None:
         rank, rank_source = int(header["rank"]), "comms-log"
-    partial = footer is None
-    if partial:
-        warnings.append(f"{path.name}: no footer, the log is partial (rank did not close it)")
-    elif footer.get("entries") is not None and int(footer["entries"]) != len(entries):
-        warnings.append(f"{path.name}: footer counts {footer['entries']} entries, file holds {len(entries)}")
-    if footer is not None and footer.get("status") not in (None, "ok"):
-        warnings.append(f"{path.name}: closed with status {footer.get('status')!r}")
     groups = pg_config_groups(header.get("pg_config"))
-    group_ranks = {g["pg_name"]: g["ranks"] for g in groups if g["ranks"]}
-    table = entries_to_collectives_skipping_bad(entries, rank=rank if rank is not None else -1,
-                                                source=SOURCE_COMMS_LOG, group_ranks=group_ranks,
-                                                warnings=warnings, what=path.name)
     ws = header.get("world_size")
     return CommsLogParse(source_file=str(path), rank=rank, rank_source=rank_source,
                          world_size=int(ws) if ws is not None else None,
                          version=header.get("version"), process_groups=groups, collectives=table,
-                         partial=partial, footer=footer, warnings=warnings)
+                         partial=footer is None, footer=footer, warnings=warnings)
+
+
+# ---- bulk decode ---------------------------------------------------------------------------------------
+# A log as `tracekit record` (and the simulator) writes it is decoded in one msgspec call into typed
+# structs, and each distinct (group, op, sizes, dtypes, peer, ...) is turned into its row columns once by
+# `entry_row` itself, so the rows are those of the line-by-line reader by construction. Anything the types
+# below do not accept (a cut line, a malformed entry, a header in the middle) sends the whole file to the
+# line-by-line reader, which keeps what it can and says what it skipped.
+
+class _Entry(msgspec.Struct):
+    """The entry fields `entry_row` reads, typed as the writer writes them (lists as tuples: hashable)."""
+
+    type: str | None = None
+    process_group: tuple[str | None, ...] | None = None
+    profiling_name: str | None = None
+    is_p2p: bool | None = None
+    collective_seq_id: int | None = None
+    p2p_seq_id: int | None = None
+    peer: int | None = None
+    group_ranks: tuple[int, ...] | None = None
+    input_sizes: tuple[tuple[int, ...] | None, ...] | None = None
+    output_sizes: tuple[tuple[int, ...] | None, ...] | None = None
+    input_dtypes: tuple[str, ...] | None = None
+    output_dtypes: tuple[str, ...] | None = None
+    in_split_sizes: tuple[int, ...] | None = None
+    out_split_sizes: tuple[int, ...] | None = None
+    time_created_ns: int | None = None
+    time_discovered_started_ns: int | None = None
+    time_discovered_completed_ns: int | None = None
+    duration_ms: float | None | UnsetType = UNSET
+    duration: float | None | UnsetType = UNSET
+    state: str | None = None
+    caller: str | None = None
+    step: int | None = None
+
+
+_ENTRIES = msgspec.json.Decoder(list[_Entry])
+
+
+def _duration(e: _Entry) -> int | None:
+    """`flight_recorder._times`'s duration: the measured one (ms) when started, else completed - started."""
+    started = e.time_discovered_started_ns or None
+    if started is None:
+        return None
+    measured = e.duration if e.duration_ms is UNSET else e.duration_ms
+    if measured is not None and measured is not UNSET and measured > 0:
+        return int(round(float(measured) * 1e6))
+    completed = e.time_discovered_completed_ns or None
+    return completed - started if completed is not None else None
+
+
+def _bulk_decode(lines: list[bytes]) -> tuple[dict[str, Any], dict[str, Any] | None, list[_Entry]] | None:
+    """(header, footer, entries) of a well-formed log, else None."""
+    body = [ln for ln in lines if ln.strip()]
+    if not body:
+        return None
+    try:
+        header = json.loads(body[0])
+        footer = json.loads(body[-1]) if len(body) > 1 and b'"footer"' in body[-1] else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or header.get("type") != "header":
+        return None
+    if footer is not None:
+        if not isinstance(footer, dict) or footer.get("type") != "footer":
+            return None
+        body = body[:-1]
+    try:
+        entries = _ENTRIES.decode(b"[" + b",".join(body[1:]) + b"]")
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        return None
+    if any(e.type in ("header", "footer") for e in entries):
+        return None
+    return header, footer, entries
+
+
+def _plain(e: _Entry) -> dict[str, Any]:
+    """The entry as the mapping `entry_row` reads (absent keys left out; tuples read as the lists would)."""
+    return {k: v for k, v in msgspec.structs.asdict(e).items() if v is not UNSET}
+
+
+def _bulk_collectives(header: dict[str, Any], entries: list[_Entry], rank: int | None) -> pa.Table | None:
+    """The `collectives` rows of decoded entries, the same as `entry_row`'s; None when one is malformed.
+
+    The columns of an entry's group, op, peer and caller come from `entry_row` once per distinct value and
+    are taken by index; those of its shapes and dtypes once per distinct shapes (`size_columns`, as
+    `entry_row` computes them); split sizes (which differ per all_to_all) are copied as they are."""
+    try:
+        row_rank = _row_rank(header, rank)
+        group_ranks = _group_ranks(header)
+        index: dict[tuple, int] = {}
+        uniques: list[dict[str, Any]] = []
+        rows: list[int] = []
+        sizes: dict[tuple, tuple] = {}
+        size_rows: list[tuple] = []
+        for e in entries:
+            key = (e.process_group, e.profiling_name, e.is_p2p, e.peer, e.group_ranks, e.caller)
+            i = index.get(key)
+            if i is None:
+                i = index[key] = len(uniques)
+                uniques.append(entry_row(_plain(e), rank=row_rank, source=SOURCE_COMMS_LOG, group_ranks=group_ranks))
+            rows.append(i)
+            key = (e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+            got = sizes.get(key)
+            if got is None:
+                got = sizes[key] = size_columns(*key)
+            size_rows.append(got)
+        p2p = [u["is_p2p"] for u in uniques]
+        seq = [e.p2p_seq_id if p2p[i] else e.collective_seq_id for e, i in zip(entries, rows)]
+        cols = {
+            "seq": seq, "seq_source": ["log" if s is not None else None for s in seq],
+            "in_split_sizes": [None if e.in_split_sizes is None else list(e.in_split_sizes) for e in entries],
+            "out_split_sizes": [None if e.out_split_sizes is None else list(e.out_split_sizes) for e in entries],
+            "ts": [e.time_discovered_started_ns or None for e in entries],
+            "dur": [_duration(e) for e in entries],
+            "enqueue_ts": [e.time_created_ns or None for e in entries],
+            "state": [e.state or "unknown" for e in entries],
+            "step": [e.step for e in entries],
+        }
+        for j, c in enumerate(("in_nelems", "out_nelems", "dtype", "bytes")):
+            cols[c] = [x[j] for x in size_rows]
+        take = pa.array(rows, type=pa.int32())
+        static = collective_arrays({c: [u[c] for u in uniques] for c in COLLECTIVE_COLUMNS if c not in cols})
+        per_entry = collective_arrays(cols)
+        columns = {c: (static[c].take(take) if c in static else per_entry[c]) for c in COLLECTIVE_COLUMNS}
+        return conform("collectives", pa.table(columns))
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError,
+            pa.ArrowException):
+        return None

@@ -174,7 +174,7 @@ def entries_to_collectives(entries: Iterable[Mapping[str, Any]], *, rank: int, s
     for e in entries:
         for k, v in entry_row(e, rank=rank, source=source, group_ranks=group_ranks or {}).items():
             cols[k].append(v)
-    return conform("collectives", pa.table(_typed(cols)))
+    return conform("collectives", pa.table(collective_arrays(cols)))
 
 
 def _p2p_peer(e: Mapping[str, Any], is_p2p: bool, ranks_of_group: list[int] | None) -> int | None:
@@ -215,17 +215,14 @@ def entry_row(e: Mapping[str, Any], *, rank: int, source: str, group_ranks: Mapp
     is_p2p = bool(e.get("is_p2p")) or op in ("send", "recv")
     seq = e.get("p2p_seq_id") if is_p2p else e.get("collective_seq_id")
     ranks_of_group = _ranks_list(e.get("group_ranks")) or (group_ranks.get(pg_name) if pg_name else None)
-    in_counts, out_counts = _nelems(e.get("input_sizes")), _nelems(e.get("output_sizes"))
-    in_dtypes, out_dtypes = e.get("input_dtypes") or [], e.get("output_dtypes") or []
+    in_nelems, out_nelems, dtype, nbytes = size_columns(e.get("input_sizes"), e.get("input_dtypes"),
+                                                        e.get("output_sizes"), e.get("output_dtypes"))
     started, dur, created = _times(e)
     return {
         "rank": rank, "source": source, "pg_name": pg_name, "pg_desc": pg_desc,
         "seq": int(seq) if seq is not None else None, "seq_source": "log" if seq is not None else None,
         "op": op, "is_p2p": is_p2p, "peer": _p2p_peer(e, is_p2p, ranks_of_group),
-        "in_nelems": sum(in_counts) if in_counts is not None else None,
-        "out_nelems": sum(out_counts) if out_counts is not None else None,
-        "dtype": str((in_dtypes or out_dtypes)[0]) if (in_dtypes or out_dtypes) else None,
-        "bytes": _message_bytes(in_counts, in_dtypes, out_counts, out_dtypes),
+        "in_nelems": in_nelems, "out_nelems": out_nelems, "dtype": dtype, "bytes": nbytes,
         "in_split_sizes": _int_list(e.get("in_split_sizes")), "out_split_sizes": _int_list(e.get("out_split_sizes")),
         "group_size": len(ranks_of_group) if ranks_of_group else None, "group_ranks": ranks_of_group,
         "ts": started, "dur": dur, "enqueue_ts": created, "state": e.get("state") or "unknown",
@@ -234,11 +231,23 @@ def entry_row(e: Mapping[str, Any], *, rank: int, source: str, group_ranks: Mapp
     }
 
 
+def size_columns(input_sizes: Any, input_dtypes: Any, output_sizes: Any, output_dtypes: Any
+                 ) -> tuple[int | None, int | None, str | None, int | None]:
+    """(in_nelems, out_nelems, dtype, bytes) of an entry's tensor shapes and dtypes."""
+    in_counts, out_counts = _nelems(input_sizes), _nelems(output_sizes)
+    in_dtypes, out_dtypes = input_dtypes or [], output_dtypes or []
+    return (sum(in_counts) if in_counts is not None else None,
+            sum(out_counts) if out_counts is not None else None,
+            str((in_dtypes or out_dtypes)[0]) if (in_dtypes or out_dtypes) else None,
+            _message_bytes(in_counts, in_dtypes, out_counts, out_dtypes))
+
+
 def _int_list(value: Any) -> list[int] | None:
     return [int(v) for v in value] if value is not None else None
 
 
-def _typed(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
+def collective_arrays(cols: dict[str, list[Any]]) -> dict[str, pa.Array]:
+    """Python column lists of the `collectives` table as Arrow arrays of its types."""
     types = {
         "rank": pa.int32(), "source": pa.string(), "pg_name": pa.string(), "pg_desc": pa.string(),
         "seq": pa.int64(), "seq_source": pa.string(), "op": pa.string(), "is_p2p": pa.bool_(),

@@ -728,6 +728,18 @@ def _world_size(run: _Run) -> int | None:
     return world_size
 
 
+def _cpu_wait_share(manifest: Any, rank: int) -> float | None:
+    """The share of the rank's runnable time its threads waited for a core over the profiled steps
+    (`tracekit record`'s `cpu_window`: run-queue wait / (wait + CPU time); record/cpu_share.py), else None."""
+    ranks = manifest.get("ranks") if isinstance(manifest, dict) else None
+    for r in ranks if isinstance(ranks, list) else ():
+        win = r.get("cpu_window") if isinstance(r, dict) and r.get("rank") == rank else None
+        if isinstance(win, dict) and isinstance(win.get("wait_ns"), int) and isinstance(win.get("cpu_ns"), int):
+            busy = win["wait_ns"] + win["cpu_ns"]
+            return win["wait_ns"] / busy if busy > 0 else None
+    return None
+
+
 def _close_run(run: _Run) -> RunStore:
     """The ranks and process_groups tables and meta.json; the finished store."""
     for rank, collector in run.deferred_ops:
@@ -745,6 +757,7 @@ def _close_run(run: _Run) -> RunStore:
             row["hostname"] = str(hosts[str(row["rank"])])
         if isinstance(cpus, dict) and isinstance(cpus.get(row["hostname"]), int):
             row["host_cpus"] = cpus[row["hostname"]]
+        row["cpu_wait_share"] = _cpu_wait_share(run.manifest, row["rank"])
     _clock_offsets(rows, run.manifest, run.warnings)
     for r in rows:
         r.pop("_epoch")

@@ -144,6 +144,7 @@ def write_manifest(out_dir: Path, *, command: list[str], config: RecordConfig | 
         "ended_ns": time.time_ns(),
         "world_size": world_size,
         "hosts": sorted({r["host"] for r in records.values() if r.get("host")}),
+        "host_cpus": host_cpus(records),
         "torch_version": next((r["torch_version"] for r in records.values() if r.get("torch_version")), None),
         "backend": next((r["backend"] for r in records.values() if r.get("backend")), None),
         "config": asdict(config) if config is not None else None,
@@ -245,9 +246,21 @@ def _program_manifest(out_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def host_cpus(records: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """Host name → the CPU cores its ranks may run on (the fewest any of its ranks reported), as the
+    instrumented runtime's manifest has it; hosts whose ranks reported none are left out."""
+    out: dict[str, int] = {}
+    for rec in records.values():
+        host, n = rec.get("host"), rec.get("host_cpus")
+        if host and isinstance(n, int) and n > 0:
+            out[str(host)] = min(out.get(str(host), n), n)
+    return out
+
+
 def _rank_summary(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("rank", "world_size", "rank_source", "local_rank", "group_rank", "host", "pid", "status",
             "reason", "profiled", "profiled_steps", "trace_steps", "logged_steps", "trace_partial",
             "comms_complete", "collectives_logged", "dispatch_errors", "last_dispatch_error", "files",
-            "notes", "backend", "first_step", "last_step", "window_choice", "step_timing", "notices_held")
+            "notes", "backend", "first_step", "last_step", "window_choice", "step_timing", "notices_held",
+            "host_cpus", "cpu_window")
     return {k: rec.get(k) for k in keys}

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tracekit.record import clock
+from tracekit.record import clock, cpu_share
 from tracekit.record.commlog import CommLog, comms_log_path
 from tracekit.record.config import RecordConfig
 from tracekit.record.notices import NoticeFilter, notices_held
@@ -130,6 +130,10 @@ class RankRecorder:
         self._last_dispatch_error: str | None = None
         self._collectives_logged = 0
         self._groups_seen: dict[str, dict[str, Any]] = {}
+        self.host_cpus = cpu_share.host_cpus()
+        self.cpu_window: dict[str, Any] | None = None
+        """Run-queue wait of this process's threads over the profiled steps (`cpu_share`)."""
+        self._cpu_begin: dict[str, int] | None = None
         self.started_ns = time.time_ns()
         local = os.environ.get("LOCAL_RANK")
         group = os.environ.get("GROUP_RANK")
@@ -199,12 +203,21 @@ class RankRecorder:
                 self.prof = None
             self._enter_step(self.step_num)
 
+    def _cpu_span(self, profiled: bool) -> None:
+        """Open the run-queue wait span at a profiled step, close it at the first step after the window."""
+        if profiled and self._cpu_begin is None:
+            self._cpu_begin = cpu_share.sample()
+        elif not profiled and self._cpu_begin is not None:
+            self.cpu_window = cpu_share.add_span(self.cpu_window, self._cpu_begin, cpu_share.sample())
+            self._cpu_begin = None
+
     def _schedule_done(self, step: int) -> bool:
         s = self.config.schedule
         return bool(s.repeat) and step >= s.skip_first + s.repeat * s.cycle_steps
 
     def _enter_step(self, step: int) -> None:
         phase = self.config.schedule.phase(step)
+        self._cpu_span(phase in ("active", "active_last"))
         if phase == "none":
             if self.log_mode is not None:  # a window just ended
                 self._stop_logging()
@@ -389,6 +402,7 @@ class RankRecorder:
             self.status, self.reason = status, reason
             rank = self.identity.resolve(final=True)
             self._stop_logging()
+            self._cpu_span(False)
             if self.prof is not None:
                 in_window = self.config.schedule.phase(self.step_num) in ("active", "active_last")
                 self.trace_partial = in_window and status != "ok"
@@ -475,6 +489,7 @@ class RankRecorder:
             "rank": rank, "world_size": self.identity.world_size, "rank_source": self.identity.source,
             "local_rank": self.local_rank, "group_rank": self.group_rank,
             "host": socket.gethostname(), "pid": self.pid, "mode": self.mode,
+            "host_cpus": self.host_cpus, "cpu_window": self.cpu_window,
             "torch_version": torch.__version__, "backend": backend,
             "cuda_available": torch.cuda.is_available(),
             "profiled": bool(self.profiled), "status": self.status, "reason": self.reason,

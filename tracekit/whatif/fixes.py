@@ -13,7 +13,8 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
   began) keep their length but start as soon as
   backward produced their gradients, one after the other on their stream, once every member is ready
   (`overlap_graph` rewires their start); the dim's other transfers are fully hidden (length 0; members
-  still wait for each other).
+  still wait for each other), but on CPU ranks sharing a host's cores, where each keeps its CPU work (the
+  lower envelope of its member set's and op's transfer time against bytes: `shared_core_transfer_work`).
 - `slow_link`: a dim's transfers (collectives and P2P) no slower than the lower envelope of transfer time
   against bus bytes of the other member sets on the same link tier (within one host / across hosts),
   whatever their dim: its peers' links (`instances`, `lower_envelope`).
@@ -448,12 +449,41 @@ def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
     return g
 
 
-def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
+def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     m = _transfers(g, fix.dim)
     if fix.op is not None:
         m &= _op_is(g, op_family(fix.op))
     m[gradient_buckets(g, fix.dim)[1]] = False  # rewired (`overlap_graph`), or another op's: left as they are
-    dur[m] = 0
+    hidden = np.flatnonzero(m)
+    dur[hidden] = np.minimum(dur[hidden], shared_core_transfer_work(g, hidden, lay))
+
+
+def shared_core_transfer_work(g: StepGraph, nodes: np.ndarray, lay: RunFacts) -> np.ndarray:
+    """Per transfer node of `nodes`: what hiding it behind compute leaves of it. 0 (all of it hidden) but on
+    CPU ranks sharing a host's cores (`RunFacts.cpu_hosts`): there a transfer is CPU work of the host (gloo
+    moves the bytes on CPU threads), which overlapping moves under compute on the same saturated cores
+    instead of removing it; only the waiting in it (for the peer's thread, for a core) goes. Its CPU work is
+    the lower envelope of transfer time against bus bytes of the same member set and op (`lower_envelope`
+    of `instances`' `t`): what moving its bytes took the host when nothing stood in the way (an upper bound
+    of the work, so the saving left is a lower bound of the waiting). Transfers of unknown size keep 0
+    (docs/metrics.md §8)."""
+    out = np.zeros(nodes.size, np.int64)
+    shared = np.isin(g.rank[nodes], np.fromiter(lay.cpu_hosts, np.int64, len(lay.cpu_hosts)))
+    if not shared.any():
+        return out
+    inst = instances(g, g.dur, lay)
+    if num_rows(inst) == 0:
+        return out
+    code, _ = group_ids(inst["ranks"], inst["op"])
+    work = np.zeros(code.size, np.int64)
+    for c in np.unique(code).tolist():
+        k = np.flatnonzero(code == c)
+        bus, t = inst["bus"][k].astype(np.float64), inst["t"][k].astype(np.float64)
+        work[k] = np.minimum(np.rint(envelope_at(*lower_envelope(bus, t), bus)), t)
+    pos = np.minimum(np.searchsorted(inst["inst"], g.inst[nodes]), inst["inst"].size - 1)
+    known = shared & (inst["inst"][pos] == g.inst[nodes])
+    out[known] = np.maximum(work[pos[known]], 0)
+    return out
 
 
 def _dim_bandwidth(g: StepGraph, dur: np.ndarray, fix: Fix) -> None:
@@ -980,7 +1010,7 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
         elif fix.kind == "dim_bandwidth":
             _dim_bandwidth(g, dur, fix)
         elif fix.kind == "dim_overlap":
-            _dim_overlap(g, dur, fix)
+            _dim_overlap(g, dur, fix, lay)
         elif fix.kind == "slow_link":
             _slow_link(g, dur, fix, lay)
         elif fix.kind == "dim_inside_host":
