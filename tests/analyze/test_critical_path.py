@@ -109,6 +109,31 @@ def test_topological_levels_equal_the_longest_chain_on_a_random_dag(n):
         topo_levels(n, np.r_[perm[src], perm[dst[0]]], np.r_[perm[dst], perm[src[0]]])
 
 
+def test_topological_levels_of_a_long_narrow_dag():
+    """A graph over SMALL_GRAPH_NODES with ~2 nodes per level (a 2-rank CPU trace's shape): the vectorised
+    pass gives up after its probe levels and the node-by-node pass gives the longest chains; a wide graph
+    of the same size keeps the vectorised pass."""
+    from tracekit.whatif.graph import _levels_by_level
+
+    n = SMALL_GRAPH_NODES + 300
+    rng = np.random.default_rng(3)
+    chains = np.arange(n - 2)  # two chains (even and odd ids) and random edges between them
+    cross = rng.integers(0, n - 3, n // 4)
+    a = np.r_[chains, cross]
+    b = np.r_[chains + 2, cross + rng.choice([1, 3], n // 4)]
+    perm = rng.permutation(n)
+    longest = [0] * n
+    for d, s in sorted(zip(b.tolist(), a.tolist())):
+        longest[d] = max(longest[d], longest[s] + 1)
+    assert max(longest) >= n // 2 - 1
+    assert _levels_by_level(n, perm[a], perm[b]) is None
+    got = topo_levels(n, perm[a], perm[b])
+    assert got[perm].tolist() == longest
+    assert _levels_by_level(n, perm[a], perm[b], probe=False)[perm].tolist() == longest
+    wide_src, wide_dst = rng.integers(0, 2000, 3 * n), rng.integers(2000, n, 3 * n)  # 2 levels
+    assert _levels_by_level(n, wide_src, wide_dst).max() == 1
+
+
 def test_replay_equals_a_per_node_longest_path_on_a_random_dag():
     rng = np.random.default_rng(7)
     n = 400

@@ -320,9 +320,10 @@ def empty(name: str) -> pa.Table:
 def conform(name: str, table: pa.Table) -> pa.Table:
     """Cast/reorder `table` to the declared schema; missing nullable columns become nulls."""
     schema = TABLES[name]
+    have = set(table.column_names)  # once: the property builds a new list each time (~8 µs for 20 columns)
     cols = []
     for field in schema:
-        if field.name in table.column_names:
+        if field.name in have:
             col = table.column(field.name)
             if col.type != field.type:
                 col = col.cast(field.type)
