@@ -70,19 +70,40 @@ def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.nd
 
 
 def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end)."""
-    own = (end - ts).astype(np.int64).tolist()  # Python ints: an element update in numpy costs ~10x
-    stack: list[int] = []
-    t, s, e = tid.tolist(), ts.tolist(), end.tolist()
-    for i in range(len(s)):
-        ti, si = t[i], s[i]
-        while stack and (t[stack[-1]] != ti or e[stack[-1]] <= si):
-            stack.pop()
-        if stack:
-            p = stack[-1]
-            own[p] -= min(e[i], e[p]) - si
-        stack.append(i)
-    return np.maximum(np.array(own, dtype=np.int64).reshape(-1), 0)
+    """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end).
+
+    A row's parent is the last earlier row of its thread still open at its start (`parents`); each row takes
+    its overlap with its parent, min(its end, the parent's end) - its start, off the parent's time."""
+    own = (end - ts).astype(np.int64)
+    p = parents(tid, ts, end)
+    child = np.flatnonzero(p >= 0)
+    np.subtract.at(own, p[child], np.minimum(end[child], end[p[child]]) - ts[child])
+    return np.maximum(own, 0)
+
+
+def parents(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per row (sorted by (tid, ts, -end)): the last earlier row of the same thread whose end lies past its start
+    (its enclosing op on a call stack), -1 for none. Found for all rows at once by binary lifting over a sparse
+    table of running maxima of the ends: from the row leftwards, skip each power-of-two block whose ends all lie
+    at or before the row's start."""
+    n = ts.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    ts, end = ts.astype(np.int64), end.astype(np.int64)
+    first = np.searchsorted(tid, tid, side="left")  # each row's thread's first row
+    table = [end]  # table[k][j] = max(end[j : j + 2**k])
+    while 2 ** len(table) <= n:
+        prev, half = table[-1], 2 ** (len(table) - 1)
+        table.append(np.maximum(prev[:-half], prev[half:]))
+    pos = np.arange(n, dtype=np.int64)  # exclusive right end of the rows still to search
+    for k in range(len(table) - 1, -1, -1):
+        at = pos - 2 ** k
+        ok = at >= first
+        skip = ok & (table[k][np.maximum(at, 0)] <= ts)
+        pos = np.where(skip, at, pos)
+    p = pos - 1
+    found = (p >= first) & (end[np.maximum(p, 0)] > ts)
+    return np.where(found, p, -1)
 
 
 def device_ops(store: RunStore, rank: int) -> Columns | None:
