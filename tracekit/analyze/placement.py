@@ -175,7 +175,8 @@ def analyze_placement(store: RunStore, layout: LayoutResult | None,
                    + (f" while {'/'.join(light_inside)} groups stay inside one host" if light_inside else "")
                    + f"; {exposed / 1e6:.1f} ms exposed {dim} communication per step")
         evidence = {"groups": [{"pg_name": g["pg_name"], "ranks": g["ranks"], "hosts": g["hosts"]} for g in gs],
-                    "light_dims_inside_host": light_inside, "displaced_dims": displaced, "exposed_ns_per_step": int(exposed),
+                    "light_dims_inside_host": light_inside, "displaced_dims": displaced,
+                    "exposed_ns_per_step": int(exposed),
                     "exposed_basis": worst["exposed_basis"], "step_ns": int(step_ns), **advice.evidence}
         findings.append(Finding(kind=FindingKind.PLACEMENT_MISMATCH, severity=sev, summary=summary,
                                 ranks=tuple(ranks), dim=dim, evidence=PlacementEvidence.of(evidence), recommendation=advice.text,
