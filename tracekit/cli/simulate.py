@@ -92,8 +92,10 @@ def register(app: typer.Typer) -> None:
                           else parse_rank_list(trace_ranks))
             t0 = time.perf_counter()
             # with --trace-ranks the untraced ranks keep their collectives only, once the answer key is read
+            # with --trace-ranks the run is streamed: every rank's log is written into --out as it runs
             res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without,
-                           trace_ranks=[r for r in traced if 0 <= r < lay.world_size] if traced else None)
+                           trace_ranks=[r for r in traced if 0 <= r < lay.world_size] if traced else None,
+                           logs_dir=out if traced else None)
             t1 = time.perf_counter()
             info = write_traces(res, out, workers=workers, comms_logs=comms_logs, trace_ranks=traced)
             t2 = time.perf_counter()

@@ -74,6 +74,21 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
     return _parse_lines(path, lines, rank)
 
 
+def parse_comms_logs_task(items: list[tuple[str, int]]) -> list[tuple[CommsLogParse | None, str | None]]:
+    """An engine task (`map_ranks`): `parse_comms_log` of each (path, rank), or None and the reason it could
+    not be parsed (what parse_run reports as the file's skip reason)."""
+    from tracekit.tables.arrow_env import defer_pandas
+
+    defer_pandas()  # a worker's first pyarrow conversion would import pandas for nothing
+    out: list[tuple[CommsLogParse | None, str | None]] = []
+    for path, rank in items:
+        try:
+            out.append((parse_comms_log(path, rank=rank), None))
+        except Exception as exc:
+            out.append((None, f"could not be parsed ({type(exc).__name__}: {exc})"))
+    return out
+
+
 def _parse_lines(path: Path, lines: list[bytes], rank: int | None) -> CommsLogParse:
     """The line-by-line reader: every line on its own, bad ones skipped with a warning."""
     warnings: list[str] = []

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from tracekit.errors import RankIdentityError, TraceFormatError, TracekitError
 from tracekit.parse import discover as disc
 from tracekit.parse.classify import group_dim
-from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, read_comms_log_header
+from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, parse_comms_logs_task, read_comms_log_header
 from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
@@ -64,6 +64,10 @@ class _RankLogs:
     comms_path: str | None = None
     comms_rank_source: str | None = None
     comms: CommsLogParse | None = None
+    comms_error: str | None = None
+    """why an engine task could not parse the comms log (`_comms_logs_parsed`)"""
+    comms_taken: bool = False
+    """the comms log was parsed (or skipped) and its rank source, warnings and partial flag taken"""
     fr: FlightRecorderParse | None = None
     routing: list[pa.Table] = field(default_factory=list)
     pipeline: list[pa.Table] = field(default_factory=list)
@@ -457,9 +461,10 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
                                                 max_memory_bytes=max_memory_bytes) if rest else iter(())
             _add_kineto_ranks(((shown.get(p, p), kp, err) for p, kp, err in _in_order(paths, decoded, results)),
                               {shown.get(p, p): r for p, r in name_ranks.items()}, run, assume_rank)
-        for rank, rl in sorted(run.logs.items()):  # 3. ranks that only have logs
-            if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline:
-                run.rank_rows.append(_write_rank(run, rank, None, None, None, rl, run.rank_warnings.get(rank, [])))
+        log_only = [(rank, rl) for rank, rl in sorted(run.logs.items())  # 3. ranks that only have logs
+                    if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline]
+        for rank, rl in _comms_logs_parsed(engine, log_only):
+            run.rank_rows.append(_write_rank(run, rank, None, None, None, rl, run.rank_warnings.get(rank, [])))
     finally:
         stop()
     return ParseRunResult(store=_close_run(run), skipped=run.skipped)
@@ -777,14 +782,44 @@ def _close_run(run: _Run) -> RunStore:
     return run.writer.close()
 
 
-def _load_comms_log(run: _Run, rank: int, rl: _RankLogs, warnings: list[str]) -> None:
-    """Parse the rank's comms log now (it was only claimed while reading side inputs)."""
-    if rl.comms_path is None or rl.comms is not None:
+COMMS_LOGS_PER_TASK = 16
+"""Comms logs parsed per engine task (`_comms_logs_parsed`): a task's overhead spread over several files."""
+
+
+def _comms_logs_parsed(engine: Any, log_only: list[tuple[int, _RankLogs]]):
+    """(rank, rank logs) of the ranks that only have logs, in order, each comms log already parsed on the
+    engine's workers (`map_ranks`, COMMS_LOGS_PER_TASK files a task, a few tasks in flight: at 10,000 ranks
+    the logs are most of the parse) where it has them; `_load_comms_log` parses the rest here."""
+    todo = [(rank, rl) for rank, rl in log_only if rl.comms_path is not None and rl.comms is None]
+    map_ranks = getattr(engine, "map_ranks", None)
+    if map_ranks is None or getattr(engine, "workers", 1) <= 1 or len(todo) <= COMMS_LOGS_PER_TASK:
+        yield from log_only
         return
-    try:
-        rl.comms = parse_comms_log(rl.comms_path, rank=rank)
-    except Exception as exc:
-        run.skipped.append({"file": rl.comms_path, "reason": f"could not be parsed ({type(exc).__name__}: {exc})"})
+    batches = [todo[i:i + COMMS_LOGS_PER_TASK] for i in range(0, len(todo), COMMS_LOGS_PER_TASK)]
+    results = map_ranks(parse_comms_logs_task, [([(rl.comms_path, rank) for rank, rl in b],) for b in batches])
+    parsed: list = []
+    for rank, rl in log_only:
+        if rl.comms_path is not None and rl.comms is None:
+            if not parsed:
+                parsed = list(next(results))[::-1]
+            rl.comms, rl.comms_error = parsed.pop()
+        yield rank, rl
+
+
+def _load_comms_log(run: _Run, rank: int, rl: _RankLogs, warnings: list[str]) -> None:
+    """Parse the rank's comms log now (it was only claimed while reading side inputs), unless an engine
+    task did (`_comms_logs_parsed`)."""
+    if rl.comms_path is None or rl.comms_taken:
+        return
+    rl.comms_taken = True
+    error = rl.comms_error
+    if rl.comms is None and error is None:
+        try:
+            rl.comms = parse_comms_log(rl.comms_path, rank=rank)
+        except Exception as exc:
+            error = f"could not be parsed ({type(exc).__name__}: {exc})"
+    if error is not None:
+        run.skipped.append({"file": rl.comms_path, "reason": error})
         rl.files.pop("comms_log", None)
         return
     rl.comms.rank_source = rl.comms_rank_source

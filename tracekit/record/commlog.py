@@ -58,6 +58,15 @@ def new_entry(*, pg_name: str, pg_desc: str, profiling_name: str, time_created_n
     return entry
 
 
+def number_entry(entry: dict[str, Any], record_id: int, rank: int) -> dict[str, Any]:
+    """What `CommLog.append` adds to a `new_entry` entry: its record_id / op_id, state and the log's rank."""
+    entry["record_id"] = entry["op_id"] = record_id
+    entry["state"] = ("completed" if entry[COMPLETED] else
+                      "started" if entry["time_discovered_started_ns"] else "scheduled")
+    entry["rank"] = rank
+    return entry
+
+
 def comms_log_path(out_dir: str | os.PathLike, rank: int) -> Path:
     return Path(out_dir) / f"comms.rank{rank}.jsonl"
 
@@ -102,10 +111,7 @@ class CommLog:
         with self._lock:
             for entry in entries:
                 self._record_id += 1
-                entry["record_id"] = entry["op_id"] = self._record_id
-                entry["state"] = ("completed" if entry[COMPLETED] else
-                                  "started" if entry["time_discovered_started_ns"] else "scheduled")
-                entry["rank"] = self.rank
+                number_entry(entry, self._record_id, self.rank)
             self._fh.write(b"".join(_encode(e) + b"\n" for e in entries))
 
     def flush(self) -> None:

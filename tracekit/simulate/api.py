@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.layout import ParallelLayout
 from tracekit.simulate import executor
 from tracekit.simulate.executor import COLL, MEMORY, Op
-from tracekit.simulate.key import RankIntervals, answer_key
-from tracekit.simulate.program import World, build_programs, make_world
+from tracekit.simulate.key import KeyStream, RankIntervals, answer_key, answer_key_streamed
+from tracekit.simulate.program import World, build_programs, make_world, program_feed
 from tracekit.simulate.specs import ClusterSpec, Faults, ModelSpec
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24, epoch ns: the first host op of rank 0
@@ -33,7 +35,10 @@ class SimResult:
     peak_memory_bytes: list[int] | None = None
     """per rank, once `prune` dropped the ops it was read from"""
     pruned: frozenset[int] = frozenset()
-    """ranks whose programs hold their collective ops only (`prune`: a partial recording writes their log)"""
+    """ranks whose programs hold their collective ops only (`prune`: a partial recording writes their log), or
+    none (a streamed partial run: their logs are written already)"""
+    logs_written: bool = False
+    """every rank's comms log was written while simulating (`simulate(logs_dir=...)`)"""
 
     @property
     def ranks(self) -> int:
@@ -88,31 +93,108 @@ def layout_truth(layout: ParallelLayout) -> dict[str, Any]:
     return {**dataclasses.asdict(layout), "fsdp": layout.fsdp, "interleave": layout.virtual_stages}
 
 
+@contextmanager
+def _no_gc():
+    """The garbage collector off while a simulation builds and times its ops: it creates no reference cycles,
+    and each full collection walks every live op (30% of a 256-rank run's CPU)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _run(model, cluster, layout, faults, steps, seed, first_step=1, w: World | None = None
          ) -> tuple[World, list[list[Op]]]:
     w = w or make_world(model, cluster, layout, faults, seed)
-    progs = build_programs(w, steps, first_step)
-    executor.run(progs, T0_NS)
-    executor.finish_colls(progs)
+    with _no_gc():
+        progs = build_programs(w, steps, first_step)
+        executor.run(progs, T0_NS)
+        executor.finish_colls(progs)
     return w, progs
 
 
+def _run_streamed(model, cluster, layout, faults, steps, seed, first_step=1, w: World | None = None, *,
+                  keep: frozenset[int] = frozenset(), on_coll=None, delays: bool = True
+                  ) -> tuple[World, dict[int, list[Op]], KeyStream]:
+    """`_run` in bounded memory: each rank's program is built a pipeline action at a time as its host reaches
+    the end of it, and its finished ops leave the simulation as they retire (`executor.run(feed, retire)`):
+    into the answer key's compact per-rank arrays (`KeyStream`), to `on_coll(rank, op)` for each collective
+    (a partial recording's comms log), and kept whole for the ranks in `keep` only. A collective instance
+    leaves `World.colls` once all its members retired it. Times equal `_run`'s."""
+    w = w or make_world(model, cluster, layout, faults, seed)
+    world = w.topo.world
+    gens = [program_feed(w, r, steps, first_step) for r in range(world)]
+    progs = [next(g) for g in gens]
+    kept: dict[int, list[Op]] = {r: [] for r in keep}
+    ks = KeyStream(world, delays=delays)
+    colls = w.colls
+
+    def feed(r: int) -> bool:
+        try:
+            next(gens[r])
+            return True
+        except StopIteration:
+            gens[r] = None
+            return False
+
+    def retire(r: int, ops: list[Op]) -> None:
+        ks.add(r, ops)
+        if r in kept:
+            kept[r] += ops
+        for o in ops:
+            if o.kind == COLL:
+                if on_coll is not None:
+                    on_coll(r, o)
+                c = o.coll
+                c.retired += 1
+                if c.retired == len(c.members):
+                    colls.pop(c.key, None)
+
+    with _no_gc():
+        executor.run(progs, T0_NS, feed=feed, retire=retire)
+    return w, kept, ks
+
+
 def simulate(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
-             steps: int = 3, seed: int = 0, without: bool = True, trace_ranks: list[int] | None = None) -> SimResult:
+             steps: int = 3, seed: int = 0, without: bool = True, trace_ranks: list[int] | None = None,
+             logs_dir=None) -> SimResult:
     """Simulate `steps` training steps; the key holds the exact breakdown and, with `without`, the step time
     with each injected fault removed (re-simulated).
 
     `trace_ranks` (a partial recording): the programs of the other ranks keep their collectives only once the
     key is read (`SimResult.prune`). The runs without each fault go first, each freed before the next: one
-    simulation's memory at a time (at 10,000 ranks two at once did not fit 23 GB)."""
+    simulation's memory at a time (at 10,000 ranks two at once did not fit 23 GB).
+    With `logs_dir` as well, the run is streamed (`_run_streamed`, bounded memory): every rank's comms log is
+    written into `logs_dir` while simulating (`SimResult.logs_written`), only the traced ranks' programs are
+    kept, the others' are empty; the runs without each fault are streamed too."""
     faults = faults or Faults()
     w = make_world(model, cluster, layout, faults, seed)
     res = SimResult(model, cluster, layout, faults, steps, seed, w, [])
     res.faults_truth = describe_faults(res)
+    streamed = trace_ranks is not None and logs_dir is not None
     if without:
         for f in res.faults_truth:
             m2, l2, f2 = _removed(res, f["kind"])
-            f["step_ns_without"] = step_time(m2, cluster, l2, f2, steps=steps, seed=seed)
+            f["step_ns_without"] = step_time(m2, cluster, l2, f2, steps=steps, seed=seed, streamed=streamed)
+    if streamed:
+        from tracekit.simulate.writer import CommLogStreams
+
+        logs = CommLogStreams(res, logs_dir)
+        keep = frozenset(trace_ranks)
+        _, kept, ks = _run_streamed(model, cluster, layout, faults, steps, seed, w=w, keep=keep, on_coll=logs.add)
+        logs.close()
+        res.programs = [kept.get(r, []) for r in range(w.topo.world)]
+        res.key = answer_key_streamed(ks, steps)
+        res.peak_memory_bytes = ks.peak_memory
+        res.pruned = frozenset(r for r in range(w.topo.world) if r not in keep)
+        res.logs_written = True
+        if without:
+            for f in res.faults_truth:
+                f["step_ns_with"] = res.mean_step_ns
+        return res
     _, res.programs = _run(model, cluster, layout, faults, steps, seed, w=w)
     res.key = answer_key(res.programs, w.colls.values(), steps)
     if without:
@@ -124,8 +206,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, fau
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, layout: ParallelLayout, faults: Faults | None = None, *,
-              steps: int = 2, seed: int = 0) -> int:
-    """Fast path: mean step time (ns, slowest rank's step window) without writing traces or a full key."""
+              steps: int = 2, seed: int = 0, streamed: bool = False) -> int:
+    """Fast path: mean step time (ns, slowest rank's step window) without writing traces or a full key;
+    `streamed`: in bounded memory (`_run_streamed`), the same time."""
+    if streamed:
+        _, _, ks = _run_streamed(model, cluster, layout, faults or Faults(), steps, seed, delays=False)
+        return answer_key_streamed(ks, steps)["mean_step_ns"]
     w, progs = _run(model, cluster, layout, faults or Faults(), steps, seed)
     return answer_key(progs, (), steps)["mean_step_ns"]
 

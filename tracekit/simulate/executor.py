@@ -29,7 +29,7 @@ class Coll:
     """One collective / P2P instance shared by its members."""
 
     __slots__ = ("key", "op", "pg", "members", "starts", "end", "lat_ns", "ns_per_byte", "bytes", "waiters",
-                 "seq", "nelems", "dtype", "splits")
+                 "seq", "nelems", "dtype", "splits", "retired", "late")
 
     def __init__(self, key, op, pg, members, lat_ns, ns_per_byte, seq=None):
         self.key = key
@@ -46,6 +46,10 @@ class Coll:
         self.nelems: dict[int, tuple[int, int]] = {}
         self.dtype = "BFloat16"
         self.splits: dict[int, tuple[list[int], list[int]]] = {}
+        self.retired = 0
+        """members whose op `run(retire=...)` handed out (a streamed run drops the instance when all have)"""
+        self.late = None
+        """(rank, ns) of `late_arrival`, once computed"""
 
 
 class Op:
@@ -77,7 +81,7 @@ class Deadlock(RuntimeError):
 
 
 class _RankState:
-    __slots__ = ("prog", "pc", "h", "queues", "free", "launched", "unresolved", "last_compute", "queued")
+    __slots__ = ("prog", "pc", "h", "queues", "free", "launched", "unresolved", "last_compute", "queued", "more")
 
     def __init__(self, prog, t0):
         self.prog = prog
@@ -90,21 +94,35 @@ class _RankState:
         self.unresolved = 0
         self.last_compute = None
         self.queued = True
+        self.more = False
+        """whether `feed` may still append ops to prog (a streamed run)"""
 
 
-def run(programs: list[list[Op]], t0: int, queue_depth: int = 1024) -> None:
+def run(programs: list[list[Op]], t0: int, queue_depth: int = 1024, *, feed=None, retire=None) -> None:
     """Fill the times of every op of every rank's program (in place).
 
     Each rank alternates a host pass (issue ops in program order until a SYNC needs unfinished device work,
     or the launch queue is full) and a device pass (start each stream's head op once what it waits for is
-    known). A rank that can do neither waits on the collectives blocking it and resumes when one resolves."""
+    known). A rank that can do neither waits on the collectives blocking it and resumes when one resolves.
+
+    A streamed run (bounded memory at 10,000 ranks): `feed(r)` appends the next ops of rank r's program to
+    programs[r] when its host has issued all it holds (False once the program is complete), and
+    `retire(r, ops)` receives each rank's finished prefix (every time final: issued, and off the device for
+    device ops) in program order, which is then deleted from programs[r]. The times are those of the run
+    with the whole programs given at once: each op's times depend only on its own rank's earlier ops and on
+    its collectives' last arrival, never on the order in which ranks are stepped."""
     states = [_RankState(p, t0) for p in programs]
+    if feed is not None:
+        for st in states:
+            st.more = True
     ready = deque(range(len(programs)))
     while ready:
         r = ready.popleft()
         st = states[r]
         st.queued = False
-        blockers = _progress(r, st, queue_depth)
+        blockers = _progress(r, st, queue_depth, feed)
+        if retire is not None:
+            _retire(r, st, retire)
         for c in _resolved:
             for x in c.waiters:
                 if not states[x].queued:
@@ -120,7 +138,7 @@ def run(programs: list[list[Op]], t0: int, queue_depth: int = 1024) -> None:
             else:
                 for c in blockers:
                     c.waiters.append(r)
-    stuck = [r for r, st in enumerate(states) if st.pc < len(st.prog) or st.unresolved]
+    stuck = [r for r, st in enumerate(states) if st.pc < len(st.prog) or st.unresolved or st.more]
     if stuck:
         st = states[stuck[0]]
         op = st.prog[min(st.pc, len(st.prog) - 1)]
@@ -138,17 +156,36 @@ def _arrive(c: Coll, rank: int, t: int) -> None:
         _resolved.append(c)
 
 
-def _progress(r: int, st: _RankState, qd: int) -> set | None:
+def _retire(r: int, st: _RankState, retire) -> None:
+    """Hand the finished prefix of rank r's program to `retire` and drop it from the program."""
+    prog, pc = st.prog, st.pc
+    k = 0
+    while k < pc:
+        op = prog[k]
+        kind = op.kind
+        if (kind == KERNEL or kind == COLL or kind == WAIT) and op.d1 < 0:
+            break
+        k += 1
+    if k:
+        retire(r, prog[:k])
+        del prog[:k]
+        st.pc = pc - k
+
+
+def _progress(r: int, st: _RankState, qd: int, feed=None) -> set | None:
     """Run rank r as far as it goes; None when finished, else the pending collectives it waits on."""
     blockers: set = set()
     changed = True
     while changed:
         changed = _host(st, qd)
+        while st.more and st.pc >= len(st.prog):  # the host issued all it holds: build on until it blocks
+            st.more = feed(r)
+            changed = _host(st, qd) or changed
         blockers.clear()
         for s, q in st.queues.items():
             if q and _device(r, st, s, q, blockers):
                 changed = True
-    if st.pc >= len(st.prog) and not st.unresolved:
+    if st.pc >= len(st.prog) and not st.unresolved and not st.more:
         return None
     return blockers
 

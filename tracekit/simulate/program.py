@@ -472,6 +472,13 @@ def _torch_order(schedule: str, pp: int, v: int, m: int, pp_rank: int) -> tuple[
 # ---- one step on one rank ----------------------------------------------------------------------------
 
 def build_step(w: World, rk: Rank, step: int, profiler_step: int) -> None:
+    for _ in step_chunks(w, rk, step, profiler_step):
+        pass
+
+
+def step_chunks(w: World, rk: Rank, step: int, profiler_step: int):
+    """Append one step's ops to rk.ops, yielding after each pipeline action (a streamed run builds a rank's
+    program as its host reaches the end of what was built: `program_feed`)."""
     m, L, f = w.model, w.layout, w.faults
     rk.step = step
     rk.mark(f"ProfilerStep#{profiler_step}", True)
@@ -527,6 +534,7 @@ def build_step(w: World, rk: Rank, step: int, profiler_step: int) -> None:
                 for layer in reversed(stages[s]):
                     grads.add(layer)
         rk.mark(f"pp:stage{s}:mb{i}:{label}", False)
+        yield
     grads.flush()
     optimizer(w, rk, grads)
     rk.sync()
@@ -665,6 +673,16 @@ def build_programs(w: World, steps: int, first_step: int = 1) -> list[list[Op]]:
             build_step(w, rk, s, first_step + s)
         progs.append(rk.ops)
     return progs
+
+
+def program_feed(w: World, rank: int, steps: int, first_step: int = 1):
+    """Rank `rank`'s program (`build_programs`' ops, in the same order) built a pipeline action at a time:
+    yields its op list first, then once per chunk appended to it."""
+    rk = Rank(w, rank)
+    rk.memory(static_bytes(w, rank))
+    yield rk.ops
+    for s in range(steps):
+        yield from step_chunks(w, rk, s, first_step + s)
 
 
 def static_bytes(w: World, rank: int) -> int:

@@ -285,32 +285,95 @@ def spread_ranks(world: int, count: int) -> list[int]:
     return sorted({i * world // count for i in range(count)})
 
 
+def _log_groups(res, rank: int) -> dict[str, Any]:
+    """The comms log header's pg_config: the groups `rank` belongs to."""
+    return {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
+            for g in res.world.topo.groups.values() if rank in g.ranks}
+
+
+def _log_fields(res, rank: int, op: Op) -> dict[str, Any]:
+    """`CommLog.record`'s fields for one collective op: created = the host's enqueue, started / completed =
+    the NCCL kernel's start and end on the device; step = the profiler step (the trace's `ProfilerStep#N`)."""
+    c, g = op.coll, op.coll.pg
+    n_in, n_out = c.nelems[rank]
+    p2p = c.op == "sendrecv"
+    name = op.peer[0] if p2p else c.op
+    dt = "BFloat16" if p2p else c.dtype
+    sp_in, sp_out = c.splits.get(rank, (None, None))
+    return dict(pg_name=g.name, pg_desc=g.desc, profiling_name=f"nccl:{name}", time_created_ns=op.h0,
+                time_started_ns=op.d0, time_completed_ns=op.d1, input_sizes=[[n_in]], input_dtypes=[dt],
+                output_sizes=[[n_out]], output_dtypes=[dt], is_p2p=p2p, peer=op.peer[1] if p2p else None,
+                group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out,
+                step=op.step + res.first_step, seq=None if p2p else c.seq, pg_id=int(g.name))
+
+
 def write_comms_log(res, out_dir: str | os.PathLike, rank: int) -> None:
-    """comms.rank{R}.jsonl in the Flight Recorder entry schema (as `tracekit record` writes it): created =
-    the host's enqueue, started / completed = the NCCL kernel's start and end on the device; step = the
-    profiler step (the trace's `ProfilerStep#N`), as `tracekit record` logs it."""
+    """comms.rank{R}.jsonl in the Flight Recorder entry schema (as `tracekit record` writes it), from the
+    rank's program (`_log_fields`)."""
     from tracekit.record.commlog import CommLog, comms_log_path
 
-    topo = res.world.topo
-    groups = {g.name: {"name": g.name, "desc": g.desc, "ranks": list(g.ranks)}
-              for g in topo.groups.values() if rank in g.ranks}
-    log = CommLog(comms_log_path(out_dir, rank), rank, topo.world, groups)
+    log = CommLog(comms_log_path(out_dir, rank), rank, res.world.topo.world, _log_groups(res, rank))
     for op in res.programs[rank]:
-        if op.kind != COLL:
-            continue
-        c, g = op.coll, op.coll.pg
-        n_in, n_out = c.nelems[rank]
-        p2p = c.op == "sendrecv"
-        name = op.peer[0] if p2p else c.op
-        dt = "BFloat16" if p2p else c.dtype
-        sp_in, sp_out = c.splits.get(rank, (None, None))
-        log.record(pg_name=g.name, pg_desc=g.desc, profiling_name=f"nccl:{name}", time_created_ns=op.h0,
-                   time_started_ns=op.d0, time_completed_ns=op.d1, input_sizes=[[n_in]], input_dtypes=[dt],
-                   output_sizes=[[n_out]], output_dtypes=[dt], is_p2p=p2p, peer=op.peer[1] if p2p else None,
-                   group_ranks=list(g.ranks), in_split_sizes=sp_in, out_split_sizes=sp_out,
-                   step=op.step + res.first_step,
-                   seq=None if p2p else c.seq, pg_id=int(g.name))
+        if op.kind == COLL:
+            log.record(**_log_fields(res, rank, op))
     log.close()
+
+
+class CommLogStreams:
+    """Every rank's comms log written while a streamed simulation runs (`simulate(logs_dir=...)`): the lines
+    `write_comms_log` writes, from each collective op as it retires (`add`), buffered per rank and appended
+    to the rank's file a few tens of KB at a time (10,000 open files would pass common descriptor limits)."""
+
+    FLUSH_BYTES = 32 << 10
+
+    def __init__(self, res, out_dir: str | os.PathLike) -> None:
+        import time
+
+        from tracekit.record.commlog import COMMS_LOG_VERSION, comms_log_path
+
+        self.res = res
+        world = res.world.topo.world
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        self.paths = [comms_log_path(out_dir, r) for r in range(world)]
+        self.buf = [bytearray() for _ in range(world)]
+        self.count = [0] * world
+        self.seqs: list[dict[tuple[str, bool], int]] = [{} for _ in range(world)]
+        for r in range(world):
+            self.paths[r].write_bytes(b"")
+            self._line(r, {"type": "header", "version": COMMS_LOG_VERSION, "rank": r, "world_size": world,
+                           "pg_config": _log_groups(res, r), "time_ns": time.time_ns()})
+
+    def _line(self, r: int, obj: dict[str, Any]) -> None:
+        from tracekit.record.commlog import _encode
+
+        b = self.buf[r]
+        b += _encode(obj)
+        b += b"\n"
+        if len(b) >= self.FLUSH_BYTES:
+            self._flush(r)
+
+    def _flush(self, r: int) -> None:
+        with open(self.paths[r], "ab") as fh:
+            fh.write(self.buf[r])
+        self.buf[r] = bytearray()
+
+    def add(self, rank: int, op: Op) -> None:
+        from tracekit.record.commlog import new_entry, number_entry
+
+        fields = _log_fields(self.res, rank, op)
+        seq = fields.pop("seq")
+        if seq is None:  # a P2P op: the group's next p2p id, as `CommLog.next_seq` numbers it
+            key = (fields["pg_name"], fields["is_p2p"])
+            seq = self.seqs[rank][key] = self.seqs[rank].get(key, 0) + 1
+        self.count[rank] += 1
+        self._line(rank, number_entry(new_entry(seq=seq, **fields), self.count[rank], rank))
+
+    def close(self) -> None:
+        import time
+
+        for r in range(len(self.buf)):
+            self._line(r, {"type": "footer", "status": "ok", "entries": self.count[r], "time_ns": time.time_ns()})
+            self._flush(r)
 
 
 def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest: bool = True,
@@ -329,11 +392,16 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
         if bad:
             raise ValueError(f"--trace-ranks names ranks outside the world of {res.ranks}: {bad[:8]}")
         traced, comms_logs = frozenset(trace_ranks), True
-    logs_here = traced is not None and workers > 1
-    if logs_here:
+    logs_written = getattr(res, "logs_written", False)  # streamed into out_dir while simulating
+    if logs_written and traced is None:
+        raise ValueError("this simulation wrote its comms logs while running (a partial recording): "
+                         "write_traces needs its trace_ranks")
+    logs_here = traced is not None and workers > 1 and not logs_written
+    if logs_here or logs_written:
         # a partial recording: the workers write the few traces, this process every rank's log (a worker
         # reading every rank's ops copies the whole simulation into itself: twice the memory at 256 ranks)
         ranks = sorted(traced)
+    logs_by_range = comms_logs and not logs_here and not logs_written
     if workers > 1 and len(ranks) > 1:
         import multiprocessing as mp
 
@@ -343,12 +411,12 @@ def write_traces(res, out_dir: str | os.PathLike, *, workers: int = 1, manifest:
         try:
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
                 events = sum(ex.map(_write_forked, [str(out)] * workers, chunks, [traced] * workers,
-                                    [comms_logs and not logs_here] * workers))
+                                    [logs_by_range] * workers))
         finally:
             gc.unfreeze()
             _FORKED.clear()
     else:
-        events = _write_range(res, str(out), ranks, traced, comms_logs and not logs_here)
+        events = _write_range(res, str(out), ranks, traced, logs_by_range)
     ranks = list(range(res.ranks))
     if logs_here:
         for r in ranks:
