@@ -171,3 +171,58 @@ def test_a_malformed_entry_is_skipped_the_rest_kept(tmp_path: Path) -> None:
     assert any("1 malformed entries skipped" in w for w in parsed.warnings)
     kept = [json.loads(x) for i, x in enumerate(lines[1:-1], start=1) if i != 2]
     assert parsed.collectives.column("enqueue_ts").to_pylist() == [e["time_created_ns"] for e in kept]
+
+
+def _log_only_run(tmp_path: Path, ranks: int = 40) -> Path:
+    """`ranks` comms logs (no traces): rank r logs r % 5 + 1 all_reduces over the default group; rank 7's
+    log is cut mid-line (partial), rank 11's is not JSON at all (skipped), rank 13's header is fine but every
+    line after it is garbage (read line by line)."""
+    world = {"0": {"name": "0", "desc": "default_pg", "ranks": list(range(ranks))}}
+    for r in range(ranks):
+        log = CommLog(comms_log_path(tmp_path, r), rank=r, world_size=ranks, pg_config=world)
+        for i in range(r % 5 + 1):
+            t = 1_000_000 * (i + 1) + 10 * r
+            log.record(pg_name="0", pg_desc="default_pg", profiling_name="nccl:all_reduce", time_created_ns=t,
+                       time_started_ns=t + 5, time_completed_ns=t + 500, input_sizes=[[8]], input_dtypes=["Float"],
+                       output_sizes=[[8]], output_dtypes=["Float"], step=1)
+        log.close()
+    p = comms_log_path(tmp_path, 7)
+    p.write_bytes(p.read_bytes()[:-30])
+    comms_log_path(tmp_path, 11).write_bytes(b"\x00\x01 not a log\n")
+    p = comms_log_path(tmp_path, 13)
+    p.write_bytes(p.read_bytes().split(b"\n")[0] + b"\n{bad\n[1, 2]\n")
+    return tmp_path
+
+
+def test_log_only_ranks_parsed_on_the_pool_give_the_same_store(tmp_path: Path) -> None:
+    """The comms logs of ranks without a trace are parsed on the engine's workers (`map_ranks`, a few logs a
+    task) when it has more than one: the store (every table, meta.json's inputs, skipped files and warnings) is
+    the one the serial parse writes, and each rank has the rows its log holds (counted with plain json)."""
+    import pyarrow.parquet as pq
+
+    from tracekit.engines.local import LocalEngine
+    from tracekit.parse.run import parse_run
+
+    run = _log_only_run(tmp_path / "run")
+    stores = {}
+    for workers in (1, 2):
+        engine = LocalEngine(workers=workers)
+        try:
+            parse_run(run, tmp_path / f"store{workers}", workers=workers, progress=False, engine=engine)
+        finally:
+            engine.close()
+        stores[workers] = tmp_path / f"store{workers}"
+    names = sorted(p.name for p in stores[1].glob("*.parquet"))
+    assert names == sorted(p.name for p in stores[2].glob("*.parquet")) and "collectives.parquet" in names
+    for name in names:
+        assert pq.read_table(stores[1] / name).equals(pq.read_table(stores[2] / name)), name
+    meta = [json.loads((s / "meta.json").read_text()) for s in stores.values()]
+    for m in meta:
+        m.pop("trace_dir", None)
+    assert meta[0] == meta[1]
+    assert [s["file"] for s in meta[0]["inputs"]["skipped"]] == [str(comms_log_path(run, 11))]
+    coll = pq.read_table(stores[2] / "collectives.parquet").to_pydict()
+    for r in (0, 4, 7, 13, 39):
+        lines = [json.loads(x) for x in comms_log_path(run, r).read_text().splitlines()
+                 if x.startswith('{"record_id"') and x.endswith("}")]
+        assert coll["rank"].count(r) == len(lines), r
