@@ -8,7 +8,7 @@ replay and rescoring (`critical_path.replay_steps`, `critical_path.rescore`) and
 (`analysis.write_outputs`). Each phase gets wall seconds and this process's CPU seconds (parse workers
 are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here), and this
 process's resident memory at its end and peak so far.
-PHASES.json is written when `analyze_run` returns.
+PHASES.json is written when `analyze_run` returns; PHASES.json.partial after each phase (a run stopped part way).
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def _memory() -> dict:
     return {"rss_mb": round(rss / 1e6), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3)}
 
 
+_PARTIAL: list[Path] = []
+"""Where each finished phase is written as it ends (PHASES.json.partial): what a run stopped part way (killed
+over a memory limit) got through."""
+
+
 def _timed(phases: list[dict], name_of, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -42,11 +47,14 @@ def _timed(phases: list[dict], name_of, fn):
         finally:
             phases.append({"phase": name_of(*args, **kwargs), "wall_s": round(time.perf_counter() - w, 3),
                            "cpu_s": round(time.process_time() - c, 3), **_memory()})
+            if _PARTIAL:
+                _PARTIAL[0].write_text(json.dumps({"phases": phases}))
     return wrapper
 
 
 def main() -> None:
     out_json, argv = Path(sys.argv[1]), sys.argv[2:]
+    _PARTIAL[:] = [out_json.with_name(out_json.name + ".partial")]
     from tracekit import analysis
     import tracekit.assess as assess
     from tracekit.analyze import runner
