@@ -369,7 +369,7 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
         comp = np.flatnonzero(g.category == Category.COMPUTE)
         arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
         arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), arrive.tolist()))
-        recv = _by_window(g, np.flatnonzero(_transfers(g, None) & _op_is(g, "recv") & (g.rank >= 0)))
+        recv = _by_window(g, np.flatnonzero(_transfers(g, "pp") & _op_is(g, "recv") & (g.rank >= 0)))
         xfer, comp = _by_window(g, xfer), _by_window(g, comp)
         out: list[tuple[int, int, int]] = []
         for w in np.flatnonzero(g.win_backward >= 0).tolist():
@@ -391,7 +391,8 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
 def last_pass_start(g: StepGraph, recvs: np.ndarray, backward_start: int, last_arrival: int) -> int:
     """Where a window's last backward pass began: `backward_start` (its first backward kernel after its last
     forward kernel, `StepGraph.win_backward`), or later, after the last point-to-point receive that ended
-    before its last gradient bucket arrived (`recvs`: the window's receives). A pipeline stage runs the
+    before its last gradient bucket arrived (`recvs`: the window's pipeline receives; context parallelism's
+    ring passes blocks by send/recv inside every layer's backward). A pipeline stage runs the
     backward passes of several micro-batches back to back after its last forward (1F1B's first stages run
     p - s of them, GPipe all of them), each once the next stage's gradients for it arrive; its gradients are
     final, and DDP fills its buckets, in the last. A stage's last forward comes after its last receive (the
