@@ -248,3 +248,28 @@ def test_sparse_replay_of_changed_nodes_equals_the_whole_replay():
         assert np.array_equal(rank_step_ns(g, start, dur, gap, touched), rank_step_ns(g, want, dur.dense(), gap.dense()))
         checked += 1
     assert checked >= 30
+
+
+def test_member_io_holds_each_instances_members_in_order():
+    """`InstInfo.io` as flat arrays by instance (`MemberIO`, a 10,000-rank partial recording's ~6 M members)
+    gives per instance the (rank, sent, received) tuples of its members in row order, as the list of lists
+    built member by member does (random members, empty instances, NaN sizes); negative ids count from the end."""
+    from tracekit.whatif.graph import MemberIO
+
+    rng = np.random.default_rng(3)
+    n, rows = 50, 700
+    inst = rng.integers(0, n - 5, rows)  # the last instances have no members
+    rank = rng.integers(0, 64, rows)
+    sent = np.where(rng.random(rows) < 0.1, np.nan, rng.integers(0, 1 << 20, rows).astype(np.float64))
+    received = rng.integers(0, 1 << 20, rows).astype(np.float64)
+    plain: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
+    for i, r, a, b in zip(inst.tolist(), rank.tolist(), sent.tolist(), received.tolist()):
+        plain[i].append((r, a, b))
+    io = MemberIO(inst, rank, sent, received, n)
+    assert len(io) == n
+    for i in range(n):
+        got = io[i]
+        assert len(got) == len(plain[i]) and all(
+            x[0] == y[0] and x[2] == y[2] and (x[1] == y[1] or (np.isnan(x[1]) and np.isnan(y[1])))
+            for x, y in zip(got, plain[i])), i
+    assert io[-1] == [] and len(list(io)) == n

@@ -91,8 +91,8 @@ def register(app: typer.Typer) -> None:
                 traced = (spread_ranks(lay.world_size, int(trace_ranks)) if trace_ranks.strip().isdigit()
                           else parse_rank_list(trace_ranks))
             t0 = time.perf_counter()
-            # with --trace-ranks the untraced ranks keep their collectives only, once the answer key is read
-            # with --trace-ranks the run is streamed: every rank's log is written into --out as it runs
+            # with --trace-ranks the run is streamed (bounded memory): every rank's log is written into --out as
+            # it runs, only the traced ranks' programs are kept
             res = simulate(m, c, lay, f, steps=steps, seed=seed, without=without,
                            trace_ranks=[r for r in traced if 0 <= r < lay.world_size] if traced else None,
                            logs_dir=out if traced else None)

@@ -280,6 +280,9 @@ class _GroupMerger:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, tuple[int, ...] | None], dict[str, Any]] = {}
         self._ranks_by_name: dict[str, list[tuple[int, ...]]] = {}
+        self._seen: dict[int, set[int]] = {}
+        """per row (by id): its seen_by as a set (each of 10,000 ranks names the world group: a list scan
+        per rank was quadratic)"""
 
     def add(self, groups: list[dict[str, Any]], rank: int) -> None:
         for g in groups:
@@ -298,7 +301,9 @@ class _GroupMerger:
             for col in ("pg_desc", "backend", "size"):
                 if row[col] is None and g.get(col) is not None:
                     row[col] = g[col]
-            if rank not in row["seen_by"]:
+            seen = self._seen.setdefault(id(row), set())
+            if rank not in seen:
+                seen.add(rank)
                 row["seen_by"].append(rank)
 
     def _pick(self, pg_name: str, rank: int) -> tuple[int, ...] | None:

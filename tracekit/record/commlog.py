@@ -33,6 +33,11 @@ except ImportError:  # pragma: no cover - msgspec is a dependency; keep the reco
 COMPLETED = "time_discovered_completed_ns"
 
 
+def encode_line(obj: dict[str, Any]) -> bytes:
+    """One log line's JSON text (no newline), as `CommLog` writes it."""
+    return _encode(obj)
+
+
 def new_entry(*, pg_name: str, pg_desc: str, profiling_name: str, time_created_ns: int,
               time_started_ns: int | None = None, time_completed_ns: int | None = None,
               input_sizes: list, input_dtypes: list[str], output_sizes: list, output_dtypes: list[str],

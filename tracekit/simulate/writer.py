@@ -348,10 +348,10 @@ class CommLogStreams:
                            "pg_config": _log_groups(res, r), "time_ns": time.time_ns()})
 
     def _line(self, r: int, obj: dict[str, Any]) -> None:
-        from tracekit.record.commlog import _encode
+        from tracekit.record.commlog import encode_line
 
         b = self.buf[r]
-        b += _encode(obj)
+        b += encode_line(obj)
         b += b"\n"
         if len(b) >= self.FLUSH_BYTES:
             self._flush(r)

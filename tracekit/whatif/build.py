@@ -35,7 +35,8 @@ from tracekit.parse.classify import is_label, name_role
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import Category, InstInfo, StepGraph, add_start_nodes, device_lane_mask, host_lane_mask
+from tracekit.whatif.graph import (Category, InstInfo, MemberIO, StepGraph, add_start_nodes, device_lane_mask,
+                                   host_lane_mask)
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
@@ -902,10 +903,7 @@ def instance_info(members: Columns) -> InstInfo:
     first = first_of_group(inst, n)
     size = np.full(n, np.nan)
     np.fmax.at(size, inst, members["bytes"].astype(np.float64))
-    io: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
-    for i, r, a, b in zip(inst.tolist(), members["rank"].tolist(), members["in_bytes"].tolist(),
-                          members["out_bytes"].tolist()):
-        io[i].append((r, a, b))
+    io = MemberIO(inst, members["rank"], members["in_bytes"], members["out_bytes"], n)
     return InstInfo(key=members["key"][first], pg_name=members["pg_name"][first], dim=members["dim"][first],
                     op=members["op"][first], bytes=size, n=np.bincount(inst, minlength=n).astype(np.int64), io=io)
 

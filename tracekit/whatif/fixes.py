@@ -822,7 +822,9 @@ def moe_passes(g: StepGraph, xfer: np.ndarray
     pair up in its order as dispatch and combine, the combine mirroring the dispatch's sizes (others, such
     as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
     sizes = g.inst_info.io if g.inst_info is not None else []
-    io = {(int(r), i): (a, b) for i, rows in enumerate(sizes) for r, a, b in rows}
+    # the members of the instances looked up below only (those of `xfer`), not of every instance of the graph
+    io = {(int(r), i): (a, b) for i in np.unique(g.inst[xfer]).tolist() if 0 <= i < len(sizes)
+          for r, a, b in sizes[i]}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))
     comp = np.flatnonzero(g.category == Category.COMPUTE)

@@ -49,6 +49,33 @@ CATEGORY_NAMES = {Category.COMPUTE: "compute", Category.TRANSFER: "exposed_trans
                   Category.OTHER: "other_device", Category.MARK: "mark"}
 
 
+class MemberIO:
+    """Per instance, its members' (rank, bytes sent, bytes received) as `InstInfo.io` reads them (`io[i]`: a
+    list of tuples, in member order), held as flat arrays by instance (CSR): a 10,000-rank partial recording
+    has ~6 M members, as tuples ~1 GB."""
+
+    def __init__(self, inst: np.ndarray, rank: np.ndarray, sent: np.ndarray, received: np.ndarray, n: int) -> None:
+        order = np.argsort(inst, kind="stable")
+        self.rank = np.asarray(rank, np.int64)[order]
+        self.sent = np.asarray(sent, np.float64)[order]
+        self.received = np.asarray(received, np.float64)[order]
+        self.offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(np.asarray(inst, np.int64), minlength=n), out=self.offsets[1:])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> list[tuple[int, float, float]]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        return list(zip(self.rank[lo:hi].tolist(), self.sent[lo:hi].tolist(), self.received[lo:hi].tolist()))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass
 class InstInfo:
     """Per collective / P2P instance of a graph, indexed by instance id (`StepGraph.inst`)."""
@@ -63,7 +90,7 @@ class InstInfo:
     """float64: the largest member's bytes (NaN: unknown)"""
     n: np.ndarray
     """int64: members"""
-    io: list[list[tuple[int, float, float]]]
+    io: list[list[tuple[int, float, float]]] | MemberIO
     """per member: (rank, bytes sent, bytes received; NaN when unknown)"""
 
     def __len__(self) -> int:
