@@ -335,7 +335,9 @@ def add_collectives(buf: _Buf, members: Columns, dims: list[str]) -> dict[str, n
     # a group runs its collectives in order: a transfer starts after the last arrival and after the
     # previous transfer on the same lane ended (ties on the lane keep that order: by arrival)
     xs = np.maximum(sync_t[inst], _prev_end_on_lane(lanes, arrival, end))
-    names = [f"{o} {p}" for o, p in zip(strings(members["op"]).tolist(), strings(members["pg_name"]).tolist())]
+    named: dict[tuple[str, str], str] = {}  # one string per (op, group), not one per member (~6 M at 10,000 ranks)
+    names = [named.get(k) or named.setdefault(k, f"{k[0]} {k[1]}")
+             for k in zip(strings(members["op"]).tolist(), strings(members["pg_name"]).tolist())]
     xfer_ids = buf.add(rank=ranks, lane=lanes, category=Category.TRANSFER, start=xs, dur=np.maximum(delivered(members) - xs, 0),
                        dim=dim_idx, inst=inst, tie=arrival, names=names, terminal=True,
                        step=np.nan_to_num(members["step"], nan=-1).astype(np.int64))
