@@ -470,6 +470,9 @@ def _parse_found(found: Any, trace_dir: Path, store_dir: str | Path, engine: Any
                     if rl.comms_path is not None or rl.fr is not None or rl.routing or rl.pipeline]
         for rank, rl in _comms_logs_parsed(engine, log_only):
             run.rank_rows.append(_write_rank(run, rank, None, None, None, rl, run.rank_warnings.get(rank, [])))
+            # written: its tables go now, not when the run ends (10,000 ranks' logs: ~1 GB held till then)
+            rl.comms = rl.fr = None
+            rl.routing, rl.pipeline, rl.memory_segments = [], [], []
     finally:
         stop()
     return ParseRunResult(store=_close_run(run), skipped=run.skipped)
