@@ -85,8 +85,12 @@ class _HostEvents:
     labels: dict[str, iv.IntervalSet]
 
 
-def _host_events(store: RunStore, rank: int) -> _HostEvents:
-    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+EVENT_COLUMNS = ["name", "cat", "ts", "dur", "role", "lane", "correlation"]
+"""The events columns a rank's stalls need: read once for `_host_events`, `_device_queued` and `_recorded_span`."""
+
+
+def _host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> _HostEvents:
+    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
     dur = _np(t["dur"], -1)
     host = (~_str_is(t["lane"], ("device",))) & (dur >= 0) & _str_is(t["cat"], HOST_CATS)
     data = host & _str_is(t["role"], ("data_load",))
@@ -104,7 +108,7 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
                        data_names=sorted(set(names[data].tolist())), labels=labels)
 
 
-def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
+def _device_queued(store: RunStore, rank: int, events: pa.Table | None = None) -> iv.IntervalSet | None:
     """Union of [launch, end] over the rank's device work; None on a trace without device work."""
     ks = store.rank_table("kernels", rank, ["ts", "dur", "correlation"])
     kd = _np(ks["dur"], -1)
@@ -112,7 +116,7 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     if not ok.any():
         return None
     kts, kcorr = _np(ks["ts"])[ok], _np(ks["correlation"], -1)[ok]
-    ev = store.rank_table("events", rank, ["cat", "ts", "correlation"])
+    ev = events if events is not None else store.rank_table("events", rank, ["cat", "ts", "correlation"])
     rt = _str_is(ev["cat"], ("cuda_runtime", "hip_runtime")) & _np(ev["correlation"].is_valid(), False).astype(bool)
     lcorr, lts = _np(ev["correlation"], -1)[rt], _np(ev["ts"])[rt]
     order = np.argsort(lcorr, kind="stable")
@@ -124,10 +128,10 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     return iv.union(starts, kts + kd[ok])
 
 
-def _recorded_span(store: RunStore, rank: int) -> tuple[int, int]:
+def _recorded_span(store: RunStore, rank: int, events: pa.Table | None = None) -> tuple[int, int]:
     """[start, end] of the profiler's own span on the rank (its `PyTorch Profiler` trace event, cat
     `trace`), unbounded when the trace has none: time outside it was not recorded."""
-    t = store.rank_table("events", rank, ["ts", "dur", "cat"])
+    t = events if events is not None else store.rank_table("events", rank, ["ts", "dur", "cat"])
     dur = _np(t["dur"], -1)
     keep = (dur >= 0) & _str_is(t["cat"], ("trace", "Trace"))
     if not keep.any():
@@ -169,10 +173,12 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
     if not steps:
         return None
-    host = _host_events(store, rank)
-    queued = _device_queued(store, rank)
+    events = store.rank_table("events", rank, EVENT_COLUMNS)
+    host = _host_events(store, rank, events)
+    queued = _device_queued(store, rank, events)
     comm = _comm_busy(store, rank) if queued is None else None
-    seen_lo, seen_hi = _recorded_span(store, rank)
+    seen_lo, seen_hi = _recorded_span(store, rank, events)
+    del events
     tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
     in_labels = dict.fromkeys(host.labels, 0)
     per_step = []
