@@ -89,7 +89,7 @@ def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str,
     kcols = set(store.columns("kernels"))
     k = store.rank_table("kernels", rank, ["ts", "dur"] + (["carry_over"] if "carry_over" in kcols else []))
     graph = graph_mode(names, ts, end, k.num_rows)
-    host_ops = sum(1 for c in ev["cat"].cast("string").to_pylist() if c == "cpu_op")
+    host_ops = int(pc.sum(pc.equal(ev["cat"].cast("string"), "cpu_op")).as_py() or 0)
     work = workload_of(names, host_ops)
     if comm_only and work["workload"] != "training":  # collectives and nothing else in its steps
         work["workload"] = "communication"

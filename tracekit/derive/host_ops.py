@@ -166,9 +166,8 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
 def names_where(names: list[str], test) -> np.ndarray:
     """Per name: test(name), asked once per distinct name (a rank's few hundred op names repeat over its
     thousands of ops)."""
-    seen: dict[str, bool] = {}
-    return np.fromiter((seen[n] if n in seen else seen.setdefault(n, bool(test(n))) for n in names), bool,
-                       len(names))
+    seen = {n: bool(test(n)) for n in dict.fromkeys(names)}
+    return np.fromiter(map(seen.__getitem__, names), bool, len(names))
 
 
 def _waits(ops: Columns, kern: Columns) -> np.ndarray:

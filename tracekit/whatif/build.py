@@ -32,6 +32,7 @@ from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, na
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
+from tracekit.parse.dict_columns import codes
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
@@ -81,7 +82,9 @@ class _Buf:
                              ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
             self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         # one string object per distinct name (a 1,024-rank graph: 5 M nodes, ~1,000 names)
-        self.names.extend(map(self._name_of, names) if isinstance(names, list) else [self._name_of(names)] * k)
+        # (`distinct.setdefault` mapped directly: `_name_of` per node was a Python call per node)
+        self.names.extend(map(self.distinct.setdefault, names, names) if isinstance(names, list)
+                          else [self._name_of(names)] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
         self.n += k
         return ids
@@ -622,11 +625,18 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
     # one string object per distinct value (the builder's names: `_Buf._name_of`): a 1,024-rank run holds
     # every rank's kernels at once while its graph is placed, ~1 M kernels with a few hundred names
-    kind = [buf._name_of(str(x)) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
-    names = [buf._name_of(str(x)) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    kind, names = (_interned(buf, k.column(c), order) for c in ("kind", "name"))
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
                    names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
+
+
+def _interned(buf: _Buf, col: Any, order: np.ndarray) -> list[str]:
+    """The column's values in `order` as text (null: "None"), one string object per distinct value
+    (`_Buf._name_of`), each distinct value converted once (the column's dictionary codes)."""
+    row_codes, values = codes(col)
+    text = np.array([buf._name_of(str(v)) for v in values], dtype=object)
+    return text[row_codes[order]].tolist()
 
 
 def match_gpu_members(gr: GpuRank, e: np.ndarray) -> np.ndarray:
