@@ -149,7 +149,10 @@ class Rank:
 
     def gemm(self, name: str, flops: float, kname: str = K_GEMM) -> None:
         ns = max(2500.0, flops / self.flops_per_ns) * self.slow * self._jit()
-        self.ops.append(Op(KERNEL, name, kname, COMPUTE_STREAM, int(ns), self.op_ns, step=self.step))
+        # a backward GEMM runs inside its autograd node, as PyTorch's profiler shows it
+        # (`autograd::engine::evaluate_function: MmBackward0` around `aten::mm`): the writer nests it there
+        node = "MmBackward0" if kname == K_GEMM_BW else None
+        self.ops.append(Op(KERNEL, name, kname, COMPUTE_STREAM, int(ns), self.op_ns, step=self.step, extra=node))
 
     def memk(self, name: str, nbytes: float, kname: str) -> None:
         ns = max(1800.0, nbytes / self.hbm) * self.slow * self._jit()

@@ -149,7 +149,11 @@ def rank_events(res, rank: int) -> list[str]:
     for op in res.programs[rank]:
         k = op.kind
         if k == KERNEL:
-            ext = tr.cpu("cpu_op", op.name, op.h0, op.h1 - op.h0)
+            if isinstance(op.extra, str):  # an autograd node's op: the node around it, the op just inside
+                tr.cpu("cpu_op", f"autograd::engine::evaluate_function: {op.extra}", op.h0, op.h1 - op.h0)
+                ext = tr.cpu("cpu_op", op.name, op.h0 + 300, op.h1 - op.h0 - 600)
+            else:
+                ext = tr.cpu("cpu_op", op.name, op.h0, op.h1 - op.h0)
             tl = op.h1 - launch_ns - 700
             if op.cat == "gpu_memcpy":
                 kargs = f'"bytes": {op.extra}, "memory bandwidth (GB/s)": {op.extra / max(1, op.d1 - op.d0):.3f}'
