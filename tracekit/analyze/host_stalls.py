@@ -51,6 +51,7 @@ from tracekit.findings.evidence import HostStallEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
 MIN_GAP_NS = 1_000_000
@@ -97,7 +98,7 @@ def _host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> 
     label = host & label_rows(t["cat"], t["role"])
     ops = host & ~data & ~label & ~_str_is(t["role"], ("step_annotation",))
     ts, end = _np(t["ts"]), _np(t["ts"]) + dur
-    names = np.asarray(t["name"].cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+    names = object_strings(t["name"], "")
     at = np.flatnonzero(label)  # each label's rows, grouped once (not one scan of the rank's events per label)
     uniq, inv = np.unique(names[at].astype(str), return_inverse=True) if at.size else (np.array([], str), at)
     order = np.argsort(inv, kind="stable")

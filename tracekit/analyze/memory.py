@@ -65,6 +65,7 @@ from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.model.memory import in_flight_chunks
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
 MEMORY_IMBALANCE_RATIO = 1.25
@@ -498,7 +499,7 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     if not ev.num_rows or not pc.any(pc.starts_with(pc.unique(pc.cast(ev.column("name"), pa.string())),
                                                     _BACKWARD_REGION)).as_py():
         return []  # no autograd engine events: no backward to look into
-    names = pc.cast(ev.column("name"), pa.string()).to_pylist()
+    names = object_strings(ev.column("name")).tolist()
     compute = pc.fill_null(pc.equal(pc.cast(ev.column("role"), pa.string()), "compute"), True).to_numpy(
         zero_copy_only=False)
     ts = ev.column("ts").to_numpy()

@@ -32,7 +32,7 @@ from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, na
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
-from tracekit.parse.dict_columns import codes
+from tracekit.parse.dict_columns import codes, object_strings
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
@@ -711,7 +711,8 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     ts, end = _arr(ev, "ts") - conv, _arr(ev, "ts") + _arr(ev, "dur") - conv
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
     corr = np.nan_to_num(_arr(ev, "correlation", float), nan=-2).astype(np.int64)
-    names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
+    name_of = object_strings(ev.column("name"), "None")  # per row (a null as str(None) did), a string per value
+    names = name_of.tolist()
     blocking = names_where(names, lambda n: any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY)
     # the device work a blocking call waited for: the kernel that ended last inside it
     waited = last_ended_inside(ts, end, gr.end)
@@ -727,13 +728,13 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
         sel = tid == t
         plain = sel & ~w
         ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
-                      names=[names[i] for i in np.flatnonzero(plain)], xgap=xgap[plain], xdur=xdur[plain])
+                      names=name_of[plain].tolist(), xgap=xgap[plain], xdur=xdur[plain])
         first[plain] = last[plain] = ids
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
             issue = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw],
-                            dur=np.zeros(bw.size, np.int64), names=[names[i] for i in bw], xgap=xgap[bw])
+                            dur=np.zeros(bw.size, np.int64), names=name_of[bw].tolist(), xgap=xgap[bw])
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)
