@@ -75,3 +75,36 @@ def test_findings_name_the_worst_rank_and_the_communication_bound_one(tmp_path):
     b = by_kind[FindingKind.COMMUNICATION_BOUND]
     assert b.ranks == (1,) and b.est_saving_ns == 4_800 and b.dim == "dp"
     assert len(_ns(COMPUTE[1])) == 2_200 and len(_ns(COMPUTE[0])) == 5_000
+
+
+def test_a_rank_finishing_after_its_peer_is_not_transfer(tmp_path):
+    """A 2-rank CPU (gloo) all-reduce: rank 0 arrives at 2 ms, rank 1 at 5 ms, rank 0's record ends at
+    6 ms and rank 1's at 9 ms (its gloo thread not running once the data was there: a clean recording beside
+    a busy process had it 16.7 ms after its peer's). Transfer = first member's end − last arrival (DESIGN §3):
+    1 ms on each rank; rank 0's 3 ms before the last arrival is waiting, rank 1's 3 ms after its peer's end is
+    finishing late. Neither is what overlap could hide."""
+    ms = 1_000_000
+    arrive, end = {0: 2 * ms, 1: 5 * ms}, {0: 6 * ms, 1: 9 * ms}
+    step = 10 * ms
+    events, coll = [], []
+    for r in (0, 1):
+        events.append({"rank": r, "tid": 1, "thread_name": "thread 1 (python)", "step": 0, "name": "aten::mm",
+                       "cat": "cpu_op", "ts": 0, "dur": arrive[r]})
+        events.append({"rank": r, "tid": 2, "thread_name": "thread 2 (pt_gloo_runloop)", "step": 0,
+                       "name": "gloo:all_reduce", "cat": "user_annotation", "ts": arrive[r], "dur": end[r] - arrive[r]})
+        common = {"rank": r, "pg_name": "0", "pg_desc": "default_pg", "op": "all_reduce", "group_ranks": [0, 1],
+                  "group_size": 2, "bytes": 1 << 20, "step": 0, "ts": arrive[r], "dur": end[r] - arrive[r],
+                  "enqueue_ts": arrive[r]}
+        coll += [{**common, "source": "comms-log", "seq": 1, "seq_source": "log"}, {**common, "source": "kineto", "seq": None}]
+    store = build_store(tmp_path, {
+        "ranks": [{"rank": r, "world_size": 2, "hostname": "vm", "trace_kind": "cpu", "first_ts": 0, "last_ts": step}
+                  for r in (0, 1)],
+        "process_groups": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}],
+        "steps": [{"rank": r, "step": 0, "ts": 0, "dur": step} for r in (0, 1)],
+        "events": events, "collectives": coll})
+    res = _run(store)
+    rows = {(r["rank"], r["op"]): r for r in res.section["by_rank_dim_op"]}
+    first_end, last_arrival = min(end.values()), max(arrive.values())
+    for r in (0, 1):
+        assert rows[(r, "all_reduce")]["exposed_ns"] == end[r] - arrive[r]  # no compute under it
+        assert rows[(r, "all_reduce")]["transfer_exposed_ns"] == first_end - last_arrival == ms

@@ -4,11 +4,20 @@ DataLoader sleeping 40 ms a batch in its collate_fn, back to back (issue 32).
 
 On the faulty run the data-loader stall of rank 1 is the top finding at warning or above, named as data
 loading (a `straggler` whose cause is the data loader, or a host/data stall finding of rank 1), and its
-replayed saving is within 25% of the measured difference: the faulty run's step minus the clean run's
-(each: per profiled step the longest `ProfilerStep#N` of the ranks, read with plain gzip/json/Decimal, mean
-over the steps) wherever that difference exceeds the runs' spread (max − min of each run's steps). The time
-rank 1 spends inside PyTorch's `enumerate(DataLoader)#...` ranges beyond rank 0's, read from the same raw
-files, is the injected stall. The clean run has no warning that names a fault.
+replayed saving is (1) within 25% of the injected stall as the trace shows it: the time rank 1 spends inside
+PyTorch's `enumerate(DataLoader)#...` ranges beyond rank 0's, read from the raw files — the fix's documented
+rule, the rank's loading at its peers' pace (docs/metrics.md §8); and (2) within 25% of the measured
+difference (the faulty run's step minus the clean runs': per profiled step the longest `ProfilerStep#N` of the
+ranks, read with plain gzip/json/Decimal; per run the median of its steps) wherever that difference exceeds
+the spread of the clean runs (max − min of all their steps, and of the faulty run's own). The clean runs have
+no warning that names a fault.
+
+Two clean runs, one before and one after the faulty one (the matrix harness's interleaving), and a median per
+run: one clean run measured the box, not the job (a clean-clone CI run: clean steps 28.4, 45.0, 31.6 ms, its
+rank 1 late at every all-reduce by 8-14 ms and its gloo record once outliving its peer's by 16.7 ms, so the
+difference read 26.3 ms for a replayed 37.6 against 40.1 ms of loading beyond the peer's), and its step
+spread (16.6 ms) understated the run-to-run spread that the must-show compares the difference with. A
+median of three steps leaves out one preempted step, a mean does not.
 
 Before the fix the cause read "unknown": gloo ends DDP's bucket all-reduce on its own thread after the rank
 has already arrived at the next step's, so the peer was dropped from the comparison (no window before its
@@ -18,6 +27,7 @@ arrival) and a 2-rank instance had no peer left; the first collective of the win
 from __future__ import annotations
 
 from decimal import Decimal
+from statistics import median
 from pathlib import Path
 
 import pytest
@@ -41,11 +51,11 @@ HOST_STALL_KINDS = {"idle_host_bound", "host_bound", "host_stall"}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """name -> (traces dir, analysis): clean, then faulty, recorded back to back with the box alone
+    """name -> (traces dir, analysis): clean, faulty, clean again, recorded back to back with the box alone
     (`quiet_section`: the test compares a replayed saving with a step difference measured on the box; the
     parse and analysis run beside other tests)."""
     out = {}
-    for name, extra in (("clean", ()), ("faulty", FAULT)):
+    for name, extra in (("clean", ()), ("faulty", FAULT), ("clean_after", ())):
         tmp = tmp_path_factory.mktemp(f"dataloader_{name}")
         with quiet_section():
             res = run_record(tmp / "traces", torchrun(SCRIPT, 2, *WORK, *extra), *RECORD_OPTS, timeout=240)
@@ -53,6 +63,9 @@ def runs(tmp_path_factory):
         store = parse_run(tmp / "traces", tmp / "store", progress=False).store
         out[name] = (tmp / "traces", analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False)))
     return out
+
+
+CLEAN = ("clean", "clean_after")
 
 
 def _ns(x) -> int:
@@ -102,23 +115,25 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
         assert top["kind"] in HOST_STALL_KINDS and top["evidence"].get("cause") == "data_load", rows
     saving = top["evidence"].get("replayed_saving_ns")
     assert saving is not None and top["est_saving_ns"] == saving > 0, top
-    clean_steps, faulty_steps = step_ns(runs["clean"][0]), step_ns(traces)
-    clean = sum(clean_steps.values()) / len(clean_steps)
-    diff = sum(faulty_steps.values()) / len(faulty_steps) - clean
-    # the box's noise: one clean run (the suite's time budget) shows its steps' spread only, so the faulty
-    # run's own step-to-step spread counts too (loaded beside other jobs: faulty steps 142/104/96 ms, clean
-    # 87/85/79: the mean difference 30 ms carries one step preempted 40 ms)
-    spread = max(max(s.values()) - min(s.values()) for s in (clean_steps, faulty_steps))
+    # (1) the fix removes the loading beyond the peer's, not more (nor rank 1's compute, which ran as it ran)
+    assert abs(saving - stall) <= 0.25 * stall, (saving, stall)
+    clean_steps = [step_ns(runs[name][0]) for name in CLEAN]
+    faulty_steps = step_ns(traces)
+    clean = sum(median(s.values()) for s in clean_steps) / len(clean_steps)
+    diff = median(faulty_steps.values()) - clean
+    every_clean = [v for s in clean_steps for v in s.values()]
+    spread = max(max(every_clean) - min(every_clean), max(faulty_steps.values()) - min(faulty_steps.values()))
     print(f"\ndata loader +40 ms on rank 1: steps {[s / 1e6 for s in faulty_steps.values()]} vs clean "
-          f"{[s / 1e6 for s in clean_steps.values()]} ms; difference {diff / 1e6:.1f} ms (clean spread "
+          f"{[[v / 1e6 for v in s.values()] for s in clean_steps]} ms; difference {diff / 1e6:.1f} ms (spread "
           f"{spread / 1e6:.1f}), stall in the DataLoader {stall / 1e6:.1f} ms, replayed saving {saving / 1e6:.1f} ms")
-    if diff > spread:
+    if diff > spread:  # (2) the must-show's check, where the box's noise is below the difference
         assert abs(saving - diff) <= 0.25 * diff, (saving, diff)
 
 
 @pytest.mark.slow
-def test_clean_run_names_no_fault(runs):
-    analysis = runs["clean"][1]
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_run_names_no_fault(runs, name):
+    analysis = runs[name][1]
     warn = [(f["kind"], f["ranks"], f["summary"]) for f in analysis["findings"]
             if f["severity"] in ("warning", "critical") and f["kind"] not in NOT_A_FAULT and not box_made(f)]
     assert warn == [], warn

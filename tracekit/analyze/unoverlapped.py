@@ -3,8 +3,10 @@
 Exposed time of a collective instance = the part of its interval [ts, ts+dur) (device kernel / gloo
 worker time, Kineto source, trace clock) covered by no compute on that rank and inside the analysis
 windows (DESIGN §3). Part of that is not transfer at all but waiting for a late peer (its arrival
-before the group's last arrival, from matching.py); `transfer_exposed_ns` leaves it out, and that
-is what overlap could hide, so it is the estimated saving — the waiting belongs to the straggler.
+before the group's last arrival, from matching.py), or finishing after the first member had finished
+(transfer = first member's end − last arrival: past it the data was delivered and the rank's own thread
+was late, `MatchedCollectives.late_finish`); `transfer_exposed_ns` leaves both out, and that is what
+overlap could hide, so it is the estimated saving — the waiting belongs to the straggler.
 Instances of one group can run concurrently, so per-instance numbers may sum to more than the
 union; dim/op totals and findings use the union.
 
@@ -233,7 +235,10 @@ def analyze_unoverlapped(store: RunStore, layout: LayoutResult | None, breakdown
     dims = dims_of(layout)
     br_ranks = {r["rank"]: r for r in breakdown_ranks(breakdown)}
     matched = matched_of(matching)
-    waits = matched.wait_intervals if matched is not None else {}
+    # not transfer: waiting for the last arrival, and finishing after the first member had (the data was
+    # delivered; DESIGN §3's transfer ends at the first member's end)
+    waits = ({r: iv.merge(*(x for x in (matched.wait_intervals.get(r), matched.late_finish.get(r)) if x is not None))
+              for r in set(matched.wait_intervals) | set(matched.late_finish)} if matched is not None else {})
     activity = activities_of(store, activity)
     parts = []
     per_rank_dim_op: list[dict[str, Any]] = []

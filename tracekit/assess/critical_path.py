@@ -53,6 +53,13 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     """The fix a finding recommends, as the graph can apply it ([] when it cannot)."""
     ev = f.evidence
     if isinstance(ev, StragglerEvidence) and f.ranks:
+        if ev.cause == "data_load":
+            # measured on the rank, not guessed from timings: its time inside PyTorch's DataLoader ranges
+            # beyond its peers'. Its fix (workers, prefetching) brings its loading (and host gaps) to their
+            # pace and leaves its compute as it ran: a rank computing while its peer waited inside gloo ran
+            # its ops at a pace of its own (a hand-built run's 3 ms of such noise replayed as saving, 43 for
+            # 40 ms of loading beyond the peer's; a recorded one 47.9 ms for 41.9 ms; docs/metrics.md §8)
+            return [Fix("host_stalls", rank=int(r)) for r in f.ranks]
         # the rank at its peers' pace, whatever stragglers.py named as the cause: its compute at their
         # median and its host stalls / data loading down to theirs. The cause is a guess from timings a
         # busy host distorts (under CI load a 50 ms sleep got a compute-only fix); the fix must not hang on it.

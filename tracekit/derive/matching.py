@@ -87,7 +87,8 @@ class MatchedCollectives:
     def __init__(self, rows: pd.DataFrame | LazyFrame, instances: pd.DataFrame | LazyFrame,
                  trace_shift: dict[int, int | None], wait_intervals: dict[int, iv.IntervalSet],
                  gpu_ranks: set[int] | None = None, p2p_pairs: pd.DataFrame | LazyFrame | None = None,
-                 wait_by_peer: dict[int, dict[int, iv.IntervalSet]] | None = None) -> None:
+                 wait_by_peer: dict[int, dict[int, iv.IntervalSet]] | None = None,
+                 late_finish: dict[int, iv.IntervalSet] | None = None) -> None:
         self._frames: dict[str, Any] = {"rows": rows, "instances": instances, "p2p_pairs": p2p_pairs}
         self.n_rows: int = len(rows)
         """len(rows), without building the frame."""
@@ -100,6 +101,10 @@ class MatchedCollectives:
         other side (ranks with a known shift only)."""
         self.wait_by_peer: dict[int, dict[int, iv.IntervalSet]] = wait_by_peer if wait_by_peer is not None else {}
         """Per rank: `wait_intervals` split by whom it waited for (rank -> disjoint sets; `charge_waits`)."""
+        self.late_finish: dict[int, iv.IntervalSet] = late_finish if late_finish is not None else {}
+        """Per rank, trace clock: the end of each of its collectives that came after the instance's first
+        member's end (DESIGN §3: transfer = first member's end − last arrival), by as much: the data was
+        delivered; the rank finished late (on CPU ranks its gloo thread not running; ~0 on GPUs)."""
         self.gpu_ranks: set[int] = gpu_ranks if gpu_ranks is not None else set()
         """Ranks with device kernels: their arrival is the device start (`arrival_ns`)."""
 
@@ -576,7 +581,7 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     wait_sets, wait_by_peer = _wait_intervals(waits, shifts)
     matched = MatchedCollectives(rows=_rows_frame(rows), instances=_instances_frame(inst), trace_shift=shifts,
                                  wait_intervals=wait_sets, gpu_ranks=on_gpu, p2p_pairs=pairs,
-                                 wait_by_peer=wait_by_peer)
+                                 wait_by_peer=wait_by_peer, late_finish=_late_finish(rows, inst, shifts))
     return matched, clocks, section
 
 
@@ -727,6 +732,23 @@ def _wait_intervals(rows: Columns, shifts: dict[int, int | None]
         idx = idx[wait[idx] > 0]
         by_peer[r] = charge_waits(start[idx], start[idx] + wait[idx], peer[idx])
     return out, by_peer
+
+
+def _late_finish(rows: Columns, inst: Columns, shifts: dict[int, int | None]) -> dict[int, iv.IntervalSet]:
+    """Per rank, on its trace clock: [its end − (its end − the instance's first member's end), its end) for
+    each collective it ended after the first member did (`MatchedCollectives.late_finish`)."""
+    ids = rows["inst"]
+    ok = rows["end_ok"].astype(bool) & inst["first_end_ok"][ids].astype(bool)
+    late = np.where(ok, rows["end"] - inst["first_end"][ids], 0)
+    rank = rows["rank"].astype(np.int64)
+    shift, known = row_trace_shift(rank, rows["source"], shifts)
+    end = rows["arrival_raw"].astype(np.int64) + shift + (rows["end"] - rows["arrival"])  # its end, trace clock
+    keep = known & (late > 0)
+    out: dict[int, iv.IntervalSet] = {}
+    for r in np.unique(rank[keep]).tolist():
+        m = keep & (rank == r)
+        out[int(r)] = iv.union(end[m] - late[m], end[m])
+    return out
 
 
 def charge_waits(starts: np.ndarray, ends: np.ndarray, peers: np.ndarray) -> dict[int, iv.IntervalSet]:
