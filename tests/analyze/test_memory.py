@@ -8,6 +8,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.runtime._runs import RunConfig, run_job, small_model
@@ -148,3 +149,33 @@ def test_simulated_gpu_pipeline_peaks_are_the_answer_keys(tmp_path):
     stages = {s["stage"]: s for s in mem["stages"]}
     assert [stages[s]["in_flight_schedule"] for s in range(4)] == [4, 3, 2, 1]
     assert stages[0]["peak_allocated"] > stages[3]["peak_allocated"]
+
+
+def _stack_nesting(ts, end, tid):
+    """The call-stack walk `_nesting` replaced: per thread in (start, longest first) order, pop the rows that
+    end before this one; the top left is its parent."""
+    order = np.lexsort((-(end - ts), ts, tid)).tolist()
+    parent, stack, last = [-1] * len(ts), [], None
+    for i in order:
+        if tid[i] != last:
+            stack, last = [], tid[i]
+        while stack and end[stack[-1]] < end[i]:
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    return parent, order
+
+
+def test_nesting_equals_the_call_stack_walk():
+    """Each op's parent (recomputation's op tree) is the one a call-stack walk finds, on random nested, overlapping,
+    equal-ending and zero-length intervals over several threads."""
+    from tracekit.analyze.memory import _nesting
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 7, 300, 2000):
+        ts = rng.integers(0, 200, n).astype(np.int64) * 10
+        end = ts + rng.choice([0, 5, 10, 40, 400, 3000], n)
+        tid = rng.integers(0, 3, n).astype(np.int64)
+        parent, order = _nesting(ts, end, tid)
+        want_parent, want_order = _stack_nesting(ts, end, tid)
+        assert parent.tolist() == want_parent and order == want_order, n

@@ -250,6 +250,20 @@ def test_sparse_replay_of_changed_nodes_equals_the_whole_replay():
     assert checked >= 30
 
 
+def test_rank_nodes_equal_a_scan_per_rank():
+    """Each rank's nodes (one sort of the graph, cached) are the ids a scan of the whole graph finds, for ranks in
+    the graph and outside it, whether the graph holds its ranks as int64 or as the int32 graph builds use."""
+    import dataclasses
+
+    from tracekit.whatif.graph import rank_nodes
+
+    g64 = _graph(np.random.default_rng(5))
+    g32 = dataclasses.replace(g64, rank=g64.rank.astype(np.int32))
+    for g in (g64, g32):
+        for r in [-3, -1, *range(12), 12, 40_000]:
+            assert np.array_equal(rank_nodes(g, r), np.flatnonzero(g.rank == r)), (g.rank.dtype, r)
+
+
 def test_member_io_holds_each_instances_members_in_order():
     """`InstInfo.io` as flat arrays by instance (`MemberIO`, a 10,000-rank partial recording's ~6 M members)
     gives per instance the (rank, sent, received) tuples of its members in row order, as the list of lists

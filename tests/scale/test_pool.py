@@ -65,3 +65,25 @@ def test_auto_workers_are_one_per_core_capped_by_files_and_free_memory(tmp_path,
     assert seen == [3, 8]
     with __import__("pytest").raises(ValueError, match="--workers"):
         engine_from_options("local", workers=-1, address=None, max_memory=None)
+
+
+@pytest.mark.parametrize("trace,ranks", [("hta_sampled_2rank", [0, 1]), ("tl_h100_qwen", [0])])
+def test_ops_derived_in_the_worker_equal_the_writers_own(shared_traces, tmp_path, monkeypatch, trace, ranks):
+    """`ops` and `kernel_summary`, computed where each trace is parsed (parse/ops.derived_tables), are the rows the
+    store writer computes itself when the parse hands none over (as for a chunked parse), on real traces (HTA's
+    2-rank NCCL run: kernel rows, no op with shapes; a vLLM Qwen step: 1,030 ops); the worker's tables carry
+    rank 0 until the writer sets each rank's."""
+    from tests.scale.conftest import plain_table
+    from tracekit.parse import ops as parse_ops
+
+    run = shared_traces / trace
+    worker = parse_run(run, tmp_path / "worker", progress=False).store
+    monkeypatch.setattr(pool, "derived_tables", lambda tables: {})
+    writer = parse_run(run, tmp_path / "writer", progress=False).store
+    assert worker.ranks() == writer.ranks() == ranks
+    for name in parse_ops.DERIVED:
+        a, b = plain_table(worker.table(name)), plain_table(writer.table(name))
+        assert a.equals(b), name
+        assert sorted(set(a.column("rank").to_pylist())) == (ranks if a.num_rows else [])
+    assert worker.table("kernel_summary").num_rows > 0
+    assert trace != "tl_h100_qwen" or worker.table("ops").num_rows > 1000

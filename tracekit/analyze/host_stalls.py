@@ -51,6 +51,7 @@ from tracekit.findings.evidence import HostStallEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
 MIN_GAP_NS = 1_000_000
@@ -85,15 +86,19 @@ class _HostEvents:
     labels: dict[str, iv.IntervalSet]
 
 
-def _host_events(store: RunStore, rank: int) -> _HostEvents:
-    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+EVENT_COLUMNS = ["name", "cat", "ts", "dur", "role", "lane", "correlation"]
+"""The events columns a rank's stalls need: read once for `_host_events`, `_device_queued` and `_recorded_span`."""
+
+
+def _host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> _HostEvents:
+    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
     dur = _np(t["dur"], -1)
     host = (~_str_is(t["lane"], ("device",))) & (dur >= 0) & _str_is(t["cat"], HOST_CATS)
     data = host & _str_is(t["role"], ("data_load",))
     label = host & label_rows(t["cat"], t["role"])
     ops = host & ~data & ~label & ~_str_is(t["role"], ("step_annotation",))
     ts, end = _np(t["ts"]), _np(t["ts"]) + dur
-    names = np.asarray(t["name"].cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+    names = object_strings(t["name"], "")
     at = np.flatnonzero(label)  # each label's rows, grouped once (not one scan of the rank's events per label)
     uniq, inv = np.unique(names[at].astype(str), return_inverse=True) if at.size else (np.array([], str), at)
     order = np.argsort(inv, kind="stable")
@@ -104,7 +109,7 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
                        data_names=sorted(set(names[data].tolist())), labels=labels)
 
 
-def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
+def _device_queued(store: RunStore, rank: int, events: pa.Table | None = None) -> iv.IntervalSet | None:
     """Union of [launch, end] over the rank's device work; None on a trace without device work."""
     ks = store.rank_table("kernels", rank, ["ts", "dur", "correlation"])
     kd = _np(ks["dur"], -1)
@@ -112,7 +117,7 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     if not ok.any():
         return None
     kts, kcorr = _np(ks["ts"])[ok], _np(ks["correlation"], -1)[ok]
-    ev = store.rank_table("events", rank, ["cat", "ts", "correlation"])
+    ev = events if events is not None else store.rank_table("events", rank, ["cat", "ts", "correlation"])
     rt = _str_is(ev["cat"], ("cuda_runtime", "hip_runtime")) & _np(ev["correlation"].is_valid(), False).astype(bool)
     lcorr, lts = _np(ev["correlation"], -1)[rt], _np(ev["ts"])[rt]
     order = np.argsort(lcorr, kind="stable")
@@ -124,10 +129,10 @@ def _device_queued(store: RunStore, rank: int) -> iv.IntervalSet | None:
     return iv.union(starts, kts + kd[ok])
 
 
-def _recorded_span(store: RunStore, rank: int) -> tuple[int, int]:
+def _recorded_span(store: RunStore, rank: int, events: pa.Table | None = None) -> tuple[int, int]:
     """[start, end] of the profiler's own span on the rank (its `PyTorch Profiler` trace event, cat
     `trace`), unbounded when the trace has none: time outside it was not recorded."""
-    t = store.rank_table("events", rank, ["ts", "dur", "cat"])
+    t = events if events is not None else store.rank_table("events", rank, ["ts", "dur", "cat"])
     dur = _np(t["dur"], -1)
     keep = (dur >= 0) & _str_is(t["cat"], ("trace", "Trace"))
     if not keep.any():
@@ -169,12 +174,20 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
     steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
     if not steps:
         return None
-    host = _host_events(store, rank)
-    queued = _device_queued(store, rank)
+    events = store.rank_table("events", rank, EVENT_COLUMNS)
+    host = _host_events(store, rank, events)
+    queued = _device_queued(store, rank, events)
     comm = _comm_busy(store, rank) if queued is None else None
-    seen_lo, seen_hi = _recorded_span(store, rank)
+    seen_lo, seen_hi = _recorded_span(store, rank, events)
+    del events
     tot = {"step_ns": 0, "stall_ns": 0, "data_load_ns": 0, "gap_ns": 0, "longest_gap_ns": 0}
     in_labels = dict.fromkeys(host.labels, 0)
+    # every label's intervals at once, with the label each belongs to: a step's stall is measured against
+    # all of them in one pass (the overlap of two disjoint sets is the same from either side)
+    label_names = list(host.labels)
+    label_of = np.repeat(np.arange(len(label_names)), [host.labels[n][0].size for n in label_names])
+    label_lo = np.concatenate([host.labels[n][0] for n in label_names]) if label_names else iv.empty()[0]
+    label_hi = np.concatenate([host.labels[n][1] for n in label_names]) if label_names else iv.empty()[1]
     per_step = []
     for s in steps:
         # a step annotation reaching past everything the profiler recorded (a 13 s ProfilerStep around
@@ -190,8 +203,11 @@ def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
         tot["gap_ns"] += iv.total(gap_part)
         if len(gap_part[0]):
             tot["longest_gap_ns"] = max(tot["longest_gap_ns"], int(np.max(gap_part[1] - gap_part[0])))
-        for name, spans in host.labels.items():
-            in_labels[name] += iv.overlap(stall, spans)
+        if label_names and len(stall[0]):
+            per_label = np.zeros(len(label_names), np.int64)
+            np.add.at(per_label, label_of, iv.covered(stall, label_lo, label_hi))
+            for name, ns in zip(label_names, per_label.tolist()):
+                in_labels[name] += ns
     n = len(per_step)
     if n == 0:
         return None

@@ -60,11 +60,13 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.config import AnalysisConfig
+from tracekit.derive.host_ops import parents
 from tracekit.derive.topology import LayoutResult
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.model.memory import in_flight_chunks
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
 MEMORY_IMBALANCE_RATIO = 1.25
@@ -463,20 +465,15 @@ def even_memory_split(stage_bytes: list[float], stage_layers: list[int]) -> list
 def _nesting(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """Parent row of each event on its thread (-1 at the top), by containment; and the rows in an
     order where every parent comes before its children."""
-    order = np.lexsort((-(end - ts), ts, tid)).tolist()
-    parent = [-1] * len(ts)  # Python lists: an element access in numpy costs ~10x
-    tids, ends = np.asarray(tid).tolist(), np.asarray(end).tolist()
-    stack: list[int] = []
-    last_tid = None
-    for i in order:
-        if tids[i] != last_tid:
-            stack, last_tid = [], tids[i]
-        e = ends[i]
-        while stack and ends[stack[-1]] < e:
-            stack.pop()
-        parent[i] = stack[-1] if stack else -1
-        stack.append(i)
-    return np.array(parent, np.int64).reshape(-1), order
+    o = np.lexsort((-(end - ts), ts, tid))
+    # in that order, a row's parent is the nearest earlier row of its thread ending no earlier than it does
+    # (what a call stack popping the rows that end before it leaves on top): host_ops.parents finds the
+    # nearest earlier row whose end is past a threshold, here the row's own end - 1 (integer ns)
+    e = np.asarray(end, np.int64)[o]
+    at = parents(np.asarray(tid, np.int64)[o], e - 1, e)
+    parent = np.full(len(ts), -1, np.int64)
+    parent[o] = np.where(at >= 0, o[np.maximum(at, 0)], -1)
+    return parent, o.tolist()
 
 
 def recompute_of_rank(store: RunStore, rank: int, events: pa.Table | None = None) -> dict[str, Any] | None:
@@ -498,7 +495,7 @@ def recompute_spans(store: RunStore, rank: int, events: pa.Table | None = None) 
     if not ev.num_rows or not pc.any(pc.starts_with(pc.unique(pc.cast(ev.column("name"), pa.string())),
                                                     _BACKWARD_REGION)).as_py():
         return []  # no autograd engine events: no backward to look into
-    names = pc.cast(ev.column("name"), pa.string()).to_pylist()
+    names = object_strings(ev.column("name")).tolist()
     compute = pc.fill_null(pc.equal(pc.cast(ev.column("role"), pa.string()), "compute"), True).to_numpy(
         zero_copy_only=False)
     ts = ev.column("ts").to_numpy()

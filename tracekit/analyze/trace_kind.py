@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.parse.classify import graph_mode, workload_of
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
 _RULES = {"profiler_step": "ProfilerStep annotations", "optimizer_step": "iterations ending at each optimizer step "
@@ -83,13 +84,13 @@ def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str,
           carry_ns: int, comm_only: bool = False) -> dict[str, Any]:
     ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "lane"])
     ev = ev.filter(pc.invert(pc.fill_null(pc.equal(ev["lane"].cast("string"), "device"), False)))
-    names = [n or "" for n in ev["name"].cast("string").to_pylist()]
+    names = object_strings(ev["name"], "").tolist()
     ts = ev["ts"].to_numpy(zero_copy_only=False)
     end = ts + ev["dur"].fill_null(0).to_numpy(zero_copy_only=False)
     kcols = set(store.columns("kernels"))
     k = store.rank_table("kernels", rank, ["ts", "dur"] + (["carry_over"] if "carry_over" in kcols else []))
     graph = graph_mode(names, ts, end, k.num_rows)
-    host_ops = sum(1 for c in ev["cat"].cast("string").to_pylist() if c == "cpu_op")
+    host_ops = int(pc.sum(pc.equal(ev["cat"].cast("string"), "cpu_op")).as_py() or 0)
     work = workload_of(names, host_ops)
     if comm_only and work["workload"] != "training":  # collectives and nothing else in its steps
         work["workload"] = "communication"

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.columns import Columns, group_ids, group_median, take
 from tracekit.tables.store import RunStore
 
@@ -151,10 +152,11 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     end = ts + t.column("dur").to_numpy().astype(np.int64)
     tid = t.column("tid").fill_null(-1).to_numpy().astype(np.int64)
     o = np.lexsort((-end, ts, tid))
-    cols = {"name": np.asarray(t.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+    # text columns from their dictionary codes: a string per distinct value, not one per row
+    cols = {"name": object_strings(t.column("name"), ""),
             "tid": tid, "ts": ts, "end": end, "step": t.column("step").fill_null(-1).to_numpy().astype(np.int64),
-            "runtime": np.isin(np.asarray(t.column("cat").cast(pa.string()).to_pylist(), dtype=object), RUNTIME_CATS),
-            "comm": np.asarray(t.column("role").cast(pa.string()).to_pylist(), dtype=object) == "comm",
+            "runtime": _bools(pc.is_in(t.column("cat").cast(pa.string()), value_set=pa.array(RUNTIME_CATS))),
+            "comm": _bools(pc.equal(t.column("role").cast(pa.string()), "comm")),
             "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
     cols = take(cols, o)
     cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
@@ -163,12 +165,16 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     return cols
 
 
+def _bools(col: pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as numpy, null as False."""
+    return np.asarray(pc.fill_null(col, False).to_numpy(zero_copy_only=False), dtype=bool).reshape(-1)
+
+
 def names_where(names: list[str], test) -> np.ndarray:
     """Per name: test(name), asked once per distinct name (a rank's few hundred op names repeat over its
     thousands of ops)."""
-    seen: dict[str, bool] = {}
-    return np.fromiter((seen[n] if n in seen else seen.setdefault(n, bool(test(n))) for n in names), bool,
-                       len(names))
+    seen = {n: bool(test(n)) for n in dict.fromkeys(names)}
+    return np.fromiter(map(seen.__getitem__, names), bool, len(names))
 
 
 def _waits(ops: Columns, kern: Columns) -> np.ndarray:

@@ -389,8 +389,8 @@ def accelerator_of(raw_categories: list, names: list, has_device_rows: bool) -> 
 
 def _matches(names: list[str], test) -> list[bool]:
     """Per name: whether `test` (a compiled pattern's match / search) finds it, asked once per distinct name."""
-    seen: dict[str, bool] = {}
-    return [seen[n] if n in seen else seen.setdefault(n, test(n) is not None) for n in names]
+    seen = {n: test(n) is not None for n in dict.fromkeys(names)}
+    return list(map(seen.__getitem__, names))
 
 
 def graph_mode(names: list[str], ts: np.ndarray, end: np.ndarray, num_kernels: int) -> dict:

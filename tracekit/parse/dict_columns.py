@@ -36,3 +36,12 @@ def codes(col: Any) -> tuple[np.ndarray, list]:
         col = col.cast(col.type.value_type)
     enc = pc.dictionary_encode(col, null_encoding="encode")
     return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
+
+
+def object_strings(col: Any, null: Any = None) -> np.ndarray:
+    """The column's values as a numpy object array of text (`null` for nulls), each distinct value converted
+    to a Python string once (`codes`) instead of once per row (`to_pylist`)."""
+    row_codes, values = codes(col)
+    text = np.empty(len(values), dtype=object)
+    text[:] = [null if v is None else str(v) for v in values]
+    return text[row_codes]

@@ -99,6 +99,25 @@ class OpCollector:
         return k.set_column(k.column_names.index("external_id"), "external_id", pa.array(filled, pa.int64()))
 
 
+DERIVED = ("ops", "kernel_summary")
+"""The tables `derived_tables` adds to a parse (a parse worker's share of the per-rank work)."""
+
+
+def derived_tables(tables: dict[str, Any]) -> dict[str, pa.Table]:
+    """`ops` and `kernel_summary` of one parsed trace whose events are in memory (their rank column 0: the
+    store writer sets the rank, decided once all inputs are seen), computed where the trace was parsed so a
+    run's parse workers share this per-rank work; {} for a trace the writer must finish itself: events
+    spilled in parts (the chunked path), or CUDA-graph launches, whose ops come from the run's capture traces."""
+    events, kernels = tables.get("events"), tables.get("kernels")
+    if not isinstance(events, pa.Table) or not isinstance(kernels, pa.Table) or any(n in tables for n in DERIVED):
+        return {}
+    collector = OpCollector(kernels)
+    collector.add(events)
+    if collector.graph_calls:
+        return {}
+    return collector.tables(0)
+
+
 class _Distinct:
     """The distinct non-null values of a text column in each group of rows: in sorted order (`of(j)`), the
     first four as value ranks (`first4`, -1 padded), and a code per group equal for equal sets (`sig()`)."""

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from tracekit.errors import TraceFormatError, TracekitError
 from tracekit.parse.gz import json_size_bytes
+from tracekit.parse.ops import derived_tables
 from tracekit.parse.spilled import SpilledTable
 from tracekit.tables.arrow_env import pandas_deferred
 
@@ -110,6 +111,10 @@ def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:
         return job.path, None, str(exc), {}
     except Exception as exc:  # a parser bug on one file must not lose the whole run; it is reported
         return job.path, None, f"could not be parsed ({type(exc).__name__}: {exc})", {}
+    try:  # the per-rank derived tables here, in the worker (the parent's writer finishes what this leaves)
+        kp = replace(kp, tables={**kp.tables, **derived_tables(kp.tables)})
+    except Exception:  # noqa: BLE001 - left to the writer, which reports a bad trace as it always has
+        pass
     if job.spill_dir is None:
         return job.path, kp, None, {}
     files = spill_tables(kp.tables, job.spill_dir)

@@ -37,7 +37,7 @@ from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captur
 from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
-from tracekit.parse.ops import OpCollector
+from tracekit.parse.ops import DERIVED, OpCollector
 from tracekit.parse.merged_ranks import decode_merged, rank_document_path
 from tracekit.parse.spilled import table_parts
 from tracekit.tables.arrow_env import pandas_deferred
@@ -851,8 +851,9 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     writer = run.writer
     events = kp.tables.get("events")
     tables = {k: _set_rank(v, rank) for k, v in kp.tables.items() if k != "events"}
+    derived = {k: tables.pop(k) for k in DERIVED if k in tables}  # computed by the parse worker (parse/ops.py)
     pipeline_parts = []
-    op_collector = OpCollector(tables["kernels"], run.captured) if "kernels" in tables else None
+    op_collector = OpCollector(tables["kernels"], run.captured) if "kernels" in tables and not derived else None
     # a chunked parse's events arrive as spilled parts: each is written and let go before the next
     for part in table_parts(events) if events is not None else ():
         part = _set_rank(part, rank)
@@ -869,6 +870,8 @@ def _write_kineto_tables(run: _Run, rank: int, kp: Any, log_table: pa.Table | No
     elif op_collector is not None:
         for name, table in op_collector.tables(rank).items():
             writer.append(name, table)
+    for name, table in derived.items():
+        writer.append(name, table)
     kin_coll = tables.get("collectives")
     if kin_coll is not None and kin_coll.num_rows:
         joined, stats = join_collectives(conform("collectives", kin_coll), log_table, log_shift_ns=shift,

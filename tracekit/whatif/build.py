@@ -32,6 +32,7 @@ from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, na
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
+from tracekit.parse.dict_columns import codes, object_strings
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup, match_rows,
                                      num_rows, strings, take)
 from tracekit.tables.store import RunStore
@@ -82,7 +83,9 @@ class _Buf:
                              ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
             self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
         # one string object per distinct name (a 1,024-rank graph: 5 M nodes, ~1,000 names)
-        self.names.extend(map(self._name_of, names) if isinstance(names, list) else [self._name_of(names)] * k)
+        # (`distinct.setdefault` mapped directly: `_name_of` per node was a Python call per node)
+        self.names.extend(map(self.distinct.setdefault, names, names) if isinstance(names, list)
+                          else [self._name_of(names)] * k)
         ids = np.arange(self.n, self.n + k, dtype=np.int64)
         self.n += k
         return ids
@@ -625,11 +628,18 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
     # one string object per distinct value (the builder's names: `_Buf._name_of`): a 1,024-rank run holds
     # every rank's kernels at once while its graph is placed, ~1 M kernels with a few hundred names
-    kind = [buf._name_of(str(x)) for x in np.asarray(k.column("kind").cast(pa.string()).to_pylist(), dtype=object)[order]]
-    names = [buf._name_of(str(x)) for x in np.asarray(k.column("name").cast(pa.string()).to_pylist(), dtype=object)[order]]
+    kind, names = (_interned(buf, k.column(c), order) for c in ("kind", "name"))
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
                    names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
+
+
+def _interned(buf: _Buf, col: Any, order: np.ndarray) -> list[str]:
+    """The column's values in `order` as text (null: "None"), one string object per distinct value
+    (`_Buf._name_of`), each distinct value converted once (the column's dictionary codes)."""
+    row_codes, values = codes(col)
+    text = np.array([buf._name_of(str(v)) for v in values], dtype=object)
+    return text[row_codes[order]].tolist()
 
 
 def match_gpu_members(gr: GpuRank, e: np.ndarray) -> np.ndarray:
@@ -704,7 +714,8 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     ts, end = _arr(ev, "ts") - conv, _arr(ev, "ts") + _arr(ev, "dur") - conv
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
     corr = np.nan_to_num(_arr(ev, "correlation", float), nan=-2).astype(np.int64)
-    names = [str(x) for x in ev.column("name").cast(pa.string()).to_pylist()]
+    name_of = object_strings(ev.column("name"), "None")  # per row (a null as str(None) did), a string per value
+    names = name_of.tolist()
     blocking = names_where(names, lambda n: any(w in n for w in BLOCKING_CALL_WORDS) or n in BLOCKING_MEMCPY)
     # the device work a blocking call waited for: the kernel that ended last inside it
     waited = last_ended_inside(ts, end, gr.end)
@@ -720,13 +731,13 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
         sel = tid == t
         plain = sel & ~w
         ids = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[plain], dur=end[plain] - ts[plain],
-                      names=[names[i] for i in np.flatnonzero(plain)], xgap=xgap[plain], xdur=xdur[plain])
+                      names=name_of[plain].tolist(), xgap=xgap[plain], xdur=xdur[plain])
         first[plain] = last[plain] = ids
         _launch_edges(buf, corr[plain], ids, gr, node)
         bw = np.flatnonzero(sel & w)
         if bw.size:  # call issued (dur 0) … returns when the waited kernel ended
             issue = buf.add(rank=rank, lane=lane, category=Category.HOST, start=ts[bw],
-                            dur=np.zeros(bw.size, np.int64), names=[names[i] for i in bw], xgap=xgap[bw])
+                            dur=np.zeros(bw.size, np.int64), names=name_of[bw].tolist(), xgap=xgap[bw])
             kend = gr.end[waited[bw]]
             back = buf.add(rank=rank, lane=lane, category=Category.WAIT, start=np.maximum(kend, ts[bw]),
                            dur=end[bw] - np.maximum(kend, ts[bw]), names="device wait", prio=1)

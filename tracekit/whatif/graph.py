@@ -442,7 +442,9 @@ def rank_nodes(g: StepGraph, rank: int) -> np.ndarray:
         order = np.argsort(g.rank, kind="stable")
         g.cache.rank_nodes = held = (g.rank, order, g.rank[order])
     _, order, by = held
-    a, b = np.searchsorted(by, [rank, rank + 1])
+    # the needles in the sorted ranks' own dtype: a Python list (int64) would make numpy cast the whole int32
+    # array on every call (a copy of the graph's ranks per rank asked: quadratic in ranks)
+    a, b = np.searchsorted(by, np.array([rank, rank + 1], dtype=by.dtype))
     return order[a:b]
 
 
