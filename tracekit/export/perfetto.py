@@ -37,8 +37,6 @@ clock), the applied offsets and their estimated error (the clock estimate's medi
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -47,6 +45,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from tracekit.process_env import gc_paused
 
 if TYPE_CHECKING:
     from tracekit.derive.matching import MatchedCollectives
@@ -237,20 +237,9 @@ def rank_events(store: RunStore, rank: int, offset: int, origin: int, tracks: _T
     cols = [t.column(c).cast(pa.string()).to_pylist() if c in ("name", "cat") else t.column(c).to_pylist()
             for c in ("name", "cat", "correlation", "external_id", "step")]
     out: list[dict[str, Any]] = []
-    with _gc_paused():  # many small dicts: the cyclic collector would rescan them again and again (DESIGN §9)
+    with gc_paused():  # many small dicts: the cyclic collector would rescan them again and again (DESIGN §9)
         _build_events(out, cols, slices, pid, tids, rel, durs)
     return out
-
-
-@contextmanager
-def _gc_paused():
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build_events(out: list[dict[str, Any]], cols: list[list[Any]], slices: list[bool], pid: int, tids: list[int],

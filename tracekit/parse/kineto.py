@@ -15,10 +15,8 @@ overwrites it once it knows the rank (file name, manifest). Rank is never defaul
 
 from __future__ import annotations
 
-import gc
 import re
 import zlib
-from contextlib import contextmanager
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -42,6 +40,7 @@ from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.parse.memory import is_memory_event, memory_table
 from tracekit.parse.merged import event_rank
+from tracekit.process_env import gc_paused
 from tracekit.tables.schema import conform
 
 RANK_UNKNOWN = -1
@@ -110,18 +109,6 @@ def _read_head(path: str, n: int) -> bytes:
             if dec.eof:
                 break
         return bytes(out)
-
-
-@contextmanager
-def gc_paused():
-    """The collector halves the speed of building millions of objects; pause it meanwhile."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 CHUNK_BYTES = 1 << 20

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.layout import ParallelLayout
+from tracekit.process_env import gc_paused
 from tracekit.simulate import executor
 from tracekit.simulate.executor import COLL, MEMORY, Op
 from tracekit.simulate.key import KeyStream, RankIntervals, answer_key, answer_key_streamed
@@ -93,23 +92,10 @@ def layout_truth(layout: ParallelLayout) -> dict[str, Any]:
     return {**dataclasses.asdict(layout), "fsdp": layout.fsdp, "interleave": layout.virtual_stages}
 
 
-@contextmanager
-def _no_gc():
-    """The garbage collector off while a simulation builds and times its ops: it creates no reference cycles,
-    and each full collection walks every live op (30% of a 256-rank run's CPU)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _run(model, cluster, layout, faults, steps, seed, first_step=1, w: World | None = None
          ) -> tuple[World, list[list[Op]]]:
     w = w or make_world(model, cluster, layout, faults, seed)
-    with _no_gc():
+    with gc_paused():
         progs = build_programs(w, steps, first_step)
         executor.run(progs, T0_NS)
         executor.finish_colls(progs)
@@ -153,7 +139,7 @@ def _run_streamed(model, cluster, layout, faults, steps, seed, first_step=1, w: 
                 if c.retired == len(c.members):
                     colls.pop(c.key, None)
 
-    with _no_gc():
+    with gc_paused():
         executor.run(progs, T0_NS, feed=feed, retire=retire)
     return w, kept, ks
 
