@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 
-from tests.analyze.analyze_builders import build_store
+from tests.analyze.analyze_builders import two_rank_gloo_run
 from tracekit.flow import analyze_store
 
 MS = 1_000_000
 STEP = 56 * MS
 STEPS = 3
-MAIN, GLOO = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 LOAD = {0: 2 * MS, 1: 42 * MS}
 MM = {0: 10 * MS, 1: 13 * MS}
@@ -32,28 +31,14 @@ RESUME = MS // 2
 
 
 def _store(tmp_path):
-    ranks, steps, events, coll = [], [], [], []
-    for r in (0, 1):
-        ranks.append({"rank": r, "world_size": 2, "hostname": "vm", "trace_kind": "cpu",
-                      "first_ts": 0, "last_ts": STEPS * STEP})
-        for s in range(STEPS):
-            base = s * STEP
-            arrival = base + LOAD[r] + MM[r]
-            end = base + LOAD[1] + MM[1] + TRANSFER  # the last arrival + the transfer
-            steps.append({"rank": r, "step": s, "ts": base, "dur": STEP})
-            events += [{"rank": r, "tid": 1, "thread_name": MAIN, "step": s, **e} for e in (
-                {"name": LOADER, "cat": "user_annotation", "ts": base, "dur": LOAD[r]},
+    def per_step(r, s, base):
+        arrival = base + LOAD[r] + MM[r]
+        end = base + LOAD[1] + MM[1] + TRANSFER  # the last arrival + the transfer
+        return [{"name": LOADER, "cat": "user_annotation", "ts": base, "dur": LOAD[r]},
                 {"name": "aten::mm", "cat": "cpu_op", "ts": base + LOAD[r], "dur": MM[r],
-                 "input_dims": json.dumps([[256, 10], [10, 4096]]), "input_types": json.dumps(["float", "float"])})]
-            events.append({"rank": r, "name": "gloo:all_reduce", "cat": "user_annotation", "tid": 2,
-                           "thread_name": GLOO, "ts": arrival, "dur": end - arrival, "step": s})
-            common = {"rank": r, "pg_name": "0", "pg_desc": "default_pg", "op": "all_reduce", "group_ranks": [0, 1],
-                      "group_size": 2, "bytes": 262_164, "step": s, "ts": arrival, "dur": end - arrival,
-                      "enqueue_ts": arrival}
-            coll.append({**common, "source": "comms-log", "seq": s + 1, "seq_source": "log"})
-            coll.append({**common, "source": "kineto", "seq": None})
-    return build_store(tmp_path, {"ranks": ranks, "steps": steps, "events": events, "collectives": coll,
-                                  "process_groups": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]})
+                 "input_dims": json.dumps([[256, 10], [10, 4096]]), "input_types": json.dumps(["float", "float"])}
+                ], arrival, end
+    return two_rank_gloo_run(tmp_path, per_step, STEP, STEPS, 262_164)
 
 
 def test_data_loader_straggler_saves_its_loading_beyond_its_peers(tmp_path):

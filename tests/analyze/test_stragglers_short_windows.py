@@ -16,35 +16,17 @@ from __future__ import annotations
 
 import json
 
-from tests.analyze.analyze_builders import build_store
+from tests.analyze.analyze_builders import two_rank_gloo_run
 from tracekit.flow import analyze_store
 
 MS = 1_000_000
 STEP = 10 * MS
-MAIN, GLOO = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
 LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 
 def _store(tmp_path, per_step):
-    """per_step(rank, step, base) -> (events, arrival, end) of that rank's step."""
-    ranks, steps, events, coll = [], [], [], []
-    for r in (0, 1):
-        ranks.append({"rank": r, "world_size": 2, "hostname": "vm", "trace_kind": "cpu",
-                      "first_ts": 0, "last_ts": 2 * STEP})
-        for s in (0, 1):
-            base = s * STEP
-            steps.append({"rank": r, "step": s, "ts": base, "dur": STEP})
-            evs, arrival, end = per_step(r, s, base)
-            events += [{"rank": r, "tid": 1, "thread_name": MAIN, "step": s, **e} for e in evs]
-            events.append({"rank": r, "name": "gloo:all_reduce", "cat": "user_annotation", "tid": 2,
-                           "thread_name": GLOO, "ts": arrival, "dur": end - arrival, "step": s})
-            common = {"rank": r, "pg_name": "0", "pg_desc": "default_pg", "op": "all_reduce", "group_ranks": [0, 1],
-                      "group_size": 2, "bytes": 660, "step": s, "ts": arrival, "dur": end - arrival,
-                      "enqueue_ts": arrival}
-            coll.append({**common, "source": "comms-log", "seq": s + 1, "seq_source": "log"})
-            coll.append({**common, "source": "kineto", "seq": None})
-    return build_store(tmp_path, {"ranks": ranks, "steps": steps, "events": events, "collectives": coll,
-                                  "process_groups": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]})
+    """per_step(rank, step, base) -> (events, arrival, end) of that rank's step (2 steps)."""
+    return two_rank_gloo_run(tmp_path, per_step, STEP, 2, 660)
 
 
 def _mm(ts, dur, rows, hidden=2048):
