@@ -389,3 +389,29 @@ def test_launch_overhead_is_measured_as_documented_and_its_replay_is_possible(la
     ev = f["evidence"]
     assert max(compute.values()) <= ev["replayed_step_ns"] < ev["replayed_step_ns"] + ev["replayed_saving_ns"]
     assert f["est_saving_ns"] == ev["replayed_saving_ns"] > 0
+
+
+def test_exposed_transfer_ends_at_the_first_member_s_end(device, analysis):
+    """Independent (DESIGN §3): instance i's transfer runs from its last member's start to its first member's
+    end; past that the data was delivered and a member still running finished late. Per rank, the union of
+    those spans outside its compute (kernels that are not RCCL's) is its exposed transfer, exact to the ns.
+    Counting each rank's own kernel to its end instead (the rule before `late_finish`) gives more on every rank."""
+    coll, compute, _, _, _ = device
+    _, a = analysis
+    expected, to_own_end = {}, {}
+    for r in coll:
+        spans, own = [], []
+        for i in range(len(coll[r])):
+            last_start = max(coll[q][i][0] for q in coll)
+            first_end = min(coll[q][i][1] for q in coll)
+            if first_end > last_start:
+                spans.append((last_start, first_end))
+            if coll[r][i][1] > last_start:
+                own.append((last_start, coll[r][i][1]))
+        expected[r] = sum(b - x for x, b in _subtract(_union(spans), compute[r]))
+        to_own_end[r] = sum(b - x for x, b in _subtract(_union(own), compute[r]))
+    got: dict[int, int] = {}
+    for row in a["sections"]["unoverlapped"]["by_rank_dim_op"]:
+        got[row["rank"]] = got.get(row["rank"], 0) + row["transfer_exposed_ns"]
+    assert got == expected
+    assert all(to_own_end[r] > expected[r] for r in coll)
