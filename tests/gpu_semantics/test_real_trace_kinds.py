@@ -59,6 +59,7 @@ def test_graph_capture_traces_get_no_verdict(shared_traces, tmp_path, folder):
     assert (rank["graph"]["captured_launches"], rank["graph"]["kernels_run"]) == (captured, run)
     assert tk["verdict"] is None and "capture" in tk["no_verdict_reason"]
     assert a["findings"] == []  # no verdict, so no finding on its timing either
+    assert a["sections"]["critical_path"]["verdict"] is None  # nor one from the path: the document agrees
     from reports.html_report import Page, verdict_text
     assert verdict_text(Page(a, None))[1].startswith("No verdict: CUDA-graph capture trace")
 

@@ -42,7 +42,8 @@ ASSESSMENT = (
     AssessmentStep("advice", "layout, breakdown, pipeline, bandwidth, placement, memory", final=False),
     AssessmentStep("recommendations", "findings of every analyzer, pipeline, breakdown, unoverlapped, trace_kind",
                    final=True),
-    AssessmentStep("critical_path", "layout, matching, pipeline, recommendations, findings of every analyzer",
+    AssessmentStep("critical_path", "layout, matching, pipeline, trace_kind, recommendations, findings of every "
+                   "analyzer",
                    final=True),
 )
 
@@ -65,7 +66,8 @@ def _steps(store: RunStore, config: AnalysisConfig, m: dict[str, AnalyzerResult 
         "recommendations": lambda: analyze_recommendations(measured, m.get("pipeline"), m.get("breakdown"),
                                                            m.get("unoverlapped"), m.get("trace_kind")),
         "critical_path": lambda: analyze_critical_path(store, m.get("layout"), m.get("matching"), m.get("pipeline"),
-                                                       done.get("recommendations"), measured, config),
+                                                       done.get("recommendations"), measured, config,
+                                                       m.get("trace_kind")),
     }
 
 

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.assess.reconcile import RecommendationsResult
+from tracekit.analyze.trace_kind import TraceKindResult
+from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
@@ -438,19 +439,24 @@ def memcpy_finding(results: list[StepResult]) -> Finding | None:
 
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
                           pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
-                          findings: list[Finding], config: AnalysisConfig) -> CriticalPathResult:
-    """`findings`: every other analyzer's, used as they came when `recommendations` did not run."""
+                          findings: list[Finding], config: AnalysisConfig,
+                          trace_kind: TraceKindResult | None = None) -> CriticalPathResult:
+    """`findings`: every other analyzer's, used as they came when `recommendations` did not run. Where the
+    trace kind gives no verdict (every rank a CUDA-graph capture: the capture's timing, not the workload's),
+    the path's verdict is withheld too and its own finding goes through the same trace-kind filter."""
     results = replay_steps(store, step_input(store, layout, matching))
     final = recommendations.findings if recommendations is not None else findings
     copies = memcpy_finding(results)
-    final = final + [copies] if copies is not None else final
+    final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final
     rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
                                        regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals
     steps = [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)]
-    section = {"steps": steps, "whatif": rows, "all_fixes": together, "verdict": path_verdict(steps),
+    withheld = trace_kind is not None and trace_kind.section is not None and trace_kind.section.get("verdict") is None
+    section = {"steps": steps, "whatif": rows, "all_fixes": together,
+               "verdict": None if withheld else path_verdict(steps),
                "measured_step_ns": _measured_run_step(results),
                "skipped": None if results else "no profiled step with a step window (ProfilerStep) in any rank"}
     return CriticalPathResult(findings=rescored, section=section, steps=results)
