@@ -388,6 +388,7 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
         s = np.maximum.reduceat(end[src[eb[i]:eb[i + 1]]], seg) + gap[lo:hi]
         start[lo:hi] = s
         end[lo:hi] = s + dur[lo:hi]
+    del end, dur, gap  # the level-ordered copies go before the result is allocated (a large graph's peak)
     out = np.empty_like(start)
     out[order] = start
     return out
