@@ -271,7 +271,7 @@ def _gemm_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _kernels(store: RunStore, top_n: int) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:
     """Kernel summary across ranks (by name) and each rank's rows."""
-    rows = store.table("kernel_summary").to_pylist() if store.has("kernel_summary") else []
+    rows = table_rows(store.table("kernel_summary")) if store.has("kernel_summary") else []
     by_rank: dict[int, list] = defaultdict(list)
     acc: dict[str, dict[str, Any]] = {}
     for r in rows:
