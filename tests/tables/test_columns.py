@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from tracekit.tables.columns import argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows
+from tracekit.tables.columns import (argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows,
+                                     table_rows)
 
 
 def test_group_ids_number_key_tuples_in_sorted_order():
@@ -63,3 +64,36 @@ def test_argsort_desc_orders_ties_as_pandas_sort_values_does():
     values = np.array([3, 1, 3, 2, 1, 3, 0, 2, 2, 1, 3, 1, 0, 2, 3, 1, 2, 0, 3, 1], np.int64)
     want = pd.Series(values).sort_values(ascending=False).index.to_numpy()
     assert argsort_desc(values).tolist() == want.tolist()
+
+
+def test_table_rows_are_pyarrows_rows_value_for_value_and_type_for_type():
+    """Every column type the store holds (int32/int64 with epoch-scale ns, float64, bool, dictionary and plain
+    text, a list column by pyarrow's own path), with and without nulls, in several chunks: the rows equal
+    `Table.to_pylist()`'s and each value has its Python type (an int stays an int, not a float)."""
+    rng = np.random.default_rng(3)
+    n = 257
+    null = rng.random(n) < 0.2
+
+    def masked(values):
+        return [None if m else v for v, m in zip(values, null.tolist())]
+
+    ns = (1_700_000_000_000_000_000 + rng.integers(0, 10**12, n)).tolist()
+    cols = {
+        "rank": pa.array(rng.integers(0, 4, n).tolist(), pa.int32()),
+        "ts": pa.array(ns, pa.int64()),
+        "dur": pa.array(masked(ns), pa.int64()),
+        "flops": pa.array(masked(rng.random(n).tolist()), pa.float64()),
+        "ok": pa.array(masked((rng.random(n) < 0.5).tolist()), pa.bool_()),
+        "flag": pa.array((rng.random(n) < 0.5).tolist(), pa.bool_()),
+        "name": pa.array(masked([f"op{i % 7}" for i in range(n)]), pa.string()).dictionary_encode(),
+        "pg": pa.array(masked([f"g{i % 3}" for i in range(n)]), pa.string()),
+        "dims": pa.array([[i, i + 1] if i % 5 else None for i in range(n)], pa.list_(pa.int64())),
+    }
+    t = pa.table(cols)
+    chunked = pa.concat_tables([t.slice(0, 100), t.slice(100)])
+    for table in (t, chunked, t.slice(0, 0)):
+        want = table.to_pylist()
+        got = table_rows(table)
+        assert got == want
+        assert all(type(a[k]) is type(b[k]) for a, b in zip(got, want) for k in a)
+    assert table_rows(t)[0]["ts"] == ns[0]  # exact: no float64 on the way

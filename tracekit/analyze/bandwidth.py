@@ -67,6 +67,7 @@ from tracekit.findings import recommend
 from tracekit.findings.evidence import BandwidthEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 LOW_FRACTION_OF_PEAK = 0.5
@@ -138,7 +139,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
                         "n": n, "bytes": int(b), "time_ns": int(t_ns),
                         "step": None if step != step or step is None else int(step)})
         basis = "transfer"
-        rows = t.filter(_p2p_mask(t)).to_pylist()
+        rows = table_rows(t.filter(_p2p_mask(t)))
         pairs = _p2p_pair_instances(matched, dims)
         if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
             out.extend(pairs)
@@ -146,7 +147,7 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
         # else (host-timed P2P) tabulate it from row durations, never judged
     else:
         basis = "min_duration"
-        rows = t.to_pylist()
+        rows = table_rows(t)
     out.extend(_unmatched_instances(rows, dims, unsized))
     unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
                for (pg, op), c in sorted(unsized.items())]

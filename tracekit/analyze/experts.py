@@ -38,6 +38,7 @@ from tracekit.findings import recommend
 from tracekit.findings.evidence import RoutingSkewEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 SKEW_INFO = 1.25
@@ -167,7 +168,7 @@ def _all_to_alls(store: RunStore) -> list[dict[str, Any]]:
     thousands of ranks)."""
     a2a = store.table("collectives", ["rank", "step", "op", "dur", "out_nelems", "out_split_sizes",
                                       "in_split_sizes", "bytes", "caller", "group_ranks", "seq", "source", "pg_name"])
-    return a2a.filter(pc.and_(pc.equal(a2a["op"], "all_to_all"), pc.is_valid(a2a["step"]))).to_pylist()
+    return table_rows(a2a.filter(pc.and_(pc.equal(a2a["op"], "all_to_all"), pc.is_valid(a2a["step"]))))
 
 
 def _hot_owners(hot: int, E: int, ep_groups: list[list[int]], gran: str, layer_ranks: set[int]) -> list[int]:

@@ -67,6 +67,7 @@ from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.model.memory import in_flight_chunks
 from tracekit.parse.dict_columns import object_strings
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 MEMORY_IMBALANCE_RATIO = 1.25
@@ -388,7 +389,7 @@ def static_estimate(store: RunStore, rank: int, layout: dict, events: pa.Table |
     if coll.num_rows:
         srcs = pc.cast(coll.column("source"), pa.string()).to_pylist()
         src = "kineto" if "kineto" in srcs else srcs[0]
-        rows = [r for r, s in zip(coll.to_pylist(), srcs) if s == src and dims.get(r["pg_name"]) in ("dp", "fsdp")
+        rows = [r for r, s in zip(table_rows(coll), srcs) if s == src and dims.get(r["pg_name"]) in ("dp", "fsdp")
                 and r["op"] in ("all_reduce", "reduce_scatter") and r["bytes"] and r["step"] is not None]
         per_step: dict[int, int] = defaultdict(int)
         for r in rows:

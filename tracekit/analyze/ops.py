@@ -48,6 +48,8 @@ from tracekit.config import AnalysisConfig
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
+from tracekit.process_env import gc_paused
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 TOP_N = 25
@@ -269,7 +271,7 @@ def _gemm_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _kernels(store: RunStore, top_n: int) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:
     """Kernel summary across ranks (by name) and each rank's rows."""
-    rows = store.table("kernel_summary").to_pylist() if store.has("kernel_summary") else []
+    rows = table_rows(store.table("kernel_summary")) if store.has("kernel_summary") else []
     by_rank: dict[int, list] = defaultdict(list)
     acc: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -422,9 +424,9 @@ def _op_chunks(store: RunStore) -> Any:
     first = ranks[np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]])]
     if np.unique(first).size == first.size and set(_OP_COLUMNS) <= set(store.columns("ops")):
         for rk in first.tolist():
-            yield store.rank_table("ops", rk, _OP_COLUMNS).to_pylist()
+            yield table_rows(store.rank_table("ops", rk, _OP_COLUMNS))
         return
-    yield store.table("ops", _OP_COLUMNS).to_pylist()
+    yield table_rows(store.table("ops", _OP_COLUMNS))
 
 
 def analyze_ops(store: RunStore, breakdown: BreakdownResult | None, config: AnalysisConfig) -> OpsResult:
@@ -442,19 +444,20 @@ def analyze_ops(store: RunStore, breakdown: BreakdownResult | None, config: Anal
     mfu_flops: Counter = Counter()
     totals: dict[int, dict[str, Any]] = {}
     op_ns = n_ops = 0
-    for chunk in _op_chunks(store):  # every sum below runs over the rows in the table's order
-        n_ops += len(chunk)
-        op_ns += sum(r["kernel_ns"] or 0 for r in chunk)
-        _groups(chunk, groups)
-        _add_categories(categories, chunk)
-        _add_graph_launches(graph_launches, chunk)
-        _mfu_dtype(chunk, mfu_flops)
-        ops_by_rank: dict[int, list] = defaultdict(list)
-        for r in chunk:
-            ops_by_rank[r["rank"]].append(r)
-        mark_recompute(store, ops_by_rank)
-        for rk, mine in ops_by_rank.items():
-            totals[rk] = _rank_totals(mine, windows.get(rk, (None, 0, 0)))
+    with gc_paused():  # a rank's op rows are dicts without cycles: collections would rescan them (DESIGN §9)
+        for chunk in _op_chunks(store):  # every sum below runs over the rows in the table's order
+            n_ops += len(chunk)
+            op_ns += sum(r["kernel_ns"] or 0 for r in chunk)
+            _groups(chunk, groups)
+            _add_categories(categories, chunk)
+            _add_graph_launches(graph_launches, chunk)
+            _mfu_dtype(chunk, mfu_flops)
+            ops_by_rank: dict[int, list] = defaultdict(list)
+            for r in chunk:
+                ops_by_rank[r["rank"]].append(r)
+            mark_recompute(store, ops_by_rank)
+            for rk, mine in ops_by_rank.items():
+                totals[rk] = _rank_totals(mine, windows.get(rk, (None, 0, 0)))
     kernel_ns = {rk: sum(r["total_ns"] for r in rows) for rk, rows in kernels_by_rank.items()}
     rows = _group_rows(groups, peaks, op_ns)
     rank_rows = _rank_rows(totals, peaks, windows, kernel_ns)

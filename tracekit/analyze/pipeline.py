@@ -55,6 +55,7 @@ from tracekit.findings import recommend
 from tracekit.findings.evidence import BubbleEvidence, StageImbalanceEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 COMPUTE_PHASES = ("fwd", "bwd", "bwd_input", "bwd_weight")
@@ -154,7 +155,7 @@ class PipelineResult(AnalyzerResult):
 
 def analyze_pipeline(store: RunStore, config: AnalysisConfig) -> PipelineResult:
     """Pipeline section and `pipeline_bubble` / `pipeline_imbalance` findings."""
-    rows = store.table("pipeline").to_pylist()
+    rows = table_rows(store.table("pipeline"))
     rows = [r for r in rows if r["step"] is not None and r["dur"] is not None and r["dur"] >= 0]
     if rows:
         return _from_labels(store, config, rows)
@@ -183,7 +184,7 @@ def _p2p_intervals(store: RunStore, offsets: dict[int, int]) -> dict[tuple[int, 
     t = t.filter(pc.or_(pc.fill_null(t["is_p2p"], False),
                         pc.fill_null(pc.is_in(t["op"], pa.array(["send", "recv"])), False)))
     acc: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-    for c in t.to_pylist():
+    for c in table_rows(t):
         p2p = c["is_p2p"] or c["op"] in ("send", "recv")
         if not p2p or c["ts"] is None or c["dur"] is None or c["step"] is None:
             continue
@@ -417,7 +418,7 @@ def _trace_kinds(store: RunStore) -> dict[int, str]:
 def _device_busy(store: RunStore, rank: int, offset: int) -> dict[int, tuple[int, int, iv.IntervalSet]]:
     """GPU trace: per step (by the launching op's step), (first kernel start, last kernel end, busy)
     where busy is the union of the step's non-communication kernels, on rank 0's clock."""
-    rows = store.rank_table("kernels", rank, ["ts", "dur", "kind", "step"]).to_pylist()
+    rows = table_rows(store.rank_table("kernels", rank, ["ts", "dur", "kind", "step"]))
     per: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for k in rows:
         if k["step"] is not None and k["dur"] is not None and k["dur"] >= 0:

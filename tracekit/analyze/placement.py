@@ -31,6 +31,7 @@ from tracekit.findings.evidence import PlacementEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.layout import rank_to_host
+from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
 HEAVY_DIMS = ("tp", "cp", "ep")
@@ -78,7 +79,7 @@ def _exposed_by_dim(sec: dict[str, Any]) -> dict[str, float]:
 
 def _comm_time_by_group(store: RunStore) -> dict[str, float]:
     """Per group: the busiest member's communication time (union of its collective intervals) per step."""
-    t = store.table("collectives", ["rank", "pg_name", "source", "ts", "dur", "step"]).to_pylist()
+    t = table_rows(store.table("collectives", ["rank", "pg_name", "source", "ts", "dur", "step"]))
     acc: dict[tuple[str, int, str], list[tuple[int, int]]] = defaultdict(list)
     steps: dict[str, set] = defaultdict(set)
     for r in t:

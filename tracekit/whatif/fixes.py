@@ -470,13 +470,23 @@ def replay_graph(g: StepGraph, fixes: list[Fix]) -> StepGraph:
 
 def bucket_windows(g: StepGraph) -> np.ndarray:
     """Per node: it is a gradient reduction (`GRADIENT_OPS` on `GRADIENT_DIMS`) in a window whose backward is
-    known (`StepGraph.win_backward`), where `gradient_buckets`' model decides what overlapping it can gain."""
-    known = np.flatnonzero(g.win_backward >= 0)
-    if known.size == 0:
-        return np.zeros(g.rank.size, dtype=bool)
-    keys = _window_key(g.ranks[known], g.win_step[known])
-    return (gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.category == Category.TRANSFER)
-            & np.isin(_window_key(g.rank, g.step), keys))
+    known (`StepGraph.win_backward`), where `gradient_buckets`' model decides what overlapping it can gain
+    (read-only; cached per graph: every overlap what-if asks, and its node-wide isin cost ~1 s on a 1,024-rank
+    graph)."""
+    key = (g.win_backward, g.ranks, g.win_step, g.rank, g.step, g.dim, g.inst, g.inst_info, g.category,
+           tuple(g.dims))  # what it is computed from (arrays replaced, never written to)
+    held = g.cache.bucket_windows
+    if held is None or any(a is not b for a, b in zip(held[0][:-1], key[:-1])) or held[0][-1] != key[-1]:
+        known = np.flatnonzero(g.win_backward >= 0)
+        if known.size == 0:
+            m = np.zeros(g.rank.size, dtype=bool)
+        else:
+            keys = _window_key(g.ranks[known], g.win_step[known])
+            m = (gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.category == Category.TRANSFER)
+                 & np.isin(_window_key(g.rank, g.step), keys))
+        m.flags.writeable = False
+        g.cache.bucket_windows = held = (key, m)
+    return held[1]
 
 
 def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:

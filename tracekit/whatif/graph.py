@@ -126,6 +126,8 @@ class GraphCache:
     peer_groups: dict = field(default_factory=dict)
     """(sequences, stage, length) -> (the group's ranks, their values sorted per position): fixes.peer_medians"""
     buckets: dict = field(default_factory=dict)
+    bucket_windows: tuple | None = None
+    """(the arrays it was computed from, per node the mask): fixes.bucket_windows"""
     overlap_graphs: dict = field(default_factory=dict)
     instance_static: dict = field(default_factory=dict)
     same_collective: dict = field(default_factory=dict)
@@ -240,10 +242,11 @@ class _Plan:
     """nodes sorted by level"""
     level_bounds: np.ndarray
     """order[level_bounds[i]:level_bounds[i+1]] are level i"""
-    edge_src: np.ndarray
-    """in-edges' sources, grouped by destination in `order`"""
+    edge_src_pos: np.ndarray
+    """in-edges' sources, grouped by destination in `order`, as positions in `order` (`replay` keeps its
+    arrays in level order: a level's nodes are then one slice, not an index array to gather and scatter by)"""
     edge_bounds: np.ndarray
-    """per level: slice of edge_src"""
+    """per level: slice of edge_src_pos"""
     seg_starts: list
     """per level: reduceat offsets (relative) of each node's in-edges"""
     in_ptr: np.ndarray
@@ -351,10 +354,11 @@ def _make_plan(g: StepGraph) -> _Plan:
     if len(g.dst):
         np.maximum.at(ready, g.dst, ends[g.src])
     gap = np.where(ready == np.iinfo(np.int64).min, 0, g.start - ready)
+    edge_src_pos = pos[edge_src]
     if max(n, len(g.src)) < 2**31 - 1:  # node and edge ids in half the memory (a 1,024-rank graph: ~0.2 GB less)
-        order, edge_src, in_ptr, in_src = (a.astype(np.int32) for a in (order, edge_src, in_ptr, in_src))
+        order, edge_src_pos, in_ptr, in_src = (a.astype(np.int32) for a in (order, edge_src_pos, in_ptr, in_src))
         seg_starts = [a.astype(np.int32) for a in seg_starts]
-    return _Plan(order=order, level_bounds=level_bounds, edge_src=edge_src, edge_bounds=edge_bounds,
+    return _Plan(order=order, level_bounds=level_bounds, edge_src_pos=edge_src_pos, edge_bounds=edge_bounds,
                  seg_starts=seg_starts, in_ptr=in_ptr, in_src=in_src, gap=gap,
                  narrow=NARROW_NODES_PER_LEVEL * nlev >= n)
 
@@ -371,15 +375,23 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     gap = plan.gap if gap is None else gap
     if plan.narrow:
         return _replay_by_node(g, plan, dur, gap)
-    start = g.start.copy()
+    # every array in level order (position p holds node order[p]): each level's nodes are a slice, read and
+    # written as views; only its in-edges' source ends are gathered (one level pass of a 1,024-rank graph's
+    # tens of thousands cost ~3 s of numpy calls with an index array per read and write)
+    order = plan.order
+    start = g.start[order]
+    dur, gap = dur[order], gap[order]
     end = start + dur
+    lb, eb, src = plan.level_bounds.tolist(), plan.edge_bounds.tolist(), plan.edge_src_pos
     for i, seg in enumerate(plan.seg_starts, start=1):
-        nodes = plan.order[plan.level_bounds[i]:plan.level_bounds[i + 1]]
-        a, b = plan.edge_bounds[i], plan.edge_bounds[i + 1]
-        s = np.maximum.reduceat(end[plan.edge_src[a:b]], seg) + gap[nodes]
-        start[nodes] = s
-        end[nodes] = s + dur[nodes]
-    return start
+        lo, hi = lb[i], lb[i + 1]
+        s = np.maximum.reduceat(end[src[eb[i]:eb[i + 1]]], seg) + gap[lo:hi]
+        start[lo:hi] = s
+        end[lo:hi] = s + dur[lo:hi]
+    del end, dur, gap  # the level-ordered copies go before the result is allocated (a large graph's peak)
+    out = np.empty_like(start)
+    out[order] = start
+    return out
 
 
 class Overlay:
