@@ -4,8 +4,7 @@ replayed (graph.replay), so the saving accounts for everything else on the path.
 - `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
   knows stages, else all ranks): each op at the peers' median of the same op (never slower than it ran)
   when they run the same op sequence (`aligned`) and that is less work, else all its ops scaled down to the
-  peers' median total — only where the rank computes more than its peers beyond the step-to-step spread
-  (`computes_slower`), else its compute stays as it ran; and its collectives that move more bytes than the same ones on its peers' groups at
+  peers' median total; and its collectives that move more bytes than the same ones on its peers' groups at
   their time (uneven inputs). Or scaled by a factor.
 - `dim_bandwidth`: a dim's transfers at a given bus bandwidth (bytes × busbw factor / GB/s; transfers of
   unknown size keep their time).
@@ -182,8 +181,6 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts, gap: n
         factor = float(fix.value)
     else:
         _heavier_transfers(g, dur, r, lay)
-        if not computes_slower(g, r, lay):
-            return  # at its peers' pace already: what an op-by-op minimum would take off is their noise
         mine, ref = aligned(g, g.category == Category.COMPUTE, r, lay)
         new = np.rint(np.median(dur[ref], axis=0)).astype(np.int64) if ref is not None else None
         if new is not None and new.sum() < dur[mine].sum():
@@ -201,34 +198,6 @@ def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts, gap: n
     m = np.flatnonzero((g.category == Category.COMPUTE) & (g.rank == r))
     if gap is not None and factor < 1.0:
         _free_shared_cpu(g, dur, gap, r, lay, m, np.rint(g.dur[m] * factor).astype(np.int64))
-
-
-def computes_slower(g: StepGraph, rank: int, lay: RunFacts) -> bool:
-    """Does the rank compute more than its peers (`RunFacts.peers`) beyond the step-to-step spread? Per
-    profiled step the rank's measured compute (the sum of its compute nodes' durations) over its peers'
-    median in the same step: the box's pace, which moves every rank of a step alike (a loaded 2-core box ran
-    one run's steps at 250 to 880 ms of compute), cancels in the ratio. The mean ratio must exceed 1 by
-    `recording.Z` standard errors of it, the bar the verdict's margin clears (analyze/recording.py). A rank
-    that sleeps or stalls computes as much as its peers, each op a little faster or slower (a busy host); the
-    op-by-op minimum of the two is below either's total, a saving no fix of the rank removes (docs/metrics.md
-    §8 "Straggler / rank compute"). One step (no spread to judge by), or no peer computing in the rank's
-    steps: True (the fix is applied as before)."""
-    from tracekit.analyze.recording import Z
-
-    m = (g.category == Category.COMPUTE) & (g.rank >= 0) & (g.step >= 0)
-    keys, pos = np.unique(np.stack([g.rank[m].astype(np.int64), g.step[m].astype(np.int64)]), axis=1,
-                          return_inverse=True)
-    sums = np.bincount(pos.ravel(), weights=g.dur[m].astype(np.float64), minlength=keys.shape[1])
-    per: dict[int, dict[int, float]] = {}
-    for (r, s), v in zip(keys.T.tolist(), sums.tolist()):
-        per.setdefault(r, {})[s] = v
-    peers = [int(p) for p in lay.peers(rank, np.unique(g.ranks)) if int(p) != rank and int(p) in per]
-    steps = sorted(set(per.get(rank, {})).intersection(*(per[p] for p in peers))) if peers else []
-    theirs = np.median([[per[p][s] for s in steps] for p in peers], axis=0) if steps else np.zeros(0)
-    if len(steps) < 2 or not (theirs > 0).all():
-        return True
-    ratio = np.array([per[rank][s] for s in steps]) / theirs
-    return float(ratio.mean()) - 1.0 > Z * float(ratio.std(ddof=1)) / np.sqrt(ratio.size)
 
 
 def aligned(g: StepGraph, mask: np.ndarray, rank: int, lay: RunFacts) -> tuple[np.ndarray, np.ndarray | None]:
