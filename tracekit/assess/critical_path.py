@@ -147,7 +147,6 @@ def computes_slower(g: StepGraph, rank: int, lay: RunFacts) -> bool:
     return float(ratio.mean()) - 1.0 > Z * float(ratio.std(ddof=1)) / np.sqrt(ratio.size)
 
 
-
 PIPELINE_FIXES = ("stage_resplit",)
 """Fixes whose saving is averaged over the steps after the first (`steady_steps`). Not yet the micro-batch
 fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
