@@ -361,10 +361,12 @@ def _at_least_as_severe(root: Finding, symptom: Finding) -> Finding:
     return dataclasses.replace(root, severity=Severity.WARNING, evidence=ev)
 
 
-def _credit_order(f: Finding, i: int) -> tuple[int, int, int]:
-    """Which of two findings with one fix keeps its saving: the more severe, then the larger closed form,
-    then the first found."""
-    return (-f.severity.order, -int(f.evidence.closed_form_saving_ns or 0), i)
+def _credit_order(f: Finding, i: int) -> tuple[int, int, int, int]:
+    """Which of two findings with one fix keeps its saving: a straggler (the rank that holds its peers back
+    is the root, its host stalls the symptom, as where its fix also sets its compute: `backed_fixes` leaves
+    a sleeper only the stall fix its idle_host_bound finding has), then the more severe, then the larger
+    closed form, then the first found."""
+    return (f.kind is not FindingKind.STRAGGLER, -f.severity.order, -int(f.evidence.closed_form_saving_ns or 0), i)
 
 
 def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:
