@@ -2,9 +2,10 @@
 
 Per analyzed step: the cross-rank dependency graph (tracekit/whatif/build.py), replayed unchanged
 (it reproduces the measured step: `replay_error`), the critical path through it and its composition by
-category, rank and dim. Each finding with a fix the graph can apply (straggler → rank's compute at its
-peers' median; unoverlapped/communication-bound → the dim's collectives overlapped; low bus bandwidth →
-the dim at the reference bandwidth; pipeline imbalance → stages re-split; bubble → more micro-batches;
+category, rank and dim. Each finding with a fix the graph can apply (straggler → rank's host stalls
+removed and its compute at its peers' median where the trace shows it computing more, `backed_fixes`;
+unoverlapped/communication-bound → the dim's collectives overlapped; low bus bandwidth → the dim at the
+reference bandwidth; pipeline imbalance → stages re-split; bubble → more micro-batches;
 routing skew → expert load even; host-bound → host stalls removed) gets `est_saving_ns` = measured −
 replayed step with that fix alone, mean over the steps, and the closed-form bound it had before stays in
 its evidence (`closed_form_saving_ns`). One more replay applies every fix together (`all_fixes`), so the
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.pipeline import PipelineResult
+from tracekit.analyze.recording import Z
+from tracekit.analyze.stragglers import StragglerConfig
 from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
 from tracekit.config import AnalysisConfig
@@ -99,6 +102,52 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     return []
 
 
+COUNTED = StragglerConfig()
+"""The ratios stragglers.py calls more work when it counts it (ops, FLOPs: not timed, so no busy host fakes it)."""
+
+
+def backed_fixes(f: Finding, lay: RunFacts, results: list[StepResult]) -> list[Fix]:
+    """`fix_for`, less a straggler's compute part where the trace shows no more compute on the rank: neither
+    counted (more ops or FLOPs than its peers', as stragglers.py counts them) nor timed (`computes_slower`
+    over the steps of the one graph every step replays). The rank's compute then stays as it ran and its
+    host stalls go: a sleeper's replay was the sleep plus the op-by-op minimum of two noisy ranks."""
+    fixes = fix_for(f, lay)
+    ev, one = f.evidence, _one_graph(results)
+    if not isinstance(ev, StragglerEvidence) or one is None:
+        return fixes
+    d = ev.details
+    if ((d.get("op_count_ratio") or 0.0) >= COUNTED.more_work_ratio
+            or (d.get("work_ratio") or 0.0) >= COUNTED.uneven_work_ratio):
+        return fixes
+    return [x for x in fixes if x.kind != "rank_compute" or computes_slower(one[0], int(x.rank), lay)]
+
+
+def computes_slower(g: StepGraph, rank: int, lay: RunFacts) -> bool:
+    """Does the rank compute more than its peers (`RunFacts.peers`) beyond the step-to-step spread? Per
+    profiled step the rank's measured compute (the sum of its compute nodes' durations) over its peers'
+    median in the same step: the box's pace, which moves every rank of a step alike (a loaded 2-core box ran
+    one run's steps at 250 to 880 ms of compute), cancels in the ratio. The mean ratio must exceed 1 by
+    `recording.Z` standard errors of it, the bar the verdict's margin clears (analyze/recording.py). A rank
+    that sleeps or stalls computes as much as its peers, each op a little faster or slower (a busy host); the
+    op-by-op minimum of the two is below either's total, a saving no fix of the rank removes (docs/metrics.md
+    §8 "Straggler / rank compute"). Fewer than two steps (no spread to judge by), or no peer computing in the
+    rank's steps: True."""
+    m = (g.category == Category.COMPUTE) & (g.rank >= 0) & (g.step >= 0)
+    keys, pos = np.unique(np.stack([g.rank[m].astype(np.int64), g.step[m].astype(np.int64)]), axis=1,
+                          return_inverse=True)
+    sums = np.bincount(pos.ravel(), weights=g.dur[m].astype(np.float64), minlength=keys.shape[1])
+    per: dict[int, dict[int, float]] = {}
+    for (r, s), v in zip(keys.T.tolist(), sums.tolist()):
+        per.setdefault(r, {})[s] = v
+    peers = [int(p) for p in lay.peers(rank, np.unique(g.ranks)) if int(p) != rank and int(p) in per]
+    steps = sorted(set(per.get(rank, {})).intersection(*(per[p] for p in peers))) if peers else []
+    theirs = np.median([[per[p][s] for s in steps] for p in peers], axis=0) if steps else np.zeros(0)
+    if len(steps) < 2 or not (theirs > 0).all():
+        return True
+    ratio = np.array([per[rank][s] for s in steps]) / theirs
+    return float(ratio.mean()) - 1.0 > Z * float(ratio.std(ddof=1)) / np.sqrt(ratio.size)
+
+
 PIPELINE_FIXES = ("stage_resplit",)
 """Fixes whose saving is averaged over the steps after the first (`steady_steps`). Not yet the micro-batch
 fix: its replay has its own pipelined-part rules (docs/metrics.md §8), checked on multi-step graphs as is."""
@@ -157,8 +206,8 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
     out, rows, every = [], [], []
     held = worked_ranks(results[0].graph) if results else set()
     joint = _joint_savings(findings, results, lay, held) if regrade_severity else {}
-    for i, f in enumerate(findings):
-        fixes = fix_for(f, lay)
+    backed = [backed_fixes(f, lay, results) for f in findings]
+    for i, (f, fixes) in enumerate(zip(findings, backed)):
         if (not fixes or not results or any(r not in held for x in fixes for r in x.touched_ranks())
                 or not all(replayable(results[0].graph, x, lay) for x in fixes)):
             # a fix on a rank the graph holds no work of (a log-only rank of a partial recording: no trace to
@@ -180,7 +229,7 @@ def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, r
                      "saving_ns": saving, "counted": own > 0 or saving == 0})
         if not ev.explained:
             every.extend(x for x in fixes if x not in every)
-    out = _absorbed(out, rows, [fix_for(f, lay) for f in findings])
+    out = _absorbed(out, rows, backed)
     together = None
     if every and results:
         step_ns, meas = _mean_prediction(results, every, lay)
@@ -313,10 +362,12 @@ def _at_least_as_severe(root: Finding, symptom: Finding) -> Finding:
     return dataclasses.replace(root, severity=Severity.WARNING, evidence=ev)
 
 
-def _credit_order(f: Finding, i: int) -> tuple[int, int, int]:
-    """Which of two findings with one fix keeps its saving: the more severe, then the larger closed form,
-    then the first found."""
-    return (-f.severity.order, -int(f.evidence.closed_form_saving_ns or 0), i)
+def _credit_order(f: Finding, i: int) -> tuple[int, int, int, int]:
+    """Which of two findings with one fix keeps its saving: a straggler (the rank that holds its peers back
+    is the root, its host stalls the symptom, as where its fix also sets its compute: `backed_fixes` leaves
+    a sleeper only the stall fix its idle_host_bound finding has), then the more severe, then the larger
+    closed form, then the first found."""
+    return (f.kind is not FindingKind.STRAGGLER, -f.severity.order, -int(f.evidence.closed_form_saving_ns or 0), i)
 
 
 def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:
