@@ -133,12 +133,14 @@ def computes_slower(g: StepGraph, rank: int, lay: RunFacts) -> bool:
     §8 "Straggler / rank compute"). Fewer than two steps (no spread to judge by), or no peer computing in the
     rank's steps: True."""
     m = (g.category == Category.COMPUTE) & (g.rank >= 0) & (g.step >= 0)
-    keys, pos = np.unique(np.stack([g.rank[m].astype(np.int64), g.step[m].astype(np.int64)]), axis=1,
-                          return_inverse=True)
-    sums = np.bincount(pos.ravel(), weights=g.dur[m].astype(np.float64), minlength=keys.shape[1])
+    if not m.any():
+        return True
+    width = int(g.step[m].max()) + 1  # (rank, step) as one integer: a linear pass, not a sort of the graph
+    key = g.rank[m].astype(np.int64) * width + g.step[m].astype(np.int64)
+    sums, seen = np.bincount(key, weights=g.dur[m].astype(np.float64)), np.bincount(key)
     per: dict[int, dict[int, float]] = {}
-    for (r, s), v in zip(keys.T.tolist(), sums.tolist()):
-        per.setdefault(r, {})[s] = v
+    for k in np.flatnonzero(seen).tolist():
+        per.setdefault(k // width, {})[k % width] = float(sums[k])
     peers = [int(p) for p in lay.peers(rank, np.unique(g.ranks)) if int(p) != rank and int(p) in per]
     steps = sorted(set(per.get(rank, {})).intersection(*(per[p] for p in peers))) if peers else []
     theirs = np.median([[per[p][s] for s in steps] for p in peers], axis=0) if steps else np.zeros(0)
