@@ -110,6 +110,14 @@ depends on these numbers: a file missing here, or a stale figure, costs minutes 
 worst, never a result."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The `long` marker, registered here rather than in pyproject.toml's markers (scripts/setup.sh reinstalls
+    the package whenever pyproject.toml changes)."""
+    config.addinivalue_line("markers", "long: a file of multi-process runs that takes minutes: not in the default "
+                            "test command (scripts/test.sh runs -m 'not long'); CI runs them after it "
+                            "(.ci/run: scripts/test.sh -m long)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`scripts/test.sh`: `--dist loadfile --no-loadscope-reorder`: whole files to a
     worker, in collection order), the longest files first (`LONG_FILES_S`), the others after them in their

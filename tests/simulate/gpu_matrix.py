@@ -290,24 +290,24 @@ def clean_cell_loud(run: dict[str, Any]) -> list[str]:
     return [f"{f['kind']} {f['severity']}: {f['summary']}" for f in _loud(run["analysis"]) if f["kind"] in FAULT_FINDINGS]
 
 
-def fault_params(layouts: tuple[str, ...]) -> list:
-    """The suite's fault cells of these layouts, as pytest parameters (id: layout-kind-seed)."""
-    return [_cell(*c) for c in CASES if c[0] in layouts]
+def suite_tests(layouts: tuple[str, ...]):
+    """The suite's fixture and tests of these layouts' cells, for a test module to bind under these names:
+    (sim_runs, test_top_finding_names_the_injected_fault, test_clean_run_has_no_fault_finding_at_warning)."""
 
+    @pytest.fixture(scope="module")
+    def sim_runs(tmp_path_factory) -> Runs:
+        return Runs(tmp_path_factory.mktemp("sim_matrix"))
 
-def clean_params(layouts: tuple[str, ...]) -> list:
-    """The suite's clean cells of these layouts, as pytest parameters (id: seed-layout)."""
-    return [pytest.param(lay, seed, id=f"{seed}-{lay}") for lay, seed in clean_cases() if lay in layouts]
+    @pytest.mark.parametrize("layout_name,kind,seed", [_cell(*c) for c in CASES if c[0] in layouts])
+    def test_top_finding_names_the_injected_fault(sim_runs, layout_name, kind, seed):
+        top, error = fault_cell_error(sim_runs.get(layout_name, kind, seed))
+        _record(layout_name, kind, seed, top, error is None)
+        assert error is None, error
 
+    @pytest.mark.parametrize("layout_name,seed", [pytest.param(lay, seed, id=f"{seed}-{lay}")
+                                                  for lay, seed in clean_cases() if lay in layouts])
+    def test_clean_run_has_no_fault_finding_at_warning(sim_runs, layout_name, seed):
+        loud = clean_cell_loud(sim_runs.get(layout_name, "clean", seed))
+        assert not loud, loud
 
-def check_fault_cell(runs: Runs, layout_name: str, kind: str, seed: int) -> None:
-    """The cell's top finding at warning or above names the injected fault (`fault_cell_error`)."""
-    top, error = fault_cell_error(runs.get(layout_name, kind, seed))
-    _record(layout_name, kind, seed, top, error is None)
-    assert error is None, error
-
-
-def check_clean_cell(runs: Runs, layout_name: str, seed: int) -> None:
-    """The clean run has no warning-level finding of a kind that names a fault."""
-    loud = clean_cell_loud(runs.get(layout_name, "clean", seed))
-    assert not loud, loud
+    return sim_runs, test_top_finding_names_the_injected_fault, test_clean_run_has_no_fault_finding_at_warning

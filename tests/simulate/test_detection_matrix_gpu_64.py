@@ -8,23 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.simulate.gpu_matrix import Runs, check_clean_cell, check_fault_cell, clean_params, fault_params
+from tests.simulate.gpu_matrix import suite_tests
 
 pytestmark = pytest.mark.slow
 
-LAYOUTS_HERE = ("5d-64",)
-
-
-@pytest.fixture(scope="module")
-def sim_runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("sim_matrix_64"))
-
-
-@pytest.mark.parametrize("layout_name,kind,seed", fault_params(LAYOUTS_HERE))
-def test_top_finding_names_the_injected_fault(sim_runs, layout_name, kind, seed):
-    check_fault_cell(sim_runs, layout_name, kind, seed)
-
-
-@pytest.mark.parametrize("layout_name,seed", clean_params(LAYOUTS_HERE))
-def test_clean_run_has_no_fault_finding_at_warning(sim_runs, layout_name, seed):
-    check_clean_cell(sim_runs, layout_name, seed)
+sim_runs, test_top_finding_names_the_injected_fault, test_clean_run_has_no_fault_finding_at_warning = suite_tests(
+    ("5d-64",))
