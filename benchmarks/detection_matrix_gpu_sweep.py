@@ -1,6 +1,6 @@
-"""The GPU-semantics detection matrix at every seed (tests/simulate/test_detection_matrix_gpu.py runs the
+"""The GPU-semantics detection matrix at every seed (tests/simulate/gpu_matrix.py: the suite runs the
 64-rank layout at fewer seeds: its `SWEEP_ONLY`): every layout × fault kind × seed and the clean runs,
-simulated, written, parsed and analyzed by the normal path, judged by the test module's own checks.
+simulated, written, parsed and analyzed by the normal path, judged by the matrix module's own checks.
 
     python benchmarks/detection_matrix_gpu_sweep.py [--only LAYOUT ...] [--out DIR]
 
@@ -20,8 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.simulate.test_detection_matrix_gpu import (LAYOUTS, Runs, cases, clean_cases, clean_cell_loud,  # noqa: E402
-                                                     fault_cell_error)
+from tests.simulate.gpu_matrix import (LAYOUTS, Runs, cases, clean_cases, clean_cell_loud,  # noqa: E402
+                                      fault_cell_error)
 
 
 def main() -> int:

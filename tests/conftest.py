@@ -87,6 +87,48 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 
+LONG_FILES_S: dict[str, int] = {
+    "tests/simulate/test_detection_matrix_gpu_64.py": 191, "tests/advise/test_advise_cli_runtime.py": 154,
+    "tests/analyze/test_detection_matrix.py": 146, "tests/record/test_hang_record.py": 108,
+    "tests/record/test_user_scripts.py": 101, "tests/cli/test_diff_attribution.py": 75,
+    "tests/simulate/test_detection_matrix_gpu.py": 67, "tests/record/test_record_pipelining.py": 67,
+    "tests/analyze/test_runtime_e2e.py": 52, "tests/record/test_record_unlabelled_pipeline.py": 49,
+    "tests/advise/test_advisor.py": 47, "tests/record/test_record_moe.py": 44,
+    "tests/record/test_user_scripts_dataloader.py": 40, "tests/robustness/test_analyze_bad_inputs.py": 35,
+    "tests/runtime/test_numerics.py": 30, "tests/analyze/test_whatif_sim.py": 30, "tests/runtime/test_faults.py": 29,
+    "tests/cli/test_diff_check.py": 25, "tests/analyze/test_demo_report.py": 23, "tests/parse/test_run.py": 22,
+    "tests/scale/test_ray_cluster.py": 22, "tests/advise/test_model_file.py": 21,
+    "tests/parse/test_kineto_shared_traces.py": 20, "tests/simulate/test_partial_tracing.py": 19,
+    "tests/robustness/test_parser_properties.py": 18, "tests/record/test_window_not_reached.py": 17,
+    "tests/analyze/test_hta_crosscheck.py": 17, "tests/gpu_semantics/test_real_merged.py": 17,
+    "tests/gpu_semantics/test_real_windows.py": 16, "tests/record/test_record_profile_ranks.py": 15,
+}
+"""Test files that take long, and about how long: CPU seconds of the whole file (its fixtures' recordings,
+simulations and their child processes included), measured with the 2-core box shared (load average 7-13),
+files of 15 s or more; `pytest_collection_modifyitems` runs them first, longest first. Only the order
+depends on these numbers: a file missing here, or a stale figure, costs minutes of a worker's idle tail at
+worst, never a result."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The `long` marker, registered here rather than in pyproject.toml's markers (scripts/setup.sh reinstalls
+    the package whenever pyproject.toml changes)."""
+    config.addinivalue_line("markers", "long: a file of multi-process runs that takes minutes: not in the default "
+                            "test command (scripts/test.sh runs -m 'not long'); CI runs them after it "
+                            "(.ci/run: scripts/test.sh -m long)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`scripts/test.sh`: `--dist loadfile --no-loadscope-reorder`: whole files to a
+    worker, in collection order), the longest files first (`LONG_FILES_S`), the others after them in their
+    own order: a long file scheduled last leaves the other worker idle until it ends (longest first: the
+    classic bound for two machines). Within a file the order is unchanged. One process: nothing reordered."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {path: i for i, path in enumerate(sorted(LONG_FILES_S, key=lambda p: -LONG_FILES_S[p]))}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: files stay whole
+
+
 GC_THRESHOLDS = (10_000, 10, 100)
 """The collector's thresholds in test processes (CPython's default: 700, 10, 10). The tests' independent
 computations load real traces with plain `json` (millions of dicts that survive into the oldest generation),

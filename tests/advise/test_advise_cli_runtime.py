@@ -24,7 +24,8 @@ from tests.advise.runtime_layouts import (RuntimeModel, advise_cli, layout_from_
                                           step_times)
 from tracekit.layout import ParallelLayout
 
-pytestmark = pytest.mark.slow
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MODEL = RuntimeModel()
 MEASURED = ParallelLayout(dp=2, tp=2, pp=2, ep=2, schedule="1f1b", microbatches=4)

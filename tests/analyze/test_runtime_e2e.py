@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = ["--dp", "2", "--steps", "8", "--profile-steps", "4"]
 MINE = {"straggler", "unoverlapped_collective", "communication_bound", "clock_skew"}
 
-pytestmark = pytest.mark.slow
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _run(out: Path, *extra: str) -> dict:

@@ -29,6 +29,9 @@ from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = pytest.mark.long
+
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "moe_ep.py"
 RANKS = 2
 LAYERS = 2

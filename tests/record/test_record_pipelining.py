@@ -25,6 +25,9 @@ from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = pytest.mark.long
+
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "pipelining_1f1b.py"
 STAGES = 4
 WORK = ("--layers", "12", "--microbatches", "4", "--block-ms", "10", "--steps", "5")

@@ -22,6 +22,9 @@ from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = pytest.mark.long
+
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "gpipe_p2p.py"
 STAGES = 4
 # profile step 1 of 3 (step 0 is start-up)

@@ -23,6 +23,9 @@ import pytest
 from tests.conftest import quiet_section
 from tests.record.conftest import REPO, assert_job_ok, child_env, load_comms, load_trace, run_record, torchrun
 
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = pytest.mark.long
+
 USER_SCRIPTS = REPO / "tests" / "user_scripts"
 WAIT, WARMUP, ACTIVE = 1, 1, 2
 WINDOW = list(range(WAIT + WARMUP, WAIT + WARMUP + ACTIVE))

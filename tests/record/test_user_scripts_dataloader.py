@@ -38,6 +38,9 @@ from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
+# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+pytestmark = pytest.mark.long
+
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "ddp_dataloader.py"
 # A model that computes for real (~15 ms a step here): the step is not only gloo's all-reduce. 256 wide samples
 # a batch: at 1024 samples, each fetched by its own `__getitem__` call and stacked by default_collate, the
