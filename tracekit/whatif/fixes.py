@@ -65,8 +65,8 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
-from tracekit.whatif.graph import (Category, Overlay, StepGraph, device_lane_mask, host_lane_mask, launch_lane_mask,
-                                  rank_nodes)
+from tracekit.whatif.graph import (Category, Overlay, StepGraph, derived, device_lane_mask, host_lane_mask,
+                                  launch_lane_mask, rank_nodes)
 
 P2P_OPS = ("send", "recv", "sendrecv")
 """A `dim_overlap` of one of these overlaps all of them: a send and its recv are one transfer (overlapping
@@ -473,20 +473,15 @@ def bucket_windows(g: StepGraph) -> np.ndarray:
     known (`StepGraph.win_backward`), where `gradient_buckets`' model decides what overlapping it can gain
     (read-only; cached per graph: every overlap what-if asks, and its node-wide isin cost ~1 s on a 1,024-rank
     graph)."""
-    key = (g.win_backward, g.ranks, g.win_step, g.rank, g.step, g.dim, g.inst, g.inst_info, g.category,
-           tuple(g.dims))  # what it is computed from (arrays replaced, never written to)
-    held = g.cache.bucket_windows
-    if held is None or any(a is not b for a, b in zip(held[0][:-1], key[:-1])) or held[0][-1] != key[-1]:
+    def compute() -> np.ndarray:
         known = np.flatnonzero(g.win_backward >= 0)
         if known.size == 0:
-            m = np.zeros(g.rank.size, dtype=bool)
-        else:
-            keys = _window_key(g.ranks[known], g.win_step[known])
-            m = (gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.category == Category.TRANSFER)
-                 & np.isin(_window_key(g.rank, g.step), keys))
-        m.flags.writeable = False
-        g.cache.bucket_windows = held = (key, m)
-    return held[1]
+            return np.zeros(g.rank.size, dtype=bool)
+        keys = _window_key(g.ranks[known], g.win_step[known])
+        return (gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.category == Category.TRANSFER)
+                & np.isin(_window_key(g.rank, g.step), keys))
+    return derived(g, "bucket_windows", (g.win_backward, g.ranks, g.win_step, g.rank, g.step, g.dim, g.inst,
+                                         g.inst_info, g.category), tuple(g.dims), compute)
 
 
 def _dim_overlap(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -114,8 +114,9 @@ class GraphCache:
     through the functions that fill them, never directly. A graph made from another (dataclasses.replace)
     starts with an empty one."""
 
-    window_of: tuple | None = None
-    """(the arrays it was computed from, per node its window): graph.window_of"""
+    derived: dict = field(default_factory=dict)
+    """name -> (the arrays it was computed from, the names, a read-only per-node array): `derived`, which
+    window_of, the lane masks and fixes.bucket_windows read through"""
     first_ops: tuple | None = None
     """(the arrays they were found from, per window its first op): graph._first_gap_removed"""
     predictions: dict = field(default_factory=dict)
@@ -126,14 +127,10 @@ class GraphCache:
     peer_groups: dict = field(default_factory=dict)
     """(sequences, stage, length) -> (the group's ranks, their values sorted per position): fixes.peer_medians"""
     buckets: dict = field(default_factory=dict)
-    bucket_windows: tuple | None = None
-    """(the arrays it was computed from, per node the mask): fixes.bucket_windows"""
     overlap_graphs: dict = field(default_factory=dict)
     instance_static: dict = field(default_factory=dict)
     same_collective: dict = field(default_factory=dict)
     """whatif/fixes.py's per-graph facts (keyed as each function there documents)"""
-    lane_masks: dict = field(default_factory=dict)
-    """"device" / "host" -> (the arrays it was computed from, per node the mask): device_lane_mask, host_lane_mask"""
     base: tuple | None = None
     """(the arrays it was computed from, the unchanged replay's starts and ends, edges out of each node as CSR):
     replay_changed"""
@@ -648,13 +645,18 @@ def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> N
 def window_of(g: StepGraph) -> np.ndarray:
     """Per node: index of its (rank, step) window, -1 when none (read-only; cached per graph: each what-if
     replay of a large run asks again)."""
-    key = (g.ranks, g.win_step, g.rank, g.step)  # the arrays it is computed from (replaced, never written to)
-    held = g.cache.window_of
-    if held is None or any(a is not b for a, b in zip(held[0], key)):
-        w = _windows_of_nodes(g)
-        w.flags.writeable = False
-        g.cache.window_of = held = (key, w)
-    return held[1]
+    return derived(g, "window_of", (g.ranks, g.win_step, g.rank, g.step), (), lambda: _windows_of_nodes(g))
+
+
+def derived(g: StepGraph, name: str, arrays: tuple, names: tuple, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """A per-node array computed once per graph from `arrays` (compared by identity: a graph's arrays are
+    replaced, never written to) and `names` (compared by value), read-only, kept in `g.cache.derived`."""
+    held = g.cache.derived.get(name)
+    if held is None or held[1] != names or any(a is not b for a, b in zip(held[0], arrays)):
+        value = compute()
+        value.flags.writeable = False
+        g.cache.derived[name] = held = (arrays, names, value)
+    return held[2]
 
 
 def _windows_of_nodes(g: StepGraph) -> np.ndarray:
@@ -830,11 +832,7 @@ def launch_lane_mask(g: StepGraph) -> np.ndarray:
 
 
 def _lane_mask(g: StepGraph, word: str) -> np.ndarray:
-    key = (g.lane, tuple(g.lane_names))
-    held = g.cache.lane_masks.get(word)
-    if held is None or held[0][0] is not key[0] or held[0][1] != key[1]:
+    def compute() -> np.ndarray:
         lanes = np.array([word in n for n in g.lane_names] + [False], dtype=bool)
-        m = lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
-        m.flags.writeable = False
-        g.cache.lane_masks[word] = held = (key, m)
-    return held[1]
+        return lanes[np.where(g.lane >= 0, g.lane, len(g.lane_names))]
+    return derived(g, f"lane_mask:{word}", (g.lane,), tuple(g.lane_names), compute)
