@@ -113,9 +113,8 @@ worst, never a result."""
 def pytest_configure(config: pytest.Config) -> None:
     """The `long` marker, registered here rather than in pyproject.toml's markers (scripts/setup.sh reinstalls
     the package whenever pyproject.toml changes)."""
-    config.addinivalue_line("markers", "long: a file of multi-process runs that takes minutes: not in the default "
-                            "test command (scripts/test.sh runs -m 'not long'); CI runs them after it "
-                            "(.ci/run: scripts/test.sh -m long)")
+    config.addinivalue_line("markers", "long: a file of multi-process runs that takes minutes: scripts/test.sh runs "
+                            "these in its second pass (-m long), after the suite (-m 'not long')")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -24,7 +24,7 @@ from tests.advise.runtime_layouts import (RuntimeModel, advise_cli, layout_from_
                                           step_times)
 from tracekit.layout import ParallelLayout
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MODEL = RuntimeModel()

@@ -29,7 +29,7 @@ from tests.conftest import quiet_section
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = ["--dp", "2", "--steps", "8", "--profile-steps", "4"]
 MINE = {"straggler", "unoverlapped_collective", "communication_bound", "clock_skew"}
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 

@@ -21,7 +21,7 @@ JOB = Path(__file__).with_name("hang_job.py")
 sys.path.insert(0, str(JOB.parent))
 from hang_job import BAD, MICRO, STEPS  # noqa: E402  (the job's own constants: the faults it injects)
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = pytest.mark.long
 
 TIMEOUT_S = "3"

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import quiet_section
 from tests.record.conftest import REPO, assert_job_ok, child_env, load_comms, load_trace, run_record, torchrun
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = pytest.mark.long
 
 USER_SCRIPTS = REPO / "tests" / "user_scripts"

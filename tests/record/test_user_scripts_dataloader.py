@@ -38,7 +38,7 @@ from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
 from tracekit.parse.run import parse_run
 
-# minutes of multi-process runs: not in the default test command, run by CI after it (pyproject: `long`)
+# minutes of multi-process runs: in scripts/test.sh's second pass, after the suite (tests/conftest.py: `long`)
 pytestmark = pytest.mark.long
 
 SCRIPT = Path(__file__).resolve().parents[1] / "user_scripts" / "ddp_dataloader.py"
