@@ -415,3 +415,31 @@ def test_exposed_transfer_ends_at_the_first_member_s_end(device, analysis):
         got[row["rank"]] = got.get(row["rank"], 0) + row["transfer_exposed_ns"]
     assert got == expected
     assert all(to_own_end[r] > expected[r] for r in coll)
+
+
+def test_late_rank_fix_keeps_its_compute_as_it_ran(device, analysis):
+    """Rank 3 is the late rank, yet its devices compute less than its peers' in every step, and it runs as
+    many kernels (raw JSON: its non-RCCL kernels whose launch lies in a ProfilerStep, their time and count per
+    step). The straggler's fix (critical_path.backed_fixes) then removes its host stalls only: its compute
+    stays as it ran, since neither counted (kernels ≥ 1.1x its peers') nor timed (the per-step ratio to its
+    peers' median more than 2 standard errors above 1) shows more compute on it."""
+    coll, _, launch, steps, every = device
+    _, a = analysis
+    rccl = {r: {c for _, _, c in v} for r, v in coll.items()}
+    busy: dict[int, list[int]] = {}
+    count: dict[int, int] = {}
+    for r, kernels in every.items():
+        per = [0] * len(steps[r])
+        for s, t, c in kernels:
+            at = launch.get((r, c))
+            k = next((i for i, (x, y) in enumerate(steps[r]) if at is not None and x <= at < y), None)
+            if c in rccl[r] or k is None:
+                continue
+            per[k] += t - s
+            count[r] = count.get(r, 0) + 1
+        busy[r] = per
+    peers = (0, 1, 2)
+    assert all(busy[3][i] < sorted(busy[p][i] for p in peers)[1] for i in range(len(steps[3])))
+    assert count[3] < 1.1 * sorted(count[p] for p in peers)[1]
+    (f,) = [f for f in a["findings"] if f["kind"] == "straggler"]
+    assert f["evidence"]["whatif"] == "host stalls removed on rank 3"
