@@ -90,37 +90,48 @@ def test_parse_run_takes_the_chunked_path_over_budget(synth_run_16, tmp_path):
 
 def test_chunked_events_reach_the_store_part_by_part_and_leave_no_files(tmp_path, monkeypatch):
     """Over budget, a file's events go to the store chunk by chunk (one row group or more per chunk, never
-    the whole rank at once), through the pool too, and every spilled chunk file is gone afterwards."""
+    the whole rank at once), through the pool too; the chunks spill into the caller's temp dir (also from a
+    fork server started before it was set) and every spilled chunk folder is gone afterwards."""
     import pyarrow.parquet as pq
 
     import tempfile
 
     from tracekit.parse.pool import start_pool_server
+    from tracekit.parse.spilled import SpilledTable
 
     # the fork server's socket lives in the temp dir of the process that starts it: start it before TMPDIR
     # points at this test's (long, under xdist) tmp path, or AF_UNIX refuses the path for this worker's life
     start_pool_server()
-    system_tmp = Path(tempfile.gettempdir())
-    before = set(system_tmp.glob("tracekit-chunks-*"))
     spill = tmp_path / "tmp"
     spill.mkdir()
-    # this process spills here; pool workers from an already running forkserver keep the system's
     monkeypatch.setenv("TMPDIR", str(spill))
     monkeypatch.setattr(tempfile, "tempdir", None)
+    # every chunk folder this process receives (made here, or in a pool worker and handed over): where it was
+    received: list[str] = []
+    post_init = SpilledTable.__post_init__
+
+    def seen(self):
+        received.append(self.workdir)
+        post_init(self)
+
+    monkeypatch.setattr(SpilledTable, "__post_init__", seen)
     from benchmarks.synth import SynthConfig, generate_run
 
     run = tmp_path / "run"
     generate_run(SynthConfig(num_ranks=2, events_per_rank=20_000, tp=2), run)  # ~5 MB of JSON per rank
     one_shot = parse_run(run, tmp_path / "a", progress=False).store
     for workers in (1, 2):
+        received.clear()
         # a 2 MB budget: chunked, in chunks of 1 MB (the smallest)
         store = parse_run(run, tmp_path / f"w{workers}", progress=False, workers=workers,
                           max_memory_bytes=2 << 20).store
         assert_stores_equal(one_shot, store)
         md = pq.ParquetFile(store.file("events")).metadata
         assert md.num_row_groups >= 3 * len(store.ranks())  # several chunks per rank
+        assert len(received) == len(store.ranks()), received  # one chunk folder per rank's file
+        assert all(Path(d).parent == spill for d in received), received
+        assert not any(Path(d).exists() for d in received), received
         assert not list(spill.glob("tracekit-chunks-*")), list(spill.iterdir())
-        assert set(system_tmp.glob("tracekit-chunks-*")) <= before
 
 
 def test_spilled_table_hands_its_files_to_the_receiver(tmp_path):

@@ -44,6 +44,9 @@ class ParseJob:
     time by the store writer; only for a consumer on this machine (not Ray)."""
     processes: int = 1
     """Processes that may decode this one file (parse/split.py: 32 MB of JSON or more, plain or gzip)."""
+    chunk_dir: str | None = None
+    """Where a chunked parse spills its chunks: the submitting process's temp dir (a pool's fork server
+    keeps the environment it started with, so the worker's own would be a different, older choice)."""
 
 
 def needs_chunking(path: str | Path, max_memory_bytes: int | None) -> bool:
@@ -84,7 +87,7 @@ def memory_workers(paths: list[str], max_memory_bytes: int | None) -> int:
 
 
 def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memory_bytes: int | None = None,
-               lazy_events: bool = False, processes: int = 1) -> Any:
+               lazy_events: bool = False, processes: int = 1, chunk_dir: str | None = None) -> Any:
     """One Kineto file → KinetoParse, by the chunked path when the file is over the memory budget
     (pyarrow does not import pandas for it: tables/arrow_env.py), else decoded by up to `processes`."""
     with pandas_deferred():
@@ -92,7 +95,8 @@ def parse_file(path: str, *, max_decompressed_bytes: int | None = None, max_memo
             from tracekit.parse.chunked import parse_kineto_chunked
 
             return parse_kineto_chunked(path, max_memory_bytes=max_memory_bytes,
-                                        max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events)
+                                        max_decompressed_bytes=max_decompressed_bytes, lazy_events=lazy_events,
+                                        spill_dir=chunk_dir)
         from tracekit.parse.kineto import parse_kineto
         from tracekit.parse.split import decode_columns_split
 
@@ -104,7 +108,8 @@ def run_job(job: ParseJob) -> tuple[str, Any, str | None, dict[str, str]]:
     """Worker body: (path, KinetoParse without tables or None, error, {table: IPC file}). Never raises for bad input."""
     try:
         kp = parse_file(job.path, max_decompressed_bytes=job.max_decompressed_bytes,
-                        max_memory_bytes=job.max_memory_bytes, lazy_events=job.lazy_events, processes=job.processes)
+                        max_memory_bytes=job.max_memory_bytes, lazy_events=job.lazy_events, processes=job.processes,
+                        chunk_dir=job.chunk_dir)
     except TraceFormatError as exc:
         return job.path, None, exc.reason, {}
     except TracekitError as exc:
@@ -194,17 +199,18 @@ def parse_kineto_files(paths: list[str], *, workers: int = 1, max_decompressed_b
     `workers` files at a time; `processes` (default: `workers`) in all, so with fewer files than
     processes one large file is decoded by several (parse/split.py)."""
     split = max(1, (processes or workers) // max(1, min(workers, len(paths))))
+    chunk_dir = tempfile.gettempdir()
     if workers <= 1 or len(paths) <= 1:
         for p in paths:
             path, kp, err, _ = run_job(ParseJob(p, max_decompressed_bytes, max_memory_bytes, None, lazy_events=True,
-                                                processes=split))
+                                                processes=split, chunk_dir=chunk_dir))
             yield path, kp, err
         return
     from concurrent.futures import ProcessPoolExecutor  # here: a one-file parse never loads it (~15 ms)
 
     own_dir = tempfile.mkdtemp(prefix="tracekit-spill-", dir=spill_dir or default_spill_dir())
-    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True, processes=split)
-                for p in paths)
+    jobs = iter(ParseJob(p, max_decompressed_bytes, max_memory_bytes, own_dir, lazy_events=True, processes=split,
+                         chunk_dir=chunk_dir) for p in paths)
     try:
         with ProcessPoolExecutor(max_workers=min(workers, len(paths)), mp_context=pool_context()) as pool:
             pending: deque = deque()
