@@ -65,6 +65,7 @@ import numpy as np
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
 from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
+from tracekit.whatif.sharing import measured_work, shares_host
 from tracekit.whatif.graph import (Category, Overlay, StepGraph, derived, device_lane_mask, host_lane_mask,
                                   launch_lane_mask, rank_nodes)
 
@@ -154,6 +155,11 @@ class RunFacts:
     """rank → host name (a group within one host uses its links, one spanning hosts the network's)"""
     stages: dict[int, int] = field(default_factory=dict)
     """rank → its pipeline stage from the send/recv graph (pipeline section), where `coords` name no pp"""
+    cores: dict[str, int] = field(default_factory=dict)
+    """host → the CPU cores its ranks may run on (`ranks.host_cpus`, the fewest of its ranks'), where known"""
+    cpu_wait: dict[int, float] = field(default_factory=dict)
+    """CPU rank → the share of its runnable time its threads waited for a core (`ranks.cpu_wait_share`),
+    where recorded: with `cores`, what the processor-sharing replay (whatif/sharing.py) is fitted to"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")
@@ -307,7 +313,7 @@ def _free_shared_cpu(g: StepGraph, dur: np.ndarray, gap: np.ndarray, rank: int, 
     nothing was kept off a core. Each such gap on a peer's host thread shrinks by its overlap with that
     removed compute, and so does each of the peers' transfers (gloo runs them on CPU threads) (docs/metrics.md §8). GPU ranks never: their compute is on their own device."""
     host = lay.cpu_hosts.get(rank)
-    if host is None:
+    if host is None or shares_host(g, lay, rank):  # the replay's processor sharing frees the cores (sharing.py)
         return
     peers = [r for r, h in lay.cpu_hosts.items() if h == host and r != rank]
     if not peers or m.size == 0:
@@ -770,17 +776,27 @@ def _expert_even(g: StepGraph, dur: np.ndarray, lay: RunFacts) -> None:
         return
     for parts, load, ranks, begin, end in moe_passes(g, xfer).values():
         own = np.array([dur[p].sum() for p in parts], np.float64)
-        target = _shared_cores_target(own, begin, end, load, ranks, lay)
+        if all(shares_host(g, lay, int(r)) for r in ranks.tolist()):
+            # processor sharing in the replay (sharing.py): each member's core time (work) to the members'
+            # fit of work against load, the cold members' growing too; the replay finds every member's pace
+            work = np.array([measured_work(g, lay, p).sum() * dur[p].sum() / max(g.dur[p].sum(), 1) for p in parts])
+            target = own * _even_load(work, load) / np.maximum(work, 1.0)
+        else:
+            target = _shared_cores_target(own, begin, end, load, ranks, lay)
         if target is None:
-            if np.isfinite(load).all() and np.ptp(load) > 0:  # time = fixed + per-token cost × load (members' fit)
-                target = own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
-            else:
-                target = np.full(own.size, own.mean())
-            target = np.minimum(target, own)  # the cold members' extra work fits in their wait for the hot ones
+            target = np.minimum(_even_load(own, load), own)  # the cold members' extra work fits in their wait
         for p, o, t in zip(parts, own, target):
             if o > 0:
                 dur[p] = np.rint(dur[p] * (max(t, 0.0) / o)).astype(np.int64)
     _even_all_to_all(g, dur, xfer, lay)
+
+
+def _even_load(own: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Each member's `own` (time or work) at the members' mean load: own = fixed + per-token cost × load, the
+    members' fit (the mean where sizes are unknown or even)."""
+    if np.isfinite(load).all() and np.ptp(load) > 0:
+        return own + max(float(np.polyfit(load, own, 1)[0]), 0.0) * (load.mean() - load)
+    return np.full(own.size, own.mean())
 
 
 def _shared_cores_target(own: np.ndarray, begin: np.ndarray, end: np.ndarray, load: np.ndarray, ranks: np.ndarray,

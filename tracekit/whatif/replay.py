@@ -15,6 +15,7 @@ import numpy as np
 from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, apply_fixes_sparse, gradient_dims, replay_graph,
                                    shared_host_idle, shrink_per_sample)
+from tracekit.whatif.sharing import host_shares, shared_replay
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
                                   device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
                                   window_of, window_span_until)
@@ -56,6 +57,16 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:
+        if host_shares(g, lay):  # CPU ranks sharing a host's cores: every node's pace from the replayed concurrency
+            dur, gap = apply_fixes(g, fixes, lay)
+            rg = replay_graph(g, fixes)
+            start, dur, gap, _ = shared_replay(g, lay, lambda d, gp: replay(rg, d, gp), dur, gap)
+            times = rank_step_ns(g, start, dur, gap)
+            more = [f for f in fixes if f.kind == "microbatches"]
+            if more:
+                times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
+            cache[key] = times
+            return times
         sparse = apply_fixes_sparse(g, fixes, lay)
         if sparse is not None:  # a fix on a few ranks: re-time what it reaches, nothing copied of the graph
             done = replay_changed(g, *sparse)

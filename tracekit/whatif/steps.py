@@ -16,6 +16,7 @@ import numpy as np
 from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
                                       read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
+from tracekit.layout import rank_to_host
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
@@ -89,7 +90,23 @@ def run_layout(layout: LayoutResult | None, pipeline: AnalyzerResult | None, sto
     coords = {int(r["rank"]): dict(r.get("coords") or {}) for r in lay.get("ranks", [])}
     return RunFacts(coords=coords, cpu_hosts=cpu_hosts(store), hosts=rank_hosts(store), pp=int(pipe.get("num_stages") or (lay.get("mesh_shape") or {}).get("pp") or 1),
                   microbatches=pipe.get("num_microbatches"), virtual_stages=int(pipe.get("chunks_per_rank") or 1),
-                  stages=pipeline_stages(pipe))
+                  stages=pipeline_stages(pipe), **host_cores(store))
+
+
+def host_cores(store: RunStore | None) -> dict[str, Any]:
+    """`RunFacts.cores` (host → the fewest `host_cpus` of its ranks) and `RunFacts.cpu_wait` (rank →
+    `cpu_wait_share`), where the ranks table records them."""
+    if store is None or not store.has("ranks"):
+        return {}
+    t = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share"]).to_pylist()
+    hosts = rank_to_host(None, t)
+    cores: dict[str, int] = {}
+    for r in t:
+        h = hosts.get(int(r["rank"]))
+        if h is not None and r["host_cpus"]:
+            cores[h] = min(cores.get(h, int(r["host_cpus"])), int(r["host_cpus"]))
+    wait = {int(r["rank"]): float(r["cpu_wait_share"]) for r in t if r["cpu_wait_share"] is not None}
+    return {"cores": cores, "cpu_wait": wait}
 
 
 def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:

@@ -1,0 +1,233 @@
+"""Processor sharing on CPU ranks that share a host's cores (docs/metrics.md §8 "Processor sharing").
+
+A CPU rank's op is CPU work: on a host with K cores where c of the job's ranks are runnable and the
+box's other processes add a load E (runnable threads the trace does not show), each runnable rank
+advances at the rate
+
+    rate(t) = min(1, K / (c(t) + E))
+
+(processor sharing: the cores split evenly among the runnable threads, none faster than one core). A
+rank is runnable while one of its work nodes runs (compute, host, other work, a gloo transfer: gloo moves
+the bytes on CPU threads) and in the short gaps of its training thread (Python between ops: shorter than
+`RunFacts.stall_min_ns`); a longer gap is a stall (a sleep, a blocked read) and a collective's wait holds
+no core. The trace gives c(t); E is fitted per host so that the model's mean rate over the ranks' runnable
+time equals what `tracekit record` measured, 1 − `ranks.cpu_wait_share` (the share of runnable time the
+rank's threads waited for a core): the mean rate falls as E grows, so a bisection finds it, and E = 0
+where the job's own ranks explain all the waiting.
+
+Each node's work is its measured time × the rate it ran at (∫ rate over its interval; a runnable gap's
+likewise). A fix changes a node's work in proportion to its wall time (a compute op at half its time is
+half its work); the replay then runs every node's work at the rate its replayed concurrency gives, which
+moves the concurrency: replay → concurrency → durations, repeated to a fixed point (`PS_ITERATIONS` at
+most; stops once no node moves by `PS_TOLERANCE_NS`). The unchanged graph is a fixed point (each node's
+work at the measured rate takes its measured time). A rank that sleeps less then computes beside its peer
+at a shared core where it ran alone, and a rank with less work frees its peers' core share: the saving is
+the one processor sharing gives, not the one of paces held at what they were measured at.
+
+Only where every rank of a host has its cores (`host_cpus`) and wait share recorded (`RunFacts.cores`,
+`RunFacts.cpu_wait`); GPU ranks never (`RunFacts.cpu_hosts` holds CPU-only ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.derive import intervals as iv
+from tracekit.whatif.graph import Category, StepGraph, host_lane_mask
+
+PS_ITERATIONS = 12
+"""replay → concurrency → durations rounds at most (measured: the matrix's runs settle in 3–6)"""
+PS_TOLERANCE_NS = 1_000
+"""a round that moves no node's duration or gap by more than this is the fixed point"""
+WORK = (Category.COMPUTE, Category.HOST, Category.OTHER, Category.TRANSFER)
+"""node categories that run on a core (a collective's wait, a stall and a mark hold none)"""
+
+
+@dataclass
+class HostShare:
+    """One host's processor-sharing model: its cores, the fitted outside load, its ranks' work nodes and
+    runnable gaps with the work each held as measured."""
+
+    host: str
+    cores: int
+    load: float
+    """E: runnable threads beside the job's ranks (fitted)"""
+    nodes: np.ndarray
+    """work nodes of the host's ranks"""
+    gaps: np.ndarray
+    """nodes whose (short, training-thread) gap is runnable"""
+    node_work: np.ndarray
+    gap_work: np.ndarray
+    """ns of core time each held, measured"""
+
+
+def _rate(cores: int, load: float, c: np.ndarray) -> np.ndarray:
+    return np.minimum(1.0, cores / np.maximum(c + load, 1e-9))
+
+
+def _concurrency(ranks: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(breakpoints t, runnable ranks on each segment [t_i, t_{i+1})) of intervals [a, b) of `ranks`: each
+    rank counts once while any of its intervals runs."""
+    starts, ends = [], []
+    for r in np.unique(ranks).tolist():
+        m = ranks == r
+        u0, u1 = iv.union(a[m], b[m])
+        starts.append(u0)
+        ends.append(u1)
+    if not starts:
+        return np.zeros(1, np.int64), np.zeros(0, np.int64)
+    t = np.r_[np.concatenate(starts), np.concatenate(ends)]
+    d = np.r_[np.ones(sum(map(len, starts)), np.int64), -np.ones(sum(map(len, ends)), np.int64)]
+    o = np.argsort(t, kind="stable")
+    t, d = t[o], d[o]
+    bp, first = np.unique(t, return_index=True)
+    c = np.cumsum(d)[np.r_[first[1:] - 1, d.size - 1]]  # after all events at each breakpoint
+    return bp, c[:-1]
+
+
+class _Clock:
+    """The cumulative core time R(t) = ∫ rate of one runnable rank on a host, piecewise linear; outside the
+    breakpoints at the pace of one rank alone (a node replayed past every other interval)."""
+
+    def __init__(self, bp: np.ndarray, c: np.ndarray, cores: int, load: float) -> None:
+        self.t = bp.astype(np.float64)
+        rate = _rate(cores, load, c.astype(np.float64))
+        self.r = np.r_[0.0, np.cumsum(rate * np.diff(self.t))]
+        self.edge = float(_rate(cores, load, np.ones(1))[0])
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, np.float64)
+        out = np.interp(t, self.t, self.r)
+        out = np.where(t < self.t[0], (t - self.t[0]) * self.edge, out)
+        return np.where(t > self.t[-1], self.r[-1] + (t - self.t[-1]) * self.edge, out)
+
+    def when(self, r: np.ndarray) -> np.ndarray:
+        """The inverse of `at` (R is strictly increasing: every rate is positive)."""
+        r = np.asarray(r, np.float64)
+        out = np.interp(r, self.r, self.t)
+        out = np.where(r < 0.0, self.t[0] + r / self.edge, out)
+        return np.where(r > self.r[-1], self.t[-1] + (r - self.r[-1]) / self.edge, out)
+
+
+def _intervals(g: StepGraph, nodes: np.ndarray, gaps: np.ndarray, start: np.ndarray, dur: np.ndarray,
+               gap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rank, begin, end) of the host's runnable intervals: its work nodes and runnable gaps."""
+    a = np.r_[start[nodes], start[gaps] - gap[gaps]]
+    b = np.r_[start[nodes] + dur[nodes], start[gaps]]
+    keep = b > a
+    return np.r_[g.rank[nodes], g.rank[gaps]][keep], a[keep], b[keep]
+
+
+def fit_load(busy: float, cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
+    """E such that the model's core time over the ranks' runnable time, Σ_segments c × length × rate(c, E),
+    equals the recorded core time `cpu` (= Σ_ranks runnable × (1 − wait share)); `busy`: Σ_ranks runnable
+    time. The core time falls as E grows: a bisection (0 where the ranks alone explain the waiting)."""
+    def core_time(load: float) -> float:
+        return float((c * seg * _rate(cores, load, c)).sum())
+
+    if busy <= 0 or core_time(0.0) <= cpu:
+        return 0.0
+    lo, hi = 0.0, float(cores)
+    while core_time(hi) > cpu and hi < 1e6:
+        lo, hi = hi, hi * 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if core_time(mid) > cpu else (lo, mid)
+    return (lo + hi) / 2
+
+
+def host_shares(g: StepGraph, lay) -> list[HostShare]:
+    """The model of each host whose ranks (CPU ranks sharing its cores, `RunFacts.cpu_hosts`) all have
+    their cores and wait share recorded (cached per graph and the layout's hosts, cores and wait shares)."""
+    key = ("sharing", tuple(sorted(lay.cpu_hosts.items())), tuple(sorted(lay.cores.items())),
+           tuple(sorted(lay.cpu_wait.items())), lay.stall_min_ns)
+    cache = g.cache.derived
+    if key in cache:
+        return cache[key]
+    hosts: dict[str, list[int]] = {}
+    for r, h in lay.cpu_hosts.items():
+        hosts.setdefault(h, []).append(int(r))
+    out = []
+    work = np.isin(g.category, [int(c) for c in WORK]) & (g.dur > 0)
+    short = host_lane_mask(g) & (g.gap > 0) & (g.gap < lay.stall_min_ns)
+    for h, ranks in sorted(hosts.items()):
+        k = lay.cores.get(h)
+        if not k or any(lay.cpu_wait.get(r) is None for r in ranks):
+            continue
+        mine = np.isin(g.rank, ranks)
+        nodes, gaps = np.flatnonzero(work & mine), np.flatnonzero(short & mine)
+        rk, a, b = _intervals(g, nodes, gaps, g.start, g.dur, g.gap)
+        if rk.size == 0:
+            continue
+        bp, c = _concurrency(rk, a, b)
+        seg = np.diff(bp).astype(np.float64)
+        busy_r = {r: float(_union_len(a[rk == r], b[rk == r])) for r in ranks}
+        busy = sum(busy_r.values())
+        cpu = sum(t * (1.0 - float(lay.cpu_wait[r])) for r, t in busy_r.items())
+        load = fit_load(busy, cpu, seg, c.astype(np.float64), int(k))
+        clock = _Clock(bp, c, int(k), load)
+        node_work = clock.at(g.start[nodes] + g.dur[nodes]) - clock.at(g.start[nodes])
+        gap_work = clock.at(g.start[gaps]) - clock.at(g.start[gaps] - g.gap[gaps])
+        out.append(HostShare(h, int(k), load, nodes, gaps, node_work, gap_work))
+    cache[key] = out
+    return out
+
+
+def _union_len(a: np.ndarray, b: np.ndarray) -> int:
+    u0, u1 = iv.union(a, b)
+    return int((u1 - u0).sum())
+
+
+def shares_host(g: StepGraph, lay, rank: int) -> bool:
+    """Does the rank's host have the processor-sharing model (`host_shares`)?"""
+    return any(s.host == lay.cpu_hosts.get(rank) for s in host_shares(g, lay))
+
+
+def measured_work(g: StepGraph, lay, nodes: np.ndarray) -> np.ndarray | None:
+    """The core time (ns) each of `nodes` held as measured (its time where it has no model); None when no
+    host of the run has one."""
+    shares = host_shares(g, lay)
+    if not shares:
+        return None
+    work = g.dur.astype(np.float64)
+    for s in shares:
+        work[s.nodes] = s.node_work
+    return work[nodes]
+
+
+def shared_replay(g: StepGraph, lay, replay_fn, dur: np.ndarray, gap: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """(start, dur, gap, rounds) of the fixed graph (`dur`, `gap`: the fixes' durations and gaps) replayed
+    under processor sharing; None when no host of the run has the model (`host_shares`). `replay_fn(dur,
+    gap)` gives the starts."""
+    shares = host_shares(g, lay)
+    if not shares:
+        return None
+    works = []
+    for s in shares:  # the fixes change a node's work in proportion to its time
+        nw = np.where(g.dur[s.nodes] > 0, s.node_work * dur[s.nodes] / np.maximum(g.dur[s.nodes], 1), 0.0)
+        gw = np.where(g.gap[s.gaps] > 0, s.gap_work * np.maximum(gap[s.gaps], 0) / np.maximum(g.gap[s.gaps], 1), 0.0)
+        works.append((nw, gw))
+    dur, gap = dur.copy(), gap.copy()
+    rounds = 0
+    for rounds in range(1, PS_ITERATIONS + 1):
+        start = replay_fn(dur, gap)
+        moved = 0
+        for s, (nw, gw) in zip(shares, works):
+            rk, a, b = _intervals(g, s.nodes, s.gaps, start, dur, np.maximum(gap, 0))
+            if rk.size == 0:
+                continue
+            clock = _Clock(*_concurrency(rk, a, b), s.cores, s.load)
+            s0 = start[s.nodes]
+            new_dur = np.rint(clock.when(clock.at(s0) + nw) - s0).astype(np.int64)
+            g0 = start[s.gaps] - np.maximum(gap[s.gaps], 0)
+            new_gap = np.where(gap[s.gaps] > 0, np.rint(clock.when(clock.at(g0) + gw) - g0).astype(np.int64),
+                               gap[s.gaps])
+            moved = max(moved, int(np.abs(new_dur - dur[s.nodes]).max(initial=0)),
+                        int(np.abs(new_gap - gap[s.gaps]).max(initial=0)))
+            dur[s.nodes], gap[s.gaps] = new_dur, new_gap
+        if moved <= PS_TOLERANCE_NS:
+            break
+    return replay_fn(dur, gap), dur, gap, rounds
