@@ -44,14 +44,16 @@ def build_store(path: Path, tables: dict[str, list[dict[str, Any]]], manifest: d
 GLOO_MAIN, GLOO_THREAD = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
 
 
-def two_rank_gloo_run(path: Path, per_step, step_ns: int, steps: int, nbytes: int) -> RunStore:
+def two_rank_gloo_run(path: Path, per_step, step_ns: int, steps: int, nbytes: int,
+                      rank_rows: dict[int, dict[str, Any]] | None = None) -> RunStore:
     """A hand-built 2-rank CPU run shaped like a recorded DDP job: `steps` steps of `step_ns`, one gloo bucket
     all-reduce a step (its record on the gloo thread, in the comms log and in the trace). `per_step(rank,
-    step, base)` -> (the rank's main-thread events of that step, its arrival at the all-reduce, its end)."""
+    step, base)` -> (the rank's main-thread events of that step, its arrival at the all-reduce, its end).
+    `rank_rows`: more columns of a rank's row of the ranks table (`host_cpus`, `cpu_wait_share`)."""
     ranks, step_rows, events, coll = [], [], [], []
     for r in (0, 1):
         ranks.append({"rank": r, "world_size": 2, "hostname": "vm", "trace_kind": "cpu",
-                      "first_ts": 0, "last_ts": steps * step_ns})
+                      "first_ts": 0, "last_ts": steps * step_ns, **(rank_rows or {}).get(r, {})})
         for s in range(steps):
             base = s * step_ns
             step_rows.append({"rank": r, "step": s, "ts": base, "dur": step_ns})

@@ -181,15 +181,23 @@ def _scale_rank(g: StepGraph, dur: np.ndarray, rank: int, factor: float) -> None
 
 def _rank_compute(g: StepGraph, dur: np.ndarray, fix: Fix, lay: RunFacts, gap: np.ndarray | None = None) -> None:
     r = int(fix.rank)
-    comp = compute_by_rank(g, dur)
+    # on a host whose ranks share cores under the replay's processor sharing (sharing.py) the peers' pace is
+    # their core time (work), not their wall time: their ops ran beside the rank's own
+    work = measured_work(g, lay, np.arange(g.num_nodes)) if shares_host(g, lay, r) else None
+    comp = compute_by_rank(g, dur if work is None else work)
     own = comp.get(r, 0)
     if fix.value is not None:
         factor = float(fix.value)
     else:
         _heavier_transfers(g, dur, r, lay)
         mine, ref = aligned(g, g.category == Category.COMPUTE, r, lay)
+        if ref is not None and work is not None:
+            new = np.median(work[ref], axis=0)
+            if new.sum() < work[mine].sum():  # each op's work at the peers' median, its time in proportion
+                dur[mine] = np.rint(dur[mine] * np.minimum(new / np.maximum(work[mine], 1.0), 1.0)).astype(np.int64)
+                return
         new = np.rint(np.median(dur[ref], axis=0)).astype(np.int64) if ref is not None else None
-        if new is not None and new.sum() < dur[mine].sum():
+        if work is None and new is not None and new.sum() < dur[mine].sum():
             # each op at the peers' median of the same op, never slower than it ran: the replay is then
             # monotone (this fix with host stalls saves at least what host stalls alone save)
             dur[mine] = np.minimum(new, dur[mine])

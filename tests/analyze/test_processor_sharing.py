@@ -1,0 +1,149 @@
+"""The replay's processor sharing on CPU ranks that share a host's cores (whatif/sharing.py; docs/metrics.md §8
+"Processor sharing"), against a plain-Python processor-sharing simulation of the same job.
+
+Two gloo ranks on one host of K = 2 cores beside an outside load of E = 1 runnable thread (the harness's busy
+process): each runnable thread advances min(1, K / (runnable + E)) ns of work per ns. Per step each rank runs a
+short Python gap (RESUME of work), `aten::mm` then `aten::relu` (work MM and RELU; twice that on rank 1 in the
+2x case, its mm on twice the rows), arrives at the all-reduce, and once both are there each runs TRANSFER of
+work (gloo moves the bytes on CPU threads). In the sleep case rank 1 sleeps SLEEP (holding no core) between its
+mm and its relu. The simulation gives each run's trace (every op's start and end) and what `tracekit record`
+measures of it: each rank's wait share, the part of its runnable time it waited for a core.
+
+The injected cause's replayed saving must equal the simulated difference between the faulty and the clean job
+within a few %: a sleeper's peer, which computed at a full core while the sleeper slept, computes beside it
+once the sleep is gone (so the saving is below the sleep), and a rank with twice the work slowed its peer
+while both computed (so the saving is above its own extra time alone). The replay without the model (the
+paces as measured) saved the whole sleep (40 of 30.5 ms simulated) and under-saved the 2x rank (13.7 of 23.3 ms).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.analyze.analyze_builders import two_rank_gloo_run
+from tracekit.flow import analyze_store
+
+MS = 1_000_000
+K, E = 2, 1.0
+STEPS = 4
+RESUME, MM, RELU, TRANSFER = MS // 4, 12 * MS, 8 * MS, MS
+SLEEP = 40 * MS
+ROWS = 256
+
+
+def simulate(work: dict[int, list[tuple[str, float]]]) -> tuple[dict[int, dict[str, tuple[float, float]]], float,
+                                                               dict[int, float]]:
+    """One step of the job under processor sharing. `work[rank]`: its segments in order, ("resume" | "mm" |
+    "relu", work ns), ("sleep", wall ns), ("arrive", 0), ("transfer", work ns) — "arrive" blocks until every
+    rank arrived. Returns each rank's segments' (start, end), the step's length (every rank ends its transfer
+    together: the next step starts from the same state) and each rank's wait share."""
+    t = 0.0
+    pos = {r: 0 for r in work}
+    left = {r: float(work[r][0][1]) for r in work}
+    begun = {r: {work[r][0][0]: 0.0} for r in work}
+    spans: dict[int, dict[str, tuple[float, float]]] = {r: {} for r in work}
+    waited = {r: 0.0 for r in work}
+    ran = {r: 0.0 for r in work}
+
+    def kind(r):
+        return work[r][pos[r]][0] if pos[r] < len(work[r]) else "done"
+
+    while any(kind(r) != "done" for r in work):
+        arrived = [r for r in work if kind(r) == "arrive"]
+        if len(arrived) == len(work):  # the last member arrived: the transfer begins on every rank
+            for r in work:
+                spans[r]["arrive"] = (begun[r]["arrive"], t)
+                pos[r] += 1
+                left[r] = float(work[r][pos[r]][1])
+                begun[r][kind(r)] = t
+            continue
+        runnable = [r for r in work if kind(r) not in ("sleep", "arrive", "done")]
+        rate = min(1.0, K / (len(runnable) + E)) if runnable else 1.0
+        until = [left[r] / rate for r in runnable] + [left[r] for r in work if kind(r) == "sleep"]
+        dt = min(until)
+        for r in work:
+            if kind(r) == "sleep":
+                left[r] -= dt
+            elif r in runnable:
+                left[r] -= dt * rate
+                ran[r] += dt * rate
+                waited[r] += dt * (1 - rate)
+        t += dt
+        for r in work:
+            if kind(r) not in ("arrive", "done") and left[r] <= 1e-6:
+                spans[r][kind(r)] = (begun[r][kind(r)], t)
+                pos[r] += 1
+                if kind(r) != "done":
+                    left[r] = float(work[r][pos[r]][1])
+                    begun[r][kind(r)] = t
+    return spans, t, {r: waited[r] / (waited[r] + ran[r]) for r in work}
+
+
+def job(case: str | None) -> dict[int, list[tuple[str, float]]]:
+    mult = 2 if case == "twice" else 1
+    out = {}
+    for r in (0, 1):
+        m = mult if r == 1 else 1
+        sleep = [("sleep", SLEEP)] if case == "sleep" and r == 1 else []
+        out[r] = [("resume", RESUME), ("mm", MM * m), *sleep, ("relu", RELU * m), ("arrive", 0), ("transfer", TRANSFER)]
+    return out
+
+
+def store_of(tmp_path, case: str | None):
+    spans, step_f, wait = simulate(job(case))
+    step = round(step_f)
+    rows = ROWS * (2 if case == "twice" else 1)
+
+    def per_step(r, s, base):
+        n = rows if r == 1 else ROWS
+        ev = [{"name": f"aten::{op}", "cat": "cpu_op", "ts": base + round(spans[r][op][0]),
+               "dur": round(spans[r][op][1]) - round(spans[r][op][0]),
+               "input_dims": json.dumps([[n, 2048], [2048, 2048]] if op == "mm" else [[n, 2048]]),
+               "input_types": json.dumps(["float", "float"] if op == "mm" else ["float"])} for op in ("mm", "relu")]
+        return ev, base + round(spans[r]["arrive"][0]), base + round(spans[r]["transfer"][1])
+
+    extra = {r: {"host_cpus": K, "cpu_wait_share": wait[r]} for r in (0, 1)}
+    return two_rank_gloo_run(tmp_path, per_step, step, STEPS, 262_164, extra), step
+
+
+def test_the_simulation_shares_the_cores_as_described():
+    spans, step, wait = simulate(job(None))
+    # both ranks alike: resume and mm together at 2/3 of a core, relu likewise, the transfer likewise
+    assert spans[0] == spans[1] and step == pytest.approx((RESUME + MM + RELU + TRANSFER) * 1.5)
+    assert wait[0] == pytest.approx(1 / 3)
+    spans, step, wait = simulate(job("sleep"))
+    # rank 0 computes its relu alone beside the outside load (a full core) while rank 1 sleeps
+    assert spans[0]["relu"][1] - spans[0]["relu"][0] == pytest.approx(RELU)
+    assert wait[0] < 1 / 3 and wait[1] < 1 / 3
+
+
+@pytest.mark.parametrize("case", ["sleep", "twice"])
+def test_the_injected_causes_replayed_saving_is_the_simulated_difference(tmp_path, case):
+    faulty, step = store_of(tmp_path / "faulty", case)
+    _, clean_step, _ = simulate(job(None))
+    diff = step - clean_step
+    a = analyze_store(faulty)
+    loud = [f for f in a["findings"] if f["severity"] in ("warning", "critical")]
+    top = loud[0]
+    assert top["kind"] == "straggler" and top["ranks"] == [1], [(f["kind"], f["ranks"]) for f in loud]
+    saving = top["evidence"]["replayed_saving_ns"]
+    assert abs(saving - diff) <= 0.03 * diff, (saving / MS, diff / MS)
+
+
+def test_the_clean_job_replays_as_measured(tmp_path):
+    """The unchanged graph is the model's fixed point (every node's work at the measured rate takes its time),
+    and the fitted outside load is the simulation's."""
+    from tracekit.assess.whatif import prepare, run_whatif
+    from tracekit.whatif.fixes import Fix
+    from tracekit.whatif.sharing import host_shares
+    from tracekit.whatif.steps import run_layout
+
+    store, _ = store_of(tmp_path, None)
+    inputs = prepare(store)
+    out = run_whatif(store, [Fix("rank_compute", rank=0, value=1.0)], inputs)
+    assert out["measured_ns"] == out["replayed_ns"]
+    assert abs(out["predicted_ns"] - out["measured_ns"]) <= 2_000
+    (share,) = host_shares(out["results"][0].graph, run_layout(inputs.layout, inputs.pipeline, store))
+    assert share.cores == K and share.load == pytest.approx(E, rel=0.02)
