@@ -160,6 +160,9 @@ class RunFacts:
     cpu_wait: dict[int, float] = field(default_factory=dict)
     """CPU rank → the share of its runnable time its threads waited for a core (`ranks.cpu_wait_share`),
     where recorded: with `cores`, what the processor-sharing replay (whatif/sharing.py) is fitted to"""
+    cpu_runnable: dict[int, float] = field(default_factory=dict)
+    """CPU rank → its threads' runnable time (CPU + run-queue wait) per profiled step, ns, where recorded
+    (the manifest's `cpu_window`): how much of its busy time in the trace held or wanted a core"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")

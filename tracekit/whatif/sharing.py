@@ -60,31 +60,37 @@ class HostShare:
     """nodes whose (short, training-thread) gap is runnable"""
     node_work: np.ndarray
     gap_work: np.ndarray
-    """ns of core time each held, measured"""
+    """ns of core time each would have taken running alone on a core (`runnable` of it at the measured
+    rate, the rest as it ran)"""
+    node_runnable: np.ndarray
+    gap_runnable: np.ndarray
+    """per node (gap): its rank's runnable share (`runnable_share`)"""
 
 
 def _rate(cores: int, load: float, c: np.ndarray) -> np.ndarray:
     return np.minimum(1.0, cores / np.maximum(c + load, 1e-9))
 
 
-def _concurrency(ranks: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _concurrency(ranks: np.ndarray, a: np.ndarray, b: np.ndarray, weight: dict[int, float]
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(breakpoints t, runnable ranks on each segment [t_i, t_{i+1})) of intervals [a, b) of `ranks`: each
-    rank counts once while any of its intervals runs."""
-    starts, ends = [], []
+    rank counts once (its runnable share `weight`) while any of its intervals runs."""
+    starts, ends, w = [], [], []
     for r in np.unique(ranks).tolist():
         m = ranks == r
         u0, u1 = iv.union(a[m], b[m])
         starts.append(u0)
         ends.append(u1)
+        w.append(np.full(u0.size, weight.get(int(r), 1.0)))
     if not starts:
-        return np.zeros(1, np.int64), np.zeros(0, np.int64)
+        return np.zeros(1, np.int64), np.zeros(0)
     t = np.r_[np.concatenate(starts), np.concatenate(ends)]
-    d = np.r_[np.ones(sum(map(len, starts)), np.int64), -np.ones(sum(map(len, ends)), np.int64)]
+    d = np.r_[np.concatenate(w), -np.concatenate(w)]
     o = np.argsort(t, kind="stable")
     t, d = t[o], d[o]
     bp, first = np.unique(t, return_index=True)
     c = np.cumsum(d)[np.r_[first[1:] - 1, d.size - 1]]  # after all events at each breakpoint
-    return bp, c[:-1]
+    return bp, np.maximum(c[:-1], 0.0)
 
 
 class _Clock:
@@ -93,7 +99,7 @@ class _Clock:
 
     def __init__(self, bp: np.ndarray, c: np.ndarray, cores: int, load: float) -> None:
         self.t = bp.astype(np.float64)
-        rate = _rate(cores, load, c.astype(np.float64))
+        rate = _rate(cores, load, np.asarray(c, np.float64))
         self.r = np.r_[0.0, np.cumsum(rate * np.diff(self.t))]
         self.edge = float(_rate(cores, load, np.ones(1))[0])
 
@@ -120,14 +126,15 @@ def _intervals(g: StepGraph, nodes: np.ndarray, gaps: np.ndarray, start: np.ndar
     return np.r_[g.rank[nodes], g.rank[gaps]][keep], a[keep], b[keep]
 
 
-def fit_load(busy: float, cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
-    """E such that the model's core time over the ranks' runnable time, Σ_segments c × length × rate(c, E),
-    equals the recorded core time `cpu` (= Σ_ranks runnable × (1 − wait share)); `busy`: Σ_ranks runnable
-    time. The core time falls as E grows: a bisection (0 where the ranks alone explain the waiting)."""
+def fit_load(cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
+    """E such that the model's core time over the ranks' runnable time, Σ_segments c × length × rate(c, E)
+    (c: the runnable ranks, each by its runnable share), equals the recorded core time `cpu` (Σ_ranks
+    runnable time × (1 − wait share)). The core time falls as E grows: a bisection (0 where the ranks alone
+    explain the waiting)."""
     def core_time(load: float) -> float:
         return float((c * seg * _rate(cores, load, c)).sum())
 
-    if busy <= 0 or core_time(0.0) <= cpu:
+    if cpu <= 0 or core_time(0.0) <= cpu:
         return 0.0
     lo, hi = 0.0, float(cores)
     while core_time(hi) > cpu and hi < 1e6:
@@ -140,9 +147,9 @@ def fit_load(busy: float, cpu: float, seg: np.ndarray, c: np.ndarray, cores: int
 
 def host_shares(g: StepGraph, lay) -> list[HostShare]:
     """The model of each host whose ranks (CPU ranks sharing its cores, `RunFacts.cpu_hosts`) all have
-    their cores and wait share recorded (cached per graph and the layout's hosts, cores and wait shares)."""
+    their cores and wait share recorded (cached per graph and the layout's hosts, cores and CPU records)."""
     key = ("sharing", tuple(sorted(lay.cpu_hosts.items())), tuple(sorted(lay.cores.items())),
-           tuple(sorted(lay.cpu_wait.items())), lay.stall_min_ns)
+           tuple(sorted(lay.cpu_wait.items())), tuple(sorted(lay.cpu_runnable.items())), lay.stall_min_ns)
     cache = g.cache.derived
     if key in cache:
         return cache[key]
@@ -161,18 +168,32 @@ def host_shares(g: StepGraph, lay) -> list[HostShare]:
         rk, a, b = _intervals(g, nodes, gaps, g.start, g.dur, g.gap)
         if rk.size == 0:
             continue
-        bp, c = _concurrency(rk, a, b)
-        seg = np.diff(bp).astype(np.float64)
         busy_r = {r: float(_union_len(a[rk == r], b[rk == r])) for r in ranks}
-        busy = sum(busy_r.values())
-        cpu = sum(t * (1.0 - float(lay.cpu_wait[r])) for r, t in busy_r.items())
-        load = fit_load(busy, cpu, seg, c.astype(np.float64), int(k))
+        share = {r: runnable_share(lay.cpu_runnable.get(r), busy_r[r] / max(int((g.ranks == r).sum()), 1))
+                 for r in ranks}
+        bp, c = _concurrency(rk, a, b, share)
+        cpu = sum(share[r] * t * (1.0 - float(lay.cpu_wait[r])) for r, t in busy_r.items())
+        load = fit_load(cpu, np.diff(bp).astype(np.float64), c, int(k))
         clock = _Clock(bp, c, int(k), load)
-        node_work = clock.at(g.start[nodes] + g.dur[nodes]) - clock.at(g.start[nodes])
-        gap_work = clock.at(g.start[gaps]) - clock.at(g.start[gaps] - g.gap[gaps])
-        out.append(HostShare(h, int(k), load, nodes, gaps, node_work, gap_work))
+        rho_n = np.array([share[int(r)] for r in g.rank[nodes].tolist()], np.float64)
+        rho_g = np.array([share[int(r)] for r in g.rank[gaps].tolist()], np.float64)
+        ran_n = clock.at(g.start[nodes] + g.dur[nodes]) - clock.at(g.start[nodes])
+        ran_g = clock.at(g.start[gaps]) - clock.at(g.start[gaps] - g.gap[gaps])
+        out.append(HostShare(h, int(k), load, nodes, gaps, (1 - rho_n) * g.dur[nodes] + rho_n * ran_n,
+                             (1 - rho_g) * g.gap[gaps] + rho_g * ran_g, rho_n, rho_g))
     cache[key] = out
     return out
+
+
+def runnable_share(runnable: float | None, busy: float) -> float:
+    """The share of a rank's busy time in the trace (its work nodes and runnable gaps, per step) in which its
+    threads were runnable: its recorded runnable time per profiled step (CPU + run-queue wait,
+    `RunFacts.cpu_runnable`) over that busy time, at most 1; 1 where not recorded. Below 1 an op of the rank
+    also blocks (a sleep inside an operator: a simulated device's time), which holds no core: that share of
+    each op keeps its time in the replay."""
+    if runnable is None or busy <= 0:
+        return 1.0
+    return float(min(1.0, runnable / busy))
 
 
 def _union_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -186,8 +207,8 @@ def shares_host(g: StepGraph, lay, rank: int) -> bool:
 
 
 def measured_work(g: StepGraph, lay, nodes: np.ndarray) -> np.ndarray | None:
-    """The core time (ns) each of `nodes` held as measured (its time where it has no model); None when no
-    host of the run has one."""
+    """What each of `nodes` would have taken alone on a core (`HostShare.node_work`; its time where it has no
+    model); None when no host of the run has one."""
     shares = host_shares(g, lay)
     if not shares:
         return None
@@ -195,6 +216,16 @@ def measured_work(g: StepGraph, lay, nodes: np.ndarray) -> np.ndarray | None:
     for s in shares:
         work[s.nodes] = s.node_work
     return work[nodes]
+
+
+def _stretch(clock: "_Clock", begin: np.ndarray, alone: np.ndarray, now: np.ndarray, rho: np.ndarray) -> np.ndarray:
+    """The wall time of work that takes `alone` on a core of its own, begun at `begin` on `clock`: its
+    runnable share `rho` at the clock's rates (R(end) − R(begin) = its core time), the rest as long as `now`'s
+    same share (blocked time keeps its length)."""
+    blocked = (1 - rho) * now
+    core = alone - blocked
+    return np.rint(blocked + rho * (clock.when(clock.at(begin) + core / np.maximum(rho, 1e-9)) - begin)
+                   ).astype(np.int64)
 
 
 def shared_replay(g: StepGraph, lay, replay_fn, dur: np.ndarray, gap: np.ndarray
@@ -205,26 +236,25 @@ def shared_replay(g: StepGraph, lay, replay_fn, dur: np.ndarray, gap: np.ndarray
     shares = host_shares(g, lay)
     if not shares:
         return None
-    works = []
+    fixed = []
     for s in shares:  # the fixes change a node's work in proportion to its time
-        nw = np.where(g.dur[s.nodes] > 0, s.node_work * dur[s.nodes] / np.maximum(g.dur[s.nodes], 1), 0.0)
-        gw = np.where(g.gap[s.gaps] > 0, s.gap_work * np.maximum(gap[s.gaps], 0) / np.maximum(g.gap[s.gaps], 1), 0.0)
-        works.append((nw, gw))
+        nw = s.node_work * dur[s.nodes] / np.maximum(g.dur[s.nodes], 1)
+        gw = s.gap_work * np.maximum(gap[s.gaps], 0) / np.maximum(g.gap[s.gaps], 1)
+        fixed.append((nw, gw, dur[s.nodes].copy(), np.maximum(gap[s.gaps], 0)))
     dur, gap = dur.copy(), gap.copy()
     rounds = 0
     for rounds in range(1, PS_ITERATIONS + 1):
         start = replay_fn(dur, gap)
         moved = 0
-        for s, (nw, gw) in zip(shares, works):
+        for s, (nw, gw, d0, g0) in zip(shares, fixed):
             rk, a, b = _intervals(g, s.nodes, s.gaps, start, dur, np.maximum(gap, 0))
             if rk.size == 0:
                 continue
-            clock = _Clock(*_concurrency(rk, a, b), s.cores, s.load)
-            s0 = start[s.nodes]
-            new_dur = np.rint(clock.when(clock.at(s0) + nw) - s0).astype(np.int64)
-            g0 = start[s.gaps] - np.maximum(gap[s.gaps], 0)
-            new_gap = np.where(gap[s.gaps] > 0, np.rint(clock.when(clock.at(g0) + gw) - g0).astype(np.int64),
-                               gap[s.gaps])
+            weight = dict(zip(g.rank[s.nodes].tolist(), s.node_runnable.tolist()))
+            clock = _Clock(*_concurrency(rk, a, b, weight), s.cores, s.load)
+            new_dur = _stretch(clock, start[s.nodes], nw, d0, s.node_runnable)
+            begin = start[s.gaps] - np.maximum(gap[s.gaps], 0)
+            new_gap = np.where(g0 > 0, _stretch(clock, begin, gw, g0, s.gap_runnable), gap[s.gaps])
             moved = max(moved, int(np.abs(new_dur - dur[s.nodes]).max(initial=0)),
                         int(np.abs(new_gap - gap[s.gaps]).max(initial=0)))
             dur[s.nodes], gap[s.gaps] = new_dur, new_gap
