@@ -10,10 +10,11 @@ mm and its relu. The simulation gives each run's trace (every op's start and end
 measures of it: each rank's wait share, the part of its runnable time it waited for a core.
 
 The injected cause's replayed saving must equal the simulated difference between the faulty and the clean job
-within a few %: a sleeper's peer, which computed at a full core while the sleeper slept, computes beside it
-once the sleep is gone (so the saving is below the sleep), and a rank with twice the work slowed its peer
-while both computed (so the saving is above its own extra time alone). The replay without the model (the
-paces as measured) saved the whole sleep (40 of 30.5 ms simulated) and under-saved the 2x rank (13.7 of 23.3 ms).
+within a few %. A sleeper's peer computed its relu at a whole core while the sleeper slept, and beside it once
+the sleep is gone: the simulated difference is 36.0 ms for a 40 ms sleep, which the replay without the model
+(each op at the pace it was measured at) over-stated as 40.0. A rank with twice the work: 20.0 ms simulated;
+its peer computed beside it throughout, in the faulty as in the clean job, so the op-by-op fix was exact before
+too (a check that the model keeps it so).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """What-if fixes: each changes the durations (or gaps) of a class of nodes of a StepGraph; the step is then
-replayed (graph.replay), so the saving accounts for everything else on the path.
+replayed (graph.replay), so the saving accounts for everything else on the path. On CPU ranks that share a
+host's cores, where the run recorded the host's cores and the ranks' core wait, every fix's replay runs
+under processor sharing (whatif/sharing.py, docs/metrics.md §8 "Processor sharing in the replay"): a fix
+changes each node's work (core time) in proportion to its time, and the replay finds every node's pace
+from the replayed concurrency (replay → concurrency → durations to a fixed point); `rank_compute` and
+`expert_even` then compare ranks in work, and the shared-core special cases below (`_free_shared_cpu`,
+`_shared_cores_target`) apply only where the model does not.
 
 - `rank_compute`: a rank's compute at its peers' pace (ranks of the same pipeline stage when the layout
   knows stages, else all ranks): each op at the peers' median of the same op (never slower than it ran)
