@@ -136,6 +136,8 @@ class GraphCache:
     replay_changed"""
     rank_nodes: tuple | None = None
     """(the rank array it was computed from, node ids sorted by rank, their ranks): graph.rank_nodes"""
+    sharing: dict = field(default_factory=dict)
+    """(the layout's hosts, cores and CPU records) -> each host's processor-sharing model: sharing.host_shares"""
     extremes: dict = field(default_factory=dict)
     """per-window extremes of terminal nodes (measured; of the unchanged replay) and the terminal nodes grouped
     by window: window_bounds"""

@@ -53,7 +53,9 @@ def replay_step(step: int, g: StepGraph) -> StepResult:
 
 
 def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
-    """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes)."""
+    """Per window of `g`: its step time with `fixes` applied, replayed (cached per graph and fixes). On CPU ranks
+    sharing a host's cores with the records the model needs (whatif/sharing.py) the replay is processor
+    sharing's fixed point; the added micro-batches' re-schedule (`_more_microbatches`) starts from it."""
     cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:

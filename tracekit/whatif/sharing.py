@@ -54,6 +54,8 @@ class HostShare:
     cores: int
     load: float
     """E: runnable threads beside the job's ranks (fitted)"""
+    share: dict[int, float]
+    """rank -> its runnable share (`runnable_share`)"""
     nodes: np.ndarray
     """work nodes of the host's ranks"""
     gaps: np.ndarray
@@ -148,40 +150,50 @@ def fit_load(cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
 def host_shares(g: StepGraph, lay) -> list[HostShare]:
     """The model of each host whose ranks (CPU ranks sharing its cores, `RunFacts.cpu_hosts`) all have
     their cores and wait share recorded (cached per graph and the layout's hosts, cores and CPU records)."""
-    key = ("sharing", tuple(sorted(lay.cpu_hosts.items())), tuple(sorted(lay.cores.items())),
+    key = (tuple(sorted(lay.cpu_hosts.items())), tuple(sorted(lay.cores.items())),
            tuple(sorted(lay.cpu_wait.items())), tuple(sorted(lay.cpu_runnable.items())), lay.stall_min_ns)
-    cache = g.cache.derived
-    if key in cache:
-        return cache[key]
-    hosts: dict[str, list[int]] = {}
+    cache = g.cache.sharing
+    if key not in cache:
+        cache[key] = _host_shares(g, lay)
+    return cache[key]
+
+
+def _host_shares(g: StepGraph, lay) -> list[HostShare]:
+    names = sorted({h for r, h in lay.cpu_hosts.items()
+                    if lay.cores.get(h) and all(lay.cpu_wait.get(p) is not None
+                                                for p, q in lay.cpu_hosts.items() if q == h)})
+    if not names or g.rank.size == 0:
+        return []
+    code = np.full(max(int(g.rank.max()), max(lay.cpu_hosts)) + 2, -1, np.int64)  # rank -> host index (-1: none)
     for r, h in lay.cpu_hosts.items():
-        hosts.setdefault(h, []).append(int(r))
+        code[int(r)] = names.index(h) if h in names else -1
+    host = code[g.rank]  # rank -1 (collective marks) reads the last entry: -1
+    work = np.flatnonzero(np.isin(g.category, [int(c) for c in WORK]) & (g.dur > 0) & (host >= 0))
+    short = np.flatnonzero(host_lane_mask(g) & (g.gap > 0) & (g.gap < lay.stall_min_ns) & (host >= 0))
+    work, short = work[np.argsort(host[work], kind="stable")], short[np.argsort(host[short], kind="stable")]
+    w_at = np.searchsorted(host[work], np.arange(len(names) + 1))
+    s_at = np.searchsorted(host[short], np.arange(len(names) + 1))
     out = []
-    work = np.isin(g.category, [int(c) for c in WORK]) & (g.dur > 0)
-    short = host_lane_mask(g) & (g.gap > 0) & (g.gap < lay.stall_min_ns)
-    for h, ranks in sorted(hosts.items()):
-        k = lay.cores.get(h)
-        if not k or any(lay.cpu_wait.get(r) is None for r in ranks):
-            continue
-        mine = np.isin(g.rank, ranks)
-        nodes, gaps = np.flatnonzero(work & mine), np.flatnonzero(short & mine)
+    for i, h in enumerate(names):
+        nodes, gaps = work[w_at[i]:w_at[i + 1]], short[s_at[i]:s_at[i + 1]]
         rk, a, b = _intervals(g, nodes, gaps, g.start, g.dur, g.gap)
         if rk.size == 0:
             continue
+        ranks = sorted(int(r) for r, q in lay.cpu_hosts.items() if q == h)
         busy_r = {r: float(_union_len(a[rk == r], b[rk == r])) for r in ranks}
         share = {r: runnable_share(lay.cpu_runnable.get(r), busy_r[r] / max(int((g.ranks == r).sum()), 1))
                  for r in ranks}
         bp, c = _concurrency(rk, a, b, share)
         cpu = sum(share[r] * t * (1.0 - float(lay.cpu_wait[r])) for r, t in busy_r.items())
-        load = fit_load(cpu, np.diff(bp).astype(np.float64), c, int(k))
-        clock = _Clock(bp, c, int(k), load)
+        k = int(lay.cores[h])
+        load = fit_load(cpu, np.diff(bp).astype(np.float64), c, k)
+        clock = _Clock(bp, c, k, load)
         rho_n = np.array([share[int(r)] for r in g.rank[nodes].tolist()], np.float64)
         rho_g = np.array([share[int(r)] for r in g.rank[gaps].tolist()], np.float64)
         ran_n = clock.at(g.start[nodes] + g.dur[nodes]) - clock.at(g.start[nodes])
         ran_g = clock.at(g.start[gaps]) - clock.at(g.start[gaps] - g.gap[gaps])
-        out.append(HostShare(h, int(k), load, nodes, gaps, (1 - rho_n) * g.dur[nodes] + rho_n * ran_n,
+        out.append(HostShare(h, k, load, share, nodes, gaps, (1 - rho_n) * g.dur[nodes] + rho_n * ran_n,
                              (1 - rho_g) * g.gap[gaps] + rho_g * ran_g, rho_n, rho_g))
-    cache[key] = out
     return out
 
 
@@ -250,8 +262,7 @@ def shared_replay(g: StepGraph, lay, replay_fn, dur: np.ndarray, gap: np.ndarray
             rk, a, b = _intervals(g, s.nodes, s.gaps, start, dur, np.maximum(gap, 0))
             if rk.size == 0:
                 continue
-            weight = dict(zip(g.rank[s.nodes].tolist(), s.node_runnable.tolist()))
-            clock = _Clock(*_concurrency(rk, a, b, weight), s.cores, s.load)
+            clock = _Clock(*_concurrency(rk, a, b, s.share), s.cores, s.load)
             new_dur = _stretch(clock, start[s.nodes], nw, d0, s.node_runnable)
             begin = start[s.gaps] - np.maximum(gap[s.gaps], 0)
             new_gap = np.where(g0 > 0, _stretch(clock, begin, gw, g0, s.gap_runnable), gap[s.gaps])
