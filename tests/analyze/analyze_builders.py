@@ -45,11 +45,12 @@ GLOO_MAIN, GLOO_THREAD = "thread 1 (python)", "thread 2 (pt_gloo_runloop)"
 
 
 def two_rank_gloo_run(path: Path, per_step, step_ns: int, steps: int, nbytes: int,
-                      rank_rows: dict[int, dict[str, Any]] | None = None) -> RunStore:
+                      rank_rows: dict[int, dict[str, Any]] | None = None, manifest: dict | None = None) -> RunStore:
     """A hand-built 2-rank CPU run shaped like a recorded DDP job: `steps` steps of `step_ns`, one gloo bucket
     all-reduce a step (its record on the gloo thread, in the comms log and in the trace). `per_step(rank,
     step, base)` -> (the rank's main-thread events of that step, its arrival at the all-reduce, its end).
-    `rank_rows`: more columns of a rank's row of the ranks table (`host_cpus`, `cpu_wait_share`)."""
+    `rank_rows`: more columns of a rank's row of the ranks table (`host_cpus`, `cpu_wait_share`); `manifest`: the
+    run's manifest (store meta)."""
     ranks, step_rows, events, coll = [], [], [], []
     for r in (0, 1):
         ranks.append({"rank": r, "world_size": 2, "hostname": "vm", "trace_kind": "cpu",
@@ -67,4 +68,5 @@ def two_rank_gloo_run(path: Path, per_step, step_ns: int, steps: int, nbytes: in
             coll.append({**common, "source": "comms-log", "seq": s + 1, "seq_source": "log"})
             coll.append({**common, "source": "kineto", "seq": None})
     return build_store(path, {"ranks": ranks, "steps": step_rows, "events": events, "collectives": coll,
-                              "process_groups": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]})
+                              "process_groups": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]},
+                       manifest)

@@ -34,12 +34,13 @@ SLEEP = 40 * MS
 ROWS = 256
 
 
-def simulate(work: dict[int, list[tuple[str, float]]]) -> tuple[dict[int, dict[str, tuple[float, float]]], float,
-                                                               dict[int, float]]:
+def simulate(work: dict[int, list[tuple[str, float]]], blocked: frozenset[str] = frozenset({"sleep"})
+             ) -> tuple[dict[int, dict[str, tuple[float, float]]], float, dict[int, tuple[float, float]]]:
     """One step of the job under processor sharing. `work[rank]`: its segments in order, ("resume" | "mm" |
-    "relu", work ns), ("sleep", wall ns), ("arrive", 0), ("transfer", work ns) — "arrive" blocks until every
-    rank arrived. Returns each rank's segments' (start, end), the step's length (every rank ends its transfer
-    together: the next step starts from the same state) and each rank's wait share."""
+    "relu" | "transfer", work ns), ("arrive", 0) — "arrive" blocks until every rank arrived — and segments
+    named in `blocked` (a sleep; an operator's simulated device time), which last their ns holding no core.
+    Returns each rank's segments' (start, end), the step's length (every rank ends its transfer together: the
+    next step starts from the same state) and each rank's (CPU time, run-queue wait) in the step."""
     t = 0.0
     pos = {r: 0 for r in work}
     left = {r: float(work[r][0][1]) for r in work}
@@ -60,12 +61,12 @@ def simulate(work: dict[int, list[tuple[str, float]]]) -> tuple[dict[int, dict[s
                 left[r] = float(work[r][pos[r]][1])
                 begun[r][kind(r)] = t
             continue
-        runnable = [r for r in work if kind(r) not in ("sleep", "arrive", "done")]
+        runnable = [r for r in work if kind(r) not in ("arrive", "done", *blocked)]
         rate = min(1.0, K / (len(runnable) + E)) if runnable else 1.0
-        until = [left[r] / rate for r in runnable] + [left[r] for r in work if kind(r) == "sleep"]
+        until = [left[r] / rate for r in runnable] + [left[r] for r in work if kind(r) in blocked]
         dt = min(until)
         for r in work:
-            if kind(r) == "sleep":
+            if kind(r) in blocked:
                 left[r] -= dt
             elif r in runnable:
                 left[r] -= dt * rate
@@ -79,7 +80,7 @@ def simulate(work: dict[int, list[tuple[str, float]]]) -> tuple[dict[int, dict[s
                 if kind(r) != "done":
                     left[r] = float(work[r][pos[r]][1])
                     begun[r][kind(r)] = t
-    return spans, t, {r: waited[r] / (waited[r] + ran[r]) for r in work}
+    return spans, t, {r: (ran[r], waited[r]) for r in work}
 
 
 def job(case: str | None) -> dict[int, list[tuple[str, float]]]:
@@ -87,13 +88,22 @@ def job(case: str | None) -> dict[int, list[tuple[str, float]]]:
     out = {}
     for r in (0, 1):
         m = mult if r == 1 else 1
-        sleep = [("sleep", SLEEP)] if case == "sleep" and r == 1 else []
+        sleep = [("sleep", SLEEP)] if case in ("sleep", "device") and r == 1 else []
         out[r] = [("resume", RESUME), ("mm", MM * m), *sleep, ("relu", RELU * m), ("arrive", 0), ("transfer", TRANSFER)]
     return out
 
 
-def store_of(tmp_path, case: str | None):
-    spans, step_f, wait = simulate(job(case))
+DEVICE = frozenset({"sleep", "mm", "relu"})
+"""the "device" case: the ops stand in for a device's time (an operator that sleeps, as the pipeline job's
+`device_time`), holding no core; rank 1 sleeps between them (the fault) and its peer waits for it"""
+
+
+def store_of(tmp_path, case: str | None, blocked: frozenset[str] = frozenset({"sleep"}), record_cpu: bool = False):
+    """The job's run store (`case`: None clean, "sleep", "twice", "device") and its step. The ranks table holds
+    each rank's cores and wait share; with `record_cpu` the manifest also holds its CPU window (CPU time and
+    run-queue wait over the profiled steps, as `tracekit record` writes it)."""
+    spans, step_f, cpu = simulate(job(case), blocked)
+    wait = {r: w / (c + w) for r, (c, w) in cpu.items()}
     step = round(step_f)
     rows = ROWS * (2 if case == "twice" else 1)
 
@@ -106,24 +116,40 @@ def store_of(tmp_path, case: str | None):
         return ev, base + round(spans[r]["arrive"][0]), base + round(spans[r]["transfer"][1])
 
     extra = {r: {"host_cpus": K, "cpu_wait_share": wait[r]} for r in (0, 1)}
-    return two_rank_gloo_run(tmp_path, per_step, step, STEPS, 262_164, extra), step
+    manifest = {"host_cpus": {"vm": K}, "ranks": [
+        {"rank": r, "profiled_steps": list(range(STEPS)),
+         "cpu_window": {"cpu_ns": round(c * STEPS), "wait_ns": round(w * STEPS)}} for r, (c, w) in cpu.items()]}
+    return two_rank_gloo_run(tmp_path, per_step, step, STEPS, 262_164, extra, manifest if record_cpu else None), step
 
 
 def test_the_simulation_shares_the_cores_as_described():
     spans, step, wait = simulate(job(None))
     # both ranks alike: resume and mm together at 2/3 of a core, relu likewise, the transfer likewise
     assert spans[0] == spans[1] and step == pytest.approx((RESUME + MM + RELU + TRANSFER) * 1.5)
-    assert wait[0] == pytest.approx(1 / 3)
+    assert wait[0][1] / sum(wait[0]) == pytest.approx(1 / 3)
     spans, step, wait = simulate(job("sleep"))
     # rank 0 computes its relu alone beside the outside load (a full core) while rank 1 sleeps
     assert spans[0]["relu"][1] - spans[0]["relu"][0] == pytest.approx(RELU)
-    assert wait[0] < 1 / 3 and wait[1] < 1 / 3
+    assert all(w / (c + w) < 1 / 3 for c, w in wait.values())
+    _, step, _ = simulate(job("device"), DEVICE)
+    _, clean, _ = simulate(job(None), DEVICE)
+    assert step - clean == pytest.approx(SLEEP)  # nothing of the sleep overlapped work that needs a core
 
 
-@pytest.mark.parametrize("case", ["sleep", "twice"])
+CASES = {"sleep": (frozenset({"sleep"}), False), "twice": (frozenset({"sleep"}), False),
+         "sleep_recorded": (frozenset({"sleep"}), True), "device": (DEVICE, True)}
+"""case -> (what holds no core, the manifest records the ranks' CPU windows)"""
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_the_injected_causes_replayed_saving_is_the_simulated_difference(tmp_path, case):
-    faulty, step = store_of(tmp_path / "faulty", case)
-    _, clean_step, _ = simulate(job(None))
+    """The device case: each rank's recorded runnable time is a small share of its busy time in the trace (its
+    ops sleep), so its ops keep that share of their time in the replay; taken as CPU work, the peer's ops,
+    run while the sleeper slept, slowed beside it and the replay saved 36.7 of the 40 ms (the code before the
+    runnable share; the code before the model: 40.0, as it should)."""
+    blocked, record_cpu = CASES[case]
+    faulty, step = store_of(tmp_path / "faulty", case.removesuffix("_recorded"), blocked, record_cpu)
+    _, clean_step, _ = simulate(job(None), blocked)
     diff = step - clean_step
     a = analyze_store(faulty)
     loud = [f for f in a["findings"] if f["severity"] in ("warning", "critical")]
