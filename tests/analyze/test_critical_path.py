@@ -356,15 +356,19 @@ def test_ranks_share_a_host_only_beyond_its_recorded_cpu_cores(tmp_path):
         if cores is not None:
             man["host_cpus"] = {host: cores}
         if waits is not None:
-            man["ranks"] = [{"rank": r, "host_cpus": cores, "cpu_window": window(*w)} for r, w in enumerate(waits)]
+            man["ranks"] = [{"rank": r, "host_cpus": cores, "cpu_window": window(*w), "profiled_steps": [3, 4]}
+                            for r, w in enumerate(waits)]
         (run / "manifest.json").write_text(json.dumps(man))
         store = parse_run(run, tmp_path / f"{name}.store", progress=False).store
-        rows = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share"]).to_pylist()
+        rows = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share", "cpu_runnable_ns"]).to_pylist()
         host = rows[0]["hostname"]
         assert len(rows) == 2 and {r["hostname"] for r in rows} == {host}  # the fixture: 2 ranks, one machine
         assert [r["host_cpus"] for r in rows] == [cores, cores]
         assert [r["cpu_wait_share"] for r in rows] == ([None, None] if waits is None
                                                        else [pytest.approx(w / (w + c)) for w, c in waits])
+        # runnable time (CPU + wait) per profiled step, ns: over the window's 2 steps
+        assert [r["cpu_runnable_ns"] for r in rows] == ([None, None] if waits is None
+                                                        else [(w + c) * 1_000_000 // 2 for w, c in waits])
         out[name] = cpu_hosts(store)
     assert 4 / 404 < CORE_WAIT_SHARE <= 150 / 450
     assert out == {"unknown": {0: host, 1: host}, "enough": {}, "one_short": {0: host, 1: host}, "quiet": {},

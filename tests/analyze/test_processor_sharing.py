@@ -100,8 +100,8 @@ DEVICE = frozenset({"sleep", "mm", "relu"})
 
 def store_of(tmp_path, case: str | None, blocked: frozenset[str] = frozenset({"sleep"}), record_cpu: bool = False):
     """The job's run store (`case`: None clean, "sleep", "twice", "device") and its step. The ranks table holds
-    each rank's cores and wait share; with `record_cpu` the manifest also holds its CPU window (CPU time and
-    run-queue wait over the profiled steps, as `tracekit record` writes it)."""
+    each rank's cores and wait share; with `record_cpu` also its runnable time per step (CPU time and run-queue
+    wait, from the CPU window `tracekit record` writes)."""
     spans, step_f, cpu = simulate(job(case), blocked)
     wait = {r: w / (c + w) for r, (c, w) in cpu.items()}
     step = round(step_f)
@@ -115,11 +115,10 @@ def store_of(tmp_path, case: str | None, blocked: frozenset[str] = frozenset({"s
                "input_types": json.dumps(["float", "float"] if op == "mm" else ["float"])} for op in ("mm", "relu")]
         return ev, base + round(spans[r]["arrive"][0]), base + round(spans[r]["transfer"][1])
 
-    extra = {r: {"host_cpus": K, "cpu_wait_share": wait[r]} for r in (0, 1)}
-    manifest = {"host_cpus": {"vm": K}, "ranks": [
-        {"rank": r, "profiled_steps": list(range(STEPS)),
-         "cpu_window": {"cpu_ns": round(c * STEPS), "wait_ns": round(w * STEPS)}} for r, (c, w) in cpu.items()]}
-    return two_rank_gloo_run(tmp_path, per_step, step, STEPS, 262_164, extra, manifest if record_cpu else None), step
+    # the ranks table as the parser writes it from the manifest's CPU windows (tests/analyze/test_critical_path.py)
+    extra = {r: {"host_cpus": K, "cpu_wait_share": wait[r],
+                 **({"cpu_runnable_ns": round(c + w)} if record_cpu else {})} for r, (c, w) in cpu.items()}
+    return two_rank_gloo_run(tmp_path, per_step, step, STEPS, 262_164, extra), step
 
 
 def test_the_simulation_shares_the_cores_as_described():

@@ -741,16 +741,19 @@ def _world_size(run: _Run) -> int | None:
     return world_size
 
 
-def _cpu_wait_share(manifest: Any, rank: int) -> float | None:
-    """The share of the rank's runnable time its threads waited for a core over the profiled steps
-    (`tracekit record`'s `cpu_window`: run-queue wait / (wait + CPU time); record/cpu_share.py), else None."""
+def _cpu_window(manifest: Any, rank: int) -> tuple[float | None, int | None]:
+    """From `tracekit record`'s `cpu_window` of the rank (record/cpu_share.py), else None each: the share of its
+    runnable time its threads waited for a core over the profiled steps (run-queue wait / (wait + CPU time)),
+    and its runnable time (CPU + run-queue wait) per profiled step, ns."""
     ranks = manifest.get("ranks") if isinstance(manifest, dict) else None
     for r in ranks if isinstance(ranks, list) else ():
         win = r.get("cpu_window") if isinstance(r, dict) and r.get("rank") == rank else None
         if isinstance(win, dict) and isinstance(win.get("wait_ns"), int) and isinstance(win.get("cpu_ns"), int):
             busy = win["wait_ns"] + win["cpu_ns"]
-            return win["wait_ns"] / busy if busy > 0 else None
-    return None
+            steps = r.get("profiled_steps")
+            per_step = busy // max(len(steps) if isinstance(steps, list) else 0, 1)
+            return (win["wait_ns"] / busy if busy > 0 else None), per_step
+    return None, None
 
 
 def _close_run(run: _Run) -> RunStore:
@@ -770,7 +773,7 @@ def _close_run(run: _Run) -> RunStore:
             row["hostname"] = str(hosts[str(row["rank"])])
         if isinstance(cpus, dict) and isinstance(cpus.get(row["hostname"]), int):
             row["host_cpus"] = cpus[row["hostname"]]
-        row["cpu_wait_share"] = _cpu_wait_share(run.manifest, row["rank"])
+        row["cpu_wait_share"], row["cpu_runnable_ns"] = _cpu_window(run.manifest, row["rank"])
     _clock_offsets(rows, run.manifest, run.warnings)
     for r in rows:
         r.pop("_epoch")

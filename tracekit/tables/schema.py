@@ -30,6 +30,8 @@ RANKS = pa.schema([
     _f("host_cpus", pa.int32(), "CPU cores the host's ranks may run on (manifest host_cpus; null if unknown)"),
     _f("cpu_wait_share", pa.float64(), "share of the rank's runnable time its threads waited for a core over the "
        "profiled steps (tracekit record's run-queue wait / (wait + CPU time); null if not recorded)"),
+    _f("cpu_runnable_ns", pa.int64(), "the rank's threads' runnable time (CPU + run-queue wait) per profiled step, "
+       "ns (tracekit record's cpu_window; null if not recorded)"),
     _f("backend", pa.string(), "distributed backend: nccl, gloo, rccl... (null if unknown)"),
     _f("device_names", pa.list_(pa.string()), "device names from deviceProperties"),
     _f("device_memory_bytes", pa.list_(pa.int64()), "memory of each device in device_names (totalGlobalMem)"),

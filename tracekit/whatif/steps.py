@@ -95,10 +95,10 @@ def run_layout(layout: LayoutResult | None, pipeline: AnalyzerResult | None, sto
 
 def host_cores(store: RunStore | None) -> dict[str, Any]:
     """`RunFacts.cores` (host → the fewest `host_cpus` of its ranks), `RunFacts.cpu_wait` (rank →
-    `cpu_wait_share`), where the ranks table records them, and `RunFacts.cpu_runnable`."""
+    `cpu_wait_share`) and `RunFacts.cpu_runnable` (rank → `cpu_runnable_ns`), where the ranks table records them."""
     if store is None or not store.has("ranks"):
         return {}
-    t = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share"]).to_pylist()
+    t = store.table("ranks", ["rank", "hostname", "host_cpus", "cpu_wait_share", "cpu_runnable_ns"]).to_pylist()
     hosts = rank_to_host(None, t)
     cores: dict[str, int] = {}
     for r in t:
@@ -106,19 +106,8 @@ def host_cores(store: RunStore | None) -> dict[str, Any]:
         if h is not None and r["host_cpus"]:
             cores[h] = min(cores.get(h, int(r["host_cpus"])), int(r["host_cpus"]))
     wait = {int(r["rank"]): float(r["cpu_wait_share"]) for r in t if r["cpu_wait_share"] is not None}
-    return {"cores": cores, "cpu_wait": wait, "cpu_runnable": cpu_runnable(store.manifest)}
-
-
-def cpu_runnable(manifest: Any) -> dict[int, float]:
-    """Rank → its threads' runnable time (CPU + run-queue wait) per profiled step, ns, from the manifest's
-    `cpu_window`s (`tracekit record`), where recorded."""
-    out: dict[int, float] = {}
-    ranks = manifest.get("ranks") if isinstance(manifest, dict) else None
-    for r in ranks if isinstance(ranks, list) else []:
-        win = r.get("cpu_window") if isinstance(r, dict) else None
-        if isinstance(win, dict) and isinstance(win.get("cpu_ns"), int) and isinstance(win.get("wait_ns"), int):
-            out[int(r["rank"])] = (win["cpu_ns"] + win["wait_ns"]) / max(len(r.get("profiled_steps") or []), 1)
-    return out
+    runnable = {int(r["rank"]): float(r["cpu_runnable_ns"]) for r in t if r["cpu_runnable_ns"] is not None}
+    return {"cores": cores, "cpu_wait": wait, "cpu_runnable": runnable}
 
 
 def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
