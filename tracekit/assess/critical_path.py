@@ -39,6 +39,7 @@ from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
+from tracekit.engines.budget import release_memory
 from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, HostBoundEvidence,
                                         StragglerEvidence)
 from tracekit.findings.evidence import Evidence
@@ -497,7 +498,9 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run. Where the
     trace kind gives no verdict (every rank a CUDA-graph capture: the capture's timing, not the workload's),
     the path's verdict is withheld too and its own finding goes through the same trace-kind filter."""
+    release_memory()  # what the analyzers before freed, given back before the graph is built
     results = replay_steps(store, step_input(store, layout, matching))
+    release_memory()  # the build's temporaries, before the what-ifs'
     final = recommendations.findings if recommendations is not None else findings
     copies = memcpy_finding(results)
     final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final
