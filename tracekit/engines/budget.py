@@ -60,6 +60,18 @@ def release_memory() -> None:
         LIBC.malloc_trim(0)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameters."""
+
+
+def fixed_mmap_threshold(nbytes: int) -> None:
+    """glibc: every block over `nbytes` mmapped, so unmapped when freed, from now on in this process. Its
+    default raises the threshold to the largest block freed so far (up to 32 MiB), after which a large
+    run's node arrays come from the heap and their freed space stays resident (`release_memory`)."""
+    if LIBC is not None and hasattr(LIBC, "mallopt"):
+        LIBC.mallopt(M_MMAP_THRESHOLD, nbytes)
+
+
 def _pss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
