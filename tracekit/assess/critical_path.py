@@ -39,7 +39,7 @@ from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
-from tracekit.engines.budget import fixed_mmap_threshold, release_memory
+from tracekit.process_env import fixed_mmap_threshold, release_memory
 from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, HostBoundEvidence,
                                         StragglerEvidence)
 from tracekit.findings.evidence import Evidence
@@ -53,8 +53,8 @@ from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
 MAX_PATH_ROWS = 400
 LARGE_BLOCK_BYTES = 1 << 20
-"""Blocks over this are mmapped from the critical path on (`budget.fixed_mmap_threshold`): a 1,024-rank
-simulated run's analysis peaked ~0.2 GB lower (freed what-if arrays no longer resident)."""
+"""Blocks over this are mmapped from the critical path on (`budget.fixed_mmap_threshold`): a what-if's freed
+node-sized temporaries do not stay resident in the heap."""
 
 
 def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:

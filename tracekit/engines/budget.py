@@ -22,9 +22,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import pyarrow as pa
 
 WORKER_BASE_BYTES = 64 << 20
 """A parse worker's own memory before it parses (interpreter, numpy, pyarrow; PSS, forked from the
@@ -33,43 +30,6 @@ MIN_PARSE_BYTES = 4 << 20
 """The smallest per-worker parse budget planned: the chunked parser works in chunks of a fraction of it."""
 PREFETCH_SHARE = 8
 """Prefetched per-rank activities may hold 1/PREFETCH_SHARE of the budget."""
-
-
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-LIBC = _libc() if os.name == "posix" else None
-"""glibc (None elsewhere): `release_memory`, parse/chunked.py's `bound_allocator`."""
-
-
-def release_memory() -> None:
-    """Give freed memory back to the OS: Arrow's pool keeps its freed blocks, and glibc its freed heap. Many
-    small freed blocks (a chunk's decode: ~40 MB at a 64 MB budget), and numpy arrays below glibc's mmap
-    threshold, which it raises to the size of the largest block freed so far (up to 32 MiB: a 1,024-rank
-    graph's 4 M-node arrays then come from the heap, and a what-if's temporaries stay resident once freed)."""
-    pa.default_memory_pool().release_unused()
-    if LIBC is not None:
-        LIBC.malloc_trim(0)
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-"""glibc's mallopt parameters."""
-
-
-def fixed_mmap_threshold(nbytes: int) -> None:
-    """glibc: every block over `nbytes` mmapped, so unmapped when freed, from now on in this process. Its
-    default raises the threshold to the largest block freed so far (up to 32 MiB), after which a large
-    run's node arrays come from the heap and their freed space stays resident (`release_memory`)."""
-    if LIBC is not None and hasattr(LIBC, "mallopt"):
-        LIBC.mallopt(M_MMAP_THRESHOLD, nbytes)
 
 
 def _pss_bytes(pid: int) -> int:

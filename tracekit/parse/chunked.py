@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracekit.engines.budget import LIBC as _LIBC, M_TRIM_THRESHOLD, fixed_mmap_threshold, release_memory
+from tracekit.process_env import LIBC as _LIBC, M_TRIM_THRESHOLD, fixed_mmap_threshold, release_memory
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse import kineto as K
