@@ -7,6 +7,8 @@ one) and single-threaded OpenBLAS (numpy starts a BLAS thread per core that spin
 tracekit does no large linear algebra). Both are read when numpy / pyarrow load, so `apply_defaults`
 runs first thing in the CLI; worker processes inherit them. A variable the user set is left alone,
 and `tracekit record` starts the user's job with `user_environ()`: the job never sees ours.
+The C allocator's handles for a process's large phases: freed memory given back (`release_memory`) and large
+blocks mapped so that freeing unmaps them (`fixed_mmap_threshold`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}
 if sys.platform == "linux":  # pyarrow's Linux wheels carry jemalloc; elsewhere its default stays
@@ -50,3 +53,42 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+LIBC = _libc() if os.name == "posix" else None
+"""glibc (None elsewhere): `release_memory`, parse/chunked.py's `bound_allocator`."""
+
+
+def release_memory() -> None:
+    """Give freed memory back to the OS: Arrow's pool keeps its freed blocks, and glibc its freed heap. Many
+    small freed blocks (a chunk's decode: ~40 MB at a 64 MB budget), and numpy arrays below glibc's mmap
+    threshold, which it raises to the size of the largest block freed so far (up to 32 MiB: a 1,024-rank
+    graph's 4 M-node arrays then come from the heap, and a what-if's temporaries stay resident once freed)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if LIBC is not None:
+        LIBC.malloc_trim(0)
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's mallopt parameters."""
+
+
+def fixed_mmap_threshold(nbytes: int) -> None:
+    """glibc: every block over `nbytes` mmapped, so unmapped when freed, from now on in this process. Its
+    default raises the threshold to the largest block freed so far (up to 32 MiB), after which a large
+    run's node arrays come from the heap and their freed space stays resident (`release_memory`)."""
+    if LIBC is not None and hasattr(LIBC, "mallopt"):
+        LIBC.mallopt(M_MMAP_THRESHOLD, nbytes)

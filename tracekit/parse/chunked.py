@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.process_env import LIBC as _LIBC, M_TRIM_THRESHOLD, fixed_mmap_threshold, release_memory
 from tracekit.errors import InputTooLargeError, TraceFormatError
 from tracekit.parse import decode as D
 from tracekit.parse import kineto as K
@@ -94,23 +95,6 @@ _LENIENT_WARNING = "typed decode failed"
 _KERNEL_CATS = frozenset(K.KERNEL_CATS)
 
 
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if os.name == "posix" else None
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
 def bound_allocator() -> None:
     """Fixed glibc thresholds for the bounded-memory path: blocks over 128 KiB (chunk buffers, decoded
     lists) are mmapped and unmapped on free, and the heap top is trimmed past 128 KiB. glibc's default
@@ -119,17 +103,9 @@ def bound_allocator() -> None:
     then allocates from the same malloc: its default mimalloc pool keeps freed segments (another ~30 MB
     resident there; peak 149 → 133 MB)."""
     if _LIBC is not None and hasattr(_LIBC, "mallopt"):
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, 128 << 10)
+        fixed_mmap_threshold(128 << 10)
+        _LIBC.mallopt(M_TRIM_THRESHOLD, 128 << 10)
         pa.set_memory_pool(pa.system_memory_pool())
-
-
-def release_memory() -> None:
-    """Give freed memory back to the OS between chunks: each chunk's decode leaves many small freed
-    blocks that glibc keeps (measured ~40 MB at a 64 MB budget); Arrow's pool keeps its own."""
-    pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def chunk_bytes_for(max_memory_bytes: int) -> int:

@@ -89,6 +89,8 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
         more = [f for f in fixes if f.kind == "microbatches"]
         if more:
             times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
+        if rg is not g:  # an overlap what-if's graph (its own edges and plan, as large as `g`'s) is not kept
+            g.cache.overlap_graphs.clear()  # beside `g` for the what-ifs after it: its prediction is cached
         cache[key] = times
     return cache[key]
 
