@@ -451,10 +451,11 @@ def _add_typed(cols: EventColumns, events: list) -> None:
 
 
 def _add_rows(cols: EventColumns, events: list, rows: list) -> None:
-    """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS)."""
-    _count_phases(cols, events, D.row_capture().row_class, len(rows))
+    """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS
+    values per event in one flat list)."""
+    _count_phases(cols, events, D.row_capture().row_class, len(rows) // D.ROW_WIDTH)
     if rows:
-        _add_fields(cols, *zip(*rows))
+        _add_fields(cols, *D.row_columns(rows))
 
 
 def _add_x(cols: EventColumns, xs: list) -> None:
@@ -525,7 +526,7 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     cols.cat_codes.append(_intern(cols.cats, cats))
     del cats
 
-    both, both_ok = D.raws_to_ns(tuple(ts) + tuple(dur))
+    both, both_ok = D.raws_to_ns(ts + dur)  # both lists (or both tuples)
     cols.ts.append(both[:n])
     cols.ts_ok.append(both_ok[:n])
     cols.dur.append(both[n:])
