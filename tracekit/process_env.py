@@ -7,6 +7,7 @@ one) and single-threaded OpenBLAS (numpy starts a BLAS thread per core that spin
 tracekit does no large linear algebra). Both are read when numpy / pyarrow load, so `apply_defaults`
 runs first thing in the CLI; worker processes inherit them. A variable the user set is left alone,
 and `tracekit record` starts the user's job with `user_environ()`: the job never sees ours.
+`release_memory` hands freed memory back to the OS between the steps of a large run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}
 if sys.platform == "linux":  # pyarrow's Linux wheels carry jemalloc; elsewhere its default stays
@@ -50,3 +52,29 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+LIBC = _libc() if os.name == "posix" else None
+"""glibc (malloc_trim, mallopt), None where there is none."""
+
+
+def release_memory() -> None:
+    """Give freed memory back to the OS: glibc keeps the many small blocks a step freed (the chunked parse's
+    decode: ~40 MB at a 64 MB budget; each analyzer of a 1,024-rank partial recording: the main process held
+    680 MB before the critical path, 449 MB with this after each analyzer); Arrow's pool keeps its own."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if LIBC is not None:
+        LIBC.malloc_trim(0)

@@ -44,6 +44,7 @@ from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, Colle
 from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
+from tracekit.process_env import release_memory
 from tracekit.tables.store import RunStore
 from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import Category, StepGraph, measured_step_ns
@@ -498,6 +499,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     trace kind gives no verdict (every rank a CUDA-graph capture: the capture's timing, not the workload's),
     the path's verdict is withheld too and its own finding goes through the same trace-kind filter."""
     results = replay_steps(store, step_input(store, layout, matching))
+    release_memory()  # the graph build's transients (members, step input) back to the OS before the what-ifs
     final = recommendations.findings if recommendations is not None else findings
     copies = memcpy_finding(results)
     final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final

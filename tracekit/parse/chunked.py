@@ -41,6 +41,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name
 from tracekit.parse.gz import GZIP_MAGIC, gzip_pieces
 from tracekit.parse.kineto_collectives import classify_collective_names
 from tracekit.parse.spilled import SpilledTable
+from tracekit.process_env import LIBC as _LIBC, release_memory
 
 _READ = 4 << 20
 _HEAD_LIMIT = 64 << 20
@@ -94,20 +95,6 @@ _LENIENT_WARNING = "typed decode failed"
 _KERNEL_CATS = frozenset(K.KERNEL_CATS)
 
 
-def _libc() -> Any:
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _libc() if os.name == "posix" else None
-
-
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
@@ -122,14 +109,6 @@ def bound_allocator() -> None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
         _LIBC.mallopt(_M_TRIM_THRESHOLD, 128 << 10)
         pa.set_memory_pool(pa.system_memory_pool())
-
-
-def release_memory() -> None:
-    """Give freed memory back to the OS between chunks: each chunk's decode leaves many small freed
-    blocks that glibc keeps (measured ~40 MB at a 64 MB budget); Arrow's pool keeps its own."""
-    pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def chunk_bytes_for(max_memory_bytes: int) -> int:
