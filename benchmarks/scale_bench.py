@@ -8,8 +8,9 @@ Runs (each command in a fresh subprocess, `nice`d like everything on the shared 
 1. the event mix measured from the real seed trace next to the one the generator uses;
 2. `tracekit analyze -j W` end to end for each rank count and for each
    events-per-rank at a fixed rank count: wall seconds, total events, µs per event, and peak memory
-   as the summed PSS of the whole process tree (parent, forkserver, workers; sampled every 50 ms;
-   PSS because RSS counts shared libraries once per process, DESIGN §8);
+   as the summed PSS of the whole process tree (parent, forkserver, workers; read every 0.3 s or less often,
+   paced by its own cost, `run_measured`; PSS because RSS counts shared libraries once per process, DESIGN §8),
+   and the summed RSS read every 0.1 s;
 3. `tracekit parse` with 1 and with W workers on the same run (parse speed-up);
 4. one large single-rank trace parsed one-shot and with `--max-memory` (the chunked path);
 5. the headline (`--headline-ranks`, default 1,024; `--headline-only` runs nothing else): `tracekit analyze`
