@@ -74,7 +74,9 @@ def release_memory() -> None:
     """Give freed memory back to the OS: Arrow's pool keeps its freed blocks, and glibc its freed heap. Many
     small freed blocks (a chunk's decode: ~40 MB at a 64 MB budget), and numpy arrays below glibc's mmap
     threshold, which it raises to the size of the largest block freed so far (up to 32 MiB: a 1,024-rank
-    graph's 4 M-node arrays then come from the heap, and a what-if's temporaries stay resident once freed)."""
+    graph's 4 M-node arrays then come from the heap, and a what-if's temporaries stay resident once freed).
+    Called between the analyzers and the assessment's steps: at a 1,024-rank partial recording the main process
+    held 680 MB before the critical path, 449 MB with it."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()

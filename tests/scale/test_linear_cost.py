@@ -287,3 +287,41 @@ def test_member_io_holds_each_instances_members_in_order():
             x[0] == y[0] and x[2] == y[2] and (x[1] == y[1] or (np.isnan(x[1]) and np.isnan(y[1])))
             for x, y in zip(got, plain[i])), i
     assert io[-1] == [] and len(list(io)) == n
+
+
+def test_start_nodes_at_each_ranks_earliest_window_host_start_or_node():
+    """Each rank's pinned start node (`add_start_nodes`: the windows grouped by rank once) starts at the earliest
+    of its windows' starts, its host start and the first node of each of its lanes, found here by a scan of the
+    whole graph per rank; it precedes exactly those first nodes. Windows in an order other than by rank too."""
+    from tracekit.whatif.graph import add_start_nodes
+
+    rng = np.random.default_rng(11)
+    for shuffled in (False, True):
+        g = _graph(rng)
+        n0 = g.num_nodes
+        chained = np.flatnonzero(g.lane >= 0)  # each lane's nodes chained in (start, id) order, as builds do
+        chained = chained[np.lexsort((chained, g.start[chained], g.lane[chained]))]
+        same = g.lane[chained[1:]] == g.lane[chained[:-1]]
+        g.src, g.dst = chained[:-1][same], chained[1:][same]
+        g.ranks = np.repeat(np.arange(12), 2).astype(np.int64)
+        g.win_step = np.tile([0, 1], 12).astype(np.int64)
+        g.win_start = rng.integers(-20_000, 60_000, 24).astype(np.int64)
+        if shuffled:
+            o = rng.permutation(24)
+            g.ranks, g.win_step, g.win_start = g.ranks[o], g.win_step[o], g.win_start[o]
+        host_start = {3: -50_000, 7: 10**9}
+        add_start_nodes(g, host_start)
+        new = np.arange(n0, g.num_nodes)
+        assert sorted(g.rank[new].tolist()) == list(range(12))
+        for v in new.tolist():
+            r = int(g.rank[v])
+            first: dict[int, int] = {}
+            for u in range(n0):  # the first node of each of its lanes: earliest start, then lowest id
+                if g.rank[u] == r and g.lane[u] >= 0:
+                    k = int(g.lane[u])
+                    if k not in first or (g.start[u], u) < (g.start[first[k]], first[k]):
+                        first[k] = u
+            want = min([int(g.win_start[i]) for i in range(24) if g.ranks[i] == r]
+                       + [host_start.get(r, 10**18)] + [int(g.start[u]) for u in first.values()])
+            assert g.start[v] == want, (shuffled, r)
+            assert set(g.dst[g.src == v].tolist()) == set(first.values())

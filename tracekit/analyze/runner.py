@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from tracekit.config import AnalysisConfig
 from tracekit.findings.result import AnalyzerResult
+from tracekit.process_env import release_memory
 from tracekit.tables.store import RunStore
 
 __all__ = ["ANALYZERS", "PlanStep", "build_plan", "measure"]
@@ -183,6 +184,7 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
     results: dict[str, AnalyzerResult | None] = {}
     errors: list[dict[str, str]] = []
     for step in plan:
+        release_memory()  # what the previous step freed back to the OS (a large run's peak is the sum otherwise)
         if step.load_error is not None:
             errors.append({"analyzer": step.name, "error": step.load_error})
             results[step.name] = None

@@ -23,6 +23,7 @@ from tracekit.assess.reconcile import analyze_recommendations
 from tracekit.config import AnalysisConfig
 from tracekit.findings.finding import Finding
 from tracekit.findings.result import AnalyzerResult
+from tracekit.process_env import release_memory
 from tracekit.tables.store import RunStore
 
 __all__ = ["ASSESSMENT", "Assessed", "AssessmentStep", "assess"]
@@ -78,6 +79,7 @@ def assess(store: RunStore, config: AnalysisConfig, measured_results: dict[str, 
     out = Assessed(findings=measured)
     calls = _steps(store, config, measured_results, measured, out.results)
     for step in ASSESSMENT:
+        release_memory()
         try:
             out.results[step.name] = calls[step.name]()
             if not step.final:  # a step that does not reconcile adds its findings to what the next ones read

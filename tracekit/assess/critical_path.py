@@ -506,7 +506,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     fixed_mmap_threshold(LARGE_BLOCK_BYTES)
     release_memory()
     results = replay_steps(store, step_input(store, layout, matching))
-    release_memory()  # the build's temporaries, before the what-ifs'
+    release_memory()  # the graph build's transients (members, step input) back to the OS before the what-ifs
     final = recommendations.findings if recommendations is not None else findings
     copies = memcpy_finding(results)
     final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final

@@ -235,7 +235,10 @@ def with_sizes(store: RunStore, members: Columns) -> Columns:
     t = take(t, t["seq_ok"] & t["in_nelems_ok"] & t["out_nelems_ok"])
     if num_rows(t) == 0:
         return members
-    seq = np.array([_key_seq(k) for k in members["key"].tolist()], dtype=np.int64)
+    # each instance's key parsed once (members of one instance share it: a 10,000-rank run has ~6 M members)
+    inst = members["inst"]
+    first = first_of_group(inst, int(inst.max()) + 1)
+    seq = np.array([_key_seq(k) for k in members["key"][first].tolist()], dtype=np.int64)[inst]
     j = match_rows([members["rank"], strings(members["source"]), strings(members["pg_name"]), seq],
                [t["rank"], strings(t["source"]), strings(t["pg_name"]), t["seq"]])
     n_in, n_out = (np.where(j >= 0, t[c][np.maximum(j, 0)].astype(np.float64), np.nan)

@@ -649,8 +649,12 @@ def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> N
     ok = (pos < ranks.size) & (ranks[np.minimum(pos, ranks.size - 1)] == g.rank[first])
     first, pos = first[ok], pos[ok]
     host_start = host_start or {}
-    at = np.array([min(int(g.win_start[g.ranks == r].min()), host_start.get(int(r), np.iinfo(np.int64).max))
-                   for r in ranks], dtype=np.int64)
+    # each rank's earliest window start: one pass over the windows grouped by rank (a scan of every window per
+    # rank was quadratic in ranks)
+    by_rank = np.argsort(g.ranks, kind="stable")
+    cut = np.searchsorted(g.ranks[by_rank], ranks)
+    at = np.minimum.reduceat(g.win_start[by_rank], cut).astype(np.int64)
+    np.minimum(at, np.array([host_start.get(int(r), np.iinfo(np.int64).max) for r in ranks.tolist()], np.int64), out=at)
     np.minimum.at(at, pos, g.start[first])
     ids = append_nodes(g, rank=ranks, category=Category.MARK, start=at, names="step start")
     g.src = np.r_[g.src, ids[pos]]
