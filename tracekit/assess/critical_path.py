@@ -53,7 +53,7 @@ from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
 MAX_PATH_ROWS = 400
 LARGE_BLOCK_BYTES = 1 << 20
-"""Blocks over this are mmapped from the critical path on (`budget.fixed_mmap_threshold`): a what-if's freed
+"""Blocks over this are mmapped from the critical path on (`process_env.fixed_mmap_threshold`): a what-if's freed
 node-sized temporaries do not stay resident in the heap."""
 
 

@@ -168,7 +168,7 @@ class RunFacts:
     where recorded: with `cores`, what the processor-sharing replay (whatif/sharing.py) is fitted to"""
     cpu_runnable: dict[int, float] = field(default_factory=dict)
     """CPU rank → its threads' runnable time (CPU + run-queue wait) per profiled step, ns, where recorded
-    (the manifest's `cpu_window`): how much of its busy time in the trace held or wanted a core"""
+    (`ranks.cpu_runnable_ns`): how much of its busy time in the trace held or wanted a core"""
 
     def peers(self, rank: int, ranks: np.ndarray) -> np.ndarray:
         stage = self.coords.get(rank, {}).get("pp")

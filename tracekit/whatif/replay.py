@@ -59,17 +59,8 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
     cache = g.cache.predictions
     key = tuple(fixes)
     if key not in cache:
-        if host_shares(g, lay):  # CPU ranks sharing a host's cores: every node's pace from the replayed concurrency
-            dur, gap = apply_fixes(g, fixes, lay)
-            rg = replay_graph(g, fixes)
-            start, dur, gap, _ = shared_replay(g, lay, lambda d, gp: replay(rg, d, gp), dur, gap)
-            times = rank_step_ns(g, start, dur, gap)
-            more = [f for f in fixes if f.kind == "microbatches"]
-            if more:
-                times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
-            cache[key] = times
-            return times
-        sparse = apply_fixes_sparse(g, fixes, lay)
+        shared = bool(host_shares(g, lay))  # CPU ranks sharing a host's cores: every pace from the replay's concurrency
+        sparse = None if shared else apply_fixes_sparse(g, fixes, lay)
         if sparse is not None:  # a fix on a few ranks: re-time what it reaches, nothing copied of the graph
             done = replay_changed(g, *sparse)
             if done is not None:
@@ -79,8 +70,11 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
         rg = replay_graph(g, fixes)
         # the same graph: re-time only what the fixes change (a fix on one rank of a large run; the sparse
         # attempt above already gave up when it reached too much)
-        done = replay_changed(g, dur, gap) if rg is g and sparse is None else None
-        if done is not None:
+        done = replay_changed(g, dur, gap) if rg is g and sparse is None and not shared else None
+        if shared:
+            start, dur, gap, _ = shared_replay(g, lay, lambda d, gp: replay(rg, d, gp), dur, gap)
+            times = rank_step_ns(g, start, dur, gap)
+        elif done is not None:
             start, touched = done
             times = rank_step_ns(g, start, dur, gap, touched)
         else:
