@@ -100,3 +100,37 @@ def test_refuses_to_mix_recordings_and_needs_a_command(tmp_path):
     assert res.exit_code == 2 and "no COMMAND" in res.output
     res = CliRunner().invoke(app, ["record", "--out", str(tmp_path / "new"), "--wait", "0", "--", PY])
     assert res.exit_code == 2 and "--wait + --skip-first" in res.output
+
+
+CPU_WINDOW_SCRIPT = textwrap.dedent("""
+    import torch
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([w], lr=0.1)
+    for i in range(7):
+        x = w
+        for _ in range(3000):  # many cheap ops: the trace's export takes longer than the steps
+            x = x + 1
+        opt.zero_grad()
+        x.sum().backward()
+        opt.step()
+""")
+
+
+@pytest.mark.slow
+def test_cpu_window_spans_the_profiled_steps_not_the_export(tmp_path, script_dir):
+    """The run-queue wait window (record/cpu_share.py) covers the profiled steps: its wall time is their span
+    in the trace (first ProfilerStep's start to the last one's end), not that plus the profiler's export of
+    the cycle, whose CPU time is not the training's (it diluted `cpu_wait_share`)."""
+    (script_dir / "train.py").write_text(CPU_WINDOW_SCRIPT)
+    out = tmp_path / "out"
+    res = run_record(out, [PY, str(script_dir / "train.py")], "--wait", "2", "--warmup", "1", "--active", "3")
+    assert res.returncode == 0, res.stderr
+    trace = load_trace(out / "rank0.pt.trace.json.gz")
+    steps = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")]
+    assert len(steps) == 3
+    span_ns = int((max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps)) * 1000)
+    [rank] = json.loads((out / "manifest.json").read_text())["ranks"]
+    win = rank["cpu_window"]
+    # The window opens as the first step is entered and closes as the last one ends: a few Python calls
+    # either side (the slack), where the export of 9,000 events took 10x the steps (2.9 s for 0.23 s).
+    assert abs(win["wall_ns"] - span_ns) <= max(span_ns // 5, 5_000_000), (win, span_ns)

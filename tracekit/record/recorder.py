@@ -193,6 +193,8 @@ class RankRecorder:
                 self._warmup_started_ns = None
                 if self.config.schedule.phase(self.step_num + 1) in ("active", "active_last"):
                     self._choose_window()
+            if self.config.schedule.phase(self.step_num) == "active_last":
+                self._cpu_span(False)  # the window's last step ends here, before the profiler exports it
             if self.prof is not None:
                 with self._held():
                     self.prof.step()  # may export a cycle (calls _on_trace_ready)
@@ -204,7 +206,9 @@ class RankRecorder:
             self._enter_step(self.step_num)
 
     def _cpu_span(self, profiled: bool) -> None:
-        """Open the run-queue wait span at a profiled step, close it at the first step after the window."""
+        """Open the run-queue wait span at a profiled step; close it where the window's last step ends, before
+        `prof.step()` exports the cycle (the export's CPU time, often longer than the steps, and its threads are
+        not the training's: counted in, they diluted the wait share and inflated the runnable time per step)."""
         if profiled and self._cpu_begin is None:
             self._cpu_begin = cpu_share.sample()
         elif not profiled and self._cpu_begin is not None:
