@@ -4,9 +4,12 @@ DataLoader sleeping 40 ms a batch in its collate_fn, back to back (issue 32).
 
 On the faulty run the data-loader stall of rank 1 is the top finding at warning or above, named as data
 loading (a `straggler` whose cause is the data loader, or a host/data stall finding of rank 1), and its
-replayed saving is (1) within 25% of the injected stall as the trace shows it: the time rank 1 spends inside
+replayed saving is (1) bounded by the injected stall as the trace shows it (the time rank 1 spends inside
 PyTorch's `enumerate(DataLoader)#...` ranges beyond rank 0's, read from the raw files — the fix's documented
-rule, the rank's loading at its peers' pace (docs/metrics.md §8); and (2) within 25% of the measured
+rule, the rank's loading at its peers' pace, docs/metrics.md §8): at most the stall (25% slack), at least the
+stall less rank 0's CPU time per step — the stall held no core, so once it is gone the two ranks compute at
+once on the box's two cores, which at worst serialises them (processor sharing, §8: a CI run with the cores
+shared measured a 42.8 ms difference for 40.7 ms of stall, this box 33.0 for 40.3); and (2) within 25% of the measured
 difference (the faulty run's step minus the clean runs': per profiled step the longest `ProfilerStep#N` of the
 ranks, read with plain gzip/json/Decimal; per run the median of its steps) wherever that difference exceeds
 the spread of the clean runs (max − min of all their steps, and of the faulty run's own). The clean runs have
@@ -26,6 +29,7 @@ arrival) and a 2-rank instance had no peer left; the first collective of the win
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from statistics import median
 from pathlib import Path
@@ -91,6 +95,12 @@ def step_ns(traces: Path) -> dict[int, int]:
     return per_step
 
 
+def rank_cpu_ns_per_step(traces: Path, rank: int) -> float:
+    """CPU time of the rank's threads per profiled step, as `tracekit record` read it from /proc (manifest)."""
+    [r] = [r for r in json.loads((traces / "manifest.json").read_text())["ranks"] if r["rank"] == rank]
+    return r["cpu_window"]["cpu_ns"] / len(r["profiled_steps"])
+
+
 def loader_ns_per_step(traces: Path, rank: int) -> float:
     """The rank's time inside PyTorch's `enumerate(DataLoader)#...` ranges within its profiled steps, per step."""
     ev = _events(traces, rank)
@@ -118,8 +128,12 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
         assert top["kind"] in HOST_STALL_KINDS and top["evidence"].get("cause") == "data_load", rows
     saving = top["evidence"].get("replayed_saving_ns")
     assert saving is not None and top["est_saving_ns"] == saving > 0, top
-    # (1) the fix removes the loading beyond the peer's, not more (nor rank 1's compute, which ran as it ran)
-    assert abs(saving - stall) <= 0.25 * stall, (saving, stall)
+    # (1) the fix removes the loading beyond the peer's, not more (nor rank 1's compute): at most the stall.
+    # And at least the stall less rank 0's CPU time per step (the recorder's schedstat, all its threads): the
+    # stall held no core, so without it the ranks compute at once and share the cores, which at worst runs
+    # their compute one after the other — the faulty step loses the stall, gains at most rank 0's work.
+    cpu0 = rank_cpu_ns_per_step(traces, 0)
+    assert stall - cpu0 <= saving <= 1.25 * stall, (saving, stall, cpu0)
     clean_steps = [step_ns(runs[name][0]) for name in CLEAN]
     faulty_steps = step_ns(traces)
     clean = sum(median(s.values()) for s in clean_steps) / len(clean_steps)
@@ -128,7 +142,8 @@ def test_data_loader_stall_is_top_with_the_measured_saving(runs):
     spread = max(max(every_clean) - min(every_clean), max(faulty_steps.values()) - min(faulty_steps.values()))
     print(f"\ndata loader +40 ms on rank 1: steps {[s / 1e6 for s in faulty_steps.values()]} vs clean "
           f"{[[v / 1e6 for v in s.values()] for s in clean_steps]} ms; difference {diff / 1e6:.1f} ms (spread "
-          f"{spread / 1e6:.1f}), stall in the DataLoader {stall / 1e6:.1f} ms, replayed saving {saving / 1e6:.1f} ms")
+          f"{spread / 1e6:.1f}), stall in the DataLoader {stall / 1e6:.1f} ms, rank 0's CPU {cpu0 / 1e6:.1f} ms, "
+          f"replayed saving {saving / 1e6:.1f} ms")
     if diff > spread:  # (2) the must-show's check, where the box's noise is below the difference
         assert abs(saving - diff) <= 0.25 * diff, (saving, diff)
 
