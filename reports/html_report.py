@@ -19,6 +19,7 @@ from reports.advice import advice_html
 from reports.ops import ops_html
 from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
+from tracekit.analyze.trace_kind import STEP_RULE_WORDS
 from tracekit.document import (SECTION_NAMES, AnalysisDocument, FindingDoc, RankBreakdown, as_document,
                                to_builtins)
 from tracekit.document.model import CriticalPathSection
@@ -400,10 +401,13 @@ def _critical_path(ctx: Page) -> str:
     comp = shown.composition
     step_ns = comp.step_ns or shown.measured_ns
     err = shown.replay_error
-    body = (f"<p>Step {h(shown.step)}: the chain of ops, waits and transfers across ranks that sets the "
+    which = f"Step {h(shown.step)}" if shown.step is not None else "The analysed window"
+    body = (f"<p>{which}: the chain of ops, waits and transfers across ranks that sets the "
             f"step time ({h(ms(shown.measured_ns))} on rank {h(shown.slowest_rank)}); replaying the "
             f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
+    if sec.step_rule:  # windows a step rule found on a trace without ProfilerStep
+        body += f"<p class=note>Steps: {h(STEP_RULE_WORDS.get(sec.step_rule, sec.step_rule))}.</p>"
     if shown.timeline:
         body += charts.timeline(ctx.figs, to_builtins(shown.timeline))
     share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731
