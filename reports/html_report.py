@@ -19,7 +19,6 @@ from reports.advice import advice_html
 from reports.ops import ops_html
 from reports.hang import hang_html
 from reports.html_parts import Col, Figures, kv_table, not_available, section, table
-from tracekit.analyze.trace_kind import STEP_RULE_WORDS
 from tracekit.document import (SECTION_NAMES, AnalysisDocument, FindingDoc, RankBreakdown, as_document,
                                to_builtins)
 from tracekit.document.model import CriticalPathSection
@@ -246,6 +245,13 @@ def steps_text(ctx: Page) -> str:
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
 
 
+def _found_steps_text(rule: str) -> str:
+    """The windows a step rule (`step_rule`) found on a trace without ProfilerStep, in words."""
+    if rule == "device_span":
+        return "first to last device event (no ProfilerStep annotations, no repeats found)"
+    return f"iterations found without ProfilerStep ({rule})"
+
+
 def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
     bd = ctx.doc.sections.breakdown
@@ -258,7 +264,7 @@ def _window_text(ctx: Page) -> str:
     elif numbers:
         parts.append(f"iterations {numbers[0]}–{numbers[-1]} found without ProfilerStep ({', '.join(rules)})")
     elif steps and "device_span" in rules:
-        parts.append("first to last device event (no ProfilerStep annotations, no repeats found)")
+        parts.append(_found_steps_text("device_span"))
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
     inp = ctx.doc.sections.inputs
@@ -407,7 +413,7 @@ def _critical_path(ctx: Page) -> str:
             f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
     if sec.step_rule:  # windows a step rule found on a trace without ProfilerStep
-        body += f"<p class=note>Steps: {h(STEP_RULE_WORDS.get(sec.step_rule, sec.step_rule))}.</p>"
+        body += f"<p class=note>Steps: {h(_found_steps_text(sec.step_rule))}.</p>"
     if shown.timeline:
         body += charts.timeline(ctx.figs, to_builtins(shown.timeline))
     share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731

@@ -35,14 +35,11 @@ from tracekit.parse.classify import graph_mode, workload_of
 from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
-STEP_RULE_WORDS = {
-    "profiler_step": "ProfilerStep annotations",
-    "optimizer_step": "iterations ending at each optimizer step (no ProfilerStep)",
-    "graph_launch": "iterations starting at each CUDA/HIP graph launch (no ProfilerStep)",
-    "repeated_ops": "iterations where the top-level host op sequence repeats (no ProfilerStep)",
-    "device_span": "one window from the first to the last device event (no ProfilerStep, no repeats found)",
-    "trace": "one window from the first to the last event (no ProfilerStep)"}
-"""How each step rule (`steps.rule`, derive/activity.py's window rules) is said in the notes and the report."""
+_RULES = {"profiler_step": "ProfilerStep annotations", "optimizer_step": "iterations ending at each optimizer step "
+          "(no ProfilerStep)", "graph_launch": "iterations starting at each CUDA/HIP graph launch (no ProfilerStep)",
+          "repeated_ops": "iterations where the top-level host op sequence repeats (no ProfilerStep)",
+          "device_span": "one window from the first to the last device event (no ProfilerStep, no repeats found)",
+          "trace": "one window from the first to the last event (no ProfilerStep)"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,7 @@ def _notes(row: dict[str, Any], kind: str | None) -> list[str]:
     if c["kernels"]:
         notes.append(f"{c['kernels']} kernel(s) launched before profiling began ran for {c['ns'] / 1e6:.3f} ms "
                      f"({100 * c['share_of_kernel_time']:.1f}% of the trace's kernel time): counted, in no step")
-    if row["step_rule"] in STEP_RULE_WORDS:
+    if row["step_rule"] in _RULES:
         n = row["steps"]
-        notes.append(f"steps: {STEP_RULE_WORDS[row['step_rule']]}" + (f", {n} analysed" if n is not None else ""))
+        notes.append(f"steps: {_RULES[row['step_rule']]}" + (f", {n} analysed" if n is not None else ""))
     return notes
