@@ -96,7 +96,8 @@ def _run(store, fixes, export: Path | None, export_step: int | None, as_json: bo
                                      f"{[reported_step(r.step) for r in results]}")
         path, _ = path_of(pick[-1])
         export.write_text(json.dumps(export_doc(pick[-1], path)))
-        err.print(f"step {reported_step(pick[-1].step)} with its critical path: {export}")
+        step = reported_step(pick[-1].step)
+        err.print(f"{'the device span' if step is None else f'step {step}'} with its critical path: {export}")
     if as_json:
         typer.echo(json.dumps(out, indent=1))
         return
