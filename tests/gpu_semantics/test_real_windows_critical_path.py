@@ -10,13 +10,16 @@ profiled step with a step window (ProfilerStep) in any rank") and `tracekit what
 
 from __future__ import annotations
 
+import copy
+import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from tests.gpu_semantics.generator import covered
 from tests.gpu_semantics.test_real_traces import _parts_sum_to_the_step
-from tests.gpu_semantics.test_real_windows import SINGLE_GPU, _facts
+from tests.gpu_semantics.test_real_windows import SINGLE_GPU, _device_events, _doc, _facts
 from tracekit.assess.whatif import parse_fixes, run_whatif
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
@@ -89,3 +92,44 @@ def test_host_fix_on_the_device_span_saves_at_most_the_device_idle(shared_traces
     assert step["step"] is None and step["measured_ns"] == hi - lo
     saving = step["measured_ns"] - step["predicted_ns"]
     assert 0 < saving <= (hi - lo) - busy
+
+
+def _twice(doc: dict) -> dict:
+    """The trace run twice: every timed event again, shifted past the first run's last event by 1 ms, its
+    correlation / external / flow ids offset past the first run's (a decode step replayed twice)."""
+    timed = [e for e in doc["traceEvents"] if isinstance(e, dict) and "ts" in e]
+    lo = min(Decimal(str(e["ts"])) for e in timed)
+    hi = max(Decimal(str(e["ts"])) + Decimal(str(e.get("dur", 0))) for e in timed)
+    ids = [v for e in timed for v in [*(e.get("args") or {}).values(), e.get("id")] if isinstance(v, int)]
+    off = max(ids) + 1
+    again = []
+    for e in timed:
+        c = copy.deepcopy(e)
+        c["ts"] = Decimal(str(e["ts"])) + (hi - lo) + 1000
+        args = c.get("args") or {}
+        for k in ("correlation", "External id"):
+            if isinstance(args.get(k), int):
+                args[k] += off
+        if isinstance(c.get("id"), int):
+            c["id"] += off
+        again.append(c)
+    return {**doc, "traceEvents": doc["traceEvents"] + again}
+
+
+def test_graph_launch_iterations_are_the_replayed_steps(shared_traces, tmp_path):
+    """An SGLang decode trace (one cudaGraphLaunch) run twice: two graph launches, so two iterations, one
+    starting at each launch (`graph_launch`); their windows tile the device span of the doubled trace."""
+    folder = "tl_sglang_dsr1_decode_b300_1gpu"
+    doc = _twice(_doc(shared_traces / folder / SINGLE_GPU[folder]))
+    assert sum(1 for e in doc["traceEvents"] if e.get("name") == "cudaGraphLaunch") == 2
+    dev = _device_events(doc)
+    lo, hi = min(a for a, _, _ in dev), max(b for _, b, _ in dev)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trace.json").write_text(json.dumps(doc, default=float))
+    a = _analyze(tmp_path, "run", tmp_path)
+    cp = a["sections"]["critical_path"]
+    assert cp["step_rule"] == "graph_launch" == a["sections"]["breakdown"]["rank_details"][0]["step_rule"]
+    assert [s["step"] for s in cp["steps"]] == [0, 1]
+    assert sum(s["measured_ns"] for s in cp["steps"]) == hi - lo
+    assert abs(sum(s["replayed_ns"] for s in cp["steps"]) - (hi - lo)) <= REPLAY_TOLERANCE * (hi - lo)
+    _parts_sum_to_the_step(cp)
