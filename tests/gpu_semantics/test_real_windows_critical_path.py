@@ -4,7 +4,8 @@ made them.
 
 Expected values are computed here from the raw JSON (plain `json`, `Decimal` µs → integer ns): the device
 span runs from the first device event's start to the last one's end (kernel / memcpy / memset), its device
-idle is the span less the union of device events. Before, the critical path of these traces was skipped ("no
+idle is the span less the union of device events. A generated multi-rank run (generator.py, ProfilerStep
+taken out) checks the span's collectives and a what-if against the generator's own answer. Before, the critical path of these traces was skipped ("no
 profiled step with a step window (ProfilerStep) in any rank") and `tracekit whatif` replayed nothing.
 """
 
@@ -13,11 +14,12 @@ from __future__ import annotations
 import copy
 import json
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from tests.gpu_semantics.generator import covered
+from tests.gpu_semantics.generator import Coll, Compute, Spec, covered, simulate, write
 from tests.gpu_semantics.test_real_traces import _parts_sum_to_the_step
 from tests.gpu_semantics.test_real_windows import SINGLE_GPU, _device_events, _doc, _facts
 from tracekit.assess.whatif import parse_fixes, run_whatif
@@ -133,3 +135,37 @@ def test_graph_launch_iterations_are_the_replayed_steps(shared_traces, tmp_path)
     assert sum(s["measured_ns"] for s in cp["steps"]) == hi - lo
     assert abs(sum(s["replayed_ns"] for s in cp["steps"]) - (hi - lo)) <= REPLAY_TOLERANCE * (hi - lo)
     _parts_sum_to_the_step(cp)
+
+
+MS = 1_000_000
+
+
+def _span_of_slowest_rank(trace) -> int:
+    """The generator's measured window: the largest of the ranks' first-to-last kernel spans."""
+    ranks = {k.rank for k in trace.kernels}
+    return max(max(k.end for k in trace.kernels if k.rank == r) - min(k.ts for k in trace.kernels if k.rank == r)
+               for r in ranks)
+
+
+@pytest.mark.parametrize("host_independent", [False, True])
+def test_multi_rank_device_span_replays_the_generators_saving(tmp_path, host_independent):
+    """Generated 4-rank GPU traces (generator.py) with their ProfilerStep annotations taken out and no op
+    sequence repeating: each rank is one device-span step, held to its peers by an all_reduce whose members
+    carry no step. Rank 2's kernels are 1.4x slower; the generator's answer for "rank 2 at its peers' pace"
+    is the same spec simulated without it. The unchanged replay gives back the measured span and the what-if
+    the generator's saving within 5%."""
+    ops = [Compute(20 * MS), Compute(10 * MS, "aten::addmm"), Coll("all_reduce", 1 << 24, 1 << 24, 2 * MS),
+           Compute(5 * MS, "aten::relu")]
+    kw = dict(world=4, steps=1, step_ops=ops, host_ahead_ns=30 * MS, host_independent=host_independent)
+    trace = simulate(Spec(slow={2: Fraction(7, 5)}, **kw))
+    for r in trace.events:
+        trace.events[r] = [e for e in trace.events[r] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+    write(trace, tmp_path / "traces")
+    expect = _span_of_slowest_rank(trace) - _span_of_slowest_rank(simulate(Spec(**kw)))
+    assert expect > 10 * MS
+    store = parse_run(tmp_path / "traces", tmp_path / "store", progress=False).store
+    out = run_whatif(store, parse_fixes(rank_compute=["2=median"]))
+    (step,) = out["steps"]
+    assert step["step"] is None and step["measured_ns"] == _span_of_slowest_rank(trace)
+    assert abs(step["replayed_ns"] - step["measured_ns"]) <= REPLAY_TOLERANCE * step["measured_ns"]
+    assert step["measured_ns"] - step["predicted_ns"] == pytest.approx(expect, rel=0.05)
