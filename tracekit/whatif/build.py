@@ -15,7 +15,8 @@ Lanes per rank:
 - Per rank a step-start node (pinned at the step window's start) precedes each lane's first node, so
   a lane's late start (a data stall at the step's beginning) is a gap of its own.
 Times go onto one clock: trace clock − (log→trace shift) − (clock offset), as matching estimates them.
-The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window.
+The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window. On a run
+without steps a GPU rank's one step is its device span (SPAN_STEP: every row without a step).
 """
 
 from __future__ import annotations
