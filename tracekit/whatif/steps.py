@@ -131,8 +131,8 @@ def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, s
         if steps:
             rules = sorted({r for r in t.column("rule").to_pylist() if r}) if "rule" in cols else []
             return tuple(int(s) for s in steps[-MAX_STEPS:]), None, ", ".join(rules) or "profiler_step"
-    acts = rank_activities(store, None)
-    span = {r for r in store.ranks() if acts.get(r).step_rule == "device_span"}
+    acts, gpu = rank_activities(store, None), gpu_ranks(store)  # a CPU rank's window is never the device span
+    span = {r for r in store.ranks() if r in gpu and acts.get(r).step_rule == "device_span"}
     return ((SPAN_STEP,), span, "device_span") if span else ((), None, "none")
 
 
