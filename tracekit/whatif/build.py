@@ -321,8 +321,8 @@ def _p2p_rows(p2p: Columns | None, steps: tuple[int, ...]) -> tuple[Columns | No
         return None, np.zeros(0, bool)
     op = strings(p2p["op"])
     send, recv = (np.array([w in o for o in op.tolist()], dtype=bool) for w in ("send", "recv"))
-    keep = (in_steps(np.where(p2p["step_ok"], p2p["step"], np.nan), steps) & p2p["peer_ok"] & p2p["ts_ok"] & p2p["dur_ok"]
-            & (send ^ recv))
+    keep = (in_steps(np.where(p2p["step_ok"], p2p["step"], np.nan), steps) & p2p["peer_ok"] & p2p["ts_ok"]
+            & p2p["dur_ok"] & (send ^ recv))
     return (take(p2p, keep), send[keep]) if keep.any() else (None, np.zeros(0, bool))
 
 

@@ -4,8 +4,9 @@
 dim map, each rank's send/recv rows and collective ends —, `run_layout` the layout the fixes act on
 (mesh coordinates, hosts, pipeline stages), and `replay_steps` builds and replays the last `MAX_STEPS`
 steps as one graph: the steps the breakdown analyses (`analysed_steps`: ProfilerStep windows, iterations
-found where a trace without them repeats, or a GPU rank's first to last device event as one step). The critical path (assess/critical_path.py), `tracekit whatif`
-(assess/whatif.py) and the explained diff (compare/attribution.py) all start here.
+found where a trace without them repeats, or a GPU rank's first to last device event as one step). The
+critical path (assess/critical_path.py), `tracekit whatif` (assess/whatif.py) and the explained diff
+(compare/attribution.py) all start here.
 """
 
 from __future__ import annotations
