@@ -245,6 +245,13 @@ def steps_text(ctx: Page) -> str:
     return str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]} (differs by rank)"
 
 
+def _found_steps_text(rule: str) -> str:
+    """The windows a step rule (`step_rule`) found on a trace without ProfilerStep, in words."""
+    if rule == "device_span":
+        return "first to last device event (no ProfilerStep annotations, no repeats found)"
+    return f"iterations found without ProfilerStep ({rule})"
+
+
 def _window_text(ctx: Page) -> str:
     """Which steps were analysed (breakdown step windows) and the traced span of the first rank's trace."""
     bd = ctx.doc.sections.breakdown
@@ -257,7 +264,7 @@ def _window_text(ctx: Page) -> str:
     elif numbers:
         parts.append(f"iterations {numbers[0]}–{numbers[-1]} found without ProfilerStep ({', '.join(rules)})")
     elif steps and "device_span" in rules:
-        parts.append("first to last device event (no ProfilerStep annotations, no repeats found)")
+        parts.append(_found_steps_text("device_span"))
     elif steps:
         parts.append("the whole trace (no ProfilerStep annotations)")
     inp = ctx.doc.sections.inputs
@@ -400,10 +407,13 @@ def _critical_path(ctx: Page) -> str:
     comp = shown.composition
     step_ns = comp.step_ns or shown.measured_ns
     err = shown.replay_error
-    body = (f"<p>Step {h(shown.step)}: the chain of ops, waits and transfers across ranks that sets the "
+    which = f"Step {h(shown.step)}" if shown.step is not None else "The analysed window"
+    body = (f"<p>{which}: the chain of ops, waits and transfers across ranks that sets the "
             f"step time ({h(ms(shown.measured_ns))} on rank {h(shown.slowest_rank)}); replaying the "
             f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
+    if sec.step_rule:  # windows a step rule found on a trace without ProfilerStep
+        body += f"<p class=note>Steps: {h(_found_steps_text(sec.step_rule))}.</p>"
     if shown.timeline:
         body += charts.timeline(ctx.figs, to_builtins(shown.timeline))
     share = lambda v: pct(v / step_ns, 0) if is_num(v) and is_num(step_ns) and step_ns else "–"  # noqa: E731

@@ -11,8 +11,13 @@ replayed step with that fix alone, mean over the steps, and the closed-form boun
 its evidence (`closed_form_saving_ns`). One more replay applies every fix together (`all_fixes`), so the
 savings never double count.
 
+The steps are the breakdown's windows (whatif/steps.py `analysed_steps`): ProfilerStep windows; on a trace
+without them, the iterations found where it repeats (optimizer steps, graph launches, repeated top-level op
+sequences), or else each GPU rank's first to last device event as one step (`step` null); `step_rule` says
+which rule made them (absent when they are ProfilerStep's).
+
 Section `critical_path`:
-    {"steps": [{"step", "measured_ns", "replayed_ns", "replay_error", "nodes", "edges", "slowest_rank",
+    {"steps": [{"step": int | null, "measured_ns", "replayed_ns", "replay_error", "nodes", "edges", "slowest_rank",
                 "composition": {"step_ns", "by_category": {name: ns}, "by_rank": {rank: ns}, "by_dim": {dim: ns}},
                 "path": [{"rank", "lane", "category", "name", "start_ns", "end_ns", "ops", "dim"}],
                 "timeline": {"lanes", "intervals": [[rank, lane index, start_ns, end_ns]], "t0_ns",
@@ -20,7 +25,8 @@ Section `critical_path`:
      "whatif": [{"finding": index in the document's findings (sorted), "kind", "fix": label, "step_ns", "saving_ns"}],
      "all_fixes": {"fixes": [label], "step_ns": int, "saving_ns": int} | null,
      "measured_step_ns": int | null,
-     "skipped": str | null}             # why there is nothing (no steps, no device work...)
+     "skipped": str | null,             # why there is nothing (no steps, no device work...)
+     "step_rule": str}                  # only where a step rule other than ProfilerStep made the windows
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from tracekit.findings.evidence import Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share, sort_findings
 from tracekit.findings.result import AnalyzerResult
 from tracekit.tables.store import RunStore
+from tracekit.whatif.build import reported_step
 from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import Category, StepGraph, measured_step_ns
 from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
@@ -379,7 +386,7 @@ def _credit_order(f: Finding, i: int) -> tuple[int, int, int, int]:
 def _step_json(res: StepResult, timeline_budget: int | None = None) -> dict[str, Any]:
     path, rank = path_of(res)
     err = abs(res.replayed_ns - res.measured_ns) / res.measured_ns if res.measured_ns else 0.0
-    return {"step": res.step, "measured_ns": res.measured_ns, "replayed_ns": res.replayed_ns,
+    return {"step": reported_step(res.step), "measured_ns": res.measured_ns, "replayed_ns": res.replayed_ns,
             "replay_error": round(err, 6), "nodes": res.graph.num_nodes, "edges": int(len(res.graph.src)),
             "slowest_rank": rank, "composition": composition(res, path, rank),
             "path": path_rows(res, path, MAX_PATH_ROWS),
@@ -494,6 +501,10 @@ def memcpy_finding(results: list[StepResult]) -> Finding | None:
         est_saving_ns=ns)
 
 
+NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no GPU rank with "
+           "device events (a CPU rank without ProfilerStep has no step window)")
+
+
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
                           pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
                           findings: list[Finding], config: AnalysisConfig,
@@ -520,5 +531,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     section = {"steps": steps, "whatif": rows, "all_fixes": together,
                "verdict": None if withheld else path_verdict(steps),
                "measured_step_ns": _measured_run_step(results),
-               "skipped": None if results else "no profiled step with a step window (ProfilerStep) in any rank"}
+               "skipped": None if results else NO_STEP}
+    if results and results[0].rule != "profiler_step":  # the windows a step rule found (a ProfilerStep run: none)
+        section["step_rule"] = results[0].rule
     return CriticalPathResult(findings=rescored, section=section, steps=results)

@@ -18,6 +18,7 @@ from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import analyze_matching
 from tracekit.derive.topology import analyze_layout
 from tracekit.tables.store import RunStore
+from tracekit.whatif.build import reported_step
 from tracekit.whatif.fixes import Fix
 from tracekit.whatif.replay import predict_ns
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
@@ -92,7 +93,7 @@ def run_whatif(store: RunStore, fixes: list[Fix], inputs: ReplayInputs | None = 
     lay = run_layout(inputs.layout, inputs.pipeline, store)
     steps = []
     for r in results:
-        steps.append({"step": r.step, "measured_ns": r.measured_ns, "replayed_ns": r.replayed_ns,
+        steps.append({"step": reported_step(r.step), "measured_ns": r.measured_ns, "replayed_ns": r.replayed_ns,
                       "predicted_ns": predict_ns(r, fixes, lay) if fixes else r.replayed_ns})
     mean = lambda k: int(np.mean([s[k] for s in steps])) if steps else None  # noqa: E731
     return {"fixes": [f.label() for f in fixes], "steps": steps, "measured_ns": mean("measured_ns"),

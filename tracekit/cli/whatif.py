@@ -78,22 +78,26 @@ def _open_store(traces: Path, store_dir: Path | None, err):
 
 
 def _run(store, fixes, export: Path | None, export_step: int | None, as_json: bool, err) -> None:
+    from tracekit.assess.critical_path import NO_STEP
     from tracekit.assess.whatif import run_whatif
+    from tracekit.whatif.build import reported_step
     from tracekit.whatif.export import export_step as export_doc
     from tracekit.whatif.replay import path_of
 
     out = run_whatif(store, fixes)
     results = out.pop("results")
     if not results:
-        err.print("[red]tracekit whatif:[/red] no profiled step (ProfilerStep) with work to replay")
+        err.print(f"[red]tracekit whatif:[/red] {NO_STEP}")
         raise typer.Exit(1)
     if export is not None:
-        pick = [r for r in results if export_step is None or r.step == export_step]
+        pick = [r for r in results if export_step is None or reported_step(r.step) == export_step]
         if not pick:
-            raise typer.BadParameter(f"--export-step {export_step}: analyzed steps are {[r.step for r in results]}")
+            raise typer.BadParameter(f"--export-step {export_step}: analyzed steps are "
+                                     f"{[reported_step(r.step) for r in results]}")
         path, _ = path_of(pick[-1])
         export.write_text(json.dumps(export_doc(pick[-1], path)))
-        err.print(f"step {pick[-1].step} with its critical path: {export}")
+        step = reported_step(pick[-1].step)
+        err.print(f"{'the device span' if step is None else f'step {step}'} with its critical path: {export}")
     if as_json:
         typer.echo(json.dumps(out, indent=1))
         return
@@ -107,7 +111,8 @@ def format_table(out: dict) -> str:
              f"{'step':>6} {'measured ms':>12} {'replayed ms':>12} {'predicted ms':>13} {'change':>8}"]
     for s in out["steps"]:
         change = (s["predicted_ns"] - s["measured_ns"]) / s["measured_ns"] if s["measured_ns"] else 0.0
-        lines.append(f"{s['step']:>6} {ms(s['measured_ns']):>12} {ms(s['replayed_ns']):>12} "
+        step = "span" if s["step"] is None else s["step"]  # the device span (no step number)
+        lines.append(f"{step:>6} {ms(s['measured_ns']):>12} {ms(s['replayed_ns']):>12} "
                      f"{ms(s['predicted_ns']):>13} {change:>+8.1%}")
     m = out["measured_ns"]
     change = (out["predicted_ns"] - m) / m if m else 0.0

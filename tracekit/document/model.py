@@ -887,7 +887,7 @@ class CriticalPathStepsRowTimeline(Struct):
     truncated_ranks: list[Any] = msgspec.field(default_factory=list)
 
 class CriticalPathStepsRow(Struct):
-    step: int = 0
+    step: int | None = 0
     measured_ns: int = 0
     replayed_ns: int = 0
     replay_error: Num = 0
@@ -926,6 +926,7 @@ class CriticalPathSection(Struct):
     verdict: CriticalPathVerdict | None = None
     measured_step_ns: int | None = None
     skipped: str | None = None
+    step_rule: str | UnsetType = UNSET
 
 class HangDumps(Struct):
     ranks: list[int] = msgspec.field(default_factory=list)

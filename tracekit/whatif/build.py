@@ -15,7 +15,8 @@ Lanes per rank:
 - Per rank a step-start node (pinned at the step window's start) precedes each lane's first node, so
   a lane's late start (a data stall at the step's beginning) is a gap of its own.
 Times go onto one clock: trace clock − (log→trace shift) − (clock offset), as matching estimates them.
-The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window.
+The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window. On a run
+without steps a GPU rank's one step is its device span (SPAN_STEP: every row without a step).
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
+SPAN_STEP = -2
+"""The step number of a GPU rank's one window from its first to its last device event, the breakdown's
+`device_span` window (derive/activity.py: a run without ProfilerStep in which no iteration repeats). Its
+kernels, events and collectives carry no step (null, NaN, or -1 where nulls were filled): a graph of this
+step reads every row without one (`in_steps`), carry-over kernels excepted, as the breakdown does."""
+
+
+def reported_step(step: int) -> int | None:
+    """A graph's step number as the documents write it: the device span's (SPAN_STEP) has none."""
+    return None if step == SPAN_STEP else step
+
+
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
                  "memset": Category.OTHER}
 
@@ -196,7 +209,8 @@ def _matched_members(inp: StepInput, rows: Columns, steps: tuple[int, ...], shif
                      log_only: set[int] | frozenset[int] = frozenset()) -> Columns:
     """The step's members of instances matched on two ranks or more, with a known end (their own or the
     trace's, `_trace_ends`) and a known clock (a log-only rank's: its log's)."""
-    rows = take(rows, np.isin(rows["step"], steps))
+    rows = take(rows, in_steps(rows["step"], steps))
+    rows["step"] = step_values(rows["step"], steps)
     trace_end, has_trace_end = _trace_ends(rows, inp.ends)
     rs, known = row_trace_shift(rows["rank"], rows["source"], inp.matched.trace_shift)
     if log_only:
@@ -266,7 +280,8 @@ def p2p_members(inp: StepInput, steps: tuple[int, ...], shift: dict[int, int]) -
     out = {"key": _pair_keys(src[o], dst[o], pg[o], send[o]), "rank": df["rank"][o], "arrival": arrival[o],
            "end": end[o], "dim": np.array([inp.dims.get(p, "pp") for p in pg[o].tolist()], dtype=object),
            "op": strings(df["op"][o]), "bytes": np.where(df["bytes_ok"], df["bytes"], np.nan)[o],
-           "pg_name": pg[o], "step": df["step"][o].astype(np.float64), "source": strings(df["source"][o])}
+           "pg_name": pg[o], "step": step_values(np.where(df["step_ok"], df["step"], np.nan)[o], steps),
+           "source": strings(df["source"][o])}
     return take(out, _key_counts(out["key"]) == 2)
 
 
@@ -306,8 +321,8 @@ def _p2p_rows(p2p: Columns | None, steps: tuple[int, ...]) -> tuple[Columns | No
         return None, np.zeros(0, bool)
     op = strings(p2p["op"])
     send, recv = (np.array([w in o for o in op.tolist()], dtype=bool) for w in ("send", "recv"))
-    keep = (p2p["step_ok"] & np.isin(p2p["step"], steps) & p2p["peer_ok"] & p2p["ts_ok"] & p2p["dur_ok"]
-            & (send ^ recv))
+    keep = (in_steps(np.where(p2p["step_ok"], p2p["step"], np.nan), steps) & p2p["peer_ok"] & p2p["ts_ok"]
+            & p2p["dur_ok"] & (send ^ recv))
     return (take(p2p, keep), send[keep]) if keep.any() else (None, np.zeros(0, bool))
 
 
@@ -397,7 +412,30 @@ def _containing(starts: np.ndarray, ends: np.ndarray, t: np.ndarray, strict: boo
 
 
 def _in_steps(col: Any, steps: tuple[int, ...]) -> Any:
-    return pc.fill_null(pc.is_in(col, value_set=pa.array(list(steps), col.type)), False)
+    """Arrow mask of the rows of the step column `col` in `steps` (the device span's step, SPAN_STEP: every
+    row without a step)."""
+    hit = pc.fill_null(pc.is_in(col, value_set=pa.array(list(steps), col.type)), False)
+    return pc.or_(hit, pc.is_null(col)) if SPAN_STEP in steps else hit
+
+
+def in_steps(step: np.ndarray, steps: tuple[int, ...]) -> np.ndarray:
+    """Mask of the rows whose step (`step`: numbers, NaN or -1 for none) is in `steps` (the device span's
+    step, SPAN_STEP: every row without one)."""
+    step = np.asarray(step, dtype=np.float64)
+    hit = np.isin(step, steps)
+    return hit | np.isnan(step) | (step == -1) if SPAN_STEP in steps else hit
+
+
+def step_values(step: np.ndarray, steps: tuple[int, ...]) -> np.ndarray:
+    """The rows' steps (float, NaN for none) as the graph numbers them: in a graph of the device span's
+    step (SPAN_STEP) a row without one is in it."""
+    step = np.asarray(step, dtype=np.float64)
+    return np.where(np.isnan(step) | (step == -1), SPAN_STEP, step) if SPAN_STEP in steps else step
+
+
+def _step_column(t: pa.Table) -> np.ndarray:
+    """The step column of rows `_in_steps` selected, as int64 (a null one: the device span's step)."""
+    return t.column("step").fill_null(SPAN_STEP).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _rank_events(store: RunStore, rank: int, steps: tuple[int, ...], columns: list[str]) -> pa.Table:
@@ -440,7 +478,7 @@ def _training_thread_ops(store: RunStore, rank: int, steps: tuple[int, ...]
     ts, end = ts[order], (ts + dur)[order]
     ann = (ev.column("cat").cast(pa.string()).to_numpy(zero_copy_only=False) == "user_annotation")[order]
     nm = [str(x) for x in ev.column("name").cast(pa.string()).to_numpy(zero_copy_only=False)[order]]
-    return ts, end, nm, ann, _arr(ev, "step")[order]
+    return ts, end, nm, ann, _step_column(ev)[order]
 
 
 def innermost_segments(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -620,8 +658,12 @@ def launched_by_backward(ev: pa.Table, external_id: np.ndarray) -> np.ndarray:
 
 
 def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> GpuRank | None:
-    k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step", "external_id"])
+    span = SPAN_STEP in steps and "carry_over" in store.columns("kernels")
+    k = store.rank_table("kernels", rank, ["name", "stream", "ts", "dur", "kind", "correlation", "step", "external_id"]
+                         + (["carry_over"] if span else []))
     k = k.filter(pc.and_(_in_steps(k["step"], steps), pc.is_valid(k["dur"])))
+    if span:  # launched before profiling: outside the device span, as in the breakdown
+        k = k.filter(pc.invert(pc.fill_null(k["carry_over"], False)))
     if k.num_rows == 0:
         return None
     ts = _arr(k, "ts") - conv
@@ -634,7 +676,7 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     kind, names = (_interned(buf, k.column(c), order) for c in ("kind", "name"))
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
     return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
-                   names=names, lanes=lanes, step=_arr(k, "step")[order], external_id=ext)
+                   names=names, lanes=lanes, step=_step_column(k)[order], external_id=ext)
 
 
 def _interned(buf: _Buf, col: Any, order: np.ndarray) -> list[str]:
@@ -1032,7 +1074,7 @@ def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> 
     judged against the same op on every GPU rank (`host_bound.excess_ns`)."""
     out = {}
     for r, o in slow_ops_of(store, ranks).items():  # as the host_bound analyzer found them, when it ran
-        keep = np.isin(o["step"], steps)
+        keep = in_steps(o["step"], steps)
         out[r] = {"tid": o["tid"][keep], "ts": o["ts"][keep], "end": o["end"][keep],
                   "excess": o["excess"][keep], "runtime": o["runtime"][keep]}
     return out

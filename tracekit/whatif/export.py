@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.whatif.build import reported_step
 from tracekit.whatif.graph import CATEGORY_NAMES, Category
 from tracekit.whatif.replay import StepResult, step_span
 
@@ -58,7 +59,7 @@ def export_step(res: StepResult, path: np.ndarray) -> dict[str, Any]:
         events.append({"ph": "f", "bp": "e", "id": i, "name": "critical path", "cat": "critical_path", "pid": pv,
                        "tid": tv, "ts": _us(int(res.start[v]) - t0), "cname": PATH_COLOUR})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "tracekit whatif", "step": res.step, "measured_step_ns": res.measured_ns,
+            "otherData": {"producer": "tracekit whatif", "step": reported_step(res.step), "measured_step_ns": res.measured_ns,
                           "step_start_ns": t0}}
 
 

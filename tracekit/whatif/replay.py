@@ -31,10 +31,13 @@ class StepResult:
     """replayed node starts (unchanged graph; shared by the steps of one graph)"""
     rows: np.ndarray = None  # type: ignore[assignment]
     """the graph's windows of this step"""
+    rule: str = "profiler_step"
+    """how the steps were found (whatif/steps.py `analysed_steps`: profiler_step, optimizer_step,
+    graph_launch, repeated_ops, or device_span: a GPU rank's first to last device event as one step)"""
 
 
-def replay_steps_of(g: StepGraph) -> list[StepResult]:
-    """One result per step of the graph, from one unchanged replay."""
+def replay_steps_of(g: StepGraph, rule: str = "profiler_step") -> list[StepResult]:
+    """One result per step of the graph, from one unchanged replay (`rule`: how its steps were found)."""
     start = replay(g)
     times = rank_step_ns(g, start)
     meas = measured_step_ns(g)
@@ -42,7 +45,7 @@ def replay_steps_of(g: StepGraph) -> list[StepResult]:
     for s in np.unique(g.win_step).tolist():
         rows = np.flatnonzero(g.win_step == s)
         out.append(StepResult(step=int(s), graph=g, measured_ns=int(meas[rows].max()),
-                              replayed_ns=int(times[rows].max()), start=start, rows=rows))
+                              replayed_ns=int(times[rows].max()), start=start, rows=rows, rule=rule))
     return out
 
 

@@ -3,8 +3,10 @@
 `step_input` gathers what the graph builder (whatif/build.py) reads — matched collectives, the group →
 dim map, each rank's send/recv rows and collective ends —, `run_layout` the layout the fixes act on
 (mesh coordinates, hosts, pipeline stages), and `replay_steps` builds and replays the last `MAX_STEPS`
-profiled steps as one graph. The critical path (assess/critical_path.py), `tracekit whatif`
-(assess/whatif.py) and the explained diff (compare/attribution.py) all start here.
+steps as one graph: the steps the breakdown analyses (`analysed_steps`: ProfilerStep windows, iterations
+found where a trace without them repeats, or a GPU rank's first to last device event as one step). The
+critical path (assess/critical_path.py), `tracekit whatif` (assess/whatif.py) and the explained diff
+(compare/attribution.py) all start here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.derive.activity import rank_activities
 from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
                                       read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
@@ -20,7 +23,7 @@ from tracekit.layout import rank_to_host
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.columns import Columns, arrow_columns, first_of_group, group_ids, strings, take
 from tracekit.tables.store import RunStore
-from tracekit.whatif.build import StepInput, build_step_graph
+from tracekit.whatif.build import SPAN_STEP, StepInput, build_step_graph
 from tracekit.whatif.fixes import RunFacts
 from tracekit.whatif.replay import StepResult, replay_steps_of
 
@@ -115,10 +118,29 @@ def pipeline_stages(pipe: dict[str, Any]) -> dict[int, int]:
     return {int(r): i for p in pipe.get("pipelines") or [] for i, r in enumerate(p.get("ranks") or [])}
 
 
+def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, str]:
+    """The steps the replay analyses (the last MAX_STEPS), the ranks it analyses them on (None: every
+    rank) and the rule that found them, the breakdown's (derive/activity.py `_windows`): the steps table's
+    (`steps.rule`: profiler_step, or optimizer_step | graph_launch | repeated_ops, the iterations where a
+    trace without ProfilerStep repeats); on a run without steps, each GPU rank's one window from its first to
+    its last device event (`device_span`) as one step, SPAN_STEP. ((), None, "none") when there is neither
+    (a CPU trace without ProfilerStep)."""
+    if store.has("steps"):
+        cols = ["step"] + (["rule"] if "rule" in store.columns("steps") else [])
+        t = store.table("steps", cols)
+        steps = sorted(set(t.column("step").to_pylist()))
+        if steps:
+            rules = sorted({r for r in t.column("rule").to_pylist() if r}) if "rule" in cols else []
+            return tuple(int(s) for s in steps[-MAX_STEPS:]), None, ", ".join(rules) or "profiler_step"
+    acts, gpu = rank_activities(store, None), gpu_ranks(store)  # a CPU rank's window is never the device span
+    span = {r for r in store.ranks() if r in gpu and acts.get(r).step_rule == "device_span"}
+    return ((SPAN_STEP,), span, "device_span") if span else ((), None, "none")
+
+
 def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
-    """The last MAX_STEPS profiled steps as one graph (a fix that shortens a step lets the next begin
-    earlier), one result per step."""
-    steps = sorted(set(store.table("steps", ["step"]).column("step").to_pylist())) if store.has("steps") else []
+    """The last MAX_STEPS steps (`analysed_steps`) as one graph (a fix that shortens a step lets the next
+    begin earlier), one result per step, each carrying the rule that found the steps."""
+    steps, span_ranks, rule = analysed_steps(store)
     if not steps:
         return []
     # log-only ranks (a partial recording) of a GPU run are chains of their logged collectives: work between
@@ -128,5 +150,7 @@ def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
     log_only = log_only_ranks(store)
     chained = log_only if log_only and log_only <= gpu_ranks(store) else set()
     ranks = [r for r in store.ranks() if r not in log_only or r in chained] if log_only else None
-    g = build_step_graph(store, tuple(int(s) for s in steps[-MAX_STEPS:]), inp, ranks, log_only=chained)
-    return replay_steps_of(g) if g.ranks.size else []
+    if span_ranks is not None:
+        ranks = [r for r in (store.ranks() if ranks is None else ranks) if r in span_ranks]
+    g = build_step_graph(store, steps, inp, ranks, log_only=chained)
+    return replay_steps_of(g, rule) if g.ranks.size else []
