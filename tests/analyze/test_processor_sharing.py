@@ -14,7 +14,10 @@ within a few %. A sleeper's peer computed its relu at a whole core while the sle
 the sleep is gone: the simulated difference is 36.0 ms for a 40 ms sleep, which the replay without the model
 (each op at the pace it was measured at) over-stated as 40.0. A rank with twice the work: 20.0 ms simulated;
 its peer computed beside it throughout, in the faulty as in the clean job, so the op-by-op fix was exact before
-too (a check that the model keeps it so).
+too (a check that the model keeps it so). Two more ways the recorded numbers depart from one fair share per
+host, each seen on the recordings: the ranks meet different outside loads (the scheduler's placement: rank 0
+beside more of it), and their threads wait for a core outside the ops the trace shows (a woken thread waits for
+the running one's slice), which the recorded wait holds but their CPU time does not.
 """
 
 from __future__ import annotations
