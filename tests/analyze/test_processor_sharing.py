@@ -154,8 +154,8 @@ PLACED = {0: 2.0, 1: 0.5}
 """the outside load beside rank 0 more than beside rank 1 (`simulate`'s `outside`)"""
 CASES = {"sleep": (frozenset({"sleep"}), False, None, None), "twice": (frozenset({"sleep"}), False, None, None),
          "sleep_recorded": (frozenset({"sleep"}), True, None, None), "device": (DEVICE, True, None, None),
-         "sleep_woken": (frozenset({"sleep"}), True, None, WOKEN), "twice_woken": (frozenset({"sleep"}), True, None, WOKEN),
-         "sleep_placed": (frozenset({"sleep"}), True, PLACED, None), "twice_placed": (frozenset({"sleep"}), True, PLACED, None)}
+         **{f"{c}_woken": (frozenset({"sleep"}), True, None, WOKEN) for c in ("sleep", "twice")},
+         **{f"{c}_placed": (frozenset({"sleep"}), True, PLACED, None) for c in ("sleep", "twice")}}
 """case -> (what holds no core, the manifest records the ranks' CPU windows, the outside load per rank, the wait
 outside the ops per rank)"""
 

@@ -54,7 +54,8 @@ class HostShare:
     host: str
     cores: int
     load: dict[int, float]
-    """rank -> E_r: the runnable threads beside the job's ranks as the rank met them (fitted to its own wait)"""
+    """rank -> E_r: the runnable threads beside the job's ranks as the rank met them (fitted to its CPU time,
+    `core_time`)"""
     share: dict[int, float]
     """rank -> its runnable share (`runnable_share`)"""
     nodes: np.ndarray
@@ -132,8 +133,8 @@ def _intervals(g: StepGraph, nodes: np.ndarray, gaps: np.ndarray, start: np.ndar
 def fit_load(cpu: float, held: np.ndarray, c: np.ndarray, cores: int) -> float:
     """E such that the model's core time, Σ_segments held × rate(c, E) (`held`: per segment of concurrency `c`
     the runnable time the core time is fitted over: a rank's runnable share × the segment's length where it
-    runs), equals the recorded core time `cpu` (its runnable time × (1 − wait share)). The core time falls as E
-    grows: a bisection (0 where the job's ranks alone explain the waiting)."""
+    runs), equals the recorded core time `cpu` (`core_time`). The core time falls as E grows: a bisection (0
+    where the job's ranks alone explain the waiting)."""
     def core_time(load: float) -> float:
         return float((held * _rate(cores, load, c)).sum())
 
@@ -150,6 +151,8 @@ def fit_load(cpu: float, held: np.ndarray, c: np.ndarray, cores: int) -> float:
 
 def _runs_on(bp: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per segment [bp_i, bp_i+1): does one of the intervals [a, b) cover it (the breakpoints hold every end)?"""
+    if a.size == 0:
+        return np.zeros(max(bp.size - 1, 0), bool)
     u0, u1 = iv.union(a, b)
     i = np.searchsorted(u0, bp[:-1], side="right") - 1
     return (i >= 0) & (bp[:-1] < u1[np.maximum(i, 0)])
@@ -199,8 +202,8 @@ def _host_shares(g: StepGraph, lay) -> list[HostShare]:
         rk_n, rk_g = g.rank[nodes], g.rank[gaps]
         rho_n = np.array([share[int(r)] for r in rk_n.tolist()], np.float64)
         rho_g = np.array([share[int(r)] for r in rk_g.tolist()], np.float64)
-        ran_n = _each(clocks, rk_n, lambda clk, m: clk.at(g.start[nodes[m]] + g.dur[nodes[m]]) - clk.at(g.start[nodes[m]]))
-        ran_g = _each(clocks, rk_g, lambda clk, m: clk.at(g.start[gaps[m]]) - clk.at(g.start[gaps[m]] - g.gap[gaps[m]]))
+        ran_n = _each(clocks, rk_n, lambda clk, m: clk.at((g.start + g.dur)[nodes[m]]) - clk.at(g.start[nodes[m]]))
+        ran_g = _each(clocks, rk_g, lambda clk, m: clk.at(g.start[gaps[m]]) - clk.at((g.start - g.gap)[gaps[m]]))
         out.append(HostShare(h, k, load, share, nodes, gaps, (1 - rho_n) * g.dur[nodes] + rho_n * ran_n,
                              (1 - rho_g) * g.gap[gaps] + rho_g * ran_g, rho_n, rho_g))
     return out
