@@ -1,19 +1,20 @@
 """Processor sharing on CPU ranks that share a host's cores (docs/metrics.md §8 "Processor sharing").
 
 A CPU rank's op is CPU work: on a host with K cores where c of the job's ranks are runnable and the
-box's other processes add a load E (runnable threads the trace does not show), each runnable rank
-advances at the rate
+box's other processes add a load E_r (runnable threads the trace does not show, as rank r met them), each
+runnable rank advances at the rate
 
-    rate(t) = min(1, K / (c(t) + E))
+    rate_r(t) = min(1, K / (c(t) + E_r))
 
-(processor sharing: the cores split evenly among the runnable threads, none faster than one core). A
-rank is runnable while one of its work nodes runs (compute, host, other work, a gloo transfer: gloo moves
-the bytes on CPU threads) and in the short gaps of its training thread (Python between ops: shorter than
-`RunFacts.stall_min_ns`); a longer gap is a stall (a sleep, a blocked read) and a collective's wait holds
-no core. The trace gives c(t); E is fitted per host so that the model's mean rate over the ranks' runnable
-time equals what `tracekit record` measured, 1 − `ranks.cpu_wait_share` (the share of runnable time the
-rank's threads waited for a core): the mean rate falls as E grows, so a bisection finds it, and E = 0
-where the job's own ranks explain all the waiting.
+(processor sharing: the cores split evenly among the runnable threads, none faster than one core; E_r per
+rank, as the scheduler places the outside load beside one rank more than beside another: 3 runnable threads
+on 2 cores do not share them evenly). A rank is runnable while one of its work nodes runs (compute, host,
+other work, a gloo transfer: gloo moves the bytes on CPU threads) and in the short gaps of its training
+thread (Python between ops: shorter than `RunFacts.stall_min_ns`); a longer gap is a stall (a sleep, a
+blocked read) and a collective's wait holds no core. The trace gives c(t); each E_r is fitted so that the
+model's core time over the rank's runnable time equals the CPU time `tracekit record` measured for it
+(`core_time`): the core time falls as E_r grows, so a bisection finds it, and E_r = 0 where the job's own
+ranks explain all the waiting.
 
 Each node's work is its measured time × the rate it ran at (∫ rate over its interval; a runnable gap's
 likewise). A fix changes a node's work in proportion to its wall time (a compute op at half its time is
@@ -47,13 +48,14 @@ WORK = (Category.COMPUTE, Category.HOST, Category.OTHER, Category.TRANSFER)
 
 @dataclass
 class HostShare:
-    """One host's processor-sharing model: its cores, the fitted outside load, its ranks' work nodes and
+    """One host's processor-sharing model: its cores, each rank's fitted outside load, its ranks' work nodes and
     runnable gaps with the work each held as measured."""
 
     host: str
     cores: int
-    load: float
-    """E: runnable threads beside the job's ranks (fitted)"""
+    load: dict[int, float]
+    """rank -> E_r: the runnable threads beside the job's ranks as the rank met them (fitted to its CPU time,
+    `core_time`)"""
     share: dict[int, float]
     """rank -> its runnable share (`runnable_share`)"""
     nodes: np.ndarray
@@ -128,13 +130,13 @@ def _intervals(g: StepGraph, nodes: np.ndarray, gaps: np.ndarray, start: np.ndar
     return np.r_[g.rank[nodes], g.rank[gaps]][keep], a[keep], b[keep]
 
 
-def fit_load(cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
-    """E such that the model's core time over the ranks' runnable time, Σ_segments c × length × rate(c, E)
-    (c: the runnable ranks, each by its runnable share), equals the recorded core time `cpu` (Σ_ranks
-    runnable time × (1 − wait share)). The core time falls as E grows: a bisection (0 where the ranks alone
-    explain the waiting)."""
+def fit_load(cpu: float, held: np.ndarray, c: np.ndarray, cores: int) -> float:
+    """E such that the model's core time, Σ_segments held × rate(c, E) (`held`: per segment of concurrency `c`
+    the runnable time the core time is fitted over: a rank's runnable share × the segment's length where it
+    runs), equals the recorded core time `cpu` (`core_time`). The core time falls as E grows: a bisection (0
+    where the job's ranks alone explain the waiting)."""
     def core_time(load: float) -> float:
-        return float((c * seg * _rate(cores, load, c)).sum())
+        return float((held * _rate(cores, load, c)).sum())
 
     if cpu <= 0 or core_time(0.0) <= cpu:
         return 0.0
@@ -145,6 +147,15 @@ def fit_load(cpu: float, seg: np.ndarray, c: np.ndarray, cores: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if core_time(mid) > cpu else (lo, mid)
     return (lo + hi) / 2
+
+
+def _runs_on(bp: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per segment [bp_i, bp_i+1): does one of the intervals [a, b) cover it (the breakpoints hold every end)?"""
+    if a.size == 0:
+        return np.zeros(max(bp.size - 1, 0), bool)
+    u0, u1 = iv.union(a, b)
+    i = np.searchsorted(u0, bp[:-1], side="right") - 1
+    return (i >= 0) & (bp[:-1] < u1[np.maximum(i, 0)])
 
 
 def host_shares(g: StepGraph, lay) -> list[HostShare]:
@@ -184,16 +195,42 @@ def _host_shares(g: StepGraph, lay) -> list[HostShare]:
         share = {r: runnable_share(lay.cpu_runnable.get(r), busy_r[r] / max(int((g.ranks == r).sum()), 1))
                  for r in ranks}
         bp, c = _concurrency(rk, a, b, share)
-        cpu = sum(share[r] * t * (1.0 - float(lay.cpu_wait[r])) for r, t in busy_r.items())
-        k = int(lay.cores[h])
-        load = fit_load(cpu, np.diff(bp).astype(np.float64), c, k)
-        clock = _Clock(bp, c, k, load)
-        rho_n = np.array([share[int(r)] for r in g.rank[nodes].tolist()], np.float64)
-        rho_g = np.array([share[int(r)] for r in g.rank[gaps].tolist()], np.float64)
-        ran_n = clock.at(g.start[nodes] + g.dur[nodes]) - clock.at(g.start[nodes])
-        ran_g = clock.at(g.start[gaps]) - clock.at(g.start[gaps] - g.gap[gaps])
+        k, seg = int(lay.cores[h]), np.diff(bp).astype(np.float64)
+        load = {r: fit_load(core_time(lay, r, share[r] * busy_r[r], int((g.ranks == r).sum())),
+                            share[r] * seg * _runs_on(bp, a[rk == r], b[rk == r]), c, k) for r in ranks}
+        clocks = {r: _Clock(bp, c, k, e) for r, e in load.items()}
+        rk_n, rk_g = g.rank[nodes], g.rank[gaps]
+        rho_n = np.array([share[int(r)] for r in rk_n.tolist()], np.float64)
+        rho_g = np.array([share[int(r)] for r in rk_g.tolist()], np.float64)
+        ran_n = _each(clocks, rk_n, lambda clk, m: clk.at((g.start + g.dur)[nodes[m]]) - clk.at(g.start[nodes[m]]))
+        ran_g = _each(clocks, rk_g, lambda clk, m: clk.at(g.start[gaps[m]]) - clk.at((g.start - g.gap)[gaps[m]]))
         out.append(HostShare(h, k, load, share, nodes, gaps, (1 - rho_n) * g.dur[nodes] + rho_n * ran_n,
                              (1 - rho_g) * g.gap[gaps] + rho_g * ran_g, rho_n, rho_g))
+    return out
+
+
+def core_time(lay, rank: int, held: float, steps: int) -> float:
+    """The core time a rank's busy time in the trace held (`held`: that busy time × its runnable share), the
+    target its outside load is fitted to: its recorded CPU time over the graph's `steps` (runnable time per
+    step × (1 − wait share), `RunFacts.cpu_runnable`), at most `held`. Its CPU time is its training thread's,
+    inside the ops and the short gaps the trace shows; its run-queue wait is not all there: a thread the
+    scheduler wakes waits for the running one's slice in time the trace shows as a stall or a collective's
+    wait (gloo's listener on each message, the training thread when a collective completes). Where the
+    runnable time is not recorded, the wait share is taken as the busy time's: held × (1 − wait share)."""
+    wait = float(lay.cpu_wait[rank])
+    runnable = lay.cpu_runnable.get(rank)
+    if runnable is None:
+        return held * (1.0 - wait)
+    return min(runnable * (1.0 - wait) * max(steps, 1), held)
+
+
+def _each(clocks: dict[int, "_Clock"], ranks: np.ndarray, fn) -> np.ndarray:
+    """`fn(clock, mask)` of each rank's elements (`ranks`: the rank of each) on the rank's own clock."""
+    out = np.zeros(ranks.size, np.float64)
+    for r, clk in clocks.items():
+        m = ranks == r
+        if m.any():
+            out[m] = fn(clk, m)
     return out
 
 
@@ -262,10 +299,14 @@ def shared_replay(g: StepGraph, lay, replay_fn, dur: np.ndarray, gap: np.ndarray
             rk, a, b = _intervals(g, s.nodes, s.gaps, start, dur, np.maximum(gap, 0))
             if rk.size == 0:
                 continue
-            clock = _Clock(*_concurrency(rk, a, b, s.share), s.cores, s.load)
-            new_dur = _stretch(clock, start[s.nodes], nw, d0, s.node_runnable)
+            bp, c = _concurrency(rk, a, b, s.share)
+            clocks = {r: _Clock(bp, c, s.cores, e) for r, e in s.load.items()}
+            rk_n, rk_g = g.rank[s.nodes], g.rank[s.gaps]
+            new_dur = np.rint(_each(clocks, rk_n, lambda clk, m: _stretch(
+                clk, start[s.nodes[m]], nw[m], d0[m], s.node_runnable[m]))).astype(np.int64)
             begin = start[s.gaps] - np.maximum(gap[s.gaps], 0)
-            new_gap = np.where(g0 > 0, _stretch(clock, begin, gw, g0, s.gap_runnable), gap[s.gaps])
+            stretched = _each(clocks, rk_g, lambda clk, m: _stretch(clk, begin[m], gw[m], g0[m], s.gap_runnable[m]))
+            new_gap = np.where(g0 > 0, np.rint(stretched).astype(np.int64), gap[s.gaps])
             moved = max(moved, int(np.abs(new_dur - dur[s.nodes]).max(initial=0)),
                         int(np.abs(new_gap - gap[s.gaps]).max(initial=0)))
             dur[s.nodes], gap[s.gaps] = new_dur, new_gap
