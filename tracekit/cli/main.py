@@ -8,20 +8,22 @@ import typer
 
 COMMANDS = ("record", "parse", "analyze", "query", "diff", "check", "simulate", "whatif", "advise", "export")
 
-app = typer.Typer(
-    name="tracekit",
-    help=(
-        "Profile and analyse distributed PyTorch training.\n\n"
-        "Typical use:  tracekit record --out traces -- torchrun --nproc-per-node 4 train.py\n"
-        "then:         tracekit analyze traces --out tracekit-out   (open tracekit-out/report.html)"
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    rich_markup_mode="rich",
+HELP = (
+    "Profile and analyse distributed PyTorch training.\n\n"
+    "Typical use:  tracekit record --out traces -- torchrun --nproc-per-node 4 train.py\n"
+    "then:         tracekit analyze traces --out tracekit-out   (open tracekit-out/report.html)"
 )
 
 
-@app.callback(invoke_without_command=True)  # else `tracekit --version` fails with "Missing command"
+def build_app(commands: tuple[str, ...] = COMMANDS) -> typer.Typer:
+    """The typer app with the given commands registered (each from its module's `register`)."""
+    app = typer.Typer(name="tracekit", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+    app.callback(invoke_without_command=True)(_root)  # else `tracekit --version` fails with "Missing command"
+    for name in commands:
+        importlib.import_module(f"tracekit.cli.{name}").register(app)
+    return app
+
+
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the tracekit version and exit.", is_eager=True),
@@ -36,16 +38,27 @@ def _root(
         raise typer.Exit(2)
 
 
-for _name in COMMANDS:
-    importlib.import_module(f"tracekit.cli.{_name}").register(app)
+def commands_for(argv: list[str]) -> tuple[str, ...]:
+    """The commands a command line needs: only the one it names first (registering and building the other
+    nine costs ~0.03 CPU s per run: issue 28's whole-process parse), all of them for anything else (the
+    root's help, `--version`, a mistyped command's message)."""
+    return (argv[1],) if len(argv) > 1 and argv[1] in COMMANDS else COMMANDS
+
+
+def __getattr__(name: str):  # `app`, with every command, built when first asked for (tests, CliRunner)
+    if name == "app":
+        globals()["app"] = full = build_app()
+        return full
+    raise AttributeError(name)
 
 
 def main() -> None:
-    """The `tracekit` command. Exits without the interpreter's teardown (freeing every object and module
+    """The `tracekit` command, with only the command it runs registered (`commands_for`). Exits without the interpreter's teardown (freeing every object and module
     one by one costs ~0.15 s of CPU after a 90 MB parse): at exit, after every atexit handler registered
     since this point (process pools, logging) has run and non-daemon threads are joined, the standard
     streams are flushed and the process ends with the command's status."""
     import atexit
+    import sys
 
     from tracekit.process_env import apply_defaults
 
@@ -53,7 +66,7 @@ def main() -> None:
     status: list[int] = []
     atexit.register(_end_process, status)
     try:
-        app()
+        build_app(commands_for(sys.argv))()
     except SystemExit as exc:
         code = exc.code
         status.append(0 if code is None else code if isinstance(code, int) else 1)

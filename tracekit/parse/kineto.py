@@ -170,7 +170,7 @@ def decode_columns(blocks, exact_close: bool = False, event_ranks: bool = False)
         return decoder.decode(text)
 
     try:
-        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows), decode,
+        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows, text), decode,
                                     exact_close)
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, RecursionError, pa.ArrowException):
@@ -450,12 +450,24 @@ def _add_typed(cols: EventColumns, events: list) -> None:
     _add_x(cols, xs)
 
 
-def _add_rows(cols: EventColumns, events: list, rows: list) -> None:
+def _add_rows(cols: EventColumns, events: list, rows: list, piece: bytes) -> None:
     """Add one chunk decoded by the row-capturing decoder (`rows`: its X events' fields, D.ROW_FIELDS
-    values per event in one flat list)."""
+    values per event in one flat list; `piece`: the JSON text it decoded, where the full args of the few
+    events that keep them are read)."""
     _count_phases(cols, events, D.row_capture().row_class, len(rows) // D.ROW_WIDTH)
     if rows:
-        _add_fields(cols, *D.row_columns(rows))
+        columns = D.row_columns(rows)
+        _add_fields(cols, *columns, full_args=lambda kept: _full_args(piece, columns[2], columns[0], kept))
+
+
+def _full_args(piece: bytes, ts: list, names: list, kept: list[int]) -> list:
+    """The XArgs of the captured complete events `kept` of `piece`: each read where its text lies, else (rare)
+    from a second decode of the whole piece."""
+    found = D.full_args(piece, ts, names, kept)
+    if found is not None:
+        return found
+    xs = [e for e in D.EVENTS_DECODER.decode(piece) if e.__class__ is D.X]
+    return [xs[i].args for i in kept]
 
 
 def _add_x(cols: EventColumns, xs: list) -> None:
@@ -511,9 +523,9 @@ def merge_columns(parts: list[EventColumns], top: Any) -> EventColumns:
 
 
 def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext, ext_old, corr, stream, device,
-                flops, coll, launch, *shapes) -> None:
+                flops, coll, launch, *shapes, full_args=None) -> None:
     """Turn one batch of complete events' fields into column pieces; keep full args only for
-    collective candidates."""
+    collective candidates (`full_args(rows)`: theirs when `args` lacks D.FULL_ONLY_ARGS)."""
     lenient = cols.lenient
     n = len(names)
     base = cols.n
@@ -555,7 +567,10 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     _add_shapes(cols, shapes, n)
     keep = np.array(cols.keep_name, bool)[codes] if n else np.zeros(0, bool)
     keep[has_coll] = True
-    cols.args_keep.update((base + int(i), _detach(args[i])) for i in np.flatnonzero(keep))
+    kept = np.flatnonzero(keep).tolist()
+    if kept:
+        full = full_args(kept) if full_args is not None else [args[i] for i in kept]
+        cols.args_keep.update((base + i, _detach(a)) for i, a in zip(kept, full))
     if cols.event_ranks is not None:
         cols.event_ranks.append(_event_ranks(list(map(attrgetter("rank"), args)), pids, n))
     cols.n += n
