@@ -914,7 +914,8 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     n = int(g.inst.max(initial=-1)) + 1
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
-    ops = g.inst_info.at("op", np.arange(n)).astype(str)
+    # each instance's op as text, once per graph (every overlap what-if asks for its op's nodes)
+    ops = derived(g, "instance_ops", (g.inst, g.inst_info), (), lambda: g.inst_info.at("op", np.arange(n)).astype(str))
     hit = np.isin(ops, [op] if isinstance(op, str) else list(op))  # per instance, then per node
     return (g.inst >= 0) & hit[np.maximum(g.inst, 0)]
 
