@@ -123,7 +123,8 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
     if matched is not None and matched.n_instances:
         import pandas as pd  # only with matched instances: a run without any never imports it
 
-        nbytes = matched.rows.groupby("key")["bytes"].max()
+        # a dict: Series.get per instance cost ~25 us each (98,624 instances at 1,024 ranks: ~2.5 s)
+        nbytes = matched.rows.groupby("key")["bytes"].max().to_dict()
         for r in matched.instances.itertuples():
             t_ns = r.transfer
             if t_ns is pd.NA or t_ns is None or int(t_ns) <= 0:

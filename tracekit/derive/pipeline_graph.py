@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.tables.columns import python_values
 from tracekit.tables.store import RunStore
 
 P2P_OPS = ("send", "recv")
@@ -63,28 +64,71 @@ class InferredPipeline:
 def load_p2p(store: RunStore) -> dict[int, list[P2POp]]:
     """Send/recv rows per rank, in issue order. Per rank the trace's own rows (source kineto) are used
     when present — they carry the timing — with peers they lack taken, in order, from a collective
-    log's rows of the same op and step; otherwise the log's rows."""
+    log's rows of the same op and step; otherwise the log's rows. Column-wise: a rank's rows are chosen
+    by index and only the kept ones become objects (a 10,000-rank run's logs hold ~1.8 M of them); a rank
+    whose trace rows lack peers its log has goes through `_fill_peers` row by row."""
     cols = ["rank", "source", "op", "peer", "ts", "dur", "enqueue_ts", "enqueue_dur", "step"]
     t = store.table("collectives", cols)
     t = t.filter(pc.fill_null(pc.is_in(t["op"], pa.array(P2P_OPS)), False))
-    by_src: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
-    sources: dict[int, list[str]] = defaultdict(list)  # per rank, its sources in order of first row
-    for r in t.to_pylist():
-        key = (r["rank"], r["source"] or "kineto")
-        if key not in by_src:
-            sources[key[0]].append(key[1])
-        by_src[key].append(r)
-    out: dict[int, list[P2POp]] = {}
-    for rank in sorted(sources):
-        rows = by_src.get((rank, "kineto"))
-        logs = [by_src[(rank, s)] for s in sources[rank] if s != "kineto"]
+    rank = t["rank"].to_numpy(zero_copy_only=False).astype(np.int64)
+    peer_ok = pc.is_valid(t["peer"]).to_numpy(zero_copy_only=False)
+    # per (rank, source) its rows in table order, the sources of a rank in the order of their first row
+    groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i, (r, src) in enumerate(zip(rank.tolist(), python_values(t["source"]))):
+        groups[(r, src or "kineto")].append(i)
+    sources: dict[int, list[str]] = defaultdict(list)
+    for r, src in groups:
+        sources[r].append(src)
+    chosen, filled = [], {}
+    for r in sorted(sources):
+        rows = groups.get((r, "kineto"))
+        logs = [groups[(r, s)] for s in sources[r] if s != "kineto"]
         log = max(logs, key=len) if logs else []
         if rows is None:
             rows, log = log, []
-        _fill_peers(rows, log)
-        ops = [op for op in (_p2p_op(r) for r in rows) if op is not None]
-        out[rank] = sorted(ops, key=lambda o: o.start)
-    return out
+        if log and not peer_ok[rows].all():
+            filled[r] = _fill_peers_rows(t, rows, log)
+        else:
+            chosen.append(np.asarray(rows, np.int64))
+    return _p2p_ops(t, np.concatenate(chosen) if chosen else np.zeros(0, np.int64), rank, filled)
+
+
+def _p2p_ops(t: pa.Table, idx: np.ndarray, rank: np.ndarray, filled: dict[int, list[P2POp]]
+             ) -> dict[int, list[P2POp]]:
+    """`_p2p_op` of the rows `idx` (grouped by rank, ascending), each rank's ops sorted by start (stably),
+    merged with the ranks `filled` holds, in rank order."""
+    def col(name: str) -> tuple[np.ndarray, np.ndarray]:
+        c = t[name].take(pa.array(idx))
+        return pc.fill_null(c, 0).to_numpy(zero_copy_only=False).astype(np.int64), \
+            pc.is_valid(c).to_numpy(zero_copy_only=False)
+    (peer, has_peer), (ts, has_ts), (dur, has_dur) = col("peer"), col("ts"), col("dur")
+    (ets, has_ets), (edur, has_edur) = col("enqueue_ts"), col("enqueue_dur")
+    r = rank[idx]
+    start = np.where(has_ts, ts, ets)
+    d = np.where(has_ts, np.where(has_dur, dur, 0), np.where(has_edur, edur, 0))
+    keep = has_peer & (peer != r) & (has_ts | has_ets)
+    keep_at = np.flatnonzero(keep)
+    keep_at = keep_at[np.lexsort((start[keep_at], r[keep_at]))]  # by rank, then start; ties in row order
+    end = start + np.maximum(d, 0)
+    ops, steps = python_values(t["op"].take(pa.array(idx[keep_at]))), python_values(t["step"].take(pa.array(idx[keep_at])))
+    made = [P2POp(rank=a, op=o, peer=b, start=c, end=e, step=s) for a, o, b, c, e, s in zip(
+        r[keep_at].tolist(), ops, peer[keep_at].tolist(), start[keep_at].tolist(), end[keep_at].tolist(), steps)]
+    out: dict[int, list[P2POp]] = {}
+    ranks = r[keep_at]
+    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True]) if ranks.size else np.zeros(1, np.int64)
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        out[int(ranks[a])] = made[a:b]
+    for rk in np.unique(r).tolist():  # a rank whose rows all fell out keeps an empty list
+        out.setdefault(rk, [])
+    out.update(filled)
+    return dict(sorted(out.items()))
+
+
+def _fill_peers_rows(t: pa.Table, rows: list[int], log: list[int]) -> list[P2POp]:
+    """One rank's ops the row-by-row way: its trace rows with peers filled from its log's (`_fill_peers`)."""
+    mine, theirs = t.take(pa.array(rows)).to_pylist(), t.take(pa.array(log)).to_pylist()
+    _fill_peers(mine, theirs)
+    return sorted((op for op in (_p2p_op(x) for x in mine) if op is not None), key=lambda o: o.start)
 
 
 def _fill_peers(rows: list[dict[str, Any]], log: list[dict[str, Any]]) -> None:

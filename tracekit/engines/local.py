@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -74,6 +75,15 @@ class LocalEngine:
             if nxt is not None:
                 pending.append(self._pool.submit(fn, *nxt))
             yield result
+
+    def shared(self, value: Any) -> contextlib.AbstractContextManager:
+        """A handle to `value` for `map_ranks`' tasks (tracekit/engines/shared.py): the value itself when the
+        tasks run in this process, else a temporary file each worker reads once."""
+        if self.workers <= 1:
+            return contextlib.nullcontext(value)
+        from tracekit.engines.shared import shared_file
+
+        return shared_file(value)
 
     def close(self) -> None:
         if self._pool is not None:

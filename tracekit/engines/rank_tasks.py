@@ -15,15 +15,18 @@ import numpy as np
 
 from tracekit.derive.activity import RankActivities, RankActivity, load_rank_activity, rank_activities
 from tracekit.derive.topology import LayoutResult
+from tracekit.engines.shared import engine_shared, shared_value
 from tracekit.tables.arrow_env import defer_pandas
 from tracekit.tables.store import RunStore
 
 ACTIVITY_PREFETCH_BYTES = 1 << 30
 
 
-def rank_activity_task(store_path: str, rank: int, rank_row: dict[str, Any], dims: dict[str, str]) -> RankActivity:
+def rank_activity_task(store_path: str, rank: int, rank_row: dict[str, Any], dims: Any) -> RankActivity:
+    """`load_rank_activity` of one rank; `dims`: the layout's pg_name -> dim map or an engine's handle to it
+    (`engines.shared`: as large as the run's groups, it is sent to each worker once, not with every rank)."""
     defer_pandas()  # a worker's first pyarrow conversion would import pandas (~40 MB per worker) for nothing
-    return load_rank_activity(_open_store(store_path), rank, rank_row, dims)
+    return load_rank_activity(_open_store(store_path), rank, rank_row, shared_value(dims))
 
 
 _OPEN: dict[str, tuple[tuple[int, int, int], RunStore]] = {}
@@ -60,17 +63,18 @@ def prefetch_rank_activity(engine: Any, max_bytes: int | None = None
     def prefetched_activities(store: RunStore, layout: LayoutResult | None) -> RankActivities:
         acts = rank_activities(store, layout)
         ranks = store.ranks()
-        args = [(str(store.path.resolve()), r, acts.rows.get(r, {}), acts.dims) for r in ranks]
-        held = 0
-        results = engine.map_ranks(rank_activity_task, args)
-        for r, act in zip(ranks, results):
-            acts.held[r] = act
-            held += activity_nbytes(act)
-            if held > max_bytes:
-                break  # the rest is computed on demand
-        close = getattr(results, "close", None)
-        if close is not None:
-            close()  # stop submitting further tasks
+        path = str(store.path.resolve())
+        with engine_shared(engine, acts.dims) as dims:
+            held = 0
+            results = engine.map_ranks(rank_activity_task, [(path, r, acts.rows.get(r, {}), dims) for r in ranks])
+            for r, act in zip(ranks, results):
+                acts.held[r] = act
+                held += activity_nbytes(act)
+                if held > max_bytes:
+                    break  # the rest is computed on demand
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # stop submitting further tasks
         return acts
 
     return prefetched_activities

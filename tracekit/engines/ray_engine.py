@@ -12,6 +12,7 @@ about it fails with a bare ConnectionError, so that error is re-raised with the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections import Counter, deque
@@ -147,6 +148,14 @@ class RayEngine:
     def map_ranks(self, fn: Callable[..., Any], args: list[tuple]) -> Iterator[Any]:
         remote = self._remote["call"]
         return self._ordered(lambda a: remote.remote(fn, a), args)
+
+    @contextlib.contextmanager
+    def shared(self, value: Any) -> Iterator[Any]:
+        """A handle to `value` for `map_ranks`' tasks (tracekit/engines/shared.py): put in the object store once,
+        fetched once per worker."""
+        from tracekit.engines.shared import SharedRef
+
+        yield SharedRef((self._ray.put(value),))
 
     def close(self) -> None:
         if self._started:

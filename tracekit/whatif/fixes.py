@@ -389,8 +389,12 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
     cache = g.cache.buckets
     if dim not in cache:
         xfer = np.flatnonzero(_transfers(g, dim) & gradient_dims(g) & _op_is(g, GRADIENT_OPS) & (g.rank >= 0))
+        if xfer.size == 0:  # not a data-parallel dim (every overlap what-if of tp, cp, ep asks): no buckets
+            cache[dim] = (np.zeros(0, np.int64),) * 3
+            return cache[dim]
         comp = np.flatnonzero(g.category == Category.COMPUTE)
-        arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
+        # the arrivals of the dim's reductions only (the lookup below asks for no other)
+        arrive = np.flatnonzero((g.category == Category.MARK) & np.isin(g.inst, np.unique(g.inst[xfer])) & (g.rank >= 0))
         arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), arrive.tolist()))
         recv = _by_window(g, np.flatnonzero(_transfers(g, "pp") & _op_is(g, "recv") & (g.rank >= 0)))
         xfer, comp = _by_window(g, xfer), _by_window(g, comp)
@@ -910,7 +914,8 @@ def _op_is(g: StepGraph, op: str | tuple[str, ...]) -> np.ndarray:
     n = int(g.inst.max(initial=-1)) + 1
     if g.inst_info is None or n == 0:
         return np.zeros(g.num_nodes, bool)
-    ops = g.inst_info.at("op", np.arange(n)).astype(str)
+    # each instance's op as text, once per graph (every overlap what-if asks for its op's nodes)
+    ops = derived(g, "instance_ops", (g.inst, g.inst_info), (), lambda: g.inst_info.at("op", np.arange(n)).astype(str))
     hit = np.isin(ops, [op] if isinstance(op, str) else list(op))  # per instance, then per node
     return (g.inst >= 0) & hit[np.maximum(g.inst, 0)]
 
