@@ -4,7 +4,8 @@ groups: 13,451 entries at 10,000 ranks), sent to each worker process once instea
 An engine's `shared(value)` (a context manager) gives a small picklable handle for the tasks' arguments; a task
 reads the value with `shared_value(handle)`, loaded once per worker process and kept while the handle is the
 latest one it saw. The local engine writes the value to a temporary file its workers (same machine) read;
-the Ray engine puts it in the object store (`ray.put`) once. An engine without `shared` (or one running tasks
+the Ray engine puts it in the object store (`ray.put`) once. The file holds plain data as MessagePack
+(msgspec): a worker decodes it, nothing is unpickled. An engine without `shared` (or one running tasks
 in this process) passes the value itself, which `shared_value` returns as it is.
 """
 
@@ -12,16 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import tempfile
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import msgspec
+
 
 @dataclass(frozen=True)
 class SharedFile:
-    """A value pickled to `path` (removed when the engine's `shared` block ends); `token` tells it from a later
+    """A value (plain data: dicts, lists, strings, numbers) written to `path` as MessagePack (removed when the engine's `shared` block ends); `token` tells it from a later
     value at a path the system reused."""
     path: str
     token: str
@@ -31,7 +33,7 @@ class SharedFile:
 
     def load(self) -> Any:
         with open(self.path, "rb") as f:
-            return pickle.load(f)
+            return msgspec.msgpack.decode(f.read())
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,11 @@ def shared_value(handle: Any) -> Any:
 
 @contextlib.contextmanager
 def shared_file(value: Any) -> Iterator[SharedFile]:
-    """`value` pickled to a temporary file for the block (the local engine's worker processes read it)."""
-    fd, path = tempfile.mkstemp(prefix="tk-shared-", suffix=".pkl")
+    """`value` written to a temporary file for the block (the local engine's worker processes read it)."""
+    fd, path = tempfile.mkstemp(prefix="tk-shared-", suffix=".msgpack")
     try:
         with os.fdopen(fd, "wb") as f:
-            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(msgspec.msgpack.encode(value))
         yield SharedFile(path, uuid.uuid4().hex)
     finally:
         os.unlink(path)
