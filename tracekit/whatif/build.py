@@ -421,9 +421,7 @@ def _in_steps(col: Any, steps: tuple[int, ...]) -> Any:
 def in_steps(step: np.ndarray, steps: tuple[int, ...]) -> np.ndarray:
     """Mask of the rows whose step (`step`: numbers, NaN or -1 for none) is in `steps` (the device span's
     step, SPAN_STEP: every row without one)."""
-    step = np.asarray(step, dtype=np.float64)
-    hit = np.isin(step, steps)
-    return hit | np.isnan(step) | (step == -1) if SPAN_STEP in steps else hit
+    return np.isin(step_values(step, steps), steps)
 
 
 def step_values(step: np.ndarray, steps: tuple[int, ...]) -> np.ndarray:
