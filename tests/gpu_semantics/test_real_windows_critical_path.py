@@ -169,3 +169,29 @@ def test_multi_rank_device_span_replays_the_generators_saving(tmp_path, host_ind
     assert step["step"] is None and step["measured_ns"] == _span_of_slowest_rank(trace)
     assert abs(step["replayed_ns"] - step["measured_ns"]) <= REPLAY_TOLERANCE * step["measured_ns"]
     assert step["measured_ns"] - step["predicted_ns"] == pytest.approx(expect, rel=0.05)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("where", ["shared:hta_cuda_event_sync_multi_stream", "fixture:gpu_h100_hoststall"])
+def test_the_path_runs_on_device_streams_no_longer_than_the_device_is_busy(shared_traces, tmp_path, where):
+    """A step outlasts its last device work where the host has not begun the next one (hta_cuda_event_sync:
+    18.4 ms of an iteration with no host op recorded before the next launch; the gpu_h100_hoststall fixture:
+    a DataLoader whose dataset sleeps 15 ms a step). That stretch came after the path's last node and was
+    counted on that node's lane, a kernel's: "compute-bound, compute streams 99.7%" with the device busy 2%
+    of the span. The path's time on device streams can be no longer than the device's busy time (the union
+    of every device event in the file, from the raw JSON), and the verdict is the host's."""
+    kind, name = where.split(":")
+    folder = shared_traces / name if kind == "shared" else REPO / "fixtures" / name
+    (path,) = sorted(folder.glob("*.json.gz"))  # the fixture's capture.json is its recipe
+    _, dev, _ = _facts(path)
+    busy = covered([(a, b) for a, b, _ in dev], min(a for a, _, _ in dev), max(b for _, b, _ in dev))
+    store = parse_run(folder, tmp_path / "store", progress=False).store
+    cp = analyze_store(store, AnalysisConfig(isolate_analyzer_errors=False, advice=False))["sections"]["critical_path"]
+    _parts_sum_to_the_step(cp)
+    on_device = sum(s["composition"]["by_lane"]["compute_stream"] + s["composition"]["by_lane"]["comm_stream"]
+                    for s in cp["steps"])
+    assert on_device <= busy
+    assert busy < 0.2 * sum(s["composition"]["step_ns"] for s in cp["steps"])  # the device mostly idle
+    assert cp["verdict"]["bound"] == "host-bound"

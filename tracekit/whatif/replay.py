@@ -262,8 +262,10 @@ def _lane_kind(name: str) -> int:
 
 
 def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, after: int) -> dict[str, int]:
-    """The path's time (each node's own time and the gap before it) by the kind of lane it sits on; the
-    stretch after the path's last node goes to that node's lane."""
+    """The path's time (each node's own time and the gap before it) by the kind of lane it sits on. The
+    stretch after the path's last node (`after`: nothing of the step is left to run and the rank's next step
+    has not begun: its host is still in this step's tail or the next one's lead, a data wait, a sync) is
+    host time."""
     kinds = lane_kinds(g)[np.where(g.lane[path] >= 0, g.lane[path], len(g.lane_names))]
     out = dict.fromkeys(LANE_KINDS, 0)
     device = (LANE_KINDS.index("compute_stream"), LANE_KINDS.index("comm_stream"))
@@ -278,7 +280,7 @@ def _by_lane(g: StepGraph, path: np.ndarray, dur: np.ndarray, gaps: np.ndarray, 
             out["host"] += gap
         else:
             out[LANE_KINDS[k]] += gap
-    out[LANE_KINDS[int(kinds[-1])]] += max(after, 0)
+    out["host"] += max(after, 0)
     return out
 
 
