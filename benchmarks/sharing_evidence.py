@@ -15,7 +15,8 @@ Per run of each scenario recorded by `benchmarks/user_scripts_matrix.py --out DI
 - "paired pace": per rank, its compute ops of at least 0.5 ms that ran while the other ranks were runnable
   throughout (keyed by the op's position in its step), each key's median over the run against the median of
   the same key over the clean runs, weighted by the run's op count (the same ops at the same concurrency:
-  a ratio above the clean runs' own is a slower pace the trace cannot attribute to concurrency);
+  a ratio above the clean runs' own is a slower pace the trace cannot attribute to concurrency); "alone
+  pace" likewise for its ops run while no other rank was runnable;
 - for a faulty run, its top finding's replayed step (analysis.json) beside the clean runs' mean step (the
   harness's `step_ns`) and that mean scaled by the run's pace of its rank 0.
 
@@ -85,9 +86,10 @@ def shared_cpu(c: np.ndarray, ms: np.ndarray, cores: int, outside: float) -> tup
     return float(fair), float(held)
 
 
-def paired_ops(g, s, rank: int) -> dict[tuple[int, str], list[int]]:
-    """(position in its step, name) -> durations of `rank`'s compute ops that ran while every other rank of
-    the host was runnable throughout (≥ 95 % of the op), at least `MIN_OP_NS` long."""
+def ops_by_position(g, s, rank: int, paired: bool) -> dict[tuple[int, str], list[int]]:
+    """(position in its step, name) -> durations of `rank`'s compute ops at least `MIN_OP_NS` long that ran
+    while every other rank of the host was runnable throughout (`paired`: ≥ 95 % of the op) or while none
+    was (≤ 5 %)."""
     rk, a, b = _intervals(g, s.nodes, s.gaps, g.start, g.dur, g.gap)
     others = [iv.union(a[rk == r], b[rk == r]) for r in np.unique(rk).tolist() if r != rank]
     mine = s.nodes[(g.rank[s.nodes] == rank) & (g.category[s.nodes] == int(Category.COMPUTE))]
@@ -98,13 +100,13 @@ def paired_ops(g, s, rank: int) -> dict[tuple[int, str], list[int]]:
             x0, x1 = int(g.start[n]), int(g.start[n] + g.dur[n])
             covered = min((np.clip(np.minimum(u1, x1) - np.maximum(u0, x0), 0, None).sum() for u0, u1 in others),
                           default=0)
-            if g.dur[n] >= MIN_OP_NS and covered >= 0.95 * g.dur[n]:
+            if g.dur[n] >= MIN_OP_NS and (covered >= 0.95 * g.dur[n] if paired else covered <= 0.05 * g.dur[n]):
                 out[(k, g.name[n])].append(int(g.dur[n]))
     return out
 
 
 def pace_of(run: dict, clean: dict) -> float:
-    """A run's paired ops against the clean runs' (`paired_ops` of each): Σ n·median(run) / Σ n·median(clean)."""
+    """A run's ops against the clean runs' (`ops_by_position` of each): Σ n·median(run) / Σ n·median(clean)."""
     keys = [k for k in run if len(clean.get(k, ())) >= 3]
     num = sum(len(run[k]) * float(np.median(run[k])) for k in keys)
     den = sum(len(run[k]) * float(np.median(clean[k])) for k in keys)
@@ -126,12 +128,13 @@ def scenario(root: Path, name: str, runs: int, outside: float) -> list[str]:
         return [f"{name}: no processor-sharing model on some run (not one host with its CPU windows)"]
     ranks = sorted(cpu[names[0]])
     clean_cpu = {r: float(np.mean([cpu[f"clean{i}"][r][0] for i in range(runs)])) for r in ranks}
-    ops = {n: {r: paired_ops(g, s, r) for r in ranks} for n, (g, s, _) in built.items()}
-    pooled = {r: collections.defaultdict(list) for r in ranks}
+    ops = {n: {(r, p): ops_by_position(g, s, r, p) for r in ranks for p in (True, False)}
+           for n, (g, s, _) in built.items()}
+    pooled = {key: collections.defaultdict(list) for key in ops[names[0]]}
     for i in range(runs):
-        for r in ranks:
-            for k, v in ops[f"clean{i}"][r].items():
-                pooled[r][k].extend(v)
+        for key, by_pos in ops[f"clean{i}"].items():
+            for k, v in by_pos.items():
+                pooled[key][k].extend(v)
     clean_step = float(np.mean([step_ns(root / f"{name}_clean{i}") for i in range(runs)])) / 1e6
     lines = [f"{name}: clean mean step {clean_step:.1f} ms"]
     for n, (g, s, cores) in built.items():
@@ -140,7 +143,8 @@ def scenario(root: Path, name: str, runs: int, outside: float) -> list[str]:
         t = {k: float(ms[np.rint(c) == k].sum()) for k in (2, 1, 0)}
         ranks_txt = "; ".join(
             f"r{r} CPU {cpu[n][r][0]:.1f} (pace {cpu[n][r][0] / clean_cpu[r]:.2f}) wait {cpu[n][r][1]:.1f} "
-            f"E {s.load[r]:.2f} paired pace {pace_of(ops[n][r], pooled[r]):.2f}" for r in ranks)
+            f"E {s.load[r]:.2f} paired pace {pace_of(ops[n][r, True], pooled[r, True]):.2f} "
+            f"alone pace {pace_of(ops[n][r, False], pooled[r, False]):.2f}" for r in ranks)
         line = (f"  {n}: {ranks_txt} | T2/T1/T0 {t[2]:.1f}/{t[1]:.1f}/{t[0]:.1f} ms; ranks' CPU "
                 f"{sum(v[0] for v in cpu[n].values()):.1f}, fair {fair:.1f}, held {held:.1f}")
         replayed = top_replayed_step(root / f"{name}_{n}_out") if n.startswith("faulty") else None
