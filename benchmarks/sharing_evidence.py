@@ -98,9 +98,8 @@ def ops_by_position(g, s, rank: int, paired: bool) -> dict[tuple[int, str], list
         ops = mine[g.step[mine] == st]
         for k, n in enumerate(ops[np.argsort(g.start[ops], kind="stable")].tolist()):
             x0, x1 = int(g.start[n]), int(g.start[n] + g.dur[n])
-            covered = min((np.clip(np.minimum(u1, x1) - np.maximum(u0, x0), 0, None).sum() for u0, u1 in others),
-                          default=0)
-            if g.dur[n] >= MIN_OP_NS and (covered >= 0.95 * g.dur[n] if paired else covered <= 0.05 * g.dur[n]):
+            each = [np.clip(np.minimum(u1, x1) - np.maximum(u0, x0), 0, None).sum() for u0, u1 in others] or [0]
+            if g.dur[n] >= MIN_OP_NS and (min(each) >= 0.95 * g.dur[n] if paired else max(each) <= 0.05 * g.dur[n]):
                 out[(k, g.name[n])].append(int(g.dur[n]))
     return out
 
