@@ -412,6 +412,8 @@ def _critical_path(ctx: Page) -> str:
             f"step time ({h(ms(shown.measured_ns))} on rank {h(shown.slowest_rank)}); replaying the "
             f"unchanged dependency graph gives {h(ms(shown.replayed_ns))}"
             + (f" ({h(pct(err, 2))} off)" if is_num(err) else "") + ". Red: the critical path.</p>")
+    if sec.skipped:  # steps replayed, no path to follow in any
+        body += f"<p class=note>{h(sec.skipped)}.</p>"
     if sec.step_rule:  # windows a step rule found on a trace without ProfilerStep
         body += f"<p class=note>Steps: {h(_found_steps_text(sec.step_rule))}.</p>"
     if shown.timeline:

@@ -195,3 +195,20 @@ def test_the_path_runs_on_device_streams_no_longer_than_the_device_is_busy(share
     assert on_device <= busy
     assert busy < 0.2 * sum(s["composition"]["step_ns"] for s in cp["steps"])  # the device mostly idle
     assert cp["verdict"]["bound"] == "host-bound"
+
+
+def test_a_step_with_no_path_to_follow_says_so(shared_traces, tmp_path):
+    """hta_gloo_cpu_rank34of300: one CPU rank of 300, whose step (from the raw JSON) holds its gloo
+    collectives and otherwise no more than empty allocations: its collectives' peers are not in the file, so the
+    replay has no op of the rank's own to follow. The section replayed the step, gave no verdict and said
+    nothing ("skipped": null, the whole step "not attributed"); it now says why there is no path."""
+    folder = shared_traces / "hta_gloo_cpu_rank34of300"
+    (path,) = sorted(folder.glob("*.json*"))
+    ev = [e for e in _doc(path)["traceEvents"] if e.get("ph") == "X"]
+    ops = {e["name"] for e in ev if e.get("cat") in ("cpu_op", "user_annotation")}
+    assert {n for n in ops if not n.startswith(("gloo:", "ProfilerStep#"))} <= {"aten::empty"}
+    assert not [e for e in ev if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")]
+    cp = _analyze(shared_traces, "hta_gloo_cpu_rank34of300", tmp_path)["sections"]["critical_path"]
+    assert cp["steps"] and not any(s["path"] for s in cp["steps"])
+    assert cp["verdict"] is None
+    assert cp["skipped"] and cp["skipped"].startswith("no path to follow")

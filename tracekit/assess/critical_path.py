@@ -501,6 +501,9 @@ def memcpy_finding(results: list[StepResult]) -> Finding | None:
         est_saving_ns=ns)
 
 
+NO_PATH = ("no path to follow: in every replayed step the slowest rank has no op of its own that the replay "
+           "can place (nothing recorded on its training thread or device in the window but collectives whose "
+           "peers are not in the trace); the step is replayed, its time not attributed")
 NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no GPU rank with "
            "device events (a CPU rank without ProfilerStep has no step window)")
 
@@ -531,7 +534,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     section = {"steps": steps, "whatif": rows, "all_fixes": together,
                "verdict": None if withheld else path_verdict(steps),
                "measured_step_ns": _measured_run_step(results),
-               "skipped": None if results else NO_STEP}
+               "skipped": None if any(st["path"] for st in steps) else NO_PATH if results else NO_STEP}
     if results and results[0].rule != "profiler_step":  # the windows a step rule found (a ProfilerStep run: none)
         section["step_rule"] = results[0].rule
     return CriticalPathResult(findings=rescored, section=section, steps=results)
