@@ -554,6 +554,9 @@ def add_cpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     resume = np.searchsorted(p0, la, side="right")
     early = (_containing(s0, s1, la, strict=False) < 0) & (resume < p0.size) & (resume > 0)
     early &= p0[np.minimum(resume, p0.size - 1)] < e
+    # entering a wait is not resuming: the member's arrival may precede its own call's record (the collective
+    # log stamps it first), so the thread is "idle" at its own last arrival and its next piece is the wait
+    early &= ~wait[np.minimum(resume, p0.size - 1)]
     buf.edge(ids["sync"][early], seg[resume[early]])
     blocking &= ~early
     nxt = np.searchsorted(p0, e[blocking], side="left")
