@@ -136,7 +136,8 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
     if steps.size == 0:
         return None
     launch = _launch_rows(kern, ops)
-    lo, hi = launch_wait(kern["ts"], kern["end"], np.where(launch >= 0, ops["end"][np.maximum(launch, 0)], -1))
+    ends = ops["end"][np.maximum(launch, 0)] if ops["end"].size else np.zeros(launch.size, np.int64)
+    lo, hi = launch_wait(kern["ts"], kern["end"], np.where(launch >= 0, ends, -1))
     dl_ts, dl_end, dl_step = _data_load(store, rank)
     busy = iv.subtract(iv.union(ops["ts"], ops["end"]), iv.union(dl_ts, dl_end))  # loading is idle_host_bound's
     first = {int(x): int(kern["ts"][kern["step"] == x].min()) for x in steps.tolist()}

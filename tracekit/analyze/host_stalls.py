@@ -180,6 +180,8 @@ def rank_stalls(store: RunStore, rank: int, window: tuple[int, int] | None = Non
         return None
     events = store.rank_table("events", rank, EVENT_COLUMNS)
     host = _host_events(store, rank, events)
+    if not host.act[0].size and not host.loading[0].size:
+        return None  # no host op recorded (a trace of device events only): its gaps are not the host's
     queued = _device_queued(store, rank, events)
     comm = _comm_busy(store, rank) if queued is None else None
     seen_lo, seen_hi = _recorded_span(store, rank, events)
