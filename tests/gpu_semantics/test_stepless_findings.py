@@ -18,6 +18,7 @@ no step start: 2 of 3 arrivals examined, a third of the compute excess missed).
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -254,3 +255,44 @@ def test_host_bound_verdict_without_a_host_finding_says_the_cause_is_not_visible
     assert verdict["bound"] == "host-bound"
     assert verdict["host_cause"]["finding"] is None
     assert "cause not visible in the trace" in verdict["text"]
+
+
+def test_device_only_trace_has_no_host_finding(shared_traces, tmp_path):
+    """A merged trace of NCCL kernels only (no host event at all, raw JSON): its device span has no host op,
+    so no host gap can be measured (before, the span read as 97% host stall) and no analyzer fails."""
+    path = shared_traces / "amdhpc_cifar_resnet_ddp4_mi300_merged" / "merged_nccl_only.json.gz"
+    events = [e for e in _doc(path)["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    assert events and not [e for e in events if e.get("cat") in OP_CATS]
+    a = _analyze(path, tmp_path)
+    assert not a.get("analyzer_errors")
+    assert a["sections"]["host_stalls"]["ranks"] == []
+    assert not [f for f in a["findings"] if f["kind"] in ("host_bound", "idle_host_bound")]
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+@pytest.mark.parametrize("fixture", ["dp_ddp", "tp"])
+def test_cpu_ranks_without_profiler_step_are_replayed(tmp_path, fixture):
+    """A CPU (gloo) run with its ProfilerStep annotations taken out: each rank's window is its first to its last
+    event (the breakdown's `trace` rule), and the critical path replays that window as one step instead of
+    skipping the run. The measured step is the longest rank window (raw JSON: first event start to last event
+    end) and the unchanged replay reproduces it within 2%."""
+    (tmp_path / "t").mkdir()
+    longest = 0
+    for f in sorted((FIXTURES / fixture).glob("rank*.pt.trace.json.gz")):
+        doc = _doc(f)
+        doc["traceEvents"] = [e for e in doc["traceEvents"]
+                              if not str(e.get("name", "")).startswith("ProfilerStep#")]
+        timed = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+        longest = max(longest, max(_ns(e["ts"]) + _ns(e["dur"]) for e in timed) - min(_ns(e["ts"]) for e in timed))
+        # Decimal µs written back as the same JSON numbers (exact ns), not as strings or rounded floats
+        text = re.sub(r'"(ts|dur)": "(-?[0-9.]+)"', r'"\1": \2', json.dumps(doc, default=str))
+        (tmp_path / "t" / f.name.removesuffix(".gz")).write_text(text)
+    a = _analyze(tmp_path / "t", tmp_path)
+    assert {d["step_rule"] for d in a["sections"]["breakdown"]["rank_details"]} == {"trace"}
+    cp = a["sections"]["critical_path"]
+    assert cp["skipped"] is None and cp["step_rule"] == "trace"
+    (step,) = cp["steps"]
+    assert step["step"] is None and step["measured_ns"] == longest
+    assert abs(step["replayed_ns"] - longest) <= 0.02 * longest

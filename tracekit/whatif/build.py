@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
+from tracekit.derive.activity import stepless_windows
 from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
@@ -869,7 +870,13 @@ def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: Gp
 
 
 def _cpu_windows(store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (rank, step): the host's step window (the steps table's); a rank without step rows in the device
+    span's step (SPAN_STEP) has the breakdown's one window for it (derive/activity.py `stepless_window`: a CPU
+    rank's first to last event)."""
     st = store.rank_table("steps", rank, ["step", "ts", "dur"])
+    if SPAN_STEP in steps and st.num_rows == 0:
+        lo, hi = stepless_windows(store, None, [rank]).get(rank, (0, 0))
+        return {(rank, SPAN_STEP): (lo - conv, hi - conv)} if hi > lo else {}
     st = st.filter(pc.and_(_in_steps(st["step"], steps), pc.is_valid(st["dur"])))
     return {(rank, int(s)): (int(t) - conv, int(t) + int(d) - conv)
             for s, t, d in zip(st.column("step").to_pylist(), st.column("ts").to_pylist(), st.column("dur").to_pylist())}
