@@ -1,6 +1,8 @@
 """Host-side diagnosis of GPU ranks (DESIGN §10 "Hosts starve"): is the device waiting for its host?
 
-Per GPU rank and step (the kernels the step launched, `kernels.step`):
+Per GPU rank and step (the kernels the step launched, `kernels.step`; a rank without steps: the breakdown's one
+window, its first to last device event, as one step holding its kernels and the host ops overlapping it,
+`span_as_step`):
 - **device busy**: union of the step's kernels; **host busy**: union of the step's host ops and runtime
   calls (`cpu_op`, CUDA/HIP runtime and driver calls) on every host thread of the rank;
 - **launch wait**: time the device sat idle waiting for a launch: for each kernel, the part of
@@ -14,24 +16,31 @@ Per GPU rank and step (the kernels the step launched, `kernels.step`):
   a full launch queue, a call that returned when its own op ended) and communication calls are waits,
   never slow; nor is the first launch, in the rank's first step, of a kernel the trace had not run before
   (CUDA/HIP load its module then: a warm-up, counted apart as **first-launch** time);
-- **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role).
+- **data loading**: PyTorch's `enumerate(DataLoader)` ranges (the parser's `data_load` role);
+- **what the launching thread did** while the device waited on a busy host (`wait_in_ops`): each kernel's busy
+  launch wait on the thread of its launch call, given to the innermost op running there, by op name; of it,
+  **host work** (`host_work_ns`): time inside ops that launch nothing on the device (no runtime launch call
+  in or below them: CPU tensor ops, preprocessing).
 
 Finding `host_bound` (one for the run, ranks = those whose device waited on a busy host's launches at
 least `LAUNCH_INFO` of the step): severity from the worst rank's busy launch-wait share of its step (a step:
 first kernel to the next step's first kernel, DESIGN §3). The cause is named only from what the trace
-shows: "starved host thread" when the slow ops' excess covers at least half the busy launch wait, else
-"first launch" when first launches' excess does (a warm-up: info, no saving), else "launch overhead" (host
-dispatch slower than the kernels it launches). Data loading is not busy: a device
+shows: "starved host thread" when the slow ops' excess (of the analysed steps) covers at least half the busy
+launch wait, else "first launch" when first launches' excess does (a warm-up: info, no saving), else "host work"
+when ops that launch nothing hold at least half of it, else "launch overhead" (host dispatch slower than the
+kernels it launches). The summary names the top ops the launching thread was inside. Data loading is not busy: a device
 waiting on it is `host_stalls`' `idle_host_bound`. The closed-form saving of a starved host or of launch
 overhead is the worst rank's busy launch wait per step; the critical path replays the fix and re-grades the
 finding by it: slow ops at their median on every rank (`whatif.fixes` `host_repair`), or the named ranks'
 launches ahead of their devices as CUDA graphs keep them (`host_ahead`: launch calls and dispatch time
 between them cost nothing; stalls, data loading and waits for the device stay), an upper bound of what
-fewer, larger launches save.
+fewer, larger launches save; host work: the named ranks' host time between launches removed (`host_work`, an
+upper bound: idle gaps there go too).
 
 Section `host_bound`:
     {"ranks": [{"rank", "steps", "step_ns", "host_busy_ns", "device_busy_ns", "launch_wait_ns",
-                "launch_wait_busy_ns", "slow_ops_ns", "first_launch_ns", "slow_ops", "data_load_ns"}],     # *_ns: means per step
+                "launch_wait_busy_ns", "slow_ops_ns", "first_launch_ns", "slow_ops", "data_load_ns",
+                "host_work_ns", "wait_in_ops": {op name: ns}}],     # *_ns: means per step
      "slow_ops": [{"name", "count", "excess_ns", "median_ns", "longest_ns"}],   # over the run, worst first
      "thresholds": {"slow_factor", "slow_min_ns", "info", "warning", "critical"}}
 """

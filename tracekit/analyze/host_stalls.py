@@ -17,6 +17,10 @@ counts whole). A step is only looked at inside the profiler's own span (`_record
 `PyTorch Profiler` event): an annotation that outlives the recording (HTA's triton example: a 13.3 s
 ProfilerStep in a 355 ms profile ending 1.7 ms after the step began) is no 13 s stall.
 
+A rank without steps is looked at over the breakdown's one window as one step (derive/activity.py
+`stepless_window`: a GPU rank's first to last device event, a CPU rank's first to last event); a rank with no
+host op recorded (a file of device events only) has no host gaps to measure.
+
 Per rank: stall time per step, how much of it is data loading, the longest gap. A rank whose stall
 recurs — at least STALL_WARNING of the step in every profiled step (the smallest per-step share:
 data loading, syncs and sleeps come back each step, a one-off hiccup such as a preempted process

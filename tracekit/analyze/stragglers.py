@@ -22,7 +22,8 @@ are not late with it (`late_with`: the ranks of one slow replica arrive together
 last; `last_share_with` counts their turns as one).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
-collective ended; an arrival with no such interval, queued behind its own previous collective, is not
+collective ended, or its step's start for its first one — a rank without steps: its breakdown window's start;
+an arrival with no such interval, queued behind its own previous collective, is not
 examined: its delay is the previous one's), compare the straggler with the other members of the instance:
 longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the

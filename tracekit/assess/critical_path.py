@@ -13,8 +13,10 @@ savings never double count.
 
 The steps are the breakdown's windows (whatif/steps.py `analysed_steps`): ProfilerStep windows; on a trace
 without them, the iterations found where it repeats (optimizer steps, graph launches, repeated top-level op
-sequences), or else each GPU rank's first to last device event as one step (`step` null); `step_rule` says
-which rule made them (absent when they are ProfilerStep's).
+sequences), or else each rank's one window as one step (`step` null): a GPU rank's first to last device event
+(`device_span`), a CPU rank's first to last event (`trace`); `step_rule` says which rule made them (absent when
+they are ProfilerStep's). A host-bound verdict names the host finding that says what the host did, with its
+replayed saving (`verdict.host_cause`), or says the cause is not visible in the trace.
 
 Section `critical_path`:
     {"steps": [{"step": int | null, "measured_ns", "replayed_ns", "replay_error", "nodes", "edges", "slowest_rank",
@@ -27,6 +29,8 @@ Section `critical_path`:
      "measured_step_ns": int | null,
      "skipped": str | null,             # why there is nothing (no steps, no device work...)
      "step_rule": str}                  # only where a step rule other than ProfilerStep made the windows
+    verdict: {"bound", "lane_shares", "path_ranks", "text",
+              "host_cause": {"finding": index | null, "kind": str | null, "saving_ns": int | null, "text"}}  # host-bound only
 """
 
 from __future__ import annotations
@@ -533,8 +537,8 @@ def memcpy_finding(results: list[StepResult]) -> Finding | None:
         est_saving_ns=ns)
 
 
-NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no GPU rank with "
-           "device events (a CPU rank without ProfilerStep has no step window)")
+NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no rank with events to "
+           "make one window of (a GPU rank's first to last device event, a CPU rank's first to last event)")
 
 
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,

@@ -46,8 +46,9 @@ BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hi
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
 SPAN_STEP = -2
-"""The step number of a GPU rank's one window from its first to its last device event, the breakdown's
-`device_span` window (derive/activity.py: a run without ProfilerStep in which no iteration repeats). Its
+"""The step number of a rank's one window on a run without steps, the breakdown's (derive/activity.py
+`stepless_window`: a GPU rank's first to last device event, `device_span`, in a run without ProfilerStep in
+which no iteration repeats; a CPU rank's first to last event, `trace`). Its
 kernels, events and collectives carry no step (null, NaN, or -1 where nulls were filled): a graph of this
 step reads every row without one (`in_steps`), carry-over kernels excepted, as the breakdown does."""
 

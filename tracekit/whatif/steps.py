@@ -4,7 +4,8 @@
 dim map, each rank's send/recv rows and collective ends —, `run_layout` the layout the fixes act on
 (mesh coordinates, hosts, pipeline stages), and `replay_steps` builds and replays the last `MAX_STEPS`
 steps as one graph: the steps the breakdown analyses (`analysed_steps`: ProfilerStep windows, iterations
-found where a trace without them repeats, or a GPU rank's first to last device event as one step). The
+found where a trace without them repeats, or a rank's one window as one step: a GPU rank's first to last
+device event, a CPU rank's first to last event). The
 critical path (assess/critical_path.py), `tracekit whatif` (assess/whatif.py) and the explained diff
 (compare/attribution.py) all start here.
 """
@@ -122,9 +123,9 @@ def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, s
     """The steps the replay analyses (the last MAX_STEPS), the ranks it analyses them on (None: every
     rank) and the rule that found them, the breakdown's (derive/activity.py `_windows`): the steps table's
     (`steps.rule`: profiler_step, or optimizer_step | graph_launch | repeated_ops, the iterations where a
-    trace without ProfilerStep repeats); on a run without steps, each GPU rank's one window from its first to
-    its last device event (`device_span`) as one step, SPAN_STEP. ((), None, "none") when there is neither
-    (a CPU trace without ProfilerStep)."""
+    trace without ProfilerStep repeats); on a run without steps, each rank's one window (derive/activity.py
+    `stepless_window`: a GPU rank's first to last device event, `device_span`; a CPU rank's first to last event,
+    `trace`) as one step, SPAN_STEP. ((), None, "none") when there is neither (no rank with events)."""
     if store.has("steps"):
         cols = ["step"] + (["rule"] if "rule" in store.columns("steps") else [])
         t = store.table("steps", cols)
