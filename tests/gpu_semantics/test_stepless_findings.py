@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu_semantics.generator import Coll, Compute, Spec, simulate, write
+from tests.gpu_semantics.test_real_merged import _intersect, _subtract, _union
 from tests.gpu_semantics.test_real_windows import SINGLE_GPU, _doc
 from tracekit.config import AnalysisConfig
 from tracekit.flow import analyze_store
@@ -109,37 +110,6 @@ def _events(folder: str, shared_traces: Path) -> list[dict]:
     return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and e.get("dur") is not None]
 
 
-def _union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for a, b in sorted(iv):
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _intersect(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    return [(max(a, c), min(b, d)) for a, b in x for c, d in y if max(a, c) < min(b, d)]
-
-
-def _subtract(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for a, b in x:
-        cur = a
-        for c, d in y:
-            if d <= cur or c >= b:
-                continue
-            if c > cur:
-                out.append((cur, c))
-            cur = max(cur, d)
-        if cur < b:
-            out.append((cur, b))
-    return out
-
-
 def _total(x: list[tuple[int, int]]) -> int:
     return sum(b - a for a, b in x)
 
@@ -166,7 +136,7 @@ def _launch_wait_by_op(events: list[dict]) -> tuple[int, dict[str, int], int]:
     waits: dict[int, list[tuple[int, int]]] = {}
     prev = None
     for ts, end, corr in dev:
-        if prev is not None and corr in launch and launch[corr][1] > prev:
+        if prev is not None and corr in launch and min(ts, launch[corr][1]) > prev:
             waits.setdefault(launch[corr][0], []).append((prev, min(ts, launch[corr][1])))
         prev = end if prev is None else max(prev, end)
     launchers = [(tid, a, b) for tid, a, b, _, rt, c in ops if rt and c is not None]

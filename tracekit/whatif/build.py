@@ -16,7 +16,8 @@ Lanes per rank:
   a lane's late start (a data stall at the step's beginning) is a gap of its own.
 Times go onto one clock: trace clock − (log→trace shift) − (clock offset), as matching estimates them.
 The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window. On a run
-without steps a GPU rank's one step is its device span (SPAN_STEP: every row without a step).
+without steps a rank's one step is its breakdown window (SPAN_STEP: every row without a step): a GPU rank's
+device span, a CPU rank's first to last event.
 """
 
 from __future__ import annotations
