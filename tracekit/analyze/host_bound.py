@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 from tracekit.derive import intervals as iv
 from tracekit.derive.activity import RankActivities, stepless_windows
 from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, candidate_excess, device_ops, host_ops,
-                                      innermost_time, launches_below, name_medians, parents, remember_slow_summaries,
+                                      innermost_time, launches_below, name_medians, remember_slow_summaries,
                                       summarize_ops)
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
@@ -100,25 +100,33 @@ def _launch_rows(kern: Columns, ops: Columns) -> np.ndarray:
     return np.where(hit, o[j] if o.size else 0, -1)
 
 
-def _wait_in_ops(kern: Columns, ops: Columns, launch: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                 busy: iv.IntervalSet, k: np.ndarray) -> tuple[dict[str, int], int]:
-    """What the launching threads did while the device waited on a busy host (the kernels `k` of one step):
-    each kernel's busy launch wait on the thread of the call that launched it, given to the innermost host op
-    running there (`innermost_time`), summed by op name; and the part of it inside ops that launch no device
-    work (`launches_below`: host work such as CPU tensor ops, not launch dispatch)."""
-    w = np.flatnonzero(k & (hi > lo) & (launch >= 0))
-    if not w.size:
-        return {}, 0
-    tids = ops["tid"][launch[w]]
-    spans = {int(t): iv.intersect(iv.union(lo[w][tids == t], hi[w][tids == t]), busy) for t in np.unique(tids).tolist()}
-    parent = parents(ops["tid"], ops["ts"], ops["end"])
-    own = innermost_time(ops, parent, spans)
-    held = np.flatnonzero(own > 0)
-    names: dict[str, int] = {}
-    for i in held.tolist():
-        names[ops["name"][i]] = names.get(ops["name"][i], 0) + int(own[i])
-    work = held[~ops["runtime"][held] & ~launches_below(ops, parent)[held]]
-    return names, int(own[work].sum())
+def _wait_in_ops(ops: Columns, launch: np.ndarray, lo: np.ndarray, hi: np.ndarray, busy: iv.IntervalSet,
+                 steps: list[int], kstep: np.ndarray) -> dict[int, tuple[dict[str, int], int]]:
+    """Per step (`steps`; `kstep`: each kernel's): what the launching threads did while the device waited on a
+    busy host: each kernel's busy launch wait on the thread of the call that launched it, given to the innermost
+    host op running there (`innermost_time`), summed by op name; and the part of it inside ops that launch no
+    device work (`launches_below`: host work such as CPU tensor ops, not launch dispatch). The call stacks are
+    found once per rank, and only where the device waited at all."""
+    waited = (hi > lo) & (launch >= 0)
+    if not waited.any():
+        return {}
+    parent = ops["parent"]
+    work_op = ~ops["runtime"] & ~launches_below(ops, parent)
+    out = {}
+    for s in steps:
+        w = np.flatnonzero(waited & (kstep == s))
+        if not w.size:
+            continue
+        tids = ops["tid"][launch[w]]
+        spans = {int(t): iv.intersect(iv.union(lo[w][tids == t], hi[w][tids == t]), busy)
+                 for t in np.unique(tids).tolist()}
+        own = innermost_time(ops, parent, spans)
+        held = np.flatnonzero(own > 0)
+        uniq, code = np.unique(ops["name"][held], return_inverse=True)
+        ns = np.zeros(uniq.size, np.int64)
+        np.add.at(ns, code.reshape(-1), own[held])
+        out[s] = ({str(n): int(v) for n, v in zip(uniq.tolist(), ns.tolist())}, int(own[held[work_op[held]]].sum()))
+    return out
 
 
 def _data_load(store: RunStore, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,6 +163,7 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
                          "slow_ops_ns", "first_launch_ns", "data_load_ns", "host_work_ns"), 0)
     slow_count = 0
     in_ops: dict[str, int] = {}
+    waits = _wait_in_ops(ops, launch, lo, hi, busy, steps.tolist(), kern["step"])
     for s in steps.tolist():
         k, h, d = kern["step"] == s, ops["step"] == s, dl_step == s
         nxt = [first[x] for x in first if x > s]  # DESIGN §3: to the next step's first kernel (the last: its end)
@@ -166,7 +175,7 @@ def rank_rows(store: RunStore, rank: int, kern: Columns, ops: Columns, excess: n
         tot["host_busy_ns"] += iv.total(iv.clip(held, first[s], end) if s == SPAN_STEP else held)
         tot["launch_wait_ns"] += int((hi - lo)[k].sum())
         tot["launch_wait_busy_ns"] += iv.total(iv.intersect(iv.union(lo[k], hi[k]), busy))
-        names, work = _wait_in_ops(kern, ops, launch, lo, hi, busy, k)
+        names, work = waits.get(s, ({}, 0))
         tot["host_work_ns"] += work
         for name, ns in names.items():
             in_ops[name] = in_ops.get(name, 0) + ns

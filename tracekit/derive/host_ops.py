@@ -71,13 +71,14 @@ def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.nd
     return own & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_end[j] >= ts) & (k_end[j] <= end) & (end - k_end[j] <= QUEUE_RETURN_MAX_NS)
 
 
-def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, parent: np.ndarray | None = None) -> np.ndarray:
     """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end).
 
-    A row's parent is the last earlier row of its thread still open at its start (`parents`); each row takes
-    its overlap with its parent, min(its end, the parent's end) - its start, off the parent's time."""
+    A row's parent is the last earlier row of its thread still open at its start (`parents`, or `parent` where
+    the caller found them); each row takes its overlap with its parent, min(its end, the parent's end) - its
+    start, off the parent's time."""
     own = (end - ts).astype(np.int64)
-    p = parents(tid, ts, end)
+    p = parents(tid, ts, end) if parent is None else parent
     child = np.flatnonzero(p >= 0)
     np.subtract.at(own, p[child], np.minimum(end[child], end[p[child]]) - ts[child])
     return np.maximum(own, 0)
@@ -109,7 +110,7 @@ def parents(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def innermost_time(ops: Columns, parent: np.ndarray, spans: dict[int, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Per host op (`ops` sorted by (tid, ts, -end), `parent` their `parents`): the part of its thread's `spans`
+    """Per host op (`ops` sorted by (tid, ts, -end) as `host_ops` gives them, `parent` their `parents`): the part of its thread's `spans`
     (thread id -> disjoint interval set) during which it is the innermost op running on that thread (its own
     time there, not its children's). The spans are cut at every op boundary of the thread; each piece goes to
     the last op starting at or before it that is still open over it (ops nest on a thread)."""
@@ -118,8 +119,9 @@ def innermost_time(ops: Columns, parent: np.ndarray, spans: dict[int, tuple[np.n
         a, b = int(np.searchsorted(ops["tid"], t, "left")), int(np.searchsorted(ops["tid"], t, "right"))
         if a == b or not ws.size:
             continue
-        ts = ops["ts"][a:b]
-        cuts = np.unique(np.concatenate([ts, ops["end"][a:b], ws, we]))
+        ts, end = ops["ts"][a:b], ops["end"][a:b]
+        inside = lambda x: x[(x > ws[0]) & (x < we[-1])]  # noqa: E731  (boundaries outside the spans cut nothing)
+        cuts = np.unique(np.concatenate([inside(ts), inside(end), ws, we]))
         lo, hi = cuts[:-1], cuts[1:]
         cov = iv.covered((ws, we), lo, hi)
         lo, cov = lo[cov > 0], cov[cov > 0]
@@ -199,7 +201,8 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
             "comm": _bools(pc.equal(t.column("role").cast(pa.string()), "comm")),
             "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
     cols = take(cols, o)
-    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
+    cols["parent"] = parents(cols["tid"], cols["ts"], cols["end"])  # the call stacks (host_bound reads them too)
+    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"], cols["parent"])
     cols["waits"] = _waits(cols, kern)
     cols["first_launch"] = cols["runtime"] & np.isin(cols["corr"], first_launches(kern)) & (cols["corr"] >= 0)
     return cols
