@@ -537,8 +537,8 @@ class HostBoundRanksRow(Struct):
     slow_ops_ns: int = 0
     first_launch_ns: int | UnsetType = UNSET
     data_load_ns: int = 0
-    slow_ops: int = 0
     host_work_ns: int | UnsetType = UNSET
+    slow_ops: int = 0
     wait_in_ops: dict[str, int] | UnsetType = UNSET
 
 class HostBoundSlowOpsRow(Struct):
