@@ -17,6 +17,10 @@ counts whole). A step is only looked at inside the profiler's own span (`_record
 `PyTorch Profiler` event): an annotation that outlives the recording (HTA's triton example: a 13.3 s
 ProfilerStep in a 355 ms profile ending 1.7 ms after the step began) is no 13 s stall.
 
+A rank without steps is looked at over the breakdown's one window as one step (derive/activity.py
+`stepless_window`: a GPU rank's first to last device event, a CPU rank's first to last event); a rank with no
+host op recorded (a file of device events only) has no host gaps to measure.
+
 Per rank: stall time per step, how much of it is data loading, the longest gap. A rank whose stall
 recurs — at least STALL_WARNING of the step in every profiled step (the smallest per-step share:
 data loading, syncs and sleeps come back each step, a one-off hiccup such as a preempted process
@@ -46,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
+from tracekit.derive.activity import RankActivities, stepless_windows
 from tracekit.derive.matching import host_count
 from tracekit.findings.evidence import HostStallEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
@@ -169,13 +174,18 @@ def _step_stall(host: _HostEvents, queued: iv.IntervalSet | None, comm: iv.Inter
     return stall, iv.intersect(stall, gaps)
 
 
-def rank_stalls(store: RunStore, rank: int) -> dict[str, Any] | None:
-    """Stall totals of one rank over its profiled steps (None without steps)."""
+def rank_stalls(store: RunStore, rank: int, window: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """Stall totals of one rank over its profiled steps, or over `window` (a rank without steps: the breakdown's
+    one window, derive/activity.py `stepless_window`) as one step; None without either."""
     steps = [s for s in store.rank_table("steps", rank, ["ts", "dur"]).to_pylist() if s["dur"]]
+    if not steps and window is not None:
+        steps = [{"ts": window[0], "dur": window[1] - window[0]}]
     if not steps:
         return None
     events = store.rank_table("events", rank, EVENT_COLUMNS)
     host = _host_events(store, rank, events)
+    if not host.act[0].size and not host.loading[0].size:
+        return None  # no host op recorded (a trace of device events only): its gaps are not the host's
     queued = _device_queued(store, rank, events)
     comm = _comm_busy(store, rank) if queued is None else None
     seen_lo, seen_hi = _recorded_span(store, rank, events)
@@ -343,9 +353,11 @@ class HostStallsResult(AnalyzerResult):
     pass
 
 
-def analyze_host_stalls(store: RunStore) -> HostStallsResult:
-    """Section `host_stalls` and `idle_host_bound` findings."""
-    ranks = [r for r in (rank_stalls(store, rank) for rank in store.ranks()) if r is not None]
+def analyze_host_stalls(store: RunStore, activity: RankActivities | None = None) -> HostStallsResult:
+    """Section `host_stalls` and `idle_host_bound` findings (a rank without steps over the breakdown's one
+    window, `activity`'s)."""
+    windows = stepless_windows(store, activity)
+    ranks = [r for r in (rank_stalls(store, rank, windows.get(rank)) for rank in store.ranks()) if r is not None]
     shared_host = len(ranks) > 1 and host_count(store) == 1
     findings = [f for f in (_finding(r, shared_host) for r in ranks) if f is not None]
     findings = group_alike(findings, {r["rank"]: r for r in ranks})

@@ -22,7 +22,8 @@ are not late with it (`late_with`: the ranks of one slow replica arrive together
 last; `last_share_with` counts their turns as one).
 
 Cause, where the trace shows it: in the interval before each late arrival (since the rank's previous
-collective ended; an arrival with no such interval, queued behind its own previous collective, is not
+collective ended, or its step's start for its first one — a rank without steps: its breakdown window's start;
+an arrival with no such interval, queued behind its own previous collective, is not
 examined: its delay is the previous one's), compare the straggler with the other members of the instance:
 longer compute →
 "compute" (also when it runs more ops than its peers and compute plus idle gaps explain the
@@ -65,7 +66,7 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
 from tracekit.derive import intervals as iv
-from tracekit.derive.activity import RankActivities, activities_of
+from tracekit.derive.activity import RankActivities, activities_of, stepless_windows
 from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
 from tracekit.findings.evidence import StragglerEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
@@ -222,11 +223,17 @@ def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollect
     return prev_end_map
 
 
-def _step_starts(store: RunStore, ranks: list[int]) -> dict[int, np.ndarray]:
-    """Each rank's profiled step starts (the steps table, trace clock), sorted."""
+def _step_starts(store: RunStore, ranks: list[int], activity: RankActivities) -> dict[int, np.ndarray]:
+    """Each rank's step starts (trace clock), sorted: its profiled steps' (the steps table), or on a rank without
+    step rows the start of the breakdown's one window for it (derive/activity.py `stepless_window`: a GPU rank's
+    first device event, a CPU rank's first event), so the first collective of a trace without ProfilerStep is
+    examined from its window's start as a profiled step's is from the step's."""
     t = store.table("steps", ["rank", "ts"]).to_pandas()
     t = t[t["rank"].isin(ranks) & t["ts"].notna()]
-    return {int(r): np.sort(g["ts"].to_numpy(np.int64)) for r, g in t.groupby("rank")}
+    starts = {int(r): np.sort(g["ts"].to_numpy(np.int64)) for r, g in t.groupby("rank")}
+    for r, (lo, _) in stepless_windows(store, activity, [r for r in ranks if int(r) not in starts]).items():
+        starts[r] = np.array([lo], np.int64)
+    return starts
 
 
 @dataclass(frozen=True)
@@ -353,7 +360,7 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     if not _trace_shift(members, matched)[1].all():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
-        members, late, rank, matched, _previous_ends(rows, ranks, matched, _step_starts(store, ranks)),
+        members, late, rank, matched, _previous_ends(rows, ranks, matched, _step_starts(store, ranks, activity)),
         _rank_busy(store, activity, ranks, busy))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
                 "host_idle_excess_ns": int(excess["host_idle"]), "device_idle_excess_ns": int(excess["device_idle"]),
@@ -432,6 +439,16 @@ def _per_rank(counted: dict[tuple[str, int], Any] | None, name: str, fn: Callabl
     return once
 
 
+def _analysed(store: RunStore, rank: int, step: pa.ChunkedArray, counted: dict[tuple[str, int], Any] | None
+              ) -> pa.ChunkedArray:
+    """Mask of a rank's rows (`step`: their step column) inside the steps it is analysed over: those with a
+    step; on a rank without step rows, whose one window is the breakdown's (derive/activity.py: first to last
+    device event, or event), every row, as the critical path's device-span step reads them (whatif/build.py
+    SPAN_STEP). Counting only rows with a step found no op, FLOP or shape there."""
+    unstepped = _per_rank(counted, "unstepped", lambda r: store.rank_table("steps", r, ["step"]).num_rows == 0)(rank)
+    return pc.or_(pc.is_valid(step), pa.scalar(bool(unstepped)))
+
+
 def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int],
                             counted: dict[tuple[str, int], Any] | None = None) -> float | None:
     """Mean duration of the rank's size-independent ops / the peers' median of theirs. The mean, not
@@ -439,7 +456,7 @@ def _shape_free_op_slowdown(store: RunStore, rank: int, peers: list[int],
     def shape_free_mean(r: int) -> float | None:
         ev = store.rank_table("events", r, ["name", "cat", "dur", "step"])
         names = ev.column("name").cast("string")
-        keep = pc.and_(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), pc.is_valid(ev["step"])),
+        keep = pc.and_(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), _analysed(store, r, ev["step"], counted)),
                        pc.is_in(names, value_set=pa.array(SHAPE_FREE_OPS)))
         durs = ev.filter(pc.fill_null(keep, False)).column("dur")
         return float(pc.mean(durs).as_py()) if len(durs) else None
@@ -467,7 +484,7 @@ def _work_ratio(store: RunStore, rank: int, peers: list[int],
 
     def flops(r: int) -> float | None:
         ev = store.rank_table("events", r, ["step", "flops"])
-        ev = ev.filter(pc.and_(pc.is_valid(ev["step"]), pc.is_valid(ev["flops"])))
+        ev = ev.filter(pc.and_(_analysed(store, r, ev["step"], counted), pc.is_valid(ev["flops"])))
         return float(pc.sum(ev["flops"]).as_py()) if ev.num_rows else None
 
     def tokens(r: int) -> float | None:
@@ -476,7 +493,7 @@ def _work_ratio(store: RunStore, rank: int, peers: list[int],
 
     def gemm_flops(r: int) -> float | None:  # the GEMMs' FLOPs from their recorded shapes (record_shapes)
         ev = store.rank_table("events", r, ["name", "cat", "step", "input_dims", "input_types", "concrete_inputs"])
-        keep = pc.and_(pc.and_(pc.is_valid(ev["step"]), pc.is_valid(ev["input_dims"])),
+        keep = pc.and_(pc.and_(_analysed(store, r, ev["step"], counted), pc.is_valid(ev["input_dims"])),
                        pc.is_in(ev["name"].cast(pa.string()), value_set=pa.array(LEAF_GEMM_OPS)))
         ev = ev.filter(pc.fill_null(keep, False))
         if not ev.num_rows:
@@ -504,9 +521,11 @@ def _op_count_ratio(store: RunStore, rank: int, peers: list[int],
     def compute_ops(r: int) -> int:
         k = store.rank_table("kernels", r, ["kind", "step"])
         if k.num_rows:
-            return int(pc.sum(pc.and_(pc.equal(k["kind"].cast("string"), "compute"), pc.is_valid(k["step"]))).as_py() or 0)
+            return int(pc.sum(pc.and_(pc.equal(k["kind"].cast("string"), "compute"),
+                                      _analysed(store, r, k["step"], counted))).as_py() or 0)
         ev = store.rank_table("events", r, ["cat", "step"])
-        return int(pc.sum(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"), pc.is_valid(ev["step"]))).as_py() or 0)
+        return int(pc.sum(pc.and_(pc.equal(ev["cat"].cast("string"), "cpu_op"),
+                                  _analysed(store, r, ev["step"], counted))).as_py() or 0)
     if not peers:
         return None
     count = _per_rank(counted, "compute_ops", compute_ops)

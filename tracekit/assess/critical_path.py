@@ -13,8 +13,10 @@ savings never double count.
 
 The steps are the breakdown's windows (whatif/steps.py `analysed_steps`): ProfilerStep windows; on a trace
 without them, the iterations found where it repeats (optimizer steps, graph launches, repeated top-level op
-sequences), or else each GPU rank's first to last device event as one step (`step` null); `step_rule` says
-which rule made them (absent when they are ProfilerStep's).
+sequences), or else each rank's one window as one step (`step` null): a GPU rank's first to last device event
+(`device_span`), a CPU rank's first to last event (`trace`); `step_rule` says which rule made them (absent when
+they are ProfilerStep's). A host-bound verdict names the host finding that says what the host did, with its
+replayed saving (`verdict.host_cause`), or says the cause is not visible in the trace.
 
 Section `critical_path`:
     {"steps": [{"step": int | null, "measured_ns", "replayed_ns", "replay_error", "nodes", "edges", "slowest_rank",
@@ -27,6 +29,8 @@ Section `critical_path`:
      "measured_step_ns": int | null,
      "skipped": str | null,             # why there is nothing (no steps, no device work...)
      "step_rule": str}                  # only where a step rule other than ProfilerStep made the windows
+    verdict: {"bound", "lane_shares", "path_ranks", "text",
+              "host_cause": {"finding": index | null, "kind": str | null, "saving_ns": int | null, "text"}}  # host-bound only
 """
 
 from __future__ import annotations
@@ -103,6 +107,8 @@ def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
     if isinstance(ev, HostBoundEvidence):  # the run's starved host threads repaired; launch overhead: the
         if ev.cause == "starved_host":     # named ranks' launches ahead of their devices (an upper bound)
             return [Fix("host_repair")]
+        if ev.cause == "host_work":  # the named ranks' host time between launches removed (an upper bound)
+            return [Fix("host_work", ranks=tuple(sorted(int(r) for r in f.ranks)))] if f.ranks else [Fix("host_work")]
         return [Fix("host_ahead", rank=int(r)) for r in f.ranks] if ev.cause == "launch_overhead" else []
     if f.kind == FindingKind.MEMCPY_ON_CRITICAL_PATH:
         return [Fix("memcpy_overlap")]
@@ -447,6 +453,36 @@ def path_verdict(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"bound": BOUND_OF_LANE[top], "lane_shares": share, "path_ranks": [r for r, _ in held], "text": text + "."}
 
 
+HOST_CAUSE_KINDS = (FindingKind.HOST_BOUND, FindingKind.IDLE_HOST_BOUND)
+"""The findings that say what a host did while its device waited (host_bound: the ops its launching thread was
+inside, slow or starved, or host work launching nothing; idle_host_bound: gaps with no op, data loading)."""
+HOST_CAUSE_NONE = ("cause not visible in the trace: no host finding (slow or starved host ops, host work, "
+                   "launch overhead, stalls, data loading) accounts for the host's time")
+
+
+def with_host_cause(verdict: dict[str, Any] | None, findings: list[Finding]) -> dict[str, Any] | None:
+    """A host-bound verdict with what the host did (`host_cause`): the host finding (HOST_CAUSE_KINDS) with the
+    largest saving, replayed where the graph could apply its fix, its summary's cause named in the text; with
+    none, "cause not visible in the trace" (HOST_CAUSE_NONE). Other verdicts as they came."""
+    if verdict is None or verdict["bound"] != BOUND_OF_LANE["host"]:
+        return verdict
+    order = sort_findings(findings)
+    host = [i for i, f in enumerate(order) if f.kind in HOST_CAUSE_KINDS]
+    if not host:
+        return {**verdict, "host_cause": {"finding": None, "kind": None, "saving_ns": None, "text": HOST_CAUSE_NONE},
+                "text": f"{verdict['text'][:-1]}; {HOST_CAUSE_NONE}."}
+    i = max(host, key=lambda j: (order[j].est_saving_ns, -j))
+    f = order[i]
+    replayed = f.evidence.replayed_saving_ns
+    saving = f"; fixing it saves {(replayed if replayed is not None else f.est_saving_ns) / 1e6:.2f} ms per step" + (
+        " (replayed)" if replayed is not None else " (closed form)")
+    text = f"what the host did (finding #{i + 1}, {f.kind.value}): {f.summary}{saving}"
+    return {**verdict, "host_cause": {"finding": i, "kind": f.kind.value,
+                                      "saving_ns": int(replayed if replayed is not None else f.est_saving_ns),
+                                      "text": text},
+            "text": f"{verdict['text'][:-1]}; {text}."}
+
+
 @dataclass(frozen=True)
 class CriticalPathResult(AnalyzerResult):
     """`findings`: the reconciled findings with replayed savings (the document's)."""
@@ -504,8 +540,8 @@ def memcpy_finding(results: list[StepResult]) -> Finding | None:
 NO_PATH = ("no path to follow: in every replayed step the slowest rank has no op of its own that the replay "
            "can place (nothing recorded on its training thread or device in the window but collectives whose "
            "peers are not in the trace); the step is replayed, its time not attributed")
-NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no GPU rank with "
-           "device events (a CPU rank without ProfilerStep has no step window)")
+NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iteration and no rank with events to "
+           "make one window of (a GPU rank's first to last device event, a CPU rank's first to last event)")
 
 
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
@@ -532,7 +568,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     steps = [_step_json(r, budget if i == slowest else None) for i, r in enumerate(results)]
     withheld = trace_kind is not None and trace_kind.section is not None and trace_kind.section.get("verdict") is None
     section = {"steps": steps, "whatif": rows, "all_fixes": together,
-               "verdict": None if withheld else path_verdict(steps),
+               "verdict": None if withheld else with_host_cause(path_verdict(steps), rescored),
                "measured_step_ns": _measured_run_step(results),
                "skipped": None if any(st["path"] for st in steps) else NO_PATH if results else NO_STEP}
     if results and results[0].rule != "profiler_step":  # the windows a step rule found (a ProfilerStep run: none)

@@ -119,6 +119,37 @@ def _windows(store: RunStore, rank: int, rank_row: dict[str, Any], busy_bounds: 
     return ([(None, int(lo), int(hi))] if hi > lo else []), "trace", "trace"
 
 
+STEPLESS_RULES = ("device_span", "trace")
+"""The step rules of a rank analysed without steps: one window, its first to last device event (GPU) or event (CPU)."""
+
+
+def stepless_window(act: RankActivity) -> tuple[int, int] | None:
+    """(start, end) of the one window a rank without steps is analysed over (`STEPLESS_RULES`), the breakdown's;
+    None on a rank with steps (or without a window). The analyzers that measure per step (host stalls, host-bound
+    launch waits, stragglers' first collective) take this window as the step, so that a trace without ProfilerStep
+    is analysed over the same window everywhere."""
+    if act.step_rule not in STEPLESS_RULES or not act.windows:
+        return None
+    return int(act.windows[0][1]), int(act.windows[0][2])
+
+
+def stepless_windows(store: RunStore, activity: "RankActivities | None", ranks: list[int] | None = None
+                     ) -> dict[int, tuple[int, int]]:
+    """`stepless_window` of each rank (of `ranks`, default every rank) without a row in the steps table; the
+    activity is asked only of those (a run with steps loads none)."""
+    stepped = set(store.table("steps", ["rank"]).column("rank").to_pylist()) if store.has("steps") else set()
+    acts = None
+    out = {}
+    for r in store.ranks() if ranks is None else ranks:
+        if int(r) in stepped:
+            continue
+        acts = activities_of(store, activity) if acts is None else acts
+        w = stepless_window(acts.get(int(r)))
+        if w is not None:
+            out[int(r)] = w
+    return out
+
+
 def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
                  ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet]]:
     """compute / comm / other (memcpy+memset) sets and comm per lane from kernel rows (ts, dur, kind, pg_name)."""

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.derive import intervals as iv
 from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.columns import Columns, group_ids, group_median, take
 from tracekit.tables.store import RunStore
@@ -70,13 +71,14 @@ def own_op_waits(ts: np.ndarray, end: np.ndarray, corr: np.ndarray, k_end: np.nd
     return own & (end - ts >= QUEUE_WAIT_MIN_NS) & (k_end[j] >= ts) & (k_end[j] <= end) & (end - k_end[j] <= QUEUE_RETURN_MAX_NS)
 
 
-def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+def self_time(tid: np.ndarray, ts: np.ndarray, end: np.ndarray, parent: np.ndarray | None = None) -> np.ndarray:
     """Each interval's own time (less its direct children's), rows sorted by (tid, ts, -end).
 
-    A row's parent is the last earlier row of its thread still open at its start (`parents`); each row takes
-    its overlap with its parent, min(its end, the parent's end) - its start, off the parent's time."""
+    A row's parent is the last earlier row of its thread still open at its start (`parents`, or `parent` where
+    the caller found them); each row takes its overlap with its parent, min(its end, the parent's end) - its
+    start, off the parent's time."""
     own = (end - ts).astype(np.int64)
-    p = parents(tid, ts, end)
+    p = parents(tid, ts, end) if parent is None else parent
     child = np.flatnonzero(p >= 0)
     np.subtract.at(own, p[child], np.minimum(end[child], end[p[child]]) - ts[child])
     return np.maximum(own, 0)
@@ -107,6 +109,46 @@ def parents(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.where(found, p, -1)
 
 
+def innermost_time(ops: Columns, parent: np.ndarray, spans: dict[int, tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per host op (`ops` sorted by (tid, ts, -end) as `host_ops` gives them, `parent` their `parents`): the part of its thread's `spans`
+    (thread id -> disjoint interval set) during which it is the innermost op running on that thread (its own
+    time there, not its children's). The spans are cut at every op boundary of the thread; each piece goes to
+    the last op starting at or before it that is still open over it (ops nest on a thread)."""
+    out = np.zeros(ops["ts"].size, np.int64)
+    for t, (ws, we) in spans.items():
+        a, b = int(np.searchsorted(ops["tid"], t, "left")), int(np.searchsorted(ops["tid"], t, "right"))
+        if a == b or not ws.size:
+            continue
+        ts, end = ops["ts"][a:b], ops["end"][a:b]
+        inside = lambda x: x[(x > ws[0]) & (x < we[-1])]  # noqa: E731  (boundaries outside the spans cut nothing)
+        cuts = np.unique(np.concatenate([inside(ts), inside(end), ws, we]))
+        lo, hi = cuts[:-1], cuts[1:]
+        cov = iv.covered((ws, we), lo, hi)
+        lo, cov = lo[cov > 0], cov[cov > 0]
+        j = np.searchsorted(ts, lo, "right") - 1 + a
+        j = np.where(j >= a, j, -1)
+        while True:  # up the call stack to the op still open over the piece (a parent's index is smaller)
+            closed = (j >= 0) & (ops["end"][np.maximum(j, 0)] <= lo)
+            if not closed.any():
+                break
+            j = np.where(closed, parent[np.maximum(j, 0)], j)
+        np.add.at(out, j[j >= 0], cov[j >= 0])
+    return out
+
+
+def launches_below(ops: Columns, parent: np.ndarray) -> np.ndarray:
+    """Per host op (`ops` as `innermost_time` takes them): it is, or encloses, a runtime call that launched
+    device work (a correlation id)."""
+    below = np.zeros(ops["ts"].size, bool)
+    j = np.flatnonzero(ops["runtime"] & (ops["corr"] >= 0))
+    while j.size:
+        j = j[~below[j]]  # an op already marked has its ancestors marked
+        below[j] = True
+        j = parent[j]
+        j = j[j >= 0]
+    return below
+
+
 def device_ops(store: RunStore, rank: int) -> Columns | None:
     k = store.rank_table("kernels", rank, ["name", "kind", "ts", "dur", "correlation", "step"])
     k = k.filter(pc.is_valid(k["dur"]))
@@ -126,7 +168,7 @@ def first_launches(kern: Columns) -> np.ndarray:
     run before: CUDA and HIP load a kernel's module on its first launch (lazy loading, the default since CUDA
     11.7 / ROCm's deferred loading), so that launch can take milliseconds once — a warm-up cost, not a host
     that lost its core."""
-    stepped = kern["step"] >= 0
+    stepped = kern["step"] != -1  # -1: no step (a device-span step is SPAN_STEP, whatif/build.py)
     if not stepped.any():
         return np.zeros(0, np.int64)
     o = np.argsort(kern["ts"], kind="stable")
@@ -159,7 +201,8 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
             "comm": _bools(pc.equal(t.column("role").cast(pa.string()), "comm")),
             "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
     cols = take(cols, o)
-    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"])
+    cols["parent"] = parents(cols["tid"], cols["ts"], cols["end"])  # the call stacks (host_bound reads them too)
+    cols["self_ns"] = self_time(cols["tid"], cols["ts"], cols["end"], cols["parent"])
     cols["waits"] = _waits(cols, kern)
     cols["first_launch"] = cols["runtime"] & np.isin(cols["corr"], first_launches(kern)) & (cols["corr"] >= 0)
     return cols

@@ -537,7 +537,9 @@ class HostBoundRanksRow(Struct):
     slow_ops_ns: int = 0
     first_launch_ns: int | UnsetType = UNSET
     data_load_ns: int = 0
+    host_work_ns: int | UnsetType = UNSET
     slow_ops: int = 0
+    wait_in_ops: dict[str, int] | UnsetType = UNSET
 
 class HostBoundSlowOpsRow(Struct):
     name: str = ""
@@ -911,11 +913,18 @@ class CriticalPathAllFixes(Struct):
     step_ns: int = 0
     saving_ns: int = 0
 
+class CriticalPathVerdictHostCause(Struct):
+    finding: int | None = None
+    kind: str | None = None
+    saving_ns: int | None = None
+    text: str = ""
+
 class CriticalPathVerdict(Struct):
     bound: str = ""
     lane_shares: dict[str, Num] = msgspec.field(default_factory=dict)
     path_ranks: list[int] = msgspec.field(default_factory=list)
     text: str = ""
+    host_cause: CriticalPathVerdictHostCause | UnsetType = UNSET
 
 class CriticalPathSection(Struct):
     """Section `critical_path` (tracekit/analyze: the analyzer of that name; its module docstring defines it)."""

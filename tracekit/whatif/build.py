@@ -16,7 +16,8 @@ Lanes per rank:
   a lane's late start (a data stall at the step's beginning) is a gap of its own.
 Times go onto one clock: trace clock − (log→trace shift) − (clock offset), as matching estimates them.
 The measured step of a rank: GPU = first to last kernel of the step; CPU = the ProfilerStep window. On a run
-without steps a GPU rank's one step is its device span (SPAN_STEP: every row without a step).
+without steps a rank's one step is its breakdown window (SPAN_STEP: every row without a step): a GPU rank's
+device span, a CPU rank's first to last event.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
+from tracekit.derive.activity import stepless_windows
 from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
@@ -45,8 +47,9 @@ BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hi
 P2P_KEY = "p2p:"
 """prefix of a send/recv pair's instance key"""
 SPAN_STEP = -2
-"""The step number of a GPU rank's one window from its first to its last device event, the breakdown's
-`device_span` window (derive/activity.py: a run without ProfilerStep in which no iteration repeats). Its
+"""The step number of a rank's one window on a run without steps, the breakdown's (derive/activity.py
+`stepless_window`: a GPU rank's first to last device event, `device_span`, in a run without ProfilerStep in
+which no iteration repeats; a CPU rank's first to last event, `trace`). Its
 kernels, events and collectives carry no step (null, NaN, or -1 where nulls were filled): a graph of this
 step reads every row without one (`in_steps`), carry-over kernels excepted, as the breakdown does."""
 
@@ -872,7 +875,13 @@ def _launch_edges(buf: _Buf, call_corr: np.ndarray, call_ids: np.ndarray, gr: Gp
 
 
 def _cpu_windows(store: RunStore, rank: int, steps: tuple[int, ...], conv: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (rank, step): the host's step window (the steps table's); a rank without step rows in the device
+    span's step (SPAN_STEP) has the breakdown's one window for it (derive/activity.py `stepless_window`: a CPU
+    rank's first to last event)."""
     st = store.rank_table("steps", rank, ["step", "ts", "dur"])
+    if SPAN_STEP in steps and st.num_rows == 0:
+        lo, hi = stepless_windows(store, None, [rank]).get(rank, (0, 0))
+        return {(rank, SPAN_STEP): (lo - conv, hi - conv)} if hi > lo else {}
     st = st.filter(pc.and_(_in_steps(st["step"], steps), pc.is_valid(st["dur"])))
     return {(rank, int(s)): (int(t) - conv, int(t) + int(d) - conv)
             for s, t, d in zip(st.column("step").to_pylist(), st.column("ts").to_pylist(), st.column("dur").to_pylist())}

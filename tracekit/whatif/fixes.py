@@ -51,6 +51,10 @@ from the replayed concurrency (replay → concurrency → durations to a fixed p
   host node's gap loses the slow time before it and its own time the slow time inside it
   (`StepGraph.excess_gap` / `excess_dur`, set by the builder); the device then starts each kernel at
   max(its launch, its stream, its other dependencies) as before.
+- `host_work`: on the named GPU ranks (or all), the host time between launches removed — each host gap of at
+  least `stall_min_ns` and each data-loading node to 0, as `host_stalls` does for ranks named together: the
+  graph holds host ops that launch nothing (analyze/host_bound.py's `host_work`) in those gaps, so this is an
+  upper bound of moving that work off the step (idle gaps there go too).
 - `host_ahead`: the launching threads of GPU ranks (one rank, or all) kept ahead of the device, as CUDA graphs
   (or torch.compile's) keep them: every runtime call costs nothing and the dispatch time between calls
   (a gap shorter than `stall_min_ns`) goes; a longer gap is a stall (`host_stalls`' to remove) and stays, and
@@ -86,7 +90,7 @@ def op_family(op: str) -> str | tuple[str, ...]:
 
 
 KINDS = ("rank_compute", "dim_bandwidth", "dim_overlap", "slow_link", "stage_resplit", "expert_even",
-         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host", "host_ahead")
+         "microbatches", "host_stalls", "host_repair", "memcpy_overlap", "dim_inside_host", "host_ahead", "host_work")
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,10 @@ class Fix:
             return "host stalls removed" + ("" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_repair":
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
+        if self.kind == "host_work":
+            ranks = self.touched_ranks()
+            return "host time between launches removed (host work and gaps, an upper bound)" + (
+                f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {_ranks_text(tuple(ranks))}" if ranks else "")
         if self.kind == "host_ahead":
             return ("launches ahead of the device (no launch cost)"
                     + (" on every GPU rank" if self.rank is None else f" on rank {self.rank}"))
@@ -965,6 +973,15 @@ def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: 
         dur[mine[load]] = 0
 
 
+def _host_work(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+    """The named ranks' (or every rank's) host time between launches removed: the graph holds a GPU rank's host
+    ops between runtime calls as the calls' gaps, so host work that launches nothing (analyze/host_bound.py
+    `host_work`) goes with each gap of at least `stall_min_ns` — as do idle gaps and data loading there, which
+    `host_stalls` on the same ranks removes: an upper bound of moving the work off the step."""
+    ranks = fix.ranks or ((fix.rank,) if fix.rank is not None else None)
+    _host_stalls(g, dur, gap, Fix("host_stalls", ranks=tuple(int(r) for r in ranks) if ranks else None), lay)
+
+
 def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:
     m = np.ones(g.num_nodes, bool) if fix.rank is None else rank_nodes(g, int(fix.rank))
     gap[m] = np.maximum(gap[m] - g.excess_gap[m], 0)
@@ -1068,7 +1085,7 @@ def copy_direction(name: str) -> str:
     return _DIRECTION_NAME.get(d.lower(), d[0].upper() + "to" + d[-1].upper())
 
 
-LOCAL_FIXES = ("host_stalls", "host_repair", "host_ahead")
+LOCAL_FIXES = ("host_stalls", "host_repair", "host_ahead", "host_work")
 """Fixes that, naming ranks (`Fix.touched_ranks`), change only those ranks' nodes: `apply_fixes_sparse`."""
 SPARSE_MAX_FIXES = 8
 """More fixes than this (one per rank of a finding naming many ranks) are applied to whole arrays: each
@@ -1086,6 +1103,8 @@ def apply_fixes_sparse(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[O
     for fix in fixes:
         if fix.kind == "host_stalls":
             _host_stalls(g, dur, gap, fix, lay)  # type: ignore[arg-type]
+        elif fix.kind == "host_work":
+            _host_work(g, dur, gap, fix, lay)  # type: ignore[arg-type]
         elif fix.kind == "host_ahead":
             _host_ahead(g, dur, gap, fix, lay)  # type: ignore[arg-type]
         else:
@@ -1118,6 +1137,8 @@ def apply_fixes(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> tuple[np.ndarr
             _host_stalls(g, dur, gap, fix, lay)
         elif fix.kind == "host_repair":
             _host_repair(g, dur, gap, fix)
+        elif fix.kind == "host_work":
+            _host_work(g, dur, gap, fix, lay)
         elif fix.kind == "host_ahead":
             _host_ahead(g, dur, gap, fix, lay)
         elif fix.kind == "memcpy_overlap":

@@ -4,7 +4,8 @@
 dim map, each rank's send/recv rows and collective ends —, `run_layout` the layout the fixes act on
 (mesh coordinates, hosts, pipeline stages), and `replay_steps` builds and replays the last `MAX_STEPS`
 steps as one graph: the steps the breakdown analyses (`analysed_steps`: ProfilerStep windows, iterations
-found where a trace without them repeats, or a GPU rank's first to last device event as one step). The
+found where a trace without them repeats, or a rank's one window as one step: a GPU rank's first to last
+device event, a CPU rank's first to last event). The
 critical path (assess/critical_path.py), `tracekit whatif` (assess/whatif.py) and the explained diff
 (compare/attribution.py) all start here.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.derive.activity import rank_activities
+from tracekit.derive.activity import STEPLESS_RULES, rank_activities
 from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
                                       read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
@@ -122,9 +123,9 @@ def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, s
     """The steps the replay analyses (the last MAX_STEPS), the ranks it analyses them on (None: every
     rank) and the rule that found them, the breakdown's (derive/activity.py `_windows`): the steps table's
     (`steps.rule`: profiler_step, or optimizer_step | graph_launch | repeated_ops, the iterations where a
-    trace without ProfilerStep repeats); on a run without steps, each GPU rank's one window from its first to
-    its last device event (`device_span`) as one step, SPAN_STEP. ((), None, "none") when there is neither
-    (a CPU trace without ProfilerStep)."""
+    trace without ProfilerStep repeats); on a run without steps, each rank's one window (derive/activity.py
+    `stepless_window`: a GPU rank's first to last device event, `device_span`; a CPU rank's first to last event,
+    `trace`) as one step, SPAN_STEP. ((), None, "none") when there is neither (no rank with events)."""
     if store.has("steps"):
         cols = ["step"] + (["rule"] if "rule" in store.columns("steps") else [])
         t = store.table("steps", cols)
@@ -132,9 +133,10 @@ def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, s
         if steps:
             rules = sorted({r for r in t.column("rule").to_pylist() if r}) if "rule" in cols else []
             return tuple(int(s) for s in steps[-MAX_STEPS:]), None, ", ".join(rules) or "profiler_step"
-    acts, gpu = rank_activities(store, None), gpu_ranks(store)  # a CPU rank's window is never the device span
-    span = {r for r in store.ranks() if r in gpu and acts.get(r).step_rule == "device_span"}
-    return ((SPAN_STEP,), span, "device_span") if span else ((), None, "none")
+    acts = rank_activities(store, None)
+    rules = {r: acts.get(r).step_rule for r in store.ranks()}
+    span = {r for r, rule in rules.items() if rule in STEPLESS_RULES}
+    return ((SPAN_STEP,), span, ", ".join(sorted({rules[r] for r in span}))) if span else ((), None, "none")
 
 
 def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
