@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.tables.columns import (argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows,
-                                     table_rows)
+                                     recode, sorted_unique, table_rows)
 
 
 def test_group_ids_number_key_tuples_in_sorted_order():
@@ -97,3 +97,35 @@ def test_table_rows_are_pyarrows_rows_value_for_value_and_type_for_type():
         assert got == want
         assert all(type(a[k]) is type(b[k]) for a, b in zip(got, want) for k in a)
     assert table_rows(t)[0]["ts"] == ns[0]  # exact: no float64 on the way
+
+
+def test_sorted_unique_is_numpys_unique_for_every_dtype_and_shape():
+    """The sort-based distinct values are np.unique's, value for value and dtype for dtype: integers of every
+    width, booleans, 2-D input (flattened), empty and one-element arrays; floats with NaN and objects are
+    np.unique's own (NaNs folded into one)."""
+    rng = np.random.default_rng(11)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16, bool, np.float64, object):
+        for n in (0, 1, 2, 7, 300):
+            x = rng.integers(-40, 40, n).astype(dtype)
+            if dtype is np.float64 and n > 2:
+                x[:3] = np.nan
+            want, got = np.unique(x), sorted_unique(x)
+            assert got.dtype == want.dtype
+            assert np.array_equal(got, want, equal_nan=dtype is np.float64)
+    grid = rng.integers(0, 5, (4, 6))
+    assert sorted_unique(grid).tolist() == sorted(set(grid.ravel().tolist()))
+    assert sorted_unique([3, 1, 3, 2**62]).tolist() == [1, 3, 2**62]
+
+
+def test_recode_numbers_a_subsets_groups_as_grouping_its_keys_again():
+    """Group ids of all rows, restricted to some rows and renumbered, are the ids of grouping those rows' keys
+    (dense, in key order), as np.unique's inverse of the ids."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        keys = np.array([f"pg{int(k)}#{int(k) * 7}" for k in rng.integers(0, 40, int(rng.integers(0, 200)))], object)
+        ids, _ = group_ids(keys)
+        keep = rng.random(keys.size) < 0.4
+        want = sorted(set(keys[keep].tolist()))
+        got = recode(ids[keep])
+        assert got.tolist() == [want.index(k) for k in keys[keep].tolist()]
+        assert got.dtype == np.int64

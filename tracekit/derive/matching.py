@@ -63,7 +63,8 @@ from tracekit.derive.topology import LayoutResult, dims_of
 from tracekit.findings.result import AnalyzerResult
 from tracekit.layout import rank_to_host
 from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
-                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null, take)
+                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null,
+                                     sorted_unique, take)
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
 
@@ -761,7 +762,7 @@ def charge_waits(starts: np.ndarray, ends: np.ndarray, peers: np.ndarray) -> dic
     s, e, p = starts[o], ends[o], peers[o]
     top = np.maximum.accumulate(e)  # the latest end among the waits begun so far ...
     holder = np.maximum.accumulate(np.where(e == top, np.arange(e.size), 0))  # ... and whose it is
-    cuts = np.unique(np.concatenate([s, e]))
+    cuts = sorted_unique(np.concatenate([s, e]))
     seg_lo, seg_hi = cuts[:-1], cuts[1:]
     at = np.searchsorted(s, seg_lo, side="right") - 1
     covered = (at >= 0) & (top[np.maximum(at, 0)] > seg_lo)

@@ -74,6 +74,20 @@ def equals_any(a: np.ndarray, values: tuple[str, ...] | list[str]) -> np.ndarray
     return out
 
 
+def sorted_unique(a: Any) -> np.ndarray:
+    """`np.unique(a)` (its sorted distinct values, flattened): integers and booleans by one sort. numpy 2.x finds
+    them through a hash table, 5-40x slower than a sort where most values are distinct (7 M int64: 7.8 against
+    0.18 CPU-s); other dtypes (floats: NaNs fold into one; objects) go to np.unique."""
+    a = np.asarray(a).ravel()
+    if a.dtype.kind not in "biu" or a.size < 2:
+        return np.unique(a)
+    s = np.sort(a)
+    new = np.empty(s.size, bool)
+    new[0] = True
+    np.not_equal(s[1:], s[:-1], out=new[1:])
+    return s[new]
+
+
 def codes(a: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense codes of a column's values, in the values' sorted order, and how many there are."""
     if a.size == 0:
@@ -83,6 +97,17 @@ def codes(a: np.ndarray) -> tuple[np.ndarray, int]:
         return np.fromiter(map(index.__getitem__, a.tolist()), np.int64, a.size), len(index)
     uniq, inv = np.unique(a, return_inverse=True)
     return inv.reshape(-1).astype(np.int64), len(uniq)
+
+
+def recode(ids: np.ndarray) -> np.ndarray:
+    """Non-negative integer ids renumbered densely in their order (`codes`' codes, `np.unique`'s inverse) by a
+    pass over the ids, not a sort: group ids of a subset of rows, numbered as `group_ids` of the subset's keys
+    would number them."""
+    if ids.size == 0:
+        return np.zeros(0, np.int64)
+    present = np.zeros(int(ids.max()) + 1, bool)
+    present[ids] = True
+    return (np.cumsum(present) - 1)[ids]
 
 
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
