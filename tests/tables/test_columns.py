@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.tables.columns import (argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows,
-                                     recode, sorted_unique, table_rows)
+                                     recode, sorted_unique, table_rows, unique_pairs)
 
 
 def test_group_ids_number_key_tuples_in_sorted_order():
@@ -129,3 +129,16 @@ def test_recode_numbers_a_subsets_groups_as_grouping_its_keys_again():
         got = recode(ids[keep])
         assert got.tolist() == [want.index(k) for k in keys[keep].tolist()]
         assert got.dtype == np.int64
+
+
+def test_unique_pairs_are_the_distinct_pairs_in_lexicographic_order():
+    """The distinct (a, b) pairs, sorted by a then b, as two rows: against a set of Python tuples, for small
+    ranges (one int64 per pair), ranges too wide for one int64 (the lexsort) and negative values."""
+    rng = np.random.default_rng(3)
+    for lo, hi in ((0, 4), (-6, 6), (-2**61, 2**61), (0, 2**62)):
+        for n in (0, 1, 9, 400):
+            a, b = rng.integers(lo, hi, n), rng.integers(lo, hi, n)
+            got = unique_pairs(a, b)
+            want = sorted(set(zip(a.tolist(), b.tolist())))
+            assert got.shape == (2, len(want)) and got.dtype == np.int64
+            assert list(zip(got[0].tolist(), got[1].tolist())) == want

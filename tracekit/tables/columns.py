@@ -99,6 +99,24 @@ def codes(a: np.ndarray) -> tuple[np.ndarray, int]:
     return inv.reshape(-1).astype(np.int64), len(uniq)
 
 
+def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`np.unique(np.stack([a, b]), axis=1)` of two integer columns: the distinct (a, b) pairs in (a, b) order as
+    two rows, by one sort of one integer per pair (`sorted_unique`) where a's and b's ranges fit one int64, else by
+    a lexsort; numpy sorts the pairs as a structured dtype (6 M pairs: ~6 s)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    if a.size == 0:
+        return np.zeros((2, 0), np.int64)
+    a0, b0 = int(a.min()), int(b.min())
+    span = int(b.max()) - b0 + 1
+    if (int(a.max()) - a0 + 1) * span < 2**62:
+        code = sorted_unique((a - a0) * span + (b - b0))
+        return np.stack([code // span + a0, code % span + b0])
+    o = np.lexsort((b, a))
+    a, b = a[o], b[o]
+    new = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
+    return np.stack([a[new], b[new]])
+
+
 def recode(ids: np.ndarray) -> np.ndarray:
     """Non-negative integer ids renumbered densely in their order (`codes`' codes, `np.unique`'s inverse) by a
     pass over the ids, not a sort: group ids of a subset of rows, numbered as `group_ids` of the subset's keys
