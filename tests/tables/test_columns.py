@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.tables.columns import (argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows,
-                                     recode, sorted_unique, table_rows, unique_pairs)
+                                     merged_codes, recode, sorted_codes, sorted_unique, table_rows, unique_inverse,
+                                     unique_pairs)
 
 
 def test_group_ids_number_key_tuples_in_sorted_order():
@@ -142,3 +143,33 @@ def test_unique_pairs_are_the_distinct_pairs_in_lexicographic_order():
             want = sorted(set(zip(a.tolist(), b.tolist())))
             assert got.shape == (2, len(want)) and got.dtype == np.int64
             assert list(zip(got[0].tolist(), got[1].tolist())) == want
+
+
+def test_merged_codes_number_concatenated_columns_by_their_sorted_keys():
+    """Codes of several columns' rows one after the other, over the union of their values in sorted order:
+    against the position of each row's value in `sorted(set(all values))`, parts sharing values, empty parts."""
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        parts = [np.array([f"k{int(v)}#{int(v) % 7}" for v in rng.integers(0, 30, int(rng.integers(0, 50)))],
+                          dtype=object) for _ in range(int(rng.integers(1, 4)))]
+        every = [v for p in parts for v in p.tolist()]
+        union = sorted(set(every))
+        got = merged_codes([sorted_codes(p) for p in parts])
+        assert got.dtype == np.int64
+        assert got.tolist() == [union.index(v) for v in every]
+
+
+def test_unique_inverse_is_numpys_unique_with_its_inverse():
+    """Distinct values and each row's position among them, as np.unique(return_inverse=True) gives them
+    (flattened), value for value and dtype for dtype: integers, booleans, floats with NaN, objects."""
+    rng = np.random.default_rng(13)
+    for dtype in (np.int8, np.int32, np.int64, np.uint8, bool, np.float64, object):
+        for n in (0, 1, 2, 60, 2000):
+            x = rng.integers(-9, 9, n).astype(dtype)
+            if dtype is np.float64 and n > 3:
+                x[:2] = np.nan
+            want_u, want_i = np.unique(x, return_inverse=True)
+            got_u, got_i = unique_inverse(x)
+            assert got_u.dtype == want_u.dtype and got_i.dtype == want_i.dtype
+            assert np.array_equal(got_u, want_u, equal_nan=dtype is np.float64)
+            assert got_i.tolist() == want_i.reshape(-1).tolist()

@@ -88,15 +88,50 @@ def sorted_unique(a: Any) -> np.ndarray:
     return s[new]
 
 
+def sorted_codes(a: np.ndarray) -> tuple[np.ndarray, list[Any]]:
+    """Dense codes of an object column's values in their sorted order (`codes`), and those values in order."""
+    values = sorted(set(a.tolist()))
+    index = {v: i for i, v in enumerate(values)}
+    return np.fromiter(map(index.__getitem__, a.tolist()), np.int64, a.size), values
+
+
+def merged_codes(parts: list[tuple[np.ndarray, list[Any]]]) -> np.ndarray:
+    """`codes` of the columns whose `sorted_codes` are `parts`, one after the other: each part's codes
+    renumbered over the union of their sorted values, merged in one pass (the values sorted once, not the
+    rows' values grouped again)."""
+    import heapq
+
+    union: list[Any] = []
+    for v in heapq.merge(*(values for _, values in parts)):
+        if not union or union[-1] != v:
+            union.append(v)
+    index = {v: i for i, v in enumerate(union)}
+    out = [np.array([index[v] for v in values], np.int64)[code] if len(values) else code.astype(np.int64)
+           for code, values in parts]
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def codes(a: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense codes of a column's values, in the values' sorted order, and how many there are."""
     if a.size == 0:
         return np.zeros(0, np.int64), 0
     if a.dtype == object:  # strings: a dict lookup (np.unique compares objects one by one: ~10x slower)
-        index = {v: i for i, v in enumerate(sorted(set(a.tolist())))}
-        return np.fromiter(map(index.__getitem__, a.tolist()), np.int64, a.size), len(index)
-    uniq, inv = np.unique(a, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64), len(uniq)
+        code, values = sorted_codes(a)
+        return code, len(values)
+    uniq, inv = unique_inverse(a)
+    return inv.astype(np.int64), len(uniq)
+
+
+def unique_inverse(a: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(a, return_inverse=True)` (flattened): integers and booleans by `sorted_unique` and a binary
+    search of each value among the distinct ones, not an argsort of every value (19 M ranks: 5.6 -> 1.3 CPU-s);
+    other dtypes by np.unique."""
+    a = np.asarray(a).ravel()
+    if a.dtype.kind not in "biu":
+        uniq, inv = np.unique(a, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    uniq = sorted_unique(a)
+    return uniq, np.searchsorted(uniq, a)
 
 
 def unique_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -185,7 +220,7 @@ def lookup(keys: np.ndarray, mapping: dict[Any, Any]) -> tuple[np.ndarray, np.nd
     """Per row: mapping[key] as int64 (0 when unknown) and whether it is known (present, not None)."""
     if keys.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
-    uniq, inv = np.unique(keys, return_inverse=True)
+    uniq, inv = unique_inverse(keys)
     got = [mapping.get(k) for k in uniq.tolist()]
     known = np.array([g is not None for g in got], bool)
     vals = np.array([int(g) if g is not None else 0 for g in got], np.int64)

@@ -70,7 +70,8 @@ import numpy as np
 
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
-from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, recode, sorted_unique, take
+from tracekit.tables.columns import (Columns, group_ids, group_median, num_rows, recode, sorted_unique, take,
+                                     unique_inverse)
 from tracekit.whatif.sharing import measured_work, shares_host
 from tracekit.whatif.graph import (Category, Overlay, StepGraph, derived, device_lane_mask, host_lane_mask,
                                   launch_lane_mask, rank_nodes)
@@ -633,7 +634,7 @@ def _instance_static(g: StepGraph, lay: RunFacts) -> dict[str, Any] | None:
     flat = p_rank.tolist()
     ranks = np.empty(ids.size, dtype=object)
     ranks[:] = [tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-    uniq, at = np.unique(p_rank, return_inverse=True)
+    uniq, at = unique_inverse(p_rank)
     hcode = np.unique(np.array([lay.hosts.get(r, "?") for r in uniq.tolist()], object), return_inverse=True)[1]
     hcode = hcode.reshape(-1)[at.reshape(-1)]
     inter = np.minimum.reduceat(hcode, bounds[:-1]) != np.maximum.reduceat(hcode, bounds[:-1])
