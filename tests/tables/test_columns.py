@@ -104,16 +104,11 @@ def test_sorted_unique_is_numpys_unique_for_every_dtype_and_shape():
     """The sort-based distinct values are np.unique's, value for value and dtype for dtype: integers of every
     width, booleans, 2-D input (flattened), empty and one-element arrays; floats with NaN and objects are
     np.unique's own (NaNs folded into one)."""
-    rng = np.random.default_rng(11)
-    for dtype in (np.int8, np.int32, np.int64, np.uint16, bool, np.float64, object):
-        for n in (0, 1, 2, 7, 300):
-            x = rng.integers(-40, 40, n).astype(dtype)
-            if dtype is np.float64 and n > 2:
-                x[:3] = np.nan
-            want, got = np.unique(x), sorted_unique(x)
-            assert got.dtype == want.dtype
-            assert np.array_equal(got, want, equal_nan=dtype is np.float64)
-    grid = rng.integers(0, 5, (4, 6))
+    for dtype, x in _arrays_of_every_dtype(11, (0, 1, 2, 7, 300)):
+        want, got = np.unique(x), sorted_unique(x)
+        assert got.dtype == want.dtype
+        assert np.array_equal(got, want, equal_nan=dtype is np.float64)
+    grid = np.random.default_rng(11).integers(0, 5, (4, 6))
     assert sorted_unique(grid).tolist() == sorted(set(grid.ravel().tolist()))
     assert sorted_unique([3, 1, 3, 2**62]).tolist() == [1, 3, 2**62]
 
@@ -162,14 +157,20 @@ def test_merged_codes_number_concatenated_columns_by_their_sorted_keys():
 def test_unique_inverse_is_numpys_unique_with_its_inverse():
     """Distinct values and each row's position among them, as np.unique(return_inverse=True) gives them
     (flattened), value for value and dtype for dtype: integers, booleans, floats with NaN, objects."""
-    rng = np.random.default_rng(13)
-    for dtype in (np.int8, np.int32, np.int64, np.uint8, bool, np.float64, object):
-        for n in (0, 1, 2, 60, 2000):
-            x = rng.integers(-9, 9, n).astype(dtype)
-            if dtype is np.float64 and n > 3:
-                x[:2] = np.nan
-            want_u, want_i = np.unique(x, return_inverse=True)
-            got_u, got_i = unique_inverse(x)
-            assert got_u.dtype == want_u.dtype and got_i.dtype == want_i.dtype
-            assert np.array_equal(got_u, want_u, equal_nan=dtype is np.float64)
-            assert got_i.tolist() == want_i.reshape(-1).tolist()
+    for dtype, x in _arrays_of_every_dtype(13, (0, 1, 2, 60, 2000)):
+        want_u, want_i = np.unique(x, return_inverse=True)
+        got_u, got_i = unique_inverse(x)
+        assert got_u.dtype == want_u.dtype and got_i.dtype == want_i.dtype
+        assert np.array_equal(got_u, want_u, equal_nan=dtype is np.float64)
+        assert got_i.tolist() == want_i.reshape(-1).tolist()
+
+
+def _arrays_of_every_dtype(seed: int, sizes: tuple[int, ...]):
+    """(dtype, values) with repeats: integers of several widths, booleans, floats holding NaN, objects."""
+    rng = np.random.default_rng(seed)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16, bool, np.float64, object):
+        for n in sizes:
+            x = rng.integers(-40, 40, n).astype(dtype)
+            if dtype is np.float64 and n > 2:
+                x[:3] = np.nan
+            yield dtype, x
