@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.tables.columns import (argsort_desc, arrow_columns, first_of_group, group_ids, group_median, match_rows,
-                                     table_rows)
+                                     merged_codes, recode, sorted_codes, sorted_unique, table_rows, unique_inverse,
+                                     unique_pairs)
 
 
 def test_group_ids_number_key_tuples_in_sorted_order():
@@ -97,3 +98,79 @@ def test_table_rows_are_pyarrows_rows_value_for_value_and_type_for_type():
         assert got == want
         assert all(type(a[k]) is type(b[k]) for a, b in zip(got, want) for k in a)
     assert table_rows(t)[0]["ts"] == ns[0]  # exact: no float64 on the way
+
+
+def test_sorted_unique_is_numpys_unique_for_every_dtype_and_shape():
+    """The sort-based distinct values are np.unique's, value for value and dtype for dtype: integers of every
+    width, booleans, 2-D input (flattened), empty and one-element arrays; floats with NaN and objects are
+    np.unique's own (NaNs folded into one)."""
+    for dtype, x in _arrays_of_every_dtype(11, (0, 1, 2, 7, 300)):
+        want, got = np.unique(x), sorted_unique(x)
+        assert got.dtype == want.dtype
+        assert np.array_equal(got, want, equal_nan=dtype is np.float64)
+    grid = np.random.default_rng(11).integers(0, 5, (4, 6))
+    assert sorted_unique(grid).tolist() == sorted(set(grid.ravel().tolist()))
+    assert sorted_unique([3, 1, 3, 2**62]).tolist() == [1, 3, 2**62]
+
+
+def test_recode_numbers_a_subsets_groups_as_grouping_its_keys_again():
+    """Group ids of all rows, restricted to some rows and renumbered, are the ids of grouping those rows' keys
+    (dense, in key order), as np.unique's inverse of the ids."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        keys = np.array([f"pg{int(k)}#{int(k) * 7}" for k in rng.integers(0, 40, int(rng.integers(0, 200)))], object)
+        ids, _ = group_ids(keys)
+        keep = rng.random(keys.size) < 0.4
+        want = sorted(set(keys[keep].tolist()))
+        got = recode(ids[keep])
+        assert got.tolist() == [want.index(k) for k in keys[keep].tolist()]
+        assert got.dtype == np.int64
+
+
+def test_unique_pairs_are_the_distinct_pairs_in_lexicographic_order():
+    """The distinct (a, b) pairs, sorted by a then b, as two rows: against a set of Python tuples, for small
+    ranges (one int64 per pair), ranges too wide for one int64 (the lexsort) and negative values."""
+    rng = np.random.default_rng(3)
+    for lo, hi in ((0, 4), (-6, 6), (-2**61, 2**61), (0, 2**62)):
+        for n in (0, 1, 9, 400):
+            a, b = rng.integers(lo, hi, n), rng.integers(lo, hi, n)
+            got = unique_pairs(a, b)
+            want = sorted(set(zip(a.tolist(), b.tolist())))
+            assert got.shape == (2, len(want)) and got.dtype == np.int64
+            assert list(zip(got[0].tolist(), got[1].tolist())) == want
+
+
+def test_merged_codes_number_concatenated_columns_by_their_sorted_keys():
+    """Codes of several columns' rows one after the other, over the union of their values in sorted order:
+    against the position of each row's value in `sorted(set(all values))`, parts sharing values, empty parts."""
+    rng = np.random.default_rng(9)
+    for _ in range(40):
+        parts = [np.array([f"k{int(v)}#{int(v) % 7}" for v in rng.integers(0, 30, int(rng.integers(0, 50)))],
+                          dtype=object) for _ in range(int(rng.integers(1, 4)))]
+        every = [v for p in parts for v in p.tolist()]
+        union = sorted(set(every))
+        got = merged_codes([sorted_codes(p) for p in parts])
+        assert got.dtype == np.int64
+        assert got.tolist() == [union.index(v) for v in every]
+
+
+def test_unique_inverse_is_numpys_unique_with_its_inverse():
+    """Distinct values and each row's position among them, as np.unique(return_inverse=True) gives them
+    (flattened), value for value and dtype for dtype: integers, booleans, floats with NaN, objects."""
+    for dtype, x in _arrays_of_every_dtype(13, (0, 1, 2, 60, 2000)):
+        want_u, want_i = np.unique(x, return_inverse=True)
+        got_u, got_i = unique_inverse(x)
+        assert got_u.dtype == want_u.dtype and got_i.dtype == want_i.dtype
+        assert np.array_equal(got_u, want_u, equal_nan=dtype is np.float64)
+        assert got_i.tolist() == want_i.reshape(-1).tolist()
+
+
+def _arrays_of_every_dtype(seed: int, sizes: tuple[int, ...]):
+    """(dtype, values) with repeats: integers of several widths, booleans, floats holding NaN, objects."""
+    rng = np.random.default_rng(seed)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16, bool, np.float64, object):
+        for n in sizes:
+            x = rng.integers(-40, 40, n).astype(dtype)
+            if dtype is np.float64 and n > 2:
+                x[:3] = np.nan
+            yield dtype, x

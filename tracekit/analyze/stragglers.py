@@ -73,6 +73,7 @@ from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, 
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
 from tracekit.parse.op_shapes import gemm_cost, load_json, tensors
+from tracekit.tables.columns import unique_pairs
 from tracekit.tables.store import RunStore
 
 if TYPE_CHECKING:  # pandas is imported where matched instances exist (a run without any never needs it)
@@ -598,7 +599,7 @@ def _instances_of_ranks(rows: pd.DataFrame, inst: pd.DataFrame) -> dict[int, np.
 
     at = pd.DataFrame({"key": inst["key"].to_numpy(), "pos": np.arange(len(inst), dtype=np.int64)})
     both = at.merge(rows[["key", "rank"]], on="key")
-    pair = np.unique(np.stack([both["rank"].to_numpy(np.int64), both["pos"].to_numpy(np.int64)]), axis=1)  # by rank
+    pair = unique_pairs(both["rank"].to_numpy(np.int64), both["pos"].to_numpy(np.int64))  # by rank
     bounds = np.flatnonzero(np.r_[True, pair[0][1:] != pair[0][:-1], True]) if pair.size else np.zeros(1, int)
     return {int(pair[0][a]): pair[1][a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
 
@@ -608,7 +609,7 @@ def _member_sets(rows: pd.DataFrame) -> set[tuple[int, ...]]:
     import pandas as pd
 
     code = pd.factorize(rows["key"])[0].astype(np.int64)
-    pair = np.unique(np.stack([code, rows["rank"].to_numpy(np.int64)]), axis=1)  # by key, then rank
+    pair = unique_pairs(code, rows["rank"].to_numpy(np.int64))  # by key, then rank
     bounds = np.flatnonzero(np.r_[True, pair[0][1:] != pair[0][:-1], True]) if pair.size else np.zeros(1, int)
     flat = pair[1].tolist()
     return {tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracekit.tables.columns import sorted_unique
+
 IntervalSet = tuple[np.ndarray, np.ndarray]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -93,7 +95,7 @@ def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
         return empty()
     a, b = _near(a, b[0][0], b[1][-1]), _near(b, a[0][0], a[1][-1])
     # every boundary of either set; a piece between consecutive boundaries is in both or not
-    pts = np.unique(np.concatenate((a[0], a[1], b[0], b[1])))
+    pts = sorted_unique(np.concatenate((a[0], a[1], b[0], b[1])))
     lo, hi = pts[:-1], pts[1:]
     in_a = covered(a, lo, hi) == (hi - lo)
     in_b = covered(b, lo, hi) == (hi - lo)
@@ -106,7 +108,7 @@ def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     if a[0].size == 0 or b[0].size == 0:
         return a
     b = _near(b, a[0][0], a[1][-1])
-    pts = np.unique(np.concatenate((a[0], a[1], b[0], b[1])))
+    pts = sorted_unique(np.concatenate((a[0], a[1], b[0], b[1])))
     lo, hi = pts[:-1], pts[1:]
     in_a = covered(a, lo, hi) == (hi - lo)
     in_b = covered(b, lo, hi) > 0

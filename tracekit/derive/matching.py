@@ -63,7 +63,8 @@ from tracekit.derive.topology import LayoutResult, dims_of
 from tracekit.findings.result import AnalyzerResult
 from tracekit.layout import rank_to_host
 from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
-                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null, take)
+                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null,
+                                     sorted_unique, take, unique_inverse)
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
 
@@ -248,7 +249,7 @@ def _log_spans(cols: Columns, per_rank: dict[int, str]) -> dict[int, np.ndarray]
     `log_to_trace_shift` reads of them; ranks whose log rows hold no time are left out."""
     chosen = _chosen(cols["rank"], per_rank)
     mine = np.flatnonzero((cols["source"] == chosen) & equals_any(chosen, LOG_SOURCES))
-    ranks, at = np.unique(cols["rank"][mine], return_inverse=True)
+    ranks, at = unique_inverse(cols["rank"][mine])
     at = np.concatenate([at.reshape(-1)] * 2)
     values = np.concatenate([cols["enqueue_ts"][mine], cols["ts"][mine]])
     ok = np.concatenate([cols["enqueue_ts_ok"][mine], cols["ts_ok"][mine]])
@@ -297,7 +298,7 @@ def fill_log_ends(cols: Columns, shifts: dict[int, int | None]) -> Columns:
 
 def _chosen(rank: np.ndarray, per_rank: dict[int, str]) -> np.ndarray:
     """Per row: its rank's chosen source (None for a rank without one)."""
-    uniq, inv = np.unique(rank, return_inverse=True)
+    uniq, inv = unique_inverse(rank)
     return np.array([per_rank.get(r) for r in uniq.tolist()], object)[inv.reshape(-1)]
 
 
@@ -538,7 +539,7 @@ def _by_group(inst: Columns, dims: dict[str, str]) -> list[dict[str, Any]]:
 def _per_rank(rows: Columns, inst: Columns) -> list[dict[str, Any]]:
     """Per rank with matched rows, ascending: its instances, how often it arrived last, the delay it
     caused there and its own wait."""
-    ranks, at = np.unique(rows["rank"], return_inverse=True)
+    ranks, at = unique_inverse(rows["rank"])
     at = at.reshape(-1)
     last_at = np.searchsorted(ranks, inst["last_rank"])
     wait, delay = np.zeros(ranks.size, np.int64), np.zeros(ranks.size, np.int64)
@@ -761,7 +762,7 @@ def charge_waits(starts: np.ndarray, ends: np.ndarray, peers: np.ndarray) -> dic
     s, e, p = starts[o], ends[o], peers[o]
     top = np.maximum.accumulate(e)  # the latest end among the waits begun so far ...
     holder = np.maximum.accumulate(np.where(e == top, np.arange(e.size), 0))  # ... and whose it is
-    cuts = np.unique(np.concatenate([s, e]))
+    cuts = sorted_unique(np.concatenate([s, e]))
     seg_lo, seg_hi = cuts[:-1], cuts[1:]
     at = np.searchsorted(s, seg_lo, side="right") - 1
     covered = (at >= 0) & (top[np.maximum(at, 0)] > seg_lo)

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from tracekit.parse.cuda_graphs import CapturedNode, graph_launches, match_replay
 from tracekit.parse.dict_columns import codes, text_test
 from tracekit.parse.op_shapes import OpCost, kernel_category, load_json, op_cost
+from tracekit.tables.columns import sorted_unique
 from tracekit.tables.schema import conform
 from tracekit.tables.schema import OPS
 
@@ -132,7 +133,7 @@ class _Distinct:
         row_lex = lex[row_codes]
         ok = row_lex >= 0
         width = len(ordered) + 1
-        pairs = np.unique(group[ok] * width + row_lex[ok])  # by group, then value order
+        pairs = sorted_unique(group[ok] * width + row_lex[ok])  # by group, then value order
         self.pair_group, self.pair_lex = pairs // width, pairs % width
         self.bounds = np.searchsorted(self.pair_group, np.arange(num + 1))
         rank_in_group = np.arange(len(pairs)) - self.bounds[self.pair_group]

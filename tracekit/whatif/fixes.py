@@ -74,7 +74,8 @@ import numpy as np
 
 from tracekit.collectives import MIN_JUDGED_BYTES, bus_factor
 from tracekit.derive import intervals as iv
-from tracekit.tables.columns import Columns, group_ids, group_median, num_rows, take
+from tracekit.tables.columns import (Columns, group_ids, group_median, num_rows, recode, sorted_unique, take,
+                                     unique_inverse)
 from tracekit.whatif.sharing import measured_work, shares_host
 from tracekit.whatif.graph import (Category, Overlay, StepGraph, derived, device_lane_mask, host_lane_mask,
                                   launch_lane_mask, rank_nodes)
@@ -402,7 +403,7 @@ def gradient_buckets(g: StepGraph, dim: str | None) -> tuple[np.ndarray, np.ndar
             return cache[dim]
         comp = np.flatnonzero(g.category == Category.COMPUTE)
         # the arrivals of the dim's reductions only (the lookup below asks for no other)
-        arrive = np.flatnonzero((g.category == Category.MARK) & np.isin(g.inst, np.unique(g.inst[xfer])) & (g.rank >= 0))
+        arrive = np.flatnonzero((g.category == Category.MARK) & np.isin(g.inst, sorted_unique(g.inst[xfer])) & (g.rank >= 0))
         arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), arrive.tolist()))
         recv = _by_window(g, np.flatnonzero(_transfers(g, "pp") & _op_is(g, "recv") & (g.rank >= 0)))
         xfer, comp = _by_window(g, xfer), _by_window(g, comp)
@@ -632,16 +633,16 @@ def _instance_static(g: StepGraph, lay: RunFacts) -> dict[str, Any] | None:
     if m.size == 0 or g.inst_info is None:
         cache[key] = None
         return None
-    ids, inv = np.unique(g.inst[m], return_inverse=True)
-    inv = inv.reshape(-1)
+    inv = recode(g.inst[m])  # np.unique's ids and inverse without its argsort of every transfer node
+    ids = sorted_unique(g.inst[m])
     lo, span = int(g.rank[m].min()), int(g.rank[m].max() - g.rank[m].min()) + 1
-    pair = np.unique(inv.astype(np.int64) * span + (g.rank[m].astype(np.int64) - lo))  # by inst, then rank
+    pair = sorted_unique(inv.astype(np.int64) * span + (g.rank[m].astype(np.int64) - lo))  # by inst, then rank
     p_inst, p_rank = pair // span, pair % span + lo
     bounds = np.flatnonzero(np.r_[True, p_inst[1:] != p_inst[:-1], True])
     flat = p_rank.tolist()
     ranks = np.empty(ids.size, dtype=object)
     ranks[:] = [tuple(flat[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-    uniq, at = np.unique(p_rank, return_inverse=True)
+    uniq, at = unique_inverse(p_rank)
     hcode = np.unique(np.array([lay.hosts.get(r, "?") for r in uniq.tolist()], object), return_inverse=True)[1]
     hcode = hcode.reshape(-1)[at.reshape(-1)]
     inter = np.minimum.reduceat(hcode, bounds[:-1]) != np.maximum.reduceat(hcode, bounds[:-1])
@@ -886,7 +887,7 @@ def moe_passes(g: StepGraph, xfer: np.ndarray
     as a split-size exchange, are skipped); the expert compute is the rank's compute between them."""
     sizes = g.inst_info.io if g.inst_info is not None else []
     # the members of the instances looked up below only (those of `xfer`), not of every instance of the graph
-    io = {(int(r), i): (a, b) for i in np.unique(g.inst[xfer]).tolist() if 0 <= i < len(sizes)
+    io = {(int(r), i): (a, b) for i in sorted_unique(g.inst[xfer]).tolist() if 0 <= i < len(sizes)
           for r, a, b in sizes[i]}
     arrive = np.flatnonzero((g.category == Category.MARK) & (g.inst >= 0) & (g.rank >= 0))
     arr_of = dict(zip(zip(g.rank[arrive].tolist(), g.inst[arrive].tolist()), g.start[arrive].tolist()))

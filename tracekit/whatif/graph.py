@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tracekit.tables.columns import unique_inverse
+
 
 class Category(IntEnum):
     """What a node's time is, for the critical path's composition."""
@@ -206,7 +208,7 @@ class StepGraph:
         if self.step is None:
             self.step = np.zeros(n, dtype=np.int64)
         if self.ranks is None:
-            self.ranks, pos = np.unique(self.rank[self.rank >= 0], return_inverse=True)
+            self.ranks, pos = unique_inverse(self.rank[self.rank >= 0])
             self.ranks = self.ranks.astype(np.int64)
             self.win_step = np.zeros(self.ranks.size, dtype=np.int64)
             self.win_start = np.full(self.ranks.size, np.iinfo(np.int64).max, np.int64)
