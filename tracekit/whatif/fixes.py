@@ -42,7 +42,8 @@ from the replayed concurrency (replay → concurrency → durations to a fixed p
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
   peers' sequences differ from the rank's, the gap before each step's first host op down to the peers'
   median gap before theirs and other such gaps and data loading to 0 (`_step_leads`); for all ranks at
-  once, such gaps and data loading go to 0.
+  once, such gaps and data loading go to 0. A GPU rank's host gap loses only its idle part
+  (`_stall_floor`: the CPU ops between runtime calls stay).
 - `memcpy_overlap`: every device copy (memcpy H2D / D2H / D2D / P2P nodes, `memcpy_nodes`) of every rank
   (or one) hidden behind other work: length 0 (an asynchronous copy on a side stream, prefetched; whoever
   waited for it still starts after what preceded it). An upper bound of what overlapping the copies saves.
