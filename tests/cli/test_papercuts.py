@@ -71,3 +71,31 @@ def test_fail_on_warning_ignores_unstable_verdict(tmp_path):
     assert out.exit_code == 0 and "unstable_verdict not gated" in out.output
     path.write_text(json.dumps(dict(doc, findings=[noise, real])))
     assert CliRunner().invoke(app, ["check", str(path), "--fail-on", "warning"]).exit_code == 1
+
+
+def test_record_summary_prints_the_jobs_own_text_verbatim(tmp_path):
+    """`tracekit record` quotes the job's errors (a rank's reason, the hang summary, paths): PyTorch's gloo
+    writes "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553]", which rich read as a
+    closing markup tag: the summary raised MarkupError and the recorded job's exit turned into a traceback
+    (a CI run of tests/record/test_user_scripts.py). Every such text is printed as it is."""
+    import io
+
+    from rich.console import Console
+
+    from tracekit.cli.record import print_hang, print_summary
+
+    gloo = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    out = tmp_path / "rec[/x]"
+    manifest = {"status": "partial [/bold]", "world_size": 2, "hosts": ["h"], "torch_version": "2.13.0",
+                "ranks": [{"rank": 0, "status": "ok", "profiled": True, "trace_steps": 2, "files": {"t": "rank0.json"},
+                           "collectives_logged": 3},
+                          {"rank": 1, "status": "error", "profiled": True, "trace_steps": 1, "files": {},
+                           "collectives_logged": 1, "reason": gloo}],
+                "missing_ranks": [], "parallel_layout": "[/dp2]"}
+    buf = io.StringIO()
+    console = Console(file=buf, width=400)
+    print_summary(console, manifest, out, 1)
+    print_hang(console, {"detected": False, "summary": gloo, "dumps": str(out), "analysis": None})
+    text = buf.getvalue()
+    assert text.count(gloo) == 2
+    assert "partial [/bold]" in text and str(out) in text and "[/dp2]" in text

@@ -47,20 +47,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
 from tracekit.derive.activity import RankActivities, stepless_windows
+from tracekit.derive.host_gaps import MIN_GAP_NS, HostEvents, host_events, long_gaps, np_of as _np, str_is as _str_is
 from tracekit.derive.matching import host_count
 from tracekit.findings.evidence import HostStallEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
-from tracekit.parse.classify import label_rows
-from tracekit.parse.dict_columns import object_strings
 from tracekit.tables.store import RunStore
 
-MIN_GAP_NS = 1_000_000
-"""A host gap shorter than this is dispatch overhead between ops, not a stall."""
 STALL_INFO = 0.05
 STALL_WARNING = 0.10
 STALL_CRITICAL = 0.30
@@ -68,50 +64,10 @@ STALL_CRITICAL = 0.30
 
 DATA_LOADER_PREFIX = "enumerate(DataLoader)"
 """Only to name where data-loading time came from (evidence); the parser's role decides what it is."""
-HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function", "operator")
-
-
-def _np(col: pa.ChunkedArray, fill: int = 0) -> np.ndarray:
-    return col.fill_null(fill).to_numpy()
-
-
-def _str_is(col: pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
-    return _np(pc.is_in(col.cast(pa.string()), value_set=pa.array(values)), False).astype(bool)
-
-
-@dataclass
-class _HostEvents:
-    """One rank's host events as arrays: activity (ops, runtime and communication calls, tracekit's own
-    ranges — not step annotations, data-loading ranges or labels), data loading, the names of the
-    data-loading events, and each label's intervals (evidence only)."""
-
-    act: iv.IntervalSet
-    loading: iv.IntervalSet
-    data_names: list[str]
-    labels: dict[str, iv.IntervalSet]
 
 
 EVENT_COLUMNS = ["name", "cat", "ts", "dur", "role", "lane", "correlation"]
-"""The events columns a rank's stalls need: read once for `_host_events`, `_device_queued` and `_recorded_span`."""
-
-
-def _host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> _HostEvents:
-    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
-    dur = _np(t["dur"], -1)
-    host = (~_str_is(t["lane"], ("device",))) & (dur >= 0) & _str_is(t["cat"], HOST_CATS)
-    data = host & _str_is(t["role"], ("data_load",))
-    label = host & label_rows(t["cat"], t["role"])
-    ops = host & ~data & ~label & ~_str_is(t["role"], ("step_annotation",))
-    ts, end = _np(t["ts"]), _np(t["ts"]) + dur
-    names = object_strings(t["name"], "")
-    at = np.flatnonzero(label)  # each label's rows, grouped once (not one scan of the rank's events per label)
-    uniq, inv = np.unique(names[at].astype(str), return_inverse=True) if at.size else (np.array([], str), at)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
-    labels = {str(nm): iv.union(ts[at[order[bounds[i]:bounds[i + 1]]]], end[at[order[bounds[i]:bounds[i + 1]]]])
-              for i, nm in enumerate(uniq.tolist())}
-    return _HostEvents(act=iv.union(ts[ops], end[ops]), loading=iv.union(ts[data], end[data]),
-                       data_names=sorted(set(names[data].tolist())), labels=labels)
+"""The events columns a rank's stalls need: read once for `host_events`, `_device_queued` and `_recorded_span`."""
 
 
 def _device_queued(store: RunStore, rank: int, events: pa.Table | None = None) -> iv.IntervalSet | None:
@@ -156,17 +112,10 @@ def _comm_busy(store: RunStore, rank: int) -> iv.IntervalSet:
     return iv.merge(*sets)
 
 
-def _long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
-    """Complement of `active` in [lo, hi), keeping only gaps of at least MIN_GAP_NS."""
-    starts, ends = iv.complement(active, lo, hi)
-    keep = (ends - starts) >= MIN_GAP_NS
-    return starts[keep], ends[keep]
-
-
-def _step_stall(host: _HostEvents, queued: iv.IntervalSet | None, comm: iv.IntervalSet | None, lo: int, hi: int
+def _step_stall(host: HostEvents, queued: iv.IntervalSet | None, comm: iv.IntervalSet | None, lo: int, hi: int
                 ) -> tuple[iv.IntervalSet, iv.IntervalSet]:
     """(stall, its part in host gaps) of the step [lo, hi)."""
-    gaps = _long_gaps(host.act, lo, hi)
+    gaps = long_gaps(host.act, lo, hi)
     if queued is not None:  # GPU: gaps and data loading while the device has nothing queued
         stall = iv.subtract(iv.merge(gaps, iv.clip(host.loading, lo, hi)), queued)
     else:  # CPU: gaps with no op running, outside collectives (waiting for peers)
@@ -183,7 +132,7 @@ def rank_stalls(store: RunStore, rank: int, window: tuple[int, int] | None = Non
     if not steps:
         return None
     events = store.rank_table("events", rank, EVENT_COLUMNS)
-    host = _host_events(store, rank, events)
+    host = host_events(store, rank, events)
     if not host.act[0].size and not host.loading[0].size:
         return None  # no host op recorded (a trace of device events only): its gaps are not the host's
     queued = _device_queued(store, rank, events)

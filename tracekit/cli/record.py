@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape as esc
 
 HELP = """\
 Run COMMAND unmodified with the profiler injected into every rank process, and leave in --out:
@@ -145,7 +146,7 @@ def register(app: typer.Typer) -> None:
                 memory_history=memory_history, hang_timeout=hang_timeout, hang_action=hang_action)
             result = run_record(config, list(command or []), overwrite=overwrite, diagnose_hang=analyze_hang_dumps)
         except (ValueError, RecordError) as exc:
-            err.print(f"[red]tracekit record:[/red] {exc}")
+            err.print(f"[red]tracekit record:[/red] {esc(str(exc))}")
             raise typer.Exit(2) from None
         print_summary(err, result.manifest, out, result.exit_code)
         print_hang(err, result.hang)
@@ -157,11 +158,11 @@ def print_hang(console: Any, hang: dict[str, Any] | None) -> None:
     if not hang:
         return
     head = "[red]hang[/red]: the job was hung" if hang.get("detected") else "[yellow]job failed[/yellow]: post-mortem"
-    console.print(f"\n{head}: {hang.get('summary') or 'no stuck collective found in the dumps'}")
+    console.print(f"\n{head}: {esc(str(hang.get('summary') or 'no stuck collective found in the dumps'))}")
     if hang.get("dead_ranks"):
         console.print(f"  ranks that died: {hang['dead_ranks']}"
                       + (f" (then {hang['stopped_ranks']} were stopped)" if hang.get("stopped_ranks") else ""))
-    console.print(f"  dumps: {hang.get('dumps')}   analysis: {hang.get('analysis')}")
+    console.print(f"  dumps: {esc(str(hang.get('dumps')))}   analysis: {esc(str(hang.get('analysis')))}")
 
 
 def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: int) -> None:
@@ -171,18 +172,18 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
     ranks = manifest["ranks"]
     console.soft_wrap = True
     console.print(f"\n[bold]tracekit record[/bold]: command exited with {exit_code}; recording "
-                  f"{manifest['status']} in {out}")
+                  f"{esc(str(manifest['status']))} in {esc(str(out))}")
     problem = window_problem(manifest)
     if problem:
-        console.print(f"  [red]nothing recorded[/red]: {problem}")
+        console.print(f"  [red]nothing recorded[/red]: {esc(str(problem))}")
     if not ranks and manifest.get("recorded_by") not in (None, "tracekit record"):
-        console.print(f"  the program recorded itself ({manifest['recorded_by']}); world size "
+        console.print(f"  the program recorded itself ({esc(str(manifest['recorded_by']))}); world size "
                       f"{manifest.get('world_size')}; files per rank:")
         for rank, names in (manifest.get("files_by_rank") or {}).items():
-            console.print(f"  rank {rank}: {', '.join(names)}")
+            console.print(f"  rank {rank}: {', '.join(names)}", markup=False, highlight=False)
         if manifest.get("missing_ranks"):
             console.print(f"  [yellow]missing ranks[/yellow]: {manifest['missing_ranks']}")
-        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")
+        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out", markup=False)
         return
     if not ranks:
         console.print("  no rank recorded anything: did the program step an optimizer or call tracekit.step()?")
@@ -202,11 +203,11 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
         bits.append(", ".join(sorted(files.values())))
         if r.get("reason"):
             bits.append(f"reason: {r['reason']}")
-        console.print("  " + "; ".join(bits))
+        console.print("  " + "; ".join(bits), markup=False, highlight=False)  # a reason quotes the job's errors
     if manifest.get("missing_ranks"):
         console.print(f"  [yellow]missing ranks[/yellow] (no record at all): {manifest['missing_ranks']}")
     if manifest.get("parallel_layout"):
-        console.print(f"  parallel layout: {manifest['parallel_layout']}")
+        console.print(f"  parallel layout: {manifest['parallel_layout']}", markup=False)
     over = manifest.get("recording_overhead")
     if over:
         console.print(f"  recording overhead in the window: steps x{over['ratio']:.3f} "
@@ -222,6 +223,6 @@ def print_summary(console: Any, manifest: dict[str, Any], out: Path, exit_code: 
         held.counts.update(r.get("notices_held") or {})
     if held.summary():
         console.print("  " + held.summary(), markup=False, highlight=False)
-    console.print(f"  manifest: {out / 'manifest.json'}")
+    console.print(f"  manifest: {out / 'manifest.json'}", markup=False)
     if not problem:
-        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out")
+        console.print(f"\nnext:  tracekit analyze {out} --out tracekit-out", markup=False)

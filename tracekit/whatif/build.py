@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
 from tracekit.derive.activity import stepless_windows
+from tracekit.derive.host_gaps import host_idle
 from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
@@ -79,6 +80,8 @@ class _Buf:
     distinct: dict[str, str] = field(default_factory=dict)
     slow: dict[int, Columns] = field(default_factory=dict)
     """per GPU rank: its slow host ops (`host_bound.excess_ns` > 0: tid, ts, end, excess, runtime; trace clock)"""
+    idle: dict[int, iv.IntervalSet] = field(default_factory=dict)
+    """per GPU rank: its host gaps and data loading (derive/host_gaps.py `host_idle`; common clock)"""
 
     def _name_of(self, name: str) -> str:
         return self.distinct.setdefault(name, name)
@@ -131,7 +134,7 @@ class _Buf:
                          dim=c["dim"].astype(np.int32, **as_), inst=c["inst"].astype(np.int32, **as_), name=self.names,
                          lane_names=self.lane_names, dims=dims, terminal=c["terminal"].astype(bool, **as_),
                          step=c["step"].astype(np.int64, **as_), excess_gap=c["xgap"].astype(np.int64, **as_),
-                         excess_dur=c["xdur"].astype(np.int64, **as_))
+                         excess_dur=c["xdur"].astype(np.int64, **as_), host_idle=self.idle)
 
 
 @dataclass
@@ -768,6 +771,8 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     ev = ev.filter(rt)
     if ev.num_rows == 0:
         return
+    idle = host_idle(store, rank)
+    buf.idle[rank] = (idle[0] - conv, idle[1] - conv)
     ts, end = _arr(ev, "ts") - conv, _arr(ev, "ts") + _arr(ev, "dur") - conv
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
     corr = np.nan_to_num(_arr(ev, "correlation", float), nan=-2).astype(np.int64)

@@ -42,7 +42,8 @@ from the replayed concurrency (replay → concurrency → durations to a fixed p
   host threads' sequence (the rank's own data loading and launch spacing stay, what it added goes); when the
   peers' sequences differ from the rank's, the gap before each step's first host op down to the peers'
   median gap before theirs and other such gaps and data loading to 0 (`_step_leads`); for all ranks at
-  once, such gaps and data loading go to 0.
+  once, such gaps and data loading go to 0. A GPU rank's host gap loses only its idle part
+  (`_stall_floor`: the CPU ops between runtime calls stay).
 - `memcpy_overlap`: every device copy (memcpy H2D / D2H / D2D / P2P nodes, `memcpy_nodes`) of every rank
   (or one) hidden behind other work: length 0 (an asynchronous copy on a side stream, prefetched; whoever
   waited for it still starts after what preceded it). An upper bound of what overlapping the copies saves.
@@ -949,29 +950,56 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
     dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
 
 
-def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
+def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts, whole: bool = False) -> None:
+    """`host_stalls` (module docstring). A GPU rank's host node keeps the part of its gap that is host ops
+    launching nothing (`_stall_floor`) unless `whole` (`host_work`: that work moved off the step too)."""
     host = host_lane_mask(g)
+
+    def floor(ids: np.ndarray) -> np.ndarray:  # never above what an earlier fix left
+        return np.zeros(ids.size, np.int64) if whole else np.minimum(gap[ids], _stall_floor(g, ids))
+
     if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
         mine = np.concatenate([rank_nodes(g, int(r)) for r in fix.ranks])
-        gap[mine[host[mine] & (gap[mine] >= lay.stall_min_ns)]] = 0
+        sel = mine[host[mine] & (gap[mine] >= lay.stall_min_ns)]
+        gap[sel] = floor(sel)
         dur[mine[g.category[mine] == Category.STALL]] = 0
         return
     if fix.rank is None:
-        gap[host & (gap >= lay.stall_min_ns)] = 0
+        sel = np.flatnonzero(host & (gap >= lay.stall_min_ns))
+        gap[sel] = floor(sel)
         dur[g.category == Category.STALL] = 0
         return
     peer = peer_medians(g, host, int(fix.rank), lay)
     mine = peer[0] if peer is not None else aligned(g, host, int(fix.rank), lay)[0]
     stall = gap[mine] >= lay.stall_min_ns
     load = g.category[mine] == Category.STALL
+    sel = mine[stall]
     if peer is not None:
         gap_med, dur_med = peer[1](), peer[2]()
-        gap[mine[stall]] = np.minimum(gap[mine[stall]], gap_med[stall].astype(np.int64))
+        gap[sel] = np.maximum(np.minimum(gap[sel], gap_med[stall].astype(np.int64)), floor(sel))
         dur[mine[load]] = np.minimum(dur[mine[load]], dur_med[load].astype(np.int64))
     else:
         lead = _step_leads(g, host, int(fix.rank), lay)
-        gap[mine[stall]] = np.minimum(gap[mine[stall]], lead[mine[stall]])
+        gap[sel] = np.maximum(np.minimum(gap[sel], lead[sel]), floor(sel))
         dur[mine[load]] = 0
+
+
+def _stall_floor(g: StepGraph, ids: np.ndarray) -> np.ndarray:
+    """Per node of `ids`: the least gap a stall fix leaves it. A GPU rank's host node: its measured gap less the
+    part of it in the rank's host gaps and data loading (`StepGraph.host_idle`; the rest is host ops that
+    launch nothing, held in the gap since the graph's host nodes are runtime calls); any other node: 0."""
+    out = np.zeros(ids.size, np.int64)
+    if not g.host_idle or ids.size == 0:
+        return out
+    base = np.asarray(g.gap)[ids]
+    end = g.start[ids]
+    ranks = g.rank[ids]
+    for r, (lo, hi) in g.host_idle.items():
+        at = np.flatnonzero(ranks == r)
+        if at.size:
+            idle = iv.covered((lo, hi), end[at] - base[at], end[at]) if lo.size else np.zeros(at.size, np.int64)
+            out[at] = np.maximum(base[at] - idle, 0)
+    return out
 
 
 def _host_work(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
@@ -980,7 +1008,8 @@ def _host_work(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Ru
     `host_work`) goes with each gap of at least `stall_min_ns` — as do idle gaps and data loading there, which
     `host_stalls` on the same ranks removes: an upper bound of moving the work off the step."""
     ranks = fix.ranks or ((fix.rank,) if fix.rank is not None else None)
-    _host_stalls(g, dur, gap, Fix("host_stalls", ranks=tuple(int(r) for r in ranks) if ranks else None), lay)
+    _host_stalls(g, dur, gap, Fix("host_stalls", ranks=tuple(int(r) for r in ranks) if ranks else None), lay,
+                 whole=True)
 
 
 def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:

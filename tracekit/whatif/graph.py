@@ -186,6 +186,10 @@ class StepGraph:
     """(k, 2) src, dst: edges the trace does not show, added so that a what-if that makes the host faster
     keeps a launch-bound op after another stream's op that ended before it (whatif.build.infer_stream_waits);
     they are also in src / dst"""
+    host_idle: dict = field(default_factory=dict)
+    """per GPU rank: its host gaps (no host op recorded, at least host_stalls' MIN_GAP_NS) and data loading, as
+    intervals on the common clock: the part of a host node's gap a stall fix may remove (whatif/fixes.py
+    `host_stalls`); the rest of the gap is host ops that launch nothing"""
     inst_info: InstInfo | None = None
     """per collective instance (index = inst): key, pg_name, dim, op, bytes, n, io"""
     _plan: "_Plan | None" = None
