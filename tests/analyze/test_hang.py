@@ -181,3 +181,35 @@ def test_prefix_rule_is_for_dumps_only(tmp_path):
 
     (tmp_path / "Qwen_Chat__1016005.json").write_text(json.dumps({"traceEvents": []}))
     assert [(f.kind, f.name_rank) for f in discover_inputs(tmp_path).inputs] == [("kineto", None)]
+
+
+def _fr_entry(rank: int, seq: int, retired: bool) -> dict:
+    return {"collective_seq_id": seq, "input_dtypes": ["Float"], "input_sizes": [[16]], "is_p2p": False,
+            "op_id": seq, "output_dtypes": ["Float"], "output_sizes": [[16]], "p2p_seq_id": 0, "pg_id": 0,
+            "process_group": ["0", "default_pg"], "profiling_name": "gloo:all_reduce", "record_id": seq,
+            "retired": retired, "state": "scheduled", "thread_id": "1", "thread_name": "python",
+            "time_created_ns": 1_000_000_000 * seq + rank, "time_discovered_completed_ns": 0,
+            "time_discovered_started_ns": 0, "timeout_ms": 1_800_000, "frames": []}
+
+
+def test_a_rank_whose_collective_was_aborted_at_exit_does_not_complete_it_for_the_group(tmp_path):
+    """`tracekit record`'s dumps of a gloo job where rank 1 never reached all_reduce #3 (a sleep): ranks 0 and
+    2 wait in it; rank 3 dumped at exit after the job was stopped, its #3 retired on "connection closed" and
+    its pg_status saying completed 3. A collective completes on no rank before every member entered it, so
+    the group did not complete #3: it is stuck with rank 1 missing. Read as completed, the dumps said the job
+    was not hung (a CI run of tests/record/test_hang_record.py)."""
+    d = tmp_path / "hang"
+    d.mkdir()
+    last = {0: 3, 1: 2, 2: 3, 3: 3}
+    for r, n in last.items():
+        done = 3 if r == 3 else 2
+        dump = {"comm_lib_version": "", "nccl_comm_state": {}, "version": "2.10", "rank": r,
+                "pg_config": {"": {"desc": "", "name": "", "ranks": "[0, 1, 2, 3]"}},
+                "pg_status": {"0": {"last_completed_collective": str(done), "last_enqueued_collective": str(n),
+                                    "last_started_collective": "-1"}},
+                "entries": [_fr_entry(r, s, retired=s <= done) for s in range(1, n + 1)]}
+        (d / f"flight_recorder.rank{r}.json").write_text(json.dumps(dump))
+    a = analyze_run(d, tmp_path / "out").analysis
+    top = a["findings"][0]
+    assert top["kind"] == "hang" and top["ranks"] == [1] and top["evidence"]["hang_kind"] == "missing"
+    assert top["evidence"]["collective"]["seq"] == 3 and top["evidence"]["collective"]["op"] == "all_reduce"

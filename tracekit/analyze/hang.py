@@ -9,7 +9,9 @@ and `process_groups`. Definitions (docs/metrics.md, "Hangs"):
   sequence number of its entries in that state, or its dump's `pg_status` where the rank's own entries
   map the pg id to G (pg ids are per rank); P2P entries count apart (their own sequence numbers).
 - **completed by the group**: the highest sequence number any member saw complete (a collective completes
-  on no rank before every member took part; a rank whose device failed may never see its own complete).
+  on no rank before every member took part; a rank whose device failed may never see its own complete), at
+  most the lowest any dumped member enqueued: a "completed" past that is an abort (a rank dumping at exit
+  after its peers were stopped sees its pending collective retired on "connection closed").
 - **stuck collective of G**: the lowest pending collective sequence number s of any member above that.
   `entered`: members with an entry at s (or a pg_status that enqueued s); `missing`: members with a
   dump that did not; `no_dump`: members without a dump (`dead` when the recorder saw the process die).
@@ -36,6 +38,7 @@ A job is called hung when some pending entry has an absent rank, or a mismatch i
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -184,7 +187,12 @@ def _group_state(name: str, g: dict[str, Any], mine: list[dict[str, Any]],
     members = [{"rank": r, **({"last_" + k: v for k, v in progress[(r, name)].items()}
                             if (r, name) in progress else {"last_enqueued": None, "last_started": None,
                                                             "last_completed": None})} for r in ranks if r in have]
-    done = max((progress[(r, name)]["completed"] for r in ranks if (r, name) in progress), default=-1)
+    # a collective completes only once every member entered it: a member's "completed" past what another
+    # dumped member ever enqueued is an abort (a rank's dump written at exit after its peers were stopped,
+    # its pending collective retired on "connection closed"), not the group's progress
+    done = min(max((progress[(r, name)]["completed"] for r in ranks if (r, name) in progress), default=-1),
+               min((progress[(r, name)]["enqueued"] for r in ranks if r in have and (r, name) in progress),
+                   default=sys.maxsize))
     pending = [e for e in mine if _pending(e) and not e["is_p2p"] and e["seq"] is not None and e["seq"] > done]
     stuck = None
     if pending:
