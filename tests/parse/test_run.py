@@ -91,6 +91,33 @@ def test_gloo_kineto_collectives_get_log_sequence(gloo_store, rank: int) -> None
         assert lr["enqueue_ts"] <= k["enqueue_ts"] <= lr["ts"] + lr["dur"]
 
 
+@pytest.mark.parametrize("late_us", [60, 200, 1000])
+def test_gloo_join_holds_when_the_profiler_clock_is_off(tmp_path: Path, monkeypatch, late_us: int) -> None:
+    """The profiler stamps ops on its own clock, converted to wall time by a fit made when it starts; on a
+    loaded host that fit is off by tens to hundreds of µs (a CI run matched one all_gather to nothing). With
+    the log's times moved `late_us` later against the trace, every profiled collective still gets the
+    sequence number the job issued it with (counted here in issue order)."""
+    import tracekit.parse.run as run_mod
+
+    run = gloo_run_dir()
+    join = run_mod.join_collectives
+    monkeypatch.setattr(run_mod, "join_collectives", lambda kin, log, *, log_shift_ns=0, groups=None: join(
+        kin, log, log_shift_ns=log_shift_ns - late_us * 1000, groups=groups))
+    store = parse_run(run / "trace", tmp_path / "store", progress=False).store
+    for rank in range(WORLD):
+        issued = json.loads((run / "expected" / f"ops.rank{rank}.json").read_text())
+        counter: dict[tuple[str, bool], int] = defaultdict(int)
+        profiled = []
+        for op in issued:
+            counter[(op["pg_name"], op["is_p2p"])] += 1
+            if op["step"] is not None:
+                profiled.append((op["op"], op["pg_name"], counter[(op["pg_name"], op["is_p2p"])]))
+        kin = store.sql(f"SELECT op, pg_name, seq, seq_source FROM collectives WHERE source = 'kineto' "
+                        f"AND rank = {rank} ORDER BY enqueue_ts").to_pylist()
+        assert [(k["op"], k["pg_name"], k["seq"]) for k in kin] == profiled
+        assert {k["seq_source"] for k in kin} == {"log"}
+
+
 def test_gloo_pipeline_rows_from_labels(gloo_store) -> None:
     run, store = gloo_store
     rows = store.sql("SELECT rank, step, stage, microbatch, CAST(phase AS VARCHAR) AS phase, ts, dur "

@@ -88,9 +88,13 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
 
     The comm layer logs an entry just before it issues the c10d op, so a call's entry was created a
     short, fairly steady time before the op starts (Python in between; longer for batched P2P). The two
-    clocks (Kineto's, the log's `time.time_ns()`) may also differ a little. Pass 1 pairs each op with its
-    nearest compatible entry: the median of (op start − entry created) is the typical lead; when it is
-    negative the trace clock runs behind by at least that much (the skew). Pass 2 walks the ops in order and
+    clocks (Kineto's, the log's `time.time_ns()`) may also differ: the profiler converts its own clock to
+    wall time with a fit made when it starts, off by tens to hundreds of µs on a loaded host. Pass 1 pairs
+    each op with its nearest compatible entry (an entry nearest to several ops counts for the closest one
+    only): the median of (op start − entry created) is the typical lead.
+    No call starts before its entry is created, so where the smallest lead is negative the trace clock runs
+    behind by at least that much (the skew; the median would cut off every call whose lead is below the
+    typical one). Pass 2 walks the ops in order and
     takes, among unused compatible entries created after the previous match of the op and before
     start + that skew, the one whose lead is closest to the typical lead.
     """
@@ -101,11 +105,16 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
     for lst in per_op.values():
         lst.sort()
     ordered = sorted((r for r in pending if _start(r) is not None), key=_start)
-    leads = sorted(x for x in (_nearest_lead(row, per_op, log_rows) for row in ordered) if x is not None)
+    claims: dict[int, int] = {}  # entry -> the lead of the op nearest to it (another op's claim is a mis-pairing)
+    for row in ordered:
+        lead, i = _nearest_lead(row, per_op, log_rows)
+        if i is not None and (i not in claims or abs(lead) < abs(claims[i])):
+            claims[i] = lead
+    leads = sorted(claims.values())
     if not leads:
         return []
     typical = leads[len(leads) // 2]
-    skew = max(0, -typical) + SKEW_MARGIN_NS
+    skew = max(0, -leads[0]) + SKEW_MARGIN_NS
     out = []
     last_taken: dict[str, int] = {}
     for row in ordered:
@@ -118,20 +127,20 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
 
 
 def _nearest_lead(row: dict[str, Any], per_op: dict[str, list[tuple[int, int]]],
-                  log_rows: list[dict[str, Any]]) -> int | None:
-    """Pass 1: op start − creation time of the nearest compatible entry (None: no candidate)."""
+                  log_rows: list[dict[str, Any]]) -> tuple[int, int | None]:
+    """Pass 1: (op start − creation time, index) of the nearest compatible entry ((0, None): no candidate)."""
     cands = per_op.get(row["op"])
     if not cands:
-        return None
+        return 0, None
     start = _start(row)
     pos = bisect.bisect_left(cands, (start, -1))
-    best = None
+    best: tuple[int, int | None] = (0, None)
     for j in list(range(pos - 1, max(pos - 64, -1), -1)) + list(range(pos, min(pos + 64, len(cands)))):
         created, i = cands[j]
         if created > _end(row) + LAG_TOLERANCE_NS or created < start - MAX_LEAD_NS:
             continue
-        if _compatible(row, log_rows[i]) and (best is None or abs(start - created) < abs(best)):
-            best = start - created
+        if _compatible(row, log_rows[i]) and (best[1] is None or abs(start - created) < abs(best[0])):
+            best = (start - created, i)
     return best
 
 
