@@ -214,10 +214,31 @@ def test_host_stall_over_the_device_span(shared_traces, tmp_path):
     # the fix removes host gaps, never the host ops between them: the span shortens by at most the host's gaps
     # of 1 ms or more that reach into it (whole: one that began before the span delayed its first launch). It
     # removed CPU tensor ops too, which the graph holds in the gaps between runtime calls: 100.56 ms saved,
-    # host_bound's own replay, for 11.9 ms of stall
+    # then host_bound's own replay, for 11.9 ms of stall
     busy = _union([(a, b) for _, a, b, *_ in ops])
     reaching = [(a, b) for a, b in _subtract([(busy[0][0], busy[-1][1])], busy) if b - a >= MS and b > lo and a < hi]
     assert 0 < f["est_saving_ns"] <= _total(reaching)
+
+
+def test_host_work_fix_keeps_the_idle_gaps(shared_traces, tmp_path):
+    """hta_mixed_et_and_kineto: host_bound's cause is host work (CPU tensor ops between launches). Its fix moves
+    that work off the step and leaves the host's idle gaps, which the stall fix removes: where the host sat in a
+    gap of at least 1 ms with no device work queued (the raw JSON's stall), the device still has nothing to run,
+    so the saving is at most the span's device idle less that stall. Removing the whole gaps, idle included,
+    replayed 100.56 ms, above that bound."""
+    events = _events("hta_mixed_et_and_kineto", shared_traces)
+    lo, hi, dev = _window(events)
+    ops = _host_ops(events)
+    gaps = [(a, b) for a, b in _subtract([(lo, hi)], _union([(a, b) for _, a, b, *_ in ops])) if b - a >= MS]
+    start = {c: a for _, a, _, _, rt, c in ops if rt and c is not None}
+    queued = _union([(min(start.get((e.get("args") or {}).get("correlation"), _ns(e["ts"])), _ns(e["ts"])),
+                      _ns(e["ts"]) + _ns(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS])
+    stall = _total(_subtract(gaps, queued))
+    idle = (hi - lo) - _total(_union(dev))
+    a = _analyze(shared_traces / "hta_mixed_et_and_kineto", tmp_path)
+    (f,) = [f for f in a["findings"] if f["kind"] == "host_bound"]
+    assert f["evidence"]["cause"] == "host_work"
+    assert 0 < f["evidence"]["replayed_saving_ns"] <= idle - stall
 
 
 def test_host_bound_verdict_without_a_host_finding_says_the_cause_is_not_visible(shared_traces, tmp_path):

@@ -52,10 +52,9 @@ from the replayed concurrency (replay → concurrency → durations to a fixed p
   host node's gap loses the slow time before it and its own time the slow time inside it
   (`StepGraph.excess_gap` / `excess_dur`, set by the builder); the device then starts each kernel at
   max(its launch, its stream, its other dependencies) as before.
-- `host_work`: on the named GPU ranks (or all), the host time between launches removed — each host gap of at
-  least `stall_min_ns` and each data-loading node to 0, as `host_stalls` does for ranks named together: the
-  graph holds host ops that launch nothing (analyze/host_bound.py's `host_work`) in those gaps, so this is an
-  upper bound of moving that work off the step (idle gaps there go too).
+- `host_work`: on the named GPU ranks (or all), the host work between launches removed — each host gap of at
+  least `stall_min_ns` loses the part `host_stalls` leaves it (`_stall_floor`: the graph holds host ops that
+  launch nothing, analyze/host_bound.py's `host_work`, in those gaps); the idle part and data loading stay.
 - `host_ahead`: the launching threads of GPU ranks (one rank, or all) kept ahead of the device, as CUDA graphs
   (or torch.compile's) keep them: every runtime call costs nothing and the dispatch time between calls
   (a gap shorter than `stall_min_ns`) goes; a longer gap is a stall (`host_stalls`' to remove) and stays, and
@@ -950,13 +949,13 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
     dur[nodes] = np.maximum(dur[nodes] - np.rint(cut).astype(np.int64), 0)
 
 
-def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts, whole: bool = False) -> None:
+def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     """`host_stalls` (module docstring). A GPU rank's host node keeps the part of its gap that is host ops
-    launching nothing (`_stall_floor`) unless `whole` (`host_work`: that work moved off the step too)."""
+    launching nothing (`_stall_floor`; `host_work` removes that part)."""
     host = host_lane_mask(g)
 
     def floor(ids: np.ndarray) -> np.ndarray:  # never above what an earlier fix left
-        return np.zeros(ids.size, np.int64) if whole else np.minimum(gap[ids], _stall_floor(g, ids))
+        return np.minimum(gap[ids], _stall_floor(g, ids))
 
     if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
         mine = np.concatenate([rank_nodes(g, int(r)) for r in fix.ranks])
@@ -1003,13 +1002,15 @@ def _stall_floor(g: StepGraph, ids: np.ndarray) -> np.ndarray:
 
 
 def _host_work(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
-    """The named ranks' (or every rank's) host time between launches removed: the graph holds a GPU rank's host
-    ops between runtime calls as the calls' gaps, so host work that launches nothing (analyze/host_bound.py
-    `host_work`) goes with each gap of at least `stall_min_ns` — as do idle gaps and data loading there, which
-    `host_stalls` on the same ranks removes: an upper bound of moving the work off the step."""
-    ranks = fix.ranks or ((fix.rank,) if fix.rank is not None else None)
-    _host_stalls(g, dur, gap, Fix("host_stalls", ranks=tuple(int(r) for r in ranks) if ranks else None), lay,
-                 whole=True)
+    """The named ranks' (or every rank's) host work between launches removed: the graph holds a GPU rank's host
+    ops between runtime calls as the calls' gaps, so each host gap of at least `stall_min_ns` loses its part
+    that is not idle (`_stall_floor`: host ops that launch nothing, analyze/host_bound.py `host_work`); its idle
+    part and data loading stay (`host_stalls` removes those)."""
+    host = host_lane_mask(g)
+    ranks = fix.ranks or ((fix.rank,) if fix.rank is not None else ())
+    ids = np.concatenate([rank_nodes(g, int(r)) for r in ranks]) if ranks else np.arange(g.num_nodes)
+    sel = ids[host[ids] & (gap[ids] >= lay.stall_min_ns)]
+    gap[sel] = np.maximum(gap[sel] - _stall_floor(g, sel), 0)
 
 
 def _host_repair(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix) -> None:
