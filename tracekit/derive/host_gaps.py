@@ -67,11 +67,12 @@ def long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
     return starts[keep], ends[keep]
 
 
-def host_idle(store: RunStore, rank: int) -> iv.IntervalSet:
+def host_idle(store: RunStore, rank: int, events: pa.Table | None = None) -> iv.IntervalSet:
     """The rank's host time a stall fix may remove (trace clock): its host gaps of at least MIN_GAP_NS (no op,
     runtime or communication call running) from its first to its last host event of any kind (a stall before
-    a step's first op lies inside the step), and its data loading; empty where no host op was recorded."""
-    t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+    a step's first op lies inside the step), and its data loading; empty where no host op was recorded.
+    `events`: the rank's whole events table (name, cat, ts, dur, role, lane), where the caller has read it."""
+    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
     host = host_events(store, rank, t)
     if not host.act[0].size:
         return host.loading

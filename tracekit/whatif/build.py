@@ -450,8 +450,10 @@ def _step_column(t: pa.Table) -> np.ndarray:
     return t.column("step").fill_null(SPAN_STEP).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _rank_events(store: RunStore, rank: int, steps: tuple[int, ...], columns: list[str]) -> pa.Table:
-    ev = store.rank_table("events", rank, columns)
+def _rank_events(store: RunStore, rank: int, steps: tuple[int, ...], columns: list[str],
+                 events: pa.Table | None = None) -> pa.Table:
+    """The rank's events of `steps` with a duration (`events`: the rank's table, already read)."""
+    ev = events if events is not None else store.rank_table("events", rank, columns)
     return ev.filter(pc.and_(_in_steps(ev["step"], steps), pc.is_valid(ev["dur"])))
 
 
@@ -760,8 +762,9 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
 
 def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], conv: int, gr: GpuRank,
                       node: np.ndarray, done: np.ndarray) -> None:
-    ev = _rank_events(store, rank, steps, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
-                                           "external_id", "lane"])
+    every = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "step", "correlation", "stream",
+                                              "external_id", "lane", "role"])  # read once: host_idle needs all
+    ev = _rank_events(store, rank, steps, [], every)
     gr.backward = launched_by_backward(ev, gr.external_id)
     engine_tids = autograd_threads(ev)
     # host rows: not the device's (HIP runtime calls carry their `stream` argument: a null stream is no test)
@@ -771,7 +774,7 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     ev = ev.filter(rt)
     if ev.num_rows == 0:
         return
-    idle = host_idle(store, rank)
+    idle = host_idle(store, rank, every)
     buf.idle[rank] = (idle[0] - conv, idle[1] - conv)
     ts, end = _arr(ev, "ts") - conv, _arr(ev, "ts") + _arr(ev, "dur") - conv
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)

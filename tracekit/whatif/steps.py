@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.derive.activity import STEPLESS_RULES, rank_activities
+from tracekit.derive.activity import rank_activities, stepless_window
 from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
                                       read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
@@ -134,9 +134,8 @@ def analysed_steps(store: RunStore) -> tuple[tuple[int, ...], set[int] | None, s
             rules = sorted({r for r in t.column("rule").to_pylist() if r}) if "rule" in cols else []
             return tuple(int(s) for s in steps[-MAX_STEPS:]), None, ", ".join(rules) or "profiler_step"
     acts = rank_activities(store, None)
-    rules = {r: acts.get(r).step_rule for r in store.ranks()}
-    span = {r for r, rule in rules.items() if rule in STEPLESS_RULES}
-    return ((SPAN_STEP,), span, ", ".join(sorted({rules[r] for r in span}))) if span else ((), None, "none")
+    span = {r: acts.get(r).step_rule for r in store.ranks() if stepless_window(acts.get(r)) is not None}
+    return ((SPAN_STEP,), set(span), ", ".join(sorted(set(span.values())))) if span else ((), None, "none")
 
 
 def replay_steps(store: RunStore, inp: StepInput) -> list[StepResult]:
