@@ -159,7 +159,8 @@ def _finding(stability: list[dict[str, Any]]) -> list[Finding]:
     need = max(s["steps_needed"] for s in bad)
     have = max(s["steps"] for s in bad)
     worst = min(bad, key=lambda s: s["margin_share"] - Z * s["margin_sd_share"])
-    summary = (f"the verdict may not hold on {len(bad)} rank(s): '{worst['bound']}' does not clearly lead "
+    summary = (f"the verdict by breakdown (a rank's largest part of the step) may not hold on {len(bad)} rank(s): "
+               f"'{worst['bound']}' does not clearly lead "
                f"'{worst['runner_up']}' (rank {worst['rank']}, {worst['note']})")
     rec = (f"record at least {need} steps (e.g. tracekit record --active {need}); {have} were analyzed")
     if need > PRACTICAL_STEPS:  # a small margin against a wide spread: no recording settles it
