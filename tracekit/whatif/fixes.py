@@ -134,7 +134,7 @@ class Fix:
             return "slow host ops at their median" + (" on every rank" if self.rank is None else f" on rank {self.rank}")
         if self.kind == "host_work":
             ranks = self.touched_ranks()
-            return "host time between launches removed (host work and gaps, an upper bound)" + (
+            return "host work between launches removed (ops that launch nothing; the idle gaps stay)" + (
                 f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {_ranks_text(tuple(ranks))}" if ranks else "")
         if self.kind == "host_ahead":
             return ("launches ahead of the device (no launch cost)"
@@ -951,11 +951,12 @@ def _even_all_to_all(g: StepGraph, dur: np.ndarray, nodes: np.ndarray, lay: RunF
 
 def _host_stalls(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: RunFacts) -> None:
     """`host_stalls` (module docstring). A GPU rank's host node keeps the part of its gap that is host ops
-    launching nothing (`_stall_floor`; `host_work` removes that part)."""
+    launching nothing (`_stall_floor`; `host_work` removes that part): its gap as an earlier fix left it, less
+    the measured gap's idle part, so the two fixes together remove the whole gap in either order."""
     host = host_lane_mask(g)
 
-    def floor(ids: np.ndarray) -> np.ndarray:  # never above what an earlier fix left
-        return np.minimum(gap[ids], _stall_floor(g, ids))
+    def floor(ids: np.ndarray) -> np.ndarray:  # the gap less its idle part, as an earlier fix left it
+        return np.maximum(gap[ids] - (np.asarray(g.gap)[ids] - _stall_floor(g, ids)), 0)
 
     if fix.rank is None and fix.ranks:  # these ranks' stalls removed (as below, on their nodes only)
         mine = np.concatenate([rank_nodes(g, int(r)) for r in fix.ranks])
@@ -1009,7 +1010,7 @@ def _host_work(g: StepGraph, dur: np.ndarray, gap: np.ndarray, fix: Fix, lay: Ru
     host = host_lane_mask(g)
     ranks = fix.ranks or ((fix.rank,) if fix.rank is not None else ())
     ids = np.concatenate([rank_nodes(g, int(r)) for r in ranks]) if ranks else np.arange(g.num_nodes)
-    sel = ids[host[ids] & (gap[ids] >= lay.stall_min_ns)]
+    sel = ids[host[ids] & (np.asarray(g.gap)[ids] >= lay.stall_min_ns)]
     gap[sel] = np.maximum(gap[sel] - _stall_floor(g, sel), 0)
 
 
