@@ -194,17 +194,22 @@ def test_host_bound_without_profiler_step_names_what_the_host_did(shared_traces,
     assert f["summary"] in host["text"]
 
 
+def _raw_stall(events: list[dict], ops: list, lo: int, hi: int) -> int:
+    """Host gaps of at least 1 ms inside [lo, hi) with no device work queued (launched, not yet ended)."""
+    gaps = [(a, b) for a, b in _subtract([(lo, hi)], _union([(a, b) for _, a, b, *_ in ops])) if b - a >= MS]
+    start = {c: a for _, a, _, _, rt, c in ops if rt and c is not None}
+    queued = _union([(min(start.get((e.get("args") or {}).get("correlation"), _ns(e["ts"])), _ns(e["ts"])),
+                      _ns(e["ts"]) + _ns(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS])
+    return _total(_subtract(gaps, queued))
+
+
 def test_host_stall_over_the_device_span(shared_traces, tmp_path):
     """hta_mixed_et_and_kineto: host gaps of at least 1 ms inside the device span with no device work queued
     are its stall (raw JSON), reported as an idle_host_bound finding with its replayed saving."""
     events = _events("hta_mixed_et_and_kineto", shared_traces)
     lo, hi, _ = _window(events)
     ops = _host_ops(events)
-    gaps = [(a, b) for a, b in _subtract([(lo, hi)], _union([(a, b) for _, a, b, *_ in ops])) if b - a >= MS]
-    start = {c: a for _, a, _, _, rt, c in ops if rt and c is not None}
-    queued = _union([(min(start.get((e.get("args") or {}).get("correlation"), _ns(e["ts"])), _ns(e["ts"])),
-                      _ns(e["ts"]) + _ns(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS])
-    stall = _total(_subtract(gaps, queued))
+    stall = _raw_stall(events, ops, lo, hi)
     assert stall > 0
     a = _analyze(shared_traces / "hta_mixed_et_and_kineto", tmp_path)
     (row,) = a["sections"]["host_stalls"]["ranks"]
@@ -228,12 +233,7 @@ def test_host_work_fix_keeps_the_idle_gaps(shared_traces, tmp_path):
     replayed 100.56 ms, above that bound."""
     events = _events("hta_mixed_et_and_kineto", shared_traces)
     lo, hi, dev = _window(events)
-    ops = _host_ops(events)
-    gaps = [(a, b) for a, b in _subtract([(lo, hi)], _union([(a, b) for _, a, b, *_ in ops])) if b - a >= MS]
-    start = {c: a for _, a, _, _, rt, c in ops if rt and c is not None}
-    queued = _union([(min(start.get((e.get("args") or {}).get("correlation"), _ns(e["ts"])), _ns(e["ts"])),
-                      _ns(e["ts"]) + _ns(e["dur"])) for e in events if e.get("cat") in DEVICE_CATS])
-    stall = _total(_subtract(gaps, queued))
+    stall = _raw_stall(events, _host_ops(events), lo, hi)
     idle = (hi - lo) - _total(_union(dev))
     a = _analyze(shared_traces / "hta_mixed_et_and_kineto", tmp_path)
     (f,) = [f for f in a["findings"] if f["kind"] == "host_bound"]
