@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.pipeline import PipelineResult
-from tracekit.analyze.recording import Z
+from tracekit.analyze.recording import TIE_SHARE, Z
 from tracekit.analyze.stragglers import StragglerConfig
 from tracekit.analyze.trace_kind import TraceKindResult
 from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
@@ -427,7 +427,8 @@ PATH_RANK_SHARE = 0.10
 def path_verdict(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The run's verdict from the critical path's lanes (composition `by_lane`, summed over the steps): the
     kind of lane holding most of the path, the ranks it runs through and, when there are several ranks,
-    that the others wait for them. None without a path."""
+    that the others wait for them; `tie_with`, the runner-up's bound where it holds the path within TIE_SHARE
+    of the step of the top lane (a near tie: the text names both). None without a path."""
     lanes: dict[str, int] = {}
     ranks: dict[str, int] = {}
     total = 0
@@ -443,14 +444,20 @@ def path_verdict(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     top = max(lanes, key=lambda k: lanes[k])
     share = {k: round(v / total, 4) for k, v in lanes.items()}
     held = sorted(((int(r), v / total) for r, v in ranks.items() if v >= PATH_RANK_SHARE * total), key=lambda x: -x[1])
-    others = ", ".join(f"{LANE_WORDS[k].split(' (')[0]} {share[k]:.0%}" for k in lanes if k != top and share[k] >= 0.01)
+    runner = max((k for k in lanes if k != top), key=lambda k: lanes[k], default=None)
+    tie = runner if runner is not None and (lanes[top] - lanes[runner]) < TIE_SHARE * total else None
+    others = ", ".join(f"{LANE_WORDS[k].split(' (')[0]} {share[k]:.0%}" for k in lanes
+                       if k not in (top, tie) and share[k] >= 0.01)
     text = (f"{BOUND_OF_LANE[top]}: the critical path runs on {LANE_WORDS[top]} for {share[top]:.0%} of the step"
+            + (f", and on {LANE_WORDS[tie]} for {share[tie]:.0%}: a near tie (within {TIE_SHARE:.0%} of the step), "
+               f"{BOUND_OF_LANE[tie]} as much" if tie else "")
             + (f" ({others})" if others else ""))
     if held:
         text += "; it runs through " + ", ".join(f"rank {r} ({x:.0%})" for r, x in held)
         if len(ranks) > 1 or len(steps[0].get("composition", {}).get("by_rank") or {}) > 1:
             text += ", whom the other ranks wait for"
-    return {"bound": BOUND_OF_LANE[top], "lane_shares": share, "path_ranks": [r for r, _ in held], "text": text + "."}
+    return {"bound": BOUND_OF_LANE[top], "lane_shares": share, "path_ranks": [r for r, _ in held],
+            "tie_with": BOUND_OF_LANE[tie] if tie else None, "text": text + "."}
 
 
 HOST_CAUSE_KINDS = (FindingKind.HOST_BOUND, FindingKind.IDLE_HOST_BOUND)

@@ -923,6 +923,7 @@ class CriticalPathVerdict(Struct):
     bound: str = ""
     lane_shares: dict[str, Num] = msgspec.field(default_factory=dict)
     path_ranks: list[int] = msgspec.field(default_factory=list)
+    tie_with: str | None | UnsetType = UNSET
     text: str = ""
     host_cause: CriticalPathVerdictHostCause | UnsetType = UNSET
 
