@@ -448,9 +448,10 @@ def path_verdict(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
     tie = runner if runner is not None and (lanes[top] - lanes[runner]) < TIE_SHARE * total else None
     others = ", ".join(f"{LANE_WORDS[k].split(' (')[0]} {share[k]:.0%}" for k in lanes
                        if k not in (top, tie) and share[k] >= 0.01)
-    text = (f"{BOUND_OF_LANE[top]}: the critical path runs on {LANE_WORDS[top]} for {share[top]:.0%} of the step"
-            + (f", and on {LANE_WORDS[tie]} for {share[tie]:.0%}: a near tie (within {TIE_SHARE:.0%} of the step), "
-               f"{BOUND_OF_LANE[tie]} as much" if tie else "")
+    head = (f"{BOUND_OF_LANE[top]} and {BOUND_OF_LANE[tie]} alike (a near tie, within {TIE_SHARE:.0%} of the step)"
+            if tie else BOUND_OF_LANE[top])
+    text = (f"{head}: the critical path runs on {LANE_WORDS[top]} for {share[top]:.0%} of the step"
+            + (f" and on {LANE_WORDS[tie]} for {share[tie]:.0%}" if tie else "")
             + (f" ({others})" if others else ""))
     if held:
         text += "; it runs through " + ", ".join(f"rank {r} ({x:.0%})" for r, x in held)
@@ -468,10 +469,10 @@ HOST_CAUSE_NONE = ("cause not visible in the trace: no host finding (slow or sta
 
 
 def with_host_cause(verdict: dict[str, Any] | None, findings: list[Finding]) -> dict[str, Any] | None:
-    """A host-bound verdict with what the host did (`host_cause`): the host finding (HOST_CAUSE_KINDS) with the
+    """A host-bound verdict (or one tied with host-bound) with what the host did (`host_cause`): the host finding (HOST_CAUSE_KINDS) with the
     largest saving, replayed where the graph could apply its fix, its summary's cause named in the text; with
     none, "cause not visible in the trace" (HOST_CAUSE_NONE). Other verdicts as they came."""
-    if verdict is None or verdict["bound"] != BOUND_OF_LANE["host"]:
+    if verdict is None or BOUND_OF_LANE["host"] not in (verdict["bound"], verdict.get("tie_with")):
         return verdict
     order = sort_findings(findings)
     host = [i for i, f in enumerate(order) if f.kind in HOST_CAUSE_KINDS]
