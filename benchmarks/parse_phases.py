@@ -9,7 +9,8 @@ as the command would do them first thing), the typer command line (click parsing
 coercion of each parameter, up to the parse starting), and within the parse: msgspec's decode of each
 ~1 MB chunk of events with its row capture, `_add_rows` (the chunk's rows to column pieces), the rest of the
 chunk loop (reading, cutting at event boundaries, freeing the decoded events), `tables_from_columns`,
-`derived_tables` (ops, kernel_summary), writing the store's Parquet files and the rest of `parse_run`.
+`derived_tables` (ops, kernel_summary; a merged multi-rank file's are made while its store is written), writing
+the store's Parquet files and the rest of `parse_run`.
 "exit and the rest" is the process's total CPU (measured by this parent, RUSAGE_CHILDREN) minus the phases.
 Printed: each phase's CPU seconds, lowest of the runs (the box's noise only adds), and the total's.
 """
@@ -77,13 +78,14 @@ def _worker(path: str, out_json: str, store: str) -> None:
     capture = D.row_capture()
     capture.decoder = TimedDecoder(capture.decoder)
     K._add_rows = timed("_add_rows (columns)", K._add_rows)
-    K.tables_from_columns = timed("tables_from_columns", K.tables_from_columns)
     P.derived_tables = timed("derived_tables", P.derived_tables)
     R._write_kineto_tables = timed("store writing", R._write_kineto_tables)
+    import tracekit.parse.merged_ranks as merged
     import tracekit.parse.split as split
 
-    split.decode_columns = timed("chunk loop", split.decode_columns)  # a file decoded by several processes
-    K.decode_columns = timed("chunk loop", K.decode_columns)  # by this one
+    loop, tables = timed("chunk loop", K.decode_columns), timed("tables_from_columns", K.tables_from_columns)
+    K.decode_columns = split.decode_columns = merged.decode_columns = loop  # where each path calls it from
+    K.tables_from_columns = merged.tables_from_columns = tables  # a merged multi-rank file's ranks: merged_ranks
     parse_run = R.parse_run
 
     def run_parse(*args, **kwargs):
