@@ -128,7 +128,7 @@ def _align_by_time(pending: list[dict[str, Any]], log_rows: list[dict[str, Any]]
 
 
 def _walk(ordered: list[dict[str, Any]], per_op: dict[str, list[tuple[int, int]]], log_rows: list[dict[str, Any]],
-          used: list[bool], typical: int, skew: int) -> tuple[list[tuple[dict[str, Any], int]], list[bool]]:
+          used: list[bool], typical: int, skew: int) -> tuple[list[tuple[dict[str, Any], int]], list[bool], int]:
     """Pass 2 of `_align_by_time` with `skew`: the matches, `used` after them (a copy) and the matches' summed
     distance from the typical lead."""
     used = list(used)
