@@ -259,3 +259,65 @@ def test_counted_extra_ops_warn_although_the_rank_is_last_at_only_half_its_colle
     b = analyze_store(scenario(tmp_path / "same_ops", second_op=True, slow_ops=1))
     (g,) = _find(b, "straggler")
     assert g["ranks"] == [2] and g["evidence"]["op_count_ratio"] == 1.0 and g["severity"] == "info"
+
+
+def _dominance_by_definition(members: dict[str, list[int]], last: dict[str, int], delay: dict[str, int],
+                             total: dict[int, int], steps: int) -> dict[int, dict]:
+    """The section's dominance, late_with and last_share_with by their documented definition, instance by
+    instance in plain Python."""
+    out = {}
+    for r in total:
+        mine = [k for k, m in members.items() if r in m]
+        peers = sorted({p for k in mine for p in members[k] if p != r})
+
+        def held(a: int, b: int) -> int:
+            return sum(delay[k] for k, m in members.items() if a in m and last[k] == b)
+
+        together = [p for p in peers if total[r] > 0 and min(total[r], total[p]) > 0
+                    and 2 * min(total[r], total[p]) >= max(total[r], total[p])
+                    and 2 * (held(r, p) + held(p, r)) < min(total[r], total[p]) * steps]
+        nxt = max((total[p] for p in peers if p not in together), default=0)
+        got = {"dominance": round(total[r] / nxt, 3) if nxt > 0 else None}
+        if together:
+            got["late_with"] = together
+            got["last_share_with"] = round(sum(last[k] in (r, *together) for k in mine) / len(mine), 4)
+        out[r] = got
+    return out
+
+
+def test_dominance_and_late_with_follow_their_definition() -> None:
+    """Random collectives over tensor-parallel pairs, data-parallel rows and the world: each rank's dominance,
+    the peers it is late with and its last share with them as the definition gives them (plain Python over
+    the instances), whatever the set-up; ranks given close delays make late_with pairs of every kind."""
+    import random
+
+    import numpy as np
+    import pandas as pd
+
+    from tracekit.analyze.stragglers import _set_dominance
+    from tracekit.derive.matching import MatchedCollectives
+
+    paired = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        world = list(range(12))
+        groups = [[2 * i, 2 * i + 1] for i in range(6)] + [world[i::4] for i in range(4)] + [world]
+        members, last, delay = {}, {}, {}
+        for i in range(rng.randrange(20, 60)):
+            g = rng.choice(groups[:-1] if seed % 3 == 0 else groups)
+            members[f"k{i}"], last[f"k{i}"] = g, rng.choice(g)
+            delay[f"k{i}"] = rng.choice([0, 5, 40, 300, 2_000])
+        ranks = sorted({r for m in members.values() for r in m})
+        total = {r: rng.choice([0, 0, 100, 150, 190, 400, 900]) for r in ranks}
+        steps = rng.choice([1, 2, 3])
+        rows = pd.DataFrame([{"key": k, "rank": r} for k, m in members.items() for r in m])
+        inst = pd.DataFrame({"key": list(members), "last_rank": [last[k] for k in members],
+                             "delay": np.array([delay[k] for k in members], np.int64)})
+        matched = MatchedCollectives(rows, inst, {}, {})
+        got = [{"rank": r, "delay_ns_per_step": t} for r, t in sorted(total.items(), key=lambda x: -x[1])]
+        _set_dominance(matched, got, steps)
+        want = _dominance_by_definition(members, last, delay, total, steps)
+        assert {row["rank"]: {k: row[k] for k in ("dominance", "late_with", "last_share_with") if k in row}
+                for row in got} == want, seed
+        paired += sum("late_with" in row for row in got)
+    assert paired >= 12  # the pairs the rule is about do occur

@@ -226,3 +226,70 @@ def test_log_only_ranks_parsed_on_the_pool_give_the_same_store(tmp_path: Path) -
         lines = [json.loads(x) for x in comms_log_path(run, r).read_text().splitlines()
                  if x.startswith('{"record_id"') and x.endswith("}")]
         assert coll["rank"].count(r) == len(lines), r
+
+
+HEADER_LINES = [  # what the header reader must read exactly as plain json.loads does, or reject
+    b'{"type":"header","rank":3,"world_size":4,"pg_config":{"0":{"name":"0","desc":"default_pg","ranks":[0,1,2,3]}}}',
+    b'{"type":"header","rank":3,"pg_config":{"7":{"ranks":[0,1]},"8":{"ranks":[0,1]}}}\n',  # same text, two keys
+    b'{"type":"header","pg_config":[{"pg_name":"a","ranks":"[2, 3]","backend_config":"nccl"}, 3]}',
+    b'{"type":"header","pg_config":{"0":{"name":"x","ranks":[0]},"0":{"ranks":[5, 6]}}}',  # key repeated
+    b'{"type":"header","time_ns":NaN,"pg_config":{"0":{"ranks":[0]}}}',  # json.loads takes NaN
+    b'\xef\xbb\xbf{"type":"header","pg_config":{"0":{"ranks":[1]}}}',  # BOM
+    b'{"type":"header","rank":123456789012345678901234567890,"pg_config":{"0":{"desc":"\\ud800","ranks":[2]}}}',
+    b'{"type":"header","pg_config":null}', b'{"type":"header","pg_config":5}', b'{"type":"header"}',
+    b'{"type":"footer","type":"header","pg_config":{"":{"name":""}}}', b'{"type":"header","type":"footer"}',
+    b'{"type":"header","pg_config":{"0":{"ranks":[0]}}} x', b'[1]', b'', b'{"type":"header",',
+]
+
+
+@pytest.mark.parametrize("line", HEADER_LINES)
+def test_header_groups_are_plain_jsons(line: bytes) -> None:
+    """Headers read field by field, each process group decoded once per process (the 10,000-rank world group
+    that every rank's header repeats), give what plain json.loads of the line gives: the groups' names,
+    descriptions and integer ranks, the other fields as they are; a line that is not a header object is None."""
+    from tracekit.parse.comms_log import decode_header
+
+    for _ in range(2):  # the second read comes from the decoded groups kept from the first
+        got = decode_header(line)
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or doc.get("type") != "header":
+            assert got is None
+            continue
+        header, groups = got
+        assert header == {k: v for k, v in doc.items() if k != "pg_config"}
+        cfg = doc.get("pg_config")
+        items = list(cfg.items()) if isinstance(cfg, dict) else [(None, c) for c in cfg] if isinstance(cfg, list) else []
+        want = []
+        for key, c in items:
+            if not isinstance(c, dict) or str(c.get("name", c.get("pg_name", key))) in ("", "None"):
+                continue
+            ranks = json.loads(c["ranks"]) if isinstance(c.get("ranks"), str) else c.get("ranks")
+            want.append((str(c.get("name", c.get("pg_name", key))), c.get("desc"), [int(r) for r in ranks]))
+        assert [(g["pg_name"], g["pg_desc"], g["ranks"]) for g in groups] == want
+
+
+def test_world_group_repeated_by_every_header_is_one_row_seen_by_all(tmp_path: Path) -> None:
+    """Six ranks' logs, each header naming the six-rank world group and the rank's own pair: the store's
+    process_groups has the world group once, seen by all six, and each pair seen by its two members."""
+    from tracekit.parse.run import parse_run
+    from tracekit.tables.store import RunStore
+
+    world = 6
+    for rank in range(world):
+        pair = [rank - rank % 2, rank - rank % 2 + 1]
+        cfg = {"0": {"name": "0", "desc": "default_pg", "ranks": list(range(world))},
+               str(1 + rank // 2): {"name": str(1 + rank // 2), "desc": "mesh_tp", "ranks": pair}}
+        log = CommLog(comms_log_path(tmp_path / "run", rank), rank=rank, world_size=world, pg_config=cfg)
+        log.record(pg_name="0", pg_desc="default_pg", profiling_name="nccl:all_reduce", time_created_ns=1_000,
+                   time_started_ns=1_100, time_completed_ns=1_900, input_sizes=[[4]], input_dtypes=["Float"],
+                   output_sizes=[[4]], output_dtypes=["Float"], step=0)
+        log.close()
+    parse_run(tmp_path / "run", tmp_path / "store", progress=False)
+    rows = RunStore(tmp_path / "store").table("process_groups", ["pg_name", "pg_desc", "ranks", "seen_by"]).to_pylist()
+    want = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": list(range(world)), "seen_by": list(range(world))}]
+    want += [{"pg_name": str(1 + p), "pg_desc": "mesh_tp", "ranks": [2 * p, 2 * p + 1], "seen_by": [2 * p, 2 * p + 1]}
+             for p in range(world // 2)]
+    assert sorted(rows, key=lambda r: r["pg_name"]) == want

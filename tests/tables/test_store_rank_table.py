@@ -89,3 +89,20 @@ def test_a_column_added_after_the_store_was_written_reads_as_unknown(tmp_path):
     assert t.column_names == ["rank", "host_cpus", "hostname"]
     assert t.column("host_cpus").to_pylist() == [None, None] and t.column("hostname").to_pylist() == ["a", "b"]
     assert again.table("ranks", ["host_cpus"], filter=pa.compute.field("rank") == 1).to_pylist() == [{"host_cpus": None}]
+
+
+def test_rank_rows_counts_a_ranks_rows_from_the_footer(tmp_path):
+    """rank_rows: a rank's row count as plain pyarrow counts the file's rank column (0 for a rank or a table
+    without rows), None where row groups mix ranks."""
+    import pyarrow.parquet as pq
+
+    w = RunStoreWriter(tmp_path / "c")
+    for r, n in ((3, 4), (0, 2), (7, 5), (3, 1)):
+        w.append("kernels", _kernels([r], n))
+    store = w.close()
+    ranks = pq.read_table(tmp_path / "c" / "kernels.parquet", columns=["rank"]).column("rank").to_pylist()
+    assert {r: store.rank_rows("kernels", r) for r in (0, 3, 5, 7)} == {r: ranks.count(r) for r in (0, 3, 5, 7)}
+    assert store.rank_rows("events", 3) == 0  # written empty
+    w = RunStoreWriter(tmp_path / "d")
+    w.append("kernels", _kernels([1, 2], 3))
+    assert w.close().rank_rows("kernels", 2) is None

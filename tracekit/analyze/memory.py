@@ -124,6 +124,8 @@ def analyze_memory(store: RunStore, layout: LayoutResult | None, pipeline: Pipel
     pipeline_sec = section_of(pipeline)
     layout_sec = section_of(layout)
     for rank in all_ranks:  # one rank's events at a time, read once for every use
+        if rank not in with_mem and store.rank_rows("events", rank) == 0:
+            continue  # no events, no memory events (a log-only rank): nothing recomputed, nothing to read
         events = store.rank_table("events", rank, columns=EVENT_COLUMNS)
         rec = recompute_of_rank(store, rank, events)
         if rec is not None:

@@ -629,40 +629,59 @@ def _set_dominance(matched: MatchedCollectives, rows: list[dict[str, Any]], step
             peers.setdefault(int(r), set()).update(int(p) for p in group if p != r)
     of = _instances_of_ranks(matched.rows, inst)
     last, delay = inst["last_rank"].to_numpy(np.int64), inst["delay"].to_numpy(np.int64)
-
-    by_last: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-
-    def held_by(r: int, p: int) -> int:
-        """Summed delay of r's instances that p arrived last at (p is then a member too)."""
-        got = by_last.get(r)
-        if got is None:
-            mine = of.get(r, _NONE)
-            lasts, delays = last[mine], delay[mine]
-            order = np.argsort(lasts, kind="stable")
-            lasts, delays = lasts[order], delays[order]
-            starts = np.flatnonzero(np.r_[True, lasts[1:] != lasts[:-1]]) if lasts.size else _NONE
-            got = by_last[r] = (lasts[starts], np.add.reduceat(delays, starts) if starts.size else _NONE)
-        uq, sums = got
-        i = int(np.searchsorted(uq, p))
-        return int(sums[i]) if i < uq.size and uq[i] == p else 0
-
-    def late_with(r: int, p: int) -> bool:
-        lo = min(total[r], total[p])
-        if lo <= 0 or 2 * lo < max(total[r], total[p]):
-            return False
-        # the collectives of both that r or p held back: those r was last at (p a member) and those p was
-        return 2 * (held_by(r, p) + held_by(p, r)) < lo * steps
+    held_by = _held_by(of, last, delay)
+    ranked = np.array(sorted(total), np.int64)
+    totals = np.array([total[r] for r in ranked.tolist()], np.int64)
 
     for row in rows:
         r = row["rank"]
-        # late with no peer when not late itself (most ranks of a large run): no pair to weigh
-        together = sorted(p for p in peers.get(r, ()) if late_with(r, p)) if total[r] > 0 else []
-        nxt = max((total[p] for p in peers.get(r, ()) if p not in together), default=0)
+        mates = np.array(sorted(peers.get(r, ())), np.int64)
+        at = np.minimum(np.searchsorted(ranked, mates), ranked.size - 1)
+        if (ranked[at] != mates).any():  # a peer without a row (the rows are matched.rows' ranks)
+            raise KeyError(int(mates[ranked[at] != mates][0]))
+        theirs = totals[at]
+        together: list[int] = []
+        if total[r] > 0:  # late with no peer when not late itself (most ranks of a large run): no pair to weigh
+            # late with it: a peer at least half as late whose collectives with r (those r was last at, p a
+            # member, and those p was) held back less than half the smaller delay
+            lo = np.minimum(theirs, total[r])
+            cand = (lo > 0) & (2 * lo >= np.maximum(theirs, total[r]))
+            held = held_by(r, mates[cand]) + held_by(mates[cand], r)
+            together = mates[cand][2 * held < lo[cand] * steps].tolist()
+        rest = theirs[~np.isin(mates, together)] if together else theirs
+        nxt = int(rest.max()) if rest.size else 0
         row["dominance"] = round(row["delay_ns_per_step"] / nxt, 3) if nxt > 0 else None
         if together:
             row["late_with"] = together
             mine = of.get(r, _NONE)
             row["last_share_with"] = round(float(np.isin(last[mine], [r, *together]).mean()), 4)
+
+
+def _held_by(of: dict[int, np.ndarray], last: np.ndarray, delay: np.ndarray
+             ) -> Callable[[int | np.ndarray, int | np.ndarray], np.ndarray]:
+    """held_by(r, p): the summed delay of r's instances (positions `of[r]`) that p arrived last at (p is then a
+    member too), for a rank and an array of ranks either way round: every (member, last arriver) pair's sum
+    found in one sort instead of a search per pair (10,000 ranks: 4.6 M searches)."""
+    ranks = np.array(list(of), np.int64)
+    lens = np.array([of[r].size for r in of], np.int64)
+    pos = np.concatenate([of[r] for r in of]) if of else _NONE
+    member, lasts, delays = np.repeat(ranks, lens), last[pos], delay[pos]
+    base = int(min(member.min(), lasts.min())) if pos.size else 0
+    span = int(max(member.max(), lasts.max())) - base + 1 if pos.size else 1
+    code = (member - base) * span + (lasts - base)  # < 2**63 for any int32 ranks
+    order = np.argsort(code, kind="stable")
+    code, delays = code[order], delays[order]
+    starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else _NONE
+    keys, sums = code[starts], (np.add.reduceat(delays, starts) if starts.size else _NONE)
+
+    def held_by(r: int | np.ndarray, p: int | np.ndarray) -> np.ndarray:
+        r, p = np.broadcast_arrays(np.asarray(r, np.int64), np.asarray(p, np.int64))
+        inside = (r >= base) & (r < base + span) & (p >= base) & (p < base + span)
+        want = np.where(inside, (r - base) * span + (p - base), -1)
+        i = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+        found = inside & (keys.size > 0) & (keys[i] == want) if keys.size else np.zeros(want.shape, bool)
+        return np.where(found, sums[i] if keys.size else 0, 0)
+    return held_by
 
 
 _MEASURED_ON_RANK = ("data_load", "uneven_work")

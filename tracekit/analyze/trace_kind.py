@@ -24,6 +24,7 @@ Section `trace_kind`:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,9 @@ def analyze_trace_kind(store: RunStore, breakdown: BreakdownResult | None) -> Tr
     comm_only = {r["rank"] for r in bd.get("ranks") or [] if not r.get("compute_ns") and r.get("comm_ns")}
     have = set(store.columns("ranks"))
     rows = store.table("ranks", ["rank"] + [c for c in ("accelerator",) if c in have]).to_pylist()
-    out = [_rank(store, r["rank"], r.get("accelerator"), details.get(r["rank"], {}), steps.get(r["rank"]),
-                 carried.get(r["rank"], 0), r["rank"] in comm_only) for r in rows]
+    blank: dict[tuple, dict[str, Any]] = {}
+    out = [_rank_or_blank(store, r["rank"], blank, r.get("accelerator"), details.get(r["rank"], {}),
+                          steps.get(r["rank"]), carried.get(r["rank"], 0), r["rank"] in comm_only) for r in rows]
     capture = [x["rank"] for x in out if x["graph"]["mode"] == "capture_only"]
     inference = [x["rank"] for x in out if x["workload"] == "inference"]
     communication = [x["rank"] for x in out if x["workload"] == "communication"]
@@ -78,6 +80,21 @@ def analyze_trace_kind(store: RunStore, breakdown: BreakdownResult | None) -> Tr
                "capture_only_ranks": capture, "inference_ranks": inference, "communication_ranks": communication,
                "notes": notes}
     return TraceKindResult(findings=[], section=section)
+
+
+def _rank_or_blank(store: RunStore, rank: int, blank: dict[tuple, dict[str, Any]], accelerator: str | None,
+                   detail: dict[str, Any], steps: int | None, carry_ns: int, comm_only: bool) -> dict[str, Any]:
+    """`_rank`; for a rank without events or kernels (a log-only rank of a partial recording: 9,968 of
+    10,000) its row depends on the arguments only, so it is worked out once per distinct arguments (`blank`)
+    and copied (0.8 ms a rank)."""
+    if store.rank_rows("events", rank) != 0 or store.rank_rows("kernels", rank) != 0:
+        return _rank(store, rank, accelerator, detail, steps, carry_ns, comm_only)
+    key = (accelerator, detail.get("step_rule"), detail.get("trace_kind"), steps, carry_ns, comm_only)
+    if key not in blank:
+        blank[key] = _rank(store, rank, accelerator, detail, steps, carry_ns, comm_only)
+    row = copy.deepcopy(blank[key])
+    row["rank"] = rank
+    return row
 
 
 def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str, Any], steps: int | None,

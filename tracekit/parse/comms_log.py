@@ -44,15 +44,67 @@ class CommsLogParse:
     warnings: list[str] = field(default_factory=list)
 
 
-def read_comms_log_header(path: str | Path) -> dict[str, Any] | None:
-    """The header object of a comms log, or None when line 1 is not one (cheap: reads one line)."""
+def read_comms_log_header(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(header, its process groups) of a comms log, or None when line 1 is not a header (cheap: reads one
+    line). The header lacks `pg_config`: the groups are `pg_config_groups` of it (`decode_header`)."""
     with open(path, "rb") as fh:
         line = fh.readline(1 << 20)
+    return decode_header(line)
+
+
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+_GROUP_CACHE: dict[tuple[str | None, bytes], list[dict[str, Any]]] = {}
+"""pg_config entry (its key, its JSON text) -> `pg_config_groups` of it (`decode_header`)."""
+GROUP_CACHE_ENTRIES = 1 << 16
+"""Entries `_GROUP_CACHE` holds before it starts over (10,000 ranks in 5-D: a few thousand distinct groups)."""
+
+
+def decode_header(line: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(header without `pg_config`, `pg_config_groups(header["pg_config"])`) of a comms log's first line, or
+    None when it is not a header object: what `json.loads` and `pg_config_groups` give, with each distinct
+    pg_config entry decoded once per process (each of 10,000 ranks' headers repeats the 10,000-rank world
+    group: ~50 kB of JSON and 10,000 int() per rank, ~2 ms). The line is split into its fields' JSON texts
+    (msgspec.Raw; JSON is context-free, so each text decodes as it would inside the whole line), each field
+    and each distinct entry decoded by `json.loads`; anything the split does not take goes to
+    `json.loads` whole. The groups may be shared between calls: callers must not change them."""
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return obj if isinstance(obj, dict) and obj.get("type") == "header" else None
+        fields = _RAW_OBJECT.decode(line)
+        header = {k: json.loads(bytes(v)) for k, v in fields.items() if k != "pg_config"}
+        if header.get("type") != "header":
+            return None
+        groups = _cached_groups(bytes(fields["pg_config"])) if "pg_config" in fields else []
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or obj.get("type") != "header":
+            return None
+        return {k: v for k, v in obj.items() if k != "pg_config"}, pg_config_groups(obj.get("pg_config"))
+    return header, groups
+
+
+def _cached_groups(text: bytes) -> list[dict[str, Any]]:
+    """`pg_config_groups(json.loads(text))`, each object member or array item decoded once (`_GROUP_CACHE`);
+    one entry's groups never depend on another's."""
+    stripped = text.lstrip()
+    if stripped[:1] == b"{":
+        items: list[tuple[str | None, bytes]] = [(k, bytes(v)) for k, v in _RAW_OBJECT.decode(text).items()]
+    elif stripped[:1] == b"[":
+        items = [(None, bytes(v)) for v in _RAW_ARRAY.decode(text)]
+    else:
+        return pg_config_groups(json.loads(text))
+    if len(_GROUP_CACHE) > GROUP_CACHE_ENTRIES:
+        _GROUP_CACHE.clear()
+    out: list[dict[str, Any]] = []
+    for key, raw in items:
+        got = _GROUP_CACHE.get((key, raw))
+        if got is None:
+            cfg = json.loads(raw)
+            got = _GROUP_CACHE[(key, raw)] = pg_config_groups({key: cfg} if key is not None else [cfg])
+        out += got
+    return out
 
 
 def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogParse:
@@ -65,12 +117,12 @@ def parse_comms_log(path: str | Path, *, rank: int | None = None) -> CommsLogPar
         lines = fh.read().split(b"\n")
     bulk = _bulk_decode(lines)
     if bulk is not None:
-        header, footer, entries = bulk
-        table = _bulk_collectives(header, entries, rank)
+        header, groups, footer, entries = bulk
+        table = _bulk_collectives(header, groups, entries, rank)
         if table is not None:
             warnings: list[str] = []
             _footer_warnings(path, footer, len(entries), warnings)
-            return _result(path, rank, header, footer, table, warnings)
+            return _result(path, rank, header, groups, footer, table, warnings)
     return _parse_lines(path, lines, rank)
 
 
@@ -125,11 +177,12 @@ def _parse_lines(path: Path, lines: list[bytes], rank: int | None) -> CommsLogPa
     if header is None:
         raise TraceFormatError(str(path), "not a tracekit comms log (no header line)")
     row_rank = _row_rank(header, rank)
+    groups = pg_config_groups(header.get("pg_config"))
     _footer_warnings(path, footer, len(entries), warnings)
     table = entries_to_collectives_skipping_bad(entries, rank=row_rank, source=SOURCE_COMMS_LOG,
-                                                group_ranks=_group_ranks(header), warnings=warnings,
+                                                group_ranks=_group_ranks(groups), warnings=warnings,
                                                 what=path.name)
-    return _result(path, rank, header, footer, table, warnings)
+    return _result(path, rank, header, groups, footer, table, warnings)
 
 
 def _row_rank(header: dict[str, Any], rank: int | None) -> int:
@@ -139,8 +192,8 @@ def _row_rank(header: dict[str, Any], rank: int | None) -> int:
     return int(header["rank"]) if header.get("rank") is not None else -1
 
 
-def _group_ranks(header: dict[str, Any]) -> dict[str, list[int]]:
-    return {g["pg_name"]: g["ranks"] for g in pg_config_groups(header.get("pg_config")) if g["ranks"]}
+def _group_ranks(groups: list[dict[str, Any]]) -> dict[str, list[int]]:
+    return {g["pg_name"]: g["ranks"] for g in groups if g["ranks"]}
 
 
 def _footer_warnings(path: Path, footer: dict[str, Any] | None, num_entries: int, warnings: list[str]) -> None:
@@ -152,12 +205,11 @@ def _footer_warnings(path: Path, footer: dict[str, Any] | None, num_entries: int
         warnings.append(f"{path.name}: closed with status {footer.get('status')!r}")
 
 
-def _result(path: Path, rank: int | None, header: dict[str, Any], footer: dict[str, Any] | None,
-            table: pa.Table, warnings: list[str]) -> CommsLogParse:
+def _result(path: Path, rank: int | None, header: dict[str, Any], groups: list[dict[str, Any]],
+            footer: dict[str, Any] | None, table: pa.Table, warnings: list[str]) -> CommsLogParse:
     rank_source = "argument" if rank is not None else None
     if rank is None and header.get("rank") is not None:
         rank, rank_source = int(header["rank"]), "comms-log"
-    groups = pg_config_groups(header.get("pg_config"))
     ws = header.get("world_size")
     return CommsLogParse(source_file=str(path), rank=rank, rank_source=rank_source,
                          world_size=int(ws) if ws is not None else None,
@@ -214,17 +266,19 @@ def _duration(e: _Entry) -> int | None:
     return completed - started if completed is not None else None
 
 
-def _bulk_decode(lines: list[bytes]) -> tuple[dict[str, Any], dict[str, Any] | None, list[_Entry]] | None:
-    """(header, footer, entries) of a well-formed log, else None."""
+def _bulk_decode(lines: list[bytes]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None,
+                                              list[_Entry]] | None:
+    """(header, its process groups, footer, entries) of a well-formed log, else None."""
     body = [ln for ln in lines if ln.strip()]
     if not body:
         return None
+    head = decode_header(body[0])
+    if head is None:
+        return None
+    header, groups = head
     try:
-        header = json.loads(body[0])
         footer = json.loads(body[-1]) if len(body) > 1 and b'"footer"' in body[-1] else None
     except (ValueError, RecursionError):
-        return None
-    if not isinstance(header, dict) or header.get("type") != "header":
         return None
     if footer is not None:
         if not isinstance(footer, dict) or footer.get("type") != "footer":
@@ -236,7 +290,7 @@ def _bulk_decode(lines: list[bytes]) -> tuple[dict[str, Any], dict[str, Any] | N
         return None
     if any(e.type in ("header", "footer") for e in entries):
         return None
-    return header, footer, entries
+    return header, groups, footer, entries
 
 
 def _plain(e: _Entry) -> dict[str, Any]:
@@ -244,7 +298,8 @@ def _plain(e: _Entry) -> dict[str, Any]:
     return {k: v for k, v in msgspec.structs.asdict(e).items() if v is not UNSET}
 
 
-def _bulk_collectives(header: dict[str, Any], entries: list[_Entry], rank: int | None) -> pa.Table | None:
+def _bulk_collectives(header: dict[str, Any], groups: list[dict[str, Any]], entries: list[_Entry],
+                      rank: int | None) -> pa.Table | None:
     """The `collectives` rows of decoded entries, the same as `entry_row`'s; None when one is malformed.
 
     The columns of an entry's group, op, peer and caller come from `entry_row` once per distinct value and
@@ -252,7 +307,7 @@ def _bulk_collectives(header: dict[str, Any], entries: list[_Entry], rank: int |
     `entry_row` computes them); split sizes (which differ per all_to_all) are copied as they are."""
     try:
         row_rank = _row_rank(header, rank)
-        group_ranks = _group_ranks(header)
+        group_ranks = _group_ranks(groups)
         index: dict[tuple, int] = {}
         uniques: list[dict[str, Any]] = []
         rows: list[int] = []

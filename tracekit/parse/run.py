@@ -34,7 +34,7 @@ from tracekit.parse import discover as disc
 from tracekit.parse.classify import group_dim
 from tracekit.parse.comms_log import CommsLogParse, parse_comms_log, parse_comms_logs_task, read_comms_log_header
 from tracekit.parse.cuda_graphs import captured_graphs, has_capture, load_captured_graphs
-from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder, pg_config_groups
+from tracekit.parse.flight_recorder import FlightRecorderParse, parse_flight_recorder
 from tracekit.parse.join import join_collectives
 from tracekit.parse.memory import parse_memory_snapshot
 from tracekit.parse.ops import DERIVED, OpCollector
@@ -580,9 +580,10 @@ def _read_side_input(f: Any, run: _Run, max_decompressed_bytes: int | None) -> N
 
 
 def _add_comms_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: int | None) -> int | None:
-    header = read_comms_log_header(f.path)
-    if header is None:
+    head = read_comms_log_header(f.path)
+    if head is None:
         raise TraceFormatError(path, "not a tracekit comms log (no header line)")
+    header, groups = head
     head_rank = header.get("rank")
     rank, source = _identify(None if head_rank is None else int(head_rank), "comms-log", f.name_rank, path, local)
     if not run.claim("comms_log", rank, path, "comms log"):
@@ -591,7 +592,7 @@ def _add_comms_log(f: Any, path: str, run: _Run, local: list[str], _max_bytes: i
     rl.comms_path, rl.comms_rank_source = path, source  # parsed when its rank is written
     if header.get("world_size"):
         run.world_sizes[rank] = int(header["world_size"])
-    run.groups.add(pg_config_groups(header.get("pg_config")), rank)
+    run.groups.add(groups, rank)
     return rank
 
 

@@ -203,6 +203,17 @@ class RunStore:
             return empty.select(cols) if cols is not None else empty
         return pf.read_row_groups(groups[rank], columns=cols, use_threads=False)
 
+    def rank_rows(self, name: str, rank: int) -> int | None:
+        """How many rows of table `name` one rank has, from the footer (`_rank_row_groups`); None when the
+        store cannot tell without reading (row groups mixing ranks)."""
+        if not self.has(name):
+            return 0
+        index = self._rank_row_groups(name)
+        if index is None:
+            return None
+        pf, groups = index
+        return sum(pf.metadata.row_group(i).num_rows for i in groups.get(rank, ()))
+
     def _rank_row_groups(self, name: str) -> tuple[pq.ParquetFile, dict[int, list[int]]] | None:
         """(open file, rank -> row-group indices) from the footer statistics, cached; None when a row
         group mixes ranks or lacks statistics. Reading by index keeps per-rank reads O(1) in the
