@@ -698,7 +698,8 @@ def _windows_of_nodes(g: StepGraph) -> np.ndarray:
     pos = np.searchsorted(wkey[order], nkey)
     pos = np.minimum(pos, max(wkey.size - 1, 0))
     hit = (wkey.size > 0) & (wkey[order][pos] == nkey) & (g.rank >= 0)
-    return np.where(hit, order[pos], -1)
+    del nkey
+    return np.where(hit, order[pos], -1).astype(id_dtype(wkey.size), copy=False)  # window ids: int32 a node
 
 
 def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,
