@@ -42,7 +42,7 @@ from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_gr
                                      strings, take)
 from tracekit.tables.store import RunStore
 from tracekit.whatif.graph import (Category, InstInfo, MemberIO, StepGraph, add_edges, add_start_nodes,
-                                   device_lane_mask, host_lane_mask, id_dtype)
+                                   device_lane_mask, host_lane_mask, id_dtype, zero_backed)
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
@@ -135,8 +135,8 @@ class _Buf:
                          src=src, dst=dst,
                          dim=c["dim"].astype(np.int32, **as_), inst=c["inst"].astype(np.int32, **as_), name=self.names,
                          lane_names=self.lane_names, dims=dims, terminal=c["terminal"].astype(bool, **as_),
-                         step=c["step"].astype(np.int64, **as_), excess_gap=c["xgap"].astype(np.int64, **as_),
-                         excess_dur=c["xdur"].astype(np.int64, **as_), host_idle=self.idle)
+                         step=c["step"].astype(np.int64, **as_), excess_gap=zero_backed(c.pop("xgap")),
+                         excess_dur=zero_backed(c.pop("xdur")), host_idle=self.idle)
 
 
 @dataclass
