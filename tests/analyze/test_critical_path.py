@@ -467,3 +467,29 @@ def test_a_lone_rank_with_unknown_cores_shares_them_only_where_untraced_ranks_ma
     assert hosts_of("together", ("a", "a"), 2) == {0: "a", 1: "a"}
     assert hosts_of("mixed", ("a", "a", "b"), 3) == {0: "a", 1: "a"}
     assert hosts_of("partial", ("a", "b"), 8) == {0: "a", 1: "b"}
+
+
+def test_edges_are_held_as_int32_node_ids_with_every_edge_kept():
+    """A graph's edge ids are int32 below 2**31 nodes (half an int64 edge array: 63 MB per array of a 1,024-rank
+    graph), the edges given plus one pinned start node per rank before each lane's first node."""
+    g = two_rank_allreduce(c0=10_000, c1=25_000, xfer=3_000, after=4_000)
+    given = {(0, 1), (1, 8), (5, 8), (8, 2), (8, 6), (1, 2), (5, 6), (2, 3), (1, 3), (4, 5), (6, 7), (5, 7)}
+    assert g.src.dtype == g.dst.dtype == np.int32
+    edges = set(zip(g.src.tolist(), g.dst.tolist()))
+    assert given <= edges
+    starts = set(range(9, g.num_nodes))  # the start nodes, appended after the 9 built ones
+    first_on_lane = {0: [0, 2], 1: [4, 6]}  # per rank: the first node of each of its lanes (from the node list)
+    added = edges - given
+    assert {d for _, d in added} == {0, 2, 4, 6} and {s for s, _ in added} == starts
+    for s, d in added:
+        assert int(g.rank[s]) == next(r for r, firsts in first_on_lane.items() if d in firsts)
+
+
+def test_zero_backed_holds_the_same_values():
+    from tracekit.whatif.graph import zero_backed
+
+    rng = np.random.default_rng(3)
+    x = np.zeros(300_000, np.int64)
+    x[rng.integers(0, x.size, 50)] = rng.integers(-10**12, 10**12, 50)
+    out = zero_backed(x)
+    assert out.dtype == np.int64 and out.tolist() == x.tolist()

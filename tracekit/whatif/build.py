@@ -41,8 +41,8 @@ from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_gr
                                      match_rows, merged_codes, num_rows, recode, sorted_codes, sorted_unique,
                                      strings, take)
 from tracekit.tables.store import RunStore
-from tracekit.whatif.graph import (Category, InstInfo, MemberIO, StepGraph, add_start_nodes, device_lane_mask,
-                                   host_lane_mask)
+from tracekit.whatif.graph import (Category, InstInfo, MemberIO, StepGraph, add_edges, add_start_nodes,
+                                   device_lane_mask, host_lane_mask, id_dtype, zero_backed)
 
 BLOCKING_CALL_WORDS = ("Synchronize",)
 BLOCKING_MEMCPY = ("cudaMemcpy", "hipMemcpy", "cudaMemcpy2D", "hipMemcpy2D", "hipMemcpyWithStream")
@@ -125,16 +125,18 @@ class _Buf:
         tie = c["tie"].astype(np.int64)
         order = chained[np.lexsort((chained, tie[chained], prio[chained], start[chained], lane[chained]))]
         same = lane[order[1:]] == lane[order[:-1]]
-        src = np.concatenate(self.src + [order[:-1][same]]) if self.src or len(order) else np.zeros(0, np.int64)
-        dst = np.concatenate(self.dst + [order[1:][same]]) if self.dst or len(order) else np.zeros(0, np.int64)
+        # edge ids in the smallest dtype that holds them, each array written once (`graph.add_edges`)
+        small = id_dtype(len(lane))
+        src = np.concatenate(self.src + [order[:-1][same]], dtype=small, casting="same_kind")
+        dst = np.concatenate(self.dst + [order[1:][same]], dtype=small, casting="same_kind")
         as_ = {"copy": False}  # the joined columns are the graph's own (no second copy of a large graph)
         return StepGraph(rank=c["rank"].astype(np.int32, **as_), lane=lane, category=c["category"].astype(np.int8, **as_),
                          start=start, dur=np.maximum(c["dur"].astype(np.int64, **as_), 0),
-                         src=src.astype(np.int64, **as_), dst=dst.astype(np.int64, **as_),
+                         src=src, dst=dst,
                          dim=c["dim"].astype(np.int32, **as_), inst=c["inst"].astype(np.int32, **as_), name=self.names,
                          lane_names=self.lane_names, dims=dims, terminal=c["terminal"].astype(bool, **as_),
-                         step=c["step"].astype(np.int64, **as_), excess_gap=c["xgap"].astype(np.int64, **as_),
-                         excess_dur=c["xdur"].astype(np.int64, **as_), host_idle=self.idle)
+                         step=c["step"].astype(np.int64, **as_), excess_gap=zero_backed(c.pop("xgap")),
+                         excess_dur=zero_backed(c.pop("xdur")), host_idle=self.idle)
 
 
 @dataclass
@@ -1160,8 +1162,7 @@ def infer_stream_waits(g: StepGraph) -> None:
     ok = pos >= lo
     u = order[np.maximum(pos, 0)]
     ok &= (end[u] > floor) & (g.lane[u] != g.lane[waiting])
-    g.src = np.r_[g.src, u[ok]]
-    g.dst = np.r_[g.dst, waiting[ok]]
+    add_edges(g, u[ok], waiting[ok])
     # a launch-bound op's edge from an op that ended before everything else it waited for is assumed: the
     # trace shows no wait for it (`StepGraph.assumed_edges`)
     assumed = ok & (end[u] <= ready[waiting])

@@ -500,9 +500,9 @@ def overlap_graph(g: StepGraph, dim: str | None, op: str | None = None) -> StepG
 
 
 def _kept_and(a: np.ndarray, keep: np.ndarray, more: np.ndarray) -> np.ndarray:
-    """`np.r_[a[keep], more]`, written straight into the result."""
+    """`np.r_[a[keep], more]`, written straight into the result, in `a`'s dtype (node ids: `graph.add_edges`)."""
     n = int(np.count_nonzero(keep))
-    out = np.empty(n + more.size, np.result_type(a, more))
+    out = np.empty(n + more.size, a.dtype)
     np.compress(keep, a, out=out[:n])
     out[n:] = more
     return out

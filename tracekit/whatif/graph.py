@@ -633,12 +633,23 @@ def append_nodes(g: StepGraph, *, rank: np.ndarray, category: int, start: np.nda
     g.inst = np.r_[g.inst, np.full(k, -1, np.int32)]
     g.terminal = np.r_[g.terminal, np.zeros(k, bool)]
     g.step = np.r_[g.step, np.full(k, -1, np.int64)]
-    g.excess_gap = np.r_[g.excess_gap, np.zeros(k, np.int64)]
-    g.excess_dur = np.r_[g.excess_dur, np.zeros(k, np.int64)]
+    g.excess_gap = zero_backed(np.r_[g.excess_gap, np.zeros(k, np.int64)])
+    g.excess_dur = zero_backed(np.r_[g.excess_dur, np.zeros(k, np.int64)])
     if g.name:
         g.name = g.name + [names] * k
     g._plan = None
     return ids
+
+
+def zero_backed(values: np.ndarray) -> np.ndarray:
+    """`values` as int64 in a fresh `np.zeros` array with only its nonzero entries written. A large zeroed array
+    is mapped memory the OS backs by its zero page until written, so the pages holding only zeros are never
+    resident: `StepGraph.excess_gap` / `excess_dur` (slow host time, 0 on nearly every node) of a 1,024-rank
+    graph are 2 x 33 MB written in full."""
+    out = np.zeros(values.shape, np.int64)
+    nz = np.flatnonzero(values)
+    out[nz] = values[nz]
+    return out
 
 
 def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> None:
@@ -663,8 +674,15 @@ def add_start_nodes(g: StepGraph, host_start: dict[int, int] | None = None) -> N
     np.minimum(at, np.array([host_start.get(int(r), np.iinfo(np.int64).max) for r in ranks.tolist()], np.int64), out=at)
     np.minimum.at(at, pos, g.start[first])
     ids = append_nodes(g, rank=ranks, category=Category.MARK, start=at, names="step start")
-    g.src = np.r_[g.src, ids[pos]]
-    g.dst = np.r_[g.dst, first]
+    add_edges(g, ids[pos], first)
+
+
+def add_edges(g: StepGraph, src: np.ndarray, dst: np.ndarray) -> None:
+    """`src` -> `dst` appended to the graph's edges, which stay in `id_dtype` (int32 below 2**31 nodes: a
+    1,024-rank graph's 8 M edges are 63 MB an array less than as int64)."""
+    small = id_dtype(g.num_nodes)
+    g.src = np.concatenate([g.src, src], dtype=small, casting="same_kind")
+    g.dst = np.concatenate([g.dst, dst], dtype=small, casting="same_kind")
 
 
 def window_of(g: StepGraph) -> np.ndarray:
@@ -691,7 +709,8 @@ def _windows_of_nodes(g: StepGraph) -> np.ndarray:
     pos = np.searchsorted(wkey[order], nkey)
     pos = np.minimum(pos, max(wkey.size - 1, 0))
     hit = (wkey.size > 0) & (wkey[order][pos] == nkey) & (g.rank >= 0)
-    return np.where(hit, order[pos], -1)
+    del nkey
+    return np.where(hit, order[pos], -1).astype(id_dtype(wkey.size), copy=False)  # window ids: int32 a node
 
 
 def window_bounds(g: StepGraph, start: np.ndarray, dur: np.ndarray | None = None,

@@ -84,8 +84,10 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
             start = replay(rg, dur, gap)
             times = rank_step_ns(g, start, dur, gap)
         more = [f for f in fixes if f.kind == "microbatches"]
-        if more:
-            times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), (start, dur, gap, times))
+        if more:  # the replay handed over, not kept here: `_more_microbatches` frees what it no longer needs
+            replayed = [start, dur, gap, times]
+            del start, dur, gap
+            times = _more_microbatches(g, fixes, lay, int(more[-1].value or 0), replayed)
         if rg is not g:  # an overlap what-if's graph (its own edges and plan, as large as `g`'s) is not kept
             g.cache.overlap_graphs.clear()  # beside `g` for the what-ifs after it: its prediction is cached
         cache[key] = times
@@ -93,22 +95,27 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
 
 
 def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: RunFacts, new_m: int,
-                       replayed: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+                       replayed: list[np.ndarray]) -> np.ndarray:
     """Per window: the step with `new_m` micro-batches of the same batch (docs/metrics.md §8). The pipelined
     part's work that scales with a micro-batch's size shrinks by m / new_m (`shrink_per_sample`: host
     launches and each transfer's fixed cost stay) and the step is replayed; each micro-batch added then adds
     one micro-batch of the busiest rank of the step (its busy time in the shrunk pipelined part ÷ m: in a
     pipeline's steady state the slowest stage paces every micro-batch). On CPU ranks sharing a host, the
-    saving is at most the host's idle share of the pipelined part (`shared_host_idle`)."""
+    saving is at most the host's idle share of the pipelined part (`shared_host_idle`). `replayed`: [start, dur,
+    gap, times] of the replay with the fixes, emptied here (the starts and durations freed once used: the
+    all-fixes replay of a 1,024-rank graph peaked there)."""
     start, dur, gap, times = replayed
+    replayed.clear()
     m = lay.microbatches
     if lay.pp <= 1 or not m or new_m <= 0 or new_m == m:
         return times
     begin, _ = window_bounds(g, start, dur, gap)
     pipelined = pipelined_ns(g, start, dur, begin, times)
     w = window_of(g)
-    inside = (w >= 0) & (start + dur <= begin[np.maximum(w, 0)] + pipelined[np.maximum(w, 0)])
+    # each window's bound summed before it is spread over the nodes (one node-wide temporary, not three)
+    inside = (w >= 0) & (start + dur <= (begin + pipelined)[np.maximum(w, 0)])
     dur2 = shrink_per_sample(g, dur, lay, inside, m / new_m)
+    del start, dur
     start2 = replay(replay_graph(g, fixes), dur2, gap)
     per_mb = _busy_ns(g, inside, start2, dur2) / m
     pace = np.zeros(g.ranks.size)
