@@ -17,8 +17,8 @@ from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, apply_fixes_spars
                                    shared_host_idle, shrink_per_sample)
 from tracekit.whatif.sharing import host_shares, shared_replay
 from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
-                                  device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed, window_bounds,
-                                  window_of, window_span_until)
+                                  device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed,
+                                  unchanged_replay, window_bounds, window_of, window_span_until)
 
 
 @dataclass
@@ -38,7 +38,7 @@ class StepResult:
 
 def replay_steps_of(g: StepGraph, rule: str = "profiler_step") -> list[StepResult]:
     """One result per step of the graph, from one unchanged replay (`rule`: how its steps were found)."""
-    start = replay(g)
+    start = unchanged_replay(g)
     times = rank_step_ns(g, start)
     meas = measured_step_ns(g)
     out = []
