@@ -493,3 +493,45 @@ def test_zero_backed_holds_the_same_values():
     x[rng.integers(0, x.size, 50)] = rng.integers(-10**12, 10**12, 50)
     out = zero_backed(x)
     assert out.dtype == np.int64 and out.tolist() == x.tolist()
+
+
+def test_the_plans_in_edges_are_grouped_by_level_order_in_edge_order():
+    """The plan's in-edges (what each level's replay pass reads): node by node in level order, each node's
+    in-edges in the order the edges were given, as positions in that order; against a plain loop over the
+    edges and the levels (topo_levels' longest chain, checked on its own above)."""
+    rng = np.random.default_rng(11)
+    n = SMALL_GRAPH_NODES + 500
+    a, b = rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n)
+    keep = a != b
+    src, dst = np.minimum(a, b)[keep], np.maximum(a, b)[keep]
+    perm = rng.permutation(n)
+    src, dst = perm[src].astype(np.int32), perm[dst].astype(np.int32)
+    g = StepGraph(rank=np.zeros(n, np.int32), lane=np.full(n, -1), category=np.zeros(n, np.int8),
+                  start=np.zeros(n, np.int64), dur=np.ones(n, np.int64), src=src, dst=dst)
+    plan = g.plan
+    level = topo_levels(n, src, dst).tolist()
+    order = sorted(range(n), key=lambda v: (level[v], v))  # independent: level, then id
+    assert plan.order.tolist() == order
+    pos = {v: p for p, v in enumerate(order)}
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for s, d in zip(src.tolist(), dst.tolist()):
+        preds[d].append(pos[s])
+    assert plan.edge_src_pos.tolist() == [p for v in order for p in preds[v]]
+    nlev = max(level) + 1
+    for i in range(1, nlev):  # per level: where each of its nodes' in-edges begin, from the level's first edge
+        nodes = [v for v in order if level[v] == i]
+        cut = np.cumsum([0] + [len(preds[v]) for v in nodes])[:-1]
+        assert plan.seg_starts[i - 1].tolist() == cut.tolist()
+        assert plan.edge_bounds[i + 1] - plan.edge_bounds[i] == sum(len(preds[v]) for v in nodes)
+
+
+def test_the_steps_and_the_whatifs_share_one_unchanged_replay():
+    """replay_steps_of's starts are the replay of the unchanged graph, and replay_changed starts from that same
+    (read-only) array rather than a second full replay of the graph."""
+    from tracekit.whatif.graph import _base_replay
+    from tracekit.whatif.replay import replay_steps_of
+
+    g = two_rank_allreduce(c0=10_000, c1=25_000, xfer=3_000, after=4_000)
+    res = replay_steps_of(g)
+    assert res[0].start.tolist() == replay(g).tolist()
+    assert _base_replay(g)[0] is res[0].start and not res[0].start.flags.writeable
