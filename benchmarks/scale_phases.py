@@ -5,7 +5,8 @@
 Runs the `tracekit` command in this process (tracekit.cli.main) after wrapping, for timing only: the
 parse (`analysis._store_for`), each analyzer (`engine._run_step`, by analyzer name), the critical path's
 replay and rescoring (`critical_path.replay_steps`, `critical_path.rescore`) and the output writing
-(`analysis.write_outputs`). Each phase gets wall seconds and this process's CPU seconds (parse workers
+(`analysis.write_outputs`); a step run on a worker (runner.measure's `submit`) by the time this process waited
+for its result. Each phase gets wall seconds and this process's CPU seconds (parse workers
 are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here), and this
 process's resident memory at its end and peak so far.
 PHASES.json is written when `analyze_run` returns; PHASES.json.partial after each phase (a run stopped part way).
@@ -64,6 +65,8 @@ def main() -> None:
     analysis._store_for = _timed(phases, lambda *a, **k: "parse", analysis._store_for)
     analysis.write_outputs = _timed(phases, lambda *a, **k: "write outputs", analysis.write_outputs)
     runner._run_step = _timed(phases, lambda step, *a, **k: f"analyzer {step.name}", runner._run_step)
+    runner._remote_result = _timed(phases, lambda step, *a, **k: f"analyzer {step.name} (on a worker: waited)",
+                                   runner._remote_result)
     for name in ("analyze_advice", "analyze_recommendations", "analyze_critical_path"):
         setattr(assess, name, _timed(phases, lambda *a, n=name, **k: f"assessment {n[len('analyze_'):]}",
                                      getattr(assess, name)))

@@ -159,7 +159,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
     Raises NothingToAnalyzeError (its `skipped` lists the inputs left out) when no rank could be read;
     a run whose ranks have no events still gets its analysis.json (its `ranks` is empty)."""
     from tracekit.flow import analyze_store
-    from tracekit.engines.rank_tasks import prefetch_rank_activity
+    from tracekit.engines.rank_tasks import prefetch_rank_activity, step_submitter
 
     path, out = Path(path), (Path(out) if out is not None else None)
     if not (path.is_dir() or path.is_file()):
@@ -177,7 +177,8 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
                            assume_rank=assume_rank, capture=capture, rank_from_name=rank_from_name)
         _check_analysable(path, store)
-        analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine))
+        analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine),
+                                  submit=step_submitter(engine))
     finally:
         if own:
             engine.close()

@@ -39,12 +39,15 @@ def explain_plan(plan: list[PlanStep] | None = None) -> str:
 def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
                   command: str | None = None,
                   prefetch: Callable[..., AnalyzerResult] | None = None,
-                  analyzers: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+                  analyzers: list[tuple[str, Any]] | None = None,
+                  submit: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Measure, assess, and return the analysis.json document.
 
     `prefetch` (tracekit.engines.rank_tasks.prefetch_rank_activity) stands in for the `activity`
     step: it computes the per-rank activities on an engine (process pool / Ray); when it fails,
     the error is listed as `prefetch` and the analyzers compute activities on demand.
+    `submit` (tracekit.engines.rank_tasks.step_submitter) runs the steps that need only the store and the
+    layout on the engine's workers while this process goes on (tracekit/analyze/runner.py `measure`).
     `analyzers`: (name, "module:function" or function) pairs to run instead of ANALYZERS; the assessment
     runs only with the default analyzers (it reads their results).
     """
@@ -53,7 +56,7 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
     config = config or AnalysisConfig()
     custom = analyzers is not None
     analyzers = ANALYZERS if analyzers is None else analyzers
-    results, errors = measure(store, config, analyzers, prefetch)
+    results, errors = measure(store, config, analyzers, prefetch, submit)
     order = [n for n, _ in analyzers]
     findings = [f for r in results.values() if r is not None for f in r.findings]  # in plan order
     if not custom:

@@ -174,3 +174,17 @@ def _arrays_of_every_dtype(seed: int, sizes: tuple[int, ...]):
             if dtype is np.float64 and n > 2:
                 x[:3] = np.nan
             yield dtype, x
+
+
+def test_strings_is_str_of_every_value():
+    """`strings` gives str(x) of each value, whether the column holds only strings (returned as it is) or
+    anything else (None, numbers, numpy strings)."""
+    from tracekit.tables.columns import strings
+
+    cases = [np.array(["a", "b#1", "", "é"], dtype=object), np.array(["a", None, 3, 2.5], dtype=object),
+             np.array([None, None], dtype=object), np.array([1, 2, 3]), np.array(["x", "y"]), ["p", None],
+             np.zeros(0, dtype=object)]
+    for values in cases:
+        got = strings(values)
+        assert got.dtype == object and got.tolist() == [str(x) for x in values]
+        assert all(isinstance(x, str) for x in got.tolist())

@@ -176,23 +176,63 @@ def _run_step(step: PlanStep, store: RunStore, config: AnalysisConfig,
     return step.fn(**{p: args[p] for p in step.params})
 
 
+SHIPPED_INPUTS = frozenset({"layout"})
+"""Results small enough to send to a worker process with a step that consumes them (the layout: groups and
+their dims)."""
+
+
+def _plain_result(fn: Callable[..., AnalyzerResult]) -> bool:
+    """The step's declared result holds only findings and a section (JSON-ready data): it comes back from a
+    worker cheaply, unlike a result carrying tables (matching's, the activities)."""
+    import dataclasses
+    import typing
+
+    try:
+        cls = typing.get_type_hints(fn).get("return")
+    except Exception:  # an annotation that does not resolve: not known to be plain
+        return False
+    return (isinstance(cls, type) and dataclasses.is_dataclass(cls)
+            and {f.name for f in dataclasses.fields(cls)} <= {"findings", "section"})
+
+
+def _shippable(step: PlanStep, results: dict[str, AnalyzerResult | None]) -> bool:
+    """The step may run on a worker now: its inputs (all in SHIPPED_INPUTS) are ready and its result is plain."""
+    return (step.fn is not None and step.load_error is None and step.name != "activity"
+            and all(d in SHIPPED_INPUTS and d in results for d in step.inputs) and _plain_result(step.fn))
+
+
 def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, Any]],
-            prefetch: Callable[..., AnalyzerResult] | None = None
+            prefetch: Callable[..., AnalyzerResult] | None = None,
+            submit: Callable[..., Any] | None = None
             ) -> tuple[dict[str, AnalyzerResult | None], list[dict[str, str]]]:
-    """Every step of `analyzers` in plan order: (results by name, None where a step failed; the errors)."""
+    """Every step of `analyzers` in plan order: (results by name, None where a step failed; the errors).
+
+    `submit` (tracekit.engines.rank_tasks.step_submitter) runs a step on the engine's workers: after each
+    step, the later steps that need nothing but the store, the config and `SHIPPED_INPUTS` are handed to it
+    (it returns a future, or None while the engine has no worker running), and their results are taken when
+    the plan reaches them. A step whose remote run fails in any way is run here instead, so its result
+    and its error are what running it here gives."""
     plan = build_plan(analyzers, isolate_import_errors=config.isolate_analyzer_errors)
     results: dict[str, AnalyzerResult | None] = {}
     errors: list[dict[str, str]] = []
-    for step in plan:
+    remote: dict[str, Any] = {}
+    for i, step in enumerate(plan):
         release_memory()  # what the previous step freed back to the OS (a large run's peak is the sum otherwise)
         if step.load_error is not None:
             errors.append({"analyzer": step.name, "error": step.load_error})
             results[step.name] = None
             continue
-        if prefetch is not None and step.name == "activity":
+        if step.name in remote:
+            try:
+                results[step.name] = _remote_result(step, remote.pop(step.name))
+                continue
+            except Exception:  # the pool broke, or the step failed there: run it here, as without an engine
+                pass
+        elif prefetch is not None and step.name == "activity":
             try:
                 results[step.name] = _run_step(
                     _declare(step.name, prefetch, {n for n, _ in analyzers}), store, config, results)
+                _hand_over(plan[i + 1:], submit, store, config, results, remote)
                 continue
             except Exception as exc:  # the default `activity` computes what the prefetch would have
                 if not config.isolate_analyzer_errors:
@@ -205,4 +245,26 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
                 raise
             errors.append({"analyzer": step.name, "error": f"{type(exc).__name__}: {exc}"})
             results[step.name] = None
+        _hand_over(plan[i + 1:], submit, store, config, results, remote)
+    for fut in remote.values():  # none is left unless a step was listed twice
+        fut.cancel()
     return results, errors
+
+
+def _remote_result(step: PlanStep, fut: Any) -> AnalyzerResult:
+    """The step's result from the worker that ran it (waits for it; raises what the remote run raised)."""
+    return fut.result()
+
+
+def _hand_over(later: list[PlanStep], submit: Callable[..., Any] | None, store: RunStore, config: AnalysisConfig,
+               results: dict[str, AnalyzerResult | None], remote: dict[str, Any]) -> None:
+    """Submit the later steps that can run on a worker now (`_shippable`) and are not submitted yet."""
+    if submit is None:
+        return
+    for step in later:
+        if step.name in remote or not _shippable(step, results):
+            continue
+        fut = submit(step.fn, step.params, store, config, {d: results[d] for d in step.inputs})
+        if fut is None:  # no worker running yet
+            return
+        remote[step.name] = fut

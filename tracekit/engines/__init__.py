@@ -2,8 +2,9 @@
 
 An engine parses Kineto files (`parse_kineto_files`, yielding results in submission order with at
 most a few files in flight) and maps per-rank analysis tasks (`map_ranks`); the cross-rank steps
-always run in the calling process. Both engines run the same task functions, so they produce the
-same tables and the same analysis.
+run in the calling process, but for those that need only the store and the layout, which the local
+engine's running pool may take (`submit`, runner.measure) while the calling process goes on. Both
+engines run the same task functions, so they produce the same tables and the same analysis.
 """
 
 from __future__ import annotations

@@ -76,6 +76,14 @@ class LocalEngine:
                 pending.append(self._pool.submit(fn, *nxt))
             yield result
 
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on a worker of the running pool, as a Future; None when no pool runs (one worker, or a run
+        whose per-rank tasks did not need one: starting a pool for a run that small costs more than the work it
+        would move) or under --max-memory (the workers' share of the budget is planned for parsing only)."""
+        if self._pool is None or self.budget is not None:
+            return None
+        return self._pool.submit(fn, *args)
+
     def shared(self, value: Any) -> contextlib.AbstractContextManager:
         """A handle to `value` for `map_ranks`' tasks (tracekit/engines/shared.py): the value itself when the
         tasks run in this process, else a temporary file each worker reads once."""

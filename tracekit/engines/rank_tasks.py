@@ -22,11 +22,21 @@ from tracekit.tables.store import RunStore
 ACTIVITY_PREFETCH_BYTES = 1 << 30
 
 
+RANKS_PER_ACTIVITY_TASK = 16
+"""Most ranks one activity task loads (`prefetch_rank_activity`): at 10,000 ranks, one task a rank spent the
+prefetch's time in handing tasks over (15-20 s wall for 5 CPU-s)."""
+
+
 def rank_activity_task(store_path: str, rank: int, rank_row: dict[str, Any], dims: Any) -> RankActivity:
     """`load_rank_activity` of one rank; `dims`: the layout's pg_name -> dim map or an engine's handle to it
     (`engines.shared`: as large as the run's groups, it is sent to each worker once, not with every rank)."""
     defer_pandas()  # a worker's first pyarrow conversion would import pandas (~40 MB per worker) for nothing
     return load_rank_activity(_open_store(store_path), rank, rank_row, shared_value(dims))
+
+
+def rank_activities_task(store_path: str, ranks: list[tuple[int, dict[str, Any]]], dims: Any) -> list[RankActivity]:
+    """`rank_activity_task` of each (rank, its `ranks` row), in order."""
+    return [rank_activity_task(store_path, rank, row, dims) for rank, row in ranks]
 
 
 _OPEN: dict[str, tuple[tuple[int, int, int], RunStore]] = {}
@@ -64,10 +74,14 @@ def prefetch_rank_activity(engine: Any, max_bytes: int | None = None
         acts = rank_activities(store, layout)
         ranks = store.ranks()
         path = str(store.path.resolve())
+        # enough tasks for every worker to have two, each of at most RANKS_PER_ACTIVITY_TASK ranks
+        per_task = max(1, min(RANKS_PER_ACTIVITY_TASK, len(ranks) // (2 * max(1, getattr(engine, "workers", 1)))))
+        chunks = [ranks[i:i + per_task] for i in range(0, len(ranks), per_task)]
         with engine_shared(engine, acts.dims) as dims:
             held = 0
-            results = engine.map_ranks(rank_activity_task, [(path, r, acts.rows.get(r, {}), dims) for r in ranks])
-            for r, act in zip(ranks, results):
+            results = engine.map_ranks(rank_activities_task,
+                                       [(path, [(r, acts.rows.get(r, {})) for r in c], dims) for c in chunks])
+            for r, act in ((r, a) for c, got in zip(chunks, results) for r, a in zip(c, got)):
                 acts.held[r] = act
                 held += activity_nbytes(act)
                 if held > max_bytes:
@@ -78,3 +92,26 @@ def prefetch_rank_activity(engine: Any, max_bytes: int | None = None
         return acts
 
     return prefetched_activities
+
+
+def analyzer_step_task(fn: Callable[..., Any], params: tuple[str, ...], store_path: str, config: Any,
+                       inputs: dict[str, Any]) -> Any:
+    """One analyzer step (tracekit/analyze/runner.py) on a worker: its store opened there, its other inputs
+    as the main process computed them."""
+    defer_pandas()
+    args = {"store": _open_store(store_path), "config": config, **inputs}
+    return fn(**{p: args[p] for p in params})
+
+
+def step_submitter(engine: Any) -> Callable[..., Any] | None:
+    """`measure`'s `submit` on `engine` (None when it cannot run tasks on the side): a step, its parameters,
+    the store, the config and its inputs in, a future (or None while no worker runs) out."""
+    submit = getattr(engine, "submit", None)
+    if submit is None:
+        return None
+
+    def submit_step(fn: Callable[..., Any], params: tuple[str, ...], store: RunStore, config: Any,
+                    inputs: dict[str, Any]) -> Any:
+        return submit(analyzer_step_task, fn, params, str(store.path.resolve()), config, inputs)
+
+    return submit_step

@@ -238,7 +238,14 @@ def concat(parts: list[Columns]) -> Columns:
 
 
 def strings(values: Any) -> np.ndarray:
-    """Each value as `str` (None → 'None'), as an object array."""
+    """Each value as `str` (None → 'None'), as an object array. An object array holding only strings is
+    returned as it is, not copied (a 10,000-rank run's member columns: ~6 M values, 0.6 -> 0.05 CPU-s each):
+    never modify the result in place."""
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1 and values.size:
+        from pandas.api.types import infer_dtype  # pandas is loaded wherever columns this long are built
+
+        if infer_dtype(values, skipna=False) == "string":
+            return values
     return np.array([str(x) for x in values], dtype=object)
 
 

@@ -1,0 +1,84 @@
+"""Steps that need only the store and the layout run on the engine's workers while the main process goes on
+(`runner.measure`'s `submit`): the analysis is the one the main process alone gives, only steps whose result
+is findings and a section travel, and a step whose remote run fails is run here instead."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+
+from tracekit.analysis import analyze_run
+from tracekit.analyze.runner import ANALYZERS, _plain_result, build_plan, measure
+from tracekit.config import AnalysisConfig
+from tracekit.engines.local import LocalEngine
+from tracekit.engines.rank_tasks import step_submitter
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+class CountingEngine(LocalEngine):
+    """The local engine, recording which functions it was handed and whether a worker took them."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers=workers)
+        self.handed: list[tuple[str, bool]] = []
+
+    def submit(self, fn, *args):
+        fut = super().submit(fn, *args)
+        self.handed.append((args[0].__name__, fut is not None))
+        return fut
+
+
+def _doc(run) -> dict:
+    doc = dict(run.analysis)
+    doc.pop("command", None)
+    return doc
+
+
+def test_workers_run_the_store_only_steps_and_the_analysis_is_the_serial_one(tmp_path):
+    for name in ("ep", "pp_1f1b"):
+        serial = analyze_run(FIXTURES / name, tmp_path / f"{name}_serial", workers=1)
+        engine = CountingEngine(workers=2)
+        try:
+            parallel = analyze_run(FIXTURES / name, tmp_path / f"{name}_parallel", engine=engine)
+        finally:
+            engine.close()
+        ran_there = {fn for fn, taken in engine.handed if taken}
+        assert ran_there == {"analyze_pipeline", "analyze_experts"}, engine.handed
+        assert _doc(parallel) == _doc(serial)
+        assert parallel.analysis["sections"]["pipeline"] == serial.analysis["sections"]["pipeline"]
+
+
+def test_only_results_of_findings_and_a_section_travel():
+    plain = {s.name for s in build_plan() if _plain_result(s.fn)}
+    assert {"pipeline", "experts"} <= plain
+    # results carrying tables or per-rank data stay where they are computed
+    assert not plain & {"layout", "activity", "matching", "unoverlapped"}
+
+
+class _Broken:
+    def submit(self, fn, *args):
+        fut: Future = Future()
+        fut.set_exception(RuntimeError("worker died"))
+        return fut
+
+
+def test_a_step_whose_remote_run_fails_is_run_here(tmp_path):
+    store = analyze_run(FIXTURES / "ep", tmp_path / "ep", workers=1).store
+    config = AnalysisConfig()
+    alone, errors_alone = measure(store, config, ANALYZERS)
+    broken = _Broken()
+    broken.budget = None
+    submit = step_submitter(broken)
+    handed: list[str] = []
+
+    def counting(fn, *args):
+        handed.append(fn.__name__)
+        return submit(fn, *args)
+
+    got, errors = measure(store, config, ANALYZERS, submit=counting)
+    assert "analyze_pipeline" in handed and "analyze_experts" in handed
+    assert errors == errors_alone
+    for name in ("pipeline", "experts"):
+        assert got[name].section == alone[name].section
+        assert [f.to_json() for f in got[name].findings] == [f.to_json() for f in alone[name].findings]
