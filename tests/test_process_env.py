@@ -32,3 +32,37 @@ def test_a_recorded_job_runs_without_them(tmp_path):
                     sys.executable, "-c", probe], env={**env, "PROBE_OUT": str(out)}, check=False,
                    capture_output=True, timeout=120)
     assert json.loads(out.read_text()) == {"ARROW_DEFAULT_MEMORY_POOL": None, "OPENBLAS_NUM_THREADS": None}
+
+
+def _in_heap(address: int) -> bool:
+    """Whether `address` lies in the process's brk heap (/proc/self/maps' [heap])."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("[heap]"):
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
+
+
+def test_large_blocks_come_from_the_heap_unless_memory_comes_first():
+    """`large_blocks`: a 64 MB array (over glibc's largest mmap threshold, so mapped by default) comes from the
+    heap inside it, and is mapped again after it; inside `memory_first()` a 4 MB one is mapped (the threshold
+    fixed at 1 MiB) where the default's dynamic threshold may have served it from the heap."""
+    import sys
+
+    import numpy as np
+    import pytest
+
+    from tracekit.process_env import LIBC, large_blocks, memory_first
+
+    if not sys.platform.startswith("linux") or LIBC is None or not hasattr(LIBC, "mallopt"):
+        pytest.skip("glibc only")
+    with large_blocks(1 << 20):
+        inside = np.ones(8_000_000)
+        assert _in_heap(inside.ctypes.data)
+    after = np.ones(8_000_000)
+    assert not _in_heap(after.ctypes.data)
+    with memory_first(), large_blocks(1 << 20):
+        lean = np.ones(500_000)
+        assert not _in_heap(lean.ctypes.data)

@@ -160,6 +160,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
     a run whose ranks have no events still gets its analysis.json (its `ranks` is empty)."""
     from tracekit.flow import analyze_store
     from tracekit.engines.rank_tasks import prefetch_rank_activity, step_submitter
+    from tracekit.process_env import memory_first
 
     path, out = Path(path), (Path(out) if out is not None else None)
     if not (path.is_dir() or path.is_file()):
@@ -177,8 +178,9 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
                            assume_rank=assume_rank, capture=capture, rank_from_name=rank_from_name)
         _check_analysable(path, store)
-        analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine),
-                                  submit=step_submitter(engine))
+        with memory_first(getattr(engine, "budget", None) is not None):  # --max-memory: a peak to keep low
+            analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine),
+                                      submit=step_submitter(engine))
     finally:
         if own:
             engine.close()

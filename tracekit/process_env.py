@@ -7,8 +7,8 @@ one) and single-threaded OpenBLAS (numpy starts a BLAS thread per core that spin
 tracekit does no large linear algebra). Both are read when numpy / pyarrow load, so `apply_defaults`
 runs first thing in the CLI; worker processes inherit them. A variable the user set is left alone,
 and `tracekit record` starts the user's job with `user_environ()`: the job never sees ours.
-The C allocator's handles for a process's large phases: freed memory given back (`release_memory`) and large
-blocks mapped so that freeing unmaps them (`fixed_mmap_threshold`).
+The C allocator's handles for a process's large phases: freed memory given back (`release_memory`), and large
+blocks served from the heap, or mapped so that freeing unmaps them under a memory budget (`large_blocks`).
 """
 
 from __future__ import annotations
@@ -84,8 +84,46 @@ def release_memory() -> None:
         LIBC.malloc_trim(0)
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 """glibc's mallopt parameters."""
+DEFAULT_MMAP_MAX = 65536
+"""glibc's default M_MMAP_MAX."""
+_MEMORY_FIRST: list[bool] = [False]
+"""Inside `memory_first()`: large phases keep their peak low rather than their CPU time (`large_blocks`)."""
+
+
+@contextmanager
+def memory_first(on: bool = True) -> Iterator[None]:
+    """While inside (with `on`), `large_blocks` maps large blocks so that freeing unmaps them: `tracekit analyze
+    --max-memory` (a budget to keep) runs its analysis so."""
+    before = _MEMORY_FIRST[0]
+    _MEMORY_FIRST[0] = on
+    try:
+        yield
+    finally:
+        _MEMORY_FIRST[0] = before
+
+
+@contextmanager
+def large_blocks(nbytes: int) -> Iterator[None]:
+    """A large phase's allocations (the critical path's graph and each what-if's node-sized temporaries, tens of
+    MB each on a large run). Inside `memory_first()`: every block over `nbytes` mmapped from now on, so a freed
+    temporary leaves the process (`fixed_mmap_threshold`). Otherwise: no block mmapped while inside, so a freed
+    temporary's pages serve the next one from the heap instead of fresh pages the kernel zeroes on first touch.
+    Measured on the critical path alone (same inputs, same output): 10,000 ranks 162 -> 139 CPU-s (kernel time
+    75 -> 53 s), peak 7,604 -> 8,272 MB; 1,024 simulated ranks 62-64 -> 50 CPU-s, peak 1,590 -> 1,726 MB."""
+    if LIBC is None or not hasattr(LIBC, "mallopt"):
+        yield
+        return
+    if _MEMORY_FIRST[0]:
+        fixed_mmap_threshold(nbytes)
+        yield
+        return
+    LIBC.mallopt(M_MMAP_MAX, 0)
+    try:
+        yield
+    finally:
+        LIBC.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
 
 
 def fixed_mmap_threshold(nbytes: int) -> None:

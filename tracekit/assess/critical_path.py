@@ -49,7 +49,7 @@ from tracekit.assess.reconcile import RecommendationsResult, fit_trace_kind
 from tracekit.config import AnalysisConfig
 from tracekit.derive.matching import MatchingResult, gpu_ranks
 from tracekit.derive.topology import LayoutResult
-from tracekit.process_env import fixed_mmap_threshold, release_memory
+from tracekit.process_env import large_blocks, release_memory
 from tracekit.findings.evidence import (BandwidthEvidence, BubbleEvidence, CollectiveEvidence, HostBoundEvidence,
                                         StragglerEvidence)
 from tracekit.findings.evidence import Evidence
@@ -64,8 +64,8 @@ from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
 MAX_PATH_ROWS = 400
 LARGE_BLOCK_BYTES = 1 << 20
-"""Blocks over this are mmapped from the critical path on (`process_env.fixed_mmap_threshold`): a what-if's freed
-node-sized temporaries do not stay resident in the heap."""
+"""Under a memory budget, blocks over this are mmapped from the critical path on (`process_env.large_blocks`): a
+what-if's freed node-sized temporaries do not stay resident in the heap."""
 
 
 def fix_for(f: Finding, lay: RunFacts) -> list[Fix]:
@@ -559,17 +559,15 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run. Where the
     trace kind gives no verdict (every rank a CUDA-graph capture: the capture's timing, not the workload's),
     the path's verdict is withheld too and its own finding goes through the same trace-kind filter."""
-    # the graph's node arrays and each what-if's temporaries (tens of MB each on a large run) mapped and
-    # unmapped, not left resident in the heap once freed; what the analyzers before freed given back
-    fixed_mmap_threshold(LARGE_BLOCK_BYTES)
-    release_memory()
-    results = replay_steps(store, step_input(store, layout, matching))
-    release_memory()  # the graph build's transients (members, step input) back to the OS before the what-ifs
-    final = recommendations.findings if recommendations is not None else findings
-    copies = memcpy_finding(results)
-    final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final
-    rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
-                                       regrade_severity=replay_trusted(store, results))
+    release_memory()  # what the analyzers before freed given back
+    with large_blocks(LARGE_BLOCK_BYTES):  # the graph's node arrays and each what-if's temporaries
+        results = replay_steps(store, step_input(store, layout, matching))
+        release_memory()  # the graph build's transients (members, step input) back to the OS before the what-ifs
+        final = recommendations.findings if recommendations is not None else findings
+        copies = memcpy_finding(results)
+        final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final
+        rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
+                                           regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals
