@@ -208,10 +208,11 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
     """Every step of `analyzers` in plan order: (results by name, None where a step failed; the errors).
 
     `submit` (tracekit.engines.rank_tasks.step_submitter) runs a step on the engine's workers: after each
-    step, the later steps that need nothing but the store, the config and `SHIPPED_INPUTS` are handed to it
-    (it returns a future, or None while the engine has no worker running), and their results are taken when
-    the plan reaches them. A step whose remote run fails in any way is run here instead, so its result
-    and its error are what running it here gives."""
+    step (after the `activity` prefetch, whose per-rank tasks need every worker), the later steps that need
+    nothing but the store, the config and `SHIPPED_INPUTS` are handed to it (it returns a future, or None while
+    the engine has no worker running), and their results are taken when the plan reaches them. A step whose
+    remote run fails in any way is run here instead, so its result and its error are what running it here
+    gives."""
     plan = build_plan(analyzers, isolate_import_errors=config.isolate_analyzer_errors)
     results: dict[str, AnalyzerResult | None] = {}
     errors: list[dict[str, str]] = []
@@ -222,33 +223,41 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
             errors.append({"analyzer": step.name, "error": step.load_error})
             results[step.name] = None
             continue
-        if step.name in remote:
-            try:
-                results[step.name] = _remote_result(step, remote.pop(step.name))
-                continue
-            except Exception:  # the pool broke, or the step failed there: run it here, as without an engine
-                pass
-        elif prefetch is not None and step.name == "activity":
-            try:
-                results[step.name] = _run_step(
-                    _declare(step.name, prefetch, {n for n, _ in analyzers}), store, config, results)
-                _hand_over(plan[i + 1:], submit, store, config, results, remote)
-                continue
-            except Exception as exc:  # the default `activity` computes what the prefetch would have
-                if not config.isolate_analyzer_errors:
-                    raise
-                errors.append({"analyzer": "prefetch", "error": f"{type(exc).__name__}: {exc}"})
-        try:
-            results[step.name] = _run_step(step, store, config, results)
-        except Exception as exc:  # one analyzer failing on odd input must not lose the others' results
-            if not config.isolate_analyzer_errors:
-                raise
-            errors.append({"analyzer": step.name, "error": f"{type(exc).__name__}: {exc}"})
-            results[step.name] = None
-        _hand_over(plan[i + 1:], submit, store, config, results, remote)
+        _run_here_or_there(step, store, config, results, errors, remote, prefetch, analyzers)
+        if prefetch is None or "activity" in results:  # the prefetch's per-rank tasks need every worker first
+            _hand_over(plan[i + 1:], submit, store, config, results, remote)
     for fut in remote.values():  # none is left unless a step was listed twice
         fut.cancel()
     return results, errors
+
+
+def _run_here_or_there(step: PlanStep, store: RunStore, config: AnalysisConfig,
+                       results: dict[str, AnalyzerResult | None], errors: list[dict[str, str]], remote: dict[str, Any],
+                       prefetch: Callable[..., AnalyzerResult] | None, analyzers: list[tuple[str, Any]]) -> None:
+    """The step's result into `results` (None where it failed, with its error in `errors`): from the worker
+    it was handed to, from the prefetch for `activity`, else run here."""
+    if step.name in remote:
+        try:
+            results[step.name] = _remote_result(step, remote.pop(step.name))
+            return
+        except Exception:  # the pool broke, or the step failed there: run it here, as without an engine
+            pass
+    elif prefetch is not None and step.name == "activity":
+        try:
+            results[step.name] = _run_step(
+                _declare(step.name, prefetch, {n for n, _ in analyzers}), store, config, results)
+            return
+        except Exception as exc:  # the default `activity` computes what the prefetch would have
+            if not config.isolate_analyzer_errors:
+                raise
+            errors.append({"analyzer": "prefetch", "error": f"{type(exc).__name__}: {exc}"})
+    try:
+        results[step.name] = _run_step(step, store, config, results)
+    except Exception as exc:  # one analyzer failing on odd input must not lose the others' results
+        if not config.isolate_analyzer_errors:
+            raise
+        errors.append({"analyzer": step.name, "error": f"{type(exc).__name__}: {exc}"})
+        results[step.name] = None
 
 
 def _remote_result(step: PlanStep, fut: Any) -> AnalyzerResult:
