@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_defaults_fill_only_what_the_user_left_unset(monkeypatch):
@@ -34,8 +35,12 @@ def test_a_recorded_job_runs_without_them(tmp_path):
     assert json.loads(out.read_text()) == {"ARROW_DEFAULT_MEMORY_POOL": None, "OPENBLAS_NUM_THREADS": None}
 
 
-def _in_heap(address: int) -> bool:
-    """Whether `address` lies in the process's brk heap (/proc/self/maps' [heap])."""
+
+_HEAP_CHECK = """
+import numpy as np
+from tracekit.process_env import large_blocks, memory_first
+
+def in_heap(address):
     with open("/proc/self/maps") as f:
         for line in f:
             if line.rstrip().endswith("[heap]"):
@@ -44,25 +49,26 @@ def _in_heap(address: int) -> bool:
                     return True
     return False
 
+with large_blocks(1 << 20):
+    inside = np.ones(8_000_000)
+after = np.ones(8_000_000)
+with memory_first(), large_blocks(1 << 20):
+    lean = np.ones(500_000)
+print(in_heap(inside.ctypes.data), in_heap(after.ctypes.data), in_heap(lean.ctypes.data))
+"""
+
 
 def test_large_blocks_come_from_the_heap_unless_memory_comes_first():
-    """`large_blocks`: a 64 MB array (over glibc's largest mmap threshold, so mapped by default) comes from the
-    heap inside it, and is mapped again after it; inside `memory_first()` a 4 MB one is mapped (the threshold
+    """`large_blocks`, in a fresh process (a process that ran anything large has free heap chunks, which glibc
+    serves before any mapping): a 64 MB array (over glibc's largest mmap threshold, so mapped by default) comes
+    from the heap inside it and is mapped after it; inside `memory_first()` a 4 MB one is mapped (the threshold
     fixed at 1 MiB) where the default's dynamic threshold may have served it from the heap."""
-    import sys
-
-    import numpy as np
     import pytest
 
-    from tracekit.process_env import LIBC, large_blocks, memory_first
+    from tracekit.process_env import LIBC
 
     if not sys.platform.startswith("linux") or LIBC is None or not hasattr(LIBC, "mallopt"):
         pytest.skip("glibc only")
-    with large_blocks(1 << 20):
-        inside = np.ones(8_000_000)
-        assert _in_heap(inside.ctypes.data)
-    after = np.ones(8_000_000)
-    assert not _in_heap(after.ctypes.data)
-    with memory_first(), large_blocks(1 << 20):
-        lean = np.ones(500_000)
-        assert not _in_heap(lean.ctypes.data)
+    out = subprocess.run([sys.executable, "-c", _HEAP_CHECK], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["True", "False", "False"]

@@ -80,7 +80,9 @@ def test_three_node_cluster_gives_the_local_tables_and_analysis(cluster, tmp_pat
 
     by_node = node_of_tasks(stderr)
     assert set(by_node) == {"node0", "node1", "node2"}, stderr[-2000:]  # the cluster's three nodes
-    assert sum(by_node.values()) == 2 * 16  # a parse task and an activity task per rank
+    # a parse task per rank, and the activities in tasks of one or more ranks (rank_tasks.prefetch_rank_activity:
+    # two tasks per worker at least, RANKS_PER_ACTIVITY_TASK ranks at most)
+    assert 16 < sum(by_node.values()) <= 2 * 16, by_node
     assert sum(1 for n in by_node.values() if n > 0) >= 2, by_node  # the work was spread
 
     a, b = RunStore(local_out / "tables"), RunStore(ray_out / "tables")
