@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from tracekit.errors import TraceFormatError
 from tracekit.parse import decode as D
+from tracekit.parse import native as N
 from tracekit.parse.classify import (
     GPU_CATS, ITERATION_OP_CATS, OTHER_DEVICE_CATS, StepWindows, accelerator_of, iteration_windows, device_windows, event_roles, group_dim, kernel_kinds, kernel_steps, kind_column, lane_codes,
     lane_column, step_number,
@@ -164,14 +165,24 @@ def decode_columns(blocks, exact_close: bool = False, event_ranks: bool = False)
         cols.event_ranks = []
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
+    native = N.scan if N.available() and not event_ranks else None
 
-    def decode(text: bytes) -> list:
+    def decode(text: bytes) -> "list | N.NativeChunk":
         rows.clear()
+        if native is not None:
+            chunk = native(text)
+            if chunk is not None:
+                return chunk
         return decoder.decode(text)
 
+    def sink(events: "list | N.NativeChunk", text: bytes) -> None:
+        if events.__class__ is N.NativeChunk:
+            _add_native(cols, events, text)
+        else:
+            _add_rows(cols, events, rows, text)
+
     try:
-        top = D.decode_event_stream(blocks, CHUNK_BYTES, lambda events, text: _add_rows(cols, events, rows, text), decode,
-                                    exact_close)
+        top = D.decode_event_stream(blocks, CHUNK_BYTES, sink, decode, exact_close)
     except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError,
             OverflowError, RecursionError, pa.ArrowException):
         return None
@@ -458,6 +469,61 @@ def _add_rows(cols: EventColumns, events: list, rows: list, piece: bytes) -> Non
     if rows:
         columns = D.row_columns(rows)
         _add_fields(cols, *columns, full_args=lambda kept: _full_args(piece, columns[2], columns[0], kept))
+
+
+def _add_native(cols: EventColumns, chunk: "N.NativeChunk", piece: bytes) -> None:
+    """Add one natively scanned chunk: the column pieces `_add_rows` makes of the same events."""
+    counts = cols.phase_counts
+    n = chunk.n
+    counts["X"] += n
+    cols.ms.extend(chunk.ms)
+    cols.memory.extend(e for e in chunk.instants if is_memory_event(e))
+    for tag, k in chunk.counts.items():
+        if tag != "X":
+            counts[tag] = counts.get(tag, 0) + k
+    if not n:
+        return
+    base = cols.n
+    codes = _add_names(cols, chunk.names)[chunk.name_idx]
+    cols.name_codes.append(codes)
+    cols.cat_codes.append(_intern(cols.cats, chunk.cats)[chunk.cat_idx])
+    cols.ts.append(chunk.ts)
+    cols.ts_ok.append(chunk.ts_ok)
+    cols.dur.append(chunk.dur)
+    cols.dur_ok.append(chunk.dur_ok)
+    pid, tid = chunk.pid, chunk.tid
+    if chunk.ids:
+        pid, tid = pid.copy(), tid.copy()
+        for row, which, value in chunk.ids:
+            v = (cols.tid_ids if which else cols.pid_ids).one(value)
+            (tid if which else pid)[row] = 0 if v is None else v
+    cols.pid.append(pid)
+    cols.tid.append(tid)
+    values, ok = chunk.ints, chunk.ints_ok
+    if chunk.int_texts:
+        values, ok = values.copy(), ok.copy()
+        for row, k, text in chunk.int_texts:
+            v = to_int(text)
+            if v is not None:
+                values[row, k], ok[row, k] = v, True
+    ints = [pa.array(values[:, k], pa.int64(), mask=~ok[:, k]) for k in range(N.N_INTS)]
+    cols.ext.append(pc.coalesce(ints[0], ints[1]))
+    cols.corr.append(ints[2])
+    cols.stream.append(ints[3])
+    cols.device.append(ints[4])
+    cols.flops.append(pa.array(chunk.flops, pa.float64(), mask=~chunk.flops_ok))
+    cols.coll_name.update((base + r, v) for r, v in chunk.coll)
+    cols.launch_kernel.update((base + r, v) for r, v in chunk.launch)
+    for k, (book, shape_codes) in enumerate(zip(cols.shape_books, cols.shape_codes)):
+        shape_codes.append(_intern(book, chunk.shape_texts[k])[chunk.shapes[:, k]])
+    keep = np.array(cols.keep_name, bool)[codes]
+    keep[[r for r, _ in chunk.coll]] = True
+    kept = np.flatnonzero(keep).tolist()
+    if kept:
+        view = memoryview(piece)
+        spans = chunk.spans[kept].tolist()
+        cols.args_keep.update((base + i, _detach(D.X_DECODER.decode(view[s:e]).args)) for i, (s, e) in zip(kept, spans))
+    cols.n += n
 
 
 def _full_args(piece: bytes, ts: list, names: list, kept: list[int]) -> list:
