@@ -6,8 +6,10 @@ Each run is a fresh process (bytecode cached, as parse_bench runs it: process_be
 command as `python -m tracekit` does (tracekit.cli.main.main: the same imports, typer, exit path), after
 wrapping, for timing only: the import of the CLI and of the parser's modules (done here before the command,
 as the command would do them first thing), the typer command line (click parsing and typer's pydantic
-coercion of each parameter, up to the parse starting), and within the parse: msgspec's decode of each
-~1 MB chunk of events with its row capture, `_add_rows` (the chunk's rows to column pieces), the rest of the
+coercion of each parameter, up to the parse starting), and within the parse: the native scan of each ~1 MB chunk
+of events (parse/native.py, with msgspec's decode of its metadata and instant events) and `_add_native` (its
+columns to column pieces); for chunks the scanner refuses (or all, with TRACEKIT_NATIVE=0), msgspec's decode with
+its row capture and `_add_rows` (the chunk's rows to column pieces); the rest of the
 chunk loop (reading, cutting at event boundaries, freeing the decoded events), `tables_from_columns`,
 `derived_tables` (ops, kernel_summary; a merged multi-rank file's are made while its store is written), writing
 the store's Parquet files and the rest of `parse_run`.
@@ -29,8 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("interpreter start", "import tracekit.cli + typer", "import parser (numpy, pyarrow, msgspec, tracekit)",
-          "typer command line (pydantic coercion)", "decode (msgspec + row capture)", "_add_rows (columns)",
-          "read, cut, free events", "tables_from_columns", "derived_tables", "store writing", "rest of parse_run",
+          "typer command line (pydantic coercion)", "native scan (C, with M/i events)", "_add_native (columns)",
+          "decode (msgspec + row capture)", "_add_rows (columns)", "read, cut, free events", "tables_from_columns", "derived_tables", "store writing", "rest of parse_run",
           "exit and the rest")
 
 
@@ -78,6 +80,10 @@ def _worker(path: str, out_json: str, store: str) -> None:
     capture = D.row_capture()
     capture.decoder = TimedDecoder(capture.decoder)
     K._add_rows = timed("_add_rows (columns)", K._add_rows)
+    import tracekit.parse.native as N
+
+    N.scan = timed("native scan (C, with M/i events)", N.scan)
+    K._add_native = timed("_add_native (columns)", K._add_native)
     P.derived_tables = timed("derived_tables", P.derived_tables)
     R._write_kineto_tables = timed("store writing", R._write_kineto_tables)
     import tracekit.parse.merged_ranks as merged
@@ -96,8 +102,8 @@ def _worker(path: str, out_json: str, store: str) -> None:
             marks["parse end"] = _cpu()
             total_parse = marks["parse end"] - marks["parse start"]
             chunk_loop = acc.pop("chunk loop", 0.0)
-            acc["read, cut, free events"] = chunk_loop - acc["decode (msgspec + row capture)"] - acc["_add_rows (columns)"]
-            inner = sum(acc[k] for k in PHASES[4:10])
+            acc["read, cut, free events"] = chunk_loop - sum(acc[k] for k in PHASES[4:8])
+            inner = sum(acc[k] for k in PHASES[4:12])
             acc["rest of parse_run"] = total_parse - inner
             acc["typer command line (pydantic coercion)"] = marks["parse start"] - marks["app start"]
             Path(out_json).write_text(json.dumps(acc))

@@ -492,7 +492,104 @@ static inline int put_ns(int64_t *slot, uint8_t *ok, const Val *v) {
     return 0;
 }
 
-static int complete_event(Out *o, const Val *f, const unsigned char *ev_s, const unsigned char *ev_e,
+/* what an event's args object holds for the columns, read while it is scanned */
+typedef struct {
+    int bad;                   /* a value the typed decoder refuses, or a key twice (matters only for `X` events) */
+    int64_t ints[N_INTS];
+    uint8_t ints_ok[N_INTS];
+    Val int_text[N_INTS];      /* V_STR where an integer arg is text */
+    Val kernel, coll;          /* V_STR where present */
+    Val shape[N_SHAPES];       /* the whole text of each shape arg (a string's with its quotes) */
+    double flops;
+    uint8_t flops_ok;
+} Args;
+
+static void arg_value(Args *a, int kind, int slot, const Val *v) {
+    switch (kind) {
+    case K_INTSTR_KEEP:
+        if (v->type == V_INT) {
+            if (int_value(v, &a->ints[slot])) a->bad = 1;
+            else a->ints_ok[slot] = 1;
+        } else if (v->type == V_STR) a->int_text[slot] = *v;
+        else if (v->type != V_NULL) a->bad = 1;
+        break;
+    case K_STR_KEEP:
+        if (v->type == V_STR) *(slot == T_KERNEL ? &a->kernel : &a->coll) = *v;
+        else if (v->type != V_NULL) a->bad = 1;
+        break;
+    case K_INTSTR:
+        if (v->type == V_INT) { int64_t x; if (int_value(v, &x)) a->bad = 1; }
+        else if (v->type != V_STR && v->type != V_NULL) a->bad = 1;
+        break;
+    case K_STR:
+        if (v->type != V_STR && v->type != V_NULL) a->bad = 1;
+        break;
+    case K_RAW: {
+        Val *t = &a->shape[slot];
+        t->type = V_STR;
+        t->s = v->type == V_STR ? v->s - 1 : v->s;
+        t->e = v->type == V_STR ? v->e + 1 : v->e;
+        break;
+    }
+    case K_FLOAT:
+        if (v->type == V_INT) {
+            int64_t x;
+            if (int_value(v, &x) || x > ((int64_t)1 << 53) || x < -((int64_t)1 << 53)) a->bad = 1;
+            else { a->flops = (double)x; a->flops_ok = 1; }
+        } else if (v->type == V_FLOAT) {
+            char tmp[64];
+            size_t k = v->e - v->s;
+            if (v->exp || k >= sizeof tmp) { a->bad = 1; break; }
+            memcpy(tmp, v->s, k); tmp[k] = 0;
+            a->flops = strtod(tmp, NULL); a->flops_ok = 1;
+        } else if (v->type != V_NULL) a->bad = 1;
+        break;
+    default:
+        break;
+    }
+}
+
+/* the args object at c->p ('{'), validated as JSON (-1: invalid) and read into a */
+static int scan_args(Cur *c, Args *a, Val *whole) {
+    a->bad = 0; a->flops = 0; a->flops_ok = 0;
+    for (int i = 0; i < N_INTS; i++) { a->ints[i] = 0; a->ints_ok[i] = 0; a->int_text[i].type = V_NONE; }
+    for (int i = 0; i < N_SHAPES; i++) a->shape[i].type = V_NONE;
+    a->kernel.type = a->coll.type = V_NONE;
+    whole->type = V_OBJ;
+    whole->s = c->p;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') { c->p++; whole->e = c->p; return 0; }
+    unsigned seen = 0;
+    for (;;) {
+        Val k, v;
+        if (c->p >= c->end || *c->p != '"' || scan_string(c, &k)) return -1;
+        ws(c);
+        if (c->p >= c->end || *c->p != ':') return -1;
+        c->p++;
+        ws(c);
+        if (scan_value(c, &v, 2)) return -1;
+        if (k.escaped) a->bad = 1;  /* msgspec would unescape it: maybe a known key */
+        else {
+            size_t klen = k.e - k.s;
+            for (const int8_t *cand = klen < MAX_KEY ? BY_LEN[klen] : BY_LEN[0]; *cand >= 0; cand++) {
+                int i = *cand;
+                if (k.s[0] != (unsigned char)ARG_KEYS[i].key[0] || memcmp(k.s, ARG_KEYS[i].key, klen)) continue;
+                if (seen & (1u << i)) a->bad = 1;  /* a key twice */
+                seen |= 1u << i;
+                arg_value(a, ARG_KEYS[i].kind, ARG_KEYS[i].slot, &v);
+                break;
+            }
+        }
+        ws(c);
+        if (c->p >= c->end) return -1;
+        if (*c->p == ',') { c->p++; ws(c); continue; }
+        if (*c->p == '}') { c->p++; whole->e = c->p; return 0; }
+        return -1;
+    }
+}
+
+static int complete_event(Out *o, const Val *f, Args *a, const unsigned char *ev_s, const unsigned char *ev_e,
                           const unsigned char *base) {
     /* f: ph, name, cat, pid, tid, ts, dur, args */
     const Val *name = &f[1], *cat = &f[2], *args = &f[7];
@@ -518,87 +615,33 @@ static int complete_event(Out *o, const Val *f, const unsigned char *ev_s, const
     int64_t *ints = &k->ints[r * N_INTS];
     uint8_t *ints_ok = &k->ints_ok[r * N_INTS];
     int32_t *shapes = &k->shapes[r * N_SHAPES];
-    Val shape[N_SHAPES];
-    for (int i = 0; i < N_INTS; i++) { ints[i] = 0; ints_ok[i] = 0; }
-    for (int i = 0; i < N_SHAPES; i++) { shapes[i] = 0; shape[i].type = V_NONE; }
-    double flops = 0;
-    uint8_t flops_ok = 0;
+    const Val *shape = a->shape;
+    for (int i = 0; i < N_SHAPES; i++) shapes[i] = 0;
     if (args->type == V_OBJ) {
-        Cur c = {args->s + 1, args->e - 1, base, 0};
-        unsigned seen = 0;
-        ws(&c);
-        while (c.p < c.end) {
-            Val k, v;
-            if (*c.p != '"' || scan_string(&c, &k) || k.escaped) return -1;
-            ws(&c);
-            c.p++;  /* ':' (validated by the event's scan) */
-            ws(&c);
-            if (scan_value(&c, &v, 2)) return -1;
-            ws(&c);
-            if (c.p < c.end) { c.p++; ws(&c); }  /* ',' */
-            size_t klen = k.e - k.s;
-            const int8_t *cand = klen < MAX_KEY ? BY_LEN[klen] : BY_LEN[0];
-            for (; *cand >= 0; cand++) {
-                int a = *cand;
-                if (k.s[0] != (unsigned char)ARG_KEYS[a].key[0] || memcmp(k.s, ARG_KEYS[a].key, klen)) continue;
-                if (seen & (1u << a)) return -1;  /* a key twice */
-                seen |= 1u << a;
-                int kind = ARG_KEYS[a].kind, slot = ARG_KEYS[a].slot;
-                switch (kind) {
-                case K_INTSTR_KEEP:
-                    if (v.type == V_INT) {
-                        if (int_value(&v, &ints[slot])) return -1;
-                        ints_ok[slot] = 1;
-                    } else if (v.type == V_STR) {  /* "0x0": kineto.to_int in Python */
-                        PyObject *text = plain_str(&v);
-                        if (!text) return -1;
-                        PyObject *t = Py_BuildValue("(niN)", o->n, slot, text);
-                        if (!t) { PyErr_Clear(); return -1; }
-                        int r = PyList_Append(o->int_texts, t);
-                        Py_DECREF(t);
-                        if (r) { PyErr_Clear(); return -1; }
-                    } else if (v.type != V_NULL) return -1;
-                    break;
-                case K_STR_KEEP:
-                    if (v.type == V_STR) {
-                        PyObject *s = plain_str(&v);
-                        if (add_pair(slot == T_KERNEL ? o->launch : o->coll, o->n, s)) return -1;
-                    } else if (v.type != V_NULL) return -1;
-                    break;
-                case K_INTSTR:
-                    if (v.type == V_INT) { int64_t x; if (int_value(&v, &x)) return -1; }
-                    else if (v.type != V_STR && v.type != V_NULL) return -1;
-                    break;
-                case K_STR:
-                    if (v.type != V_STR && v.type != V_NULL) return -1;
-                    break;
-                case K_RAW: {  /* the value's whole text (a string's with its quotes) */
-                    const unsigned char *s = v.type == V_STR ? v.s - 1 : v.s, *e = v.type == V_STR ? v.e + 1 : v.e;
-                    shape[slot].type = V_STR; shape[slot].s = s; shape[slot].e = e;
-                    break;
-                }
-                case K_FLOAT:
-                    if (v.type == V_INT) {
-                        int64_t x;
-                        if (int_value(&v, &x) || x > ((int64_t)1 << 53) || x < -((int64_t)1 << 53)) return -1;
-                        flops = (double)x; flops_ok = 1;
-                    } else if (v.type == V_FLOAT) {
-                        if (v.exp) return -1;
-                        char tmp[64];
-                        size_t k2 = v.e - v.s;
-                        if (k2 >= sizeof tmp) return -1;
-                        memcpy(tmp, v.s, k2); tmp[k2] = 0;
-                        flops = strtod(tmp, NULL); flops_ok = 1;
-                    } else if (v.type != V_NULL) return -1;
-                    break;
-                default:
-                    break;
-                }
-                break;
+        if (a->bad) return -1;
+        for (int i = 0; i < N_INTS; i++) {
+            ints[i] = a->ints[i];
+            ints_ok[i] = a->ints_ok[i];
+            if (a->int_text[i].type == V_STR) {  /* "0x0": kineto.to_int in Python */
+                PyObject *text = plain_str(&a->int_text[i]);
+                if (!text) return -1;
+                PyObject *t = Py_BuildValue("(niN)", o->n, i, text);
+                if (!t) { PyErr_Clear(); return -1; }
+                int bad = PyList_Append(o->int_texts, t);
+                Py_DECREF(t);
+                if (bad) { PyErr_Clear(); return -1; }
             }
         }
-    } else if (args->type != V_NONE) return -1;
-    if (shape[S_DIMS].type != V_NONE) {  /* an op recorded with shapes: its four texts coded (else all 0) */
+        if (a->kernel.type == V_STR && add_pair(o->launch, o->n, plain_str(&a->kernel))) return -1;
+        if (a->coll.type == V_STR && add_pair(o->coll, o->n, plain_str(&a->coll))) return -1;
+    } else if (args->type == V_NONE) {
+        for (int i = 0; i < N_INTS; i++) { ints[i] = 0; ints_ok[i] = 0; }
+        a->flops = 0; a->flops_ok = 0;
+        shape = NULL;
+    } else return -1;
+    double flops = a->flops;
+    uint8_t flops_ok = a->flops_ok;
+    if (shape && shape[S_DIMS].type != V_NONE) {  /* an op recorded with shapes: its four texts coded (else all 0) */
         for (int i = 0; i < N_SHAPES; i++) {
             Val text = shape[i];
             if (text.type == V_NONE) { text.s = text.e = ev_s; }
@@ -643,6 +686,7 @@ static inline int event_key(const unsigned char *s, size_t n) {
 static int event(Out *o, Cur *c) {
     const unsigned char *ev_s = c->p;
     Val f[8];
+    Args args;
     for (int i = 0; i < 8; i++) f[i].type = V_NONE;
     if (c->p >= c->end || *c->p != '{') return -1;
     c->p++;
@@ -662,7 +706,9 @@ static int event(Out *o, Cur *c) {
         if (c->p >= c->end || *c->p != ':') return -1;
         c->p++;
         ws(c);
-        if (scan_value(c, v, 1)) return -1;
+        if (i == 7 && c->p < c->end && *c->p == '{') {
+            if (scan_args(c, &args, v)) return -1;
+        } else if (scan_value(c, v, 1)) return -1;
         ws(c);
         if (c->p >= c->end) return -1;
         if (*c->p == ',') { c->p++; ws(c); continue; }
@@ -674,7 +720,7 @@ static int event(Out *o, Cur *c) {
     unsigned char ph = *f[0].s;
     if (!memchr(PHASES, ph, sizeof PHASES - 1)) return -1;
     if (!o->counts[ph]++) o->order[o->n_phases++] = ph;
-    if (ph == 'X') return complete_event(o, f, ev_s, ev_e, c->base);
+    if (ph == 'X') return complete_event(o, f, &args, ev_s, ev_e, c->base);
     if (ph == 'M' || ph == 'i') {
         int64_t span[3] = {ev_s - c->base, ev_e - c->base, ph};
         return buf_put(&o->others, span, sizeof span);
