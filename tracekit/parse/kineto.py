@@ -506,7 +506,8 @@ def _add_native(cols: EventColumns, chunk: "N.NativeChunk", piece: bytes) -> Non
             v = to_int(text)
             if v is not None:
                 values[row, k], ok[row, k] = v, True
-    ints = [pa.array(values[:, k], pa.int64(), mask=~ok[:, k]) for k in range(N.N_INTS)]
+    values, missing = np.ascontiguousarray(values.T), np.ascontiguousarray(~ok.T)  # one column per row: contiguous
+    ints = [pa.array(values[k], pa.int64(), mask=missing[k]) for k in range(N.N_INTS)]
     cols.ext.append(pc.coalesce(ints[0], ints[1]))
     cols.corr.append(ints[2])
     cols.stream.append(ints[3])
