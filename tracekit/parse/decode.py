@@ -196,7 +196,10 @@ def decimal_text_to_ns(text: str | bytes) -> int | None:
         return None
     if not d.is_finite():
         return None
-    return int((d * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+    try:
+        return int((d * 1000).to_integral_value(rounding=ROUND_HALF_UP))
+    except ArithmeticError:  # decimal.Overflow: an exponent beyond the context's (1e999999999), no time
+        return None
 
 
 _DECIMAL_NS = pa.decimal128(20, 3)  # µs with 3 fraction digits: the unscaled integer is the ns value
