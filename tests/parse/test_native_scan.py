@@ -284,3 +284,19 @@ def test_mutated_real_events_match_msgspec(monkeypatch) -> None:
         took += native is not None
         _assert_same(_columns([doc], False, monkeypatch), _columns([doc], True, monkeypatch))
     assert took > 30  # the edits that keep valid JSON of accepted types (inside a name, a digit) are read natively
+
+
+def test_the_scanner_knows_the_phases_the_typed_decoder_knows() -> None:
+    """Each phase of decode.Event (X, M, i and OTHER_PHASES) is read natively; any other `ph` sends the piece to
+    msgspec, whose typed decode refuses it."""
+    def piece(ph: str) -> bytes:
+        return json.dumps([{"ph": ph, "name": "n", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]).encode()
+
+    known = ("X", "M", "i") + D.OTHER_PHASES
+    for ph in known:
+        chunk = N.scan(piece(ph))
+        assert chunk is not None and chunk.counts == {ph: 1}, ph
+    for ph in ("Q", "x", "XX", "", "m", "a"):
+        assert N.scan(piece(ph)) is None, ph
+        with pytest.raises(msgspec.ValidationError):
+            D.EVENTS_DECODER.decode(piece(ph))
