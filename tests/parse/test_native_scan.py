@@ -26,7 +26,7 @@ from tracekit.parse.gz import iter_trace_blocks
 SHARED = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or Path(__file__).resolve().parents[3] / "shared" / "traces")
 _FIELDS = ("n", "names", "cats", "keep_name", "name_codes", "cat_codes", "ts", "ts_ok", "dur", "dur_ok", "pid", "tid",
            "ext", "corr", "stream", "device", "flops", "coll_name", "launch_kernel", "shape_books", "shape_codes",
-           "args_keep", "ms", "memory", "phase_counts", "warnings")
+           "args_keep", "ms", "memory", "phase_counts", "warnings", "event_ranks")
 
 
 def _plain(v):
@@ -48,9 +48,9 @@ def _plain(v):
     return v
 
 
-def _columns(blocks, native: bool, monkeypatch) -> "K.EventColumns | None":
+def _columns(blocks, native: bool, monkeypatch, event_ranks: bool = False) -> "K.EventColumns | None":
     monkeypatch.setenv("TRACEKIT_NATIVE", "1" if native else "0")
-    return K.decode_columns(blocks)
+    return K.decode_columns(blocks, event_ranks=event_ranks)
 
 
 def _assert_same(a, b) -> None:
@@ -98,6 +98,10 @@ def test_shared_traces_give_the_same_columns(monkeypatch) -> None:
     for path in paths:
         blocks = lambda: D.squeeze_whitespace(iter_trace_blocks(str(path), None, K.CHUNK_BYTES))  # noqa: E731
         _assert_same(_columns(blocks(), False, monkeypatch), _columns(blocks(), True, monkeypatch))
+        if "merged" in path.parent.name:  # each event's rank too, as a merged multi-rank file is read
+            a, b = (_columns(blocks(), native, monkeypatch, event_ranks=True) for native in (False, True))
+            _assert_same(a, b)
+            assert len(set(np.concatenate(b.event_ranks).tolist())) >= 2
     # the native path is what ran on nearly all of them (a cut inside a string is refused and moved: a few)
     assert counting.took > 300 and counting.refused < counting.took / 20, (counting.took, counting.refused)
 
@@ -161,6 +165,9 @@ _CASES = {
         "dtype": "Float", "Process Group Ranks": [0, 1], "In split size": "[]", "rank": 3}),
         _with(cat="cpu_op", name="record_param_comms", args_={"Collective name": "broadcast"})], "", True),
     "launch": ([_with(cat="cuda_runtime", name="cudaLaunchKernel", args_={"kernel": "void k<1>()"})], "", True),
+    "merged ranks": ([_with(args_={"rank": 3}), _with(pid=300000007, args_={"rank": "3"}), _with(pid=-1),
+                      _with(pid="Spans", args_={"rank": -2}), _with(pid=200000001, args_={"rank": True}),
+                      _with(args_={"rank": [1]})], "", True),
     "bad arg type": ([_with(args_={"Group size": [8]})], "", False),
     "nested unknown args": ([_with(args_={"grid": [1, {"a": [None, True, False, "x\\u00e9"]}], "z": {}})], "", True),
     "metadata and memory": ([{"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "stream 7"}},
@@ -186,6 +193,7 @@ def test_edge_cases_match_msgspec(case: str, monkeypatch) -> None:
     counting = _Counting(monkeypatch)
     native = _columns([text], True, monkeypatch)
     _assert_same(_columns([text], False, monkeypatch), native)
+    _assert_same(_columns([text], False, monkeypatch, True), _columns([text], True, monkeypatch, True))
     assert (counting.took > 0) == taken, (counting.took, counting.refused)
     if taken:  # and the columns are the trace's, read with plain json and Decimal
         xs = [e for e in json.loads(text)["traceEvents"] if e["ph"] == "X"]
@@ -236,15 +244,15 @@ _event = st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(st.lists(_event, min_size=1, max_size=12))
-def test_random_events_match_msgspec(events: list) -> None:
+@given(st.lists(_event, min_size=1, max_size=12), st.booleans())
+def test_random_events_match_msgspec(events: list, merged: bool) -> None:
     text = _events_text(events)
     old = os.environ.get("TRACEKIT_NATIVE")
     try:
         os.environ["TRACEKIT_NATIVE"] = "0"
-        a = K.decode_columns([text])
+        a = K.decode_columns([text], event_ranks=merged)
         os.environ["TRACEKIT_NATIVE"] = "1"
-        b = K.decode_columns([text])
+        b = K.decode_columns([text], event_ranks=merged)
     finally:
         if old is None:
             os.environ.pop("TRACEKIT_NATIVE", None)

@@ -377,7 +377,7 @@ static int32_t intern_none(Intern *t) {
 /* ---------------------------------------------------------------------------------------------- */
 
 /* args keys, in decode.ARG_FIELDS' order; kinds: what the typed (row) decoder accepts */
-enum { K_INTSTR_KEEP, K_STR_KEEP, K_INTSTR, K_STR, K_RAW, K_FLOAT, K_ANY };
+enum { K_INTSTR_KEEP, K_STR_KEEP, K_INTSTR, K_STR, K_RAW, K_FLOAT, K_RANK };
 typedef struct { const char *key; int kind; int slot; } ArgKey;
 enum { A_EXT, A_EXT_OLD, A_CORR, A_STREAM, A_DEVICE, N_INTS };  /* int columns, ROW_FIELDS order */
 enum { S_DIMS, S_TYPE, S_STRIDES, S_CONCRETE, N_SHAPES };        /* decode.SHAPE_FIELDS order */
@@ -399,7 +399,7 @@ static const ArgKey ARG_KEYS[] = {
     {"Out msg nelems", K_INTSTR, 0},
     {"Group size", K_INTSTR, 0},
     {"dtype", K_STR, 0},
-    {"rank", K_ANY, 0},
+    {"rank", K_RANK, 0},  /* TraceFusion's merged multi-rank files: any type; an integer is the event's rank */
 };
 #define N_ARG_KEYS (sizeof ARG_KEYS / sizeof ARG_KEYS[0])
 #define MAX_KEY 32
@@ -411,14 +411,14 @@ static const char PHASES[] = "XMiIstfCbenBEPONDR()STpFcG";  /* decode.Event's ta
 typedef struct {
     int32_t *name, *cat;
     int32_t *shapes;
-    int64_t *ts, *dur, *pid, *tid, *ints, *spans;
-    uint8_t *ts_ok, *dur_ok, *ints_ok, *flops_ok;
+    int64_t *ts, *dur, *pid, *tid, *ints, *spans, *rank;
+    uint8_t *ts_ok, *dur_ok, *ints_ok, *flops_ok, *rank_ok;
     double *flops;
     size_t cap;
 } Cols;
 
 #define COLS(X) X(name, 1) X(cat, 1) X(ts, 1) X(dur, 1) X(pid, 1) X(tid, 1) X(ints, N_INTS) X(shapes, N_SHAPES) \
-    X(spans, 2) X(ts_ok, 1) X(dur_ok, 1) X(ints_ok, N_INTS) X(flops_ok, 1) X(flops, 1)
+    X(spans, 2) X(rank, 1) X(rank_ok, 1) X(ts_ok, 1) X(dur_ok, 1) X(ints_ok, N_INTS) X(flops_ok, 1) X(flops, 1)
 
 static int cols_room(Cols *k, size_t n) {
     if (__builtin_expect(n < k->cap, 1)) return 0;
@@ -502,6 +502,8 @@ typedef struct {
     Val shape[N_SHAPES];       /* the whole text of each shape arg (a string's with its quotes) */
     double flops;
     uint8_t flops_ok;
+    int64_t rank;
+    uint8_t rank_ok;           /* `rank` is an integer (in int64) */
 } Args;
 
 static void arg_value(Args *a, int kind, int slot, const Val *v) {
@@ -544,6 +546,12 @@ static void arg_value(Args *a, int kind, int slot, const Val *v) {
             a->flops = strtod(tmp, NULL); a->flops_ok = 1;
         } else if (v->type != V_NULL) a->bad = 1;
         break;
+    case K_RANK:
+        if (v->type == V_INT) {
+            if (int_value(v, &a->rank)) a->bad = 1;
+            else a->rank_ok = 1;
+        }
+        break;
     default:
         break;
     }
@@ -551,7 +559,7 @@ static void arg_value(Args *a, int kind, int slot, const Val *v) {
 
 /* the args object at c->p ('{'), validated as JSON (-1: invalid) and read into a */
 static int scan_args(Cur *c, Args *a, Val *whole) {
-    a->bad = 0; a->flops = 0; a->flops_ok = 0;
+    a->bad = 0; a->flops = 0; a->flops_ok = 0; a->rank = 0; a->rank_ok = 0;
     for (int i = 0; i < N_INTS; i++) { a->ints[i] = 0; a->ints_ok[i] = 0; a->int_text[i].type = V_NONE; }
     for (int i = 0; i < N_SHAPES; i++) a->shape[i].type = V_NONE;
     a->kernel.type = a->coll.type = V_NONE;
@@ -636,7 +644,7 @@ static int complete_event(Out *o, const Val *f, Args *a, const unsigned char *ev
         if (a->coll.type == V_STR && add_pair(o->coll, o->n, plain_str(&a->coll))) return -1;
     } else if (args->type == V_NONE) {
         for (int i = 0; i < N_INTS; i++) { ints[i] = 0; ints_ok[i] = 0; }
-        a->flops = 0; a->flops_ok = 0;
+        a->flops = 0; a->flops_ok = 0; a->rank = 0; a->rank_ok = 0;
         shape = NULL;
     } else return -1;
     double flops = a->flops;
@@ -652,6 +660,8 @@ static int complete_event(Out *o, const Val *f, Args *a, const unsigned char *ev
     }
     k->flops[r] = flops;
     k->flops_ok[r] = flops_ok;
+    k->rank[r] = a->rank;
+    k->rank_ok[r] = a->rank_ok;
     k->spans[2 * r] = ev_s - base;
     k->spans[2 * r + 1] = ev_e - base;
     o->n++;
@@ -782,12 +792,12 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     for (int i = 0; i < N_SHAPES; i++) { Py_INCREF(o.shape_texts[i].list); PyTuple_SET_ITEM(shape_lists, i, o.shape_texts[i].list); }
 #define B(f, w) PyBytes_FromStringAndSize(o.k.f ? (const char *)o.k.f : "", (Py_ssize_t)(n * (w) * sizeof *o.k.f))
     result = Py_BuildValue(
-        "{s:n,s:O,s:N,s:O,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:N,s:N,s:O,s:N,s:N,s:O,s:O,s:N,s:N,s:N,s:N,s:N}",
+        "{s:n,s:O,s:N,s:O,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:N,s:N,s:O,s:N,s:N,s:O,s:O,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "n", o.n, "names", o.names.list, "name_idx", B(name, 1), "cats", o.cats.list, "cat_idx", B(cat, 1),
         "ts", B(ts, 1), "ts_ok", B(ts_ok, 1), "dur", B(dur, 1), "dur_ok", B(dur_ok, 1),
         "pid", B(pid, 1), "tid", B(tid, 1), "ids", o.ids, "ints", B(ints, N_INTS),
         "ints_ok", B(ints_ok, N_INTS), "int_texts", o.int_texts, "flops", B(flops, 1), "flops_ok", B(flops_ok, 1),
-        "coll", o.coll, "launch", o.launch, "shapes", B(shapes, N_SHAPES), "shape_texts", shape_lists, "spans", B(spans, 2),
+        "coll", o.coll, "launch", o.launch, "shapes", B(shapes, N_SHAPES), "shape_texts", shape_lists, "spans", B(spans, 2), "rank", B(rank, 1), "rank_ok", B(rank_ok, 1),
         "others", as_bytes(&o.others), "counts", counts);
 #undef B
 done:

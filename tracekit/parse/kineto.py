@@ -40,7 +40,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, norm
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.parse.memory import is_memory_event, memory_table
-from tracekit.parse.merged import event_rank
+from tracekit.parse.merged import PID_STRIDE, event_rank
 from tracekit.process_env import gc_paused
 from tracekit.tables.schema import conform
 
@@ -165,7 +165,7 @@ def decode_columns(blocks, exact_close: bool = False, event_ranks: bool = False)
         cols.event_ranks = []
     capture = D.row_capture()
     rows, decoder = capture.rows, capture.decoder
-    native = N.scan if N.available() and not event_ranks else None
+    native = N.scan if N.available() else None
 
     def decode(text: bytes) -> "list | N.NativeChunk":
         rows.clear()
@@ -524,6 +524,11 @@ def _add_native(cols: EventColumns, chunk: "N.NativeChunk", piece: bytes) -> Non
         view = memoryview(piece)
         spans = chunk.spans[kept].tolist()
         cols.args_keep.update((base + i, _detach(D.X_DECODER.decode(view[s:e]).args)) for i, (s, e) in zip(kept, spans))
+    if cols.event_ranks is not None:  # merged.event_rank of each row: its rank arg, else its (integer) pid's rank
+        pid_int = np.ones(n, bool)
+        pid_int[[row for row, which, _ in chunk.ids if not which]] = False
+        by_pid = np.where(pid_int & (chunk.pid >= 0), chunk.pid // PID_STRIDE, -1)
+        cols.event_ranks.append(np.where(chunk.rank_ok & (chunk.rank >= 0), chunk.rank, by_pid))
     cols.n += n
 
 

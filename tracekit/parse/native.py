@@ -40,7 +40,7 @@ class NativeChunk:
     events as decoded structs, and the count of each phase in order of first occurrence."""
 
     __slots__ = ("n", "names", "name_idx", "cats", "cat_idx", "ts", "ts_ok", "dur", "dur_ok", "pid", "tid", "ids",
-                 "ints", "ints_ok", "int_texts", "flops", "flops_ok", "coll", "launch", "shapes", "shape_texts", "spans", "ms", "instants",
+                 "ints", "ints_ok", "int_texts", "flops", "flops_ok", "coll", "launch", "shapes", "shape_texts", "spans", "rank", "rank_ok", "ms", "instants",
                  "counts")
 
     def __init__(self, d: dict, others: list) -> None:
@@ -65,6 +65,8 @@ class NativeChunk:
         without `Input Dims` have 0 in every field)."""
         self.shape_texts = d["shape_texts"]
         """Per shape field: its distinct texts (bytes) in order of first occurrence, b"" first."""
+        self.rank, self.rank_ok = np.frombuffer(d["rank"], np.int64), np.frombuffer(d["rank_ok"], np.bool_)
+        """Per row: its `rank` arg where that is an integer (merged multi-rank files, parse/merged.event_rank)."""
         self.spans = np.frombuffer(d["spans"], np.int64).reshape(n, 2)
         """Per row: the event's text (start, end) in the piece."""
         self.ms = [e for e in others if e.__class__ is D.M]
