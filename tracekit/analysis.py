@@ -180,7 +180,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
         _check_analysable(path, store)
         with memory_first(getattr(engine, "budget", None) is not None):  # --max-memory: a peak to keep low
             analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine),
-                                      submit=step_submitter(engine))
+                                      submit=step_submitter(engine), measured=getattr(engine, "release", None))
     finally:
         if own:
             engine.close()

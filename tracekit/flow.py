@@ -40,7 +40,8 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
                   command: str | None = None,
                   prefetch: Callable[..., AnalyzerResult] | None = None,
                   analyzers: list[tuple[str, Any]] | None = None,
-                  submit: Callable[..., Any] | None = None) -> dict[str, Any]:
+                  submit: Callable[..., Any] | None = None,
+                  measured: Callable[[], None] | None = None) -> dict[str, Any]:
     """Measure, assess, and return the analysis.json document.
 
     `prefetch` (tracekit.engines.rank_tasks.prefetch_rank_activity) stands in for the `activity`
@@ -50,6 +51,8 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
     layout on the engine's workers while this process goes on (tracekit/analyze/runner.py `measure`).
     `analyzers`: (name, "module:function" or function) pairs to run instead of ANALYZERS; the assessment
     runs only with the default analyzers (it reads their results).
+    `measured`: called once the analyzers are done, before the assessment (the engine's `release`: its workers,
+    idle from then on, give their memory back before the critical path's peak).
     """
     from tracekit import __version__
 
@@ -57,6 +60,8 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
     custom = analyzers is not None
     analyzers = ANALYZERS if analyzers is None else analyzers
     results, errors = measure(store, config, analyzers, prefetch, submit)
+    if measured is not None:
+        measured()
     order = [n for n, _ in analyzers]
     findings = [f for r in results.values() if r is not None for f in r.findings]  # in plan order
     if not custom:

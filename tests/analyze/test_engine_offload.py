@@ -82,3 +82,27 @@ def test_a_step_whose_remote_run_fails_is_run_here(tmp_path):
     for name in ("pipeline", "experts"):
         assert got[name].section == alone[name].section
         assert [f.to_json() for f in got[name].findings] == [f.to_json() for f in alone[name].findings]
+
+
+def test_the_workers_exit_before_the_assessment(tmp_path, monkeypatch):
+    """Once the analyzers are done the engine's workers are idle: they exit (their memory goes back) before the
+    critical path's replays run in this process; the analysis is the serial one."""
+    import tracekit.flow as flow
+
+    engine = CountingEngine(workers=2)
+    at_assessment: list[bool] = []
+    assess = flow.assess
+
+    def watching(*args, **kwargs):
+        at_assessment.append(engine._pool is None)
+        return assess(*args, **kwargs)
+
+    monkeypatch.setattr(flow, "assess", watching)
+    try:
+        parallel = analyze_run(FIXTURES / "ep", tmp_path / "parallel", engine=engine)
+    finally:
+        engine.close()
+    assert any(taken for _, taken in engine.handed)  # a pool ran the per-rank work and the offloaded steps
+    assert at_assessment == [True]
+    serial = analyze_run(FIXTURES / "ep", tmp_path / "serial", workers=1)
+    assert _doc(parallel) == _doc(serial)

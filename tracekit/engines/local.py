@@ -93,6 +93,12 @@ class LocalEngine:
 
         return shared_file(value)
 
+    def release(self) -> None:
+        """The per-rank work of an analysis is done (its cross-rank assessment runs in this process): the workers
+        exit and give their memory back (at 1,024 simulated ranks ~400 MB of PSS beside the critical path's
+        peak). A later `map_ranks` starts a new pool."""
+        self.close()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
