@@ -1,9 +1,10 @@
 """Kineto JSON trace (plain or .gz) → the per-rank tables of DESIGN §2.
 
-The file is streamed (read or gunzipped block by block) and its `traceEvents` array decoded by
-msgspec in ~1 MB chunks cut at event boundaries (see `decode`); complete events hand their fields to
-a row list as they are built, and each chunk becomes column pieces before the next is decoded, so
-neither the JSON text nor all event objects are ever held at once. Unusual layouts, lenient typing
+The file is streamed (read or gunzipped block by block) and its `traceEvents` array read in ~1 MB
+chunks cut at event boundaries (see `decode`): by the native column builder (`native`, one C pass that
+gives the chunk's columns) where it takes the chunk, else by msgspec, whose complete events hand their
+fields to a row list as they are built (the same columns); each chunk becomes column pieces before the
+next is read, so neither the JSON text nor all event objects are ever held at once. Unusual layouts, lenient typing
 and unreadable input take the whole-document path, which reports errors precisely. Columns are
 normalised once: categories lower-cased and unified across schema versions, pid/tid made integers,
 times exact int64 ns. Collective calls are assembled in `kineto_collectives`.
