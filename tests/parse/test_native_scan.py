@@ -1,4 +1,4 @@
-"""The native column builder (parse/_kscan.c, parse/native.py) gives exactly the columns of msgspec's typed
+"""The native column builder (parse/kscan.c, parse/native.py) gives exactly the columns of msgspec's typed
 decode and `kineto._add_rows`, or hands the piece to them: on every real trace of the shared corpus, on
 hand-made events at each edge the scanner refuses or handles, and on random events. Its times are also checked
 against plain `json` and `Decimal` (integer ns, half away from zero)."""
@@ -83,7 +83,7 @@ class _Counting:
 
 
 def test_the_native_builder_is_built() -> None:
-    assert N._kscan is not None, "tracekit/parse/_kscan.c was not compiled by pip install (setup.py)"
+    assert N.kscan is not None, "tracekit/parse/kscan.c was not compiled by pip install (setup.py)"
     assert N.available()
 
 

@@ -1,4 +1,4 @@
-"""The native column builder (`_kscan.c`): one C pass over a piece of the `traceEvents` array gives its
+"""The native column builder (`kscan.c`): one C pass over a piece of the `traceEvents` array gives its
 complete events' columns, where msgspec's typed decode builds an object per event and field.
 
 `scan(piece)` is a `NativeChunk` or None. The C scanner accepts only pieces it reads exactly as msgspec's
@@ -21,9 +21,9 @@ import numpy as np
 from tracekit.parse import decode as D
 
 try:
-    from tracekit.parse import _kscan
+    from tracekit.parse import kscan
 except ImportError:  # no compiler at install time: msgspec alone
-    _kscan = None
+    kscan = None
 
 _OTHERS = msgspec.json.Decoder(list[Union[D.M, D.I]])
 N_INTS = 5
@@ -32,7 +32,7 @@ N_INTS = 5
 
 def available() -> bool:
     """Whether pieces are scanned natively in this process (built, and not turned off by TRACEKIT_NATIVE=0)."""
-    return _kscan is not None and os.environ.get("TRACEKIT_NATIVE", "1") != "0"
+    return kscan is not None and os.environ.get("TRACEKIT_NATIVE", "1") != "0"
 
 
 class NativeChunk:
@@ -76,7 +76,7 @@ class NativeChunk:
 
 def scan(piece: bytes) -> NativeChunk | None:
     """The piece (a JSON array of events) scanned natively, or None: decode it with msgspec."""
-    d = _kscan.scan(piece)
+    d = kscan.scan(piece)
     if d is None:
         return None
     others = []

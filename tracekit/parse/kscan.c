@@ -815,9 +815,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kscan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kscan(void) {
+PyMODINIT_FUNC PyInit_kscan(void) {
     for (int b = 0; b < 256; b++) PLAIN[b] = b >= 0x20 && b < 0x80 && b != '"' && b != '\\';
     memset(BY_LEN, -1, sizeof BY_LEN);
     for (size_t a = 0; a < N_ARG_KEYS; a++) {
