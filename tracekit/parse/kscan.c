@@ -3,9 +3,9 @@
    scan(piece) reads a JSON array of events and returns the columns of its complete (`X`) events, the
    places of its metadata (`M`) and instant (`i`) events and the count of each phase, or None. None means
    "not sure": the caller decodes the piece with msgspec as before. The scanner says None for anything
-   beyond the common shape of a Kineto event: invalid JSON, a string with an escape or a byte over 0x7F
-   that it would have to keep, an exponent, a number beyond int64, a type the typed msgspec decoder would
-   refuse, a key twice, an unknown phase, nesting deeper than 64. So every piece it accepts gives the
+   beyond the common shape of a Kineto event: invalid JSON, invalid UTF-8, an escape in a string it would
+   have to keep, an exponent or a quoted value in a time, a number beyond int64, a type the typed msgspec
+   decoder would refuse, a key twice, an unknown phase, nesting deeper than 64. So every piece it accepts gives the
    columns msgspec's typed decode and `kineto._add_rows` give (tests/parse/test_native_scan.py), and every
    other piece takes the msgspec path, errors included.
 
@@ -325,6 +325,20 @@ static int intern_grow(Intern *t) {
     return 0;
 }
 
+/* the next index (its text not yet set), or -1 */
+static int32_t intern_slot(Intern *t) {
+    if (t->n == t->room) {
+        size_t room = t->room ? t->room * 2 : 256;
+        const unsigned char **s = realloc(t->s, room * sizeof *s);
+        if (!s) return -1;
+        t->s = s;
+        size_t *len = realloc(t->len, room * sizeof *len);
+        if (!len) return -1;
+        t->len = len; t->room = room;
+    }
+    return (int32_t)t->n++;
+}
+
 /* index of the string value v (no escapes; UTF-8 checked by Python's decoder); -1 on failure */
 static int32_t intern_str(Intern *t, const Val *v) {
     size_t k = v->e - v->s;
@@ -340,16 +354,8 @@ static int32_t intern_str(Intern *t, const Val *v) {
     if (!str) { PyErr_Clear(); return -1; }
     if (PyList_Append(t->list, str)) { Py_DECREF(str); PyErr_Clear(); return -1; }
     Py_DECREF(str);
-    if (t->n == t->room) {
-        size_t room = t->room ? t->room * 2 : 256;
-        const unsigned char **s = realloc(t->s, room * sizeof *s);
-        if (!s) return -1;
-        t->s = s;
-        size_t *len = realloc(t->len, room * sizeof *len);
-        if (!len) return -1;
-        t->len = len; t->room = room;
-    }
-    int32_t idx = (int32_t)t->n++;
+    int32_t idx = intern_slot(t);
+    if (idx < 0) return -1;
     t->s[idx] = v->s; t->len[idx] = k;
     t->slots[j] = idx + 1; t->hashes[j] = h;
     if (t->n * 2 > t->cap && intern_grow(t)) return -1;
@@ -359,16 +365,8 @@ static int32_t intern_str(Intern *t, const Val *v) {
 static int32_t intern_none(Intern *t) {
     if (t->none_index >= 0) return t->none_index;
     if (PyList_Append(t->list, Py_None)) { PyErr_Clear(); return -1; }
-    if (t->n == t->room) {
-        size_t room = t->room ? t->room * 2 : 256;
-        const unsigned char **s = realloc(t->s, room * sizeof *s);
-        if (!s) return -1;
-        t->s = s;
-        size_t *len = realloc(t->len, room * sizeof *len);
-        if (!len) return -1;
-        t->len = len; t->room = room;
-    }
-    int32_t idx = (int32_t)t->n++;
+    int32_t idx = intern_slot(t);
+    if (idx < 0) return -1;
     t->s[idx] = NULL; t->len[idx] = 0;  /* never matches a string */
     t->none_index = idx;
     return idx;
@@ -743,6 +741,7 @@ static PyObject *as_bytes(Buf *b) {
 }
 
 static PyObject *scan(PyObject *self, PyObject *arg) {
+    (void)self;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE)) return NULL;
     Out o;
@@ -815,7 +814,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kscan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kscan", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit_kscan(void) {
     for (int b = 0; b < 256; b++) PLAIN[b] = b >= 0x20 && b < 0x80 && b != '"' && b != '\\';
