@@ -225,10 +225,10 @@ def test_a_cut_inside_a_string_is_refused(monkeypatch) -> None:
     assert b.n == len(events)
 
 
-_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=6))
-_value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-                      max_leaves=6)
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))
+_value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
 _arg_keys = st.sampled_from(["External id", "external id", "device", "stream", "correlation", "kernel", "flops",
                              "Collective name", "In msg nelems", "Group size", "dtype", "Input Dims", "Input type",
                              "Concrete Inputs", "Input Strides", "rank", "grid", "Process Group Ranks"])

@@ -40,8 +40,8 @@ class NativeChunk:
     events as decoded structs, and the count of each phase in order of first occurrence."""
 
     __slots__ = ("n", "names", "name_idx", "cats", "cat_idx", "ts", "ts_ok", "dur", "dur_ok", "pid", "tid", "ids",
-                 "ints", "ints_ok", "int_texts", "flops", "flops_ok", "coll", "launch", "shapes", "shape_texts", "spans", "rank", "rank_ok", "ms", "instants",
-                 "counts")
+                 "ints", "ints_ok", "int_texts", "flops", "flops_ok", "coll", "launch", "shapes", "shape_texts",
+                 "spans", "rank", "rank_ok", "ms", "instants", "counts")
 
     def __init__(self, d: dict, others: list) -> None:
         n = self.n = d["n"]
