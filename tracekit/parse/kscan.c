@@ -445,10 +445,6 @@ typedef struct {
     Py_ssize_t n;
 } Out;
 
-static inline int key_is(const Val *k, const char *word, size_t n) {
-    return (size_t)(k->e - k->s) == n && k->s[0] == (unsigned char)word[0] && !memcmp(k->s, word, n);
-}
-
 static PyObject *plain_str(const Val *v) {  /* a kept string: no escapes */
     if (v->escaped) return NULL;
     PyObject *s = PyUnicode_DecodeUTF8((const char *)v->s, v->e - v->s, "strict");
