@@ -41,7 +41,7 @@ from tracekit.parse.collective_names import is_comm_kernel_name, kernel_op, norm
 from tracekit.parse.gz import GZIP_MAGIC, StreamProblem, iter_trace_blocks, read_trace_bytes
 from tracekit.parse.kineto_collectives import CollectiveInputs, build_collectives, candidate_codes
 from tracekit.parse.memory import is_memory_event, memory_table
-from tracekit.parse.merged import PID_STRIDE, event_rank
+from tracekit.parse.merged import event_rank, event_ranks
 from tracekit.process_env import gc_paused
 from tracekit.tables.schema import conform
 
@@ -509,10 +509,7 @@ def _add_native(cols: EventColumns, chunk: "N.NativeChunk", piece: bytes) -> Non
                 values[row, k], ok[row, k] = v, True
     values, missing = np.ascontiguousarray(values.T), np.ascontiguousarray(~ok.T)  # one column per row: contiguous
     ints = [pa.array(values[k], pa.int64(), mask=missing[k]) for k in range(N.N_INTS)]
-    cols.ext.append(pc.coalesce(ints[0], ints[1]))
-    cols.corr.append(ints[2])
-    cols.stream.append(ints[3])
-    cols.device.append(ints[4])
+    _add_ints(cols, *ints)
     cols.flops.append(pa.array(chunk.flops, pa.float64(), mask=~chunk.flops_ok))
     cols.coll_name.update((base + r, v) for r, v in chunk.coll)
     cols.launch_kernel.update((base + r, v) for r, v in chunk.launch)
@@ -525,11 +522,10 @@ def _add_native(cols: EventColumns, chunk: "N.NativeChunk", piece: bytes) -> Non
         view = memoryview(piece)
         spans = chunk.spans[kept].tolist()
         cols.args_keep.update((base + i, _detach(D.X_DECODER.decode(view[s:e]).args)) for i, (s, e) in zip(kept, spans))
-    if cols.event_ranks is not None:  # merged.event_rank of each row: its rank arg, else its (integer) pid's rank
+    if cols.event_ranks is not None:  # merged multi-rank files: each row's rank
         pid_int = np.ones(n, bool)
         pid_int[[row for row, which, _ in chunk.ids if not which]] = False
-        by_pid = np.where(pid_int & (chunk.pid >= 0), chunk.pid // PID_STRIDE, -1)
-        cols.event_ranks.append(np.where(chunk.rank_ok & (chunk.rank >= 0), chunk.rank, by_pid))
+        cols.event_ranks.append(event_ranks(chunk.rank, chunk.rank_ok, chunk.pid, pid_int))
     cols.n += n
 
 
@@ -628,10 +624,7 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
                 pass  # some values are text ("0x0", "7"): coerce one by one
         return pa.array([to_int(v) for v in vals], pa.int64())
 
-    cols.ext.append(pc.coalesce(int_col(ext), int_col(ext_old)))
-    cols.corr.append(int_col(corr))
-    cols.stream.append(int_col(stream))
-    cols.device.append(int_col(device))
+    _add_ints(cols, *map(int_col, (ext, ext_old, corr, stream, device)))
     cols.flops.append(pa.array([_to_float(v) for v in flops] if lenient else flops, pa.float64()))
     has_coll = np.flatnonzero(np.fromiter(map(is_not, coll, repeat(None)), bool, n))
     cols.coll_name.update((base + i, coll[i]) for i in has_coll.tolist())
@@ -647,6 +640,16 @@ def _add_fields(cols: EventColumns, names, cats, ts, dur, pids, tids, args, ext,
     if cols.event_ranks is not None:
         cols.event_ranks.append(_event_ranks(list(map(attrgetter("rank"), args)), pids, n))
     cols.n += n
+
+
+def _add_ints(cols: EventColumns, ext: pa.Array, ext_old: pa.Array, corr: pa.Array, stream: pa.Array,
+              device: pa.Array) -> None:
+    """One batch's integer args (both decoders): `External id`, else the old `external id`; correlation, stream
+    and device as they are."""
+    cols.ext.append(pc.coalesce(ext, ext_old))
+    cols.corr.append(corr)
+    cols.stream.append(stream)
+    cols.device.append(device)
 
 
 def _event_ranks(given: list, pids: list, n: int) -> np.ndarray:

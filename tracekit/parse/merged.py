@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tracekit.parse.gz import read_trace_bytes
 
@@ -60,6 +61,13 @@ def event_rank(rank_arg: Any, pid: Any) -> int:
     if pid.__class__ is int and pid >= 0:
         return pid // PID_STRIDE
     return -1
+
+
+def event_ranks(rank: np.ndarray, rank_int: np.ndarray, pid: np.ndarray, pid_int: np.ndarray) -> np.ndarray:
+    """`event_rank` of many events at once: `rank`/`pid` their values where `rank_int`/`pid_int` say the
+    value is an integer (elsewhere ignored)."""
+    by_pid = np.where(pid_int & (pid >= 0), pid // PID_STRIDE, -1)
+    return np.where(rank_int & (rank >= 0), rank, by_pid)
 
 
 def split_merged(path: str | Path, out_dir: Path, max_decompressed_bytes: int | None = None) -> dict[int, Path]:
