@@ -25,6 +25,7 @@ to `ANALYZERS`.
 
 from __future__ import annotations
 
+import functools
 import graphlib
 import importlib
 import inspect
@@ -181,9 +182,10 @@ SHIPPED_INPUTS = frozenset({"layout"})
 their dims)."""
 
 
+@functools.lru_cache(maxsize=None)
 def _plain_result(fn: Callable[..., AnalyzerResult]) -> bool:
     """The step's declared result holds only findings and a section (JSON-ready data): it comes back from a
-    worker cheaply, unlike a result carrying tables (matching's, the activities)."""
+    worker cheaply, unlike a result carrying tables (matching's, the activities). Read once per function."""
     import dataclasses
     import typing
 
@@ -197,7 +199,7 @@ def _plain_result(fn: Callable[..., AnalyzerResult]) -> bool:
 
 def _shippable(step: PlanStep, results: dict[str, AnalyzerResult | None]) -> bool:
     """The step may run on a worker now: its inputs (all in SHIPPED_INPUTS) are ready and its result is plain."""
-    return (step.fn is not None and step.load_error is None and step.name != "activity"
+    return (step.fn is not None and step.load_error is None
             and all(d in SHIPPED_INPUTS and d in results for d in step.inputs) and _plain_result(step.fn))
 
 
