@@ -86,7 +86,18 @@ def test_a_stall_before_the_steps_first_op_is_removed_by_the_host_stall_and_stra
     assert predict_ns(res, [Fix("host_stalls", rank=0)], RunFacts()) == res.measured_ns  # not rank 0's stall
 
 
-def test_topological_levels_and_cycles():
+@pytest.fixture(params=["native", "numpy"])
+def graph_path(request, monkeypatch):
+    """Each graph test twice: with the levels and integer replays in C (`kgraph`, built by the install) and
+    with the numpy passes (TRACEKIT_NATIVE=0)."""
+    from tracekit.whatif import graph as G
+
+    monkeypatch.setenv("TRACEKIT_NATIVE", "1" if request.param == "native" else "0")
+    assert G.native_graph() == (request.param == "native")
+    return request.param
+
+
+def test_topological_levels_and_cycles(graph_path):
     src, dst = np.array([0, 1, 0, 2]), np.array([1, 2, 2, 3])
     assert topo_levels(4, src, dst).tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="cycle"):
@@ -94,7 +105,7 @@ def test_topological_levels_and_cycles():
 
 
 @pytest.mark.parametrize("n", [300, SMALL_GRAPH_NODES + 300])  # node by node, and a vectorised pass per level
-def test_topological_levels_equal_the_longest_chain_on_a_random_dag(n):
+def test_topological_levels_equal_the_longest_chain_on_a_random_dag(n, graph_path):
     rng = np.random.default_rng(n)
     a, b = rng.integers(0, n, 3 * n), rng.integers(0, n, 3 * n)
     keep = a != b
@@ -109,7 +120,7 @@ def test_topological_levels_equal_the_longest_chain_on_a_random_dag(n):
         topo_levels(n, np.r_[perm[src], perm[dst[0]]], np.r_[perm[dst], perm[src[0]]])
 
 
-def test_topological_levels_of_a_long_narrow_dag():
+def test_topological_levels_of_a_long_narrow_dag(graph_path):
     """A graph over SMALL_GRAPH_NODES with ~2 nodes per level (a 2-rank CPU trace's shape): the vectorised
     pass gives up after its probe levels and the node-by-node pass gives the longest chains; a wide graph
     of the same size keeps the vectorised pass."""
@@ -134,7 +145,7 @@ def test_topological_levels_of_a_long_narrow_dag():
     assert _levels_by_level(n, wide_src, wide_dst).max() == 1
 
 
-def test_replay_equals_a_per_node_longest_path_on_a_random_dag():
+def test_replay_equals_a_per_node_longest_path_on_a_random_dag(graph_path):
     rng = np.random.default_rng(7)
     n = 400
     src = rng.integers(0, n - 1, 1500)
@@ -162,7 +173,7 @@ def test_replay_equals_a_per_node_longest_path_on_a_random_dag():
     assert path[-1] == last and all(((src == a) & (dst == b)).any() for a, b in zip(path[:-1], path[1:]))
 
 
-def test_replay_of_a_wide_random_dag_equals_a_per_node_loop():
+def test_replay_of_a_wide_random_dag_equals_a_per_node_loop(graph_path):
     """A graph over SMALL_GRAPH_NODES with many nodes per level: the plan (levels one vectorised pass each,
     in-edges grouped by level, each node's gap from its predecessors' latest end) and the level-by-level
     replay against a plain loop in id order, measured starts with gaps of their own kept, shuffled ids."""
@@ -516,7 +527,11 @@ def test_the_plans_in_edges_are_grouped_by_level_order_in_edge_order():
     preds: list[list[int]] = [[] for _ in range(n)]
     for s, d in zip(src.tolist(), dst.tolist()):
         preds[d].append(pos[s])
-    assert plan.edge_src_pos.tolist() == [p for v in order for p in preds[v]]
+    from tracekit.whatif.graph import _level_edges
+
+    edge_src_pos, edge_bounds, seg_starts = _level_edges(plan)  # made when numpy's replay first needs them
+    assert plan.edge_src_pos is edge_src_pos
+    assert edge_src_pos.tolist() == [p for v in order for p in preds[v]]
     nlev = max(level) + 1
     for i in range(1, nlev):  # per level: where each of its nodes' in-edges begin, from the level's first edge
         nodes = [v for v in order if level[v] == i]

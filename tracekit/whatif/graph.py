@@ -23,9 +23,16 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable
 
+import os
+
 import numpy as np
 
 from tracekit.tables.columns import unique_inverse
+
+try:
+    from tracekit.whatif import kgraph
+except ImportError:  # no compiler at install time: the numpy passes
+    kgraph = None
 
 
 class Category(IntEnum):
@@ -249,19 +256,20 @@ class _Plan:
     """nodes sorted by level"""
     level_bounds: np.ndarray
     """order[level_bounds[i]:level_bounds[i+1]] are level i"""
-    edge_src_pos: np.ndarray
-    """in-edges' sources, grouped by destination in `order`, as positions in `order` (`replay` keeps its
-    arrays in level order: a level's nodes are then one slice, not an index array to gather and scatter by)"""
-    edge_bounds: np.ndarray
-    """per level: slice of edge_src_pos"""
-    seg_starts: list
-    """per level: reduceat offsets (relative) of each node's in-edges"""
     in_ptr: np.ndarray
-    """CSR of in-edges by node id (for the critical-path walk)"""
+    """CSR of in-edges by node id (the C replay's and the critical-path walk's)"""
     in_src: np.ndarray
     gap: np.ndarray
     narrow: bool = False
     """Few nodes per level (a one-rank chain): `replay` goes node by node."""
+    edge_src_pos: np.ndarray | None = None
+    """numpy's level-by-level replay (`_level_edges`, made when it first runs): in-edges' sources, grouped by
+    destination in `order`, as positions in `order` (`replay` keeps its arrays in level order: a level's
+    nodes are then one slice, not an index array to gather and scatter by)"""
+    edge_bounds: np.ndarray | None = None
+    """per level: slice of edge_src_pos"""
+    seg_starts: list | None = None
+    """per level: reduceat offsets (relative) of each node's in-edges"""
 
 
 SMALL_GRAPH_NODES = 8192
@@ -293,9 +301,15 @@ def _levels_by_node(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 
 
 def topo_levels(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Longest-chain level of every node (Kahn's algorithm, one vectorised pass per level; node by
-    node for small graphs and for narrow ones, found after the first NARROW_PROBE_LEVELS levels)."""
-    level = _levels_by_node(n, src, dst) if n <= SMALL_GRAPH_NODES else _levels_by_level(n, src, dst)
+    """Longest-chain level of every node (Kahn's algorithm: in C where built, `kgraph.levels`; else one
+    vectorised pass per level, node by node for small graphs and for narrow ones, found after the first
+    NARROW_PROBE_LEVELS levels)."""
+    if native_graph():
+        level = np.empty(n, np.int64)
+        s, d = _same_ints(src, dst)
+        kgraph.levels(n, s, d, level)
+    else:
+        level = _levels_by_node(n, src, dst) if n <= SMALL_GRAPH_NODES else _levels_by_level(n, src, dst)
     if level is None:  # narrow: few nodes per level, a vectorised pass per level costs more than the nodes
         level = _levels_by_node(n, src, dst)
     if (level < 0).any():
@@ -339,6 +353,20 @@ def _levels_by_level(n: int, src: np.ndarray, dst: np.ndarray, probe: bool = Tru
     return level
 
 
+def native_graph() -> bool:
+    """Whether levels and integer replays run in C here (`kgraph`, built by pip install where a compiler
+    exists; TRACEKIT_NATIVE=0 turns it off): the same results as the numpy passes, ~10x less time on a
+    10,000-rank graph."""
+    return kgraph is not None and os.environ.get("TRACEKIT_NATIVE", "1") != "0"
+
+
+def _same_ints(*arrays: np.ndarray) -> list[np.ndarray]:
+    """The index arrays as C-contiguous integers of one width (int32 where all are, else int64), as kgraph
+    reads them."""
+    dt = np.int32 if all(a.dtype == np.int32 for a in arrays) else np.int64
+    return [np.ascontiguousarray(a, dtype=dt) for a in arrays]
+
+
 def id_dtype(n: int) -> type:
     """The dtype of node or edge ids below `n`: int32 where they fit (half the memory of a large graph's)."""
     return np.int32 if n < 2**31 - 1 else np.int64
@@ -354,28 +382,8 @@ def _make_plan(g: StepGraph) -> _Plan:
     nlev = int(level.max()) + 1 if n else 0
     level_bounds = np.searchsorted(level[order], np.arange(nlev + 1))
     del level
-    pos = np.empty(n, dtype=small)
-    pos[order] = np.arange(n, dtype=small)
     in_ptr = np.r_[0, np.cumsum(np.bincount(g.dst, minlength=n))].astype(small)
     in_src = g.src[np.argsort(g.dst, kind="stable")].astype(small)
-    # the in-edges grouped by destination in level order, each node's in the edges' order: its block of the
-    # in-edges by node id (in_src), the blocks taken in `order` (no second sort of the edges by position:
-    # ~1 s of a 1,024-rank graph's plan)
-    count = (in_ptr[1:] - in_ptr[:-1])[order].astype(np.int64)
-    ecum = np.zeros(n + 1, np.int64)
-    np.cumsum(count, out=ecum[1:])
-    take_at = np.arange(ecum[-1], dtype=np.int64)
-    take_at += np.repeat(in_ptr[order].astype(np.int64) - ecum[:-1], count)
-    edge_src_pos = pos[in_src[take_at]]
-    del take_at, pos
-    edge_bounds = ecum[level_bounds]
-    # per level (level 0 has no in-edges): where each node's in-edges begin, relative to the level's
-    # first edge; found for all levels at once (a level's first edge always begins a new node)
-    group = ecum[:-1][count > 0]
-    del count, ecum
-    cuts = np.searchsorted(group, edge_bounds)
-    seg_starts = [(group[cuts[i]:cuts[i + 1]] - edge_bounds[i]).astype(small) for i in range(1, nlev)]
-    del group
     # the latest end of each node's predecessors, per node over its in-edges (the same maximum as an
     # unbuffered maximum.at over the edges)
     ready = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
@@ -383,9 +391,38 @@ def _make_plan(g: StepGraph) -> _Plan:
     if has.size:
         ready[has] = np.maximum.reduceat((g.start + g.dur)[in_src], in_ptr[has])
     gap = np.where(ready == np.iinfo(np.int64).min, 0, g.start - ready)
-    return _Plan(order=order, level_bounds=level_bounds, edge_src_pos=edge_src_pos, edge_bounds=edge_bounds,
-                 seg_starts=seg_starts, in_ptr=in_ptr, in_src=in_src, gap=gap,
+    return _Plan(order=order, level_bounds=level_bounds, in_ptr=in_ptr, in_src=in_src, gap=gap,
                  narrow=NARROW_NODES_PER_LEVEL * nlev >= n)
+
+
+def _level_edges(plan: _Plan) -> tuple[np.ndarray, np.ndarray, list]:
+    """The plan's in-edges in level order for numpy's level-by-level `replay` (edge_src_pos, edge_bounds,
+    seg_starts), made when that replay first runs (the C replay reads in_ptr/in_src)."""
+    if plan.edge_src_pos is None:
+        n, small = plan.order.size, plan.order.dtype
+        order, in_ptr, in_src, level_bounds = plan.order, plan.in_ptr, plan.in_src, plan.level_bounds
+        nlev = level_bounds.size - 1
+        pos = np.empty(n, dtype=small)
+        pos[order] = np.arange(n, dtype=small)
+        # the in-edges grouped by destination in level order, each node's in the edges' order: its block of
+        # the in-edges by node id (in_src), the blocks taken in `order` (no second sort of the edges by
+        # position: ~1 s of a 1,024-rank graph's plan)
+        count = (in_ptr[1:] - in_ptr[:-1])[order].astype(np.int64)
+        ecum = np.zeros(n + 1, np.int64)
+        np.cumsum(count, out=ecum[1:])
+        take_at = np.arange(ecum[-1], dtype=np.int64)
+        take_at += np.repeat(in_ptr[order].astype(np.int64) - ecum[:-1], count)
+        edge_src_pos = pos[in_src[take_at]]
+        del take_at, pos
+        edge_bounds = ecum[level_bounds]
+        # per level (level 0 has no in-edges): where each node's in-edges begin, relative to the level's
+        # first edge; found for all levels at once (a level's first edge always begins a new node)
+        group = ecum[:-1][count > 0]
+        del count, ecum
+        cuts = np.searchsorted(group, edge_bounds)
+        plan.seg_starts = [(group[cuts[i]:cuts[i + 1]] - edge_bounds[i]).astype(small) for i in range(1, nlev)]
+        plan.edge_src_pos, plan.edge_bounds = edge_src_pos, edge_bounds
+    return plan.edge_src_pos, plan.edge_bounds, plan.seg_starts
 
 
 NARROW_NODES_PER_LEVEL = 4
@@ -398,6 +435,12 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     plan = g.plan
     dur = g.dur if dur is None else dur
     gap = plan.gap if gap is None else gap
+    if native_graph() and all(a.dtype == np.int64 for a in (g.start, dur, gap)):
+        out = np.empty(g.num_nodes, np.int64)
+        order, in_ptr, in_src = _same_ints(plan.order, plan.in_ptr, plan.in_src)
+        first = int(plan.level_bounds[1]) if plan.level_bounds.size > 1 else g.num_nodes
+        kgraph.replay(order, first, in_ptr, in_src, *(np.ascontiguousarray(a) for a in (g.start, dur, gap)), out)
+        return out
     if plan.narrow:
         return _replay_by_node(g, plan, dur, gap)
     # every array in level order (position p holds node order[p]): each level's nodes are a slice, read and
@@ -407,8 +450,9 @@ def replay(g: StepGraph, dur: np.ndarray | None = None, gap: np.ndarray | None =
     start = g.start[order]
     dur, gap = dur[order], gap[order]
     end = start + dur
-    lb, eb, src = plan.level_bounds.tolist(), plan.edge_bounds.tolist(), plan.edge_src_pos
-    for i, seg in enumerate(plan.seg_starts, start=1):
+    src, eb, segs = _level_edges(plan)
+    lb, eb = plan.level_bounds.tolist(), eb.tolist()
+    for i, seg in enumerate(segs, start=1):
         lo, hi = lb[i], lb[i + 1]
         s = np.maximum.reduceat(end[src[eb[i]:eb[i + 1]]], seg) + gap[lo:hi]
         start[lo:hi] = s
@@ -505,7 +549,7 @@ def _base_replay(g: StepGraph) -> tuple:
         pos = np.empty(g.num_nodes, small)
         pos[plan.order] = np.arange(g.num_nodes, dtype=small)
         o = np.argsort(g.src, kind="stable")
-        out_ptr = np.searchsorted(g.src[o], np.arange(g.num_nodes + 1)).astype(small)
+        out_ptr = np.r_[0, np.cumsum(np.bincount(g.src, minlength=g.num_nodes))].astype(small)
         out_dst = g.dst[o].astype(small)
         end = start + g.dur
         for a in (pos, out_ptr, out_dst, end):
