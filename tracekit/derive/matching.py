@@ -63,8 +63,8 @@ from tracekit.derive.topology import LayoutResult, dims_of
 from tracekit.findings.result import AnalyzerResult
 from tracekit.layout import rank_to_host
 from tracekit.tables.columns import (Column, Columns, LazyFrame, argsort_desc, arrow_columns, concat, cumcount,
-                                     equals_any, group_extreme, group_ids, group_order, lookup, not_null,
-                                     sorted_unique, take, unique_inverse)
+                                     equals_any, group_extreme, group_ids, group_order, kept, lookup,
+                                     not_null, sorted_unique, take, unique_inverse)
 from tracekit.tables.schema import TABLES
 from tracekit.tables.store import RunStore
 
@@ -315,7 +315,7 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     extra = (cols["source"] == "kineto") & unjoined & equals_any(chosen, LOG_SOURCES)
     section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
     keep = (cols["source"] == chosen) | extra
-    cols, extra = take(cols, keep), extra[keep]
+    cols, extra = kept(cols, keep), kept({"extra": extra}, keep)["extra"]
     pg = cols["pg_name"].copy()
     pg[extra] = [None if p is None else f"kineto:{p}" for p in pg[extra].tolist()]
     cols["pg_name"] = pg
@@ -323,15 +323,15 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     section["p2p_skipped"] = int(p2p.sum())
     p2p_rows = take(cols, p2p)
     p2p_rows["arrival"], p2p_rows["arrival_ok"] = arrival_ns(p2p_rows, on_gpu)
-    rows = take(cols, ~p2p)
+    rows = kept(cols, ~p2p)
     # a row without a group is never numbered within a guessed group: `_pair_unnamed` pairs it or leaves it out
     named = not_null(rows["pg_name"])
     unnamed = take(rows, ~named)
     unnamed["arrival"], unnamed["arrival_ok"] = arrival_ns(unnamed, on_gpu)
-    rows = take(rows, named)
+    rows = kept(rows, named)
     rows["arrival"], rows["arrival_ok"] = arrival_ns(rows, on_gpu)
     section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
-    rows = _numbered(take(rows, rows["arrival_ok"]))
+    rows = _numbered(kept(rows, rows["arrival_ok"]))
     return _agreeing(rows, section), p2p_rows, unnamed
 
 
@@ -360,7 +360,7 @@ def _agreeing(rows: Columns, section: dict[str, Any]) -> Columns:
     section["op_mismatches"] = int(mismatch.sum())
     keep = ~mismatch[ids]
     keep &= np.bincount(ids[keep], minlength=n)[ids] >= 2
-    return take(rows, keep)
+    return kept(rows, keep)
 
 
 UNNAMED_GROUP = "kineto:?"

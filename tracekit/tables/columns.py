@@ -61,6 +61,13 @@ def take(cols: Columns, idx: np.ndarray) -> Columns:
     return {k: v[idx] for k, v in cols.items()}
 
 
+def kept(cols: Columns, mask: np.ndarray) -> Columns:
+    """`take(cols, mask)` of a boolean mask, sharing the arrays (a new dict, no copy) when every row is kept:
+    for callers that replace columns and never write into them (matching's row selection keeps all ~7 M rows
+    of a 10,000-rank partial recording in most of its steps)."""
+    return dict(cols) if mask.all() else take(cols, mask)
+
+
 def not_null(a: np.ndarray) -> np.ndarray:
     """Where an object column holds a value (not None)."""
     return np.not_equal(a, None)
