@@ -315,31 +315,33 @@ def _select_rows(cols: Columns, per_rank: dict[int, str], on_gpu: set[int], sect
     extra = (cols["source"] == "kineto") & unjoined & equals_any(chosen, LOG_SOURCES)
     section["supplement"] = {"kineto collectives without a log entry": int(extra.sum())}
     keep = (cols["source"] == chosen) | extra
-    cols, extra = kept(cols, keep), kept({"extra": extra}, keep)["extra"]
-    pg = cols["pg_name"].copy()
-    pg[extra] = [None if p is None else f"kineto:{p}" for p in pg[extra].tolist()]
-    cols["pg_name"] = pg
-    p2p = cols["is_p2p"] | equals_any(cols["op"], ("send", "recv"))
+    if extra.any():
+        pg = cols["pg_name"].copy()
+        pg[extra] = [None if p is None else f"kineto:{p}" for p in pg[extra].tolist()]
+        cols = {**cols, "pg_name": pg}
+    # every selection below made on all rows and each part taken once (a take of ~7 M rows of ~20 columns,
+    # strings among them, costs seconds at 10,000 ranks): the same rows, in the same order, as taking the
+    # kept rows and then each part of them
+    p2p = keep & (cols["is_p2p"] | equals_any(cols["op"], ("send", "recv")))
     section["p2p_skipped"] = int(p2p.sum())
+    arrival, arrival_ok = arrival_ns(cols, on_gpu)
+    cols = {**cols, "arrival": arrival, "arrival_ok": arrival_ok}
     p2p_rows = take(cols, p2p)
-    p2p_rows["arrival"], p2p_rows["arrival_ok"] = arrival_ns(p2p_rows, on_gpu)
-    rows = kept(cols, ~p2p)
     # a row without a group is never numbered within a guessed group: `_pair_unnamed` pairs it or leaves it out
-    named = not_null(rows["pg_name"])
-    unnamed = take(rows, ~named)
-    unnamed["arrival"], unnamed["arrival_ok"] = arrival_ns(unnamed, on_gpu)
-    rows = kept(rows, named)
-    rows["arrival"], rows["arrival_ok"] = arrival_ns(rows, on_gpu)
-    section["no_device_time"] = int((~rows["arrival_ok"] & _on_ranks(rows["rank"], on_gpu)).sum())
-    rows = _numbered(kept(rows, rows["arrival_ok"]))
+    grouped = keep & ~p2p
+    named = not_null(cols["pg_name"])
+    unnamed = take(cols, grouped & ~named)
+    grouped &= named
+    section["no_device_time"] = int((grouped & ~arrival_ok & _on_ranks(cols["rank"], on_gpu)).sum())
+    rows = _numbered(cols, np.flatnonzero(grouped & arrival_ok))
     return _agreeing(rows, section), p2p_rows, unnamed
 
 
-def _numbered(rows: Columns) -> Columns:
-    """Rows by (rank, group, arrival), each with its seq: from the source, else its position within
-    (rank, group); `seq_basis` says which."""
-    pg_code, _ = group_ids(rows["pg_name"])
-    rows = take(rows, np.lexsort((rows["arrival"], pg_code, rows["rank"])))
+def _numbered(cols: Columns, idx: np.ndarray) -> Columns:
+    """The rows `idx` of `cols` by (rank, group, arrival) (taken once, in that order), each with its seq: from
+    the source, else its position within (rank, group); `seq_basis` says which."""
+    pg_code, _ = group_ids(cols["pg_name"][idx])
+    rows = take(cols, idx[np.lexsort((cols["arrival"][idx], pg_code, cols["rank"][idx]))])
     ids, n = group_ids(rows["rank"], rows["pg_name"])
     position = cumcount(ids, n) + 1
     source = np.where(not_null(rows["seq_source"]), rows["seq_source"], "args")
