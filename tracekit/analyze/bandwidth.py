@@ -141,12 +141,12 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
                         "n": n, "bytes": int(b), "time_ns": int(t_ns),
                         "step": None if step != step or step is None else int(step)})
         basis = "transfer"
-        rows = table_rows(t.filter(_p2p_mask(t)))
         pairs = _p2p_pair_instances(matched, dims)
         if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
             out.extend(pairs)
             rows = []
-        # else (host-timed P2P) tabulate it from row durations, never judged
+        else:  # host-timed P2P: tabulated from row durations, never judged
+            rows = table_rows(t.filter(_p2p_mask(t)))
     else:
         basis = "min_duration"
         rows = table_rows(t)
