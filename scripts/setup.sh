@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.tracekit-installed"
-want="$(cat pyproject.toml setup.py tracekit/parse/kscan.c tracekit/whatif/kgraph.c scripts/setup.sh | sha256sum | cut -c1-16)"
+want="$(cat pyproject.toml setup.py tracekit/parse/kscan.c tracekit/whatif/kgraph.c tracekit/tables/kcolumns.c scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -25,6 +25,6 @@ fi
 echo "[setup] installing tracekit[runtime,hta,ray,test]" >&2
 "$VENV/bin/python" -m pip install -q -e ".[runtime,hta,ray,test]" 2>&1 | grep -v "is ignored: it is neither" >&2 || true
 "$VENV/bin/python" -c "import tracekit, torch, pyarrow, msgspec, duckdb, hta" >/dev/null
-"$VENV/bin/python" -c "import tracekit.parse.kscan, tracekit.whatif.kgraph" 2>/dev/null \
+"$VENV/bin/python" -c "import tracekit.parse.kscan, tracekit.whatif.kgraph, tracekit.tables.kcolumns" 2>/dev/null \
   || echo "[setup] no C compiler found: the parser decodes with msgspec alone and numpy replays the what-if graph (the same results, slower)" >&2
 echo "$want" > "$stamp"

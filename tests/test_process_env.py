@@ -25,14 +25,35 @@ def test_defaults_fill_only_what_the_user_left_unset(monkeypatch):
 def test_a_recorded_job_runs_without_them(tmp_path):
     """`tracekit record -- CMD` (whose own process applies the defaults): CMD sees the environment tracekit
     was started with."""
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS")}
+    names = ("ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS", "NUMPY_MADVISE_HUGEPAGE")
+    env = {k: v for k, v in os.environ.items() if k not in names}
     probe = ("import json, os; json.dump({k: os.environ.get(k) for k in "
-             "('ARROW_DEFAULT_MEMORY_POOL', 'OPENBLAS_NUM_THREADS')}, open(os.environ['PROBE_OUT'], 'w'))")
+             f"{names!r}}}, open(os.environ['PROBE_OUT'], 'w'))")
     out = tmp_path / "seen.json"
     subprocess.run([sys.executable, "-m", "tracekit", "record", "--out", str(tmp_path / "rec"), "--",
                     sys.executable, "-c", probe], env={**env, "PROBE_OUT": str(out)}, check=False,
                    capture_output=True, timeout=120)
-    assert json.loads(out.read_text()) == {"ARROW_DEFAULT_MEMORY_POOL": None, "OPENBLAS_NUM_THREADS": None}
+    assert json.loads(out.read_text()) == dict.fromkeys(names)
+
+
+def test_the_command_asks_numpy_for_no_huge_pages():
+    """On Linux the CLI sets NUMPY_MADVISE_HUGEPAGE=0 before numpy loads (process_env.DEFAULTS): numpy then
+    advises no transparent huge pages for its arrays (numpy's own switch, read at import)."""
+    from tracekit import process_env
+
+    if sys.platform != "linux":  # numpy's default stays elsewhere
+        assert "NUMPY_MADVISE_HUGEPAGE" not in process_env.DEFAULTS
+        return
+    probe = ("import sys\n"
+             "import tracekit.cli.main\n"
+             "assert 'numpy' not in sys.modules  # main() applies the defaults before numpy loads\n"
+             "from tracekit.process_env import apply_defaults\n"
+             "apply_defaults()\n"
+             "from numpy._core import multiarray as ma\n"
+             "print('HUGE', ma._set_madvise_hugepage(False))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert "HUGE False" in got.stdout, got.stdout + got.stderr
 
 
 

@@ -1,6 +1,7 @@
 """Environment defaults for tracekit's own processes, and the user's environment without them.
 
-Two settings make a tracekit command lighter without changing a result: pyarrow's jemalloc pool (its
+Three settings make a tracekit command lighter without changing a result: no transparent huge pages for
+numpy's arrays (below, at DEFAULTS), pyarrow's jemalloc pool (its
 default, mimalloc, keeps more freed pages: a 45 KB analyze peaks 10 MB higher, the 1,024-rank scale
 benchmark's analyze 5% higher; the C allocator is 2 MB lower on the small run but 9% higher on the large
 one) and single-threaded OpenBLAS (numpy starts a BLAS thread per core that spins ~0.07 s of CPU at import;
@@ -23,6 +24,12 @@ from typing import Any
 DEFAULTS = {"OPENBLAS_NUM_THREADS": "1"}
 if sys.platform == "linux":  # pyarrow's Linux wheels carry jemalloc; elsewhere its default stays
     DEFAULTS["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
+    # numpy asks for transparent huge pages on every array of 4 MB or more (madvise): each first touch of such
+    # an array then has the kernel zero a 2 MB page, and a large analysis allocates and frees node- and row-
+    # sized temporaries (tens of MB) by the thousand. Measured on this project's 2-core VM, 10,000-rank
+    # matching alone: 19.7 user + 22.5 kernel CPU-s with them (the kernel's time in clear_page), 16.9 + 4.5
+    # without; the same tables. numpy documents the switch (NUMPY_MADVISE_HUGEPAGE, read when it loads).
+    DEFAULTS["NUMPY_MADVISE_HUGEPAGE"] = "0"
 _SET: set[str] = set()
 """The DEFAULTS keys this process set (absent from the environment it was started with)."""
 

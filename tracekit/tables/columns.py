@@ -15,9 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+try:
+    from tracekit.tables import kcolumns
+except ImportError:  # no compiler at install time: a dict lookup per row
+    kcolumns = None
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,10 +103,20 @@ def sorted_unique(a: Any) -> np.ndarray:
 
 
 def sorted_codes(a: np.ndarray) -> tuple[np.ndarray, list[Any]]:
-    """Dense codes of an object column's values in their sorted order (`codes`), and those values in order."""
-    values = sorted(set(a.tolist()))
+    """Dense codes of an object column's values in their sorted order (`codes`), and those values in order.
+    Where the C helper is built (`kcolumns.first_seen`) the rows are told apart by object identity first, then
+    the distinct objects by value: a column read from Arrow holds one object per distinct string, so the dict
+    lookup (a string hash and compare) runs once per distinct object, not per row (~7 M rows: 0.75 -> 0.2 s)."""
+    items = a.tolist()
+    if kcolumns is not None and os.environ.get("TRACEKIT_NATIVE", "1") != "0":
+        ids, objs = kcolumns.first_seen(items)
+        values = sorted(set(objs))
+        index = {v: i for i, v in enumerate(values)}
+        remap = np.fromiter(map(index.__getitem__, objs), np.int64, len(objs))
+        return remap[np.frombuffer(ids, np.int64)], values
+    values = sorted(set(items))
     index = {v: i for i, v in enumerate(values)}
-    return np.fromiter(map(index.__getitem__, a.tolist()), np.int64, a.size), values
+    return np.fromiter(map(index.__getitem__, items), np.int64, a.size), values
 
 
 def merged_codes(parts: list[tuple[np.ndarray, list[Any]]]) -> np.ndarray:
