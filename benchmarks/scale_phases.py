@@ -6,7 +6,7 @@ Runs the `tracekit` command in this process (tracekit.cli.main) after wrapping, 
 parse (`analysis._store_for`), each analyzer (`engine._run_step`, by analyzer name), the critical path's
 replay and rescoring (`critical_path.replay_steps`, `critical_path.rescore`) and the output writing
 (`analysis.write_outputs`); a step run on a worker (runner.measure's `submit`) by the time this process waited
-for its result. Each phase gets wall seconds and this process's CPU seconds (parse workers
+for its result. Each phase gets wall seconds and this process's CPU seconds, of them those in the kernel (parse workers
 are other processes: their CPU is in the tree total `scale_bench.run_measured` reports, not here), and this
 process's resident memory at its end and peak so far.
 PHASES.json is written when `analyze_run` returns; PHASES.json.partial after each phase (a run stopped part way).
@@ -39,15 +39,23 @@ _PARTIAL: list[Path] = []
 over a memory limit) got through."""
 
 
+def _kernel_s() -> float:
+    """This process's CPU seconds in the kernel so far (page faults and clearing, reads)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def _timed(phases: list[dict], name_of, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        w, c = time.perf_counter(), time.process_time()
+        w, c, k = time.perf_counter(), time.process_time(), _kernel_s()
         try:
             return fn(*args, **kwargs)
         finally:
             phases.append({"phase": name_of(*args, **kwargs), "wall_s": round(time.perf_counter() - w, 3),
-                           "cpu_s": round(time.process_time() - c, 3), **_memory()})
+                           "cpu_s": round(time.process_time() - c, 3), "kernel_s": round(_kernel_s() - k, 3),
+                           **_memory()})
             if _PARTIAL:
                 _PARTIAL[0].write_text(json.dumps({"phases": phases}))
     return wrapper
@@ -56,6 +64,9 @@ def _timed(phases: list[dict], name_of, fn):
 def main() -> None:
     out_json, argv = Path(sys.argv[1]), sys.argv[2:]
     _PARTIAL[:] = [out_json.with_name(out_json.name + ".partial")]
+    from tracekit.process_env import apply_defaults
+
+    apply_defaults()  # as the command does, before numpy and pyarrow load (the wrapping below imports them)
     from tracekit import analysis
     import tracekit.assess as assess
     from tracekit.analyze import runner

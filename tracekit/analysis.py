@@ -15,7 +15,6 @@ something to report. `tracekit analyze`, `diff`, `check` and `advise` all go thr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -179,12 +178,7 @@ def analyze_run(path: str | Path, out: str | Path | None = None, config: Analysi
                            max_decompressed_bytes=max_decompressed_bytes, max_memory_bytes=max_memory_bytes,
                            assume_rank=assume_rank, capture=capture, rank_from_name=rank_from_name)
         _check_analysable(path, store)
-        budget = getattr(engine, "budget", None)
-        if budget is None and getattr(engine, "workers", 1) > 1:  # -j: the what-if replays may use as many
-            from tracekit.config import AnalysisConfig
-
-            config = dataclasses.replace(config or AnalysisConfig(), replay_processes=int(engine.workers))
-        with memory_first(budget is not None):  # --max-memory: a peak to keep low
+        with memory_first(getattr(engine, "budget", None) is not None):  # --max-memory: a peak to keep low
             analysis = analyze_store(store, config, command=command, prefetch=prefetch_rank_activity(engine),
                                       submit=step_submitter(engine), measured=getattr(engine, "release", None))
     finally:

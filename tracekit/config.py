@@ -30,9 +30,6 @@ class AnalysisConfig:
     since a trace does not state layer count and widths."""
     advice_cluster: str = "1x8-h100"
     """Cluster preset the advisor's calibration starts from (its links and GEMM efficiency are measured)."""
-    replay_processes: int = 1
-    """Processes the critical path's what-if replays may run in at once (`analyze -j`: the engine's workers,
-    1 under --max-memory); whatif/replay.py `predict_many` decides whether forking pays."""
     isolate_analyzer_errors: bool = True
     """An analyzer that fails on odd input is listed in `analyzer_errors` and the others still run
     (False: the exception propagates, for debugging)."""

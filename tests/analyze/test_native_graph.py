@@ -96,27 +96,3 @@ def test_the_critical_path_section_is_the_same_either_way(fixture, tmp_path, mon
         out[path] = analyze_store(store)["sections"]["critical_path"]
     assert out["1"]["whatif"], out["1"]
     assert out["1"] == out["0"]
-
-
-def test_whatifs_replayed_in_forked_copies_equal_the_serial_ones(tmp_path, monkeypatch):
-    """`rescore` with two processes (`predict_many` forks, here for any graph size) gives the same critical-path
-    section as one process, and the copies did predict: the prediction cache is full when they return."""
-    from tracekit.assess import critical_path as CP
-    from tracekit.config import AnalysisConfig
-    from tracekit.flow import analyze_store
-    from tracekit.parse.run import parse_run
-    from tracekit.whatif import replay as R
-
-    store = parse_run(REPO / "fixtures" / "faults", tmp_path / "store", progress=False).store
-    serial = analyze_store(store)["sections"]["critical_path"]
-    monkeypatch.setattr(R, "PARALLEL_MIN_NODES", 0)
-    filled = []
-
-    def spy(g, lists, lay, processes):
-        R.predict_many(g, lists, lay, processes)
-        filled.append((len({tuple(x) for x in lists}), len(g.cache.predictions)))
-
-    monkeypatch.setattr(CP, "predict_many", spy)
-    forked = analyze_store(store, AnalysisConfig(replay_processes=2))["sections"]["critical_path"]
-    assert filled and filled[0][0] >= 2 and filled[0][1] >= filled[0][0], filled
-    assert forked == serial

@@ -59,8 +59,7 @@ from tracekit.tables.store import RunStore
 from tracekit.whatif.build import reported_step
 from tracekit.whatif.fixes import P2P_OPS, Fix, RunFacts, copy_direction, memcpy_nodes, replayable
 from tracekit.whatif.graph import Category, StepGraph, measured_step_ns
-from tracekit.whatif.replay import (StepResult, composition, path_of, path_rows, predict_all, predict_many, predict_ns,
-                                   timeline_json)
+from tracekit.whatif.replay import StepResult, composition, path_of, path_rows, predict_all, predict_ns, timeline_json
 from tracekit.whatif.steps import replay_steps, run_layout, step_input
 
 MAX_PATH_ROWS = 400
@@ -218,26 +217,18 @@ def steady_steps(results: list[StepResult], fixes: list[Fix]) -> list[StepResult
     return results
 
 
-def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, regrade_severity: bool = False,
-            processes: int = 1) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
+def rescore(findings: list[Finding], results: list[StepResult], lay: RunFacts, regrade_severity: bool = False
+            ) -> tuple[list[Finding], list[dict[str, Any]], dict[str, Any] | None]:
     """Findings with replayed savings (closed form kept in evidence), the what-if rows, and all fixes together;
     `regrade_severity`: cap the severity of each finding whose fix removes its cause (`CAUSE_REMOVED`) by its
-    replayed saving (`regrade`); `processes`: how many what-ifs may replay at once (`predict_many`)."""
+    replayed saving (`regrade`)."""
     out, rows, every = [], [], []
     held = worked_ranks(results[0].graph) if results else set()
-    backed = [backed_fixes(f, lay, results) for f in findings]
-    replayed = [bool(fixes) and bool(results) and all(r in held for x in fixes for r in x.touched_ranks())
-                and all(replayable(results[0].graph, x, lay) for x in fixes) for fixes in backed]
-    one = _one_graph(results)
-    if one is not None and processes > 1:  # every replay this rescoring will ask for, at once
-        lists = [fixes for fixes, ok in zip(backed, replayed) if ok]
-        lists += [fixes for fixes in _joint_fixes(findings, lay, held).values()] if regrade_severity else []
-        lists.append(list(dict.fromkeys(x for f, fixes, ok in zip(findings, backed, replayed)
-                                        if ok and not f.evidence.explained for x in fixes)))
-        predict_many(one[0], [x for x in lists if x], lay, processes)
     joint = _joint_savings(findings, results, lay, held) if regrade_severity else {}
+    backed = [backed_fixes(f, lay, results) for f in findings]
     for i, (f, fixes) in enumerate(zip(findings, backed)):
-        if not replayed[i]:
+        if (not fixes or not results or any(r not in held for x in fixes for r in x.touched_ranks())
+                or not all(replayable(results[0].graph, x, lay) for x in fixes)):
             # a fix on a rank the graph holds no work of (a log-only rank of a partial recording: no trace to
             # replay; a rank whose only ops ran on threads the graph does not model), or on groups it does not
             # hold, keeps the finding's closed-form saving
@@ -308,16 +299,6 @@ def _joint_savings(findings: list[Finding], results: list[StepResult], lay: RunF
     alike and meet at collectives each wait for the other: fixing one alone saves nothing, fixing the cause
     on all of them saves the step (HTA's sampled 2-rank run: rank 0's and rank 1's host stalls save 0 and
     4.2 ms alone, 187.8 ms with every fix). A finding's severity is capped by what fixing its cause saves."""
-    out = {}
-    if results:
-        for kind, fixes in _joint_fixes(findings, lay, held).items():
-            step_ns, meas = _mean_prediction(results, fixes, lay)
-            out[kind] = max(0, meas - step_ns)
-    return out
-
-
-def _joint_fixes(findings: list[Finding], lay: RunFacts, held: set[int]) -> dict[FindingKind, list[Fix]]:
-    """`_joint_savings`' kinds (several findings whose fixes remove their cause) and all their fixes."""
     by_kind: dict[FindingKind, list[Fix]] = {}
     count: dict[FindingKind, int] = {}
     for f in findings:
@@ -327,7 +308,12 @@ def _joint_fixes(findings: list[Finding], lay: RunFacts, held: set[int]) -> dict
             continue
         count[f.kind] = count.get(f.kind, 0) + 1
         by_kind.setdefault(f.kind, []).extend(x for x in fixes if x not in by_kind.get(f.kind, []))
-    return {kind: fixes for kind, fixes in by_kind.items() if count[kind] > 1}
+    out = {}
+    for kind, fixes in by_kind.items():
+        if count[kind] > 1 and results:
+            step_ns, meas = _mean_prediction(results, fixes, lay)
+            out[kind] = max(0, meas - step_ns)
+    return out
 
 
 def regrade(f: Finding, saving_ns: int, measured_ns: int, joint_ns: int | None = None) -> Finding:
@@ -581,8 +567,7 @@ def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching
         copies = memcpy_finding(results)
         final = final + fit_trace_kind([copies], trace_kind) if copies is not None else final
         rescored, rows, together = rescore(final, results, run_layout(layout, pipeline, store),
-                                           regrade_severity=replay_trusted(store, results),
-                                           processes=config.replay_processes)
+                                           regrade_severity=replay_trusted(store, results))
     rows = _numbered_as_reported(rescored, rows)
     slowest = int(np.argmax([r.measured_ns for r in results])) if results else -1
     budget = config.max_timeline_intervals

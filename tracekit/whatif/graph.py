@@ -558,12 +558,6 @@ def _base_replay(g: StepGraph) -> tuple:
     return held[1:5]
 
 
-def prepare_whatifs(g: StepGraph) -> None:
-    """Compute what every what-if of `g` starts from (the unchanged replay, the out-edges: `_base_replay`)
-    now, once, before copies of this process are made to replay what-ifs (replay.predict_many)."""
-    _base_replay(g)
-
-
 def unchanged_replay(g: StepGraph) -> np.ndarray:
     """`replay(g)`, read-only, cached per graph: the steps' results (replay.replay_steps_of) and every what-if's
     `replay_changed` start from the same unchanged replay (one full replay of a large graph, not two)."""

@@ -77,6 +77,7 @@ static PyObject *levels(PyObject *self, PyObject *args) {
     }
     int64_t *level = (int64_t *)lev.buf;
     Py_ssize_t head = 0, tail = 0;
+    Py_BEGIN_ALLOW_THREADS  /* plain memory from here on: other threads (what-ifs replayed at once) run */
     for (Py_ssize_t v = 0; v < n; v++) {
         level[v] = -1;
         if (indeg[v] == 0) front[tail++] = v;
@@ -94,6 +95,7 @@ static PyObject *levels(PyObject *self, PyObject *args) {
         }
         lv++;
     }
+    Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
@@ -129,6 +131,8 @@ static PyObject *replay(PyObject *self, PyObject *args) {
     Py_ssize_t n_src = b[3].len / b[3].itemsize;
     end = malloc(((size_t)n + 1) * sizeof(int64_t));
     if (!end) { PyErr_NoMemory(); goto done; }
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS  /* plain memory from here on: other threads (what-ifs replayed at once) run */
     for (Py_ssize_t p = 0; p < first; p++) {
         int64_t v = at(&b[0], p);
         out[v] = start[v];
@@ -138,8 +142,8 @@ static PyObject *replay(PyObject *self, PyObject *args) {
         int64_t v = at(&b[0], p);
         int64_t lo = at(&b[2], v), hi = at(&b[2], v + 1);
         if (lo < 0 || hi > n_src || hi <= lo) {
-            PyErr_SetString(PyExc_ValueError, "replay: a node after the first level without in-edges");
-            goto done;
+            bad = 1;
+            break;
         }
         int64_t m = end[at(&b[3], lo)];
         for (int64_t k = lo + 1; k < hi; k++) {
@@ -149,6 +153,11 @@ static PyObject *replay(PyObject *self, PyObject *args) {
         int64_t s = wrap_add(m, gap[v]);
         out[v] = s;
         end[v] = wrap_add(s, dur[v]);
+    }
+    Py_END_ALLOW_THREADS
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "replay: a node after the first level without in-edges");
+        goto done;
     }
     result = Py_None;
     Py_INCREF(result);

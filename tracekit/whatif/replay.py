@@ -7,8 +7,6 @@ analyzed steps like the measurement.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +16,9 @@ from tracekit.derive import intervals as iv
 from tracekit.whatif.fixes import (Fix, RunFacts, apply_fixes, apply_fixes_sparse, gradient_dims, replay_graph,
                                    shared_host_idle, shrink_per_sample)
 from tracekit.whatif.sharing import host_shares, shared_replay
-from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, device_lane_mask,
-                                  host_lane_mask, launch_lane_mask, measured_step_ns, prepare_whatifs, rank_step_ns,
-                                  replay, replay_changed, unchanged_replay, window_bounds, window_of,
-                                  window_span_until)
+from tracekit.whatif.graph import (CATEGORY_NAMES, Category, StepGraph, critical_path, measured_step_ns,
+                                  device_lane_mask, host_lane_mask, launch_lane_mask, rank_step_ns, replay, replay_changed,
+                                  unchanged_replay, window_bounds, window_of, window_span_until)
 
 
 @dataclass
@@ -95,66 +92,6 @@ def predict_all(g: StepGraph, fixes: list[Fix], lay: RunFacts) -> np.ndarray:
             g.cache.overlap_graphs.clear()  # beside `g` for the what-ifs after it: its prediction is cached
         cache[key] = times
     return cache[key]
-
-
-def predict_many(g: StepGraph, fix_lists: list[list[Fix]], lay: RunFacts, processes: int) -> None:
-    """`predict_all` of each fix list, ahead of the callers that read them, in up to `processes` forked copies
-    of this process (each what-if of a large run replays the whole graph; they are independent): the graph is
-    shared with the copies as it is in memory, each copy returns per window its replayed step times, which
-    go into the graph's prediction cache as `predict_all` would put them. Done only where it can pay and fit:
-    at least two lists not yet predicted, a graph of at least PARALLEL_MIN_NODES nodes, `fork` available,
-    and free memory (MemAvailable) for every copy's temporaries (about the graph's own size each); otherwise,
-    or if a copy fails, nothing is done here and `predict_all` replays each list when asked, in this process."""
-    cache = g.cache.predictions
-    todo = list({tuple(f): None for f in fix_lists if tuple(f) not in cache})
-    processes = min(processes, len(todo), os.cpu_count() or 1)
-    if processes < 2 or g.num_nodes < PARALLEL_MIN_NODES or "fork" not in mp.get_all_start_methods():
-        return
-    need = processes * _graph_bytes(g)
-    if need > _available_memory():
-        return
-    prepare_whatifs(g)  # what every what-if starts from, computed once before the copies are made
-    _FORKED[:] = [g, todo, lay]
-    try:
-        with mp.get_context("fork").Pool(processes) as pool:
-            got = pool.map(_predict_forked, range(len(todo)), chunksize=1)
-    except Exception:  # a copy that failed (killed for memory): the lists are replayed here when asked
-        return
-    finally:
-        _FORKED.clear()
-    for key, times in zip(todo, got):
-        cache[key] = times
-
-
-PARALLEL_MIN_NODES = 1_000_000
-"""`predict_many` forks for graphs of at least this many nodes: a replay of 1 M nodes takes ~0.1-0.5 s,
-starting a forked copy of a large process ~0.05 s."""
-_FORKED: list = []
-"""(graph, fix lists, run facts) the forked copies of `predict_many` read (inherited, never pickled)."""
-
-
-def _predict_forked(i: int) -> np.ndarray:
-    g, todo, lay = _FORKED
-    return predict_all(g, list(todo[i]), lay)
-
-
-def _graph_bytes(g: StepGraph) -> int:
-    """The graph's node and edge arrays and its plan, in bytes: about what one what-if's replay allocates."""
-    arrays = [v for v in vars(g).values() if isinstance(v, np.ndarray)]
-    arrays += [v for v in vars(g.plan).values() if isinstance(v, np.ndarray)]
-    return sum(a.nbytes for a in arrays)
-
-
-def _available_memory() -> int:
-    """MemAvailable of /proc/meminfo in bytes (0 where it cannot be read: nothing forked)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _more_microbatches(g: StepGraph, fixes: list[Fix], lay: RunFacts, new_m: int,
