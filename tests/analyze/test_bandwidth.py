@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -213,3 +214,22 @@ def test_best_of_tier_matches_a_scan_of_the_other_links() -> None:
             want = (min(better, key=lambda r: r["time_ns_p50"]) if better else None,
                     max(smaller, key=lambda r: r["busbw_gbps_p50"]) if smaller else None)
             assert tb.best(row["bus_bytes_p50"], mine) == want
+
+
+def test_grouped_medians_and_percentiles_are_numpys() -> None:
+    """The table's per-row medians and 75th percentiles, computed for all rows at once, equal np.median and
+    np.percentile of each row's values (bit for bit: integer and float values, odd and even counts, one value,
+    ties)."""
+    from tracekit.analyze.bandwidth import _medians, _percentiles
+
+    rng = np.random.default_rng(4)
+    ng = 300
+    gid = rng.integers(0, ng, 5000)
+    gid[:ng] = np.arange(ng)  # every group has a value
+    ints = rng.integers(1, 50, gid.size) * 1_000_003  # ties within groups
+    floats = rng.random(gid.size) * rng.choice([1e-3, 1.0, 1e6], gid.size)
+    for values in (ints, floats, ints.astype(np.float64) / 7.0):
+        med, p75 = _medians(values, gid, ng), _percentiles(values, gid, ng, 75)
+        for g in range(ng):
+            mine = values[gid == g]
+            assert med[g] == np.median(mine) and p75[g] == np.percentile(mine, 75), (g, mine)

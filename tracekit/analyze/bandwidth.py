@@ -110,15 +110,19 @@ def _group_dims(store: RunStore, layout: dict[str, Any]) -> dict[str, str]:
             for g in store.table("process_groups", ["pg_name", "dim"]).to_pylist()}
 
 
+_COLUMNS = ("pg_name", "dim", "op", "n", "bytes", "time_ns", "link")
+"""`_instances`' columns: one value per collective instance (`link`: (src, dst) of a P2P pair, else None)."""
+
+
 def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict[str, Any]
-               ) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]]]:
-    """One record per collective instance (pg_name, op, n, bytes, time_ns, step), the time basis, and
-    the (group, op) counts left without a figure because their message size is unknown."""
+               ) -> tuple[dict[str, list[Any]], str, list[dict[str, Any]]]:
+    """The collective instances as columns (`_COLUMNS`: pg_name, dim, op, n, bytes, time_ns, link), the time
+    basis, and the (group, op) counts left without a figure because their message size is unknown."""
     dims = _group_dims(store, layout)
     t = store.table("collectives", ["rank", "source", "pg_name", "seq", "op", "is_p2p", "bytes",
                                     "group_size", "dur", "step"])
     t = t.filter(pc.greater(t["dur"], 0))  # (null durations dropped too)
-    out: list[dict[str, Any]] = []
+    out: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
     unsized: dict[tuple[str, str], int] = defaultdict(int)
     if matched is not None and matched.n_instances:
         import pandas as pd  # only with matched instances: a run without any never imports it
@@ -128,32 +132,34 @@ def _instances(store: RunStore, matched: MatchedCollectives | None, layout: dict
         # the columns read, each as Python values as itertuples gives them (without a tuple per instance
         # of every column: 10,000 ranks' instances)
         inst = matched.instances
-        for t_ns, key, pg_name, op, gs, n_members, dim, step in zip(
-                *(inst[c].tolist() for c in ("transfer", "key", "pg_name", "op", "group_size", "n", "dim", "step"))):
+        for t_ns, key, pg_name, op, gs, n_members, dim in zip(
+                *(inst[c].tolist() for c in ("transfer", "key", "pg_name", "op", "group_size", "n", "dim"))):
             if t_ns is pd.NA or t_ns is None or int(t_ns) <= 0:
                 continue
             b = nbytes.get(key)
             if b is None or b != b or not b:
                 unsized[(pg_name, op)] += 1
                 continue
-            n = int(gs) if gs == gs and gs else int(n_members)
-            out.append({"pg_name": pg_name, "dim": dim or dims.get(pg_name, "unknown"), "op": op,
-                        "n": n, "bytes": int(b), "time_ns": int(t_ns),
-                        "step": None if step != step or step is None else int(step)})
+            _append(out, pg_name, dim or dims.get(pg_name, "unknown"), op, int(gs) if gs == gs and gs else int(n_members),
+                    int(b), int(t_ns), None)
         basis = "transfer"
-        pairs = _p2p_pair_instances(matched, dims)
-        if pairs is not None:  # device-timed send/recv pairs: their transfer, as a collective's
-            out.extend(pairs)
+        if _p2p_pair_instances(matched, dims, out):  # device-timed send/recv pairs: their transfer, as a collective's
             rows = []
         else:  # host-timed P2P: tabulated from row durations, never judged
             rows = table_rows(t.filter(_p2p_mask(t)))
     else:
         basis = "min_duration"
         rows = table_rows(t)
-    out.extend(_unmatched_instances(rows, dims, unsized))
+    for x in _unmatched_instances(rows, dims, unsized):
+        _append(out, x["pg_name"], x["dim"], x["op"], x["n"], x["bytes"], x["time_ns"], None)
     unknown = [{"pg_name": pg, "op": op, "count": c, "reason": UNSIZED_REASON}
                for (pg, op), c in sorted(unsized.items())]
     return out, basis, unknown
+
+
+def _append(out: dict[str, list[Any]], *values: Any) -> None:
+    for c, v in zip(_COLUMNS, values):
+        out[c].append(v)
 
 
 def _p2p_mask(t) -> Any:
@@ -162,19 +168,23 @@ def _p2p_mask(t) -> Any:
                   pc.fill_null(pc.is_in(t["op"], pa.array(["send", "recv"])), False))
 
 
-def _p2p_pair_instances(matched: MatchedCollectives, dims: dict[str, str]) -> list[dict[str, Any]] | None:
-    """One `sendrecv` instance per paired send/recv when every pair is timed on the device (the
-    link's transfer: first side's end − last side's arrival), with its link (src, dst); None when
-    some P2P is host-timed (its duration then includes the peer's schedule)."""
+def _p2p_pair_instances(matched: MatchedCollectives, dims: dict[str, str], out: dict[str, list[Any]]) -> bool:
+    """Add one `sendrecv` instance per paired send/recv to `out` when every pair is timed on the device (the
+    link's transfer: first side's end − last side's arrival), with its link (src, dst); False (nothing added)
+    when some P2P is host-timed (its duration then includes the peer's schedule)."""
     p = matched.p2p_pairs
     if p is None or not len(p) or not bool(p["device_timed"].all()):
-        return None
+        return False
     p = p[(p["transfer"] > 0) & p["bytes"].notna() & (p["bytes"] > 0)]
-    return [{"pg_name": pg, "dim": dims.get(pg, "unknown"), "op": "sendrecv", "n": 2,
-             "bytes": int(nbytes), "time_ns": int(transfer), "link": (int(src), int(dst)),
-             "step": None if step != step else int(step)}
-            for pg, nbytes, transfer, src, dst, step in zip(
-                *(p[c].tolist() for c in ("pg_name", "bytes", "transfer", "src", "dst", "step")))]
+    pg = p["pg_name"].tolist()
+    out["pg_name"] += pg
+    out["dim"] += [dims.get(g, "unknown") for g in pg]
+    out["op"] += ["sendrecv"] * len(pg)
+    out["n"] += [2] * len(pg)
+    out["bytes"] += [int(b) for b in p["bytes"].tolist()]
+    out["time_ns"] += [int(x) for x in p["transfer"].tolist()]
+    out["link"] += [(int(a), int(b)) for a, b in zip(p["src"].tolist(), p["dst"].tolist())]
+    return True
 
 
 def _unmatched_instances(rows: list[dict[str, Any]], dims: dict[str, str],
@@ -231,33 +241,7 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
     """Bandwidth table and `low_bus_bandwidth` findings (one per dim)."""
     inst, basis, unsized = _instances(store, matched_of(matching), section_of(layout))
     step_ns, nsteps = _step_ns(store)
-    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
-    for x in inst:
-        f = bus_factor(x["op"], x["n"])
-        x["factor"] = f
-        x["algbw"] = x["bytes"] / x["time_ns"]
-        x["busbw"] = x["algbw"] * f if f is not None else None
-        groups[(x["pg_name"], x["op"], _bucket(x["bytes"]))].append(x)
-
-    table = []
-    for (pg, op, bucket), xs in sorted(groups.items()):
-        t = np.array([x["time_ns"] for x in xs])
-        b = np.array([x["bytes"] for x in xs], dtype=float)
-        f = xs[0]["factor"]
-        busbw = [x["busbw"] for x in xs if x["busbw"] is not None]
-        table.append({
-            "pg_name": pg, "dim": xs[0]["dim"], "op": op, "group_size": xs[0]["n"], "bucket_bytes": bucket,
-            "count": len(xs), "bytes_p50": int(np.median(b)), "time_ns_p50": int(np.median(t)),
-            "algbw_gbps_p50": float(np.median(b / t)),
-            "busbw_gbps_p50": float(np.median(busbw)) if busbw else None,
-            "busbw_gbps_p75": float(np.percentile(busbw, 75)) if busbw else None,
-            "busbw_gbps_max": float(np.max(busbw)) if busbw else None,
-            "time_ns_per_step": float(t.sum() / nsteps),
-            "bus_bytes_p50": float(np.median(b) * f) if f is not None else None,
-            "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
-        })
-        if op == "sendrecv":
-            table[-1]["links"] = _links(xs)
+    table, groups = _table(inst, nsteps)
     members = {g["pg_name"]: tuple(sorted(g["ranks"])) if g["ranks"] else None
                for g in store.table("process_groups", ["pg_name", "ranks"]).to_pylist()}
     matched = matched_of(matching)
@@ -271,13 +255,141 @@ def analyze_bandwidth(store: RunStore, layout: LayoutResult | None, matching: Ma
     return BandwidthResult(findings=findings, section={"time_basis": basis, "rows": table, "unsized": unsized})
 
 
-def _links(xs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per P2P link (src → dst) of a row: transfers and median bus bandwidth, slowest first."""
-    per: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for x in xs:
-        per[x["link"]].append(x["busbw"])
-    return sorted(({"src": a, "dst": b, "count": len(v), "busbw_gbps_p50": float(np.median(v))}
-                   for (a, b), v in per.items()), key=lambda d: (d["busbw_gbps_p50"], d["src"], d["dst"]))
+@dataclass
+class _Groups:
+    """The instances (`_instances`' columns as arrays, each row's bus factor) and, per table row's key
+    (pg_name, op, bucket), its instances' row numbers in instance order."""
+
+    time_ns: np.ndarray
+    bytes: np.ndarray
+    factor: list
+    rows: dict
+
+    def lost_ns(self, key: tuple[str, str, int], ref: float) -> float:
+        """The time the key's instances lost against `ref` GB/s, summed in instance order."""
+        idx = self.rows[key].tolist()
+        t, b = self.time_ns[idx].tolist(), self.bytes[idx].tolist()
+        return sum(max(0.0, ti - bi * self.factor[i] / ref) for ti, bi, i in zip(t, b, idx))
+
+
+def _table(inst: dict[str, list[Any]], nsteps: int) -> tuple[list[dict[str, Any]], _Groups]:
+    """The bandwidth table: a row per (pg_name, op, size bucket) in that order, its figures over its
+    instances: medians, the 75th percentile and the maximum of the bus bandwidth (numpy's median and
+    linear percentile, computed for all rows at once over the instances sorted by row and value), the
+    time per step; a sendrecv row's links."""
+    n = len(inst["op"])
+    t = np.array(inst["time_ns"], np.int64)
+    b = np.array(inst["bytes"], np.int64)
+    factors = {k: bus_factor(*k) for k in set(zip(inst["op"], inst["n"]))}
+    factor = [factors[k] for k in zip(inst["op"], inst["n"])]
+    buckets = {x: _bucket(x) for x in set(inst["bytes"])}
+    keys = list(zip(inst["pg_name"], inst["op"], (buckets[x] for x in inst["bytes"])))
+    index: dict[tuple, int] = {}
+    first_id = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, n)
+    distinct = list(index)
+    by_key = sorted(range(len(distinct)), key=distinct.__getitem__)  # the rows in key order
+    place = np.empty(len(distinct), np.int64)
+    place[by_key] = np.arange(len(distinct))
+    gid = place[first_id]
+    ng = len(distinct)
+    order = np.argsort(gid, kind="stable")  # each row's instances, in instance order
+    count = np.bincount(gid, minlength=ng)
+    start = np.r_[0, np.cumsum(count)[:-1]].astype(np.int64)
+    first = order[start] if n else np.zeros(0, np.int64)
+    bf = b.astype(np.float64)
+    has = np.array([f is not None for f in factor], bool)
+    algbw = bf / t.astype(np.float64) if n else np.zeros(0)
+    busbw = algbw * np.array([1.0 if f is None else f for f in factor], np.float64)
+    med_t = _medians(t, gid, ng)
+    med_b = _medians(bf, gid, ng)
+    med_alg = _medians(algbw, gid, ng)
+    sel = np.flatnonzero(has)
+    nbus = np.bincount(gid[sel], minlength=ng)
+    med_bus = _medians(busbw[sel], gid[sel], ng)
+    p75_bus = _percentiles(busbw[sel], gid[sel], ng, 75)
+    max_bus = np.full(ng, -np.inf)
+    np.maximum.at(max_bus, gid[sel], busbw[sel])
+    sums = np.add.reduceat(t[order], start) if n else np.zeros(0, np.int64)
+    table = []
+    for g in range(ng):
+        pg, op, bucket = distinct[by_key[g]]
+        i0 = int(first[g])
+        f = factor[i0]
+        busy = nbus[g] > 0
+        table.append({
+            "pg_name": pg, "dim": inst["dim"][i0], "op": op, "group_size": inst["n"][i0], "bucket_bytes": bucket,
+            "count": int(count[g]), "bytes_p50": int(med_b[g]), "time_ns_p50": int(med_t[g]),
+            "algbw_gbps_p50": float(med_alg[g]),
+            "busbw_gbps_p50": float(med_bus[g]) if busy else None,
+            "busbw_gbps_p75": float(p75_bus[g]) if busy else None,
+            "busbw_gbps_max": float(max_bus[g]) if busy else None,
+            "time_ns_per_step": float(np.int64(sums[g]) / nsteps),
+            "bus_bytes_p50": float(med_b[g] * f) if f is not None else None,
+            "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
+        })
+    rows = {}
+    for g, (a, c) in enumerate(zip(start.tolist(), count.tolist())):
+        rows[distinct[by_key[g]]] = order[a:a + c]
+    links = [g for g in range(ng) if table[g]["op"] == "sendrecv"]
+    if links:
+        _links(table, links, rows, [distinct[by_key[g]] for g in links], inst["link"], busbw)
+    return table, _Groups(time_ns=t, bytes=b, factor=factor, rows=rows)
+
+
+def _sorted_by_group(values: np.ndarray, gid: np.ndarray, ng: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The values sorted by group, then value; each group's first position and count."""
+    o = np.lexsort((values, gid))
+    count = np.bincount(gid, minlength=ng)
+    return values[o], np.r_[0, np.cumsum(count)[:-1]].astype(np.int64), count
+
+
+def _medians(values: np.ndarray, gid: np.ndarray, ng: int) -> np.ndarray:
+    """Per group, np.median of its values (float64; NaN for a group without any): the middle value, or the
+    mean of the two middle ones ((a + b) / 2 in float64, as numpy computes it)."""
+    v, start, count = _sorted_by_group(values, gid, ng)
+    out = np.full(ng, np.nan)
+    ok = count > 0
+    mid = start[ok] + count[ok] // 2
+    hi = v[mid].astype(np.float64)
+    lo = v[np.where(count[ok] % 2 == 1, mid, mid - 1)].astype(np.float64)
+    out[ok] = np.where(count[ok] % 2 == 1, hi, (lo + hi) / 2)
+    return out
+
+
+def _percentiles(values: np.ndarray, gid: np.ndarray, ng: int, q: int) -> np.ndarray:
+    """Per group, np.percentile(values, q) (numpy's "linear" method, the same float64 steps: the virtual
+    index (n - 1) * q / 100, its floor and fraction, and numpy's two-sided interpolation `_lerp`)."""
+    v, start, count = _sorted_by_group(values, gid, ng)
+    out = np.full(ng, np.nan)
+    ok = count > 0
+    n = count[ok]
+    virtual = (n - 1) * np.true_divide(q, 100)
+    prev = np.floor(virtual)
+    above = virtual >= n - 1  # one value: numpy takes the last one on both sides
+    prev_i = np.where(above, n - 1, prev.astype(np.int64))
+    next_i = np.where(above, n - 1, prev_i + 1)
+    gamma = virtual - np.where(above, -1.0, prev)
+    a, b = v[start[ok] + prev_i], v[start[ok] + next_i]
+    diff = b - a
+    res = a + diff * gamma
+    res = np.where(gamma >= 0.5, b - diff * (1 - gamma), res)
+    out[ok] = res
+    return out
+
+
+def _links(table: list[dict[str, Any]], where: list[int], rows: dict, keys: list, link: list, busbw: np.ndarray
+           ) -> None:
+    """Each sendrecv row's `links`: per P2P link (src → dst), its transfers and median bus bandwidth, slowest
+    first."""
+    for g, key in zip(where, keys):
+        idx = rows[key]
+        per: dict[tuple[int, int], list[float]] = defaultdict(list)
+        bw = busbw[idx].tolist()
+        for i, x in zip(idx.tolist(), bw):
+            per[link[i]].append(x)
+        table[g]["links"] = sorted(({"src": a, "dst": b_, "count": len(v), "busbw_gbps_p50": float(np.median(v))}
+                                    for (a, b_), v in per.items()),
+                                   key=lambda d: (d["busbw_gbps_p50"], d["src"], d["dst"]))
 
 
 def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps: int,
@@ -318,8 +430,7 @@ def _judge(table: list[dict[str, Any]], groups, peaks: dict[str, float], nsteps:
         row["reference_gbps"], row["reference"] = ref, why
         if row["busbw_gbps_p75"] < low_at * ref:
             row["low"] = True
-            xs = groups[(row["pg_name"], row["op"], row["bucket_bytes"])]
-            lost = sum(max(0.0, x["time_ns"] - x["bytes"] * x["factor"] / ref) for x in xs)
+            lost = groups.lost_ns((row["pg_name"], row["op"], row["bucket_bytes"]), ref)
             row["lost_ns_per_step"] = lost / nsteps
 
 
