@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections import Counter
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -582,21 +582,31 @@ def match_collectives(store: RunStore, dims: dict[str, str]
     rows["waited_for"] = inst["last_rank"][rows["inst"]].astype(np.int64)
     waits = {k: np.concatenate([rows[k], p2p_waits[k]]) for k in ("rank", "source", "arrival_raw", "wait", "waited_for")}
     wait_sets, wait_by_peer = _wait_intervals(waits, shifts)
-    matched = MatchedCollectives(rows=_rows_frame(rows), instances=_instances_frame(inst), trace_shift=shifts,
+    keys = _keys(inst["pg_name"], inst["seq"])
+    matched = MatchedCollectives(rows=_rows_frame(rows, keys), instances=_instances_frame(inst, keys), trace_shift=shifts,
                                  wait_intervals=wait_sets, gpu_ranks=on_gpu, p2p_pairs=pairs,
                                  wait_by_peer=wait_by_peer, late_finish=_late_finish(rows, inst, shifts))
     return matched, clocks, section
 
 
-def _keys(pg: np.ndarray, seq: np.ndarray) -> Any:
-    """The instance key column (pg_name#seq), made when the frame is built."""
-    return lambda: np.array([f"{p}#{s}" for p, s in zip(pg.tolist(), seq.tolist())], object)
+def _keys(pg: np.ndarray, seq: np.ndarray) -> Callable[[], np.ndarray]:
+    """The instance key column (pg_name#seq), made when a frame is first built and then kept: the instances'
+    frame and the rows' (each row its instance's key: one string per instance, not per row) share it."""
+    held: list[np.ndarray] = []
+
+    def build() -> np.ndarray:
+        if not held:
+            held.append(np.array([f"{p}#{s}" for p, s in zip(pg.tolist(), seq.tolist())], object))
+        return held[0]
+    return build
 
 
-def _rows_frame(rows: Columns) -> LazyFrame:
-    """`MatchedCollectives.rows`: times exact (Int64: NA when unknown); step and bytes float64 with NaN."""
+def _rows_frame(rows: Columns, keys: Callable[[], np.ndarray]) -> LazyFrame:
+    """`MatchedCollectives.rows`: times exact (Int64: NA when unknown); step and bytes float64 with NaN; `keys`:
+    the instances' keys (`_keys`), each row's its instance's (`inst`)."""
+    inst = rows["inst"]
     return LazyFrame(len(rows["rank"]), {
-        "key": Column("object", _keys(rows["pg_name"], rows["seq"])), "pg_name": Column("object", rows["pg_name"]),
+        "key": Column("object", lambda: keys()[inst]), "pg_name": Column("object", rows["pg_name"]),
         "seq": Column("int64", rows["seq"]), "op": Column("object", rows["op"]),
         "rank": Column("Int32", rows["rank"]), "arrival": Column("int64", rows["arrival"]),
         "arrival_raw": Column("int64", rows["arrival_raw"]), "end": Column("Int64", rows["end"], rows["end_ok"]),
@@ -605,14 +615,15 @@ def _rows_frame(rows: Columns) -> LazyFrame:
         "caller": Column("object", rows["caller"]), "bytes": Column("float64", rows["bytes"], rows["bytes_ok"])})
 
 
-def _instances_frame(inst: Columns) -> LazyFrame:
-    """`MatchedCollectives.instances`: times exact (Int64: NA when unknown); step and group_size float64."""
+def _instances_frame(inst: Columns, keys: Callable[[], np.ndarray] | None = None) -> LazyFrame:
+    """`MatchedCollectives.instances`: times exact (Int64: NA when unknown); step and group_size float64; `keys`:
+    their key column's maker (`_keys`; default: one of its own)."""
     def col(name: str, dtype: str = "int64") -> Column:
         return Column(dtype, inst[name], inst.get(name + "_ok"))
 
     n = len(inst["n"])
     return LazyFrame(n, {
-        "key": Column("object", _keys(inst["pg_name"], inst["seq"])), "pg_name": col("pg_name", "object"),
+        "key": Column("object", keys or _keys(inst["pg_name"], inst["seq"])), "pg_name": col("pg_name", "object"),
         "seq": col("seq"), "op": col("op", "object"), "step": col("step", "float64"), "n": col("n", "Int64"),
         "first": col("first"), "last": col("last"), "first_end": col("first_end", "Int64"),
         "last_end": col("last_end", "Int64"), "group_size": col("group_size", "float64"),
