@@ -70,8 +70,8 @@ def take(cols: Columns, idx: np.ndarray) -> Columns:
 
 def kept(cols: Columns, mask: np.ndarray) -> Columns:
     """`take(cols, mask)` of a boolean mask, sharing the arrays (a new dict, no copy) when every row is kept:
-    for callers that replace columns and never write into them (matching's row selection keeps all ~7 M rows
-    of a 10,000-rank partial recording in most of its steps)."""
+    for callers that replace columns and never write into them (matching's `_agreeing` keeps every row of a
+    run whose ranks agree on every collective's op: ~7 M rows at 10,000 ranks, copied for nothing)."""
     return dict(cols) if mask.all() else take(cols, mask)
 
 
