@@ -282,16 +282,8 @@ def _table(inst: dict[str, list[Any]], nsteps: int) -> tuple[list[dict[str, Any]
     b = np.array(inst["bytes"], np.int64)
     factors = {k: bus_factor(*k) for k in set(zip(inst["op"], inst["n"]))}
     factor = [factors[k] for k in zip(inst["op"], inst["n"])]
-    buckets = {x: _bucket(x) for x in set(inst["bytes"])}
-    keys = list(zip(inst["pg_name"], inst["op"], (buckets[x] for x in inst["bytes"])))
-    index: dict[tuple, int] = {}
-    first_id = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, n)
-    distinct = list(index)
-    by_key = sorted(range(len(distinct)), key=distinct.__getitem__)  # the rows in key order
-    place = np.empty(len(distinct), np.int64)
-    place[by_key] = np.arange(len(distinct))
-    gid = place[first_id]
-    ng = len(distinct)
+    gid, row_keys = _row_of(inst)
+    ng = len(row_keys)
     order = np.argsort(gid, kind="stable")  # each row's instances, in instance order
     count = np.bincount(gid, minlength=ng)
     start = np.r_[0, np.cumsum(count)[:-1]].astype(np.int64)
@@ -312,7 +304,7 @@ def _table(inst: dict[str, list[Any]], nsteps: int) -> tuple[list[dict[str, Any]
     sums = np.add.reduceat(t[order], start) if n else np.zeros(0, np.int64)
     table = []
     for g in range(ng):
-        pg, op, bucket = distinct[by_key[g]]
+        pg, op, bucket = row_keys[g]
         i0 = int(first[g])
         f = factor[i0]
         busy = nbus[g] > 0
@@ -327,13 +319,25 @@ def _table(inst: dict[str, list[Any]], nsteps: int) -> tuple[list[dict[str, Any]
             "bus_bytes_p50": float(med_b[g] * f) if f is not None else None,
             "reference_gbps": None, "reference": None, "low": False, "lost_ns_per_step": 0.0,
         })
-    rows = {}
-    for g, (a, c) in enumerate(zip(start.tolist(), count.tolist())):
-        rows[distinct[by_key[g]]] = order[a:a + c]
+    rows = {row_keys[g]: order[a:a + c] for g, (a, c) in enumerate(zip(start.tolist(), count.tolist()))}
     links = [g for g in range(ng) if table[g]["op"] == "sendrecv"]
     if links:
-        _links(table, links, rows, [distinct[by_key[g]] for g in links], inst["link"], busbw)
+        _links(table, links, rows, [row_keys[g] for g in links], inst["link"], busbw)
     return table, _Groups(time_ns=t, bytes=b, factor=factor, rows=rows)
+
+
+def _row_of(inst: dict[str, list[Any]]) -> tuple[np.ndarray, list[tuple[str, str, int]]]:
+    """Each instance's table row (numbered in the rows' key order) and the rows' keys (pg_name, op, size bucket)
+    in that order (Python's sort of the key tuples)."""
+    buckets = {x: _bucket(x) for x in set(inst["bytes"])}
+    keys = zip(inst["pg_name"], inst["op"], (buckets[x] for x in inst["bytes"]))
+    index: dict[tuple, int] = {}
+    first_id = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(inst["op"]))
+    distinct = list(index)
+    by_key = sorted(range(len(distinct)), key=distinct.__getitem__)
+    place = np.empty(len(distinct), np.int64)
+    place[by_key] = np.arange(len(distinct))
+    return place[first_id], [distinct[i] for i in by_key]
 
 
 def _sorted_by_group(values: np.ndarray, gid: np.ndarray, ng: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
