@@ -355,8 +355,8 @@ def _levels_by_level(n: int, src: np.ndarray, dst: np.ndarray, probe: bool = Tru
 
 def native_graph() -> bool:
     """Whether levels and integer replays run in C here (`kgraph`, built by pip install where a compiler
-    exists; TRACEKIT_NATIVE=0 turns it off): the same results as the numpy passes, ~10x less time on a
-    10,000-rank graph."""
+    exists; TRACEKIT_NATIVE=0 turns it off): the same results as the numpy passes; a full replay of the
+    10,000-rank benchmark's graph (19 M nodes, 35 M edges) ~1 s against ~2 s (cProfile'd runs)."""
     return kgraph is not None and os.environ.get("TRACEKIT_NATIVE", "1") != "0"
 
 
