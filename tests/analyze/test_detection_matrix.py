@@ -63,7 +63,12 @@ RUNS: dict[str, list[str]] = {
     "rerun_router_skew": MOE_MODEL + MOE_DEVICE + ["--router-bias", "3=2.0"],
     "rerun_router_balanced": MOE_MODEL + MOE_DEVICE,
     "slow_link": ["--dp", "2", "--tp", "2", "--slow-link", "tp=0.005"],
-    "host_stall": ["--dp", "2", "--host-stall-rank", "1", "--host-stall-ms", "50"],
+    # 150 ms, recorded alone (QUIET_RUNS): a 50 ms sleep against ~40 ms of CPU work a step was within reach of
+    # what load takes from the other rank. Two clean-clone CI runs beside the other worker's recordings read
+    # rank 0 last at 12 of 14 collectives ("contention") and its wait 22-27 ms a step; beside three busy loops
+    # (5 runnable processes on 2 cores) 1 of 4 runs read 28 ms. With 150 ms, alone or under those three loops
+    # (7 runs), the peer waited 146-188 ms a step and rank 1 was the top finding
+    "host_stall": ["--dp", "2", "--host-stall-rank", "1", "--host-stall-ms", "150"],
     # 4x the sequence length, with simulated device time per token: on CPU time alone the longer sequences
     # held rank 1 back ~10-20 ms a step, which a busy box's preemption of rank 0 outweighed in 2 of 8 runs
     # beside an 8-rank job (rank 0 "contention"-late at every collective, or no rank dominant) and in a CI
@@ -84,9 +89,9 @@ RUNS: dict[str, list[str]] = {
     "1f1b_m4": PP_MODEL + PP_DEVICE + ["--microbatches", "4"],
     "1f1b_m8": PP_MODEL + PP_DEVICE + ["--microbatches", "8"],
 }
-QUIET_RUNS = {"clean"}
+QUIET_RUNS = {"clean", "host_stall"}
 """Recorded with no other test beside it (`quiet_section`; parsed and analysed beside other tests): see
-test_clean_run_has_nothing_at_warning."""
+test_clean_run_has_nothing_at_warning and RUNS["host_stall"]."""
 # second runs of the re-run pairs, taken in A, B, A, B order so a load change on the shared box hits both
 for _name in ("rerun_gpipe_m1", "rerun_gpipe_m4", "rerun_router_skew", "rerun_router_balanced"):
     RUNS[_name + "#2"] = RUNS[_name]
