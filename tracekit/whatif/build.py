@@ -61,6 +61,13 @@ def reported_step(step: int) -> int | None:
     return None if step == SPAN_STEP else step
 
 
+def _piece(val: Any, dt: Any, k: int) -> np.ndarray:
+    """A column's piece of `k` nodes: a copy of an array, a scalar as a read-only broadcast view (no memory
+    until the pieces are joined: most pieces of a large graph's columns are one value per call)."""
+    arr = np.asarray(val, dtype=dt)
+    return np.broadcast_to(arr, (k,)) if arr.ndim == 0 else np.array(np.broadcast_to(arr, (k,)))
+
+
 KIND_CATEGORY = {"compute": Category.COMPUTE, "comm": Category.TRANSFER, "memcpy": Category.OTHER,
                  "memset": Category.OTHER}
 
@@ -99,9 +106,10 @@ class _Buf:
         for key, val, dt in (("rank", rank, np.int32), ("lane", lane, np.int64), ("category", category, np.int8),
                              ("start", start, np.int64), ("dur", dur, np.int64), ("dim", dim, np.int32),
                              ("inst", inst, np.int32), ("terminal", terminal, bool), ("prio", prio, np.int8),
-                             ("step", step, np.int64), ("tie", start if tie is None else tie, np.int64),
-                             ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
-            self.cols[key].append(np.array(np.broadcast_to(np.asarray(val, dtype=dt), (k,))))
+                             ("step", step, np.int64), ("xgap", xgap, np.int64), ("xdur", xdur, np.int64)):
+            self.cols[key].append(_piece(val, dt, k))
+        # a node's tie is its start unless given: the start's piece itself (both are only read when joined)
+        self.cols["tie"].append(self.cols["start"][-1] if tie is None else _piece(tie, np.int64, k))
         # one string object per distinct name (a 1,024-rank graph: 5 M nodes, ~1,000 names)
         # (`distinct.setdefault` mapped directly: `_name_of` per node was a Python call per node)
         self.names.extend(map(self.distinct.setdefault, names, names) if isinstance(names, list)
@@ -111,8 +119,10 @@ class _Buf:
         return ids
 
     def edge(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self.src.append(np.asarray(src, dtype=np.int64))
-        self.dst.append(np.asarray(dst, dtype=np.int64))
+        """Edges among nodes added so far: ids below `n`, kept in the smallest dtype that holds them."""
+        small = id_dtype(self.n)
+        self.src.append(np.asarray(src).astype(small, copy=False))
+        self.dst.append(np.asarray(dst).astype(small, copy=False))
 
     def finish(self, dims: list[str]) -> StepGraph:
         c = {}
@@ -120,15 +130,19 @@ class _Buf:
             v = self.cols.pop(k)
             c[k] = np.concatenate(v) if v else np.zeros(0)
             del v
-        lane, start, prio = c["lane"].astype(np.int64), c["start"].astype(np.int64), c["prio"]
+        lane, start = c["lane"].astype(np.int64), c["start"].astype(np.int64)
         chained = np.flatnonzero(lane >= 0)
-        tie = c["tie"].astype(np.int64)
+        tie, prio = c.pop("tie"), c.pop("prio")  # read by the sort only: freed before the edges are joined
         order = chained[np.lexsort((chained, tie[chained], prio[chained], start[chained], lane[chained]))]
+        del tie, prio, chained
         same = lane[order[1:]] == lane[order[:-1]]
         # edge ids in the smallest dtype that holds them, each array written once (`graph.add_edges`)
         small = id_dtype(len(lane))
         src = np.concatenate(self.src + [order[:-1][same]], dtype=small, casting="same_kind")
+        self.src.clear()
         dst = np.concatenate(self.dst + [order[1:][same]], dtype=small, casting="same_kind")
+        self.dst.clear()
+        del order, same
         as_ = {"copy": False}  # the joined columns are the graph's own (no second copy of a large graph)
         return StepGraph(rank=c["rank"].astype(np.int32, **as_), lane=lane, category=c["category"].astype(np.int8, **as_),
                          start=start, dur=np.maximum(c["dur"].astype(np.int64, **as_), 0),

@@ -494,8 +494,12 @@ def overlap_graph(g: StepGraph, dim: str | None, op: str | None = None) -> StepG
             s, d = g.src[cand], g.dst[cand]
             keep = np.ones(g.src.size, bool)
             keep[cand[device_lane_mask(g)[s] & (g.lane[s] != g.lane[d])]] = False
-            cache[key] = dataclasses.replace(g, src=_kept_and(g.src, keep, ready), dst=_kept_and(g.dst, keep, arr),
-                                             _plan=None)
+            moved = dataclasses.replace(g, src=_kept_and(g.src, keep, ready), dst=_kept_and(g.dst, keep, arr),
+                                        _plan=None)
+            # the per-node facts (`graph.derived`: read from node arrays the two graphs share, never from edges)
+            # computed once for both, not again for each moved graph
+            moved.cache.derived = g.cache.derived
+            cache[key] = moved
     return cache[key]
 
 
