@@ -175,12 +175,36 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
             {"outside_steps": outside, "warmup_step": warm, "outside_profiled_steps": unprofiled})
 
 
-def _host_events(store: RunStore, rank: int) -> pd.DataFrame:
+def _mask(values: pa.ChunkedArray) -> np.ndarray:
+    """A boolean column as numpy, a missing value False."""
+    return pc.fill_null(values, False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+@dataclass(frozen=True)
+class _HostEvents:
+    """One rank's host rows with a duration (no stream), as arrays: their spans, which are labels (with the
+    labels' names as text), data loading, and the host's own activity (ops and runtime calls, not annotations)."""
+
+    ts: np.ndarray
+    end: np.ndarray
+    label: np.ndarray
+    label_names: np.ndarray
+    data_load: np.ndarray
+    own: np.ndarray
+
+
+def _host_events(store: RunStore, rank: int) -> _HostEvents:
     ev = store.rank_table("events", rank, ["name", "cat", "role", "ts", "dur", "stream"])
     ev = ev.filter(pc.and_(pc.is_valid(ev["dur"]), pc.is_null(ev["stream"])))
-    df = ev.select(["name", "cat", "role", "ts", "dur"]).to_pandas()
-    df["label"] = label_rows(ev["cat"], ev["role"])
-    return df
+    ts = ev["ts"].to_numpy().astype(np.int64, copy=False)
+    end = ts + ev["dur"].to_numpy().astype(np.int64, copy=False)
+    label = label_rows(ev["cat"], ev["role"])
+    role = ev["role"].cast(pa.string())
+    data_load = _mask(pc.equal(role, "data_load"))
+    own = ~label & ~_mask(pc.is_in(role, value_set=pa.array(["step_annotation", "data_load"]))) & ~_mask(
+        pc.equal(ev["cat"].cast(pa.string()), "trace"))
+    names = pc.fill_null(ev["name"].filter(pa.array(label)).cast(pa.string()), "nan")  # as pandas wrote a null
+    return _HostEvents(ts, end, label, names.to_numpy(zero_copy_only=False).astype(object), data_load, own)
 
 
 def _trace_shift(rows: pd.DataFrame, matched: MatchedCollectives) -> tuple[np.ndarray, np.ndarray]:
@@ -189,15 +213,16 @@ def _trace_shift(rows: pd.DataFrame, matched: MatchedCollectives) -> tuple[np.nd
 
 
 def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollectives,
-                   step_starts: dict[int, np.ndarray] | None = None) -> dict[tuple[int, str], int | None]:
-    """(rank, key) -> end of the rank's previous collective before that arrival, on its trace clock; for a
+                   step_starts: dict[int, np.ndarray] | None = None) -> dict[int, dict[str, int | None]]:
+    """rank -> key -> end of the rank's previous collective before that arrival, on its trace clock; for a
     rank's first collective in the window (none before it was recorded), the start of its step holding
     the arrival (`step_starts`: each rank's sorted step starts, trace clock), where known."""
     step_starts = step_starts or {}
     # previous end of each rank's collectives, raw clock: interval before arrival
     allrows = rows[rows["rank"].isin(ranks)].sort_values(["rank", "arrival_raw"])
-    prev_end_map: dict[tuple[int, str], int | None] = {}
+    prev_end_map: dict[int, dict[str, int | None]] = {}
     for r, grp in allrows.groupby("rank"):
+        own = prev_end_map[int(r)] = {}
         # on the trace clock (log and Kineto rows of one rank then order correctly)
         shift, _ = _trace_shift(grp, matched)
         arr = grp["arrival_raw"].to_numpy(dtype=np.int64) + shift
@@ -220,7 +245,7 @@ def _previous_ends(rows: pd.DataFrame, ranks: list[int], matched: MatchedCollect
             if p == lo:  # no collective before it: its step's start (DDP's one bucket a step, 2 steps profiled)
                 i = int(np.searchsorted(starts, a, side="right")) - 1
                 p = int(starts[i]) if i >= 0 else lo
-            prev_end_map[(r, k)] = int(min(p, a)) if lo < p else None
+            own[k] = int(min(p, a)) if lo < p else None
     return prev_end_map
 
 
@@ -265,26 +290,22 @@ def _rank_busy(store: RunStore, activity: RankActivities, ranks: list[int],
         act = activity.get(r)
         ev = _host_events(store, r)
 
-        def spans(df: pd.DataFrame) -> iv.IntervalSet:
-            return iv.union(df["ts"].to_numpy(np.int64), (df["ts"] + df["dur"]).to_numpy(np.int64))
+        def spans(rows: np.ndarray) -> iv.IntervalSet:
+            return iv.union(ev.ts[rows], ev.end[rows])
         device = busy = iv.merge(act.compute, act.comm, act.other)
-        labels = ev[ev["label"]]
-        role = ev["role"].astype(str)
         if act.trace_kind == "gpu":  # the host's own activity: ops and runtime calls, not annotations
-            host = ev[~ev["label"] & ~role.isin(["step_annotation", "data_load"]) & (ev["cat"].astype(str) != "trace")]
-            busy = iv.merge(device, spans(host))
-        out[r] = seen[r] = _Busy(act, spans(ev[role == "data_load"]), busy, _idle_by_name(labels, busy), device)
+            busy = iv.merge(device, spans(ev.own))
+        idle = _idle_by_name(ev.label_names, ev.ts[ev.label], ev.end[ev.label], busy)
+        out[r] = seen[r] = _Busy(act, spans(ev.data_load), busy, idle, device)
     return out
 
 
-def _idle_by_name(labels: pd.DataFrame, busy: iv.IntervalSet) -> dict[str, iv.IntervalSet]:
-    """Per label name (as text, in sorted order): the part of its intervals outside `busy`. Grouped by one
-    sort of the names (a pandas groupby cost a frame per name: tens of names on each of a thousand ranks)."""
-    names = labels["name"].astype(str).to_numpy(object)
+def _idle_by_name(names: np.ndarray, ts: np.ndarray, end: np.ndarray, busy: iv.IntervalSet
+                  ) -> dict[str, iv.IntervalSet]:
+    """Per label name (as text, in sorted order): the part of its intervals (`ts`, `end`) outside `busy`. Grouped
+    by one sort of the names (a pandas groupby cost a frame per name: tens of names on each of a thousand ranks)."""
     if names.size == 0:
         return {}
-    ts = labels["ts"].to_numpy(np.int64)
-    end = (labels["ts"] + labels["dur"]).to_numpy(np.int64)
     uniq, code = np.unique(names, return_inverse=True)
     order = np.argsort(code, kind="stable")
     cuts = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1], True])
@@ -293,7 +314,7 @@ def _idle_by_name(labels: pd.DataFrame, busy: iv.IntervalSet) -> dict[str, iv.In
 
 
 def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int, matched: MatchedCollectives,
-                            prev_end_map: dict[tuple[int, str], int | None], busy: dict[int, _Busy]
+                            prev_end_map: dict[int, dict[str, int | None]], busy: dict[int, _Busy]
                             ) -> tuple[dict[str, float], int, int, dict[str, int]]:
     """The late rank's compute / data-load / idle time before each late arrival minus its peers'
     median, summed; with the delay of the instances examined, their count, and the late rank's idle
@@ -308,7 +329,7 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
     keys = members["key"].to_numpy(object)
     rks = members["rank"].to_numpy(np.int64)
     hi = members["arrival_raw"].to_numpy(dtype=np.int64) + _trace_shift(members, matched)[0]
-    prev = [prev_end_map.get((r, k)) for r, k in zip(rks.tolist(), keys.tolist())]
+    prev = [prev_end_map.get(r, {}).get(k) for r, k in zip(rks.tolist(), keys.tolist())]
     ok = np.array([p is not None for p in prev], bool)
     lo = np.array([0 if p is None else p for p in prev], np.int64)
     # per member: compute, data load, host idle, device idle in its window (`_Busy`); idle inside each of
@@ -352,7 +373,10 @@ def _excess_before_arrivals(members: pd.DataFrame, late: pd.DataFrame, rank: int
 
 def _attribute_cause(store: RunStore, activity: RankActivities, matched: MatchedCollectives, rank: int,
                      cfg: StragglerConfig, busy: dict[int, _Busy] | None = None,
-                     counted: dict[tuple[str, int], Any] | None = None) -> tuple[str, dict[str, Any]]:
+                     counted: dict[tuple[str, int], Any] | None = None,
+                     prev_ends: dict[int, dict[str, int | None]] | None = None) -> tuple[str, dict[str, Any]]:
+    """The late rank's cause and its evidence. `busy`, `counted` and `prev_ends` (`_previous_ends`) hold what
+    earlier stragglers' calls computed per rank: each rank's events and collectives are read once."""
     inst = matched.instances
     late = inst[inst["last_rank"] == rank].sort_values("delay", ascending=False).head(cfg.max_cause_instances)
     rows = matched.rows
@@ -360,9 +384,12 @@ def _attribute_cause(store: RunStore, activity: RankActivities, matched: Matched
     ranks = sorted(set(members["rank"].tolist()))
     if not _trace_shift(members, matched)[1].all():
         return "unknown", {"reason": "collective times are not on the trace clock for every member"}
+    prev_ends = {} if prev_ends is None else prev_ends
+    todo = [r for r in ranks if r not in prev_ends]
+    if todo:
+        prev_ends.update(_previous_ends(rows, todo, matched, _step_starts(store, todo, activity)))
     excess, delay_examined, examined, labelled = _excess_before_arrivals(
-        members, late, rank, matched, _previous_ends(rows, ranks, matched, _step_starts(store, ranks, activity)),
-        _rank_busy(store, activity, ranks, busy))
+        members, late, rank, matched, prev_ends, _rank_busy(store, activity, ranks, busy))
     evidence = {"compute_excess_ns": int(excess["compute"]), "data_load_excess_ns": int(excess["data_load"]),
                 "host_idle_excess_ns": int(excess["host_idle"]), "device_idle_excess_ns": int(excess["device_idle"]),
                 "idle_labels": labelled,
@@ -779,7 +806,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
     device_timed = bool(matched.gpu_ranks) and set(matched.rows["rank"].unique()) <= matched.gpu_ranks
     activity = activities_of(store, activity)
     owed = {o["rank"]: o for o in ((breakdown.section or {}).get("owed_wait", []) if breakdown is not None else [])}
-    findings, stragglers, busy, counted = [], [], {}, {}
+    findings, stragglers, busy, counted, prev_ends = [], [], {}, {}, {}
     for row in rows:
         frac = row["delay_fraction"] or 0.0
         dominant = row["dominance"] is None or row["dominance"] >= cfg.min_dominance
@@ -788,7 +815,7 @@ def analyze_stragglers(store: RunStore, matching: MatchingResult | None, breakdo
         enough = row["last_count"] >= min(cfg.min_instances, max(row["instances"], 2))
         if not (frac >= cfg.min_delay_fraction and dominant and row["last_count"] > 0):
             continue
-        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy, counted)
+        cause, ev = _attribute_cause(store, activity, matched, row["rank"], cfg, busy, counted, prev_ends)
         # Too few late arrivals to tell a straggler from timing noise, unless the cause is measured on the
         # rank itself (its DataLoader ranges, its counted work), which noise cannot fake: one DDP bucket a
         # step over 2 profiled steps, the rank with 2x the batch last at 1 of 2 (a busy process beside
