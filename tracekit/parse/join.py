@@ -17,7 +17,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracekit.tables.columns import table_rows
 from tracekit.tables.schema import conform
@@ -263,6 +265,39 @@ def _number_by_order(rows: list[dict[str, Any]]) -> int:
     return sum(counters.values())
 
 
+def numbered_without_log(kineto: pa.Table) -> tuple[pa.Table, int]:
+    """`_number_by_order` as columns, for a rank with no log whose rows all name their group (the other steps
+    of `join_collectives` then change nothing): the rows without seq numbered 1, 2, ... within (pg_name, p2p)
+    in order of their start (enqueue time, else start; rows without one last, ties in table order), seq_source
+    "order". (A 1,024-rank run's 580,000 collectives: ~12 s as row dicts in the main process.)"""
+    seq = kineto.column("seq")
+    todo = np.flatnonzero(seq.is_null().to_numpy(zero_copy_only=False))
+    if todo.size == 0:
+        return kineto, 0
+    start = pc.coalesce(kineto.column("enqueue_ts"), kineto.column("ts"))
+    unknown = start.is_null().to_numpy(zero_copy_only=False)[todo]
+    at = pc.fill_null(start, 0).to_numpy()[todo]
+    p2p = (pc.fill_null(kineto.column("is_p2p"), False).to_numpy(zero_copy_only=False)
+           | pc.is_in(kineto.column("op").cast(pa.string()), value_set=pa.array(["send", "recv"]))
+           .fill_null(False).to_numpy(zero_copy_only=False))[todo]
+    _, pg = np.unique(kineto.column("pg_name").to_numpy(zero_copy_only=False)[todo], return_inverse=True)
+    group = pg.reshape(-1) * 2 + p2p
+    order = np.lexsort((todo, at, unknown))  # by start, unknown last, then table order
+    by_group = np.argsort(group[order], kind="stable")
+    cut = np.r_[0, np.flatnonzero(np.diff(group[order][by_group])) + 1]
+    counts = np.diff(np.r_[cut, by_group.size])
+    number = np.empty(todo.size, np.int64)
+    number[order[by_group]] = np.arange(by_group.size) - np.repeat(cut, counts) + 1
+    values = pc.fill_null(seq, 0).to_numpy().copy()
+    values[todo] = number
+    source = np.array(kineto.column("seq_source").to_pylist(), dtype=object)
+    source[todo] = "order"
+    out = kineto.set_column(kineto.schema.get_field_index("seq"), kineto.schema.field("seq"),
+                            pa.array(values, type=seq.type, mask=np.zeros(values.size, bool)))
+    i = out.schema.get_field_index("seq_source")
+    return out.set_column(i, out.schema.field(i), pa.array(source, type=out.schema.field(i).type)), int(todo.size)
+
+
 def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: int = 0,
                      groups: list[dict[str, Any]] | None = None) -> tuple[pa.Table, JoinStats]:
     """Return the Kineto collectives with seq (and missing metadata) filled from `log`.
@@ -273,6 +308,9 @@ def join_collectives(kineto: pa.Table, log: pa.Table | None, *, log_shift_ns: in
     stats = JoinStats(kineto_rows=kineto.num_rows)
     if kineto.num_rows == 0:
         return kineto, stats
+    if (log is None or log.num_rows == 0) and kineto.column("pg_name").null_count == 0:
+        joined, stats.numbered_by_order = numbered_without_log(kineto)  # steps 1-3 change nothing: step 4
+        return conform("collectives", joined), stats
     rows = table_rows(kineto)  # to_pylist's rows, column by column (~4x faster on a rank's thousands)
     log_rows = table_rows(log) if log is not None and log.num_rows else []
     used = [False] * len(log_rows)
