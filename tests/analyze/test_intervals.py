@@ -30,7 +30,7 @@ def set_mask(a) -> np.ndarray:
     return m
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(ivl, ivl, st.integers(0, SPAN), st.integers(0, SPAN))
 def test_set_operations_match_boolean_timeline(a, b, lo, hi):
     A, B = to_set(a), to_set(b)
@@ -42,6 +42,12 @@ def test_set_operations_match_boolean_timeline(a, b, lo, hi):
     assert np.array_equal(set_mask(iv.intersect(A, B)), ma & mb)
     assert iv.overlap(A, B) == (ma & mb).sum()
     assert np.array_equal(set_mask(iv.subtract(A, B)), ma & ~mb)
+    # both are disjoint sets as `union` writes them (sorted, apart, non-empty), in either argument order
+    for got in (iv.intersect(A, B), iv.intersect(B, A), iv.subtract(A, B), iv.subtract(B, A)):
+        assert got[0].dtype == got[1].dtype == np.int64
+        assert np.all(got[0][1:] > got[1][:-1]) and np.all(got[1] > got[0])
+        assert np.array_equal(got[0], iv.union(*got)[0]) and np.array_equal(got[1], iv.union(*got)[1])
+    assert np.array_equal(set_mask(iv.subtract(B, A)), mb & ~ma)
     assert np.array_equal(set_mask(iv.merge(A, B)), ma | mb)
     lo, hi = min(lo, hi), max(lo, hi)
     win = np.zeros_like(ma)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.tables.columns import sorted_unique
 
 IntervalSet = tuple[np.ndarray, np.ndarray]
 
@@ -54,23 +53,34 @@ def clip(a: IntervalSet, lo: int, hi: int) -> IntervalSet:
     return s[keep], e[keep]
 
 
-def _covered_before(a: IntervalSet, t: np.ndarray) -> np.ndarray:
-    """For each time t, the length of the disjoint set `a` lying before t."""
+def _covered_before(a: IntervalSet, t: np.ndarray, cum: np.ndarray | None = None) -> np.ndarray:
+    """For each time t, the length of the disjoint set `a` lying before t (`cum`: its lengths' running sum
+    from 0, `_running`, when the caller has it)."""
     s, e = a
     t = np.asarray(t, dtype=np.int64)
     if s.size == 0:
         return np.zeros(t.shape, dtype=np.int64)
-    cum = np.concatenate(([0], np.cumsum(e - s)))
+    cum = _running(a) if cum is None else cum
     i = np.searchsorted(s, t, side="right") - 1  # last interval starting at or before t
-    inside = np.where(i >= 0, np.minimum(t, e[np.maximum(i, 0)]) - s[np.maximum(i, 0)], 0)
-    return np.where(i >= 0, cum[np.maximum(i, 0)] + inside, 0)
+    j = np.maximum(i, 0)
+    return np.where(i >= 0, cum[j] + np.minimum(t, e[j]) - s[j], 0)
+
+
+def _running(a: IntervalSet) -> np.ndarray:
+    """0, then the running sum of the set's lengths."""
+    out = np.zeros(a[0].size + 1, dtype=np.int64)
+    np.cumsum(a[1] - a[0], out=out[1:])
+    return out
 
 
 def covered(a: IntervalSet, starts, ends) -> np.ndarray:
     """Per query interval [starts[i], ends[i]), how much of it the disjoint set `a` covers."""
     qs = np.asarray(starts, dtype=np.int64)
     qe = np.maximum(np.asarray(ends, dtype=np.int64), qs)
-    return _covered_before(a, qe) - _covered_before(a, qs)
+    if a[0].size == 0:
+        return np.zeros(qs.shape, dtype=np.int64)
+    cum = _running(a)
+    return _covered_before(a, qe, cum) - _covered_before(a, qs, cum)
 
 
 def overlap(a: IntervalSet, b: IntervalSet) -> int:
@@ -80,40 +90,37 @@ def overlap(a: IntervalSet, b: IntervalSet) -> int:
     return int(covered(b, a[0], a[1]).sum())
 
 
-def _near(a: IntervalSet, lo: int, hi: int) -> IntervalSet:
-    """The intervals of disjoint set `a` that overlap [lo, hi), a slice of it: the others change nothing
-    in an intersection or difference with a set inside [lo, hi), and a set of a whole rank's busy time
-    against one label's few intervals (stragglers, host stalls) made every such operation sort all of it."""
-    i = int(np.searchsorted(a[1], lo, side="right"))
-    j = int(np.searchsorted(a[0], hi, side="left"))
-    return a[0][i:max(i, j)], a[1][i:max(i, j)]
-
-
 def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
-    """Intersection of two disjoint sets."""
+    """Intersection of two disjoint sets: each interval of `a` against the run of `b`'s that overlap it (two
+    binary searches), one piece per overlapping pair. The pieces come out sorted, disjoint and apart (two
+    pieces of one interval of `a` are apart as `b`'s intervals are; of two, as `a`'s are): a disjoint set."""
     if a[0].size == 0 or b[0].size == 0:
         return empty()
-    a, b = _near(a, b[0][0], b[1][-1]), _near(b, a[0][0], a[1][-1])
-    # every boundary of either set; a piece between consecutive boundaries is in both or not
-    pts = sorted_unique(np.concatenate((a[0], a[1], b[0], b[1])))
-    lo, hi = pts[:-1], pts[1:]
-    in_a = covered(a, lo, hi) == (hi - lo)
-    in_b = covered(b, lo, hi) == (hi - lo)
-    keep = in_a & in_b
-    return union(lo[keep], hi[keep])
+    (a_s, a_e), (b_s, b_e) = (a, b) if a[0].size <= b[0].size else (b, a)  # the searches from the smaller
+    lo = np.searchsorted(b_e, a_s, side="right")  # first of b's ending after the interval starts
+    cnt = np.maximum(np.searchsorted(b_s, a_e, side="left") - lo, 0)  # ... up to the first starting at its end
+    n = int(cnt.sum())
+    if n == 0:
+        return empty()
+    ai = np.repeat(np.arange(a_s.size), cnt)
+    bi = np.arange(n) - np.repeat(np.cumsum(cnt) - cnt - lo, cnt)
+    return (np.maximum(a_s[ai], b_s[bi]).astype(np.int64, copy=False),
+            np.minimum(a_e[ai], b_e[bi]).astype(np.int64, copy=False))
 
 
 def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
-    """The part of disjoint set `a` not covered by disjoint set `b`."""
+    """The part of disjoint set `a` not covered by disjoint set `b`: `a` cut at the pieces of its intersection
+    with `b`. Within each interval of `a` its starts (the interval's, then each piece's end) and its ends (each
+    piece's start, then the interval's end) alternate, so sorting each list pairs them; empty gaps dropped."""
     if a[0].size == 0 or b[0].size == 0:
         return a
-    b = _near(b, a[0][0], a[1][-1])
-    pts = sorted_unique(np.concatenate((a[0], a[1], b[0], b[1])))
-    lo, hi = pts[:-1], pts[1:]
-    in_a = covered(a, lo, hi) == (hi - lo)
-    in_b = covered(b, lo, hi) > 0
-    keep = in_a & ~in_b
-    return union(lo[keep], hi[keep])
+    i_s, i_e = intersect(a, b)
+    if i_s.size == 0:
+        return union(*a)
+    s = np.sort(np.concatenate((a[0], i_e)))
+    e = np.sort(np.concatenate((i_s, a[1])))
+    keep = e > s
+    return s[keep].astype(np.int64, copy=False), e[keep].astype(np.int64, copy=False)
 
 
 def merge(*sets: IntervalSet) -> IntervalSet:
