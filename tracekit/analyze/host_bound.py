@@ -62,7 +62,7 @@ from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, candi
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
-from tracekit.tables.columns import Columns, num_rows, take
+from tracekit.tables.columns import Columns, num_rows, sorted_codes, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import SPAN_STEP
 
@@ -122,10 +122,10 @@ def _wait_in_ops(ops: Columns, launch: np.ndarray, lo: np.ndarray, hi: np.ndarra
                  for t in np.unique(tids).tolist()}
         own = innermost_time(ops, parent, spans)
         held = np.flatnonzero(own > 0)
-        uniq, code = np.unique(ops["name"][held], return_inverse=True)
-        ns = np.zeros(uniq.size, np.int64)
-        np.add.at(ns, code.reshape(-1), own[held])
-        out[s] = ({str(n): int(v) for n, v in zip(uniq.tolist(), ns.tolist())}, int(own[held[work_op[held]]].sum()))
+        code, uniq = sorted_codes(ops["name"][held])
+        ns = np.zeros(len(uniq), np.int64)
+        np.add.at(ns, code, own[held])
+        out[s] = ({str(n): int(v) for n, v in zip(uniq, ns.tolist())}, int(own[held[work_op[held]]].sum()))
     return out
 
 

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
 from tracekit.parse.dict_columns import object_strings
-from tracekit.tables.columns import Columns, group_ids, group_median, take
+from tracekit.tables.columns import Columns, group_ids, group_median, sorted_codes, take
 from tracekit.tables.store import RunStore
 
 SLOW_FACTOR = 10
@@ -158,7 +158,7 @@ def device_ops(store: RunStore, rank: int) -> Columns | None:
     return {"ts": ts, "end": ts + k.column("dur").to_numpy().astype(np.int64),
             "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
             "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64),
-            "name": np.asarray(k.column("name").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
+            "name": object_strings(k.column("name"), ""),
             "module": np.isin(np.asarray(k.column("kind").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
                               MODULE_KINDS)}
 
@@ -173,7 +173,7 @@ def first_launches(kern: Columns) -> np.ndarray:
         return np.zeros(0, np.int64)
     o = np.argsort(kern["ts"], kind="stable")
     o = o[kern["module"][o]]  # kernels (a copy or memset loads no module)
-    _, first = np.unique(kern["name"][o], return_index=True)
+    _, first = np.unique(sorted_codes(kern["name"][o])[0], return_index=True)  # each name's first launch
     i = o[first]
     return kern["corr"][i[(kern["step"][i] == kern["step"][stepped].min()) & (kern["corr"][i] >= 0)]]
 
@@ -268,7 +268,9 @@ class OpSummary:
 
 
 def summarize_ops(ops: Columns) -> OpSummary:
-    names, code = np.unique(ops["name"], return_inverse=True)
+    code, values = sorted_codes(ops["name"])  # np.unique's names and inverse, without sorting every row's text
+    names = np.empty(len(values), dtype=object)
+    names[:] = values
     keep = ~ops["waits"] & (ops["self_ns"] >= SLOW_MIN_NS)
     cand = {c: ops[c][keep] for c in (*SLOW_COLUMNS, "name", "self_ns", "first_launch")}
     cand["code"] = code.reshape(-1)[keep]
