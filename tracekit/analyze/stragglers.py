@@ -72,6 +72,7 @@ from tracekit.findings.evidence import StragglerEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
+from tracekit.parse.dict_columns import text_test
 from tracekit.parse.op_shapes import gemm_cost, load_json, tensors
 from tracekit.tables.columns import unique_pairs
 from tracekit.tables.store import RunStore
@@ -199,10 +200,9 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
     ts = ev["ts"].to_numpy().astype(np.int64, copy=False)
     end = ts + ev["dur"].to_numpy().astype(np.int64, copy=False)
     label = label_rows(ev["cat"], ev["role"])
-    role = ev["role"].cast(pa.string())
-    data_load = _mask(pc.equal(role, "data_load"))
-    own = ~label & ~_mask(pc.is_in(role, value_set=pa.array(["step_annotation", "data_load"]))) & ~_mask(
-        pc.equal(ev["cat"].cast(pa.string()), "trace"))
+    data_load = _mask(text_test(ev["role"], pc.equal, "data_load"))
+    own = ~label & ~_mask(text_test(ev["role"], pc.is_in, pa.array(["step_annotation", "data_load"]))) & ~_mask(
+        text_test(ev["cat"], pc.equal, "trace"))
     names = pc.fill_null(ev["name"].filter(pa.array(label)).cast(pa.string()), "nan")  # as pandas wrote a null
     return _HostEvents(ts, end, label, names.to_numpy(zero_copy_only=False).astype(object), data_load, own)
 

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
 from tracekit.parse.classify import label_rows
-from tracekit.parse.dict_columns import object_strings
+from tracekit.parse.dict_columns import object_strings, text_test
 from tracekit.tables.store import RunStore
 
 MIN_GAP_NS = 1_000_000
@@ -26,7 +26,7 @@ def np_of(col: pa.ChunkedArray, fill: int = 0) -> np.ndarray:
 
 
 def str_is(col: pa.ChunkedArray, values: tuple[str, ...]) -> np.ndarray:
-    return np_of(pc.is_in(col.cast(pa.string()), value_set=pa.array(values)), False).astype(bool)
+    return np_of(text_test(col, pc.is_in, pa.array(values)), False).astype(bool)
 
 
 @dataclass

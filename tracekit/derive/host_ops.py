@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
-from tracekit.parse.dict_columns import object_strings
+from tracekit.parse.dict_columns import object_strings, text_test
 from tracekit.tables.columns import Columns, group_ids, group_median, sorted_codes, take
 from tracekit.tables.store import RunStore
 
@@ -185,9 +185,9 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     if kern is None:
         return None
     t = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "tid", "step", "role", "lane", "correlation"])
-    cat, role, lane = (t.column(c).cast(pa.string()) for c in ("cat", "role", "lane"))
-    keep = pc.and_(pc.and_(pc.is_in(cat, value_set=pa.array(HOST_CATS)), pc.equal(lane, "host")),
-                   pc.and_(pc.is_valid(t["dur"]), pc.invert(pc.is_in(role, value_set=pa.array(
+    cat, role, lane = (t.column(c) for c in ("cat", "role", "lane"))  # tested on their distinct values
+    keep = pc.and_(pc.and_(text_test(cat, pc.is_in, pa.array(HOST_CATS)), text_test(lane, pc.equal, "host")),
+                   pc.and_(pc.is_valid(t["dur"]), pc.invert(text_test(role, pc.is_in, pa.array(
                        ["step_annotation", "data_load", "overhead"])))))
     t = t.filter(pc.fill_null(keep, False))
     ts = t.column("ts").to_numpy().astype(np.int64)
@@ -197,8 +197,8 @@ def host_ops(store: RunStore, rank: int, kern: Columns | None = None) -> Columns
     # text columns from their dictionary codes: a string per distinct value, not one per row
     cols = {"name": object_strings(t.column("name"), ""),
             "tid": tid, "ts": ts, "end": end, "step": t.column("step").fill_null(-1).to_numpy().astype(np.int64),
-            "runtime": _bools(pc.is_in(t.column("cat").cast(pa.string()), value_set=pa.array(RUNTIME_CATS))),
-            "comm": _bools(pc.equal(t.column("role").cast(pa.string()), "comm")),
+            "runtime": _bools(text_test(t.column("cat"), pc.is_in, pa.array(RUNTIME_CATS))),
+            "comm": _bools(text_test(t.column("role"), pc.equal, "comm")),
             "corr": t.column("correlation").fill_null(-1).to_numpy().astype(np.int64)}
     cols = take(cols, o)
     cols["parent"] = parents(cols["tid"], cols["ts"], cols["end"])  # the call stacks (host_bound reads them too)

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.parse.collective_names import is_comm_kernel_name
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.schema import EVENT_ROLES as ROLES
 from tracekit.tables.schema import KERNEL_KINDS, LANES, STEP_PATTERN
 
@@ -78,8 +79,8 @@ def is_label(name: str | None, cat: str | None) -> bool:
 
 def label_rows(cat: pa.ChunkedArray | pa.Array, role: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """`is_label` over an events table's columns: user annotations the parser gave no role (other)."""
-    def is_in(col, values):
-        return pc.is_in(col.cast(pa.string()), value_set=pa.array(values)).fill_null(False).to_numpy(
+    def is_in(col, values):  # on a dictionary column's distinct values (`text_test`), not a string per row
+        return text_test(col, pc.is_in, pa.array(values)).fill_null(False).to_numpy(
             zero_copy_only=False).astype(bool)
     return is_in(cat, LABEL_CATS) & is_in(role, ["other"])
 
