@@ -1,4 +1,4 @@
-"""Steps that need only the store and the layout run on the engine's workers while the main process goes on
+"""Steps that need only the store, the layout, the breakdown and the pipeline run on the engine's workers while the main process goes on
 (`runner.measure`'s `submit`): the analysis is the one the main process alone gives, only steps whose result
 is findings and a section travel, and a step whose remote run fails is run here instead."""
 
@@ -44,7 +44,11 @@ def test_workers_run_the_store_only_steps_and_the_analysis_is_the_serial_one(tmp
         finally:
             engine.close()
         ran_there = {fn for fn, taken in engine.handed if taken}
-        assert ran_there == {"analyze_pipeline", "analyze_experts"}, engine.handed
+        # the steps whose inputs are all shipped (layout, breakdown, pipeline) and whose result is findings and
+        # a section: the pipeline and experts (layout), recording, trace_kind and ops (breakdown), throughput
+        # (layout, breakdown), memory (layout, pipeline)
+        assert ran_there == {"analyze_pipeline", "analyze_experts", "analyze_recording", "analyze_trace_kind",
+                             "analyze_ops", "analyze_throughput", "analyze_memory"}, engine.handed
         assert _doc(parallel) == _doc(serial)
         assert parallel.analysis["sections"]["pipeline"] == serial.analysis["sections"]["pipeline"]
 
