@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from tracekit.collectives import dtype_bytes  # noqa: F401  (parsers import it from here)
@@ -35,11 +36,13 @@ _PREFIX = re.compile(r"^(?:nccl:|gloo:|rccl:|mpi:|ucc:|c10d::|_c10d_functional::
 _SUFFIXES = ("coalesced", "base", "intotensor", "tensor", "single", "async")
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_op(raw: str | None) -> str | None:
     """allreduce / AllReduce / c10d::allreduce_ / _allgather_base → all_reduce / all_gather ...
 
     Returns None for names that are not collective calls (wait, coalesced, SendRecv...).
-    Unrecognised names give "unknown".
+    Unrecognised names give "unknown". Memoized: a trace names a few ops thousands of times (a parse called it
+    three times per collective, two regex passes each).
     """
     if not raw:
         return None

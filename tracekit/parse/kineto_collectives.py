@@ -14,6 +14,7 @@ Four shapes exist in the wild, tried in this order (the first that has calls win
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -202,17 +203,29 @@ def _int_list(v: Any) -> list[int] | None:
         return None
     if isinstance(v, (bytes, bytearray, memoryview, msgspec.Raw)):
         v = bytes(v)
-    if isinstance(v, (str, bytes)):
-        try:
-            v = msgspec.json.decode(v)
-        except msgspec.DecodeError:
-            return None
-        if isinstance(v, str):  # a JSON string holding a list
-            return _int_list(v)
+    if isinstance(v, (str, bytes)):  # a group's ranks, written again on each of its collectives: decoded once
+        got = _int_list_of_text(v)
+        return None if got is None else list(got)
     if not isinstance(v, list) or not v:
         return None
     out = [_int(x) for x in v]
     return None if any(x is None for x in out) else out
+
+
+@functools.lru_cache(maxsize=4096)
+def _int_list_of_text(v: str | bytes) -> tuple[int, ...] | None:
+    """`_int_list` of JSON text, as a tuple (cached: each caller gets its own list)."""
+    try:
+        v = msgspec.json.decode(v)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(v, str):  # a JSON string holding a list
+        v = _int_list(v)
+        return None if v is None else tuple(v)
+    if not isinstance(v, list) or not v:
+        return None
+    out = [_int(x) for x in v]
+    return None if any(x is None for x in out) else tuple(out)
 
 
 def _raw_json(v: Any) -> Any:
