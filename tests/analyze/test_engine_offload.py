@@ -46,9 +46,11 @@ def test_workers_run_the_store_only_steps_and_the_analysis_is_the_serial_one(tmp
         ran_there = {fn for fn, taken in engine.handed if taken}
         # the steps whose inputs are all shipped (layout, breakdown, pipeline) and whose result is findings and
         # a section: the pipeline and experts (layout), recording, trace_kind and ops (breakdown), throughput
-        # (layout, breakdown), memory (layout, pipeline)
-        assert ran_there == {"analyze_pipeline", "analyze_experts", "analyze_recording", "analyze_trace_kind",
-                             "analyze_ops", "analyze_throughput", "analyze_memory"}, engine.handed
+        # (layout, breakdown); memory (layout, pipeline) too where the pipeline's worker finished it before the
+        # plan reached memory (else memory runs here: which one is the workers' timing, the analysis the same)
+        always = {"analyze_pipeline", "analyze_experts", "analyze_recording", "analyze_trace_kind", "analyze_ops",
+                  "analyze_throughput"}
+        assert always <= ran_there <= always | {"analyze_memory"}, engine.handed
         assert _doc(parallel) == _doc(serial)
         assert parallel.analysis["sections"]["pipeline"] == serial.analysis["sections"]["pipeline"]
 

@@ -237,6 +237,9 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
             waiting.append(step)  # taken when a later step consumes it or at the end: the next steps run here meanwhile
         else:
             _run_here_or_there(step, store, config, results, errors, remote, prefetch, analyzers)
+        for w in [w for w in waiting if not _still_running(remote.get(w.name))]:  # finished since: its consumers
+            waiting.remove(w)  # may be handed over now
+            _run_here_or_there(w, store, config, results, errors, remote, prefetch, analyzers)
         if prefetch is None or "activity" in results:  # the prefetch's per-rank tasks need every worker first
             _hand_over(plan[i + 1:], submit, store, config, results, remote)
     for w in waiting:
