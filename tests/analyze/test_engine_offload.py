@@ -46,11 +46,9 @@ def test_workers_run_the_store_only_steps_and_the_analysis_is_the_serial_one(tmp
         ran_there = {fn for fn, taken in engine.handed if taken}
         # the steps whose inputs are all shipped (layout, breakdown, pipeline) and whose result is findings and
         # a section: the pipeline and experts (layout), recording, trace_kind and ops (breakdown), throughput
-        # (layout, breakdown); memory (layout, pipeline) too where the pipeline's worker finished it before the
-        # plan reached memory (else memory runs here: which one is the workers' timing, the analysis the same)
-        always = {"analyze_pipeline", "analyze_experts", "analyze_recording", "analyze_trace_kind", "analyze_ops",
-                  "analyze_throughput"}
-        assert always <= ran_there <= always | {"analyze_memory"}, engine.handed
+        # (layout, breakdown), memory (layout, pipeline)
+        assert ran_there == {"analyze_pipeline", "analyze_experts", "analyze_recording", "analyze_trace_kind",
+                             "analyze_ops", "analyze_throughput", "analyze_memory"}, engine.handed
         assert _doc(parallel) == _doc(serial)
         assert parallel.analysis["sections"]["pipeline"] == serial.analysis["sections"]["pipeline"]
 
@@ -112,48 +110,3 @@ def test_the_workers_exit_before_the_assessment(tmp_path, monkeypatch):
     assert at_assessment == [True]
     serial = analyze_run(FIXTURES / "ep", tmp_path / "serial", workers=1)
     assert _doc(parallel) == _doc(serial)
-
-
-class _Late:
-    """A handed-over step whose worker is still on it until its result is asked for (then it runs here)."""
-
-    def __init__(self, fn, params, store, config, inputs, asked):
-        self.run = lambda: fn(**{p: {"store": store, "config": config, **inputs}[p] for p in params})
-        self.name, self.asked = fn.__name__, asked
-
-    def done(self):
-        return False
-
-    def result(self):
-        self.asked.append(self.name)
-        return self.run()
-
-    def cancel(self):
-        pass
-
-
-def test_a_step_still_on_its_worker_is_taken_when_consumed_or_at_the_end(tmp_path):
-    """The plan goes on past a handed-over step its worker has not finished; the step's result is taken when a
-    later step consumes it, or after the last step; the results are the serial ones, in plan order."""
-    store = analyze_run(FIXTURES / "pp_1f1b", tmp_path / "pp", workers=1).store
-    config = AnalysisConfig()
-    alone, errors_alone = measure(store, config, ANALYZERS)
-    asked: list[str] = []
-    got, errors = measure(store, config, ANALYZERS,
-                          submit=lambda fn, params, st, cfg, inputs: _Late(fn, params, st, cfg, inputs, asked))
-    assert list(got) == list(alone) and errors == errors_alone
-    for name in alone:
-        if alone[name] is not None and _plain_result(build_plan_step(name).fn):
-            assert got[name].section == alone[name].section
-            assert [f.to_json() for f in got[name].findings] == [f.to_json() for f in alone[name].findings]
-    # memory consumes the pipeline: the pipeline's result, never done on its worker, was taken when memory came
-    # up, and memory ran here (its input was not in when the later steps were handed over); the others were
-    # taken after the last step
-    assert asked[0] == "analyze_pipeline" and "analyze_memory" not in asked
-    assert set(asked) == {"analyze_pipeline", "analyze_recording", "analyze_trace_kind", "analyze_experts",
-                          "analyze_throughput", "analyze_ops"}
-
-
-def build_plan_step(name):
-    (step,) = [s for s in build_plan() if s.name == name]
-    return step

@@ -215,45 +215,25 @@ def measure(store: RunStore, config: AnalysisConfig, analyzers: list[tuple[str, 
     `submit` (tracekit.engines.rank_tasks.step_submitter) runs a step on the engine's workers: after each
     step (after the `activity` prefetch, whose per-rank tasks need every worker), the later steps that need
     nothing but the store, the config and `SHIPPED_INPUTS` are handed to it (it returns a future, or None while
-    the engine has no worker running), and their results are taken when the plan reaches them, or, where their
-    worker is still on them then, when a later step consumes them or the plan ends (the steps between run here
-    meanwhile; the results come back in plan order). A step whose remote run fails in any way is run here
-    instead, so its result and its error are what running it here gives."""
+    the engine has no worker running), and their results are taken when the plan reaches them. A step whose
+    remote run fails in any way is run here instead, so its result and its error are what running it here
+    gives."""
     plan = build_plan(analyzers, isolate_import_errors=config.isolate_analyzer_errors)
     results: dict[str, AnalyzerResult | None] = {}
     errors: list[dict[str, str]] = []
     remote: dict[str, Any] = {}
-    waiting: list[PlanStep] = []
     for i, step in enumerate(plan):
         release_memory()  # what the previous step freed back to the OS (a large run's peak is the sum otherwise)
         if step.load_error is not None:
             errors.append({"analyzer": step.name, "error": step.load_error})
             results[step.name] = None
             continue
-        for w in [w for w in waiting if w.name in step.inputs]:  # a step it consumes, still on a worker
-            waiting.remove(w)
-            _run_here_or_there(w, store, config, results, errors, remote, prefetch, analyzers)
-        if _still_running(remote.get(step.name)):
-            waiting.append(step)  # taken when a later step consumes it or at the end: the next steps run here meanwhile
-        else:
-            _run_here_or_there(step, store, config, results, errors, remote, prefetch, analyzers)
-        for w in [w for w in waiting if not _still_running(remote.get(w.name))]:  # finished since: its consumers
-            waiting.remove(w)  # may be handed over now
-            _run_here_or_there(w, store, config, results, errors, remote, prefetch, analyzers)
+        _run_here_or_there(step, store, config, results, errors, remote, prefetch, analyzers)
         if prefetch is None or "activity" in results:  # the prefetch's per-rank tasks need every worker first
             _hand_over(plan[i + 1:], submit, store, config, results, remote)
-    for w in waiting:
-        _run_here_or_there(w, store, config, results, errors, remote, prefetch, analyzers)
     for fut in remote.values():  # none is left unless a step was listed twice
         fut.cancel()
-    return {s.name: results[s.name] for s in plan if s.name in results}, errors  # in plan order, as run serially
-
-
-def _still_running(fut: Any) -> bool:
-    """A step handed to a worker that has not finished it (a future without `done` counts as finished: waited for
-    where the plan reaches it)."""
-    done = getattr(fut, "done", None)
-    return fut is not None and done is not None and not done()
+    return results, errors
 
 
 def _run_here_or_there(step: PlanStep, store: RunStore, config: AnalysisConfig,
