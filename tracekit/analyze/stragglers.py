@@ -67,12 +67,12 @@ import pyarrow.compute as pc
 from tracekit.analyze.breakdown import BreakdownResult, breakdown_ranks
 from tracekit.derive import intervals as iv
 from tracekit.derive.activity import RankActivities, activities_of, stepless_windows
+from tracekit.derive.host_gaps import str_is
 from tracekit.derive.matching import MatchedCollectives, MatchingResult, matched_of, row_trace_shift
 from tracekit.findings.evidence import StragglerEvidence
 from tracekit.findings.finding import SHARED_HOST_CAVEAT, Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
 from tracekit.parse.classify import label_rows
-from tracekit.parse.dict_columns import text_test
 from tracekit.parse.op_shapes import gemm_cost, load_json, tensors
 from tracekit.tables.columns import unique_pairs
 from tracekit.tables.store import RunStore
@@ -176,11 +176,6 @@ def _in_step_instances(matched: MatchedCollectives, profiled: set[int]
             {"outside_steps": outside, "warmup_step": warm, "outside_profiled_steps": unprofiled})
 
 
-def _mask(values: pa.ChunkedArray) -> np.ndarray:
-    """A boolean column as numpy, a missing value False."""
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False).astype(bool)
-
-
 @dataclass(frozen=True)
 class _HostEvents:
     """One rank's host rows with a duration (no stream), as arrays: their spans, which are labels (with the
@@ -200,9 +195,8 @@ def _host_events(store: RunStore, rank: int) -> _HostEvents:
     ts = ev["ts"].to_numpy().astype(np.int64, copy=False)
     end = ts + ev["dur"].to_numpy().astype(np.int64, copy=False)
     label = label_rows(ev["cat"], ev["role"])
-    data_load = _mask(text_test(ev["role"], pc.equal, "data_load"))
-    own = ~label & ~_mask(text_test(ev["role"], pc.is_in, pa.array(["step_annotation", "data_load"]))) & ~_mask(
-        text_test(ev["cat"], pc.equal, "trace"))
+    data_load = str_is(ev["role"], ("data_load",))
+    own = ~label & ~str_is(ev["role"], ("step_annotation", "data_load")) & ~str_is(ev["cat"], ("trace",))
     names = pc.fill_null(ev["name"].filter(pa.array(label)).cast(pa.string()), "nan")  # as pandas wrote a null
     return _HostEvents(ts, end, label, names.to_numpy(zero_copy_only=False).astype(object), data_load, own)
 

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.columns import table_rows
 from tracekit.tables.schema import conform
 
@@ -278,7 +279,7 @@ def numbered_without_log(kineto: pa.Table) -> tuple[pa.Table, int]:
     unknown = start.is_null().to_numpy(zero_copy_only=False)[todo]
     at = pc.fill_null(start, 0).to_numpy()[todo]
     p2p = (pc.fill_null(kineto.column("is_p2p"), False).to_numpy(zero_copy_only=False)
-           | pc.is_in(kineto.column("op").cast(pa.string()), value_set=pa.array(["send", "recv"]))
+           | text_test(kineto.column("op"), pc.is_in, pa.array(["send", "recv"]))
            .fill_null(False).to_numpy(zero_copy_only=False))[todo]
     _, pg = np.unique(kineto.column("pg_name").to_numpy(zero_copy_only=False)[todo], return_inverse=True)
     group = pg.reshape(-1) * 2 + p2p

@@ -216,16 +216,10 @@ def _int_list(v: Any) -> list[int] | None:
 def _int_list_of_text(v: str | bytes) -> tuple[int, ...] | None:
     """`_int_list` of JSON text, as a tuple (cached: each caller gets its own list)."""
     try:
-        v = msgspec.json.decode(v)
+        got = _int_list(msgspec.json.decode(v))  # a list, or a JSON string holding one
     except msgspec.DecodeError:
         return None
-    if isinstance(v, str):  # a JSON string holding a list
-        v = _int_list(v)
-        return None if v is None else tuple(v)
-    if not isinstance(v, list) or not v:
-        return None
-    out = [_int(x) for x in v]
-    return None if any(x is None for x in out) else tuple(out)
+    return None if got is None else tuple(got)
 
 
 def _raw_json(v: Any) -> Any:
