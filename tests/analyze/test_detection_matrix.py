@@ -54,7 +54,10 @@ RUNS: dict[str, list[str]] = {
     # with expert time per routed token (the re-run pair's device time): on CPU time alone the skew cost
     # 5-12 ms a step beside an 8-rank job, within reach of an exposed all_to_all's timing noise
     "router_skew": MOE_MODEL + MOE_DEVICE + ["--router-bias", "3=2.0"],
-    "too_few_microbatches": PP_MODEL + ["--schedule", "gpipe", "--microbatches", "1"],
+    # with device time, as the other pipeline runs (the same run as rerun_gpipe_m1): on CPU time alone a clean-clone
+    # CI run beside the other worker's 8-rank jobs timed stage 0 at 1.73x stage 1 (2.07 s against 1.20 s a step,
+    # 68 ms alone), which graded the bubble info beneath a warning about the verdict's stability
+    "too_few_microbatches": PP_MODEL + PP_DEVICE + ["--schedule", "gpipe", "--microbatches", "1"],
     # the re-run pairs: with simulated device time (ModelConfig.device_us_per_token, a sleep as a host
     # waits on its GPU), because two pipeline stages computing on this 2-vCPU VM's cores slow each other
     # 1.2-1.6x and the step cannot show a shorter bubble; expert time is per routed token there too
