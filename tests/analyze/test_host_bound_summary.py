@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyze import host_bound as hb
-from tracekit.derive.host_ops import _SLOW, device_ops, excess_ns, host_ops, remember_slow
+from tracekit.derive.host_ops import SLOW_COLUMNS, device_ops, excess_ns, host_ops
 from tracekit.parse.run import parse_run
 
 SHARED = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or Path(__file__).resolve().parents[3] / "shared" / "traces")
@@ -25,7 +25,6 @@ def test_summary_path_equals_all_ranks_at_once(tmp_path, name):
         pytest.skip("shared trace corpus not available")
     store = parse_run(SHARED / name, tmp_path / "s", progress=False).store
     new = hb.analyze_host_bound(store)
-    kept = {k: v for k, v in _SLOW.get(store, {}).items()}
     kern = {r: k for r in store.ranks() if (k := device_ops(store, r)) is not None}
     ops = {r: o for r, k in kern.items() if (o := host_ops(store, r, k)) is not None}
     ex, first = excess_ns(ops), excess_ns(ops, first_launch=True)
@@ -35,11 +34,11 @@ def test_summary_path_equals_all_ranks_at_once(tmp_path, name):
     old = hb._finding(rows, hb.slow_op_table(ops, ex))
     assert [f.summary for f in new.findings] == ([old.summary] if old else [])
     assert sum(r["slow_ops"] for r in rows) + sum(r["first_launch_ns"] for r in rows) > 0  # something to compare
-    _SLOW.pop(store, None)
-    remember_slow(store, ops, ex)
-    assert kept.keys() == _SLOW[store].keys()
-    for key, per_rank in _SLOW[store].items():
-        for r, cols in per_rank.items():
-            assert cols.keys() == kept[key][r].keys()
-            for c in cols:
-                np.testing.assert_array_equal(cols[c], kept[key][r][c])
+    # the slow ops it hands the what-if build: each rank's ops with an excess, from every rank's ops at once
+    assert new.slow_ops.keys() == ops.keys()
+    for r, cols in new.slow_ops.items():
+        keep = ex[r] > 0
+        want = {**{c: ops[r][c][keep] for c in SLOW_COLUMNS}, "excess": ex[r][keep]}
+        assert cols.keys() == want.keys()
+        for c in cols:
+            np.testing.assert_array_equal(cols[c], want[c])

@@ -55,9 +55,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.derive import intervals as iv
-from tracekit.derive.activity import RankActivities, stepless_windows
-from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, candidate_excess, device_ops, host_ops,
-                                      innermost_time, launches_below, name_medians, remember_slow_summaries,
+from tracekit.derive.activity import SteplessResult, windows_of
+from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, SlowOps, candidate_excess, device_ops,
+                                      host_ops, innermost_time, launches_below, name_medians, slow_ops_from,
                                       summarize_ops)
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
@@ -266,17 +266,21 @@ def _finding(rows: list[dict[str, Any]], slow: list[dict], slow_run: list[dict] 
 
 @dataclass(frozen=True)
 class HostBoundResult(AnalyzerResult):
-    pass
+    slow_ops: SlowOps | None = None
+    """Each GPU rank's slow host ops (`excess_ns` over every GPU rank's medians), for the what-if build's slow
+    host time (whatif/build.py `slow_host_ops`): a few ops a rank, so the result travels from a worker."""
+
+    travels = True
 
 
-def analyze_host_bound(store: RunStore, activity: RankActivities | None = None) -> HostBoundResult:
+def analyze_host_bound(store: RunStore, stepless: SteplessResult | None = None) -> HostBoundResult:
     """Section `host_bound` and the `host_bound` finding (GPU ranks only; a rank without steps over the
-    breakdown's one window, `activity`'s, as one step: `span_as_step`). One rank's kernels and host ops
+    breakdown's one window, `stepless`'s, as one step: `span_as_step`). One rank's kernels and host ops
     in memory at a time: each rank's row is measured as it is read, with the slow-op parts (which need every
     rank's medians) added once all are read, from a per-rank summary (`OpSummary`)."""
     summ: dict[int, OpSummary] = {}
     partial: dict[int, tuple[dict[str, Any], np.ndarray]] = {}
-    windows = stepless_windows(store, activity)
+    windows = windows_of(store, stepless)
     for r in store.ranks():
         kern = device_ops(store, r)
         if kern is not None and r in windows:
@@ -294,7 +298,6 @@ def analyze_host_bound(store: RunStore, activity: RankActivities | None = None) 
     med = name_medians(summ)
     excess = {r: candidate_excess(s, med[r]) for r, s in summ.items()}
     first = {r: candidate_excess(s, med[r], first_launch=True) for r, s in summ.items()}
-    remember_slow_summaries(store, summ, excess)  # for the what-if build (whatif.build.slow_host_ops)
     rows = []
     stepped: dict[int, np.ndarray] = {}
     for r, (row, steps) in partial.items():  # rank_rows' slow-op sums, from the candidates (0 elsewhere)
@@ -311,4 +314,5 @@ def analyze_host_bound(store: RunStore, activity: RankActivities | None = None) 
     section = {"ranks": rows, "slow_ops": slow,
                "thresholds": {"slow_factor": SLOW_FACTOR, "slow_min_ns": SLOW_MIN_NS, "info": LAUNCH_INFO,
                               "warning": LAUNCH_WARNING, "critical": LAUNCH_CRITICAL}}
-    return HostBoundResult(findings=[finding] if finding else [], section=section)
+    return HostBoundResult(findings=[finding] if finding else [], section=section,
+                           slow_ops=slow_ops_from(summ, excess))

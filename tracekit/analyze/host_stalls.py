@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracekit.derive import intervals as iv
-from tracekit.derive.activity import RankActivities, stepless_windows
+from tracekit.derive.activity import SteplessResult, windows_of
 from tracekit.derive.host_gaps import MIN_GAP_NS, HostEvents, host_events, long_gaps, np_of as _np, str_is as _str_is
 from tracekit.derive.matching import host_count
 from tracekit.findings.evidence import HostStallEvidence
@@ -302,10 +302,10 @@ class HostStallsResult(AnalyzerResult):
     pass
 
 
-def analyze_host_stalls(store: RunStore, activity: RankActivities | None = None) -> HostStallsResult:
+def analyze_host_stalls(store: RunStore, stepless: SteplessResult | None = None) -> HostStallsResult:
     """Section `host_stalls` and `idle_host_bound` findings (a rank without steps over the breakdown's one
-    window, `activity`'s)."""
-    windows = stepless_windows(store, activity)
+    window, `stepless`'s)."""
+    windows = windows_of(store, stepless)
     ranks = [r for r in (rank_stalls(store, rank, windows.get(rank)) for rank in store.ranks()) if r is not None]
     shared_host = len(ranks) > 1 and host_count(store) == 1
     findings = [f for f in (_finding(r, shared_host) for r in ranks) if f is not None]

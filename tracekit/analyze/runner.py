@@ -40,27 +40,30 @@ from tracekit.tables.store import RunStore
 __all__ = ["ANALYZERS", "PlanStep", "build_plan", "measure"]
 
 # (name, "module:function"). The name is the analyzer's section in analysis.json and the parameter
-# name its consumers declare. The order here is the run order where dependencies allow.
+# name its consumers declare. The order here is the run order where dependencies allow: the steps an engine's
+# workers can run (`_shippable`: host_stalls, host_bound, recording, trace_kind, throughput, ops, memory) come
+# after those the main process runs, so that it reaches their results last.
 ANALYZERS: list[tuple[str, str]] = [
     ("inputs", "tracekit.analyze.inputs:analyze_inputs"),
     ("hang", "tracekit.analyze.hang:analyze_hang"),
     ("layout", "tracekit.derive.topology:analyze_layout"),
     ("activity", "tracekit.derive.activity:rank_activities"),
+    ("stepless", "tracekit.derive.activity:analyze_stepless"),
     ("matching", "tracekit.derive.matching:analyze_matching"),
     ("clocks", "tracekit.analyze.clocks:analyze_clocks"),
     ("breakdown", "tracekit.analyze.breakdown:analyze_breakdown"),
-    ("recording", "tracekit.analyze.recording:analyze_recording"),
-    ("trace_kind", "tracekit.analyze.trace_kind:analyze_trace_kind"),
     ("stragglers", "tracekit.analyze.stragglers:analyze_stragglers"),
     ("unoverlapped", "tracekit.analyze.unoverlapped:analyze_unoverlapped"),
     ("pipeline", "tracekit.analyze.pipeline:analyze_pipeline"),
-    ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
-    ("host_bound", "tracekit.analyze.host_bound:analyze_host_bound"),
     ("experts", "tracekit.analyze.experts:analyze_experts"),
     ("bandwidth", "tracekit.analyze.bandwidth:analyze_bandwidth"),
+    ("placement", "tracekit.analyze.placement:analyze_placement"),
+    ("host_stalls", "tracekit.analyze.host_stalls:analyze_host_stalls"),
+    ("host_bound", "tracekit.analyze.host_bound:analyze_host_bound"),
+    ("recording", "tracekit.analyze.recording:analyze_recording"),
+    ("trace_kind", "tracekit.analyze.trace_kind:analyze_trace_kind"),
     ("throughput", "tracekit.analyze.throughput:analyze_throughput"),
     ("ops", "tracekit.analyze.ops:analyze_ops"),
-    ("placement", "tracekit.analyze.placement:analyze_placement"),
     ("memory", "tracekit.analyze.memory:analyze_memory"),
 ]
 ENGINE_ARGS = ("store", "config")
@@ -177,18 +180,20 @@ def _run_step(step: PlanStep, store: RunStore, config: AnalysisConfig,
     return step.fn(**{p: args[p] for p in step.params})
 
 
-SHIPPED_INPUTS = frozenset({"layout", "breakdown", "pipeline"})
+SHIPPED_INPUTS = frozenset({"layout", "stepless", "breakdown", "pipeline"})
 """Results small enough to send to a worker process with a step that consumes them: the layout (groups and
-their dims), the breakdown's and the pipeline's findings and sections (JSON-ready data; 1.2 MB and 0.16 MB
-pickled at 1,024 simulated ranks). With the breakdown shipped, ops, trace_kind, recording and throughput run on
-the engine's idle workers beside the main process's stragglers and exposure analyzers; memory with the
-pipeline."""
+their dims), the stepless ranks' windows (a few bytes a rank), the breakdown's and the pipeline's findings and
+sections (JSON-ready data; 1.2 MB and 0.16 MB pickled at 1,024 simulated ranks). With these, host_stalls and
+host_bound run on the engine's idle workers from the start of the measurement, ops, trace_kind, recording and
+throughput once the breakdown is done, memory with the pipeline, beside the main process's stragglers and
+exposure analyzers."""
 
 
 @functools.lru_cache(maxsize=None)
 def _plain_result(fn: Callable[..., AnalyzerResult]) -> bool:
-    """The step's declared result holds only findings and a section (JSON-ready data): it comes back from a
-    worker cheaply, unlike a result carrying tables (matching's, the activities). Read once per function."""
+    """The step's declared result holds only findings and a section (JSON-ready data), or declares itself a
+    small summary (`AnalyzerResult.travels`): it comes back from a worker cheaply, unlike a result carrying
+    tables (matching's, the activities). Read once per function."""
     import dataclasses
     import typing
 
@@ -197,7 +202,8 @@ def _plain_result(fn: Callable[..., AnalyzerResult]) -> bool:
     except Exception:  # an annotation that does not resolve: not known to be plain
         return False
     return (isinstance(cls, type) and dataclasses.is_dataclass(cls)
-            and {f.name for f in dataclasses.fields(cls)} <= {"findings", "section"})
+            and ({f.name for f in dataclasses.fields(cls)} <= {"findings", "section"}
+                 or getattr(cls, "travels", False)))
 
 
 def _shippable(step: PlanStep, results: dict[str, AnalyzerResult | None]) -> bool:

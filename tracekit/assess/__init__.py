@@ -43,8 +43,8 @@ ASSESSMENT = (
     AssessmentStep("advice", "layout, breakdown, pipeline, bandwidth, placement, memory", final=False),
     AssessmentStep("recommendations", "findings of every analyzer, pipeline, breakdown, unoverlapped, trace_kind",
                    final=True),
-    AssessmentStep("critical_path", "layout, matching, pipeline, trace_kind, recommendations, findings of every "
-                   "analyzer",
+    AssessmentStep("critical_path", "layout, matching, pipeline, trace_kind, host_bound, recommendations, findings "
+                   "of every analyzer",
                    final=True),
 )
 
@@ -68,7 +68,7 @@ def _steps(store: RunStore, config: AnalysisConfig, m: dict[str, AnalyzerResult 
                                                            m.get("unoverlapped"), m.get("trace_kind")),
         "critical_path": lambda: analyze_critical_path(store, m.get("layout"), m.get("matching"), m.get("pipeline"),
                                                        done.get("recommendations"), measured, config,
-                                                       m.get("trace_kind")),
+                                                       m.get("trace_kind"), m.get("host_bound")),
     }
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.analyze.host_bound import HostBoundResult
 from tracekit.analyze.pipeline import PipelineResult
 from tracekit.analyze.recording import TIE_SHARE, Z
 from tracekit.analyze.stragglers import StragglerConfig
@@ -555,13 +556,16 @@ NO_STEP = ("no step to replay: no profiled step (ProfilerStep), no repeated iter
 def analyze_critical_path(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
                           pipeline: PipelineResult | None, recommendations: RecommendationsResult | None,
                           findings: list[Finding], config: AnalysisConfig,
-                          trace_kind: TraceKindResult | None = None) -> CriticalPathResult:
+                          trace_kind: TraceKindResult | None = None, host_bound: HostBoundResult | None = None
+                          ) -> CriticalPathResult:
     """`findings`: every other analyzer's, used as they came when `recommendations` did not run. Where the
     trace kind gives no verdict (every rank a CUDA-graph capture: the capture's timing, not the workload's),
-    the path's verdict is withheld too and its own finding goes through the same trace-kind filter."""
+    the path's verdict is withheld too and its own finding goes through the same trace-kind filter. The graph's
+    slow host time is the host_bound analyzer's slow ops where it ran (derived again otherwise)."""
     release_memory()  # what the analyzers before freed given back
     with large_blocks(LARGE_BLOCK_BYTES):  # the graph's node arrays and each what-if's temporaries
-        results = replay_steps(store, step_input(store, layout, matching))
+        slow = host_bound.slow_ops if host_bound is not None else None
+        results = replay_steps(store, step_input(store, layout, matching, slow))
         release_memory()  # the graph build's transients (members, step input) back to the OS before the what-ifs
         final = recommendations.findings if recommendations is not None else findings
         copies = memcpy_finding(results)

@@ -292,3 +292,22 @@ def rank_activities(store: RunStore, layout: LayoutResult | None) -> RankActivit
 def activities_of(store: RunStore, activity: RankActivities | None) -> RankActivities:
     """`activity`, or an on-demand one without the layout's group names when it is missing."""
     return activity if activity is not None else rank_activities(store, None)
+
+
+@dataclass(frozen=True)
+class SteplessResult(AnalyzerResult):
+    """`stepless_window` of every rank without steps (no section): the one window the per-step analyzers take as
+    its step. A few bytes a rank, so the analyzers that need nothing else of the activity run on an engine's
+    workers with it (analyze/runner.py `SHIPPED_INPUTS`)."""
+
+    by_rank: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def analyze_stepless(store: RunStore, activity: RankActivities | None) -> SteplessResult:
+    """The `stepless` derived fact: `stepless_windows` of every rank (none is loaded in a run with steps)."""
+    return SteplessResult(by_rank=stepless_windows(store, activity))
+
+
+def windows_of(store: RunStore, stepless: SteplessResult | None) -> dict[int, tuple[int, int]]:
+    """`stepless`'s windows, or computed from the store when it is missing (its step failed or was not given)."""
+    return stepless.by_rank if stepless is not None else stepless_windows(store, None)

@@ -5,7 +5,6 @@ than the same op elsewhere: the derived fact the `host_bound` analyzer measures 
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,35 +301,20 @@ def candidate_excess(s: OpSummary, med: np.ndarray, *, first_launch: bool = Fals
     return np.where(slow, own - m, 0)
 
 
-def remember_slow_summaries(store: RunStore, summaries: dict[int, OpSummary], excess: dict[int, np.ndarray]) -> None:
-    """`remember_slow` from the summaries and their candidates' excess (`candidate_excess`)."""
-    slow = {}
-    for r, x in excess.items():
-        keep = x > 0
-        slow[r] = {**{c: summaries[r].cand[c][keep] for c in SLOW_COLUMNS}, "excess": x[keep]}
-    try:
-        _SLOW.setdefault(store, {})[frozenset(summaries)] = slow
-    except TypeError:  # a store that cannot be weakly referenced: derived again when asked
-        pass
-
-
-_SLOW: "weakref.WeakKeyDictionary[RunStore, dict[frozenset, dict[int, Columns]]]" = weakref.WeakKeyDictionary()
-"""Per store, per set of GPU ranks: each rank's slow host ops (`remember_slow`)."""
+SlowOps = dict[int, Columns]
+"""Per GPU rank: its host ops with an excess (`excess_ns` > 0 over every GPU rank: a few of its thousands),
+`SLOW_COLUMNS` and `excess`."""
 
 SLOW_COLUMNS = ("tid", "ts", "end", "runtime", "step")
 
 
-def remember_slow(store: RunStore, ops_by_rank: dict[int, Columns], excess: dict[int, np.ndarray]) -> None:
-    """Keep, for this store and these ranks, each rank's ops with an excess (`excess_ns` > 0: a few of its
-    thousands) so that the what-if build (`slow_ops_of`) does not derive every rank's host ops again."""
+def slow_ops_from(summaries: dict[int, OpSummary], excess: dict[int, np.ndarray]) -> SlowOps:
+    """`SlowOps` from the ranks' summaries and their candidates' excess (`candidate_excess`)."""
     slow = {}
     for r, x in excess.items():
         keep = x > 0
-        slow[r] = {**{c: ops_by_rank[r][c][keep] for c in SLOW_COLUMNS}, "excess": x[keep]}
-    try:
-        _SLOW.setdefault(store, {})[frozenset(ops_by_rank)] = slow
-    except TypeError:  # a store that cannot be weakly referenced: derived again when asked
-        pass
+        slow[r] = {**{c: summaries[r].cand[c][keep] for c in SLOW_COLUMNS}, "excess": x[keep]}
+    return slow
 
 
 def _has_device_ops(store: RunStore, rank: int) -> bool:
@@ -339,20 +323,13 @@ def _has_device_ops(store: RunStore, rank: int) -> bool:
     return len(dur) - dur.null_count > 0
 
 
-def slow_ops_of(store: RunStore, ranks: list[int]) -> dict[int, Columns]:
+def slow_ops_of(store: RunStore, ranks: list[int], found: SlowOps | None = None) -> SlowOps:
     """Per rank of `ranks` with host ops (a GPU rank): its ops with an excess (`excess_ns` > 0 over these
-    ranks) as `remember_slow` kept them, or derived now."""
+    ranks): `found` (the host_bound analyzer's, over every GPU rank) where it covers exactly these ranks, else
+    derived now."""
     gpu = [r for r in ranks if _has_device_ops(store, r)]  # the ranks host_ops derives (device_ops not None)
-    try:
-        held = _SLOW.get(store, {}).get(frozenset(gpu))
-    except TypeError:
-        held = None
-    if held is not None:
-        return held
+    if found is not None and set(found) == set(gpu):
+        return found
     summ = {r: summarize_ops(o) for r in gpu if (o := host_ops(store, r)) is not None}  # one rank's ops at a time
     med = name_medians(summ)
-    out = {}
-    for r, sm in summ.items():
-        x = candidate_excess(sm, med[r])
-        out[r] = {**{c: sm.cand[c][x > 0] for c in SLOW_COLUMNS}, "excess": x[x > 0]}
-    return out
+    return slow_ops_from(summ, {r: candidate_excess(sm, med[r]) for r, sm in summ.items()})

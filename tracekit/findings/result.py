@@ -8,7 +8,7 @@ analyzers consume; `section` is its JSON-ready part of analysis.json, `findings`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from tracekit.findings.finding import Finding
 
@@ -19,6 +19,10 @@ class AnalyzerResult:
 
     findings: list[Finding] = field(default_factory=list)
     section: dict[str, Any] | None = None
+    travels: ClassVar[bool] = False
+    """Besides its findings and section the result holds only a small summary (a few bytes a rank), so an engine
+    may compute it on a worker and send it back (analyze/runner.py `_plain_result`); a result carrying tables
+    or per-rank arrays stays False."""
 
     def section_or_empty(self) -> dict[str, Any]:
         return self.section or {}

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from tracekit.derive import intervals as iv
 from tracekit.derive.activity import stepless_windows
 from tracekit.derive.host_gaps import host_idle
-from tracekit.derive.host_ops import (excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
+from tracekit.derive.host_ops import (SlowOps, excess_ns, host_ops, last_ended_inside, names_where, own_op_waits,
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
@@ -165,6 +165,9 @@ class StepInput:
     ends: Columns | None = None
     """per (rank, pg_name, seq): the trace-clock end `trace_end` (ts + dur) of the collective from a source
     that records it: a matching source with enqueue times only (a comms log) leaves members without an end"""
+    slow_ops: SlowOps | None = None
+    """each GPU rank's slow host ops as the host_bound analyzer found them (None: derived when the graph is
+    built, `slow_host_ops`)"""
 
 
 MEMBER_COLS = ("key", "rank", "arrival", "end", "dim", "op", "bytes", "pg_name", "step", "source")
@@ -1024,7 +1027,7 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     members = with_sizes(store, step_members(inp, rows, steps, shift, log_only))
     dims = sorted(set(inp.dims.values()) | set(strings(members["dim"]).tolist()))
     members, placed = _place_members(buf, store, steps, ranks, shift, members, log_only)
-    buf.slow = slow_host_ops(store, [r for r, p in placed.items() if p[0] == "gpu"], steps)
+    buf.slow = slow_host_ops(store, [r for r, p in placed.items() if p[0] == "gpu"], steps, inp.slow_ops)
     ids = add_collectives(buf, members, dims)
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
@@ -1113,11 +1116,13 @@ def add_log_rank(buf: _Buf, rank: int, mem: Columns, ids: dict[str, np.ndarray]
     return out
 
 
-def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...]) -> dict[int, Columns]:
+def slow_host_ops(store: RunStore, ranks: list[int], steps: tuple[int, ...], found: SlowOps | None = None
+                  ) -> dict[int, Columns]:
     """Per GPU rank: its slow host ops of `steps` (tid, ts, end, excess, runtime; trace clock), each op
-    judged against the same op on every GPU rank (`host_bound.excess_ns`)."""
+    judged against the same op on every GPU rank (`host_bound.excess_ns`): `found` where it covers these ranks
+    (the host_bound analyzer's), else derived (`slow_ops_of`)."""
     out = {}
-    for r, o in slow_ops_of(store, ranks).items():  # as the host_bound analyzer found them, when it ran
+    for r, o in slow_ops_of(store, ranks, found).items():
         keep = in_steps(o["step"], steps)
         out[r] = {"tid": o["tid"][keep], "ts": o["ts"][keep], "end": o["end"][keep],
                   "excess": o["excess"][keep], "runtime": o["runtime"][keep]}

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.derive.activity import rank_activities, stepless_window
+from tracekit.derive.host_ops import SlowOps
 from tracekit.derive.matching import (MatchingResult, choose_sources, gpu_ranks, log_only_ranks, matched_of,
                                       read_collectives)
 from tracekit.derive.topology import LayoutResult, cpu_hosts, dims_of, rank_hosts
@@ -32,14 +33,16 @@ MAX_STEPS = 8
 """Steps analyzed (the last ones; the first profiled step is often a warm-up)."""
 
 
-def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None) -> StepInput:
-    """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder."""
+def step_input(store: RunStore, layout: LayoutResult | None, matching: MatchingResult | None,
+               slow_ops: SlowOps | None = None) -> StepInput:
+    """Matched collectives, dims and send/recv rows (each rank's matching source) for the builder, with the
+    host_bound analyzer's slow host ops where it ran (`slow_ops`)."""
     p2p = ends = None
     if store.has("collectives"):
         cols = arrow_columns(read_collectives(store))
         ends = collective_ends(cols)
         p2p = p2p_rows(cols)
-    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends)
+    return StepInput(matched=matched_of(matching), dims=dims_of(layout), p2p=p2p, ends=ends, slow_ops=slow_ops)
 
 
 def p2p_rows(cols: Columns) -> Columns | None:
