@@ -3,6 +3,7 @@ the NCCL-tests bus-bandwidth factors (docs/metrics.md). Imports nothing of trace
 
 from __future__ import annotations
 
+import functools
 import re
 
 COLLECTIVE_OPS = (
@@ -55,6 +56,7 @@ DTYPE_PREFIXES = ("torch.", "c10::", "at::")
 SUB_BYTE = re.compile(r"^(?:u?int[1-7]|dummy_u?int1_7_t<[1-7]>)$")
 
 
+@functools.lru_cache(maxsize=4096)
 def dtype_bytes(dtype: str | None) -> int | None:
     """Element size of a dtype as torch, NCCL args or a log writes it (Float, BFloat16, float, c10::Half,
     long int, unsigned char, Float8_e4m3fn, torch.int32...); None when it is not a dtype."""

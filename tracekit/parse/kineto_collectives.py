@@ -93,15 +93,14 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
     codes = classify_collective_names(inp.name_dict)
     rows = {kind: np.flatnonzero(np.isin(inp.name_codes, c) & host) if c else np.zeros(0, np.int64)
             for kind, c in codes.items()}
+    ops = [normalize_op(_str(inp.args[r].coll_name)) for r in rows["rpc"].tolist()]
+    modern = [i for i, o in enumerate(ops) if o is not None]
+    if modern:
+        return _args_result(inp, rows["rpc"][modern], [ops[i] for i in modern], rows["ann"])
     ext = _RowValues(inp.ext) if len(rows["rpc"]) or len(rows["c10d"]) or len(rows["nccl"]) else None
     warnings: list[str] = []
-
-    modern = [int(r) for r in rows["rpc"] if normalize_op(_str(inp.args[r].coll_name)) is not None]
     calls: list[dict]
-    if modern:
-        mode = "args"
-        calls = [_modern_call(inp, r) for r in modern]
-    elif len(rows["gloo"]):
+    if len(rows["gloo"]):
         mode = "gloo"
         calls = _gloo_calls(inp, _outermost(inp, rows["c10d"]), rows["gloo"])
     elif len(rows["nccl"]):
@@ -121,7 +120,7 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
             if r is not None and c.get("external_id") is None:
                 c["external_id"] = ext[r]
 
-    link = _link_kernels(inp, calls, ext) if mode in ("args", "nccl", "c10d") and len(inp.kernel_rows) else {}
+    link = _link_kernels(inp, calls, ext) if mode in ("nccl", "c10d") and len(inp.kernel_rows) else {}
     _assign_callers(inp, calls, rows["ann"])
     times = np.array([c["enqueue_ts"] if c.get("enqueue_ts") is not None else (c["ts"] if c["ts"] is not None else 0)
                       for c in calls], np.int64)
@@ -296,23 +295,6 @@ def _base(inp: CollectiveInputs, r: int, op: str, enqueue: bool) -> dict:
         c["enqueue_ts"], c["enqueue_dur"] = t, d
     else:
         c["ts"], c["dur"] = t, d
-    return c
-
-
-def _modern_call(inp: CollectiveInputs, r: int) -> dict:
-    a = inp.args[r]
-    op = normalize_op(_str(a.coll_name))
-    c = _base(inp, r, op, enqueue=True)
-    seq = _int(a.seq)
-    if seq is None:
-        seq = _int(a.seq_num)
-    peer = _int(a.dst_rank) if op == "send" else (_int(a.src_rank) if op == "recv" else None)
-    c.update(
-        pg_name=_str(a.pg_name), pg_desc=_str(a.pg_desc), seq=seq, seq_source="args" if seq is not None else None,
-        in_nelems=_int(a.in_nelems), out_nelems=_int(a.out_nelems), dtype=_str(a.dtype),
-        group_size=_int(a.group_size), group_ranks=_int_list(a.pg_ranks),
-        in_split_sizes=_int_list(a.in_split), out_split_sizes=_int_list(a.out_split), peer=peer,
-    )
     return c
 
 
@@ -606,3 +588,152 @@ def _assign_callers(inp: CollectiveInputs, calls: list[dict], ann_rows: np.ndarr
             f = next(it)
             if f >= 0:
                 c["caller"] = inp.name_dict[inp.name_codes[f]]
+
+
+# ----------------------------------------------------------------------------------------------
+# the "args" shape, as columns (a trace of thousands of NCCL calls: no dict per call)
+
+
+def _args_result(inp: CollectiveInputs, rows: np.ndarray, op: list[str], ann_rows: np.ndarray) -> CollectiveResult:
+    """The "args" shape's table: one row per `record_param_comms` op of `rows` (its collective `op`), read from
+    its args field by field; device ts/dur from its comm kernels (`_args_kernels`), caller from the annotations
+    around it; rows in enqueue order."""
+    a = [inp.args[r] for r in rows.tolist()]
+    seq = [s if (s := _int(x.seq)) is not None else _int(x.seq_num) for x in a]
+    enq, enq_ok = inp.ts[rows], inp.dur_ok[rows]
+    ext = inp.ext.take(pa.array(rows, pa.int64())) if len(rows) else pa.array([], pa.int64())
+    ts, dur, corr, link = _args_kernels(inp, rows, ext, op, [_str(x.pg_name) for x in a])
+    steps = inp.step_at(enq) if len(rows) else np.zeros(0, np.int64)
+    in_n, out_n = [_int(x.in_nelems) for x in a], [_int(x.out_nelems) for x in a]
+    dtype = [_str(x.dtype) for x in a]
+    nbytes = [_args_bytes(i, o, d) for i, o, d in zip(in_n, out_n, dtype)]
+    cols = {
+        "rank": np.full(len(rows), -1, np.int32), "source": ["kineto"] * len(rows),
+        "pg_name": [_str(x.pg_name) for x in a], "pg_desc": [_str(x.pg_desc) for x in a],
+        "seq": seq, "seq_source": ["args" if s is not None else None for s in seq], "op": op,
+        "is_p2p": [o in _P2P for o in op],
+        "peer": [_int(x.dst_rank) if o == "send" else (_int(x.src_rank) if o == "recv" else None)
+                 for x, o in zip(a, op)],
+        "in_nelems": in_n, "out_nelems": out_n, "dtype": dtype, "bytes": nbytes,
+        "size_note": [size_note({"bytes": b, "in_nelems": i, "out_nelems": o, "dtype": d})
+                      for b, i, o, d in zip(nbytes, in_n, out_n, dtype)],
+        "in_split_sizes": [_int_list(x.in_split) for x in a], "out_split_sizes": [_int_list(x.out_split) for x in a],
+        "group_size": [_int(x.group_size) for x in a], "group_ranks": [_int_list(x.pg_ranks) for x in a],
+        "ts": pa.array(ts, pa.int64(), mask=ts == _NONE), "dur": pa.array(dur, pa.int64(), mask=ts == _NONE),
+        "enqueue_ts": enq, "enqueue_dur": pa.array(inp.dur[rows], pa.int64(), mask=~enq_ok),
+        "state": np.where(ts == _NONE, "unknown", "completed").tolist(),
+        "name": [inp.name_dict[c] for c in inp.name_codes[rows].tolist()],
+        "caller": _args_callers(inp, rows, ann_rows),
+        "correlation": pa.array(corr, pa.int64(), mask=corr < 0), "external_id": ext,
+        "step": pa.array(steps, pa.int32(), mask=steps < 0), "match_note": [None] * len(rows),
+    }
+    order = np.argsort(enq, kind="stable")  # enqueue order, before the dictionary columns are encoded
+    cols = {k: (v.take(pa.array(order)) if isinstance(v, pa.Array) else np.asarray(v)[order] if isinstance(
+        v, np.ndarray) else [v[i] for i in order.tolist()]) for k, v in cols.items()}
+    return CollectiveResult(table=pa.Table.from_pydict(cols, schema=COLLECTIVES), kernel_row_to_call=link,
+                            mode="args")
+
+
+_NONE = np.iinfo(np.int64).min
+"""`_args_kernels`: a call no kernel was linked to (no device ts/dur)."""
+
+
+def _args_bytes(in_n: int | None, out_n: int | None, dtype: str | None) -> int | None:
+    """max(in, out) elements x the dtype's size; None when either is unknown."""
+    size = dtype_bytes(dtype)
+    nel = [v for v in (in_n, out_n) if v is not None]
+    return max(nel) * size if nel and size else None
+
+
+def _args_callers(inp: CollectiveInputs, rows: np.ndarray, ann_rows: np.ndarray) -> list[str | None]:
+    """Per call: the innermost user annotation on its thread around its enqueue (`_assign_callers`)."""
+    out: list[str | None] = [None] * len(rows)
+    cats = inp.cat_values
+    if "user_annotation" not in cats or not len(rows) or not len(ann_rows):
+        return out
+    ann = ann_rows[inp.cat_codes[ann_rows] == cats.index("user_annotation")]
+    if len(ann) == 0:
+        return out
+    found = _innermost_by_thread(inp, ann, rows, use_end=False)
+    return [inp.name_dict[inp.name_codes[f]] if f >= 0 else None for f in found.tolist()]
+
+
+def _args_kernels(inp: CollectiveInputs, rows: np.ndarray, ext: pa.Array, op: list[str], pg: list[str | None]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, dict]]:
+    """Per call: device ts and dur over its comm kernels (first start to last end; `_NONE` without one) and
+    the first kernel's correlation (-1: none); and kernel row -> its call's op and group. A kernel belongs to
+    the call whose interval on the launching thread contains the launch (the latest of the 16 calls starting
+    at or before it that does), or, without a launch record, to the first call of its External id
+    (`_link_kernels`, per call)."""
+    n = len(rows)
+    ts, kend, corr = np.full(n, _NONE, np.int64), np.full(n, _NONE, np.int64), np.full(n, -1, np.int64)
+    krows, launch = np.asarray(inp.kernel_rows, np.int64), np.asarray(inp.kernel_launch, np.int64)
+    if n == 0 or krows.size == 0:
+        return ts, ts.copy(), corr, {}
+    call = _calls_of_launches(inp, rows, launch)
+    by_ext = np.flatnonzero((call < 0) & (launch < 0))
+    if by_ext.size:
+        call[by_ext] = _first_call_of_ext(ext, inp.ext.take(pa.array(krows[by_ext], pa.int64())))
+    hit = np.flatnonzero(call >= 0)
+    c, k = call[hit], krows[hit]
+    kt = inp.ts[k].astype(np.int64)
+    ke = kt + np.where(inp.dur_ok[k], inp.dur[k], 0).astype(np.int64)
+    seen = np.zeros(n, bool)
+    seen[c] = True
+    ts[seen] = np.iinfo(np.int64).max
+    np.minimum.at(ts, c, kt)
+    np.maximum.at(kend, c, ke)
+    first_call, first = np.unique(c, return_index=True)  # each call's first kernel (kernel order) names its correlation
+    kc = inp.corr[k[first]]
+    corr[first_call] = np.where(kc >= 0, kc, -1)
+    dur = np.where(seen, kend - ts, 0)
+    link = {int(kr): {"op": op[ci], "pg_name": pg[ci]} for kr, ci in zip(k.tolist(), c.tolist())}
+    return ts, dur, corr, link
+
+
+def _calls_of_launches(inp: CollectiveInputs, rows: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """Per kernel (its launch row, -1: none): the index in `rows` of the call on the launch's thread whose
+    interval contains the launch, searched back from the latest call starting at or before it (16 at most);
+    -1 where none does."""
+    out = np.full(launch.size, -1, np.int64)
+    has = np.flatnonzero(launch >= 0)
+    if has.size == 0:
+        return out
+    lrows = launch[has]
+    threads, code = np.unique(np.concatenate([np.stack([inp.pid[rows], inp.tid[rows]], 1),
+                                              np.stack([inp.pid[lrows], inp.tid[lrows]], 1)]).astype(np.int64),
+                              axis=0, return_inverse=True)
+    code = code.reshape(-1)
+    call_code, launch_code = code[:rows.size], code[rows.size:]
+    for t in np.unique(launch_code).tolist():
+        mine = np.flatnonzero(call_code == t)
+        if mine.size == 0:
+            continue
+        mine = mine[np.argsort(inp.ts[rows[mine]], kind="stable")]
+        s, e = inp.ts[rows[mine]], inp.end[rows[mine]]
+        q = np.flatnonzero(launch_code == t)
+        lt = inp.ts[lrows[q]]
+        i = np.searchsorted(s, lt, side="right") - 1
+        got = np.full(q.size, -1, np.int64)
+        for back in range(16):
+            j = i - back
+            ok = (got < 0) & (j >= 0)
+            jj = np.maximum(j, 0)
+            ok &= (s[jj] <= lt) & (lt <= e[jj])
+            got[ok] = mine[jj[ok]]
+        out[has[q]] = got
+    return out
+
+
+def _first_call_of_ext(call_ext: pa.Array, kernel_ext: pa.Array) -> np.ndarray:
+    """Per kernel External id: the index of the first call with it, -1 where none (or the id is null)."""
+    cv = call_ext.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    cok = call_ext.is_valid().to_numpy(zero_copy_only=False)
+    kv = kernel_ext.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    kok = kernel_ext.is_valid().to_numpy(zero_copy_only=False)
+    valid = np.flatnonzero(cok)
+    if valid.size == 0:
+        return np.full(kv.size, -1, np.int64)
+    uniq, first = np.unique(cv[valid], return_index=True)  # np.unique's index: the first occurrence
+    j = np.clip(np.searchsorted(uniq, kv), 0, uniq.size - 1)
+    return np.where(kok & (uniq[j] == kv), valid[first[j]], -1)
