@@ -41,14 +41,21 @@ class HostEvents:
     labels: dict[str, iv.IntervalSet]
 
 
-def host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> HostEvents:
-    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+def _host_rows(t: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Masks of a rank's events `t` (name, cat, ts, dur, role, lane): host rows, data loading, labels and
+    activity (`HostEvents`); their starts and ends."""
     dur = np_of(t["dur"], -1)
     host = (~str_is(t["lane"], ("device",))) & (dur >= 0) & str_is(t["cat"], HOST_CATS)
     data = host & str_is(t["role"], ("data_load",))
     label = host & label_rows(t["cat"], t["role"])
     ops = host & ~data & ~label & ~str_is(t["role"], ("step_annotation",))
-    ts, end = np_of(t["ts"]), np_of(t["ts"]) + dur
+    ts = np_of(t["ts"])
+    return host, data, label, ops, ts, ts + dur
+
+
+def host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> HostEvents:
+    t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
+    _, data, label, ops, ts, end = _host_rows(t)
     names = object_strings(t["name"], "")
     at = np.flatnonzero(label)  # each label's rows, grouped once (not one scan of the rank's events per label)
     uniq, inv = np.unique(names[at].astype(str), return_inverse=True) if at.size else (np.array([], str), at)
@@ -57,7 +64,7 @@ def host_events(store: RunStore, rank: int, events: pa.Table | None = None) -> H
     labels = {str(nm): iv.union(ts[at[order[bounds[i]:bounds[i + 1]]]], end[at[order[bounds[i]:bounds[i + 1]]]])
               for i, nm in enumerate(uniq.tolist())}
     return HostEvents(act=iv.union(ts[ops], end[ops]), loading=iv.union(ts[data], end[data]),
-                       data_names=sorted(set(names[data].tolist())), labels=labels)
+                      data_names=sorted(set(names[data].tolist())), labels=labels)
 
 
 def long_gaps(active: iv.IntervalSet, lo: int, hi: int) -> iv.IntervalSet:
@@ -73,10 +80,9 @@ def host_idle(store: RunStore, rank: int, events: pa.Table | None = None) -> iv.
     a step's first op lies inside the step), and its data loading; empty where no host op was recorded.
     `events`: the rank's whole events table (name, cat, ts, dur, role, lane), where the caller has read it."""
     t = events if events is not None else store.rank_table("events", rank, ["name", "cat", "ts", "dur", "role", "lane"])
-    host = host_events(store, rank, t)
-    if not host.act[0].size:
-        return host.loading
-    dur = np_of(t["dur"], -1)
-    rows = (~str_is(t["lane"], ("device",))) & (dur >= 0) & str_is(t["cat"], HOST_CATS)
-    ts = np_of(t["ts"])[rows]
-    return iv.merge(long_gaps(host.act, int(ts.min()), int((ts + dur[rows]).max())), host.loading)
+    host, data, _, ops, ts, end = _host_rows(t)  # host_events' activity and loading (its labels not needed)
+    loading = iv.union(ts[data], end[data])
+    act = iv.union(ts[ops], end[ops])
+    if not act[0].size:
+        return loading
+    return iv.merge(long_gaps(act, int(ts[host].min()), int(end[host].max())), loading)

@@ -36,7 +36,7 @@ from tracekit.derive.host_ops import (SlowOps, excess_ns, host_ops, last_ended_i
                                      queue_full_launches, slow_ops_of)
 from tracekit.derive.matching import LOG_SOURCES, MatchedCollectives, row_trace_shift
 from tracekit.parse.classify import is_label, name_role
-from tracekit.parse.dict_columns import codes, object_strings
+from tracekit.parse.dict_columns import codes, object_strings, text_test
 from tracekit.tables.columns import (Columns, arrow_columns, concat, first_of_group, group_ids, lookup,
                                      match_rows, merged_codes, num_rows, recode, sorted_codes, sorted_unique,
                                      strings, take)
@@ -659,7 +659,8 @@ class GpuRank:
 
     ts: np.ndarray
     end: np.ndarray
-    kind: list[str]
+    category: np.ndarray
+    """per kernel: its kind's node category (`KIND_CATEGORY`: a comm kernel's is TRANSFER), int8"""
     stream: np.ndarray
     correlation: np.ndarray
     names: list[str]
@@ -676,9 +677,9 @@ def launched_by_backward(ev: pa.Table, external_id: np.ndarray) -> np.ndarray:
     name says backward, as PyTorch names them (`aten::*_backward*`, `autograd::engine::evaluate_function:
     MmBackward0`, ...), or it runs inside such an op on the same thread (a kernel's external id is its innermost
     op's: `MmBackward0`'s `aten::mm`, a checkpointed block's recomputed forward)."""
-    ev = ev.filter(pc.fill_null(pc.equal(ev["cat"].cast(pa.string()), "cpu_op"), False))
-    names = pc.utf8_lower(ev.column("name").cast(pa.string()))
-    named = pc.fill_null(pc.match_substring(names, "backward"), False).to_numpy(zero_copy_only=False)
+    ev = ev.filter(pc.fill_null(text_test(ev["cat"], pc.equal, "cpu_op"), False))
+    backward = lambda text: pc.match_substring(text, "backward", ignore_case=True)  # noqa: E731
+    named = pc.fill_null(text_test(ev.column("name"), backward), False).to_numpy(zero_copy_only=False)
     ts = _arr(ev, "ts")
     end = ts + np.nan_to_num(_arr(ev, "dur", float), nan=0).astype(np.int64)
     tid = np.nan_to_num(_arr(ev, "tid", float), nan=-1).astype(np.int64)
@@ -709,10 +710,12 @@ def load_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...],
     corr = np.nan_to_num(_arr(k, "correlation", float), nan=-1).astype(np.int64)[order]
     # one string object per distinct value (the builder's names: `_Buf._name_of`): a 1,024-rank run holds
     # every rank's kernels at once while its graph is placed, ~1 M kernels with a few hundred names
-    kind, names = (_interned(buf, k.column(c), order) for c in ("kind", "name"))
+    names = _interned(buf, k.column("name"), order)
+    kind_codes, kinds = codes(k.column("kind"))
+    category = np.array([KIND_CATEGORY.get(str(v), Category.OTHER) for v in kinds], np.int8)[kind_codes[order]]
     ext = np.nan_to_num(_arr(k, "external_id", float), nan=-1).astype(np.int64)[order]
-    return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], kind=kind, stream=stream, correlation=corr,
-                   names=names, lanes=lanes, step=_step_column(k)[order], external_id=ext)
+    return GpuRank(ts=ts[order], end=(ts + _arr(k, "dur"))[order], category=category, stream=stream,
+                   correlation=corr, names=names, lanes=lanes, step=_step_column(k)[order], external_id=ext)
 
 
 def _interned(buf: _Buf, col: Any, order: np.ndarray) -> list[str]:
@@ -723,11 +726,18 @@ def _interned(buf: _Buf, col: Any, order: np.ndarray) -> list[str]:
     return text[row_codes[order]].tolist()
 
 
+def lanes_of(gr: GpuRank) -> np.ndarray:
+    """Each kernel's lane (its stream's)."""
+    streams = np.array(sorted(gr.lanes), np.int64)
+    lane = np.array([gr.lanes[int(s)] for s in streams], np.int64)
+    return lane[np.searchsorted(streams, gr.stream)] if gr.stream.size else np.zeros(0, np.int64)
+
+
 def match_gpu_members(gr: GpuRank, e: np.ndarray) -> np.ndarray:
     """Index of each member's collective kernel (`e`: the members' ends), -1 if none: the comm kernel whose
     end is nearest the member's end, one member per kernel (a fused send/recv pair ends together on two
     kernels)."""
-    comm = np.flatnonzero(np.array([k == "comm" for k in gr.kind], dtype=bool))
+    comm = np.flatnonzero(gr.category == Category.TRANSFER)  # the comm kernels (KIND_CATEGORY)
     if comm.size == 0 or e.size == 0:
         return np.full(e.size, -1, np.int64)
     o = np.argsort(gr.end[comm], kind="stable")
@@ -767,8 +777,7 @@ def add_gpu_rank(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, ...], 
     node = np.full(gr.ts.size, -1, np.int64)  # node whose start is the kernel's start
     done = np.full(gr.ts.size, -1, np.int64)  # node whose end is the kernel's end
     plain = np.flatnonzero(~is_coll)
-    lanes = np.array([gr.lanes[int(s)] for s in gr.stream], dtype=np.int64)
-    cats = np.array([KIND_CATEGORY.get(k, Category.OTHER) for k in gr.kind], dtype=np.int8)
+    lanes, cats = lanes_of(gr), gr.category
     node[plain] = done[plain] = buf.add(rank=rank, lane=lanes[plain], category=cats[plain], start=gr.ts[plain],
                                         dur=(gr.end - gr.ts)[plain], names=[gr.names[i] for i in plain],
                                         terminal=True, step=gr.step[plain])
@@ -787,10 +796,9 @@ def add_runtime_calls(buf: _Buf, store: RunStore, rank: int, steps: tuple[int, .
     gr.backward = launched_by_backward(ev, gr.external_id)
     engine_tids = autograd_threads(ev)
     # host rows: not the device's (HIP runtime calls carry their `stream` argument: a null stream is no test)
-    ev = ev.filter(pc.fill_null(pc.not_equal(ev["lane"].cast(pa.string()), "device"), True))
-    cat = ev.column("cat").cast(pa.string())
-    rt = pc.fill_null(pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver")), False)
-    ev = ev.filter(rt)
+    ev = ev.filter(pc.fill_null(text_test(ev["lane"], pc.not_equal, "device"), True))
+    calls = lambda cat: pc.or_(pc.match_substring(cat, "runtime"), pc.match_substring(cat, "driver"))  # noqa: E731
+    ev = ev.filter(pc.fill_null(text_test(ev.column("cat"), calls), False))
     if ev.num_rows == 0:
         return
     idle = host_idle(store, rank, every)
@@ -841,7 +849,7 @@ def autograd_threads(ev: pa.Table) -> np.ndarray:
     """Threads of a rank's events `ev` that ran autograd's engine (`autograd::engine::evaluate_function: ...`
     ops): PyTorch runs a device's backward on its own engine thread, and the thread that called `backward()`
     blocks until the engine is done."""
-    ops = ev.filter(pc.fill_null(pc.starts_with(ev["name"].cast(pa.string()), "autograd::engine::"), False))
+    ops = ev.filter(pc.fill_null(text_test(ev["name"], pc.starts_with, "autograd::engine::"), False))
     return np.unique(np.nan_to_num(_arr(ops, "tid", float), nan=-1).astype(np.int64))
 
 
@@ -927,7 +935,7 @@ def _gpu_windows(rank: int, gr: GpuRank) -> dict[tuple[int, int], tuple[int, int
     backward): its first backward kernel after the last forward compute kernel that precedes its last backward
     kernel (`last_backward_start`)."""
     out = {}
-    compute = np.array([KIND_CATEGORY.get(k, Category.OTHER) == Category.COMPUTE for k in gr.kind], bool)
+    compute = gr.category == Category.COMPUTE
     for s in np.unique(gr.step):
         m = gr.step == s
         start = last_backward_start(gr.ts[m], gr.backward[m], compute[m]) if gr.backward is not None else -1
@@ -958,7 +966,8 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
                    members: Columns, log_only: set[int] | frozenset[int] = frozenset()
                    ) -> tuple[Columns, dict[int, Any]]:
     """Decide each rank's kind (GPU: its kernels; CPU: its training thread; log: a log-only rank's chain of
-    collectives, `add_log_rank`) and where its members sit."""
+    collectives, `add_log_rank`) and where its members sit: (the kept members, per rank (kind, its kernels or
+    host lane, and for a GPU rank the kernel of each of its kept members in their order))."""
     arrival = members["arrival"].copy()
     arr_lane = np.full(arrival.size, -1, np.int64)
     xfer_lane = np.full(arrival.size, -1, np.int64)
@@ -977,11 +986,11 @@ def _place_members(buf: _Buf, store: RunStore, steps: tuple[int, ...], ranks: li
         if gr is not None:
             kidx = match_gpu_members(gr, members["end"][rows])
             ok = kidx >= 0
-            lanes = np.array([gr.lanes[int(gr.stream[i])] for i in kidx[ok]], dtype=np.int64)
+            lanes = lanes_of(gr)[kidx[ok]]
             arrival[rows[ok]] = gr.ts[kidx[ok]]  # device arrival: the kernel's start
             arr_lane[rows[ok]] = lanes
             xfer_lane[rows[ok]] = lanes
-            placed[r] = ("gpu", gr, None)
+            placed[r] = ("gpu", gr, kidx[ok])  # its kept members' kernels, in their order
             continue
         host = buf.lane(f"rank {r} training thread")
         arr_lane[rows] = host
@@ -1032,14 +1041,13 @@ def build_step_graph(store: RunStore, steps: int | tuple[int, ...], inp: StepInp
     windows: dict[tuple[int, int], tuple[int, ...]] = {}
     host_start: dict[int, int] = {}
     by_rank = rows_by(members["rank"])
-    for r, (kind, obj, _) in placed.items():
+    for r, (kind, obj, kernel_of) in placed.items():
         conv = shift.get(r, 0)
         sel = by_rank.get(r, np.zeros(0, np.int64))
         sub_ids = {k: v[sel] for k, v in ids.items()}
         mem = take(members, sel)
         if kind == "gpu":
-            kidx = match_gpu_members(obj, mem["end"]) if sel.size else np.zeros(0, np.int64)
-            add_gpu_rank(buf, store, r, steps, conv, obj, kidx, sub_ids)
+            add_gpu_rank(buf, store, r, steps, conv, obj, kernel_of, sub_ids)
             windows.update(_gpu_windows(r, obj))
             marks = _cpu_windows(store, r, steps, conv)  # the host's step began before its first launch
             if marks:
