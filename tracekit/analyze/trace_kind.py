@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 
 from tracekit.analyze.breakdown import BreakdownResult
 from tracekit.findings.result import AnalyzerResult, section_of
-from tracekit.parse.classify import graph_mode, workload_of
-from tracekit.parse.dict_columns import object_strings
+from tracekit.parse.classify import Names, graph_mode, workload_of
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.store import RunStore
 
 _RULES = {"profiler_step": "ProfilerStep annotations", "optimizer_step": "iterations ending at each optimizer step "
@@ -100,14 +100,14 @@ def _rank_or_blank(store: RunStore, rank: int, blank: dict[tuple, dict[str, Any]
 def _rank(store: RunStore, rank: int, accelerator: str | None, detail: dict[str, Any], steps: int | None,
           carry_ns: int, comm_only: bool = False) -> dict[str, Any]:
     ev = store.rank_table("events", rank, ["name", "cat", "ts", "dur", "lane"])
-    ev = ev.filter(pc.invert(pc.fill_null(pc.equal(ev["lane"].cast("string"), "device"), False)))
-    names = object_strings(ev["name"], "").tolist()
+    ev = ev.filter(pc.invert(pc.fill_null(text_test(ev["lane"], pc.equal, "device"), False)))
+    names = Names.of(ev["name"])
     ts = ev["ts"].to_numpy(zero_copy_only=False)
     end = ts + ev["dur"].fill_null(0).to_numpy(zero_copy_only=False)
     kcols = set(store.columns("kernels"))
     k = store.rank_table("kernels", rank, ["ts", "dur"] + (["carry_over"] if "carry_over" in kcols else []))
     graph = graph_mode(names, ts, end, k.num_rows)
-    host_ops = int(pc.sum(pc.equal(ev["cat"].cast("string"), "cpu_op")).as_py() or 0)
+    host_ops = int(pc.sum(text_test(ev["cat"], pc.equal, "cpu_op")).as_py() or 0)
     work = workload_of(names, host_ops)
     if comm_only and work["workload"] != "training":  # collectives and nothing else in its steps
         work["workload"] = "communication"

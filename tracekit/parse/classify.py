@@ -27,13 +27,15 @@ instead of matching names. Every spelling of those answers lives in this module:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracekit.parse.collective_names import is_comm_kernel_name
-from tracekit.parse.dict_columns import text_test
+from tracekit.parse.dict_columns import codes, text_test
 from tracekit.tables.schema import EVENT_ROLES as ROLES
 from tracekit.tables.schema import KERNEL_KINDS, LANES, STEP_PATTERN
 
@@ -388,38 +390,57 @@ def accelerator_of(raw_categories: list, names: list, has_device_rows: bool) -> 
     return "rocm" if any(isinstance(n, str) and n.startswith("hip") for n in names) else "cuda"
 
 
-def _matches(names: list[str], test) -> list[bool]:
-    """Per name: whether `test` (a compiled pattern's match / search) finds it, asked once per distinct name."""
-    seen = {n: test(n) is not None for n in dict.fromkeys(names)}
-    return list(map(seen.__getitem__, names))
+@dataclass(frozen=True)
+class Names:
+    """A rank's row names as codes into their distinct values (`dict_columns.codes`; a null is ""): a test is
+    asked once per distinct name, its answer taken per row by code."""
+
+    codes: np.ndarray
+    values: list[str]
+
+    @classmethod
+    def of(cls, col: Any) -> "Names":
+        row_codes, values = codes(col)
+        return cls(row_codes, ["" if v is None else str(v) for v in values])
+
+    def matches(self, test: Callable[[str], Any]) -> np.ndarray:
+        """Per row: whether `test` (a compiled pattern's match / search) finds its name."""
+        return np.array([test(v) is not None for v in self.values], bool)[self.codes]
+
+    def among(self, names: frozenset[str]) -> np.ndarray:
+        return np.array([v in names for v in self.values], bool)[self.codes]
 
 
-def graph_mode(names: list[str], ts: np.ndarray, end: np.ndarray, num_kernels: int) -> dict:
+def graph_mode(names: Names, ts: np.ndarray, end: np.ndarray, num_kernels: int) -> dict:
     """CUDA/HIP graph use of one rank from its host events (names, start/end ns): capture intervals
-    (BeginCapture .. EndCapture), kernel launches inside them (captured: recorded, not run), graph launches
-    (replays). mode: `capture_only` (launches captured, no graph replayed, fewer kernels ran than were
-    captured), `graph_replay` (graph launches present), else `eager`."""
-    begin, finish, launch = (_matches(names, rx.match) for rx in (BEGIN_CAPTURE_RE, END_CAPTURE_RE, LAUNCH_RE))
-    begins = sorted(int(t) for hit, t in zip(begin, ts) if hit)
-    ends = sorted(int(e) for hit, e in zip(finish, end) if hit)
-    spans = [(b, next((e for e in ends if e >= b), b)) for b in begins]
-    launches = [int(t) for hit, t in zip(launch, ts) if hit] if spans else []
-    captured = sum(1 for t in launches if any(lo <= t <= hi for lo, hi in spans))
-    replays = sum(1 for nm in names if nm in GRAPH_LAUNCH_NAMES)
-    if spans and captured and not replays and num_kernels < captured:
+    (BeginCapture .. EndCapture: each begin to the first end at or after it), kernel launches inside them
+    (captured: recorded, not run), graph launches (replays). mode: `capture_only` (launches captured, no graph
+    replayed, fewer kernels ran than were captured), `graph_replay` (graph launches present), else `eager`."""
+    begin, finish, launch = (names.matches(rx.match) for rx in (BEGIN_CAPTURE_RE, END_CAPTURE_RE, LAUNCH_RE))
+    begins, ends = np.sort(ts[begin]).astype(np.int64), np.sort(end[finish]).astype(np.int64)
+    j = np.searchsorted(ends, begins, side="left")
+    his = np.where(j < ends.size, ends[np.minimum(j, ends.size - 1)], begins) if ends.size else begins
+    captured = 0
+    if begins.size:  # a launch inside any span: the furthest end of the spans begun at or before it
+        reach = np.maximum.accumulate(his)
+        t = ts[launch].astype(np.int64)
+        k = np.searchsorted(begins, t, side="right") - 1
+        captured = int(((k >= 0) & (t <= reach[np.maximum(k, 0)])).sum())
+    replays = int(names.among(GRAPH_LAUNCH_NAMES).sum())
+    if begins.size and captured and not replays and num_kernels < captured:
         mode = "capture_only"
     elif replays:
         mode = "graph_replay"
     else:
         mode = "eager"
-    return {"mode": mode, "captures": len(spans), "captured_launches": captured, "graph_launches": replays,
+    return {"mode": mode, "captures": int(begins.size), "captured_launches": captured, "graph_launches": replays,
             "kernels_run": int(num_kernels)}
 
 
-def workload_of(names: list[str], num_host_ops: int) -> dict:
+def workload_of(names: Names, num_host_ops: int) -> dict:
     """training when the host ran autograd backward nodes or an optimizer step, inference when it ran ops
     but neither, unknown without host ops."""
-    backward = sum(_matches(names, BACKWARD_RE.search))
-    optimizer = sum(_matches(names, OPTIMIZER_RE.match))
+    backward = int(names.matches(BACKWARD_RE.search).sum())
+    optimizer = int(names.matches(OPTIMIZER_RE.match).sum())
     kind = "training" if backward or optimizer else ("inference" if num_host_ops else "unknown")
     return {"workload": kind, "backward_ops": backward, "optimizer_steps": optimizer}
