@@ -62,6 +62,7 @@ from tracekit.derive.host_ops import (SLOW_FACTOR, SLOW_MIN_NS, OpSummary, SlowO
 from tracekit.findings.evidence import HostBoundEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity, severity_by_share
 from tracekit.findings.result import AnalyzerResult
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.columns import Columns, num_rows, sorted_codes, take
 from tracekit.tables.store import RunStore
 from tracekit.whatif.build import SPAN_STEP
@@ -131,7 +132,7 @@ def _wait_in_ops(ops: Columns, launch: np.ndarray, lo: np.ndarray, hi: np.ndarra
 
 def _data_load(store: RunStore, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = store.rank_table("events", rank, ["ts", "dur", "role", "step"])
-    t = t.filter(pc.and_(pc.fill_null(pc.equal(t["role"].cast(pa.string()), "data_load"), False),
+    t = t.filter(pc.and_(pc.fill_null(text_test(t["role"], pc.equal, "data_load"), False),
                          pc.is_valid(t["dur"])))
     ts = t.column("ts").to_numpy().astype(np.int64)
     return ts, ts + t.column("dur").to_numpy().astype(np.int64), t.column("step").fill_null(-1).to_numpy()

@@ -55,6 +55,7 @@ from tracekit.findings import recommend
 from tracekit.findings.evidence import BubbleEvidence, StageImbalanceEvidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.result import AnalyzerResult
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.columns import table_rows
 from tracekit.tables.store import RunStore
 
@@ -443,8 +444,8 @@ def _host_busy(store: RunStore, windows: dict[tuple[int, int], tuple[int, int]],
             recvs[o.step].append(o)
     ev = store.rank_table("events", rank, ["ts", "dur", "role", "lane"])
     dur = ev["dur"].fill_null(0).to_numpy()
-    ops = (pc.equal(ev["role"].cast(pa.string()), "compute").fill_null(False).to_numpy(zero_copy_only=False)
-           & pc.equal(ev["lane"].cast(pa.string()), "host").fill_null(False).to_numpy(zero_copy_only=False)
+    ops = (text_test(ev["role"], pc.equal, "compute").fill_null(False).to_numpy(zero_copy_only=False)
+           & text_test(ev["lane"], pc.equal, "host").fill_null(False).to_numpy(zero_copy_only=False)
            & (dur > 0))
     ts = ev["ts"].to_numpy()[ops] - offset
     working = iv.union(ts, ts + dur[ops])

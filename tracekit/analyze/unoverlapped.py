@@ -46,6 +46,7 @@ from tracekit.findings.evidence import CollectiveEvidence, Evidence
 from tracekit.findings.finding import Finding, FindingKind, Severity
 from tracekit.findings.recommend import advise_collective
 from tracekit.findings.result import AnalyzerResult
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.columns import argsort_desc, python_values
 from tracekit.tables.store import RunStore
 
@@ -114,13 +115,13 @@ def _instances(store: RunStore, rank: int) -> tuple[dict[str, list], str]:
     """Communication intervals on the trace clock, as columns (pg_name, op, bytes, caller, step, ts,
     dur; None: unknown): Kineto collectives, else comm kernels; and which of the two."""
     t = store.rank_table("collectives", rank, ["source", "pg_name", "op", "bytes", "caller", "step", "ts", "dur"])
-    t = t.filter(pc.and_(pc.fill_null(pc.equal(t["source"].cast(pa.string()), "kineto"), False),
+    t = t.filter(pc.and_(pc.fill_null(text_test(t["source"], pc.equal, "kineto"), False),
                          pc.is_valid(t["dur"])))
     source = "kineto collectives"
     if t.num_rows == 0:
         source = "comm kernels"
         t = store.rank_table("kernels", rank, ["kind", "pg_name", "collective_op", "step", "ts", "dur"])
-        t = t.filter(pc.and_(pc.fill_null(pc.equal(t["kind"].cast(pa.string()), "comm"), False),
+        t = t.filter(pc.and_(pc.fill_null(text_test(t["kind"], pc.equal, "comm"), False),
                              pc.is_valid(t["dur"])))
         t = t.rename_columns(["kind", "pg_name", "op", "step", "ts", "dur"])
     cols = {c: python_values(t.column(c).cast(pa.string()) if c in ("pg_name", "op") else t.column(c))

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from tracekit.derive import intervals as iv
 from tracekit.derive.topology import LayoutResult, dims_of
 from tracekit.findings.result import AnalyzerResult
+from tracekit.parse.dict_columns import text_test
 from tracekit.tables.store import RunStore
 
 ACTIVITY_CACHE_MAX_RANKS = 256
@@ -73,7 +74,7 @@ def _leaf_mask(ops: pa.Table) -> np.ndarray:
 
 def _is(table: pa.Table, col: str, value: str) -> pa.ChunkedArray:
     """Rows whose dictionary column `col` (events.role / lane / cat, set by the parser) equals `value`."""
-    return pc.fill_null(pc.equal(table.column(col).cast(pa.string()), value), False)
+    return pc.fill_null(text_test(table.column(col), pc.equal, value), False)
 
 
 def gpu_step_windows(steps: list[dict[str, Any]]) -> list[tuple[int | None, int, int]]:
@@ -154,13 +155,13 @@ def gpu_activity(kernels: pa.Table, dims: dict[str, str] | None = None
                  ) -> tuple[iv.IntervalSet, iv.IntervalSet, iv.IntervalSet, dict[str, iv.IntervalSet]]:
     """compute / comm / other (memcpy+memset) sets and comm per lane from kernel rows (ts, dur, kind, pg_name)."""
     dims = dims or {}
-    kind = kernels.column("kind").cast(pa.string())
+    kind = kernels.column("kind")
     sel = lambda m: kernels.filter(pc.fill_null(m, False))  # noqa: E731
-    compute = iv.union(*_starts_ends(sel(pc.equal(kind, "compute"))))
-    comm_rows = sel(pc.equal(kind, "comm"))
+    compute = iv.union(*_starts_ends(sel(text_test(kind, pc.equal, "compute"))))
+    comm_rows = sel(text_test(kind, pc.equal, "comm"))
     comm_rows = comm_rows.filter(pc.is_valid(comm_rows["dur"]))
     comm = iv.union(*_starts_ends(comm_rows))
-    other = iv.union(*_starts_ends(sel(pc.is_in(kind, pa.array(["memcpy", "memset"])))))
+    other = iv.union(*_starts_ends(sel(text_test(kind, pc.is_in, pa.array(["memcpy", "memset"])))))
     comm_by_group: dict[str, iv.IntervalSet] = {}
     if comm_rows.num_rows:
         s, e = _starts_ends(comm_rows)
@@ -189,7 +190,7 @@ def cpu_activity(store: RunStore, rank: int, dims: dict[str, str]
     compute_leaf = iv.union(s_ops[not_issue & leaf], e_ops[not_issue & leaf])
     other_all = iv.union(*_starts_ends(ev.filter(pc.and_(train, issue))))
     coll = store.rank_table("collectives", rank, ["source", "pg_name", "ts", "dur"])
-    coll = coll.filter(pc.and_(pc.fill_null(pc.equal(coll["source"].cast(pa.string()), "kineto"), False),
+    coll = coll.filter(pc.and_(pc.fill_null(text_test(coll["source"], pc.equal, "kineto"), False),
                                pc.is_valid(coll["dur"])))
     if coll.num_rows:
         s, e = _starts_ends(coll)

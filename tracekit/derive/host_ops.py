@@ -158,8 +158,8 @@ def device_ops(store: RunStore, rank: int) -> Columns | None:
             "corr": k.column("correlation").fill_null(-1).to_numpy().astype(np.int64),
             "step": k.column("step").fill_null(-1).to_numpy().astype(np.int64),
             "name": object_strings(k.column("name"), ""),
-            "module": np.isin(np.asarray(k.column("kind").cast(pa.string()).fill_null("").to_pylist(), dtype=object),
-                              MODULE_KINDS)}
+            "module": np.asarray(pc.fill_null(text_test(k.column("kind"), pc.is_in, pa.array(MODULE_KINDS)), False)
+                                 .to_numpy(zero_copy_only=False), dtype=bool)}
 
 
 def first_launches(kern: Columns) -> np.ndarray:
