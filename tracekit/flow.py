@@ -11,7 +11,7 @@ from typing import Any, Callable
 from tracekit.analyze.runner import ANALYZERS, PlanStep, build_plan, measure
 from tracekit.assess import ASSESSMENT, assess
 from tracekit.config import AnalysisConfig
-from tracekit.document.model import ANALYSIS_SCHEMA
+from tracekit.document.model import ANALYSIS_SCHEMA, SECTION_NAMES
 from tracekit.findings.finding import sort_findings
 from tracekit.findings.result import AnalyzerResult, section_of
 from tracekit.tables.store import RunStore
@@ -62,8 +62,8 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
     results, errors = measure(store, config, analyzers, prefetch, submit)
     if measured is not None:
         measured()
-    order = [n for n, _ in analyzers]
-    findings = [f for r in results.values() if r is not None for f in r.findings]  # in plan order
+    order = document_order([n for n, _ in analyzers])
+    findings = [f for n in order if (r := results.get(n)) is not None for f in r.findings]
     if not custom:
         assessed = assess(store, config, results, findings)
         errors.extend(assessed.errors)
@@ -84,3 +84,11 @@ def analyze_store(store: RunStore, config: AnalysisConfig | None = None,
                      if results.get(n) is not None and results[n].section is not None},
         "analyzer_errors": errors,
     }
+
+
+def document_order(names: list[str]) -> list[str]:
+    """`names` (analyzers) in the document's order (`SECTION_NAMES`: the report's reading order), the others
+    after them as given: sections and findings come in this order whatever order the plan ran the analyzers in
+    (analyze/runner.py puts the steps a worker can run last)."""
+    rank = {n: i for i, n in enumerate(SECTION_NAMES)}
+    return sorted(names, key=lambda n: rank.get(n, len(rank)))

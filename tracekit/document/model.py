@@ -965,7 +965,8 @@ class HangSection(Struct):
 
 
 class Sections(Struct, omit_defaults=True):
-    """The sections of the analyzers that ran and have one, in the engine's order (ANALYZERS)."""
+    """The sections of the analyzers that ran and have one, in this order (flow.py `document_order`: the report's
+    reading order, whatever order the engine ran them in)."""
 
     inputs: InputsSection | None = None
     hang: HangSection | None = None
