@@ -130,9 +130,7 @@ def build_collectives(inp: CollectiveInputs) -> CollectiveResult:
         if c.get("state") is None:
             c["state"] = "completed" if c.get("ts") is not None else "unknown"
         if c.get("bytes") is None:
-            size = dtype_bytes(c.get("dtype"))
-            nel = [v for v in (c.get("in_nelems"), c.get("out_nelems")) if v is not None]
-            c["bytes"] = max(nel) * size if nel and size else None
+            c["bytes"] = _bytes_of(c.get("in_nelems"), c.get("out_nelems"), c.get("dtype"))
         c["size_note"] = size_note(c)
         c["is_p2p"] = c["op"] in _P2P
     calls.sort(key=lambda c: (c["enqueue_ts"] if c.get("enqueue_ts") is not None else c["ts"]))
@@ -570,24 +568,11 @@ def _link_kernels(inp: CollectiveInputs, calls: list[dict], ext: _RowValues | No
 
 
 def _assign_callers(inp: CollectiveInputs, calls: list[dict], ann_rows: np.ndarray) -> None:
-    """caller = innermost user_annotation on the calling thread around the call's enqueue."""
-    cats = inp.cat_values
-    if "user_annotation" not in cats or not calls:
-        return
-    ua = cats.index("user_annotation")
-    ann = ann_rows[inp.cat_codes[ann_rows] == ua] if len(ann_rows) else ann_rows
-    if len(ann) == 0:
-        return
-    qrows = [c["_row"] for c in calls if c.get("enqueue_ts") is not None]
-    if not qrows:
-        return
-    found = _innermost_by_thread(inp, ann, np.array(qrows, np.int64), use_end=False)
-    it = iter(found)
-    for c in calls:
-        if c.get("enqueue_ts") is not None:
-            f = next(it)
-            if f >= 0:
-                c["caller"] = inp.name_dict[inp.name_codes[f]]
+    """caller = innermost user_annotation on the calling thread around the call's enqueue (`_callers`)."""
+    queued = [c for c in calls if c.get("enqueue_ts") is not None]
+    for c, caller in zip(queued, _callers(inp, np.array([c["_row"] for c in queued], np.int64), ann_rows)):
+        if caller is not None:
+            c["caller"] = caller
 
 
 # ----------------------------------------------------------------------------------------------
@@ -602,14 +587,15 @@ def _args_result(inp: CollectiveInputs, rows: np.ndarray, op: list[str], ann_row
     seq = [s if (s := _int(x.seq)) is not None else _int(x.seq_num) for x in a]
     enq, enq_ok = inp.ts[rows], inp.dur_ok[rows]
     ext = inp.ext.take(pa.array(rows, pa.int64())) if len(rows) else pa.array([], pa.int64())
-    ts, dur, corr, link = _args_kernels(inp, rows, ext, op, [_str(x.pg_name) for x in a])
+    pg = [_str(x.pg_name) for x in a]
+    ts, dur, corr, link = _args_kernels(inp, rows, ext, op, pg)
     steps = inp.step_at(enq) if len(rows) else np.zeros(0, np.int64)
     in_n, out_n = [_int(x.in_nelems) for x in a], [_int(x.out_nelems) for x in a]
     dtype = [_str(x.dtype) for x in a]
-    nbytes = [_args_bytes(i, o, d) for i, o, d in zip(in_n, out_n, dtype)]
+    nbytes = [_bytes_of(i, o, d) for i, o, d in zip(in_n, out_n, dtype)]
     cols = {
         "rank": np.full(len(rows), -1, np.int32), "source": ["kineto"] * len(rows),
-        "pg_name": [_str(x.pg_name) for x in a], "pg_desc": [_str(x.pg_desc) for x in a],
+        "pg_name": pg, "pg_desc": [_str(x.pg_desc) for x in a],
         "seq": seq, "seq_source": ["args" if s is not None else None for s in seq], "op": op,
         "is_p2p": [o in _P2P for o in op],
         "peer": [_int(x.dst_rank) if o == "send" else (_int(x.src_rank) if o == "recv" else None)
@@ -623,7 +609,7 @@ def _args_result(inp: CollectiveInputs, rows: np.ndarray, op: list[str], ann_row
         "enqueue_ts": enq, "enqueue_dur": pa.array(inp.dur[rows], pa.int64(), mask=~enq_ok),
         "state": np.where(ts == _NONE, "unknown", "completed").tolist(),
         "name": [inp.name_dict[c] for c in inp.name_codes[rows].tolist()],
-        "caller": _args_callers(inp, rows, ann_rows),
+        "caller": _callers(inp, rows, ann_rows),
         "correlation": pa.array(corr, pa.int64(), mask=corr < 0), "external_id": ext,
         "step": pa.array(steps, pa.int32(), mask=steps < 0), "match_note": [None] * len(rows),
     }
@@ -638,15 +624,15 @@ _NONE = np.iinfo(np.int64).min
 """`_args_kernels`: a call no kernel was linked to (no device ts/dur)."""
 
 
-def _args_bytes(in_n: int | None, out_n: int | None, dtype: str | None) -> int | None:
+def _bytes_of(in_n: int | None, out_n: int | None, dtype: str | None) -> int | None:
     """max(in, out) elements x the dtype's size; None when either is unknown."""
     size = dtype_bytes(dtype)
     nel = [v for v in (in_n, out_n) if v is not None]
     return max(nel) * size if nel and size else None
 
 
-def _args_callers(inp: CollectiveInputs, rows: np.ndarray, ann_rows: np.ndarray) -> list[str | None]:
-    """Per call: the innermost user annotation on its thread around its enqueue (`_assign_callers`)."""
+def _callers(inp: CollectiveInputs, rows: np.ndarray, ann_rows: np.ndarray) -> list[str | None]:
+    """Per call row of `rows`: the innermost user annotation on its thread around its enqueue (its start)."""
     out: list[str | None] = [None] * len(rows)
     cats = inp.cat_values
     if "user_annotation" not in cats or not len(rows) or not len(ann_rows):
